@@ -1,0 +1,31 @@
+# Everything a new user runs. `make test` builds .venv from nothing and runs the whole suite.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+# torch 2.13.0 CPU build: a local wheel directory when the machine has one, never a CUDA build.
+WHEELS := $(wildcard /opt/wheels)
+FIND_LINKS := $(if $(WHEELS),--find-links $(WHEELS),--index-url https://download.pytorch.org/whl/cpu --extra-index-url https://pypi.org/simple)
+
+.PHONY: install test bench-tensor serve clean
+
+$(BIN)/.installed: pyproject.toml Makefile
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q $(FIND_LINKS) torch==2.13.0
+	$(BIN)/python -m pip install -q $(FIND_LINKS) -e '.[test]'
+	touch $@
+
+install: $(BIN)/.installed
+
+test: $(BIN)/.installed
+	$(BIN)/python -m pytest
+
+bench-tensor: $(BIN)/.installed
+	$(BIN)/python bench/tensor_bench.py
+
+serve: $(BIN)/.installed
+	@echo "tensorgate serve is not built yet: the network server arrives with issue 4." >&2
+	@exit 1
+
+clean:
+	rm -rf $(VENV) build src/*.egg-info .pytest_cache .hypothesis

@@ -1,0 +1,68 @@
+"""Host buffers whose data starts on a 64-byte boundary, and whose lifetime views can see.
+
+A `HostBuffer` is a ctypes byte array laid over storage we allocated. It is the object that
+exports the buffer protocol, so every memoryview, numpy array and torch tensor made from it
+holds a reference to it (directly or through a memoryview's managed buffer). That is what
+lets a pool learn, with a weak reference, that the last view of a buffer is gone — and makes
+handing the storage out again while a view lives impossible rather than merely unlikely.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+
+import numpy as np
+
+__all__ = ["ALIGNMENT", "HostBuffer", "aligned_storage", "allocate", "wrap_storage"]
+
+ALIGNMENT = 64
+
+
+class HostBuffer:
+    """Mixin of every buffer exporter type; `len()` is its capacity in bytes."""
+
+    __slots__ = ()
+    pinned: bool = False
+
+    @property
+    def address(self) -> int:
+        """Address of the first byte (a multiple of ALIGNMENT)."""
+        return ctypes.addressof(self)  # type: ignore[arg-type]
+
+    @property
+    def nbytes(self) -> int:
+        return ctypes.sizeof(self)  # type: ignore[arg-type]
+
+    def __repr__(self) -> str:
+        kind = "pinned " if self.pinned else ""
+        return f"<{kind}HostBuffer {self.nbytes} bytes at {self.address:#x}>"
+
+
+@functools.lru_cache(maxsize=None)
+def _exporter_type(capacity: int, pinned: bool) -> type:
+    # ctypes caches every array type it makes, so capacities must come from a bounded set:
+    # the pool's size classes, never a client-chosen length.
+    base = ctypes.c_uint8 * capacity
+    name = f"{'Pinned' if pinned else ''}HostBuffer{capacity}"
+    return type(name, (HostBuffer, base), {"pinned": pinned})
+
+
+def aligned_storage(nbytes: int, alignment: int = ALIGNMENT) -> np.ndarray:
+    """A writable 1-D uint8 array of `nbytes` whose data address is a multiple of `alignment`."""
+    raw = np.empty(nbytes + alignment - 1, dtype=np.uint8)
+    shift = (-raw.ctypes.data) % alignment
+    return raw[shift:shift + nbytes]
+
+
+def wrap_storage(storage: np.ndarray, *, pinned: bool = False) -> HostBuffer:
+    """A new exporter over all of `storage` (1-D uint8, aligned, capacity from a bounded set)."""
+    if storage.ctypes.data % ALIGNMENT:
+        raise ValueError(f"storage at {storage.ctypes.data:#x} is not {ALIGNMENT}-byte aligned")
+    exporter: HostBuffer = _exporter_type(storage.nbytes, pinned).from_buffer(storage)
+    return exporter
+
+
+def allocate(capacity: int) -> HostBuffer:
+    """An unpooled aligned buffer; prefer `BufferPool.acquire` on any request path."""
+    return wrap_storage(aligned_storage(capacity))

@@ -1,0 +1,165 @@
+"""A bounded pool of aligned host buffers, reused only after their last view is gone.
+
+`acquire(n)` hands out a `HostBuffer` of at least `n` bytes from a size class. The pool keeps
+a weak reference to it; when the buffer and every view made of it are gone, the storage
+returns to the idle list of its class. Release needs no call and cannot come early.
+
+Size classes: powers of two up to 4 KiB, then four per octave (so at most 25 % is wasted),
+which also keeps the number of exporter types bounded whatever sizes clients send.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from tensorgate.errors import PoolExhaustedError
+from tensorgate.tensor.buffer import HostBuffer, aligned_storage, wrap_storage
+from tensorgate.tensor.pinned import cuda_available, pinned_storage
+
+__all__ = ["BufferPool", "PoolStatistics", "default_pool", "size_class"]
+
+_MIN_CLASS = 64
+_POW2_UNTIL_BITS = 12  # 4 KiB
+
+
+def size_class(nbytes: int) -> int:
+    """The capacity of the class that holds `nbytes`."""
+    if nbytes <= _MIN_CLASS:
+        return _MIN_CLASS
+    bits = (nbytes - 1).bit_length()
+    if bits <= _POW2_UNTIL_BITS:
+        return 1 << bits
+    step = 1 << (bits - 3)  # a quarter of the octave [2**(bits-1), 2**bits)
+    return -(-nbytes // step) * step
+
+
+@dataclass(frozen=True, slots=True)
+class PoolStatistics:
+    """Counters since the pool was made, and the bytes it holds now."""
+
+    hits: int
+    misses: int
+    evictions: int
+    bytes_in_use: int
+    bytes_idle: int
+    limit_bytes: int
+    pinned: bool
+
+    @property
+    def bytes_held(self) -> int:
+        return self.bytes_in_use + self.bytes_idle
+
+
+class BufferPool:
+    """Aligned (or pinned) host buffers in size classes, within `limit_bytes` held in all.
+
+    Thread-safe: buffers may be acquired on one thread and die on another. A dying buffer
+    only appends to a deque (no lock), so release from a GC pass inside `acquire` is safe.
+    """
+
+    def __init__(self, limit_bytes: int = 1 << 30, *, pinned: bool = False) -> None:
+        if limit_bytes <= 0:
+            raise ValueError(f"limit_bytes must be positive, got {limit_bytes}")
+        self._limit = limit_bytes
+        self._pinned = pinned
+        self._allocate: Callable[[int], np.ndarray] = pinned_storage if pinned else aligned_storage
+        self._lock = threading.Lock()
+        self._idle: dict[int, list[np.ndarray]] = {}
+        # id(weakref) → (the weakref, kept alive so its callback fires; capacity; storage).
+        # Keyed by id because a weakref hashes its referent, and ctypes arrays cannot hash.
+        self._live: dict[int, tuple[weakref.ref[HostBuffer], int, np.ndarray]] = {}
+        self._returned: deque[tuple[int, np.ndarray]] = deque()
+        self._in_use = 0
+        self._idle_bytes = 0
+        self._hits = 0
+        self._misses = 0
+        self._evictions = 0
+
+    def acquire(self, nbytes: int) -> HostBuffer:
+        """A buffer of at least `nbytes`; raises PoolExhaustedError at the memory bound."""
+        if nbytes < 0:
+            raise ValueError(f"cannot acquire {nbytes} bytes")
+        capacity = size_class(nbytes)
+        storage = None
+        with self._lock:
+            self._drain()
+            free = self._idle.get(capacity)
+            if free:
+                storage = free.pop()
+                if not free:
+                    del self._idle[capacity]
+                self._idle_bytes -= capacity
+                self._hits += 1
+            else:
+                self._misses += 1
+                self._make_room(capacity)
+            self._in_use += capacity
+        if storage is None:
+            try:
+                storage = self._allocate(capacity)
+            except BaseException:
+                with self._lock:
+                    self._in_use -= capacity
+                raise
+        buffer = wrap_storage(storage, pinned=self._pinned)
+        ref = weakref.ref(buffer, self._on_release)
+        self._live[id(ref)] = (ref, capacity, storage)
+        return buffer
+
+    def statistics(self) -> PoolStatistics:
+        with self._lock:
+            self._drain()
+            return PoolStatistics(self._hits, self._misses, self._evictions, self._in_use,
+                                  self._idle_bytes, self._limit, self._pinned)
+
+    def trim(self) -> int:
+        """Free every idle buffer; returns the bytes freed."""
+        with self._lock:
+            self._drain()
+            freed = self._idle_bytes
+            self._evictions += sum(len(v) for v in self._idle.values())
+            self._idle.clear()
+            self._idle_bytes = 0
+            return freed
+
+    def _on_release(self, ref: weakref.ref[HostBuffer]) -> None:
+        # Runs on whichever thread dropped the last reference, possibly inside `acquire`.
+        _, capacity, storage = self._live.pop(id(ref))
+        self._returned.append((capacity, storage))
+
+    def _drain(self) -> None:
+        while self._returned:
+            capacity, storage = self._returned.popleft()
+            self._in_use -= capacity
+            self._idle.setdefault(capacity, []).append(storage)
+            self._idle_bytes += capacity
+
+    def _make_room(self, capacity: int) -> None:
+        if self._in_use + capacity > self._limit:
+            raise PoolExhaustedError(capacity, self._in_use, self._limit)
+        while self._in_use + self._idle_bytes + capacity > self._limit:
+            largest = max(self._idle)  # lists in _idle are never empty
+            self._idle[largest].pop()
+            if not self._idle[largest]:
+                del self._idle[largest]
+            self._idle_bytes -= largest
+            self._evictions += 1
+
+
+_default: BufferPool | None = None
+_default_lock = threading.Lock()
+
+
+def default_pool() -> BufferPool:
+    """The process's host pool: pinned when CUDA is available, 1 GiB bound."""
+    global _default
+    with _default_lock:
+        if _default is None:
+            _default = BufferPool(pinned=cuda_available())
+        return _default
