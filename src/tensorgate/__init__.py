@@ -1,6 +1,8 @@
 """tensorgate: a low-latency inference server for PyTorch models (Open Inference Protocol)."""
 
 from tensorgate.errors import Status, TensorgateError
+from tensorgate.model import Model, ModelContext
+from tensorgate.pipeline.engine import Engine, InferenceRequest, InferenceResult
 from tensorgate.tensor import (DATATYPES, BufferPool, CopyLedger, DataType, HostBuffer,
                                TensorView, copy_into, datatype, default_pool, process_copies)
 
@@ -11,7 +13,12 @@ __all__ = [
     "CopyLedger",
     "DATATYPES",
     "DataType",
+    "Engine",
     "HostBuffer",
+    "InferenceRequest",
+    "InferenceResult",
+    "Model",
+    "ModelContext",
     "Status",
     "TensorView",
     "TensorgateError",

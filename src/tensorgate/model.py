@@ -1,0 +1,55 @@
+"""The base class of a Python model (`<repo>/<model>/<version>/model.py`).
+
+Stages, and where each runs:
+
+    setup(context)          once, on the model instance's executor thread (it owns the device)
+    preprocess(inputs)      per batch, on the executor thread
+    forward(batch)          per batch, on the executor thread, under torch.inference_mode()
+    postprocess(outputs)    per batch, in the post-processing pool (off the loop and executor)
+
+`inputs` maps each config input name to a batched torch tensor on the instance's device;
+`postprocess` returns a mapping from each config output name to a tensor (or, for BYTES, a
+numpy object array) whose first dim is the batch. Weights load with `weights_only=True`.
+"""
+
+from __future__ import annotations
+
+import pathlib
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+__all__ = ["Model", "ModelContext"]
+
+
+@dataclass(frozen=True)
+class ModelContext:
+    """What `setup` may know: where the version's files are, the device, the config."""
+
+    name: str
+    version: int
+    directory: pathlib.Path
+    device: torch.device
+    max_batch_size: int
+    parameters: dict[str, str] = field(default_factory=dict)
+
+    def load_weights(self, filename: str) -> Any:
+        """`torch.load` of a file in the version directory, tensors only (weights_only=True)."""
+        return torch.load(self.directory / filename, map_location=self.device, weights_only=True)
+
+
+class Model:
+    """Subclass this in model.py and implement `forward`; the other hooks are optional."""
+
+    def setup(self, context: ModelContext) -> None:
+        """Build the network and load weights; runs on the executor thread."""
+
+    def preprocess(self, inputs: dict[str, torch.Tensor]) -> Any:
+        return inputs
+
+    def forward(self, batch: Any) -> Any:
+        raise NotImplementedError(f"{type(self).__name__} must implement forward()")
+
+    def postprocess(self, outputs: Any) -> Any:
+        return outputs

@@ -1,0 +1,1 @@
+"""The inference pipeline: scheduler (loop side) → executor thread → post-processing pool."""

@@ -1,0 +1,63 @@
+"""Batch and unbatch: pure functions that check the batch-size invariant.
+
+`gather_rows` stacks per-request inputs along dim 0 into one pooled staging buffer through
+the counted copy function (a single request passes through untouched: no copy).
+`split_rows` cuts a batched output back into per-request views (slices: no copy).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from tensorgate.errors import InternalError
+from tensorgate.tensor.copies import CopyLedger, copy_into
+from tensorgate.tensor.pool import BufferPool
+
+__all__ = ["gather_rows", "split_rows"]
+
+
+def gather_rows(parts: Sequence[Any], ledgers: Sequence[CopyLedger | None],
+                pool: BufferPool) -> Any:
+    """Concatenate `parts` (tensors, or numpy object arrays for BYTES) along dim 0."""
+    if len(parts) == 1:
+        return parts[0]
+    first = parts[0]
+    if isinstance(first, np.ndarray):  # BYTES: object references, no tensor bytes move
+        return np.concatenate(parts, axis=0)
+    rows = sum(int(p.shape[0]) for p in parts)
+    shape = (rows, *first.shape[1:])
+    count = rows
+    for dim in first.shape[1:]:
+        count *= int(dim)
+    if count == 0:
+        return torch.empty(shape, dtype=first.dtype)
+    buffer = pool.acquire(count * first.element_size())
+    staging = torch.frombuffer(buffer, dtype=first.dtype, count=count).view(shape)
+    start = 0
+    for part, ledger in zip(parts, ledgers):
+        end = start + int(part.shape[0])
+        copy_into(staging[start:end], part, "batch", ledger)
+        start = end
+    return staging
+
+
+def split_rows(output: Any, rows: Sequence[int], model: str, output_name: str) -> list[Any]:
+    """Per-request slices of a batched output; the model must return exactly sum(rows) rows."""
+    total = sum(rows)
+    found = output.shape[0] if getattr(output, "ndim", 0) else None
+    if found != total:
+        raise InternalError(f"model '{model}' output '{output_name}' has "
+                            f"{'no batch dim' if found is None else f'{found} rows'} for a batch "
+                            f"of {total}; the first dim of every output must be the batch")
+    if len(rows) == 1:
+        return [output]
+    pieces = []
+    start = 0
+    for n in rows:
+        pieces.append(output[start:start + n])
+        start += n
+    return pieces

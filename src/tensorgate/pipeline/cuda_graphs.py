@@ -1,0 +1,111 @@
+"""CUDA graphs per batch size for static-shape models: capture once, replay per batch.
+
+A batch of `rows` replays the smallest captured size ≥ rows; its inputs are copied into the
+graph's static inputs (rows beyond the batch keep stale data, and their outputs are cut off).
+Used only by the executor thread, which owns the stream; replaced by eager runs when a
+model's shapes are not static, an input is BYTES, or the config says `cuda_graphs: false`.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from tensorgate.repository.model_config import ModelSpec
+from tensorgate.tensor.copies import copy_into
+
+__all__ = ["GraphSet", "graph_batch_sizes", "map_tensors"]
+
+_WARMUP_RUNS = 3  # runs on a side stream before capture, as torch's graph docs require
+
+
+def graph_batch_sizes(spec: ModelSpec) -> list[int]:
+    """Every size up to 8, then powers of two, the preferred sizes and the maximum."""
+    top = spec.max_batch_size
+    if top <= 1:
+        return [1]
+    sizes = set(range(1, min(top, 8) + 1))
+    power = 16
+    while power < top:
+        sizes.add(power)
+        power *= 2
+    sizes.add(top)
+    if spec.batching is not None:
+        sizes.update(spec.batching.preferred_batch_sizes)
+    return sorted(sizes)
+
+
+def map_tensors(value: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
+    """Apply `fn` to every tensor in a model result (a tensor, sequence or mapping)."""
+    if isinstance(value, torch.Tensor):
+        return fn(value)
+    if isinstance(value, (list, tuple)):
+        return type(value)(map_tensors(v, fn) for v in value)
+    if isinstance(value, dict):
+        return {k: map_tensors(v, fn) for k, v in value.items()}
+    return value
+
+
+class GraphSet:
+    """Captured graphs of one model instance, keyed by batch rows."""
+
+    def __init__(self, graphs: dict[int, tuple[Any, dict[str, torch.Tensor], Any]],
+                 batched: bool) -> None:
+        self._graphs = graphs
+        self._sizes = sorted(graphs)
+        self._batched = batched
+
+    @classmethod
+    def capture(cls, run: Callable[[dict[str, torch.Tensor]], Any], spec: ModelSpec,
+                device: torch.device, stream: Any, sizes: list[int]) -> GraphSet | None:
+        if any(i.datatype.torch is None or -1 in (i.reshape or i.dims) for i in spec.inputs):
+            return None
+        batched = spec.max_batch_size > 0
+        memory_pool = torch.cuda.graph_pool_handle()
+        graphs = {}
+        for rows in sorted(sizes, reverse=True):  # largest first: later ones reuse its memory
+            static = {i.name: torch.zeros(([rows] if batched else []) + list(i.reshape or i.dims),
+                                          dtype=i.datatype.torch, device=device)
+                      for i in spec.inputs}
+            side = torch.cuda.Stream(device)
+            side.wait_stream(stream)
+            with torch.cuda.stream(side):
+                for _ in range(_WARMUP_RUNS):
+                    run(static)
+            stream.wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=memory_pool, stream=stream):
+                out = run(static)
+            graphs[rows] = (graph, static, out)
+        stream.synchronize()
+        return cls(graphs, batched)
+
+    def covers(self, inputs: dict[str, Any], rows: int) -> bool:
+        """Whether some captured graph takes `rows` rows of these inputs' shapes."""
+        index = bisect.bisect_left(self._sizes, rows)
+        if index == len(self._sizes):
+            return False
+        static = self._graphs[self._sizes[index]][1]
+        for name, value in inputs.items():
+            target = static.get(name)
+            if target is None or not isinstance(value, torch.Tensor):
+                return False
+            if tuple(value.shape[1:] if self._batched else value.shape) != \
+                    tuple(target.shape[1:] if self._batched else target.shape):
+                return False
+        return True
+
+    def replay(self, inputs: dict[str, torch.Tensor], rows: int, ledger: Any = None) -> Any:
+        """Copy `inputs` in (async, counted), replay, and return outputs cut to `rows`."""
+        size = self._sizes[bisect.bisect_left(self._sizes, rows)]
+        graph, static, out = self._graphs[size]
+        for name, value in inputs.items():
+            target = static[name][:rows] if self._batched else static[name]
+            copy_into(target, value, "device", ledger, non_blocking=True)
+        graph.replay()
+        if not self._batched or size == rows:
+            return out
+        return map_tensors(out, lambda t: t[:rows])

@@ -1,0 +1,412 @@
+"""The Engine: models from a repository, served in-process through the pipeline.
+
+    engine = Engine("/models")
+    await engine.start()                                  # load, warm, then gc.freeze()
+    result = await engine.infer(InferenceRequest("resnet50", {"INPUT__0": view}))
+    result.outputs["OUTPUT__0"].torch()
+    await engine.shutdown()                               # staged: stop, drain, answer, unload
+
+All public methods run on the event loop and never block it: loading and inference happen on
+executor threads, and their results come back through `call_soon_threadsafe`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import logging
+import pathlib
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from tensorgate.errors import (InvalidArgumentError, NotFoundError, TensorgateError,
+                               UnavailableError)
+from tensorgate.pipeline.executor import (ExecutorSettings, ExecutorThread, PostprocessPool,
+                                          default_intra_op_threads)
+from tensorgate.pipeline.postprocess import build_postprocessor
+from tensorgate.pipeline.scheduler import Scheduler
+from tensorgate.pipeline.stats import ModelStatistics, StageTimes
+from tensorgate.pipeline.work import WorkItem
+from tensorgate.repository.layout import ModelSource, artifact_path, discover_models, load_source
+from tensorgate.repository.model_config import ModelConfigError, ModelSpec
+from tensorgate.tensor.copies import CopyLedger
+from tensorgate.tensor.pinned import cuda_available
+from tensorgate.tensor.pool import BufferPool, default_pool
+from tensorgate.tensor.view import TensorView
+
+__all__ = ["Engine", "InferenceRequest", "InferenceResult"]
+
+log = logging.getLogger("tensorgate.engine")
+
+
+@dataclass
+class InferenceRequest:
+    """One inference: inputs by name as views; `outputs` None means all of them."""
+
+    model: str
+    inputs: Mapping[str, TensorView]
+    version: int | None = None
+    outputs: Sequence[str] | None = None
+    timeout_us: int | None = None
+    id: str = ""
+    ledger: CopyLedger = field(default_factory=CopyLedger)
+
+
+@dataclass
+class InferenceResult:
+    model: str
+    version: int
+    id: str
+    outputs: dict[str, TensorView]
+    times: StageTimes
+    ledger: CopyLedger
+
+
+class _Version:
+    """One loaded model version: its scheduler, executors and counters."""
+
+    def __init__(self, spec: ModelSpec, version: int, scheduler: Scheduler,
+                 executors: list[ExecutorThread], stats: ModelStatistics) -> None:
+        self.spec = spec
+        self.version = version
+        self.scheduler = scheduler
+        self.executors = executors
+        self.stats = stats
+        self.input_names = ", ".join(i.name for i in spec.inputs)
+        self.output_names = tuple(o.name for o in spec.outputs)
+
+
+class Engine:
+    """Loads models from a Triton-layout repository and runs inference on them."""
+
+    def __init__(self, repository: str | pathlib.Path, *, pool: BufferPool | None = None,
+                 intra_op_threads: int | None = None, postprocess_workers: int = 2,
+                 device: str = "auto") -> None:
+        self.repository = pathlib.Path(repository)
+        self._pool = pool or default_pool()
+        self._threads = intra_op_threads or default_intra_op_threads()
+        self._device = device
+        self._postprocess = PostprocessPool(postprocess_workers)
+        self._models: dict[str, dict[int, _Version]] = {}
+        self._failed: dict[str, str] = {}
+        self._closing = False
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    async def start(self, models: Iterable[str] | None = None) -> None:
+        """Load `models` (default: every model in the repository), then freeze the GC heap."""
+        names = list(models) if models is not None else discover_models(self.repository)
+        results = await asyncio.gather(*(self.load(n) for n in names), return_exceptions=True)
+        for name, result in zip(names, results):
+            if isinstance(result, BaseException):
+                log.error("model %s failed to load: %s", name, result)
+        # What loading made lives as long as the server: keep the collector from walking it.
+        gc.collect()
+        gc.freeze()
+
+    async def load(self, name: str) -> None:
+        """Load (or reload) model `name` from the repository."""
+        if self._closing:
+            raise UnavailableError("the engine is shutting down; no models can be loaded")
+        try:
+            source = load_source(self.repository, name)
+            versions = {v: await self._load_version(source, v) for v in source.versions}
+        except TensorgateError as error:
+            self._failed[name] = error.message
+            raise
+        except Exception as error:
+            self._failed[name] = f"{type(error).__name__}: {error}"
+            raise ModelConfigError(str(self.repository / name), self._failed[name]) from error
+        old = self._models.get(name)
+        self._models[name] = versions
+        self._failed.pop(name, None)
+        if old:
+            await self._retire(old.values(), drain_timeout_s=30.0)
+
+    async def unload(self, name: str, drain_timeout_s: float = 30.0) -> None:
+        versions = self._models.pop(name, None)
+        if versions is None:
+            raise NotFoundError(f"model '{name}' is not loaded")
+        await self._retire(versions.values(), drain_timeout_s)
+
+    async def shutdown(self, drain_timeout_s: float = 10.0) -> None:
+        """Stop accepting, drain within the deadline, answer the rest, unload everything."""
+        self._closing = True
+        versions = [v for vs in self._models.values() for v in vs.values()]
+        self._models = {}
+        await self._retire(versions, drain_timeout_s)
+        self._postprocess.shutdown()
+
+    async def _retire(self, versions: Iterable[_Version], drain_timeout_s: float) -> None:
+        versions = list(versions)
+        reason = UnavailableError("the model is being unloaded; the request was not run")
+        for v in versions:  # 1. stop accepting
+            v.scheduler.close(reason)
+        deadline = time.monotonic() + drain_timeout_s
+        while any(v.scheduler.busy for v in versions) and time.monotonic() < deadline:
+            await asyncio.sleep(0.002)  # 2. drain: queued and running work finishes
+        for v in versions:  # 3. answer what could not finish, with a reason
+            queued = v.scheduler.fail_queued(reason)
+            running = v.scheduler.fail_running(UnavailableError(
+                f"model '{v.spec.name}' was unloaded while this request ran; the drain "
+                f"deadline of {drain_timeout_s} s passed"))
+            if queued or running:
+                log.warning("model %s v%d: %d queued and %d running requests answered with an "
+                            "error at unload", v.spec.name, v.version, queued, running)
+        for v in versions:  # 4. stop executors, release the model and the device
+            for executor in v.executors:
+                executor.stop()
+        stopping = [e.stopped for v in versions for e in v.executors]
+        if stopping:
+            await asyncio.wait(stopping, timeout=max(deadline - time.monotonic(), 1.0))
+
+    async def _load_version(self, source: ModelSource, version: int) -> _Version:
+        loop = asyncio.get_running_loop()
+        spec = source.spec
+        artifact, kind = artifact_path(source, version)
+        stats = ModelStatistics(spec.name, version)
+        scheduler = Scheduler(spec, stats, loop)
+        postprocessor = build_postprocessor(spec, source.directory)
+        executors = []
+        for index, device in enumerate(self._devices(spec)):
+            settings = ExecutorSettings(
+                spec=spec, version=version, artifact=artifact, kind=kind,
+                directory=source.directory / str(version), device=device,
+                intra_op_threads=_int_parameter(spec, ("INTRA_OP_THREAD_COUNT", "NUM_THREADS"),
+                                                self._threads),
+                cpu_affinity=_affinity(spec), cuda_graphs=_flag(spec, "cuda_graphs", True),
+                postprocessor=postprocessor)
+            executors.append(ExecutorThread(
+                f"tg-exec-{spec.name}-v{version}-{index}", settings, loop, self._pool,
+                self._postprocess, scheduler.on_batch_done, scheduler.on_idle))
+        for executor in executors:
+            executor.start()
+        results = await asyncio.gather(*(e.ready for e in executors), return_exceptions=True)
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if errors:
+            for executor in executors:
+                executor.stop()
+            raise errors[0]
+        for executor in executors:
+            scheduler.add_executor(executor)
+        log.info("model %s v%d ready on %s", spec.name, version,
+                 ", ".join(str(e.settings.device) for e in executors))
+        return _Version(spec, version, scheduler, executors, stats)
+
+    def _devices(self, spec: ModelSpec) -> list[torch.device]:
+        groups = spec.instance_groups or ()
+        if not groups:
+            return [self._auto_device()]
+        devices = []
+        for group in groups:
+            if group.kind == "KIND_CPU" or self._device == "cpu":
+                devices += [torch.device("cpu")] * group.count
+            elif group.kind == "KIND_GPU":
+                if not cuda_available():
+                    raise ModelConfigError(spec.name, "instance_group kind KIND_GPU, but no CUDA "
+                                                      "device is available; use KIND_CPU or "
+                                                      "KIND_AUTO")
+                gpus = group.gpus or tuple(range(torch.cuda.device_count()))
+                devices += [torch.device("cuda", g) for g in gpus for _ in range(group.count)]
+            else:
+                devices += [self._auto_device()] * group.count
+        return devices
+
+    def _auto_device(self) -> torch.device:
+        if self._device != "auto":
+            return torch.device(self._device)
+        return torch.device("cuda", 0) if cuda_available() else torch.device("cpu")
+
+    # -- queries ---------------------------------------------------------------------------
+
+    def model_names(self) -> list[str]:
+        return sorted(self._models)
+
+    def spec(self, name: str, version: int | None = None) -> ModelSpec:
+        return self._resolve(name, version).spec
+
+    def versions(self, name: str) -> list[int]:
+        return sorted(self._models.get(name, {}))
+
+    def is_ready(self, name: str, version: int | None = None) -> bool:
+        try:
+            self._resolve(name, version)
+        except TensorgateError:
+            return False
+        return not self._closing
+
+    def index(self) -> list[dict[str, str]]:
+        """Triton's repository index: every model in the repository and its state."""
+        entries = []
+        names = set(self._models) | set(self._failed)
+        try:
+            names |= set(discover_models(self.repository))
+        except TensorgateError:
+            pass
+        for name in sorted(names):
+            if name in self._models:
+                entries += [{"name": name, "version": str(v), "state": "READY", "reason": ""}
+                            for v in sorted(self._models[name])]
+            elif name in self._failed:
+                entries.append({"name": name, "version": "", "state": "UNAVAILABLE",
+                                "reason": self._failed[name]})
+            else:
+                entries.append({"name": name, "version": "", "state": "UNAVAILABLE",
+                                "reason": "unloaded"})
+        return entries
+
+    def statistics(self, name: str | None = None, version: int | None = None) -> list[dict[str, Any]]:
+        """Triton's `model_stats` entries for one model (version) or all."""
+        if name is None:
+            return [v.stats.as_dict() for n in sorted(self._models)
+                    for _, v in sorted(self._models[n].items())]
+        if version is None:
+            if name not in self._models:
+                raise NotFoundError(f"model '{name}' is not loaded")
+            return [v.stats.as_dict() for _, v in sorted(self._models[name].items())]
+        return [self._resolve(name, version).stats.as_dict()]
+
+    def pending(self, name: str) -> int:
+        return sum(v.scheduler.pending for v in self._models.get(name, {}).values())
+
+    def _resolve(self, name: str, version: int | None) -> _Version:
+        versions = self._models.get(name)
+        if not versions:
+            if name in self._failed:
+                raise UnavailableError(f"model '{name}' is not ready: {self._failed[name]}")
+            raise NotFoundError(f"unknown model '{name}'; loaded models are: "
+                                f"{', '.join(sorted(self._models)) or 'none'}")
+        if version is None:
+            return versions[max(versions)]
+        found = versions.get(version)
+        if found is None:
+            raise NotFoundError(f"model '{name}' has no version {version}; loaded versions are: "
+                                f"{', '.join(map(str, sorted(versions)))}")
+        return found
+
+    # -- inference -------------------------------------------------------------------------
+
+    async def infer(self, request: InferenceRequest) -> InferenceResult:
+        """Run one request through the batcher and an executor; raises TensorgateError."""
+        if self._closing:
+            raise UnavailableError("the server is shutting down; the request was not run")
+        loaded = self._resolve(request.model, request.version)
+        item = _work_item(loaded, request, asyncio.get_running_loop())
+        loaded.scheduler.submit(item)
+        await item.future  # cancelling the caller cancels this future: the scheduler drops it
+        return InferenceResult(loaded.spec.name, loaded.version, request.id, item.results,
+                               item.times, item.ledger)
+
+
+def _work_item(loaded: _Version, request: InferenceRequest,
+               loop: asyncio.AbstractEventLoop) -> WorkItem:
+    """Check the request against the config and turn its views into tensors (no copies)."""
+    spec = loaded.spec
+    given = request.inputs
+    for name in given:
+        if spec.input(name) is None:
+            raise InvalidArgumentError(f"model '{spec.name}' has no input '{name}'; inputs are: "
+                                       f"{loaded.input_names}")
+    batching = spec.max_batch_size > 0
+    rows = -1
+    inputs: dict[str, Any] = {}
+    key = []
+    for item_spec in spec.inputs:
+        view = given.get(item_spec.name)
+        if view is None:
+            if item_spec.optional:
+                continue
+            raise InvalidArgumentError(f"model '{spec.name}' needs input '{item_spec.name}'; the "
+                                       f"request has: {', '.join(given) or 'no inputs'}")
+        if view.datatype is not item_spec.datatype:
+            raise InvalidArgumentError(f"input '{item_spec.name}' of model '{spec.name}' is "
+                                       f"{view.datatype.name}; expected {item_spec.datatype.name}")
+        shape = view.shape
+        item_shape = shape[1:] if batching else shape
+        expected = ([-1] if batching else []) + list(item_spec.dims)
+        if (batching and (not shape or shape[0] < 1)) or not item_spec.accepts(item_shape):
+            raise InvalidArgumentError(
+                f"input '{item_spec.name}' of model '{spec.name}' has shape "
+                f"[{','.join(map(str, shape))}]; expected [{','.join(map(str, expected))}]")
+        these_rows = shape[0] if batching else 1
+        if batching and these_rows > spec.max_batch_size:
+            raise InvalidArgumentError(f"input '{item_spec.name}' of model '{spec.name}' has a "
+                                       f"batch of {these_rows}; max_batch_size is "
+                                       f"{spec.max_batch_size}")
+        if rows not in (-1, these_rows):
+            raise InvalidArgumentError(f"input '{item_spec.name}' of model '{spec.name}' has a "
+                                       f"batch of {these_rows}, other inputs {rows}; they must "
+                                       "agree")
+        rows = these_rows
+        value = view.numpy() if view.datatype.is_bytes else view.torch()
+        if item_spec.reshape is not None:
+            value = value.reshape(([these_rows] if batching else []) + list(item_spec.reshape))
+        inputs[item_spec.name] = value
+        key.append(item_shape)
+    if request.outputs:
+        for name in request.outputs:
+            if name not in loaded.output_names:
+                raise InvalidArgumentError(f"model '{spec.name}' has no output '{name}'; outputs "
+                                           f"are: {', '.join(loaded.output_names)}")
+        wanted = tuple(request.outputs)
+    else:
+        wanted = loaded.output_names
+    now = time.monotonic_ns()
+    timeout_us = _timeout_us(spec, request.timeout_us)
+    return WorkItem(inputs, max(rows, 1), tuple(key), wanted, loop.create_future(), now,
+                    now + timeout_us * 1000 if timeout_us else 0, request.ledger)
+
+
+def _timeout_us(spec: ModelSpec, requested: int | None) -> int:
+    policy = spec.batching
+    default = policy.default_timeout_us if policy is not None else 0
+    if requested is None or requested <= 0:
+        return default
+    if policy is None or policy.allow_timeout_override or not default:
+        return requested
+    return default
+
+
+def _int_parameter(spec: ModelSpec, keys: Sequence[str], default: int) -> int:
+    for key in keys:
+        if key in spec.parameters:
+            try:
+                value = int(spec.parameters[key])
+            except ValueError:
+                raise ModelConfigError(spec.name, f"parameter '{key}' must be an integer, got "
+                                                  f"'{spec.parameters[key]}'") from None
+            if value < 1:
+                raise ModelConfigError(spec.name, f"parameter '{key}' must be 1 or more")
+            return value
+    return default
+
+
+def _flag(spec: ModelSpec, key: str, default: bool) -> bool:
+    value = spec.parameters.get(key)
+    if value is None:
+        return default
+    if value.lower() in ("1", "true", "yes", "on"):
+        return True
+    if value.lower() in ("0", "false", "no", "off"):
+        return False
+    raise ModelConfigError(spec.name, f"parameter '{key}' must be true or false, got '{value}'")
+
+
+def _affinity(spec: ModelSpec) -> frozenset[int] | None:
+    """`cpu_affinity` as "1", "0,2" or "0-3"."""
+    text = spec.parameters.get("cpu_affinity", "").strip()
+    if not text:
+        return None
+    cpus: set[int] = set()
+    try:
+        for part in text.split(","):
+            low, _, high = part.partition("-")
+            cpus.update(range(int(low), int(high or low) + 1))
+    except ValueError:
+        raise ModelConfigError(spec.name, f"parameter 'cpu_affinity' must list CPUs like "
+                               f"'0,2' or '0-3', got '{text}'") from None
+    return frozenset(cpus)

@@ -1,0 +1,314 @@
+"""The executor: one thread per model instance, the only code that touches the device.
+
+It loads the model, warms it, captures CUDA graphs (on a GPU), then runs batches from its
+queue: gather inputs (a counted copy when more than one request), host→device, forward,
+device→host, and either finishes the outputs itself or hands them to the post-processing
+pool. Every result goes back to the event loop with `loop.call_soon_threadsafe`; the loop
+never waits on this thread.
+
+Threads are started here and nowhere else: the executor threads and the post-processing pool.
+Facts that shaped this (2-core machine, ResNet-50, see DESIGN.md): torch's OpenMP pool belongs
+to the thread that first ran a parallel region, so loading, warm-up and every run happen on
+this thread; intra-op threads default to one fewer than the cores so the loop keeps one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import queue
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from tensorgate.errors import InternalError, TensorgateError
+from tensorgate.model import ModelContext
+from tensorgate.pipeline.batching import gather_rows, split_rows
+from tensorgate.pipeline.cuda_graphs import GraphSet, graph_batch_sizes, map_tensors
+from tensorgate.pipeline.postprocess import Postprocessor
+from tensorgate.pipeline.runner import Runner, load_runner, name_outputs, warmup_inputs
+from tensorgate.pipeline.work import Batch
+from tensorgate.repository.model_config import ModelSpec
+from tensorgate.tensor.copies import copy_into
+from tensorgate.tensor.dtypes import datatype_of_numpy, datatype_of_torch
+from tensorgate.tensor.pool import BufferPool
+from tensorgate.tensor.view import TensorView
+
+__all__ = ["ExecutorSettings", "ExecutorThread", "PostprocessPool", "default_intra_op_threads"]
+
+log = logging.getLogger("tensorgate.executor")
+_STOP = object()
+
+
+def default_intra_op_threads() -> int:
+    """All cores but one, so the event loop keeps a core to itself."""
+    return max(1, (os.cpu_count() or 2) - 1)
+
+
+class PostprocessPool:
+    """Threads for CPU post-processing (NMS, top-k, decoding): torch and numpy drop the GIL."""
+
+    def __init__(self, workers: int = 2) -> None:
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tg-postprocess")
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> None:
+        self._pool.submit(fn, *args)
+
+    def shutdown(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=False)
+
+
+@dataclass(frozen=True)
+class ExecutorSettings:
+    """Everything an executor needs to build its model instance."""
+
+    spec: ModelSpec
+    version: int
+    artifact: Any  # pathlib.Path
+    kind: str
+    directory: Any  # pathlib.Path of the version
+    device: torch.device
+    intra_op_threads: int
+    cpu_affinity: frozenset[int] | None
+    cuda_graphs: bool
+    postprocessor: Postprocessor | None
+
+
+class ExecutorThread:
+    """One model instance on one device, behind a queue of batches."""
+
+    def __init__(self, name: str, settings: ExecutorSettings, loop: asyncio.AbstractEventLoop,
+                 pool: BufferPool, postprocess_pool: PostprocessPool,
+                 on_batch_done: Callable[[Batch], None],
+                 on_idle: Callable[[ExecutorThread], None]) -> None:
+        self.name = name
+        self.settings = settings
+        self._loop = loop
+        self._pool = pool
+        self._postprocess_pool = postprocess_pool
+        self._on_batch_done = on_batch_done
+        self._on_idle = on_idle
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._runner: Runner | None = None
+        self._graphs: GraphSet | None = None
+        self._stream: Any = None
+        self.ready: asyncio.Future[None] = loop.create_future()
+        self.stopped: asyncio.Future[None] = loop.create_future()
+        self._thread = threading.Thread(target=self._main, name=name, daemon=True)
+
+    # -- called on the loop ----------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def submit(self, batch: Batch) -> None:
+        self._queue.put(batch)
+
+    def stop(self) -> None:
+        """Finish what is queued, then release the model and the device."""
+        self._queue.put(_STOP)
+
+    # -- the thread ------------------------------------------------------------------------
+
+    def _report(self, fn: Callable[..., None], *args: Any) -> None:
+        try:
+            self._loop.call_soon_threadsafe(fn, *args)
+        except RuntimeError:  # the loop is closed: nobody is left to tell
+            pass
+
+    def _main(self) -> None:
+        try:
+            self._setup()
+        except BaseException as error:  # noqa: BLE001 - reported to the loader, never lost
+            self._report(_settle, self.ready, error)
+            self._report(_settle, self.stopped, None)
+            return
+        self._report(_settle, self.ready, None)
+        while True:
+            batch = self._queue.get()
+            if batch is _STOP:
+                break
+            self._execute(batch)
+        self._teardown()
+        self._report(_settle, self.stopped, None)
+
+    def _setup(self) -> None:
+        s = self.settings
+        if s.cpu_affinity:
+            os.sched_setaffinity(0, s.cpu_affinity)  # 0 = this thread on Linux
+        torch.set_num_threads(s.intra_op_threads)
+        context = ModelContext(s.spec.name, s.version, s.directory, s.device, s.spec.max_batch_size,
+                               dict(s.spec.parameters))
+        if s.device.type == "cuda":
+            torch.cuda.set_device(s.device)
+            self._stream = torch.cuda.Stream(s.device)
+        with torch.inference_mode(), self._on_stream():
+            self._runner = load_runner(s.artifact, s.kind, s.spec, context)
+            self._warm_up()
+
+    def _warm_up(self) -> None:
+        s = self.settings
+        runner = self._runner
+        assert runner is not None
+        sizes = [1] if s.spec.max_batch_size <= 1 else [1, s.spec.max_batch_size]
+        for rows in sizes:
+            inputs = warmup_inputs(s.spec, rows, s.device)
+            if inputs is None:
+                log.info("model %s: a BYTES input, so no warm-up", s.spec.name)
+                return
+            try:
+                runner.run(inputs)
+            except Exception as error:
+                raise InternalError(f"model '{s.spec.name}' failed its warm-up at batch {rows} "
+                                    f"with {type(error).__name__}: {error}") from error
+        if s.device.type == "cuda" and s.cuda_graphs and runner.module is not None:
+            self._graphs = GraphSet.capture(runner.run, s.spec, s.device, self._stream,
+                                            graph_batch_sizes(s.spec))
+
+    def _on_stream(self) -> Any:
+        if self._stream is None:
+            return _nullcontext()
+        return torch.cuda.stream(self._stream)
+
+    def _execute(self, batch: Batch) -> None:
+        s = self.settings
+        runner = self._runner
+        assert runner is not None
+        started = time.monotonic_ns()
+        try:
+            with torch.inference_mode(), self._on_stream():
+                inputs = self._gather(batch)
+                gathered = time.monotonic_ns()
+                if self._graphs is not None and self._graphs.covers(inputs, batch.rows):
+                    raw = self._graphs.replay(inputs, batch.rows, batch.items[0].ledger)
+                else:
+                    raw = runner.run(self._to_device(inputs, batch))
+                if self._stream is not None:
+                    # Outputs come home before the next batch can overwrite a graph's buffers.
+                    raw = map_tensors(raw, lambda t: self._to_host(t, batch))
+                    self._stream.synchronize()
+            batch.input_ns = gathered - started
+            batch.infer_ns = time.monotonic_ns() - gathered
+        except Exception as error:  # the model's fault fails this batch only
+            batch.error = _model_error(s.spec.name, error)
+            self._report(self._on_batch_done, batch)
+            self._report(self._on_idle, self)
+            return
+        if runner.postprocess is not None or s.postprocessor is not None:
+            self._postprocess_pool.submit(self._finish, batch, raw)
+        else:
+            self._finish(batch, raw)
+        self._report(self._on_idle, self)
+
+    def _gather(self, batch: Batch) -> dict[str, Any]:
+        items = batch.items
+        ledgers = [item.ledger for item in items]
+        return {spec.name: gather_rows([item.inputs[spec.name] for item in items], ledgers,
+                                       self._pool)
+                for spec in self.settings.spec.inputs if spec.name in items[0].inputs}
+
+    def _to_device(self, inputs: dict[str, Any], batch: Batch) -> dict[str, Any]:
+        device = self.settings.device
+        if device.type == "cpu":
+            return inputs
+        moved = {}
+        for name, value in inputs.items():
+            if isinstance(value, torch.Tensor):
+                target = torch.empty(value.shape, dtype=value.dtype, device=device)
+                copy_into(target, value, "device", batch.items[0].ledger, non_blocking=True)
+                value = target
+            moved[name] = value
+        return moved
+
+    def _finish(self, batch: Batch, raw: Any) -> None:
+        """Post-process, bring outputs to the host and split them per request."""
+        started = time.monotonic_ns()
+        s = self.settings
+        spec = s.spec
+        runner = self._runner
+        try:
+            if runner is not None and runner.postprocess is not None:
+                raw = runner.postprocess(raw)
+            if s.postprocessor is not None:
+                raw = s.postprocessor(list(raw) if isinstance(raw, (list, tuple)) else [raw])
+            outputs = name_outputs(raw, spec)
+            rows = [item.rows for item in batch.items]
+            for out in spec.outputs:
+                if not any(out.name in item.wanted for item in batch.items):
+                    continue
+                value = outputs[out.name]
+                _check_output(spec.name, out.name, value, out.datatype)
+                pieces = (split_rows(value, rows, spec.name, out.name) if spec.max_batch_size
+                          else [value])
+                for item, piece in zip(batch.items, pieces):
+                    if out.name in item.wanted:
+                        item.results[out.name] = _view(piece, out.name, item)
+        except Exception as error:
+            batch.error = _model_error(spec.name, error)
+        batch.output_ns = time.monotonic_ns() - started
+        self._report(self._on_batch_done, batch)
+
+    def _to_host(self, value: torch.Tensor, batch: Batch) -> torch.Tensor:
+        """An async copy into a pooled (pinned) host buffer; the caller synchronizes."""
+        if value.device.type == "cpu":
+            return value
+        host = TensorView(self._pool.acquire(value.numel() * value.element_size()),
+                          datatype_of_torch(value.dtype), value.shape).torch()
+        copy_into(host, value, "device", batch.items[0].ledger, non_blocking=True)
+        return host
+
+    def _teardown(self) -> None:
+        self._graphs = None
+        self._runner = None
+        if self.settings.device.type == "cuda":
+            torch.cuda.synchronize(self.settings.device)
+            torch.cuda.empty_cache()
+
+
+class _nullcontext:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+def _settle(future: asyncio.Future[None], error: BaseException | None) -> None:
+    if future.done():
+        return
+    if error is None:
+        future.set_result(None)
+    else:
+        future.set_exception(error)
+
+
+def _model_error(model: str, error: BaseException) -> TensorgateError:
+    if isinstance(error, TensorgateError):
+        return error
+    return InternalError(f"model '{model}' raised {type(error).__name__}: {error}")
+
+
+def _check_output(model: str, name: str, value: Any, expected: Any) -> None:
+    if isinstance(value, torch.Tensor):
+        found = datatype_of_torch(value.dtype, name)
+    elif isinstance(value, np.ndarray):
+        found = datatype_of_numpy(value.dtype, name)
+    else:
+        raise InternalError(f"model '{model}' output '{name}' is a {type(value).__name__}; "
+                            "expected a torch tensor or a numpy array")
+    if found is not expected:
+        raise InternalError(f"model '{model}' output '{name}' is {found.name}; its config "
+                            f"says {expected.name}")
+
+
+def _view(piece: Any, name: str, item: Any) -> TensorView:
+    if isinstance(piece, torch.Tensor):
+        return TensorView.from_torch(piece, name=name, ledger=item.ledger)
+    return TensorView.from_numpy(piece, name=name, ledger=item.ledger)

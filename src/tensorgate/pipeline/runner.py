@@ -1,0 +1,136 @@
+"""A loaded model artifact behind one interface, built on (and only used by) its executor thread.
+
+    model.pt   TorchScript, `torch.jit.load`; its forward runs without the GIL
+    model.pt2  a `torch.export` program (`torch.export.load`) or an AOTInductor package
+    model.py   a `tensorgate.Model` subclass with stage hooks
+
+`run` takes the batched inputs by config name and returns the model's raw result; `name`
+maps a raw result (tensor, sequence or mapping) onto the config's output names.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import pathlib
+import sys
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+
+from tensorgate.errors import InternalError
+from tensorgate.model import Model, ModelContext
+from tensorgate.repository.model_config import ModelConfigError, ModelSpec
+
+__all__ = ["Runner", "load_runner", "name_outputs", "warmup_inputs"]
+
+# torch 2.13 deprecates TorchScript, but existing Triton repositories are full of model.pt:
+# loading them is this server's job, not the user's mistake, so say nothing per load.
+warnings.filterwarnings("ignore", message=r"`torch\.jit\.load` is deprecated",
+                        category=DeprecationWarning)
+
+
+def name_outputs(raw: Any, spec: ModelSpec) -> dict[str, Any]:
+    """The config's output names → the model's results, in config order."""
+    names = [output.name for output in spec.outputs]
+    if isinstance(raw, Mapping):
+        missing = [n for n in names if n not in raw]
+        if missing:
+            raise InternalError(f"model '{spec.name}' returned outputs {sorted(raw)}; the config "
+                                f"also names {missing}")
+        return {n: raw[n] for n in names}
+    values = [raw] if not isinstance(raw, (list, tuple)) else list(raw)
+    if len(values) != len(names):
+        raise InternalError(f"model '{spec.name}' returned {len(values)} outputs; its config "
+                            f"names {len(names)}: {', '.join(names)}")
+    return dict(zip(names, values))
+
+
+class Runner:
+    """`run(inputs)` on the executor; `postprocess(raw)` wherever the pipeline puts it."""
+
+    def __init__(self, forward: Callable[[dict[str, torch.Tensor]], Any],
+                 postprocess: Callable[[Any], Any] | None, module: torch.nn.Module | None) -> None:
+        self.run = forward
+        self.postprocess = postprocess
+        self.module = module  # for CUDA-graph capture and device moves; None for Python models
+
+
+def _positional(call: Callable[..., Any], spec: ModelSpec) -> Callable[[dict[str, torch.Tensor]], Any]:
+    names = [i.name for i in spec.inputs]
+
+    def forward(inputs: dict[str, torch.Tensor]) -> Any:
+        return call(*[inputs[n] for n in names])
+    return forward
+
+
+def _load_torchscript(path: pathlib.Path, spec: ModelSpec, device: torch.device) -> Runner:
+    module = torch.jit.load(str(path), map_location=device)
+    module.eval()
+    return Runner(_positional(module, spec), None, module)
+
+
+def _load_pt2(path: pathlib.Path, spec: ModelSpec, device: torch.device) -> Runner:
+    try:
+        program = torch.export.load(str(path))
+    except Exception as export_error:  # not an ExportedProgram: try an AOTInductor package
+        try:
+            from torch._inductor import aoti_load_package
+            compiled = aoti_load_package(str(path))
+        except Exception:
+            raise ModelConfigError(str(path), f"neither a torch.export program nor an "
+                                              f"AOTInductor package: {export_error}") from None
+        return Runner(_positional(compiled, spec), None, None)
+    module = program.module().to(device)
+    return Runner(_positional(module, spec), None, module)
+
+
+def _load_python(path: pathlib.Path, spec: ModelSpec, context: ModelContext) -> Runner:
+    module_name = f"tensorgate_model_{spec.name}_{context.version}"
+    loader_spec = importlib.util.spec_from_file_location(module_name, path)
+    if loader_spec is None or loader_spec.loader is None:
+        raise ModelConfigError(str(path), "cannot be imported")
+    module = importlib.util.module_from_spec(loader_spec)
+    sys.modules[module_name] = module
+    loader_spec.loader.exec_module(module)
+    classes = [obj for obj in vars(module).values()
+               if isinstance(obj, type) and issubclass(obj, Model) and obj is not Model
+               and obj.__module__ == module_name]
+    if len(classes) != 1:
+        found = ", ".join(c.__name__ for c in classes) or "none"
+        raise ModelConfigError(str(path), f"must define exactly one tensorgate.Model subclass; "
+                                          f"found {found}")
+    model = classes[0]()
+    model.setup(context)
+
+    def forward(inputs: dict[str, torch.Tensor]) -> Any:
+        return model.forward(model.preprocess(inputs))
+
+    overridden = type(model).postprocess is not Model.postprocess
+    return Runner(forward, model.postprocess if overridden else None, None)
+
+
+def load_runner(path: pathlib.Path, kind: str, spec: ModelSpec, context: ModelContext) -> Runner:
+    """Load `path` as `kind` for `context.device`. Call on the executor thread only."""
+    if kind == "torchscript":
+        return _load_torchscript(path, spec, context.device)
+    if kind == "pt2":
+        return _load_pt2(path, spec, context.device)
+    if kind == "python":
+        return _load_python(path, spec, context)
+    raise ModelConfigError(str(path), f"unknown artifact kind '{kind}'")
+
+
+def warmup_inputs(spec: ModelSpec, rows: int,
+                  device: torch.device) -> dict[str, torch.Tensor] | None:
+    """Zero inputs of the configured shapes (variable dims as 1), `rows` deep when batching;
+    None when an input is BYTES, whose meaningful content we cannot invent."""
+    inputs = {}
+    for item in spec.inputs:
+        if item.datatype.torch is None:
+            return None
+        dims = [1 if d == -1 else d for d in (item.reshape or item.dims)]
+        shape: Sequence[int] = ([rows] + dims) if spec.max_batch_size else dims
+        inputs[item.name] = torch.zeros(shape, dtype=item.datatype.torch, device=device)
+    return inputs

@@ -1,0 +1,246 @@
+"""The dynamic batcher of one model version; it lives on the event loop and never blocks.
+
+Requests wait in a bounded queue. Whenever an executor is idle, the scheduler takes the oldest
+request and every later one with the same per-item shapes, up to `max_batch_size` rows, and
+dispatches them if the batch is full, has reached a preferred size, or the oldest has waited
+`max_queue_delay_us` (at once when the delay is 0). Otherwise one timer wakes it when the
+delay ends. A request past its deadline is answered with DEADLINE_EXCEEDED and never reaches
+the model; a cancelled one (its client went away) is dropped. Models without
+`dynamic_batching` run one request per execution, as Triton's default scheduler does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from typing import Protocol
+
+from tensorgate.errors import DeadlineExceededError, TensorgateError, UnavailableError
+from tensorgate.pipeline.stats import ModelStatistics
+from tensorgate.pipeline.work import Batch, WorkItem
+from tensorgate.repository.model_config import ModelSpec
+
+__all__ = ["Scheduler"]
+
+
+class _Executor(Protocol):
+    def submit(self, batch: Batch) -> None: ...
+
+
+class Scheduler:
+    """Queue, batch formation and result delivery for one model version."""
+
+    def __init__(self, spec: ModelSpec, stats: ModelStatistics,
+                 loop: asyncio.AbstractEventLoop) -> None:
+        self._spec = spec
+        self._stats = stats
+        self._loop = loop
+        policy = spec.batching
+        self._batching = policy is not None
+        self._max_rows = spec.max_batch_size if policy is not None else 0
+        self._delay_ns = policy.max_queue_delay_us * 1000 if policy is not None else 0
+        self._preferred = policy.preferred_batch_sizes if policy is not None else ()
+        self._max_queue = policy.max_queue_size if policy is not None else 0
+        self._preserve_order = policy.preserve_ordering if policy is not None else False
+        self._queue: deque[WorkItem] = deque()
+        self._idle: list[_Executor] = []
+        self._running: set[Batch] = set()
+        self._deadlines = 0  # queued items that carry a deadline
+        self._timer: asyncio.TimerHandle | None = None
+        self._closed: TensorgateError | None = None
+
+    # -- admission -------------------------------------------------------------------------
+
+    @property
+    def pending(self) -> int:
+        """Requests queued and not yet executing."""
+        return len(self._queue)
+
+    @property
+    def busy(self) -> bool:
+        return bool(self._queue) or bool(self._running)
+
+    def add_executor(self, executor: _Executor) -> None:
+        self._idle.append(executor)
+        self._schedule()
+
+    def submit(self, item: WorkItem) -> None:
+        """Queue `item`, or raise at once: UNAVAILABLE when closed or the queue is full."""
+        if self._closed is not None:
+            raise self._closed
+        if self._max_queue and len(self._queue) >= self._max_queue:
+            self._purge(time.monotonic_ns())
+            if len(self._queue) >= self._max_queue:
+                raise UnavailableError(
+                    f"Exceeds maximum queue size: model '{self._spec.name}' already has "
+                    f"{len(self._queue)} requests queued (max_queue_size {self._max_queue}); "
+                    "retry later, or raise max_queue_size or add instances")
+        self._queue.append(item)
+        if item.deadline_ns:
+            self._deadlines += 1
+        self._schedule()
+
+    def close(self, reason: TensorgateError) -> None:
+        """Refuse new requests with `reason`; what is queued stays, to be drained."""
+        self._closed = reason
+
+    def fail_queued(self, error: TensorgateError) -> int:
+        """Answer every queued request with `error`; returns how many."""
+        items = list(self._queue)
+        self._queue.clear()
+        self._deadlines = 0
+        now = time.monotonic_ns()
+        for item in items:
+            self._fail(item, error, now, "OTHER")
+        return len(items)
+
+    def fail_running(self, error: TensorgateError) -> int:
+        """Answer the requests of batches still executing with `error`; their late results
+        are then dropped. Returns how many requests."""
+        now = time.monotonic_ns()
+        count = 0
+        for batch in self._running:
+            for item in batch.items:
+                if not item.future.done():
+                    count += 1
+                self._fail(item, error, now, "OTHER")
+        return count
+
+    # -- scheduling ------------------------------------------------------------------------
+
+    def _schedule(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        now = time.monotonic_ns()
+        if self._deadlines or (self._queue and self._queue[0].future.done()):
+            self._purge(now)
+        while self._idle and self._queue:
+            items = self._take(now)
+            if items is None:
+                break
+            executor = self._idle.pop()
+            batch = Batch(items, now)
+            for item in items:
+                item.times.queue_ns = now - item.enqueued_ns
+            self._running.add(batch)
+            executor.submit(batch)
+        self._arm_timer(now)
+
+    def _take(self, now: int) -> list[WorkItem] | None:
+        """The next batch to run, or None to wait for more requests."""
+        queue = self._queue
+        head = queue[0]
+        if not self._batching:
+            queue.popleft()
+            self._forget_deadline(head)
+            return [head]
+        chosen: list[WorkItem] = []
+        rows = 0
+        for item in queue:
+            if item.future.done():
+                continue
+            if item.key != head.key:
+                if self._preserve_order:
+                    break
+                continue
+            if rows + item.rows > self._max_rows:
+                break
+            chosen.append(item)
+            rows += item.rows
+            if rows == self._max_rows:
+                break
+        waited = now - head.enqueued_ns
+        if rows < self._max_rows and self._delay_ns and waited < self._delay_ns:
+            preferred = [p for p in self._preferred if p <= rows]
+            if not preferred:
+                return None
+            # Cut to the largest preferred size the chosen requests reach exactly.
+            target = preferred[-1]
+            cut, total = [], 0
+            for item in chosen:
+                if total + item.rows > target:
+                    break
+                cut.append(item)
+                total += item.rows
+            if total != target:
+                return None
+            chosen = cut
+        taken = {id(item) for item in chosen}
+        rest: deque[WorkItem] = deque()
+        for item in queue:
+            if id(item) in taken:
+                self._forget_deadline(item)
+            elif item.future.done():  # cancelled while queued: drop it now
+                self._forget_deadline(item)
+                self._stats.record_failure(now - item.enqueued_ns, "CANCELED")
+            else:
+                rest.append(item)
+        self._queue = rest
+        return chosen
+
+    def _arm_timer(self, now: int) -> None:
+        if not self._queue:
+            return
+        wake = 0
+        if self._idle and self._delay_ns:
+            wake = self._queue[0].enqueued_ns + self._delay_ns
+        if self._deadlines:
+            earliest = min(i.deadline_ns for i in self._queue if i.deadline_ns)
+            wake = earliest if not wake else min(wake, earliest)
+        if wake:
+            self._timer = self._loop.call_later(max(wake - now, 0) / 1e9, self._schedule)
+
+    def _purge(self, now: int) -> None:
+        """Drop cancelled requests; answer expired ones with DEADLINE_EXCEEDED."""
+        keep: deque[WorkItem] = deque()
+        for item in self._queue:
+            if item.future.done():  # cancelled by its client
+                self._forget_deadline(item)
+                self._stats.record_failure(now - item.enqueued_ns, "CANCELED")
+            elif item.deadline_ns and now >= item.deadline_ns:
+                self._forget_deadline(item)
+                waited_ms = (now - item.enqueued_ns) / 1e6
+                self._fail(item, DeadlineExceededError(
+                    f"request for model '{self._spec.name}' timed out after {waited_ms:.1f} ms "
+                    "in the queue, before it ran; raise its timeout or add instances"),
+                    now, "REJECTED")
+            else:
+                keep.append(item)
+        self._queue = keep
+
+    def _forget_deadline(self, item: WorkItem) -> None:
+        if item.deadline_ns:
+            self._deadlines -= 1
+
+    # -- results (called on the loop by the executor, through call_soon_threadsafe) ----------
+
+    def on_idle(self, executor: _Executor) -> None:
+        self._idle.append(executor)
+        self._schedule()
+
+    def on_batch_done(self, batch: Batch) -> None:
+        self._running.discard(batch)
+        now = time.monotonic_ns()
+        if batch.error is not None:
+            error = batch.error
+            for item in batch.items:
+                self._fail(item, error, now, "BACKEND")
+            return
+        self._stats.record_batch(batch.rows, batch.input_ns, batch.infer_ns, batch.output_ns)
+        for item in batch.items:
+            times = item.times
+            times.input_ns = batch.input_ns
+            times.infer_ns = batch.infer_ns
+            times.output_ns = batch.output_ns
+            times.total_ns = now - item.enqueued_ns
+            self._stats.record_success(times, item.ledger.bytes)
+            if not item.future.done():
+                item.future.set_result(item)
+
+    def _fail(self, item: WorkItem, error: BaseException, now: int, reason: str) -> None:
+        self._stats.record_failure(now - item.enqueued_ns, reason)
+        if not item.future.done():
+            item.future.set_exception(error)
+

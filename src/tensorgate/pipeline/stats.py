@@ -1,0 +1,119 @@
+"""Per-model cumulative counters in the shape of Triton's statistics extension.
+
+Updated on the event-loop thread only (results come back there), so no locks.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+__all__ = ["Duration", "ModelStatistics", "StageTimes"]
+
+
+class Duration:
+    """A count and a total in ns, as Triton's `{"count": n, "ns": total}`."""
+
+    __slots__ = ("count", "ns")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.ns = 0
+
+    def add(self, ns: int, count: int = 1) -> None:
+        self.count += count
+        self.ns += ns
+
+    def as_dict(self) -> dict[str, int]:
+        return {"count": self.count, "ns": self.ns}
+
+
+class StageTimes:
+    """One request's time in each stage (ns) and the bytes copied for it."""
+
+    __slots__ = ("queue_ns", "input_ns", "infer_ns", "output_ns", "total_ns")
+
+    def __init__(self) -> None:
+        self.queue_ns = 0
+        self.input_ns = 0
+        self.infer_ns = 0
+        self.output_ns = 0
+        self.total_ns = 0
+
+    def as_us(self) -> dict[str, float]:
+        return {"queue": self.queue_ns / 1e3, "compute_input": self.input_ns / 1e3,
+                "compute_infer": self.infer_ns / 1e3, "compute_output": self.output_ns / 1e3,
+                "total": self.total_ns / 1e3}
+
+
+@dataclass
+class _BatchDurations:
+    compute_input: Duration = field(default_factory=Duration)
+    compute_infer: Duration = field(default_factory=Duration)
+    compute_output: Duration = field(default_factory=Duration)
+
+
+class ModelStatistics:
+    """Cumulative counters of one model version."""
+
+    def __init__(self, name: str, version: int) -> None:
+        self.name = name
+        self.version = version
+        self.last_inference_ms = 0
+        self.inference_count = 0
+        self.execution_count = 0
+        self.success = Duration()
+        self.fail = Duration()
+        self.queue = Duration()
+        self.compute_input = Duration()
+        self.compute_infer = Duration()
+        self.compute_output = Duration()
+        self.copied_bytes = 0
+        self.failures_by_reason: dict[str, int] = {}
+        self._batches: dict[int, _BatchDurations] = {}
+
+    def record_batch(self, size: int, input_ns: int, infer_ns: int, output_ns: int) -> None:
+        self.execution_count += 1
+        self.inference_count += size
+        durations = self._batches.get(size)
+        if durations is None:
+            durations = self._batches[size] = _BatchDurations()
+        durations.compute_input.add(input_ns)
+        durations.compute_infer.add(infer_ns)
+        durations.compute_output.add(output_ns)
+
+    def record_success(self, times: StageTimes, copied: int) -> None:
+        self.last_inference_ms = time.time_ns() // 1_000_000  # wall clock: a timestamp, not a timer
+        self.success.add(times.total_ns)
+        self.queue.add(times.queue_ns)
+        self.compute_input.add(times.input_ns)
+        self.compute_infer.add(times.infer_ns)
+        self.compute_output.add(times.output_ns)
+        self.copied_bytes += copied
+
+    def record_failure(self, total_ns: int, reason: str) -> None:
+        self.fail.add(total_ns)
+        self.failures_by_reason[reason] = self.failures_by_reason.get(reason, 0) + 1
+
+    def as_dict(self) -> dict[str, object]:
+        """Triton's `model_stats` entry."""
+        return {
+            "name": self.name,
+            "version": str(self.version),
+            "last_inference": self.last_inference_ms,
+            "inference_count": self.inference_count,
+            "execution_count": self.execution_count,
+            "inference_stats": {
+                "success": self.success.as_dict(), "fail": self.fail.as_dict(),
+                "queue": self.queue.as_dict(), "compute_input": self.compute_input.as_dict(),
+                "compute_infer": self.compute_infer.as_dict(),
+                "compute_output": self.compute_output.as_dict(),
+                "cache_hit": {"count": 0, "ns": 0}, "cache_miss": {"count": 0, "ns": 0},
+            },
+            "batch_stats": [
+                {"batch_size": size, "compute_input": d.compute_input.as_dict(),
+                 "compute_infer": d.compute_infer.as_dict(),
+                 "compute_output": d.compute_output.as_dict()}
+                for size, d in sorted(self._batches.items())
+            ],
+        }

@@ -1,0 +1,53 @@
+"""What crosses between the loop and the executor: one request's work, and a batch of them.
+
+A `WorkItem` is made on the loop, read by the executor, and given results by the executor or
+the post-processing pool; the loop reads them again only after `call_soon_threadsafe`, which
+orders those writes before the reads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from tensorgate.pipeline.stats import StageTimes
+from tensorgate.tensor.copies import CopyLedger
+from tensorgate.tensor.view import TensorView
+
+__all__ = ["Batch", "WorkItem"]
+
+
+class WorkItem:
+    """One request inside the pipeline."""
+
+    __slots__ = ("inputs", "rows", "key", "wanted", "future", "enqueued_ns", "deadline_ns",
+                 "ledger", "times", "results")
+
+    def __init__(self, inputs: dict[str, Any], rows: int, key: tuple[Any, ...],
+                 wanted: tuple[str, ...], future: asyncio.Future[Any], enqueued_ns: int,
+                 deadline_ns: int, ledger: CopyLedger) -> None:
+        self.inputs = inputs          # config input name → CPU tensor (numpy object for BYTES)
+        self.rows = rows              # batch rows this request brings (1 when not batching)
+        self.key = key                # per-item shapes: only equal keys batch together
+        self.wanted = wanted          # output names to return
+        self.future = future
+        self.enqueued_ns = enqueued_ns
+        self.deadline_ns = deadline_ns  # 0: none
+        self.ledger = ledger
+        self.times = StageTimes()
+        self.results: dict[str, TensorView] = {}
+
+
+class Batch:
+    """Work items run in one model execution."""
+
+    __slots__ = ("items", "rows", "error", "dispatched_ns", "input_ns", "infer_ns", "output_ns")
+
+    def __init__(self, items: list[WorkItem], dispatched_ns: int) -> None:
+        self.items = items
+        self.rows = sum(item.rows for item in items)
+        self.error: BaseException | None = None
+        self.dispatched_ns = dispatched_ns
+        self.input_ns = 0
+        self.infer_ns = 0
+        self.output_ns = 0

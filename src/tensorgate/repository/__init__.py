@@ -1,0 +1,1 @@
+"""Triton-layout model repositories: config.pbtxt, version directories, model artifacts."""

@@ -1,0 +1,223 @@
+"""config.pbtxt → a frozen ModelSpec, with Triton's own ModelConfig schema.
+
+The schema is the one tritonclient ships (`tritonclient.grpc.model_config_pb2`, compiled from
+triton-inference-server/common), parsed as protobuf text format: a field the schema lacks or
+a value of the wrong kind is an error naming the file, the line and the field. On top of the
+schema we check what the schema cannot say (names, dims, batch sizes).
+"""
+
+from __future__ import annotations
+
+import pathlib
+from dataclasses import dataclass, field
+
+from google.protobuf import json_format, text_format
+from tritonclient.grpc import model_config_pb2 as pb
+
+from tensorgate.errors import InvalidArgumentError
+from tensorgate.tensor.dtypes import DataType, datatype_from_config
+
+__all__ = ["BatchingPolicy", "InstanceGroup", "ModelConfigError", "ModelSpec", "TensorSpec",
+           "load_model_config", "parse_model_config"]
+
+
+class ModelConfigError(InvalidArgumentError):
+    """config.pbtxt could not be parsed, or says something that cannot be served."""
+
+    def __init__(self, source: str, problem: str) -> None:
+        super().__init__(f"{source}: {problem}")
+        self.source = source
+
+
+@dataclass(frozen=True, slots=True)
+class TensorSpec:
+    """One input or output. `dims` exclude the batch dim; -1 is a variable dim."""
+
+    name: str
+    datatype: DataType
+    dims: tuple[int, ...]
+    reshape: tuple[int, ...] | None = None
+    optional: bool = False
+    label_filename: str = ""
+
+    def accepts(self, shape: tuple[int, ...]) -> bool:
+        """Whether a per-item shape (no batch dim) fits `dims`."""
+        return len(shape) == len(self.dims) and all(
+            want == -1 or want == got for want, got in zip(self.dims, shape))
+
+
+@dataclass(frozen=True, slots=True)
+class BatchingPolicy:
+    """dynamic_batching, with Triton's defaults (0 = no delay, no bound, no timeout)."""
+
+    max_queue_delay_us: int = 0
+    preferred_batch_sizes: tuple[int, ...] = ()
+    max_queue_size: int = 0
+    default_timeout_us: int = 0
+    allow_timeout_override: bool = False
+    preserve_ordering: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceGroup:
+    count: int
+    kind: str  # KIND_CPU, KIND_GPU, KIND_AUTO, KIND_MODEL
+    gpus: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """What tensorgate serves a model by; `config` keeps the full proto for `/config`."""
+
+    name: str
+    platform: str
+    backend: str
+    max_batch_size: int
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    batching: BatchingPolicy | None
+    instance_groups: tuple[InstanceGroup, ...]
+    version_policy: tuple[str, tuple[int, ...]]  # ("latest", (n,)) | ("all", ()) | ("specific", vs)
+    parameters: dict[str, str] = field(default_factory=dict)
+    default_model_filename: str = ""
+    config: pb.ModelConfig = field(default_factory=pb.ModelConfig, repr=False, compare=False)
+
+    def input(self, name: str) -> TensorSpec | None:
+        return next((spec for spec in self.inputs if spec.name == name), None)
+
+    def output(self, name: str) -> TensorSpec | None:
+        return next((spec for spec in self.outputs if spec.name == name), None)
+
+    def config_dict(self) -> dict[str, object]:
+        """The config as Triton's `/config` JSON (snake_case names, enum names)."""
+        return json_format.MessageToDict(self.config, preserving_proto_field_name=True)
+
+
+def load_model_config(path: pathlib.Path, expected_name: str | None = None) -> ModelSpec:
+    """Parse `path` (a config.pbtxt); the model name must equal `expected_name` when given."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        raise ModelConfigError(str(path), f"cannot read: {error}") from None
+    return parse_model_config(text, str(path), expected_name)
+
+
+def parse_model_config(text: str, source: str = "config.pbtxt",
+                       expected_name: str | None = None) -> ModelSpec:
+    config = pb.ModelConfig()
+    try:
+        text_format.Parse(text, config)
+    except text_format.ParseError as error:
+        raise ModelConfigError(source, str(error)) from None
+    if expected_name is not None:
+        if not config.name:
+            config.name = expected_name
+        elif config.name != expected_name:
+            raise ModelConfigError(source, f"field 'name' is '{config.name}' but the model "
+                                           f"directory is '{expected_name}'; they must match")
+    return _spec(config, source)
+
+
+def _spec(config: pb.ModelConfig, source: str) -> ModelSpec:
+    if not config.name:
+        raise ModelConfigError(source, "field 'name' is missing")
+    if config.max_batch_size < 0:
+        raise ModelConfigError(source, f"field 'max_batch_size' is {config.max_batch_size}; "
+                                       "it must be 0 (no batching) or more")
+    inputs = tuple(_tensor(t, "input", source, config.max_batch_size) for t in config.input)
+    outputs = tuple(_tensor(t, "output", source, config.max_batch_size) for t in config.output)
+    for kind, specs in (("input", inputs), ("output", outputs)):
+        names = [spec.name for spec in specs]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise ModelConfigError(source, f"{kind} names must be unique; repeated: "
+                                           + ", ".join(duplicates))
+    return ModelSpec(
+        name=config.name,
+        platform=config.platform,
+        backend=config.backend,
+        max_batch_size=config.max_batch_size,
+        inputs=inputs,
+        outputs=outputs,
+        batching=_batching(config, source),
+        instance_groups=tuple(_instance_group(g, source) for g in config.instance_group),
+        version_policy=_version_policy(config, source),
+        parameters={key: value.string_value for key, value in config.parameters.items()},
+        default_model_filename=config.default_model_filename,
+        config=config,
+    )
+
+
+def _tensor(message: pb.ModelInput | pb.ModelOutput, kind: str, source: str,
+            max_batch_size: int) -> TensorSpec:
+    where = f"{kind} '{message.name}'" if message.name else f"an {kind}"
+    if not message.name:
+        raise ModelConfigError(source, f"{where} has no 'name'")
+    if message.data_type == pb.TYPE_INVALID:
+        raise ModelConfigError(source, f"{where} has no 'data_type'")
+    dt = datatype_from_config(pb.DataType.Name(message.data_type), message.name)
+    dims = tuple(message.dims)
+    if not dims and max_batch_size == 0:
+        raise ModelConfigError(source, f"{where} has no 'dims'")
+    bad = [d for d in dims if d < -1 or d == 0]
+    if bad:
+        raise ModelConfigError(source, f"{where} has dims {list(dims)}; each must be -1 "
+                                       "(variable) or positive")
+    reshape = tuple(message.reshape.shape) if message.HasField("reshape") else None
+    return TensorSpec(message.name, dt, dims, reshape,
+                      optional=bool(getattr(message, "optional", False)),
+                      label_filename=getattr(message, "label_filename", ""))
+
+
+def _batching(config: pb.ModelConfig, source: str) -> BatchingPolicy | None:
+    if config.WhichOneof("scheduling_choice") != "dynamic_batching":
+        if config.WhichOneof("scheduling_choice") is not None:
+            choice = config.WhichOneof("scheduling_choice")
+            raise ModelConfigError(source, f"field '{choice}' is not supported; use "
+                                           "'dynamic_batching' or none")
+        return None
+    batching = config.dynamic_batching
+    if config.max_batch_size == 0:
+        raise ModelConfigError(source, "'dynamic_batching' needs 'max_batch_size' above 0")
+    too_big = [s for s in batching.preferred_batch_size if s > config.max_batch_size or s < 1]
+    if too_big:
+        raise ModelConfigError(source, f"'preferred_batch_size' {too_big} must lie in "
+                                       f"[1, max_batch_size={config.max_batch_size}]")
+    policy = batching.default_queue_policy
+    if policy.timeout_action != pb.ModelQueuePolicy.REJECT:
+        raise ModelConfigError(source, "'timeout_action: DELAY' is not supported; use REJECT")
+    if batching.priority_levels or batching.priority_queue_policy:
+        raise ModelConfigError(source, "'priority_levels' is not supported yet")
+    return BatchingPolicy(
+        max_queue_delay_us=batching.max_queue_delay_microseconds,
+        preferred_batch_sizes=tuple(sorted(set(batching.preferred_batch_size))),
+        max_queue_size=policy.max_queue_size,
+        default_timeout_us=policy.default_timeout_microseconds,
+        allow_timeout_override=policy.allow_timeout_override,
+        preserve_ordering=batching.preserve_ordering,
+    )
+
+
+def _instance_group(group: pb.ModelInstanceGroup, source: str) -> InstanceGroup:
+    if group.count < 0:
+        raise ModelConfigError(source, f"instance_group count {group.count} is negative")
+    return InstanceGroup(max(group.count, 1), pb.ModelInstanceGroup.Kind.Name(group.kind),
+                         tuple(group.gpus))
+
+
+def _version_policy(config: pb.ModelConfig, source: str) -> tuple[str, tuple[int, ...]]:
+    choice = config.version_policy.WhichOneof("policy_choice")
+    if choice is None:
+        return ("latest", (1,))
+    if choice == "latest":
+        n = config.version_policy.latest.num_versions
+        if n < 1:
+            raise ModelConfigError(source, f"version_policy latest num_versions is {n}; "
+                                           "it must be 1 or more")
+        return ("latest", (n,))
+    if choice == "all":
+        return ("all", ())
+    versions = tuple(sorted(config.version_policy.specific.versions))
+    if not versions or versions[0] < 1:
+        raise ModelConfigError(source, "version_policy specific needs versions of 1 or more")
+    return ("specific", versions)

@@ -1,0 +1,31 @@
+"""Pipeline fixtures: a repository of small real models, and a bounded way to run coroutines."""
+
+from __future__ import annotations
+
+import asyncio
+import pathlib
+from collections.abc import Coroutine
+from typing import Any
+
+import pytest
+
+from tests.pipeline import repo_builder as rb
+
+BATCHING = "dynamic_batching { max_queue_delay_microseconds: 20000 }"
+
+
+def run(coro: Coroutine[Any, Any, Any], timeout: float = 60.0) -> Any:
+    """Run `coro` on a fresh loop, failing the test if it takes longer than `timeout`."""
+    return asyncio.run(asyncio.wait_for(coro, timeout))
+
+
+@pytest.fixture(scope="session")
+def repo(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
+    root = tmp_path_factory.mktemp("models")
+    rb.add_torchscript(root, "identity", rb.Identity(), [3, 4], [3, 4], BATCHING)
+    rb.add_torchscript(root, "linear", rb.linear_module(), [8], [4], BATCHING)
+    rb.add_torchscript(root, "linear_unbatched", rb.linear_module(), [8], [4])
+    rb.add_torchscript(root, "failing", rb.Failing(), [4], [4], BATCHING)
+    rb.add_exported(root, "exported", rb.linear_module(), BATCHING)
+    rb.add_python(root, "scaled", BATCHING)
+    return root

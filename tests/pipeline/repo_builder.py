@@ -1,0 +1,109 @@
+"""Small real models written into a Triton-layout repository for the pipeline tests."""
+
+from __future__ import annotations
+
+import pathlib
+import textwrap
+
+import torch
+
+LINEAR_SEED = 0
+
+
+def write_config(repo: pathlib.Path, name: str, text: str) -> pathlib.Path:
+    folder = repo / name
+    (folder / "1").mkdir(parents=True, exist_ok=True)
+    (folder / "config.pbtxt").write_text(textwrap.dedent(text))
+    return folder
+
+
+def linear_module() -> torch.nn.Module:
+    torch.manual_seed(LINEAR_SEED)
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+
+
+class Identity(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+
+class Failing(torch.nn.Module):
+    """Raises when any input is negative: lets a test fail one batch on purpose."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if bool((x < 0).any()):
+            raise RuntimeError("negative input")
+        return x + 1
+
+
+def add_torchscript(repo: pathlib.Path, name: str, module: torch.nn.Module, dims: list[int],
+                    out_dims: list[int], batching: str = "", max_batch: int = 8,
+                    extra: str = "") -> None:
+    folder = write_config(repo, name, f"""
+        name: "{name}"
+        platform: "pytorch_libtorch"
+        max_batch_size: {max_batch}
+        input [ {{ name: "INPUT__0" data_type: TYPE_FP32 dims: {dims} }} ]
+        output [ {{ name: "OUTPUT__0" data_type: TYPE_FP32 dims: {out_dims} }} ]
+        {batching}
+        {extra}
+        """)
+    torch.jit.script(module.eval()).save(str(folder / "1" / "model.pt"))
+
+
+def add_exported(repo: pathlib.Path, name: str, module: torch.nn.Module, batching: str = "") -> None:
+    folder = write_config(repo, name, f"""
+        name: "{name}"
+        platform: "torch_aoti"
+        max_batch_size: 8
+        input [ {{ name: "x" data_type: TYPE_FP32 dims: [8] }} ]
+        output [ {{ name: "y" data_type: TYPE_FP32 dims: [4] }} ]
+        {batching}
+        """)
+    batch = torch.export.Dim("batch", min=1, max=8)
+    program = torch.export.export(module.eval(), (torch.randn(2, 8),),
+                                  dynamic_shapes={"input": {0: batch}})
+    torch.export.save(program, str(folder / "1" / "model.pt2"))
+
+
+PYTHON_MODEL = '''
+import time
+
+import torch
+
+from tensorgate import Model
+
+
+class Scaled(Model):
+    """Doubles its input after an optional sleep; postprocess adds one."""
+
+    def setup(self, context):
+        self.delay = float(context.parameters.get("delay_s", "0"))
+        self.scale = context.load_weights("scale.pt")["scale"]
+
+    def preprocess(self, inputs):
+        return inputs["INPUT__0"]
+
+    def forward(self, batch):
+        if self.delay:
+            time.sleep(self.delay)
+        return batch * self.scale
+
+    def postprocess(self, outputs):
+        return {"OUTPUT__0": outputs + 1}
+'''
+
+
+def add_python(repo: pathlib.Path, name: str, batching: str = "", delay_s: float = 0.0,
+               max_batch: int = 8) -> None:
+    folder = write_config(repo, name, f"""
+        name: "{name}"
+        backend: "python"
+        max_batch_size: {max_batch}
+        input [ {{ name: "INPUT__0" data_type: TYPE_FP32 dims: [4] }} ]
+        output [ {{ name: "OUTPUT__0" data_type: TYPE_FP32 dims: [4] }} ]
+        {batching}
+        parameters {{ key: "delay_s" value {{ string_value: "{delay_s}" }} }}
+        """)
+    (folder / "1" / "model.py").write_text(PYTHON_MODEL)
+    torch.save({"scale": torch.tensor(2.0)}, folder / "1" / "scale.pt")

@@ -1,0 +1,121 @@
+"""Results through the engine equal direct calls, for every artifact kind; batched equals
+unbatched; a batch of one travels without a copy."""
+
+from __future__ import annotations
+
+import asyncio
+import pathlib
+
+import torch
+
+from tensorgate import Engine, InferenceRequest, TensorView
+from tests.pipeline import repo_builder as rb
+from tests.pipeline.conftest import run
+
+
+def _request(model: str, value: torch.Tensor, name: str = "INPUT__0", **kw) -> InferenceRequest:
+    return InferenceRequest(model, {name: TensorView.from_torch(value, name=name)}, **kw)
+
+
+async def _infer_all(engine: Engine, requests: list[InferenceRequest]) -> list[torch.Tensor]:
+    results = await asyncio.gather(*(engine.infer(r) for r in requests))
+    return [next(iter(r.outputs.values())).torch() for r in results]
+
+
+def test_torchscript_equals_direct_call_and_batches(repo: pathlib.Path) -> None:
+    direct = rb.linear_module().eval()
+    inputs = [torch.randn(1 + i % 2, 8) for i in range(6)]
+
+    async def scenario() -> None:
+        engine = Engine(repo)
+        await engine.start(["linear"])
+        outputs = await _infer_all(engine, [_request("linear", x) for x in inputs])
+        for x, out in zip(inputs, outputs):
+            torch.testing.assert_close(out, direct(x), rtol=1e-5, atol=1e-6)
+        stats = engine.statistics("linear")[0]
+        assert stats["inference_count"] == sum(x.shape[0] for x in inputs)
+        assert stats["execution_count"] < len(inputs)  # they were batched together
+        assert max(b["batch_size"] for b in stats["batch_stats"]) > 1
+        await engine.shutdown()
+    run(scenario())
+
+
+def test_torch_export_and_python_models(repo: pathlib.Path) -> None:
+    direct = rb.linear_module().eval()
+    xs = [torch.randn(1, 8) for _ in range(3)]
+    ys = [torch.randn(2, 4) for _ in range(3)]
+
+    async def scenario() -> None:
+        engine = Engine(repo)
+        await engine.start(["exported", "scaled"])
+        for x, out in zip(xs, await _infer_all(engine, [_request("exported", x, "x") for x in xs])):
+            torch.testing.assert_close(out, direct(x), rtol=1e-5, atol=1e-6)
+        for y, out in zip(ys, await _infer_all(engine, [_request("scaled", y) for y in ys])):
+            torch.testing.assert_close(out, y * 2 + 1)
+        await engine.shutdown()
+    run(scenario())
+
+
+def test_batched_equals_unbatched(repo: pathlib.Path) -> None:
+    inputs = [torch.randn(1, 8) for _ in range(8)]
+
+    async def scenario() -> None:
+        engine = Engine(repo)
+        await engine.start(["linear", "linear_unbatched"])
+        batched = await _infer_all(engine, [_request("linear", x) for x in inputs])
+        single = [(await _infer_all(engine, [_request("linear_unbatched", x)]))[0]
+                  for x in inputs]
+        assert engine.statistics("linear")[0]["execution_count"] < len(inputs)
+        for b, s in zip(batched, single):
+            torch.testing.assert_close(b, s, rtol=1e-5, atol=1e-6)
+        unbatched_stats = engine.statistics("linear_unbatched")[0]
+        assert unbatched_stats["execution_count"] == len(inputs)
+        await engine.shutdown()
+    run(scenario())
+
+
+def test_batch_of_one_is_zero_copy_end_to_end(repo: pathlib.Path) -> None:
+    body = bytearray(200 + 48)
+    view = TensorView(body, "FP32", [1, 3, 4], 200, name="INPUT__0")
+    view.torch()[:] = torch.arange(12, dtype=torch.float32).reshape(1, 3, 4)
+
+    async def scenario() -> None:
+        engine = Engine(repo)
+        await engine.start(["identity"])
+        request = InferenceRequest("identity", {"INPUT__0": view})
+        result = await engine.infer(request)
+        out = result.outputs["OUTPUT__0"]
+        assert out.address == view.address  # identity returns the request's own bytes
+        assert torch.equal(out.torch(), view.torch())
+        assert result.ledger.bytes == 0 and result.ledger.calls == 0
+        await engine.shutdown()
+    run(scenario())
+
+
+def test_batching_copies_are_counted_per_request(repo: pathlib.Path) -> None:
+    async def scenario() -> None:
+        engine = Engine(repo)
+        await engine.start(["identity"])
+        requests = [_request("identity", torch.full((1, 3, 4), float(i))) for i in range(4)]
+        results = await asyncio.gather(*(engine.infer(r) for r in requests))
+        assert engine.statistics("identity")[0]["execution_count"] == 1
+        for i, result in enumerate(results):
+            assert torch.equal(result.outputs["OUTPUT__0"].torch(), torch.full((1, 3, 4), float(i)))
+            assert result.ledger.bytes == 48  # its rows, gathered into the staging buffer
+        await engine.shutdown()
+    run(scenario())
+
+
+def test_requested_outputs_and_stage_times(repo: pathlib.Path) -> None:
+    async def scenario() -> None:
+        engine = Engine(repo)
+        await engine.start(["linear"])
+        result = await engine.infer(_request("linear", torch.randn(1, 8), outputs=["OUTPUT__0"]))
+        assert list(result.outputs) == ["OUTPUT__0"]
+        times = result.times.as_us()
+        assert times["total"] >= times["compute_infer"] > 0
+        assert times["queue"] >= 0 and times["compute_output"] >= 0
+        stats = engine.statistics("linear")[0]["inference_stats"]
+        assert stats["success"]["count"] == 1 and stats["compute_infer"]["ns"] > 0
+        await engine.shutdown()
+    run(scenario())
