@@ -7,7 +7,8 @@ The tree::
     │   ├── DatatypeError                unknown datatype, or one a consumer cannot represent
     │   ├── ShapeError                   bad dims, or shape × item size ≠ the bytes given
     │   ├── BufferBoundsError            a view reaching past the end of its buffer
-    │   └── BytesElementError            a BYTES element running past the end of its tensor
+    │   ├── BytesElementError            a BYTES element running past the end of its tensor
+    │   └── ModelConfigError             config.pbtxt or a model artifact says something wrong
     ├── NotFoundError                    NOT_FOUND: no such model, version, tensor or region
     ├── AlreadyExistsError               ALREADY_EXISTS
     ├── UnavailableError                 UNAVAILABLE: try again later
@@ -35,6 +36,7 @@ __all__ = [
     "DeadlineExceededError",
     "InternalError",
     "InvalidArgumentError",
+    "ModelConfigError",
     "NotFoundError",
     "PoolExhaustedError",
     "ShapeError",
@@ -141,6 +143,14 @@ class BytesElementError(InvalidArgumentError):
     def __init__(self, tensor: str, problem: str) -> None:
         super().__init__(f"BYTES tensor '{tensor}': {problem}")
         self.tensor = tensor
+
+
+class ModelConfigError(InvalidArgumentError):
+    """A model's config.pbtxt or artifact cannot be served; `source` is the file or model."""
+
+    def __init__(self, source: str, problem: str) -> None:
+        super().__init__(f"{source}: {problem}")
+        self.source = source
 
 
 class PoolExhaustedError(UnavailableError):

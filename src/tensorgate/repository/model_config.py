@@ -14,19 +14,11 @@ from dataclasses import dataclass, field
 from google.protobuf import json_format, text_format
 from tritonclient.grpc import model_config_pb2 as pb
 
-from tensorgate.errors import InvalidArgumentError
+from tensorgate.errors import ModelConfigError
 from tensorgate.tensor.dtypes import DataType, datatype_from_config
 
 __all__ = ["BatchingPolicy", "InstanceGroup", "ModelConfigError", "ModelSpec", "TensorSpec",
            "load_model_config", "parse_model_config"]
-
-
-class ModelConfigError(InvalidArgumentError):
-    """config.pbtxt could not be parsed, or says something that cannot be served."""
-
-    def __init__(self, source: str, problem: str) -> None:
-        super().__init__(f"{source}: {problem}")
-        self.source = source
 
 
 @dataclass(frozen=True, slots=True)
