@@ -28,4 +28,15 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
     rb.add_torchscript(root, "failing", rb.Failing(), [4], [4], BATCHING)
     rb.add_exported(root, "exported", rb.linear_module(), BATCHING)
     rb.add_python(root, "scaled", BATCHING)
+    rb.add_python(root, "slow", "dynamic_batching { default_queue_policy { max_queue_size: 2 } }",
+                  delay_s=0.25, max_batch=1)
+    rb.add_python(root, "slow_timeout", """dynamic_batching { default_queue_policy {
+                      default_timeout_microseconds: 50000 allow_timeout_override: true } }""",
+                  delay_s=0.25, max_batch=1)
     return root
+
+
+@pytest.fixture(scope="session")
+def builtin_repo(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
+    from tensorgate.builtin.repository import write_default_repository
+    return write_default_repository(tmp_path_factory.mktemp("builtin"))

@@ -292,7 +292,14 @@ def _settle(future: asyncio.Future[None], error: BaseException | None) -> None:
 def _model_error(model: str, error: BaseException) -> TensorgateError:
     if isinstance(error, TensorgateError):
         return error
-    return InternalError(f"model '{model}' raised {type(error).__name__}: {error}")
+    kind, text = type(error).__name__, str(error).strip()
+    if isinstance(error, torch.jit.Error) and text:
+        # TorchScript wraps the model's exception in two tracebacks; its last line is the
+        # exception itself ("builtins.RuntimeError: negative input"). The rest goes to the log.
+        log.warning("model %s raised in TorchScript:\n%s", model, text)
+        kind, _, text = text.splitlines()[-1].partition(": ")
+        kind = kind.rpartition(".")[2]
+    return InternalError(f"model '{model}' raised {kind}: {text}")
 
 
 def _check_output(model: str, name: str, value: Any, expected: Any) -> None:

@@ -1,0 +1,1 @@
+"""Built-in models (no downloads: random weights, fixed seeds) and the embedded repository."""

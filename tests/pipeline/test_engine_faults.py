@@ -1,0 +1,182 @@
+"""Queue full, deadlines, cancellation, a model that raises, bad input and shutdown: each
+answers clearly and leaves the engine serving; nothing accepted goes unanswered."""
+
+from __future__ import annotations
+
+import asyncio
+import pathlib
+
+import pytest
+import torch
+
+from tensorgate import Engine, InferenceRequest, TensorView
+from tensorgate.errors import (DeadlineExceededError, InternalError, InvalidArgumentError,
+                               NotFoundError, UnavailableError)
+from tests.pipeline.conftest import run
+
+
+def _request(model: str, value: torch.Tensor, **kw) -> InferenceRequest:
+    return InferenceRequest(model, {"INPUT__0": TensorView.from_torch(value, name="INPUT__0")},
+                            **kw)
+
+
+def _ones(model: str = "slow", **kw) -> InferenceRequest:
+    return _request(model, torch.ones(1, 4), **kw)
+
+
+async def _started(repo: pathlib.Path, *models: str) -> Engine:
+    engine = Engine(repo)
+    await engine.start(models)
+    return engine
+
+
+async def _until_running(engine: Engine, model: str) -> None:
+    """Wait (bounded) until nothing of `model` is left in its queue: the first one runs."""
+    await asyncio.sleep(0.01)  # let the task that submits it start
+    for _ in range(200):
+        if engine.pending(model) == 0:
+            return
+        await asyncio.sleep(0.005)
+    raise AssertionError("the first request never left the queue")
+
+
+def test_queue_full_answers_unavailable_at_once(repo: pathlib.Path) -> None:
+    async def scenario() -> None:
+        engine = await _started(repo, "slow")
+        running = asyncio.create_task(engine.infer(_ones()))
+        await _until_running(engine, "slow")
+        queued = [asyncio.create_task(engine.infer(_ones())) for _ in range(2)]
+        await asyncio.sleep(0.01)
+        with pytest.raises(UnavailableError, match=r"^Exceeds maximum queue size: model 'slow' "
+                                                   r"already has 2 requests queued"):
+            await engine.infer(_ones())
+        for result in await asyncio.gather(running, *queued):
+            assert torch.equal(result.outputs["OUTPUT__0"].torch(), torch.full((1, 4), 3.0))
+        stats = engine.statistics("slow")[0]
+        assert stats["inference_count"] == 3
+        await engine.shutdown()
+    run(scenario())
+
+
+def test_expired_request_never_reaches_the_model(repo: pathlib.Path) -> None:
+    async def scenario() -> None:
+        engine = await _started(repo, "slow_timeout")
+        loop = asyncio.get_running_loop()
+        running = asyncio.create_task(engine.infer(_ones("slow_timeout")))
+        await _until_running(engine, "slow_timeout")
+        started = loop.time()
+        patient = asyncio.create_task(engine.infer(_ones("slow_timeout", timeout_us=2_000_000)))
+        with pytest.raises(DeadlineExceededError, match=r"^request for model 'slow_timeout' timed "
+                                                        r"out after \d+\.\d ms in the queue"):
+            await engine.infer(_ones("slow_timeout"))  # the config's 50 ms default applies
+        assert loop.time() - started < 0.2  # answered when due, not when the model was free
+        await running
+        await patient  # its own timeout (2 s) overrides the default: it runs
+        stats = engine.statistics("slow_timeout")[0]
+        assert stats["execution_count"] == 2 and stats["inference_stats"]["fail"]["count"] == 1
+        await engine.shutdown()
+    run(scenario())
+
+
+def test_cancelled_request_is_dropped(repo: pathlib.Path) -> None:
+    async def scenario() -> None:
+        engine = await _started(repo, "slow")
+        running = asyncio.create_task(engine.infer(_ones()))
+        await _until_running(engine, "slow")
+        gone = asyncio.create_task(engine.infer(_ones()))
+        await asyncio.sleep(0.01)
+        assert engine.pending("slow") == 1
+        gone.cancel()
+        await running
+        after = await engine.infer(_ones())
+        assert after.outputs["OUTPUT__0"].torch().sum().item() == 12.0
+        assert gone.cancelled()
+        assert engine.statistics("slow")[0]["execution_count"] == 2  # never ran the cancelled
+        await engine.shutdown()
+    run(scenario())
+
+
+def test_model_that_raises_fails_only_its_batch(repo: pathlib.Path) -> None:
+    async def scenario() -> None:
+        engine = await _started(repo, "failing")
+        with pytest.raises(InternalError, match=r"^model 'failing' raised .*negative input"):
+            await engine.infer(_request("failing", -torch.ones(1, 4)))
+        ok = await engine.infer(_request("failing", torch.ones(1, 4)))
+        assert torch.equal(ok.outputs["OUTPUT__0"].torch(), torch.full((1, 4), 2.0))
+        stats = engine.statistics("failing")[0]["inference_stats"]
+        assert stats["fail"]["count"] == 1 and stats["success"]["count"] == 1
+        await engine.shutdown()
+    run(scenario())
+
+
+@pytest.mark.parametrize("request_args, error, message", [
+    (("nope", {}), NotFoundError, r"^unknown model 'nope'; loaded models are: linear$"),
+    (("linear", {"X": (1, 8)}), InvalidArgumentError,
+     r"^model 'linear' has no input 'X'; inputs are: INPUT__0$"),
+    (("linear", {}), InvalidArgumentError,
+     r"^model 'linear' needs input 'INPUT__0'; the request has: no inputs$"),
+    (("linear", {"INPUT__0": (1, 9)}), InvalidArgumentError,
+     r"^input 'INPUT__0' of model 'linear' has shape \[1,9\]; expected \[-1,8\]$"),
+    (("linear", {"INPUT__0": (9, 8)}), InvalidArgumentError,
+     r"^input 'INPUT__0' of model 'linear' has a batch of 9; max_batch_size is 8$"),
+    (("linear", {"INPUT__0": (8,)}), InvalidArgumentError,
+     r"^input 'INPUT__0' of model 'linear' has shape \[8\]; expected \[-1,8\]$"),
+])
+def test_bad_requests_are_named_and_the_engine_keeps_serving(repo, request_args, error,
+                                                              message) -> None:
+    model, shapes = request_args
+
+    async def scenario() -> None:
+        engine = await _started(repo, "linear")
+        inputs = {n: TensorView.from_torch(torch.zeros(s), name=n) for n, s in shapes.items()}
+        with pytest.raises(error, match=message):
+            await engine.infer(InferenceRequest(model, inputs))
+        await engine.infer(_request("linear", torch.zeros(1, 8)))
+        await engine.shutdown()
+    run(scenario())
+
+
+def test_wrong_datatype_and_unknown_output(repo: pathlib.Path) -> None:
+    async def scenario() -> None:
+        engine = await _started(repo, "linear")
+        with pytest.raises(InvalidArgumentError, match=r"^input 'INPUT__0' of model 'linear' is "
+                                                       r"FP64; expected FP32$"):
+            await engine.infer(_request("linear", torch.zeros(1, 8, dtype=torch.float64)))
+        with pytest.raises(InvalidArgumentError, match=r"^model 'linear' has no output 'Y'; "
+                                                       r"outputs are: OUTPUT__0$"):
+            await engine.infer(_request("linear", torch.zeros(1, 8), outputs=["Y"]))
+        with pytest.raises(NotFoundError, match=r"^model 'linear' has no version 7; loaded "
+                                                r"versions are: 1$"):
+            await engine.infer(_request("linear", torch.zeros(1, 8), version=7))
+        await engine.shutdown()
+    run(scenario())
+
+
+def test_shutdown_drains_accepted_work(repo: pathlib.Path) -> None:
+    async def scenario() -> None:
+        engine = await _started(repo, "slow")
+        tasks = [asyncio.create_task(engine.infer(_ones()))]
+        await _until_running(engine, "slow")
+        tasks += [asyncio.create_task(engine.infer(_ones())) for _ in range(2)]
+        await asyncio.sleep(0.01)
+        await engine.shutdown(drain_timeout_s=5.0)
+        results = await asyncio.gather(*tasks)
+        assert all(r.outputs["OUTPUT__0"].torch().sum().item() == 12.0 for r in results)
+        with pytest.raises(UnavailableError, match=r"^the server is shutting down"):
+            await engine.infer(_ones())
+    run(scenario())
+
+
+def test_shutdown_deadline_answers_everything(repo: pathlib.Path) -> None:
+    async def scenario() -> None:
+        engine = await _started(repo, "slow")
+        tasks = [asyncio.create_task(engine.infer(_ones()))]
+        await _until_running(engine, "slow")
+        tasks += [asyncio.create_task(engine.infer(_ones())) for _ in range(2)]
+        await asyncio.sleep(0.01)
+        await engine.shutdown(drain_timeout_s=0.05)
+        outcomes = await asyncio.gather(*tasks, return_exceptions=True)
+        assert all(isinstance(o, UnavailableError) for o in outcomes), outcomes
+        assert "unloaded while this request ran" in str(outcomes[0])
+        assert all("was not run" in str(o) for o in outcomes[1:])
+    run(scenario())

@@ -1,0 +1,104 @@
+"""config.pbtxt parsing: Triton's schema, exact errors naming the file and the field."""
+
+from __future__ import annotations
+
+import pathlib
+
+import pytest
+
+from tensorgate.errors import ModelConfigError, NotFoundError
+from tensorgate.repository.layout import artifact_path, discover_models, load_source
+from tensorgate.repository.model_config import parse_model_config
+
+FULL = """
+name: "resnet50"
+platform: "pytorch_libtorch"
+max_batch_size: 64
+input [ { name: "INPUT__0" data_type: TYPE_FP32 format: FORMAT_NCHW dims: [ 3, 224, 224 ] } ]
+output [ { name: "OUTPUT__0" data_type: TYPE_FP32 dims: [ 1000 ] label_filename: "labels.txt" } ]
+dynamic_batching {
+  preferred_batch_size: [ 4, 8 ]
+  max_queue_delay_microseconds: 100
+  default_queue_policy { max_queue_size: 16 default_timeout_microseconds: 5000
+                         allow_timeout_override: true }
+}
+instance_group [ { count: 2 kind: KIND_CPU } ]
+version_policy: { latest: { num_versions: 2 } }
+parameters: { key: "INTRA_OP_THREAD_COUNT" value: { string_value: "1" } }
+"""
+
+
+def test_full_config_is_honoured() -> None:
+    spec = parse_model_config(FULL, "resnet50/config.pbtxt", "resnet50")
+    assert spec.max_batch_size == 64 and spec.platform == "pytorch_libtorch"
+    assert spec.inputs[0].name == "INPUT__0" and spec.inputs[0].dims == (3, 224, 224)
+    assert spec.inputs[0].datatype.name == "FP32"
+    assert spec.outputs[0].label_filename == "labels.txt"
+    b = spec.batching
+    assert b is not None and b.preferred_batch_sizes == (4, 8) and b.max_queue_delay_us == 100
+    assert (b.max_queue_size, b.default_timeout_us, b.allow_timeout_override) == (16, 5000, True)
+    assert spec.instance_groups[0].count == 2 and spec.instance_groups[0].kind == "KIND_CPU"
+    assert spec.version_policy == ("latest", (2,))
+    assert spec.parameters == {"INTRA_OP_THREAD_COUNT": "1"}
+    assert spec.config_dict()["input"][0]["data_type"] == "TYPE_FP32"
+
+
+@pytest.mark.parametrize("text, message", [
+    ('name: "m"\nmax_batch_sise: 4', r'^m/config\.pbtxt: 2:1 : Message type "inference\.'
+                                     r'ModelConfig" has no field named "max_batch_sise"\.$'),
+    ('name: "m"\nmax_batch_size: "four"', r"^m/config\.pbtxt: 2:17 : .*Couldn't parse integer"),
+    ('name: "other"', r"^m/config\.pbtxt: field 'name' is 'other' but the model directory is "
+                      r"'m'; they must match$"),
+    ('name: "m" input [ { name: "a" data_type: TYPE_FP32 dims: [ 0 ] } ]',
+     r"input 'a' has dims \[0\]; each must be -1 \(variable\) or positive$"),
+    ('name: "m" input [ { name: "a" dims: [ 1 ] } ]', r"input 'a' has no 'data_type'$"),
+    ('name: "m" max_batch_size: 4 dynamic_batching { preferred_batch_size: [ 8 ] }',
+     r"'preferred_batch_size' \[8\] must lie in \[1, max_batch_size=4\]$"),
+    ('name: "m" dynamic_batching { }', r"'dynamic_batching' needs 'max_batch_size' above 0$"),
+    ('name: "m" max_batch_size: -1', r"field 'max_batch_size' is -1"),
+    ('name: "m" input [ { name: "a" data_type: TYPE_FP32 dims: [1] }, '
+     '{ name: "a" data_type: TYPE_FP32 dims: [1] } ]', r"input names must be unique; repeated: a$"),
+    ('name: "m" version_policy { latest { num_versions: 0 } }', r"num_versions is 0"),
+    ('name: "m" sequence_batching { }', r"field 'sequence_batching' is not supported"),
+])
+def test_invalid_configs_name_file_and_field(text: str, message: str) -> None:
+    with pytest.raises(ModelConfigError, match=message):
+        parse_model_config(text, "m/config.pbtxt", "m")
+
+
+def _model(repo: pathlib.Path, name: str, config: str, versions: dict[str, str]) -> None:
+    (repo / name).mkdir(parents=True)
+    (repo / name / "config.pbtxt").write_text(config)
+    for version, filename in versions.items():
+        (repo / name / version).mkdir()
+        (repo / name / version / filename).write_bytes(b"")
+
+
+def test_layout_versions_and_artifacts(tmp_path: pathlib.Path) -> None:
+    _model(tmp_path, "a", 'name: "a" platform: "pytorch_libtorch"',
+           {"1": "model.pt", "3": "model.pt", "07": "model.pt", "x": "model.pt"})
+    _model(tmp_path, "b", 'name: "b" version_policy { all { } } backend: "python"',
+           {"1": "model.py", "2": "model.py"})
+    _model(tmp_path, "c", 'name: "c" version_policy { specific { versions: [ 2 ] } }',
+           {"1": "model.pt2", "2": "model.pt2"})
+    (tmp_path / "not_a_model").mkdir()
+    assert discover_models(tmp_path) == ["a", "b", "c"]
+    a = load_source(tmp_path, "a")
+    assert a.versions == (3,)  # latest 1; "07" and "x" are not versions
+    assert artifact_path(a, 3) == (tmp_path / "a" / "3" / "model.pt", "torchscript")
+    assert load_source(tmp_path, "b").versions == (1, 2)
+    c = load_source(tmp_path, "c")
+    assert c.versions == (2,) and artifact_path(c, 2)[1] == "pt2"
+    with pytest.raises(NotFoundError, match=r"^no model '\.\.' in repository"):
+        load_source(tmp_path, "..")
+
+
+def test_missing_artifact_and_versions(tmp_path: pathlib.Path) -> None:
+    _model(tmp_path, "a", 'name: "a" platform: "pytorch_libtorch"', {"1": "model.py"})
+    with pytest.raises(ModelConfigError, match=r"no model artifact found; looked for model\.pt, "
+                                               r"model\.pt2, model\.py \(platform "
+                                               r"'pytorch_libtorch'"):
+        artifact_path(load_source(tmp_path, "a"), 1)
+    _model(tmp_path, "empty", 'name: "empty"', {})
+    with pytest.raises(ModelConfigError, match=r"no version directory matches"):
+        load_source(tmp_path, "empty")
