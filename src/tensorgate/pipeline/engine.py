@@ -27,6 +27,7 @@ from tensorgate.errors import (InvalidArgumentError, NotFoundError, TensorgateEr
                                UnavailableError)
 from tensorgate.pipeline.executor import (ExecutorSettings, ExecutorThread, PostprocessPool,
                                           default_intra_op_threads)
+from tensorgate.pipeline.placement import pin_current_thread, plan_placement
 from tensorgate.pipeline.postprocess import build_postprocessor
 from tensorgate.pipeline.scheduler import Scheduler
 from tensorgate.pipeline.stats import ModelStatistics, StageTimes
@@ -85,10 +86,14 @@ class Engine:
 
     def __init__(self, repository: str | pathlib.Path, *, pool: BufferPool | None = None,
                  intra_op_threads: int | None = None, postprocess_workers: int = 2,
-                 device: str = "auto") -> None:
+                 device: str = "auto", placement: str = "none") -> None:
+        """`placement="auto"` pins the thread that calls `start` (the loop's) to the first CPU
+        and places executors by cost (see pipeline/placement.py); "none" pins nothing."""
         self.repository = pathlib.Path(repository)
         self._pool = pool or default_pool()
-        self._threads = intra_op_threads or default_intra_op_threads()
+        self._placement = plan_placement(placement)
+        compute = len(self._placement.compute_cpus) if self._placement else None
+        self._threads = intra_op_threads or compute or default_intra_op_threads()
         self._device = device
         self._postprocess = PostprocessPool(postprocess_workers)
         self._models: dict[str, dict[int, _Version]] = {}
@@ -100,6 +105,8 @@ class Engine:
     async def start(self, models: Iterable[str] | None = None) -> None:
         """Load `models` (default: every model in the repository), then freeze the GC heap."""
         names = list(models) if models is not None else discover_models(self.repository)
+        if self._placement is not None:
+            pin_current_thread(self._placement.loop_cpus)
         results = await asyncio.gather(*(self.load(n) for n in names), return_exceptions=True)
         for name, result in zip(names, results):
             if isinstance(result, BaseException):
@@ -178,7 +185,7 @@ class Engine:
                 directory=source.directory / str(version), device=device,
                 intra_op_threads=_int_parameter(spec, ("INTRA_OP_THREAD_COUNT", "NUM_THREADS"),
                                                 self._threads),
-                cpu_affinity=_affinity(spec), cuda_graphs=_flag(spec, "cuda_graphs", True),
+                cpu_affinity=_affinity(spec), placement=self._placement, cuda_graphs=_flag(spec, "cuda_graphs", True),
                 postprocessor=postprocessor)
             executors.append(ExecutorThread(
                 f"tg-exec-{spec.name}-v{version}-{index}", settings, loop, self._pool,
@@ -194,7 +201,7 @@ class Engine:
         for executor in executors:
             scheduler.add_executor(executor)
         log.info("model %s v%d ready on %s", spec.name, version,
-                 ", ".join(str(e.settings.device) for e in executors))
+                 ", ".join(f"{e.settings.device} ({e.cpus})" for e in executors))
         return _Version(spec, version, scheduler, executors, stats)
 
     def _devices(self, spec: ModelSpec) -> list[torch.device]:

@@ -32,6 +32,7 @@ from tensorgate.errors import InternalError, TensorgateError
 from tensorgate.model import ModelContext
 from tensorgate.pipeline.batching import gather_rows, split_rows
 from tensorgate.pipeline.cuda_graphs import GraphSet, graph_batch_sizes, map_tensors
+from tensorgate.pipeline.placement import (LIGHT_FORWARD_NS, Placement, pin_current_thread)
 from tensorgate.pipeline.postprocess import Postprocessor
 from tensorgate.pipeline.runner import Runner, load_runner, name_outputs, warmup_inputs
 from tensorgate.pipeline.work import Batch
@@ -77,6 +78,7 @@ class ExecutorSettings:
     device: torch.device
     intra_op_threads: int
     cpu_affinity: frozenset[int] | None
+    placement: Placement | None
     cuda_graphs: bool
     postprocessor: Postprocessor | None
 
@@ -99,6 +101,7 @@ class ExecutorThread:
         self._runner: Runner | None = None
         self._graphs: GraphSet | None = None
         self._stream: Any = None
+        self.cpus = "any"  # where it ended up, for the start-up log
         self.ready: asyncio.Future[None] = loop.create_future()
         self.stopped: asyncio.Future[None] = loop.create_future()
         self._thread = threading.Thread(target=self._main, name=name, daemon=True)
@@ -142,7 +145,9 @@ class ExecutorThread:
     def _setup(self) -> None:
         s = self.settings
         if s.cpu_affinity:
-            os.sched_setaffinity(0, s.cpu_affinity)  # 0 = this thread on Linux
+            pin_current_thread(s.cpu_affinity)
+        elif s.placement is not None:
+            pin_current_thread(s.placement.compute_cpus)
         torch.set_num_threads(s.intra_op_threads)
         context = ModelContext(s.spec.name, s.version, s.directory, s.device, s.spec.max_batch_size,
                                dict(s.spec.parameters))
@@ -152,6 +157,28 @@ class ExecutorThread:
         with torch.inference_mode(), self._on_stream():
             self._runner = load_runner(s.artifact, s.kind, s.spec, context)
             self._warm_up()
+            if s.cpu_affinity:
+                self.cpus = _cpu_text(s.cpu_affinity)
+            elif s.placement is not None and s.device.type == "cpu":
+                self._place(s.placement)
+
+    def _place(self, placement: Placement) -> None:
+        """Move onto the loop's core when a batch-1 forward is light (overhead-bound)."""
+        inputs = warmup_inputs(self.settings.spec, 1, self.settings.device)
+        runner = self._runner
+        cost = LIGHT_FORWARD_NS
+        if inputs is not None and runner is not None:
+            samples = []
+            for _ in range(5):
+                started = time.perf_counter_ns()
+                runner.run(inputs)
+                samples.append(time.perf_counter_ns() - started)
+            cost = sorted(samples)[2]
+        if cost < LIGHT_FORWARD_NS:
+            pin_current_thread(placement.loop_cpus)
+            self.cpus = f"{_cpu_text(placement.loop_cpus)} (the loop's; forward {cost / 1e3:.0f} µs)"
+        else:
+            self.cpus = _cpu_text(placement.compute_cpus)
 
     def _warm_up(self) -> None:
         s = self.settings
@@ -198,14 +225,24 @@ class ExecutorThread:
             batch.infer_ns = time.monotonic_ns() - gathered
         except Exception as error:  # the model's fault fails this batch only
             batch.error = _model_error(s.spec.name, error)
-            self._report(self._on_batch_done, batch)
-            self._report(self._on_idle, self)
+            self._report(self._on_done_and_idle, batch)
             return
         if runner.postprocess is not None or s.postprocessor is not None:
-            self._postprocess_pool.submit(self._finish, batch, raw)
+            self._postprocess_pool.submit(self._finish_and_report, batch, raw)
+            self._report(self._on_idle, self)
         else:
             self._finish(batch, raw)
-        self._report(self._on_idle, self)
+            self._report(self._on_done_and_idle, batch)  # one wake-up of the loop, not two
+
+    def _on_done_and_idle(self, batch: Batch) -> None:
+        """On the loop: deliver the batch's results, then take the next batch."""
+        self._on_batch_done(batch)
+        self._on_idle(self)
+
+    def _finish_and_report(self, batch: Batch, raw: Any) -> None:
+        """In the post-processing pool."""
+        self._finish(batch, raw)
+        self._report(self._on_batch_done, batch)
 
     def _gather(self, batch: Batch) -> dict[str, Any]:
         items = batch.items
@@ -253,7 +290,6 @@ class ExecutorThread:
         except Exception as error:
             batch.error = _model_error(spec.name, error)
         batch.output_ns = time.monotonic_ns() - started
-        self._report(self._on_batch_done, batch)
 
     def _to_host(self, value: torch.Tensor, batch: Batch) -> torch.Tensor:
         """An async copy into a pooled (pinned) host buffer; the caller synchronizes."""
@@ -278,6 +314,10 @@ class _nullcontext:
 
     def __exit__(self, *exc: object) -> None:
         return None
+
+
+def _cpu_text(cpus: frozenset[int]) -> str:
+    return "cpu " + ",".join(map(str, sorted(cpus)))
 
 
 def _settle(future: asyncio.Future[None], error: BaseException | None) -> None:

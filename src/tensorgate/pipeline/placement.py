@@ -1,0 +1,42 @@
+"""Which CPUs the event loop and each executor thread run on.
+
+Measured on the 2-core machine (bench/RESULTS.md, "thread hand-off"): a loop → thread → loop
+round trip costs 21 µs when both threads share a core and 67 µs when they sit on different
+cores and the worker does 10 µs of Python work — cross-core wake-ups are expensive on these
+VMs. So with placement "auto" the loop keeps the first core; an executor whose batch-1
+forward is light (under LIGHT_FORWARD_NS, i.e. overhead-bound) moves onto the loop's core
+after warm-up, and heavier ones run on the remaining cores, where torch's intra-op threads
+are sized to fit. A model's `cpu_affinity` parameter overrides this.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+__all__ = ["LIGHT_FORWARD_NS", "Placement", "pin_current_thread", "plan_placement"]
+
+LIGHT_FORWARD_NS = 500_000
+
+
+@dataclass(frozen=True)
+class Placement:
+    loop_cpus: frozenset[int]
+    compute_cpus: frozenset[int]
+
+
+def plan_placement(mode: str) -> Placement | None:
+    """A placement for `mode` "auto" on a Linux machine with two or more usable CPUs."""
+    if mode == "none" or not hasattr(os, "sched_getaffinity"):
+        return None
+    if mode != "auto":
+        raise ValueError(f"placement must be 'auto' or 'none', got {mode!r}")
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        return None
+    return Placement(frozenset(cpus[:1]), frozenset(cpus[1:]))
+
+
+def pin_current_thread(cpus: frozenset[int]) -> None:
+    """Restrict the calling thread (not the process) to `cpus`; threads it starts inherit it."""
+    os.sched_setaffinity(0, cpus)
