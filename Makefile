@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 WHEELS := $(wildcard /opt/wheels)
 FIND_LINKS := $(if $(WHEELS),--find-links $(WHEELS),--index-url https://download.pytorch.org/whl/cpu --extra-index-url https://pypi.org/simple)
 
-.PHONY: install test bench-tensor serve clean
+.PHONY: install test bench-tensor bench-engine serve clean
 
 $(BIN)/.installed: pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -22,6 +22,9 @@ test: $(BIN)/.installed
 
 bench-tensor: $(BIN)/.installed
 	$(BIN)/python bench/tensor_bench.py
+
+bench-engine: $(BIN)/.installed
+	$(BIN)/python bench/engine_bench.py --switch-interval 0.0005
 
 serve: $(BIN)/.installed
 	@echo "tensorgate serve is not built yet: the network server arrives with issue 4." >&2
