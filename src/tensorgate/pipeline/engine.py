@@ -98,6 +98,7 @@ class Engine:
         self._postprocess = PostprocessPool(postprocess_workers)
         self._models: dict[str, dict[int, _Version]] = {}
         self._failed: dict[str, str] = {}
+        self._labels: dict[tuple[str, str], list[str]] = {}
         self._closing = False
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -238,6 +239,20 @@ class Engine:
 
     def versions(self, name: str) -> list[int]:
         return sorted(self._models.get(name, {}))
+
+    def is_serving(self) -> bool:
+        return not self._closing
+
+    def label_lines(self, name: str, output: str) -> list[str]:
+        """The lines of an output's `label_filename` (cached), or [] when it has none."""
+        key = (name, output)
+        if key not in self._labels:
+            spec = self.spec(name).output(output)
+            path = self.repository / name / spec.label_filename if spec else None
+            self._labels[key] = (path.read_text(encoding="utf-8").splitlines()
+                                 if path is not None and spec is not None and spec.label_filename
+                                 and path.is_file() else [])
+        return self._labels[key]
 
     def is_ready(self, name: str, version: int | None = None) -> bool:
         try:

@@ -24,7 +24,7 @@ __all__ = [
 ]
 
 CopyReason = Literal["realign", "layout", "byteswap", "batch", "unbatch", "encode", "decode",
-                     "device"]
+                     "device", "receive"]
 
 Array = Union[np.ndarray, torch.Tensor]
 

@@ -1,0 +1,5 @@
+import sys
+
+from tensorgate.cli import main
+
+sys.exit(main())

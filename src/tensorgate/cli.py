@@ -1,0 +1,49 @@
+"""`tensorgate serve`: arguments → ServerConfig (TENSORGATE_* variables fill the rest) → run."""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+import sys
+
+from tensorgate.config import ServerConfig
+
+__all__ = ["main"]
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tensorgate")
+    commands = parser.add_subparsers(dest="command", required=True)
+    serve = commands.add_parser("serve", help="serve a model repository over HTTP")
+    serve.add_argument("--model-repository", type=pathlib.Path,
+                       help="Triton-layout repository (default: the built-in one)")
+    serve.add_argument("--host", help="address to bind (default 127.0.0.1)")
+    serve.add_argument("--http-port", type=int)
+    serve.add_argument("--grpc-port", type=int, help="reserved: gRPC is not served yet")
+    serve.add_argument("--metrics-port", type=int, help="reserved: metrics are not served yet")
+    serve.add_argument("--allow-shared-memory", action="store_const", const=True,
+                       help="reserved: shared memory is not served yet")
+    serve.add_argument("--max-request-bytes", type=int,
+                       help="largest request body, after decompression (default 64 MiB)")
+    serve.add_argument("--loop", choices=["auto", "asyncio", "uvloop"])
+    serve.add_argument("--placement", choices=["auto", "none"])
+    serve.add_argument("--log-level")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = vars(_parser().parse_args(argv))
+    command = args.pop("command")
+    if command == "serve":
+        from tensorgate.server import run
+        try:
+            config = ServerConfig.from_env(**args)
+        except ValueError as error:
+            print(f"tensorgate: {error}", file=sys.stderr)
+            return 2
+        run(config)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,108 @@
+"""One frozen server configuration, built the same way from the CLI, TENSORGATE_* variables
+and the Python API; validated in the constructor with messages that say what to change."""
+
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+import os
+import pathlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+__all__ = ["ServerConfig"]
+
+LoopChoice = Literal["auto", "asyncio", "uvloop"]
+PlacementChoice = Literal["auto", "none"]
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """Everything `tensorgate serve` can be told. Binds 127.0.0.1 unless told otherwise."""
+
+    model_repository: pathlib.Path | None = None  # None: the embedded default repository
+    host: str = "127.0.0.1"
+    http_port: int = 8000
+    grpc_port: int = 8001
+    metrics_port: int = 8002
+    allow_shared_memory: bool = False
+    max_request_bytes: int = 64 << 20  # Triton's --http-max-input-size; after decompression
+    loop: LoopChoice = "asyncio"
+    placement: PlacementChoice = "auto"
+    switch_interval_s: float = 0.0005
+    drain_timeout_s: float = 10.0
+    log_level: str = "INFO"
+
+    def __post_init__(self) -> None:
+        if self.model_repository is not None:
+            object.__setattr__(self, "model_repository", pathlib.Path(self.model_repository))
+        try:
+            ipaddress.ip_address(self.host)
+        except ValueError:
+            if self.host != "localhost":
+                raise ValueError(f"host must be an IP address or 'localhost', got "
+                                 f"'{self.host}'") from None
+        for name in ("http_port", "grpc_port", "metrics_port"):
+            port = getattr(self, name)
+            if not 0 <= port <= 65535:
+                raise ValueError(f"{name} must be 0-65535 (0 picks a free port), got {port}")
+        if self.max_request_bytes < 1024:
+            raise ValueError(f"max_request_bytes must be at least 1024, got "
+                             f"{self.max_request_bytes}")
+        if self.loop not in ("auto", "asyncio", "uvloop"):
+            raise ValueError(f"loop must be auto, asyncio or uvloop, got '{self.loop}'")
+        if self.placement not in ("auto", "none"):
+            raise ValueError(f"placement must be auto or none, got '{self.placement}'")
+        if not 0 < self.switch_interval_s <= 1:
+            raise ValueError(f"switch_interval_s must be in (0, 1], got {self.switch_interval_s}")
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any]) -> ServerConfig:
+        """Build from strings or typed values by field name (the CLI and env both land here)."""
+        kwargs: dict[str, Any] = {}
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        for key, value in values.items():
+            if value is None:
+                continue
+            field = fields.get(key)
+            if field is None:
+                raise ValueError(f"unknown setting '{key}'; settings are: {', '.join(fields)}")
+            kwargs[key] = _coerce(key, field.type, value)
+        return cls(**kwargs)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None,
+                 **overrides: Any) -> ServerConfig:
+        """TENSORGATE_<FIELD> variables (TENSORGATE_HTTP_PORT=9000), then `overrides`."""
+        environ = os.environ if environ is None else environ
+        values: dict[str, Any] = {}
+        for field in dataclasses.fields(cls):
+            raw = environ.get("TENSORGATE_" + field.name.upper())
+            if raw is not None:
+                values[field.name] = raw
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls.from_mapping(values)
+
+
+def _coerce(key: str, annotation: Any, value: Any) -> Any:
+    if not isinstance(value, str):
+        return value
+    text = str(annotation)
+    try:
+        if text == "bool":
+            lowered = value.strip().lower()
+            if lowered in ("1", "true", "yes", "on"):
+                return True
+            if lowered in ("0", "false", "no", "off"):
+                return False
+            raise ValueError
+        if text == "int":
+            return int(value)
+        if text == "float":
+            return float(value)
+    except ValueError:
+        raise ValueError(f"setting '{key}' expects {text}, got '{value}'") from None
+    if "Path" in text:
+        return pathlib.Path(value) if value else None
+    return value

@@ -1,0 +1,149 @@
+"""The one handler behind every front end: health, metadata, config, statistics, repository
+control and inference. Front ends decode, call this, and encode; they know nothing else."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from tensorgate.errors import InvalidArgumentError, NotFoundError
+from tensorgate.pipeline.engine import Engine, InferenceRequest, InferenceResult
+from tensorgate.pipeline.postprocess import topk_classify
+from tensorgate.protocol.infer_codec import DecodedRequest
+from tensorgate.repository.model_config import ModelSpec
+from tensorgate.tensor.copies import CopyLedger
+from tensorgate.tensor.view import TensorView
+
+__all__ = ["EXTENSIONS", "DataPlane", "parse_version"]
+
+# Exactly what is implemented; tritonclient and perf_analyzer read this list.
+EXTENSIONS = ["binary_tensor_data", "classification", "model_configuration",
+              "model_repository", "schedule_policy", "statistics"]
+
+
+def parse_version(text: str | None) -> int | None:
+    """A URL or message version: "" means the latest; otherwise decimal, not starting with 0."""
+    if not text:
+        return None
+    if not text.isdecimal() or text.startswith("0"):
+        raise NotFoundError(f"model version '{text}' is not a version number")
+    return int(text)
+
+
+class DataPlane:
+    def __init__(self, engine: Engine, version: str) -> None:
+        self.engine = engine
+        self.version = version
+        self.started = False
+
+    # -- health and metadata ---------------------------------------------------------------
+
+    def live(self) -> bool:
+        return True
+
+    def ready(self) -> bool:
+        return self.started and self.engine.is_serving()
+
+    def server_metadata(self) -> dict[str, Any]:
+        return {"name": "tensorgate", "version": self.version, "extensions": EXTENSIONS}
+
+    def model_ready(self, name: str, version: str | None) -> bool:
+        try:
+            return self.engine.is_ready(name, parse_version(version))
+        except NotFoundError:
+            return False
+
+    def model_metadata(self, name: str, version: str | None) -> dict[str, Any]:
+        spec = self.engine.spec(name, parse_version(version))
+        batch = [-1] if spec.max_batch_size > 0 else []
+        return {
+            "name": spec.name,
+            "versions": [str(v) for v in self.engine.versions(name)],
+            "platform": spec.platform or spec.backend,
+            "inputs": [{"name": i.name, "datatype": i.datatype.name,
+                        "shape": batch + list(i.dims)} for i in spec.inputs],
+            "outputs": [{"name": o.name, "datatype": o.datatype.name,
+                         "shape": batch + list(o.dims)} for o in spec.outputs],
+        }
+
+    def model_config(self, name: str, version: str | None) -> dict[str, Any]:
+        return self.engine.spec(name, parse_version(version)).config_dict()
+
+    def statistics(self, name: str | None, version: str | None) -> dict[str, Any]:
+        return {"model_stats": self.engine.statistics(name or None, parse_version(version))}
+
+    # -- repository ------------------------------------------------------------------------
+
+    def repository_index(self, ready_only: bool = False) -> list[dict[str, str]]:
+        index = self.engine.index()
+        return [e for e in index if e["state"] == "READY"] if ready_only else index
+
+    async def load(self, name: str) -> None:
+        await self.engine.load(name)
+
+    async def unload(self, name: str) -> None:
+        await self.engine.unload(name)
+
+    # -- inference -------------------------------------------------------------------------
+
+    async def infer(self, name: str, version: str | None, decoded: DecodedRequest,
+                    ledger: CopyLedger) -> tuple[InferenceResult, dict[str, TensorView],
+                                                 dict[str, bool]]:
+        """Run `decoded`; returns the result, the outputs to send and which go as binary."""
+        number = parse_version(version)
+        spec = self.engine.spec(name, number)
+        inputs = _raw_input(spec, decoded) if decoded.raw_binary else decoded.inputs
+        wanted = None
+        if decoded.outputs:
+            wanted = [o.name for o in decoded.outputs]
+        result = await self.engine.infer(InferenceRequest(
+            name, inputs, number, wanted, decoded.timeout_us, decoded.id, ledger))
+        outputs = result.outputs
+        binary = {n: decoded.binary_default or decoded.raw_binary for n in outputs}
+        for requested in decoded.outputs or ():
+            if requested.binary is not None:
+                binary[requested.name] = requested.binary
+            if requested.classification:
+                outputs[requested.name] = _classify(spec, outputs[requested.name],
+                                                    requested.classification, ledger,
+                                                    self.engine.label_lines(name, requested.name))
+        return result, outputs, binary
+
+
+def _raw_input(spec: ModelSpec, decoded: DecodedRequest) -> dict[str, TensorView]:
+    """Shape the single input of a raw binary request (Inference-Header-Content-Length: 0)."""
+    if len(spec.inputs) != 1:
+        raise InvalidArgumentError(f"a raw binary request needs a model with one input; "
+                                   f"'{spec.name}' has {len(spec.inputs)}")
+    item = spec.inputs[0]
+    body = decoded.inputs[""]
+    nbytes = body.nbytes
+    dims = list(item.dims)
+    if item.datatype.is_bytes:
+        dims = [1 if d == -1 else d for d in dims]
+    elif -1 in dims:
+        if dims.count(-1) > 1:
+            raise InvalidArgumentError(f"a raw binary request cannot shape input '{item.name}' "
+                                       f"with dims {dims}: more than one variable dim")
+        known = item.datatype.itemsize * int(np.prod([d for d in dims if d != -1]))
+        if known == 0 or nbytes % known:
+            raise InvalidArgumentError(f"a raw binary body of {nbytes} bytes does not fit input "
+                                       f"'{item.name}' with dims {dims}")
+        dims[dims.index(-1)] = nbytes // known
+    shape = ([1] if spec.max_batch_size > 0 else []) + dims
+    return {item.name: TensorView(body.owner, item.datatype, shape, body.offset,
+                                  nbytes=nbytes, name=item.name)}
+
+
+def _classify(spec: ModelSpec, view: TensorView, k: int, ledger: CopyLedger,
+              labels: list[str]) -> TensorView:
+    values = view.torch()
+    if values.ndim == 0:
+        raise InvalidArgumentError(f"output '{view.name}' is a scalar; classification needs "
+                                   "scores")
+    rows = values.reshape(values.shape[0], -1) if spec.max_batch_size > 0 else values.reshape(1, -1)
+    classes = topk_classify(rows, k, labels)
+    if spec.max_batch_size == 0:
+        classes = classes.reshape(-1)
+    return TensorView.from_numpy(classes, name=view.name, ledger=ledger)

@@ -1,0 +1,1 @@
+"""Front ends on the event loop: HTTP today; loop selection. Never imports torch directly."""

@@ -1,0 +1,490 @@
+"""HTTP/1.1 front end of the Open Inference Protocol, on raw asyncio protocols + httptools.
+
+Request bodies land where they are used: after the headers are parsed, the socket reads
+straight into one pooled, 64-byte-aligned buffer of Content-Length bytes (asyncio's
+BufferedProtocol hands the kernel our buffer), and inputs are views into it. Only the part of
+the body that arrived in the same read as the headers is copied (counted as "receive" when it
+reaches past the JSON header). Responses are written as the JSON header followed by views of
+the output tensors, never joined. Bodies over the limit are refused before they are read.
+
+Routes follow Triton's (`src/http_server.cc`): versions are decimal; a wrong method is 405.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import zlib
+from collections.abc import Callable
+from typing import Any
+
+import httptools
+
+from tensorgate.dataplane import DataPlane
+from tensorgate.errors import InvalidArgumentError, NotFoundError, TensorgateError
+from tensorgate.protocol.infer_codec import decode_infer_body, encode_infer_response, json_error
+from tensorgate.protocol.status import codes_for
+from tensorgate.tensor.copies import CopyLedger, record_copy
+from tensorgate.tensor.buffer import ALIGNMENT
+from tensorgate.tensor.pool import BufferPool
+
+__all__ = ["HttpFrontEnd"]
+
+log = logging.getLogger("tensorgate.http")
+
+# Headers are read in windows this small so that few body bytes arrive with them (those are
+# copied into the body buffer); a typical tritonclient request needs two reads of headers.
+_HEAD_WINDOW = 256
+_MAX_HEAD = 64 * 1024         # more header bytes than this: 431
+_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
+            413: "Content Too Large", 431: "Request Header Fields Too Large",
+            500: "Internal Server Error", 501: "Not Implemented", 503: "Service Unavailable",
+            504: "Gateway Timeout"}
+
+
+class _Refusal(Exception):
+    """Raised inside parser callbacks: answer `code` and close the connection."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+class HttpFrontEnd:
+    """Owns the listening socket; one `_Connection` per client."""
+
+    def __init__(self, dataplane: DataPlane, pool: BufferPool, max_request_bytes: int) -> None:
+        self.dataplane = dataplane
+        self.pool = pool
+        self.max_request_bytes = max_request_bytes
+        self.connections: set[_Connection] = set()
+        self._server: asyncio.base_events.Server | None = None
+
+    async def start(self, host: str, port: int) -> int:
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(lambda: _Connection(self), host, port,
+                                                backlog=1024, reuse_address=True)
+        return int(self._server.sockets[0].getsockname()[1])
+
+    def stop_accepting(self) -> None:
+        if self._server is not None:
+            self._server.close()
+
+    async def close(self) -> None:
+        self.stop_accepting()
+        for connection in list(self.connections):
+            connection.close_when_idle()
+        if self._server is not None:
+            await self._server.wait_closed()
+
+
+class _Request:
+    __slots__ = ("method", "path", "headers", "body", "length", "ledger", "limit")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.method = ""
+        self.path = ""
+        self.headers: dict[str, str] = {}
+        self.body: Any = None
+        self.length = 0
+        self.ledger = CopyLedger()
+
+
+class _Connection(asyncio.BufferedProtocol):
+    """One client connection: headers through httptools, the body straight into a buffer.
+
+    Headers are read in small windows (_HEAD_WINDOW) so that little of the body arrives with
+    them; once the headers are parsed, reads go straight into the request's pooled buffer.
+    """
+
+    def __init__(self, front: HttpFrontEnd) -> None:
+        self.front = front
+        self.transport: asyncio.Transport | None = None
+        self._window = memoryview(bytearray(_HEAD_WINDOW))
+        self._task: asyncio.Task[None] | None = None
+        self._closing_when_idle = False
+        self._new_request()
+
+    # -- asyncio protocol ------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        self.front.connections.add(self)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.front.connections.discard(self)
+        if self._task is not None and not self._task.done():
+            self._task.cancel()  # the client went away: its queued request is dropped
+        self._body_memory = None
+        self.transport = None
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        if self._in_body:
+            assert self._body_memory is not None
+            return self._body_memory[self._received:self._request.length]
+        return self._window
+
+    def buffer_updated(self, nbytes: int) -> None:
+        if self._in_body:
+            self._received += nbytes
+            if self._received == self._request.length:
+                self._in_body = False
+                self._dispatch()
+            return
+        self._head_bytes += nbytes
+        try:
+            if self._head_bytes > _MAX_HEAD and not self._headers_done:
+                raise _Refusal(431, f"request headers exceed {_MAX_HEAD} bytes")
+            self._parser.feed_data(self._window[:nbytes])
+        except _Refusal as refusal:
+            self._refuse(refusal.code, refusal.message)
+            return
+        except httptools.HttpParserUpgrade:
+            self._refuse(400, "protocol upgrades are not supported")
+            return
+        except httptools.HttpParserError as error:
+            cause = error.__context__
+            if isinstance(cause, _Refusal):
+                self._refuse(cause.code, cause.message)
+            else:
+                self._refuse(400, f"malformed HTTP request: {error}")
+            return
+        if self._complete:
+            self._dispatch()
+        elif self._headers_done and self._chunked is None:
+            self._in_body = True  # the rest of the body goes straight into its buffer
+
+    def eof_received(self) -> bool | None:
+        return None
+
+    # -- httptools callbacks ---------------------------------------------------------------
+
+    def on_url(self, url: bytes) -> None:
+        self._url += url
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._request.headers[name.decode("latin-1").lower()] = value.decode("latin-1")
+
+    def on_headers_complete(self) -> None:
+        request = self._request
+        self._headers_done = True
+        request.method = self._parser.get_method().decode()
+        request.path = httptools.parse_url(self._url).path.decode("latin-1")
+        self._keep_alive = self._parser.should_keep_alive()
+        limit = self.front.max_request_bytes
+        length_text = request.headers.get("content-length")
+        if length_text is None:
+            if request.headers.get("transfer-encoding", "").lower() == "chunked":
+                self._chunked = bytearray()
+            return
+        length = int(length_text)  # httptools has already checked it
+        if length > limit:
+            raise _Refusal(413, f"request body of {length} bytes exceeds the {limit}-byte "
+                                "limit (--max-request-bytes)")
+        request.length = length
+        try:
+            self._json_bytes = _int_header(request.headers, "inference-header-content-length")
+        except InvalidArgumentError as error:
+            raise _Refusal(400, error.message) from None
+        if length:
+            # Start the body so that the byte after the JSON header — the first tensor — lands
+            # on a 64-byte boundary: binary inputs then need no realigning copy.
+            pad = (-(self._json_bytes or 0)) % ALIGNMENT
+            buffer = memoryview(self.front.pool.acquire(length + pad)).cast("B")
+            self._body_memory = buffer[pad:pad + length]
+            request.body = self._body_memory
+
+    def on_body(self, data: bytes) -> None:
+        if self._chunked is not None:
+            if len(self._chunked) + len(data) > self.front.max_request_bytes:
+                raise _Refusal(413, f"chunked request body exceeds the "
+                                    f"{self.front.max_request_bytes}-byte limit")
+            self._chunked += data
+            return
+        assert self._body_memory is not None
+        start = self._received
+        self._body_memory[start:start + len(data)] = data
+        self._received += len(data)
+        json_end = self._json_bytes if self._json_bytes is not None else self._request.length
+        tensor_bytes = self._received - max(start, json_end)
+        if tensor_bytes > 0:  # tensor bytes were moved, not just the JSON header
+            record_copy(tensor_bytes, "receive", self._request.ledger)
+
+    def on_message_complete(self) -> None:
+        if self._chunked is not None:
+            body = bytes(self._chunked)
+            record_copy(len(body), "receive", self._request.ledger)
+            self._request.body, self._request.length = body, len(body)
+            self._chunked = None
+        self._complete = True
+
+    # -- request flow ----------------------------------------------------------------------
+
+    def _new_request(self) -> None:
+        self._parser = httptools.HttpRequestParser(self)
+        self._request = _Request(self.front.max_request_bytes)
+        self._url = b""
+        self._keep_alive = True
+        self._headers_done = False
+        self._in_body = False
+        self._chunked: bytearray | None = None
+        self._body_memory: memoryview | None = None
+        self._json_bytes: int | None = None
+        self._received = 0
+        self._head_bytes = 0
+        self._complete = False
+
+    def _dispatch(self) -> None:
+        assert self.transport is not None
+        self.transport.pause_reading()  # one request at a time per connection
+        request = self._request
+        target, detail = _route(request.method, request.path)
+        if isinstance(target, int):
+            self._respond_error(target, str(detail))
+            return
+        fn, args = target, detail
+        self._task = asyncio.ensure_future(self._run(fn, args, request))
+
+    async def _run(self, fn: Callable[..., Any], args: tuple[str, ...],
+                   request: _Request) -> None:
+        try:
+            status, headers, parts = await fn(self.front.dataplane, request, *args)
+        except asyncio.CancelledError:
+            return
+        except TensorgateError as error:
+            self._respond_error(codes_for(error)[0], error.message)
+            return
+        except Exception as error:  # a bug: answer, log, keep serving
+            log.exception("unexpected error handling %s %s", request.method, request.path)
+            self._respond_error(500, f"internal error: {type(error).__name__}: {error}")
+            return
+        self._respond(status, headers, parts)
+
+    def _respond_error(self, code: int, message: str) -> None:
+        self._respond(code, [("Content-Type", "application/json")], [json_error(message)])
+
+    def _respond(self, status: int, headers: list[tuple[str, str]], parts: list[Any]) -> None:
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            return
+        length = sum(len(p) if isinstance(p, bytes) else p.nbytes for p in parts)
+        head = [f"HTTP/1.1 {status} {_REASONS.get(status, 'OK')}\r\n"
+                f"Content-Length: {length}\r\n"]
+        head += [f"{k}: {v}\r\n" for k, v in headers]
+        if not self._keep_alive or self._closing_when_idle:
+            head.append("Connection: close\r\n")
+        head.append("\r\n")
+        first = "".join(head).encode("latin-1")
+        if parts and isinstance(parts[0], bytes):
+            transport.write(first + parts[0])  # the JSON header is small: one write
+            rest = parts[1:]
+        else:
+            transport.write(first)
+            rest = parts
+        for part in rest:
+            transport.write(part)  # tensor views: written as they are, never joined
+        self._finish_request()
+
+    def _finish_request(self) -> None:
+        self._task = None
+        keep = self._keep_alive and not self._closing_when_idle
+        self._new_request()
+        if self.transport is None:
+            return
+        if not keep:
+            self.transport.close()
+        else:
+            self.transport.resume_reading()
+
+    def _refuse(self, code: int, message: str) -> None:
+        """Answer a request we will not read, and close: its body is still on the wire."""
+        self._keep_alive = False
+        if self.transport is not None:
+            self.transport.pause_reading()
+        self._respond_error(code, message)
+
+    def close_when_idle(self) -> None:
+        self._closing_when_idle = True
+        if self._task is None and self.transport is not None:
+            self.transport.close()
+
+
+def _int_header(headers: dict[str, str], name: str) -> int | None:
+    value = headers.get(name)
+    if value is None:
+        return None
+    try:
+        number = int(value)
+    except ValueError:
+        raise InvalidArgumentError(f"header {name} must be an integer, got '{value}'") from None
+    if number < 0:
+        raise InvalidArgumentError(f"header {name} must not be negative, got {number}")
+    return number
+
+
+# -- routes ----------------------------------------------------------------------------------
+
+Handler = Callable[..., Any]
+_JSON = [("Content-Type", "application/json")]
+
+
+def _json(value: Any) -> tuple[int, list[tuple[str, str]], list[bytes]]:
+    return 200, _JSON, [json.dumps(value, separators=(",", ":")).encode()]
+
+
+async def _live(dp: DataPlane, request: _Request) -> Any:
+    return 200, _JSON, [b""] if dp.live() else [json_error("server is not live")]
+
+
+async def _ready(dp: DataPlane, request: _Request) -> Any:
+    if dp.ready():
+        return 200, _JSON, [b""]
+    return 503, _JSON, [json_error("server is not ready")]
+
+
+async def _server_metadata(dp: DataPlane, request: _Request) -> Any:
+    return _json(dp.server_metadata())
+
+
+async def _model_metadata(dp: DataPlane, request: _Request, model: str, version: str) -> Any:
+    return _json(dp.model_metadata(model, version))
+
+
+async def _model_ready(dp: DataPlane, request: _Request, model: str, version: str) -> Any:
+    if dp.model_ready(model, version):
+        return 200, _JSON, [b""]
+    return 503, _JSON, [json_error(f"model '{model}' version '{version or 'latest'}' is not "
+                                   "ready")]
+
+
+async def _model_config(dp: DataPlane, request: _Request, model: str, version: str) -> Any:
+    return _json(dp.model_config(model, version))
+
+
+async def _stats(dp: DataPlane, request: _Request, model: str = "", version: str = "") -> Any:
+    return _json(dp.statistics(model, version))
+
+
+def _body_json(request: _Request) -> dict[str, Any]:
+    if not request.length:
+        return {}
+    try:
+        value = json.loads(memoryview(request.body)[:request.length].tobytes())
+    except ValueError as error:
+        raise InvalidArgumentError(f"the request body is not valid JSON: {error}") from None
+    if not isinstance(value, dict):
+        raise InvalidArgumentError("the request body must be a JSON object")
+    return value
+
+
+async def _index(dp: DataPlane, request: _Request) -> Any:
+    ready = _body_json(request).get("ready", False)
+    return _json(dp.repository_index(bool(ready)))
+
+
+async def _load(dp: DataPlane, request: _Request, model: str) -> Any:
+    parameters = _body_json(request).get("parameters") or {}
+    if any(k == "config" or k.startswith("file:") for k in parameters):
+        raise InvalidArgumentError("loading with an override 'config' or 'file:' parameters is "
+                                   "not supported; edit the repository and load again")
+    await dp.load(model)
+    return 200, _JSON, [b""]
+
+
+async def _unload(dp: DataPlane, request: _Request, model: str) -> Any:
+    await dp.unload(model)
+    return 200, _JSON, [b""]
+
+
+def _decompressed(request: _Request, limit: int) -> tuple[Any, int]:
+    encoding = request.headers.get("content-encoding", "identity").lower()
+    if encoding in ("identity", ""):
+        return request.body, request.length
+    if encoding not in ("gzip", "deflate"):
+        raise InvalidArgumentError(f"Content-Encoding '{encoding}' is not supported; use gzip, "
+                                   "deflate or none")
+    wbits = 16 + zlib.MAX_WBITS if encoding == "gzip" else zlib.MAX_WBITS
+    inflater = zlib.decompressobj(wbits)
+    try:
+        data = inflater.decompress(memoryview(request.body)[:request.length], limit + 1)
+    except zlib.error as error:
+        raise InvalidArgumentError(f"the {encoding} body cannot be decompressed: {error}") from None
+    if len(data) > limit or inflater.unconsumed_tail:
+        raise InvalidArgumentError(f"the decompressed body exceeds the {limit}-byte limit "
+                                   "(--max-request-bytes)")
+    record_copy(len(data), "decode", request.ledger)
+    return data, len(data)
+
+
+async def _infer(dp: DataPlane, request: _Request, model: str, version: str) -> Any:
+    body, length = _decompressed(request, request.limit)
+    if not length:
+        raise InvalidArgumentError("the inference request has no body")
+    header_length = _int_header(request.headers, "inference-header-content-length")
+    decoded = decode_infer_body(body, length, header_length, request.ledger)
+    result, outputs, binary = await dp.infer(model, version, decoded, request.ledger)
+    parameters = None
+    if decoded.parameters.get("tensorgate_report_copies"):
+        parameters = {"tensorgate_copied_bytes": request.ledger.bytes}
+    head, tail = encode_infer_response(result.model, result.version, result.id, outputs,
+                                       binary, parameters)
+    if not tail:
+        return 200, _JSON, [head]
+    return 200, [("Content-Type", "application/octet-stream"),
+                 ("Inference-Header-Content-Length", str(len(head)))], [head, *tail]
+
+
+_MODEL_ACTIONS: dict[str, tuple[str, Handler]] = {
+    "": ("GET", _model_metadata), "ready": ("GET", _model_ready),
+    "config": ("GET", _model_config), "stats": ("GET", _stats), "infer": ("POST", _infer)}
+
+
+def _route(method: str, path: str) -> tuple[Handler, tuple[str, ...]] | tuple[int, str]:
+    """(handler, path arguments) or (HTTP code, error) for 404 and 405."""
+    parts = path.strip("/").split("/")
+    if not parts or parts[0] != "v2":
+        return 404, f"no route for {path}"
+    rest = parts[1:]
+    get, post = method == "GET", method == "POST"
+    if rest == []:
+        return (_server_metadata, ()) if get else (405, "use GET")
+    if rest[0] == "health" and len(rest) == 2 and rest[1] in ("live", "ready"):
+        return ((_live if rest[1] == "live" else _ready), ()) if get else (405, "use GET")
+    if rest[0] == "repository":
+        body = rest[1:]
+        if len(body) >= 3 and body[-3] == "models" or body == ["index"] or \
+                (len(body) == 2 and body[1] == "index"):
+            if not post:
+                return 405, "use POST"
+            if body[-1] == "index":
+                return _index, ()
+            if body[-1] in ("load", "unload") and len(body) in (3, 4):
+                return (_load if body[-1] == "load" else _unload), (body[-2],)
+        return 404, f"no route for {path}"
+    if rest[0] in ("systemsharedmemory", "cudasharedmemory"):
+        return 501, f"{rest[0]} is not implemented on this server yet"
+    if rest[0] != "models":
+        return 404, f"no route for {path}"
+    rest = rest[1:]
+    if rest == ["stats"]:
+        return (_stats, ()) if get else (405, "use GET")
+    if not rest:
+        return 404, f"no route for {path}"
+    model, rest = rest[0], rest[1:]
+    version = ""
+    if len(rest) >= 2 and rest[0] == "versions":
+        version, rest = rest[1], rest[2:]
+        if not version.isdecimal():
+            return 404, f"no route for {path}: versions are decimal numbers"
+    action = rest[0] if rest else ""
+    if len(rest) > 1:
+        return 404, f"no route for {path}"
+    if action not in _MODEL_ACTIONS:
+        return 404, f"no route for {path}"
+    wanted, handler = _MODEL_ACTIONS[action]
+    if method != wanted:
+        return 405, f"use {wanted} for {path}"
+    return handler, (model, version)

@@ -1,0 +1,235 @@
+"""KServe v2 inference bodies over HTTP: JSON, and Triton's binary tensor data extension.
+
+Decoding turns a request body (already in one pooled, aligned buffer) into views at their
+offsets: binary inputs are never copied; JSON `data` is decoded vectorised by numpy and that
+copy is counted. Encoding returns the JSON header and the output views to write after it, so
+a response never joins header and tensor bytes.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from tensorgate.errors import InvalidArgumentError, UnimplementedError
+from tensorgate.tensor.copies import CopyLedger, record_copy
+from tensorgate.tensor.dtypes import DataType, datatype
+from tensorgate.tensor.view import TensorView, checked_shape
+
+__all__ = ["DecodedRequest", "RequestedOutput", "decode_infer_body", "encode_infer_response",
+           "json_error"]
+
+_SHM_KEYS = ("shared_memory_region", "shared_memory_byte_size", "shared_memory_offset")
+
+
+@dataclass
+class RequestedOutput:
+    name: str
+    binary: bool | None = None  # None: the request-level default decides
+    classification: int = 0
+
+
+@dataclass
+class DecodedRequest:
+    id: str
+    inputs: dict[str, TensorView]
+    outputs: list[RequestedOutput] | None
+    binary_default: bool
+    timeout_us: int | None
+    parameters: dict[str, Any] = field(default_factory=dict)
+    raw_binary: bool = False  # Inference-Header-Content-Length: 0, the body is one tensor
+
+
+def _fail(message: str) -> InvalidArgumentError:
+    return InvalidArgumentError(message)
+
+
+def _object(value: Any, what: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise _fail(f"{what} must be a JSON object, got {type(value).__name__}")
+    return value
+
+
+def _parameters(value: Any, what: str) -> dict[str, Any]:
+    return {} if value is None else _object(value, f"'parameters' of {what}")
+
+
+def _timeout(parameters: dict[str, Any]) -> int | None:
+    value = parameters.get("timeout")
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise _fail(f"request parameter 'timeout' must be a non-negative integer of "
+                    f"microseconds, got {value!r}")
+    return value
+
+
+def decode_infer_body(body: Any, body_length: int, header_length: int | None,
+                      ledger: CopyLedger) -> DecodedRequest:
+    """Decode a request body of `body_length` bytes held by `body` (a buffer).
+
+    `header_length` is Inference-Header-Content-Length: None when the body is all JSON, 0 for
+    a raw binary request (the caller shapes its single input from the model's config).
+    """
+    if header_length is not None and header_length > body_length:
+        raise _fail(f"Inference-Header-Content-Length {header_length} exceeds the "
+                    f"{body_length}-byte body")
+    memory = memoryview(body)
+    if header_length == 0:
+        return DecodedRequest("", {"": TensorView(body, "UINT8", [body_length])}, None, True,
+                              None, raw_binary=True)
+    json_length = body_length if header_length is None else header_length
+    try:
+        header = json.loads(memory[:json_length].tobytes())
+    except (UnicodeDecodeError, ValueError) as error:
+        raise _fail(f"the inference request header is not valid JSON: {error}") from None
+    header = _object(header, "the inference request")
+    parameters = _parameters(header.get("parameters"), "the request")
+    request_id = header.get("id", "")
+    if not isinstance(request_id, str):
+        raise _fail(f"request 'id' must be a string, got {type(request_id).__name__}")
+    raw_inputs = header.get("inputs")
+    if not isinstance(raw_inputs, list) or not raw_inputs:
+        raise _fail("the request needs an 'inputs' list with at least one input")
+    inputs: dict[str, TensorView] = {}
+    position = json_length
+    for index, raw in enumerate(raw_inputs):
+        view, position = _decode_input(_object(raw, f"input {index}"), body, body_length,
+                                       position, ledger)
+        if view.name in inputs:
+            raise _fail(f"input '{view.name}' appears twice in the request")
+        inputs[view.name] = view
+    if position != body_length:
+        raise _fail(f"the body has {body_length - position} bytes after the last binary input; "
+                    "binary_data_size values must add up to the binary part")
+    outputs = _decode_outputs(header.get("outputs"))
+    binary_default = parameters.get("binary_data_output", False)
+    if not isinstance(binary_default, bool):
+        raise _fail("request parameter 'binary_data_output' must be true or false")
+    return DecodedRequest(request_id, inputs, outputs, binary_default, _timeout(parameters),
+                          parameters)
+
+
+def _decode_input(raw: dict[str, Any], body: Any, body_length: int, position: int,
+                  ledger: CopyLedger) -> tuple[TensorView, int]:
+    name = raw.get("name")
+    if not isinstance(name, str) or not name:
+        raise _fail("every input needs a 'name' string")
+    dt = datatype(raw.get("datatype"), name) if isinstance(raw.get("datatype"), str) else None
+    if dt is None:
+        raise _fail(f"input '{name}' needs a 'datatype' string")
+    shape_value = raw.get("shape")
+    if not isinstance(shape_value, list):
+        raise _fail(f"input '{name}' needs a 'shape' list")
+    shape = checked_shape(shape_value, name)
+    parameters = _parameters(raw.get("parameters"), f"input '{name}'")
+    if any(key in parameters for key in _SHM_KEYS):
+        raise UnimplementedError(f"input '{name}' names a shared-memory region; shared memory "
+                                 "is not available on this server yet")
+    size = parameters.get("binary_data_size")
+    if size is not None:
+        if "data" in raw:
+            raise _fail(f"input '{name}' has both 'data' and binary_data_size")
+        if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+            raise _fail(f"input '{name}': binary_data_size must be a non-negative integer")
+        if position + size > body_length:
+            raise _fail(f"input '{name}': binary_data_size {size} at byte {position} runs past "
+                        f"the {body_length}-byte body")
+        view = TensorView(body, dt, shape, position, nbytes=size, name=name, ledger=ledger)
+        return view, position + size
+    if "data" not in raw:
+        raise _fail(f"input '{name}' has neither 'data' nor binary_data_size")
+    return _json_tensor(raw["data"], dt, shape, name, ledger), position
+
+
+def _json_tensor(data: Any, dt: DataType, shape: tuple[int, ...], name: str,
+                 ledger: CopyLedger) -> TensorView:
+    count = 1
+    for dim in shape:
+        count *= dim
+    if dt.is_bytes:
+        flat = np.array(data, dtype=object).reshape(-1) if data != [] else np.empty(0, object)
+        values = flat
+    elif dt.numpy is None:
+        raise _fail(f"input '{name}': {dt.name} cannot travel as JSON; send it as binary data")
+    else:
+        try:
+            values = np.asarray(data, dtype=dt.numpy).reshape(-1)
+        except (TypeError, ValueError) as error:
+            raise _fail(f"input '{name}': 'data' does not hold {dt.name} values: {error}") from None
+    if values.size != count:
+        raise _fail(f"input '{name}': 'data' has {values.size} elements; shape "
+                    f"[{','.join(map(str, shape))}] needs {count}")
+    if dt.is_bytes:
+        items = np.array([v.encode() if isinstance(v, str) else v for v in values.tolist()],
+                         dtype=object).reshape(shape)
+        return TensorView.from_numpy(items, name=name, ledger=ledger)
+    record_copy(values.nbytes, "decode", ledger)
+    return TensorView.from_numpy(values.reshape(shape), name=name, ledger=ledger)
+
+
+def _decode_outputs(raw: Any) -> list[RequestedOutput] | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, list):
+        raise _fail("'outputs' must be a list")
+    outputs = []
+    for index, item in enumerate(raw):
+        item = _object(item, f"output {index}")
+        name = item.get("name")
+        if not isinstance(name, str) or not name:
+            raise _fail("every requested output needs a 'name' string")
+        parameters = _parameters(item.get("parameters"), f"output '{name}'")
+        if any(key in parameters for key in _SHM_KEYS):
+            raise UnimplementedError(f"output '{name}' names a shared-memory region; shared "
+                                     "memory is not available on this server yet")
+        binary = parameters.get("binary_data")
+        if binary is not None and not isinstance(binary, bool):
+            raise _fail(f"output '{name}': binary_data must be true or false")
+        classification = parameters.get("classification", 0)
+        if isinstance(classification, bool) or not isinstance(classification, int) \
+                or classification < 0:
+            raise _fail(f"output '{name}': classification must be a non-negative integer")
+        outputs.append(RequestedOutput(name, binary, classification))
+    return outputs
+
+
+def encode_infer_response(model: str, version: int, request_id: str,
+                          outputs: dict[str, TensorView], binary: dict[str, bool],
+                          parameters: dict[str, Any] | None = None) -> tuple[bytes, list[memoryview]]:
+    """(JSON header, tensor bytes to write after it) for an inference response."""
+    entries = []
+    tail: list[memoryview] = []
+    for name, view in outputs.items():
+        entry: dict[str, Any] = {"name": name, "datatype": view.datatype.name,
+                                 "shape": list(view.shape)}
+        if binary.get(name, False):
+            entry["parameters"] = {"binary_data_size": view.nbytes}
+            tail.append(view.memoryview())
+        else:
+            entry["data"] = _json_data(view)
+        entries.append(entry)
+    response: dict[str, Any] = {"model_name": model, "model_version": str(version),
+                                "outputs": entries}
+    if request_id:
+        response["id"] = request_id
+    if parameters:
+        response["parameters"] = parameters
+    return json.dumps(response, separators=(",", ":")).encode(), tail
+
+
+def _json_data(view: TensorView) -> list[Any]:
+    dt = view.datatype
+    if dt.is_bytes:
+        return [item.decode("utf-8", "replace") for item in view.numpy().reshape(-1).tolist()]
+    if dt.numpy is None:
+        raise _fail(f"output '{view.name}' is {dt.name}, which cannot travel as JSON; request "
+                    "it with binary_data")
+    return view.numpy().reshape(-1).tolist()
+
+
+def json_error(message: str) -> bytes:
+    return json.dumps({"error": message}).encode()

@@ -1,0 +1,77 @@
+"""A real `tensorgate serve` process on 127.0.0.1, shared by the end-to-end tests."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from tests.pipeline import repo_builder as rb
+
+STARTUP_TIMEOUT_S = 90
+
+
+class RunningServer:
+    def __init__(self, process: subprocess.Popen[str], port: int, log: pathlib.Path) -> None:
+        self.process = process
+        self.port = port
+        self.url = f"127.0.0.1:{port}"
+        self.log = log
+
+
+def start_server(repo: pathlib.Path, log: pathlib.Path, *extra: str) -> RunningServer:
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    with log.open("w") as sink:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "tensorgate", "serve", "--model-repository", str(repo),
+             "--http-port", "0", "--host", "127.0.0.1", *extra],
+            stdout=sink, stderr=subprocess.STDOUT, text=True, env=env)
+    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    while time.monotonic() < deadline:
+        match = re.search(r"HTTP on 127\.0\.0\.1:(\d+)", log.read_text())
+        if match and "ready:" in log.read_text():
+            return RunningServer(process, int(match.group(1)), log)
+        if process.poll() is not None:
+            raise RuntimeError(f"server exited with {process.returncode}:\n{log.read_text()}")
+        time.sleep(0.1)
+    process.kill()
+    raise RuntimeError(f"server did not start in {STARTUP_TIMEOUT_S} s:\n{log.read_text()}")
+
+
+def stop_server(server: RunningServer) -> int:
+    """SIGTERM (a staged shutdown), then wait; kill only if it hangs. Returns the exit code."""
+    server.process.send_signal(signal.SIGTERM)
+    try:
+        return server.process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        server.process.kill()
+        raise
+
+
+@pytest.fixture(scope="session")
+def e2e_repo(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
+    root = tmp_path_factory.mktemp("e2e-models")
+    rb.add_torchscript(root, "identity", rb.Identity(), [3, 4], [3, 4],
+                       "dynamic_batching { max_queue_delay_microseconds: 1000 }", max_batch=16)
+    rb.add_torchscript(root, "linear", rb.linear_module(), [8], [4],
+                       "dynamic_batching { }")
+    rb.add_torchscript(root, "failing", rb.Failing(), [4], [4])
+    rb.add_python(root, "slow", "dynamic_batching { default_queue_policy { max_queue_size: 1 } }",
+                  delay_s=0.3, max_batch=1)
+    return root
+
+
+@pytest.fixture(scope="session")
+def server(e2e_repo: pathlib.Path, tmp_path_factory: pytest.TempPathFactory
+           ) -> Iterator[RunningServer]:
+    log = tmp_path_factory.mktemp("server") / "server.log"
+    running = start_server(e2e_repo, log, "--max-request-bytes", str(1 << 20))
+    yield running
+    assert stop_server(running) == 0, log.read_text()

@@ -1,0 +1,158 @@
+"""tritonclient (HTTP, sync and asyncio) against a real tensorgate process on 127.0.0.1."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+import tritonclient.http as httpclient
+import tritonclient.http.aio as aioclient
+from tritonclient.utils import InferenceServerException
+
+from tests.e2e.conftest import RunningServer
+from tests.pipeline import repo_builder as rb
+
+
+@pytest.fixture
+def client(server: RunningServer) -> httpclient.InferenceServerClient:
+    return httpclient.InferenceServerClient(server.url, network_timeout=30)
+
+
+def _input(name: str, value: np.ndarray, binary: bool = True) -> httpclient.InferInput:
+    item = httpclient.InferInput(name, list(value.shape), "FP32")
+    item.set_data_from_numpy(value, binary_data=binary)
+    return item
+
+
+def test_health_metadata_config_and_index(client: httpclient.InferenceServerClient) -> None:
+    assert client.is_server_live() and client.is_server_ready()
+    assert client.is_model_ready("identity") and not client.is_model_ready("nope")
+    metadata = client.get_server_metadata()
+    assert metadata["name"] == "tensorgate" and "binary_tensor_data" in metadata["extensions"]
+    model = client.get_model_metadata("identity")
+    assert model["inputs"] == [{"name": "INPUT__0", "datatype": "FP32", "shape": [-1, 3, 4]}]
+    assert model["versions"] == ["1"]
+    config = client.get_model_config("linear")
+    assert config["max_batch_size"] == 8 and config["input"][0]["data_type"] == "TYPE_FP32"
+    names = {entry["name"]: entry["state"] for entry in client.get_model_repository_index()}
+    assert names == {"identity": "READY", "linear": "READY", "failing": "READY",
+                     "slow": "READY"}
+
+
+@pytest.mark.parametrize("binary_in, binary_out", [(True, True), (False, False), (True, False),
+                                                   (False, True)])
+def test_identity_is_bit_exact(client: httpclient.InferenceServerClient, binary_in: bool,
+                               binary_out: bool) -> None:
+    value = np.random.default_rng(0).standard_normal((2, 3, 4)).astype(np.float32)
+    value[0, 0, 0] = np.float32(1) / 3  # a value JSON must carry exactly too
+    result = client.infer("identity", [_input("INPUT__0", value, binary_in)],
+                          outputs=[httpclient.InferRequestedOutput("OUTPUT__0",
+                                                                   binary_data=binary_out)])
+    out = result.as_numpy("OUTPUT__0")
+    assert out.dtype == np.float32 and out.tobytes() == value.tobytes()
+
+
+def test_binary_identity_copies_nothing(client: httpclient.InferenceServerClient) -> None:
+    value = np.arange(12, dtype=np.float32).reshape(1, 3, 4)
+    result = client.infer("identity", [_input("INPUT__0", value)],
+                          parameters={"tensorgate_report_copies": True})
+    assert result.get_response()["parameters"] == {"tensorgate_copied_bytes": 0}
+    assert result.as_numpy("OUTPUT__0").tobytes() == value.tobytes()
+
+
+def test_linear_matches_torch(client: httpclient.InferenceServerClient) -> None:
+    import torch
+    value = np.random.default_rng(1).standard_normal((3, 8)).astype(np.float32)
+    out = client.infer("linear", [_input("INPUT__0", value)]).as_numpy("OUTPUT__0")
+    expected = rb.linear_module().eval()(torch.from_numpy(value)).detach().numpy()
+    np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_classification_extension(client: httpclient.InferenceServerClient) -> None:
+    value = np.array([[0.1, 3.0, -1.0, 2.0, 0.0, 1.0, 5.0, -2.0]], dtype=np.float32)
+    result = client.infer("linear", [_input("INPUT__0", value)],
+                          outputs=[httpclient.InferRequestedOutput("OUTPUT__0", class_count=2)])
+    classes = result.as_numpy("OUTPUT__0")
+    assert classes.shape == (1, 2)
+    scores = client.infer("linear", [_input("INPUT__0", value)]).as_numpy("OUTPUT__0")[0]
+    top = np.argsort(-scores)[:2]
+    assert [c.decode().split(":")[1] for c in classes[0]] == [str(i) for i in top]
+
+
+def test_statistics_count_inferences(client: httpclient.InferenceServerClient) -> None:
+    before = client.get_inference_statistics("linear")["model_stats"][0]["inference_count"]
+    client.infer("linear", [_input("INPUT__0", np.zeros((2, 8), np.float32))])
+    stats = client.get_inference_statistics("linear")["model_stats"][0]
+    assert stats["inference_count"] == before + 2
+    assert stats["inference_stats"]["success"]["count"] >= 1
+
+
+def test_repository_unload_and_load(client: httpclient.InferenceServerClient) -> None:
+    client.unload_model("failing")
+    assert not client.is_model_ready("failing")
+    with pytest.raises(InferenceServerException, match="unknown model 'failing'"):
+        client.infer("failing", [_input("INPUT__0", np.ones((1, 4), np.float32))])
+    client.load_model("failing")
+    assert client.is_model_ready("failing")
+
+
+@pytest.mark.parametrize("call, status, message", [
+    (lambda c: c.infer("nope", [_input("INPUT__0", np.ones((1, 4), np.float32))]),
+     "404", r"^\[404\] unknown model 'nope'"),
+    (lambda c: c.infer("linear", [_input("X", np.ones((1, 8), np.float32))]),
+     "400", r"model 'linear' has no input 'X'; inputs are: INPUT__0"),
+    (lambda c: c.infer("linear", [_input("INPUT__0", np.ones((1, 7), np.float32))]),
+     "400", r"input 'INPUT__0' of model 'linear' has shape \[1,7\]; expected \[-1,8\]"),
+    (lambda c: c.infer("failing", [_input("INPUT__0", -np.ones((1, 4), np.float32))]),
+     "500", r"model 'failing' raised RuntimeError: negative input"),
+    (lambda c: c.infer("linear", [_input("INPUT__0", np.ones((1, 8), np.float32))],
+                       model_version="9"),
+     "404", r"model 'linear' has no version 9"),
+])
+def test_client_errors_are_named(client: httpclient.InferenceServerClient, call, status: str,
+                                 message: str) -> None:
+    with pytest.raises(InferenceServerException, match=message) as raised:
+        call(client)
+    assert raised.value.status() == status
+    assert client.is_server_ready()  # still serving
+
+
+def test_wrong_datatype(client: httpclient.InferenceServerClient) -> None:
+    item = httpclient.InferInput("INPUT__0", [1, 8], "FP64")
+    item.set_data_from_numpy(np.ones((1, 8), np.float64))
+    with pytest.raises(InferenceServerException,
+                       match=r"input 'INPUT__0' of model 'linear' is FP64; expected FP32"):
+        client.infer("linear", [item])
+
+
+def test_asyncio_client_concurrent_requests(server: RunningServer) -> None:
+    async def scenario() -> None:
+        async with aioclient.InferenceServerClient(server.url) as client:
+            values = [np.full((1, 3, 4), i, np.float32) for i in range(12)]
+            results = await asyncio.gather(*(client.infer("identity", [
+                _aio_input(v)]) for v in values))
+            for value, result in zip(values, results):
+                assert result.as_numpy("OUTPUT__0").tobytes() == value.tobytes()
+            assert await client.is_server_ready()
+    asyncio.run(asyncio.wait_for(scenario(), 60))
+
+
+def _aio_input(value: np.ndarray) -> aioclient.InferInput:
+    item = aioclient.InferInput("INPUT__0", list(value.shape), "FP32")
+    item.set_data_from_numpy(value)
+    return item
+
+
+def test_queue_full_is_503(server: RunningServer) -> None:
+    async def scenario() -> list[object]:
+        async with aioclient.InferenceServerClient(server.url) as client:
+            requests = [client.infer("slow", [_aio_input(np.ones((1, 4), np.float32))])
+                        for _ in range(5)]
+            return await asyncio.gather(*requests, return_exceptions=True)
+    outcomes = asyncio.run(asyncio.wait_for(scenario(), 60))
+    refused = [o for o in outcomes if isinstance(o, InferenceServerException)]
+    served = [o for o in outcomes if not isinstance(o, Exception)]
+    assert served and refused, outcomes
+    assert all(o.status() == "503" and "Exceeds maximum queue size" in o.message()
+               for o in refused)

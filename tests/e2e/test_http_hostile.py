@@ -1,0 +1,193 @@
+"""Malformed and hostile HTTP, over a raw socket: each gets a clear 4xx (or the connection is
+closed for bytes we will not read) and the server keeps serving."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import socket
+import struct
+import zlib
+
+import numpy as np
+import pytest
+import tritonclient.http as httpclient
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tests.e2e.conftest import RunningServer
+
+IDENTITY = "/v2/models/identity/infer"
+
+
+def exchange(server: RunningServer, raw: bytes, timeout: float = 10.0) -> tuple[int, dict, bytes]:
+    """Send `raw`, read one response: (status, headers, body); status 0 if closed first."""
+    with socket.create_connection(("127.0.0.1", server.port), timeout=timeout) as sock:
+        sock.sendall(raw)
+        data = b""
+        while b"\r\n\r\n" not in data:
+            chunk = sock.recv(65536)
+            if not chunk:
+                return 0, {}, data
+            data += chunk
+        head, _, body = data.partition(b"\r\n\r\n")
+        lines = head.decode("latin-1").split("\r\n")
+        status = int(lines[0].split()[1])
+        headers = {k.lower(): v.strip() for k, v in (l.split(":", 1) for l in lines[1:])}
+        length = int(headers.get("content-length", "0"))
+        while len(body) < length:
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            body += chunk
+        return status, headers, body
+
+
+def request(path: str, body: bytes, headers: dict[str, str] | None = None,
+            method: str = "POST", length: int | None = None) -> bytes:
+    lines = [f"{method} {path} HTTP/1.1", "Host: 127.0.0.1",
+             f"Content-Length: {len(body) if length is None else length}"]
+    lines += [f"{k}: {v}" for k, v in (headers or {}).items()]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
+
+
+def binary_body(header: dict, tensor: bytes) -> tuple[bytes, dict[str, str]]:
+    head = json.dumps(header).encode()
+    return head + tensor, {"Inference-Header-Content-Length": str(len(head))}
+
+
+def identity_header(size: int, shape: list[int] | None = None, datatype: str = "FP32") -> dict:
+    return {"inputs": [{"name": "INPUT__0", "shape": shape or [1, 3, 4], "datatype": datatype,
+                        "parameters": {"binary_data_size": size}}]}
+
+
+def still_serving(server: RunningServer) -> None:
+    client = httpclient.InferenceServerClient(server.url, network_timeout=30)
+    value = np.arange(12, dtype=np.float32).reshape(1, 3, 4)
+    item = httpclient.InferInput("INPUT__0", [1, 3, 4], "FP32")
+    item.set_data_from_numpy(value)
+    assert client.infer("identity", [item]).as_numpy("OUTPUT__0").tobytes() == value.tobytes()
+
+
+def error_of(body: bytes) -> str:
+    return json.loads(body)["error"]
+
+
+TENSOR = np.arange(12, dtype="<f4").tobytes()
+
+
+@pytest.mark.parametrize("raw, status, message", [
+    (request(IDENTITY, b"{not json"), 400, r"^the inference request header is not valid JSON"),
+    (request(IDENTITY, b"[1,2]"), 400, r"^the inference request must be a JSON object"),
+    (request(IDENTITY, b'{"inputs": []}'), 400, r"needs an 'inputs' list"),
+    (request(IDENTITY, *binary_body(identity_header(48), TENSOR)), 200, None),
+    (request(IDENTITY, binary_body(identity_header(48), TENSOR)[0],
+             {"Inference-Header-Content-Length": "9999"}), 400,
+     r"^Inference-Header-Content-Length 9999 exceeds the \d+-byte body$"),
+    (request(IDENTITY, binary_body(identity_header(48), TENSOR)[0],
+             {"Inference-Header-Content-Length": "x"}), 400,
+     r"inference-header-content-length must be an integer"),
+    (request(IDENTITY, binary_body(identity_header(48), TENSOR)[0]), 400,
+     r"not valid JSON"),  # the header length is missing: the whole body is read as JSON
+    (request(IDENTITY, *binary_body(identity_header(4800), TENSOR)), 400,
+     r"^input 'INPUT__0': binary_data_size 4800 at byte \d+ runs past the \d+-byte body$"),
+    (request(IDENTITY, *binary_body(identity_header(40), TENSOR)), 400,
+     r"FP32 needs 48 bytes \(12 elements of 4\), found 40"),
+    (request(IDENTITY, *binary_body(identity_header(48, [2**40, 2**40, 2**40]), TENSOR)), 400,
+     r"the dims multiply to"),
+    (request(IDENTITY, *binary_body(identity_header(48, [1, -3, 4]), TENSOR)), 400,
+     r"dim -3 is negative"),
+    (request(IDENTITY, *binary_body(identity_header(48, datatype="FP33"), TENSOR)), 400,
+     r"unknown datatype 'FP33'"),
+    (request("/v2/models/nope/infer", *binary_body(identity_header(48), TENSOR)), 404,
+     r"unknown model 'nope'"),
+    (request("/v2/models/identity/versions/01/infer", *binary_body(identity_header(48), TENSOR)),
+     404, r"is not a version number"),
+    (request("/v2/nowhere", b""), 404, r"no route for /v2/nowhere"),
+    (request(IDENTITY, b"", method="GET"), 405, r"use POST"),
+    (request(IDENTITY, b"x" * 16, length=2 << 20), 413,
+     r"^request body of 2097152 bytes exceeds the 1048576-byte limit"),
+    (request(IDENTITY, gzip.compress(json.dumps({"inputs": [{"name": "INPUT__0",
+     "shape": [1, 3, 4], "datatype": "FP32", "data": list(range(12))}]}).encode()),
+     {"Content-Encoding": "gzip"}), 200, None),
+    (request(IDENTITY, zlib.compress(b" " * (2 << 20)), {"Content-Encoding": "deflate"}), 400,
+     r"the decompressed body exceeds the 1048576-byte limit"),
+    (request(IDENTITY, b"\x1f\x8bnot gzip", {"Content-Encoding": "gzip"}), 400,
+     r"cannot be decompressed"),
+    (b"GARBAGE / HTTP/1.1\r\n\r\n", 400, r"malformed HTTP request"),
+])
+def test_bad_requests(server: RunningServer, raw: bytes, status: int, message: str | None) -> None:
+    got, _, body = exchange(server, raw)
+    assert got == status, body
+    if message is not None:
+        import re
+        assert re.search(message, error_of(body)), error_of(body)
+    still_serving(server)
+
+
+def test_bytes_element_past_the_end(server: RunningServer) -> None:
+    elements = struct.pack("<I", 3) + b"abc" + struct.pack("<I", 99) + b"x"
+    header = {"inputs": [{"name": "INPUT__0", "shape": [2], "datatype": "BYTES",
+                          "parameters": {"binary_data_size": len(elements)}}]}
+    status, _, body = exchange(server, request(IDENTITY, *binary_body(header, elements)))
+    assert status == 400
+    assert "BYTES tensor 'INPUT__0': element 1 of 2 declares 99 bytes" in error_of(body)
+    still_serving(server)
+
+
+def test_truncated_body_then_disconnect(server: RunningServer) -> None:
+    body, headers = binary_body(identity_header(48), TENSOR)
+    with socket.create_connection(("127.0.0.1", server.port), timeout=5) as sock:
+        sock.sendall(request(IDENTITY, body[:-10], headers, length=len(body)))
+    still_serving(server)
+
+
+def test_content_length_smaller_than_sent(server: RunningServer) -> None:
+    body, headers = binary_body(identity_header(48), TENSOR)
+    status, _, reply = exchange(server, request(IDENTITY, body + b"trailing", headers,
+                                                length=len(body)))
+    assert status == 200  # the first request is whole; the rest is a malformed second one
+    assert json.loads(reply)["outputs"][0]["data"] == list(range(12))
+    still_serving(server)
+
+
+def test_keep_alive_serves_many_requests_on_one_connection(server: RunningServer) -> None:
+    body, headers = binary_body(identity_header(48), TENSOR)
+    one = request(IDENTITY, body, headers)
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+        for _ in range(20):
+            sock.sendall(one)
+            data = b""
+            while b"\r\n\r\n" not in data:
+                data += sock.recv(65536)
+            head, _, rest = data.partition(b"\r\n\r\n")
+            length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+            while len(rest) < length:
+                rest += sock.recv(65536)
+            assert head.startswith(b"HTTP/1.1 200")
+            assert json.loads(rest)["outputs"][0]["data"] == list(range(12))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.binary(min_size=1, max_size=400))
+def test_fuzzed_bodies_never_break_the_server(server: RunningServer, junk: bytes) -> None:
+    status, _, body = exchange(server, request(IDENTITY, junk,
+                                               {"Inference-Header-Content-Length":
+                                                str(min(len(junk), 50))}))
+    assert status in (200, 400, 404, 501), (status, body)
+    if status != 200:
+        assert error_of(body)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.recursive(st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.text(max_size=8),
+                    lambda inner: st.lists(inner, max_size=4)
+                    | st.dictionaries(st.sampled_from(["inputs", "name", "shape", "datatype",
+                                                       "data", "parameters", "outputs",
+                                                       "binary_data_size", "id"]), inner,
+                                      max_size=5), max_leaves=20))
+def test_fuzzed_json_headers_get_clear_errors(server: RunningServer, header: object) -> None:
+    status, _, body = exchange(server, request(IDENTITY, json.dumps(header).encode()))
+    assert status in (200, 400, 501), (status, body)
+    if status != 200:
+        assert error_of(body)
