@@ -1,0 +1,200 @@
+"""tensorgate over HTTP (binary tensor extension) against the in-process engine, in one run.
+
+Starts `tensorgate serve` on the built-in repository, then for `identity` and `resnet50`:
+sequential batch-1 P50/P99 with a lean keep-alive socket client (its own CPU per request is
+measured and printed beside it), and QPS at 8 concurrent connections with `wrk` (Debian's
+package; its CPU use is printed too). Writes bench/results/server_bench.json.
+
+    .venv/bin/python bench/server_bench.py [--quick]      (apt-get install wrk for the QPS part)
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import pathlib
+import platform
+import re
+import resource
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "src"))
+
+from tensorgate import Engine, InferenceRequest, TensorView  # noqa: E402
+from tensorgate.builtin.repository import write_default_repository  # noqa: E402
+
+RESULTS = pathlib.Path(__file__).parent / "results"
+
+
+def binary_request(model: str, port: int) -> bytes:
+    """The bytes tritonclient sends for one FP32 [1,3,224,224] input, binary both ways."""
+    tensor = np.random.default_rng(0).standard_normal((1, 3, 224, 224)).astype("<f4").tobytes()
+    header = json.dumps({"inputs": [{"name": "INPUT__0", "shape": [1, 3, 224, 224],
+                                     "datatype": "FP32",
+                                     "parameters": {"binary_data_size": len(tensor)}}],
+                         "outputs": [{"name": "OUTPUT__0",
+                                      "parameters": {"binary_data": True}}]}).encode()
+    head = (f"POST /v2/models/{model}/infer HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+            f"Inference-Header-Content-Length: {len(header)}\r\n"
+            f"Content-Length: {len(header) + len(tensor)}\r\n\r\n").encode()
+    return head + header + tensor
+
+
+def read_response(sock: socket.socket, buffer: bytearray) -> None:
+    """Read one response (Content-Length framed) into `buffer`, reused between calls."""
+    del buffer[:]
+    view = memoryview(bytearray(1 << 16))
+    while True:
+        n = sock.recv_into(view)
+        if n == 0:
+            raise ConnectionError("server closed the connection")
+        buffer += view[:n]
+        end = buffer.find(b"\r\n\r\n")
+        if end >= 0:
+            break
+    match = re.search(rb"Content-Length: (\d+)", bytes(buffer[:end]))
+    if not buffer.startswith(b"HTTP/1.1 200") or match is None:
+        raise RuntimeError(bytes(buffer[:300]))
+    total = end + 4 + int(match.group(1))
+    while len(buffer) < total:
+        n = sock.recv_into(view)
+        if n == 0:
+            raise ConnectionError("server closed the connection")
+        buffer += view[:n]
+
+
+def sequential(port: int, raw: bytes, n: int) -> dict[str, float]:
+    buffer = bytearray()
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        for _ in range(max(n // 10, 5)):
+            sock.sendall(raw)
+            read_response(sock, buffer)
+        samples = []
+        cpu_start = time.process_time()
+        for _ in range(n):
+            start = time.perf_counter_ns()
+            sock.sendall(raw)
+            read_response(sock, buffer)
+            samples.append(time.perf_counter_ns() - start)
+        client_cpu = (time.process_time() - cpu_start) / n
+    a = np.array(samples) / 1e3
+    return {"p50_us": float(np.percentile(a, 50)), "p99_us": float(np.percentile(a, 99)),
+            "n": n, "client_cpu_us_per_request": client_cpu * 1e6}
+
+
+def wrk_qps(port: int, model: str, raw: bytes, seconds: int, connections: int) -> dict[str, Any]:
+    if shutil.which("wrk") is None:
+        return {"skipped": "wrk is not installed (apt-get install wrk)"}
+    head, _, body = raw.partition(b"\r\n\r\n")
+    header_length = re.search(rb"Inference-Header-Content-Length: (\d+)", head).group(1).decode()
+    folder = pathlib.Path(tempfile.mkdtemp(prefix="tg-wrk-"))
+    (folder / "body.bin").write_bytes(body)
+    (folder / "post.lua").write_text(
+        'wrk.method = "POST"\n'
+        f'local f = io.open("{folder / "body.bin"}", "rb")\n'
+        'wrk.body = f:read("*all")\nf:close()\n'
+        f'wrk.headers["Inference-Header-Content-Length"] = "{header_length}"\n')
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    out = subprocess.run(["wrk", "-t", "1", "-c", str(connections), "-d", f"{seconds}s",
+                          "--latency", "-s", str(folder / "post.lua"),
+                          f"http://127.0.0.1:{port}/v2/models/{model}/infer"],
+                         capture_output=True, text=True, timeout=seconds + 30).stdout
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    shutil.rmtree(folder)
+    qps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
+    errors = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    p99 = re.search(r"99%\s+([\d.]+)(us|ms|s)", out)
+    scale = {"us": 1.0, "ms": 1e3, "s": 1e6}
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return {"qps": qps, "connections": connections,
+            "p99_us": float(p99.group(1)) * scale[p99.group(2)] if p99 else None,
+            "non_2xx": int(errors.group(1)) if errors else 0,
+            "wrk_cpu_share": cpu / seconds}
+
+
+async def engine_floor(repo: pathlib.Path, model: str, n: int) -> dict[str, float]:
+    engine = Engine(repo, placement="auto")
+    await engine.start([model])
+    view = TensorView.from_torch(torch.randn(1, 3, 224, 224), name="INPUT__0")
+    samples = []
+    for i in range(n + 20):
+        start = time.perf_counter_ns()
+        await engine.infer(InferenceRequest(model, {"INPUT__0": view}))
+        if i >= 20:
+            samples.append(time.perf_counter_ns() - start)
+    await engine.shutdown()
+    a = np.array(samples) / 1e3
+    return {"p50_us": float(np.percentile(a, 50)), "p99_us": float(np.percentile(a, 99)), "n": n}
+
+
+def start_server(repo: pathlib.Path) -> tuple[subprocess.Popen[str], int, float]:
+    started = time.perf_counter()
+    process = subprocess.Popen([sys.executable, "-m", "tensorgate", "serve", "--model-repository",
+                                str(repo), "--http-port", "0"], stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True)
+    assert process.stdout is not None
+    port = 0
+    for line in process.stdout:
+        match = re.search(r"HTTP on 127\.0\.0\.1:(\d+)", line)
+        if match:
+            port = int(match.group(1))
+        if line.startswith("ready:"):
+            return process, port, time.perf_counter() - started
+    raise RuntimeError("the server did not start")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args()
+    repo = write_default_repository(pathlib.Path(tempfile.gettempdir()) / "tensorgate-bench-repo")
+    counts = {"identity": 300 if args.quick else 3000, "resnet50": 20 if args.quick else 200}
+    seconds = 3 if args.quick else 10
+    process, port, startup = start_server(repo)
+    rows: dict[str, Any] = {}
+    try:
+        for model, n in counts.items():
+            raw = binary_request(model, port)
+            rows[model] = {"http_sequential": sequential(port, raw, n),
+                           "http_8_connections": wrk_qps(port, model, raw, seconds, 8)}
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=60)
+    for model, n in counts.items():  # the floor, in the same run, after the server is gone
+        rows[model]["engine_in_process"] = asyncio.run(engine_floor(repo, model, n))
+    result = {"rows": rows, "startup_s": startup, "cores": os.cpu_count(),
+              "python": platform.python_version(), "torch": torch.__version__,
+              "date": time.strftime("%Y-%m-%d")}
+    print(f"tensorgate HTTP (binary) vs in-process engine, batch 1; server start-up "
+          f"{startup:.1f} s; {result['cores']} cores")
+    print(f"{'model':<10}{'path':<22}{'P50 µs':>11}{'P99 µs':>11}{'QPS':>9}  notes")
+    for model, r in rows.items():
+        e, h, w = r["engine_in_process"], r["http_sequential"], r["http_8_connections"]
+        print(f"{model:<10}{'engine in-process':<22}{e['p50_us']:>11,.1f}{e['p99_us']:>11,.1f}")
+        print(f"{model:<10}{'HTTP sequential':<22}{h['p50_us']:>11,.1f}{h['p99_us']:>11,.1f}"
+              f"{'':>9}  client CPU {h['client_cpu_us_per_request']:.0f} µs/request")
+        if "qps" in w:
+            p99 = f"{w['p99_us']:>11,.1f}" if w["p99_us"] else f"{'':>11}"
+            print(f"{model:<10}{'HTTP 8 connections':<22}{'':>11}{p99}{w['qps']:>9,.0f}"
+                  f"  wrk used {w['wrk_cpu_share']:.0%} of a core; non-2xx {w['non_2xx']}")
+        else:
+            print(f"{model:<10}{'HTTP 8 connections':<22}  {w['skipped']}")
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "server_bench.json").write_text(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
