@@ -152,13 +152,18 @@ def test_wrong_datatype_and_unknown_output(repo: pathlib.Path) -> None:
     run(scenario())
 
 
+async def _one_running_two_queued(engine: Engine) -> list[asyncio.Task]:
+    tasks = [asyncio.create_task(engine.infer(_ones()))]
+    await _until_running(engine, "slow")
+    tasks += [asyncio.create_task(engine.infer(_ones())) for _ in range(2)]
+    await asyncio.sleep(0.01)
+    return tasks
+
+
 def test_shutdown_drains_accepted_work(repo: pathlib.Path) -> None:
     async def scenario() -> None:
         engine = await _started(repo, "slow")
-        tasks = [asyncio.create_task(engine.infer(_ones()))]
-        await _until_running(engine, "slow")
-        tasks += [asyncio.create_task(engine.infer(_ones())) for _ in range(2)]
-        await asyncio.sleep(0.01)
+        tasks = await _one_running_two_queued(engine)
         await engine.shutdown(drain_timeout_s=5.0)
         results = await asyncio.gather(*tasks)
         assert all(r.outputs["OUTPUT__0"].torch().sum().item() == 12.0 for r in results)
@@ -170,10 +175,7 @@ def test_shutdown_drains_accepted_work(repo: pathlib.Path) -> None:
 def test_shutdown_deadline_answers_everything(repo: pathlib.Path) -> None:
     async def scenario() -> None:
         engine = await _started(repo, "slow")
-        tasks = [asyncio.create_task(engine.infer(_ones()))]
-        await _until_running(engine, "slow")
-        tasks += [asyncio.create_task(engine.infer(_ones())) for _ in range(2)]
-        await asyncio.sleep(0.01)
+        tasks = await _one_running_two_queued(engine)
         await engine.shutdown(drain_timeout_s=0.05)
         outcomes = await asyncio.gather(*tasks, return_exceptions=True)
         assert all(isinstance(o, UnavailableError) for o in outcomes), outcomes
