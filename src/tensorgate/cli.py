@@ -14,12 +14,12 @@ __all__ = ["main"]
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tensorgate")
     commands = parser.add_subparsers(dest="command", required=True)
-    serve = commands.add_parser("serve", help="serve a model repository over HTTP")
+    serve = commands.add_parser("serve", help="serve a model repository over HTTP and gRPC")
     serve.add_argument("--model-repository", type=pathlib.Path,
                        help="Triton-layout repository (default: the built-in one)")
     serve.add_argument("--host", help="address to bind (default 127.0.0.1)")
     serve.add_argument("--http-port", type=int)
-    serve.add_argument("--grpc-port", type=int, help="reserved: gRPC is not served yet")
+    serve.add_argument("--grpc-port", type=int)
     serve.add_argument("--metrics-port", type=int, help="reserved: metrics are not served yet")
     serve.add_argument("--allow-shared-memory", action="store_const", const=True,
                        help="reserved: shared memory is not served yet")

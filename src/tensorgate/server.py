@@ -17,6 +17,7 @@ import sys
 from tensorgate.builtin.repository import default_repository
 from tensorgate.config import ServerConfig
 from tensorgate.dataplane import DataPlane
+from tensorgate.network.grpc import GrpcFrontEnd
 from tensorgate.network.http import HttpFrontEnd
 from tensorgate.network.loop import run_loop
 from tensorgate.pipeline.engine import Engine
@@ -35,6 +36,8 @@ class Server:
         self.config = config
         self.version = version or __version__
         self.http_port = 0
+        self.grpc_port = 0
+        self._grpc: GrpcFrontEnd | None = None
         self._stopping: asyncio.Event | None = None
         self.engine: Engine | None = None
         self._http: HttpFrontEnd | None = None
@@ -48,20 +51,22 @@ class Server:
         self.engine = Engine(repository, placement=config.placement)
         dataplane = DataPlane(self.engine, self.version)
         self._http = HttpFrontEnd(dataplane, default_pool(), config.max_request_bytes)
+        self._grpc = GrpcFrontEnd(dataplane, config.max_request_bytes)
         await self.engine.start()
         self.http_port = await self._http.start(config.host, config.http_port)
+        self.grpc_port = await self._grpc.start(config.host, config.grpc_port)
         dataplane.started = True
         self._stopping = asyncio.Event()
         ready = [f"{e['name']} v{e['version']}" for e in self.engine.index()
                  if e["state"] == "READY"]
         failed = [f"{e['name']} ({e['reason']})" for e in self.engine.index()
                   if e["state"] != "READY"]
-        print(f"tensorgate {self.version}: HTTP on {config.host}:{self.http_port}; "
-              f"repository {repository}", flush=True)
+        print(f"tensorgate {self.version}: HTTP on {config.host}:{self.http_port}, gRPC on "
+              f"{config.host}:{self.grpc_port}; repository {repository}", flush=True)
         print(f"ready: {', '.join(ready) or 'no models'}", flush=True)
         if failed:
             print(f"not ready: {'; '.join(failed)}", flush=True)
-        print("gRPC, shared memory and metrics are not served yet (issue 4)", flush=True)
+        print("shared memory and metrics are not served yet (issue 4)", flush=True)
 
     async def stop(self) -> None:
         if self._http is not None:
@@ -70,6 +75,8 @@ class Server:
             await self.engine.shutdown(self.config.drain_timeout_s)
         if self._http is not None:                    # 4. close idle connections
             await self._http.close()
+        if self._grpc is not None:
+            await self._grpc.stop(grace_s=1.0)
 
     def request_stop(self) -> None:
         if self._stopping is not None:

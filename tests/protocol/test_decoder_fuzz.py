@@ -1,0 +1,58 @@
+"""Hypothesis against the HTTP and gRPC request decoders: any input either decodes into
+views that stay inside their bytes, or raises a TensorgateError — nothing else."""
+
+from __future__ import annotations
+
+import json
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from tritonclient.grpc import service_pb2 as pb
+
+from tensorgate.errors import TensorgateError
+from tensorgate.protocol.grpc_codec import decode_model_infer
+from tensorgate.protocol.infer_codec import decode_infer_body
+from tensorgate.tensor import CopyLedger
+
+DATATYPES = ["BOOL", "UINT8", "INT32", "INT64", "FP16", "BF16", "FP32", "FP64", "BYTES", "X"]
+dims = st.lists(st.integers(-2, 2**40), max_size=4)
+
+
+@settings(max_examples=300, deadline=None)
+@given(header=st.fixed_dictionaries({
+    "inputs": st.lists(st.fixed_dictionaries({
+        "name": st.sampled_from(["a", "b", ""]), "datatype": st.sampled_from(DATATYPES),
+        "shape": dims,
+        "parameters": st.fixed_dictionaries({"binary_data_size": st.integers(-1, 64)})}),
+        max_size=3)}), tail=st.binary(max_size=64), declared=st.none() | st.integers(0, 200))
+def test_http_decoder(header: dict, tail: bytes, declared: int | None) -> None:
+    head = json.dumps(header).encode()
+    body = bytearray(head + tail)
+    length = len(head) if declared is None else declared
+    try:
+        decoded = decode_infer_body(body, len(body), length, CopyLedger())
+    except TensorgateError:
+        return
+    for view in decoded.inputs.values():
+        assert view.offset + view.nbytes <= len(body)
+
+
+@settings(max_examples=300, deadline=None)
+@given(inputs=st.lists(st.tuples(st.sampled_from(["a", "b", ""]), st.sampled_from(DATATYPES),
+                                 dims, st.binary(max_size=48)), max_size=3),
+       raw=st.booleans(), fp32=st.lists(st.floats(width=32), max_size=8))
+def test_grpc_decoder(inputs: list, raw: bool, fp32: list[float]) -> None:
+    request = pb.ModelInferRequest(model_name="m")
+    for name, datatype, shape, data in inputs:
+        tensor = request.inputs.add(name=name, datatype=datatype)
+        tensor.shape.extend(shape)
+        if raw:
+            request.raw_input_contents.append(data)
+        else:
+            tensor.contents.fp32_contents.extend(fp32)
+    try:
+        decoded = decode_model_infer(request, CopyLedger())
+    except TensorgateError:
+        return
+    for view, data in zip(decoded.inputs.values(), request.raw_input_contents):
+        assert view.nbytes == len(data)
