@@ -20,7 +20,7 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", help="address to bind (default 127.0.0.1)")
     serve.add_argument("--http-port", type=int)
     serve.add_argument("--grpc-port", type=int)
-    serve.add_argument("--metrics-port", type=int, help="reserved: metrics are not served yet")
+    serve.add_argument("--metrics-port", type=int, help="Prometheus metrics (default 8002)")
     serve.add_argument("--allow-shared-memory", action="store_const", const=True,
                        help="reserved: shared memory is not served yet")
     serve.add_argument("--max-request-bytes", type=int,

@@ -18,7 +18,9 @@ from tensorgate.builtin.repository import default_repository
 from tensorgate.config import ServerConfig
 from tensorgate.dataplane import DataPlane
 from tensorgate.network.grpc import GrpcFrontEnd
+from tensorgate.metrics import render_metrics
 from tensorgate.network.http import HttpFrontEnd
+from tensorgate.network.metrics_http import MetricsFrontEnd
 from tensorgate.network.loop import run_loop
 from tensorgate.pipeline.engine import Engine
 from tensorgate.tensor.pool import default_pool
@@ -37,7 +39,9 @@ class Server:
         self.version = version or __version__
         self.http_port = 0
         self.grpc_port = 0
+        self.metrics_port = 0
         self._grpc: GrpcFrontEnd | None = None
+        self._metrics: MetricsFrontEnd | None = None
         self._stopping: asyncio.Event | None = None
         self.engine: Engine | None = None
         self._http: HttpFrontEnd | None = None
@@ -55,6 +59,9 @@ class Server:
         await self.engine.start()
         self.http_port = await self._http.start(config.host, config.http_port)
         self.grpc_port = await self._grpc.start(config.host, config.grpc_port)
+        engine = self.engine
+        self._metrics = MetricsFrontEnd(lambda: render_metrics(engine.model_statistics()))
+        self.metrics_port = await self._metrics.start(config.host, config.metrics_port)
         dataplane.started = True
         self._stopping = asyncio.Event()
         ready = [f"{e['name']} v{e['version']}" for e in self.engine.index()
@@ -62,11 +69,12 @@ class Server:
         failed = [f"{e['name']} ({e['reason']})" for e in self.engine.index()
                   if e["state"] != "READY"]
         print(f"tensorgate {self.version}: HTTP on {config.host}:{self.http_port}, gRPC on "
-              f"{config.host}:{self.grpc_port}; repository {repository}", flush=True)
+              f"{config.host}:{self.grpc_port}, metrics on {config.host}:{self.metrics_port}; "
+              f"repository {repository}", flush=True)
         print(f"ready: {', '.join(ready) or 'no models'}", flush=True)
         if failed:
             print(f"not ready: {'; '.join(failed)}", flush=True)
-        print("shared memory and metrics are not served yet (issue 4)", flush=True)
+        print("system shared memory is not served yet (issue 4)", flush=True)
 
     async def stop(self) -> None:
         if self._http is not None:
@@ -77,6 +85,8 @@ class Server:
             await self._http.close()
         if self._grpc is not None:
             await self._grpc.stop(grace_s=1.0)
+        if self._metrics is not None:
+            await self._metrics.close()
 
     def request_stop(self) -> None:
         if self._stopping is not None:

@@ -20,7 +20,8 @@ STARTUP_TIMEOUT_S = 90
 
 class RunningServer:
     def __init__(self, process: subprocess.Popen[str], port: int, grpc_port: int,
-                 log: pathlib.Path) -> None:
+                 metrics_port: int, log: pathlib.Path) -> None:
+        self.metrics_port = metrics_port
         self.process = process
         self.port = port
         self.url = f"127.0.0.1:{port}"
@@ -33,14 +34,16 @@ def start_server(repo: pathlib.Path, log: pathlib.Path, *extra: str) -> RunningS
     with log.open("w") as sink:
         process = subprocess.Popen(
             [sys.executable, "-m", "tensorgate", "serve", "--model-repository", str(repo),
-             "--http-port", "0", "--grpc-port", "0", "--host", "127.0.0.1", *extra],
+             "--http-port", "0", "--grpc-port", "0", "--metrics-port", "0",
+             "--host", "127.0.0.1", *extra],
             stdout=sink, stderr=subprocess.STDOUT, text=True, env=env)
     deadline = time.monotonic() + STARTUP_TIMEOUT_S
     while time.monotonic() < deadline:
-        match = re.search(r"HTTP on 127\.0\.0\.1:(\d+), gRPC on 127\.0\.0\.1:(\d+)",
-                          log.read_text())
+        match = re.search(r"HTTP on 127\.0\.0\.1:(\d+), gRPC on 127\.0\.0\.1:(\d+), "
+                          r"metrics on 127\.0\.0\.1:(\d+)", log.read_text())
         if match and "ready:" in log.read_text():
-            return RunningServer(process, int(match.group(1)), int(match.group(2)), log)
+            return RunningServer(process, int(match.group(1)), int(match.group(2)),
+                                 int(match.group(3)), log)
         if process.poll() is not None:
             raise RuntimeError(f"server exited with {process.returncode}:\n{log.read_text()}")
         time.sleep(0.1)

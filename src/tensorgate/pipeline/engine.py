@@ -292,6 +292,11 @@ class Engine:
             return [v.stats.as_dict() for _, v in sorted(self._models[name].items())]
         return [self._resolve(name, version).stats.as_dict()]
 
+    def model_statistics(self) -> list[tuple[ModelStatistics, int]]:
+        """Every loaded version's counters and its queued-request count (for metrics)."""
+        return [(v.stats, v.scheduler.pending) for n in sorted(self._models)
+                for _, v in sorted(self._models[n].items())]
+
     def pending(self, name: str) -> int:
         return sum(v.scheduler.pending for v in self._models.get(name, {}).values())
 

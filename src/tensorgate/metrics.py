@@ -1,0 +1,65 @@
+"""Prometheus text exposition with Triton's metric names, so existing dashboards keep working,
+plus tensorgate_copied_bytes_total. Counters are cumulative; latencies are µs, as Triton's."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from tensorgate.pipeline.stats import ModelStatistics
+from tensorgate.tensor.copies import process_copies
+
+__all__ = ["render_metrics"]
+
+_HELP = {
+    "nv_inference_request_success": ("counter", "Number of successful inference requests"),
+    "nv_inference_request_failure": ("counter", "Number of failed inference requests"),
+    "nv_inference_count": ("counter", "Number of inferences performed (batch N counts N)"),
+    "nv_inference_exec_count": ("counter", "Number of model executions (batches)"),
+    "nv_inference_pending_request_count": ("gauge", "Requests queued, not yet executing"),
+    "nv_inference_request_duration_us": ("counter", "Cumulative end-to-end request time (µs)"),
+    "nv_inference_queue_duration_us": ("counter", "Cumulative time requests waited (µs)"),
+    "nv_inference_compute_input_duration_us": ("counter", "Cumulative input time (µs)"),
+    "nv_inference_compute_infer_duration_us": ("counter", "Cumulative model time (µs)"),
+    "nv_inference_compute_output_duration_us": ("counter", "Cumulative output time (µs)"),
+    "tensorgate_copied_bytes_total": ("counter", "Tensor bytes the server copied"),
+}
+
+
+def _labels(**values: str) -> str:
+    inner = ",".join(f'{k}="{v.replace(chr(92), chr(92) * 2).replace(chr(34), chr(92) + chr(34))}"'
+                     for k, v in values.items())
+    return "{" + inner + "}"
+
+
+def render_metrics(models: Iterable[tuple[ModelStatistics, int]]) -> str:
+    """`models`: each version's statistics and its pending-request count."""
+    rows: dict[str, list[str]] = {name: [] for name in _HELP}
+    for stats, pending in models:
+        labels = _labels(model=stats.name, version=str(stats.version))
+        rows["nv_inference_request_success"].append(f"{labels} {stats.success.count}")
+        for reason in ("REJECTED", "CANCELED", "BACKEND", "OTHER"):
+            failed = stats.failures_by_reason.get(reason, 0)
+            rows["nv_inference_request_failure"].append(
+                f"{_labels(model=stats.name, version=str(stats.version), reason=reason)} {failed}")
+        rows["nv_inference_count"].append(f"{labels} {stats.inference_count}")
+        rows["nv_inference_exec_count"].append(f"{labels} {stats.execution_count}")
+        rows["nv_inference_pending_request_count"].append(f"{labels} {pending}")
+        total_ns = stats.success.ns + stats.fail.ns
+        rows["nv_inference_request_duration_us"].append(f"{labels} {total_ns // 1000}")
+        rows["nv_inference_queue_duration_us"].append(f"{labels} {stats.queue.ns // 1000}")
+        rows["nv_inference_compute_input_duration_us"].append(
+            f"{labels} {stats.compute_input.ns // 1000}")
+        rows["nv_inference_compute_infer_duration_us"].append(
+            f"{labels} {stats.compute_infer.ns // 1000}")
+        rows["nv_inference_compute_output_duration_us"].append(
+            f"{labels} {stats.compute_output.ns // 1000}")
+        rows["tensorgate_copied_bytes_total"].append(
+            f"{_labels(model=stats.name)} {stats.copied_bytes}")
+    rows["tensorgate_copied_bytes_total"].append(
+        f'{_labels(model="")} {process_copies().bytes}')  # the whole process, all models
+    out = []
+    for name, (kind, text) in _HELP.items():
+        out.append(f"# HELP {name} {text}")
+        out.append(f"# TYPE {name} {kind}")
+        out += [f"{name}{row}" for row in rows[name]]
+    return "\n".join(out) + "\n"

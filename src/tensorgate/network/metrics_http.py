@@ -1,0 +1,56 @@
+"""The metrics port: `GET /metrics` in Prometheus text; anything else is 404. One response
+per connection (Prometheus scrapes are rare and small)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+__all__ = ["MetricsFrontEnd"]
+
+_MAX_REQUEST = 8192
+
+
+class _Scrape(asyncio.Protocol):
+    def __init__(self, render: Callable[[], str]) -> None:
+        self._render = render
+        self._data = b""
+        self._transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        assert self._transport is not None
+        self._data += data
+        if b"\r\n\r\n" not in self._data:
+            if len(self._data) > _MAX_REQUEST:
+                self._transport.close()
+            return
+        line = self._data.split(b"\r\n", 1)[0].split()
+        if len(line) >= 2 and line[0] == b"GET" and line[1].split(b"?")[0] == b"/metrics":
+            body = self._render().encode()
+            status, kind = b"200 OK", b"text/plain; version=0.0.4; charset=utf-8"
+        else:
+            body, status, kind = b"not found: use GET /metrics\n", b"404 Not Found", b"text/plain"
+        self._transport.write(b"HTTP/1.1 " + status + b"\r\nContent-Type: " + kind +
+                              b"\r\nContent-Length: " + str(len(body)).encode() +
+                              b"\r\nConnection: close\r\n\r\n" + body)
+        self._transport.close()
+
+
+class MetricsFrontEnd:
+    def __init__(self, render: Callable[[], str]) -> None:
+        self._render = render
+        self._server: asyncio.base_events.Server | None = None
+
+    async def start(self, host: str, port: int) -> int:
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(lambda: _Scrape(self._render), host, port,
+                                                reuse_address=True)
+        return int(self._server.sockets[0].getsockname()[1])
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()

@@ -1,0 +1,54 @@
+"""The metrics port speaks Prometheus text with Triton's names and counts what happened."""
+
+from __future__ import annotations
+
+import re
+import urllib.request
+
+import numpy as np
+import tritonclient.http as httpclient
+
+from tests.e2e.conftest import RunningServer
+
+
+def scrape(server: RunningServer) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics",
+                                timeout=10) as response:
+        assert response.status == 200
+        assert response.headers["Content-Type"].startswith("text/plain")
+        return response.read().decode()
+
+
+def value(text: str, metric: str, **labels: str) -> float:
+    wanted = ",".join(f'{k}="{v}"' for k, v in labels.items())
+    match = re.search(rf"^{metric}\{{{re.escape(wanted)}\}} (\S+)$", text, re.M)
+    assert match, f"{metric}{{{wanted}}} not in:\n{text}"
+    return float(match.group(1))
+
+
+def test_metrics_count_requests(server: RunningServer) -> None:
+    before = scrape(server)
+    client = httpclient.InferenceServerClient(server.url)
+    item = httpclient.InferInput("INPUT__0", [1, 8], "FP32")
+    item.set_data_from_numpy(np.zeros((1, 8), np.float32))
+    for _ in range(3):
+        client.infer("linear", [item])
+    after = scrape(server)
+    labels = {"model": "linear", "version": "1"}
+    for metric in ("nv_inference_request_success", "nv_inference_count"):
+        assert value(after, metric, **labels) == value(before, metric, **labels) + 3
+    assert value(after, "nv_inference_exec_count", **labels) >= 1
+    assert value(after, "nv_inference_compute_infer_duration_us", **labels) > 0
+    assert value(after, "nv_inference_pending_request_count", **labels) == 0
+    assert value(after, "nv_inference_request_failure", **labels, reason="BACKEND") >= 0
+    assert "# TYPE tensorgate_copied_bytes_total counter" in after
+    assert value(after, "tensorgate_copied_bytes_total", model="linear") >= 0
+
+
+def test_other_paths_are_404(server: RunningServer) -> None:
+    try:
+        urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/other", timeout=10)
+    except urllib.error.HTTPError as error:
+        assert error.code == 404
+    else:
+        raise AssertionError("expected 404")
