@@ -22,7 +22,7 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--grpc-port", type=int)
     serve.add_argument("--metrics-port", type=int, help="Prometheus metrics (default 8002)")
     serve.add_argument("--allow-shared-memory", action="store_const", const=True,
-                       help="reserved: shared memory is not served yet")
+                       help="let clients register system shared-memory regions (off by default)")
     serve.add_argument("--max-request-bytes", type=int,
                        help="largest request body, after decompression (default 64 MiB)")
     serve.add_argument("--loop", choices=["auto", "asyncio", "uvloop"])

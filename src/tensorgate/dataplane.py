@@ -13,6 +13,7 @@ from tensorgate.pipeline.postprocess import topk_classify
 from tensorgate.protocol.infer_codec import DecodedRequest
 from tensorgate.repository.model_config import ModelSpec
 from tensorgate.tensor.copies import CopyLedger
+from tensorgate.tensor.shm import SharedMemoryRegistry
 from tensorgate.tensor.view import TensorView
 
 __all__ = ["EXTENSIONS", "DataPlane", "parse_version"]
@@ -32,10 +33,12 @@ def parse_version(text: str | None) -> int | None:
 
 
 class DataPlane:
-    def __init__(self, engine: Engine, version: str) -> None:
+    def __init__(self, engine: Engine, version: str, allow_shared_memory: bool = False) -> None:
         self.engine = engine
         self.version = version
         self.started = False
+        self.shm = SharedMemoryRegistry(allow_shared_memory)
+        self.extensions = EXTENSIONS + (["system_shared_memory"] if allow_shared_memory else [])
 
     # -- health and metadata ---------------------------------------------------------------
 
@@ -46,7 +49,7 @@ class DataPlane:
         return self.started and self.engine.is_serving()
 
     def server_metadata(self) -> dict[str, Any]:
-        return {"name": "tensorgate", "version": self.version, "extensions": EXTENSIONS}
+        return {"name": "tensorgate", "version": self.version, "extensions": self.extensions}
 
     def model_ready(self, name: str, version: str | None) -> bool:
         try:
@@ -89,8 +92,9 @@ class DataPlane:
 
     async def infer(self, name: str, version: str | None, decoded: DecodedRequest,
                     ledger: CopyLedger) -> tuple[InferenceResult, dict[str, TensorView],
-                                                 dict[str, bool]]:
-        """Run `decoded`; returns the result, the outputs to send and which go as binary."""
+                                                 dict[str, bool], dict[str, tuple[str, int, int]]]:
+        """Run `decoded`; returns the result, the outputs to send, which go as binary, and
+        which were written into shared-memory regions (region, offset, byte_size)."""
         number = parse_version(version)
         spec = self.engine.spec(name, number)
         inputs = _raw_input(spec, decoded) if decoded.raw_binary else decoded.inputs
@@ -101,6 +105,7 @@ class DataPlane:
             name, inputs, number, wanted, decoded.timeout_us, decoded.id, ledger))
         outputs = result.outputs
         binary = {n: decoded.binary_default or decoded.raw_binary for n in outputs}
+        in_shm: dict[str, tuple[str, int, int]] = {}
         for requested in decoded.outputs or ():
             if requested.binary is not None:
                 binary[requested.name] = requested.binary
@@ -108,7 +113,11 @@ class DataPlane:
                 outputs[requested.name] = _classify(spec, outputs[requested.name],
                                                     requested.classification, ledger,
                                                     self.engine.label_lines(name, requested.name))
-        return result, outputs, binary
+            if requested.shm is not None:
+                region, offset, size = requested.shm
+                self.shm.write_output(region, offset, size, outputs[requested.name], ledger)
+                in_shm[requested.name] = requested.shm
+        return result, outputs, binary, in_shm
 
 
 def _raw_input(spec: ModelSpec, decoded: DecodedRequest) -> dict[str, TensorView]:

@@ -53,7 +53,7 @@ class Server:
         sys.setswitchinterval(config.switch_interval_s)
         repository = config.model_repository or default_repository()
         self.engine = Engine(repository, placement=config.placement)
-        dataplane = DataPlane(self.engine, self.version)
+        dataplane = DataPlane(self.engine, self.version, config.allow_shared_memory)
         self._http = HttpFrontEnd(dataplane, default_pool(), config.max_request_bytes)
         self._grpc = GrpcFrontEnd(dataplane, config.max_request_bytes)
         await self.engine.start()
@@ -74,7 +74,9 @@ class Server:
         print(f"ready: {', '.join(ready) or 'no models'}", flush=True)
         if failed:
             print(f"not ready: {'; '.join(failed)}", flush=True)
-        print("system shared memory is not served yet (issue 4)", flush=True)
+        print(f"system shared memory: "
+              f"{'allowed' if config.allow_shared_memory else 'off (--allow-shared-memory)'}",
+              flush=True)
 
     async def stop(self) -> None:
         if self._http is not None:

@@ -78,6 +78,28 @@ class _Servicer(pb_grpc.GRPCInferenceServiceServicer):
             return statistics_message(self.dp.statistics(request.name, request.version))
         return await _answer(context, call)
 
+    async def SystemSharedMemoryRegister(self, request: Any, context: Any) -> Any:
+        async def call() -> pb.SystemSharedMemoryRegisterResponse:
+            self.dp.shm.register(request.name, request.key, request.offset, request.byte_size)
+            return pb.SystemSharedMemoryRegisterResponse()
+        return await _answer(context, call)
+
+    async def SystemSharedMemoryUnregister(self, request: Any, context: Any) -> Any:
+        async def call() -> pb.SystemSharedMemoryUnregisterResponse:
+            self.dp.shm.unregister(request.name or None)
+            return pb.SystemSharedMemoryUnregisterResponse()
+        return await _answer(context, call)
+
+    async def SystemSharedMemoryStatus(self, request: Any, context: Any) -> Any:
+        async def call() -> pb.SystemSharedMemoryStatusResponse:
+            response = pb.SystemSharedMemoryStatusResponse()
+            for region in self.dp.shm.status(request.name or None):
+                status = response.regions[region["name"]]
+                status.name, status.key = region["name"], region["key"]
+                status.offset, status.byte_size = region["offset"], region["byte_size"]
+            return response
+        return await _answer(context, call)
+
     async def RepositoryIndex(self, request: Any, context: Any) -> pb.RepositoryIndexResponse:
         entries = self.dp.repository_index(request.ready)
         index = pb.RepositoryIndexResponse.ModelIndex
@@ -100,11 +122,12 @@ class _Servicer(pb_grpc.GRPCInferenceServiceServicer):
     async def ModelInfer(self, request: Any, context: Any) -> pb.ModelInferResponse:
         async def call() -> pb.ModelInferResponse:
             ledger = CopyLedger()
-            decoded = decode_model_infer(request, ledger)
-            result, outputs, _ = await self.dp.infer(request.model_name, request.model_version,
-                                                     decoded, ledger)
+            decoded = decode_model_infer(request, ledger, self.dp.shm)
+            result, outputs, _, in_shm = await self.dp.infer(
+                request.model_name, request.model_version, decoded, ledger)
             return encode_model_infer(result.model, result.version, result.id, outputs, ledger,
-                                      bool(decoded.parameters.get("tensorgate_report_copies")))
+                                      bool(decoded.parameters.get("tensorgate_report_copies")),
+                                      in_shm)
         return await _answer(context, call)
 
 

@@ -424,17 +424,50 @@ async def _infer(dp: DataPlane, request: _Request, model: str, version: str) -> 
     if not length:
         raise InvalidArgumentError("the inference request has no body")
     header_length = _int_header(request.headers, "inference-header-content-length")
-    decoded = decode_infer_body(body, length, header_length, request.ledger)
-    result, outputs, binary = await dp.infer(model, version, decoded, request.ledger)
+    decoded = decode_infer_body(body, length, header_length, request.ledger, dp.shm)
+    result, outputs, binary, in_shm = await dp.infer(model, version, decoded, request.ledger)
     parameters = None
     if decoded.parameters.get("tensorgate_report_copies"):
         parameters = {"tensorgate_copied_bytes": request.ledger.bytes}
     head, tail = encode_infer_response(result.model, result.version, result.id, outputs,
-                                       binary, parameters)
+                                       binary, parameters, in_shm)
     if not tail:
         return 200, _JSON, [head]
     return 200, [("Content-Type", "application/octet-stream"),
                  ("Inference-Header-Content-Length", str(len(head)))], [head, *tail]
+
+
+async def _shm_status(dp: DataPlane, request: _Request, region: str = "") -> Any:
+    return _json(dp.shm.status(region or None))
+
+
+async def _shm_register(dp: DataPlane, request: _Request, region: str) -> Any:
+    body = _body_json(request)
+    dp.shm.register(region, body.get("key"), body.get("offset", 0), body.get("byte_size"))
+    return 200, _JSON, [b""]
+
+
+async def _shm_unregister(dp: DataPlane, request: _Request, region: str = "") -> Any:
+    dp.shm.unregister(region or None)
+    return 200, _JSON, [b""]
+
+
+def _shm_route(method: str, rest: list[str],
+               path: str) -> tuple[Handler, tuple[str, ...]] | tuple[int, str]:
+    """/v2/systemsharedmemory[/region/{r}]/{status,register,unregister}"""
+    region: tuple[str, ...] = ()
+    if len(rest) == 3 and rest[0] == "region":
+        region, rest = (rest[1],), rest[2:]
+    if len(rest) != 1:
+        return 404, f"no route for {path}"
+    action = rest[0]
+    if action == "status":
+        return (_shm_status, region) if method == "GET" else (405, "use GET")
+    if action == "register" and region:
+        return (_shm_register, region) if method == "POST" else (405, "use POST")
+    if action == "unregister":
+        return (_shm_unregister, region) if method == "POST" else (405, "use POST")
+    return 404, f"no route for {path}"
 
 
 _MODEL_ACTIONS: dict[str, tuple[str, Handler]] = {
@@ -464,8 +497,10 @@ def _route(method: str, path: str) -> tuple[Handler, tuple[str, ...]] | tuple[in
             if body[-1] in ("load", "unload") and len(body) in (3, 4):
                 return (_load if body[-1] == "load" else _unload), (body[-2],)
         return 404, f"no route for {path}"
-    if rest[0] in ("systemsharedmemory", "cudasharedmemory"):
-        return 501, f"{rest[0]} is not implemented on this server yet"
+    if rest[0] == "cudasharedmemory":
+        return 501, "CUDA shared memory is not implemented on this server yet"
+    if rest[0] == "systemsharedmemory":
+        return _shm_route(method, rest[1:], path)
     if rest[0] != "models":
         return 404, f"no route for {path}"
     rest = rest[1:]

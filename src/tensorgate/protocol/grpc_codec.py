@@ -14,9 +14,10 @@ from google.protobuf import json_format
 from tritonclient.grpc import service_pb2 as pb
 
 from tensorgate.errors import InvalidArgumentError, UnimplementedError
-from tensorgate.protocol.infer_codec import DecodedRequest, RequestedOutput
+from tensorgate.protocol.infer_codec import DecodedRequest, RequestedOutput, shm_parameters
 from tensorgate.tensor.copies import CopyLedger, record_copy
 from tensorgate.tensor.dtypes import datatype
+from tensorgate.tensor.shm import SharedMemoryRegistry
 from tensorgate.tensor.view import TensorView, checked_shape
 
 __all__ = ["decode_model_infer", "encode_model_infer", "parameter_value", "statistics_message"]
@@ -25,7 +26,6 @@ _CONTENTS = {"BOOL": "bool_contents", "INT8": "int_contents", "INT16": "int_cont
              "INT32": "int_contents", "INT64": "int64_contents", "UINT8": "uint_contents",
              "UINT16": "uint_contents", "UINT32": "uint_contents", "UINT64": "uint64_contents",
              "FP32": "fp32_contents", "FP64": "fp64_contents", "BYTES": "bytes_contents"}
-_SHM_KEYS = ("shared_memory_region", "shared_memory_byte_size", "shared_memory_offset")
 
 
 def parameter_value(parameter: pb.InferParameter) -> Any:
@@ -33,7 +33,12 @@ def parameter_value(parameter: pb.InferParameter) -> Any:
     return None if kind is None else getattr(parameter, kind)
 
 
-def decode_model_infer(request: pb.ModelInferRequest, ledger: CopyLedger) -> DecodedRequest:
+def _parameters(message: Any) -> dict[str, Any]:
+    return {k: parameter_value(v) for k, v in message.parameters.items()}
+
+
+def decode_model_infer(request: pb.ModelInferRequest, ledger: CopyLedger,
+                       shm: SharedMemoryRegistry | None = None) -> DecodedRequest:
     raw = request.raw_input_contents
     if raw and len(raw) != len(request.inputs):
         raise InvalidArgumentError(f"raw_input_contents has {len(raw)} entries for "
@@ -43,12 +48,17 @@ def decode_model_infer(request: pb.ModelInferRequest, ledger: CopyLedger) -> Dec
         name = item.name
         if not name:
             raise InvalidArgumentError("every input needs a name")
-        if any(key in item.parameters for key in _SHM_KEYS):
-            raise UnimplementedError(f"input '{name}' names a shared-memory region; shared "
-                                     "memory is not available on this server yet")
         dt = datatype(item.datatype, name)
         shape = checked_shape(list(item.shape), name)
-        if raw:
+        region = shm_parameters(_parameters(item), name)
+        if region is not None:
+            if shm is None:
+                raise UnimplementedError("shared memory is not available on this front end")
+            if raw and len(raw[index]):
+                raise InvalidArgumentError(f"input '{name}' names a shared-memory region and "
+                                           "also carries data")
+            view = shm.input_view(region[0], region[1], region[2], dt, shape, name, ledger)
+        elif raw:
             view = TensorView(raw[index], dt, shape, nbytes=len(raw[index]), name=name,
                               ledger=ledger)
         else:
@@ -58,7 +68,7 @@ def decode_model_infer(request: pb.ModelInferRequest, ledger: CopyLedger) -> Dec
         inputs[name] = view
     if not inputs:
         raise InvalidArgumentError("the request has no inputs")
-    parameters = {k: parameter_value(v) for k, v in request.parameters.items()}
+    parameters = _parameters(request)
     timeout = parameters.get("timeout")
     if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, int)
                                 or timeout < 0):
@@ -68,15 +78,13 @@ def decode_model_infer(request: pb.ModelInferRequest, ledger: CopyLedger) -> Dec
     if request.outputs:
         outputs = []
         for out in request.outputs:
-            if any(key in out.parameters for key in _SHM_KEYS):
-                raise UnimplementedError(f"output '{out.name}' names a shared-memory region; "
-                                         "shared memory is not available on this server yet")
+            region = shm_parameters(_parameters(out), out.name)
             k = parameter_value(out.parameters["classification"]) \
                 if "classification" in out.parameters else 0
             if isinstance(k, bool) or not isinstance(k, int) or k < 0:
                 raise InvalidArgumentError(f"output '{out.name}': classification must be a "
                                            "non-negative integer")
-            outputs.append(RequestedOutput(out.name, True, k))
+            outputs.append(RequestedOutput(out.name, True, k, region))
     return DecodedRequest(request.id, inputs, outputs, True, timeout, parameters)
 
 
@@ -104,7 +112,9 @@ def _from_contents(item: Any, name: str, shape: tuple[int, ...],
 
 def encode_model_infer(model: str, version: int, request_id: str,
                        outputs: dict[str, TensorView], ledger: CopyLedger,
-                       report_copies: bool = False) -> pb.ModelInferResponse:
+                       report_copies: bool = False,
+                       in_shm: dict[str, tuple[str, int, int]] | None = None
+                       ) -> pb.ModelInferResponse:
     """The response; with `report_copies`, parameter tensorgate_copied_bytes counts every
     copy made for this request, the encoding's own included."""
     response = pb.ModelInferResponse(model_name=model, model_version=str(version), id=request_id)
@@ -113,6 +123,13 @@ def encode_model_infer(model: str, version: int, request_id: str,
         tensor.name = name
         tensor.datatype = view.datatype.name
         tensor.shape.extend(view.shape)
+        if in_shm and name in in_shm:  # written into the client's region: an empty slot here
+            region, offset, size = in_shm[name]
+            tensor.parameters["shared_memory_region"].string_param = region
+            tensor.parameters["shared_memory_offset"].int64_param = offset
+            tensor.parameters["shared_memory_byte_size"].int64_param = size
+            response.raw_output_contents.append(b"")
+            continue
         data = view.memoryview().tobytes()
         record_copy(len(data), "encode", ledger)
         response.raw_output_contents.append(data)

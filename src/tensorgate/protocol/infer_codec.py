@@ -17,12 +17,11 @@ import numpy as np
 from tensorgate.errors import InvalidArgumentError, UnimplementedError
 from tensorgate.tensor.copies import CopyLedger, record_copy
 from tensorgate.tensor.dtypes import DataType, datatype
+from tensorgate.tensor.shm import SharedMemoryRegistry
 from tensorgate.tensor.view import TensorView, checked_shape
 
 __all__ = ["DecodedRequest", "RequestedOutput", "decode_infer_body", "encode_infer_response",
-           "json_error"]
-
-_SHM_KEYS = ("shared_memory_region", "shared_memory_byte_size", "shared_memory_offset")
+           "json_error", "shm_parameters"]
 
 
 @dataclass
@@ -30,6 +29,29 @@ class RequestedOutput:
     name: str
     binary: bool | None = None  # None: the request-level default decides
     classification: int = 0
+    shm: tuple[str, int, int] | None = None  # (region, offset, byte_size) to write it into
+
+
+def shm_parameters(parameters: dict[str, Any], tensor: str) -> tuple[str, int, int] | None:
+    """(region, offset, byte_size) from a tensor's shared_memory_* parameters, or None."""
+    region = parameters.get("shared_memory_region")
+    size = parameters.get("shared_memory_byte_size")
+    if region is None and size is None:
+        if "shared_memory_offset" in parameters:
+            raise InvalidArgumentError(f"tensor '{tensor}': shared_memory_offset without "
+                                       "shared_memory_region")
+        return None
+    if region is None or size is None:
+        raise InvalidArgumentError(f"tensor '{tensor}': shared_memory_region and "
+                                   "shared_memory_byte_size go together")
+    offset = parameters.get("shared_memory_offset", 0)
+    if not isinstance(region, str):
+        raise InvalidArgumentError(f"tensor '{tensor}': shared_memory_region must be a string")
+    for what, value in (("shared_memory_byte_size", size), ("shared_memory_offset", offset)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise InvalidArgumentError(f"tensor '{tensor}': {what} must be a non-negative "
+                                       "integer")
+    return region, offset, size
 
 
 @dataclass
@@ -68,7 +90,7 @@ def _timeout(parameters: dict[str, Any]) -> int | None:
 
 
 def decode_infer_body(body: Any, body_length: int, header_length: int | None,
-                      ledger: CopyLedger) -> DecodedRequest:
+                      ledger: CopyLedger, shm: SharedMemoryRegistry | None = None) -> DecodedRequest:
     """Decode a request body of `body_length` bytes held by `body` (a buffer).
 
     `header_length` is Inference-Header-Content-Length: None when the body is all JSON, 0 for
@@ -98,7 +120,7 @@ def decode_infer_body(body: Any, body_length: int, header_length: int | None,
     position = json_length
     for index, raw in enumerate(raw_inputs):
         view, position = _decode_input(_object(raw, f"input {index}"), body, body_length,
-                                       position, ledger)
+                                       position, ledger, shm)
         if view.name in inputs:
             raise _fail(f"input '{view.name}' appears twice in the request")
         inputs[view.name] = view
@@ -114,7 +136,8 @@ def decode_infer_body(body: Any, body_length: int, header_length: int | None,
 
 
 def _decode_input(raw: dict[str, Any], body: Any, body_length: int, position: int,
-                  ledger: CopyLedger) -> tuple[TensorView, int]:
+                  ledger: CopyLedger,
+                  shm: SharedMemoryRegistry | None) -> tuple[TensorView, int]:
     name = raw.get("name")
     if not isinstance(name, str) or not name:
         raise _fail("every input needs a 'name' string")
@@ -126,9 +149,13 @@ def _decode_input(raw: dict[str, Any], body: Any, body_length: int, position: in
         raise _fail(f"input '{name}' needs a 'shape' list")
     shape = checked_shape(shape_value, name)
     parameters = _parameters(raw.get("parameters"), f"input '{name}'")
-    if any(key in parameters for key in _SHM_KEYS):
-        raise UnimplementedError(f"input '{name}' names a shared-memory region; shared memory "
-                                 "is not available on this server yet")
+    region = shm_parameters(parameters, name)
+    if region is not None:
+        if "data" in raw or "binary_data_size" in parameters:
+            raise _fail(f"input '{name}' names a shared-memory region and also carries data")
+        if shm is None:
+            raise UnimplementedError("shared memory is not available on this front end")
+        return shm.input_view(region[0], region[1], region[2], dt, shape, name, ledger), position
     size = parameters.get("binary_data_size")
     if size is not None:
         if "data" in raw:
@@ -183,9 +210,7 @@ def _decode_outputs(raw: Any) -> list[RequestedOutput] | None:
         if not isinstance(name, str) or not name:
             raise _fail("every requested output needs a 'name' string")
         parameters = _parameters(item.get("parameters"), f"output '{name}'")
-        if any(key in parameters for key in _SHM_KEYS):
-            raise UnimplementedError(f"output '{name}' names a shared-memory region; shared "
-                                     "memory is not available on this server yet")
+        region = shm_parameters(parameters, name)
         binary = parameters.get("binary_data")
         if binary is not None and not isinstance(binary, bool):
             raise _fail(f"output '{name}': binary_data must be true or false")
@@ -193,20 +218,28 @@ def _decode_outputs(raw: Any) -> list[RequestedOutput] | None:
         if isinstance(classification, bool) or not isinstance(classification, int) \
                 or classification < 0:
             raise _fail(f"output '{name}': classification must be a non-negative integer")
-        outputs.append(RequestedOutput(name, binary, classification))
+        outputs.append(RequestedOutput(name, binary, classification, region))
     return outputs
 
 
 def encode_infer_response(model: str, version: int, request_id: str,
                           outputs: dict[str, TensorView], binary: dict[str, bool],
-                          parameters: dict[str, Any] | None = None) -> tuple[bytes, list[memoryview]]:
-    """(JSON header, tensor bytes to write after it) for an inference response."""
+                          parameters: dict[str, Any] | None = None,
+                          in_shm: dict[str, tuple[str, int, int]] | None = None
+                          ) -> tuple[bytes, list[memoryview]]:
+    """(JSON header, tensor bytes to write after it) for an inference response; outputs
+    already written to shared memory carry only their region."""
     entries = []
     tail: list[memoryview] = []
     for name, view in outputs.items():
         entry: dict[str, Any] = {"name": name, "datatype": view.datatype.name,
                                  "shape": list(view.shape)}
-        if binary.get(name, False):
+        if in_shm and name in in_shm:
+            region, offset, size = in_shm[name]
+            entry["parameters"] = {"shared_memory_region": region,
+                                   "shared_memory_offset": offset,
+                                   "shared_memory_byte_size": size}
+        elif binary.get(name, False):
             entry["parameters"] = {"binary_data_size": view.nbytes}
             tail.append(view.memoryview())
         else:

@@ -1,0 +1,132 @@
+"""System shared memory through tritonclient: inputs read in place, outputs written into the
+client's region, keys confined, bounds checked, unregister safe while a request runs."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+import tritonclient.http.aio as aioclient
+import tritonclient.utils.shared_memory as shm
+from tritonclient.utils import InferenceServerException
+
+from tensorgate.errors import UnavailableError
+from tensorgate.tensor.shm import SharedMemoryRegistry
+from tests.e2e.conftest import RunningServer
+
+VALUE = np.arange(12, dtype=np.float32).reshape(1, 3, 4)
+
+
+@pytest.fixture
+def regions():
+    """Input and output regions made the way clients make them; removed after the test."""
+    tag = uuid.uuid4().hex[:8]
+    made = []
+
+    def make(name: str, size: int) -> tuple[str, str, object]:
+        key = f"/tgtest_{tag}_{name}"
+        handle = shm.create_shared_memory_region(f"{name}_{tag}", key, size)
+        made.append(handle)
+        return f"{name}_{tag}", key, handle
+    yield make
+    for handle in made:
+        shm.destroy_shared_memory_region(handle)
+
+
+@pytest.mark.parametrize("module", [httpclient, grpcclient], ids=["http", "grpc"])
+def test_identity_through_shared_memory(server: RunningServer, regions, module) -> None:
+    url = server.url if module is httpclient else server.grpc_url
+    client = module.InferenceServerClient(url)
+    in_name, in_key, in_handle = regions("in", VALUE.nbytes)
+    out_name, out_key, out_handle = regions("out", VALUE.nbytes)
+    shm.set_shared_memory_region(in_handle, [VALUE])
+    client.register_system_shared_memory(in_name, in_key, VALUE.nbytes)
+    client.register_system_shared_memory(out_name, out_key, VALUE.nbytes)
+    try:
+        item = module.InferInput("INPUT__0", [1, 3, 4], "FP32")
+        item.set_shared_memory(in_name, VALUE.nbytes)
+        out = module.InferRequestedOutput("OUTPUT__0")
+        out.set_shared_memory(out_name, VALUE.nbytes)
+        result = client.infer("identity", [item], outputs=[out],
+                              parameters={"tensorgate_report_copies": True})
+        got = shm.get_contents_as_numpy(out_handle, np.float32, [1, 3, 4])
+        assert got.tobytes() == VALUE.tobytes()
+        response = result.get_response()
+        copied = (response["parameters"]["tensorgate_copied_bytes"] if module is httpclient
+                  else response.parameters["tensorgate_copied_bytes"].int64_param)
+        assert copied == VALUE.nbytes  # only the model's own output write into the region
+        status = client.get_system_shared_memory_status()
+        names = ({r["name"] for r in status} if module is httpclient
+                 else set(status.regions))
+        assert {in_name, out_name} <= names
+    finally:
+        client.unregister_system_shared_memory(in_name)
+        client.unregister_system_shared_memory(out_name)
+
+
+@pytest.mark.parametrize("key, message", [
+    ("/", r"the key must be one plain name"),
+    ("/a/b", r"the key must be one plain name"),
+    ("../etc/passwd", r"the key must be one plain name"),
+    ("/tensorgate_internal", r"the key is not allowed on this server"),
+    ("/triton_python_backend_shm_region_1", r"the key is not allowed on this server"),
+    ("/tgtest_does_not_exist_%s" % uuid.uuid4().hex[:6], r"the key cannot be opened"),
+])
+def test_hostile_keys_are_refused_without_echo(server: RunningServer, key: str,
+                                               message: str) -> None:
+    client = httpclient.InferenceServerClient(server.url)
+    with pytest.raises(InferenceServerException, match=message) as raised:
+        client.register_system_shared_memory("evil", key, 64)
+    assert raised.value.status() == "400"
+    plain = key.strip("/")
+    assert not plain or plain not in raised.value.message()  # keys never appear in errors
+
+
+def test_bounds_are_checked(server: RunningServer, regions) -> None:
+    client = httpclient.InferenceServerClient(server.url)
+    name, key, _ = regions("small", 64)
+    with pytest.raises(InferenceServerException, match=r"exceeds the object's 64 bytes"):
+        client.register_system_shared_memory(name, key, 64, offset=32)
+    client.register_system_shared_memory(name, key, 64)
+    try:
+        item = httpclient.InferInput("INPUT__0", [1, 3, 4], "FP32")
+        item.set_shared_memory(name, 48, offset=32)
+        with pytest.raises(InferenceServerException,
+                           match=r"48 bytes at offset 32 run past the 64-byte region"):
+            client.infer("identity", [item])
+        with pytest.raises(InferenceServerException, match=r"already registered"):
+            client.register_system_shared_memory(name, key, 64)
+    finally:
+        client.unregister_system_shared_memory(name)
+    item = httpclient.InferInput("INPUT__0", [1, 3, 4], "FP32")
+    item.set_shared_memory(name, 48)
+    with pytest.raises(InferenceServerException, match=rf"region '{name}' is not registered"):
+        client.infer("identity", [item])
+
+
+def test_unregister_while_a_request_runs(server: RunningServer, regions) -> None:
+    name, key, handle = regions("busy", 16)
+    value = np.ones((1, 4), np.float32)
+    shm.set_shared_memory_region(handle, [value])
+
+    async def scenario() -> object:
+        async with aioclient.InferenceServerClient(server.url) as client:
+            await client.register_system_shared_memory(name, key, 16)
+            item = aioclient.InferInput("INPUT__0", [1, 4], "FP32")
+            item.set_shared_memory(name, 16)
+            running = asyncio.ensure_future(client.infer("slow", [item]))
+            await asyncio.sleep(0.1)  # the slow model (0.3 s) now holds a view of the region
+            await client.unregister_system_shared_memory(name)
+            return await running
+    result = asyncio.run(asyncio.wait_for(scenario(), 60))
+    assert result.as_numpy("OUTPUT__0").tolist() == [[3.0, 3.0, 3.0, 3.0]]
+
+
+def test_disabled_registry_refuses() -> None:
+    registry = SharedMemoryRegistry(enabled=False)
+    with pytest.raises(UnavailableError, match=r"start it with --allow-shared-memory"):
+        registry.register("r", "/k", 0, 8)
