@@ -1,9 +1,10 @@
-"""tensorgate over HTTP (binary tensor extension) against the in-process engine, in one run.
+"""tensorgate over HTTP (binary tensor extension) and gRPC against the in-process engine.
 
 Starts `tensorgate serve` on the built-in repository, then for `identity` and `resnet50`:
-sequential batch-1 P50/P99 with a lean keep-alive socket client (its own CPU per request is
-measured and printed beside it), and QPS at 8 concurrent connections with `wrk` (Debian's
-package; its CPU use is printed too). Writes bench/results/server_bench.json.
+sequential batch-1 P50/P99 with a lean keep-alive socket client and with a raw grpcio stub
+(each client's own CPU per request is printed beside it), and QPS at 8 concurrent HTTP
+connections with `wrk` (Debian's package; its CPU use is printed too). The engine in-process
+is measured in the same run. Writes bench/results/server_bench.json.
 
     .venv/bin/python bench/server_bench.py [--quick]      (apt-get install wrk for the QPS part)
 """
@@ -125,6 +126,39 @@ def wrk_qps(port: int, model: str, raw: bytes, seconds: int, connections: int) -
             "wrk_cpu_share": cpu / seconds}
 
 
+def grpc_request(model: str) -> Any:
+    from tritonclient.grpc import service_pb2 as pb
+    tensor = np.random.default_rng(0).standard_normal((1, 3, 224, 224)).astype("<f4").tobytes()
+    request = pb.ModelInferRequest(model_name=model)
+    item = request.inputs.add(name="INPUT__0", datatype="FP32")
+    item.shape.extend([1, 3, 224, 224])
+    request.raw_input_contents.append(tensor)
+    return request
+
+
+def grpc_sequential(port: int, model: str, n: int) -> dict[str, float]:
+    """A raw grpcio stub with a prebuilt request message: as lean as a Python gRPC client is."""
+    import grpc
+    from tritonclient.grpc import service_pb2_grpc as pb_grpc
+    request = grpc_request(model)
+    options = [("grpc.max_receive_message_length", 1 << 26),
+               ("grpc.max_send_message_length", 1 << 26)]
+    with grpc.insecure_channel(f"127.0.0.1:{port}", options=options) as channel:
+        stub = pb_grpc.GRPCInferenceServiceStub(channel)
+        for _ in range(max(n // 10, 5)):
+            stub.ModelInfer(request)
+        samples = []
+        cpu_start = time.process_time()
+        for _ in range(n):
+            start = time.perf_counter_ns()
+            stub.ModelInfer(request)
+            samples.append(time.perf_counter_ns() - start)
+        client_cpu = (time.process_time() - cpu_start) / n
+    a = np.array(samples) / 1e3
+    return {"p50_us": float(np.percentile(a, 50)), "p99_us": float(np.percentile(a, 99)),
+            "n": n, "client_cpu_us_per_request": client_cpu * 1e6}
+
+
 async def engine_floor(repo: pathlib.Path, model: str, n: int) -> dict[str, float]:
     engine = Engine(repo, placement="auto")
     await engine.start([model])
@@ -140,19 +174,20 @@ async def engine_floor(repo: pathlib.Path, model: str, n: int) -> dict[str, floa
     return {"p50_us": float(np.percentile(a, 50)), "p99_us": float(np.percentile(a, 99)), "n": n}
 
 
-def start_server(repo: pathlib.Path) -> tuple[subprocess.Popen[str], int, float]:
+def start_server(repo: pathlib.Path) -> tuple[subprocess.Popen[str], int, int, float]:
     started = time.perf_counter()
     process = subprocess.Popen([sys.executable, "-m", "tensorgate", "serve", "--model-repository",
-                                str(repo), "--http-port", "0"], stdout=subprocess.PIPE,
+                                str(repo), "--http-port", "0", "--grpc-port", "0",
+                                "--metrics-port", "0"], stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT, text=True)
     assert process.stdout is not None
-    port = 0
+    port = grpc_port = 0
     for line in process.stdout:
-        match = re.search(r"HTTP on 127\.0\.0\.1:(\d+)", line)
+        match = re.search(r"HTTP on 127\.0\.0\.1:(\d+), gRPC on 127\.0\.0\.1:(\d+)", line)
         if match:
-            port = int(match.group(1))
+            port, grpc_port = int(match.group(1)), int(match.group(2))
         if line.startswith("ready:"):
-            return process, port, time.perf_counter() - started
+            return process, port, grpc_port, time.perf_counter() - started
     raise RuntimeError("the server did not start")
 
 
@@ -163,13 +198,14 @@ def main() -> None:
     repo = write_default_repository(pathlib.Path(tempfile.gettempdir()) / "tensorgate-bench-repo")
     counts = {"identity": 300 if args.quick else 3000, "resnet50": 20 if args.quick else 200}
     seconds = 3 if args.quick else 10
-    process, port, startup = start_server(repo)
+    process, port, grpc_port, startup = start_server(repo)
     rows: dict[str, Any] = {}
     try:
         for model, n in counts.items():
             raw = binary_request(model, port)
             rows[model] = {"http_sequential": sequential(port, raw, n),
-                           "http_8_connections": wrk_qps(port, model, raw, seconds, 8)}
+                           "http_8_connections": wrk_qps(port, model, raw, seconds, 8),
+                           "grpc_sequential": grpc_sequential(grpc_port, model, n)}
     finally:
         process.send_signal(signal.SIGTERM)
         process.wait(timeout=60)
@@ -183,9 +219,12 @@ def main() -> None:
     print(f"{'model':<10}{'path':<22}{'P50 µs':>11}{'P99 µs':>11}{'QPS':>9}  notes")
     for model, r in rows.items():
         e, h, w = r["engine_in_process"], r["http_sequential"], r["http_8_connections"]
+        g = r["grpc_sequential"]
         print(f"{model:<10}{'engine in-process':<22}{e['p50_us']:>11,.1f}{e['p99_us']:>11,.1f}")
         print(f"{model:<10}{'HTTP sequential':<22}{h['p50_us']:>11,.1f}{h['p99_us']:>11,.1f}"
               f"{'':>9}  client CPU {h['client_cpu_us_per_request']:.0f} µs/request")
+        print(f"{model:<10}{'gRPC sequential':<22}{g['p50_us']:>11,.1f}{g['p99_us']:>11,.1f}"
+              f"{'':>9}  client CPU {g['client_cpu_us_per_request']:.0f} µs/request")
         if "qps" in w:
             p99 = f"{w['p99_us']:>11,.1f}" if w["p99_us"] else f"{'':>11}"
             print(f"{model:<10}{'HTTP 8 connections':<22}{'':>11}{p99}{w['qps']:>9,.0f}"
