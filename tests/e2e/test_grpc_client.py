@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -14,8 +15,9 @@ from tests.e2e.conftest import RunningServer
 
 
 @pytest.fixture
-def client(server: RunningServer) -> grpcclient.InferenceServerClient:
-    return grpcclient.InferenceServerClient(server.grpc_url)
+def client(server: RunningServer) -> Iterator[grpcclient.InferenceServerClient]:
+    with grpcclient.InferenceServerClient(server.grpc_url) as connected:
+        yield connected
 
 
 def _input(value: np.ndarray, name: str = "INPUT__0", module=grpcclient) -> object:

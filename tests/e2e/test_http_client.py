@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -15,8 +16,9 @@ from tests.pipeline import repo_builder as rb
 
 
 @pytest.fixture
-def client(server: RunningServer) -> httpclient.InferenceServerClient:
-    return httpclient.InferenceServerClient(server.url, network_timeout=30)
+def client(server: RunningServer) -> Iterator[httpclient.InferenceServerClient]:
+    with httpclient.InferenceServerClient(server.url, network_timeout=30) as connected:
+        yield connected
 
 
 def _input(name: str, value: np.ndarray, binary: bool = True) -> httpclient.InferInput:
@@ -156,3 +158,13 @@ def test_queue_full_is_503(server: RunningServer) -> None:
     assert served and refused, outcomes
     assert all(o.status() == "503" and "Exceeds maximum queue size" in o.message()
                for o in refused)
+
+
+@pytest.mark.parametrize("algorithm", ["gzip", "deflate"])
+def test_compressed_requests_and_responses(client: httpclient.InferenceServerClient,
+                                           algorithm: str) -> None:
+    value = np.random.default_rng(3).standard_normal((1, 3, 4)).astype(np.float32)
+    result = client.infer("identity", [_input("INPUT__0", value)],
+                          request_compression_algorithm=algorithm,
+                          response_compression_algorithm=algorithm)
+    assert result.as_numpy("OUTPUT__0").tobytes() == value.tobytes()

@@ -62,11 +62,12 @@ def identity_header(size: int, shape: list[int] | None = None, datatype: str = "
 
 
 def still_serving(server: RunningServer) -> None:
-    client = httpclient.InferenceServerClient(server.url, network_timeout=30)
     value = np.arange(12, dtype=np.float32).reshape(1, 3, 4)
     item = httpclient.InferInput("INPUT__0", [1, 3, 4], "FP32")
     item.set_data_from_numpy(value)
-    assert client.infer("identity", [item]).as_numpy("OUTPUT__0").tobytes() == value.tobytes()
+    with httpclient.InferenceServerClient(server.url, network_timeout=30) as client:
+        assert client.infer("identity", [item]).as_numpy("OUTPUT__0").tobytes() == \
+            value.tobytes()
 
 
 def error_of(body: bytes) -> str:

@@ -28,11 +28,11 @@ def value(text: str, metric: str, **labels: str) -> float:
 
 def test_metrics_count_requests(server: RunningServer) -> None:
     before = scrape(server)
-    client = httpclient.InferenceServerClient(server.url)
     item = httpclient.InferInput("INPUT__0", [1, 8], "FP32")
     item.set_data_from_numpy(np.zeros((1, 8), np.float32))
-    for _ in range(3):
-        client.infer("linear", [item])
+    with httpclient.InferenceServerClient(server.url) as client:
+        for _ in range(3):
+            client.infer("linear", [item])
     after = scrape(server)
     labels = {"model": "linear", "version": "1"}
     for metric in ("nv_inference_request_success", "nv_inference_count"):
@@ -49,6 +49,7 @@ def test_other_paths_are_404(server: RunningServer) -> None:
     try:
         urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/other", timeout=10)
     except urllib.error.HTTPError as error:
+        error.close()
         assert error.code == 404
     else:
         raise AssertionError("expected 404")

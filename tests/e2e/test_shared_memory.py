@@ -40,7 +40,11 @@ def regions():
 @pytest.mark.parametrize("module", [httpclient, grpcclient], ids=["http", "grpc"])
 def test_identity_through_shared_memory(server: RunningServer, regions, module) -> None:
     url = server.url if module is httpclient else server.grpc_url
-    client = module.InferenceServerClient(url)
+    with module.InferenceServerClient(url) as client:
+        _identity_through_shm(client, module, regions)
+
+
+def _identity_through_shm(client, module, regions) -> None:
     in_name, in_key, in_handle = regions("in", VALUE.nbytes)
     out_name, out_key, out_handle = regions("out", VALUE.nbytes)
     shm.set_shared_memory_region(in_handle, [VALUE])
@@ -78,8 +82,8 @@ def test_identity_through_shared_memory(server: RunningServer, regions, module) 
 ])
 def test_hostile_keys_are_refused_without_echo(server: RunningServer, key: str,
                                                message: str) -> None:
-    client = httpclient.InferenceServerClient(server.url)
-    with pytest.raises(InferenceServerException, match=message) as raised:
+    with httpclient.InferenceServerClient(server.url) as client, \
+            pytest.raises(InferenceServerException, match=message) as raised:
         client.register_system_shared_memory("evil", key, 64)
     assert raised.value.status() == "400"
     plain = key.strip("/")
@@ -87,7 +91,11 @@ def test_hostile_keys_are_refused_without_echo(server: RunningServer, key: str,
 
 
 def test_bounds_are_checked(server: RunningServer, regions) -> None:
-    client = httpclient.InferenceServerClient(server.url)
+    with httpclient.InferenceServerClient(server.url) as client:
+        _bounds(client, regions)
+
+
+def _bounds(client, regions) -> None:
     name, key, _ = regions("small", 64)
     with pytest.raises(InferenceServerException, match=r"exceeds the object's 64 bytes"):
         client.register_system_shared_memory(name, key, 64, offset=32)

@@ -431,10 +431,36 @@ async def _infer(dp: DataPlane, request: _Request, model: str, version: str) -> 
         parameters = {"tensorgate_copied_bytes": request.ledger.bytes}
     head, tail = encode_infer_response(result.model, result.version, result.id, outputs,
                                        binary, parameters, in_shm)
-    if not tail:
-        return 200, _JSON, [head]
-    return 200, [("Content-Type", "application/octet-stream"),
-                 ("Inference-Header-Content-Length", str(len(head)))], [head, *tail]
+    headers = _JSON if not tail else [("Content-Type", "application/octet-stream"),
+                                      ("Inference-Header-Content-Length", str(len(head)))]
+    encoding = _accepted_encoding(request.headers.get("accept-encoding", ""))
+    if encoding is None:
+        return 200, headers, [head, *tail]
+    # Compressing reads every tensor byte into a new buffer: a copy, counted. The
+    # Inference-Header-Content-Length stays the uncompressed JSON length, as Triton's does.
+    packer = zlib.compressobj(wbits=16 + zlib.MAX_WBITS if encoding == "gzip" else zlib.MAX_WBITS)
+    packed = b"".join([packer.compress(head), *(packer.compress(t) for t in tail),
+                       packer.flush()])
+    record_copy(len(head) + sum(t.nbytes for t in tail), "encode", request.ledger)
+    return 200, [*headers, ("Content-Encoding", encoding)], [packed]
+
+
+def _accepted_encoding(accept: str) -> str | None:
+    """gzip or deflate when the client accepts it (q > 0), else None (identity)."""
+    offered = {}
+    for item in accept.lower().split(","):
+        name, _, params = item.strip().partition(";")
+        q = 1.0
+        if params.strip().startswith("q="):
+            try:
+                q = float(params.strip()[2:])
+            except ValueError:
+                q = 0.0
+        offered[name.strip()] = q
+    for name in ("gzip", "deflate"):
+        if offered.get(name, 0.0) > 0:
+            return name
+    return None
 
 
 async def _shm_status(dp: DataPlane, request: _Request, region: str = "") -> Any:
