@@ -22,7 +22,7 @@ from typing import Any
 import httptools
 
 from tensorgate.dataplane import DataPlane
-from tensorgate.errors import InvalidArgumentError, NotFoundError, TensorgateError
+from tensorgate.errors import InvalidArgumentError, TensorgateError
 from tensorgate.protocol.infer_codec import decode_infer_body, encode_infer_response, json_error
 from tensorgate.protocol.status import codes_for
 from tensorgate.tensor.copies import CopyLedger, record_copy

@@ -15,6 +15,7 @@ this thread; intra-op threads default to one fewer than the cores so the loop ke
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import queue
@@ -202,7 +203,7 @@ class ExecutorThread:
 
     def _on_stream(self) -> Any:
         if self._stream is None:
-            return _nullcontext()
+            return contextlib.nullcontext()
         return torch.cuda.stream(self._stream)
 
     def _execute(self, batch: Batch) -> None:
@@ -307,14 +308,6 @@ class ExecutorThread:
         if self.settings.device.type == "cuda":
             torch.cuda.synchronize(self.settings.device)
             torch.cuda.empty_cache()
-
-
-class _nullcontext:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None
 
 
 def _cpu_text(cpus: frozenset[int]) -> str:
