@@ -81,10 +81,11 @@ class HttpFrontEnd:
 
 
 class _Request:
-    __slots__ = ("method", "path", "headers", "body", "length", "ledger", "limit")
+    __slots__ = ("method", "path", "headers", "body", "length", "json_length", "ledger", "limit")
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
+        self.json_length: int | None = None  # Inference-Header-Content-Length
         self.method = ""
         self.path = ""
         self.headers: dict[str, str] = {}
@@ -157,9 +158,6 @@ class _Connection(asyncio.BufferedProtocol):
         elif self._headers_done and self._chunked is None:
             self._in_body = True  # the rest of the body goes straight into its buffer
 
-    def eof_received(self) -> bool | None:
-        return None
-
     # -- httptools callbacks ---------------------------------------------------------------
 
     def on_url(self, url: bytes) -> None:
@@ -174,6 +172,10 @@ class _Connection(asyncio.BufferedProtocol):
         request.method = self._parser.get_method().decode()
         request.path = httptools.parse_url(self._url).path.decode("latin-1")
         self._keep_alive = self._parser.should_keep_alive()
+        try:
+            request.json_length = _int_header(request.headers, "inference-header-content-length")
+        except InvalidArgumentError as error:
+            raise _Refusal(400, error.message) from None
         limit = self.front.max_request_bytes
         length_text = request.headers.get("content-length")
         if length_text is None:
@@ -185,14 +187,10 @@ class _Connection(asyncio.BufferedProtocol):
             raise _Refusal(413, f"request body of {length} bytes exceeds the {limit}-byte "
                                 "limit (--max-request-bytes)")
         request.length = length
-        try:
-            self._json_bytes = _int_header(request.headers, "inference-header-content-length")
-        except InvalidArgumentError as error:
-            raise _Refusal(400, error.message) from None
         if length:
             # Start the body so that the byte after the JSON header — the first tensor — lands
             # on a 64-byte boundary: binary inputs then need no realigning copy.
-            pad = (-(self._json_bytes or 0)) % ALIGNMENT
+            pad = (-(request.json_length or 0)) % ALIGNMENT
             buffer = memoryview(self.front.pool.acquire(length + pad)).cast("B")
             self._body_memory = buffer[pad:pad + length]
             request.body = self._body_memory
@@ -208,7 +206,8 @@ class _Connection(asyncio.BufferedProtocol):
         start = self._received
         self._body_memory[start:start + len(data)] = data
         self._received += len(data)
-        json_end = self._json_bytes if self._json_bytes is not None else self._request.length
+        json_length = self._request.json_length
+        json_end = json_length if json_length is not None else self._request.length
         tensor_bytes = self._received - max(start, json_end)
         if tensor_bytes > 0:  # tensor bytes were moved, not just the JSON header
             record_copy(tensor_bytes, "receive", self._request.ledger)
@@ -232,7 +231,6 @@ class _Connection(asyncio.BufferedProtocol):
         self._in_body = False
         self._chunked: bytearray | None = None
         self._body_memory: memoryview | None = None
-        self._json_bytes: int | None = None
         self._received = 0
         self._head_bytes = 0
         self._complete = False
@@ -423,8 +421,7 @@ async def _infer(dp: DataPlane, request: _Request, model: str, version: str) -> 
     body, length = _decompressed(request, request.limit)
     if not length:
         raise InvalidArgumentError("the inference request has no body")
-    header_length = _int_header(request.headers, "inference-header-content-length")
-    decoded = decode_infer_body(body, length, header_length, request.ledger, dp.shm)
+    decoded = decode_infer_body(body, length, request.json_length, request.ledger, dp.shm)
     result, outputs, binary, in_shm = await dp.infer(model, version, decoded, request.ledger)
     parameters = None
     if decoded.parameters.get("tensorgate_report_copies"):

@@ -187,16 +187,15 @@ class ExecutorThread:
         assert runner is not None
         # Batch 1 only: on CPU a warm-up at max_batch_size (64 × ResNet-50) costs seconds of
         # start-up for little; on a GPU, graph capture below runs every batch size anyway.
-        for rows in (1,):
-            inputs = warmup_inputs(s.spec, rows, s.device)
-            if inputs is None:
-                log.info("model %s: a BYTES input, so no warm-up", s.spec.name)
-                return
-            try:
-                runner.run(inputs)
-            except Exception as error:
-                raise InternalError(f"model '{s.spec.name}' failed its warm-up at batch {rows} "
-                                    f"with {type(error).__name__}: {error}") from error
+        inputs = warmup_inputs(s.spec, 1, s.device)
+        if inputs is None:
+            log.info("model %s: a BYTES input, so no warm-up", s.spec.name)
+            return
+        try:
+            runner.run(inputs)
+        except Exception as error:
+            raise InternalError(f"model '{s.spec.name}' failed its warm-up at batch 1 with "
+                                f"{type(error).__name__}: {error}") from error
         if s.device.type == "cuda" and s.cuda_graphs and runner.module is not None:
             self._graphs = GraphSet.capture(runner.run, s.spec, s.device, self._stream,
                                             graph_batch_sizes(s.spec))
@@ -248,6 +247,8 @@ class ExecutorThread:
 
     def _gather(self, batch: Batch) -> dict[str, Any]:
         items = batch.items
+        if len(items) == 1:  # the common batch of one: its own tensors, nothing to build
+            return items[0].inputs
         ledgers = [item.ledger for item in items]
         return {spec.name: gather_rows([item.inputs[spec.name] for item in items], ledgers,
                                        self._pool)

@@ -14,7 +14,9 @@ from google.protobuf import json_format
 from tritonclient.grpc import service_pb2 as pb
 
 from tensorgate.errors import InvalidArgumentError, UnimplementedError
-from tensorgate.protocol.infer_codec import DecodedRequest, RequestedOutput, shm_parameters
+from tensorgate.protocol.infer_codec import (DecodedRequest, RequestedOutput,
+                                             classification_count, request_timeout,
+                                             shm_parameters)
 from tensorgate.tensor.copies import CopyLedger, record_copy
 from tensorgate.tensor.dtypes import datatype
 from tensorgate.tensor.shm import SharedMemoryRegistry
@@ -69,23 +71,16 @@ def decode_model_infer(request: pb.ModelInferRequest, ledger: CopyLedger,
     if not inputs:
         raise InvalidArgumentError("the request has no inputs")
     parameters = _parameters(request)
-    timeout = parameters.get("timeout")
-    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, int)
-                                or timeout < 0):
-        raise InvalidArgumentError("request parameter 'timeout' must be a non-negative integer "
-                                   "of microseconds")
     outputs = None
     if request.outputs:
         outputs = []
         for out in request.outputs:
-            region = shm_parameters(_parameters(out), out.name)
-            k = parameter_value(out.parameters["classification"]) \
-                if "classification" in out.parameters else 0
-            if isinstance(k, bool) or not isinstance(k, int) or k < 0:
-                raise InvalidArgumentError(f"output '{out.name}': classification must be a "
-                                           "non-negative integer")
-            outputs.append(RequestedOutput(out.name, True, k, region))
-    return DecodedRequest(request.id, inputs, outputs, True, timeout, parameters)
+            out_parameters = _parameters(out)
+            outputs.append(RequestedOutput(out.name, True,
+                                           classification_count(out_parameters, out.name),
+                                           shm_parameters(out_parameters, out.name)))
+    return DecodedRequest(request.id, inputs, outputs, True, request_timeout(parameters),
+                          parameters)
 
 
 def _from_contents(item: Any, name: str, shape: tuple[int, ...],

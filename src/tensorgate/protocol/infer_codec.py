@@ -20,8 +20,8 @@ from tensorgate.tensor.dtypes import DataType, datatype
 from tensorgate.tensor.shm import SharedMemoryRegistry
 from tensorgate.tensor.view import TensorView, checked_shape
 
-__all__ = ["DecodedRequest", "RequestedOutput", "decode_infer_body", "encode_infer_response",
-           "json_error", "shm_parameters"]
+__all__ = ["DecodedRequest", "RequestedOutput", "classification_count", "decode_infer_body",
+           "encode_infer_response", "json_error", "request_timeout", "shm_parameters"]
 
 
 @dataclass
@@ -48,7 +48,7 @@ def shm_parameters(parameters: dict[str, Any], tensor: str) -> tuple[str, int, i
     if not isinstance(region, str):
         raise InvalidArgumentError(f"tensor '{tensor}': shared_memory_region must be a string")
     for what, value in (("shared_memory_byte_size", size), ("shared_memory_offset", offset)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        if not _is_count(value):
             raise InvalidArgumentError(f"tensor '{tensor}': {what} must be a non-negative "
                                        "integer")
     return region, offset, size
@@ -79,14 +79,26 @@ def _parameters(value: Any, what: str) -> dict[str, Any]:
     return {} if value is None else _object(value, f"'parameters' of {what}")
 
 
-def _timeout(parameters: dict[str, Any]) -> int | None:
+def _is_count(value: Any) -> bool:
+    """A non-negative integer (JSON and protobuf both hand bools over as ints)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def request_timeout(parameters: dict[str, Any]) -> int | None:
+    """The request's `timeout` parameter in µs (None when absent), checked."""
     value = parameters.get("timeout")
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+    if value is not None and not _is_count(value):
         raise _fail(f"request parameter 'timeout' must be a non-negative integer of "
                     f"microseconds, got {value!r}")
     return value
+
+
+def classification_count(parameters: dict[str, Any], output: str) -> int:
+    """An output's `classification` parameter (0: none), checked."""
+    value = parameters.get("classification", 0)
+    if not _is_count(value):
+        raise _fail(f"output '{output}': classification must be a non-negative integer")
+    return int(value)
 
 
 def decode_infer_body(body: Any, body_length: int, header_length: int | None,
@@ -131,8 +143,8 @@ def decode_infer_body(body: Any, body_length: int, header_length: int | None,
     binary_default = parameters.get("binary_data_output", False)
     if not isinstance(binary_default, bool):
         raise _fail("request parameter 'binary_data_output' must be true or false")
-    return DecodedRequest(request_id, inputs, outputs, binary_default, _timeout(parameters),
-                          parameters)
+    return DecodedRequest(request_id, inputs, outputs, binary_default,
+                          request_timeout(parameters), parameters)
 
 
 def _decode_input(raw: dict[str, Any], body: Any, body_length: int, position: int,
@@ -160,7 +172,7 @@ def _decode_input(raw: dict[str, Any], body: Any, body_length: int, position: in
     if size is not None:
         if "data" in raw:
             raise _fail(f"input '{name}' has both 'data' and binary_data_size")
-        if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+        if not _is_count(size):
             raise _fail(f"input '{name}': binary_data_size must be a non-negative integer")
         if position + size > body_length:
             raise _fail(f"input '{name}': binary_data_size {size} at byte {position} runs past "
@@ -178,8 +190,7 @@ def _json_tensor(data: Any, dt: DataType, shape: tuple[int, ...], name: str,
     for dim in shape:
         count *= dim
     if dt.is_bytes:
-        flat = np.array(data, dtype=object).reshape(-1) if data != [] else np.empty(0, object)
-        values = flat
+        values = np.array(data, dtype=object).reshape(-1) if data != [] else np.empty(0, object)
     elif dt.numpy is None:
         raise _fail(f"input '{name}': {dt.name} cannot travel as JSON; send it as binary data")
     else:
@@ -214,11 +225,8 @@ def _decode_outputs(raw: Any) -> list[RequestedOutput] | None:
         binary = parameters.get("binary_data")
         if binary is not None and not isinstance(binary, bool):
             raise _fail(f"output '{name}': binary_data must be true or false")
-        classification = parameters.get("classification", 0)
-        if isinstance(classification, bool) or not isinstance(classification, int) \
-                or classification < 0:
-            raise _fail(f"output '{name}': classification must be a non-negative integer")
-        outputs.append(RequestedOutput(name, binary, classification, region))
+        outputs.append(RequestedOutput(name, binary, classification_count(parameters, name),
+                                       region))
     return outputs
 
 
