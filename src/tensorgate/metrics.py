@@ -7,6 +7,7 @@ from collections.abc import Iterable
 
 from tensorgate.pipeline.stats import ModelStatistics
 from tensorgate.tensor.copies import process_copies
+from tensorgate.tensor.pool import PoolStatistics
 
 __all__ = ["render_metrics"]
 
@@ -22,6 +23,10 @@ _HELP = {
     "nv_inference_compute_infer_duration_us": ("counter", "Cumulative model time (µs)"),
     "nv_inference_compute_output_duration_us": ("counter", "Cumulative output time (µs)"),
     "tensorgate_copied_bytes_total": ("counter", "Tensor bytes the server copied"),
+    "tensorgate_pool_bytes": ("gauge", "Host buffer pool bytes by state (in_use, idle)"),
+    "tensorgate_pool_limit_bytes": ("gauge", "Host buffer pool bounds (held, idle)"),
+    "tensorgate_pool_acquires_total": ("counter", "Pool acquisitions by result (hit, miss)"),
+    "tensorgate_pool_evictions_total": ("counter", "Pooled buffers freed to stay in bounds"),
 }
 
 
@@ -31,8 +36,10 @@ def _labels(**values: str) -> str:
     return "{" + inner + "}"
 
 
-def render_metrics(models: Iterable[tuple[ModelStatistics, int]]) -> str:
-    """`models`: each version's statistics and its pending-request count."""
+def render_metrics(models: Iterable[tuple[ModelStatistics, int]],
+                   pool: PoolStatistics | None = None) -> str:
+    """`models`: each version's statistics and its pending-request count; `pool`: the host
+    buffer pool's, when there is one to report."""
     rows: dict[str, list[str]] = {name: [] for name in _HELP}
     for stats, pending in models:
         labels = _labels(model=stats.name, version=str(stats.version))
@@ -57,8 +64,18 @@ def render_metrics(models: Iterable[tuple[ModelStatistics, int]]) -> str:
             f"{_labels(model=stats.name)} {stats.copied_bytes}")
     rows["tensorgate_copied_bytes_total"].append(
         f'{_labels(model="")} {process_copies().bytes}')  # the whole process, all models
+    if pool is not None:
+        rows["tensorgate_pool_bytes"] += [f"{_labels(state='in_use')} {pool.bytes_in_use}",
+                                          f"{_labels(state='idle')} {pool.bytes_idle}"]
+        rows["tensorgate_pool_limit_bytes"] += [f"{_labels(bound='held')} {pool.limit_bytes}",
+                                                f"{_labels(bound='idle')} {pool.idle_limit_bytes}"]
+        rows["tensorgate_pool_acquires_total"] += [f"{_labels(result='hit')} {pool.hits}",
+                                                   f"{_labels(result='miss')} {pool.misses}"]
+        rows["tensorgate_pool_evictions_total"].append(f" {pool.evictions}")
     out = []
     for name, (kind, text) in _HELP.items():
+        if not rows[name]:
+            continue
         out.append(f"# HELP {name} {text}")
         out.append(f"# TYPE {name} {kind}")
         out += [f"{name}{row}" for row in rows[name]]

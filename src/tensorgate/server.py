@@ -60,7 +60,8 @@ class Server:
         self.http_port = await self._http.start(config.host, config.http_port)
         self.grpc_port = await self._grpc.start(config.host, config.grpc_port)
         engine = self.engine
-        self._metrics = MetricsFrontEnd(lambda: render_metrics(engine.model_statistics()))
+        self._metrics = MetricsFrontEnd(lambda: render_metrics(
+            engine.model_statistics(), engine.pool_statistics()))
         self.metrics_port = await self._metrics.start(config.host, config.metrics_port)
         dataplane.started = True
         self._stopping = asyncio.Event()

@@ -43,6 +43,19 @@ def test_metrics_count_requests(server: RunningServer) -> None:
     assert value(after, "nv_inference_request_failure", **labels, reason="BACKEND") >= 0
     assert "# TYPE tensorgate_copied_bytes_total counter" in after
     assert value(after, "tensorgate_copied_bytes_total", model="linear") >= 0
+    # a body larger than a header window is received into a pooled buffer; what the pool
+    # keeps idle stays under its own bound
+    large = httpclient.InferInput("INPUT__0", [16, 3, 4], "FP32")
+    large.set_data_from_numpy(np.ones((16, 3, 4), np.float32))
+    with httpclient.InferenceServerClient(server.url) as client:
+        for _ in range(2):
+            client.infer("identity", [large])
+    after = scrape(server)
+    hits, misses = (value(after, "tensorgate_pool_acquires_total", result=r) for r in ("hit", "miss"))
+    assert hits + misses >= 2 and hits >= 1
+    assert value(after, "tensorgate_pool_bytes", state="idle") <= value(
+        after, "tensorgate_pool_limit_bytes", bound="idle")
+    assert re.search(r"^tensorgate_pool_evictions_total \d+$", after, re.M)
 
 
 def test_other_paths_are_404(server: RunningServer) -> None:

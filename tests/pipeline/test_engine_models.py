@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import pathlib
 
+import numpy as np
 import torch
 
 from tensorgate import Engine, InferenceRequest, TensorView
@@ -117,5 +118,42 @@ def test_requested_outputs_and_stage_times(repo: pathlib.Path) -> None:
         assert times["queue"] >= 0 and times["compute_output"] >= 0
         stats = engine.statistics("linear")[0]["inference_stats"]
         assert stats["success"]["count"] == 1 and stats["compute_infer"]["ns"] > 0
+        await engine.shutdown()
+    run(scenario())
+
+
+def test_buffers_return_by_reference_counting_alone(repo: pathlib.Path) -> None:
+    """No request leaves a reference cycle behind: with the GC off, every pooled buffer (the
+    input and the batch gathers) is back in the pool as soon as the results are dropped. A
+    cycle (a WorkItem's future holding the WorkItem did) keeps each request's tensors alive
+    until a collection of the generation it reached: RSS grew by hundreds of MB under load."""
+    import gc
+
+    from tensorgate.tensor import BufferPool
+
+    pool = BufferPool(1 << 26)
+
+    async def scenario() -> None:
+        engine = Engine(repo, pool=pool)
+        await engine.start(["identity", "failing"])
+        views = []
+        for _ in range(6):
+            buffer = pool.acquire(48)
+            np.frombuffer(buffer, np.float32, 12)[:] = np.random.rand(12)
+            views.append(TensorView(buffer, "FP32", [1, 3, 4]))
+        del buffer
+        gc.disable()
+        try:
+            results = await asyncio.gather(*(engine.infer(InferenceRequest(
+                "identity", {"INPUT__0": v})) for v in views))
+            assert pool.statistics().bytes_in_use > 0
+            del results, views
+            try:
+                await engine.infer(_request("failing", torch.randn(1, 4)))
+            except Exception:
+                pass
+            assert pool.statistics().bytes_in_use == 0
+        finally:
+            gc.enable()
         await engine.shutdown()
     run(scenario())

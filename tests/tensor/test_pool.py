@@ -153,3 +153,40 @@ def test_pinned_pool_gives_page_locked_aligned_buffers() -> None:
     device = host.to("cuda", non_blocking=True)
     torch.cuda.synchronize()
     assert torch.equal(device.cpu(), host)
+
+
+def test_idle_bytes_stay_under_their_own_bound() -> None:
+    """A burst of many sizes must not stay resident: only `idle_limit_bytes` is kept."""
+    pool = BufferPool(1 << 30, idle_limit_bytes=4 << 20)
+    burst = [pool.acquire(n * 602_112) for n in range(1, 9)]  # batch gathers of 1…8
+    del burst
+    stats = pool.statistics()
+    assert stats.bytes_in_use == 0 and 0 < stats.bytes_idle <= 4 << 20
+    assert stats.evictions >= 1
+
+
+def test_idle_bound_keeps_small_buffers_before_large_ones() -> None:
+    pool = BufferPool(1 << 30, idle_limit_bytes=2 << 20)
+    large, small = pool.acquire(1_500_000), pool.acquire(602_112)
+    del large  # kept: it fits on its own
+    assert pool.statistics().bytes_idle == size_class(1_500_000)
+    del small  # the large idle buffer makes room for the small one
+    assert pool.statistics().bytes_idle == size_class(602_112)
+    again = pool.acquire(602_112)
+    assert pool.statistics().hits == 1
+    del again
+
+
+def test_large_storage_is_unmapped_when_evicted() -> None:
+    """Large storage is its own mapping: evicting it shrinks the process's mappings."""
+    def mapped_kib() -> int:
+        with open("/proc/self/status") as status:
+            return next(int(line.split()[1]) for line in status if line.startswith("VmSize"))
+
+    pool = BufferPool(1 << 30, idle_limit_bytes=0)
+    before = mapped_kib()
+    buffer = pool.acquire(64 << 20)
+    assert mapped_kib() - before >= 60 << 10
+    del buffer
+    assert pool.statistics().bytes_idle == 0
+    assert mapped_kib() - before < 8 << 10

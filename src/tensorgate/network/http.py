@@ -119,7 +119,12 @@ class _Connection(asyncio.BufferedProtocol):
         self.front.connections.discard(self)
         if self._task is not None and not self._task.done():
             self._task.cancel()  # the client went away: its queued request is dropped
+        # The parser and this protocol refer to each other, and a keep-alive connection is
+        # old enough to sit in the GC's oldest generation: drop the body buffer now rather
+        # than at the next full collection.
         self._body_memory = None
+        self._request.body = None
+        self._chunked = None
         self.transport = None
 
     def get_buffer(self, sizehint: int) -> memoryview:

@@ -36,7 +36,7 @@ from tensorgate.repository.layout import ModelSource, artifact_path, discover_mo
 from tensorgate.repository.model_config import ModelConfigError, ModelSpec
 from tensorgate.tensor.copies import CopyLedger
 from tensorgate.tensor.pinned import cuda_available
-from tensorgate.tensor.pool import BufferPool, default_pool
+from tensorgate.tensor.pool import BufferPool, PoolStatistics, default_pool
 from tensorgate.tensor.view import TensorView
 
 __all__ = ["Engine", "InferenceRequest", "InferenceResult"]
@@ -296,6 +296,10 @@ class Engine:
         """Every loaded version's counters and its queued-request count (for metrics)."""
         return [(v.stats, v.scheduler.pending) for n in sorted(self._models)
                 for _, v in sorted(self._models[n].items())]
+
+    def pool_statistics(self) -> PoolStatistics:
+        """The host buffer pool's counters and bytes held (for metrics)."""
+        return self._pool.statistics()
 
     def pending(self, name: str) -> int:
         return sum(v.scheduler.pending for v in self._models.get(name, {}).values())

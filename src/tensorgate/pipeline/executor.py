@@ -140,6 +140,7 @@ class ExecutorThread:
             if batch is _STOP:
                 break
             self._execute(batch)
+            del batch  # not held while idle: its buffers go back to the pool now
         self._teardown()
         self._report(_settle, self.stopped, None)
 

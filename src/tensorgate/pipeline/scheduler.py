@@ -237,7 +237,9 @@ class Scheduler:
             times.total_ns = now - item.enqueued_ns
             self._stats.record_success(times, item.ledger.bytes)
             if not item.future.done():
-                item.future.set_result(item)
+                # None, not the item: the item holds its future, so a future holding the
+                # item is a reference cycle, and every request's tensors would wait for the GC
+                item.future.set_result(None)
 
     def _fail(self, item: WorkItem, error: BaseException, now: int, reason: str) -> None:
         self._stats.record_failure(now - item.enqueued_ns, reason)

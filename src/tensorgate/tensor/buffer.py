@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import mmap
 
 import numpy as np
 
@@ -48,8 +49,18 @@ def _exporter_type(capacity: int, pinned: bool) -> type:
     return type(name, (HostBuffer, base), {"pinned": pinned})
 
 
+MAPPED_FROM = 128 * 1024  # storage at least this large is its own anonymous mapping
+
+
 def aligned_storage(nbytes: int, alignment: int = ALIGNMENT) -> np.ndarray:
-    """A writable 1-D uint8 array of `nbytes` whose data address is a multiple of `alignment`."""
+    """A writable 1-D uint8 array of `nbytes` whose data address is a multiple of `alignment`.
+
+    Large storage is an anonymous mmap (page-aligned), so freeing it gives the pages back to
+    the kernel at once; from malloc, glibc's sliding mmap threshold would move such sizes into
+    the heap after the first free, where fragmentation keeps them resident.
+    """
+    if nbytes >= MAPPED_FROM and mmap.PAGESIZE % alignment == 0:
+        return np.frombuffer(mmap.mmap(-1, nbytes), dtype=np.uint8)
     raw = np.empty(nbytes + alignment - 1, dtype=np.uint8)
     shift = (-raw.ctypes.data) % alignment
     return raw[shift:shift + nbytes]

@@ -6,6 +6,13 @@ returns to the idle list of its class. Release needs no call and cannot come ear
 
 Size classes: powers of two up to 4 KiB, then four per octave (so at most 25 % is wasted),
 which also keeps the number of exporter types bounded whatever sizes clients send.
+
+Two bounds: `limit_bytes` on everything held (in use and idle: the memory bound that turns
+into UNAVAILABLE), and `idle_limit_bytes` on what is kept for reuse. Without the second, the
+idle lists of every size a burst touched (batch gathers of 2…64 requests) filled the whole
+1 GiB bound and stayed resident: tensorgate's RSS went from 434 MB to 1,454 MB after 64
+concurrent identity clients (bench/compare.py). When a returned buffer does not fit, larger
+idle buffers go first (batch-1 sizes are the hot path), else the returned one is freed.
 """
 
 from __future__ import annotations
@@ -50,6 +57,7 @@ class PoolStatistics:
     bytes_idle: int
     limit_bytes: int
     pinned: bool
+    idle_limit_bytes: int
 
     @property
     def bytes_held(self) -> int:
@@ -63,10 +71,14 @@ class BufferPool:
     only appends to a deque (no lock), so release from a GC pass inside `acquire` is safe.
     """
 
-    def __init__(self, limit_bytes: int = 1 << 30, *, pinned: bool = False) -> None:
+    def __init__(self, limit_bytes: int = 1 << 30, *, idle_limit_bytes: int = 64 << 20,
+                 pinned: bool = False) -> None:
         if limit_bytes <= 0:
             raise ValueError(f"limit_bytes must be positive, got {limit_bytes}")
+        if idle_limit_bytes < 0:
+            raise ValueError(f"idle_limit_bytes must not be negative, got {idle_limit_bytes}")
         self._limit = limit_bytes
+        self._idle_limit = min(idle_limit_bytes, limit_bytes)
         self._pinned = pinned
         self._allocate: Callable[[int], np.ndarray] = pinned_storage if pinned else aligned_storage
         self._lock = threading.Lock()
@@ -116,7 +128,7 @@ class BufferPool:
         with self._lock:
             self._drain()
             return PoolStatistics(self._hits, self._misses, self._evictions, self._in_use,
-                                  self._idle_bytes, self._limit, self._pinned)
+                                  self._idle_bytes, self._limit, self._pinned, self._idle_limit)
 
     def trim(self) -> int:
         """Free every idle buffer; returns the bytes freed."""
@@ -137,19 +149,27 @@ class BufferPool:
         while self._returned:
             capacity, storage = self._returned.popleft()
             self._in_use -= capacity
+            while self._idle_bytes + capacity > self._idle_limit and self._idle \
+                    and max(self._idle) > capacity:
+                self._evict(max(self._idle))
+            if self._idle_bytes + capacity > self._idle_limit:
+                self._evictions += 1  # dropping the last reference frees (unmaps) it
+                continue
             self._idle.setdefault(capacity, []).append(storage)
             self._idle_bytes += capacity
+
+    def _evict(self, capacity: int) -> None:
+        self._idle[capacity].pop()
+        if not self._idle[capacity]:
+            del self._idle[capacity]
+        self._idle_bytes -= capacity
+        self._evictions += 1
 
     def _make_room(self, capacity: int) -> None:
         if self._in_use + capacity > self._limit:
             raise PoolExhaustedError(capacity, self._in_use, self._limit)
         while self._in_use + self._idle_bytes + capacity > self._limit:
-            largest = max(self._idle)  # lists in _idle are never empty
-            self._idle[largest].pop()
-            if not self._idle[largest]:
-                del self._idle[largest]
-            self._idle_bytes -= largest
-            self._evictions += 1
+            self._evict(max(self._idle))  # lists in _idle are never empty
 
 
 _default: BufferPool | None = None
