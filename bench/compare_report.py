@@ -1,0 +1,283 @@
+"""Render bench/compare.py's raw JSON: the seed's table, the goals, plots and RESULTS.md's block.
+
+Everything here reads the JSON only, so a report can be re-rendered (or restyled) without
+measuring again:  .venv/bin/python bench/compare.py --render-only [--json FILE]
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import statistics
+from typing import Any
+
+import numpy as np
+
+HERE = pathlib.Path(__file__).resolve().parent
+BEGIN, END = "<!-- compare:begin -->", "<!-- compare:end -->"
+
+
+def summarize(result: dict[str, Any]) -> dict[str, Any]:
+    """Per server (and the floor) and workload: latency percentiles over all rounds, median
+    QPS per concurrency, max QPS, median start-up and memory."""
+    out: dict[str, Any] = {}
+    for name, record in [("floor", result["floor"]), *result["servers"].items()]:
+        row: dict[str, Any] = {"workloads": {}}
+        for model, entry in record.get("workloads", {}).items():
+            samples = np.concatenate([np.asarray(p["us"]) for p in entry["sequential"]]) \
+                if entry["sequential"] else np.empty(0)
+            w: dict[str, Any] = {"n": int(samples.size)}
+            if samples.size:
+                for q in (50, 90, 99):
+                    w[f"p{q}_us"] = float(np.percentile(samples, q))
+                w["max_us"] = float(samples.max())
+            cpu = [p["client_cpu_us"] for p in entry["sequential"] if "client_cpu_us" in p]
+            if cpu:
+                w["client_cpu_us"] = statistics.mean(cpu)
+            levels: dict[int, dict[str, float]] = {}
+            for run in entry.get("concurrent", []):
+                for point in run:
+                    levels.setdefault(point["connections"], {}).setdefault("qps", [])
+                    levels[point["connections"]]["qps"].append(point["qps"])
+                    levels[point["connections"]].setdefault("p99_us", []).append(point["p99_us"])
+                    levels[point["connections"]].setdefault("cpu", []).append(point["client_cpu_share"])
+                    levels[point["connections"]].setdefault("bad", []).append(point["bad"] + point["errors"])
+            w["levels"] = {c: {"qps": statistics.median(v["qps"]),
+                               "p99_us": statistics.median(v["p99_us"]),
+                               "client_cpu_share": statistics.median(v["cpu"]),
+                               "bad": sum(v["bad"])} for c, v in sorted(levels.items())}
+            if w["levels"]:
+                w["max_qps"] = max(v["qps"] for v in w["levels"].values())
+            row["workloads"][model] = w
+        if record.get("startup_s"):
+            row["startup_s"] = statistics.median(record["startup_s"])
+        if record.get("memory"):
+            row["rss_mb"] = statistics.median(m["rss_mb"] for m in record["memory"])
+            row["pss_mb"] = statistics.median(m["pss_mb"] for m in record["memory"])
+            row["processes"] = max(m["processes"] for m in record["memory"])
+        for key in ("version", "wire", "note", "batching", "errors", "tensorgate"):
+            if key in record:
+                row[key] = record[key]
+        out[name] = row
+    return out
+
+
+def _ratio(a: float | None, b: float | None) -> str:
+    return f"{a / b:.2f}×" if a is not None and b else "–"
+
+
+def _get(s: dict[str, Any], name: str, model: str, key: str) -> float | None:
+    value = s.get(name, {}).get("workloads", {}).get(model, {}).get(key)
+    return None if value is None else float(value)
+
+
+def seed_table(s: dict[str, Any], model: str) -> list[str]:
+    """The seed's columns for one workload, with ratios against Triton and the floor."""
+    lines = [f"| {model}, batch 1 | P50 ms | P99 ms | RSS MB | PSS MB | start-up s | max QPS "
+             f"| P50 / Triton | P99 / Triton | RSS / Triton | start-up / Triton | QPS / Triton "
+             f"| P99 / floor |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    floor_p99 = _get(s, "floor", model, "p99_us")
+    for name, row in s.items():
+        p50, p99 = _get(s, name, model, "p50_us"), _get(s, name, model, "p99_us")
+        qps = _get(s, name, model, "max_qps")
+        if p50 is None:
+            continue
+        cells = [f"{p50 / 1e3:.3f}", f"{p99 / 1e3:.3f}" if p99 else "–",
+                 f"{row['rss_mb']:.0f}" if "rss_mb" in row else "–",
+                 f"{row['pss_mb']:.0f}" if "pss_mb" in row else "–",
+                 f"{row['startup_s']:.2f}" if "startup_s" in row else "–",
+                 f"{qps:,.0f}" if qps else "–"]
+        if "triton" in s and name != "floor":
+            cells += [_ratio(p50, _get(s, "triton", model, "p50_us")),
+                      _ratio(p99, _get(s, "triton", model, "p99_us")),
+                      _ratio(row.get("rss_mb"), s["triton"].get("rss_mb")),
+                      _ratio(row.get("startup_s"), s["triton"].get("startup_s")),
+                      _ratio(qps, _get(s, "triton", model, "max_qps"))]
+        else:
+            cells += ["–"] * 5
+        cells.append(_ratio(p99, floor_p99))
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def concurrency_table(s: dict[str, Any], model: str) -> list[str]:
+    levels = sorted({c for row in s.values()
+                     for c in row["workloads"].get(model, {}).get("levels", {})}, key=int)
+    if not levels:
+        return []
+    lines = [f"| {model}: QPS / P99 ms at N connections | " +
+             " | ".join(f"N={c}" for c in levels) + " | wrk CPU (max) | bad answers |",
+             "|---|" + "---:|" * (len(levels) + 2)]
+    for name, row in s.items():
+        w = row["workloads"].get(model, {}).get("levels", {})
+        if not w:
+            continue
+        cells = [f"{w[c]['qps']:,.0f} / {w[c]['p99_us'] / 1e3:.2f}" if c in w else "–"
+                 for c in levels]
+        cpu = max(v["client_cpu_share"] for v in w.values())
+        bad = sum(v["bad"] for v in w.values())
+        lines.append(f"| {name} | " + " | ".join(cells) + f" | {cpu:.0%} | {bad} |")
+    return lines
+
+
+def sequential_table(s: dict[str, Any]) -> list[str]:
+    lines = ["| sequential, batch 1 | workload | n | P50 µs | P90 µs | P99 µs | max µs "
+             "| over floor P50 µs | client CPU µs/req |", "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for name, row in s.items():
+        for model, w in row["workloads"].items():
+            if "p50_us" not in w:
+                continue
+            over = w["p50_us"] - (_get(s, "floor", model, "p50_us") or 0.0)
+            cpu = f"{w['client_cpu_us']:.0f}" if "client_cpu_us" in w else "–"
+            lines.append(f"| {name} | {model} | {w['n']} | {w['p50_us']:,.0f} | {w['p90_us']:,.0f} "
+                         f"| {w['p99_us']:,.0f} | {w['max_us']:,.0f} | "
+                         f"{over:,.0f} | {cpu} |")
+    return lines
+
+
+def goals(s: dict[str, Any]) -> list[str]:
+    """The issue's goals for this machine, each computed from this run's numbers."""
+    if "tensorgate" not in s or "triton" not in s:
+        return ["Goals need tensorgate and Triton in the same run."]
+    tg, tr = s["tensorgate"], s["triton"]
+    floor_id = _get(s, "floor", "identity", "p50_us") or 0.0
+    checks = []
+
+    def add(text: str, value: float | None, limit: float, at_most: bool = True) -> None:
+        if value is None:
+            checks.append(f"- {text}: not measured")
+            return
+        met = value <= limit if at_most else value >= limit
+        checks.append(f"- {text}: {value:.2f} (goal {'≤' if at_most else '≥'} {limit}) — "
+                      f"{'met' if met else 'missed'}")
+
+    tg_over = (_get(s, "tensorgate", "identity", "p50_us") or 0.0) - floor_id
+    tr_over = (_get(s, "triton", "identity", "p50_us") or 0.0) - floor_id
+    add("identity P50 overhead over the floor, tensorgate / Triton",
+        tg_over / tr_over if tr_over > 0 else None, 0.5)
+    add("resnet50 P99, tensorgate / floor", _ratio_value(_get(s, "tensorgate", "resnet50", "p99_us"),
+                                                          _get(s, "floor", "resnet50", "p99_us")), 1.1)
+    add("RSS, tensorgate / Triton", _ratio_value(tg.get("rss_mb"), tr.get("rss_mb")), 0.6)
+    add("start-up, tensorgate / Triton", _ratio_value(tg.get("startup_s"), tr.get("startup_s")), 0.75)
+    add("identity max QPS, tensorgate / Triton",
+        _ratio_value(_get(s, "tensorgate", "identity", "max_qps"), _get(s, "triton", "identity", "max_qps")),
+        2.0, at_most=False)
+    return checks
+
+
+def _ratio_value(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
+
+
+def report(result: dict[str, Any]) -> str:
+    s = summarize(result)
+    m = result["machine"]
+    plan = result["plan"]
+    lines = [f"Measured {result['date']} on {m['cores']} cores ({m['cpu']}), {m['memory_gb']} GiB, "
+             f"Python {m['python']}, torch {m['torch']} with {result['threads']} intra-op "
+             f"thread(s) for every server; {plan['rounds']} round(s) in alternating order, "
+             f"wrk {plan['seconds']['identity']:g} s per identity point, "
+             f"{plan['seconds']['resnet50']:g} s or more per resnet50 point. Command: `.venv/bin/python bench/compare.py`.", ""]
+    for model in ("resnet50", "identity"):
+        lines += seed_table(s, model) + [""]
+    lines += sequential_table(s) + [""]
+    for model in ("identity", "resnet50"):
+        table = concurrency_table(s, model)
+        if table:
+            lines += table + [""]
+    lines += ["Goals (issue 5, this machine):", *goals(s), ""]
+    tg = s.get("tensorgate", {}).get("tensorgate")
+    if tg:
+        lines.append("tensorgate's own view (metrics and statistics, cumulative over its run):")
+        for model, d in tg.items():
+            stages = ", ".join(f"{k} {v:,.1f} µs" for k, v in d["stage_us"].items())
+            copied = d["copied_bytes_per_request"]
+            lines.append(f"- {model}: {copied if copied is not None else '?':} bytes copied per "
+                         f"request; per request: {stages}")
+        lines.append("")
+    lines.append("Servers:")
+    for name, row in s.items():
+        if name == "floor":
+            continue
+        lines.append(f"- {name} {row.get('version', '')}: {row.get('note', '')}; "
+                     f"{row.get('batching', '')}; {row.get('processes', '?')} process(es)")
+        for error in row.get("errors", []):
+            lines.append(f"  - error: {error}")
+    return "\n".join(lines) + "\n"
+
+
+def plots(result: dict[str, Any], prefix: pathlib.Path) -> list[pathlib.Path]:
+    """A latency CDF and a QPS-vs-connections plot (PNG); [] when matplotlib is missing."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed (pip install matplotlib): no plots")
+        return []
+    s = summarize(result)
+    sources = [("floor", result["floor"]), *result["servers"].items()]
+    paths = []
+    figure, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    for axis, model in zip(axes, ("identity", "resnet50")):
+        for name, record in sources:
+            parts = record.get("workloads", {}).get(model, {}).get("sequential", [])
+            if not parts:
+                continue
+            samples = np.sort(np.concatenate([np.asarray(p["us"]) for p in parts])) / 1e3
+            axis.plot(samples, np.arange(1, samples.size + 1) / samples.size, label=name)
+        axis.set_xscale("log")
+        axis.set_xlabel("latency, ms (log)")
+        axis.set_ylabel("fraction of requests")
+        axis.set_title(f"{model}: sequential batch-1 latency CDF")
+        axis.grid(True, which="both", alpha=0.3)
+        if axis.lines:
+            axis.legend()
+    figure.tight_layout()
+    paths.append(prefix.with_name(prefix.name + "-latency-cdf.png"))
+    figure.savefig(paths[-1], dpi=110)
+    plt.close(figure)
+    figure, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    for axis, model in zip(axes, ("identity", "resnet50")):
+        for name, row in s.items():
+            levels = row["workloads"].get(model, {}).get("levels", {})
+            if levels:
+                xs = sorted(levels, key=int)
+                axis.plot(xs, [levels[c]["qps"] for c in xs], marker="o", label=name)
+        axis.set_xscale("log", base=2)
+        axis.set_yscale("log")
+        axis.set_xlabel("concurrent connections")
+        axis.set_ylabel("requests per second (log)")
+        axis.set_title(f"{model}: throughput vs concurrency")
+        axis.grid(True, which="both", alpha=0.3)
+        if axis.lines:
+            axis.legend()
+    figure.tight_layout()
+    paths.append(prefix.with_name(prefix.name + "-qps.png"))
+    figure.savefig(paths[-1], dpi=110)
+    plt.close(figure)
+    return paths
+
+
+def render(path: pathlib.Path, write_results_md: bool = True) -> str:
+    result = json.loads(path.read_text())
+    text = report(result)
+    print(text)
+    pngs = plots(result, path.with_suffix(""))
+    for png in pngs:
+        print(f"plot: {png}")
+    if write_results_md:
+        results_md = HERE / "RESULTS.md"
+        current = results_md.read_text() if results_md.exists() else ""
+        links = "".join(f"![{p.stem}]({p.relative_to(HERE)})\n" for p in pngs)
+        block = (f"{BEGIN}\n## Side by side with peers (bench/compare.py)\n\n{text}\n{links}"
+                 f"Raw numbers: `{path.relative_to(HERE.parent) if path.is_relative_to(HERE.parent) else path}`"
+                 f" (re-render: `.venv/bin/python bench/compare.py --render-only`).\n{END}")
+        if BEGIN in current and END in current:
+            head, rest = current.split(BEGIN, 1)
+            current = head + block + rest.split(END, 1)[1]
+        else:
+            current = current.rstrip() + "\n\n" + block + "\n"
+        results_md.write_text(current)
+    return text
