@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 WHEELS := $(wildcard /opt/wheels)
 FIND_LINKS := $(if $(WHEELS),--find-links $(WHEELS),--index-url https://download.pytorch.org/whl/cpu --extra-index-url https://pypi.org/simple)
 
-.PHONY: install test bench-tensor bench-engine serve clean
+.PHONY: install test bench-tensor bench-engine bench-peers bench-compare bench-quick serve clean
 
 $(BIN)/.installed: pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -25,6 +25,21 @@ bench-tensor: $(BIN)/.installed
 
 bench-engine: $(BIN)/.installed
 	$(BIN)/python bench/engine_bench.py --switch-interval 0.0005
+
+# Peers (Triton's Python backend, MLServer, LitServe, FastAPI) each in bench/peers/.venvs/,
+# then the side-by-side run; bench-quick is the under-two-minute smoke version.
+bench-peers:
+	bash bench/peers/install.sh
+
+$(BIN)/.bench: $(BIN)/.installed
+	$(BIN)/python -m pip install -q $(FIND_LINKS) -e '.[test,bench]'
+	touch $@
+
+bench-compare: $(BIN)/.bench
+	$(BIN)/python bench/compare.py
+
+bench-quick: $(BIN)/.bench
+	$(BIN)/python bench/compare.py --quick
 
 serve: $(BIN)/.installed
 	$(BIN)/tensorgate serve

@@ -196,16 +196,20 @@ class Server:
     prepare: Callable[[Server, pathlib.Path, int], None] = lambda s, w, p: None
     note: str = ""
     batching: str = ""
+    package: str = ""  # whose version the report shows; must import (as a module) to run
 
     def installed(self) -> str | None:
         """None when the server can run here, else why not."""
         if not self.python.exists():
             return f"not installed (bash bench/peers/install.sh {self.name})"
+        module = self.package.replace("nvidia-pytriton", "pytriton").replace("-", "_")
+        probe = subprocess.run([str(self.python), "-c", f"import {module}"], capture_output=True)
+        if probe.returncode != 0:
+            return f"{self.package} does not import in {self.python}"
         return None
 
     def version(self) -> str:
-        package = {"tensorgate": "tensorgate", "triton": "nvidia-pytriton",
-                   "mlserver": "mlserver", "litserve": "litserve", "fastapi": "fastapi"}[self.name]
+        package = self.package
         script = f"import importlib.metadata as m; print(m.version({package!r}))"
         out = subprocess.run([str(self.python), "-c", script], capture_output=True, text=True)
         return out.stdout.strip() or "?"
@@ -294,6 +298,10 @@ def _mlserver_command(server: Server, port: int, work: pathlib.Path) -> list[str
     return [str(server.python.parent / "mlserver"), "start", str(work / "mlserver")]
 
 
+def _asgi_command(server: Server, port: int, work: pathlib.Path) -> list[str]:
+    return [str(server.python), str(HERE / "asgi_front.py"), str(work / "models"), str(port)]
+
+
 def _litserve_command(server: Server, port: int, work: pathlib.Path) -> list[str]:
     return [str(server.python), str(PEERS / "litserve_app.py"), str(port)]
 
@@ -309,26 +317,32 @@ def servers() -> dict[str, Server]:
         "tensorgate": Server("tensorgate", OIP_BINARY, "/v2/models/{model}/infer",
                              pathlib.Path(sys.executable), _tensorgate_command,
                              note="HTTP, binary tensor extension",
-                             batching="dynamic batching (max delay 0)"),
+                             batching="dynamic batching (max delay 0)", package="tensorgate"),
+        "tensorgate-asgi": Server("tensorgate-asgi", OIP_BINARY, "/v2/models/{model}/infer",
+                                  pathlib.Path(sys.executable), _asgi_command,
+                                  note="tensorgate's engine and data plane behind uvicorn "
+                                       "(httptools, asyncio loop) and a raw ASGI app "
+                                       "(bench/asgi_front.py): the HTTP-layer alternative",
+                                  batching="dynamic batching (max delay 0)", package="uvicorn"),
         "triton": Server("triton", OIP_BINARY, "/v2/models/{model}/infer", venv("triton"),
                          _triton_command, _triton_environment, _triton_prepare,
                          note="tritonserver 2.51 (nvidia-pytriton 0.7.0), Python backend, "
                               "binary tensor extension",
-                         batching="dynamic batching (max delay 0)"),
+                         batching="dynamic batching (max delay 0)", package="nvidia-pytriton"),
         "mlserver": Server("mlserver", OIP_JSON, "/v2/models/{model}/infer", venv("mlserver"),
                            _mlserver_command, prepare=_mlserver_prepare,
                            note="custom runtime; V2 JSON (MLServer has no binary extension "
                                 "over REST); default parallel workers",
-                           batching="adaptive batching (max 64, 0.5 ms)"),
+                           batching="adaptive batching (max 64, 0.5 ms)", package="mlserver"),
         "litserve": Server("litserve", BASE64_JSON, "/predict/{model}", venv("litserve"),
                            _litserve_command,
                            note="JSON with base64 tensors (LitServe takes JSON)",
-                           batching="batching (max 64, timeout 0)"),
+                           batching="batching (max 64, timeout 0)", package="litserve"),
         "fastapi": Server("fastapi", OIP_BINARY, "/v2/models/{model}/infer", venv("fastapi"),
                           _fastapi_command,
                           note="uvicorn[standard] (uvloop, httptools); hand-written OIP "
                                "subset, binary tensor extension",
-                          batching="none"),
+                          batching="none", package="fastapi"),
     }
 
 
@@ -583,10 +597,10 @@ class Plan:
     startups: int  # start-up samples per server (rounds beyond the measuring ones start only)
 
 
-FULL = Plan(rounds=3, counts={"identity": 3000, "resnet50": 300},
+FULL = Plan(rounds=2, counts={"identity": 2000, "resnet50": 300},
             warmup={"identity": 200, "resnet50": 10},
             levels={"identity": (1, 4, 16, 64), "resnet50": (1, 4, 16, 64)},
-            seconds={"identity": 5.0, "resnet50": 10.0}, startups=3)
+            seconds={"identity": 3.0, "resnet50": 6.0}, startups=3)
 QUICK = Plan(rounds=1, counts={"identity": 200, "resnet50": 10},
              warmup={"identity": 20, "resnet50": 2},
              levels={"identity": (1, 16), "resnet50": (1,)},
@@ -596,7 +610,7 @@ QUICK = Plan(rounds=1, counts={"identity": 200, "resnet50": 10},
 def duration(plan: Plan, model: str, connections: int) -> float:
     """Long enough for several full rounds of `connections` requests: a resnet50 batch of 64
     takes seconds on two cores, and wrk counts only finished requests."""
-    per_request = {"identity": 0.0, "resnet50": 0.3}[model]
+    per_request = {"identity": 0.0, "resnet50": 0.16}[model]  # about two batches of 64
     return max(plan.seconds[model], connections * per_request)
 
 
@@ -608,13 +622,19 @@ def measure_server(server: Server, work: pathlib.Path, x: np.ndarray,
     try:
         record["check_max_abs_diff"] = check_answers(running, x, expected)
         for model in WORKLOADS:
+            began = time.perf_counter()
             part = sequential(running, model, plan.counts[model] // rounds, plan.warmup[model])
             entry = record["workloads"].setdefault(model, {"sequential": [], "concurrent": []})
             entry["sequential"].append(part)
+            print(f"  {model}: {len(part['us'])} sequential, P50 {np.median(part['us']):,.0f} µs "
+                  f"({time.perf_counter() - began:.0f} s)", flush=True)
             if shutil.which("wrk"):
-                entry["concurrent"].append([
-                    concurrent(running, model, c, duration(plan, model, c), work)
-                    for c in plan.levels[model]])
+                points = []
+                for c in plan.levels[model]:
+                    points.append(concurrent(running, model, c, duration(plan, model, c), work))
+                    print(f"  {model}: {c} connections, {points[-1]['qps']:,.1f} QPS, "
+                          f"P99 {points[-1]['p99_us'] / 1e3:,.1f} ms", flush=True)
+                entry["concurrent"].append(points)
         record["memory"].append(memory_tree(running.process.pid))
         if server.name == "tensorgate":
             record["tensorgate"] = tensorgate_details(running, work, {})
@@ -622,7 +642,12 @@ def measure_server(server: Server, work: pathlib.Path, x: np.ndarray,
         running.stop()
 
 
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")  # unwinds through `finally`: servers stop
+
+
 def run(plan: Plan, names: list[str], output: pathlib.Path) -> dict[str, Any]:
+    signal.signal(signal.SIGTERM, _interrupt)
     available = servers()
     chosen = []
     for name in names:
@@ -695,7 +720,8 @@ def machine() -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a smoke run of under two minutes")
-    parser.add_argument("--servers", default="tensorgate,triton,mlserver,litserve,fastapi")
+    parser.add_argument("--servers",
+                        default="tensorgate,tensorgate-asgi,triton,mlserver,litserve,fastapi")
     parser.add_argument("--rounds", type=int, help="override the plan's rounds")
     parser.add_argument("--json", type=pathlib.Path, help="raw numbers (default: "
                         "bench/results/compare.json, compare-quick.json with --quick)")
@@ -712,7 +738,8 @@ def main() -> None:
     output = args.json or HERE / "results" / default
     if not args.render_only:
         run(plan, [n.strip() for n in args.servers.split(",") if n.strip()], output)
-    compare_report.render(output, write_results_md=not (args.quick or args.no_results_md))
+    quiet = args.quick or args.no_results_md
+    compare_report.render(output, None if quiet else HERE / "RESULTS.md")
 
 
 if __name__ == "__main__":

@@ -260,20 +260,23 @@ def plots(result: dict[str, Any], prefix: pathlib.Path) -> list[pathlib.Path]:
     return paths
 
 
-def render(path: pathlib.Path, write_results_md: bool = True) -> str:
+def render(path: pathlib.Path, results_md: pathlib.Path | None = HERE / "RESULTS.md",
+           with_plots: bool = True) -> str:
+    """Print the report of the JSON at `path`, draw its plots beside it, and replace the
+    block between the compare markers in `results_md` (appended when it has none)."""
     result = json.loads(path.read_text())
     text = report(result)
     print(text)
-    pngs = plots(result, path.with_suffix(""))
+    pngs = plots(result, path.with_suffix("")) if with_plots else []
     for png in pngs:
         print(f"plot: {png}")
-    if write_results_md:
-        results_md = HERE / "RESULTS.md"
+    if results_md is not None:
         current = results_md.read_text() if results_md.exists() else ""
-        links = "".join(f"![{p.stem}]({p.relative_to(HERE)})\n" for p in pngs)
+        base = results_md.parent
+        links = "".join(f"![{p.stem}]({_relative(p, base)})\n" for p in pngs)
         block = (f"{BEGIN}\n## Side by side with peers (bench/compare.py)\n\n{text}\n{links}"
-                 f"Raw numbers: `{path.relative_to(HERE.parent) if path.is_relative_to(HERE.parent) else path}`"
-                 f" (re-render: `.venv/bin/python bench/compare.py --render-only`).\n{END}")
+                 f"Raw numbers: `{_relative(path, base)}` (re-render without measuring: "
+                 f"`.venv/bin/python bench/compare.py --render-only`).\n{END}")
         if BEGIN in current and END in current:
             head, rest = current.split(BEGIN, 1)
             current = head + block + rest.split(END, 1)[1]
@@ -281,3 +284,8 @@ def render(path: pathlib.Path, write_results_md: bool = True) -> str:
             current = current.rstrip() + "\n\n" + block + "\n"
         results_md.write_text(current)
     return text
+
+
+def _relative(path: pathlib.Path, base: pathlib.Path) -> str:
+    path = path.resolve()
+    return str(path.relative_to(base.resolve())) if path.is_relative_to(base.resolve()) else str(path)

@@ -1,0 +1,102 @@
+"""bench/compare_report.py: figures and goals come from the raw numbers, and re-rendering
+rewrites only its own block of RESULTS.md."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import re
+import sys
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "bench"))
+
+import compare_report  # noqa: E402
+
+
+def _sequential(p50_us: float, spread: float, n: int = 400) -> dict:
+    rng = np.random.default_rng(0)
+    return {"us": (p50_us + spread * rng.standard_normal(n)).clip(1).tolist(),
+            "client_cpu_us": 100.0}
+
+
+def _levels(qps: dict[int, float]) -> list[list[dict]]:
+    return [[{"connections": c, "qps": q, "p50_us": 1000.0, "p90_us": 1500.0, "p99_us": 2000.0,
+              "max_us": 3000.0, "requests": int(q), "bad": 0, "errors": 0,
+              "client_cpu_share": 0.5} for c, q in qps.items()]]
+
+
+def _server(identity_p50: float, resnet_p50: float, qps: float, rss: float, startup: float) -> dict:
+    return {"version": "1", "wire": "binary", "note": "", "batching": "",
+            "startup_s": [startup, startup * 1.1, startup * 0.9],
+            "memory": [{"rss_mb": rss, "pss_mb": rss * 0.9, "processes": 1}],
+            "workloads": {
+                "identity": {"sequential": [_sequential(identity_p50, 5)],
+                             "concurrent": _levels({1: qps / 2, 16: qps})},
+                "resnet50": {"sequential": [_sequential(resnet_p50, 100)],
+                             "concurrent": _levels({1: 10.0, 16: 14.0})}}}
+
+
+@pytest.fixture()
+def result() -> dict:
+    return {"date": "2026-11-30 12:00", "threads": 1, "wrk": True,
+            "machine": {"cpu": "test cpu", "cores": 2, "python": "3.11", "torch": "2.13",
+                        "kernel": "x", "memory_gb": 24},
+            "plan": {"rounds": 1, "counts": {}, "warmup": {}, "levels": {},
+                     "seconds": {"identity": 5.0, "resnet50": 10.0}, "startups": 3},
+            "floor": {"workloads": {"identity": {"sequential": [_sequential(10, 1)]},
+                                    "resnet50": {"sequential": [_sequential(70_000, 100)]}}},
+            "servers": {"tensorgate": _server(310, 70_200, 3000, 500, 1.5),
+                        "triton": _server(810, 70_300, 1200, 1000, 4.0)}}
+
+
+def test_summary_percentiles_and_medians(result: dict) -> None:
+    s = compare_report.summarize(result)
+    identity = s["tensorgate"]["workloads"]["identity"]
+    assert identity["n"] == 400
+    assert identity["p50_us"] == pytest.approx(310, abs=1)
+    assert identity["p50_us"] < identity["p90_us"] < identity["p99_us"] <= identity["max_us"]
+    assert identity["max_qps"] == 3000
+    assert s["tensorgate"]["startup_s"] == 1.5  # the median of three
+    assert s["triton"]["rss_mb"] == 1000
+
+
+def test_goals_are_computed_from_the_run(result: dict) -> None:
+    goals = "\n".join(compare_report.goals(compare_report.summarize(result)))
+    # overhead over the floor: (310 - 10) / (810 - 10) = 0.375, give or take the sampling
+    assert re.search(r"over the floor, tensorgate / Triton: 0\.3[78] \(goal ≤ 0\.5\) — met", goals)
+    assert "RSS, tensorgate / Triton: 0.50 (goal ≤ 0.6) — met" in goals
+    assert "start-up, tensorgate / Triton: 0.38 (goal ≤ 0.75) — met" in goals
+    assert "identity max QPS, tensorgate / Triton: 2.50 (goal ≥ 2.0) — met" in goals
+    result["servers"]["tensorgate"]["memory"][0]["rss_mb"] = 700
+    goals = "\n".join(compare_report.goals(compare_report.summarize(result)))
+    assert "RSS, tensorgate / Triton: 0.70 (goal ≤ 0.6) — missed" in goals
+
+
+def test_goals_need_both_servers(result: dict) -> None:
+    del result["servers"]["triton"]
+    assert compare_report.goals(compare_report.summarize(result)) == [
+        "Goals need tensorgate and Triton in the same run."]
+
+
+def test_render_replaces_only_its_block(result: dict, tmp_path: pathlib.Path,
+                                        capsys: pytest.CaptureFixture[str]) -> None:
+    raw = tmp_path / "compare.json"
+    raw.write_text(json.dumps(result))
+    results_md = tmp_path / "RESULTS.md"
+    results_md.write_text("# Results\n\nkept above\n")
+    compare_report.render(raw, results_md, with_plots=False)
+    first = results_md.read_text()
+    assert first.startswith("# Results\n\nkept above\n")
+    assert first.count(compare_report.BEGIN) == 1
+    assert "| tensorgate | 0.31" in first and "| tensorgate | 70." in first  # P50s in ms
+    results_md.write_text(first + "\nkept below\n")
+    result["servers"]["tensorgate"]["startup_s"] = [9.0]
+    raw.write_text(json.dumps(result))
+    compare_report.render(raw, results_md, with_plots=False)
+    second = results_md.read_text()
+    assert second.count(compare_report.BEGIN) == 1 and second.endswith("kept below\n")
+    assert "| 9.00 |" in second
+    assert "Goals" in capsys.readouterr().out
