@@ -379,8 +379,9 @@ def start(server: Server, work: pathlib.Path, x: np.ndarray,
     log = work / f"{server.name}.log"
     started = time.perf_counter()
     with log.open("ab") as sink:
-        process = subprocess.Popen(server.command(server, port, work), env=env, stdout=sink,
-                                   stderr=subprocess.STDOUT, start_new_session=True)
+        process = subprocess.Popen(server.command(server, port, work), env=env, cwd=work,
+                                   stdout=sink, stderr=subprocess.STDOUT,
+                                   start_new_session=True)
     running = Running(server, process, port, log)
     for model in WORKLOADS:
         path, headers, body = server.wire.build(server.infer_path, model, x)
