@@ -74,8 +74,11 @@ class App:
             await _answer(send, codes_for(error)[0], [],
                           [json.dumps({"error": error.message}).encode()])
             return
+        parameters = None
+        if decoded.parameters.get("tensorgate_report_copies"):
+            parameters = {"tensorgate_copied_bytes": ledger.bytes}  # before the join below
         head, tail = encode_infer_response(result.model, result.version, result.id, outputs,
-                                           binary, None, in_shm)
+                                           binary, parameters, in_shm)
         extra = [(b"inference-header-content-length", str(len(head)).encode())] if tail else []
         await _answer(send, 200, extra, [head, *tail], ledger)
 
