@@ -96,7 +96,15 @@ def sequential(port: int, raw: bytes, n: int) -> dict[str, float]:
             "n": n, "client_cpu_us_per_request": client_cpu * 1e6}
 
 
-def wrk_qps(port: int, model: str, raw: bytes, seconds: int, connections: int) -> dict[str, Any]:
+def process_cpu_s(pid: int) -> tuple[float, float]:
+    """(user, system) CPU seconds used so far by process `pid` (all its threads)."""
+    fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    ticks = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / ticks, int(fields[12]) / ticks
+
+
+def wrk_qps(port: int, model: str, raw: bytes, seconds: int, connections: int,
+            server_pid: int | None = None) -> dict[str, Any]:
     if shutil.which("wrk") is None:
         return {"skipped": "wrk is not installed (apt-get install wrk)"}
     head, _, body = raw.partition(b"\r\n\r\n")
@@ -109,21 +117,28 @@ def wrk_qps(port: int, model: str, raw: bytes, seconds: int, connections: int) -
         'wrk.body = f:read("*all")\nf:close()\n'
         f'wrk.headers["Inference-Header-Content-Length"] = "{header_length}"\n')
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    server_before = process_cpu_s(server_pid) if server_pid else (0.0, 0.0)
     out = subprocess.run(["wrk", "-t", "1", "-c", str(connections), "-d", f"{seconds}s",
                           "--latency", "-s", str(folder / "post.lua"),
                           f"http://127.0.0.1:{port}/v2/models/{model}/infer"],
                          capture_output=True, text=True, timeout=seconds + 30).stdout
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    server_after = process_cpu_s(server_pid) if server_pid else (0.0, 0.0)
     shutil.rmtree(folder)
     qps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
     errors = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
     p99 = re.search(r"99%\s+([\d.]+)(us|ms|s)", out)
     scale = {"us": 1.0, "ms": 1e3, "s": 1e6}
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    requests = max(qps * seconds, 1.0)
+    user, system = (a - b for a, b in zip(server_after, server_before))
     return {"qps": qps, "connections": connections,
             "p99_us": float(p99.group(1)) * scale[p99.group(2)] if p99 else None,
             "non_2xx": int(errors.group(1)) if errors else 0,
-            "wrk_cpu_share": cpu / seconds}
+            "wrk_cpu_share": cpu / seconds, "wrk_cpu_us_per_request": cpu / requests * 1e6,
+            "server_cpu_share": (user + system) / seconds,
+            "server_cpu_us_per_request": (user + system) / requests * 1e6,
+            "server_kernel_us_per_request": system / requests * 1e6}
 
 
 def grpc_request(model: str) -> Any:
@@ -204,7 +219,8 @@ def main() -> None:
         for model, n in counts.items():
             raw = binary_request(model, port)
             rows[model] = {"http_sequential": sequential(port, raw, n),
-                           "http_8_connections": wrk_qps(port, model, raw, seconds, 8),
+                           "http_8_connections": wrk_qps(port, model, raw, seconds, 8,
+                                                         process.pid),
                            "grpc_sequential": grpc_sequential(grpc_port, model, n)}
     finally:
         process.send_signal(signal.SIGTERM)
@@ -228,7 +244,11 @@ def main() -> None:
         if "qps" in w:
             p99 = f"{w['p99_us']:>11,.1f}" if w["p99_us"] else f"{'':>11}"
             print(f"{model:<10}{'HTTP 8 connections':<22}{'':>11}{p99}{w['qps']:>9,.0f}"
-                  f"  wrk used {w['wrk_cpu_share']:.0%} of a core; non-2xx {w['non_2xx']}")
+                  f"  CPU per request: server {w['server_cpu_us_per_request']:.0f} µs "
+                  f"({w['server_kernel_us_per_request']:.0f} in the kernel), wrk "
+                  f"{w['wrk_cpu_us_per_request']:.0f} µs; cores: server "
+                  f"{w['server_cpu_share']:.2f}, wrk {w['wrk_cpu_share']:.2f}; "
+                  f"non-2xx {w['non_2xx']}")
         else:
             print(f"{model:<10}{'HTTP 8 connections':<22}  {w['skipped']}")
     RESULTS.mkdir(exist_ok=True)
