@@ -24,7 +24,6 @@ bench/RESULTS.md are rendered from that file by bench/compare_report.py.
 from __future__ import annotations
 
 import argparse
-import base64
 import json
 import os
 import pathlib
@@ -33,324 +32,39 @@ import re
 import resource
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
-import textwrap
 import time
+import urllib.request
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
 
 HERE = pathlib.Path(__file__).resolve().parent
-ROOT = HERE.parent
-PEERS = HERE / "peers"
-sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(HERE.parent / "src"))
 sys.path.insert(0, str(HERE))
 
 import compare_report  # noqa: E402
+from compare_servers import PEERS, WORKLOADS, Ports, Server, servers  # noqa: E402
+from compare_wire import Connection, raw_request  # noqa: E402
 from tensorgate.builtin.repository import write_default_repository  # noqa: E402
 from tensorgate.pipeline.executor import default_intra_op_threads  # noqa: E402
 
-WORKLOADS = {"identity": (3, 224, 224), "resnet50": (1000,)}
 INPUT_SHAPE = (1, 3, 224, 224)
-VENVS = pathlib.Path(os.environ.get("TENSORGATE_PEERS_DIR", PEERS / ".venvs"))
 
 
 # ---------------------------------------------------------------------------------------------
-# Request bytes and answer checks, one codec per wire format
-
-
-@dataclass(frozen=True)
-class Wire:
-    """How one server wants a tensor: request bytes built once, and how to read an answer."""
-
-    name: str
-    build: Callable[[str, str, np.ndarray], tuple[str, dict[str, str], bytes]]
-    decode: Callable[[dict[str, str], bytes], np.ndarray]
-    min_body: Callable[[int], int]  # smallest well-formed answer body for `n` output floats
-
-
-def _oip_binary_request(path: str, model: str, x: np.ndarray) -> tuple[str, dict[str, str], bytes]:
-    header = json.dumps({"inputs": [{"name": "INPUT__0", "shape": list(x.shape), "datatype": "FP32",
-                                     "parameters": {"binary_data_size": x.nbytes}}],
-                         "outputs": [{"name": "OUTPUT__0", "parameters": {"binary_data": True}}]})
-    return (path.format(model=model),
-            {"Content-Type": "application/octet-stream",
-             "Inference-Header-Content-Length": str(len(header))},
-            header.encode() + x.astype("<f4").tobytes())
-
-
-def _oip_binary_decode(headers: dict[str, str], body: bytes) -> np.ndarray:
-    split = int(headers.get("inference-header-content-length", len(body)))
-    header = json.loads(body[:split])
-    output = header["outputs"][0]
-    return np.frombuffer(body, dtype="<f4", offset=split).reshape(output["shape"])
-
-
-def _oip_json_request(path: str, model: str, x: np.ndarray) -> tuple[str, dict[str, str], bytes]:
-    body = json.dumps({"inputs": [{"name": "INPUT__0", "shape": list(x.shape), "datatype": "FP32",
-                                   "data": x.ravel().tolist()}]})
-    return path.format(model=model), {"Content-Type": "application/json"}, body.encode()
-
-
-def _oip_json_decode(headers: dict[str, str], body: bytes) -> np.ndarray:
-    output = json.loads(body)["outputs"][0]
-    return np.asarray(output["data"], dtype=np.float32).reshape(output["shape"])
-
-
-def _base64_request(path: str, model: str, x: np.ndarray) -> tuple[str, dict[str, str], bytes]:
-    body = json.dumps({"shape": list(x.shape),
-                       "data": base64.b64encode(x.astype("<f4").tobytes()).decode()})
-    return path.format(model=model), {"Content-Type": "application/json"}, body.encode()
-
-
-def _base64_decode(headers: dict[str, str], body: bytes) -> np.ndarray:
-    answer = json.loads(body)
-    return np.frombuffer(base64.b64decode(answer["data"]), dtype="<f4").reshape(answer["shape"])
-
-
-OIP_BINARY = Wire("binary tensor extension", _oip_binary_request, _oip_binary_decode,
-                  lambda n: 4 * n)
-OIP_JSON = Wire("V2 JSON (no binary extension)", _oip_json_request, _oip_json_decode,
-                lambda n: 2 * n)
-BASE64_JSON = Wire("JSON with base64 tensor", _base64_request, _base64_decode,
-                   lambda n: (4 * n * 4) // 3)
-
-
-def raw_request(port: int, path: str, headers: dict[str, str], body: bytes) -> bytes:
-    head = f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
-    head += "".join(f"{k}: {v}\r\n" for k, v in headers.items())
-    return (head + f"Content-Length: {len(body)}\r\n\r\n").encode() + body
-
-
-class Connection:
-    """One keep-alive HTTP/1.1 connection that sends prebuilt bytes and reads whole answers."""
-
-    def __init__(self, port: int, timeout: float = 60.0) -> None:
-        self.sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self._chunk = memoryview(bytearray(1 << 18))
-        self._buffer = bytearray()
-
-    def close(self) -> None:
-        self.sock.close()
-
-    def exchange(self, raw: bytes) -> tuple[int, dict[str, str], memoryview]:
-        """Send one request; return status, lower-cased headers and the body (valid until
-        the next call)."""
-        self.sock.sendall(raw)
-        buffer = self._buffer
-        if buffer:
-            raise RuntimeError("bytes left over from the previous answer")
-        end = -1
-        while end < 0:
-            self._recv(buffer)
-            end = buffer.find(b"\r\n\r\n")
-        lines = bytes(buffer[:end]).decode("latin-1").split("\r\n")
-        status = int(lines[0].split()[1])
-        headers = {}
-        for line in lines[1:]:
-            key, _, value = line.partition(":")
-            headers[key.strip().lower()] = value.strip()
-        if "content-length" not in headers:
-            raise RuntimeError(f"answer without Content-Length: {lines[:6]}")
-        total = end + 4 + int(headers["content-length"])
-        while len(buffer) < total:
-            self._recv(buffer)
-        body = memoryview(bytes(buffer[end + 4:total]))
-        del buffer[:total]
-        return status, headers, body
-
-    def _recv(self, buffer: bytearray) -> None:
-        n = self.sock.recv_into(self._chunk)
-        if n == 0:
-            raise ConnectionError("the server closed the connection")
-        buffer += self._chunk[:n]
-
-
-# ---------------------------------------------------------------------------------------------
-# Servers
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@dataclass
-class Server:
-    """How to start one server and talk to it."""
-
-    name: str
-    wire: Wire
-    infer_path: str  # with {model}
-    python: pathlib.Path
-    command: Callable[[Server, int, pathlib.Path], list[str]]
-    environment: Callable[[Server, pathlib.Path], dict[str, str]] = lambda s, w: {}
-    prepare: Callable[[Server, pathlib.Path, int], None] = lambda s, w, p: None
-    note: str = ""
-    batching: str = ""
-    package: str = ""  # whose version the report shows; must import (as a module) to run
-
-    def installed(self) -> str | None:
-        """None when the server can run here, else why not."""
-        if not self.python.exists():
-            return f"not installed (bash bench/peers/install.sh {self.name})"
-        module = self.package.replace("nvidia-pytriton", "pytriton").replace("-", "_")
-        probe = subprocess.run([str(self.python), "-c", f"import {module}"], capture_output=True)
-        if probe.returncode != 0:
-            return f"{self.package} does not import in {self.python}"
-        return None
-
-    def version(self) -> str:
-        package = self.package
-        script = f"import importlib.metadata as m; print(m.version({package!r}))"
-        out = subprocess.run([str(self.python), "-c", script], capture_output=True, text=True)
-        return out.stdout.strip() or "?"
-
-
-def _tensorgate_command(server: Server, port: int, work: pathlib.Path) -> list[str]:
-    return [str(server.python), "-m", "tensorgate", "serve", "--model-repository",
-            str(work / "models"), "--http-port", str(port), "--grpc-port", str(free_port()),
-            "--metrics-port", str(_metrics_port(work))]
-
-
-def _metrics_port(work: pathlib.Path) -> int:
-    path = work / "tensorgate-metrics-port"
-    if not path.exists():
-        path.write_text(str(free_port()))
-    return int(path.read_text())
-
-
-def _triton_home(server: Server) -> pathlib.Path:
-    site = next((server.python.parent.parent / "lib").glob("python3*/site-packages"))
-    return site / "pytriton" / "tritonserver"
-
-
-def _triton_prepare(server: Server, work: pathlib.Path, threads: int) -> None:
-    """A Python-backend repository and a backend folder holding the stub for the venv's
-    Python, as PyTriton itself arranges them."""
-    home = _triton_home(server)
-    backend = work / "triton-backends" / "python"
-    backend.mkdir(parents=True, exist_ok=True)
-    version = subprocess.run([str(server.python), "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
-                             capture_output=True, text=True, check=True).stdout.strip()
-    for source in [home / "backends/python/libtriton_python.so",
-                   home / "backends/python/triton_python_backend_utils.py",
-                   home / f"python_backend_stubs/{version}/triton_python_backend_stub"]:
-        link = backend / source.name
-        if not link.exists():
-            link.symlink_to(source)
-    for model, dims in WORKLOADS.items():
-        folder = work / "triton-models" / model
-        (folder / "1").mkdir(parents=True, exist_ok=True)
-        shutil.copy(PEERS / "triton_model.py", folder / "1" / "model.py")
-        (folder / "config.pbtxt").write_text(textwrap.dedent(f"""\
-            name: "{model}"
-            backend: "python"
-            max_batch_size: 64
-            input [ {{ name: "INPUT__0" data_type: TYPE_FP32 dims: [ 3, 224, 224 ] }} ]
-            output [ {{ name: "OUTPUT__0" data_type: TYPE_FP32 dims: {list(dims)} }} ]
-            dynamic_batching {{ }}
-            instance_group [ {{ kind: KIND_CPU count: 1 }} ]
-            """))
-
-
-def _triton_command(server: Server, port: int, work: pathlib.Path) -> list[str]:
-    return [str(_triton_home(server) / "bin" / "tritonserver"),
-            "--model-repository", str(work / "triton-models"),
-            "--backend-directory", str(work / "triton-backends"),
-            "--http-address", "127.0.0.1", "--http-port", str(port),
-            "--grpc-address", "127.0.0.1", "--grpc-port", str(free_port()),
-            "--metrics-address", "127.0.0.1", "--metrics-port", str(free_port()),
-            "--log-info", "false"]
-
-
-def _triton_environment(server: Server, work: pathlib.Path) -> dict[str, str]:
-    libs = _triton_home(server).parent.parent / "nvidia_pytriton.libs"
-    libdir = subprocess.run([str(server.python), "-c",
-                             "import sysconfig; print(sysconfig.get_config_var('LIBDIR'))"],
-                            capture_output=True, text=True, check=True).stdout.strip()
-    return {"LD_LIBRARY_PATH": f"{libs}:{libdir}",
-            # the stub imports from the environment of the first python3 on PATH
-            "PATH": f"{server.python.parent}:{os.environ['PATH']}"}
-
-
-def _mlserver_prepare(server: Server, work: pathlib.Path, threads: int) -> None:
-    folder = work / "mlserver"
-    for model in WORKLOADS:
-        (folder / model).mkdir(parents=True, exist_ok=True)
-        (folder / model / "model-settings.json").write_text(json.dumps({
-            "name": model, "implementation": "mlserver_runtime.TorchScriptRuntime",
-            "max_batch_size": 64, "max_batch_time": 0.0005}))
-
-
-def _mlserver_command(server: Server, port: int, work: pathlib.Path) -> list[str]:
-    (work / "mlserver" / "settings.json").write_text(json.dumps({
-        "host": "127.0.0.1", "http_port": port, "grpc_port": free_port(),
-        "metrics_port": free_port(), "debug": False}))
-    return [str(server.python.parent / "mlserver"), "start", str(work / "mlserver")]
-
-
-def _asgi_command(server: Server, port: int, work: pathlib.Path) -> list[str]:
-    return [str(server.python), str(HERE / "asgi_front.py"), str(work / "models"), str(port)]
-
-
-def _litserve_command(server: Server, port: int, work: pathlib.Path) -> list[str]:
-    return [str(server.python), str(PEERS / "litserve_app.py"), str(port)]
-
-
-def _fastapi_command(server: Server, port: int, work: pathlib.Path) -> list[str]:
-    return [str(server.python), "-m", "uvicorn", "--app-dir", str(PEERS), "fastapi_app:app",
-            "--host", "127.0.0.1", "--port", str(port), "--no-access-log", "--log-level", "warning"]
-
-
-def servers() -> dict[str, Server]:
-    venv = lambda name: VENVS / name / "bin" / "python"  # noqa: E731
-    return {
-        "tensorgate": Server("tensorgate", OIP_BINARY, "/v2/models/{model}/infer",
-                             pathlib.Path(sys.executable), _tensorgate_command,
-                             note="HTTP, binary tensor extension",
-                             batching="dynamic batching (max delay 0)", package="tensorgate"),
-        "tensorgate-asgi": Server("tensorgate-asgi", OIP_BINARY, "/v2/models/{model}/infer",
-                                  pathlib.Path(sys.executable), _asgi_command,
-                                  note="tensorgate's engine and data plane behind uvicorn "
-                                       "(httptools, asyncio loop) and a raw ASGI app "
-                                       "(bench/asgi_front.py): the HTTP-layer alternative",
-                                  batching="dynamic batching (max delay 0)", package="uvicorn"),
-        "triton": Server("triton", OIP_BINARY, "/v2/models/{model}/infer", venv("triton"),
-                         _triton_command, _triton_environment, _triton_prepare,
-                         note="tritonserver 2.51 (nvidia-pytriton 0.7.0), Python backend, "
-                              "binary tensor extension",
-                         batching="dynamic batching (max delay 0)", package="nvidia-pytriton"),
-        "mlserver": Server("mlserver", OIP_JSON, "/v2/models/{model}/infer", venv("mlserver"),
-                           _mlserver_command, prepare=_mlserver_prepare,
-                           note="custom runtime; V2 JSON (MLServer has no binary extension "
-                                "over REST); default parallel workers",
-                           batching="adaptive batching (max 64, 0.5 ms)", package="mlserver"),
-        "litserve": Server("litserve", BASE64_JSON, "/predict/{model}", venv("litserve"),
-                           _litserve_command,
-                           note="JSON with base64 tensors (LitServe takes JSON)",
-                           batching="batching (max 64, timeout 0)", package="litserve"),
-        "fastapi": Server("fastapi", OIP_BINARY, "/v2/models/{model}/infer", venv("fastapi"),
-                          _fastapi_command,
-                          note="uvicorn[standard] (uvloop, httptools); hand-written OIP "
-                               "subset, binary tensor extension",
-                          batching="none", package="fastapi"),
-    }
-
+# Running one server
 
 @dataclass
 class Running:
     server: Server
     process: subprocess.Popen[bytes]
-    port: int
+    ports: Ports
     log: pathlib.Path
     raws: dict[str, bytes] = field(default_factory=dict)
 
@@ -372,25 +86,25 @@ class Running:
 def start(server: Server, work: pathlib.Path, x: np.ndarray,
           deadline_s: float = 180.0) -> tuple[Running, float]:
     """Launch; return once a resnet50 answer of the right size came back, with the time."""
-    port = free_port()
+    ports = Ports.free()
     env = dict(os.environ, TG_BENCH_MODELS=str(work / "models"), TG_BENCH_PEERS=str(PEERS),
                TG_BENCH_THREADS=str(default_intra_op_threads()), PYTHONPATH=str(PEERS))
     env.update(server.environment(server, work))
     log = work / f"{server.name}.log"
     started = time.perf_counter()
     with log.open("ab") as sink:
-        process = subprocess.Popen(server.command(server, port, work), env=env, cwd=work,
+        process = subprocess.Popen(server.command(server, ports, work), env=env, cwd=work,
                                    stdout=sink, stderr=subprocess.STDOUT,
                                    start_new_session=True)
-    running = Running(server, process, port, log)
+    running = Running(server, process, ports, log)
     for model in WORKLOADS:
         path, headers, body = server.wire.build(server.infer_path, model, x)
-        running.raws[model] = raw_request(port, path, headers, body)
+        running.raws[model] = raw_request(ports.http, path, headers, body)
     while time.perf_counter() - started < deadline_s:
         if process.poll() is not None:
             raise RuntimeError(f"{server.name} exited with {process.returncode}; see {log}")
         try:
-            connection = Connection(port, timeout=30)
+            connection = Connection(ports.http, timeout=30)
         except OSError:
             time.sleep(0.02)
             continue
@@ -414,7 +128,7 @@ def start(server: Server, work: pathlib.Path, x: np.ndarray,
 def check_answers(running: Running, x: np.ndarray, expected: dict[str, np.ndarray]) -> dict[str, float]:
     """Each workload's answer against the floor's: identity bit for bit, resnet50 closely."""
     differences = {}
-    connection = Connection(running.port)
+    connection = Connection(running.ports.http)
     try:
         for model, raw in running.raws.items():
             status, headers, body = connection.exchange(raw)
@@ -436,7 +150,7 @@ def sequential(running: Running, model: str, n: int, warmup: int) -> dict[str, A
     """n requests one after another on one connection; every answer's size checked."""
     raw = running.raws[model]
     smallest = running.server.wire.min_body(int(np.prod(WORKLOADS[model])))
-    connection = Connection(running.port)
+    connection = Connection(running.ports.http)
     samples = np.empty(n, dtype=np.int64)
     try:
         for _ in range(warmup):
@@ -498,7 +212,7 @@ def concurrent(running: Running, model: str, connections: int, seconds: float,
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     out = subprocess.run(["wrk", "-t", "1", "-c", str(connections), "-d", f"{max(1, round(seconds))}s",
                           "--timeout", "30s", "-s", str(work / "wrk.lua"),
-                          f"http://127.0.0.1:{running.port}{path}"],
+                          f"http://127.0.0.1:{running.ports.http}{path}"],
                          capture_output=True, text=True, timeout=seconds + 60)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     values = dict((m.group(1), int(m.group(2))) for m in re.finditer(r"TG (\w+) (\d+)", out.stdout))
@@ -536,27 +250,27 @@ def memory_tree(pid: int) -> dict[str, float]:
     return {"rss_mb": rss / 1024, "pss_mb": pss / 1024, "processes": count}
 
 
-def tensorgate_details(running: Running, work: pathlib.Path, requests: dict[str, int]) -> dict[str, Any]:
+def tensorgate_details(running: Running) -> dict[str, Any]:
     """Bytes copied per request (metrics) and the per-stage times (statistics extension)."""
     details: dict[str, Any] = {}
-    metrics = urlopen_text(f"http://127.0.0.1:{_metrics_port(work)}/metrics")
+    metrics = urlopen_text(f"http://127.0.0.1:{running.ports.metrics}/metrics")
     for model in WORKLOADS:
         copied = re.search(rf'tensorgate_copied_bytes_total{{model="{model}"}} (\S+)', metrics)
         count = re.search(rf'nv_inference_request_success{{model="{model}",version="1"}} (\S+)',
                           metrics)
-        stats = json.loads(urlopen_text(f"http://127.0.0.1:{running.port}/v2/models/{model}/stats"))
+        stats = json.loads(urlopen_text(
+            f"http://127.0.0.1:{running.ports.http}/v2/models/{model}/stats"))
         inference = stats["model_stats"][0]["inference_stats"]
         per_stage = {stage: inference[stage]["ns"] / max(inference[stage]["count"], 1) / 1e3
                      for stage in ("queue", "compute_input", "compute_infer", "compute_output")}
         details[model] = {
             "copied_bytes_per_request": (float(copied.group(1)) / float(count.group(1))
                                          if copied and count and float(count.group(1)) else None),
-            "stage_us": per_stage, "requests": requests.get(model)}
+            "stage_us": per_stage}
     return details
 
 
 def urlopen_text(url: str) -> str:
-    import urllib.request
     with urllib.request.urlopen(url, timeout=10) as answer:
         return str(answer.read().decode())
 
@@ -638,7 +352,7 @@ def measure_server(server: Server, work: pathlib.Path, x: np.ndarray,
                 entry["concurrent"].append(points)
         record["memory"].append(memory_tree(running.process.pid))
         if server.name == "tensorgate":
-            record["tensorgate"] = tensorgate_details(running, work, {})
+            record["tensorgate"] = tensorgate_details(running)
     finally:
         running.stop()
 
@@ -668,6 +382,7 @@ def run(plan: Plan, names: list[str], output: pathlib.Path) -> dict[str, Any]:
         server.prepare(server, work, default_intra_op_threads())
     result: dict[str, Any] = {
         "date": time.strftime("%Y-%m-%d %H:%M"), "machine": machine(), "plan": plan.__dict__,
+        "command": " ".join([".venv/bin/python", "bench/compare.py", *sys.argv[1:]]),
         "threads": default_intra_op_threads(), "wrk": shutil.which("wrk") is not None,
         "floor": {"workloads": {}}, "servers": {}}
     for server in chosen:

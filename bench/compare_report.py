@@ -183,7 +183,8 @@ def report(result: dict[str, Any]) -> str:
              f"Python {m['python']}, torch {m['torch']} with {result['threads']} intra-op "
              f"thread(s) for every server; {plan['rounds']} round(s) in alternating order, "
              f"wrk {plan['seconds']['identity']:g} s per identity point, "
-             f"{plan['seconds']['resnet50']:g} s or more per resnet50 point. Command: `.venv/bin/python bench/compare.py`.", ""]
+             f"{plan['seconds']['resnet50']:g} s or more per resnet50 point. Command: "
+             f"`{result.get('command', '.venv/bin/python bench/compare.py')}`.", ""]
     for model in ("resnet50", "identity"):
         lines += seed_table(s, model) + [""]
     lines += sequential_table(s) + [""]

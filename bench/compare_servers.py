@@ -1,0 +1,200 @@
+"""The servers bench/compare.py measures: how each one is prepared, started and spoken to.
+
+tensorgate and its ASGI variant run from tensorgate's own venv; the peers from their venvs
+under bench/peers/.venvs/ (bench/peers/install.sh). Every one binds 127.0.0.1 only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import shutil
+import socket
+import subprocess
+import sys
+import textwrap
+from dataclasses import dataclass
+from typing import Callable
+
+from compare_wire import BASE64_JSON, OIP_BINARY, OIP_JSON, Wire
+
+HERE = pathlib.Path(__file__).resolve().parent
+PEERS = HERE / "peers"
+VENVS = pathlib.Path(os.environ.get("TENSORGATE_PEERS_DIR", PEERS / ".venvs"))
+WORKLOADS = {"identity": (3, 224, 224), "resnet50": (1000,)}  # output dims per model
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass(frozen=True)
+class Ports:
+    """Where one server instance listens (all on 127.0.0.1)."""
+
+    http: int
+    grpc: int
+    metrics: int
+
+    @classmethod
+    def free(cls) -> Ports:
+        return cls(free_port(), free_port(), free_port())
+
+
+@dataclass
+class Server:
+    """How to start one server and talk to it."""
+
+    name: str
+    wire: Wire
+    infer_path: str  # with {model}
+    python: pathlib.Path
+    command: Callable[[Server, Ports, pathlib.Path], list[str]]
+    environment: Callable[[Server, pathlib.Path], dict[str, str]] = lambda s, w: {}
+    prepare: Callable[[Server, pathlib.Path, int], None] = lambda s, w, p: None
+    note: str = ""
+    batching: str = ""
+    package: str = ""  # whose version the report shows; must import (as a module) to run
+
+    def installed(self) -> str | None:
+        """None when the server can run here, else why not."""
+        if not self.python.exists():
+            return f"not installed (bash bench/peers/install.sh {self.name})"
+        module = self.package.replace("nvidia-pytriton", "pytriton").replace("-", "_")
+        probe = subprocess.run([str(self.python), "-c", f"import {module}"], capture_output=True)
+        if probe.returncode != 0:
+            return f"{self.package} does not import in {self.python}"
+        return None
+
+    def version(self) -> str:
+        package = self.package
+        script = f"import importlib.metadata as m; print(m.version({package!r}))"
+        out = subprocess.run([str(self.python), "-c", script], capture_output=True, text=True)
+        return out.stdout.strip() or "?"
+
+
+def _tensorgate_command(server: Server, ports: Ports, work: pathlib.Path) -> list[str]:
+    return [str(server.python), "-m", "tensorgate", "serve", "--model-repository",
+            str(work / "models"), "--http-port", str(ports.http), "--grpc-port",
+            str(ports.grpc), "--metrics-port", str(ports.metrics)]
+
+
+def _triton_home(server: Server) -> pathlib.Path:
+    site = next((server.python.parent.parent / "lib").glob("python3*/site-packages"))
+    return site / "pytriton" / "tritonserver"
+
+
+def _triton_prepare(server: Server, work: pathlib.Path, threads: int) -> None:
+    """A Python-backend repository and a backend folder holding the stub for the venv's
+    Python, as PyTriton itself arranges them."""
+    home = _triton_home(server)
+    backend = work / "triton-backends" / "python"
+    backend.mkdir(parents=True, exist_ok=True)
+    version = subprocess.run([str(server.python), "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+                             capture_output=True, text=True, check=True).stdout.strip()
+    for source in [home / "backends/python/libtriton_python.so",
+                   home / "backends/python/triton_python_backend_utils.py",
+                   home / f"python_backend_stubs/{version}/triton_python_backend_stub"]:
+        link = backend / source.name
+        if not link.exists():
+            link.symlink_to(source)
+    for model, dims in WORKLOADS.items():
+        folder = work / "triton-models" / model
+        (folder / "1").mkdir(parents=True, exist_ok=True)
+        shutil.copy(PEERS / "triton_model.py", folder / "1" / "model.py")
+        (folder / "config.pbtxt").write_text(textwrap.dedent(f"""\
+            name: "{model}"
+            backend: "python"
+            max_batch_size: 64
+            input [ {{ name: "INPUT__0" data_type: TYPE_FP32 dims: [ 3, 224, 224 ] }} ]
+            output [ {{ name: "OUTPUT__0" data_type: TYPE_FP32 dims: {list(dims)} }} ]
+            dynamic_batching {{ }}
+            instance_group [ {{ kind: KIND_CPU count: 1 }} ]
+            """))
+
+
+def _triton_command(server: Server, ports: Ports, work: pathlib.Path) -> list[str]:
+    return [str(_triton_home(server) / "bin" / "tritonserver"),
+            "--model-repository", str(work / "triton-models"),
+            "--backend-directory", str(work / "triton-backends"),
+            "--http-address", "127.0.0.1", "--http-port", str(ports.http),
+            "--grpc-address", "127.0.0.1", "--grpc-port", str(ports.grpc),
+            "--metrics-address", "127.0.0.1", "--metrics-port", str(ports.metrics),
+            "--log-info", "false"]
+
+
+def _triton_environment(server: Server, work: pathlib.Path) -> dict[str, str]:
+    libs = _triton_home(server).parent.parent / "nvidia_pytriton.libs"
+    libdir = subprocess.run([str(server.python), "-c",
+                             "import sysconfig; print(sysconfig.get_config_var('LIBDIR'))"],
+                            capture_output=True, text=True, check=True).stdout.strip()
+    return {"LD_LIBRARY_PATH": f"{libs}:{libdir}",
+            # the stub imports from the environment of the first python3 on PATH
+            "PATH": f"{server.python.parent}:{os.environ['PATH']}"}
+
+
+def _mlserver_prepare(server: Server, work: pathlib.Path, threads: int) -> None:
+    folder = work / "mlserver"
+    for model in WORKLOADS:
+        (folder / model).mkdir(parents=True, exist_ok=True)
+        (folder / model / "model-settings.json").write_text(json.dumps({
+            "name": model, "implementation": "mlserver_runtime.TorchScriptRuntime",
+            "max_batch_size": 64, "max_batch_time": 0.0005}))
+
+
+def _mlserver_command(server: Server, ports: Ports, work: pathlib.Path) -> list[str]:
+    (work / "mlserver" / "settings.json").write_text(json.dumps({
+        "host": "127.0.0.1", "http_port": ports.http, "grpc_port": ports.grpc,
+        "metrics_port": ports.metrics, "debug": False}))
+    return [str(server.python.parent / "mlserver"), "start", str(work / "mlserver")]
+
+
+def _asgi_command(server: Server, ports: Ports, work: pathlib.Path) -> list[str]:
+    return [str(server.python), str(HERE / "asgi_front.py"), str(work / "models"), str(ports.http)]
+
+
+def _litserve_command(server: Server, ports: Ports, work: pathlib.Path) -> list[str]:
+    return [str(server.python), str(PEERS / "litserve_app.py"), str(ports.http)]
+
+
+def _fastapi_command(server: Server, ports: Ports, work: pathlib.Path) -> list[str]:
+    return [str(server.python), "-m", "uvicorn", "--app-dir", str(PEERS), "fastapi_app:app",
+            "--host", "127.0.0.1", "--port", str(ports.http), "--no-access-log", "--log-level", "warning"]
+
+
+def servers() -> dict[str, Server]:
+    venv = lambda name: VENVS / name / "bin" / "python"  # noqa: E731
+    return {
+        "tensorgate": Server("tensorgate", OIP_BINARY, "/v2/models/{model}/infer",
+                             pathlib.Path(sys.executable), _tensorgate_command,
+                             note="HTTP, binary tensor extension",
+                             batching="dynamic batching (max delay 0)", package="tensorgate"),
+        "tensorgate-asgi": Server("tensorgate-asgi", OIP_BINARY, "/v2/models/{model}/infer",
+                                  pathlib.Path(sys.executable), _asgi_command,
+                                  note="tensorgate's engine and data plane behind uvicorn "
+                                       "(httptools, asyncio loop) and a raw ASGI app "
+                                       "(bench/asgi_front.py): the HTTP-layer alternative",
+                                  batching="dynamic batching (max delay 0)", package="uvicorn"),
+        "triton": Server("triton", OIP_BINARY, "/v2/models/{model}/infer", venv("triton"),
+                         _triton_command, _triton_environment, _triton_prepare,
+                         note="tritonserver 2.51 (nvidia-pytriton 0.7.0), Python backend, "
+                              "binary tensor extension",
+                         batching="dynamic batching (max delay 0)", package="nvidia-pytriton"),
+        "mlserver": Server("mlserver", OIP_JSON, "/v2/models/{model}/infer", venv("mlserver"),
+                           _mlserver_command, prepare=_mlserver_prepare,
+                           note="custom runtime; V2 JSON (MLServer has no binary extension "
+                                "over REST); default parallel workers",
+                           batching="adaptive batching (max 64, 0.5 ms)", package="mlserver"),
+        "litserve": Server("litserve", BASE64_JSON, "/predict/{model}", venv("litserve"),
+                           _litserve_command,
+                           note="JSON with base64 tensors (LitServe takes JSON)",
+                           batching="batching (max 64, timeout 0)", package="litserve"),
+        "fastapi": Server("fastapi", OIP_BINARY, "/v2/models/{model}/infer", venv("fastapi"),
+                          _fastapi_command,
+                          note="uvicorn[standard] (uvloop, httptools); hand-written OIP "
+                               "subset, binary tensor extension",
+                          batching="none", package="fastapi"),
+    }
