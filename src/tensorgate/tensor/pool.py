@@ -177,9 +177,15 @@ _default_lock = threading.Lock()
 
 
 def default_pool() -> BufferPool:
-    """The process's host pool: pinned when CUDA is available, 1 GiB bound."""
+    """The process's host pool: pinned when CUDA is available, 1 GiB bound.
+
+    A pinned pool keeps everything it may (idle bound = the whole bound): page-locking and
+    freeing are slow and may synchronize the device, so churn costs far more than memory.
+    Not yet measured on a GPU.
+    """
     global _default
     with _default_lock:
         if _default is None:
-            _default = BufferPool(pinned=cuda_available())
+            pinned = cuda_available()
+            _default = BufferPool(pinned=pinned, idle_limit_bytes=(1 << 30) if pinned else 64 << 20)
         return _default
