@@ -40,7 +40,8 @@ def exchange(server: RunningServer, raw: bytes, timeout: float = 10.0) -> tuple[
             if not chunk:
                 break
             body += chunk
-        return status, headers, body
+        # bytes past Content-Length belong to a next response (an answer to trailing junk)
+        return status, headers, body[:length] if "content-length" in headers else body
 
 
 def request(path: str, body: bytes, headers: dict[str, str] | None = None,
