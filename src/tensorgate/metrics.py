@@ -23,6 +23,9 @@ _HELP = {
     "nv_inference_compute_infer_duration_us": ("counter", "Cumulative model time (µs)"),
     "nv_inference_compute_output_duration_us": ("counter", "Cumulative output time (µs)"),
     "tensorgate_copied_bytes_total": ("counter", "Tensor bytes the server copied"),
+    "tensorgate_copies_by_reason_bytes_total": (
+        "counter", "Tensor bytes the whole process copied, by reason (receive, decode, batch, ...)"),
+    "tensorgate_copies_by_reason_total": ("counter", "Copies the whole process made, by reason"),
     "tensorgate_pool_bytes": ("gauge", "Host buffer pool bytes by state (in_use, idle)"),
     "tensorgate_pool_limit_bytes": ("gauge", "Host buffer pool bounds (held, idle)"),
     "tensorgate_pool_acquires_total": ("counter", "Pool acquisitions by result (hit, miss)"),
@@ -62,8 +65,12 @@ def render_metrics(models: Iterable[tuple[ModelStatistics, int]],
             f"{labels} {stats.compute_output.ns // 1000}")
         rows["tensorgate_copied_bytes_total"].append(
             f"{_labels(model=stats.name)} {stats.copied_bytes}")
+    totals = process_copies()
     rows["tensorgate_copied_bytes_total"].append(
-        f'{_labels(model="")} {process_copies().bytes}')  # the whole process, all models
+        f'{_labels(model="")} {totals.bytes}')  # the whole process, all models
+    for reason, (nbytes, calls) in totals.by_reason.items():
+        rows["tensorgate_copies_by_reason_bytes_total"].append(f"{_labels(reason=reason)} {nbytes}")
+        rows["tensorgate_copies_by_reason_total"].append(f"{_labels(reason=reason)} {calls}")
     if pool is not None:
         rows["tensorgate_pool_bytes"] += [f"{_labels(state='in_use')} {pool.bytes_in_use}",
                                           f"{_labels(state='idle')} {pool.bytes_idle}"]

@@ -56,6 +56,17 @@ def test_metrics_count_requests(server: RunningServer) -> None:
     assert value(after, "tensorgate_pool_bytes", state="idle") <= value(
         after, "tensorgate_pool_limit_bytes", bound="idle")
     assert re.search(r"^tensorgate_pool_evictions_total \d+$", after, re.M)
+    # a JSON tensor is decoded into an array: a copy, counted under its reason, and the
+    # reasons add up to the process total
+    as_json = httpclient.InferInput("INPUT__0", [1, 8], "FP32")
+    as_json.set_data_from_numpy(np.ones((1, 8), np.float32), binary_data=False)
+    with httpclient.InferenceServerClient(server.url) as client:
+        client.infer("linear", [as_json])
+    after = scrape(server)
+    reasons = {k: int(v) for k, v in re.findall(
+        r'^tensorgate_copies_by_reason_bytes_total\{reason="(\w+)"\} (\d+)$', after, re.M)}
+    assert reasons.get("decode", 0) >= 32
+    assert sum(reasons.values()) == value(after, "tensorgate_copied_bytes_total", model="")
 
 
 def test_other_paths_are_404(server: RunningServer) -> None:
