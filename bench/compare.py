@@ -1,8 +1,10 @@
 """tensorgate side by side with real peers: the seed's table, regenerated on this machine.
 
-Servers (each in its own virtual environment, installed by `bash bench/peers/install.sh`):
-tensorgate, Triton's Python backend (the `tritonserver` binary inside nvidia-pytriton), MLServer,
-LitServe and a hand-written FastAPI + uvicorn server. All run the same TorchScript files
+Servers (bench/compare_servers.py; the peers each in their own virtual environment, installed
+by `bash bench/peers/install.sh`): tensorgate, tensorgate's data plane behind uvicorn + ASGI
+(bench/asgi_front.py), Triton's Python backend (the `tritonserver` binary inside
+nvidia-pytriton), MLServer, LitServe and a hand-written FastAPI + uvicorn server. All run the
+same TorchScript files
 (`identity`, `resnet50` with seed-0 weights) with the same torch thread count; the floor is
 the same file called in this process. Servers run one at a time, in alternating order over
 the rounds. Peers that are not installed are skipped with a message.
