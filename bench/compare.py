@@ -4,9 +4,8 @@ Servers (bench/compare_servers.py; the peers each in their own virtual environme
 by `bash bench/peers/install.sh`): tensorgate, tensorgate's data plane behind uvicorn + ASGI
 (bench/asgi_front.py), Triton's Python backend (the `tritonserver` binary inside
 nvidia-pytriton), MLServer, LitServe and a hand-written FastAPI + uvicorn server. All run the
-same TorchScript files
-(`identity`, `resnet50` with seed-0 weights) with the same torch thread count; the floor is
-the same file called in this process. Servers run one at a time, in alternating order over
+same TorchScript files (`identity`, `resnet50` with seed-0 weights) with the same torch
+thread count; the floor is the same file called in this process. Servers run one at a time, in alternating order over
 the rounds. Peers that are not installed are skipped with a message.
 
 Per server and workload: sequential batch-1 latency over one keep-alive connection (a lean
