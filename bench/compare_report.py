@@ -224,28 +224,18 @@ def plots(result: dict[str, Any], prefix: pathlib.Path) -> list[pathlib.Path]:
         return []
     s = summarize(result)
     sources = [("floor", result["floor"]), *result["servers"].items()]
-    paths = []
-    figure, axes = plt.subplots(1, 2, figsize=(12, 4.5))
-    for axis, model in zip(axes, ("identity", "resnet50")):
+
+    def cdf(axis: Any, model: str) -> None:
         for name, record in sources:
             parts = record.get("workloads", {}).get(model, {}).get("sequential", [])
-            if not parts:
-                continue
-            samples = np.sort(np.concatenate([np.asarray(p["us"]) for p in parts])) / 1e3
-            axis.plot(samples, np.arange(1, samples.size + 1) / samples.size, label=name)
+            if parts:
+                samples = np.sort(np.concatenate([np.asarray(p["us"]) for p in parts])) / 1e3
+                axis.plot(samples, np.arange(1, samples.size + 1) / samples.size, label=name)
         axis.set_xscale("log")
-        axis.set_xlabel("latency, ms (log)")
-        axis.set_ylabel("fraction of requests")
-        axis.set_title(f"{model}: sequential batch-1 latency CDF")
-        axis.grid(True, which="both", alpha=0.3)
-        if axis.lines:
-            axis.legend()
-    figure.tight_layout()
-    paths.append(prefix.with_name(prefix.name + "-latency-cdf.png"))
-    figure.savefig(paths[-1], dpi=110)
-    plt.close(figure)
-    figure, axes = plt.subplots(1, 2, figsize=(12, 4.5))
-    for axis, model in zip(axes, ("identity", "resnet50")):
+        axis.set(xlabel="latency, ms (log)", ylabel="fraction of requests",
+                 title=f"{model}: sequential batch-1 latency CDF")
+
+    def qps(axis: Any, model: str) -> None:
         for name, row in s.items():
             levels = row["workloads"].get(model, {}).get("levels", {})
             if levels:
@@ -253,16 +243,21 @@ def plots(result: dict[str, Any], prefix: pathlib.Path) -> list[pathlib.Path]:
                 axis.plot(xs, [levels[c]["qps"] for c in xs], marker="o", label=name)
         axis.set_xscale("log", base=2)
         axis.set_yscale("log")
-        axis.set_xlabel("concurrent connections")
-        axis.set_ylabel("requests per second (log)")
-        axis.set_title(f"{model}: throughput vs concurrency")
-        axis.grid(True, which="both", alpha=0.3)
-        if axis.lines:
-            axis.legend()
-    figure.tight_layout()
-    paths.append(prefix.with_name(prefix.name + "-qps.png"))
-    figure.savefig(paths[-1], dpi=110)
-    plt.close(figure)
+        axis.set(xlabel="concurrent connections", ylabel="requests per second (log)",
+                 title=f"{model}: throughput vs concurrency")
+
+    paths = []
+    for suffix, draw in (("-latency-cdf.png", cdf), ("-qps.png", qps)):
+        figure, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+        for axis, model in zip(axes, ("identity", "resnet50")):
+            draw(axis, model)
+            axis.grid(True, which="both", alpha=0.3)
+            if axis.lines:
+                axis.legend()
+        figure.tight_layout()
+        paths.append(prefix.with_name(prefix.name + suffix))
+        figure.savefig(paths[-1], dpi=110)
+        plt.close(figure)
     return paths
 
 
