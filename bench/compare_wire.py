@@ -112,7 +112,8 @@ class Connection:
         total = end + 4 + int(headers["content-length"])
         while len(buffer) < total:
             self._recv(buffer)
-        body = memoryview(bytes(buffer[end + 4:total]))
+        with memoryview(buffer) as whole:  # one copy out; the export ends before the del
+            body = memoryview(bytes(whole[end + 4:total]))
         del buffer[:total]
         return status, headers, body
 

@@ -21,7 +21,6 @@ import re
 import resource
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -32,7 +31,9 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "src"))
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
+from compare_wire import OIP_BINARY, Connection, raw_request  # noqa: E402
 from tensorgate import Engine, InferenceRequest, TensorView  # noqa: E402
 from tensorgate.builtin.repository import write_default_repository  # noqa: E402
 
@@ -41,56 +42,27 @@ RESULTS = pathlib.Path(__file__).parent / "results"
 
 def binary_request(model: str, port: int) -> bytes:
     """The bytes tritonclient sends for one FP32 [1,3,224,224] input, binary both ways."""
-    tensor = np.random.default_rng(0).standard_normal((1, 3, 224, 224)).astype("<f4").tobytes()
-    header = json.dumps({"inputs": [{"name": "INPUT__0", "shape": [1, 3, 224, 224],
-                                     "datatype": "FP32",
-                                     "parameters": {"binary_data_size": len(tensor)}}],
-                         "outputs": [{"name": "OUTPUT__0",
-                                      "parameters": {"binary_data": True}}]}).encode()
-    head = (f"POST /v2/models/{model}/infer HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
-            f"Inference-Header-Content-Length: {len(header)}\r\n"
-            f"Content-Length: {len(header) + len(tensor)}\r\n\r\n").encode()
-    return head + header + tensor
-
-
-def read_response(sock: socket.socket, buffer: bytearray) -> None:
-    """Read one response (Content-Length framed) into `buffer`, reused between calls."""
-    del buffer[:]
-    view = memoryview(bytearray(1 << 16))
-    while True:
-        n = sock.recv_into(view)
-        if n == 0:
-            raise ConnectionError("server closed the connection")
-        buffer += view[:n]
-        end = buffer.find(b"\r\n\r\n")
-        if end >= 0:
-            break
-    match = re.search(rb"Content-Length: (\d+)", bytes(buffer[:end]))
-    if not buffer.startswith(b"HTTP/1.1 200") or match is None:
-        raise RuntimeError(bytes(buffer[:300]))
-    total = end + 4 + int(match.group(1))
-    while len(buffer) < total:
-        n = sock.recv_into(view)
-        if n == 0:
-            raise ConnectionError("server closed the connection")
-        buffer += view[:n]
+    tensor = np.random.default_rng(0).standard_normal((1, 3, 224, 224)).astype("<f4")
+    path, headers, body = OIP_BINARY.build("/v2/models/{model}/infer", model, tensor)
+    return raw_request(port, path, headers, body)
 
 
 def sequential(port: int, raw: bytes, n: int) -> dict[str, float]:
-    buffer = bytearray()
-    with socket.create_connection(("127.0.0.1", port)) as sock:
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    connection = Connection(port)
+    try:
         for _ in range(max(n // 10, 5)):
-            sock.sendall(raw)
-            read_response(sock, buffer)
+            connection.exchange(raw)
         samples = []
         cpu_start = time.process_time()
         for _ in range(n):
             start = time.perf_counter_ns()
-            sock.sendall(raw)
-            read_response(sock, buffer)
+            status, _, _ = connection.exchange(raw)
             samples.append(time.perf_counter_ns() - start)
+            if status != 200:
+                raise RuntimeError(f"HTTP {status}")
         client_cpu = (time.process_time() - cpu_start) / n
+    finally:
+        connection.close()
     a = np.array(samples) / 1e3
     return {"p50_us": float(np.percentile(a, 50)), "p99_us": float(np.percentile(a, 99)),
             "n": n, "client_cpu_us_per_request": client_cpu * 1e6}
