@@ -30,7 +30,6 @@ import os
 import pathlib
 import platform
 import re
-import resource
 import shutil
 import signal
 import subprocess
@@ -51,7 +50,7 @@ sys.path.insert(0, str(HERE))
 
 import compare_report  # noqa: E402
 from compare_servers import PEERS, WORKLOADS, Ports, Server, servers  # noqa: E402
-from compare_wire import Connection, raw_request  # noqa: E402
+from compare_wire import Connection, raw_request, wrk_load  # noqa: E402
 from tensorgate.builtin.repository import write_default_repository  # noqa: E402
 from tensorgate.pipeline.executor import default_intra_op_threads  # noqa: E402
 
@@ -170,61 +169,12 @@ def sequential(running: Running, model: str, n: int, warmup: int) -> dict[str, A
     return {"us": (samples / 1e3).round(1).tolist(), "client_cpu_us": cpu / n * 1e6}
 
 
-_WRK_SCRIPT = """
-wrk.method = "POST"
-local f = io.open("{body}", "rb")
-wrk.body = f:read("*all")
-f:close()
-{headers}
-local threads = {{}}
-function setup(thread) table.insert(threads, thread) end
-function init(args) bad = 0 end
-function response(status, headers, body)
-  if status ~= 200 or #body < {smallest} then bad = bad + 1 end
-end
-function done(summary, latency, requests)
-  local total = 0
-  for _, t in ipairs(threads) do total = total + t:get("bad") end
-  io.write(string.format("TG bad %d\\n", total))
-  for _, p in ipairs({{50, 90, 99}}) do
-    io.write(string.format("TG p%d %d\\n", p, latency:percentile(p)))
-  end
-  io.write(string.format("TG max %d\\nTG requests %d\\nTG errors %d\\n", latency.max,
-                         summary.requests, summary.errors.connect + summary.errors.read
-                         + summary.errors.write + summary.errors.timeout))
-end
-"""
-
-
 def concurrent(running: Running, model: str, connections: int, seconds: float,
                work: pathlib.Path) -> dict[str, Any]:
     """wrk with `connections` keep-alive connections on one thread; answers' sizes checked."""
-    raw = running.raws[model]
-    head, _, body = raw.partition(b"\r\n\r\n")
-    lines = head.decode("latin-1").split("\r\n")[1:]
-    path = raw.split(b" ", 2)[1].decode()
-    headers = "\n".join(f'wrk.headers["{k}"] = "{v.strip()}"' for k, _, v in
-                        (line.partition(":") for line in lines)
-                        if k not in ("Host", "Content-Length"))
-    (work / "wrk-body.bin").write_bytes(body)
     smallest = running.server.wire.min_body(int(np.prod(WORKLOADS[model])))
-    (work / "wrk.lua").write_text(_WRK_SCRIPT.format(body=work / "wrk-body.bin", headers=headers,
-                                                     smallest=smallest))
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    out = subprocess.run(["wrk", "-t", "1", "-c", str(connections), "-d", f"{max(1, round(seconds))}s",
-                          "--timeout", "30s", "-s", str(work / "wrk.lua"),
-                          f"http://127.0.0.1:{running.ports.http}{path}"],
-                         capture_output=True, text=True, timeout=seconds + 60)
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    values = dict((m.group(1), int(m.group(2))) for m in re.finditer(r"TG (\w+) (\d+)", out.stdout))
-    rate = re.search(r"Requests/sec:\s+([\d.]+)", out.stdout)
-    if rate is None or "requests" not in values:
-        raise RuntimeError(f"wrk failed: {out.stdout[-500:]} {out.stderr[-500:]}")
-    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    return {"connections": connections, "seconds": seconds, "qps": float(rate.group(1)),
-            "p50_us": values["p50"], "p90_us": values["p90"], "p99_us": values["p99"],
-            "max_us": values["max"], "requests": values["requests"], "bad": values["bad"],
-            "errors": values["errors"], "client_cpu_share": cpu / seconds}
+    return wrk_load(running.ports.http, running.raws[model], connections, seconds, smallest,
+                    work)
 
 
 def memory_tree(pid: int) -> dict[str, float]:

@@ -1,4 +1,5 @@
-"""Request bytes for each wire format a benchmarked server speaks, and a lean HTTP/1.1 client.
+"""Request bytes for each wire format a benchmarked server speaks, a lean HTTP/1.1 client,
+and wrk driven with those same bytes.
 
 Requests are built once per server and workload and sent as they are, so the client costs
 the same for every server; `Wire.decode` reads an answer back for the correctness check and
@@ -9,9 +10,13 @@ from __future__ import annotations
 
 import base64
 import json
+import pathlib
+import re
+import resource
 import socket
+import subprocess
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
@@ -122,3 +127,60 @@ class Connection:
         if n == 0:
             raise ConnectionError("the server closed the connection")
         buffer += self._chunk[:n]
+
+
+_WRK_SCRIPT = """
+wrk.method = "POST"
+local f = io.open("{body}", "rb")
+wrk.body = f:read("*all")
+f:close()
+{headers}
+local threads = {{}}
+function setup(thread) table.insert(threads, thread) end
+function init(args) bad = 0 end
+function response(status, headers, body)
+  if status ~= 200 or #body < {smallest} then bad = bad + 1 end
+end
+function done(summary, latency, requests)
+  local total = 0
+  for _, t in ipairs(threads) do total = total + t:get("bad") end
+  io.write(string.format("TG bad %d\\n", total))
+  for _, p in ipairs({{50, 90, 99}}) do
+    io.write(string.format("TG p%d %d\\n", p, latency:percentile(p)))
+  end
+  io.write(string.format("TG max %d\\nTG requests %d\\nTG errors %d\\n", latency.max,
+                         summary.requests, summary.errors.connect + summary.errors.read
+                         + summary.errors.write + summary.errors.timeout))
+end
+"""
+
+
+def wrk_load(port: int, raw: bytes, connections: int, seconds: float, smallest: int,
+             folder: pathlib.Path) -> dict[str, Any]:
+    """Send `raw` (a prebuilt request) with wrk: `connections` keep-alive connections on one
+    thread for `seconds`. Answers that are not 200 or shorter than `smallest` bytes count as
+    bad; wrk's own CPU share is measured (it is a child of this process)."""
+    head, _, body = raw.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")[1:]
+    path = raw.split(b" ", 2)[1].decode()
+    headers = "\n".join(f'wrk.headers["{k}"] = "{v.strip()}"' for k, _, v in
+                        (line.partition(":") for line in lines)
+                        if k not in ("Host", "Content-Length"))
+    (folder / "wrk-body.bin").write_bytes(body)
+    (folder / "wrk.lua").write_text(_WRK_SCRIPT.format(body=folder / "wrk-body.bin",
+                                                       headers=headers, smallest=smallest))
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    out = subprocess.run(["wrk", "-t", "1", "-c", str(connections), "-d",
+                          f"{max(1, round(seconds))}s", "--timeout", "30s",
+                          "-s", str(folder / "wrk.lua"), f"http://127.0.0.1:{port}{path}"],
+                         capture_output=True, text=True, timeout=seconds + 60)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    values = dict((m.group(1), int(m.group(2))) for m in re.finditer(r"TG (\w+) (\d+)", out.stdout))
+    rate = re.search(r"Requests/sec:\s+([\d.]+)", out.stdout)
+    if rate is None or "requests" not in values:
+        raise RuntimeError(f"wrk failed: {out.stdout[-500:]} {out.stderr[-500:]}")
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return {"connections": connections, "seconds": seconds, "qps": float(rate.group(1)),
+            "p50_us": values["p50"], "p90_us": values["p90"], "p99_us": values["p99"],
+            "max_us": values["max"], "requests": values["requests"], "bad": values["bad"],
+            "errors": values["errors"], "client_cpu_share": cpu / seconds}

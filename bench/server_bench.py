@@ -18,7 +18,6 @@ import os
 import pathlib
 import platform
 import re
-import resource
 import shutil
 import signal
 import subprocess
@@ -33,7 +32,7 @@ import torch
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
-from compare_wire import OIP_BINARY, Connection, raw_request  # noqa: E402
+from compare_wire import OIP_BINARY, Connection, raw_request, wrk_load  # noqa: E402
 from tensorgate import Engine, InferenceRequest, TensorView  # noqa: E402
 from tensorgate.builtin.repository import write_default_repository  # noqa: E402
 
@@ -75,39 +74,25 @@ def process_cpu_s(pid: int) -> tuple[float, float]:
     return int(fields[11]) / ticks, int(fields[12]) / ticks
 
 
-def wrk_qps(port: int, model: str, raw: bytes, seconds: int, connections: int,
-            server_pid: int | None = None) -> dict[str, Any]:
+def wrk_qps(port: int, raw: bytes, seconds: int, connections: int,
+            server_pid: int) -> dict[str, Any]:
+    """wrk at `connections` (answers checked: 200 and the identity or resnet50 size), with
+    the server's CPU from /proc around the run."""
     if shutil.which("wrk") is None:
         return {"skipped": "wrk is not installed (apt-get install wrk)"}
-    head, _, body = raw.partition(b"\r\n\r\n")
-    header_length = re.search(rb"Inference-Header-Content-Length: (\d+)", head).group(1).decode()
     folder = pathlib.Path(tempfile.mkdtemp(prefix="tg-wrk-"))
-    (folder / "body.bin").write_bytes(body)
-    (folder / "post.lua").write_text(
-        'wrk.method = "POST"\n'
-        f'local f = io.open("{folder / "body.bin"}", "rb")\n'
-        'wrk.body = f:read("*all")\nf:close()\n'
-        f'wrk.headers["Inference-Header-Content-Length"] = "{header_length}"\n')
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    server_before = process_cpu_s(server_pid) if server_pid else (0.0, 0.0)
-    out = subprocess.run(["wrk", "-t", "1", "-c", str(connections), "-d", f"{seconds}s",
-                          "--latency", "-s", str(folder / "post.lua"),
-                          f"http://127.0.0.1:{port}/v2/models/{model}/infer"],
-                         capture_output=True, text=True, timeout=seconds + 30).stdout
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    server_after = process_cpu_s(server_pid) if server_pid else (0.0, 0.0)
-    shutil.rmtree(folder)
-    qps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
-    errors = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
-    p99 = re.search(r"99%\s+([\d.]+)(us|ms|s)", out)
-    scale = {"us": 1.0, "ms": 1e3, "s": 1e6}
-    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    requests = max(qps * seconds, 1.0)
-    user, system = (a - b for a, b in zip(server_after, server_before))
-    return {"qps": qps, "connections": connections,
-            "p99_us": float(p99.group(1)) * scale[p99.group(2)] if p99 else None,
-            "non_2xx": int(errors.group(1)) if errors else 0,
-            "wrk_cpu_share": cpu / seconds, "wrk_cpu_us_per_request": cpu / requests * 1e6,
+    server_before = process_cpu_s(server_pid)
+    try:
+        load = wrk_load(port, raw, connections, seconds, 4_000, folder)
+    finally:
+        shutil.rmtree(folder)
+    user, system = (a - b for a, b in zip(process_cpu_s(server_pid), server_before))
+    requests = max(load["qps"] * seconds, 1.0)
+    cpu = load["client_cpu_share"] * seconds
+    return {"qps": load["qps"], "connections": connections, "p99_us": load["p99_us"],
+            "bad": load["bad"] + load["errors"],
+            "wrk_cpu_share": load["client_cpu_share"],
+            "wrk_cpu_us_per_request": cpu / requests * 1e6,
             "server_cpu_share": (user + system) / seconds,
             "server_cpu_us_per_request": (user + system) / requests * 1e6,
             "server_kernel_us_per_request": system / requests * 1e6}
@@ -191,8 +176,7 @@ def main() -> None:
         for model, n in counts.items():
             raw = binary_request(model, port)
             rows[model] = {"http_sequential": sequential(port, raw, n),
-                           "http_8_connections": wrk_qps(port, model, raw, seconds, 8,
-                                                         process.pid),
+                           "http_8_connections": wrk_qps(port, raw, seconds, 8, process.pid),
                            "grpc_sequential": grpc_sequential(grpc_port, model, n)}
     finally:
         process.send_signal(signal.SIGTERM)
@@ -220,7 +204,7 @@ def main() -> None:
                   f"({w['server_kernel_us_per_request']:.0f} in the kernel), wrk "
                   f"{w['wrk_cpu_us_per_request']:.0f} µs; cores: server "
                   f"{w['server_cpu_share']:.2f}, wrk {w['wrk_cpu_share']:.2f}; "
-                  f"non-2xx {w['non_2xx']}")
+                  f"bad answers {w['bad']}")
         else:
             print(f"{model:<10}{'HTTP 8 connections':<22}  {w['skipped']}")
     RESULTS.mkdir(exist_ok=True)
