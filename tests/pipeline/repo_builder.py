@@ -107,3 +107,18 @@ def add_python(repo: pathlib.Path, name: str, batching: str = "", delay_s: float
         """)
     (folder / "1" / "model.py").write_text(PYTHON_MODEL)
     torch.save({"scale": torch.tensor(2.0)}, folder / "1" / "scale.pt")
+
+
+class Heavy(torch.nn.Module):
+    """About 2 ms of matrix work per [64, 256] row on one thread: a "heavy" model to the
+    placement code (LIGHT_FORWARD_NS is 0.5 ms), small enough for a test."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        generator = torch.Generator().manual_seed(0)
+        self.weight = torch.nn.Parameter(torch.randn(256, 256, generator=generator) * 0.06)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for _ in range(16):
+            x = torch.tanh(x @ self.weight)
+        return x

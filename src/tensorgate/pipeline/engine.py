@@ -18,7 +18,7 @@ import logging
 import pathlib
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -27,7 +27,7 @@ from tensorgate.errors import (InvalidArgumentError, NotFoundError, TensorgateEr
                                UnavailableError)
 from tensorgate.pipeline.executor import (ExecutorSettings, ExecutorThread, PostprocessPool,
                                           default_intra_op_threads)
-from tensorgate.pipeline.placement import pin_current_thread, plan_placement
+from tensorgate.pipeline.placement import LIGHT_FORWARD_NS, pin_current_thread, plan_placement
 from tensorgate.pipeline.postprocess import build_postprocessor
 from tensorgate.pipeline.scheduler import Scheduler
 from tensorgate.pipeline.stats import ModelStatistics, StageTimes
@@ -42,6 +42,8 @@ from tensorgate.tensor.view import TensorView
 __all__ = ["Engine", "InferenceRequest", "InferenceResult"]
 
 log = logging.getLogger("tensorgate.engine")
+
+SPARE_SLOWDOWN = 1.5
 
 
 @dataclass
@@ -186,7 +188,8 @@ class Engine:
                 directory=source.directory / str(version), device=device,
                 intra_op_threads=_int_parameter(spec, ("INTRA_OP_THREAD_COUNT", "NUM_THREADS"),
                                                 self._threads),
-                cpu_affinity=_affinity(spec), placement=self._placement, cuda_graphs=_flag(spec, "cuda_graphs", True),
+                cpu_affinity=_affinity(spec), placement=self._placement,
+                cuda_graphs=_flag(spec, "cuda_graphs", True),
                 postprocessor=postprocessor)
             executors.append(ExecutorThread(
                 f"tg-exec-{spec.name}-v{version}-{index}", settings, loop, self._pool,
@@ -203,7 +206,53 @@ class Engine:
             scheduler.add_executor(executor)
         log.info("model %s v%d ready on %s", spec.name, version,
                  ", ".join(f"{e.settings.device} ({e.cpus})" for e in executors))
+        if self._wants_spare(spec, executors):
+            await self._add_spare(spec, version, scheduler, executors)
         return _Version(spec, version, scheduler, executors, stats)
+
+    def _wants_spare(self, spec: ModelSpec, executors: list[ExecutorThread]) -> bool:
+        """A heavy CPU model left to the defaults gets a spare instance on the loop's cores.
+
+        With one instance the loop's core idles under a heavy model: on 2 cores ResNet-50
+        served 13.6 requests/s with one instance and 24.6 with a second on the loop's core
+        (bench/RESULTS.md). A model configured with instance_group or cpu_affinity keeps
+        exactly what it asked for. The spare must not be much slower than the first instance
+        (1 thread against 15 would only add a tail), so it needs at least 1/SPARE_SLOWDOWN of
+        the first's intra-op threads.
+        """
+        if self._placement is None or spec.instance_groups or "cpu_affinity" in spec.parameters:
+            return False
+        if len(executors) != 1:
+            return False
+        first = executors[0]
+        return (first.settings.device.type == "cpu" and first.runner is not None
+                and first.runner.shareable and first.forward_ns is not None
+                and first.forward_ns >= LIGHT_FORWARD_NS
+                and len(self._placement.loop_cpus) * SPARE_SLOWDOWN
+                >= first.settings.intra_op_threads)
+
+    async def _add_spare(self, spec: ModelSpec, version: int, scheduler: Scheduler,
+                         executors: list[ExecutorThread]) -> None:
+        """Run the first instance's model (the same weights, no second copy) on the loop's
+        cores, for batches that arrive while the first instance is busy."""
+        assert self._placement is not None
+        first = executors[0]
+        loop_cpus = self._placement.loop_cpus
+        settings = replace(first.settings, cpu_affinity=loop_cpus,
+                           intra_op_threads=len(loop_cpus), shared_runner=first.runner)
+        spare = ExecutorThread(f"tg-exec-{spec.name}-v{version}-spare", settings,
+                               asyncio.get_running_loop(), self._pool, self._postprocess,
+                               scheduler.on_batch_done, scheduler.on_idle)
+        spare.start()
+        try:
+            await spare.ready
+        except Exception as error:  # noqa: BLE001 - the model serves on without it
+            log.warning("model %s v%d: no spare instance: %s", spec.name, version, error)
+            return
+        executors.append(spare)
+        scheduler.add_executor(spare, spare=True)
+        log.info("model %s v%d: a spare instance on %s for batches that arrive while the "
+                 "first is busy", spec.name, version, spare.cpus)
 
     def _devices(self, spec: ModelSpec) -> list[torch.device]:
         groups = spec.instance_groups or ()

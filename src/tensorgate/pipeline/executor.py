@@ -82,6 +82,9 @@ class ExecutorSettings:
     placement: Placement | None
     cuda_graphs: bool
     postprocessor: Postprocessor | None
+    # A runner another instance of this version loaded, run here too instead of a second copy
+    # of the weights (only runners whose forward is safe on two threads at once).
+    shared_runner: Runner | None = None
 
 
 class ExecutorThread:
@@ -103,11 +106,18 @@ class ExecutorThread:
         self._graphs: GraphSet | None = None
         self._stream: Any = None
         self.cpus = "any"  # where it ended up, for the start-up log
+        self.forward_ns: int | None = None  # batch-1 forward, measured at start on CPU
+        self.batches_run = 0  # written by this thread only
         self.ready: asyncio.Future[None] = loop.create_future()
         self.stopped: asyncio.Future[None] = loop.create_future()
         self._thread = threading.Thread(target=self._main, name=name, daemon=True)
 
     # -- called on the loop ----------------------------------------------------------------
+
+    @property
+    def runner(self) -> Runner | None:
+        """The loaded model, once `ready`: what a second instance may share."""
+        return self._runner
 
     def start(self) -> None:
         self._thread.start()
@@ -157,25 +167,34 @@ class ExecutorThread:
             torch.cuda.set_device(s.device)
             self._stream = torch.cuda.Stream(s.device)
         with torch.inference_mode(), self._on_stream():
-            self._runner = load_runner(s.artifact, s.kind, s.spec, context)
-            self._warm_up()
+            if s.shared_runner is not None:  # loaded and warmed by its first instance
+                self._runner = s.shared_runner
+            else:
+                self._runner = load_runner(s.artifact, s.kind, s.spec, context)
+                self._warm_up()
+            if s.placement is not None and s.device.type == "cpu" and s.shared_runner is None:
+                self.forward_ns = self._forward_cost()
             if s.cpu_affinity:
                 self.cpus = _cpu_text(s.cpu_affinity)
             elif s.placement is not None and s.device.type == "cpu":
                 self._place(s.placement)
 
-    def _place(self, placement: Placement) -> None:
-        """Move onto the loop's core when a batch-1 forward is light (overhead-bound)."""
+    def _forward_cost(self) -> int | None:
+        """The median of five batch-1 forwards here, or None when inputs cannot be made."""
         inputs = warmup_inputs(self.settings.spec, 1, self.settings.device)
         runner = self._runner
-        cost = LIGHT_FORWARD_NS
-        if inputs is not None and runner is not None:
-            samples = []
-            for _ in range(5):
-                started = time.perf_counter_ns()
-                runner.run(inputs)
-                samples.append(time.perf_counter_ns() - started)
-            cost = sorted(samples)[2]
+        if inputs is None or runner is None:
+            return None
+        samples = []
+        for _ in range(5):
+            started = time.perf_counter_ns()
+            runner.run(inputs)
+            samples.append(time.perf_counter_ns() - started)
+        return sorted(samples)[2]
+
+    def _place(self, placement: Placement) -> None:
+        """Move onto the loop's core when a batch-1 forward is light (overhead-bound)."""
+        cost = LIGHT_FORWARD_NS if self.forward_ns is None else self.forward_ns
         if cost < LIGHT_FORWARD_NS:
             pin_current_thread(placement.loop_cpus)
             self.cpus = f"{_cpu_text(placement.loop_cpus)} (the loop's; forward {cost / 1e3:.0f} µs)"
@@ -225,6 +244,7 @@ class ExecutorThread:
                     self._stream.synchronize()
             batch.input_ns = gathered - started
             batch.infer_ns = time.monotonic_ns() - gathered
+            self.batches_run += 1
         except Exception as error:  # the model's fault fails this batch only
             batch.error = _model_error(s.spec.name, error)
             self._report(self._on_done_and_idle, batch)

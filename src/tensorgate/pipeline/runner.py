@@ -51,10 +51,14 @@ class Runner:
     """`run(inputs)` on the executor; `postprocess(raw)` wherever the pipeline puts it."""
 
     def __init__(self, forward: Callable[[dict[str, torch.Tensor]], Any],
-                 postprocess: Callable[[Any], Any] | None, module: torch.nn.Module | None) -> None:
+                 postprocess: Callable[[Any], Any] | None, module: torch.nn.Module | None,
+                 *, shareable: bool = False) -> None:
         self.run = forward
         self.postprocess = postprocess
         self.module = module  # for CUDA-graph capture and device moves; None for Python models
+        # True when two threads may run `run` at once without the GIL and without touching
+        # shared state: a TorchScript module in eval mode. A Python model may keep state.
+        self.shareable = shareable
 
 
 def _positional(call: Callable[..., Any], spec: ModelSpec) -> Callable[[dict[str, torch.Tensor]], Any]:
@@ -68,7 +72,7 @@ def _positional(call: Callable[..., Any], spec: ModelSpec) -> Callable[[dict[str
 def _load_torchscript(path: pathlib.Path, spec: ModelSpec, device: torch.device) -> Runner:
     module = torch.jit.load(str(path), map_location=device)
     module.eval()
-    return Runner(_positional(module, spec), None, module)
+    return Runner(_positional(module, spec), None, module, shareable=True)
 
 
 def _load_pt2(path: pathlib.Path, spec: ModelSpec, device: torch.device) -> Runner:

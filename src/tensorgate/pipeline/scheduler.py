@@ -44,7 +44,8 @@ class Scheduler:
         self._max_queue = policy.max_queue_size if policy is not None else 0
         self._preserve_order = policy.preserve_ordering if policy is not None else False
         self._queue: deque[WorkItem] = deque()
-        self._idle: list[_Executor] = []
+        self._idle: list[_Executor] = []  # a stack: the last to finish runs next (warm caches)
+        self._spares: set[_Executor] = set()  # taken only when no other executor is idle
         self._running: set[Batch] = set()
         self._deadlines = 0  # queued items that carry a deadline
         self._timer: asyncio.TimerHandle | None = None
@@ -61,9 +62,11 @@ class Scheduler:
     def busy(self) -> bool:
         return bool(self._queue) or bool(self._running)
 
-    def add_executor(self, executor: _Executor) -> None:
-        self._idle.append(executor)
-        self._schedule()
+    def add_executor(self, executor: _Executor, *, spare: bool = False) -> None:
+        """Give batches to `executor`; a `spare` one only runs when every other is busy."""
+        if spare:
+            self._spares.add(executor)
+        self.on_idle(executor)
 
     def submit(self, item: WorkItem) -> None:
         """Queue `item`, or raise at once: UNAVAILABLE when closed or the queue is full."""
@@ -217,7 +220,10 @@ class Scheduler:
     # -- results (called on the loop by the executor, through call_soon_threadsafe) ----------
 
     def on_idle(self, executor: _Executor) -> None:
-        self._idle.append(executor)
+        if executor in self._spares:
+            self._idle.insert(0, executor)  # the bottom of the stack
+        else:
+            self._idle.append(executor)
         self._schedule()
 
     def on_batch_done(self, batch: Batch) -> None:

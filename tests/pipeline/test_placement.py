@@ -1,0 +1,117 @@
+"""Placement "auto": light models join the loop's core; a heavy CPU model left to the
+defaults gets a spare instance there that shares its weights and only runs when the first
+instance is busy."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import pathlib
+import threading
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+from tensorgate import Engine, InferenceRequest, TensorView
+from tensorgate.pipeline.placement import plan_placement
+from tests.pipeline import repo_builder as rb
+from tests.pipeline.conftest import run
+
+pytestmark = pytest.mark.skipif(plan_placement("auto") is None,
+                                reason="placement needs Linux and two or more usable CPUs")
+
+
+@pytest.fixture(autouse=True)
+def two_cpus() -> Iterator[list[int]]:
+    """Two CPUs, as on the machine these defaults were measured on (loop on the first, the
+    first instance on the second); afterwards pytest's thread, which the engine pins to the
+    loop's CPU, gets all of its CPUs back."""
+    cpus = os.sched_getaffinity(0)
+    two = sorted(cpus)[:2]
+    os.sched_setaffinity(0, two)
+    yield two
+    os.sched_setaffinity(0, cpus)
+
+
+@pytest.fixture(scope="module")
+def placement_repo(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
+    root = tmp_path_factory.mktemp("placement")
+    second = sorted(os.sched_getaffinity(0))[1]
+    pinned = f'parameters {{ key: "cpu_affinity" value {{ string_value: "{second}" }} }}'
+    one = "instance_group [ { count: 1 kind: KIND_CPU } ]"
+    threads = 'parameters { key: "INTRA_OP_THREAD_COUNT" value { string_value: "2" } }'
+    for name, extra in (("heavy", ""), ("heavy_one", one), ("heavy_pinned", pinned),
+                        ("heavy_threads", threads)):
+        rb.add_torchscript(root, name, rb.Heavy(), [64, 256], [64, 256], max_batch=0, extra=extra)
+    rb.add_torchscript(root, "light", rb.Identity(), [4], [4], max_batch=0)
+    return root
+
+
+def _request(model: str, seed: int) -> InferenceRequest:
+    x = torch.randn(64, 256, generator=torch.Generator().manual_seed(seed))
+    return InferenceRequest(model, {"INPUT__0": TensorView.from_torch(x, name="INPUT__0")})
+
+
+def test_heavy_model_gets_a_spare_that_runs_only_when_the_first_is_busy(
+        placement_repo: pathlib.Path, two_cpus: list[int]) -> None:
+    direct = torch.jit.script(rb.Heavy().eval())
+
+    async def scenario() -> None:
+        engine = Engine(placement_repo, placement="auto")
+        await engine.start(["heavy"])
+        version = engine._models["heavy"][1]
+        first, spare = version.executors  # one thread against one on 2 cores
+        assert (first.cpus, spare.cpus) == (f"cpu {two_cpus[1]}", f"cpu {two_cpus[0]}")
+        assert spare.runner is first.runner  # one copy of the weights
+
+        for seed in range(4):  # one at a time: always the first instance
+            await engine.infer(_request("heavy", seed))
+        assert (first.batches_run, spare.batches_run) == (4, 0)
+
+        results = await asyncio.gather(*(engine.infer(_request("heavy", s)) for s in range(6)))
+        assert spare.batches_run > 0 and first.batches_run + spare.batches_run == 10
+        for seed, result in enumerate(results):  # the same answers from either instance
+            x = _request("heavy", seed).inputs["INPUT__0"].torch()
+            torch.testing.assert_close(result.outputs["OUTPUT__0"].torch(), direct(x))
+        await engine.shutdown()
+    run(scenario())
+
+
+def test_configured_and_light_models_get_no_spare(placement_repo: pathlib.Path,
+                                                  two_cpus: list[int]) -> None:
+    async def scenario() -> None:
+        engine = Engine(placement_repo, placement="auto")
+        # heavy_threads: a spare of 1 thread would be twice as slow as its 2-thread first
+        names = ["heavy_one", "heavy_pinned", "heavy_threads", "light"]
+        await engine.start(names)
+        for name in names:
+            version = engine._models[name][1]
+            assert len(version.executors) == 1, name
+        light = engine._models["light"][1].executors[0]
+        assert light.cpus.startswith(f"cpu {two_cpus[0]} (the loop's")
+        await engine.shutdown()
+    run(scenario())
+
+
+def test_unload_stops_the_spare_too(placement_repo: pathlib.Path) -> None:
+    async def scenario() -> None:
+        engine = Engine(placement_repo, placement="auto")
+        await engine.start(["heavy"])
+        spare = engine._models["heavy"][1].executors[1]
+        await engine.unload("heavy")
+        assert spare.stopped.done()
+        await engine.shutdown()
+    run(scenario())
+    for thread in [t for t in threading.enumerate() if t.name.endswith("-spare")]:
+        thread.join(timeout=5.0)  # it settles `stopped`, then returns
+        assert not thread.is_alive()
+
+
+def test_no_placement_no_spare(placement_repo: pathlib.Path) -> None:
+    async def scenario() -> None:
+        engine = Engine(placement_repo, placement="none")
+        await engine.start(["heavy"])
+        assert len(engine._models["heavy"][1].executors) == 1
+        await engine.shutdown()
+    run(scenario())
