@@ -11,7 +11,8 @@ the rounds. Peers that are not installed are skipped with a message.
 Per server and workload: sequential batch-1 latency over one keep-alive connection (a lean
 socket client with the request bytes built once; its CPU per request is reported), QPS and
 latency at 1/4/16/64 connections with `wrk` (its CPU share is reported), RSS and PSS of the
-server's whole process tree after load, start-up from launch to the first good resnet50
+server's whole process tree after load (once the tree has been idle for 2 s) and its peak RSS,
+start-up from launch to the first good resnet50
 answer. Every answer is checked: its size on every request (wrk counts bad ones), its values
 against the floor's on the first.
 
@@ -177,8 +178,8 @@ def concurrent(running: Running, model: str, connections: int, seconds: float,
                     work)
 
 
-def memory_tree(pid: int) -> dict[str, float]:
-    """RSS and PSS in MB summed over `pid` and all its descendants."""
+def tree_pids(pid: int) -> list[int]:
+    """`pid` and all its descendants."""
     children: dict[int, list[int]] = {}
     for entry in pathlib.Path("/proc").iterdir():
         if entry.name.isdigit():
@@ -187,18 +188,60 @@ def memory_tree(pid: int) -> dict[str, float]:
             except OSError:
                 continue
             children.setdefault(int(fields[1]), []).append(int(entry.name))
-    todo, rss, pss, count = [pid], 0, 0, 0
+    todo, found = [pid], []
     while todo:
         current = todo.pop()
+        found.append(current)
         todo.extend(children.get(current, []))
+    return found
+
+
+def tree_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) used so far by `pid`'s process tree."""
+    ticks = 0
+    for member in tree_pids(pid):
         try:
-            text = pathlib.Path(f"/proc/{current}/smaps_rollup").read_text()
+            fields = pathlib.Path(f"/proc/{member}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        ticks += int(fields[11]) + int(fields[12])
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def settle(pid: int, idle_s: float = 2.0, limit_s: float = 60.0) -> float:
+    """Wait until the tree has used under 5 % of a core for `idle_s` on end (a server may
+    still be running the last batch of 64 that wrk left behind), at most `limit_s`; returns
+    the seconds waited. Every server gets the same rule before its memory is read."""
+    began = time.perf_counter()
+    quiet_since = began
+    last = tree_cpu_s(pid)
+    while time.perf_counter() - began < limit_s:
+        time.sleep(0.25)
+        now, used = time.perf_counter(), tree_cpu_s(pid)
+        if used - last > 0.05 * 0.25:
+            quiet_since = now
+        last = used
+        if now - quiet_since >= idle_s:
+            break
+    return time.perf_counter() - began
+
+
+def memory_tree(pid: int) -> dict[str, float]:
+    """RSS, PSS and peak RSS (VmHWM; each process's own peak, summed) in MB over `pid` and
+    all its descendants."""
+    rss, pss, peak, count = 0, 0, 0, 0
+    for member in tree_pids(pid):
+        try:
+            text = pathlib.Path(f"/proc/{member}/smaps_rollup").read_text()
+            status = pathlib.Path(f"/proc/{member}/status").read_text()
         except OSError:
             continue
         count += 1
         rss += int(re.search(r"^Rss:\s+(\d+)", text, re.M).group(1))
         pss += int(re.search(r"^Pss:\s+(\d+)", text, re.M).group(1))
-    return {"rss_mb": rss / 1024, "pss_mb": pss / 1024, "processes": count}
+        peak += int(re.search(r"^VmHWM:\s+(\d+)", status, re.M).group(1))
+    return {"rss_mb": rss / 1024, "pss_mb": pss / 1024, "peak_rss_mb": peak / 1024,
+            "processes": count}
 
 
 def tensorgate_details(running: Running) -> dict[str, Any]:
@@ -301,7 +344,8 @@ def measure_server(server: Server, work: pathlib.Path, x: np.ndarray,
                     print(f"  {model}: {c} connections, {points[-1]['qps']:,.1f} QPS, "
                           f"P99 {points[-1]['p99_us'] / 1e3:,.1f} ms", flush=True)
                 entry["concurrent"].append(points)
-        record["memory"].append(memory_tree(running.process.pid))
+        waited = settle(running.process.pid)
+        record["memory"].append({**memory_tree(running.process.pid), "settled_s": waited})
         if server.name == "tensorgate":
             record["tensorgate"] = tensorgate_details(running)
     finally:

@@ -55,6 +55,9 @@ def summarize(result: dict[str, Any]) -> dict[str, Any]:
             row["rss_mb"] = statistics.median(m["rss_mb"] for m in record["memory"])
             row["pss_mb"] = statistics.median(m["pss_mb"] for m in record["memory"])
             row["processes"] = max(m["processes"] for m in record["memory"])
+            if all("peak_rss_mb" in m for m in record["memory"]):  # runs before 2026-11-30
+                row["peak_rss_mb"] = statistics.median(m["peak_rss_mb"] for m in record["memory"])
+                row["settled_s"] = max(m["settled_s"] for m in record["memory"])
         for key in ("version", "wire", "note", "batching", "errors", "tensorgate"):
             if key in record:
                 row[key] = record[key]
@@ -118,6 +121,22 @@ def concurrency_table(s: dict[str, Any], model: str) -> list[str]:
         cpu = max(v["client_cpu_share"] for v in w.values())
         bad = sum(v["bad"] for v in w.values())
         lines.append(f"| {name} | " + " | ".join(cells) + f" | {cpu:.0%} | {bad} |")
+    return lines
+
+
+def memory_table(s: dict[str, Any]) -> list[str]:
+    """Memory of each server's whole process tree, read once it had been idle for 2 s after
+    the last load; the peak is each process's VmHWM, summed (shared pages count per process,
+    as in RSS)."""
+    lines = ["| memory, whole process tree | RSS after load MB | PSS MB | peak RSS MB "
+             "| processes | idle wait s |", "|---|---:|---:|---:|---:|---:|"]
+    for name, row in s.items():
+        if "rss_mb" not in row:
+            continue
+        peak = f"{row['peak_rss_mb']:,.0f}" if "peak_rss_mb" in row else "–"
+        wait = f"{row['settled_s']:.1f}" if "settled_s" in row else "–"
+        lines.append(f"| {name} | {row['rss_mb']:,.0f} | {row['pss_mb']:,.0f} | {peak} "
+                     f"| {row['processes']} | {wait} |")
     return lines
 
 
@@ -187,6 +206,7 @@ def report(result: dict[str, Any]) -> str:
              f"`{result.get('command', '.venv/bin/python bench/compare.py')}`.", ""]
     for model in ("resnet50", "identity"):
         lines += seed_table(s, model) + [""]
+    lines += memory_table(s) + [""]
     lines += sequential_table(s) + [""]
     for model in ("identity", "resnet50"):
         table = concurrency_table(s, model)

@@ -100,3 +100,12 @@ def test_render_replaces_only_its_block(result: dict, tmp_path: pathlib.Path,
     assert second.count(compare_report.BEGIN) == 1 and second.endswith("kept below\n")
     assert "| 9.00 |" in second
     assert "Goals" in capsys.readouterr().out
+
+
+def test_memory_table_shows_the_peak_and_the_idle_wait_and_reads_older_runs(result: dict) -> None:
+    result["servers"]["tensorgate"]["memory"] = [
+        {"rss_mb": 500.0, "pss_mb": 450.0, "peak_rss_mb": 900.0, "processes": 1, "settled_s": 2.5},
+        {"rss_mb": 520.0, "pss_mb": 470.0, "peak_rss_mb": 1100.0, "processes": 1, "settled_s": 9.0}]
+    lines = compare_report.memory_table(compare_report.summarize(result))
+    assert "| tensorgate | 510 | 460 | 1,000 | 1 | 9.0 |" in lines
+    assert "| triton | 1,000 | 900 | – | 1 | – |" in lines  # a run from before peaks were read

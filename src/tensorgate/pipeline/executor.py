@@ -32,7 +32,9 @@ import torch
 from tensorgate.errors import InternalError, TensorgateError
 from tensorgate.model import ModelContext
 from tensorgate.pipeline.batching import gather_rows, split_rows
+from tensorgate.pipeline import heap
 from tensorgate.pipeline.cuda_graphs import GraphSet, graph_batch_sizes, map_tensors
+from tensorgate.pipeline.heap import heap_trimmer
 from tensorgate.pipeline.placement import (LIGHT_FORWARD_NS, Placement, pin_current_thread)
 from tensorgate.pipeline.postprocess import Postprocessor
 from tensorgate.pipeline.runner import Runner, load_runner, name_outputs, warmup_inputs
@@ -108,6 +110,7 @@ class ExecutorThread:
         self.cpus = "any"  # where it ended up, for the start-up log
         self.forward_ns: int | None = None  # batch-1 forward, measured at start on CPU
         self.batches_run = 0  # written by this thread only
+        self.heap_trims = 0
         self.ready: asyncio.Future[None] = loop.create_future()
         self.stopped: asyncio.Future[None] = loop.create_future()
         self._thread = threading.Thread(target=self._main, name=name, daemon=True)
@@ -145,10 +148,20 @@ class ExecutorThread:
             self._report(_settle, self.stopped, None)
             return
         self._report(_settle, self.ready, None)
+        trim = heap_trimmer() if self.settings.device.type == "cpu" else None
+        untrimmed = False  # a batch of several rows ran since the last trim
         while True:
-            batch = self._queue.get()
+            try:
+                batch = self._queue.get(timeout=heap.IDLE_TRIM_S if untrimmed else None)
+            except queue.Empty:  # idle after a burst: hand its heap back to the system
+                assert trim is not None
+                trim()
+                self.heap_trims += 1
+                untrimmed = False
+                continue
             if batch is _STOP:
                 break
+            untrimmed = untrimmed or (trim is not None and batch.rows > 1)
             self._execute(batch)
             del batch  # not held while idle: its buffers go back to the pool now
         self._teardown()

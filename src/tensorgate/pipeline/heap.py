@@ -1,0 +1,37 @@
+"""Give the C heap's free memory back to the operating system when an executor goes idle.
+
+torch's CPU tensors are glibc mallocs. After a large batch (ResNet-50 at batch 14–64 on CPU)
+glibc keeps the freed activations in the executor thread's arena, so the process stays at
+its burst size: on 2 cores, with a spare instance, 1.30 GB after a 64-connection burst
+against 0.84 GB when the heap is trimmed. Trimming takes 3–30 ms and makes the next large
+batch fault its pages in again, so it runs only after the executor has been idle for a
+while, never between batches under load.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import sys
+from collections.abc import Callable
+
+__all__ = ["IDLE_TRIM_S", "heap_trimmer"]
+
+IDLE_TRIM_S = 1.0  # idle this long after a batch of more than one row, then trim
+
+
+def heap_trimmer() -> Callable[[], None] | None:
+    """glibc's `malloc_trim(0)`, or None where there is no glibc (macOS, musl)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        trim = libc.malloc_trim
+    except (OSError, AttributeError):
+        return None
+    trim.argtypes = [ctypes.c_size_t]
+    trim.restype = ctypes.c_int
+
+    def release() -> None:
+        trim(0)
+    return release
