@@ -18,6 +18,9 @@ against the floor's on the first.
 
     .venv/bin/python bench/compare.py [--quick] [--servers tensorgate,triton] [--rounds N]
     .venv/bin/python bench/compare.py --render-only        (re-render from the JSON)
+    python3 bench/compare.py --device cuda --servers tensorgate,triton   (on the GPU device,
+        from bench/gpu_check.sh: every model on the GPU, the floor with a CUDA graph, the socket
+        client where wrk is missing; numbers in compare-cuda.json and their own RESULTS.md block)
 
 Raw numbers go to bench/results/compare.json (or --json); the table, plots and the block in
 bench/RESULTS.md are rendered from that file by bench/compare_report.py.
@@ -40,7 +43,7 @@ import time
 import urllib.request
 import warnings
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -51,7 +54,7 @@ sys.path.insert(0, str(HERE))
 
 import compare_report  # noqa: E402
 from compare_servers import PEERS, WORKLOADS, Ports, Server, servers  # noqa: E402
-from compare_wire import Connection, raw_request, wrk_load  # noqa: E402
+from compare_wire import Connection, raw_request, socket_load, wrk_load  # noqa: E402
 from tensorgate.builtin.repository import write_default_repository  # noqa: E402
 from tensorgate.pipeline.executor import default_intra_op_threads  # noqa: E402
 
@@ -142,7 +145,10 @@ def check_answers(running: Running, x: np.ndarray, expected: dict[str, np.ndarra
             differences[model] = float(np.max(np.abs(got - want)))
     finally:
         connection.close()
-    if differences["identity"] != 0.0 or differences["resnet50"] > 1e-2:
+    # on a GPU, TF32 convolutions and per-batch-size kernels differ more: a relative bound
+    scale = (max(1.0, float(np.max(np.abs(expected["resnet50"]))))
+             if os.environ.get("TG_BENCH_DEVICE") == "cuda" else 1.0)
+    if differences["identity"] != 0.0 or differences["resnet50"] > 1e-2 * scale:
         raise RuntimeError(f"{running.server.name}: answers differ from the floor: {differences}")
     return differences
 
@@ -171,9 +177,13 @@ def sequential(running: Running, model: str, n: int, warmup: int) -> dict[str, A
 
 
 def concurrent(running: Running, model: str, connections: int, seconds: float,
-               work: pathlib.Path) -> dict[str, Any]:
-    """wrk with `connections` keep-alive connections on one thread; answers' sizes checked."""
+               work: pathlib.Path, client: str) -> dict[str, Any]:
+    """`connections` keep-alive connections for `seconds`, from wrk (one thread) or the
+    socket client; every answer's size checked."""
     smallest = running.server.wire.min_body(int(np.prod(WORKLOADS[model])))
+    if client == "socket":
+        return socket_load(running.ports.http, running.raws[model], connections, seconds,
+                           smallest)
     return wrk_load(running.ports.http, running.raws[model], connections, seconds, smallest,
                     work)
 
@@ -270,8 +280,10 @@ def urlopen_text(url: str) -> str:
 
 
 def floor(models: pathlib.Path, x: np.ndarray, counts: dict[str, int],
-          warmup: dict[str, int]) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+          warmup: dict[str, int], device: str = "cpu") -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     """The same TorchScript files called in this process with the same thread count."""
+    if device == "cuda":
+        return cuda_floor(models, x, counts, warmup)
     torch.set_num_threads(default_intra_op_threads())
     results, outputs = {}, {}
     for model in WORKLOADS:
@@ -292,6 +304,56 @@ def floor(models: pathlib.Path, x: np.ndarray, counts: dict[str, int],
     return results, outputs
 
 
+def cuda_graph_call(module: torch.jit.ScriptModule, x: np.ndarray) -> Callable[[], np.ndarray]:
+    """One request, host to host: the input from pinned memory, one CUDA graph replay, the
+    output back into pinned memory, on a stream of its own."""
+    device = torch.device("cuda")
+    host_in = torch.from_numpy(x).pin_memory()
+    stream = torch.cuda.Stream()
+    with torch.inference_mode(), torch.cuda.stream(stream):
+        static_in = host_in.to(device)
+        for _ in range(3):  # warm the kernels (and TorchScript's profiling) off the graph
+            module(static_in)
+        stream.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            static_out = module(static_in)
+    host_out = torch.empty(static_out.shape, dtype=static_out.dtype, pin_memory=True)
+
+    def call() -> np.ndarray:
+        with torch.cuda.stream(stream):
+            static_in.copy_(host_in, non_blocking=True)
+            graph.replay()
+            host_out.copy_(static_out, non_blocking=True)
+        stream.synchronize()
+        return host_out.numpy()
+    return call
+
+
+def cuda_floor(models: pathlib.Path, x: np.ndarray, counts: dict[str, int],
+               warmup: dict[str, int]) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """The best a server could do on the GPU: `cuda_graph_call` timed in this process."""
+    results, outputs = {}, {}
+    for model in WORKLOADS:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            module = torch.jit.load(str(models / model / "1" / "model.pt"),
+                                    map_location="cuda").eval()
+        call = cuda_graph_call(module, x)
+        for _ in range(warmup[model]):
+            call()
+        samples = np.empty(counts[model], dtype=np.int64)
+        for i in range(counts[model]):
+            begin = time.perf_counter_ns()
+            call()
+            samples[i] = time.perf_counter_ns() - begin
+        outputs[model] = call().copy()
+        results[model] = {"us": (samples / 1e3).round(1).tolist()}
+        del call, module
+        torch.cuda.empty_cache()
+    return results, outputs
+
+
 # ---------------------------------------------------------------------------------------------
 # The run
 
@@ -304,6 +366,10 @@ class Plan:
     levels: dict[str, tuple[int, ...]]  # concurrent connections per workload
     seconds: dict[str, float]  # wrk duration per point; resnet50's grows with the connections
     startups: int  # start-up samples per server (rounds beyond the measuring ones start only)
+    # seconds of load per connection, so that a point lasts several full rounds: a resnet50
+    # batch of 64 takes seconds on two cores, and wrk counts only finished requests
+    per_connection_s: dict[str, float] = field(
+        default_factory=lambda: {"identity": 0.0, "resnet50": 0.16})
 
 
 FULL = Plan(rounds=2, counts={"identity": 2000, "resnet50": 300},
@@ -314,18 +380,22 @@ QUICK = Plan(rounds=1, counts={"identity": 200, "resnet50": 10},
              warmup={"identity": 20, "resnet50": 2},
              levels={"identity": (1, 16), "resnet50": (1,)},
              seconds={"identity": 1.0, "resnet50": 2.0}, startups=1)
+# The GPU device: one round (its 15 minutes are shared with the CUDA tests), ≥ 1,000
+# sequential requests a workload, and short points since a batch takes milliseconds there
+CUDA = Plan(rounds=1, counts={"identity": 1000, "resnet50": 1000},
+            warmup={"identity": 100, "resnet50": 100},
+            levels={"identity": (1, 4, 16, 64), "resnet50": (1, 4, 16, 64)},
+            seconds={"identity": 3.0, "resnet50": 3.0}, startups=1,
+            per_connection_s={"identity": 0.0, "resnet50": 0.0})
 
 
 def duration(plan: Plan, model: str, connections: int) -> float:
-    """Long enough for several full rounds of `connections` requests: a resnet50 batch of 64
-    takes seconds on two cores, and wrk counts only finished requests."""
-    per_request = {"identity": 0.0, "resnet50": 0.16}[model]  # about two batches of 64
-    return max(plan.seconds[model], connections * per_request)
+    return max(plan.seconds[model], connections * plan.per_connection_s[model])
 
 
 def measure_server(server: Server, work: pathlib.Path, x: np.ndarray,
                    expected: dict[str, np.ndarray], plan: Plan, record: dict[str, Any],
-                   rounds: int) -> None:
+                   rounds: int, client: str | None) -> None:
     running, startup = start(server, work, x)
     record["startup_s"].append(startup)
     try:
@@ -337,10 +407,11 @@ def measure_server(server: Server, work: pathlib.Path, x: np.ndarray,
             entry["sequential"].append(part)
             print(f"  {model}: {len(part['us'])} sequential, P50 {np.median(part['us']):,.0f} µs "
                   f"({time.perf_counter() - began:.0f} s)", flush=True)
-            if shutil.which("wrk"):
+            if client is not None:
                 points = []
                 for c in plan.levels[model]:
-                    points.append(concurrent(running, model, c, duration(plan, model, c), work))
+                    points.append(concurrent(running, model, c, duration(plan, model, c), work,
+                                             client))
                     print(f"  {model}: {c} connections, {points[-1]['qps']:,.1f} QPS, "
                           f"P99 {points[-1]['p99_us'] / 1e3:,.1f} ms", flush=True)
                 entry["concurrent"].append(points)
@@ -356,8 +427,21 @@ def _interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt(f"signal {signum}")  # unwinds through `finally`: servers stop
 
 
-def run(plan: Plan, names: list[str], output: pathlib.Path) -> dict[str, Any]:
+def choose_client(choice: str) -> str | None:
+    """"wrk" where it is installed, else the socket client (compare_wire.socket_load)."""
+    if choice == "auto":
+        return "wrk" if shutil.which("wrk") else "socket"
+    if choice == "wrk" and shutil.which("wrk") is None:
+        print("wrk is not installed (apt-get install wrk): concurrency figures are skipped",
+              flush=True)
+        return None
+    return choice
+
+
+def run(plan: Plan, names: list[str], output: pathlib.Path, device: str = "cpu",
+        client_choice: str = "auto") -> dict[str, Any]:
     signal.signal(signal.SIGTERM, _interrupt)
+    os.environ["TG_BENCH_DEVICE"] = device  # the peers' workloads.py, Triton's instance kind
     available = servers()
     chosen = []
     for name in names:
@@ -366,9 +450,7 @@ def run(plan: Plan, names: list[str], output: pathlib.Path) -> dict[str, Any]:
             print(f"skipping {name}: {why}", flush=True)
         else:
             chosen.append(available[name])
-    if shutil.which("wrk") is None:
-        print("wrk is not installed (apt-get install wrk): concurrency figures are skipped",
-              flush=True)
+    client = choose_client(client_choice)
     work = pathlib.Path(tempfile.mkdtemp(prefix="tg-compare-"))
     write_default_repository(work / "models")
     shutil.rmtree(work / "models" / "detector")  # the peers serve identity and resnet50 only
@@ -378,7 +460,8 @@ def run(plan: Plan, names: list[str], output: pathlib.Path) -> dict[str, Any]:
     result: dict[str, Any] = {
         "date": time.strftime("%Y-%m-%d %H:%M"), "machine": machine(), "plan": plan.__dict__,
         "command": " ".join([".venv/bin/python", "bench/compare.py", *sys.argv[1:]]),
-        "threads": default_intra_op_threads(), "wrk": shutil.which("wrk") is not None,
+        "threads": default_intra_op_threads(), "wrk": client == "wrk", "client": client,
+        "device": device,
         "floor": {"workloads": {}}, "servers": {}}
     for server in chosen:
         result["servers"][server.name] = {
@@ -392,7 +475,7 @@ def run(plan: Plan, names: list[str], output: pathlib.Path) -> dict[str, Any]:
             if r < plan.rounds:
                 part, expected = floor(work / "models", x,
                                        {m: c // plan.rounds for m, c in plan.counts.items()},
-                                       plan.warmup)
+                                       plan.warmup, device)
                 for model in WORKLOADS:
                     floor_parts[model].append(part[model])
             for server in order:
@@ -400,7 +483,8 @@ def run(plan: Plan, names: list[str], output: pathlib.Path) -> dict[str, Any]:
                 print(f"round {r + 1}: {server.name}", flush=True)
                 try:
                     if r < plan.rounds:
-                        measure_server(server, work, x, expected, plan, record, plan.rounds)
+                        measure_server(server, work, x, expected, plan, record, plan.rounds,
+                                       client)
                     else:
                         running, startup = start(server, work, x)
                         running.stop()
@@ -423,9 +507,13 @@ def machine() -> dict[str, Any]:
     model = next((line.split(":", 1)[1].strip() for line in
                   pathlib.Path("/proc/cpuinfo").read_text().splitlines()
                   if line.startswith("model name")), platform.processor())
-    return {"cpu": model, "cores": os.cpu_count(), "python": platform.python_version(),
-            "torch": torch.__version__, "kernel": platform.release(),
-            "memory_gb": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30)}
+    found = {"cpu": model, "cores": os.cpu_count(), "python": platform.python_version(),
+             "torch": torch.__version__, "kernel": platform.release(),
+             "memory_gb": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30)}
+    if torch.cuda.is_available():
+        found["gpu"] = torch.cuda.get_device_name(0)
+        found["cuda"] = torch.version.cuda
+    return found
 
 
 def main() -> None:
@@ -440,15 +528,23 @@ def main() -> None:
                         help="re-render the table, plots and RESULTS.md block from the JSON")
     parser.add_argument("--no-results-md", action="store_true",
                         help="do not rewrite the block in bench/RESULTS.md")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                        help="where every server runs the models (cuda: the GPU plan)")
+    parser.add_argument("--client", choices=["auto", "wrk", "socket"], default="auto",
+                        help="load generator for the concurrency points (auto: wrk if found)")
     args = parser.parse_args()
-    plan = QUICK if args.quick else FULL
+    if args.device == "cuda" and not args.render_only and not torch.cuda.is_available():
+        parser.error("--device cuda, but torch sees no CUDA device here")
+    plan = CUDA if args.device == "cuda" else QUICK if args.quick else FULL
     if args.rounds:
         plan = Plan(**{**plan.__dict__, "rounds": args.rounds,
                        "startups": max(args.rounds, plan.startups)})
-    default = "compare-quick.json" if args.quick else "compare.json"
+    default = ("compare-cuda.json" if args.device == "cuda" else
+               "compare-quick.json" if args.quick else "compare.json")
     output = args.json or HERE / "results" / default
     if not args.render_only:
-        run(plan, [n.strip() for n in args.servers.split(",") if n.strip()], output)
+        run(plan, [n.strip() for n in args.servers.split(",") if n.strip()], output,
+            args.device, args.client)
     quiet = args.quick or args.no_results_md
     compare_report.render(output, None if quiet else HERE / "RESULTS.md")
 

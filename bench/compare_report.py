@@ -17,6 +17,13 @@ HERE = pathlib.Path(__file__).resolve().parent
 BEGIN, END = "<!-- compare:begin -->", "<!-- compare:end -->"
 
 
+def markers(result: dict[str, Any]) -> tuple[str, str]:
+    """RESULTS.md keeps one block per device: a GPU run never overwrites the CPU table."""
+    if result.get("device", "cpu") == "cpu":
+        return BEGIN, END
+    return f"<!-- compare-{result['device']}:begin -->", f"<!-- compare-{result['device']}:end -->"
+
+
 def summarize(result: dict[str, Any]) -> dict[str, Any]:
     """Per server (and the floor) and workload: latency percentiles over all rounds, median
     QPS per concurrency, max QPS, median start-up and memory."""
@@ -155,6 +162,35 @@ def sequential_table(s: dict[str, Any]) -> list[str]:
     return lines
 
 
+def cuda_goals(s: dict[str, Any]) -> list[str]:
+    """Issue 5's goals on the H200: resnet50 end to end over HTTP, batch 1."""
+    if "tensorgate" not in s:
+        return ["Goals need tensorgate in the run."]
+    checks = []
+    levels = s["tensorgate"]["workloads"].get("resnet50", {}).get("levels", {})
+    qps16 = levels.get(16, levels.get("16", {})).get("qps")
+    for text, value, limit, at_most in (
+            ("resnet50 P50 ms, sequential over HTTP", _get(s, "tensorgate", "resnet50", "p50_us"),
+             2.6, True),
+            ("resnet50 P99 ms, sequential over HTTP", _get(s, "tensorgate", "resnet50", "p99_us"),
+             3.0, True),
+            ("resnet50 QPS at 16 connections", qps16, 2000.0, False)):
+        if value is None:
+            checks.append(f"- {text}: not measured")
+            continue
+        value = value / 1e3 if text.startswith("resnet50 P") else value
+        met = value <= limit if at_most else value >= limit
+        checks.append(f"- {text}: {value:,.2f} (goal {'≤' if at_most else '≥'} {limit:g}) — "
+                      f"{'met' if met else 'missed'}")
+    if "triton" in s:
+        for key, text in (("p50_us", "P50"), ("max_qps", "max QPS")):
+            ratio = _ratio_value(_get(s, "tensorgate", "resnet50", key),
+                                 _get(s, "triton", "resnet50", key))
+            if ratio is not None:
+                checks.append(f"- resnet50 {text}, tensorgate / Triton (no goal set): {ratio:.2f}")
+    return checks
+
+
 def goals(s: dict[str, Any]) -> list[str]:
     """The issue's goals for this machine, each computed from this run's numbers."""
     if "tensorgate" not in s or "triton" not in s:
@@ -198,10 +234,16 @@ def report(result: dict[str, Any]) -> str:
     s = summarize(result)
     m = result["machine"]
     plan = result["plan"]
-    lines = [f"Measured {result['date']} on {m['cores']} cores ({m['cpu']}), {m['memory_gb']} GiB, "
-             f"Python {m['python']}, torch {m['torch']} with {result['threads']} intra-op "
-             f"thread(s) for every server; {plan['rounds']} round(s) in alternating order, "
-             f"wrk {plan['seconds']['identity']:g} s per identity point, "
+    device = result.get("device", "cpu")
+    client = {"wrk": "wrk", "socket": "the socket client (compare_wire.socket_load)"}.get(
+        result.get("client") or ("wrk" if result.get("wrk") else ""), "no load generator")
+    where = (f"{m['gpu']} (CUDA {m.get('cuda')}), every model on the GPU, host with "
+             if device == "cuda" else "")
+    lines = [f"Measured {result['date']} on {where}{m['cores']} cores ({m['cpu']}), "
+             f"{m['memory_gb']} GiB, Python {m['python']}, torch {m['torch']} with "
+             f"{result['threads']} intra-op thread(s) for every server; {plan['rounds']} "
+             f"round(s) in alternating order; load from {client}, "
+             f"{plan['seconds']['identity']:g} s per identity point, "
              f"{plan['seconds']['resnet50']:g} s or more per resnet50 point. Command: "
              f"`{result.get('command', '.venv/bin/python bench/compare.py')}`.", ""]
     for model in ("resnet50", "identity"):
@@ -212,15 +254,18 @@ def report(result: dict[str, Any]) -> str:
         table = concurrency_table(s, model)
         if table:
             lines += table + [""]
-    lines += ["Goals (issue 5, this machine):", *goals(s), ""]
+    if device == "cuda":
+        lines += ["Goals (issue 5, on the GPU):", *cuda_goals(s), ""]
+    else:
+        lines += ["Goals (issue 5, this machine):", *goals(s), ""]
     tg = s.get("tensorgate", {}).get("tensorgate")
     if tg:
         lines.append("tensorgate's own view (metrics and statistics, cumulative over its run):")
         for model, d in tg.items():
             stages = ", ".join(f"{k} {v:,.1f} µs" for k, v in d["stage_us"].items())
             copied = d["copied_bytes_per_request"]
-            lines.append(f"- {model}: {copied if copied is not None else '?':} bytes copied per "
-                         f"request; per request: {stages}")
+            amount = f"{copied:,.0f}" if copied is not None else "?"
+            lines.append(f"- {model}: {amount} bytes copied per request; per request: {stages}")
         lines.append("")
     lines.append("Servers:")
     for name, row in s.items():
@@ -295,12 +340,17 @@ def render(path: pathlib.Path, results_md: pathlib.Path | None = HERE / "RESULTS
         current = results_md.read_text() if results_md.exists() else ""
         base = results_md.parent
         links = "".join(f"![{p.stem}]({_relative(p, base)})\n" for p in pngs)
-        block = (f"{BEGIN}\n## Side by side with peers (bench/compare.py)\n\n{text}\n{links}"
+        begin, end = markers(result)
+        title = ("Side by side with peers (bench/compare.py)" if begin == BEGIN else
+                 f"Side by side with peers on the GPU (bench/compare.py --device "
+                 f"{result['device']})")
+        option = "" if begin == BEGIN else f" --device {result['device']}"
+        block = (f"{begin}\n## {title}\n\n{text}\n{links}"
                  f"Raw numbers: `{_relative(path, base)}` (re-render without measuring: "
-                 f"`.venv/bin/python bench/compare.py --render-only`).\n{END}")
-        if BEGIN in current and END in current:
-            head, rest = current.split(BEGIN, 1)
-            current = head + block + rest.split(END, 1)[1]
+                 f"`.venv/bin/python bench/compare.py --render-only{option}`).\n{end}")
+        if begin in current and end in current:
+            head, rest = current.split(begin, 1)
+            current = head + block + rest.split(end, 1)[1]
         else:
             current = current.rstrip() + "\n\n" + block + "\n"
         results_md.write_text(current)

@@ -22,6 +22,11 @@ from compare_wire import BASE64_JSON, OIP_BINARY, OIP_JSON, Wire
 HERE = pathlib.Path(__file__).resolve().parent
 PEERS = HERE / "peers"
 VENVS = pathlib.Path(os.environ.get("TENSORGATE_PEERS_DIR", PEERS / ".venvs"))
+# Where no venv can be built (the GPU device: no package registry), Triton runs from an
+# unpacked bundle of the nvidia-pytriton wheel (bench/peers/pack_device.sh): this folder holds
+# pytriton/tritonserver/, nvidia_pytriton.libs/ and site/ (numpy<2 for the stub), and the
+# stub runs on this interpreter.
+TRITON_BUNDLE = os.environ.get("TENSORGATE_TRITON_BUNDLE")
 WORKLOADS = {"identity": (3, 224, 224), "resnet50": (1000,)}  # output dims per model
 
 
@@ -61,6 +66,9 @@ class Server:
 
     def installed(self) -> str | None:
         """None when the server can run here, else why not."""
+        if self.name == "triton" and TRITON_BUNDLE:
+            binary = _triton_home(self) / "bin" / "tritonserver"
+            return None if binary.exists() else f"no {binary} (TENSORGATE_TRITON_BUNDLE)"
         if not self.python.exists():
             return f"not installed (bash bench/peers/install.sh {self.name})"
         module = self.package.replace("nvidia-pytriton", "pytriton").replace("-", "_")
@@ -70,6 +78,8 @@ class Server:
         return None
 
     def version(self) -> str:
+        if self.name == "triton" and TRITON_BUNDLE:
+            return "0.7.0 (unpacked bundle)"
         package = self.package
         script = f"import importlib.metadata as m; print(m.version({package!r}))"
         out = subprocess.run([str(self.python), "-c", script], capture_output=True, text=True)
@@ -83,6 +93,8 @@ def _tensorgate_command(server: Server, ports: Ports, work: pathlib.Path) -> lis
 
 
 def _triton_home(server: Server) -> pathlib.Path:
+    if TRITON_BUNDLE:
+        return pathlib.Path(TRITON_BUNDLE) / "pytriton" / "tritonserver"
     site = next((server.python.parent.parent / "lib").glob("python3*/site-packages"))
     return site / "pytriton" / "tritonserver"
 
@@ -101,6 +113,8 @@ def _triton_prepare(server: Server, work: pathlib.Path, threads: int) -> None:
         link = backend / source.name
         if not link.exists():
             link.symlink_to(source)
+    on_gpu = os.environ.get("TG_BENCH_DEVICE", "cpu").startswith("cuda")
+    kind = "KIND_GPU" if on_gpu else "KIND_CPU"
     for model, dims in WORKLOADS.items():
         folder = work / "triton-models" / model
         (folder / "1").mkdir(parents=True, exist_ok=True)
@@ -112,7 +126,7 @@ def _triton_prepare(server: Server, work: pathlib.Path, threads: int) -> None:
             input [ {{ name: "INPUT__0" data_type: TYPE_FP32 dims: [ 3, 224, 224 ] }} ]
             output [ {{ name: "OUTPUT__0" data_type: TYPE_FP32 dims: {list(dims)} }} ]
             dynamic_batching {{ }}
-            instance_group [ {{ kind: KIND_CPU count: 1 }} ]
+            instance_group [ {{ kind: {kind} count: 1 }} ]
             """))
 
 
@@ -131,9 +145,12 @@ def _triton_environment(server: Server, work: pathlib.Path) -> dict[str, str]:
     libdir = subprocess.run([str(server.python), "-c",
                              "import sysconfig; print(sysconfig.get_config_var('LIBDIR'))"],
                             capture_output=True, text=True, check=True).stdout.strip()
-    return {"LD_LIBRARY_PATH": f"{libs}:{libdir}",
-            # the stub imports from the environment of the first python3 on PATH
-            "PATH": f"{server.python.parent}:{os.environ['PATH']}"}
+    environment = {"LD_LIBRARY_PATH": f"{libs}:{libdir}",
+                   # the stub imports from the environment of the first python3 on PATH
+                   "PATH": f"{server.python.parent}:{os.environ['PATH']}"}
+    if TRITON_BUNDLE:  # numpy<2 for the stub, ahead of the interpreter's own numpy 2
+        environment["PYTHONPATH"] = f"{pathlib.Path(TRITON_BUNDLE) / 'site'}:{PEERS}"
+    return environment
 
 
 def _mlserver_prepare(server: Server, work: pathlib.Path, threads: int) -> None:
@@ -178,7 +195,8 @@ def servers() -> dict[str, Server]:
                                        "(httptools, asyncio loop) and a raw ASGI app "
                                        "(bench/asgi_front.py): the HTTP-layer alternative",
                                   batching="dynamic batching (max delay 0)", package="uvicorn"),
-        "triton": Server("triton", OIP_BINARY, "/v2/models/{model}/infer", venv("triton"),
+        "triton": Server("triton", OIP_BINARY, "/v2/models/{model}/infer",
+                         pathlib.Path(sys.executable) if TRITON_BUNDLE else venv("triton"),
                          _triton_command, _triton_environment, _triton_prepare,
                          note="tritonserver 2.51 (nvidia-pytriton 0.7.0), Python backend, "
                               "binary tensor extension",

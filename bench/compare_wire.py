@@ -1,5 +1,6 @@
 """Request bytes for each wire format a benchmarked server speaks, a lean HTTP/1.1 client,
-and wrk driven with those same bytes.
+and two load generators driven with those same bytes: wrk, and a multi-process socket client
+for machines without wrk (the GPU device has no package registry).
 
 Requests are built once per server and workload and sent as they are, so the client costs
 the same for every server; `Wire.decode` reads an answer back for the correctness check and
@@ -10,11 +11,15 @@ from __future__ import annotations
 
 import base64
 import json
+import multiprocessing
+import os
 import pathlib
 import re
 import resource
 import socket
 import subprocess
+import threading
+import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -184,3 +189,98 @@ def wrk_load(port: int, raw: bytes, connections: int, seconds: float, smallest: 
             "p50_us": values["p50"], "p90_us": values["p90"], "p99_us": values["p99"],
             "max_us": values["max"], "requests": values["requests"], "bad": values["bad"],
             "errors": values["errors"], "client_cpu_share": cpu / seconds}
+
+
+def _socket_worker(port: int, raw: bytes, connections: int, deadline: float, smallest: int,
+                   sink: Any) -> None:
+    """One client process: a thread per keep-alive connection, each sending `raw` until the
+    deadline; sends back latencies (ns), bad answers and errors."""
+    samples: list[list[int]] = []
+    counts = {"bad": 0, "errors": 0}
+    lock = threading.Lock()
+
+    def drive() -> None:
+        mine: list[int] = []
+        bad = errors = 0
+        try:
+            connection = Connection(port, timeout=30.0)
+        except OSError:
+            with lock:
+                counts["errors"] += 1
+            return
+        try:
+            while time.perf_counter() < deadline:
+                began = time.perf_counter_ns()
+                try:
+                    status, _, body = connection.exchange(raw)
+                except (OSError, RuntimeError, ValueError):
+                    errors += 1
+                    break
+                mine.append(time.perf_counter_ns() - began)
+                if status != 200 or len(body) < smallest:
+                    bad += 1
+        finally:
+            connection.close()
+        with lock:
+            samples.append(mine)
+            counts["bad"] += bad
+            counts["errors"] += errors
+
+    threads = [threading.Thread(target=drive) for _ in range(connections)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    flat = np.array([x for part in samples for x in part], dtype=np.int64)
+    sink.send((flat.tobytes(), counts["bad"], counts["errors"]))
+    sink.close()
+
+
+def socket_load(port: int, raw: bytes, connections: int, seconds: float, smallest: int,
+                processes: int | None = None) -> dict[str, Any]:
+    """wrk's figures from a client of our own: `connections` keep-alive connections spread
+    over `processes` processes (default: one per connection, at most half the cores), each
+    answer's status and size checked, the client's CPU share measured. Costs more CPU per
+    request than wrk, so it is the choice only where wrk is missing."""
+    if processes is None:
+        processes = max(1, min(connections, (os.cpu_count() or 2) // 2))
+    context = multiprocessing.get_context("fork")
+    shares = [connections // processes + (1 if i < connections % processes else 0)
+              for i in range(processes)]
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    started = time.perf_counter()
+    deadline = started + seconds
+    workers, pipes = [], []
+    for share in shares:
+        receiver, sender = context.Pipe(duplex=False)
+        worker = context.Process(target=_socket_worker,
+                                 args=(port, raw, share, deadline, smallest, sender))
+        worker.start()
+        sender.close()
+        workers.append(worker)
+        pipes.append(receiver)
+    parts, bad, errors = [], 0, 0
+    for receiver in pipes:
+        if receiver.poll(seconds + 60):
+            data, b, e = receiver.recv()
+            parts.append(np.frombuffer(data, dtype=np.int64))
+            bad, errors = bad + b, errors + e
+        else:
+            errors += 1
+    for worker in workers:
+        worker.join(timeout=30)
+        if worker.is_alive():
+            worker.kill()
+            worker.join()
+    elapsed = time.perf_counter() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    latencies = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+    if latencies.size == 0:
+        raise RuntimeError(f"the socket client got no answer on port {port}")
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    us = np.percentile(latencies, [50, 90, 99]) / 1e3
+    return {"connections": connections, "seconds": seconds,
+            "qps": latencies.size / elapsed, "p50_us": int(us[0]), "p90_us": int(us[1]),
+            "p99_us": int(us[2]), "max_us": int(latencies.max() / 1e3),
+            "requests": int(latencies.size), "bad": bad, "errors": errors,
+            "client_cpu_share": cpu / elapsed, "client": f"socket client, {processes} process(es)"}

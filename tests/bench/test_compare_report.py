@@ -109,3 +109,31 @@ def test_memory_table_shows_the_peak_and_the_idle_wait_and_reads_older_runs(resu
     lines = compare_report.memory_table(compare_report.summarize(result))
     assert "| tensorgate | 510 | 460 | 1,000 | 1 | 9.0 |" in lines
     assert "| triton | 1,000 | 900 | – | 1 | – |" in lines  # a run from before peaks were read
+
+
+def test_a_gpu_run_has_its_own_goals_and_its_own_block(result: dict, tmp_path: pathlib.Path,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    result.update(device="cuda", client="socket")
+    result["machine"].update(gpu="NVIDIA H200", cuda="13.0")
+    tg = result["servers"]["tensorgate"]["workloads"]["resnet50"]
+    tg["sequential"] = [_sequential(2_300, 50)]
+    tg["concurrent"] = _levels({1: 430.0, 16: 1_800.0})
+    goals = "\n".join(compare_report.cuda_goals(compare_report.summarize(result)))
+    assert "resnet50 P50 ms, sequential over HTTP: 2.30 (goal ≤ 2.6) — met" in goals
+    assert "resnet50 P99 ms, sequential over HTTP: 2.4" in goals and "(goal ≤ 3) — met" in goals
+    assert "resnet50 QPS at 16 connections: 1,800.00 (goal ≥ 2000) — missed" in goals
+    assert "resnet50 P50, tensorgate / Triton (no goal set): 0.03" in goals
+
+    raw = tmp_path / "compare-cuda.json"
+    raw.write_text(json.dumps(result))
+    results_md = tmp_path / "RESULTS.md"
+    cpu_block = f"{compare_report.BEGIN}\nthe CPU table\n{compare_report.END}"
+    results_md.write_text(f"# Results\n\n{cpu_block}\n")
+    compare_report.render(raw, results_md, with_plots=False)
+    text = results_md.read_text()
+    assert cpu_block in text  # untouched
+    begin, end = compare_report.markers(result)
+    assert begin == "<!-- compare-cuda:begin -->" and text.count(begin) == 1
+    block = text.split(begin, 1)[1].split(end, 1)[0]
+    assert "NVIDIA H200 (CUDA 13.0)" in block and "socket client" in block
+    assert "Goals (issue 5, on the GPU):" in capsys.readouterr().out
