@@ -92,7 +92,8 @@ def start(server: Server, work: pathlib.Path, x: np.ndarray,
     """Launch; return once a resnet50 answer of the right size came back, with the time."""
     ports = Ports.free()
     env = dict(os.environ, TG_BENCH_MODELS=str(work / "models"), TG_BENCH_PEERS=str(PEERS),
-               TG_BENCH_THREADS=str(default_intra_op_threads()), PYTHONPATH=str(PEERS))
+               TG_BENCH_THREADS=str(default_intra_op_threads()),
+               PYTHONPATH=os.pathsep.join(filter(None, [str(PEERS), os.environ.get("PYTHONPATH")])))
     env.update(server.environment(server, work))
     log = work / f"{server.name}.log"
     started = time.perf_counter()
@@ -459,7 +460,8 @@ def run(plan: Plan, names: list[str], output: pathlib.Path, device: str = "cpu",
         server.prepare(server, work, default_intra_op_threads())
     result: dict[str, Any] = {
         "date": time.strftime("%Y-%m-%d %H:%M"), "machine": machine(), "plan": plan.__dict__,
-        "command": " ".join([".venv/bin/python", "bench/compare.py", *sys.argv[1:]]),
+        "command": " ".join([".venv/bin/python" if ".venv" in sys.executable else "python3",
+                             "bench/compare.py", *sys.argv[1:]]),
         "threads": default_intra_op_threads(), "wrk": client == "wrk", "client": client,
         "device": device,
         "floor": {"workloads": {}}, "servers": {}}

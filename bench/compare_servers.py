@@ -107,6 +107,8 @@ def _triton_prepare(server: Server, work: pathlib.Path, threads: int) -> None:
     backend.mkdir(parents=True, exist_ok=True)
     version = subprocess.run([str(server.python), "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
                              capture_output=True, text=True, check=True).stdout.strip()
+    if TRITON_BUNDLE:
+        _stub_environment(server.python, work / "triton-stub-env")
     for source in [home / "backends/python/libtriton_python.so",
                    home / "backends/python/triton_python_backend_utils.py",
                    home / f"python_backend_stubs/{version}/triton_python_backend_stub"]:
@@ -140,17 +142,29 @@ def _triton_command(server: Server, ports: Ports, work: pathlib.Path) -> list[st
             "--log-info", "false"]
 
 
+def _stub_environment(python: pathlib.Path, env: pathlib.Path) -> None:
+    """A venv for the stub, whose interpreter reads the site-packages of the first python3 on
+    PATH and ignores PYTHONPATH: its own .pth puts the bundle's numpy<2 ahead of `python`'s
+    site-packages (torch, and a numpy 2 that would make the stub answer empty outputs)."""
+    subprocess.run([str(python), "-m", "venv", "--without-pip", str(env)], check=True)
+    script = ("import site, sysconfig; print(sysconfig.get_paths()['purelib']); "
+              "print(*site.getsitepackages(), sep='\\n')")
+    own = subprocess.run([str(env / "bin" / "python3"), "-c", script], capture_output=True,
+                         text=True, check=True).stdout.split()[0]
+    parents = subprocess.run([str(python), "-c", script], capture_output=True, text=True,
+                             check=True).stdout.split()
+    lines = [str(pathlib.Path(TRITON_BUNDLE or "") / "site"), *dict.fromkeys(parents)]
+    (pathlib.Path(own) / "tensorgate-stub.pth").write_text("\n".join(lines) + "\n")
+
+
 def _triton_environment(server: Server, work: pathlib.Path) -> dict[str, str]:
     libs = _triton_home(server).parent.parent / "nvidia_pytriton.libs"
     libdir = subprocess.run([str(server.python), "-c",
                              "import sysconfig; print(sysconfig.get_config_var('LIBDIR'))"],
                             capture_output=True, text=True, check=True).stdout.strip()
-    environment = {"LD_LIBRARY_PATH": f"{libs}:{libdir}",
-                   # the stub imports from the environment of the first python3 on PATH
-                   "PATH": f"{server.python.parent}:{os.environ['PATH']}"}
-    if TRITON_BUNDLE:  # numpy<2 for the stub, ahead of the interpreter's own numpy 2
-        environment["PYTHONPATH"] = f"{pathlib.Path(TRITON_BUNDLE) / 'site'}:{PEERS}"
-    return environment
+    # the stub imports from the environment of the first python3 on PATH
+    stub_bin = work / "triton-stub-env" / "bin" if TRITON_BUNDLE else server.python.parent
+    return {"LD_LIBRARY_PATH": f"{libs}:{libdir}", "PATH": f"{stub_bin}:{os.environ['PATH']}"}
 
 
 def _mlserver_prepare(server: Server, work: pathlib.Path, threads: int) -> None:

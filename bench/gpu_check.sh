@@ -1,27 +1,45 @@
 #!/usr/bin/env bash
-# One call on the GPU device: the CUDA tests, then the engine benchmark on cuda, as a short table.
+# One call on the GPU device: the CUDA tests, the engine benchmark on cuda, then issue 5's
+# comparison on the GPU (tensorgate and Triton's Python backend over HTTP, the CUDA-graph
+# floor in process), each as a short table. About 6 minutes.
 #
-# The device lacks tritonclient (config.pbtxt's schema) and may have an older protobuf; carry
-# them as wheels for Python 3.12 in .whl/ (see the device README), e.g. here:
-#   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
-#     --implementation cp --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 \
-#     -d .whl tritonclient==2.73.0 protobuf==6.33.6
-# then: run(command="bash bench/gpu_check.sh", carry=[".whl"], timeout_s=540)
+# Here, first:  bash bench/peers/pack_device.sh     (fills .device/, about 50 MB)
+# Then:         run(command="bash bench/gpu_check.sh", carry=[".device"], timeout_s=560)
+# Back here:    cp the returned compare-cuda.json to bench/results/, then
+#               .venv/bin/python bench/compare.py --render-only --device cuda
+#               (writes the GPU block of bench/RESULTS.md and the plots)
+#
+# Rehearsal on a CPU machine, with a bare interpreter like the device's (torch and numpy only):
+#   PY=3.11 DEVICE_DIR=/tmp/rehearsal/.device bash bench/peers/pack_device.sh
+#   GPU_CHECK_DEVICE=cpu DEVICE_DIR=/tmp/rehearsal/.device bash bench/gpu_check.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1
-if compgen -G ".whl/*.whl" > /dev/null; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl || exit 1
+OUT="${OUT:-/tmp/tg-gpu-check}"
+device="${GPU_CHECK_DEVICE:-cuda}"
+carried="${DEVICE_DIR:-.device}"
+mkdir -p "$OUT"
+pip_target() { python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+                 --upgrade --target "$1" "${@:2}"; }
+if compgen -G "$carried/wheels/*.whl" > /dev/null; then
+  pip_target /tmp/site "$carried"/wheels/*.whl || exit 1
   export PYTHONPATH="/tmp/site:$PWD/src:$PWD"
 else
   export PYTHONPATH="$PWD/src:$PWD"
 fi
-OUT="${OUT:-/tmp}"
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
-python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"
+if [ -f "$carried/triton.tar.xz" ]; then
+  mkdir -p /tmp/triton && tar -xJf "$carried/triton.tar.xz" -C /tmp/triton || exit 1
+  pip_target /tmp/triton/site "$carried"/stub-wheels/*.whl || exit 1
+  export TENSORGATE_TRITON_BUNDLE=/tmp/triton
+fi
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
+python3 -c "import torch, numpy, grpc; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'numpy', numpy.__version__, 'grpcio', grpc.__version__)"
 echo "== CUDA tests"
-timeout 240 python3 -m pytest -q -m cuda -p no:cacheprovider tests 2>&1 | tail -15
+timeout 150 python3 -m pytest -q -m cuda -p no:cacheprovider tests/pipeline tests/tensor 2>&1 | tail -15
 echo "== engine benchmark (cuda)"
-timeout 240 python3 bench/engine_bench.py --device cuda --placement none ${QUICK:+--quick} 2>&1 | tail -16
+timeout 150 python3 bench/engine_bench.py --device "$device" --placement none --quick 2>&1 | tail -16
 cp bench/results/engine_bench_cuda.json "$OUT/" 2>/dev/null || true
+echo "== compare ($device): tensorgate and Triton over HTTP"
+timeout 330 python3 bench/compare.py --device "$device" --servers tensorgate,triton --no-results-md \
+  ${GPU_CHECK_DEVICE:+--quick} --json "$OUT/compare-$device.json" 2>&1 | grep -v "^plot:"
+ls "$OUT"

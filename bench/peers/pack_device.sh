@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Pack what the GPU device lacks into .device/ (git-ignored; carried by the device tool):
+#
+#   bash bench/peers/pack_device.sh          (needs `make bench-peers` for the Triton venv)
+#   then, with a device:  run(command="bash bench/gpu_check.sh", carry=[".device"], timeout_s=560)
+#
+# The device has Python 3.12, torch, numpy 2, no package registry and a 64 MiB carry limit.
+#   .device/wheels/       cp312 wheels tensorgate needs there: httptools, tritonclient (the
+#                         protobuf schemas), the grpcio/protobuf its generated code asks for
+#                         and python-rapidjson (its grpc module imports it); ml_dtypes,
+#                         packaging and urllib3 are on the device already
+#   .device/stub-wheels/  numpy 1.26 for Triton's Python-backend stub only (under numpy 2 it
+#                         answers HTTP 200 with empty outputs)
+#   .device/triton.tar.xz the nvidia-pytriton wheel's tritonserver: bin/, backends/, the 3.12
+#                         stub and the bundled libraries minus the grafted libpython 3.13
+#                         (25 MB with xz instead of the wheel's 53 MB)
+#
+# PY=3.11 DEVICE_DIR=/tmp/rehearsal bash bench/peers/pack_device.sh packs for this machine's
+# Python instead, to rehearse bench/gpu_check.sh here (see there) before spending device time.
+set -euo pipefail
+root="$(cd "$(dirname "$0")/../.." && pwd)"
+venv="${TENSORGATE_PEERS_DIR:-$root/bench/peers/.venvs}/triton"
+out="${DEVICE_DIR:-$root/.device}"
+py="${PY:-3.12}"
+python="$root/.venv/bin/python"
+[ -x "$python" ] || python=python3
+site="$(echo "$venv"/lib/python3*/site-packages)"
+if [ ! -x "$site/pytriton/tritonserver/bin/tritonserver" ]; then
+  echo "no tritonserver in $venv: run bash bench/peers/install.sh triton first" >&2
+  exit 1
+fi
+rm -rf "$out" && mkdir -p "$out/wheels" "$out/stub-wheels"
+version() { "$root/.venv/bin/python" -c "import importlib.metadata as m; print(m.version('$1'))"; }
+download() {
+  "$python" -m pip download -q --no-deps --only-binary=:all: --python-version "$py" \
+    --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+    --platform manylinux2014_x86_64 --platform manylinux1_x86_64 -d "$@"
+}
+# the versions tensorgate is tested with here
+download "$out/wheels" "httptools==$(version httptools)" "tritonclient==$(version tritonclient)" \
+  "grpcio==$(version grpcio)" "protobuf==$(version protobuf)" \
+  "python-rapidjson==$(version python-rapidjson)"
+download "$out/stub-wheels" numpy==1.26.4
+(cd "$site" && tar --exclude='libpython3*' -cf - pytriton/tritonserver/bin \
+   pytriton/tritonserver/backends "pytriton/tritonserver/python_backend_stubs/$py" \
+   nvidia_pytriton.libs) | xz -T0 -9 > "$out/triton.tar.xz"
+du -shc "$out"/*
