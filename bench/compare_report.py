@@ -219,6 +219,9 @@ def goals(s: dict[str, Any]) -> list[str]:
     pss = _ratio_value(tg.get("pss_mb"), tr.get("pss_mb"))
     checks.append(f"- PSS, tensorgate / Triton (shared pages split; no goal set): "
                   f"{pss:.2f}" if pss is not None else "- PSS: not measured")
+    peak = _ratio_value(tg.get("peak_rss_mb"), tr.get("peak_rss_mb"))
+    if peak is not None:  # the burst itself, before tensorgate hands its heap back
+        checks.append(f"- peak RSS, tensorgate / Triton (no goal set): {peak:.2f}")
     add("start-up, tensorgate / Triton", _ratio_value(tg.get("startup_s"), tr.get("startup_s")), 0.75)
     add("identity max QPS, tensorgate / Triton",
         _ratio_value(_get(s, "tensorgate", "identity", "max_qps"), _get(s, "triton", "identity", "max_qps")),

@@ -214,7 +214,7 @@ class Engine:
         """A heavy CPU model left to the defaults gets a spare instance on the loop's cores.
 
         With one instance the loop's core idles under a heavy model: on 2 cores ResNet-50
-        served 13.6 requests/s with one instance and 24.6 with a second on the loop's core
+        served 14 requests/s with one instance and 25 with a spare on the loop's core
         (bench/RESULTS.md). A model configured with instance_group or cpu_affinity keeps
         exactly what it asked for. The spare must not be much slower than the first instance
         (1 thread against 15 would only add a tail), so it needs at least 1/SPARE_SLOWDOWN of

@@ -9,8 +9,9 @@ after warm-up, and heavier ones run on the remaining cores, where torch's intra-
 are sized to fit. A heavy model left to the defaults (no instance_group, no cpu_affinity)
 also gets a spare instance on the loop's core that shares its weights and runs only when the
 first instance is busy: under load the loop's core otherwise idles (ResNet-50 on 2 cores,
-13.6 → 24.6 requests/s; sequential latency unchanged, since one request at a time always
-finds the first instance free). A model's `cpu_affinity` parameter overrides all of this.
+14 → 25 requests/s, bench/RESULTS.md; sequential latency unchanged, since one request at a
+time always finds the first instance free). A model's `cpu_affinity` parameter overrides
+all of this.
 """
 
 from __future__ import annotations
