@@ -31,10 +31,9 @@ import torch
 
 from tensorgate.errors import InternalError, TensorgateError
 from tensorgate.model import ModelContext
-from tensorgate.pipeline.batching import gather_rows, split_rows
 from tensorgate.pipeline import heap
+from tensorgate.pipeline.batching import gather_rows, split_rows
 from tensorgate.pipeline.cuda_graphs import GraphSet, graph_batch_sizes, map_tensors
-from tensorgate.pipeline.heap import heap_trimmer
 from tensorgate.pipeline.placement import (LIGHT_FORWARD_NS, Placement, pin_current_thread)
 from tensorgate.pipeline.postprocess import Postprocessor
 from tensorgate.pipeline.runner import Runner, load_runner, name_outputs, warmup_inputs
@@ -148,7 +147,7 @@ class ExecutorThread:
             self._report(_settle, self.stopped, None)
             return
         self._report(_settle, self.ready, None)
-        trim = heap_trimmer() if self.settings.device.type == "cpu" else None
+        trim = heap.heap_trimmer() if self.settings.device.type == "cpu" else None
         untrimmed = False  # a batch of several rows ran since the last trim
         while True:
             try:

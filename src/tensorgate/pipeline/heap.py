@@ -2,10 +2,10 @@
 
 torch's CPU tensors are glibc mallocs. After a large batch (ResNet-50 at batch 14–64 on CPU)
 glibc keeps the freed activations in the executor thread's arena, so the process stays at
-its burst size: on 2 cores, with a spare instance, 1.30 GB after a 64-connection burst
-against 0.84 GB when the heap is trimmed. Trimming takes 3–30 ms and makes the next large
-batch fault its pages in again, so it runs only after the executor has been idle for a
-while, never between batches under load.
+its burst size: on 2 cores, with a spare instance, RSS was 981 MB after a 16-connection
+burst without the trim and 461 MB 3 s after it with the trim (bench/RESULTS.md). Trimming
+takes 3–30 ms and makes the next large batch fault its pages in again, so it runs only
+after the executor has been idle for a while, never between batches under load.
 """
 
 from __future__ import annotations
