@@ -54,7 +54,8 @@ sys.path.insert(0, str(HERE))
 
 import compare_report  # noqa: E402
 from compare_servers import PEERS, WORKLOADS, Ports, Server, servers  # noqa: E402
-from compare_wire import Connection, raw_request, socket_load, wrk_load  # noqa: E402
+from compare_wire import (Connection, grpc_infer_body, grpc_reference_answer,  # noqa: E402
+                          h2load_grpc, raw_request, socket_load, wrk_load)
 from tensorgate.builtin.repository import write_default_repository  # noqa: E402
 from tensorgate.pipeline.executor import default_intra_op_threads  # noqa: E402
 
@@ -416,6 +417,8 @@ def measure_server(server: Server, work: pathlib.Path, x: np.ndarray,
                     print(f"  {model}: {c} connections, {points[-1]['qps']:,.1f} QPS, "
                           f"P99 {points[-1]['p99_us'] / 1e3:,.1f} ms", flush=True)
                 entry["concurrent"].append(points)
+            if server.grpc and shutil.which("h2load"):
+                entry.setdefault("grpc", []).append(grpc_points(running, model, x, plan, work))
         waited = settle(running.process.pid)
         record["memory"].append({**memory_tree(running.process.pid), "settled_s": waited})
         if server.name == "tensorgate":
@@ -426,6 +429,22 @@ def measure_server(server: Server, work: pathlib.Path, x: np.ndarray,
 
 def _interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt(f"signal {signum}")  # unwinds through `finally`: servers stop
+
+
+def grpc_points(running: Running, model: str, x: np.ndarray, plan: Plan,
+                work: pathlib.Path) -> list[dict[str, Any]]:
+    """The concurrency points again over gRPC (ModelInfer, HTTP/2) with h2load, for the
+    servers that speak the Open Inference Protocol's gRPC; one reference call first gives
+    the answer's exact size, which every answer under load must reach."""
+    body = grpc_infer_body(model, x)
+    answer = grpc_reference_answer(running.ports.grpc, body, 4 * int(np.prod(WORKLOADS[model])))
+    points = []
+    for c in plan.levels[model]:
+        points.append(h2load_grpc(running.ports.grpc, body, answer, c,
+                                  duration(plan, model, c), work))
+        print(f"  {model} over gRPC: {c} connections, {points[-1]['qps']:,.1f} QPS, "
+              f"P99 {points[-1]['p99_us'] / 1e3:,.1f} ms", flush=True)
+    return points
 
 
 def choose_client(choice: str) -> str | None:

@@ -41,20 +41,11 @@ def summarize(result: dict[str, Any]) -> dict[str, Any]:
             cpu = [p["client_cpu_us"] for p in entry["sequential"] if "client_cpu_us" in p]
             if cpu:
                 w["client_cpu_us"] = statistics.mean(cpu)
-            levels: dict[int, dict[str, float]] = {}
-            for run in entry.get("concurrent", []):
-                for point in run:
-                    levels.setdefault(point["connections"], {}).setdefault("qps", [])
-                    levels[point["connections"]]["qps"].append(point["qps"])
-                    levels[point["connections"]].setdefault("p99_us", []).append(point["p99_us"])
-                    levels[point["connections"]].setdefault("cpu", []).append(point["client_cpu_share"])
-                    levels[point["connections"]].setdefault("bad", []).append(point["bad"] + point["errors"])
-            w["levels"] = {c: {"qps": statistics.median(v["qps"]),
-                               "p99_us": statistics.median(v["p99_us"]),
-                               "client_cpu_share": statistics.median(v["cpu"]),
-                               "bad": sum(v["bad"])} for c, v in sorted(levels.items())}
+            w["levels"] = _levels(entry.get("concurrent", []))
             if w["levels"]:
                 w["max_qps"] = max(v["qps"] for v in w["levels"].values())
+            if entry.get("grpc"):
+                w["grpc_levels"] = _levels(entry["grpc"])
             row["workloads"][model] = w
         if record.get("startup_s"):
             row["startup_s"] = statistics.median(record["startup_s"])
@@ -70,6 +61,22 @@ def summarize(result: dict[str, Any]) -> dict[str, Any]:
                 row[key] = record[key]
         out[name] = row
     return out
+
+
+def _levels(runs: list[list[dict[str, Any]]]) -> dict[int, dict[str, float]]:
+    """Points of several rounds, by connections: median QPS, P99 and client CPU; bad summed."""
+    found: dict[int, dict[str, list[float]]] = {}
+    for run in runs:
+        for point in run:
+            level = found.setdefault(point["connections"],
+                                     {"qps": [], "p99_us": [], "cpu": [], "bad": []})
+            level["qps"].append(point["qps"])
+            level["p99_us"].append(point["p99_us"])
+            level["cpu"].append(point["client_cpu_share"])
+            level["bad"].append(point["bad"] + point["errors"])
+    return {c: {"qps": statistics.median(v["qps"]), "p99_us": statistics.median(v["p99_us"]),
+                "client_cpu_share": statistics.median(v["cpu"]), "bad": sum(v["bad"])}
+            for c, v in sorted(found.items())}
 
 
 def _ratio(a: float | None, b: float | None) -> str:
@@ -111,16 +118,18 @@ def seed_table(s: dict[str, Any], model: str) -> list[str]:
     return lines
 
 
-def concurrency_table(s: dict[str, Any], model: str) -> list[str]:
+def concurrency_table(s: dict[str, Any], model: str, key: str = "levels",
+                      what: str = "", client: str = "wrk") -> list[str]:
+    """QPS / P99 per connection count: HTTP (`levels`) or gRPC with h2load (`grpc_levels`)."""
     levels = sorted({c for row in s.values()
-                     for c in row["workloads"].get(model, {}).get("levels", {})}, key=int)
+                     for c in row["workloads"].get(model, {}).get(key, {})}, key=int)
     if not levels:
         return []
-    lines = [f"| {model}: QPS / P99 ms at N connections | " +
-             " | ".join(f"N={c}" for c in levels) + " | wrk CPU (max) | bad answers |",
+    lines = [f"| {model}{what}: QPS / P99 ms at N connections | " +
+             " | ".join(f"N={c}" for c in levels) + f" | {client} CPU (max) | bad answers |",
              "|---|" + "---:|" * (len(levels) + 2)]
     for name, row in s.items():
-        w = row["workloads"].get(model, {}).get("levels", {})
+        w = row["workloads"].get(model, {}).get(key, {})
         if not w:
             continue
         cells = [f"{w[c]['qps']:,.0f} / {w[c]['p99_us'] / 1e3:.2f}" if c in w else "–"
@@ -255,6 +264,10 @@ def report(result: dict[str, Any]) -> str:
     lines += sequential_table(s) + [""]
     for model in ("identity", "resnet50"):
         table = concurrency_table(s, model)
+        if table:
+            lines += table + [""]
+    for model in ("identity", "resnet50"):
+        table = concurrency_table(s, model, "grpc_levels", " over gRPC", "h2load")
         if table:
             lines += table + [""]
     if device == "cuda":

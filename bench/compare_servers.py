@@ -61,6 +61,7 @@ class Server:
     environment: Callable[[Server, pathlib.Path], dict[str, str]] = lambda s, w: {}
     prepare: Callable[[Server, pathlib.Path, int], None] = lambda s, w, p: None
     note: str = ""
+    grpc: bool = False  # speaks the protocol's gRPC on ports.grpc: measured with h2load too
     batching: str = ""
     package: str = ""  # whose version the report shows; must import (as a module) to run
 
@@ -201,7 +202,7 @@ def servers() -> dict[str, Server]:
     return {
         "tensorgate": Server("tensorgate", OIP_BINARY, "/v2/models/{model}/infer",
                              pathlib.Path(sys.executable), _tensorgate_command,
-                             note="HTTP, binary tensor extension",
+                             note="HTTP, binary tensor extension", grpc=True,
                              batching="dynamic batching (max delay 0)", package="tensorgate"),
         "tensorgate-asgi": Server("tensorgate-asgi", OIP_BINARY, "/v2/models/{model}/infer",
                                   pathlib.Path(sys.executable), _asgi_command,
@@ -213,7 +214,7 @@ def servers() -> dict[str, Server]:
                          pathlib.Path(sys.executable) if TRITON_BUNDLE else venv("triton"),
                          _triton_command, _triton_environment, _triton_prepare,
                          note="tritonserver 2.51 (nvidia-pytriton 0.7.0), Python backend, "
-                              "binary tensor extension",
+                              "binary tensor extension", grpc=True,
                          batching="dynamic batching (max delay 0)", package="nvidia-pytriton"),
         "mlserver": Server("mlserver", OIP_JSON, "/v2/models/{model}/infer", venv("mlserver"),
                            _mlserver_command, prepare=_mlserver_prepare,

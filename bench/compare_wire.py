@@ -284,3 +284,72 @@ def socket_load(port: int, raw: bytes, connections: int, seconds: float, smalles
             "p99_us": int(us[2]), "max_us": int(latencies.max() / 1e3),
             "requests": int(latencies.size), "bad": bad, "errors": errors,
             "client_cpu_share": cpu / elapsed, "client": f"socket client, {processes} process(es)"}
+
+
+def grpc_infer_body(model: str, x: np.ndarray) -> bytes:
+    """One gRPC ModelInfer call's HTTP/2 DATA: the 5-byte length prefix and the protobuf
+    message, the tensor in raw_input_contents (what tritonclient sends). The schema comes
+    from tritonclient, imported here only: peers' venvs never load this module's callers."""
+    from tritonclient.grpc import service_pb2
+
+    request = service_pb2.ModelInferRequest(model_name=model)
+    tensor = request.inputs.add(name="INPUT__0", datatype="FP32")
+    tensor.shape.extend(x.shape)
+    request.raw_input_contents.append(np.ascontiguousarray(x, dtype=np.float32).tobytes())
+    message = request.SerializeToString()
+    return b"\x00" + len(message).to_bytes(4, "big") + message
+
+
+def grpc_reference_answer(grpc_port: int, body: bytes, output_bytes: int) -> int:
+    """One ModelInfer through grpcio with `body`'s message; checks the first output's size
+    and returns the answer's size on the wire (prefix + message), which every answer under
+    load must match: a gRPC error is HTTP 200 with a status trailer and no DATA, which h2load
+    counts as a success."""
+    import grpc
+    from tritonclient.grpc import service_pb2
+
+    with grpc.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
+        call = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
+        answer = call(body[5:], timeout=60)
+    response = service_pb2.ModelInferResponse.FromString(answer)
+    got = len(response.raw_output_contents[0]) if response.raw_output_contents else 0
+    if got != output_bytes:
+        raise RuntimeError(f"gRPC answer holds {got} output bytes, want {output_bytes}")
+    return 5 + len(answer)
+
+
+def h2load_grpc(grpc_port: int, body: bytes, answer_bytes: int, connections: int,
+                seconds: float, folder: pathlib.Path) -> dict[str, Any]:
+    """gRPC ModelInfer over HTTP/2 with h2load: `connections` connections, one stream each,
+    for `seconds`; latencies from h2load's per-request log; answers that are not HTTP 200 or
+    whose DATA falls short of `answer_bytes` (grpc_reference_answer) count as bad, from the
+    DATA total h2load reports; h2load's own CPU share measured."""
+    (folder / "grpc-body.bin").write_bytes(body)
+    log = folder / "h2load.log"
+    log.unlink(missing_ok=True)
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    out = subprocess.run(["h2load", "-c", str(connections), "-m", "1", "-t", "1",
+                          "-D", str(max(1, round(seconds))), "-d", str(folder / "grpc-body.bin"),
+                          "-H", "content-type: application/grpc", "-H", "te: trailers",
+                          "--log-file", str(log),
+                          f"http://127.0.0.1:{grpc_port}/inference.GRPCInferenceService/ModelInfer"],
+                         capture_output=True, text=True, timeout=seconds + 60)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    rows = [line.split("\t") for line in log.read_text().splitlines() if line.strip()]
+    if not rows:
+        raise RuntimeError(f"h2load made no request: {out.stdout[-500:]} {out.stderr[-500:]}")
+    statuses = np.array([int(r[1]) for r in rows])
+    us = np.array([int(r[2]) for r in rows], dtype=np.int64)
+    errored = re.search(r"(\d+) errored, (\d+) timeout", out.stdout)
+    data = re.search(r"\((\d+)\) data", out.stdout)
+    if data is None:
+        raise RuntimeError(f"h2load printed no traffic line: {out.stdout[-500:]}")
+    short = us.size - int(data.group(1)) // answer_bytes  # answers without their tensor
+    q = np.percentile(us, [50, 90, 99])
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return {"connections": connections, "seconds": seconds, "qps": us.size / seconds,
+            "p50_us": int(q[0]), "p90_us": int(q[1]), "p99_us": int(q[2]),
+            "max_us": int(us.max()), "requests": int(us.size),
+            "bad": max(int((statuses != 200).sum()), short),
+            "errors": sum(map(int, errored.groups())) if errored else 0,
+            "client_cpu_share": cpu / seconds}

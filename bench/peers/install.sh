@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Install the peers that bench/compare.py measures, each into its own virtual environment under
-# bench/peers/.venvs/ (ignored by git; never a dependency of tensorgate), plus wrk for the load.
+# bench/peers/.venvs/ (ignored by git; never a dependency of tensorgate), plus wrk and h2load
+# for the load.
 #
 #   bash bench/peers/install.sh [triton] [mlserver] [litserve] [fastapi]    (default: all four)
 #
@@ -25,12 +26,16 @@ fi
 peers=("$@")
 [ ${#peers[@]} -eq 0 ] && peers=(triton mlserver litserve fastapi)
 
-if ! command -v wrk >/dev/null; then
+# wrk drives HTTP; h2load (nghttp2-client) drives gRPC for the servers that speak it
+if ! command -v wrk >/dev/null || ! command -v h2load >/dev/null; then
   if command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
-    (apt-get install -y -q wrk >/dev/null 2>&1 || { apt-get update -q >/dev/null && apt-get install -y -q wrk >/dev/null; }) \
-      || echo "wrk: not installed (apt-get failed); compare.py falls back to its socket client"
+    (apt-get install -y -q wrk nghttp2-client >/dev/null 2>&1 \
+      || { apt-get update -q >/dev/null && apt-get install -y -q wrk nghttp2-client >/dev/null; }) \
+      || echo "wrk/h2load: not installed (apt-get failed); compare.py falls back to its socket" \
+              "client and skips the gRPC points"
   else
-    echo "wrk: not installed (needs root and apt-get); compare.py falls back to its socket client"
+    echo "wrk/h2load: not installed (needs root and apt-get); compare.py falls back to its" \
+         "socket client and skips the gRPC points"
   fi
 fi
 

@@ -137,3 +137,13 @@ def test_a_gpu_run_has_its_own_goals_and_its_own_block(result: dict, tmp_path: p
     block = text.split(begin, 1)[1].split(end, 1)[0]
     assert "NVIDIA H200 (CUDA 13.0)" in block and "socket client" in block
     assert "Goals (issue 5, on the GPU):" in capsys.readouterr().out
+
+
+def test_grpc_points_get_their_own_table(result: dict) -> None:
+    result["servers"]["tensorgate"]["workloads"]["identity"]["grpc"] = _levels({1: 900.0, 16: 1100.0})
+    text = compare_report.report(result)
+    table = text.split("| identity over gRPC: QPS / P99 ms at N connections | N=1 | N=16 "
+                       "| h2load CPU (max) | bad answers |", 1)[1].split("\n\n", 1)[0]
+    assert "| tensorgate | 900 / 2.00 | 1,100 / 2.00 | 50% | 0 |" in table
+    assert "triton" not in table  # no gRPC points for it in this run
+    assert "resnet50 over gRPC" not in text
