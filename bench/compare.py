@@ -283,27 +283,36 @@ def urlopen_text(url: str) -> str:
 
 def floor(models: pathlib.Path, x: np.ndarray, counts: dict[str, int],
           warmup: dict[str, int], device: str = "cpu") -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-    """The same TorchScript files called in this process with the same thread count."""
-    if device == "cuda":
-        return cuda_floor(models, x, counts, warmup)
+    """The same TorchScript files called in this process: on the CPU with the servers'
+    thread count; on the GPU through `cuda_graph_call`, the best a server could do there."""
     torch.set_num_threads(default_intra_op_threads())
     results, outputs = {}, {}
     for model in WORKLOADS:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", DeprecationWarning)
-            module = torch.jit.load(str(models / model / "1" / "model.pt")).eval()
-        tensor = torch.from_numpy(x)
-        samples = np.empty(counts[model], dtype=np.int64)
+            module = torch.jit.load(str(models / model / "1" / "model.pt"),
+                                    map_location=device).eval()
+        call = cuda_graph_call(module, x) if device == "cuda" else cpu_call(module, x)
         with torch.inference_mode():
             for _ in range(warmup[model]):
-                module(tensor)
+                call()
+            samples = np.empty(counts[model], dtype=np.int64)
             for i in range(counts[model]):
                 begin = time.perf_counter_ns()
-                module(tensor).numpy()
+                call()
                 samples[i] = time.perf_counter_ns() - begin
-            outputs[model] = module(tensor).numpy().copy()
+            outputs[model] = call().copy()
         results[model] = {"us": (samples / 1e3).round(1).tolist()}
+        del call, module
+        if device == "cuda":
+            torch.cuda.empty_cache()
     return results, outputs
+
+
+def cpu_call(module: torch.jit.ScriptModule, x: np.ndarray) -> Callable[[], np.ndarray]:
+    """One request on the CPU: a forward pass over a view of `x`."""
+    tensor = torch.from_numpy(x)
+    return lambda: module(tensor).numpy()
 
 
 def cuda_graph_call(module: torch.jit.ScriptModule, x: np.ndarray) -> Callable[[], np.ndarray]:
@@ -330,30 +339,6 @@ def cuda_graph_call(module: torch.jit.ScriptModule, x: np.ndarray) -> Callable[[
         stream.synchronize()
         return host_out.numpy()
     return call
-
-
-def cuda_floor(models: pathlib.Path, x: np.ndarray, counts: dict[str, int],
-               warmup: dict[str, int]) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-    """The best a server could do on the GPU: `cuda_graph_call` timed in this process."""
-    results, outputs = {}, {}
-    for model in WORKLOADS:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", DeprecationWarning)
-            module = torch.jit.load(str(models / model / "1" / "model.pt"),
-                                    map_location="cuda").eval()
-        call = cuda_graph_call(module, x)
-        for _ in range(warmup[model]):
-            call()
-        samples = np.empty(counts[model], dtype=np.int64)
-        for i in range(counts[model]):
-            begin = time.perf_counter_ns()
-            call()
-            samples[i] = time.perf_counter_ns() - begin
-        outputs[model] = call().copy()
-        results[model] = {"us": (samples / 1e3).round(1).tolist()}
-        del call, module
-        torch.cuda.empty_cache()
-    return results, outputs
 
 
 # ---------------------------------------------------------------------------------------------
@@ -410,13 +395,8 @@ def measure_server(server: Server, work: pathlib.Path, x: np.ndarray,
             print(f"  {model}: {len(part['us'])} sequential, P50 {np.median(part['us']):,.0f} µs "
                   f"({time.perf_counter() - began:.0f} s)", flush=True)
             if client is not None:
-                points = []
-                for c in plan.levels[model]:
-                    points.append(concurrent(running, model, c, duration(plan, model, c), work,
-                                             client))
-                    print(f"  {model}: {c} connections, {points[-1]['qps']:,.1f} QPS, "
-                          f"P99 {points[-1]['p99_us'] / 1e3:,.1f} ms", flush=True)
-                entry["concurrent"].append(points)
+                entry["concurrent"].append(points(model, "", plan, lambda c, seconds: concurrent(
+                    running, model, c, seconds, work, client)))
             if server.grpc and shutil.which("h2load"):
                 entry.setdefault("grpc", []).append(grpc_points(running, model, x, plan, work))
         waited = settle(running.process.pid)
@@ -431,6 +411,17 @@ def _interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt(f"signal {signum}")  # unwinds through `finally`: servers stop
 
 
+def points(model: str, label: str, plan: Plan,
+           measure: Callable[[int, float], dict[str, Any]]) -> list[dict[str, Any]]:
+    """`measure(connections, seconds)` at each of the plan's connection counts, printed."""
+    found = []
+    for c in plan.levels[model]:
+        found.append(measure(c, duration(plan, model, c)))
+        print(f"  {model}{label}: {c} connections, {found[-1]['qps']:,.1f} QPS, "
+              f"P99 {found[-1]['p99_us'] / 1e3:,.1f} ms", flush=True)
+    return found
+
+
 def grpc_points(running: Running, model: str, x: np.ndarray, plan: Plan,
                 work: pathlib.Path) -> list[dict[str, Any]]:
     """The concurrency points again over gRPC (ModelInfer, HTTP/2) with h2load, for the
@@ -438,13 +429,8 @@ def grpc_points(running: Running, model: str, x: np.ndarray, plan: Plan,
     the answer's exact size, which every answer under load must reach."""
     body = grpc_infer_body(model, x)
     answer = grpc_reference_answer(running.ports.grpc, body, 4 * int(np.prod(WORKLOADS[model])))
-    points = []
-    for c in plan.levels[model]:
-        points.append(h2load_grpc(running.ports.grpc, body, answer, c,
-                                  duration(plan, model, c), work))
-        print(f"  {model} over gRPC: {c} connections, {points[-1]['qps']:,.1f} QPS, "
-              f"P99 {points[-1]['p99_us'] / 1e3:,.1f} ms", flush=True)
-    return points
+    return points(model, " over gRPC", plan, lambda c, seconds: h2load_grpc(
+        running.ports.grpc, body, answer, c, seconds, work))
 
 
 def choose_client(choice: str) -> str | None:

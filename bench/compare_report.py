@@ -171,26 +171,26 @@ def sequential_table(s: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _goal_line(text: str, value: float | None, limit: float, at_most: bool = True) -> str:
+    if value is None:
+        return f"- {text}: not measured"
+    met = value <= limit if at_most else value >= limit
+    return (f"- {text}: {value:,.2f} (goal {'≤' if at_most else '≥'} {limit}) — "
+            f"{'met' if met else 'missed'}")
+
+
 def cuda_goals(s: dict[str, Any]) -> list[str]:
     """Issue 5's goals on the H200: resnet50 end to end over HTTP, batch 1."""
     if "tensorgate" not in s:
         return ["Goals need tensorgate in the run."]
-    checks = []
-    levels = s["tensorgate"]["workloads"].get("resnet50", {}).get("levels", {})
-    qps16 = levels.get(16, levels.get("16", {})).get("qps")
-    for text, value, limit, at_most in (
-            ("resnet50 P50 ms, sequential over HTTP", _get(s, "tensorgate", "resnet50", "p50_us"),
-             2.6, True),
-            ("resnet50 P99 ms, sequential over HTTP", _get(s, "tensorgate", "resnet50", "p99_us"),
-             3.0, True),
-            ("resnet50 QPS at 16 connections", qps16, 2000.0, False)):
-        if value is None:
-            checks.append(f"- {text}: not measured")
-            continue
-        value = value / 1e3 if text.startswith("resnet50 P") else value
-        met = value <= limit if at_most else value >= limit
-        checks.append(f"- {text}: {value:,.2f} (goal {'≤' if at_most else '≥'} {limit:g}) — "
-                      f"{'met' if met else 'missed'}")
+    p50, p99 = (_get(s, "tensorgate", "resnet50", key) for key in ("p50_us", "p99_us"))
+    qps16 = s["tensorgate"]["workloads"].get("resnet50", {}).get("levels", {}).get(16, {})
+    checks = [_goal_line("resnet50 P50 ms, sequential over HTTP",
+                         None if p50 is None else p50 / 1e3, 2.6),
+              _goal_line("resnet50 P99 ms, sequential over HTTP",
+                         None if p99 is None else p99 / 1e3, 3),
+              _goal_line("resnet50 QPS at 16 connections", qps16.get("qps"), 2000,
+                         at_most=False)]
     if "triton" in s:
         for key, text in (("p50_us", "P50"), ("max_qps", "max QPS")):
             ratio = _ratio_value(_get(s, "tensorgate", "resnet50", key),
@@ -206,15 +206,10 @@ def goals(s: dict[str, Any]) -> list[str]:
         return ["Goals need tensorgate and Triton in the same run."]
     tg, tr = s["tensorgate"], s["triton"]
     floor_id = _get(s, "floor", "identity", "p50_us") or 0.0
-    checks = []
+    checks: list[str] = []
 
     def add(text: str, value: float | None, limit: float, at_most: bool = True) -> None:
-        if value is None:
-            checks.append(f"- {text}: not measured")
-            return
-        met = value <= limit if at_most else value >= limit
-        checks.append(f"- {text}: {value:.2f} (goal {'≤' if at_most else '≥'} {limit}) — "
-                      f"{'met' if met else 'missed'}")
+        checks.append(_goal_line(text, value, limit, at_most))
 
     tg_over = (_get(s, "tensorgate", "identity", "p50_us") or 0.0) - floor_id
     tr_over = (_get(s, "triton", "identity", "p50_us") or 0.0) - floor_id

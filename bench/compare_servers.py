@@ -64,12 +64,15 @@ class Server:
     grpc: bool = False  # speaks the protocol's gRPC on ports.grpc: measured with h2load too
     batching: str = ""
     package: str = ""  # whose version the report shows; must import (as a module) to run
+    # a server that runs from files rather than a venv: its check (None when it can run) and
+    # the version the report shows
+    bundle_check: Callable[[Server], str | None] | None = None
+    bundle_version: str = ""
 
     def installed(self) -> str | None:
         """None when the server can run here, else why not."""
-        if self.name == "triton" and TRITON_BUNDLE:
-            binary = _triton_home(self) / "bin" / "tritonserver"
-            return None if binary.exists() else f"no {binary} (TENSORGATE_TRITON_BUNDLE)"
+        if self.bundle_check is not None:
+            return self.bundle_check(self)
         if not self.python.exists():
             return f"not installed (bash bench/peers/install.sh {self.name})"
         module = self.package.replace("nvidia-pytriton", "pytriton").replace("-", "_")
@@ -79,8 +82,8 @@ class Server:
         return None
 
     def version(self) -> str:
-        if self.name == "triton" and TRITON_BUNDLE:
-            return "0.7.0 (unpacked bundle)"
+        if self.bundle_version:
+            return self.bundle_version
         package = self.package
         script = f"import importlib.metadata as m; print(m.version({package!r}))"
         out = subprocess.run([str(self.python), "-c", script], capture_output=True, text=True)
@@ -109,7 +112,8 @@ def _triton_prepare(server: Server, work: pathlib.Path, threads: int) -> None:
     version = subprocess.run([str(server.python), "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
                              capture_output=True, text=True, check=True).stdout.strip()
     if TRITON_BUNDLE:
-        _stub_environment(server.python, work / "triton-stub-env")
+        _stub_environment(server.python, work / "triton-stub-env",
+                          pathlib.Path(TRITON_BUNDLE) / "site")
     for source in [home / "backends/python/libtriton_python.so",
                    home / "backends/python/triton_python_backend_utils.py",
                    home / f"python_backend_stubs/{version}/triton_python_backend_stub"]:
@@ -143,10 +147,16 @@ def _triton_command(server: Server, ports: Ports, work: pathlib.Path) -> list[st
             "--log-info", "false"]
 
 
-def _stub_environment(python: pathlib.Path, env: pathlib.Path) -> None:
+def _triton_bundle_check(server: Server) -> str | None:
+    binary = _triton_home(server) / "bin" / "tritonserver"
+    return None if binary.exists() else f"no {binary} (TENSORGATE_TRITON_BUNDLE)"
+
+
+def _stub_environment(python: pathlib.Path, env: pathlib.Path, first: pathlib.Path) -> None:
     """A venv for the stub, whose interpreter reads the site-packages of the first python3 on
-    PATH and ignores PYTHONPATH: its own .pth puts the bundle's numpy<2 ahead of `python`'s
-    site-packages (torch, and a numpy 2 that would make the stub answer empty outputs)."""
+    PATH and ignores PYTHONPATH: its own .pth puts `first` (the bundle's numpy<2) ahead of
+    `python`'s site-packages (torch, and a numpy 2 that would make the stub answer empty
+    outputs)."""
     subprocess.run([str(python), "-m", "venv", "--without-pip", str(env)], check=True)
     script = ("import site, sysconfig; print(sysconfig.get_paths()['purelib']); "
               "print(*site.getsitepackages(), sep='\\n')")
@@ -154,7 +164,7 @@ def _stub_environment(python: pathlib.Path, env: pathlib.Path) -> None:
                          text=True, check=True).stdout.split()[0]
     parents = subprocess.run([str(python), "-c", script], capture_output=True, text=True,
                              check=True).stdout.split()
-    lines = [str(pathlib.Path(TRITON_BUNDLE or "") / "site"), *dict.fromkeys(parents)]
+    lines = [str(first), *dict.fromkeys(parents)]
     (pathlib.Path(own) / "tensorgate-stub.pth").write_text("\n".join(lines) + "\n")
 
 
@@ -215,7 +225,9 @@ def servers() -> dict[str, Server]:
                          _triton_command, _triton_environment, _triton_prepare,
                          note="tritonserver 2.51 (nvidia-pytriton 0.7.0), Python backend, "
                               "binary tensor extension", grpc=True,
-                         batching="dynamic batching (max delay 0)", package="nvidia-pytriton"),
+                         batching="dynamic batching (max delay 0)", package="nvidia-pytriton",
+                         bundle_check=_triton_bundle_check if TRITON_BUNDLE else None,
+                         bundle_version="0.7.0 (unpacked bundle)" if TRITON_BUNDLE else ""),
         "mlserver": Server("mlserver", OIP_JSON, "/v2/models/{model}/infer", venv("mlserver"),
                            _mlserver_command, prepare=_mlserver_prepare,
                            note="custom runtime; V2 JSON (MLServer has no binary extension "

@@ -160,6 +160,19 @@ end
 """
 
 
+def _children_cpu_s() -> float:
+    """User + system seconds of this process's waited-for children: the load generator's."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _latency_figures(us: np.ndarray) -> dict[str, int]:
+    """wrk's latency figures from our own per-request samples (µs)."""
+    p50, p90, p99 = np.percentile(us, [50, 90, 99])
+    return {"p50_us": int(p50), "p90_us": int(p90), "p99_us": int(p99),
+            "max_us": int(us.max()), "requests": int(us.size)}
+
+
 def wrk_load(port: int, raw: bytes, connections: int, seconds: float, smallest: int,
              folder: pathlib.Path) -> dict[str, Any]:
     """Send `raw` (a prebuilt request) with wrk: `connections` keep-alive connections on one
@@ -174,17 +187,16 @@ def wrk_load(port: int, raw: bytes, connections: int, seconds: float, smallest: 
     (folder / "wrk-body.bin").write_bytes(body)
     (folder / "wrk.lua").write_text(_WRK_SCRIPT.format(body=folder / "wrk-body.bin",
                                                        headers=headers, smallest=smallest))
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    before = _children_cpu_s()
     out = subprocess.run(["wrk", "-t", "1", "-c", str(connections), "-d",
                           f"{max(1, round(seconds))}s", "--timeout", "30s",
                           "-s", str(folder / "wrk.lua"), f"http://127.0.0.1:{port}{path}"],
                          capture_output=True, text=True, timeout=seconds + 60)
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = _children_cpu_s() - before
     values = dict((m.group(1), int(m.group(2))) for m in re.finditer(r"TG (\w+) (\d+)", out.stdout))
     rate = re.search(r"Requests/sec:\s+([\d.]+)", out.stdout)
     if rate is None or "requests" not in values:
         raise RuntimeError(f"wrk failed: {out.stdout[-500:]} {out.stderr[-500:]}")
-    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     return {"connections": connections, "seconds": seconds, "qps": float(rate.group(1)),
             "p50_us": values["p50"], "p90_us": values["p90"], "p99_us": values["p99"],
             "max_us": values["max"], "requests": values["requests"], "bad": values["bad"],
@@ -247,7 +259,7 @@ def socket_load(port: int, raw: bytes, connections: int, seconds: float, smalles
     context = multiprocessing.get_context("fork")
     shares = [connections // processes + (1 if i < connections % processes else 0)
               for i in range(processes)]
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    before = _children_cpu_s()
     started = time.perf_counter()
     deadline = started + seconds
     workers, pipes = [], []
@@ -273,16 +285,12 @@ def socket_load(port: int, raw: bytes, connections: int, seconds: float, smalles
             worker.kill()
             worker.join()
     elapsed = time.perf_counter() - started
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = _children_cpu_s() - before
     latencies = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
     if latencies.size == 0:
         raise RuntimeError(f"the socket client got no answer on port {port}")
-    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    us = np.percentile(latencies, [50, 90, 99]) / 1e3
-    return {"connections": connections, "seconds": seconds,
-            "qps": latencies.size / elapsed, "p50_us": int(us[0]), "p90_us": int(us[1]),
-            "p99_us": int(us[2]), "max_us": int(latencies.max() / 1e3),
-            "requests": int(latencies.size), "bad": bad, "errors": errors,
+    return {"connections": connections, "seconds": seconds, "qps": latencies.size / elapsed,
+            **_latency_figures(latencies / 1e3), "bad": bad, "errors": errors,
             "client_cpu_share": cpu / elapsed, "client": f"socket client, {processes} process(es)"}
 
 
@@ -327,14 +335,14 @@ def h2load_grpc(grpc_port: int, body: bytes, answer_bytes: int, connections: int
     (folder / "grpc-body.bin").write_bytes(body)
     log = folder / "h2load.log"
     log.unlink(missing_ok=True)
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    before = _children_cpu_s()
     out = subprocess.run(["h2load", "-c", str(connections), "-m", "1", "-t", "1",
                           "-D", str(max(1, round(seconds))), "-d", str(folder / "grpc-body.bin"),
                           "-H", "content-type: application/grpc", "-H", "te: trailers",
                           "--log-file", str(log),
                           f"http://127.0.0.1:{grpc_port}/inference.GRPCInferenceService/ModelInfer"],
                          capture_output=True, text=True, timeout=seconds + 60)
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = _children_cpu_s() - before
     rows = [line.split("\t") for line in log.read_text().splitlines() if line.strip()]
     if not rows:
         raise RuntimeError(f"h2load made no request: {out.stdout[-500:]} {out.stderr[-500:]}")
@@ -345,11 +353,7 @@ def h2load_grpc(grpc_port: int, body: bytes, answer_bytes: int, connections: int
     if data is None:
         raise RuntimeError(f"h2load printed no traffic line: {out.stdout[-500:]}")
     short = us.size - int(data.group(1)) // answer_bytes  # answers without their tensor
-    q = np.percentile(us, [50, 90, 99])
-    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     return {"connections": connections, "seconds": seconds, "qps": us.size / seconds,
-            "p50_us": int(q[0]), "p90_us": int(q[1]), "p99_us": int(q[2]),
-            "max_us": int(us.max()), "requests": int(us.size),
-            "bad": max(int((statuses != 200).sum()), short),
+            **_latency_figures(us), "bad": max(int((statuses != 200).sum()), short),
             "errors": sum(map(int, errored.groups())) if errored else 0,
             "client_cpu_share": cpu / seconds}

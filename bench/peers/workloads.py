@@ -24,8 +24,7 @@ def threads() -> int:
     return int(os.environ.get("TG_BENCH_THREADS", "1"))
 
 
-def device() -> torch.device:
-    return torch.device(os.environ.get("TG_BENCH_DEVICE", "cpu"))
+DEVICE = torch.device(os.environ.get("TG_BENCH_DEVICE", "cpu"))
 
 
 def load(name: str) -> torch.jit.ScriptModule:
@@ -35,13 +34,10 @@ def load(name: str) -> torch.jit.ScriptModule:
     path = pathlib.Path(os.environ["TG_BENCH_MODELS"]) / name / "1" / "model.pt"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
-        return torch.jit.load(str(path), map_location=device()).eval()
+        return torch.jit.load(str(path), map_location=DEVICE).eval()
 
 
 def run(module: torch.jit.ScriptModule, batch: np.ndarray) -> np.ndarray:
     """One forward pass on a float32 batch; the result as a numpy array."""
-    with torch.inference_mode():
-        target = device()
-        if target.type == "cpu":
-            return module(torch.from_numpy(batch)).numpy()
-        return module(torch.from_numpy(batch).to(target)).cpu().numpy()
+    with torch.inference_mode():  # on the CPU, .to and .cpu return the tensor itself
+        return module(torch.from_numpy(batch).to(DEVICE)).cpu().numpy()

@@ -222,9 +222,7 @@ class Engine:
         """
         if self._placement is None or spec.instance_groups or "cpu_affinity" in spec.parameters:
             return False
-        if len(executors) != 1:
-            return False
-        first = executors[0]
+        first = executors[0]  # without instance_group there is exactly one
         return (first.settings.device.type == "cpu" and first.runner is not None
                 and first.runner.shareable and first.forward_ns is not None
                 and first.forward_ns >= LIGHT_FORWARD_NS
