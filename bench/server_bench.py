@@ -2,11 +2,12 @@
 
 Starts `tensorgate serve` on the built-in repository, then for `identity` and `resnet50`:
 sequential batch-1 P50/P99 with a lean keep-alive socket client and with a raw grpcio stub
-(each client's own CPU per request is printed beside it), and QPS at 8 concurrent HTTP
-connections with `wrk` (Debian's package; its CPU use is printed too). The engine in-process
+(each client's own CPU per request is printed beside it), QPS at 8 concurrent HTTP
+connections with `wrk` and gRPC ModelInfer at 1 and 8 connections with `h2load` (Debian's
+wrk and nghttp2-client; the server's and the load generator's CPU per request beside each). The engine in-process
 is measured in the same run. Writes bench/results/server_bench.json.
 
-    .venv/bin/python bench/server_bench.py [--quick]      (apt-get install wrk for the QPS part)
+    .venv/bin/python bench/server_bench.py [--quick]      (apt-get install wrk nghttp2-client for the QPS part)
 """
 
 from __future__ import annotations
@@ -32,11 +33,13 @@ import torch
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
-from compare_wire import OIP_BINARY, Connection, raw_request, wrk_load  # noqa: E402
+from compare_wire import (OIP_BINARY, Connection, grpc_infer_body,  # noqa: E402
+                          grpc_reference_answer, h2load_grpc, raw_request, wrk_load)
 from tensorgate import Engine, InferenceRequest, TensorView  # noqa: E402
 from tensorgate.builtin.repository import write_default_repository  # noqa: E402
 
 RESULTS = pathlib.Path(__file__).parent / "results"
+OUTPUT_BYTES = {"identity": 3 * 224 * 224 * 4, "resnet50": 1000 * 4}
 
 
 def binary_request(model: str, port: int) -> bytes:
@@ -74,28 +77,53 @@ def process_cpu_s(pid: int) -> tuple[float, float]:
     return int(fields[11]) / ticks, int(fields[12]) / ticks
 
 
-def wrk_qps(port: int, raw: bytes, seconds: int, connections: int,
-            server_pid: int) -> dict[str, Any]:
-    """wrk at `connections` (answers checked: 200 and the identity or resnet50 size), with
-    the server's CPU from /proc around the run."""
-    if shutil.which("wrk") is None:
-        return {"skipped": "wrk is not installed (apt-get install wrk)"}
-    folder = pathlib.Path(tempfile.mkdtemp(prefix="tg-wrk-"))
+def server_cpu_load(load: Any, seconds: int, server_pid: int) -> dict[str, Any]:
+    """Run `load()` (wrk or h2load; answers checked) with the server's CPU from /proc around
+    it, so every QPS figure comes with what it cost the server and the load generator."""
     server_before = process_cpu_s(server_pid)
-    try:
-        load = wrk_load(port, raw, connections, seconds, 4_000, folder)
-    finally:
-        shutil.rmtree(folder)
+    result = load()
     user, system = (a - b for a, b in zip(process_cpu_s(server_pid), server_before))
-    requests = max(load["qps"] * seconds, 1.0)
-    cpu = load["client_cpu_share"] * seconds
-    return {"qps": load["qps"], "connections": connections, "p99_us": load["p99_us"],
-            "bad": load["bad"] + load["errors"],
-            "wrk_cpu_share": load["client_cpu_share"],
-            "wrk_cpu_us_per_request": cpu / requests * 1e6,
+    requests = max(result["qps"] * seconds, 1.0)
+    cpu = result["client_cpu_share"] * seconds
+    return {"qps": result["qps"], "connections": result["connections"],
+            "p50_us": result["p50_us"], "p99_us": result["p99_us"],
+            "bad": result["bad"] + result["errors"],
+            "client_cpu_share": result["client_cpu_share"],
+            "client_cpu_us_per_request": cpu / requests * 1e6,
             "server_cpu_share": (user + system) / seconds,
             "server_cpu_us_per_request": (user + system) / requests * 1e6,
             "server_kernel_us_per_request": system / requests * 1e6}
+
+
+def wrk_qps(port: int, raw: bytes, seconds: int, connections: int,
+            server_pid: int) -> dict[str, Any]:
+    """wrk at `connections` (answers checked: 200 and the identity or resnet50 size)."""
+    if shutil.which("wrk") is None:
+        return {"skipped": "wrk is not installed (apt-get install wrk)"}
+    folder = pathlib.Path(tempfile.mkdtemp(prefix="tg-wrk-"))
+    try:
+        return server_cpu_load(lambda: wrk_load(port, raw, connections, seconds, 4_000, folder),
+                               seconds, server_pid)
+    finally:
+        shutil.rmtree(folder)
+
+
+def h2load_qps(grpc_port: int, model: str, output_bytes: int, seconds: int, connections: int,
+               server_pid: int) -> dict[str, Any]:
+    """ModelInfer over HTTP/2 with h2load at `connections` (every answer's size checked
+    against one reference call's)."""
+    if shutil.which("h2load") is None:
+        return {"skipped": "h2load is not installed (apt-get install nghttp2-client)"}
+    x = np.random.default_rng(0).standard_normal((1, 3, 224, 224)).astype("<f4")
+    body = grpc_infer_body(model, x)
+    answer = grpc_reference_answer(grpc_port, body, output_bytes)
+    folder = pathlib.Path(tempfile.mkdtemp(prefix="tg-h2load-"))
+    try:
+        return server_cpu_load(
+            lambda: h2load_grpc(grpc_port, body, answer, connections, seconds, folder),
+            seconds, server_pid)
+    finally:
+        shutil.rmtree(folder)
 
 
 def grpc_request(model: str) -> Any:
@@ -175,9 +203,14 @@ def main() -> None:
     try:
         for model, n in counts.items():
             raw = binary_request(model, port)
+            output_bytes = OUTPUT_BYTES[model]
             rows[model] = {"http_sequential": sequential(port, raw, n),
                            "http_8_connections": wrk_qps(port, raw, seconds, 8, process.pid),
-                           "grpc_sequential": grpc_sequential(grpc_port, model, n)}
+                           "grpc_sequential": grpc_sequential(grpc_port, model, n),
+                           "grpc_1_connection": h2load_qps(grpc_port, model, output_bytes,
+                                                           seconds, 1, process.pid),
+                           "grpc_8_connections": h2load_qps(grpc_port, model, output_bytes,
+                                                            seconds, 8, process.pid)}
     finally:
         process.send_signal(signal.SIGTERM)
         process.wait(timeout=60)
@@ -197,16 +230,19 @@ def main() -> None:
               f"{'':>9}  client CPU {h['client_cpu_us_per_request']:.0f} µs/request")
         print(f"{model:<10}{'gRPC sequential':<22}{g['p50_us']:>11,.1f}{g['p99_us']:>11,.1f}"
               f"{'':>9}  client CPU {g['client_cpu_us_per_request']:.0f} µs/request")
-        if "qps" in w:
-            p99 = f"{w['p99_us']:>11,.1f}" if w["p99_us"] else f"{'':>11}"
-            print(f"{model:<10}{'HTTP 8 connections':<22}{'':>11}{p99}{w['qps']:>9,.0f}"
-                  f"  CPU per request: server {w['server_cpu_us_per_request']:.0f} µs "
-                  f"({w['server_kernel_us_per_request']:.0f} in the kernel), wrk "
-                  f"{w['wrk_cpu_us_per_request']:.0f} µs; cores: server "
-                  f"{w['server_cpu_share']:.2f}, wrk {w['wrk_cpu_share']:.2f}; "
-                  f"bad answers {w['bad']}")
-        else:
-            print(f"{model:<10}{'HTTP 8 connections':<22}  {w['skipped']}")
+        for path, load in (("HTTP 8 connections", w), ("gRPC 1 connection",
+                                                       r["grpc_1_connection"]),
+                           ("gRPC 8 connections", r["grpc_8_connections"])):
+            if "qps" not in load:
+                print(f"{model:<10}{path:<22}  {load['skipped']}")
+                continue
+            print(f"{model:<10}{path:<22}{load['p50_us']:>11,.1f}{load['p99_us']:>11,.1f}"
+                  f"{load['qps']:>9,.0f}  CPU per request: server "
+                  f"{load['server_cpu_us_per_request']:.0f} µs "
+                  f"({load['server_kernel_us_per_request']:.0f} in the kernel), client "
+                  f"{load['client_cpu_us_per_request']:.0f} µs; cores: server "
+                  f"{load['server_cpu_share']:.2f}, client {load['client_cpu_share']:.2f}; "
+                  f"bad answers {load['bad']}")
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "server_bench.json").write_text(json.dumps(result, indent=2))
 

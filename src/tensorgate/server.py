@@ -55,7 +55,7 @@ class Server:
         self.engine = Engine(repository, placement=config.placement)
         dataplane = DataPlane(self.engine, self.version, config.allow_shared_memory)
         self._http = HttpFrontEnd(dataplane, default_pool(), config.max_request_bytes)
-        self._grpc = GrpcFrontEnd(dataplane, config.max_request_bytes)
+        self._grpc = GrpcFrontEnd(dataplane, default_pool(), config.max_request_bytes)
         await self.engine.start()
         self.http_port = await self._http.start(config.host, config.http_port)
         self.grpc_port = await self._grpc.start(config.host, config.grpc_port)
@@ -81,7 +81,9 @@ class Server:
 
     async def stop(self) -> None:
         if self._http is not None:
-            self._http.stop_accepting()               # 1. no new connections
+            self._http.stop_accepting()               # 1. no new connections or calls
+        if self._grpc is not None:
+            self._grpc.stop_accepting()
         if self.engine is not None:                   # 2-3. drain, answer the rest, unload
             await self.engine.shutdown(self.config.drain_timeout_s)
         if self._http is not None:                    # 4. close idle connections

@@ -1,147 +1,461 @@
-"""gRPC front end: `inference.GRPCInferenceService` on grpcio's asyncio server.
+"""gRPC front end: `inference.GRPCInferenceService` over our own HTTP/2 (network/http2.py).
 
-Thin: decode with protocol/grpc_codec, call the data plane, encode. Errors are translated
-here and only here, through protocol/status.py's table.
+Thin, like the HTTP front end: read a call's one request message, decode it with
+protocol/grpc_codec, call the data plane, encode, and answer with the status in trailers.
+Errors are translated here and only here, through protocol/status.py's table.
+
+ModelInfer's message is received into one pooled, 64-byte-aligned buffer, placed so that the
+first tensor starts on the boundary, and inputs are views into it. Copying each DATA frame's
+payload there is the one copy on the way in (counted as "receive"): frames interleave
+headers with the payload, so the kernel cannot read the message into place.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
+import zlib
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any
 
-import grpc
 from tritonclient.grpc import service_pb2 as pb
-from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
 from tensorgate.dataplane import DataPlane
-from tensorgate.errors import TensorgateError, UnimplementedError
-from tensorgate.protocol.grpc_codec import (decode_model_infer, encode_model_infer,
+from tensorgate.errors import (InvalidArgumentError, PoolExhaustedError, TensorgateError,
+                               UnimplementedError)
+from tensorgate.network import http2
+from tensorgate.protocol.grpc_codec import (decode_model_infer, encode_model_infer_parts,
+                                            first_raw_input_offset, split_model_infer,
                                             statistics_message)
 from tensorgate.protocol.status import codes_for
-from tensorgate.tensor.copies import CopyLedger
+from tensorgate.tensor.buffer import ALIGNMENT
+from tensorgate.tensor.copies import CopyLedger, record_copy
+from tensorgate.tensor.pool import BufferPool
 
 __all__ = ["GrpcFrontEnd"]
 
 log = logging.getLogger("tensorgate.grpc")
-T = TypeVar("T")
+
+_SERVICE = "/inference.GRPCInferenceService/"
+# gRPC status codes by name (grpc/doc/statuscodes.md)
+_CODES = {"OK": 0, "CANCELLED": 1, "UNKNOWN": 2, "INVALID_ARGUMENT": 3, "DEADLINE_EXCEEDED": 4,
+          "NOT_FOUND": 5, "ALREADY_EXISTS": 6, "RESOURCE_EXHAUSTED": 8, "UNIMPLEMENTED": 12,
+          "INTERNAL": 13, "UNAVAILABLE": 14}
+_ENCODINGS = "identity,deflate,gzip"
+_RESPONSE_HEADERS = http2.encode_headers([(b":status", b"200"),
+                                          (b"content-type", b"application/grpc"),
+                                          (b"grpc-accept-encoding", _ENCODINGS.encode())])
+_OK_TRAILERS = http2.encode_headers([(b"grpc-status", b"0")])
+_TIMEOUT_UNITS = {"H": 3600e9, "M": 60e9, "S": 1e9, "m": 1e6, "u": 1e3, "n": 1.0}
+# Bytes of ModelInfer's message held back before placing it: enough to find where the first
+# tensor starts in any ordinary request (tritonclient's header fields come first).
+_PLACEMENT_WINDOW = 64 << 10
 
 
-async def _answer(context: grpc.aio.ServicerContext, call: Callable[[], Awaitable[T]]) -> T:
-    try:
-        return await call()
-    except TensorgateError as error:
-        await context.abort(getattr(grpc.StatusCode, codes_for(error)[1]), error.message)
-    except Exception as error:  # a bug: answer, log, keep serving
-        log.exception("unexpected error in a gRPC call")
-        await context.abort(grpc.StatusCode.INTERNAL, f"internal error: {type(error).__name__}: "
-                                                      f"{error}")
-    raise AssertionError("unreachable: abort raises")
+class _Failure(Exception):
+    """Answer the call with this gRPC status (transport-level problems, not the data plane's)."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
 
 
-class _Servicer(pb_grpc.GRPCInferenceServiceServicer):
-    def __init__(self, dataplane: DataPlane) -> None:
-        self.dp = dataplane
+def _trailers(code: int, message: str) -> bytes:
+    # grpc-message is percent-encoded UTF-8 (gRPC's PROTOCOL-HTTP2.md)
+    encoded = "".join(c if " " <= c <= "~" and c != "%" else
+                      "".join(f"%{b:02X}" for b in c.encode()) for c in message)
+    return http2.encode_headers([(b"grpc-status", str(code).encode()),
+                                 (b"grpc-message", encoded.encode())])
 
-    async def ServerLive(self, request: Any, context: Any) -> pb.ServerLiveResponse:
-        return pb.ServerLiveResponse(live=self.dp.live())
 
-    async def ServerReady(self, request: Any, context: Any) -> pb.ServerReadyResponse:
-        return pb.ServerReadyResponse(ready=self.dp.ready())
+def _error_block(code: int, message: str) -> bytes:
+    """A trailers-only response: status 200 and the gRPC status in one header block."""
+    return http2.encode_headers([(b":status", b"200"), (b"content-type", b"application/grpc")]) \
+        + _trailers(code, message)
 
-    async def ModelReady(self, request: Any, context: Any) -> pb.ModelReadyResponse:
-        return pb.ModelReadyResponse(ready=self.dp.model_ready(request.name, request.version))
 
-    async def ServerMetadata(self, request: Any, context: Any) -> pb.ServerMetadataResponse:
-        meta = self.dp.server_metadata()
-        return pb.ServerMetadataResponse(name=meta["name"], version=meta["version"],
-                                         extensions=meta["extensions"])
+def _deadline_ns(value: str) -> int:
+    """grpc-timeout ("100m", "5S", at most 8 digits and a unit) as a monotonic deadline."""
+    digits, unit = value[:-1], value[-1:]
+    if not digits.isdigit() or len(digits) > 8 or unit not in _TIMEOUT_UNITS:
+        raise _Failure("INTERNAL", f"grpc-timeout '{value}' is malformed")
+    return time.monotonic_ns() + int(int(digits) * _TIMEOUT_UNITS[unit])
 
-    async def ModelMetadata(self, request: Any, context: Any) -> pb.ModelMetadataResponse:
-        async def call() -> pb.ModelMetadataResponse:
-            meta = self.dp.model_metadata(request.name, request.version)
-            tensors = pb.ModelMetadataResponse.TensorMetadata
-            return pb.ModelMetadataResponse(
-                name=meta["name"], versions=meta["versions"], platform=meta["platform"],
-                inputs=[tensors(**t) for t in meta["inputs"]],
-                outputs=[tensors(**t) for t in meta["outputs"]])
-        return await _answer(context, call)
 
-    async def ModelConfig(self, request: Any, context: Any) -> pb.ModelConfigResponse:
-        async def call() -> pb.ModelConfigResponse:
-            spec = self.dp.engine.spec(request.name)
-            return pb.ModelConfigResponse(config=spec.config)
-        return await _answer(context, call)
+class _Call:
+    """One RPC on one stream: collects its request message, runs it, answers."""
 
-    async def ModelStatistics(self, request: Any, context: Any) -> pb.ModelStatisticsResponse:
-        async def call() -> pb.ModelStatisticsResponse:
-            return statistics_message(self.dp.statistics(request.name, request.version))
-        return await _answer(context, call)
+    __slots__ = ("front", "connection", "stream", "method", "ledger", "deadline_ns",
+                 "compressed_with", "_prefix", "_length", "_received", "_buffer", "_message",
+                 "_pad", "_head", "_complete", "_task", "_answered")
 
-    async def SystemSharedMemoryRegister(self, request: Any, context: Any) -> Any:
-        async def call() -> pb.SystemSharedMemoryRegisterResponse:
-            self.dp.shm.register(request.name, request.key, request.offset, request.byte_size)
-            return pb.SystemSharedMemoryRegisterResponse()
-        return await _answer(context, call)
+    def __init__(self, front: GrpcFrontEnd, connection: http2.Http2Connection,
+                 stream: http2.Http2Stream) -> None:
+        self.front = front
+        self.connection = connection
+        self.stream = stream
+        self.method = ""
+        self.ledger = CopyLedger()
+        self.deadline_ns: int | None = None
+        self.compressed_with = "identity"
+        self._prefix = bytearray()      # the 5-byte length prefix, as it arrives
+        self._length = -1               # the message's length once the prefix is in
+        self._received = 0
+        self._buffer: Any = None        # where the message lands (pooled for ModelInfer)
+        self._message: Any = None       # the message's bytes, a view of `_buffer`
+        self._pad = 0
+        self._head: bytearray | None = None  # ModelInfer bytes held back until placed
+        self._complete = False
+        self._task: asyncio.Task[None] | None = None
+        self._answered = False
 
-    async def SystemSharedMemoryUnregister(self, request: Any, context: Any) -> Any:
-        async def call() -> pb.SystemSharedMemoryUnregisterResponse:
-            self.dp.shm.unregister(request.name or None)
-            return pb.SystemSharedMemoryUnregisterResponse()
-        return await _answer(context, call)
+    # -- the request, as HTTP/2 delivers it ------------------------------------------------
 
-    async def SystemSharedMemoryStatus(self, request: Any, context: Any) -> Any:
-        async def call() -> pb.SystemSharedMemoryStatusResponse:
-            response = pb.SystemSharedMemoryStatusResponse()
-            for region in self.dp.shm.status(request.name or None):
-                status = response.regions[region["name"]]
-                status.name, status.key = region["name"], region["key"]
-                status.offset, status.byte_size = region["offset"], region["byte_size"]
-            return response
-        return await _answer(context, call)
+    def open(self, headers: list[tuple[str, str]]) -> None:
+        values = dict(headers)
+        if values.get(":method") != "POST":
+            self._http_error(405)
+            return
+        if not values.get("content-type", "").startswith("application/grpc"):
+            self._http_error(415)
+            return
+        path = values.get(":path", "")
+        self.method = path[len(_SERVICE):] if path.startswith(_SERVICE) else ""
+        if self.method not in _METHODS and self.method != "ModelInfer":
+            self._fail("UNIMPLEMENTED", f"unknown method {path}; this server implements "
+                                        f"{_SERVICE}{{{', '.join(['ModelInfer', *_METHODS])}}}")
+            return
+        encoding = values.get("grpc-encoding", "identity")
+        if encoding not in ("identity", "gzip", "deflate"):
+            self._fail("UNIMPLEMENTED", f"grpc-encoding '{encoding}' is not supported; use "
+                                        f"one of {_ENCODINGS}")
+            return
+        self.compressed_with = encoding
+        try:
+            if "grpc-timeout" in values:
+                self.deadline_ns = _deadline_ns(values["grpc-timeout"])
+        except _Failure as failure:
+            self._fail(failure.code, failure.message)
 
-    async def RepositoryIndex(self, request: Any, context: Any) -> pb.RepositoryIndexResponse:
-        entries = self.dp.repository_index(request.ready)
-        index = pb.RepositoryIndexResponse.ModelIndex
-        return pb.RepositoryIndexResponse(models=[index(**e) for e in entries])
+    def data_received(self, data: memoryview) -> None:
+        if self._answered:
+            return
+        try:
+            self._take(data)
+        except _Failure as failure:
+            self._fail(failure.code, failure.message)
 
-    async def RepositoryModelLoad(self, request: Any, context: Any) -> Any:
-        async def call() -> pb.RepositoryModelLoadResponse:
-            if request.parameters:
-                raise UnimplementedError("loading with override parameters is not supported")
-            await self.dp.load(request.model_name)
-            return pb.RepositoryModelLoadResponse()
-        return await _answer(context, call)
+    def end_received(self) -> None:
+        if self._answered:
+            return
+        if not self._complete:
+            self._fail("INTERNAL", "the call ended without a whole request message"
+                       if self._length >= 0 or self._prefix else
+                       "the call ended without a request message")
+            return
+        self._task = asyncio.ensure_future(self._run())
 
-    async def RepositoryModelUnload(self, request: Any, context: Any) -> Any:
-        async def call() -> pb.RepositoryModelUnloadResponse:
-            await self.dp.unload(request.model_name)
-            return pb.RepositoryModelUnloadResponse()
-        return await _answer(context, call)
+    def cancelled(self) -> None:
+        self._answered = True
+        if self._task is not None and not self._task.done():
+            self._task.cancel()  # the client reset the stream: its queued request is dropped
+        self._buffer = self._message = self._head = None
 
-    async def ModelInfer(self, request: Any, context: Any) -> pb.ModelInferResponse:
-        async def call() -> pb.ModelInferResponse:
-            ledger = CopyLedger()
-            decoded = decode_model_infer(request, ledger, self.dp.shm)
-            result, outputs, _, in_shm = await self.dp.infer(
-                request.model_name, request.model_version, decoded, ledger)
-            return encode_model_infer(result.model, result.version, result.id, outputs, ledger,
-                                      bool(decoded.parameters.get("tensorgate_report_copies")),
-                                      in_shm)
-        return await _answer(context, call)
+    # -- receiving the one message ---------------------------------------------------------
+
+    def _take(self, data: memoryview) -> None:
+        while len(data):
+            if self._complete:
+                raise _Failure("INTERNAL", "a unary call carried more than one request message")
+            if self._length < 0:
+                need = 5 - len(self._prefix)
+                self._prefix += data[:need]
+                data = data[need:]
+                if len(self._prefix) == 5:
+                    self._begin_message()
+                continue
+            if self._head is not None:  # ModelInfer: hold the start back until it is placed
+                # a little at a time: what is held back here is copied twice
+                room = min(len(data), self._length - len(self._head), 512)
+                self._head += data[:room]
+                data = data[room:]
+                if (len(self._head) == self._length or len(self._head) >= _PLACEMENT_WINDOW
+                        or first_raw_input_offset(memoryview(self._head)) is not None):
+                    self._place()
+                continue
+            count = min(len(data), self._length - self._received)
+            start = self._received
+            self._message[start:start + count] = data[:count]
+            self._received += count
+            data = data[count:]
+            if self._received == self._length:
+                self._complete = True
+
+    def _begin_message(self) -> None:
+        flag, length = self._prefix[0], int.from_bytes(self._prefix[1:5], "big")
+        if flag > 1:
+            raise _Failure("INTERNAL", f"message prefix flag {flag}; it must be 0 or 1")
+        if flag and self.compressed_with == "identity":
+            raise _Failure("INTERNAL", "a compressed message without grpc-encoding")
+        limit = self.front.max_message_bytes
+        if length > limit:
+            raise _Failure("RESOURCE_EXHAUSTED", f"request message of {length} bytes exceeds "
+                                                 f"the {limit}-byte limit (--max-request-bytes)")
+        self._length = length
+        if not flag:
+            self.compressed_with = "identity"
+        if self.method == "ModelInfer" and not flag:
+            self._head = bytearray()
+            if length == 0:
+                self._place()
+        else:
+            self._buffer = self._message = bytearray(length)
+            self._complete = length == 0
+
+    def _place(self) -> None:
+        """Acquire the message's buffer so that its first tensor starts 64-byte aligned,
+        and move what has arrived so far into it."""
+        assert self._head is not None
+        head, self._head = self._head, None
+        offset = first_raw_input_offset(memoryview(head))
+        self._pad = (-offset) % ALIGNMENT if offset is not None else 0
+        try:
+            buffer = self.front.pool.acquire(self._length + self._pad)
+        except PoolExhaustedError as error:
+            raise _Failure("UNAVAILABLE", error.message) from None
+        self._buffer = buffer
+        self._message = memoryview(buffer).cast("B")[self._pad:self._pad + self._length]
+        self._received = 0
+        self._take_placed(memoryview(head))
+
+    def _take_placed(self, data: memoryview) -> None:
+        count = len(data)
+        self._message[:count] = data
+        self._received = count
+        if count == self._length:
+            self._complete = True
+
+    # -- running it ------------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        try:
+            message = self._message
+            if self.compressed_with != "identity":
+                message = self._inflate(message)
+            if self.method == "ModelInfer":
+                parts = await self._model_infer(message)
+            else:
+                request_type, handler = _METHODS[self.method]
+                try:
+                    request = request_type.FromString(bytes(message))
+                except Exception as error:  # protobuf's DecodeError
+                    raise InvalidArgumentError(f"{self.method} request is malformed: "
+                                               f"{error}") from None
+                parts = [(await handler(self.front.dataplane, request)).SerializeToString()]
+        except asyncio.CancelledError:
+            return
+        except _Failure as failure:
+            self._fail(failure.code, failure.message)
+            return
+        except TensorgateError as error:
+            self._fail(codes_for(error)[1], error.message)
+            return
+        except Exception as error:  # a bug: answer, log, keep serving
+            log.exception("unexpected error in gRPC %s", self.method)
+            self._fail("INTERNAL", f"internal error: {type(error).__name__}: {error}")
+            return
+        finally:
+            self._buffer = self._message = None
+        self._answered = True
+        size = sum(len(p) if isinstance(p, bytes) else p.nbytes for p in parts)
+        self.connection.respond(self.stream, _RESPONSE_HEADERS,
+                                [b"\x00" + size.to_bytes(4, "big"), *parts], _OK_TRAILERS)
+
+    async def _model_infer(self, message: Any) -> list[Any]:
+        dp = self.front.dataplane
+        request, spans = split_model_infer(memoryview(message))
+        if self.compressed_with == "identity":  # the tensors came out of DATA frames
+            record_copy(sum(length for _, length in spans), "receive", self.ledger)
+        decoded = decode_model_infer(request, self.ledger, dp.shm, message=message,
+                                     raw_spans=spans)
+        if self.deadline_ns is not None and decoded.timeout_us is None:
+            decoded.timeout_us = max(0, (self.deadline_ns - time.monotonic_ns()) // 1000)
+        result, outputs, _, in_shm = await dp.infer(request.model_name, request.model_version,
+                                                    decoded, self.ledger)
+        joined = sum(v.nbytes for n, v in outputs.items() if not in_shm or n not in in_shm) \
+            if self.connection.joins_writes else 0
+        return encode_model_infer_parts(result.model, result.version, result.id, outputs,
+                                        self.ledger,
+                                        bool(decoded.parameters.get("tensorgate_report_copies")),
+                                        in_shm, copies_to_come=joined)
+
+    def _inflate(self, message: Any) -> bytes:
+        limit = self.front.max_message_bytes
+        wbits = 16 + zlib.MAX_WBITS if self.compressed_with == "gzip" else zlib.MAX_WBITS
+        inflater = zlib.decompressobj(wbits)
+        try:
+            data = inflater.decompress(message, limit + 1)
+        except zlib.error as error:
+            raise InvalidArgumentError(f"the {self.compressed_with} message cannot be "
+                                       f"decompressed: {error}") from None
+        if len(data) > limit or inflater.unconsumed_tail:
+            raise _Failure("RESOURCE_EXHAUSTED", f"the decompressed message exceeds the "
+                                                 f"{limit}-byte limit (--max-request-bytes)")
+        record_copy(len(data), "decode", self.ledger)
+        return data
+
+    # -- answering errors ------------------------------------------------------------------
+
+    def _fail(self, code: str, message: str) -> None:
+        if self._answered:
+            return
+        self._answered = True
+        self._buffer = self._message = self._head = None
+        self.connection.respond_headers(self.stream, _error_block(_CODES[code], message))
+
+    def _http_error(self, status: int) -> None:
+        self._answered = True
+        self.connection.respond_headers(self.stream, http2.encode_headers(
+            [(b":status", str(status).encode())]))
+
+
+# -- the unary RPCs other than ModelInfer: request type and handler ---------------------------
+
+Handler = Callable[[DataPlane, Any], Awaitable[Any]]
+
+
+async def _server_live(dp: DataPlane, request: Any) -> Any:
+    return pb.ServerLiveResponse(live=dp.live())
+
+
+async def _server_ready(dp: DataPlane, request: Any) -> Any:
+    return pb.ServerReadyResponse(ready=dp.ready())
+
+
+async def _model_ready(dp: DataPlane, request: Any) -> Any:
+    return pb.ModelReadyResponse(ready=dp.model_ready(request.name, request.version))
+
+
+async def _server_metadata(dp: DataPlane, request: Any) -> Any:
+    meta = dp.server_metadata()
+    return pb.ServerMetadataResponse(name=meta["name"], version=meta["version"],
+                                     extensions=meta["extensions"])
+
+
+async def _model_metadata(dp: DataPlane, request: Any) -> Any:
+    meta = dp.model_metadata(request.name, request.version)
+    tensors = pb.ModelMetadataResponse.TensorMetadata
+    return pb.ModelMetadataResponse(
+        name=meta["name"], versions=meta["versions"], platform=meta["platform"],
+        inputs=[tensors(**t) for t in meta["inputs"]],
+        outputs=[tensors(**t) for t in meta["outputs"]])
+
+
+async def _model_config(dp: DataPlane, request: Any) -> Any:
+    return pb.ModelConfigResponse(config=dp.engine.spec(request.name).config)
+
+
+async def _model_statistics(dp: DataPlane, request: Any) -> Any:
+    return statistics_message(dp.statistics(request.name, request.version))
+
+
+async def _shm_register(dp: DataPlane, request: Any) -> Any:
+    dp.shm.register(request.name, request.key, request.offset, request.byte_size)
+    return pb.SystemSharedMemoryRegisterResponse()
+
+
+async def _shm_unregister(dp: DataPlane, request: Any) -> Any:
+    dp.shm.unregister(request.name or None)
+    return pb.SystemSharedMemoryUnregisterResponse()
+
+
+async def _shm_status(dp: DataPlane, request: Any) -> Any:
+    response = pb.SystemSharedMemoryStatusResponse()
+    for region in dp.shm.status(request.name or None):
+        status = response.regions[region["name"]]
+        status.name, status.key = region["name"], region["key"]
+        status.offset, status.byte_size = region["offset"], region["byte_size"]
+    return response
+
+
+async def _repository_index(dp: DataPlane, request: Any) -> Any:
+    index = pb.RepositoryIndexResponse.ModelIndex
+    return pb.RepositoryIndexResponse(models=[index(**e) for e in
+                                              dp.repository_index(request.ready)])
+
+
+async def _repository_load(dp: DataPlane, request: Any) -> Any:
+    if request.parameters:
+        raise UnimplementedError("loading with override parameters is not supported")
+    await dp.load(request.model_name)
+    return pb.RepositoryModelLoadResponse()
+
+
+async def _repository_unload(dp: DataPlane, request: Any) -> Any:
+    await dp.unload(request.model_name)
+    return pb.RepositoryModelUnloadResponse()
+
+
+_METHODS: dict[str, tuple[Any, Handler]] = {
+    "ServerLive": (pb.ServerLiveRequest, _server_live),
+    "ServerReady": (pb.ServerReadyRequest, _server_ready),
+    "ModelReady": (pb.ModelReadyRequest, _model_ready),
+    "ServerMetadata": (pb.ServerMetadataRequest, _server_metadata),
+    "ModelMetadata": (pb.ModelMetadataRequest, _model_metadata),
+    "ModelConfig": (pb.ModelConfigRequest, _model_config),
+    "ModelStatistics": (pb.ModelStatisticsRequest, _model_statistics),
+    "SystemSharedMemoryRegister": (pb.SystemSharedMemoryRegisterRequest, _shm_register),
+    "SystemSharedMemoryUnregister": (pb.SystemSharedMemoryUnregisterRequest, _shm_unregister),
+    "SystemSharedMemoryStatus": (pb.SystemSharedMemoryStatusRequest, _shm_status),
+    "RepositoryIndex": (pb.RepositoryIndexRequest, _repository_index),
+    "RepositoryModelLoad": (pb.RepositoryModelLoadRequest, _repository_load),
+    "RepositoryModelUnload": (pb.RepositoryModelUnloadRequest, _repository_unload),
+}
 
 
 class GrpcFrontEnd:
-    def __init__(self, dataplane: DataPlane, max_message_bytes: int) -> None:
-        options = [("grpc.max_receive_message_length", max_message_bytes),
-                   ("grpc.max_send_message_length", max_message_bytes)]
-        self._server = grpc.aio.server(options=options)
-        pb_grpc.add_GRPCInferenceServiceServicer_to_server(_Servicer(dataplane), self._server)
+    """Owns the listening socket; one `Http2Connection` per client."""
+
+    def __init__(self, dataplane: DataPlane, pool: BufferPool, max_message_bytes: int) -> None:
+        self.dataplane = dataplane
+        self.pool = pool
+        self.max_message_bytes = max_message_bytes
+        self.connections: set[http2.Http2Connection] = set()
+        self._server: asyncio.base_events.Server | None = None
+
+    def _open_stream(self, connection: http2.Http2Connection, stream: http2.Http2Stream,
+                     headers: list[tuple[str, str]]) -> _Call:
+        call = _Call(self, connection, stream)
+        call.open(headers)
+        return call
+
+    def _connection(self) -> http2.Http2Connection:
+        connection = http2.Http2Connection(self._open_stream, self.connections.discard)
+        self.connections.add(connection)
+        return connection
 
     async def start(self, host: str, port: int) -> int:
-        bound = self._server.add_insecure_port(f"{host}:{port}")
-        await self._server.start()
-        return bound
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(self._connection, host, port, backlog=1024,
+                                                reuse_address=True)
+        return int(self._server.sockets[0].getsockname()[1])
+
+    def stop_accepting(self) -> None:
+        """No new connections, and GOAWAY on every open one: calls in flight still finish."""
+        if self._server is not None:
+            self._server.close()
+        for connection in list(self.connections):
+            connection.close_when_idle()
 
     async def stop(self, grace_s: float) -> None:
-        await self._server.stop(grace_s)
+        """Stop accepting, give open calls `grace_s` to finish, then close what is left."""
+        self.stop_accepting()
+        deadline = time.monotonic() + grace_s
+        while any(c.streams for c in self.connections) and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        for connection in list(self.connections):
+            connection.abort()
+        if self._server is not None:
+            await self._server.wait_closed()

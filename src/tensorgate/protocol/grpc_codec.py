@@ -1,8 +1,11 @@
 """KServe v2 gRPC messages (`inference.GRPCInferenceService`) ↔ the data plane's types.
 
-`raw_input_contents` become read-only views of the message's bytes (no copy); typed
-`contents` are decoded by numpy and counted. Every output goes into `raw_output_contents`,
-one slot per output, as Triton does — protobuf needs `bytes` there, so that copy is counted.
+A ModelInferRequest is not parsed whole by protobuf, which would copy every tensor into a
+`bytes` of its own: `split_model_infer` walks the message's top-level fields, hands protobuf
+only the small ones, and `raw_input_contents` become views of the received message (no
+copy). Typed `contents` are decoded by numpy and counted. A response is its small fields,
+serialized by protobuf, followed by one `raw_output_contents` field per output written as a
+tag, a length and a view of the output tensor: `encode_model_infer_parts` never joins them.
 """
 
 from __future__ import annotations
@@ -22,7 +25,12 @@ from tensorgate.tensor.dtypes import datatype
 from tensorgate.tensor.shm import SharedMemoryRegistry
 from tensorgate.tensor.view import TensorView, checked_shape
 
-__all__ = ["decode_model_infer", "encode_model_infer", "parameter_value", "statistics_message"]
+__all__ = ["decode_model_infer", "encode_model_infer_parts",
+           "first_raw_input_offset", "parameter_value", "split_model_infer",
+           "statistics_message"]
+
+_RAW_INPUT_FIELD = 7    # ModelInferRequest.raw_input_contents
+_RAW_OUTPUT_TAG = b"\x32"  # ModelInferResponse.raw_output_contents: field 6, length-delimited
 
 _CONTENTS = {"BOOL": "bool_contents", "INT8": "int_contents", "INT16": "int_contents",
              "INT32": "int_contents", "INT64": "int64_contents", "UINT8": "uint_contents",
@@ -39,9 +47,93 @@ def _parameters(message: Any) -> dict[str, Any]:
     return {k: parameter_value(v) for k, v in message.parameters.items()}
 
 
+def _varint(data: memoryview, at: int, end: int) -> tuple[int, int]:
+    """(value, next offset) of the varint at `at`; (-1, at) when it is cut off at `end`."""
+    value = shift = 0
+    while at < end:
+        byte = data[at]
+        at += 1
+        value |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return value, at
+        shift += 7
+        if shift > 63:
+            raise InvalidArgumentError("ModelInferRequest is malformed: a varint is longer "
+                                       "than 10 bytes")
+    return -1, at
+
+
+def _fields(data: memoryview, end: int) -> Any:
+    """(field number, value start, value end, payload complete) for each top-level field
+    of a message cut off at `end`; stops at the first field whose header is incomplete."""
+    at = 0
+    while at < end:
+        tag, after = _varint(data, at, end)
+        if tag < 0:
+            return
+        kind, number = tag & 7, tag >> 3
+        if kind == 0:
+            value, stop = _varint(data, after, end)
+            if value < 0:
+                return
+            start = after
+        elif kind == 2:
+            length, start = _varint(data, after, end)
+            if length < 0:
+                return
+            stop = start + length
+        elif kind in (1, 5):
+            start, stop = after, after + (8 if kind == 1 else 4)
+        else:
+            raise InvalidArgumentError(f"ModelInferRequest is malformed: field {number} has "
+                                       f"wire type {kind}")
+        if number == 0:
+            raise InvalidArgumentError("ModelInferRequest is malformed: field number 0")
+        yield number, start, stop, stop <= end
+        at = stop
+
+
+def first_raw_input_offset(head: memoryview) -> int | None:
+    """Where the first tensor's bytes start in a message whose first `len(head)` bytes
+    have arrived, if that is known yet: the receiver places the message so that this
+    offset is 64-byte aligned."""
+    for number, start, _, _ in _fields(head, len(head)):
+        if number == _RAW_INPUT_FIELD:
+            return start
+    return None
+
+
+def split_model_infer(message: memoryview) -> tuple[pb.ModelInferRequest, list[tuple[int, int]]]:
+    """The request without its tensors (parsed by protobuf from the small fields) and the
+    (offset, length) of each `raw_input_contents` entry in `message`."""
+    raw: list[tuple[int, int]] = []
+    small: list[memoryview] = []
+    field_start = 0
+    for number, start, stop, complete in _fields(message, len(message)):
+        if not complete:
+            raise InvalidArgumentError(f"ModelInferRequest is malformed: field {number} runs "
+                                       f"past the end of the {len(message)}-byte message")
+        if number == _RAW_INPUT_FIELD:
+            raw.append((start, stop - start))
+        else:
+            small.append(message[field_start:stop])
+        field_start = stop
+    if field_start != len(message):
+        raise InvalidArgumentError("ModelInferRequest is malformed: it ends inside a field")
+    try:
+        request = pb.ModelInferRequest.FromString(b"".join(small))
+    except Exception as error:  # protobuf's DecodeError; its module path varies
+        raise InvalidArgumentError(f"ModelInferRequest is malformed: {error}") from None
+    return request, raw
+
+
 def decode_model_infer(request: pb.ModelInferRequest, ledger: CopyLedger,
-                       shm: SharedMemoryRegistry | None = None) -> DecodedRequest:
-    raw = request.raw_input_contents
+                       shm: SharedMemoryRegistry | None = None, *,
+                       message: Any = None,
+                       raw_spans: list[tuple[int, int]] | None = None) -> DecodedRequest:
+    """The data plane's request. Tensors come from `raw_spans` of `message` as views when
+    given (split_model_infer), else from the message's own `raw_input_contents`."""
+    raw: Any = request.raw_input_contents if raw_spans is None else raw_spans
     if raw and len(raw) != len(request.inputs):
         raise InvalidArgumentError(f"raw_input_contents has {len(raw)} entries for "
                                    f"{len(request.inputs)} inputs; give one per input")
@@ -56,13 +148,17 @@ def decode_model_infer(request: pb.ModelInferRequest, ledger: CopyLedger,
         if region is not None:
             if shm is None:
                 raise UnimplementedError("shared memory is not available on this front end")
-            if raw and len(raw[index]):
+            if raw and (raw_spans[index][1] if raw_spans is not None else len(raw[index])):
                 raise InvalidArgumentError(f"input '{name}' names a shared-memory region and "
                                            "also carries data")
             view = shm.input_view(region[0], region[1], region[2], dt, shape, name, ledger)
-        elif raw:
-            view = TensorView(raw[index], dt, shape, nbytes=len(raw[index]), name=name,
+        elif raw_spans is not None and raw:
+            offset, length = raw_spans[index]
+            view = TensorView(message, dt, shape, offset, nbytes=length, name=name,
                               ledger=ledger)
+        elif raw:
+            data = raw[index]
+            view = TensorView(data, dt, shape, nbytes=len(data), name=name, ledger=ledger)
         else:
             view = _from_contents(item, dt.name, shape, ledger)
         if name in inputs:
@@ -105,14 +201,26 @@ def _from_contents(item: Any, name: str, shape: tuple[int, ...],
     return TensorView.from_numpy(array, name=item.name, ledger=ledger)
 
 
-def encode_model_infer(model: str, version: int, request_id: str,
-                       outputs: dict[str, TensorView], ledger: CopyLedger,
-                       report_copies: bool = False,
-                       in_shm: dict[str, tuple[str, int, int]] | None = None
-                       ) -> pb.ModelInferResponse:
-    """The response; with `report_copies`, parameter tensorgate_copied_bytes counts every
-    copy made for this request, the encoding's own included."""
+def _length_prefix(value: int) -> bytes:
+    out = bytearray(_RAW_OUTPUT_TAG)
+    while value >= 0x80:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def encode_model_infer_parts(model: str, version: int, request_id: str,
+                             outputs: dict[str, TensorView], ledger: CopyLedger,
+                             report_copies: bool = False,
+                             in_shm: dict[str, tuple[str, int, int]] | None = None,
+                             copies_to_come: int = 0) -> list[Any]:
+    """The serialized response as buffers to send one after another: protobuf's bytes for
+    the small fields, then per output a field header and a view of the tensor (no copy).
+    `copies_to_come`: tensor bytes the transport will still copy, counted here so that the
+    reported total includes them."""
     response = pb.ModelInferResponse(model_name=model, model_version=str(version), id=request_id)
+    tensors: list[Any] = []
     for name, view in outputs.items():
         tensor = response.outputs.add()
         tensor.name = name
@@ -123,14 +231,15 @@ def encode_model_infer(model: str, version: int, request_id: str,
             tensor.parameters["shared_memory_region"].string_param = region
             tensor.parameters["shared_memory_offset"].int64_param = offset
             tensor.parameters["shared_memory_byte_size"].int64_param = size
-            response.raw_output_contents.append(b"")
+            tensors += [_length_prefix(0)]
             continue
-        data = view.memoryview().tobytes()
-        record_copy(len(data), "encode", ledger)
-        response.raw_output_contents.append(data)
+        data = view.memoryview()
+        tensors += [_length_prefix(data.nbytes), data]
+    if copies_to_come:
+        record_copy(copies_to_come, "encode", ledger)
     if report_copies:
         response.parameters["tensorgate_copied_bytes"].int64_param = ledger.bytes
-    return response
+    return [response.SerializeToString(), *tensors]
 
 
 def statistics_message(stats: dict[str, Any]) -> pb.ModelStatisticsResponse:
