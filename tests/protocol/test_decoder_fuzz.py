@@ -10,7 +10,8 @@ from hypothesis import strategies as st
 from tritonclient.grpc import service_pb2 as pb
 
 from tensorgate.errors import TensorgateError
-from tensorgate.protocol.grpc_codec import decode_model_infer
+from tensorgate.protocol.grpc_codec import (decode_model_infer, first_raw_input_offset,
+                                            split_model_infer)
 from tensorgate.protocol.infer_codec import decode_infer_body
 from tensorgate.tensor import CopyLedger
 
@@ -56,3 +57,27 @@ def test_grpc_decoder(inputs: list, raw: bool, fp32: list[float]) -> None:
         return
     for view, data in zip(decoded.inputs.values(), request.raw_input_contents):
         assert view.nbytes == len(data)
+    # The server's path: the tensors stay in the received message, as views.
+    message = bytearray(request.SerializeToString())
+    small, spans = split_model_infer(memoryview(message))
+    assert [bytes(message[o:o + n]) for o, n in spans] == list(request.raw_input_contents)
+    assert small.inputs == request.inputs and not small.raw_input_contents
+    from_spans = decode_model_infer(small, CopyLedger(), message=message, raw_spans=spans)
+    for view, (offset, length) in zip(from_spans.inputs.values(), spans):
+        assert (view.offset, view.nbytes) == (offset, length)
+    if spans:
+        assert first_raw_input_offset(memoryview(message)) == spans[0][0]
+
+
+@settings(max_examples=500, deadline=None)
+@given(message=st.binary(max_size=96))
+def test_grpc_message_splitter_on_any_bytes(message: bytes) -> None:
+    """Hostile wire bytes: split or a clear INVALID_ARGUMENT, spans always inside."""
+    try:
+        small, spans = split_model_infer(memoryview(message))
+    except TensorgateError as error:
+        assert error.message.startswith("ModelInferRequest is malformed")
+        return
+    for offset, length in spans:
+        assert 0 <= offset and offset + length <= len(message)
+    first_raw_input_offset(memoryview(message)[:len(message) // 2])  # never raises more

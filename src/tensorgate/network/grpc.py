@@ -146,6 +146,8 @@ class _Call:
             self._take(data)
         except _Failure as failure:
             self._fail(failure.code, failure.message)
+        except TensorgateError as error:  # a malformed message, found while placing it
+            self._fail(codes_for(error)[1], error.message)
 
     def end_received(self) -> None:
         if self._answered:

@@ -1,0 +1,279 @@
+"""The gRPC front end's own HTTP/2 on the wire: flow control both ways, errors as gRPC
+statuses, hostile frames answered with GOAWAY or RST_STREAM while the server keeps serving,
+and real grpcio clients with large, compressed and many concurrent calls."""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+import threading
+import time
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.grpc.aio as grpcaio
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from tritonclient.grpc import service_pb2 as pb
+from tritonclient.utils import InferenceServerException
+
+from tests.e2e import h2_client as h2
+from tests.e2e.conftest import RunningServer, start_server, stop_server
+
+INITIAL_WINDOW_SIZE, MAX_FRAME_SIZE = 4, 5
+
+
+def _port(server: RunningServer) -> int:
+    return int(server.grpc_url.rsplit(":", 1)[1])
+
+
+def _wide_request(values: np.ndarray) -> bytes:
+    request = pb.ModelInferRequest(model_name="wide")
+    item = request.inputs.add(name="INPUT__0", datatype="FP32")
+    item.shape.append(values.size)
+    request.raw_input_contents.append(values.astype("<f4").tobytes())
+    return request.SerializeToString()
+
+
+def _output(data: bytes) -> bytes:
+    assert data[0] == 0 and int.from_bytes(data[1:5], "big") == len(data) - 5
+    return pb.ModelInferResponse.FromString(data[5:]).raw_output_contents[0]
+
+
+def _assert_serving(server: RunningServer) -> None:
+    with grpcclient.InferenceServerClient(server.grpc_url) as client:
+        value = np.arange(12, dtype=np.float32).reshape(1, 3, 4)
+        item = grpcclient.InferInput("INPUT__0", [1, 3, 4], "FP32")
+        item.set_data_from_numpy(value)
+        assert client.infer("identity", [item]).as_numpy("OUTPUT__0").tolist() == value.tolist()
+
+
+def test_ping_is_acknowledged_with_its_payload(server: RunningServer) -> None:
+    client = h2.H2Client(_port(server))
+    try:
+        client.send(h2.PING, 0, 0, b"tgping!!")
+        frames = client.frames_until(lambda f: f.kind == h2.PING)
+        assert (frames[-1].flags, frames[-1].payload) == (h2.ACK, b"tgping!!")
+    finally:
+        client.close()
+
+
+def test_unary_call_on_raw_frames(server: RunningServer) -> None:
+    client = h2.H2Client(_port(server))
+    try:
+        values = np.linspace(-1, 1, 5000, dtype=np.float32)
+        headers, data = client.response(client.call("ModelInfer", _wide_request(values)))
+        assert headers[":status"] == "200" and headers["grpc-status"] == "0"
+        assert _output(data) == values.tobytes()
+    finally:
+        client.close()
+
+
+def test_responses_wait_for_the_clients_window(server: RunningServer) -> None:
+    """With a 1,000-byte stream window, the server sends 1,000 bytes and then waits for a
+    WINDOW_UPDATE; it finishes the call once it has one."""
+    client = h2.H2Client(_port(server), settings={INITIAL_WINDOW_SIZE: 1000})
+    try:
+        values = np.arange(4000, dtype=np.float32)
+        stream = client.call("ModelInfer", _wide_request(values))
+        client.sock.settimeout(0.5)
+        frames = []
+        try:
+            while True:
+                frame = client.read_frame()
+                assert frame is not None
+                frames.append(frame)
+        except TimeoutError:
+            pass
+        sent = sum(len(f.payload) for f in frames if f.kind == h2.DATA and f.stream == stream)
+        assert sent == 1000
+        assert not any(f.flags & h2.END_STREAM for f in frames if f.stream == stream)
+        client.sock.settimeout(10)
+        client.send(h2.WINDOW_UPDATE, 0, stream, struct.pack(">I", 1 << 20))
+        headers, data = client.response(stream)
+        assert headers["grpc-status"] == "0"
+        assert _output(bytes(b"".join(f.payload for f in frames if f.kind == h2.DATA
+                                      and f.stream == stream)) + data) == values.tobytes()
+    finally:
+        client.close()
+
+
+@pytest.mark.parametrize("method, headers, message, code, text", [
+    ("NoSuchMethod", [], b"", 12, r"unknown method /inference.GRPCInferenceService/NoSuchMethod"),
+    ("ServerLive", [("grpc-encoding", "snappy")], b"", 12, r"grpc-encoding 'snappy'"),
+    ("ServerLive", [("grpc-timeout", "soon")], b"", 13, r"grpc-timeout 'soon' is malformed"),
+    ("ModelInfer", [], b"\x0a\xff", 3, r"ModelInferRequest is malformed"),
+    ("ModelInfer", [], b"\x3b", 3, r"field 7 has wire type 3"),
+    ("ModelMetadata", [], b"\x0a\x04nope", 5, r"unknown model 'nope'"),
+])
+def test_errors_are_grpc_statuses(server: RunningServer, method: str,
+                                  headers: list[tuple[str, str]], message: bytes, code: int,
+                                  text: str) -> None:
+    client = h2.H2Client(_port(server))
+    try:
+        answer, _ = client.response(client.call(method, message, headers))
+        assert answer[":status"] == "200" and answer["grpc-status"] == str(code)
+        assert __import__("re").search(text, answer["grpc-message"].replace("%27", "'"))
+        # the connection carries on
+        answer, data = client.response(client.call("ServerLive", b""))
+        assert answer["grpc-status"] == "0" and pb.ServerLiveResponse.FromString(data[5:]).live
+    finally:
+        client.close()
+
+
+def test_a_message_over_the_limit_is_refused_before_it_is_read(server: RunningServer) -> None:
+    """The prefix announces 2 MiB (the limit is 1 MiB): RESOURCE_EXHAUSTED at once, and the
+    stream is reset so the client stops sending."""
+    client = h2.H2Client(_port(server))
+    try:
+        stream = client.next_stream
+        client.next_stream += 2
+        client.send(h2.HEADERS, h2.END_HEADERS, stream, client.encoder.encode([
+            (":method", "POST"), (":scheme", "http"), (":authority", "x"),
+            (":path", "/inference.GRPCInferenceService/ModelInfer"),
+            ("content-type", "application/grpc")]))
+        client.send(h2.DATA, 0, stream, b"\x00" + (2 << 20).to_bytes(4, "big"))
+        frames = client.frames_until(lambda f: f.kind == h2.RST_STREAM)
+        answer = {}
+        for frame in frames:
+            if frame.kind == h2.HEADERS:
+                answer.update((str(k), str(v)) for k, v in client.decoder.decode(frame.payload))
+        assert answer["grpc-status"] == "8"
+        assert "exceeds the 1048576-byte limit" in answer["grpc-message"]
+        assert frames[-1].kind == h2.RST_STREAM and frames[-1].stream == stream
+    finally:
+        client.close()
+    _assert_serving(server)
+
+
+@pytest.mark.parametrize("frames, code", [
+    ([b"GET / HTTP/1.1\r\n\r\n" + b"\x00" * 16], 1),                   # not HTTP/2
+    ([h2.H2Client.frame(h2.DATA, 0, 1, b"")], 1),                        # DATA on an idle stream
+    ([h2.H2Client.frame(h2.PING, 0, 0, b"short")], 6),                   # PING not 8 bytes
+    ([(20000).to_bytes(3, "big") + b"\x00\x00\x00\x00\x00\x01"], 6),   # frame over 16 KiB
+    ([h2.H2Client.frame(h2.HEADERS, h2.END_HEADERS, 1, b"\xff\xff\xff\xff")], 9),  # bad HPACK
+    ([h2.H2Client.frame(h2.HEADERS, 0, 1, b"\x82"),
+      h2.H2Client.frame(h2.PING, 0, 0, b"12345678")], 1),              # interrupted block
+    ([h2.H2Client.frame(h2.WINDOW_UPDATE, 0, 0, b"\x7f\xff\xff\xff")], 3),  # window overflow
+    ([h2.H2Client.frame(h2.SETTINGS, 0, 0, struct.pack(">HI", MAX_FRAME_SIZE, 10))], 1),
+    ([h2.H2Client.frame(h2.PUSH_PROMISE, h2.END_HEADERS, 1, b"\x00\x00\x00\x02")], 1),
+])
+def test_protocol_errors_end_the_connection_with_goaway(server: RunningServer,
+                                                        frames: list[bytes], code: int) -> None:
+    preface = b"" if frames[0].startswith(b"GET") else h2.PREFACE
+    client = h2.H2Client(_port(server), preface=preface)
+    try:
+        for raw in frames:
+            client.sock.sendall(raw)
+        got = client.frames_until(lambda f: f.kind == h2.GOAWAY)
+        assert h2.goaway_code(got) == code
+        assert client.read_frame() is None  # and closed
+    finally:
+        client.close()
+    _assert_serving(server)
+
+
+def test_a_reset_call_is_dropped_and_the_connection_serves_on(server: RunningServer) -> None:
+    client = h2.H2Client(_port(server))
+    try:
+        request = pb.ModelInferRequest(model_name="slow")
+        item = request.inputs.add(name="INPUT__0", datatype="FP32")
+        item.shape.extend([1, 4])
+        request.raw_input_contents.append(np.ones(4, np.float32).tobytes())
+        stream = client.call("ModelInfer", request.SerializeToString())
+        client.send(h2.RST_STREAM, 0, stream, struct.pack(">I", 8))  # CANCEL
+        answer, data = client.response(client.call("ServerReady", b""))
+        assert answer["grpc-status"] == "0" and pb.ServerReadyResponse.FromString(data[5:]).ready
+    finally:
+        client.close()
+    _assert_serving(server)
+
+
+frame_kinds = st.sampled_from([h2.DATA, h2.HEADERS, h2.PRIORITY, h2.RST_STREAM, h2.SETTINGS,
+                               h2.PUSH_PROMISE, h2.PING, h2.GOAWAY, h2.WINDOW_UPDATE,
+                               h2.CONTINUATION, 0x0b, 0xff])
+frames = st.lists(st.tuples(frame_kinds, st.integers(0, 255), st.sampled_from([0, 1, 2, 3, 5]),
+                            st.binary(max_size=40)), min_size=1, max_size=6)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(sequence=frames)
+def test_hostile_frames_never_take_the_server_down(server: RunningServer,
+                                                   sequence: list[tuple[int, int, int, bytes]]
+                                                   ) -> None:
+    """Any frames after a valid preface: the server answers, resets or says GOAWAY, and the
+    next client is served."""
+    client = h2.H2Client(_port(server), timeout_s=5)
+    try:
+        for kind, flags, stream, payload in sequence:
+            client.send(kind, flags, stream, payload)
+        client.send(h2.PING, 0, 0, b"finished")
+        client.frames_until(lambda f: f.kind in (h2.GOAWAY,) or
+                            (f.kind == h2.PING and f.payload == b"finished"), limit_s=5)
+    except (ConnectionError, TimeoutError):
+        pass  # the server may close on us mid-send
+    finally:
+        client.close()
+    with grpcclient.InferenceServerClient(server.grpc_url) as ok:
+        assert ok.is_server_live()
+
+
+def test_large_tensor_through_grpcio_flow_control(server: RunningServer) -> None:
+    """900 KB each way: far past grpcio's initial 64 KiB windows, so both sides wait for
+    WINDOW_UPDATEs mid-message."""
+    values = np.random.default_rng(5).standard_normal(225_000).astype(np.float32)
+    with grpcclient.InferenceServerClient(server.grpc_url) as client:
+        item = grpcclient.InferInput("INPUT__0", [values.size], "FP32")
+        item.set_data_from_numpy(values)
+        for _ in range(3):
+            result = client.infer("wide", [item])
+            assert result.as_numpy("OUTPUT__0").tobytes() == values.tobytes()
+
+
+@pytest.mark.parametrize("algorithm", ["gzip", "deflate"])
+def test_compressed_requests(server: RunningServer, algorithm: str) -> None:
+    values = np.zeros(50_000, np.float32)
+    values[::7] = 3.5
+    with grpcclient.InferenceServerClient(server.grpc_url) as client:
+        item = grpcclient.InferInput("INPUT__0", [values.size], "FP32")
+        item.set_data_from_numpy(values)
+        result = client.infer("wide", [item], compression_algorithm=algorithm)
+        assert result.as_numpy("OUTPUT__0").tobytes() == values.tobytes()
+
+
+def test_more_concurrent_calls_than_streams_allowed(server: RunningServer) -> None:
+    """300 calls on one channel: grpcio queues what exceeds our 128 concurrent streams."""
+    async def scenario() -> None:
+        async with grpcaio.InferenceServerClient(server.grpc_url) as client:
+            async def one(i: int) -> None:
+                value = np.full((1, 3, 4), i, np.float32)
+                item = grpcaio.InferInput("INPUT__0", [1, 3, 4], "FP32")
+                item.set_data_from_numpy(value)
+                result = await client.infer("identity", [item])
+                assert result.as_numpy("OUTPUT__0").tobytes() == value.tobytes()
+            await asyncio.gather(*(one(i) for i in range(300)))
+    asyncio.run(asyncio.wait_for(scenario(), 60))
+
+
+def test_a_call_in_flight_finishes_during_shutdown(e2e_repo, tmp_path) -> None:
+    """SIGTERM while a 0.3 s call runs: it is answered (GOAWAY stops new calls only)."""
+    running = start_server(e2e_repo, tmp_path / "server.log")
+    outcome: dict[str, object] = {}
+
+    def call() -> None:
+        with grpcclient.InferenceServerClient(running.grpc_url) as client:
+            item = grpcclient.InferInput("INPUT__0", [1, 4], "FP32")
+            item.set_data_from_numpy(np.ones((1, 4), np.float32))
+            try:
+                outcome["result"] = client.infer("slow", [item]).as_numpy("OUTPUT__0")
+            except InferenceServerException as error:
+                outcome["error"] = error
+
+    worker = threading.Thread(target=call)
+    worker.start()
+    time.sleep(0.15)
+    assert stop_server(running) == 0
+    worker.join(30)
+    assert "error" not in outcome, outcome.get("error")
+    assert outcome["result"].shape == (1, 4)
