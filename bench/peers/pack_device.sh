@@ -5,8 +5,9 @@
 #   then, with a device:  run(command="bash bench/gpu_check.sh", carry=[".device"], timeout_s=560)
 #
 # The device has Python 3.12, torch, numpy 2, no package registry and a 64 MiB carry limit.
-#   .device/wheels/       cp312 wheels tensorgate needs there: httptools, tritonclient (the
-#                         protobuf schemas), the grpcio/protobuf its generated code asks for
+#   .device/wheels/       cp312 wheels tensorgate needs there: httptools, hpack (our HTTP/2),
+#                         tritonclient (the protobuf schemas), the grpcio/protobuf its
+#                         generated code asks for
 #                         and python-rapidjson (its grpc module imports it); ml_dtypes,
 #                         packaging and urllib3 are on the device already
 #   .device/stub-wheels/  numpy 1.26 for Triton's Python-backend stub only (under numpy 2 it
@@ -39,7 +40,7 @@ download() {
 # the versions tensorgate is tested with here
 download "$out/wheels" "httptools==$(version httptools)" "tritonclient==$(version tritonclient)" \
   "grpcio==$(version grpcio)" "protobuf==$(version protobuf)" \
-  "python-rapidjson==$(version python-rapidjson)"
+  "python-rapidjson==$(version python-rapidjson)" "hpack==$(version hpack)"
 download "$out/stub-wheels" numpy==1.26.4
 (cd "$site" && tar --exclude='libpython3*' -cf - pytriton/tritonserver/bin \
    pytriton/tritonserver/backends "pytriton/tritonserver/python_backend_stubs/$py" \

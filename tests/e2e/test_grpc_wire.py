@@ -151,7 +151,8 @@ def test_a_message_over_the_limit_is_refused_before_it_is_read(server: RunningSe
     ([b"GET / HTTP/1.1\r\n\r\n" + b"\x00" * 16], 1),                   # not HTTP/2
     ([h2.H2Client.frame(h2.DATA, 0, 1, b"")], 1),                        # DATA on an idle stream
     ([h2.H2Client.frame(h2.PING, 0, 0, b"short")], 6),                   # PING not 8 bytes
-    ([(20000).to_bytes(3, "big") + b"\x00\x00\x00\x00\x00\x01"], 6),   # frame over 16 KiB
+    ([(2 << 20).to_bytes(3, "big") + b"\x00\x00\x00\x00\x00\x01"], 6),  # DATA over 1 MiB
+    ([(100_000).to_bytes(3, "big") + b"\x01\x04\x00\x00\x00\x01"], 11),  # HEADERS of 100 KB
     ([h2.H2Client.frame(h2.HEADERS, h2.END_HEADERS, 1, b"\xff\xff\xff\xff")], 9),  # bad HPACK
     ([h2.H2Client.frame(h2.HEADERS, 0, 1, b"\x82"),
       h2.H2Client.frame(h2.PING, 0, 0, b"12345678")], 1),              # interrupted block

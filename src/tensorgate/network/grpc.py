@@ -89,7 +89,7 @@ class _Call:
 
     __slots__ = ("front", "connection", "stream", "method", "ledger", "deadline_ns",
                  "compressed_with", "_prefix", "_length", "_received", "_buffer", "_message",
-                 "_pad", "_head", "_complete", "_task", "_answered")
+                 "_pad", "_head", "_counted_from", "_complete", "_task", "_answered")
 
     def __init__(self, front: GrpcFrontEnd, connection: http2.Http2Connection,
                  stream: http2.Http2Stream) -> None:
@@ -107,6 +107,7 @@ class _Call:
         self._message: Any = None       # the message's bytes, a view of `_buffer`
         self._pad = 0
         self._head: bytearray | None = None  # ModelInfer bytes held back until placed
+        self._counted_from = 0          # message offset from which copied bytes count
         self._complete = False
         self._task: asyncio.Task[None] | None = None
         self._answered = False
@@ -148,6 +149,20 @@ class _Call:
             self._fail(failure.code, failure.message)
         except TensorgateError as error:  # a malformed message, found while placing it
             self._fail(codes_for(error)[1], error.message)
+
+    def receive_buffer(self, limit: int) -> memoryview | None:
+        """Where the next `limit` bytes of DATA may be read in place: the rest of a placed
+        message (zero copy for large DATA frames, as grpcio clients send)."""
+        if self._answered or self._head is not None or self._length < 0 or self._complete \
+                or not isinstance(self._message, memoryview):
+            return None
+        start = self._received
+        return self._message[start:start + min(limit, self._length - start)]
+
+    def data_written(self, nbytes: int) -> None:
+        self._received += nbytes
+        if self._received == self._length:
+            self._complete = True
 
     def end_received(self) -> None:
         if self._answered:
@@ -191,6 +206,9 @@ class _Call:
             start = self._received
             self._message[start:start + count] = data[:count]
             self._received += count
+            counted = start + count - max(start, self._counted_from)
+            if counted > 0:  # tensor bytes moved, not only the message's small fields
+                record_copy(counted, "receive", self.ledger)
             data = data[count:]
             if self._received == self._length:
                 self._complete = True
@@ -223,6 +241,8 @@ class _Call:
         head, self._head = self._head, None
         offset = first_raw_input_offset(memoryview(head))
         self._pad = (-offset) % ALIGNMENT if offset is not None else 0
+        # Bytes before the first tensor are the message's small fields: not counted.
+        self._counted_from = offset if offset is not None else self._length
         try:
             buffer = self.front.pool.acquire(self._length + self._pad)
         except PoolExhaustedError as error:
@@ -236,6 +256,8 @@ class _Call:
         count = len(data)
         self._message[:count] = data
         self._received = count
+        if count > self._counted_from:
+            record_copy(count - self._counted_from, "receive", self.ledger)
         if count == self._length:
             self._complete = True
 
@@ -278,16 +300,14 @@ class _Call:
     async def _model_infer(self, message: Any) -> list[Any]:
         dp = self.front.dataplane
         request, spans = split_model_infer(memoryview(message))
-        if self.compressed_with == "identity":  # the tensors came out of DATA frames
-            record_copy(sum(length for _, length in spans), "receive", self.ledger)
         decoded = decode_model_infer(request, self.ledger, dp.shm, message=message,
                                      raw_spans=spans)
         if self.deadline_ns is not None and decoded.timeout_us is None:
             decoded.timeout_us = max(0, (self.deadline_ns - time.monotonic_ns()) // 1000)
         result, outputs, _, in_shm = await dp.infer(request.model_name, request.model_version,
                                                     decoded, self.ledger)
-        joined = sum(v.nbytes for n, v in outputs.items() if not in_shm or n not in in_shm) \
-            if self.connection.joins_writes else 0
+        joined = self.connection.joined_bytes(
+            [v.nbytes for n, v in outputs.items() if not in_shm or n not in in_shm])
         return encode_model_infer_parts(result.model, result.version, result.id, outputs,
                                         self.ledger,
                                         bool(decoded.parameters.get("tensorgate_report_copies")),

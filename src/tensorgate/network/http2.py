@@ -13,8 +13,10 @@ decoded with `hpack` (Huffman codes and the dynamic table); the few headers we s
 encoded as literals that never touch the peer's table. Flow control is honoured both ways:
 the peer's windows bound what we send, and our windows are replenished as DATA is consumed.
 
-The layer above sees `Http2Stream`s: `StreamHandler.headers_received` opens one, DATA goes to
-its handler as it arrives, and `Http2Connection.respond` / `respond_headers` answer it.
+The layer above sees `Http2Stream`s: its `open_stream` callback gets each new stream's
+headers and returns the stream's `StreamHandler`, DATA goes to that handler as it arrives
+(or is read straight into the buffer it offers), and `Http2Connection.respond` /
+`respond_headers` answer it.
 """
 
 from __future__ import annotations
@@ -49,7 +51,17 @@ HEADER_TABLE_SIZE, ENABLE_PUSH, MAX_CONCURRENT_STREAMS, INITIAL_WINDOW_SIZE, MAX
 
 _MAX_WINDOW = (1 << 31) - 1
 _DEFAULT_WINDOW = 65_535
-_FRAME_SIZE = 16_384               # what we accept (the default: we never raise it)
+_DEFAULT_FRAME = 16_384
+# DATA frames up to 1 MiB: grpcio clients then send a 602 KB tensor in one frame, whose
+# payload is read straight into the message's buffer (see get_buffer). Other frames are
+# never that large: anything but DATA over _MAX_CONTROL_FRAME is refused.
+_FRAME_SIZE = 1 << 20
+_MAX_CONTROL_FRAME = 64 << 10
+_DIRECT_READ = 4096                # read a DATA payload into place when this much is left
+# Between frames, a peer that sends large DATA frames gets reads this small, so that little
+# of the next payload arrives here (copied) before its frame header is parsed.
+_SMALL_READ = 4096
+_WRITE_ALONE = 32 << 10            # a response part this large is never joined to others
 _STREAM_WINDOW = 16 << 20          # what each stream may send before we replenish
 _CONNECTION_WINDOW = 64 << 20      # and all streams together
 _MAX_STREAMS = 128                 # concurrent streams per connection
@@ -79,6 +91,8 @@ class StreamHandler(Protocol):
     """What the layer above gives each stream (see grpc.py's `_Call`)."""
 
     def data_received(self, data: memoryview) -> None: ...
+    def receive_buffer(self, limit: int) -> memoryview | None: ...
+    def data_written(self, nbytes: int) -> None: ...
     def end_received(self) -> None: ...
     def cancelled(self) -> None: ...
 
@@ -93,7 +107,8 @@ class Http2Stream:
         self.send_window = send_window
         self.receive_window = _STREAM_WINDOW
         self.unacknowledged = 0          # DATA bytes consumed and not yet given back
-        self.pending: deque[memoryview] = deque()  # response bytes waiting for a window
+        # response bytes waiting for a window, each with whether it is written alone
+        self.pending: deque[tuple[memoryview, bool]] = deque()
         self.pending_bytes = 0
         self.trailers: bytes | None = None  # the trailer block, sent after `pending`
         self.remote_closed = False
@@ -150,7 +165,7 @@ class Http2Connection(asyncio.BufferedProtocol):
         self._last_stream = 0
         self._peer_window = _DEFAULT_WINDOW          # our send window on the connection
         self._peer_initial = _DEFAULT_WINDOW         # the peer's SETTINGS_INITIAL_WINDOW_SIZE
-        self._peer_frame = _FRAME_SIZE               # the peer's SETTINGS_MAX_FRAME_SIZE
+        self._peer_frame = _DEFAULT_FRAME            # the peer's SETTINGS_MAX_FRAME_SIZE
         self._receive_window = _CONNECTION_WINDOW
         self._unacknowledged = 0
         self._blocked: dict[int, Http2Stream] = {}   # streams waiting for the connection window
@@ -161,6 +176,8 @@ class Http2Connection(asyncio.BufferedProtocol):
         self._data_padding = -1        # -1: the pad length byte has not arrived yet
         self._data_flags = 0
         self._data_length = 0
+        self._direct = False           # the last get_buffer() was a stream's own memory
+        self._large_frames = False     # the peer's last sizeable DATA frame was over 16 KiB
         # a header block that continues in CONTINUATION frames
         self._block_stream = 0
         self._block = bytearray()
@@ -176,7 +193,7 @@ class Http2Connection(asyncio.BufferedProtocol):
         self.transport = transport  # type: ignore[assignment]
         self.joins_writes = type(transport).writelines is asyncio.WriteTransport.writelines
         settings = b"".join(struct.pack(">HI", key, value) for key, value in (
-            (ENABLE_PUSH, 0), (MAX_CONCURRENT_STREAMS, _MAX_STREAMS),
+            (ENABLE_PUSH, 0), (MAX_CONCURRENT_STREAMS, _MAX_STREAMS), (MAX_FRAME_SIZE, _FRAME_SIZE),
             (INITIAL_WINDOW_SIZE, _STREAM_WINDOW), (MAX_HEADER_LIST_SIZE, _MAX_HEADER_BLOCK)))
         self._write([_frame(SETTINGS, 0, 0, len(settings)) + settings
                      + _frame(WINDOW_UPDATE, 0, 0, 4)
@@ -201,18 +218,44 @@ class Http2Connection(asyncio.BufferedProtocol):
                 self._flush(stream)
 
     def get_buffer(self, sizehint: int) -> memoryview:
+        self._direct = False
         if self._start == self._end:
             self._start = self._end = 0
-        elif len(self._buffer) - self._end < _FRAME_SIZE + 9:
+            # Everything read so far is parsed. Inside a large DATA payload, the kernel may
+            # write the rest of it straight where the stream wants it: no copy from here.
+            if self._data_left >= _DIRECT_READ and self._data_padding >= 0:
+                target = self._direct_target()
+                if target is not None:
+                    self._direct = True
+                    return target
+        elif len(self._buffer) - self._end < _MAX_CONTROL_FRAME + 9:
             # Move the unparsed tail (less than one frame) to the front.
             count = self._end - self._start
             self._view[:count] = self._view[self._start:self._end]
             self._start, self._end = 0, count
+        if self._large_frames:
+            return self._view[self._end:self._end + _SMALL_READ]
         return self._view[self._end:]
 
+    def _direct_target(self) -> memoryview | None:
+        stream = self.streams.get(self._data_stream)
+        if stream is None or stream.handler is None:
+            return None
+        target = stream.handler.receive_buffer(self._data_left - self._data_padding)
+        return target if target is not None and len(target) >= _DIRECT_READ else None
+
     def buffer_updated(self, nbytes: int) -> None:
-        self._end += nbytes
         try:
+            if self._direct:
+                self._direct = False
+                stream = self.streams[self._data_stream]
+                assert stream.handler is not None
+                stream.handler.data_written(nbytes)
+                self._data_left -= nbytes
+                if self._data_left == 0:
+                    self._data_end()
+            else:
+                self._end += nbytes
             self._parse()
         except Http2Error as error:
             log.info("HTTP/2 connection error %d: %s", error.code, error)
@@ -250,6 +293,10 @@ class Http2Connection(asyncio.BufferedProtocol):
             if length > _FRAME_SIZE:
                 raise Http2Error(FRAME_SIZE_ERROR, f"a frame of {length} bytes exceeds the "
                                                    f"{_FRAME_SIZE}-byte maximum")
+            if length > _MAX_CONTROL_FRAME and kind != DATA:
+                raise Http2Error(ENHANCE_YOUR_CALM, f"a frame of type {kind} and {length} "
+                                                    f"bytes; only DATA may exceed "
+                                                    f"{_MAX_CONTROL_FRAME}")
             if self._block_stream and kind != CONTINUATION:
                 raise Http2Error(PROTOCOL_ERROR, "a header block was interrupted by another "
                                                  "frame")
@@ -368,6 +415,8 @@ class Http2Connection(asyncio.BufferedProtocol):
         if self._receive_window < 0:
             raise Http2Error(FLOW_CONTROL_ERROR, "DATA beyond the connection's window")
         self._data_stream, self._data_flags, self._data_length = stream_id, flags, length
+        if length >= _SMALL_READ:
+            self._large_frames = length > _DEFAULT_FRAME
         self._data_left = length
         self._data_padding = -1 if flags & PADDED else 0
         stream = self.streams.get(stream_id)
@@ -453,7 +502,7 @@ class Http2Connection(asyncio.BufferedProtocol):
                 for stream in self.streams.values():
                     stream.send_window += delta
             elif key == MAX_FRAME_SIZE:
-                if not _FRAME_SIZE <= value <= (1 << 24) - 1:
+                if not _DEFAULT_FRAME <= value <= (1 << 24) - 1:
                     raise Http2Error(PROTOCOL_ERROR, f"SETTINGS_MAX_FRAME_SIZE {value} is out "
                                                      "of range")
                 self._peer_frame = value
@@ -492,17 +541,29 @@ class Http2Connection(asyncio.BufferedProtocol):
     def respond(self, stream: Http2Stream, headers: bytes, body: Sequence[Any],
                 trailers: bytes) -> None:
         """Send a response: `headers` (an encoded block), `body` (buffers, sent as DATA
-        without joining them where the transport can) and `trailers` (an encoded block)."""
+        frames between which they are never joined where the transport can send vectored;
+        see `joined_bytes`) and `trailers` (an encoded block)."""
         if self.streams.get(stream.id) is not stream or stream.local_closed:
             return  # reset meanwhile
-        self._write([_frame(HEADERS, END_HEADERS, stream.id, len(headers)) + headers])
         for part in body:
             view = memoryview(part).cast("B")
             if len(view):
-                stream.pending.append(view)
+                stream.pending.append((view, self._alone(len(view))))
                 stream.pending_bytes += len(view)
         stream.trailers = trailers
-        self._flush(stream)
+        self._flush(stream, _frame(HEADERS, END_HEADERS, stream.id, len(headers)) + headers)
+
+    def _alone(self, size: int) -> bool:
+        """Whether a response part of `size` bytes is written by itself (never joined)."""
+        return size >= _WRITE_ALONE and self._peer_frame >= _WRITE_ALONE
+
+    def joined_bytes(self, sizes: Sequence[int]) -> int:
+        """How many of these response parts' bytes `respond` will copy now: on a transport
+        that joins its writes (asyncio before 3.12), all but the large parts, and all when
+        the peer's frames are too small to write a part alone (h2load's 16 KiB)."""
+        if not self.joins_writes:
+            return 0
+        return sum(size for size in sizes if not self._alone(size))
 
     def respond_headers(self, stream: Http2Stream, headers: bytes) -> None:
         """A response that is one header block (gRPC's trailers-only errors, HTTP errors)."""
@@ -512,40 +573,44 @@ class Http2Connection(asyncio.BufferedProtocol):
                      + headers])
         self._local_end(stream)
 
-    def _flush(self, stream: Http2Stream) -> None:
+    def _flush(self, stream: Http2Stream, head: bytes = b"") -> None:
+        """Send what the windows allow of `stream`'s response, after `head` (its headers,
+        on the first call), in one write where the transport can."""
         if self.transport is None or self._writing_paused:
+            if head:
+                self._write([head])
             return
-        out: list[Any] = []
+        out: list[tuple[Any, bool]] = [(head, False)] if head else []
         frame_limit = self._peer_frame
         while stream.pending:
             size = min(stream.pending_bytes, frame_limit, stream.send_window, self._peer_window)
             if size <= 0:
                 break
-            out.append(_frame(DATA, 0, stream.id, size))
+            out.append((_frame(DATA, 0, stream.id, size), False))
             stream.send_window -= size
             self._peer_window -= size
             stream.pending_bytes -= size
             while size:
-                head = stream.pending[0]
+                head, alone = stream.pending[0]
                 if len(head) <= size:
-                    out.append(head)
+                    out.append((head, alone))
                     size -= len(head)
                     stream.pending.popleft()
                 else:
-                    out.append(head[:size])
-                    stream.pending[0] = head[size:]
+                    out.append((head[:size], alone))
+                    stream.pending[0] = (head[size:], alone)
                     size = 0
         done = not stream.pending and stream.trailers is not None
         if done:
             assert stream.trailers is not None
-            out.append(_frame(HEADERS, END_HEADERS | END_STREAM, stream.id, len(stream.trailers))
-                       + stream.trailers)
+            out.append((_frame(HEADERS, END_HEADERS | END_STREAM, stream.id,
+                               len(stream.trailers)) + stream.trailers, False))
             stream.trailers = None
             self._blocked.pop(stream.id, None)
         elif stream.pending and self._peer_window <= 0:
             self._blocked[stream.id] = stream
         if out:
-            self._write(out)
+            self._write_parts(out)
         if done:
             self._local_end(stream)
 
@@ -605,13 +670,29 @@ class Http2Connection(asyncio.BufferedProtocol):
         if self.going_away and not self.streams and self.transport is not None:
             self.transport.close()
 
-    def _write(self, buffers: list[Any]) -> None:
+    def _write(self, buffers: list[bytes]) -> None:
         transport = self.transport
         if transport is None or transport.is_closing():
             return
-        if len(buffers) == 1:
-            transport.write(buffers[0])
-        elif self.joins_writes:
-            transport.write(b"".join(buffers))  # the same copy writelines would make
-        else:
-            transport.writelines(buffers)
+        transport.write(buffers[0] if len(buffers) == 1 else b"".join(buffers))
+
+    def _write_parts(self, parts: list[tuple[Any, bool]]) -> None:
+        """Write frames and response parts in order: vectored where the transport can,
+        else small runs joined and each part marked alone written by itself."""
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            return
+        if not self.joins_writes:
+            transport.writelines([part for part, _ in parts])
+            return
+        run: list[Any] = []
+        for part, alone in parts:
+            if not alone:
+                run.append(part)
+                continue
+            if run:
+                transport.write(run[0] if len(run) == 1 else b"".join(run))
+                run = []
+            transport.write(part)
+        if run:
+            transport.write(run[0] if len(run) == 1 else b"".join(run))
