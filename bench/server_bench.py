@@ -4,10 +4,12 @@ Starts `tensorgate serve` on the built-in repository, then for `identity` and `r
 sequential batch-1 P50/P99 with a lean keep-alive socket client and with a raw grpcio stub
 (each client's own CPU per request is printed beside it), QPS at 8 concurrent HTTP
 connections with `wrk` and gRPC ModelInfer at 1 and 8 connections with `h2load` (Debian's
-wrk and nghttp2-client; the server's and the load generator's CPU per request beside each). The engine in-process
-is measured in the same run. Writes bench/results/server_bench.json.
+wrk and nghttp2-client; the server's and the load generator's CPU per request beside
+each). The engine in-process is measured in the same run. Writes
+bench/results/server_bench.json.
 
-    .venv/bin/python bench/server_bench.py [--quick]      (apt-get install wrk nghttp2-client for the QPS part)
+    .venv/bin/python bench/server_bench.py [--quick]
+    (apt-get install wrk nghttp2-client for the QPS part)
 """
 
 from __future__ import annotations

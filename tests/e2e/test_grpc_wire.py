@@ -198,7 +198,8 @@ frames = st.lists(st.tuples(frame_kinds, st.integers(0, 255), st.sampled_from([0
                             st.binary(max_size=40)), min_size=1, max_size=6)
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=40, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(sequence=frames)
 def test_hostile_frames_never_take_the_server_down(server: RunningServer,
                                                    sequence: list[tuple[int, int, int, bytes]]

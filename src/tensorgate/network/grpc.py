@@ -5,9 +5,10 @@ protocol/grpc_codec, call the data plane, encode, and answer with the status in 
 Errors are translated here and only here, through protocol/status.py's table.
 
 ModelInfer's message is received into one pooled, 64-byte-aligned buffer, placed so that the
-first tensor starts on the boundary, and inputs are views into it. Copying each DATA frame's
-payload there is the one copy on the way in (counted as "receive"): frames interleave
-headers with the payload, so the kernel cannot read the message into place.
+first tensor starts on the boundary, and inputs are views into it. Large DATA frames (grpcio
+clients send up to the 1 MiB we allow) are read by the kernel straight into that buffer;
+what arrives through the connection's receive buffer instead (small frames, the first bytes
+of each frame) is copied in and counted as "receive" from the first tensor on.
 """
 
 from __future__ import annotations

@@ -193,8 +193,9 @@ class Http2Connection(asyncio.BufferedProtocol):
         self.transport = transport  # type: ignore[assignment]
         self.joins_writes = type(transport).writelines is asyncio.WriteTransport.writelines
         settings = b"".join(struct.pack(">HI", key, value) for key, value in (
-            (ENABLE_PUSH, 0), (MAX_CONCURRENT_STREAMS, _MAX_STREAMS), (MAX_FRAME_SIZE, _FRAME_SIZE),
-            (INITIAL_WINDOW_SIZE, _STREAM_WINDOW), (MAX_HEADER_LIST_SIZE, _MAX_HEADER_BLOCK)))
+            (ENABLE_PUSH, 0), (MAX_CONCURRENT_STREAMS, _MAX_STREAMS),
+            (MAX_FRAME_SIZE, _FRAME_SIZE), (INITIAL_WINDOW_SIZE, _STREAM_WINDOW),
+            (MAX_HEADER_LIST_SIZE, _MAX_HEADER_BLOCK)))
         self._write([_frame(SETTINGS, 0, 0, len(settings)) + settings
                      + _frame(WINDOW_UPDATE, 0, 0, 4)
                      + _HEAD.pack(_CONNECTION_WINDOW - _DEFAULT_WINDOW)])
