@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-import zlib
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -26,6 +25,7 @@ from tensorgate.dataplane import DataPlane
 from tensorgate.errors import (InvalidArgumentError, PoolExhaustedError, TensorgateError,
                                UnimplementedError)
 from tensorgate.network import http2
+from tensorgate.protocol.compression import inflate
 from tensorgate.protocol.grpc_codec import (decode_model_infer, encode_model_infer_parts,
                                             first_raw_input_offset, split_model_infer,
                                             statistics_message)
@@ -89,8 +89,8 @@ class _Call:
     """One RPC on one stream: collects its request message, runs it, answers."""
 
     __slots__ = ("front", "connection", "stream", "method", "ledger", "deadline_ns",
-                 "compressed_with", "_prefix", "_length", "_received", "_buffer", "_message",
-                 "_pad", "_head", "_counted_from", "_complete", "_task", "_answered")
+                 "compressed_with", "_prefix", "_length", "_received", "_message", "_head",
+                 "_counted_from", "_complete", "_task", "_answered")
 
     def __init__(self, front: GrpcFrontEnd, connection: http2.Http2Connection,
                  stream: http2.Http2Stream) -> None:
@@ -104,9 +104,8 @@ class _Call:
         self._prefix = bytearray()      # the 5-byte length prefix, as it arrives
         self._length = -1               # the message's length once the prefix is in
         self._received = 0
-        self._buffer: Any = None        # where the message lands (pooled for ModelInfer)
-        self._message: Any = None       # the message's bytes, a view of `_buffer`
-        self._pad = 0
+        # where the message lands: a view of a pooled buffer for ModelInfer, else a bytearray
+        self._message: Any = None
         self._head: bytearray | None = None  # ModelInfer bytes held back until placed
         self._counted_from = 0          # message offset from which copied bytes count
         self._complete = False
@@ -179,7 +178,7 @@ class _Call:
         self._answered = True
         if self._task is not None and not self._task.done():
             self._task.cancel()  # the client reset the stream: its queued request is dropped
-        self._buffer = self._message = self._head = None
+        self._message = self._head = None
 
     # -- receiving the one message ---------------------------------------------------------
 
@@ -203,16 +202,20 @@ class _Call:
                         or first_raw_input_offset(memoryview(self._head)) is not None):
                     self._place()
                 continue
-            count = min(len(data), self._length - self._received)
-            start = self._received
-            self._message[start:start + count] = data[:count]
-            self._received += count
-            counted = start + count - max(start, self._counted_from)
-            if counted > 0:  # tensor bytes moved, not only the message's small fields
-                record_copy(counted, "receive", self.ledger)
-            data = data[count:]
-            if self._received == self._length:
-                self._complete = True
+            data = data[self._copy_in(data):]
+
+    def _copy_in(self, data: memoryview) -> int:
+        """Copy what of `data` belongs to the message into it; returns how much that was."""
+        start = self._received
+        count = min(len(data), self._length - start)
+        self._message[start:start + count] = data[:count]
+        self._received = start + count
+        counted = start + count - max(start, self._counted_from)
+        if counted > 0:  # tensor bytes moved, not only the message's small fields
+            record_copy(counted, "receive", self.ledger)
+        if self._received == self._length:
+            self._complete = True
+        return count
 
     def _begin_message(self) -> None:
         flag, length = self._prefix[0], int.from_bytes(self._prefix[1:5], "big")
@@ -232,7 +235,7 @@ class _Call:
             if length == 0:
                 self._place()
         else:
-            self._buffer = self._message = bytearray(length)
+            self._message = bytearray(length)
             self._complete = length == 0
 
     def _place(self) -> None:
@@ -241,26 +244,16 @@ class _Call:
         assert self._head is not None
         head, self._head = self._head, None
         offset = first_raw_input_offset(memoryview(head))
-        self._pad = (-offset) % ALIGNMENT if offset is not None else 0
+        pad = (-offset) % ALIGNMENT if offset is not None else 0
         # Bytes before the first tensor are the message's small fields: not counted.
         self._counted_from = offset if offset is not None else self._length
         try:
-            buffer = self.front.pool.acquire(self._length + self._pad)
+            buffer = self.front.pool.acquire(self._length + pad)
         except PoolExhaustedError as error:
             raise _Failure("UNAVAILABLE", error.message) from None
-        self._buffer = buffer
-        self._message = memoryview(buffer).cast("B")[self._pad:self._pad + self._length]
-        self._received = 0
-        self._take_placed(memoryview(head))
-
-    def _take_placed(self, data: memoryview) -> None:
-        count = len(data)
-        self._message[:count] = data
-        self._received = count
-        if count > self._counted_from:
-            record_copy(count - self._counted_from, "receive", self.ledger)
-        if count == self._length:
-            self._complete = True
+        # the view keeps the pooled buffer alive, and so do the input views made of it
+        self._message = memoryview(buffer).cast("B")[pad:pad + self._length]
+        self._copy_in(memoryview(head))
 
     # -- running it ------------------------------------------------------------------------
 
@@ -292,7 +285,7 @@ class _Call:
             self._fail("INTERNAL", f"internal error: {type(error).__name__}: {error}")
             return
         finally:
-            self._buffer = self._message = None
+            self._message = None
         self._answered = True
         size = sum(len(p) if isinstance(p, bytes) else p.nbytes for p in parts)
         self.connection.respond(self.stream, _RESPONSE_HEADERS,
@@ -316,17 +309,10 @@ class _Call:
 
     def _inflate(self, message: Any) -> bytes:
         limit = self.front.max_message_bytes
-        wbits = 16 + zlib.MAX_WBITS if self.compressed_with == "gzip" else zlib.MAX_WBITS
-        inflater = zlib.decompressobj(wbits)
-        try:
-            data = inflater.decompress(message, limit + 1)
-        except zlib.error as error:
-            raise InvalidArgumentError(f"the {self.compressed_with} message cannot be "
-                                       f"decompressed: {error}") from None
-        if len(data) > limit or inflater.unconsumed_tail:
+        data = inflate(message, self.compressed_with, limit, "message", self.ledger)
+        if data is None:
             raise _Failure("RESOURCE_EXHAUSTED", f"the decompressed message exceeds the "
                                                  f"{limit}-byte limit (--max-request-bytes)")
-        record_copy(len(data), "decode", self.ledger)
         return data
 
     # -- answering errors ------------------------------------------------------------------
@@ -335,7 +321,7 @@ class _Call:
         if self._answered:
             return
         self._answered = True
-        self._buffer = self._message = self._head = None
+        self._message = self._head = None
         self.connection.respond_headers(self.stream, _error_block(_CODES[code], message))
 
     def _http_error(self, status: int) -> None:

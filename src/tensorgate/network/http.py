@@ -23,6 +23,7 @@ import httptools
 
 from tensorgate.dataplane import DataPlane
 from tensorgate.errors import InvalidArgumentError, TensorgateError
+from tensorgate.protocol.compression import inflate
 from tensorgate.protocol.infer_codec import decode_infer_body, encode_infer_response, json_error
 from tensorgate.protocol.status import codes_for
 from tensorgate.tensor.copies import CopyLedger, record_copy
@@ -409,16 +410,11 @@ def _decompressed(request: _Request, limit: int) -> tuple[Any, int]:
     if encoding not in ("gzip", "deflate"):
         raise InvalidArgumentError(f"Content-Encoding '{encoding}' is not supported; use gzip, "
                                    "deflate or none")
-    wbits = 16 + zlib.MAX_WBITS if encoding == "gzip" else zlib.MAX_WBITS
-    inflater = zlib.decompressobj(wbits)
-    try:
-        data = inflater.decompress(memoryview(request.body)[:request.length], limit + 1)
-    except zlib.error as error:
-        raise InvalidArgumentError(f"the {encoding} body cannot be decompressed: {error}") from None
-    if len(data) > limit or inflater.unconsumed_tail:
+    data = inflate(memoryview(request.body)[:request.length], encoding, limit, "body",
+                   request.ledger)
+    if data is None:
         raise InvalidArgumentError(f"the decompressed body exceeds the {limit}-byte limit "
                                    "(--max-request-bytes)")
-    record_copy(len(data), "decode", request.ledger)
     return data, len(data)
 
 

@@ -335,10 +335,7 @@ class Http2Connection(asyncio.BufferedProtocol):
             if stream_id == 0 or len(payload) != 4:
                 raise Http2Error(PROTOCOL_ERROR, "a RST_STREAM must be 4 bytes on a stream")
             self._idle_check(stream_id)
-            stream = self.streams.pop(stream_id, None)
-            self._blocked.pop(stream_id, None)
-            if stream is not None and stream.handler is not None:
-                stream.handler.cancelled()
+            self._drop(stream_id)
         elif kind == PRIORITY:
             if len(payload) != 5:
                 raise Http2Error(FRAME_SIZE_ERROR, "a PRIORITY frame must be 5 bytes")
@@ -638,6 +635,10 @@ class Http2Connection(asyncio.BufferedProtocol):
 
     def _reset(self, stream_id: int, code: int) -> None:
         self._write([_frame(RST_STREAM, 0, stream_id, 4) + _HEAD.pack(code)])
+        self._drop(stream_id)
+
+    def _drop(self, stream_id: int) -> None:
+        """Forget a reset stream (ours or the peer's) and cancel its call."""
         stream = self.streams.pop(stream_id, None)
         self._blocked.pop(stream_id, None)
         if stream is not None:

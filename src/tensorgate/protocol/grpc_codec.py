@@ -133,7 +133,10 @@ def decode_model_infer(request: pb.ModelInferRequest, ledger: CopyLedger,
                        raw_spans: list[tuple[int, int]] | None = None) -> DecodedRequest:
     """The data plane's request. Tensors come from `raw_spans` of `message` as views when
     given (split_model_infer), else from the message's own `raw_input_contents`."""
-    raw: Any = request.raw_input_contents if raw_spans is None else raw_spans
+    # (owner, offset, length) of each input's bytes
+    raw: list[tuple[Any, int, int]] = (
+        [(data, 0, len(data)) for data in request.raw_input_contents] if raw_spans is None
+        else [(message, offset, length) for offset, length in raw_spans])
     if raw and len(raw) != len(request.inputs):
         raise InvalidArgumentError(f"raw_input_contents has {len(raw)} entries for "
                                    f"{len(request.inputs)} inputs; give one per input")
@@ -148,17 +151,13 @@ def decode_model_infer(request: pb.ModelInferRequest, ledger: CopyLedger,
         if region is not None:
             if shm is None:
                 raise UnimplementedError("shared memory is not available on this front end")
-            if raw and (raw_spans[index][1] if raw_spans is not None else len(raw[index])):
+            if raw and raw[index][2]:
                 raise InvalidArgumentError(f"input '{name}' names a shared-memory region and "
                                            "also carries data")
             view = shm.input_view(region[0], region[1], region[2], dt, shape, name, ledger)
-        elif raw_spans is not None and raw:
-            offset, length = raw_spans[index]
-            view = TensorView(message, dt, shape, offset, nbytes=length, name=name,
-                              ledger=ledger)
         elif raw:
-            data = raw[index]
-            view = TensorView(data, dt, shape, nbytes=len(data), name=name, ledger=ledger)
+            owner, offset, length = raw[index]
+            view = TensorView(owner, dt, shape, offset, nbytes=length, name=name, ledger=ledger)
         else:
             view = _from_contents(item, dt.name, shape, ledger)
         if name in inputs:
