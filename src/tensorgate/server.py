@@ -23,11 +23,13 @@ from tensorgate.network.http import HttpFrontEnd
 from tensorgate.network.metrics_http import MetricsFrontEnd
 from tensorgate.network.loop import run_loop
 from tensorgate.pipeline.engine import Engine
-from tensorgate.tensor.pool import default_pool
+from tensorgate.tensor.pool import QUIET_IDLE_BYTES, BufferPool, default_pool
 
 __all__ = ["Server", "run"]
 
 log = logging.getLogger("tensorgate.server")
+
+POOL_TRIM_PERIOD_S = 1.0  # the pool goes back to its quiet size 1–2 s after the last request
 
 
 class Server:
@@ -45,6 +47,7 @@ class Server:
         self._stopping: asyncio.Event | None = None
         self.engine: Engine | None = None
         self._http: HttpFrontEnd | None = None
+        self._pool_trimmer: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         config = self.config
@@ -64,6 +67,8 @@ class Server:
             engine.model_statistics(), engine.pool_statistics()))
         self.metrics_port = await self._metrics.start(config.host, config.metrics_port)
         dataplane.started = True
+        if not default_pool().statistics().pinned:
+            self._pool_trimmer = asyncio.create_task(_trim_when_quiet(default_pool()))
         self._stopping = asyncio.Event()
         ready = [f"{e['name']} v{e['version']}" for e in self.engine.index()
                  if e["state"] == "READY"]
@@ -80,6 +85,8 @@ class Server:
               flush=True)
 
     async def stop(self) -> None:
+        if self._pool_trimmer is not None:
+            self._pool_trimmer.cancel()
         if self._http is not None:
             self._http.stop_accepting()               # 1. no new connections or calls
         if self._grpc is not None:
@@ -110,6 +117,15 @@ class Server:
         await self._stopping.wait()
         print("tensorgate: stopping (draining in-flight requests)", flush=True)
         await self.stop()
+
+
+async def _trim_when_quiet(pool: BufferPool) -> None:
+    """Give the pool's idle excess back once a period passes with no buffer acquired."""
+    while True:
+        await asyncio.sleep(POOL_TRIM_PERIOD_S)
+        freed = pool.trim_if_quiet(QUIET_IDLE_BYTES)
+        if freed:
+            log.debug("pool: %d idle bytes freed after a quiet period", freed)
 
 
 def run(config: ServerConfig) -> None:

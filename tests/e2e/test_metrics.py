@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import pathlib
 import re
+import time
 import urllib.request
 
 import numpy as np
 import tritonclient.http as httpclient
 
-from tests.e2e.conftest import RunningServer
+from tensorgate.tensor.pool import QUIET_IDLE_BYTES
+from tests.e2e.conftest import RunningServer, start_server, stop_server
 
 
 def scrape(server: RunningServer) -> str:
@@ -67,6 +70,34 @@ def test_metrics_count_requests(server: RunningServer) -> None:
         r'^tensorgate_copies_by_reason_bytes_total\{reason="(\w+)"\} (\d+)$', after, re.M)}
     assert reasons.get("decode", 0) >= 32
     assert sum(reasons.values()) == value(after, "tensorgate_copied_bytes_total", model="")
+
+
+def test_pool_gives_its_idle_excess_back_once_quiet(e2e_repo: pathlib.Path,
+                                                    tmp_path: pathlib.Path) -> None:
+    """Busy, the pool keeps what it reuses (256 MB bound); a second or two after the last
+    request it keeps QUIET_IDLE_BYTES, smallest buffers first."""
+    server = start_server(e2e_repo, tmp_path / "server.log", "--max-request-bytes", str(32 << 20))
+    try:
+        _fill_and_wait_for_quiet(server)
+    finally:
+        assert stop_server(server) == 0
+
+
+def _fill_and_wait_for_quiet(server: RunningServer) -> None:
+    sizes = [2_500_000, 3_500_000, 4_500_000, 5_500_000, 6_500_000]  # floats: 10…26 MB
+    with httpclient.InferenceServerClient(server.url, network_timeout=60) as client:
+        for n in sizes:  # one after another: each leaves a buffer of its own size class idle
+            item = httpclient.InferInput("INPUT__0", [n], "FP32")
+            item.set_data_from_numpy(np.ones(n, np.float32))
+            answer = client.infer("wide", [item]).as_numpy("OUTPUT__0")
+            assert answer.shape == (n,) and float(answer[-1]) == 1.0
+    busy = value(scrape(server), "tensorgate_pool_bytes", state="idle")
+    assert busy > QUIET_IDLE_BYTES  # the trim runs only after a whole period without requests
+    deadline = time.monotonic() + 10
+    while (idle := value(scrape(server), "tensorgate_pool_bytes", state="idle")) \
+            > QUIET_IDLE_BYTES and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert idle <= QUIET_IDLE_BYTES < busy
 
 
 def test_other_paths_are_404(server: RunningServer) -> None:

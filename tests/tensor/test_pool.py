@@ -190,3 +190,45 @@ def test_large_storage_is_unmapped_when_evicted() -> None:
     del buffer
     assert pool.statistics().bytes_idle == 0
     assert mapped_kib() - before < 8 << 10
+
+
+def test_trim_keeps_the_smallest_up_to_keep_bytes() -> None:
+    pool = BufferPool(1 << 30, idle_limit_bytes=256 << 20)
+    buffers = [pool.acquire(n) for n in (602_112, 602_112, 19_267_584, 38_535_168)]
+    del buffers
+    freed = pool.trim(keep_bytes=2 * size_class(602_112))
+    assert freed == size_class(19_267_584) + size_class(38_535_168)
+    assert pool.statistics().bytes_idle == 2 * size_class(602_112)
+    again = pool.acquire(602_112)  # the batch-1 size is still pooled
+    assert pool.statistics().hits == 1
+    del again
+
+
+def test_trim_if_quiet_waits_for_a_period_without_acquires() -> None:
+    pool = BufferPool(1 << 30, idle_limit_bytes=256 << 20)
+    pool.acquire(38_535_168)  # dropped at once: one staging-sized buffer, idle now
+    held = pool.statistics().bytes_idle
+    assert pool.trim_if_quiet(keep_bytes=0) == 0  # acquired since the (implicit) last check
+    pool.acquire(1000)
+    assert pool.trim_if_quiet(keep_bytes=0) == 0  # and again since the previous call
+    assert pool.statistics().bytes_idle >= held
+    assert pool.trim_if_quiet(keep_bytes=0) > 0   # a whole period with nothing acquired
+    assert pool.statistics().bytes_idle == 0
+
+
+def test_large_storage_is_a_private_mapping() -> None:
+    """MAP_SHARED anonymous memory is shmem (its pages cost 1.7× private ones to fault in and
+    free); the pool's large storage must be private."""
+    from tensorgate.tensor.buffer import MAPPED_FROM, aligned_storage
+    storage = aligned_storage(MAPPED_FROM * 4)
+    address = storage.ctypes.data
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            span, perms = line.split()[:2]
+            start, end = (int(v, 16) for v in span.split("-"))
+            if start <= address < end:
+                assert perms[3] == "p", line
+                assert "/dev/zero" not in line and "SYSV" not in line, line
+                break
+        else:
+            pytest.fail(f"no mapping holds {address:#x}")

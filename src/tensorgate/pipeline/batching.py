@@ -35,7 +35,10 @@ def gather_rows(parts: Sequence[Any], ledgers: Sequence[CopyLedger | None],
         count *= int(dim)
     if count == 0:
         return torch.empty(shape, dtype=first.dtype)
-    buffer = pool.acquire(count * first.element_size())
+    # Capacity for the next power of two of rows: batch sizes then share a few size classes,
+    # so the pool reuses staging buffers instead of faulting in fresh pages for each size
+    # (pages beyond `rows` are never written, so never resident).
+    buffer = pool.acquire((count // rows) * (1 << (rows - 1).bit_length()) * first.element_size())
     staging = torch.frombuffer(buffer, dtype=first.dtype, count=count).view(shape)
     start = 0
     for part, ledger in zip(parts, ledgers):

@@ -57,10 +57,14 @@ def aligned_storage(nbytes: int, alignment: int = ALIGNMENT) -> np.ndarray:
 
     Large storage is an anonymous mmap (page-aligned), so freeing it gives the pages back to
     the kernel at once; from malloc, glibc's sliding mmap threshold would move such sizes into
-    the heap after the first free, where fragmentation keeps them resident.
+    the heap after the first free, where fragmentation keeps them resident. The mapping is
+    private: Python's default for `mmap(-1, n)` is MAP_SHARED, which the kernel backs with
+    shmem, and faulting in and freeing shmem pages cost 1.7× private ones (30 vs 18 ms for
+    40 MB filled once, fresh).
     """
     if nbytes >= MAPPED_FROM and mmap.PAGESIZE % alignment == 0:
-        return np.frombuffer(mmap.mmap(-1, nbytes), dtype=np.uint8)
+        mapping = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        return np.frombuffer(mapping, dtype=np.uint8)
     raw = np.empty(nbytes + alignment - 1, dtype=np.uint8)
     shift = (-raw.ctypes.data) % alignment
     return raw[shift:shift + nbytes]

@@ -13,6 +13,13 @@ idle lists of every size a burst touched (batch gathers of 2…64 requests) fill
 1 GiB bound and stayed resident: tensorgate's RSS went from 434 MB to 1,454 MB after 64
 concurrent identity clients (bench/compare.py). When a returned buffer does not fit, larger
 idle buffers go first (batch-1 sizes are the hot path), else the returned one is freed.
+
+The idle bound must still hold what a busy server reuses: a freed buffer comes back as fresh
+pages, and faulting those in costs ten times the copy that fills them (18 ms against 1.9 ms
+for 40 MB). With 64 MB kept, batch staging buffers were freed and re-made for every batch,
+and identity at 64 connections ran at 1,444 requests/s instead of 3,059 (bench/RESULTS.md).
+So the default keeps 256 MB while busy, and `trim_if_quiet`, called on a period by the
+server, gives the excess back once traffic stops.
 """
 
 from __future__ import annotations
@@ -29,7 +36,7 @@ from tensorgate.errors import PoolExhaustedError
 from tensorgate.tensor.buffer import HostBuffer, aligned_storage, wrap_storage
 from tensorgate.tensor.pinned import cuda_available, pinned_storage
 
-__all__ = ["BufferPool", "PoolStatistics", "default_pool", "size_class"]
+__all__ = ["QUIET_IDLE_BYTES", "BufferPool", "PoolStatistics", "default_pool", "size_class"]
 
 _MIN_CLASS = 64
 _POW2_UNTIL_BITS = 12  # 4 KiB
@@ -92,6 +99,7 @@ class BufferPool:
         self._hits = 0
         self._misses = 0
         self._evictions = 0
+        self._acquired_at_check = 0
 
     def acquire(self, nbytes: int) -> HostBuffer:
         """A buffer of at least `nbytes`; raises PoolExhaustedError at the memory bound."""
@@ -130,15 +138,25 @@ class BufferPool:
             return PoolStatistics(self._hits, self._misses, self._evictions, self._in_use,
                                   self._idle_bytes, self._limit, self._pinned, self._idle_limit)
 
-    def trim(self) -> int:
-        """Free every idle buffer; returns the bytes freed."""
+    def trim(self, keep_bytes: int = 0) -> int:
+        """Free idle buffers, largest first, until at most `keep_bytes` stay idle; returns the
+        bytes freed."""
         with self._lock:
             self._drain()
-            freed = self._idle_bytes
-            self._evictions += sum(len(v) for v in self._idle.values())
-            self._idle.clear()
-            self._idle_bytes = 0
-            return freed
+            before = self._idle_bytes
+            while self._idle_bytes > keep_bytes:
+                self._evict(max(self._idle))
+            return before - self._idle_bytes
+
+    def trim_if_quiet(self, keep_bytes: int) -> int:
+        """`trim(keep_bytes)` when nothing was acquired since the previous call, else nothing.
+
+        Called on a period, a burst keeps every buffer it reuses, and the memory goes back
+        one to two periods after the last request."""
+        acquired = self._hits + self._misses
+        quiet = acquired == self._acquired_at_check
+        self._acquired_at_check = acquired
+        return self.trim(keep_bytes) if quiet else 0
 
     def _on_release(self, ref: weakref.ref[HostBuffer]) -> None:
         # Runs on whichever thread dropped the last reference, possibly inside `acquire`.
@@ -176,16 +194,20 @@ _default: BufferPool | None = None
 _default_lock = threading.Lock()
 
 
+QUIET_IDLE_BYTES = 64 << 20  # what an unpinned pool keeps idle once traffic has stopped
+
+
 def default_pool() -> BufferPool:
     """The process's host pool: pinned when CUDA is available, 1 GiB bound.
 
-    A pinned pool keeps everything it may (idle bound = the whole bound): page-locking and
-    freeing are slow and may synchronize the device, so churn costs far more than memory.
-    Not yet measured on a GPU.
+    Unpinned, it keeps up to 256 MB idle while busy and QUIET_IDLE_BYTES once quiet (the
+    server calls `trim_if_quiet`). A pinned pool keeps everything it may (idle bound = the
+    whole bound, never trimmed): page-locking and freeing are slow and may synchronize the
+    device, so churn costs far more than memory. Not yet measured on a GPU.
     """
     global _default
     with _default_lock:
         if _default is None:
             pinned = cuda_available()
-            _default = BufferPool(pinned=pinned, idle_limit_bytes=(1 << 30) if pinned else 64 << 20)
+            _default = BufferPool(pinned=pinned, idle_limit_bytes=(1 << 30) if pinned else 256 << 20)
         return _default
