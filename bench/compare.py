@@ -257,9 +257,15 @@ def memory_tree(pid: int) -> dict[str, float]:
 
 
 def tensorgate_details(running: Running) -> dict[str, Any]:
-    """Bytes copied per request (metrics) and the per-stage times (statistics extension)."""
+    """Bytes copied per request (metrics) and the per-stage times (statistics extension).
+
+    `stage_us` is per request as Triton counts it: each request in a batch is charged its
+    whole batch's input, infer and output time, so under load it reads the batch's time, not
+    a share of it. `batch_stage_us` is per batch run, with `mean_batch_rows` beside it."""
     details: dict[str, Any] = {}
     metrics = urlopen_text(f"http://127.0.0.1:{running.ports.metrics}/metrics")
+    details["copies_by_reason"] = {reason: int(amount) for reason, amount in re.findall(
+        r'^tensorgate_copies_by_reason_bytes_total\{reason="(\w+)"\} (\d+)$', metrics, re.M)}
     for model in WORKLOADS:
         copied = re.search(rf'tensorgate_copied_bytes_total{{model="{model}"}} (\S+)', metrics)
         count = re.search(rf'nv_inference_request_success{{model="{model}",version="1"}} (\S+)',
@@ -269,10 +275,15 @@ def tensorgate_details(running: Running) -> dict[str, Any]:
         inference = stats["model_stats"][0]["inference_stats"]
         per_stage = {stage: inference[stage]["ns"] / max(inference[stage]["count"], 1) / 1e3
                      for stage in ("queue", "compute_input", "compute_infer", "compute_output")}
+        model_stats = stats["model_stats"][0]
+        runs = max(model_stats["execution_count"], 1)
+        per_batch = {stage: sum(b[stage]["ns"] for b in model_stats["batch_stats"]) / runs / 1e3
+                     for stage in ("compute_input", "compute_infer", "compute_output")}
         details[model] = {
             "copied_bytes_per_request": (float(copied.group(1)) / float(count.group(1))
                                          if copied and count and float(count.group(1)) else None),
-            "stage_us": per_stage}
+            "stage_us": per_stage, "batch_stage_us": per_batch,
+            "mean_batch_rows": model_stats["inference_count"] / runs}
     return details
 
 

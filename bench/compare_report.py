@@ -271,12 +271,25 @@ def report(result: dict[str, Any]) -> str:
         lines += ["Goals (issue 5, this machine):", *goals(s), ""]
     tg = s.get("tensorgate", {}).get("tensorgate")
     if tg:
-        lines.append("tensorgate's own view (metrics and statistics, cumulative over its run):")
+        lines.append("tensorgate's own view (metrics and statistics, cumulative over its run; "
+                     "per request as Triton counts it, so a request in a batch is charged "
+                     "the whole batch's compute):")
         for model, d in tg.items():
+            if model == "copies_by_reason":
+                continue
             stages = ", ".join(f"{k} {v:,.1f} µs" for k, v in d["stage_us"].items())
             copied = d["copied_bytes_per_request"]
             amount = f"{copied:,.0f}" if copied is not None else "?"
-            lines.append(f"- {model}: {amount} bytes copied per request; per request: {stages}")
+            line = f"- {model}: {amount} bytes copied per request; per request: {stages}"
+            if "batch_stage_us" in d:  # results from before 2026-11-30 lack it
+                runs = ", ".join(f"{k} {v:,.1f} µs" for k, v in d["batch_stage_us"].items())
+                line += f"; per batch run ({d['mean_batch_rows']:.2f} rows on average): {runs}"
+            lines.append(line)
+        reasons = tg.get("copies_by_reason")
+        if reasons:
+            lines.append("- bytes copied in the whole run, by reason (every model, HTTP and gRPC): "
+                         + ", ".join(f"{k} {v / 1e6:,.1f} MB" for k, v in
+                                     sorted(reasons.items(), key=lambda kv: -kv[1]) if v))
         lines.append("")
     lines.append("Servers:")
     for name, row in s.items():

@@ -147,3 +147,17 @@ def test_grpc_points_get_their_own_table(result: dict) -> None:
     assert "| tensorgate | 900 / 2.00 | 1,100 / 2.00 | 50% | 0 |" in table
     assert "triton" not in table  # no gRPC points for it in this run
     assert "resnet50 over gRPC" not in text
+
+
+def test_own_view_shows_per_request_and_per_batch_times_and_reads_older_runs(result: dict) -> None:
+    result["servers"]["tensorgate"]["tensorgate"] = {
+        "resnet50": {"copied_bytes_per_request": 0.0,
+                     "stage_us": {"queue": 10.0, "compute_infer": 300_000.0},
+                     "batch_stage_us": {"compute_infer": 150_000.0}, "mean_batch_rows": 4.0},
+        "identity": {"copied_bytes_per_request": 12.0, "stage_us": {"queue": 1.0}},
+        "copies_by_reason": {"batch": 2_000_000, "receive": 30_000_000, "device": 0}}
+    text = compare_report.report(result)
+    assert ("- resnet50: 0 bytes copied per request; per request: queue 10.0 µs, compute_infer "
+            "300,000.0 µs; per batch run (4.00 rows on average): compute_infer 150,000.0 µs") in text
+    assert "- identity: 12 bytes copied per request; per request: queue 1.0 µs\n" in text
+    assert "by reason (every model, HTTP and gRPC): receive 30.0 MB, batch 2.0 MB\n" in text
