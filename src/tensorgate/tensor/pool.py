@@ -17,7 +17,7 @@ idle buffers go first (batch-1 sizes are the hot path), else the returned one is
 The idle bound must still hold what a busy server reuses: a freed buffer comes back as fresh
 pages, and faulting those in costs ten times the copy that fills them (18 ms against 1.9 ms
 for 40 MB). With 64 MB kept, batch staging buffers were freed and re-made for every batch,
-and identity at 64 connections ran at 1,444 requests/s instead of 3,059 (bench/RESULTS.md).
+and identity at 64 connections ran at 1,534 requests/s instead of 3,252 (bench/RESULTS.md).
 So the default keeps 256 MB while busy, and `trim_if_quiet`, called on a period by the
 server, gives the excess back once traffic stops.
 """
@@ -36,7 +36,8 @@ from tensorgate.errors import PoolExhaustedError
 from tensorgate.tensor.buffer import HostBuffer, aligned_storage, wrap_storage
 from tensorgate.tensor.pinned import cuda_available, pinned_storage
 
-__all__ = ["QUIET_IDLE_BYTES", "BufferPool", "PoolStatistics", "default_pool", "size_class"]
+__all__ = ["BUSY_IDLE_BYTES", "BufferPool", "PoolStatistics", "QUIET_IDLE_BYTES", "default_pool",
+           "size_class"]
 
 _MIN_CLASS = 64
 _POW2_UNTIL_BITS = 12  # 4 KiB
@@ -194,14 +195,15 @@ _default: BufferPool | None = None
 _default_lock = threading.Lock()
 
 
-QUIET_IDLE_BYTES = 64 << 20  # what an unpinned pool keeps idle once traffic has stopped
+BUSY_IDLE_BYTES = 256 << 20  # what the default unpinned pool keeps idle while serving
+QUIET_IDLE_BYTES = 64 << 20  # and what it keeps once traffic has stopped
 
 
 def default_pool() -> BufferPool:
     """The process's host pool: pinned when CUDA is available, 1 GiB bound.
 
-    Unpinned, it keeps up to 256 MB idle while busy and QUIET_IDLE_BYTES once quiet (the
-    server calls `trim_if_quiet`). A pinned pool keeps everything it may (idle bound = the
+    Unpinned, it keeps up to BUSY_IDLE_BYTES idle while busy and QUIET_IDLE_BYTES once quiet
+    (the server calls `trim_if_quiet`). A pinned pool keeps everything it may (idle bound = the
     whole bound, never trimmed): page-locking and freeing are slow and may synchronize the
     device, so churn costs far more than memory. Not yet measured on a GPU.
     """
@@ -209,5 +211,5 @@ def default_pool() -> BufferPool:
     with _default_lock:
         if _default is None:
             pinned = cuda_available()
-            _default = BufferPool(pinned=pinned, idle_limit_bytes=(1 << 30) if pinned else 256 << 20)
+            _default = BufferPool(pinned=pinned, idle_limit_bytes=(1 << 30) if pinned else BUSY_IDLE_BYTES)
         return _default
