@@ -22,6 +22,9 @@ _HELP = {
     "nv_inference_compute_input_duration_us": ("counter", "Cumulative input time (µs)"),
     "nv_inference_compute_infer_duration_us": ("counter", "Cumulative model time (µs)"),
     "nv_inference_compute_output_duration_us": ("counter", "Cumulative output time (µs)"),
+    "tensorgate_batch_rows_limit": (
+        "gauge", "Rows a dynamic batch may take now: max_batch_size, or less where larger "
+                 "batches measured dearer per row"),
     "tensorgate_copied_bytes_total": ("counter", "Tensor bytes the server copied"),
     "tensorgate_copies_by_reason_bytes_total": (
         "counter", "Tensor bytes the whole process copied, by reason (receive, decode, batch, ...)"),
@@ -63,6 +66,8 @@ def render_metrics(models: Iterable[tuple[ModelStatistics, int]],
             f"{labels} {stats.compute_infer.ns // 1000}")
         rows["nv_inference_compute_output_duration_us"].append(
             f"{labels} {stats.compute_output.ns // 1000}")
+        if stats.batch_rows_limit:
+            rows["tensorgate_batch_rows_limit"].append(f"{labels} {stats.batch_rows_limit}")
         rows["tensorgate_copied_bytes_total"].append(
             f"{_labels(model=stats.name)} {stats.copied_bytes}")
     totals = process_copies()

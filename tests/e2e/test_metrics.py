@@ -43,6 +43,7 @@ def test_metrics_count_requests(server: RunningServer) -> None:
     assert value(after, "nv_inference_exec_count", **labels) >= 1
     assert value(after, "nv_inference_compute_infer_duration_us", **labels) > 0
     assert value(after, "nv_inference_pending_request_count", **labels) == 0
+    assert value(after, "tensorgate_batch_rows_limit", **labels) == 8  # cheap: never capped
     assert value(after, "nv_inference_request_failure", **labels, reason="BACKEND") >= 0
     assert "# TYPE tensorgate_copied_bytes_total counter" in after
     assert value(after, "tensorgate_copied_bytes_total", model="linear") >= 0

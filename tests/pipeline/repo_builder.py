@@ -75,10 +75,12 @@ from tensorgate import Model
 
 
 class Scaled(Model):
-    """Doubles its input after an optional sleep; postprocess adds one."""
+    """Doubles its input after an optional sleep of delay_s × rows ** delay_power; postprocess
+    adds one."""
 
     def setup(self, context):
         self.delay = float(context.parameters.get("delay_s", "0"))
+        self.power = float(context.parameters.get("delay_power", "0"))
         self.scale = context.load_weights("scale.pt")["scale"]
 
     def preprocess(self, inputs):
@@ -86,7 +88,7 @@ class Scaled(Model):
 
     def forward(self, batch):
         if self.delay:
-            time.sleep(self.delay)
+            time.sleep(self.delay * batch.shape[0] ** self.power)
         return batch * self.scale
 
     def postprocess(self, outputs):
@@ -95,7 +97,7 @@ class Scaled(Model):
 
 
 def add_python(repo: pathlib.Path, name: str, batching: str = "", delay_s: float = 0.0,
-               max_batch: int = 8) -> None:
+               max_batch: int = 8, delay_power: float = 0.0, extra: str = "") -> None:
     folder = write_config(repo, name, f"""
         name: "{name}"
         backend: "python"
@@ -104,6 +106,8 @@ def add_python(repo: pathlib.Path, name: str, batching: str = "", delay_s: float
         output [ {{ name: "OUTPUT__0" data_type: TYPE_FP32 dims: [4] }} ]
         {batching}
         parameters {{ key: "delay_s" value {{ string_value: "{delay_s}" }} }}
+        parameters {{ key: "delay_power" value {{ string_value: "{delay_power}" }} }}
+        {extra}
         """)
     (folder / "1" / "model.py").write_text(PYTHON_MODEL)
     torch.save({"scale": torch.tensor(2.0)}, folder / "1" / "scale.pt")

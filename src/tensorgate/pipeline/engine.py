@@ -179,7 +179,7 @@ class Engine:
         spec = source.spec
         artifact, kind = artifact_path(source, version)
         stats = ModelStatistics(spec.name, version)
-        scheduler = Scheduler(spec, stats, loop)
+        scheduler = Scheduler(spec, stats, loop, measured_cap=_flag(spec, "batch_cap", True))
         postprocessor = build_postprocessor(spec, source.directory)
         executors = []
         for index, device in enumerate(self._devices(spec)):

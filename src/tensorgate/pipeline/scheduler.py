@@ -1,7 +1,8 @@
 """The dynamic batcher of one model version; it lives on the event loop and never blocks.
 
 Requests wait in a bounded queue. Whenever an executor is idle, the scheduler takes the oldest
-request and every later one with the same per-item shapes, up to `max_batch_size` rows, and
+request and every later one with the same per-item shapes, up to `max_batch_size` rows (or
+fewer where larger batches have measured dearer per row: pipeline/batch_cap.py), and
 dispatches them if the batch is full, has reached a preferred size, or the oldest has waited
 `max_queue_delay_us` (at once when the delay is 0). Otherwise one timer wakes it when the
 delay ends. A request past its deadline is answered with DEADLINE_EXCEEDED and never reaches
@@ -12,16 +13,20 @@ the model; a cancelled one (its client went away) is dropped. Models without
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections import deque
 from typing import Protocol
 
 from tensorgate.errors import DeadlineExceededError, TensorgateError, UnavailableError
+from tensorgate.pipeline.batch_cap import BatchCap
 from tensorgate.pipeline.stats import ModelStatistics
 from tensorgate.pipeline.work import Batch, WorkItem
 from tensorgate.repository.model_config import ModelSpec
 
 __all__ = ["Scheduler"]
+
+log = logging.getLogger("tensorgate.scheduler")
 
 
 class _Executor(Protocol):
@@ -32,7 +37,7 @@ class Scheduler:
     """Queue, batch formation and result delivery for one model version."""
 
     def __init__(self, spec: ModelSpec, stats: ModelStatistics,
-                 loop: asyncio.AbstractEventLoop) -> None:
+                 loop: asyncio.AbstractEventLoop, *, measured_cap: bool = True) -> None:
         self._spec = spec
         self._stats = stats
         self._loop = loop
@@ -43,6 +48,8 @@ class Scheduler:
         self._preferred = policy.preferred_batch_sizes if policy is not None else ()
         self._max_queue = policy.max_queue_size if policy is not None else 0
         self._preserve_order = policy.preserve_ordering if policy is not None else False
+        self._cap = BatchCap(self._max_rows) if measured_cap and self._max_rows > 1 else None
+        stats.batch_rows_limit = self._max_rows
         self._queue: deque[WorkItem] = deque()
         self._idle: list[_Executor] = []  # a stack: the last to finish runs next (warm caches)
         self._spares: set[_Executor] = set()  # taken only when no other executor is idle
@@ -139,6 +146,7 @@ class Scheduler:
             queue.popleft()
             self._forget_deadline(head)
             return [head]
+        limit = self._max_rows if self._cap is None else self._cap.rows_for_next_batch()
         chosen: list[WorkItem] = []
         rows = 0
         for item in queue:
@@ -148,14 +156,14 @@ class Scheduler:
                 if self._preserve_order:
                     break
                 continue
-            if rows + item.rows > self._max_rows:
+            if chosen and rows + item.rows > limit:  # a request is never split
                 break
             chosen.append(item)
             rows += item.rows
-            if rows == self._max_rows:
+            if rows >= limit:
                 break
         waited = now - head.enqueued_ns
-        if rows < self._max_rows and self._delay_ns and waited < self._delay_ns:
+        if rows < limit and self._delay_ns and waited < self._delay_ns:
             preferred = [p for p in self._preferred if p <= rows]
             if not preferred:
                 return None
@@ -235,6 +243,11 @@ class Scheduler:
                 self._fail(item, error, now, "BACKEND")
             return
         self._stats.record_batch(batch.rows, batch.input_ns, batch.infer_ns, batch.output_ns)
+        if self._cap is not None and self._cap.record(
+                batch.rows, batch.input_ns + batch.infer_ns + batch.output_ns):
+            self._stats.batch_rows_limit = self._cap.limit
+            log.info("model %s: batches now take up to %d rows (measured cost per row; "
+                     "max_batch_size %d)", self._spec.name, self._cap.limit, self._max_rows)
         for item in batch.items:
             times = item.times
             times.input_ns = batch.input_ns

@@ -69,6 +69,7 @@ class ModelStatistics:
         self.compute_infer = Duration()
         self.compute_output = Duration()
         self.copied_bytes = 0
+        self.batch_rows_limit = 0  # rows a batch may take now (0: no batching)
         self.failures_by_reason: dict[str, int] = {}
         self._batches: dict[int, _BatchDurations] = {}
 

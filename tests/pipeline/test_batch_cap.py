@@ -1,0 +1,136 @@
+"""The measured batch cap: pure decisions on recorded costs, then through the engine with
+real models whose cost per row grows (a CPU-bound model) or falls (a GPU-like one)."""
+
+from __future__ import annotations
+
+import asyncio
+import pathlib
+
+import pytest
+import torch
+
+from tensorgate import Engine, InferenceRequest, TensorView
+from tensorgate.pipeline.batch_cap import MIN_COST_NS, PROBE_EVERY, BatchCap
+from tests.pipeline import repo_builder as rb
+from tests.pipeline.conftest import run
+
+MS = 1_000_000
+
+
+def _record(cap: BatchCap, rows: int, ms_per_row: float, times: int = 3) -> None:
+    for _ in range(times):
+        cap.record(rows, int(ms_per_row * MS * rows))
+
+
+def test_no_cap_without_two_measured_sizes() -> None:
+    cap = BatchCap(64)
+    assert cap.limit == 64 and cap.rows_for_next_batch() == 64
+    _record(cap, 1, 71.0, times=10)
+    _record(cap, 14, 93.0, times=2)  # one batch short of counting
+    assert cap.limit == 64
+
+
+def test_dearer_large_batches_cap_at_the_cheapest_size_and_probe_one_bucket_up() -> None:
+    cap = BatchCap(64)
+    _record(cap, 1, 71.0)
+    _record(cap, 12, 84.0)   # ResNet-50 on one CPU thread: a row costs more in a batch
+    assert cap.limit == 1
+    limits = [cap.rows_for_next_batch() for _ in range(2 * PROBE_EVERY)]
+    assert limits.count(3) == 2 and set(limits) == {1, 3}
+    _record(cap, 2, 72.0)    # the probes find 2–3 rows as cheap as one (within 5 %)
+    assert cap.limit == 3
+    _record(cap, 2, 90.0, times=6)  # and later dearer: the moving average follows
+    assert cap.limit == 1
+
+
+def test_cheaper_rows_grow_the_limit_a_bucket_at_a_time_to_the_maximum() -> None:
+    cap = BatchCap(64)
+    _record(cap, 1, 3.0)
+    _record(cap, 2, 2.0)
+    assert cap.limit == 7     # 2–3 rows measured cheapest: up to the next bucket, not 64
+    _record(cap, 6, 1.2)
+    assert cap.limit == 15
+    _record(cap, 12, 1.0)
+    _record(cap, 24, 0.9)
+    _record(cap, 48, 0.8)
+    assert cap.limit == 64
+
+
+def test_cheap_models_are_never_capped() -> None:
+    cap = BatchCap(64)
+    _record(cap, 1, 0.035)
+    _record(cap, 2, 0.050)   # dearer per row, but under MIN_COST_NS: loop work dominates
+    assert MIN_COST_NS > 0.050 * MS and cap.limit == 64
+
+
+@pytest.fixture(scope="module")
+def cost_repo(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
+    root = tmp_path_factory.mktemp("cost_models")
+    # 3 ms × rows ** 1.5: a row costs 3 ms alone, 12 ms in a batch of 16
+    rb.add_python(root, "crowded", "dynamic_batching { }", delay_s=0.003, delay_power=1.5,
+                  max_batch=16)
+    rb.add_python(root, "crowded_uncapped", "dynamic_batching { }", delay_s=0.003,
+                  delay_power=1.5, max_batch=16,
+                  extra='parameters { key: "batch_cap" value { string_value: "off" } }')
+    # 3 ms a batch whatever its rows: a row gets cheaper as batches grow
+    rb.add_python(root, "flat", "dynamic_batching { }", delay_s=0.003, max_batch=16)
+    return root
+
+
+def _limit(engine: Engine, model: str) -> int:
+    return next(s.batch_rows_limit for s, _ in engine.model_statistics() if s.name == model)
+
+
+def _batches(engine: Engine, model: str) -> dict[int, int]:
+    stats = engine.statistics(model)[0]
+    return {b["batch_size"]: b["compute_infer"]["count"] for b in stats["batch_stats"]}
+
+
+async def _waves(engine: Engine, model: str, waves: int, clients: int = 32) -> None:
+    for _ in range(waves):
+        requests = [InferenceRequest(model, {"INPUT__0": TensorView.from_torch(
+            torch.ones(1, 4), name="INPUT__0")}) for _ in range(clients)]
+        results = await asyncio.gather(*(engine.infer(r) for r in requests))
+        for result in results:
+            assert next(iter(result.outputs.values())).torch().tolist() == [[3.0] * 4]
+
+
+def test_engine_caps_a_model_whose_rows_cost_more_in_batches(cost_repo: pathlib.Path) -> None:
+    async def scenario() -> None:
+        engine = Engine(cost_repo, placement="none")
+        await engine.start(["crowded"])
+        await _waves(engine, "crowded", 4, clients=1)  # batch-1 costs first
+        await _waves(engine, "crowded", 3)              # then batches of up to 16
+        assert _limit(engine, "crowded") == 1
+        before = _batches(engine, "crowded")
+        await _waves(engine, "crowded", 2)
+        after = _batches(engine, "crowded")
+        grown = {rows: after[rows] - before.get(rows, 0) for rows in after}
+        assert sum(n for rows, n in grown.items() if rows > 3) == 0, grown  # probes: ≤ 3
+        assert grown[1] >= 32
+        await engine.shutdown()
+    run(scenario())
+
+
+def test_engine_lets_batches_grow_when_rows_get_cheaper(cost_repo: pathlib.Path) -> None:
+    async def scenario() -> None:
+        engine = Engine(cost_repo, placement="none")
+        await engine.start(["flat"])
+        await _waves(engine, "flat", 4, clients=1)
+        await _waves(engine, "flat", 12)
+        assert _limit(engine, "flat") == 16
+        assert max(_batches(engine, "flat")) >= 8
+        await engine.shutdown()
+    run(scenario())
+
+
+def test_batch_cap_off_keeps_the_configured_maximum(cost_repo: pathlib.Path) -> None:
+    async def scenario() -> None:
+        engine = Engine(cost_repo, placement="none")
+        await engine.start(["crowded_uncapped"])
+        await _waves(engine, "crowded_uncapped", 4, clients=1)
+        await _waves(engine, "crowded_uncapped", 3)
+        assert _limit(engine, "crowded_uncapped") == 16
+        assert max(_batches(engine, "crowded_uncapped")) > 3
+        await engine.shutdown()
+    run(scenario())
