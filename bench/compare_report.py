@@ -258,7 +258,8 @@ def report(result: dict[str, Any]) -> str:
     lines += memory_table(s) + [""]
     lines += sequential_table(s) + [""]
     for model in ("identity", "resnet50"):
-        table = concurrency_table(s, model)
+        table = concurrency_table(s, model, client="socket client" if result.get("client")
+                                  == "socket" else "wrk")
         if table:
             lines += table + [""]
     for model in ("identity", "resnet50"):

@@ -136,6 +136,7 @@ def test_a_gpu_run_has_its_own_goals_and_its_own_block(result: dict, tmp_path: p
     assert begin == "<!-- compare-cuda:begin -->" and text.count(begin) == 1
     block = text.split(begin, 1)[1].split(end, 1)[0]
     assert "NVIDIA H200 (CUDA 13.0)" in block and "socket client" in block
+    assert "| socket client CPU (max) |" in block and "wrk CPU" not in block
     assert "Goals (issue 5, on the GPU):" in capsys.readouterr().out
 
 
