@@ -246,8 +246,8 @@ class Scheduler:
         if self._cap is not None and self._cap.record(
                 batch.rows, batch.input_ns + batch.infer_ns + batch.output_ns):
             self._stats.batch_rows_limit = self._cap.limit
-            log.info("model %s: batches now take up to %d rows (measured cost per row; "
-                     "max_batch_size %d)", self._spec.name, self._cap.limit, self._max_rows)
+            log.debug("model %s: batches now take up to %d rows (measured cost per row; "
+                      "max_batch_size %d)", self._spec.name, self._cap.limit, self._max_rows)
         for item in batch.items:
             times = item.times
             times.input_ns = batch.input_ns
