@@ -95,42 +95,36 @@ async def _waves(engine: Engine, model: str, waves: int, clients: int = 32) -> N
             assert next(iter(result.outputs.values())).torch().tolist() == [[3.0] * 4]
 
 
-def test_engine_caps_a_model_whose_rows_cost_more_in_batches(cost_repo: pathlib.Path) -> None:
-    async def scenario() -> None:
-        engine = Engine(cost_repo, placement="none")
-        await engine.start(["crowded"])
-        await _waves(engine, "crowded", 4, clients=1)  # batch-1 costs first
-        await _waves(engine, "crowded", 3)              # then batches of up to 16
-        assert _limit(engine, "crowded") == 1
-        before = _batches(engine, "crowded")
-        await _waves(engine, "crowded", 2)
-        after = _batches(engine, "crowded")
-        grown = {rows: after[rows] - before.get(rows, 0) for rows in after}
-        assert sum(n for rows, n in grown.items() if rows > 3) == 0, grown  # probes: ≤ 3
-        assert grown[1] >= 32
+def _serve(repo: pathlib.Path, model: str, waves: int,
+           then: int = 0) -> tuple[int, dict[int, int], dict[int, int]]:
+    """Start `model`, send four single requests (batch-1 costs), then `waves` waves of 32
+    concurrent ones. Returns the limit then, the batches run so far (rows: count), and the
+    batches run by `then` more waves."""
+    async def scenario() -> tuple[int, dict[int, int], dict[int, int]]:
+        engine = Engine(repo, placement="none")
+        await engine.start([model])
+        await _waves(engine, model, 4, clients=1)
+        await _waves(engine, model, waves)
+        limit, before = _limit(engine, model), _batches(engine, model)
+        await _waves(engine, model, then)
+        after = _batches(engine, model)
         await engine.shutdown()
-    run(scenario())
+        return limit, before, {rows: after[rows] - before.get(rows, 0) for rows in after}
+    return run(scenario())
+
+
+def test_engine_caps_a_model_whose_rows_cost_more_in_batches(cost_repo: pathlib.Path) -> None:
+    limit, _, later = _serve(cost_repo, "crowded", 3, then=2)
+    assert limit == 1
+    assert sum(n for rows, n in later.items() if rows > 3) == 0, later  # probes: ≤ 3 rows
+    assert later[1] >= 32
 
 
 def test_engine_lets_batches_grow_when_rows_get_cheaper(cost_repo: pathlib.Path) -> None:
-    async def scenario() -> None:
-        engine = Engine(cost_repo, placement="none")
-        await engine.start(["flat"])
-        await _waves(engine, "flat", 4, clients=1)
-        await _waves(engine, "flat", 12)
-        assert _limit(engine, "flat") == 16
-        assert max(_batches(engine, "flat")) >= 8
-        await engine.shutdown()
-    run(scenario())
+    limit, batches, _ = _serve(cost_repo, "flat", 12)
+    assert limit == 16 and max(batches) >= 8
 
 
 def test_batch_cap_off_keeps_the_configured_maximum(cost_repo: pathlib.Path) -> None:
-    async def scenario() -> None:
-        engine = Engine(cost_repo, placement="none")
-        await engine.start(["crowded_uncapped"])
-        await _waves(engine, "crowded_uncapped", 4, clients=1)
-        await _waves(engine, "crowded_uncapped", 3)
-        assert _limit(engine, "crowded_uncapped") == 16
-        assert max(_batches(engine, "crowded_uncapped")) > 3
-        await engine.shutdown()
-    run(scenario())
+    limit, batches, _ = _serve(cost_repo, "crowded_uncapped", 3)
+    assert limit == 16 and max(batches) > 3
