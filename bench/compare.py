@@ -272,10 +272,10 @@ def tensorgate_details(running: Running) -> dict[str, Any]:
                           metrics)
         stats = json.loads(urlopen_text(
             f"http://127.0.0.1:{running.ports.http}/v2/models/{model}/stats"))
-        inference = stats["model_stats"][0]["inference_stats"]
+        model_stats = stats["model_stats"][0]
+        inference = model_stats["inference_stats"]
         per_stage = {stage: inference[stage]["ns"] / max(inference[stage]["count"], 1) / 1e3
                      for stage in ("queue", "compute_input", "compute_infer", "compute_output")}
-        model_stats = stats["model_stats"][0]
         runs = max(model_stats["execution_count"], 1)
         per_batch = {stage: sum(b[stage]["ns"] for b in model_stats["batch_stats"]) / runs / 1e3
                      for stage in ("compute_input", "compute_infer", "compute_output")}

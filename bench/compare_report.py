@@ -275,9 +275,7 @@ def report(result: dict[str, Any]) -> str:
         lines.append("tensorgate's own view (metrics and statistics, cumulative over its run; "
                      "per request as Triton counts it, so a request in a batch is charged "
                      "the whole batch's compute):")
-        for model, d in tg.items():
-            if model == "copies_by_reason":
-                continue
+        for model, d in ((m, tg[m]) for m in ("identity", "resnet50") if m in tg):
             stages = ", ".join(f"{k} {v:,.1f} µs" for k, v in d["stage_us"].items())
             copied = d["copied_bytes_per_request"]
             amount = f"{copied:,.0f}" if copied is not None else "?"

@@ -265,9 +265,9 @@ class _Call:
             if self.method == "ModelInfer":
                 parts = await self._model_infer(message)
             else:
-                request_type, handler = _METHODS[self.method]
-                try:
-                    request = request_type.FromString(bytes(message))
+                handler = _METHODS[self.method]
+                try:  # every method's message is named after it: ServerLive → ServerLiveRequest
+                    request = getattr(pb, f"{self.method}Request").FromString(bytes(message))
                 except Exception as error:  # protobuf's DecodeError
                     raise InvalidArgumentError(f"{self.method} request is malformed: "
                                                f"{error}") from None
@@ -407,20 +407,20 @@ async def _repository_unload(dp: DataPlane, request: Any) -> Any:
     return pb.RepositoryModelUnloadResponse()
 
 
-_METHODS: dict[str, tuple[Any, Handler]] = {
-    "ServerLive": (pb.ServerLiveRequest, _server_live),
-    "ServerReady": (pb.ServerReadyRequest, _server_ready),
-    "ModelReady": (pb.ModelReadyRequest, _model_ready),
-    "ServerMetadata": (pb.ServerMetadataRequest, _server_metadata),
-    "ModelMetadata": (pb.ModelMetadataRequest, _model_metadata),
-    "ModelConfig": (pb.ModelConfigRequest, _model_config),
-    "ModelStatistics": (pb.ModelStatisticsRequest, _model_statistics),
-    "SystemSharedMemoryRegister": (pb.SystemSharedMemoryRegisterRequest, _shm_register),
-    "SystemSharedMemoryUnregister": (pb.SystemSharedMemoryUnregisterRequest, _shm_unregister),
-    "SystemSharedMemoryStatus": (pb.SystemSharedMemoryStatusRequest, _shm_status),
-    "RepositoryIndex": (pb.RepositoryIndexRequest, _repository_index),
-    "RepositoryModelLoad": (pb.RepositoryModelLoadRequest, _repository_load),
-    "RepositoryModelUnload": (pb.RepositoryModelUnloadRequest, _repository_unload),
+_METHODS: dict[str, Handler] = {
+    "ServerLive": _server_live,
+    "ServerReady": _server_ready,
+    "ModelReady": _model_ready,
+    "ServerMetadata": _server_metadata,
+    "ModelMetadata": _model_metadata,
+    "ModelConfig": _model_config,
+    "ModelStatistics": _model_statistics,
+    "SystemSharedMemoryRegister": _shm_register,
+    "SystemSharedMemoryUnregister": _shm_unregister,
+    "SystemSharedMemoryStatus": _shm_status,
+    "RepositoryIndex": _repository_index,
+    "RepositoryModelLoad": _repository_load,
+    "RepositoryModelUnload": _repository_unload,
 }
 
 
