@@ -71,6 +71,8 @@ def e2e_repo(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
     rb.add_torchscript(root, "failing", rb.Failing(), [4], [4])
     rb.add_python(root, "slow", "dynamic_batching { default_queue_policy { max_queue_size: 1 } }",
                   delay_s=0.3, max_batch=1)
+    # 0.05 s a request, one at a time, no queue bound: requests that stay in flight
+    rb.add_python(root, "paced", "dynamic_batching { }", delay_s=0.05, max_batch=1)
     # any length of floats, no batching: messages larger than HTTP/2's default windows
     rb.add_torchscript(root, "wide", rb.Identity(), [-1], [-1], max_batch=0)
     return root

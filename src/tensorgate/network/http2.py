@@ -16,7 +16,10 @@ the peer's windows bound what we send, and our windows are replenished as DATA i
 The layer above sees `Http2Stream`s: its `open_stream` callback gets each new stream's
 headers and returns the stream's `StreamHandler`, DATA goes to that handler as it arrives
 (or is read straight into the buffer it offers), and `Http2Connection.respond` /
-`respond_headers` answer it.
+`respond_headers` answer it — or, for a response of many messages, `begin_response`, `send`
+as each is ready, and `send` with the trailers. `pause_reading` holds back a stream's
+window (backpressure on a client that sends faster than it is answered); `drained` tells
+the handler when what it sent has all gone to the transport.
 """
 
 from __future__ import annotations
@@ -95,11 +98,13 @@ class StreamHandler(Protocol):
     def data_written(self, nbytes: int) -> None: ...
     def end_received(self) -> None: ...
     def cancelled(self) -> None: ...
+    def drained(self) -> None: ...
 
 
 class Http2Stream:
     __slots__ = ("id", "handler", "send_window", "receive_window", "unacknowledged",
-                 "pending", "pending_bytes", "trailers", "remote_closed", "local_closed")
+                 "reading_paused", "head", "pending", "pending_bytes", "trailers",
+                 "remote_closed", "local_closed")
 
     def __init__(self, stream_id: int, send_window: int) -> None:
         self.id = stream_id
@@ -107,6 +112,8 @@ class Http2Stream:
         self.send_window = send_window
         self.receive_window = _STREAM_WINDOW
         self.unacknowledged = 0          # DATA bytes consumed and not yet given back
+        self.reading_paused = False      # give nothing back until resume_reading
+        self.head = b""                  # the response's HEADERS frame, sent with what follows
         # response bytes waiting for a window, each with whether it is written alone
         self.pending: deque[tuple[memoryview, bool]] = deque()
         self.pending_bytes = 0
@@ -215,7 +222,7 @@ class Http2Connection(asyncio.BufferedProtocol):
     def resume_writing(self) -> None:
         self._writing_paused = False
         for stream in list(self.streams.values()):
-            if stream.pending or stream.trailers is not None:
+            if stream.pending or stream.trailers is not None or stream.head:
                 self._flush(stream)
 
     def get_buffer(self, sizehint: int) -> memoryview:
@@ -467,13 +474,29 @@ class Http2Connection(asyncio.BufferedProtocol):
                 self._end_of_stream(stream)
             else:
                 stream.unacknowledged += length
-                if stream.unacknowledged >= _STREAM_WINDOW // 4:
-                    updates.append(_frame(WINDOW_UPDATE, 0, stream.id, 4)
-                                   + _HEAD.pack(stream.unacknowledged))
-                    stream.receive_window += stream.unacknowledged
-                    stream.unacknowledged = 0
+                if stream.unacknowledged >= _STREAM_WINDOW // 4 and not stream.reading_paused:
+                    updates.append(self._stream_update(stream))
         if updates:
             self._write(updates)
+
+    @staticmethod
+    def _stream_update(stream: Http2Stream) -> bytes:
+        """A WINDOW_UPDATE giving back what `stream`'s consumed DATA used of its window."""
+        frame = _frame(WINDOW_UPDATE, 0, stream.id, 4) + _HEAD.pack(stream.unacknowledged)
+        stream.receive_window += stream.unacknowledged
+        stream.unacknowledged = 0
+        return frame
+
+    def pause_reading(self, stream: Http2Stream) -> None:
+        """Give `stream` no more window: the client may send what its window still allows
+        (at most _STREAM_WINDOW bytes), then waits. Other streams are not affected."""
+        stream.reading_paused = True
+
+    def resume_reading(self, stream: Http2Stream) -> None:
+        stream.reading_paused = False
+        if stream.unacknowledged and not stream.remote_closed \
+                and self.streams.get(stream.id) is stream:
+            self._write([self._stream_update(stream)])
 
     def _end_of_stream(self, stream: Http2Stream) -> None:
         stream.remote_closed = True
@@ -540,7 +563,20 @@ class Http2Connection(asyncio.BufferedProtocol):
                 trailers: bytes) -> None:
         """Send a response: `headers` (an encoded block), `body` (buffers, sent as DATA
         frames between which they are never joined where the transport can send vectored;
-        see `joined_bytes`) and `trailers` (an encoded block)."""
+        see `joined_bytes`) and `trailers` (an encoded block), in one write where the
+        windows allow."""
+        self.begin_response(stream, headers)
+        self.send(stream, body, trailers)
+
+    def begin_response(self, stream: Http2Stream, headers: bytes) -> None:
+        """Start a response whose body follows in `send` calls; its header block goes out
+        with the first of them."""
+        if self.streams.get(stream.id) is stream and not stream.local_closed:
+            stream.head = _frame(HEADERS, END_HEADERS, stream.id, len(headers)) + headers
+
+    def send(self, stream: Http2Stream, body: Sequence[Any],
+             trailers: bytes | None = None) -> None:
+        """More of a begun response's body, and with `trailers` its end."""
         if self.streams.get(stream.id) is not stream or stream.local_closed:
             return  # reset meanwhile
         for part in body:
@@ -548,8 +584,9 @@ class Http2Connection(asyncio.BufferedProtocol):
             if len(view):
                 stream.pending.append((view, self._alone(len(view))))
                 stream.pending_bytes += len(view)
-        stream.trailers = trailers
-        self._flush(stream, _frame(HEADERS, END_HEADERS, stream.id, len(headers)) + headers)
+        if trailers is not None:
+            stream.trailers = trailers
+        self._flush(stream)
 
     def _alone(self, size: int) -> bool:
         """Whether a response part of `size` bytes is written by itself (never joined)."""
@@ -571,14 +608,16 @@ class Http2Connection(asyncio.BufferedProtocol):
                      + headers])
         self._local_end(stream)
 
-    def _flush(self, stream: Http2Stream, head: bytes = b"") -> None:
-        """Send what the windows allow of `stream`'s response, after `head` (its headers,
-        on the first call), in one write where the transport can."""
+    def _flush(self, stream: Http2Stream) -> None:
+        """Send what the windows allow of `stream`'s response, after its headers if they
+        have not gone yet, in one write where the transport can."""
         if self.transport is None or self._writing_paused:
-            if head:
-                self._write([head])
             return
-        out: list[tuple[Any, bool]] = [(head, False)] if head else []
+        out: list[tuple[Any, bool]] = []
+        if stream.head:
+            out.append((stream.head, False))
+            stream.head = b""
+        had_pending = bool(stream.pending)
         frame_limit = self._peer_frame
         while stream.pending:
             size = min(stream.pending_bytes, frame_limit, stream.send_window, self._peer_window)
@@ -589,14 +628,14 @@ class Http2Connection(asyncio.BufferedProtocol):
             self._peer_window -= size
             stream.pending_bytes -= size
             while size:
-                head, alone = stream.pending[0]
-                if len(head) <= size:
-                    out.append((head, alone))
-                    size -= len(head)
+                piece, alone = stream.pending[0]
+                if len(piece) <= size:
+                    out.append((piece, alone))
+                    size -= len(piece)
                     stream.pending.popleft()
                 else:
-                    out.append((head[:size], alone))
-                    stream.pending[0] = (head[size:], alone)
+                    out.append((piece[:size], alone))
+                    stream.pending[0] = (piece[size:], alone)
                     size = 0
         done = not stream.pending and stream.trailers is not None
         if done:
@@ -611,6 +650,8 @@ class Http2Connection(asyncio.BufferedProtocol):
             self._write_parts(out)
         if done:
             self._local_end(stream)
+        elif had_pending and not stream.pending and stream.handler is not None:
+            stream.handler.drained()
 
     def _flush_blocked(self) -> None:
         for stream in list(self._blocked.values()):

@@ -27,10 +27,11 @@ from tensorgate.tensor.view import TensorView, checked_shape
 
 __all__ = ["decode_model_infer", "encode_model_infer_parts",
            "first_raw_input_offset", "parameter_value", "split_model_infer",
-           "statistics_message"]
+           "statistics_message", "stream_error_message", "stream_response_parts"]
 
 _RAW_INPUT_FIELD = 7    # ModelInferRequest.raw_input_contents
 _RAW_OUTPUT_TAG = b"\x32"  # ModelInferResponse.raw_output_contents: field 6, length-delimited
+_STREAM_RESPONSE_TAG = b"\x12"  # ModelStreamInferResponse.infer_response: field 2, likewise
 
 _CONTENTS = {"BOOL": "bool_contents", "INT8": "int_contents", "INT16": "int_contents",
              "INT32": "int_contents", "INT64": "int64_contents", "UINT8": "uint_contents",
@@ -200,8 +201,8 @@ def _from_contents(item: Any, name: str, shape: tuple[int, ...],
     return TensorView.from_numpy(array, name=item.name, ledger=ledger)
 
 
-def _length_prefix(value: int) -> bytes:
-    out = bytearray(_RAW_OUTPUT_TAG)
+def _length_prefix(value: int, tag: bytes = _RAW_OUTPUT_TAG) -> bytes:
+    out = bytearray(tag)
     while value >= 0x80:
         out.append((value & 0x7F) | 0x80)
         value >>= 7
@@ -213,11 +214,12 @@ def encode_model_infer_parts(model: str, version: int, request_id: str,
                              outputs: dict[str, TensorView], ledger: CopyLedger,
                              report_copies: bool = False,
                              in_shm: dict[str, tuple[str, int, int]] | None = None,
-                             copies_to_come: int = 0) -> list[Any]:
+                             copies_to_come: int = 0, final: bool = False) -> list[Any]:
     """The serialized response as buffers to send one after another: protobuf's bytes for
     the small fields, then per output a field header and a view of the tensor (no copy).
     `copies_to_come`: tensor bytes the transport will still copy, counted here so that the
-    reported total includes them."""
+    reported total includes them. `final`: mark it as its request's last response (the
+    `triton_final_response` parameter streaming clients ask for)."""
     response = pb.ModelInferResponse(model_name=model, model_version=str(version), id=request_id)
     tensors: list[Any] = []
     for name, view in outputs.items():
@@ -238,7 +240,26 @@ def encode_model_infer_parts(model: str, version: int, request_id: str,
         record_copy(copies_to_come, "encode", ledger)
     if report_copies:
         response.parameters["tensorgate_copied_bytes"].int64_param = ledger.bytes
+    if final:
+        response.parameters["triton_final_response"].bool_param = True
     return [response.SerializeToString(), *tensors]
+
+
+def stream_response_parts(parts: list[Any]) -> list[Any]:
+    """A ModelInferResponse's parts wrapped as ModelStreamInferResponse.infer_response
+    (field 2): one field header in front, the parts themselves untouched."""
+    size = sum(len(p) if isinstance(p, bytes) else p.nbytes for p in parts)
+    return [_length_prefix(size, _STREAM_RESPONSE_TAG), *parts]
+
+
+def stream_error_message(message: str, model: str, version: str, request_id: str) -> bytes:
+    """A ModelStreamInferResponse for a request that failed: the stream carries on. Its
+    infer_response names the model and the request's id so that a client with many requests
+    in flight knows which one failed (tritonclient reads only the message)."""
+    return pb.ModelStreamInferResponse(
+        error_message=message,
+        infer_response=pb.ModelInferResponse(model_name=model, model_version=version,
+                                             id=request_id)).SerializeToString()
 
 
 def statistics_message(stats: dict[str, Any]) -> pb.ModelStatisticsResponse:

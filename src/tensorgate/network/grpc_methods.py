@@ -1,0 +1,180 @@
+"""What each gRPC method does: ModelInfer's run (shared by the unary call and the stream) and
+the table of the other unary methods, `inference.GRPCInferenceService` and
+`grpc.health.v1.Health`, each a request type and a handler over the data plane."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+from tritonclient.grpc import service_pb2 as pb
+
+from tensorgate.dataplane import DataPlane
+from tensorgate.errors import NotFoundError, UnimplementedError
+from tensorgate.network import http2
+from tensorgate.protocol.grpc_codec import (decode_model_infer, encode_model_infer_parts,
+                                            split_model_infer, statistics_message)
+from tensorgate.tensor.copies import CopyLedger
+
+__all__ = ["INFERENCE_SERVICE", "UNARY", "model_infer"]
+
+INFERENCE_SERVICE = "inference.GRPCInferenceService"
+_HEALTH_SERVICE = "grpc.health.v1.Health"
+
+
+async def model_infer(dp: DataPlane, connection: http2.Http2Connection, message: Any,
+                      ledger: CopyLedger, deadline_ns: int | None,
+                      request: pb.ModelInferRequest | None = None,
+                      spans: list[tuple[int, int]] | None = None) -> list[Any]:
+    """Run one ModelInferRequest (its bytes, split already where `request` is given);
+    returns the ModelInferResponse as parts to send one after another."""
+    if request is None:
+        request, spans = split_model_infer(memoryview(message))
+    decoded = decode_model_infer(request, ledger, dp.shm, message=message, raw_spans=spans)
+    if deadline_ns is not None and decoded.timeout_us is None:
+        decoded.timeout_us = max(0, (deadline_ns - time.monotonic_ns()) // 1000)
+    result, outputs, _, in_shm = await dp.infer(request.model_name, request.model_version,
+                                                decoded, ledger)
+    joined = connection.joined_bytes(
+        [v.nbytes for n, v in outputs.items() if not in_shm or n not in in_shm])
+    parameters = decoded.parameters
+    return encode_model_infer_parts(result.model, result.version, result.id, outputs, ledger,
+                                    bool(parameters.get("tensorgate_report_copies")), in_shm,
+                                    copies_to_come=joined,
+                                    final=bool(parameters.get(
+                                        "triton_enable_empty_final_response")))
+
+
+def _health_messages() -> tuple[Any, Any]:
+    """grpc.health.v1's two messages, built from their descriptor (health.proto) in a pool of
+    our own: no generated module to ship, no clash with grpcio-health-checking's."""
+    proto = descriptor_pb2.FieldDescriptorProto
+    file = descriptor_pb2.FileDescriptorProto(name="tensorgate/grpc_health_v1.proto",
+                                              package="grpc.health.v1", syntax="proto3")
+    request = file.message_type.add(name="HealthCheckRequest")
+    request.field.add(name="service", number=1, type=proto.TYPE_STRING,
+                      label=proto.LABEL_OPTIONAL)
+    response = file.message_type.add(name="HealthCheckResponse")
+    status = response.enum_type.add(name="ServingStatus")
+    for number, name in enumerate(("UNKNOWN", "SERVING", "NOT_SERVING", "SERVICE_UNKNOWN")):
+        status.value.add(name=name, number=number)
+    response.field.add(name="status", number=1, type=proto.TYPE_ENUM, label=proto.LABEL_OPTIONAL,
+                       type_name=".grpc.health.v1.HealthCheckResponse.ServingStatus")
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(file)
+    classes = message_factory.GetMessages([file], pool=pool)
+    return classes["grpc.health.v1.HealthCheckRequest"], \
+        classes["grpc.health.v1.HealthCheckResponse"]
+
+
+HealthCheckRequest, HealthCheckResponse = _health_messages()
+_SERVING, _NOT_SERVING = 1, 2
+
+Handler = Callable[[DataPlane, Any], Awaitable[Any]]
+
+
+async def _health_check(dp: DataPlane, request: Any) -> Any:
+    # "" is the whole server (what Kubernetes' gRPC probe asks by default); the inference
+    # service is the same thing: it serves when every model is ready.
+    if request.service not in ("", INFERENCE_SERVICE):
+        raise NotFoundError(f"unknown service '{request.service}' for health checks; known: "
+                            f"'' (the server), '{INFERENCE_SERVICE}'")
+    return HealthCheckResponse(status=_SERVING if dp.ready() else _NOT_SERVING)
+
+
+async def _server_live(dp: DataPlane, request: Any) -> Any:
+    return pb.ServerLiveResponse(live=dp.live())
+
+
+async def _server_ready(dp: DataPlane, request: Any) -> Any:
+    return pb.ServerReadyResponse(ready=dp.ready())
+
+
+async def _model_ready(dp: DataPlane, request: Any) -> Any:
+    return pb.ModelReadyResponse(ready=dp.model_ready(request.name, request.version))
+
+
+async def _server_metadata(dp: DataPlane, request: Any) -> Any:
+    meta = dp.server_metadata()
+    return pb.ServerMetadataResponse(name=meta["name"], version=meta["version"],
+                                     extensions=meta["extensions"])
+
+
+async def _model_metadata(dp: DataPlane, request: Any) -> Any:
+    meta = dp.model_metadata(request.name, request.version)
+    tensors = pb.ModelMetadataResponse.TensorMetadata
+    return pb.ModelMetadataResponse(
+        name=meta["name"], versions=meta["versions"], platform=meta["platform"],
+        inputs=[tensors(**t) for t in meta["inputs"]],
+        outputs=[tensors(**t) for t in meta["outputs"]])
+
+
+async def _model_config(dp: DataPlane, request: Any) -> Any:
+    return pb.ModelConfigResponse(config=dp.engine.spec(request.name).config)
+
+
+async def _model_statistics(dp: DataPlane, request: Any) -> Any:
+    return statistics_message(dp.statistics(request.name, request.version))
+
+
+async def _shm_register(dp: DataPlane, request: Any) -> Any:
+    dp.shm.register(request.name, request.key, request.offset, request.byte_size)
+    return pb.SystemSharedMemoryRegisterResponse()
+
+
+async def _shm_unregister(dp: DataPlane, request: Any) -> Any:
+    dp.shm.unregister(request.name or None)
+    return pb.SystemSharedMemoryUnregisterResponse()
+
+
+async def _shm_status(dp: DataPlane, request: Any) -> Any:
+    response = pb.SystemSharedMemoryStatusResponse()
+    for region in dp.shm.status(request.name or None):
+        status = response.regions[region["name"]]
+        status.name, status.key = region["name"], region["key"]
+        status.offset, status.byte_size = region["offset"], region["byte_size"]
+    return response
+
+
+async def _repository_index(dp: DataPlane, request: Any) -> Any:
+    index = pb.RepositoryIndexResponse.ModelIndex
+    return pb.RepositoryIndexResponse(models=[index(**e) for e in
+                                              dp.repository_index(request.ready)])
+
+
+async def _repository_load(dp: DataPlane, request: Any) -> Any:
+    if request.parameters:
+        raise UnimplementedError("loading with override parameters is not supported")
+    await dp.load(request.model_name)
+    return pb.RepositoryModelLoadResponse()
+
+
+async def _repository_unload(dp: DataPlane, request: Any) -> Any:
+    await dp.unload(request.model_name)
+    return pb.RepositoryModelUnloadResponse()
+
+
+_INFERENCE: dict[str, Handler] = {
+    "ServerLive": _server_live,
+    "ServerReady": _server_ready,
+    "ModelReady": _model_ready,
+    "ServerMetadata": _server_metadata,
+    "ModelMetadata": _model_metadata,
+    "ModelConfig": _model_config,
+    "ModelStatistics": _model_statistics,
+    "SystemSharedMemoryRegister": _shm_register,
+    "SystemSharedMemoryUnregister": _shm_unregister,
+    "SystemSharedMemoryStatus": _shm_status,
+    "RepositoryIndex": _repository_index,
+    "RepositoryModelLoad": _repository_load,
+    "RepositoryModelUnload": _repository_unload,
+}
+
+# path → (request type, handler); each inference method's request type is <Method>Request
+UNARY: dict[str, tuple[Any, Handler]] = {
+    **{f"/{INFERENCE_SERVICE}/{name}": (getattr(pb, f"{name}Request"), handler)
+       for name, handler in _INFERENCE.items()},
+    f"/{_HEALTH_SERVICE}/Check": (HealthCheckRequest, _health_check),
+}

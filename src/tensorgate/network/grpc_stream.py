@@ -1,0 +1,217 @@
+"""ModelStreamInfer: many ModelInferRequests on one gRPC stream (tritonclient's
+`start_stream` / `async_stream_infer`, its asyncio `stream_infer`, perf_analyzer's
+`--streaming`), each answered by a ModelStreamInferResponse as soon as it is done — not
+necessarily in the order sent; a response carries its request's id.
+
+A request that fails is answered by an `error_message` and the stream carries on, as in
+Triton; only a broken stream (bad framing, a message over the limit) ends it with a gRPC
+status. Each message is received like a unary ModelInfer's (pooled, aligned, inputs are
+views) and runs through the same data plane and batcher.
+
+Bounded: at most _IN_FLIGHT requests of one stream are in the pipeline and at most
+_PENDING_BYTES of its responses wait for the client's window; what arrives beyond that waits
+whole, its stream's HTTP/2 window held back so that a client cannot send more than the
+window ahead (backpressure, not an error), and past _WAITING messages the stream is ended
+with RESOURCE_EXHAUSTED. On shutdown, requests already received are answered, then the
+stream ends with UNAVAILABLE; what the client sends after that is not read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from typing import Any
+
+from tensorgate.dataplane import DataPlane
+from tensorgate.errors import TensorgateError
+from tensorgate.network import http2
+from tensorgate.network.grpc_messages import (CODES, OK_TRAILERS, RESPONSE_HEADERS, CallHeaders,
+                                              Failure, MessageReader, inflate_message, trailers)
+from tensorgate.network.grpc_methods import model_infer
+from tensorgate.protocol.grpc_codec import (split_model_infer, stream_error_message,
+                                            stream_response_parts)
+from tensorgate.tensor.copies import CopyLedger
+from tensorgate.tensor.pool import BufferPool
+
+__all__ = ["StreamCall"]
+
+log = logging.getLogger("tensorgate.grpc")
+
+_IN_FLIGHT = 64               # requests of one stream in the pipeline at once
+_PENDING_BYTES = 32 << 20     # response bytes waiting for the client's window
+_WAITING = 1024               # whole requests waiting for a place in the pipeline
+
+
+class StreamCall:
+    """One ModelStreamInfer stream: reads requests as they come, runs up to _IN_FLIGHT at
+    once, sends each response when it is ready, and ends once the client has ended its side
+    and everything is answered."""
+
+    __slots__ = ("dataplane", "connection", "stream", "deadline_ns", "reader", "_limit",
+                 "_registry", "_waiting", "_tasks", "_client_done", "_draining", "_closed",
+                 "_paused")
+
+    def __init__(self, dataplane: DataPlane, pool: BufferPool, max_message_bytes: int,
+                 connection: http2.Http2Connection, stream: http2.Http2Stream,
+                 call: CallHeaders, registry: set[StreamCall]) -> None:
+        self.dataplane = dataplane
+        self.connection = connection
+        self.stream = stream
+        self.deadline_ns = call.deadline_ns
+        self._limit = max_message_bytes
+        self.reader = MessageReader(pool, max_message_bytes, call.encoding, place=True,
+                                    on_message=self._whole, on_refused=self._refused)
+        self._registry = registry
+        self._waiting: deque[tuple[Any, str, CopyLedger]] = deque()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._client_done = False  # the client has ended its side: no more requests
+        self._draining = False     # the server is shutting down: no more requests read
+        self._closed = False       # the stream is over (ended by us, or reset)
+        self._paused = False       # its window is held back
+        registry.add(self)
+        connection.begin_response(stream, RESPONSE_HEADERS)
+
+    # -- requests, as HTTP/2 delivers them -------------------------------------------------
+
+    def _whole(self, message: Any, encoding: str, ledger: CopyLedger) -> None:
+        if len(self._waiting) >= _WAITING:
+            raise Failure("RESOURCE_EXHAUSTED", f"more than {_WAITING} requests wait on this "
+                                                "stream; read its responses before sending "
+                                                "more")
+        self._waiting.append((message, encoding, ledger))
+
+    def _refused(self, failure: Failure) -> None:
+        """A message was malformed or the pool had no room for it: answer it with the
+        error, keep the stream."""
+        self._answer([stream_error_message(failure.message, "", "", "")])
+
+    def data_received(self, data: memoryview) -> None:
+        if self._closed or self._draining:
+            return
+        try:
+            self.reader.feed(data)
+        except Failure as failure:
+            self._end(failure.code, failure.message)
+            return
+        self._pump()
+
+    def receive_buffer(self, limit: int) -> memoryview | None:
+        if self._closed or self._draining:
+            return None
+        return self.reader.receive_buffer(limit)
+
+    def data_written(self, nbytes: int) -> None:
+        try:
+            self.reader.data_written(nbytes)
+        except Failure as failure:
+            self._end(failure.code, failure.message)
+            return
+        self._pump()
+
+    def end_received(self) -> None:
+        self._client_done = True
+        if self._closed or self._draining:
+            return
+        if self.reader.partial:
+            self._end("INTERNAL", "the stream ended inside a request message")
+            return
+        self._finish_if_done()
+
+    def cancelled(self) -> None:
+        """The client reset the stream (or the connection closed): drop its requests."""
+        self._close()
+
+    def drained(self) -> None:
+        self._pump()
+
+    def drain(self) -> None:
+        """Shutdown: read no more requests; answer those received, then end the stream."""
+        if self._closed or self._draining:
+            return
+        self._draining = True
+        self.reader.discard()
+        self._finish_if_done()
+
+    # -- running them ----------------------------------------------------------------------
+
+    def _pump(self) -> None:
+        """Start waiting requests while the pipeline and the client's window have room;
+        hold the stream's window back while requests wait."""
+        while (self._waiting and len(self._tasks) < _IN_FLIGHT and not self._closed
+               and self.stream.pending_bytes < _PENDING_BYTES):
+            task = asyncio.ensure_future(self._run(*self._waiting.popleft()))
+            self._tasks.add(task)
+            task.add_done_callback(self._ran)
+        if bool(self._waiting) != self._paused and not self._closed:
+            self._paused = not self._paused
+            if self._paused:
+                self.connection.pause_reading(self.stream)
+            else:
+                self.connection.resume_reading(self.stream)
+
+    def _ran(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if not self._closed:
+            self._pump()
+            self._finish_if_done()
+
+    async def _run(self, message: Any, encoding: str, ledger: CopyLedger) -> None:
+        request = None
+        try:
+            if encoding != "identity":
+                message = inflate_message(message, encoding, self._limit, ledger)
+            request, spans = split_model_infer(memoryview(message))
+            body = stream_response_parts(await model_infer(
+                self.dataplane, self.connection, message, ledger, self.deadline_ns,
+                request, spans))
+        except asyncio.CancelledError:
+            return
+        except (Failure, TensorgateError) as error:
+            body = [self._error(error.message, request)]
+        except Exception as error:  # a bug: answer, log, keep serving
+            log.exception("unexpected error in gRPC ModelStreamInfer")
+            body = [self._error(f"internal error: {type(error).__name__}: {error}", request)]
+        finally:
+            message = None
+        self._answer(body)
+
+    @staticmethod
+    def _error(message: str, request: Any) -> bytes:
+        if request is None:
+            return stream_error_message(message, "", "", "")
+        return stream_error_message(message, request.model_name, request.model_version,
+                                    request.id)
+
+    def _answer(self, body: list[Any]) -> None:
+        if self._closed:
+            return
+        size = sum(len(p) if isinstance(p, bytes) else p.nbytes for p in body)
+        self.connection.send(self.stream, [b"\x00" + size.to_bytes(4, "big"), *body])
+
+    # -- ending ----------------------------------------------------------------------------
+
+    def _finish_if_done(self) -> None:
+        if self._closed or self._tasks or self._waiting:
+            return
+        if self._draining:
+            self._end("UNAVAILABLE", "the server is shutting down; requests sent on this "
+                                     "stream after it began were not read")
+        elif self._client_done:
+            self._close()
+            self.connection.send(self.stream, [], OK_TRAILERS)
+
+    def _end(self, code: str, message: str) -> None:
+        """End the stream with a status: what is already sent stays, the rest is dropped."""
+        self._close()
+        self.connection.send(self.stream, [], trailers(CODES[code], message))
+
+    def _close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._registry.discard(self)
+        for task in self._tasks:
+            task.cancel()
+        self._waiting.clear()
+        self.reader.discard()

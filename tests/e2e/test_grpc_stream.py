@@ -1,0 +1,208 @@
+"""ModelStreamInfer through tritonclient's stream APIs (sync and asyncio) and a plain grpcio
+stream, and grpc.health.v1: every request answered by id, a failed request answered in the
+stream without ending it, bounds and shutdown, hostile messages."""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+
+import grpc
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.grpc.aio as grpcaio
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from tritonclient.grpc import service_pb2 as pb
+
+from tests.e2e import h2_client as h2
+from tests.e2e.conftest import RunningServer, start_server, stop_server
+from tests.e2e.test_grpc_wire import _assert_serving, _port
+
+STREAM = "/inference.GRPCInferenceService/ModelStreamInfer"
+
+
+def _input(value: np.ndarray, module=grpcclient) -> object:
+    item = module.InferInput("INPUT__0", list(value.shape), "FP32")
+    item.set_data_from_numpy(value)
+    return item
+
+
+def _request(model: str, value: np.ndarray, request_id: str) -> pb.ModelInferRequest:
+    request = pb.ModelInferRequest(model_name=model, id=request_id)
+    item = request.inputs.add(name="INPUT__0", datatype="FP32")
+    item.shape.extend(value.shape)
+    request.raw_input_contents.append(value.astype("<f4").tobytes())
+    return request
+
+
+def _grpcio_stream(server: RunningServer, requests: list[bytes],
+                   timeout_s: float = 60) -> list[pb.ModelStreamInferResponse]:
+    """Send `requests` (serialized) on one stream with a plain grpcio channel; all answers."""
+    with grpc.insecure_channel(server.grpc_url) as channel:
+        call = channel.stream_stream(STREAM, request_serializer=lambda b: b,
+                                     response_deserializer=pb.ModelStreamInferResponse.FromString)
+        return list(call(iter(requests), timeout=timeout_s))
+
+
+def test_sync_stream_answers_every_request(server: RunningServer) -> None:
+    rng = np.random.default_rng(5)
+    sent = {str(i): rng.standard_normal((1 + i % 3, 3, 4)).astype(np.float32)
+            for i in range(48)}
+    answers: queue.Queue[tuple[object, object]] = queue.Queue()
+    with grpcclient.InferenceServerClient(server.grpc_url) as client:
+        client.start_stream(callback=lambda result, error: answers.put((result, error)))
+        for request_id, value in sent.items():  # every other one asks to be marked final
+            client.async_stream_infer("identity", [_input(value)], request_id=request_id,
+                                      enable_empty_final_response=int(request_id) % 2 == 0)
+        client.stop_stream()  # ends the client's side and waits for every answer
+    got = {}
+    while not answers.empty():
+        result, error = answers.get_nowait()
+        assert error is None
+        response = result.get_response()
+        got[response.id] = result.as_numpy("OUTPUT__0")
+        # one response per request: each is its request's final one, said where asked
+        marked = "triton_final_response" in response.parameters
+        assert marked == (int(response.id) % 2 == 0)
+        assert not marked or response.parameters["triton_final_response"].bool_param
+    assert got.keys() == sent.keys()
+    for request_id, value in sent.items():
+        assert got[request_id].tobytes() == value.tobytes()
+
+
+def test_a_failed_request_is_answered_in_the_stream_which_carries_on(
+        server: RunningServer) -> None:
+    answers: queue.Queue[tuple[object, object]] = queue.Queue()
+    with grpcclient.InferenceServerClient(server.grpc_url) as client:
+        client.start_stream(callback=lambda result, error: answers.put((result, error)))
+        client.async_stream_infer("linear", [_input(np.zeros((1, 7), np.float32))],
+                                  request_id="bad-shape")
+        client.async_stream_infer("nope", [_input(np.zeros((1, 8), np.float32))],
+                                  request_id="no-model")
+        client.async_stream_infer("identity", [_input(np.ones((1, 3, 4), np.float32))],
+                                  request_id="after")
+        client.stop_stream()
+    results = [answers.get_nowait() for _ in range(3)]
+    assert answers.empty()
+    errors = sorted(str(error) for _, error in results if error is not None)
+    assert len(errors) == 2
+    assert "input 'INPUT__0' of model 'linear' has shape [1,7]; expected [-1,8]" in errors[0]
+    assert "unknown model 'nope'" in errors[1]
+    [ok] = [result for result, error in results if error is None]
+    assert ok.get_response().id == "after"
+    assert ok.as_numpy("OUTPUT__0").tolist() == np.ones((1, 3, 4)).tolist()
+
+
+def test_error_answers_name_their_request(server: RunningServer) -> None:
+    value = np.zeros((1, 7), np.float32)
+    [answer] = _grpcio_stream(server, [_request("linear", value, "r-7").SerializeToString()])
+    assert "has shape [1,7]" in answer.error_message
+    assert (answer.infer_response.model_name, answer.infer_response.id) == ("linear", "r-7")
+
+
+def test_asyncio_stream(server: RunningServer) -> None:
+    values = [np.full((1, 3, 4), i, np.float32) for i in range(24)]
+
+    async def scenario() -> dict[str, np.ndarray]:
+        async with grpcaio.InferenceServerClient(server.grpc_url) as client:
+            async def requests():
+                for i, value in enumerate(values):
+                    yield {"model_name": "identity", "inputs": [_input(value, grpcaio)],
+                           "request_id": str(i)}
+            got = {}
+            async for result, error in client.stream_infer(requests()):
+                assert error is None
+                got[result.get_response().id] = result.as_numpy("OUTPUT__0")
+            return got
+    got = asyncio.run(asyncio.wait_for(scenario(), 60))
+    assert sorted(got, key=int) == [str(i) for i in range(len(values))]
+    for i, value in enumerate(values):
+        assert got[str(i)].tobytes() == value.tobytes()
+
+
+def test_a_cancelled_stream_is_dropped_and_the_server_serves_on(server: RunningServer) -> None:
+    answers: queue.Queue[tuple[object, object]] = queue.Queue()
+    with grpcclient.InferenceServerClient(server.grpc_url) as client:
+        client.start_stream(callback=lambda result, error: answers.put((result, error)))
+        for i in range(8):  # 0.05 s each, one at a time: most are still queued
+            client.async_stream_infer("paced", [_input(np.ones((1, 4), np.float32))],
+                                      request_id=str(i))
+        client.stop_stream(cancel_requests=True)
+    _assert_serving(server)
+
+
+def test_too_many_waiting_requests_end_the_stream(server: RunningServer) -> None:
+    """64 requests in the pipeline (paced: 0.05 s each), 1,024 more waiting: the next one
+    ends the stream with RESOURCE_EXHAUSTED; answers already sent stay sent."""
+    message = _request("paced", np.ones((1, 4), np.float32), "").SerializeToString()
+    client = h2.H2Client(_port(server))
+    try:
+        stream = client.call("ModelStreamInfer", b"", end_stream=False)  # headers only
+        body = (b"\x00" + len(message).to_bytes(4, "big") + message) * (64 + 1024 + 1)
+        for start in range(0, len(body), 16384):
+            client.send(h2.DATA, 0, stream, body[start:start + 16384])
+        frames = client.frames_until(
+            lambda f: f.stream == stream and f.kind == h2.HEADERS and f.flags & h2.END_STREAM,
+            limit_s=30)
+        trailers = dict(client.decoder.decode(frames[-1].payload))
+        assert trailers["grpc-status"] == "8"
+        assert "more than 1024 requests wait on this stream" in trailers["grpc-message"]
+    finally:
+        client.close()
+    _assert_serving(server)
+
+
+def test_health_check(server: RunningServer) -> None:
+    """grpc.health.v1.Health/Check, its messages written by hand (health.proto: the request's
+    field 1 is the service's name, the response's field 1 its status; SERVING is 1)."""
+    with grpc.insecure_channel(server.grpc_url) as channel:
+        check = channel.unary_unary(
+            "/grpc.health.v1.Health/Check",
+            request_serializer=lambda name: b"\x0a" + bytes([len(name)]) + name.encode()
+            if name else b"",
+            response_deserializer=lambda data: data)
+        for service in ("", "inference.GRPCInferenceService"):
+            assert check(service, timeout=10) == b"\x08\x01"
+        with pytest.raises(grpc.RpcError) as raised:
+            check("nope", timeout=10)
+        assert raised.value.code() == grpc.StatusCode.NOT_FOUND
+        assert "unknown service 'nope' for health checks" in raised.value.details()
+
+
+def test_shutdown_answers_what_a_stream_sent_then_ends_it(e2e_repo, tmp_path) -> None:
+    running = start_server(e2e_repo, tmp_path / "server.log")
+    answers: queue.Queue[tuple[object, object]] = queue.Queue()
+    try:
+        with grpcclient.InferenceServerClient(running.grpc_url) as client:
+            client.start_stream(callback=lambda result, error: answers.put((result, error)))
+            for i in range(4):
+                client.async_stream_infer("paced", [_input(np.ones((1, 4), np.float32))],
+                                          request_id=str(i))
+            first = answers.get(timeout=30)  # the stream is running
+            stopper = threading.Thread(target=stop_server, args=(running,))
+            stopper.start()
+            results = [first] + [answers.get(timeout=30) for _ in range(4)]
+            client.stop_stream()
+            stopper.join(timeout=60)
+    finally:
+        if running.process.poll() is None:
+            running.process.kill()
+    answered = sorted(r.get_response().id for r, e in results if e is None)
+    assert answered == ["0", "1", "2", "3"]
+    [(_, ended)] = [(r, e) for r, e in results if e is not None]
+    assert "the server is shutting down" in str(ended) and "UNAVAILABLE" in str(ended)
+    assert running.process.returncode == 0
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(messages=st.lists(st.binary(max_size=200), min_size=1, max_size=6))
+def test_hostile_stream_messages_are_answered_one_by_one(server: RunningServer,
+                                                         messages: list[bytes]) -> None:
+    answers = _grpcio_stream(server, messages, timeout_s=30)
+    # each message, however malformed, gets exactly one answer: an error or a result
+    assert len(answers) == len(messages)
+    for answer in answers:
+        assert answer.error_message or answer.infer_response.outputs
