@@ -1,15 +1,18 @@
-"""gRPC ModelStreamInfer against unary ModelInfer on the same tensorgate server, same client.
+"""gRPC ModelStreamInfer against unary ModelInfer on the same server, same client: tensorgate,
+and Triton's Python backend where bench/peers/install.sh has installed it.
 
-Starts `tensorgate serve` on the built-in repository. The client is grpcio's asyncio API with
+Starts each server as bench/compare.py does (same models, seed and threads), one at a time.
+The client is grpcio's asyncio API with
 prebuilt request bytes (no protobuf work per request), the same for both ways of calling:
 - ping-pong: one request at a time, P50/P99 (unary: a call each; stream: write, read);
 - load: k requests in flight for a few seconds (unary: k concurrent calls on one channel;
   stream: one stream that keeps k outstanding), QPS and P99.
-Beside every figure, the server's CPU per request (from /proc) and the client's: the client is
-Python and may be the bottleneck, the server's CPU per request says what the protocol costs
-it either way. Every answer's size is checked. Writes bench/results/grpc_stream_bench.json.
+Beside every figure, the server's CPU per request (its whole process tree, from /proc) and the
+client's: the client is Python and may be the bottleneck, the server's CPU per request says
+what the protocol costs it either way. Every answer's size is checked. Writes
+bench/results/grpc_stream_bench.json.
 
-    .venv/bin/python bench/grpc_stream_bench.py [--quick]
+    .venv/bin/python bench/grpc_stream_bench.py [--quick] [--servers tensorgate,triton]
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import json
 import os
 import pathlib
 import platform
-import signal
+import shutil
 import sys
 import tempfile
 import time
@@ -33,9 +36,12 @@ import numpy as np
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
+from compare import start, tree_cpu_s  # noqa: E402
+from compare_servers import servers  # noqa: E402
 from compare_wire import grpc_infer_body  # noqa: E402
-from server_bench import OUTPUT_BYTES, process_cpu_s, start_server  # noqa: E402
+from server_bench import OUTPUT_BYTES  # noqa: E402
 from tensorgate.builtin.repository import write_default_repository  # noqa: E402
+from tensorgate.pipeline.executor import default_intra_op_threads  # noqa: E402
 
 RESULTS = pathlib.Path(__file__).parent / "results"
 UNARY = "/inference.GRPCInferenceService/ModelInfer"
@@ -152,11 +158,11 @@ async def load(channel: grpc.aio.Channel, messages: list[bytes], check: Checked,
 
 async def measured(server_pid: int, run: Callable[[], Awaitable[list[int]]],
                    check: Checked, seconds: float | None = None) -> dict[str, Any]:
-    server_before, client_before = sum(process_cpu_s(server_pid)), time.process_time()
+    server_before, client_before = tree_cpu_s(server_pid), time.process_time()
     wall = time.perf_counter()
     samples = await run()
     wall = time.perf_counter() - wall
-    server = sum(process_cpu_s(server_pid)) - server_before
+    server = tree_cpu_s(server_pid) - server_before
     client = time.process_time() - client_before
     us = np.array(samples) / 1e3
     n = max(len(samples), 1)
@@ -191,30 +197,49 @@ async def bench_model(grpc_port: int, server_pid: int, model: str, n: int, secon
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--servers", default="tensorgate,triton",
+                        help="comma-separated; peers not installed are skipped")
     args = parser.parse_args()
-    repo = write_default_repository(pathlib.Path(tempfile.gettempdir()) / "tensorgate-bench-repo")
     plan = {"identity": (200 if args.quick else 2000, [1, 4, 16, 64])}
     if not args.quick:
         plan["resnet50"] = (100, [1, 4, 16])
     seconds = 2.0 if args.quick else 8.0
-    process, _, grpc_port, _ = start_server(repo)
+    available = servers()
+    chosen = []
+    for name in args.servers.split(","):
+        why = available[name].installed() if name in available else "unknown server"
+        if why:
+            print(f"skipping {name}: {why}", flush=True)
+        else:
+            chosen.append(available[name])
+    work = pathlib.Path(tempfile.mkdtemp(prefix="tg-stream-bench-"))
+    write_default_repository(work / "models")
+    shutil.rmtree(work / "models" / "detector")  # the peers serve identity and resnet50 only
+    x = np.random.default_rng(0).standard_normal((1, 3, 224, 224)).astype(np.float32)
     results: dict[str, Any] = {}
     try:
-        for model, (n, levels) in plan.items():
-            results[model] = asyncio.run(bench_model(grpc_port, process.pid, model, n, seconds,
-                                                     levels))
+        for server in chosen:
+            server.prepare(server, work, default_intra_op_threads())
+            running, _ = start(server, work, x)
+            try:
+                results[server.name] = {
+                    model: asyncio.run(bench_model(running.ports.grpc, running.process.pid,
+                                                   model, n, seconds, levels))
+                    for model, (n, levels) in plan.items()}
+            finally:
+                running.stop()
     finally:
-        process.send_signal(signal.SIGTERM)
-        process.wait(timeout=60)
-    print(f"gRPC ModelStreamInfer vs unary ModelInfer, tensorgate, grpcio asyncio client with "
-          f"prebuilt messages; {os.cpu_count()} cores, Python {platform.python_version()}")
-    print(f"{'model':<10}{'calls':<22}{'QPS':>8}{'P50 µs':>10}{'P99 µs':>10}"
+        shutil.rmtree(work, ignore_errors=True)
+    print(f"gRPC ModelStreamInfer vs unary ModelInfer, grpcio asyncio client with prebuilt "
+          f"messages; {os.cpu_count()} cores, Python {platform.python_version()}")
+    print(f"{'server':<11}{'model':<10}{'calls':<22}{'QPS':>8}{'P50 µs':>10}{'P99 µs':>10}"
           f"{'server µs/req':>15}{'client µs/req':>15}{'bad':>5}")
-    for model, rows in results.items():
-        for name, r in rows.items():
-            print(f"{model:<10}{name:<22}{r['qps']:>8,.0f}{r['p50_us']:>10,.0f}"
-                  f"{r['p99_us']:>10,.0f}{r['server_cpu_us_per_request']:>15,.0f}"
-                  f"{r['client_cpu_us_per_request']:>15,.0f}{r['bad']:>5}")
+    for name, models in results.items():
+        for model, rows in models.items():
+            for call, r in rows.items():
+                print(f"{name:<11}{model:<10}{call:<22}{r['qps']:>8,.0f}{r['p50_us']:>10,.0f}"
+                      f"{r['p99_us']:>10,.0f}{r['server_cpu_us_per_request']:>15,.0f}"
+                      f"{r['client_cpu_us_per_request']:>15,.0f}{r['bad']:>5}")
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "grpc_stream_bench.json").write_text(json.dumps(
         {"results": results, "cores": os.cpu_count(), "python": platform.python_version(),

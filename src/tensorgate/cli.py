@@ -25,6 +25,9 @@ def _parser() -> argparse.ArgumentParser:
                        help="let clients register system shared-memory regions (off by default)")
     serve.add_argument("--max-request-bytes", type=int,
                        help="largest request body, after decompression (default 64 MiB)")
+    serve.add_argument("--host-pool-bytes", type=int,
+                       help="bound on the host buffer pool: request bodies, batch staging, "
+                            "outputs (default 1 GiB)")
     serve.add_argument("--loop", choices=["auto", "asyncio", "uvloop"])
     serve.add_argument("--placement", choices=["auto", "none"])
     serve.add_argument("--log-level")

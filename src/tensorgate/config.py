@@ -28,6 +28,9 @@ class ServerConfig:
     metrics_port: int = 8002
     allow_shared_memory: bool = False
     max_request_bytes: int = 64 << 20  # Triton's --http-max-input-size; after decompression
+    # the host buffer pool's bound on everything it holds: request bodies, batch staging and
+    # outputs; a request that would pass it is answered UNAVAILABLE
+    host_pool_bytes: int = 1 << 30
     loop: LoopChoice = "asyncio"
     placement: PlacementChoice = "auto"
     switch_interval_s: float = 0.0005
@@ -50,6 +53,10 @@ class ServerConfig:
         if self.max_request_bytes < 1024:
             raise ValueError(f"max_request_bytes must be at least 1024, got "
                              f"{self.max_request_bytes}")
+        if self.host_pool_bytes < self.max_request_bytes:
+            raise ValueError(f"host_pool_bytes ({self.host_pool_bytes}) must be at least "
+                             f"max_request_bytes ({self.max_request_bytes}): a request of the "
+                             "largest size allowed could never be received")
         if self.loop not in ("auto", "asyncio", "uvloop"):
             raise ValueError(f"loop must be auto, asyncio or uvloop, got '{self.loop}'")
         if self.placement not in ("auto", "none"):

@@ -159,5 +159,5 @@ class PoolExhaustedError(UnavailableError):
     def __init__(self, wanted: int, in_use: int, limit: int) -> None:
         super().__init__(
             f"host buffer pool is full: {wanted} more bytes wanted, {in_use} in use of a "
-            f"{limit}-byte limit; retry later or raise the pool limit"
+            f"{limit}-byte limit; retry later or raise the pool limit (--host-pool-bytes)"
         )

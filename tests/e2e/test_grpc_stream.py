@@ -206,3 +206,45 @@ def test_hostile_stream_messages_are_answered_one_by_one(server: RunningServer,
     assert len(answers) == len(messages)
     for answer in answers:
         assert answer.error_message or answer.infer_response.outputs
+
+
+def test_a_message_the_pool_cannot_hold_is_answered_and_the_stream_goes_on(
+        e2e_repo, tmp_path) -> None:
+    """A 5 MiB pool and 3 MB requests: while the first request's answer waits for the
+    client's window (1,000 bytes), the pool cannot take the next ones. They are answered with
+    the pool's error and the stream ends normally once the client reads."""
+    running = start_server(e2e_repo, tmp_path / "server.log", "--host-pool-bytes",
+                           str(5 << 20), "--max-request-bytes", str(4 << 20))
+    values = np.arange(750_000, dtype=np.float32)  # 3 MB
+    messages = []
+    for i in range(3):
+        request = pb.ModelInferRequest(model_name="wide", id=f"m{i}")
+        item = request.inputs.add(name="INPUT__0", datatype="FP32")
+        item.shape.append(values.size)
+        request.raw_input_contents.append(values.tobytes())
+        messages.append(request.SerializeToString())
+    client = h2.H2Client(_port(running), settings={4: 1000})  # INITIAL_WINDOW_SIZE
+    try:
+        stream = client.call("ModelStreamInfer", messages[0], end_stream=False)
+        rest = b"".join(b"\x00" + len(m).to_bytes(4, "big") + m for m in messages[1:])
+        for start in range(0, len(rest), 16384):
+            client.send(h2.DATA, 0, stream, rest[start:start + 16384])
+        client.send(h2.DATA, h2.END_STREAM, stream)
+        for window in (0, stream):  # the connection's and the stream's
+            client.send(h2.WINDOW_UPDATE, 0, window, (64 << 20).to_bytes(4, "big"))
+        headers, data = client.response(stream)
+    finally:
+        client.close()
+        stop_server(running)
+    assert headers["grpc-status"] == "0"
+    answers = []
+    while data:  # length-prefixed ModelStreamInferResponses
+        size = int.from_bytes(data[1:5], "big")
+        answers.append(pb.ModelStreamInferResponse.FromString(data[5:5 + size]))
+        data = data[5 + size:]
+    assert len(answers) == 3
+    refused = [a for a in answers if a.error_message]
+    assert refused and all("host buffer pool is full" in a.error_message for a in refused)
+    served = [a for a in answers if not a.error_message]
+    assert served[0].infer_response.id == "m0"
+    assert all(a.infer_response.raw_output_contents[0] == values.tobytes() for a in served)

@@ -232,3 +232,20 @@ def test_large_storage_is_a_private_mapping() -> None:
                 break
         else:
             pytest.fail(f"no mapping holds {address:#x}")
+
+
+def test_set_limit_bounds_what_is_held_from_then_on() -> None:
+    pool = BufferPool(1 << 30, idle_limit_bytes=256 << 20)
+    held = pool.acquire(3 << 20)
+    idle = [pool.acquire(1 << 20) for _ in range(2)]
+    del idle  # two idle MiB
+    pool.set_limit(4 << 20)  # 3 MiB in use + 2 idle > 4: one idle MiB goes
+    assert pool.statistics().bytes_idle == 1 << 20
+    with pytest.raises(PoolExhaustedError, match=r"of a 4194304-byte limit; retry later or "
+                                                 r"raise the pool limit \(--host-pool-bytes\)$"):
+        pool.acquire((1 << 20) + 1)  # a 1.25 MiB class: 4.25 MiB in use would pass the bound
+    del held
+    again = pool.acquire(4 << 20)  # fits once the first is back
+    assert again.nbytes == 4 << 20
+    with pytest.raises(ValueError, match=r"^limit_bytes must be positive, got 0$"):
+        pool.set_limit(0)

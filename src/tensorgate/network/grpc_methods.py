@@ -34,7 +34,8 @@ async def model_infer(dp: DataPlane, connection: http2.Http2Connection, message:
         request, spans = split_model_infer(memoryview(message))
     decoded = decode_model_infer(request, ledger, dp.shm, message=message, raw_spans=spans)
     if deadline_ns is not None and decoded.timeout_us is None:
-        decoded.timeout_us = max(0, (deadline_ns - time.monotonic_ns()) // 1000)
+        # at least 1 µs: an expired deadline must time out in the queue (0 would mean none)
+        decoded.timeout_us = max(1, (deadline_ns - time.monotonic_ns()) // 1000)
     result, outputs, _, in_shm = await dp.infer(request.model_name, request.model_version,
                                                 decoded, ledger)
     joined = connection.joined_bytes(

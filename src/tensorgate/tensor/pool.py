@@ -86,6 +86,7 @@ class BufferPool:
         if idle_limit_bytes < 0:
             raise ValueError(f"idle_limit_bytes must not be negative, got {idle_limit_bytes}")
         self._limit = limit_bytes
+        self._idle_wanted = idle_limit_bytes
         self._idle_limit = min(idle_limit_bytes, limit_bytes)
         self._pinned = pinned
         self._allocate: Callable[[int], np.ndarray] = pinned_storage if pinned else aligned_storage
@@ -138,6 +139,19 @@ class BufferPool:
             self._drain()
             return PoolStatistics(self._hits, self._misses, self._evictions, self._in_use,
                                   self._idle_bytes, self._limit, self._pinned, self._idle_limit)
+
+    def set_limit(self, limit_bytes: int) -> None:
+        """A new bound on everything held (the server's --host-pool-bytes). Buffers in use
+        stay theirs; idle ones beyond the new bound are freed."""
+        if limit_bytes <= 0:
+            raise ValueError(f"limit_bytes must be positive, got {limit_bytes}")
+        with self._lock:
+            self._limit = limit_bytes
+            self._idle_limit = min(self._idle_wanted, limit_bytes)
+            self._drain()
+            while self._idle and (self._idle_bytes > self._idle_limit
+                                  or self._in_use + self._idle_bytes > limit_bytes):
+                self._evict(max(self._idle))
 
     def trim(self, keep_bytes: int = 0) -> int:
         """Free idle buffers, largest first, until at most `keep_bytes` stay idle; returns the

@@ -1,0 +1,29 @@
+"""ServerConfig: the same settings from the CLI's values and TENSORGATE_* variables, and
+validation that says what to change."""
+
+from __future__ import annotations
+
+import pytest
+
+from tensorgate.config import ServerConfig
+
+
+def test_environment_and_overrides_build_the_same_config() -> None:
+    config = ServerConfig.from_env({"TENSORGATE_HOST_POOL_BYTES": str(256 << 20),
+                                    "TENSORGATE_HTTP_PORT": "9000"}, grpc_port=9001)
+    assert (config.host_pool_bytes, config.http_port, config.grpc_port) == (256 << 20, 9000,
+                                                                            9001)
+    assert config.host == "127.0.0.1"  # bound to loopback unless told otherwise
+
+
+def test_the_pool_must_hold_the_largest_request() -> None:
+    with pytest.raises(ValueError, match=r"^host_pool_bytes \(1048576\) must be at least "
+                                         r"max_request_bytes \(2097152\): a request of the "
+                                         r"largest size allowed could never be received$"):
+        ServerConfig(host_pool_bytes=1 << 20, max_request_bytes=2 << 20)
+
+
+def test_unknown_setting_lists_the_known_ones() -> None:
+    with pytest.raises(ValueError, match=r"^unknown setting 'pool'; settings are: .*"
+                                         r"host_pool_bytes"):
+        ServerConfig.from_mapping({"pool": "1"})
