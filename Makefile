@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 WHEELS := $(wildcard /opt/wheels)
 FIND_LINKS := $(if $(WHEELS),--find-links $(WHEELS),--index-url https://download.pytorch.org/whl/cpu --extra-index-url https://pypi.org/simple)
 
-.PHONY: install test bench-tensor bench-engine bench-peers bench-compare bench-quick serve clean
+.PHONY: install test lint bench-tensor bench-engine bench-peers bench-compare bench-quick serve clean
 
 $(BIN)/.installed: pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -19,6 +19,15 @@ install: $(BIN)/.installed
 
 test: $(BIN)/.installed
 	$(BIN)/python -m pytest
+
+# Static checks: ruff (undefined names, syntax) and mypy --strict on the package.
+$(BIN)/.lint: $(BIN)/.installed
+	$(BIN)/python -m pip install -q $(FIND_LINKS) -e '.[test,lint]'
+	touch $@
+
+lint: $(BIN)/.lint
+	$(BIN)/ruff check --select F,E9 src tests bench
+	$(BIN)/mypy
 
 bench-tensor: $(BIN)/.installed
 	$(BIN)/python bench/tensor_bench.py

@@ -43,7 +43,8 @@ class _Bottleneck(nn.Module):
         y = self.relu(self.bn1(self.conv1(x)))
         y = self.relu(self.bn2(self.conv2(y)))
         y = self.bn3(self.conv3(y))
-        return self.relu(y + self.downsample(x))
+        out: torch.Tensor = self.relu(y + self.downsample(x))
+        return out
 
 
 class ResNet(nn.Module):
@@ -67,7 +68,8 @@ class ResNet(nn.Module):
         self.fc = nn.Linear(inplanes, classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc(torch.flatten(self.pool(self.stages(self.stem(x))), 1))
+        logits: torch.Tensor = self.fc(torch.flatten(self.pool(self.stages(self.stem(x))), 1))
+        return logits
 
 
 def resnet50(seed: int = 0) -> ResNet:
@@ -84,6 +86,7 @@ def resnet50(seed: int = 0) -> ResNet:
                 if module.bias is not None:
                     module.bias.zero_()
             elif isinstance(module, nn.BatchNorm2d):
+                assert module.running_mean is not None and module.running_var is not None
                 module.running_mean.copy_(torch.randn(module.num_features, generator=generator)
                                           * 0.1)
                 module.running_var.copy_(torch.rand(module.num_features, generator=generator)
@@ -114,5 +117,7 @@ class TinyDetector(nn.Module):
         features = self.features(image)
         offsets = self.box_head(features).flatten(2).transpose(1, 2)  # [B, 16, 4]
         scores = torch.sigmoid(self.class_head(features).flatten(2).transpose(1, 2))
-        boxes = self.anchors.unsqueeze(0) + offsets * self.cell * 0.5
+        # a registered buffer; typed Tensor | Module to mypy, and TorchScript refuses a
+        # class-level annotation that would say which
+        boxes = self.anchors.unsqueeze(0) + offsets * self.cell * 0.5  # type: ignore[operator]
         return boxes, scores

@@ -79,7 +79,7 @@ def write_default_repository(root: pathlib.Path) -> pathlib.Path:
             warnings.simplefilter("ignore", DeprecationWarning)
             scripted = torch.jit.script(module.eval())
             partial = folder / "1" / "model.pt.partial"
-            scripted.save(str(partial))
+            scripted.save(str(partial))  # type: ignore[no-untyped-call]
         os.replace(partial, folder / "1" / "model.pt")
     (root / _STAMP).write_text("complete\n")
     return root

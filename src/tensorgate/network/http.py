@@ -17,7 +17,7 @@ import json
 import logging
 import zlib
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import httptools
 
@@ -101,6 +101,19 @@ class _Connection(asyncio.BufferedProtocol):
     Headers are read in small windows (_HEAD_WINDOW) so that little of the body arrives with
     them; once the headers are parsed, reads go straight into the request's pooled buffer.
     """
+
+    # the request being read; `_new_request` resets them
+    _parser: httptools.HttpRequestParser
+    _request: _Request
+    _url: bytes
+    _keep_alive: bool
+    _headers_done: bool
+    _in_body: bool
+    _chunked: bytearray | None   # a chunked body, gathered
+    _body_memory: memoryview | None  # where a sized body is read to: a pooled buffer
+    _received: int
+    _head_bytes: int
+    _complete: bool
 
     def __init__(self, front: HttpFrontEnd) -> None:
         self.front = front
@@ -235,8 +248,8 @@ class _Connection(asyncio.BufferedProtocol):
         self._keep_alive = True
         self._headers_done = False
         self._in_body = False
-        self._chunked: bytearray | None = None
-        self._body_memory: memoryview | None = None
+        self._chunked = None
+        self._body_memory = None
         self._received = 0
         self._head_bytes = 0
         self._complete = False
@@ -249,8 +262,8 @@ class _Connection(asyncio.BufferedProtocol):
         if isinstance(target, int):
             self._respond_error(target, str(detail))
             return
-        fn, args = target, detail
-        self._task = asyncio.ensure_future(self._run(fn, args, request))
+        args = cast(tuple[str, ...], detail)  # a handler's path arguments, once not an error
+        self._task = asyncio.ensure_future(self._run(target, args, request))
 
     async def _run(self, fn: Callable[..., Any], args: tuple[str, ...],
                    request: _Request) -> None:

@@ -198,7 +198,8 @@ class Http2Connection(asyncio.BufferedProtocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
-        self.joins_writes = type(transport).writelines is asyncio.WriteTransport.writelines
+        self.joins_writes = getattr(type(transport), "writelines", None) \
+            is asyncio.WriteTransport.writelines
         settings = b"".join(struct.pack(">HI", key, value) for key, value in (
             (ENABLE_PUSH, 0), (MAX_CONCURRENT_STREAMS, _MAX_STREAMS),
             (MAX_FRAME_SIZE, _FRAME_SIZE), (INITIAL_WINDOW_SIZE, _STREAM_WINDOW),

@@ -70,7 +70,7 @@ class GraphSet:
             static = {i.name: torch.zeros(([rows] if batched else []) + list(i.reshape or i.dims),
                                           dtype=i.datatype.torch, device=device)
                       for i in spec.inputs}
-            side = torch.cuda.Stream(device)
+            side = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
             side.wait_stream(stream)
             with torch.cuda.stream(side):
                 for _ in range(_WARMUP_RUNS):

@@ -177,7 +177,7 @@ class ExecutorThread:
                                dict(s.spec.parameters))
         if s.device.type == "cuda":
             torch.cuda.set_device(s.device)
-            self._stream = torch.cuda.Stream(s.device)
+            self._stream = torch.cuda.Stream(s.device)  # type: ignore[no-untyped-call]
         with torch.inference_mode(), self._on_stream():
             if s.shared_runner is not None:  # loaded and warmed by its first instance
                 self._runner = s.shared_runner

@@ -80,7 +80,8 @@ def batched_nms(boxes: torch.Tensor, scores: torch.Tensor, classes: torch.Tensor
     if boxes.numel() == 0:
         return torch.empty(0, dtype=torch.int64)
     if _torchvision_batched_nms is not None:  # same semantics, a compiled kernel
-        return _torchvision_batched_nms(boxes, scores, classes, iou_threshold)
+        kept: torch.Tensor = _torchvision_batched_nms(boxes, scores, classes, iou_threshold)
+        return kept
     # Shift each class into its own region so boxes of two classes cannot overlap.
     span = (boxes.max() - boxes.min()).abs() + 1
     shifted = boxes + (classes.to(boxes.dtype) * span)[:, None]

@@ -70,7 +70,7 @@ def _positional(call: Callable[..., Any], spec: ModelSpec) -> Callable[[dict[str
 
 
 def _load_torchscript(path: pathlib.Path, spec: ModelSpec, device: torch.device) -> Runner:
-    module = torch.jit.load(str(path), map_location=device)
+    module = torch.jit.load(str(path), map_location=device)  # type: ignore[no-untyped-call]
     module.eval()
     return Runner(_positional(module, spec), None, module, shareable=True)
 

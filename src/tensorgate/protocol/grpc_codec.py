@@ -10,6 +10,7 @@ tag, a length and a view of the output tensor: `encode_model_infer_parts` never 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -64,7 +65,7 @@ def _varint(data: memoryview, at: int, end: int) -> tuple[int, int]:
     return -1, at
 
 
-def _fields(data: memoryview, end: int) -> Any:
+def _fields(data: memoryview, end: int) -> Iterator[tuple[int, int, int, bool]]:
     """(field number, value start, value end, payload complete) for each top-level field
     of a message cut off at `end`; stops at the first field whose header is incomplete."""
     at = 0
@@ -256,10 +257,11 @@ def stream_error_message(message: str, model: str, version: str, request_id: str
     """A ModelStreamInferResponse for a request that failed: the stream carries on. Its
     infer_response names the model and the request's id so that a client with many requests
     in flight knows which one failed (tritonclient reads only the message)."""
-    return pb.ModelStreamInferResponse(
+    data: bytes = pb.ModelStreamInferResponse(
         error_message=message,
         infer_response=pb.ModelInferResponse(model_name=model, model_version=version,
                                              id=request_id)).SerializeToString()
+    return data
 
 
 def statistics_message(stats: dict[str, Any]) -> pb.ModelStatisticsResponse:

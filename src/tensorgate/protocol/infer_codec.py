@@ -153,7 +153,8 @@ def _decode_input(raw: dict[str, Any], body: Any, body_length: int, position: in
     name = raw.get("name")
     if not isinstance(name, str) or not name:
         raise _fail("every input needs a 'name' string")
-    dt = datatype(raw.get("datatype"), name) if isinstance(raw.get("datatype"), str) else None
+    kind = raw.get("datatype")
+    dt = datatype(kind, name) if isinstance(kind, str) else None
     if dt is None:
         raise _fail(f"input '{name}' needs a 'datatype' string")
     shape_value = raw.get("shape")

@@ -12,10 +12,12 @@ from __future__ import annotations
 import ctypes
 import functools
 import mmap
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-__all__ = ["ALIGNMENT", "HostBuffer", "aligned_storage", "allocate", "wrap_storage"]
+__all__ = ["ALIGNMENT", "HostBuffer", "aligned_storage", "allocate", "host_array",
+           "wrap_storage"]
 
 ALIGNMENT = 64
 
@@ -39,9 +41,19 @@ class HostBuffer:
         kind = "pinned " if self.pinned else ""
         return f"<{kind}HostBuffer {self.nbytes} bytes at {self.address:#x}>"
 
+    if TYPE_CHECKING:  # every instance is also a ctypes array, which exports its bytes
+        def __buffer__(self, flags: int, /) -> memoryview: ...
+
+
+def host_array(buffer: HostBuffer, dtype: Any, count: int = -1) -> np.ndarray:
+    """`count` items of `dtype` over `buffer`, no copy (numpy's stubs know no buffer
+    protocol, only the types that have one built in)."""
+    array: np.ndarray = np.frombuffer(buffer, dtype, count)  # type: ignore[call-overload]
+    return array
+
 
 @functools.lru_cache(maxsize=None)
-def _exporter_type(capacity: int, pinned: bool) -> type:
+def _exporter_type(capacity: int, pinned: bool) -> type[Any]:
     # ctypes caches every array type it makes, so capacities must come from a bounded set:
     # the pool's size classes, never a client-chosen length.
     base = ctypes.c_uint8 * capacity

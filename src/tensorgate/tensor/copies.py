@@ -13,6 +13,7 @@ from typing import Literal, Union
 
 import numpy as np
 import torch
+from torch.utils.dlpack import from_dlpack
 
 __all__ = [
     "CopyLedger",
@@ -90,7 +91,7 @@ def copy_into(dst: Array, src: Array, reason: CopyReason, ledger: CopyLedger | N
         nbytes = dst.nbytes
     else:
         dst_t = dst if isinstance(dst, torch.Tensor) else torch.from_numpy(dst)
-        src_t = src if isinstance(src, torch.Tensor) else torch.from_dlpack(src)
+        src_t = src if isinstance(src, torch.Tensor) else from_dlpack(src)
         if dst_t.dtype != src_t.dtype:
             raise ValueError(f"copy_into: destination dtype {dst_t.dtype} "
                              f"differs from source dtype {src_t.dtype}")

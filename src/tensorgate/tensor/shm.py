@@ -50,6 +50,12 @@ class _Region:
     memory: memoryview  # [offset, offset + byte_size) of the mapping
 
 
+def _non_negative(region: str, what: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise InvalidArgumentError(f"region '{region}': {what} must be a non-negative integer")
+    return value
+
+
 class SharedMemoryRegistry:
     """Registered regions by name. Thread-safe; mapping happens at registration only."""
 
@@ -64,7 +70,8 @@ class SharedMemoryRegistry:
             raise UnavailableError("system shared memory is disabled on this server; start it "
                                    "with --allow-shared-memory")
 
-    def register(self, name: str, key: str, offset: int, byte_size: int) -> None:
+    def register(self, name: str, key: object, offset: object, byte_size: object) -> None:
+        """Map the client's region `key` (a JSON body's values, unchecked until here)."""
         self._check_enabled()
         if not isinstance(name, str) or not _NAME.match(name):
             raise InvalidArgumentError("a shared-memory region name must be 1-200 letters, "
@@ -77,18 +84,16 @@ class SharedMemoryRegistry:
         if plain.lower().startswith(_RESERVED) or (self._prefix and
                                                    not plain.startswith(self._prefix)):
             raise InvalidArgumentError(f"region '{name}': the key is not allowed on this server")
-        for what, value in (("offset", offset), ("byte_size", byte_size)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise InvalidArgumentError(f"region '{name}': {what} must be a non-negative "
-                                           "integer")
-        if byte_size == 0:
+        start = _non_negative(name, "offset", offset)
+        size = _non_negative(name, "byte_size", byte_size)
+        if size == 0:
             raise InvalidArgumentError(f"region '{name}': byte_size must be above 0")
         with self._lock:
             if name in self._regions:
                 raise AlreadyExistsError(f"shared-memory region '{name}' is already registered; "
                                          "unregister it first")
-            memory = self._map(name, plain, offset, byte_size)
-            self._regions[name] = _Region(name, key, offset, byte_size, memory)
+            memory = self._map(name, plain, start, size)
+            self._regions[name] = _Region(name, key, start, size, memory)
 
     @staticmethod
     def _map(name: str, plain: str, offset: int, byte_size: int) -> memoryview:

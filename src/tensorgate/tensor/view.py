@@ -17,9 +17,11 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch import Tensor  # the name `torch` is also TensorView's method, in the class body
+from torch.utils.dlpack import from_dlpack
 
 from tensorgate.errors import BufferBoundsError, DatatypeError, ShapeError
-from tensorgate.tensor.buffer import ALIGNMENT
+from tensorgate.tensor.buffer import ALIGNMENT, host_array
 from tensorgate.tensor.bytes_codec import (check_bytes_tensor, decode_bytes_tensor,
                                            encode_bytes_tensor)
 from tensorgate.tensor.copies import CopyLedger, copy_into, record_copy
@@ -197,7 +199,7 @@ class TensorView:
             return torch.empty(self._shape, dtype=dt.torch)
         array = self._array(dt.storage)
         # from_numpy warns on read-only arrays; DLPack carries them without a warning.
-        tensor = torch.from_numpy(array) if array.flags.writeable else torch.from_dlpack(array)
+        tensor = torch.from_numpy(array) if array.flags.writeable else from_dlpack(array)
         if dt.numpy is None:
             tensor = tensor.view(dt.torch)  # BF16: the bits travel as uint16
         return tensor
@@ -234,12 +236,12 @@ class TensorView:
         if array.dtype == wire and array.flags.c_contiguous and array.flags.aligned:
             return cls(array, dt, array.shape, name=name, ledger=ledger)
         buffer = target.acquire(array.size * dt.itemsize)
-        destination = np.frombuffer(buffer, wire, array.size).reshape(array.shape)
+        destination = host_array(buffer, wire, array.size).reshape(array.shape)
         copy_into(destination, array, "layout" if array.dtype.isnative else "byteswap", ledger)
         return cls(buffer, dt, array.shape, name=name, ledger=ledger)
 
     @classmethod
-    def from_torch(cls, tensor: torch.Tensor, *, name: str = "tensor",
+    def from_torch(cls, tensor: Tensor, *, name: str = "tensor",
                    ledger: CopyLedger | None = None, pool: BufferPool | None = None) -> TensorView:
         """A view of a CPU tensor: zero-copy when contiguous, else one counted copy."""
         if tensor.device.type != "cpu":
@@ -249,7 +251,7 @@ class TensorView:
         if tensor.numel() and not tensor.is_contiguous():
             target = pool or default_pool()
             buffer = target.acquire(tensor.numel() * dt.itemsize)
-            bits = torch.frombuffer(buffer, dtype=dt.torch, count=tensor.numel())
+            bits = torch.frombuffer(buffer, dtype=tensor.dtype, count=tensor.numel())
             copy_into(bits.view(tensor.shape), tensor, "layout", ledger)
             return cls(buffer, dt, tensor.shape, name=name, ledger=ledger)
         if dt.numpy is None:
@@ -270,7 +272,7 @@ class TensorView:
 
     def _copied_to_pool(self, pool: BufferPool | None) -> TensorView:
         buffer = (pool or default_pool()).acquire(self._nbytes)
-        destination = np.frombuffer(buffer, np.uint8, self._nbytes)
+        destination = host_array(buffer, np.uint8, self._nbytes)
         source = np.frombuffer(self._memory, np.uint8, self._nbytes, self._offset)
         copy_into(destination, source, "realign", self._ledger)
         return TensorView(buffer, self._datatype, self._shape, nbytes=self._nbytes,
