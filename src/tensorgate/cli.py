@@ -28,6 +28,11 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--host-pool-bytes", type=int,
                        help="bound on the host buffer pool: request bodies, batch staging, "
                             "outputs (default 1 GiB)")
+    serve.add_argument("--read-timeout-s", type=float,
+                       help="answer a request whose bytes stop arriving for this long "
+                            "(default 30)")
+    serve.add_argument("--keep-alive-timeout-s", type=float,
+                       help="close an HTTP/1.1 connection idle this long (default 75)")
     serve.add_argument("--loop", choices=["auto", "asyncio", "uvloop"])
     serve.add_argument("--placement", choices=["auto", "none"])
     serve.add_argument("--log-level")

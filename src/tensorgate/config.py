@@ -35,6 +35,12 @@ class ServerConfig:
     placement: PlacementChoice = "auto"
     switch_interval_s: float = 0.0005
     drain_timeout_s: float = 10.0
+    # a request whose bytes stop arriving for this long is answered (HTTP 408, gRPC
+    # DEADLINE_EXCEEDED) and its buffer released: a slow client cannot hold the pool
+    read_timeout_s: float = 30.0
+    # an HTTP/1.1 connection idle this long between requests is closed (above the usual 60 s
+    # of load balancers, so that they close first); gRPC connections may idle for ever
+    keep_alive_timeout_s: float = 75.0
     log_level: str = "INFO"
 
     def __post_init__(self) -> None:
@@ -61,6 +67,9 @@ class ServerConfig:
             raise ValueError(f"loop must be auto, asyncio or uvloop, got '{self.loop}'")
         if self.placement not in ("auto", "none"):
             raise ValueError(f"placement must be auto or none, got '{self.placement}'")
+        for name in ("read_timeout_s", "keep_alive_timeout_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be above 0, got {getattr(self, name)}")
         if not 0 < self.switch_interval_s <= 1:
             raise ValueError(f"switch_interval_s must be in (0, 1], got {self.switch_interval_s}")
 

@@ -13,6 +13,7 @@ import asyncio
 import logging
 import signal
 import sys
+import time
 
 from tensorgate.builtin.repository import default_repository
 from tensorgate.config import ServerConfig
@@ -48,6 +49,7 @@ class Server:
         self.engine: Engine | None = None
         self._http: HttpFrontEnd | None = None
         self._pool_trimmer: asyncio.Task[None] | None = None
+        self._expirer: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         config = self.config
@@ -58,8 +60,10 @@ class Server:
         default_pool().set_limit(config.host_pool_bytes)
         self.engine = Engine(repository, placement=config.placement)
         dataplane = DataPlane(self.engine, self.version, config.allow_shared_memory)
-        self._http = HttpFrontEnd(dataplane, default_pool(), config.max_request_bytes)
-        self._grpc = GrpcFrontEnd(dataplane, default_pool(), config.max_request_bytes)
+        http = self._http = HttpFrontEnd(dataplane, default_pool(), config.max_request_bytes,
+                                         config.read_timeout_s, config.keep_alive_timeout_s)
+        grpc = self._grpc = GrpcFrontEnd(dataplane, default_pool(), config.max_request_bytes,
+                                         config.read_timeout_s)
         await self.engine.start()
         self.http_port = await self._http.start(config.host, config.http_port)
         self.grpc_port = await self._grpc.start(config.host, config.grpc_port)
@@ -70,6 +74,8 @@ class Server:
         dataplane.started = True
         if not default_pool().statistics().pinned:
             self._pool_trimmer = asyncio.create_task(_trim_when_quiet(default_pool()))
+        period = min(1.0, config.read_timeout_s / 4, config.keep_alive_timeout_s / 4)
+        self._expirer = asyncio.create_task(_expire_stalled((http, grpc), period))
         self._stopping = asyncio.Event()
         ready = [f"{e['name']} v{e['version']}" for e in self.engine.index()
                  if e["state"] == "READY"]
@@ -88,6 +94,8 @@ class Server:
     async def stop(self) -> None:
         if self._pool_trimmer is not None:
             self._pool_trimmer.cancel()
+        if self._expirer is not None:
+            self._expirer.cancel()
         if self._http is not None:
             self._http.stop_accepting()               # 1. no new connections or calls
         if self._grpc is not None:
@@ -127,6 +135,16 @@ async def _trim_when_quiet(pool: BufferPool) -> None:
         freed = pool.trim_if_quiet(QUIET_IDLE_BYTES)
         if freed:
             log.debug("pool: %d idle bytes freed after a quiet period", freed)
+
+
+async def _expire_stalled(fronts: tuple[HttpFrontEnd, GrpcFrontEnd], period_s: float) -> None:
+    """Every `period_s`: requests whose bytes stopped arriving are answered, idle HTTP/1.1
+    connections closed (one sweep for all connections: no timer per read)."""
+    while True:
+        await asyncio.sleep(period_s)
+        now = time.monotonic()
+        for front in fronts:
+            front.expire(now)
 
 
 def run(config: ServerConfig) -> None:

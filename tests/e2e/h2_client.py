@@ -47,9 +47,10 @@ class H2Client:
     def send(self, kind: int, flags: int, stream: int, payload: bytes = b"") -> None:
         self.sock.sendall(self.frame(kind, flags, stream, payload))
 
-    def call(self, method: str, message: bytes, extra: list[tuple[str, str]] | None = None,
-             end_stream: bool = True) -> int:
-        """Start a gRPC call with one length-prefixed message; returns its stream id."""
+    def call(self, method: str, message: bytes | None,
+             extra: list[tuple[str, str]] | None = None, end_stream: bool = True) -> int:
+        """Start a gRPC call with one length-prefixed message (None: headers only); returns
+        its stream id."""
         stream = self.next_stream
         self.next_stream += 2
         headers = [(":method", "POST"), (":scheme", "http"),
@@ -57,6 +58,8 @@ class H2Client:
                    (":authority", "127.0.0.1"), ("content-type", "application/grpc"),
                    ("te", "trailers"), *(extra or [])]
         self.send(HEADERS, END_HEADERS, stream, self.encoder.encode(headers))
+        if message is None:
+            return stream
         body = b"\x00" + len(message).to_bytes(4, "big") + message
         for start in range(0, len(body), 16384):
             last = start + 16384 >= len(body)

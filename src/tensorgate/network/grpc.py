@@ -17,7 +17,7 @@ from typing import Any
 
 from tensorgate.dataplane import DataPlane
 from tensorgate.errors import InvalidArgumentError, TensorgateError
-from tensorgate.network import http2
+from tensorgate.network import http2, stalled_message
 from tensorgate.network.grpc_messages import (CODES, OK_TRAILERS, RESPONSE_HEADERS, CallHeaders,
                                               Failure, HttpRefusal, MessageReader, error_block,
                                               inflate_message, read_call_headers)
@@ -57,8 +57,15 @@ class _Answered:
     def drained(self) -> None:
         pass
 
+    def waiting(self) -> bool:
+        return False
+
+    def timed_out(self, quiet_s: float, limit_s: float) -> None:
+        pass
+
 
 _ANSWERED = _Answered()
+
 
 
 class _Call:
@@ -129,6 +136,13 @@ class _Call:
     def drained(self) -> None:
         pass  # a unary response goes out whole
 
+    def waiting(self) -> bool:
+        """Its message, or the end of the request, has not all arrived."""
+        return not self._answered and self._task is None
+
+    def timed_out(self, quiet_s: float, limit_s: float) -> None:
+        self._fail("DEADLINE_EXCEEDED", stalled_message(quiet_s, limit_s))
+
     # -- running it ------------------------------------------------------------------------
 
     async def _run(self) -> None:
@@ -185,10 +199,12 @@ class _Call:
 class GrpcFrontEnd:
     """Owns the listening socket; one `Http2Connection` per client."""
 
-    def __init__(self, dataplane: DataPlane, pool: BufferPool, max_message_bytes: int) -> None:
+    def __init__(self, dataplane: DataPlane, pool: BufferPool, max_message_bytes: int,
+                 read_timeout_s: float = 30.0) -> None:
         self.dataplane = dataplane
         self.pool = pool
         self.max_message_bytes = max_message_bytes
+        self.read_timeout_s = read_timeout_s
         self.connections: set[http2.Http2Connection] = set()
         self.streams: set[StreamCall] = set()  # open ModelStreamInfer calls
         self._server: asyncio.base_events.Server | None = None
@@ -217,6 +233,12 @@ class GrpcFrontEnd:
         connection = http2.Http2Connection(self._open_stream, self.connections.discard)
         self.connections.add(connection)
         return connection
+
+    def expire(self, now: float) -> None:
+        """Called about once a second (server.py): calls whose request stopped arriving are
+        answered, connections stalled inside a frame closed."""
+        for connection in list(self.connections):
+            connection.expire(now, self.read_timeout_s)
 
     async def start(self, host: str, port: int) -> int:
         loop = asyncio.get_running_loop()

@@ -25,7 +25,7 @@ from typing import Any
 
 from tensorgate.dataplane import DataPlane
 from tensorgate.errors import TensorgateError
-from tensorgate.network import http2
+from tensorgate.network import http2, stalled_message
 from tensorgate.network.grpc_messages import (CODES, OK_TRAILERS, RESPONSE_HEADERS, CallHeaders,
                                               Failure, MessageReader, inflate_message, trailers)
 from tensorgate.network.grpc_methods import model_infer
@@ -124,6 +124,14 @@ class StreamCall:
 
     def drained(self) -> None:
         self._pump()
+
+    def waiting(self) -> bool:
+        """A request message has begun and not all of it has arrived (between requests a
+        stream may stay quiet as long as the client likes)."""
+        return self.reader.partial and not self._closed and not self._draining
+
+    def timed_out(self, quiet_s: float, limit_s: float) -> None:
+        self._end("DEADLINE_EXCEEDED", stalled_message(quiet_s, limit_s))
 
     def drain(self) -> None:
         """Shutdown: read no more requests; answer those received, then end the stream."""

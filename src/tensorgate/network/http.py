@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 import zlib
 from collections.abc import Callable
 from typing import Any, cast
@@ -23,6 +24,7 @@ import httptools
 
 from tensorgate.dataplane import DataPlane
 from tensorgate.errors import InvalidArgumentError, TensorgateError
+from tensorgate.network import stalled_message
 from tensorgate.protocol.compression import inflate
 from tensorgate.protocol.infer_codec import decode_infer_body, encode_infer_response, json_error
 from tensorgate.protocol.status import codes_for
@@ -39,7 +41,7 @@ log = logging.getLogger("tensorgate.http")
 _HEAD_WINDOW = 256
 _MAX_HEAD = 64 * 1024         # more header bytes than this: 431
 _REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
-            413: "Content Too Large", 431: "Request Header Fields Too Large",
+            408: "Request Timeout", 413: "Content Too Large", 431: "Request Header Fields Too Large",
             500: "Internal Server Error", 501: "Not Implemented", 503: "Service Unavailable",
             504: "Gateway Timeout"}
 
@@ -56,12 +58,21 @@ class _Refusal(Exception):
 class HttpFrontEnd:
     """Owns the listening socket; one `_Connection` per client."""
 
-    def __init__(self, dataplane: DataPlane, pool: BufferPool, max_request_bytes: int) -> None:
+    def __init__(self, dataplane: DataPlane, pool: BufferPool, max_request_bytes: int,
+                 read_timeout_s: float = 30.0, keep_alive_timeout_s: float = 75.0) -> None:
         self.dataplane = dataplane
         self.pool = pool
         self.max_request_bytes = max_request_bytes
+        self.read_timeout_s = read_timeout_s
+        self.keep_alive_timeout_s = keep_alive_timeout_s
         self.connections: set[_Connection] = set()
         self._server: asyncio.base_events.Server | None = None
+
+    def expire(self, now: float) -> None:
+        """Called about once a second (server.py): answer requests whose bytes stopped
+        arriving, close connections idle past the keep-alive timeout."""
+        for connection in list(self.connections):
+            connection.expire(now, self.read_timeout_s, self.keep_alive_timeout_s)
 
     async def start(self, host: str, port: int) -> int:
         loop = asyncio.get_running_loop()
@@ -114,6 +125,8 @@ class _Connection(asyncio.BufferedProtocol):
     _received: int
     _head_bytes: int
     _complete: bool
+    _begun: bool                 # a byte of this request has arrived
+    _last_read: float            # time.monotonic() of the last bytes (or of the last answer)
 
     def __init__(self, front: HttpFrontEnd) -> None:
         self.front = front
@@ -148,6 +161,7 @@ class _Connection(asyncio.BufferedProtocol):
         return self._window
 
     def buffer_updated(self, nbytes: int) -> None:
+        self._last_read = time.monotonic()
         if self._in_body:
             self._received += nbytes
             if self._received == self._request.length:
@@ -155,6 +169,7 @@ class _Connection(asyncio.BufferedProtocol):
                 self._dispatch()
             return
         self._head_bytes += nbytes
+        self._begun = True
         try:
             if self._head_bytes > _MAX_HEAD and not self._headers_done:
                 raise _Refusal(431, f"request headers exceed {_MAX_HEAD} bytes")
@@ -253,6 +268,8 @@ class _Connection(asyncio.BufferedProtocol):
         self._received = 0
         self._head_bytes = 0
         self._complete = False
+        self._begun = False
+        self._last_read = time.monotonic()  # the keep-alive wait starts now
 
     def _dispatch(self) -> None:
         assert self.transport is not None
@@ -322,6 +339,16 @@ class _Connection(asyncio.BufferedProtocol):
         if self.transport is not None:
             self.transport.pause_reading()
         self._respond_error(code, message)
+
+    def expire(self, now: float, read_timeout_s: float, keep_alive_timeout_s: float) -> None:
+        if self._task is not None or self.transport is None or self.transport.is_closing():
+            return  # being served: the model's queue has its own timeouts
+        quiet = now - self._last_read
+        if self._begun:
+            if quiet > read_timeout_s:
+                self._refuse(408, stalled_message(quiet, read_timeout_s))
+        elif quiet > keep_alive_timeout_s:
+            self.transport.close()
 
     def close_when_idle(self) -> None:
         self._closing_when_idle = True

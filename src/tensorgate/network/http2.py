@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import struct
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
@@ -99,12 +100,14 @@ class StreamHandler(Protocol):
     def end_received(self) -> None: ...
     def cancelled(self) -> None: ...
     def drained(self) -> None: ...
+    def waiting(self) -> bool: ...                    # for request bytes the client owes
+    def timed_out(self, quiet_s: float, limit_s: float) -> None: ...
 
 
 class Http2Stream:
     __slots__ = ("id", "handler", "send_window", "receive_window", "unacknowledged",
                  "reading_paused", "head", "pending", "pending_bytes", "trailers",
-                 "remote_closed", "local_closed")
+                 "remote_closed", "local_closed", "last_data")
 
     def __init__(self, stream_id: int, send_window: int) -> None:
         self.id = stream_id
@@ -120,6 +123,7 @@ class Http2Stream:
         self.trailers: bytes | None = None  # the trailer block, sent after `pending`
         self.remote_closed = False
         self.local_closed = False
+        self.last_data = time.monotonic()  # when its last DATA frame began (or it opened)
 
 
 def _integer(value: int, prefix_bits: int, first: int = 0) -> bytes:
@@ -190,6 +194,7 @@ class Http2Connection(asyncio.BufferedProtocol):
         self._block = bytearray()
         self._block_end_stream = False
         self.going_away = False
+        self._last_read = time.monotonic()
         # asyncio's transports join a writelines() into one bytes before sending until
         # Python 3.12; uvloop's and 3.12's selector transport send the buffers vectored.
         self.joins_writes = True
@@ -254,6 +259,7 @@ class Http2Connection(asyncio.BufferedProtocol):
         return target if target is not None and len(target) >= _DIRECT_READ else None
 
     def buffer_updated(self, nbytes: int) -> None:
+        self._last_read = time.monotonic()
         try:
             if self._direct:
                 self._direct = False
@@ -421,11 +427,13 @@ class Http2Connection(asyncio.BufferedProtocol):
         if self._receive_window < 0:
             raise Http2Error(FLOW_CONTROL_ERROR, "DATA beyond the connection's window")
         self._data_stream, self._data_flags, self._data_length = stream_id, flags, length
+        stream = self.streams.get(stream_id)
+        if stream is not None:
+            stream.last_data = self._last_read
         if length >= _SMALL_READ:
             self._large_frames = length > _DEFAULT_FRAME
         self._data_left = length
         self._data_padding = -1 if flags & PADDED else 0
-        stream = self.streams.get(stream_id)
         if stream is None:
             self._idle_check(stream_id)
         elif stream.remote_closed:
@@ -698,6 +706,28 @@ class Http2Connection(asyncio.BufferedProtocol):
         debug = message.encode()[:256]
         self._write([_frame(GOAWAY, 0, 0, 8 + len(debug)) + _HEAD.pack(self._last_stream)
                      + _HEAD.pack(code) + debug])
+
+    def expire(self, now: float, read_timeout_s: float) -> None:
+        """Called about once a second: a connection stalled inside its preface, a frame or a
+        header block is closed; a stream whose request stopped arriving is told so (its
+        handler answers it). A stream whose window we hold back is not waiting on the
+        client, and an idle connection between calls may stay open for ever (gRPC's)."""
+        if self.transport is None:
+            return
+        quiet = now - self._last_read
+        if quiet > read_timeout_s and (not self._preface or self._end > self._start
+                                       or self._data_left or self._block_stream):
+            self._go_away(NO_ERROR, f"no bytes for {quiet:.1f} s inside a frame")
+            self.transport.close()
+            return
+        for stream in list(self.streams.values()):
+            handler = stream.handler
+            if handler is None or stream.reading_paused or stream.remote_closed:
+                continue
+            inside = self._data_left and self._data_stream == stream.id  # a frame arriving
+            quiet = now - (self._last_read if inside else stream.last_data)
+            if quiet > read_timeout_s and handler.waiting():
+                handler.timed_out(quiet, read_timeout_s)
 
     def close_when_idle(self) -> None:
         """Graceful close: GOAWAY now (no new streams), close once open streams finish."""

@@ -1,0 +1,154 @@
+"""Slow and silent clients against a server with short timeouts (--read-timeout-s 0.5,
+--keep-alive-timeout-s 1): a request whose bytes stop arriving is answered (HTTP 408, gRPC
+DEADLINE_EXCEEDED) and its pooled buffer released; idle HTTP/1.1 connections are closed;
+idle gRPC connections are not; the server serves on."""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+import time
+import urllib.request
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+from tritonclient.grpc import service_pb2 as pb
+
+from tests.e2e import h2_client as h2
+from tests.e2e.conftest import RunningServer, start_server, stop_server
+from tests.e2e.test_grpc_wire import _assert_serving, _port
+
+STALL = r"the request stopped arriving: no bytes for \d+\.\d s \(the server waits 0\.5 s, " \
+        r"--read-timeout-s\)"
+
+
+@pytest.fixture(scope="module")
+def impatient(e2e_repo, tmp_path_factory) -> Iterator[RunningServer]:
+    running = start_server(e2e_repo, tmp_path_factory.mktemp("impatient") / "server.log",
+                           "--read-timeout-s", "0.5", "--keep-alive-timeout-s", "1")
+    yield running
+    stop_server(running)
+
+
+def _pool_in_use(server: RunningServer) -> int:
+    with urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics",
+                                timeout=10) as answer:
+        text = answer.read().decode()
+    return int(re.search(r'^tensorgate_pool_bytes\{state="in_use"\} (\d+)', text,
+                         re.MULTILINE).group(1))
+
+
+def _read_all(sock: socket.socket, limit_s: float = 10) -> bytes:
+    sock.settimeout(limit_s)
+    data = b""
+    while chunk := sock.recv(65536):
+        data += chunk
+    return data
+
+
+def _http(server: RunningServer) -> socket.socket:
+    return socket.create_connection(("127.0.0.1", server.port), timeout=10)
+
+
+def test_a_body_that_stops_arriving_is_answered_408_and_its_buffer_released(
+        impatient: RunningServer) -> None:
+    before = _pool_in_use(impatient)
+    with _http(impatient) as sock:
+        sock.sendall(b"POST /v2/models/identity/infer HTTP/1.1\r\nHost: x\r\n"
+                     b"Content-Type: application/json\r\nContent-Length: 4000000\r\n\r\n{\"in")
+        time.sleep(0.2)
+        assert _pool_in_use(impatient) >= before + 4_000_000  # the body's buffer, held
+        answer = _read_all(sock)  # the server answers, then closes
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 408 Request Timeout")
+    assert re.fullmatch(STALL, json.loads(body)["error"])
+    assert _pool_in_use(impatient) == before
+
+
+def test_headers_that_stop_arriving_are_answered_408(impatient: RunningServer) -> None:
+    with _http(impatient) as sock:
+        sock.sendall(b"POST /v2/models/identity/infer HTTP/1.1\r\nHost: x\r\nContent-Ty")
+        answer = _read_all(sock)
+    assert answer.startswith(b"HTTP/1.1 408 Request Timeout")
+
+
+def test_an_idle_keep_alive_connection_is_closed(impatient: RunningServer) -> None:
+    with _http(impatient) as sock:
+        sock.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n")
+        sock.settimeout(10)
+        assert sock.recv(65536).startswith(b"HTTP/1.1 200")
+        time.sleep(0.6)  # longer than the read timeout: between requests it does not apply
+        sock.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert sock.recv(65536).startswith(b"HTTP/1.1 200")
+        started = time.monotonic()
+        assert _read_all(sock) == b""  # closed by the server, no answer to nothing
+        assert 0.9 < time.monotonic() - started < 5
+
+
+def test_a_grpc_call_whose_message_stops_arriving_ends_with_deadline_exceeded(
+        impatient: RunningServer) -> None:
+    client = h2.H2Client(_port(impatient))
+    try:
+        stream = client.call("ModelInfer", None, end_stream=False)  # headers only
+        client.send(h2.DATA, 0, stream, b"\x00\x00\x10\x00\x00\x0a\x08ident")  # a 1 MiB one
+        headers, _ = client.response(stream)
+        assert headers["grpc-status"] == "4"
+        assert re.fullmatch(STALL, headers["grpc-message"])
+        # the connection is fine: a ping is answered
+        client.send(h2.PING, 0, 0, b"still-up")
+        frames = client.frames_until(lambda f: f.kind == h2.PING)
+        assert frames[-1].payload == b"still-up"
+    finally:
+        client.close()
+    _assert_serving(impatient)
+
+
+def test_a_stream_with_a_stalled_request_ends_but_a_quiet_one_does_not(
+        impatient: RunningServer) -> None:
+    request = pb.ModelInferRequest(model_name="identity", id="ok")
+    item = request.inputs.add(name="INPUT__0", datatype="FP32")
+    item.shape.extend([1, 3, 4])
+    request.raw_input_contents.append(np.ones(12, np.float32).tobytes())
+    message = request.SerializeToString()
+    client = h2.H2Client(_port(impatient))
+    try:
+        stream = client.call("ModelStreamInfer", message, end_stream=False)
+        time.sleep(1.0)  # quiet between requests: allowed for as long as the client likes
+        client.send(h2.DATA, 0, stream, b"\x00\x00\x00\x01\x00")  # half a request, then silence
+        headers, data = client.response(stream)
+    finally:
+        client.close()
+    answer = pb.ModelStreamInferResponse.FromString(data[5:])
+    assert answer.infer_response.id == "ok"
+    assert headers["grpc-status"] == "4"
+
+
+def test_a_connection_that_never_sends_its_preface_is_closed(impatient: RunningServer) -> None:
+    with socket.create_connection(("127.0.0.1", _port(impatient)), timeout=10) as sock:
+        sock.sendall(b"PRI * HTTP/2.0\r\n")  # a third of the preface, then nothing
+        data = _read_all(sock)
+    assert h2.GOAWAY in _frame_kinds(data)
+
+
+def test_an_idle_grpc_connection_stays_open(impatient: RunningServer) -> None:
+    client = h2.H2Client(_port(impatient))
+    try:
+        client.send(h2.PING, 0, 0, b"first...")
+        client.frames_until(lambda f: f.kind == h2.PING)
+        time.sleep(1.5)  # past both timeouts, with no call open
+        client.send(h2.PING, 0, 0, b"second..")
+        frames = client.frames_until(lambda f: f.kind == h2.PING)
+        assert frames and frames[-1].payload == b"second.."
+    finally:
+        client.close()
+
+
+def _frame_kinds(data: bytes) -> list[int]:
+    kinds = []
+    while len(data) >= 9:
+        length = int.from_bytes(data[:3], "big")
+        kinds.append(data[3])
+        data = data[9 + length:]
+    return kinds
