@@ -152,3 +152,37 @@ def _frame_kinds(data: bytes) -> list[int]:
         kinds.append(data[3])
         data = data[9 + length:]
     return kinds
+
+
+def test_tritonclient_reconnects_after_its_idle_connection_was_closed(
+        impatient: RunningServer) -> None:
+    """tritonclient's HTTP clients (geventhttpclient, aiohttp) keep connections in a pool;
+    one the server closed while idle must cost nothing but a new connection."""
+    import asyncio
+
+    import tritonclient.http as httpclient
+    import tritonclient.http.aio as httpaio
+
+    value = np.arange(12, dtype=np.float32).reshape(1, 3, 4)
+
+    def request(module) -> list:
+        item = module.InferInput("INPUT__0", [1, 3, 4], "FP32")
+        item.set_data_from_numpy(value)
+        return [item]
+
+    client = httpclient.InferenceServerClient(impatient.url)
+    try:
+        for _ in range(2):
+            assert client.infer("identity", request(httpclient)).as_numpy(
+                "OUTPUT__0").tolist() == value.tolist()
+            time.sleep(1.5)  # past the keep-alive timeout: the server closes the connection
+    finally:
+        client.close()
+
+    async def scenario() -> None:
+        async with httpaio.InferenceServerClient(impatient.url) as aio:
+            for _ in range(2):
+                result = await aio.infer("identity", request(httpaio))
+                assert result.as_numpy("OUTPUT__0").tolist() == value.tolist()
+                await asyncio.sleep(1.5)
+    asyncio.run(asyncio.wait_for(scenario(), 30))
