@@ -22,25 +22,37 @@ def _record(cap: BatchCap, rows: int, ms_per_row: float, times: int = 3) -> None
         cap.record(rows, int(ms_per_row * MS * rows))
 
 
-def test_no_cap_without_two_measured_sizes() -> None:
+def test_batches_start_at_one_row_and_probe_the_next_size_until_it_is_measured() -> None:
     cap = BatchCap(64)
-    assert cap.limit == 64 and cap.rows_for_next_batch() == 64
+    assert cap.limit == 1
+    limits = [cap.rows_for_next_batch() for _ in range(8)]
+    assert limits == [1, 3] * 4  # 2–3 rows not measured yet: every second batch tries them
     _record(cap, 1, 71.0, times=10)
-    _record(cap, 14, 93.0, times=2)  # one batch short of counting
-    assert cap.limit == 64
+    _record(cap, 2, 90.0, times=2)  # one batch short of counting
+    assert cap.limit == 1 and cap.rows_for_next_batch() in (1, 3)
+
+
+def test_eager_probes_only_while_they_are_cheap() -> None:
+    slow, quick = BatchCap(64), BatchCap(64)
+    _record(slow, 1, 71.0)   # a probe of 3 rows would take 213 ms: no hurry
+    _record(quick, 1, 2.0)   # 6 ms: every second batch until 2–3 rows are measured
+    assert [slow.rows_for_next_batch() for _ in range(2 * PROBE_EVERY)].count(3) == 2
+    assert [quick.rows_for_next_batch() for _ in range(2 * PROBE_EVERY)].count(3) == PROBE_EVERY
 
 
 def test_dearer_large_batches_cap_at_the_cheapest_size_and_probe_one_bucket_up() -> None:
     cap = BatchCap(64)
     _record(cap, 1, 71.0)
-    _record(cap, 12, 84.0)   # ResNet-50 on one CPU thread: a row costs more in a batch
+    _record(cap, 2, 84.0)    # ResNet-50 on one CPU thread: a row costs more in a batch
     assert cap.limit == 1
     limits = [cap.rows_for_next_batch() for _ in range(2 * PROBE_EVERY)]
-    assert limits.count(3) == 2 and set(limits) == {1, 3}
-    _record(cap, 2, 72.0)    # the probes find 2–3 rows as cheap as one (within 5 %)
+    assert limits.count(3) == 2 and set(limits) == {1, 3}  # measured: now and then only
+    _record(cap, 2, 72.0, times=6)  # later 2–3 rows are as cheap (within 5 %): still one,
+    assert cap.limit == 1           # the smallest batches as cheap as any
+    _record(cap, 2, 63.0, times=12)  # 11 % cheaper: batches take them, no more
     assert cap.limit == 3
-    _record(cap, 2, 90.0, times=6)  # and later dearer: the moving average follows
-    assert cap.limit == 1
+    _record(cap, 2, 50.0, times=12)  # 30 % cheaper, past GROW_MARGIN: the limit grows
+    assert cap.limit == 7
 
 
 def test_cheaper_rows_grow_the_limit_a_bucket_at_a_time_to_the_maximum() -> None:
@@ -56,11 +68,19 @@ def test_cheaper_rows_grow_the_limit_a_bucket_at_a_time_to_the_maximum() -> None
     assert cap.limit == 64
 
 
+def test_a_plateau_settles_on_its_smallest_size() -> None:
+    cap = BatchCap(64)
+    for rows, ms in ((1, 3.0), (2, 2.0), (6, 1.2), (12, 1.01), (24, 1.0)):
+        _record(cap, rows, ms)
+    assert cap.limit == 15  # 8–15 rows are within 5 % of 16–31's cost: no need to wait for 31
+
+
 def test_cheap_models_are_never_capped() -> None:
     cap = BatchCap(64)
-    _record(cap, 1, 0.035)
-    _record(cap, 2, 0.050)   # dearer per row, but under MIN_COST_NS: loop work dominates
-    assert MIN_COST_NS > 0.050 * MS and cap.limit == 64
+    _record(cap, 1, 0.035)   # under MIN_COST_NS a row: the loop's work dominates
+    assert MIN_COST_NS > 0.035 * MS and cap.limit == 64  # uncapped once batches of one count
+    _record(cap, 2, 0.050)   # dearer per row, still cheap
+    assert cap.limit == 64
 
 
 @pytest.fixture(scope="module")

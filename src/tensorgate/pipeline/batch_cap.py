@@ -8,13 +8,19 @@ clients form lower throughput; and for a cheap model the gather copy of every in
 more than the call it saves.
 
 `BatchCap` keeps the executor's time per row (gather, forward, split: everything the
-executor spends on a batch) by batch-size bucket (1, 2–3, 4–7, …), as a moving average. Once
-two buckets are measured, batches are limited to the upper end of the largest bucket whose
-cost per row is within MARGIN of the cheapest bucket's — or, when that is the largest bucket
-measured, to the next bucket's, so batches grow a bucket at a time while each is as cheap
-(on a GPU, where a row gets cheaper as batches grow, up to `max_batch_size`) and never jump
-to sizes nobody has measured. While capped, one batch in PROBE_EVERY may take the next
-bucket's rows, so that a change (other load, inputs of another size) is seen.
+executor spends on a batch) by batch-size bucket (1, 2–3, 4–7, …), as a moving average.
+Batches start at one row and grow a bucket at a time: a batch may take the upper end of the
+smallest bucket whose cost per row is within MARGIN of the cheapest bucket's (as much
+throughput, and the least time waiting behind a batch) — or, when the largest bucket
+measured is cheaper than every smaller one by GROW_MARGIN, the next bucket's (on a GPU,
+where a row gets cheaper as batches grow, up to `max_batch_size`). While capped, one batch in PROBE_EVERY may take the next
+bucket's rows, so that a change (other load, inputs of another size) is seen; every second
+one while that bucket is not yet measured and such a batch is cheap (_EAGER_PROBE_NS).
+
+Why start small: before anything is measured, a burst of waiting clients would form one
+batch of up to max_batch_size whose rows all wait for all of it. ResNet-50 on the 2-core
+machine, 16 connections: the first batches took 14 rows (1.3 s each), and those alone put
+P99 at 1.4 s against 0.65 s with batches of one (bench/RESULTS.md).
 
 Models cheaper than MIN_COST_NS a row are left alone: there the work outside the executor
 (the loop's dispatch and delivery, two thread hand-offs per batch) weighs more than what the
@@ -26,11 +32,17 @@ A request is never split: one whose own rows exceed the cap runs as a batch by i
 
 from __future__ import annotations
 
-__all__ = ["BatchCap", "MARGIN", "MIN_COST_NS", "PROBE_EVERY"]
+__all__ = ["BatchCap", "GROW_MARGIN", "MARGIN", "MIN_COST_NS", "PROBE_EVERY"]
 
 MARGIN = 0.05       # a bucket within 5 % of the cheapest cost per row counts as as cheap
+# Batches grow past the largest size measured only when it is this much cheaper a row than
+# every smaller one: averages of a few batches under contention differ by 5–10 % for
+# nothing (ResNet-50 on 2 busy cores), while a GPU's rows get 30–50 % cheaper a step.
+GROW_MARGIN = 0.15
 MIN_COST_NS = 1_000_000  # below 1 ms a row, batching is not capped
 PROBE_EVERY = 16    # while capped, every 16th batch may take one bucket more
+_EAGER_PROBE = 2    # every 2nd while that bucket has too few samples to count, if cheap:
+_EAGER_PROBE_NS = 20_000_000  # a probe expected to take longer waits its PROBE_EVERY turn
 _ALPHA = 0.25       # weight of a new batch in its bucket's moving average
 _MIN_SAMPLES = 3    # batches a bucket needs before it counts
 
@@ -45,7 +57,7 @@ class BatchCap:
         buckets = max(max_rows, 1).bit_length()
         self._cost = [0.0] * buckets  # ns per row, moving average
         self._samples = [0] * buckets
-        self._limit = max_rows
+        self._limit = 1  # slow start: one row until batches are measured
         self._taken = 0
 
     @property
@@ -58,9 +70,20 @@ class BatchCap:
         if self._limit >= self._max_rows:
             return self._max_rows
         self._taken += 1
-        if self._taken % PROBE_EVERY == 0:
-            return min(self._max_rows, 2 * self._limit + 1)
+        probe = min(self._max_rows, 2 * self._limit + 1)
+        if self._taken % self._probe_every(probe) == 0:
+            return probe
         return self._limit
+
+    def _probe_every(self, probe: int) -> int:
+        """Probe eagerly while the next bucket is unmeasured and a probe is cheap: a probe of
+        ResNet-50 on a CPU (15 rows, 1.2 s) every second batch would stretch the tail."""
+        if self._samples[self._limit.bit_length()] >= _MIN_SAMPLES:
+            return PROBE_EVERY
+        below = self._limit.bit_length() - 1  # the limit's own bucket
+        if self._samples[below] and probe * self._cost[below] > _EAGER_PROBE_NS:
+            return PROBE_EVERY
+        return _EAGER_PROBE
 
     def record(self, rows: int, busy_ns: int) -> bool:
         """Count a finished batch of `rows` rows that kept its executor `busy_ns`; returns
@@ -81,12 +104,17 @@ class BatchCap:
 
     def _decide(self) -> int:
         seen = [b for b, n in enumerate(self._samples) if n >= _MIN_SAMPLES]
-        if len(seen) < 2:
+        if not seen:
             return self._limit
         cheapest = min(self._cost[b] for b in seen)
         if cheapest < MIN_COST_NS:
             return self._max_rows
-        top = max(b for b in seen if self._cost[b] <= cheapest * (1 + MARGIN))
-        if top == seen[-1]:  # the largest batches measured are as cheap as any: one more
-            top += 1
+        if len(seen) < 2:
+            return self._limit
+        # The smallest batches as cheap as any: as much throughput, and the least waiting
+        # behind a batch (a request that just missed one waits for all of its rows).
+        top = min(b for b in seen if self._cost[b] <= cheapest * (1 + MARGIN))
+        if top == seen[-1] and all(self._cost[b] * (1 - GROW_MARGIN) > cheapest
+                                   for b in seen[:-1]):
+            top += 1  # only the largest batches measured are that cheap, by far: one more
         return min(self._max_rows, (2 << top) - 1)

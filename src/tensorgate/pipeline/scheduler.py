@@ -49,7 +49,7 @@ class Scheduler:
         self._max_queue = policy.max_queue_size if policy is not None else 0
         self._preserve_order = policy.preserve_ordering if policy is not None else False
         self._cap = BatchCap(self._max_rows) if measured_cap and self._max_rows > 1 else None
-        stats.batch_rows_limit = self._max_rows
+        stats.batch_rows_limit = self._max_rows if self._cap is None else self._cap.limit
         self._queue: deque[WorkItem] = deque()
         self._idle: list[_Executor] = []  # a stack: the last to finish runs next (warm caches)
         self._spares: set[_Executor] = set()  # taken only when no other executor is idle
