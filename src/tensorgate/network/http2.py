@@ -218,8 +218,7 @@ class Http2Connection(asyncio.BufferedProtocol):
         streams, self.streams = self.streams, {}
         self._blocked.clear()
         for stream in streams.values():
-            if stream.handler is not None:
-                stream.handler.cancelled()
+            self._cancel(stream)
         self._on_close(self)
 
     def pause_writing(self) -> None:
@@ -255,7 +254,11 @@ class Http2Connection(asyncio.BufferedProtocol):
         stream = self.streams.get(self._data_stream)
         if stream is None or stream.handler is None:
             return None
-        target = stream.handler.receive_buffer(self._data_left - self._data_padding)
+        try:
+            target = stream.handler.receive_buffer(self._data_left - self._data_padding)
+        except Exception as error:
+            self._failed(stream, error)
+            return None
         return target if target is not None and len(target) >= _DIRECT_READ else None
 
     def buffer_updated(self, nbytes: int) -> None:
@@ -265,7 +268,10 @@ class Http2Connection(asyncio.BufferedProtocol):
                 self._direct = False
                 stream = self.streams[self._data_stream]
                 assert stream.handler is not None
-                stream.handler.data_written(nbytes)
+                try:
+                    stream.handler.data_written(nbytes)
+                except Exception as error:
+                    self._failed(stream, error)
                 self._data_left -= nbytes
                 if self._data_left == 0:
                     self._data_end()
@@ -414,10 +420,15 @@ class Http2Connection(asyncio.BufferedProtocol):
         stream = Http2Stream(stream_id, self._peer_initial)
         stream.remote_closed = end_stream  # so an answer given at once sends no RST_STREAM
         self.streams[stream_id] = stream
-        handler = self._open_stream(self, stream, [(str(k), str(v)) for k, v in fields])
-        stream.handler = handler
+        try:
+            handler = self._open_stream(self, stream, [(str(k), str(v)) for k, v in fields])
+            stream.handler = handler
+            if end_stream:
+                handler.end_received()
+        except Exception as error:
+            self._failed(stream, error)
+            return
         if end_stream:
-            handler.end_received()
             self._forget_if_closed(stream)
 
     def _data_begin(self, stream_id: int, flags: int, length: int) -> None:
@@ -462,7 +473,10 @@ class Http2Connection(asyncio.BufferedProtocol):
         content = min(take, content_left)
         stream = self.streams.get(self._data_stream)
         if content > 0 and stream is not None and stream.handler is not None:
-            stream.handler.data_received(self._view[self._start:self._start + content])
+            try:
+                stream.handler.data_received(self._view[self._start:self._start + content])
+            except Exception as error:
+                self._failed(stream, error)
         self._start += take
         self._data_left -= take
         if self._data_left == 0:
@@ -510,7 +524,11 @@ class Http2Connection(asyncio.BufferedProtocol):
     def _end_of_stream(self, stream: Http2Stream) -> None:
         stream.remote_closed = True
         if stream.handler is not None:
-            stream.handler.end_received()
+            try:
+                stream.handler.end_received()
+            except Exception as error:
+                self._failed(stream, error)
+                return
         self._forget_if_closed(stream)
 
     def _settings(self, flags: int, stream_id: int, payload: memoryview) -> None:
@@ -660,7 +678,10 @@ class Http2Connection(asyncio.BufferedProtocol):
         if done:
             self._local_end(stream)
         elif had_pending and not stream.pending and stream.handler is not None:
-            stream.handler.drained()
+            try:
+                stream.handler.drained()
+            except Exception as error:
+                self._failed(stream, error)
 
     def _flush_blocked(self) -> None:
         for stream in list(self._blocked.values()):
@@ -693,9 +714,24 @@ class Http2Connection(asyncio.BufferedProtocol):
         self._blocked.pop(stream_id, None)
         if stream is not None:
             stream.local_closed = stream.remote_closed = True
-            if stream.handler is not None:
-                stream.handler.cancelled()
+            self._cancel(stream)
         self._close_if_done()
+
+    @staticmethod
+    def _cancel(stream: Http2Stream) -> None:
+        if stream.handler is not None:
+            try:
+                stream.handler.cancelled()
+            except Exception:
+                log.exception("HTTP/2 stream %d: its handler failed to cancel", stream.id)
+
+    def _failed(self, stream: Http2Stream, error: Exception) -> None:
+        """A stream's handler raised (a bug above this layer): that stream is reset, and the
+        connection's other streams — a gRPC client's every call — carry on."""
+        log.error("HTTP/2 stream %d: its handler raised; the stream is reset", stream.id,
+                  exc_info=error)
+        if self.streams.get(stream.id) is stream:
+            self._reset(stream.id, INTERNAL_ERROR)
 
     def reset(self, stream: Http2Stream, code: int = INTERNAL_ERROR) -> None:
         """Abandon a stream (the layer above could not answer it)."""
@@ -726,8 +762,11 @@ class Http2Connection(asyncio.BufferedProtocol):
                 continue
             inside = self._data_left and self._data_stream == stream.id  # a frame arriving
             quiet = now - (self._last_read if inside else stream.last_data)
-            if quiet > read_timeout_s and handler.waiting():
-                handler.timed_out(quiet, read_timeout_s)
+            try:
+                if quiet > read_timeout_s and handler.waiting():
+                    handler.timed_out(quiet, read_timeout_s)
+            except Exception as error:
+                self._failed(stream, error)
 
     def close_when_idle(self) -> None:
         """Graceful close: GOAWAY now (no new streams), close once open streams finish."""

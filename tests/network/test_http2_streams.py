@@ -1,0 +1,107 @@
+"""The HTTP/2 layer keeps a connection's streams apart: a stream whose handler raises (a bug
+above the layer) is reset alone, and the connection's other streams — all of a gRPC client's
+calls share one connection — carry on. Driven through the asyncio protocol methods the event
+loop calls, with a transport that records what the layer writes."""
+
+from __future__ import annotations
+
+import asyncio
+
+import hpack
+import pytest
+
+from tensorgate.network import http2
+from tests.e2e.h2_client import (DATA, END_HEADERS, END_STREAM, GOAWAY, HEADERS, PREFACE,
+                                 RST_STREAM, SETTINGS, H2Client)
+
+
+class _Recorder(asyncio.Transport):
+    def __init__(self) -> None:
+        super().__init__()
+        self.written = bytearray()
+        self.closed = False
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        self.written += data
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class _Handler:
+    def __init__(self, explode: bool) -> None:
+        self.explode = explode
+        self.data = b""
+        self.ended = self.cancelled_ = False
+
+    def data_received(self, data: memoryview) -> None:
+        if self.explode:
+            raise RuntimeError("a bug in the layer above")
+        self.data += bytes(data)
+
+    def receive_buffer(self, limit: int) -> memoryview | None:
+        return None
+
+    def data_written(self, nbytes: int) -> None:
+        pass
+
+    def end_received(self) -> None:
+        self.ended = True
+
+    def cancelled(self) -> None:
+        self.cancelled_ = True
+
+    def drained(self) -> None:
+        pass
+
+    def waiting(self) -> bool:
+        return False
+
+    def timed_out(self, quiet_s: float, limit_s: float) -> None:
+        pass
+
+
+def _frames(data: bytes) -> list[tuple[int, int, int, bytes]]:
+    out = []
+    while len(data) >= 9:
+        length = int.from_bytes(data[:3], "big")
+        stream = int.from_bytes(data[5:9], "big") & 0x7FFFFFFF
+        out.append((data[3], data[4], stream, data[9:9 + length]))
+        data = data[9 + length:]
+    return out
+
+
+def test_a_failing_stream_is_reset_alone(caplog: pytest.LogCaptureFixture) -> None:
+    handlers: dict[int, _Handler] = {}
+
+    def open_stream(connection, stream, headers) -> _Handler:
+        handlers[stream.id] = _Handler(explode=stream.id == 1)
+        return handlers[stream.id]
+
+    connection = http2.Http2Connection(open_stream, lambda c: None)
+    transport = _Recorder()
+    connection.connection_made(transport)
+    encoder = hpack.Encoder()
+    block = encoder.encode([(":method", "POST"), (":path", "/x"), (":scheme", "http"),
+                            (":authority", "a")])
+    incoming = (PREFACE + H2Client.frame(SETTINGS, 0, 0, b"")
+                + H2Client.frame(HEADERS, END_HEADERS, 1, block)
+                + H2Client.frame(HEADERS, END_HEADERS, 3, block)
+                + H2Client.frame(DATA, 0, 1, b"boom")
+                + H2Client.frame(DATA, END_STREAM, 3, b"fine"))
+    buffer = connection.get_buffer(len(incoming))
+    buffer[:len(incoming)] = incoming
+    connection.buffer_updated(len(incoming))
+
+    frames = _frames(bytes(transport.written))
+    resets = [(stream, int.from_bytes(payload, "big")) for kind, _, stream, payload in frames
+              if kind == RST_STREAM]
+    assert resets == [(1, http2.INTERNAL_ERROR)]
+    assert not any(kind == GOAWAY for kind, *_ in frames) and not transport.closed
+    assert handlers[1].cancelled_
+    assert (handlers[3].data, handlers[3].ended, handlers[3].cancelled_) == (b"fine", True,
+                                                                             False)
+    assert "HTTP/2 stream 1: its handler raised; the stream is reset" in caplog.text
