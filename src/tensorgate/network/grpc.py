@@ -34,6 +34,7 @@ log = logging.getLogger("tensorgate.grpc")
 _MODEL_INFER = f"/{INFERENCE_SERVICE}/ModelInfer"
 _MODEL_STREAM_INFER = f"/{INFERENCE_SERVICE}/ModelStreamInfer"
 _KNOWN = ", ".join([_MODEL_INFER, _MODEL_STREAM_INFER, *UNARY])
+_MORE_THAN_ONE = "a unary call carried more than one request message"
 
 
 class _Answered:
@@ -92,7 +93,7 @@ class _Call:
 
     def _whole(self, message: Any, encoding: str, ledger: CopyLedger) -> None:
         if self._request is not None:
-            raise Failure("INTERNAL", "a unary call carried more than one request message")
+            raise Failure("INTERNAL", _MORE_THAN_ONE)
         self._request = (message, encoding, ledger)
 
     def data_received(self, data: memoryview) -> None:
@@ -100,10 +101,10 @@ class _Call:
             return
         try:
             if self._request is not None:
-                raise Failure("INTERNAL", "a unary call carried more than one request message")
+                raise Failure("INTERNAL", _MORE_THAN_ONE)
             self.reader.feed(data)
             if self._request is not None and self.reader.partial:
-                raise Failure("INTERNAL", "a unary call carried more than one request message")
+                raise Failure("INTERNAL", _MORE_THAN_ONE)
         except Failure as failure:
             self._fail(failure.code, failure.message)
         except TensorgateError as error:  # a malformed message, found while placing it
