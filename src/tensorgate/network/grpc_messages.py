@@ -143,7 +143,7 @@ class MessageReader:
         self._on_message = on_message
         self._on_refused = on_refused
         self._skipping: Failure | None = None  # why the message being read past was refused
-        self._ledger = CopyLedger()
+        self._ledger: CopyLedger | None = None  # the current message's copies: its own
         self._prefix = bytearray()      # the 5-byte length prefix, as it arrives
         self._length = -1               # the message's length once the prefix is in
         self._received = 0
@@ -235,6 +235,7 @@ class MessageReader:
                                                 f"the {self._limit}-byte limit "
                                                 "(--max-request-bytes)")
         self._length, self._received = length, 0
+        self._ledger = CopyLedger()
         self._message_encoding = self._encoding if flag else "identity"
         if self._place_messages and not flag:
             self._head = bytearray()
@@ -276,8 +277,10 @@ class MessageReader:
 
     def _done(self) -> None:
         message, ledger, encoding = self._message, self._ledger, self._message_encoding
+        assert ledger is not None
+        self._ledger = None
         skipped, self._skipping = self._skipping, None
-        self._message, self._ledger = None, CopyLedger()
+        self._message = None
         self._length = -1
         self._prefix.clear()
         if skipped is not None:
