@@ -109,7 +109,7 @@ class Http2Stream:
                  "reading_paused", "head", "pending", "pending_bytes", "trailers",
                  "remote_closed", "local_closed", "last_data")
 
-    def __init__(self, stream_id: int, send_window: int) -> None:
+    def __init__(self, stream_id: int, send_window: int, opened_at: float) -> None:
         self.id = stream_id
         self.handler: StreamHandler | None = None
         self.send_window = send_window
@@ -123,7 +123,7 @@ class Http2Stream:
         self.trailers: bytes | None = None  # the trailer block, sent after `pending`
         self.remote_closed = False
         self.local_closed = False
-        self.last_data = time.monotonic()  # when its last DATA frame began (or it opened)
+        self.last_data = opened_at  # when its last DATA frame began (or it opened)
 
 
 def _integer(value: int, prefix_bits: int, first: int = 0) -> bytes:
@@ -417,7 +417,7 @@ class Http2Connection(asyncio.BufferedProtocol):
         if self.going_away or len(self.streams) >= _MAX_STREAMS:
             self._reset(stream_id, REFUSED_STREAM)
             return
-        stream = Http2Stream(stream_id, self._peer_initial)
+        stream = Http2Stream(stream_id, self._peer_initial, self._last_read)
         stream.remote_closed = end_stream  # so an answer given at once sends no RST_STREAM
         self.streams[stream_id] = stream
         try:

@@ -13,9 +13,10 @@ Batches start at one row and grow a bucket at a time: a batch may take the upper
 smallest bucket whose cost per row is within MARGIN of the cheapest bucket's (as much
 throughput, and the least time waiting behind a batch) — or, when the largest bucket
 measured is cheaper than every smaller one by GROW_MARGIN, the next bucket's (on a GPU,
-where a row gets cheaper as batches grow, up to `max_batch_size`). While capped, one batch in PROBE_EVERY may take the next
-bucket's rows, so that a change (other load, inputs of another size) is seen; every second
-one while that bucket is not yet measured and such a batch is cheap (_EAGER_PROBE_NS).
+where a row gets cheaper as batches grow, up to `max_batch_size`). While capped, one batch
+in PROBE_EVERY may take the next bucket's rows, so that a change (other load, inputs of
+another size) is seen; every second one while that bucket is not yet measured and such a
+batch is cheap (_EAGER_PROBE_NS).
 
 Why start small: before anything is measured, a burst of waiting clients would form one
 batch of up to max_batch_size whose rows all wait for all of it. ResNet-50 on the 2-core
