@@ -154,6 +154,12 @@ def test_buffers_return_by_reference_counting_alone(repo: pathlib.Path) -> None:
             del results, views
             with pytest.raises(TensorgateError, match="negative input"):  # the failure path too
                 await engine.infer(_request("failing", torch.full((1, 4), -1.0)))
+            # An executor thread may not have run since it reported its last batch (it waits
+            # for the GIL); a cycle, with the GC off, never lets go however long one waits.
+            for _ in range(100):
+                if not pool.statistics().bytes_in_use:
+                    break
+                await asyncio.sleep(0.01)
             assert pool.statistics().bytes_in_use == 0
         finally:
             gc.enable()

@@ -375,8 +375,9 @@ class Engine:
         loaded = self._resolve(request.model, request.version)
         item = _work_item(loaded, request, asyncio.get_running_loop())
         loaded.scheduler.submit(item)
-        await item.future  # cancelling the caller cancels this future: the scheduler drops it
-        return InferenceResult(loaded.spec.name, loaded.version, request.id, item.results,
+        # cancelling the caller cancels this future: the scheduler drops it
+        results = await item.future
+        return InferenceResult(loaded.spec.name, loaded.version, request.id, results,
                                item.times, item.ledger)
 
 

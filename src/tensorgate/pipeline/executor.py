@@ -242,6 +242,10 @@ class ExecutorThread:
         runner = self._runner
         assert runner is not None
         started = time.monotonic_ns()
+        # What this thread holds of a batch is let go before it reports the batch done: the
+        # loop may answer and the pool take the buffers back before this thread runs again.
+        inputs: Any = None
+        raw: Any = None
         try:
             with torch.inference_mode(), self._on_stream():
                 inputs = self._gather(batch)
@@ -259,13 +263,17 @@ class ExecutorThread:
             self.batches_run += 1
         except Exception as error:  # the model's fault fails this batch only
             batch.error = _model_error(s.spec.name, error)
+            inputs = raw = None
             self._report(self._on_done_and_idle, batch)
             return
+        inputs = None
         if runner.postprocess is not None or s.postprocessor is not None:
             self._postprocess_pool.submit(self._finish_and_report, batch, raw)
+            raw = None
             self._report(self._on_idle, self)
         else:
             self._finish(batch, raw)
+            raw = None
             self._report(self._on_done_and_idle, batch)  # one wake-up of the loop, not two
 
     def _on_done_and_idle(self, batch: Batch) -> None:
@@ -276,6 +284,7 @@ class ExecutorThread:
     def _finish_and_report(self, batch: Batch, raw: Any) -> None:
         """In the post-processing pool."""
         self._finish(batch, raw)
+        del raw  # not held while the loop answers (see _execute)
         self._report(self._on_batch_done, batch)
 
     def _gather(self, batch: Batch) -> dict[str, Any]:

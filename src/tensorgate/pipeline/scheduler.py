@@ -241,6 +241,7 @@ class Scheduler:
             error = batch.error
             for item in batch.items:
                 self._fail(item, error, now, "BACKEND")
+                item.release()
             return
         self._stats.record_batch(batch.rows, batch.input_ns, batch.infer_ns, batch.output_ns)
         if self._cap is not None and self._cap.record(
@@ -256,9 +257,11 @@ class Scheduler:
             times.total_ns = now - item.enqueued_ns
             self._stats.record_success(times, item.ledger.bytes)
             if not item.future.done():
-                # None, not the item: the item holds its future, so a future holding the
-                # item is a reference cycle, and every request's tensors would wait for the GC
-                item.future.set_result(None)
+                # The results, not the item: the item holds its future, so a future holding
+                # the item is a reference cycle, and every request's tensors would wait for
+                # the GC.
+                item.future.set_result(item.results)
+            item.release()
 
     def _fail(self, item: WorkItem, error: BaseException, now: int, reason: str) -> None:
         self._stats.record_failure(now - item.enqueued_ns, reason)

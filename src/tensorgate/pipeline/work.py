@@ -16,6 +16,8 @@ from tensorgate.tensor.view import TensorView
 
 __all__ = ["Batch", "WorkItem"]
 
+_RELEASED: dict[str, Any] = {}  # an answered item's inputs and results; never written to
+
 
 class WorkItem:
     """One request inside the pipeline."""
@@ -36,6 +38,13 @@ class WorkItem:
         self.ledger = ledger
         self.times = StageTimes()
         self.results: dict[str, TensorView] = {}
+
+    def release(self) -> None:
+        """Its batch is done and it is answered: the item lets go of its tensors (the future
+        holds the results). The executor thread may still hold the batch for a moment after
+        it reported it done, and must not keep the request's buffers out of the pool
+        meanwhile. Only once the batch is done: the executor writes `results` until then."""
+        self.inputs = self.results = _RELEASED
 
 
 class Batch:
