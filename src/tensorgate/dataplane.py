@@ -102,7 +102,8 @@ class DataPlane:
         if decoded.outputs:
             wanted = [o.name for o in decoded.outputs]
         result = await self.engine.infer(InferenceRequest(
-            name, inputs, number, wanted, decoded.timeout_us, decoded.id, ledger))
+            name, inputs, number, wanted, decoded.timeout_us, decoded.id, ledger,
+            decoded.priority))
         outputs = result.outputs
         binary = {n: decoded.binary_default or decoded.raw_binary for n in outputs}
         in_shm: dict[str, tuple[str, int, int]] = {}

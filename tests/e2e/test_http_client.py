@@ -39,7 +39,8 @@ def test_health_metadata_config_and_index(client: httpclient.InferenceServerClie
     assert config["max_batch_size"] == 8 and config["input"][0]["data_type"] == "TYPE_FP32"
     names = {entry["name"]: entry["state"] for entry in client.get_model_repository_index()}
     assert names == {"identity": "READY", "linear": "READY", "failing": "READY",
-                     "slow": "READY", "wide": "READY", "paced": "READY"}
+                     "slow": "READY", "wide": "READY", "paced": "READY",
+                     "ranked": "READY"}
 
 
 @pytest.mark.parametrize("binary_in, binary_out", [(True, True), (False, False), (True, False),

@@ -33,6 +33,13 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
     rb.add_python(root, "slow_timeout", """dynamic_batching { default_queue_policy {
                       default_timeout_microseconds: 50000 allow_timeout_override: true } }""",
                   delay_s=0.25, max_batch=1)
+    rb.add_python(root, "ranked", """dynamic_batching { priority_levels: 2
+                      default_priority_level: 2
+                      priority_queue_policy { key: 1 value { max_queue_size: 1 } } }""",
+                  delay_s=0.2, max_batch=1)
+    rb.add_python(root, "delayed", """dynamic_batching { default_queue_policy {
+                      timeout_action: DELAY default_timeout_microseconds: 50000
+                      allow_timeout_override: true } }""", delay_s=0.2, max_batch=1)
     return root
 
 

@@ -8,7 +8,7 @@ import pytest
 
 from tensorgate.errors import ModelConfigError, NotFoundError
 from tensorgate.repository.layout import artifact_path, discover_models, load_source
-from tensorgate.repository.model_config import parse_model_config
+from tensorgate.repository.model_config import QueuePolicy, parse_model_config
 
 FULL = """
 name: "resnet50"
@@ -36,7 +36,7 @@ def test_full_config_is_honoured() -> None:
     assert spec.outputs[0].label_filename == "labels.txt"
     b = spec.batching
     assert b is not None and b.preferred_batch_sizes == (4, 8) and b.max_queue_delay_us == 100
-    assert (b.max_queue_size, b.default_timeout_us, b.allow_timeout_override) == (16, 5000, True)
+    assert b.queues == (QueuePolicy(16, 5000, True),) and b.level(0) == b.level(3) == 0
     assert spec.instance_groups[0].count == 2 and spec.instance_groups[0].kind == "KIND_CPU"
     assert spec.version_policy == ("latest", (2,))
     assert spec.parameters == {"INTRA_OP_THREAD_COUNT": "1"}
@@ -60,10 +60,44 @@ def test_full_config_is_honoured() -> None:
      '{ name: "a" data_type: TYPE_FP32 dims: [1] } ]', r"input names must be unique; repeated: a$"),
     ('name: "m" version_policy { latest { num_versions: 0 } }', r"num_versions is 0"),
     ('name: "m" sequence_batching { }', r"field 'sequence_batching' is not supported"),
+    ('name: "m" max_batch_size: 1 dynamic_batching { priority_levels: 2 }',
+     r"'default_priority_level' is 0; with 'priority_levels: 2' it must lie in \[1, 2\]$"),
+    ('name: "m" max_batch_size: 1 dynamic_batching { priority_levels: 2 default_priority_level: 1 '
+     'priority_queue_policy { key: 3 value { max_queue_size: 1 } } }',
+     r"'priority_queue_policy' names levels \[3\]; with 'priority_levels: 2' they must lie in "
+     r"\[1, 2\]$"),
+    ('name: "m" max_batch_size: 1 dynamic_batching { '
+     'priority_queue_policy { key: 1 value { max_queue_size: 1 } } }',
+     r"'priority_queue_policy' names levels \[1\]; it needs 'priority_levels'$"),
+    ('name: "m" max_batch_size: 1 dynamic_batching { priority_levels: 5000 '
+     'default_priority_level: 1 }', r"'priority_levels' is 5000; at most 1000 are supported$"),
 ])
 def test_invalid_configs_name_file_and_field(text: str, message: str) -> None:
     with pytest.raises(ModelConfigError, match=message):
         parse_model_config(text, "m/config.pbtxt", "m")
+
+
+PRIORITIES = """
+name: "ranked"
+max_batch_size: 4
+dynamic_batching {
+  priority_levels: 3
+  default_priority_level: 2
+  default_queue_policy { max_queue_size: 8 default_timeout_microseconds: 1000 }
+  priority_queue_policy { key: 1 value { max_queue_size: 2 allow_timeout_override: true } }
+  priority_queue_policy { key: 3 value { timeout_action: DELAY
+                                         default_timeout_microseconds: 500 } }
+}
+"""
+
+
+def test_priority_levels_have_their_own_queue_policies() -> None:
+    b = parse_model_config(PRIORITIES, "ranked/config.pbtxt", "ranked").batching
+    assert b is not None
+    assert b.queues == (QueuePolicy(2, 0, True), QueuePolicy(8, 1000),
+                        QueuePolicy(0, 500, delay_on_timeout=True))
+    # 0 and priorities past the last level mean the default level, as in Triton
+    assert [b.level(p) for p in (0, 1, 2, 3, 4, 1 << 40)] == [1, 0, 1, 2, 1, 1]
 
 
 def _model(repo: pathlib.Path, name: str, config: str, versions: dict[str, str]) -> None:

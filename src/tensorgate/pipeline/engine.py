@@ -33,7 +33,7 @@ from tensorgate.pipeline.scheduler import Scheduler
 from tensorgate.pipeline.stats import ModelStatistics, StageTimes
 from tensorgate.pipeline.work import WorkItem
 from tensorgate.repository.layout import ModelSource, artifact_path, discover_models, load_source
-from tensorgate.repository.model_config import ModelConfigError, ModelSpec
+from tensorgate.repository.model_config import ModelConfigError, ModelSpec, QueuePolicy
 from tensorgate.tensor.copies import CopyLedger
 from tensorgate.tensor.pinned import cuda_available
 from tensorgate.tensor.pool import BufferPool, PoolStatistics, default_pool
@@ -57,6 +57,7 @@ class InferenceRequest:
     timeout_us: int | None = None
     id: str = ""
     ledger: CopyLedger = field(default_factory=CopyLedger)
+    priority: int = 0  # 1 is the highest; 0: the model's default level
 
 
 @dataclass
@@ -435,13 +436,17 @@ def _work_item(loaded: _Version, request: InferenceRequest,
     else:
         wanted = loaded.output_names
     now = time.monotonic_ns()
-    timeout_us = _timeout_us(spec, request.timeout_us)
+    batching_policy = spec.batching
+    level = batching_policy.level(request.priority) if batching_policy is not None else 0
+    timeout_us = _timeout_us(batching_policy.queues[level] if batching_policy else None,
+                             request.timeout_us)
     return WorkItem(inputs, max(rows, 1), tuple(key), wanted, loop.create_future(), now,
-                    now + timeout_us * 1000 if timeout_us else 0, request.ledger)
+                    now + timeout_us * 1000 if timeout_us else 0, request.ledger, level)
 
 
-def _timeout_us(spec: ModelSpec, requested: int | None) -> int:
-    policy = spec.batching
+def _timeout_us(policy: QueuePolicy | None, requested: int | None) -> int:
+    """A request's timeout: its own where the level's policy lets it override (or sets none),
+    otherwise the policy's default."""
     default = policy.default_timeout_us if policy is not None else 0
     if requested is None or requested <= 0:
         return default

@@ -6,8 +6,14 @@ fewer where larger batches have measured dearer per row: pipeline/batch_cap.py),
 dispatches them if the batch is full, has reached a preferred size, or the oldest has waited
 `max_queue_delay_us` (at once when the delay is 0). Otherwise one timer wakes it when the
 delay ends. A request past its deadline is answered with DEADLINE_EXCEEDED and never reaches
-the model; a cancelled one (its client went away) is dropped. Models without
-`dynamic_batching` run one request per execution, as Triton's default scheduler does.
+the model (or, under `timeout_action: DELAY`, waits behind the rest of its level); a cancelled
+one (its client went away) is dropped. Models without `dynamic_batching` run one request per
+execution, as Triton's default scheduler does.
+
+Priority levels (Triton's `priority_levels`): each level has its own bounded queue and
+policy; "oldest" above means the first request of the highest level that has any, and a
+batch fills from the levels in order, so a request of level 1 never waits behind one of
+level 2 for a free executor.
 """
 
 from __future__ import annotations
@@ -16,13 +22,14 @@ import asyncio
 import logging
 import time
 from collections import deque
+from itertools import chain
 from typing import Protocol
 
 from tensorgate.errors import DeadlineExceededError, TensorgateError, UnavailableError
 from tensorgate.pipeline.batch_cap import BatchCap
 from tensorgate.pipeline.stats import ModelStatistics
 from tensorgate.pipeline.work import Batch, WorkItem
-from tensorgate.repository.model_config import ModelSpec
+from tensorgate.repository.model_config import ModelSpec, QueuePolicy
 
 __all__ = ["Scheduler"]
 
@@ -46,11 +53,14 @@ class Scheduler:
         self._max_rows = spec.max_batch_size if policy is not None else 0
         self._delay_ns = policy.max_queue_delay_us * 1000 if policy is not None else 0
         self._preferred = policy.preferred_batch_sizes if policy is not None else ()
-        self._max_queue = policy.max_queue_size if policy is not None else 0
+        self._policies = policy.queues if policy is not None else (QueuePolicy(),)
         self._preserve_order = policy.preserve_ordering if policy is not None else False
         self._cap = BatchCap(self._max_rows) if measured_cap and self._max_rows > 1 else None
         stats.batch_rows_limit = self._max_rows if self._cap is None else self._cap.limit
-        self._queue: deque[WorkItem] = deque()
+        # Queue 2i holds level i's requests in arrival order; queue 2i+1 those of them that
+        # timed out under `timeout_action: DELAY`. Walking them in order is the order they
+        # run in (Triton's): a level's delayed requests before the next level's.
+        self._queues: list[deque[WorkItem]] = [deque() for _ in range(2 * len(self._policies))]
         self._idle: list[_Executor] = []  # a stack: the last to finish runs next (warm caches)
         self._spares: set[_Executor] = set()  # taken only when no other executor is idle
         self._running: set[Batch] = set()
@@ -63,11 +73,11 @@ class Scheduler:
     @property
     def pending(self) -> int:
         """Requests queued and not yet executing."""
-        return len(self._queue)
+        return sum(map(len, self._queues))
 
     @property
     def busy(self) -> bool:
-        return bool(self._queue) or bool(self._running)
+        return any(self._queues) or bool(self._running)
 
     def add_executor(self, executor: _Executor, *, spare: bool = False) -> None:
         """Give batches to `executor`; a `spare` one only runs when every other is busy."""
@@ -79,14 +89,17 @@ class Scheduler:
         """Queue `item`, or raise at once: UNAVAILABLE when closed or the queue is full."""
         if self._closed is not None:
             raise self._closed
-        if self._max_queue and len(self._queue) >= self._max_queue:
+        level = item.level
+        bound = self._policies[level].max_queue_size
+        if bound and self._level_size(level) >= bound:
             self._purge(time.monotonic_ns())
-            if len(self._queue) >= self._max_queue:
+            if self._level_size(level) >= bound:
+                where = f" at priority level {level + 1}" if len(self._policies) > 1 else ""
                 raise UnavailableError(
                     f"Exceeds maximum queue size: model '{self._spec.name}' already has "
-                    f"{len(self._queue)} requests queued (max_queue_size {self._max_queue}); "
-                    "retry later, or raise max_queue_size or add instances")
-        self._queue.append(item)
+                    f"{self._level_size(level)} requests queued{where} (max_queue_size "
+                    f"{bound}); retry later, or raise max_queue_size or add instances")
+        self._queues[2 * level].append(item)
         if item.deadline_ns:
             self._deadlines += 1
         self._schedule()
@@ -97,8 +110,9 @@ class Scheduler:
 
     def fail_queued(self, error: TensorgateError) -> int:
         """Answer every queued request with `error`; returns how many."""
-        items = list(self._queue)
-        self._queue.clear()
+        items = [item for queue in self._queues for item in queue]
+        for queue in self._queues:
+            queue.clear()
         self._deadlines = 0
         now = time.monotonic_ns()
         for item in items:
@@ -117,17 +131,33 @@ class Scheduler:
                 self._fail(item, error, now, "OTHER")
         return count
 
+    def _level_size(self, level: int) -> int:
+        return len(self._queues[2 * level]) + len(self._queues[2 * level + 1])
+
     # -- scheduling ------------------------------------------------------------------------
+
+    def _head(self) -> WorkItem | None:
+        """The request that runs next: the first of the highest level that has any."""
+        for queue in self._queues:
+            if queue:
+                return queue[0]
+        return None
 
     def _schedule(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+        head = self._head()
+        if head is None:
+            return
         now = time.monotonic_ns()
-        if self._deadlines or (self._queue and self._queue[0].future.done()):
+        if self._deadlines or head.future.done():
             self._purge(now)
-        while self._idle and self._queue:
-            items = self._take(now)
+        while self._idle:
+            head = self._head()
+            if head is None:
+                return
+            items = self._take(now, head)
             if items is None:
                 break
             executor = self._idle.pop()
@@ -138,18 +168,16 @@ class Scheduler:
             executor.submit(batch)
         self._arm_timer(now)
 
-    def _take(self, now: int) -> list[WorkItem] | None:
-        """The next batch to run, or None to wait for more requests."""
-        queue = self._queue
-        head = queue[0]
+    def _take(self, now: int, head: WorkItem) -> list[WorkItem] | None:
+        """The next batch to run, starting with `head`, or None to wait for more requests."""
         if not self._batching:
-            queue.popleft()
+            next(queue for queue in self._queues if queue).popleft()
             self._forget_deadline(head)
             return [head]
         limit = self._max_rows if self._cap is None else self._cap.rows_for_next_batch()
         chosen: list[WorkItem] = []
         rows = 0
-        for item in queue:
+        for item in chain.from_iterable(self._queues):
             if item.future.done():
                 continue
             if item.key != head.key:
@@ -179,47 +207,62 @@ class Scheduler:
                 return None
             chosen = cut
         taken = {id(item) for item in chosen}
-        rest: deque[WorkItem] = deque()
-        for item in queue:
-            if id(item) in taken:
-                self._forget_deadline(item)
-            elif item.future.done():  # cancelled while queued: drop it now
-                self._forget_deadline(item)
-                self._stats.record_failure(now - item.enqueued_ns, "CANCELED")
-            else:
-                rest.append(item)
-        self._queue = rest
+        for index, queue in enumerate(self._queues):
+            if not queue:
+                continue
+            rest: deque[WorkItem] = deque()
+            for item in queue:
+                if id(item) in taken:
+                    self._forget_deadline(item)
+                elif item.future.done():  # cancelled while queued: drop it now
+                    self._forget_deadline(item)
+                    self._stats.record_failure(now - item.enqueued_ns, "CANCELED")
+                else:
+                    rest.append(item)
+            self._queues[index] = rest
         return chosen
 
     def _arm_timer(self, now: int) -> None:
-        if not self._queue:
+        head = self._head()
+        if head is None:
             return
         wake = 0
         if self._idle and self._delay_ns:
-            wake = self._queue[0].enqueued_ns + self._delay_ns
+            wake = head.enqueued_ns + self._delay_ns
         if self._deadlines:
-            earliest = min(i.deadline_ns for i in self._queue if i.deadline_ns)
+            earliest = min(item.deadline_ns for item in chain.from_iterable(self._queues)
+                           if item.deadline_ns)
             wake = earliest if not wake else min(wake, earliest)
         if wake:
             self._timer = self._loop.call_later(max(wake - now, 0) / 1e9, self._schedule)
 
     def _purge(self, now: int) -> None:
-        """Drop cancelled requests; answer expired ones with DEADLINE_EXCEEDED."""
-        keep: deque[WorkItem] = deque()
-        for item in self._queue:
-            if item.future.done():  # cancelled by its client
-                self._forget_deadline(item)
-                self._stats.record_failure(now - item.enqueued_ns, "CANCELED")
-            elif item.deadline_ns and now >= item.deadline_ns:
-                self._forget_deadline(item)
-                waited_ms = (now - item.enqueued_ns) / 1e6
-                self._fail(item, DeadlineExceededError(
-                    f"request for model '{self._spec.name}' timed out after {waited_ms:.1f} ms "
-                    "in the queue, before it ran; raise its timeout or add instances"),
-                    now, "REJECTED")
-            else:
-                keep.append(item)
-        self._queue = keep
+        """Drop cancelled requests; answer expired ones with DEADLINE_EXCEEDED, or move them
+        behind the rest of their level where the level's policy says DELAY."""
+        queues = self._queues
+        for index, queue in enumerate(queues):
+            if not queue:
+                continue
+            delay = index % 2 == 0 and self._policies[index // 2].delay_on_timeout
+            keep: deque[WorkItem] = deque()
+            for item in queue:
+                if item.future.done():  # cancelled by its client
+                    self._forget_deadline(item)
+                    self._stats.record_failure(now - item.enqueued_ns, "CANCELED")
+                elif item.deadline_ns and now >= item.deadline_ns:
+                    self._forget_deadline(item)
+                    if delay:
+                        item.deadline_ns = 0
+                        queues[index + 1].append(item)  # walked next, so kept there
+                        continue
+                    waited_ms = (now - item.enqueued_ns) / 1e6
+                    self._fail(item, DeadlineExceededError(
+                        f"request for model '{self._spec.name}' timed out after "
+                        f"{waited_ms:.1f} ms in the queue, before it ran; raise its timeout or "
+                        "add instances"), now, "REJECTED")
+                else:
+                    keep.append(item)
+            queues[index] = keep
 
     def _forget_deadline(self, item: WorkItem) -> None:
         if item.deadline_ns:

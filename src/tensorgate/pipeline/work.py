@@ -23,11 +23,11 @@ class WorkItem:
     """One request inside the pipeline."""
 
     __slots__ = ("inputs", "rows", "key", "wanted", "future", "enqueued_ns", "deadline_ns",
-                 "ledger", "times", "results")
+                 "ledger", "times", "results", "level")
 
     def __init__(self, inputs: dict[str, Any], rows: int, key: tuple[Any, ...],
                  wanted: tuple[str, ...], future: asyncio.Future[Any], enqueued_ns: int,
-                 deadline_ns: int, ledger: CopyLedger) -> None:
+                 deadline_ns: int, ledger: CopyLedger, level: int = 0) -> None:
         self.inputs = inputs          # config input name → CPU tensor (numpy object for BYTES)
         self.rows = rows              # batch rows this request brings (1 when not batching)
         self.key = key                # per-item shapes: only equal keys batch together
@@ -38,6 +38,7 @@ class WorkItem:
         self.ledger = ledger
         self.times = StageTimes()
         self.results: dict[str, TensorView] = {}
+        self.level = level            # priority level's queue index: 0 is the highest
 
     def release(self) -> None:
         """Its batch is done and it is answered: the item lets go of its tensors (the future

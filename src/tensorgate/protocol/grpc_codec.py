@@ -19,8 +19,8 @@ from tritonclient.grpc import service_pb2 as pb
 
 from tensorgate.errors import InvalidArgumentError, UnimplementedError
 from tensorgate.protocol.infer_codec import (DecodedRequest, RequestedOutput,
-                                             classification_count, request_timeout,
-                                             shm_parameters)
+                                             classification_count, request_priority,
+                                             request_timeout, shm_parameters)
 from tensorgate.tensor.copies import CopyLedger, record_copy
 from tensorgate.tensor.dtypes import datatype
 from tensorgate.tensor.shm import SharedMemoryRegistry
@@ -177,7 +177,7 @@ def decode_model_infer(request: pb.ModelInferRequest, ledger: CopyLedger,
                                            classification_count(out_parameters, out.name),
                                            shm_parameters(out_parameters, out.name)))
     return DecodedRequest(request.id, inputs, outputs, True, request_timeout(parameters),
-                          parameters)
+                          parameters, priority=request_priority(parameters))
 
 
 def _from_contents(item: Any, name: str, shape: tuple[int, ...],

@@ -21,7 +21,8 @@ from tensorgate.tensor.shm import SharedMemoryRegistry
 from tensorgate.tensor.view import TensorView, checked_shape
 
 __all__ = ["DecodedRequest", "RequestedOutput", "classification_count", "decode_infer_body",
-           "encode_infer_response", "json_error", "request_timeout", "shm_parameters"]
+           "encode_infer_response", "json_error", "request_priority", "request_timeout",
+           "shm_parameters"]
 
 
 @dataclass
@@ -63,6 +64,7 @@ class DecodedRequest:
     timeout_us: int | None
     parameters: dict[str, Any] = field(default_factory=dict)
     raw_binary: bool = False  # Inference-Header-Content-Length: 0, the body is one tensor
+    priority: int = 0  # the `priority` parameter: 1 is the highest, 0 the model's default
 
 
 def _fail(message: str) -> InvalidArgumentError:
@@ -91,6 +93,15 @@ def request_timeout(parameters: dict[str, Any]) -> int | None:
         raise _fail(f"request parameter 'timeout' must be a non-negative integer of "
                     f"microseconds, got {value!r}")
     return value
+
+
+def request_priority(parameters: dict[str, Any]) -> int:
+    """The request's `priority` parameter (0 when absent: the model's default level)."""
+    value = parameters.get("priority", 0)
+    if not _is_count(value):
+        raise _fail(f"request parameter 'priority' must be a non-negative integer (1 is the "
+                    f"highest level, 0 the model's default), got {value!r}")
+    return int(value)
 
 
 def classification_count(parameters: dict[str, Any], output: str) -> int:
@@ -144,7 +155,8 @@ def decode_infer_body(body: Any, body_length: int, header_length: int | None,
     if not isinstance(binary_default, bool):
         raise _fail("request parameter 'binary_data_output' must be true or false")
     return DecodedRequest(request_id, inputs, outputs, binary_default,
-                          request_timeout(parameters), parameters)
+                          request_timeout(parameters), parameters,
+                          priority=request_priority(parameters))
 
 
 def _decode_input(raw: dict[str, Any], body: Any, body_length: int, position: int,

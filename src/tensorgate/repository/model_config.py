@@ -17,8 +17,10 @@ from tritonclient.grpc import model_config_pb2 as pb
 from tensorgate.errors import ModelConfigError
 from tensorgate.tensor.dtypes import DataType, datatype_from_config
 
-__all__ = ["BatchingPolicy", "InstanceGroup", "ModelConfigError", "ModelSpec", "TensorSpec",
-           "load_model_config", "parse_model_config"]
+__all__ = ["BatchingPolicy", "InstanceGroup", "ModelConfigError", "ModelSpec", "QueuePolicy",
+           "TensorSpec", "load_model_config", "parse_model_config"]
+
+MAX_PRIORITY_LEVELS = 1000  # each level is a queue the batcher walks; more is a config mistake
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,15 +41,36 @@ class TensorSpec:
 
 
 @dataclass(frozen=True, slots=True)
-class BatchingPolicy:
-    """dynamic_batching, with Triton's defaults (0 = no delay, no bound, no timeout)."""
+class QueuePolicy:
+    """One priority level's queue (Triton's ModelQueuePolicy; 0 = no bound, no timeout).
+    `delay_on_timeout` is `timeout_action: DELAY`: a request past its timeout is not failed
+    but waits behind every request of its level that has not timed out."""
 
-    max_queue_delay_us: int = 0
-    preferred_batch_sizes: tuple[int, ...] = ()
     max_queue_size: int = 0
     default_timeout_us: int = 0
     allow_timeout_override: bool = False
+    delay_on_timeout: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class BatchingPolicy:
+    """dynamic_batching, with Triton's defaults (0 = no delay, no priority levels).
+
+    `queues` has one policy per priority level, level 1 (the highest) first; without
+    priority levels it is the one default queue policy."""
+
+    max_queue_delay_us: int = 0
+    preferred_batch_sizes: tuple[int, ...] = ()
     preserve_ordering: bool = False
+    queues: tuple[QueuePolicy, ...] = (QueuePolicy(),)
+    default_level: int = 0  # index into `queues` for requests without a priority
+
+    def level(self, priority: int) -> int:
+        """The queue index for a request's `priority` parameter. As in Triton, 0 and values
+        above the model's levels mean the default level (1 is the highest priority)."""
+        if 0 < priority <= len(self.queues):
+            return priority - 1
+        return self.default_level
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,18 +198,40 @@ def _batching(config: pb.ModelConfig, source: str) -> BatchingPolicy | None:
     if too_big:
         raise ModelConfigError(source, f"'preferred_batch_size' {too_big} must lie in "
                                        f"[1, max_batch_size={config.max_batch_size}]")
-    policy = batching.default_queue_policy
-    if policy.timeout_action != pb.ModelQueuePolicy.REJECT:
-        raise ModelConfigError(source, "'timeout_action: DELAY' is not supported; use REJECT")
-    if batching.priority_levels or batching.priority_queue_policy:
-        raise ModelConfigError(source, "'priority_levels' is not supported yet")
+    default = _queue_policy(batching.default_queue_policy)
+    levels = batching.priority_levels
+    if levels > MAX_PRIORITY_LEVELS:
+        raise ModelConfigError(source, f"'priority_levels' is {levels}; at most "
+                                       f"{MAX_PRIORITY_LEVELS} are supported")
+    outside = sorted(k for k in batching.priority_queue_policy if not 1 <= k <= levels)
+    if outside:
+        allowed = f"with 'priority_levels: {levels}' they must lie in [1, {levels}]" if levels \
+            else "it needs 'priority_levels'"
+        raise ModelConfigError(source, f"'priority_queue_policy' names levels {outside}; "
+                                       + allowed)
+    if levels and not 1 <= batching.default_priority_level <= levels:
+        raise ModelConfigError(source, f"'default_priority_level' is "
+                                       f"{batching.default_priority_level}; with "
+                                       f"'priority_levels: {levels}' it must lie in "
+                                       f"[1, {levels}]")
+    queues = tuple(_queue_policy(batching.priority_queue_policy[level])
+                   if level in batching.priority_queue_policy else default
+                   for level in range(1, levels + 1)) or (default,)
     return BatchingPolicy(
         max_queue_delay_us=batching.max_queue_delay_microseconds,
         preferred_batch_sizes=tuple(sorted(set(batching.preferred_batch_size))),
+        preserve_ordering=batching.preserve_ordering,
+        queues=queues,
+        default_level=batching.default_priority_level - 1 if levels else 0,
+    )
+
+
+def _queue_policy(policy: pb.ModelQueuePolicy) -> QueuePolicy:
+    return QueuePolicy(
         max_queue_size=policy.max_queue_size,
         default_timeout_us=policy.default_timeout_microseconds,
         allow_timeout_override=policy.allow_timeout_override,
-        preserve_ordering=batching.preserve_ordering,
+        delay_on_timeout=policy.timeout_action == pb.ModelQueuePolicy.DELAY,
     )
 
 
