@@ -27,3 +27,29 @@ def test_unknown_setting_lists_the_known_ones() -> None:
     with pytest.raises(ValueError, match=r"^unknown setting 'pool'; settings are: .*"
                                          r"host_pool_bytes"):
         ServerConfig.from_mapping({"pool": "1"})
+
+
+def test_model_control_defaults_to_none_and_load_models_needs_explicit() -> None:
+    assert ServerConfig().model_control_mode == "none"  # the load/unload API is off
+    config = ServerConfig.from_env({"TENSORGATE_MODEL_CONTROL_MODE": "explicit",
+                                    "TENSORGATE_LOAD_MODELS": "a, b"})
+    assert config.load_models == ("a", "b")
+    with pytest.raises(ValueError, match=r"^load_models \(--load-model\) needs "
+                                         r"model_control_mode explicit"):
+        ServerConfig(load_models=("a",))
+    with pytest.raises(ValueError, match=r"^load_models '\*' \(every model\) must be the only"):
+        ServerConfig(model_control_mode="explicit", load_models=("*", "a"))
+    with pytest.raises(ValueError, match=r"^model_control_mode must be none, explicit or poll"):
+        ServerConfig.from_mapping({"model_control_mode": "always"})
+    with pytest.raises(ValueError, match=r"^repository_poll_s must be above 0"):
+        ServerConfig(model_control_mode="poll", repository_poll_s=0)
+
+
+def test_cli_takes_tritons_model_control_flags() -> None:
+    from tensorgate.cli import _parser
+    args = vars(_parser().parse_args(
+        ["serve", "--model-store", "/models", "--model-control-mode", "explicit",
+         "--load-model", "a", "--load-model", "b"]))
+    args.pop("command")
+    config = ServerConfig.from_env({}, **args)
+    assert str(config.model_repository) == "/models" and config.load_models == ("a", "b")

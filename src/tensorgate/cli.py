@@ -15,8 +15,18 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tensorgate")
     commands = parser.add_subparsers(dest="command", required=True)
     serve = commands.add_parser("serve", help="serve a model repository over HTTP and gRPC")
-    serve.add_argument("--model-repository", type=pathlib.Path,
+    serve.add_argument("--model-repository", "--model-store", type=pathlib.Path,
                        help="Triton-layout repository (default: the built-in one)")
+    serve.add_argument("--model-control-mode", choices=["none", "explicit", "poll"],
+                       help="none (default): serve every model, refuse load/unload; "
+                            "explicit: load --load-model models, allow load/unload; poll: "
+                            "follow the repository's changes")
+    serve.add_argument("--load-model", dest="load_models", action="append",
+                       help="with --model-control-mode explicit: a model to load at start "
+                            "(repeat it; '*' loads all)")
+    serve.add_argument("--repository-poll-secs", dest="repository_poll_s", type=float,
+                       help="with --model-control-mode poll: seconds between scans "
+                            "(default 15)")
     serve.add_argument("--host", help="address to bind (default 127.0.0.1)")
     serve.add_argument("--http-port", type=int)
     serve.add_argument("--grpc-port", type=int)

@@ -15,6 +15,7 @@ __all__ = ["ServerConfig"]
 
 LoopChoice = Literal["auto", "asyncio", "uvloop"]
 PlacementChoice = Literal["auto", "none"]
+ModelControlChoice = Literal["none", "explicit", "poll"]
 
 
 @dataclass(frozen=True)
@@ -42,10 +43,30 @@ class ServerConfig:
     # of load balancers, so that they close first); gRPC connections may idle for ever
     keep_alive_timeout_s: float = 75.0
     log_level: str = "INFO"
+    # Triton's --model-control-mode: "none" serves every model of the repository and refuses
+    # the load/unload API (any client could otherwise unload what is served); "explicit"
+    # loads `load_models` ("*": all) and allows the API; "poll" loads all and follows the
+    # repository's changes every `repository_poll_s`, refusing the API
+    model_control_mode: ModelControlChoice = "none"
+    load_models: tuple[str, ...] = ()
+    repository_poll_s: float = 15.0
 
     def __post_init__(self) -> None:
         if self.model_repository is not None:
             object.__setattr__(self, "model_repository", pathlib.Path(self.model_repository))
+        object.__setattr__(self, "load_models", tuple(self.load_models))
+        if self.model_control_mode not in ("none", "explicit", "poll"):
+            raise ValueError(f"model_control_mode must be none, explicit or poll, got "
+                             f"'{self.model_control_mode}'")
+        if self.load_models and self.model_control_mode != "explicit":
+            raise ValueError("load_models (--load-model) needs model_control_mode explicit "
+                             "(--model-control-mode explicit); the other modes load every "
+                             "model of the repository")
+        if "*" in self.load_models and len(self.load_models) > 1:
+            raise ValueError("load_models '*' (every model) must be the only one named")
+        if not self.repository_poll_s > 0:
+            raise ValueError(f"repository_poll_s must be above 0, got "
+                             f"{self.repository_poll_s}")
         try:
             ipaddress.ip_address(self.host)
         except ValueError:
@@ -117,6 +138,8 @@ def _coerce(key: str, annotation: Any, value: Any) -> Any:
             return int(value)
         if text == "float":
             return float(value)
+        if text.startswith("tuple"):
+            return tuple(part.strip() for part in value.split(",") if part.strip())
     except ValueError:
         raise ValueError(f"setting '{key}' expects {text}, got '{value}'") from None
     if "Path" in text:

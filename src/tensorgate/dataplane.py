@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from tensorgate.errors import InvalidArgumentError, NotFoundError
+from tensorgate.errors import InvalidArgumentError, NotFoundError, UnavailableError
 from tensorgate.pipeline.engine import Engine, InferenceRequest, InferenceResult
 from tensorgate.pipeline.postprocess import topk_classify
 from tensorgate.protocol.infer_codec import DecodedRequest
@@ -33,8 +33,12 @@ def parse_version(text: str | None) -> int | None:
 
 
 class DataPlane:
-    def __init__(self, engine: Engine, version: str, allow_shared_memory: bool = False) -> None:
+    def __init__(self, engine: Engine, version: str, allow_shared_memory: bool = False,
+                 model_control_mode: str = "none") -> None:
+        """`model_control_mode` other than "explicit" refuses the load/unload API, as in
+        Triton: what is served is then the repository's business, not any client's."""
         self.engine = engine
+        self.model_control_mode = model_control_mode
         self.version = version
         self.started = False
         self.shm = SharedMemoryRegistry(allow_shared_memory)
@@ -83,10 +87,19 @@ class DataPlane:
         return [e for e in index if e["state"] == "READY"] if ready_only else index
 
     async def load(self, name: str) -> None:
+        self._check_model_control("load")
         await self.engine.load(name)
 
     async def unload(self, name: str) -> None:
+        self._check_model_control("unload")
         await self.engine.unload(name)
+
+    def _check_model_control(self, action: str) -> None:
+        if self.model_control_mode != "explicit":
+            raise UnavailableError(
+                f"model {action} is not allowed: the server runs with --model-control-mode "
+                f"{self.model_control_mode}; start it with --model-control-mode explicit to "
+                "load and unload models through the API")
 
     # -- inference -------------------------------------------------------------------------
 

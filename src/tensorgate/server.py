@@ -10,7 +10,9 @@ release the models and the device.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import pathlib
 import signal
 import sys
 import time
@@ -18,12 +20,14 @@ import time
 from tensorgate.builtin.repository import default_repository
 from tensorgate.config import ServerConfig
 from tensorgate.dataplane import DataPlane
+from tensorgate.errors import NotFoundError, TensorgateError
 from tensorgate.network.grpc import GrpcFrontEnd
 from tensorgate.metrics import render_metrics
 from tensorgate.network.http import HttpFrontEnd
 from tensorgate.network.metrics_http import MetricsFrontEnd
 from tensorgate.network.loop import run_loop
 from tensorgate.pipeline.engine import Engine
+from tensorgate.repository.layout import model_fingerprints
 from tensorgate.tensor.pool import QUIET_IDLE_BYTES, BufferPool, default_pool
 
 __all__ = ["Server", "run"]
@@ -50,6 +54,7 @@ class Server:
         self._http: HttpFrontEnd | None = None
         self._pool_trimmer: asyncio.Task[None] | None = None
         self._expirer: asyncio.Task[None] | None = None
+        self._poller: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         config = self.config
@@ -59,12 +64,19 @@ class Server:
         repository = config.model_repository or default_repository()
         default_pool().set_limit(config.host_pool_bytes)
         self.engine = Engine(repository, placement=config.placement)
-        dataplane = DataPlane(self.engine, self.version, config.allow_shared_memory)
+        dataplane = DataPlane(self.engine, self.version, config.allow_shared_memory,
+                              config.model_control_mode)
         http = self._http = HttpFrontEnd(dataplane, default_pool(), config.max_request_bytes,
                                          config.read_timeout_s, config.keep_alive_timeout_s)
         grpc = self._grpc = GrpcFrontEnd(dataplane, default_pool(), config.max_request_bytes,
                                          config.read_timeout_s)
-        await self.engine.start()
+        polling = config.model_control_mode == "poll"
+        seen = await _fingerprints(repository) if polling else None  # before loading
+        explicit = config.model_control_mode == "explicit"
+        if explicit and config.load_models != ("*",):
+            await self.engine.start(config.load_models)
+        else:
+            await self.engine.start()
         self.http_port = await self._http.start(config.host, config.http_port)
         self.grpc_port = await self._grpc.start(config.host, config.grpc_port)
         engine = self.engine
@@ -76,6 +88,9 @@ class Server:
             self._pool_trimmer = asyncio.create_task(_trim_when_quiet(default_pool()))
         period = min(1.0, config.read_timeout_s / 4, config.keep_alive_timeout_s / 4)
         self._expirer = asyncio.create_task(_expire_stalled((http, grpc), period))
+        if polling:
+            self._poller = asyncio.create_task(_follow_repository(
+                self.engine, seen or {}, config.repository_poll_s))
         self._stopping = asyncio.Event()
         ready = [f"{e['name']} v{e['version']}" for e in self.engine.index()
                  if e["state"] == "READY"]
@@ -87,6 +102,9 @@ class Server:
         print(f"ready: {', '.join(ready) or 'no models'}", flush=True)
         if failed:
             print(f"not ready: {'; '.join(failed)}", flush=True)
+        print(f"model control: {config.model_control_mode}"
+              + (f" (every {config.repository_poll_s:g} s)"
+                 if config.model_control_mode == "poll" else ""), flush=True)
         print(f"system shared memory: "
               f"{'allowed' if config.allow_shared_memory else 'off (--allow-shared-memory)'}",
               flush=True)
@@ -96,6 +114,8 @@ class Server:
             self._pool_trimmer.cancel()
         if self._expirer is not None:
             self._expirer.cancel()
+        if self._poller is not None:
+            self._poller.cancel()
         if self._http is not None:
             self._http.stop_accepting()               # 1. no new connections or calls
         if self._grpc is not None:
@@ -145,6 +165,43 @@ async def _expire_stalled(fronts: tuple[HttpFrontEnd, GrpcFrontEnd], period_s: f
         now = time.monotonic()
         for front in fronts:
             front.expire(now)
+
+
+async def _fingerprints(repository: pathlib.Path) -> dict[str, tuple[object, ...]] | None:
+    """The repository's models as fingerprints, read on a worker thread (file system calls
+    never run on the loop); None when the repository cannot be read."""
+    try:
+        return await asyncio.to_thread(model_fingerprints, repository)
+    except (TensorgateError, OSError) as error:
+        log.warning("repository poll: cannot read %s: %s", repository, error)
+        return None
+
+
+async def _follow_repository(engine: Engine, seen: dict[str, tuple[object, ...]],
+                             period_s: float) -> None:
+    """--model-control-mode poll: every `period_s`, load models added to the repository,
+    reload those whose files changed, unload those removed. A reload that fails leaves the
+    served versions serving (the index reports the failure); the model is tried again
+    when its files change again."""
+    while True:
+        await asyncio.sleep(period_s)
+        current = await _fingerprints(engine.repository)
+        if current is None:
+            continue  # an unreadable repository is not an empty one: unload nothing
+        for name in sorted(set(seen) - set(current)):
+            log.info("repository poll: model %s was removed; unloading it", name)
+            with contextlib.suppress(NotFoundError):
+                await engine.unload(name)
+        for name in sorted(current):
+            if seen.get(name) == current[name]:
+                continue
+            log.info("repository poll: model %s %s; loading it", name,
+                     "changed" if name in seen else "was added")
+            try:
+                await engine.load(name)
+            except TensorgateError as error:
+                log.error("repository poll: model %s failed to load: %s", name, error.message)
+        seen = current
 
 
 def run(config: ServerConfig) -> None:

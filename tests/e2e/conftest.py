@@ -86,6 +86,7 @@ def server(e2e_repo: pathlib.Path, tmp_path_factory: pytest.TempPathFactory
            ) -> Iterator[RunningServer]:
     log = tmp_path_factory.mktemp("server") / "server.log"
     running = start_server(e2e_repo, log, "--max-request-bytes", str(1 << 20),
-                           "--allow-shared-memory")
+                           "--allow-shared-memory", "--model-control-mode", "explicit",
+                           "--load-model", "*")
     yield running
     assert stop_server(running) == 0, log.read_text()

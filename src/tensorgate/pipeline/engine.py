@@ -123,13 +123,17 @@ class Engine:
         """Load (or reload) model `name` from the repository."""
         if self._closing:
             raise UnavailableError("the engine is shutting down; no models can be loaded")
+        versions: dict[int, _Version] = {}
         try:
             source = load_source(self.repository, name)
-            versions = {v: await self._load_version(source, v) for v in source.versions}
-        except TensorgateError as error:
-            self._failed[name] = error.message
-            raise
+            for number in source.versions:
+                versions[number] = await self._load_version(source, number)
         except Exception as error:
+            if versions:  # the versions loaded before one failed are not served: stop them
+                await self._retire(versions.values(), drain_timeout_s=0.0)
+            if isinstance(error, TensorgateError):
+                self._failed[name] = error.message
+                raise
             self._failed[name] = f"{type(error).__name__}: {error}"
             raise ModelConfigError(str(self.repository / name), self._failed[name]) from error
         old = self._models.get(name)
@@ -139,9 +143,14 @@ class Engine:
             await self._retire(old.values(), drain_timeout_s=30.0)
 
     async def unload(self, name: str, drain_timeout_s: float = 30.0) -> None:
+        """Stop serving `name`: its requests drain, then its executors stop. A model whose
+        load failed is forgotten (the repository index no longer lists its failure)."""
         versions = self._models.pop(name, None)
+        failed = self._failed.pop(name, None)
         if versions is None:
-            raise NotFoundError(f"model '{name}' is not loaded")
+            if failed is None:
+                raise NotFoundError(f"model '{name}' is not loaded")
+            return
         await self._retire(versions.values(), drain_timeout_s)
 
     async def shutdown(self, drain_timeout_s: float = 10.0) -> None:

@@ -9,6 +9,7 @@ Triton does. The version policy of the config picks which versions are served.
 
 from __future__ import annotations
 
+import os
 import pathlib
 from dataclasses import dataclass
 
@@ -16,7 +17,9 @@ from tensorgate.errors import NotFoundError
 from tensorgate.repository.model_config import ModelConfigError, ModelSpec, load_model_config
 
 __all__ = ["ARTIFACT_KINDS", "ModelSource", "artifact_path", "discover_models", "load_source",
-           "select_versions"]
+           "model_fingerprints", "select_versions"]
+
+MAX_FINGERPRINT_FILES = 10_000  # per model: a scan of a runaway directory stays bounded
 
 # artifact file → kind; a config's platform/backend may choose between them.
 ARTIFACT_KINDS = {"model.pt": "torchscript", "model.pt2": "pt2", "model.py": "python"}
@@ -39,6 +42,26 @@ def discover_models(repository: pathlib.Path) -> list[str]:
         raise NotFoundError(f"model repository '{repository}' is not a directory")
     return sorted(p.name for p in repository.iterdir()
                   if p.is_dir() and (p / "config.pbtxt").is_file())
+
+
+def model_fingerprints(repository: pathlib.Path) -> dict[str, tuple[object, ...]]:
+    """Each model directory's files as (path, size, mtime) tuples: equal fingerprints, the
+    same model on disk. What a poll compares to find models added, changed or removed.
+    Reads the file system: call it off the event loop."""
+    prints: dict[str, tuple[object, ...]] = {}
+    for name in discover_models(repository):
+        entries: list[tuple[str, int, int]] = []
+        for folder, _, files in os.walk(repository / name):  # symbolic links not followed
+            for path in [folder, *(os.path.join(folder, f) for f in files)]:
+                try:
+                    status = os.stat(path)
+                except OSError:  # removed while we looked: the next poll sees the rest
+                    continue
+                entries.append((path, status.st_size, status.st_mtime_ns))
+            if len(entries) >= MAX_FINGERPRINT_FILES:
+                break
+        prints[name] = tuple(sorted(entries))
+    return prints
 
 
 def _numeric_versions(directory: pathlib.Path) -> list[int]:

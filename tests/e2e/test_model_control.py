@@ -1,0 +1,112 @@
+"""--model-control-mode as in Triton: "none" (the default) serves the whole repository and
+refuses load/unload; "explicit" loads only --load-model models and allows the API; "poll"
+follows the repository's changes on disk."""
+
+from __future__ import annotations
+
+import pathlib
+import shutil
+import time
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+import torch
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from tests.e2e.conftest import start_server, stop_server
+from tests.pipeline import repo_builder as rb
+
+POLL_S = 0.2
+WAIT_S = 20.0  # a poll's load is a Python model: well under this on a busy machine
+
+
+def _repo(root: pathlib.Path, *names: str) -> pathlib.Path:
+    for name in names:
+        rb.add_python(root, name, max_batch=4)
+    return root
+
+
+def _infer(client: httpclient.InferenceServerClient, model: str) -> np.ndarray:
+    item = httpclient.InferInput("INPUT__0", [1, 4], "FP32")
+    item.set_data_from_numpy(np.ones((1, 4), np.float32))
+    return client.infer(model, [item]).as_numpy("OUTPUT__0")
+
+
+def _until(condition: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"not within {WAIT_S} s: {what}")
+
+
+def _refuses_load_and_unload(url: str, grpc_url: str, mode: str) -> None:
+    message = (f"model load is not allowed: the server runs with --model-control-mode {mode}; "
+               "start it with --model-control-mode explicit")
+    with httpclient.InferenceServerClient(url) as client:
+        with pytest.raises(InferenceServerException) as refused:
+            client.load_model("a")
+        assert refused.value.status() == "503" and message in refused.value.message()
+        with pytest.raises(InferenceServerException, match="model unload is not allowed"):
+            client.unload_model("a")
+        assert client.is_model_ready("a")  # still served
+    with grpcclient.InferenceServerClient(grpc_url) as client:
+        with pytest.raises(InferenceServerException) as refused:
+            client.load_model("a")
+        assert refused.value.status() == "StatusCode.UNAVAILABLE"
+        assert message in refused.value.message()
+
+
+def test_default_mode_serves_everything_and_refuses_the_api(tmp_path: pathlib.Path) -> None:
+    repo = _repo(tmp_path / "models", "a", "b")
+    server = start_server(repo, tmp_path / "server.log")
+    try:
+        _refuses_load_and_unload(server.url, server.grpc_url, "none")
+        with httpclient.InferenceServerClient(server.url) as client:
+            assert client.is_model_ready("b")
+    finally:
+        assert stop_server(server) == 0
+
+
+def test_explicit_mode_loads_only_the_named_models(tmp_path: pathlib.Path) -> None:
+    repo = _repo(tmp_path / "models", "a", "b")
+    server = start_server(repo, tmp_path / "server.log", "--model-control-mode", "explicit",
+                          "--load-model", "a")
+    try:
+        with httpclient.InferenceServerClient(server.url) as client:
+            assert client.is_model_ready("a") and not client.is_model_ready("b")
+            index = {e["name"]: e["state"] for e in client.get_model_repository_index()}
+            assert index == {"a": "READY", "b": "UNAVAILABLE"}
+            client.load_model("b")
+            assert np.array_equal(_infer(client, "b"), np.full((1, 4), 3.0, np.float32))
+            client.unload_model("a")
+            assert not client.is_model_ready("a")
+    finally:
+        assert stop_server(server) == 0
+
+
+def test_poll_mode_follows_added_changed_and_removed_models(tmp_path: pathlib.Path) -> None:
+    repo = _repo(tmp_path / "models", "a")
+    spare = _repo(tmp_path / "spare", "b")
+    server = start_server(repo, tmp_path / "server.log", "--model-control-mode", "poll",
+                          "--repository-poll-secs", str(POLL_S))
+    try:
+        _refuses_load_and_unload(server.url, server.grpc_url, "poll")
+        with httpclient.InferenceServerClient(server.url) as client:
+            shutil.copytree(spare / "b", repo / "b")  # added
+            _until(lambda: client.is_model_ready("b"), "model b was loaded")
+            torch.save({"scale": torch.tensor(5.0)}, repo / "a" / "1" / "scale.pt")  # changed
+            _until(lambda: _infer(client, "a")[0, 0] == 6.0, "model a serves its new weights")
+            (repo / "a" / "config.pbtxt").write_text('name: "a" max_batch_size: "x"')  # broken
+            time.sleep(5 * POLL_S)
+            assert _infer(client, "a")[0, 0] == 6.0  # a failed reload leaves a serving
+            assert "model a failed to load" in server.log.read_text()
+            shutil.rmtree(repo / "b")  # removed
+            _until(lambda: not client.is_model_ready("b"), "model b was unloaded")
+            assert "b" not in {e["name"] for e in client.get_model_repository_index()}
+    finally:
+        assert stop_server(server) == 0
