@@ -182,3 +182,34 @@ def test_shutdown_deadline_answers_everything(repo: pathlib.Path) -> None:
         assert "unloaded while this request ran" in str(outcomes[0])
         assert all("was not run" in str(o) for o in outcomes[1:])
     run(scenario())
+
+
+def test_a_load_that_fails_part_way_stops_what_it_started(tmp_path: pathlib.Path) -> None:
+    """Version 1 loads, version 2's setup raises: the model is not served, and version 1's
+    executor thread is stopped rather than left running unreferenced."""
+    import threading
+
+    from tests.pipeline import repo_builder as rb
+    rb.add_python(tmp_path, "halfway", extra="version_policy { all { } }")
+    (tmp_path / "halfway" / "2").mkdir()
+    (tmp_path / "halfway" / "2" / "model.py").write_text(
+        "from tensorgate import Model\n\nclass Broken(Model):\n"
+        "    def setup(self, context):\n        raise RuntimeError('no weights here')\n")
+
+    def executors() -> list[str]:
+        return [t.name for t in threading.enumerate() if t.name.startswith("tg-exec-halfway")]
+
+    async def scenario() -> None:
+        engine = Engine(tmp_path)
+        with pytest.raises(Exception, match="no weights here"):
+            await engine.load("halfway")
+        assert not engine.is_ready("halfway", None)
+        index = engine.index()
+        assert index[0]["state"] == "UNAVAILABLE" and "no weights here" in index[0]["reason"]
+        for _ in range(200):  # the stopped thread exits (bounded wait)
+            if not executors():
+                break
+            await asyncio.sleep(0.01)
+        assert executors() == []
+        await engine.shutdown()
+    run(scenario())
