@@ -43,6 +43,9 @@ def _parser() -> argparse.ArgumentParser:
                             "(default 30)")
     serve.add_argument("--keep-alive-timeout-s", type=float,
                        help="close an HTTP/1.1 connection idle this long (default 75)")
+    serve.add_argument("--max-connections", type=int,
+                       help="client connections open at once, HTTP and gRPC together; past "
+                            "it new ones are refused (default 4096)")
     serve.add_argument("--loop", choices=["auto", "asyncio", "uvloop"])
     serve.add_argument("--placement", choices=["auto", "none"])
     serve.add_argument("--log-level")

@@ -42,6 +42,9 @@ class ServerConfig:
     # an HTTP/1.1 connection idle this long between requests is closed (above the usual 60 s
     # of load balancers, so that they close first); gRPC connections may idle for ever
     keep_alive_timeout_s: float = 75.0
+    # client connections open at once, HTTP and gRPC together; past it a new one is answered
+    # (HTTP 503, gRPC GOAWAY) and closed. The soft open-files limit is raised to fit it.
+    max_connections: int = 4096
     log_level: str = "INFO"
     # Triton's --model-control-mode: "none" serves every model of the repository and refuses
     # the load/unload API (any client could otherwise unload what is served); "explicit"
@@ -91,6 +94,8 @@ class ServerConfig:
         for name in ("read_timeout_s", "keep_alive_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be above 0, got {getattr(self, name)}")
+        if self.max_connections < 1:
+            raise ValueError(f"max_connections must be 1 or more, got {self.max_connections}")
         if not 0 < self.switch_interval_s <= 1:
             raise ValueError(f"switch_interval_s must be in (0, 1], got {self.switch_interval_s}")
 

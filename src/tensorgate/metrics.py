@@ -33,6 +33,9 @@ _HELP = {
     "tensorgate_pool_limit_bytes": ("gauge", "Host buffer pool bounds (held, idle)"),
     "tensorgate_pool_acquires_total": ("counter", "Pool acquisitions by result (hit, miss)"),
     "tensorgate_pool_evictions_total": ("counter", "Pooled buffers freed to stay in bounds"),
+    "tensorgate_connections_open": ("gauge", "Client connections open (HTTP and gRPC)"),
+    "tensorgate_connections_refused_total": (
+        "counter", "Client connections refused past --max-connections"),
 }
 
 
@@ -43,9 +46,10 @@ def _labels(**values: str) -> str:
 
 
 def render_metrics(models: Iterable[tuple[ModelStatistics, int]],
-                   pool: PoolStatistics | None = None) -> str:
+                   pool: PoolStatistics | None = None,
+                   connections: tuple[int, int] | None = None) -> str:
     """`models`: each version's statistics and its pending-request count; `pool`: the host
-    buffer pool's, when there is one to report."""
+    buffer pool's, when there is one to report; `connections`: (open, refused so far)."""
     rows: dict[str, list[str]] = {name: [] for name in _HELP}
     for stats, pending in models:
         labels = _labels(model=stats.name, version=str(stats.version))
@@ -84,6 +88,9 @@ def render_metrics(models: Iterable[tuple[ModelStatistics, int]],
         rows["tensorgate_pool_acquires_total"] += [f"{_labels(result='hit')} {pool.hits}",
                                                    f"{_labels(result='miss')} {pool.misses}"]
         rows["tensorgate_pool_evictions_total"].append(f" {pool.evictions}")
+    if connections is not None:
+        rows["tensorgate_connections_open"].append(f" {connections[0]}")
+        rows["tensorgate_connections_refused_total"].append(f" {connections[1]}")
     out = []
     for name, (kind, text) in _HELP.items():
         if not rows[name]:

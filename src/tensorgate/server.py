@@ -21,6 +21,7 @@ from tensorgate.builtin.repository import default_repository
 from tensorgate.config import ServerConfig
 from tensorgate.dataplane import DataPlane
 from tensorgate.errors import NotFoundError, TensorgateError
+from tensorgate.network import ConnectionBudget
 from tensorgate.network.grpc import GrpcFrontEnd
 from tensorgate.metrics import render_metrics
 from tensorgate.network.http import HttpFrontEnd
@@ -66,10 +67,12 @@ class Server:
         self.engine = Engine(repository, placement=config.placement)
         dataplane = DataPlane(self.engine, self.version, config.allow_shared_memory,
                               config.model_control_mode)
+        budget = ConnectionBudget(_fit_open_files(config.max_connections))
         http = self._http = HttpFrontEnd(dataplane, default_pool(), config.max_request_bytes,
-                                         config.read_timeout_s, config.keep_alive_timeout_s)
+                                         config.read_timeout_s, config.keep_alive_timeout_s,
+                                         budget)
         grpc = self._grpc = GrpcFrontEnd(dataplane, default_pool(), config.max_request_bytes,
-                                         config.read_timeout_s)
+                                         config.read_timeout_s, budget)
         polling = config.model_control_mode == "poll"
         seen = await _fingerprints(repository) if polling else None  # before loading
         explicit = config.model_control_mode == "explicit"
@@ -81,7 +84,8 @@ class Server:
         self.grpc_port = await self._grpc.start(config.host, config.grpc_port)
         engine = self.engine
         self._metrics = MetricsFrontEnd(lambda: render_metrics(
-            engine.model_statistics(), engine.pool_statistics()))
+            engine.model_statistics(), engine.pool_statistics(),
+            (budget.open, budget.refused)))
         self.metrics_port = await self._metrics.start(config.host, config.metrics_port)
         dataplane.started = True
         if not default_pool().statistics().pinned:
@@ -102,6 +106,7 @@ class Server:
         print(f"ready: {', '.join(ready) or 'no models'}", flush=True)
         if failed:
             print(f"not ready: {'; '.join(failed)}", flush=True)
+        print(f"connections: at most {budget.limit} (--max-connections)", flush=True)
         print(f"model control: {config.model_control_mode}"
               + (f" (every {config.repository_poll_s:g} s)"
                  if config.model_control_mode == "poll" else ""), flush=True)
@@ -165,6 +170,35 @@ async def _expire_stalled(fronts: tuple[HttpFrontEnd, GrpcFrontEnd], period_s: f
         now = time.monotonic()
         for front in fronts:
             front.expire(now)
+
+
+FILES_BESIDE_CONNECTIONS = 256  # model files, shared memory, the listening sockets, logs
+
+
+def _fit_open_files(connections: int) -> int:
+    """Raise the soft limit on open files to fit `connections` (up to the hard limit); returns
+    the connections that fit. Many systems start processes at a soft limit of 1,024: past
+    it accept() fails and new clients hang in the backlog instead of being refused."""
+    try:
+        import resource
+    except ImportError:  # not POSIX
+        return connections
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = connections + FILES_BESIDE_CONNECTIONS
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        raised = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (raised, hard))
+            soft = raised
+        except (ValueError, OSError) as error:
+            log.warning("cannot raise the open-files limit to %d: %s", raised, error)
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        fitted = max(soft - FILES_BESIDE_CONNECTIONS, 1)
+        log.warning("the open-files limit is %d (hard %d): at most %d client connections, not "
+                    "%d (--max-connections); raise the limit (ulimit -n) for more", soft, hard,
+                    fitted, connections)
+        return fitted
+    return connections
 
 
 async def _fingerprints(repository: pathlib.Path) -> dict[str, tuple[object, ...]] | None:

@@ -17,7 +17,7 @@ from typing import Any
 
 from tensorgate.dataplane import DataPlane
 from tensorgate.errors import InvalidArgumentError, TensorgateError
-from tensorgate.network import http2, stalled_message
+from tensorgate.network import ConnectionBudget, RefusedConnection, http2, stalled_message
 from tensorgate.network.grpc_messages import (CODES, OK_TRAILERS, RESPONSE_HEADERS, CallHeaders,
                                               Failure, HttpRefusal, MessageReader, error_block,
                                               inflate_message, read_call_headers)
@@ -201,8 +201,9 @@ class GrpcFrontEnd:
     """Owns the listening socket; one `Http2Connection` per client."""
 
     def __init__(self, dataplane: DataPlane, pool: BufferPool, max_message_bytes: int,
-                 read_timeout_s: float = 30.0) -> None:
+                 read_timeout_s: float = 30.0, budget: ConnectionBudget | None = None) -> None:
         self.dataplane = dataplane
+        self.budget = budget or ConnectionBudget()
         self.pool = pool
         self.max_message_bytes = max_message_bytes
         self.read_timeout_s = read_timeout_s
@@ -230,10 +231,16 @@ class GrpcFrontEnd:
             return _ANSWERED
         return _Call(self, connection, stream, call)
 
-    def _connection(self) -> http2.Http2Connection:
-        connection = http2.Http2Connection(self._open_stream, self.connections.discard)
+    def _connection(self) -> asyncio.BaseProtocol:
+        if not self.budget.admit():
+            return RefusedConnection(http2.refusal_frames(self.budget.refusal()))
+        connection = http2.Http2Connection(self._open_stream, self._closed)
         self.connections.add(connection)
         return connection
+
+    def _closed(self, connection: http2.Http2Connection) -> None:
+        self.connections.discard(connection)
+        self.budget.release()
 
     def expire(self, now: float) -> None:
         """Called about once a second (server.py): calls whose request stopped arriving are

@@ -24,7 +24,7 @@ import httptools
 
 from tensorgate.dataplane import DataPlane
 from tensorgate.errors import InvalidArgumentError, TensorgateError
-from tensorgate.network import stalled_message
+from tensorgate.network import ConnectionBudget, RefusedConnection, stalled_message
 from tensorgate.protocol.compression import inflate
 from tensorgate.protocol.infer_codec import decode_infer_body, encode_infer_response, json_error
 from tensorgate.protocol.status import codes_for
@@ -59,8 +59,10 @@ class HttpFrontEnd:
     """Owns the listening socket; one `_Connection` per client."""
 
     def __init__(self, dataplane: DataPlane, pool: BufferPool, max_request_bytes: int,
-                 read_timeout_s: float = 30.0, keep_alive_timeout_s: float = 75.0) -> None:
+                 read_timeout_s: float = 30.0, keep_alive_timeout_s: float = 75.0,
+                 budget: ConnectionBudget | None = None) -> None:
         self.dataplane = dataplane
+        self.budget = budget or ConnectionBudget()
         self.pool = pool
         self.max_request_bytes = max_request_bytes
         self.read_timeout_s = read_timeout_s
@@ -76,9 +78,17 @@ class HttpFrontEnd:
 
     async def start(self, host: str, port: int) -> int:
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(lambda: _Connection(self), host, port,
+        self._server = await loop.create_server(self._connection, host, port,
                                                 backlog=1024, reuse_address=True)
         return int(self._server.sockets[0].getsockname()[1])
+
+    def _connection(self) -> asyncio.BaseProtocol:
+        if not self.budget.admit():
+            body = json_error(self.budget.refusal())
+            return RefusedConnection(
+                b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+                b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(body), body))
+        return _Connection(self)
 
     def stop_accepting(self) -> None:
         if self._server is not None:
@@ -144,6 +154,7 @@ class _Connection(asyncio.BufferedProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.front.connections.discard(self)
+        self.front.budget.release()
         if self._task is not None and not self._task.done():
             self._task.cancel()  # the client went away: its queued request is dropped
         # The parser and this protocol refer to each other, and a keep-alive connection is

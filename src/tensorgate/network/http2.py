@@ -34,7 +34,8 @@ from typing import Any, Protocol
 
 import hpack
 
-__all__ = ["Http2Connection", "Http2Stream", "StreamHandler", "encode_headers"]
+__all__ = ["Http2Connection", "Http2Stream", "StreamHandler", "encode_headers",
+           "refusal_frames"]
 
 log = logging.getLogger("tensorgate.http2")
 
@@ -73,6 +74,16 @@ _MAX_HEADER_BLOCK = 64 << 10       # encoded bytes of one header block, CONTINUA
 _RECEIVE_BUFFER = 256 << 10        # one read at most; holds many frames
 _HEAD = struct.Struct(">I")        # length (24 bits) and type, packed as one word, then flags+id
 
+
+
+def refusal_frames(message: str) -> bytes:
+    """What a connection we will not serve is told: GOAWAY with `message` as its debug data,
+    in place of our SETTINGS. grpcio then counts a failed handshake and fails the call at
+    once with UNAVAILABLE; after SETTINGS it counts the connection as made, and retries it
+    until the call's deadline (a 10 s deadline ran out in the test)."""
+    debug = message.encode()[:256]
+    return (_frame(GOAWAY, 0, 0, 8 + len(debug))
+            + _HEAD.pack(0) + _HEAD.pack(REFUSED_STREAM) + debug)
 
 
 class Http2Error(Exception):
