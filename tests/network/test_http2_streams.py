@@ -105,3 +105,60 @@ def test_a_failing_stream_is_reset_alone(caplog: pytest.LogCaptureFixture) -> No
     assert (handlers[3].data, handlers[3].ended, handlers[3].cancelled_) == (b"fine", True,
                                                                              False)
     assert "HTTP/2 stream 1: its handler raised; the stream is reset" in caplog.text
+
+
+def _feed(connection: http2.Http2Connection, data: bytes, chunk: int = 1 << 30) -> list[int]:
+    """Deliver `data` as the event loop would: each read fills at most the room offered
+    (and at most `chunk`: what the client had sent by then). Returns the room offered for
+    each read."""
+    offered = []
+    while data:
+        room = connection.get_buffer(-1)
+        offered.append(len(room))
+        n = min(len(room), len(data), chunk)
+        room[:n] = data[:n]
+        connection.buffer_updated(n)
+        data = data[n:]
+    return offered
+
+
+def test_the_receive_buffer_grows_for_large_frames_and_busy_reads_then_shrinks() -> None:
+    """An idle connection holds a small receive buffer (1,000 idle gRPC connections held
+    259 MB at 256 KiB each); a header block larger than it, and reads that keep filling
+    it, grow it; idle again, it shrinks, and frames still parse."""
+    seen: dict[int, list[tuple[str, str]]] = {}
+    handlers: dict[int, _Handler] = {}
+
+    def open_stream(connection, stream, headers) -> _Handler:
+        seen[stream.id] = headers
+        handlers[stream.id] = _Handler(explode=False)
+        return handlers[stream.id]
+
+    connection = http2.Http2Connection(open_stream, lambda c: None)
+    connection.connection_made(_Recorder())
+    assert len(connection._buffer) == http2._IDLE_BUFFER
+    encoder = hpack.Encoder()
+    big = "b" * 40_000  # one header block of about 40 KB: larger than the idle buffer
+    block = encoder.encode([(":method", "POST"), (":path", "/x"), (":scheme", "http"),
+                            (":authority", "a"), ("x-big", big)], huffman=False)
+    assert http2._IDLE_BUFFER < len(block) < http2._MAX_CONTROL_FRAME
+    _feed(connection, PREFACE + H2Client.frame(SETTINGS, 0, 0, b"")
+          + H2Client.frame(HEADERS, END_HEADERS, 1, block), chunk=1000)  # a slow sender
+    assert dict(seen[1])["x-big"] == big
+    assert len(connection._buffer) == 9 + len(block)  # grown to fit the frame, no more
+
+    payload = bytes(range(256)) * 4  # 300 DATA frames of 1 KiB: reads that fill the room
+    frames = b"".join(H2Client.frame(DATA, 0, 1, payload) for _ in range(299))
+    offered = _feed(connection, frames + H2Client.frame(DATA, END_STREAM, 1, payload))
+    assert handlers[1].data == payload * 300 and handlers[1].ended
+    assert len(connection._buffer) == http2._RECEIVE_BUFFER
+    assert max(offered) > http2._RECEIVE_BUFFER // 2  # reads of many frames once grown
+
+    connection.streams.clear()  # the call was answered
+    connection.expire(connection._last_read + http2._SHRINK_IDLE_S + 1, read_timeout_s=30)
+    assert len(connection._buffer) == http2._IDLE_BUFFER
+    _feed(connection, H2Client.frame(HEADERS, END_HEADERS | END_STREAM, 3,
+                                      encoder.encode([(":method", "POST"), (":path", "/y"),
+                                                      (":scheme", "http"),
+                                                      (":authority", "a")])))
+    assert dict(seen[3])[":path"] == "/y" and handlers[3].ended
