@@ -3,6 +3,7 @@ control and inference. Front ends decode, call this, and encode; they know nothi
 
 from __future__ import annotations
 
+from collections.abc import AsyncGenerator
 from typing import Any
 
 import numpy as np
@@ -16,7 +17,12 @@ from tensorgate.tensor.copies import CopyLedger
 from tensorgate.tensor.shm import SharedMemoryRegistry
 from tensorgate.tensor.view import TensorView
 
-__all__ = ["EXTENSIONS", "DataPlane", "parse_version"]
+__all__ = ["EXTENSIONS", "Answer", "DataPlane", "parse_version"]
+
+# What inference gives a front end: the result, the outputs to send, which of them go as
+# binary, and which were written into shared-memory regions (region, offset, byte_size).
+Answer = tuple[InferenceResult, dict[str, TensorView], dict[str, bool],
+               dict[str, tuple[str, int, int]]]
 
 # Exactly what is implemented; tritonclient and perf_analyzer read this list.
 EXTENSIONS = ["binary_tensor_data", "classification", "model_configuration",
@@ -104,19 +110,31 @@ class DataPlane:
     # -- inference -------------------------------------------------------------------------
 
     async def infer(self, name: str, version: str | None, decoded: DecodedRequest,
-                    ledger: CopyLedger) -> tuple[InferenceResult, dict[str, TensorView],
-                                                 dict[str, bool], dict[str, tuple[str, int, int]]]:
-        """Run `decoded`; returns the result, the outputs to send, which go as binary, and
-        which were written into shared-memory regions (region, offset, byte_size)."""
+                    ledger: CopyLedger) -> Answer:
+        """Run `decoded` (a model that is not decoupled) and answer it."""
         number = parse_version(version)
         spec = self.engine.spec(name, number)
-        inputs = _raw_input(spec, decoded) if decoded.raw_binary else decoded.inputs
-        wanted = None
-        if decoded.outputs:
-            wanted = [o.name for o in decoded.outputs]
-        result = await self.engine.infer(InferenceRequest(
-            name, inputs, number, wanted, decoded.timeout_us, decoded.id, ledger,
-            decoded.priority))
+        result = await self.engine.infer(_request(name, number, spec, decoded, ledger))
+        return self._respond(spec, result, decoded, ledger)
+
+    def is_decoupled(self, name: str, version: str | None) -> bool:
+        return self.engine.is_decoupled(name, parse_version(version))
+
+    async def infer_stream(self, name: str, version: str | None, decoded: DecodedRequest,
+                           ledger: CopyLedger) -> AsyncGenerator[Answer, None]:
+        """A decoupled model's responses to `decoded`, each as `infer` returns its one."""
+        number = parse_version(version)
+        spec = self.engine.spec(name, number)
+        responses = self.engine.infer_stream(_request(name, number, spec, decoded, ledger))
+        try:
+            async for result in responses:
+                yield self._respond(spec, result, decoded, ledger)
+        finally:
+            await responses.aclose()
+
+    def _respond(self, spec: ModelSpec, result: InferenceResult, decoded: DecodedRequest,
+                 ledger: CopyLedger) -> Answer:
+        name = spec.name
         outputs = result.outputs
         binary = {n: decoded.binary_default or decoded.raw_binary for n in outputs}
         in_shm: dict[str, tuple[str, int, int]] = {}
@@ -132,6 +150,14 @@ class DataPlane:
                 self.shm.write_output(region, offset, size, outputs[requested.name], ledger)
                 in_shm[requested.name] = requested.shm
         return result, outputs, binary, in_shm
+
+
+def _request(name: str, number: int | None, spec: ModelSpec, decoded: DecodedRequest,
+             ledger: CopyLedger) -> InferenceRequest:
+    inputs = _raw_input(spec, decoded) if decoded.raw_binary else decoded.inputs
+    wanted = [o.name for o in decoded.outputs] if decoded.outputs else None
+    return InferenceRequest(name, inputs, number, wanted, decoded.timeout_us, decoded.id,
+                            ledger, decoded.priority)
 
 
 def _raw_input(spec: ModelSpec, decoded: DecodedRequest) -> dict[str, TensorView]:

@@ -10,6 +10,12 @@ Stages, and where each runs:
 `inputs` maps each config input name to a batched torch tensor on the instance's device;
 `postprocess` returns a mapping from each config output name to a tensor (or, for BYTES, a
 numpy object array) whose first dim is the batch. Weights load with `weights_only=True`.
+
+A decoupled model (`model_transaction_policy { decoupled: true }`, e.g. one that streams
+tokens) gets one request at a time, and its `forward` is a generator: each value it yields
+is post-processed and sent at once as one response; clients call it on the gRPC stream
+(tritonclient's `start_stream` / `stream_infer`). When the client goes away the generator
+is closed at its next `yield`.
 """
 
 from __future__ import annotations

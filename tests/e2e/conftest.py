@@ -73,6 +73,8 @@ def e2e_repo(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
                   delay_s=0.3, max_batch=1)
     # 0.05 s a request, one at a time, no queue bound: requests that stay in flight
     rb.add_python(root, "paced", "dynamic_batching { }", delay_s=0.05, max_batch=1)
+    # decoupled: n responses to an input whose first value is n (repo_builder.COUNTER)
+    rb.add_counter(root, "counter")
     # 0.3 s a request, one at a time, two priority levels (2 unless a request says 1)
     rb.add_python(root, "ranked", "dynamic_batching { priority_levels: 2 "
                   "default_priority_level: 2 }", delay_s=0.3, max_batch=1)

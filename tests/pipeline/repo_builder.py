@@ -126,3 +126,50 @@ class Heavy(torch.nn.Module):
         for _ in range(16):
             x = torch.tanh(x @ self.weight)
         return x
+
+
+COUNTER = '''
+import time
+
+import torch
+
+from tensorgate import Model
+
+
+class Counter(Model):
+    """For an input whose first value is n, yields n responses, the k-th all k. A negative
+    n raises after the first response. `made` counts responses made, for the tests."""
+
+    made = 0
+
+    def setup(self, context):
+        self.delay = float(context.parameters.get("delay_s", "0"))
+
+    def forward(self, inputs):
+        x = inputs["INPUT__0"]
+        count = int(x.flatten()[0].item())
+        for k in range(abs(count)):
+            if count < 0 and k == 1:
+                raise ValueError("stopped after one response")
+            if self.delay:
+                time.sleep(self.delay)
+            Counter.made += 1
+            yield {"OUTPUT__0": torch.full_like(x, float(k))}
+'''
+
+
+def add_counter(repo: pathlib.Path, name: str, delay_s: float = 0.0,
+                 extra: str = "") -> None:
+    """A decoupled Python model: see COUNTER."""
+    folder = write_config(repo, name, f"""
+        name: "{name}"
+        backend: "python"
+        max_batch_size: 4
+        input [ {{ name: "INPUT__0" data_type: TYPE_FP32 dims: [4] }} ]
+        output [ {{ name: "OUTPUT__0" data_type: TYPE_FP32 dims: [4] }} ]
+        dynamic_batching {{ }}
+        model_transaction_policy {{ decoupled: true }}
+        parameters {{ key: "delay_s" value {{ string_value: "{delay_s}" }} }}
+        {extra}
+        """)
+    (folder / "1" / "model.py").write_text(COUNTER)

@@ -5,23 +5,46 @@ the table of the other unary methods, `inference.GRPCInferenceService` and
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any
 
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from tritonclient.grpc import service_pb2 as pb
 
-from tensorgate.dataplane import DataPlane
+from tensorgate.dataplane import Answer, DataPlane, parse_version
 from tensorgate.errors import NotFoundError, UnimplementedError
 from tensorgate.network import http2
 from tensorgate.protocol.grpc_codec import (decode_model_infer, encode_model_infer_parts,
                                             split_model_infer, statistics_message)
+from tensorgate.protocol.infer_codec import DecodedRequest
 from tensorgate.tensor.copies import CopyLedger
 
-__all__ = ["INFERENCE_SERVICE", "UNARY", "model_infer"]
+__all__ = ["INFERENCE_SERVICE", "UNARY", "model_infer", "model_infer_responses"]
 
 INFERENCE_SERVICE = "inference.GRPCInferenceService"
 _HEALTH_SERVICE = "grpc.health.v1.Health"
+
+
+def _decode(dp: DataPlane, message: Any, ledger: CopyLedger, deadline_ns: int | None,
+            request: pb.ModelInferRequest | None, spans: list[tuple[int, int]] | None
+            ) -> tuple[pb.ModelInferRequest, DecodedRequest]:
+    if request is None:
+        request, spans = split_model_infer(memoryview(message))
+    decoded = decode_model_infer(request, ledger, dp.shm, message=message, raw_spans=spans)
+    if deadline_ns is not None and decoded.timeout_us is None:
+        # at least 1 µs: an expired deadline must time out in the queue (0 would mean none)
+        decoded.timeout_us = max(1, (deadline_ns - time.monotonic_ns()) // 1000)
+    return request, decoded
+
+
+def _encode(answer: Answer, decoded: DecodedRequest, connection: http2.Http2Connection,
+            ledger: CopyLedger, final: bool | None) -> list[Any]:
+    result, outputs, _, in_shm = answer
+    joined = connection.joined_bytes(
+        [v.nbytes for n, v in outputs.items() if not in_shm or n not in in_shm])
+    return encode_model_infer_parts(result.model, result.version, result.id, outputs, ledger,
+                                    bool(decoded.parameters.get("tensorgate_report_copies")),
+                                    in_shm, copies_to_come=joined, final=final)
 
 
 async def model_infer(dp: DataPlane, connection: http2.Http2Connection, message: Any,
@@ -30,22 +53,32 @@ async def model_infer(dp: DataPlane, connection: http2.Http2Connection, message:
                       spans: list[tuple[int, int]] | None = None) -> list[Any]:
     """Run one ModelInferRequest (its bytes, split already where `request` is given);
     returns the ModelInferResponse as parts to send one after another."""
-    if request is None:
-        request, spans = split_model_infer(memoryview(message))
-    decoded = decode_model_infer(request, ledger, dp.shm, message=message, raw_spans=spans)
-    if deadline_ns is not None and decoded.timeout_us is None:
-        # at least 1 µs: an expired deadline must time out in the queue (0 would mean none)
-        decoded.timeout_us = max(1, (deadline_ns - time.monotonic_ns()) // 1000)
-    result, outputs, _, in_shm = await dp.infer(request.model_name, request.model_version,
-                                                decoded, ledger)
-    joined = connection.joined_bytes(
-        [v.nbytes for n, v in outputs.items() if not in_shm or n not in in_shm])
-    parameters = decoded.parameters
-    return encode_model_infer_parts(result.model, result.version, result.id, outputs, ledger,
-                                    bool(parameters.get("tensorgate_report_copies")), in_shm,
-                                    copies_to_come=joined,
-                                    final=bool(parameters.get(
-                                        "triton_enable_empty_final_response")))
+    request, decoded = _decode(dp, message, ledger, deadline_ns, request, spans)
+    answer = await dp.infer(request.model_name, request.model_version, decoded, ledger)
+    flagged = bool(decoded.parameters.get("triton_enable_empty_final_response"))
+    return _encode(answer, decoded, connection, ledger, True if flagged else None)
+
+
+async def model_infer_responses(dp: DataPlane, connection: http2.Http2Connection,
+                                message: Any, ledger: CopyLedger, deadline_ns: int | None,
+                                request: pb.ModelInferRequest, spans: list[tuple[int, int]]
+                                ) -> AsyncGenerator[list[Any], None]:
+    """A decoupled model's ModelInferResponses to one request, as parts, as they come. With
+    `triton_enable_empty_final_response` each says it is not the last, and an empty one
+    that says it is follows them (the model's last response is known only after it)."""
+    request, decoded = _decode(dp, message, ledger, deadline_ns, request, spans)
+    flagged = bool(decoded.parameters.get("triton_enable_empty_final_response"))
+    answers = dp.infer_stream(request.model_name, request.model_version, decoded, ledger)
+    try:
+        async for answer in answers:
+            yield _encode(answer, decoded, connection, ledger, False if flagged else None)
+    finally:
+        await answers.aclose()
+    if flagged:
+        spec = dp.engine.spec(request.model_name, parse_version(request.model_version))
+        version = request.model_version or str(max(dp.engine.versions(spec.name)))
+        yield encode_model_infer_parts(spec.name, int(version), request.id, {}, ledger,
+                                       final=True)
 
 
 def _health_messages() -> tuple[Any, Any]:

@@ -8,6 +8,11 @@ Triton; only a broken stream (bad framing, a message over the limit) ends it wit
 status. Each message is received like a unary ModelInfer's (pooled, aligned, inputs are
 views) and runs through the same data plane and batcher.
 
+A request for a decoupled model is answered by each of its responses as the model makes
+them (then an empty final one when the request asks with
+`triton_enable_empty_final_response`); while the client's window holds _PENDING_BYTES of
+them, the next waits, and so does the model (pipeline/executor.py RESPONSES_AHEAD).
+
 Bounded: at most _IN_FLIGHT requests of one stream are in the pipeline and at most
 _PENDING_BYTES of its responses wait for the client's window; what arrives beyond that waits
 whole, its stream's HTTP/2 window held back so that a client cannot send more than the
@@ -28,7 +33,7 @@ from tensorgate.errors import TensorgateError
 from tensorgate.network import http2, stalled_message
 from tensorgate.network.grpc_messages import (CODES, OK_TRAILERS, RESPONSE_HEADERS, CallHeaders,
                                               Failure, MessageReader, inflate_message, trailers)
-from tensorgate.network.grpc_methods import model_infer
+from tensorgate.network.grpc_methods import model_infer, model_infer_responses
 from tensorgate.protocol.grpc_codec import (split_model_infer, stream_error_message,
                                             stream_response_parts)
 from tensorgate.tensor.copies import CopyLedger
@@ -50,7 +55,7 @@ class StreamCall:
 
     __slots__ = ("dataplane", "connection", "stream", "deadline_ns", "reader", "_limit",
                  "_registry", "_waiting", "_tasks", "_client_done", "_draining", "_closed",
-                 "_paused")
+                 "_paused", "_room")
 
     def __init__(self, dataplane: DataPlane, pool: BufferPool, max_message_bytes: int,
                  connection: http2.Http2Connection, stream: http2.Http2Stream,
@@ -69,6 +74,7 @@ class StreamCall:
         self._draining = False     # the server is shutting down: no more requests read
         self._closed = False       # the stream is over (ended by us, or reset)
         self._paused = False       # its window is held back
+        self._room = asyncio.Event()  # set when what was sent has gone to the transport
         registry.add(self)
         connection.begin_response(stream, RESPONSE_HEADERS)
 
@@ -123,6 +129,7 @@ class StreamCall:
         self._close()
 
     def drained(self) -> None:
+        self._room.set()
         self._pump()
 
     def waiting(self) -> bool:
@@ -170,6 +177,9 @@ class StreamCall:
             if encoding != "identity":
                 message = inflate_message(message, encoding, self._limit, ledger)
             request, spans = split_model_infer(memoryview(message))
+            if self.dataplane.is_decoupled(request.model_name, request.model_version):
+                await self._respond_each(message, ledger, request, spans)
+                return
             body = stream_response_parts(await model_infer(
                 self.dataplane, self.connection, message, ledger, self.deadline_ns,
                 request, spans))
@@ -183,6 +193,21 @@ class StreamCall:
         finally:
             message = None
         self._answer(body)
+
+    async def _respond_each(self, message: Any, ledger: CopyLedger, request: Any,
+                            spans: list[tuple[int, int]]) -> None:
+        """A decoupled model's responses, each sent as it comes; the next is taken only
+        while the client's window leaves room."""
+        responses = model_infer_responses(self.dataplane, self.connection, message, ledger,
+                                          self.deadline_ns, request, spans)
+        try:
+            async for parts in responses:
+                self._answer(stream_response_parts(parts))
+                while self.stream.pending_bytes >= _PENDING_BYTES and not self._closed:
+                    self._room.clear()
+                    await self._room.wait()
+        finally:
+            await responses.aclose()
 
     @staticmethod
     def _error(message: str, request: Any) -> bytes:

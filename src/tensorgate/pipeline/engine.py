@@ -17,7 +17,8 @@ import gc
 import logging
 import pathlib
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections import deque
+from collections.abc import AsyncGenerator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -188,6 +189,10 @@ class Engine:
         loop = asyncio.get_running_loop()
         spec = source.spec
         artifact, kind = artifact_path(source, version)
+        if spec.decoupled and kind != "python":
+            raise ModelConfigError(str(artifact), "'model_transaction_policy { decoupled: true }' "
+                                                  "needs a Python model (model.py) whose forward "
+                                                  "yields its responses")
         stats = ModelStatistics(spec.name, version)
         scheduler = Scheduler(spec, stats, loop, measured_cap=_flag(spec, "batch_cap", True))
         postprocessor = build_postprocessor(spec, source.directory)
@@ -383,12 +388,63 @@ class Engine:
         if self._closing:
             raise UnavailableError("the server is shutting down; the request was not run")
         loaded = self._resolve(request.model, request.version)
+        if loaded.spec.decoupled:
+            raise InvalidArgumentError(
+                f"model '{loaded.spec.name}' is decoupled (it sends any number of responses "
+                "per request): call it on a stream, gRPC ModelStreamInfer (tritonclient's "
+                "start_stream / async_stream_infer)")
         item = _work_item(loaded, request, asyncio.get_running_loop())
         loaded.scheduler.submit(item)
         # cancelling the caller cancels this future: the scheduler drops it
         results = await item.future
         return InferenceResult(loaded.spec.name, loaded.version, request.id, results,
                                item.times, item.ledger)
+
+    def is_decoupled(self, name: str, version: int | None = None) -> bool:
+        return self._resolve(name, version).spec.decoupled
+
+    async def infer_stream(self, request: InferenceRequest
+                           ) -> AsyncGenerator[InferenceResult, None]:
+        """Run one request of a decoupled model: its responses, in the order the model made
+        them, as they come. (A model that is not decoupled gives its one response.) Leaving
+        the iteration early stops the model making more."""
+        if self._closing:
+            raise UnavailableError("the server is shutting down; the request was not run")
+        loaded = self._resolve(request.model, request.version)
+        if not loaded.spec.decoupled:
+            yield await self.infer(request)
+            return
+        item = _work_item(loaded, request, asyncio.get_running_loop())
+        arrived: deque[tuple[dict[str, TensorView], Callable[[], None]] | None] = deque()
+        wake = asyncio.Event()
+
+        def respond(outputs: dict[str, TensorView], taken: Callable[[], None]) -> None:
+            arrived.append((outputs, taken))
+            wake.set()
+
+        def ended(_: asyncio.Future[Any]) -> None:
+            arrived.append(None)
+            wake.set()
+        item.respond = respond
+        item.future.add_done_callback(ended)
+        loaded.scheduler.submit(item)
+        try:
+            while True:
+                while not arrived:
+                    wake.clear()
+                    await wake.wait()
+                response = arrived.popleft()
+                if response is None:
+                    break
+                outputs, taken = response
+                taken()
+                yield InferenceResult(loaded.spec.name, loaded.version, request.id, outputs,
+                                      item.times, item.ledger)
+            item.future.result()  # the request's error, if it failed
+        finally:
+            item.abandoned = True
+            if not item.future.done():
+                item.future.cancel()  # still queued: the scheduler drops it
 
 
 def _work_item(loaded: _Version, request: InferenceRequest,

@@ -21,7 +21,7 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -48,6 +48,7 @@ __all__ = ["ExecutorSettings", "ExecutorThread", "PostprocessPool", "default_int
 
 log = logging.getLogger("tensorgate.executor")
 _STOP = object()
+RESPONSES_AHEAD = 64  # a decoupled request's responses made but not yet taken by its client
 
 
 def default_intra_op_threads() -> int:
@@ -224,7 +225,12 @@ class ExecutorThread:
             log.info("model %s: a BYTES input, so no warm-up", s.spec.name)
             return
         try:
-            runner.run(inputs)
+            result = runner.run(inputs)
+            if isinstance(result, Iterator):  # a decoupled model: make its first response
+                for _ in zip(range(1), result):
+                    pass
+                if hasattr(result, "close"):
+                    result.close()
         except Exception as error:
             raise InternalError(f"model '{s.spec.name}' failed its warm-up at batch 1 with "
                                 f"{type(error).__name__}: {error}") from error
@@ -241,6 +247,9 @@ class ExecutorThread:
         s = self.settings
         runner = self._runner
         assert runner is not None
+        if s.spec.decoupled:
+            self._execute_decoupled(batch, runner)
+            return
         started = time.monotonic_ns()
         # What this thread holds of a batch is let go before it reports the batch done: the
         # loop may answer and the pool take the buffers back before this thread runs again.
@@ -275,6 +284,53 @@ class ExecutorThread:
             self._finish(batch, raw)
             raw = None
             self._report(self._on_done_and_idle, batch)  # one wake-up of the loop, not two
+
+    def _execute_decoupled(self, batch: Batch, runner: Runner) -> None:
+        """A decoupled model's one request: its `forward` yields any number of results; each
+        is post-processed here and goes to the loop as a response as soon as it is made. At
+        most RESPONSES_AHEAD wait there for the client: past that this thread waits
+        (backpressure on the model); it stops when the client has gone."""
+        item = batch.items[0]
+        assert item.respond is not None and len(batch.items) == 1
+        credits = threading.Semaphore(RESPONSES_AHEAD)  # the client's taking one gives one back
+        started = time.monotonic_ns()
+        output_ns = 0
+        produced: Any = None
+        try:
+            with torch.inference_mode(), self._on_stream():
+                produced = runner.run(self._to_device(item.inputs, batch))
+                if not isinstance(produced, Iterator):
+                    raise InternalError(
+                        f"model '{self.settings.spec.name}' is decoupled: its forward must "
+                        f"yield its responses (a generator), not return a "
+                        f"{type(produced).__name__}")
+                for raw in produced:
+                    if self._stream is not None:
+                        raw = map_tensors(raw, lambda t: self._to_host(t, batch))
+                        self._stream.synchronize()
+                    item.results = {}
+                    self._finish(batch, raw)
+                    output_ns += batch.output_ns
+                    raw = None
+                    if batch.error is not None:
+                        break
+                    while not credits.acquire(timeout=0.05):
+                        if item.abandoned:
+                            break
+                    if item.abandoned:
+                        break
+                    self._report(item.respond, item.results, credits.release)
+        except Exception as error:  # the model's fault fails its request only
+            batch.error = _model_error(self.settings.spec.name, error)
+        finally:
+            if produced is not None and hasattr(produced, "close"):
+                produced.close()  # a generator left early runs its cleanup here
+            produced = None
+        item.results = {}
+        batch.output_ns = output_ns
+        batch.infer_ns = time.monotonic_ns() - started - output_ns
+        self.batches_run += 1
+        self._report(self._on_done_and_idle, batch)
 
     def _on_done_and_idle(self, batch: Batch) -> None:
         """On the loop: deliver the batch's results, then take the next batch."""

@@ -49,8 +49,9 @@ class Scheduler:
         self._stats = stats
         self._loop = loop
         policy = spec.batching
-        self._batching = policy is not None
-        self._max_rows = spec.max_batch_size if policy is not None else 0
+        # a decoupled model's requests run one at a time: each answers on its own schedule
+        self._batching = policy is not None and not spec.decoupled
+        self._max_rows = spec.max_batch_size if self._batching else 0
         self._delay_ns = policy.max_queue_delay_us * 1000 if policy is not None else 0
         self._preferred = policy.preferred_batch_sizes if policy is not None else ()
         self._policies = policy.queues if policy is not None else (QueuePolicy(),)

@@ -8,6 +8,7 @@ orders those writes before the reads.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 from tensorgate.pipeline.stats import StageTimes
@@ -23,7 +24,7 @@ class WorkItem:
     """One request inside the pipeline."""
 
     __slots__ = ("inputs", "rows", "key", "wanted", "future", "enqueued_ns", "deadline_ns",
-                 "ledger", "times", "results", "level")
+                 "ledger", "times", "results", "level", "respond", "abandoned")
 
     def __init__(self, inputs: dict[str, Any], rows: int, key: tuple[Any, ...],
                  wanted: tuple[str, ...], future: asyncio.Future[Any], enqueued_ns: int,
@@ -39,6 +40,12 @@ class WorkItem:
         self.times = StageTimes()
         self.results: dict[str, TensorView] = {}
         self.level = level            # priority level's queue index: 0 is the highest
+        # A decoupled model's request: each response goes to `respond` on the loop as soon as
+        # it is made; `abandoned` (set on the loop) tells the executor to stop making them.
+        # `respond(outputs, taken)`: the receiver calls `taken()` once its client has the
+        # response, which lets the executor make one more (a bound on those waiting).
+        self.respond: Callable[[dict[str, TensorView], Callable[[], None]], None] | None = None
+        self.abandoned = False
 
     def release(self) -> None:
         """Its batch is done and it is answered: the item lets go of its tensors (the future

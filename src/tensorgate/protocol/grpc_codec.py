@@ -215,12 +215,12 @@ def encode_model_infer_parts(model: str, version: int, request_id: str,
                              outputs: dict[str, TensorView], ledger: CopyLedger,
                              report_copies: bool = False,
                              in_shm: dict[str, tuple[str, int, int]] | None = None,
-                             copies_to_come: int = 0, final: bool = False) -> list[Any]:
+                             copies_to_come: int = 0, final: bool | None = None) -> list[Any]:
     """The serialized response as buffers to send one after another: protobuf's bytes for
     the small fields, then per output a field header and a view of the tensor (no copy).
     `copies_to_come`: tensor bytes the transport will still copy, counted here so that the
-    reported total includes them. `final`: mark it as its request's last response (the
-    `triton_final_response` parameter streaming clients ask for)."""
+    reported total includes them. `final`: whether it is its request's last response (the
+    `triton_final_response` parameter streaming clients ask for); None: not said."""
     response = pb.ModelInferResponse(model_name=model, model_version=str(version), id=request_id)
     tensors: list[Any] = []
     for name, view in outputs.items():
@@ -241,8 +241,8 @@ def encode_model_infer_parts(model: str, version: int, request_id: str,
         record_copy(copies_to_come, "encode", ledger)
     if report_copies:
         response.parameters["tensorgate_copied_bytes"].int64_param = ledger.bytes
-    if final:
-        response.parameters["triton_final_response"].bool_param = True
+    if final is not None:
+        response.parameters["triton_final_response"].bool_param = final
     return [response.SerializeToString(), *tensors]
 
 

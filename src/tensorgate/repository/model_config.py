@@ -95,6 +95,8 @@ class ModelSpec:
     version_policy: tuple[str, tuple[int, ...]]  # ("latest", (n,)) | ("all", ()) | ("specific", vs)
     parameters: dict[str, str] = field(default_factory=dict)
     default_model_filename: str = ""
+    # model_transaction_policy { decoupled: true }: any number of responses per request
+    decoupled: bool = False
     config: pb.ModelConfig = field(default_factory=pb.ModelConfig, repr=False, compare=False)
 
     def input(self, name: str) -> TensorSpec | None:
@@ -159,6 +161,7 @@ def _spec(config: pb.ModelConfig, source: str) -> ModelSpec:
         version_policy=_version_policy(config, source),
         parameters={key: value.string_value for key, value in config.parameters.items()},
         default_model_filename=config.default_model_filename,
+        decoupled=config.model_transaction_policy.decoupled,
         config=config,
     )
 

@@ -1,0 +1,95 @@
+"""A decoupled model through tritonclient: its responses arrive on the gRPC stream one by
+one, in order per request, with Triton's final-response flags; an error after some responses
+comes after them and the stream carries on; unary calls (gRPC and HTTP) are refused with a
+message that says how to call it."""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.grpc.aio as grpcaio
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from tests.e2e.conftest import RunningServer
+
+
+def _input(first: float, module=grpcclient) -> object:
+    item = module.InferInput("INPUT__0", [1, 4], "FP32")
+    item.set_data_from_numpy(np.full((1, 4), first, np.float32))
+    return item
+
+
+def _final(result) -> bool | None:
+    parameters = result.get_response().parameters
+    if "triton_final_response" not in parameters:
+        return None
+    return parameters["triton_final_response"].bool_param
+
+
+def test_each_response_arrives_in_order_then_the_final_flag(server: RunningServer) -> None:
+    answers: queue.Queue[tuple[object, object]] = queue.Queue()
+    with grpcclient.InferenceServerClient(server.grpc_url) as client:
+        client.start_stream(callback=lambda result, error: answers.put((result, error)))
+        client.async_stream_infer("counter", [_input(4)], request_id="four",
+                                  enable_empty_final_response=True)
+        client.async_stream_infer("counter", [_input(2)], request_id="two")
+        client.async_stream_infer("counter", [_input(-3)], request_id="fails",
+                                  enable_empty_final_response=True)
+        client.async_stream_infer("counter", [_input(0)], request_id="none",
+                                  enable_empty_final_response=True)
+        client.stop_stream()  # ends our side; waits for every response
+    by_id: dict[str, list[tuple[float | None, bool | None]]] = {}
+    errors = []
+    while not answers.empty():
+        result, error = answers.get_nowait()
+        if error is not None:
+            errors.append(error.message())
+            continue
+        response = result.get_response()
+        value = result.as_numpy("OUTPUT__0")[0, 0] if response.outputs else None
+        by_id.setdefault(response.id, []).append((value, _final(result)))
+    assert by_id["four"] == [(0.0, False), (1.0, False), (2.0, False), (3.0, False),
+                             (None, True)]
+    assert by_id["two"] == [(0.0, None), (1.0, None)]  # no flags unless asked
+    assert by_id["fails"] == [(0.0, False)]  # then its error, and no final response
+    assert by_id["none"] == [(None, True)]  # no response from the model: only the final
+    assert errors == ["model 'counter' raised ValueError: stopped after one response"]
+
+
+def test_asyncio_stream_infer_gets_every_response(server: RunningServer) -> None:
+    async def scenario() -> list[float]:
+        client = grpcaio.InferenceServerClient(server.grpc_url)
+        try:
+            async def requests():
+                yield {"model_name": "counter", "inputs": [_input(3, grpcaio)],
+                       "request_id": "r", "enable_empty_final_response": True}
+            values = []
+            async for result, error in client.stream_infer(requests()):
+                assert error is None
+                if _final(result):
+                    break
+                values.append(float(result.as_numpy("OUTPUT__0")[0, 0]))
+            return values
+        finally:
+            await client.close()
+    assert asyncio.run(asyncio.wait_for(scenario(), 60)) == [0.0, 1.0, 2.0]
+
+
+def test_unary_calls_to_a_decoupled_model_say_how_to_call_it(server: RunningServer) -> None:
+    message = "model 'counter' is decoupled"
+    with grpcclient.InferenceServerClient(server.grpc_url) as client:
+        with pytest.raises(InferenceServerException, match=message) as refused:
+            client.infer("counter", [_input(2)])
+        assert "ModelStreamInfer" in refused.value.message()
+        assert client.is_model_ready("counter")
+    item = httpclient.InferInput("INPUT__0", [1, 4], "FP32")
+    item.set_data_from_numpy(np.full((1, 4), 2, np.float32))
+    with httpclient.InferenceServerClient(server.url) as client:
+        with pytest.raises(InferenceServerException, match=message) as refused:
+            client.infer("counter", [item])
+        assert refused.value.status() == "400"

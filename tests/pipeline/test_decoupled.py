@@ -1,0 +1,101 @@
+"""Decoupled models (`model_transaction_policy { decoupled: true }`): a Python model whose
+forward yields any number of responses per request; each reaches the caller as soon as it
+is made, in order; an error after some responses fails the request after them; a caller that
+leaves early stops the model; unary inference is refused with a message saying how to call
+it."""
+
+from __future__ import annotations
+
+import asyncio
+import pathlib
+import threading
+
+import pytest
+import torch
+
+from tensorgate import Engine, InferenceRequest, TensorView
+from tensorgate.errors import InternalError, InvalidArgumentError, ModelConfigError
+from tests.pipeline import repo_builder as rb
+from tests.pipeline.conftest import run
+
+
+@pytest.fixture(scope="module")
+def decoupled_repo(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
+    root = tmp_path_factory.mktemp("decoupled")
+    rb.add_counter(root, "counter")
+    rb.add_counter(root, "slow_counter", delay_s=0.05)
+    rb.add_torchscript(root, "scripted", rb.Identity(), [4], [4],
+                       extra="model_transaction_policy { decoupled: true }")
+    return root
+
+
+def _request(model: str, first: float) -> InferenceRequest:
+    value = torch.full((1, 4), float(first))
+    return InferenceRequest(model, {"INPUT__0": TensorView.from_torch(value, name="INPUT__0")})
+
+
+def test_responses_arrive_in_order_one_request_at_a_time(decoupled_repo: pathlib.Path) -> None:
+    async def scenario() -> None:
+        engine = Engine(decoupled_repo)
+        await engine.start(["counter"])
+
+        async def collect(n: float) -> list[float]:
+            return [result.outputs["OUTPUT__0"].torch()[0, 0].item()
+                    async for result in engine.infer_stream(_request("counter", n))]
+        got = await asyncio.gather(collect(5), collect(3), collect(0))
+        assert got == [[0.0, 1.0, 2.0, 3.0, 4.0], [0.0, 1.0, 2.0], []]
+        stats = engine.statistics("counter")[0]
+        assert stats["execution_count"] == 3 and stats["inference_count"] == 3
+        with pytest.raises(InvalidArgumentError, match=r"^model 'counter' is decoupled .* "
+                                                       r"gRPC ModelStreamInfer"):
+            await engine.infer(_request("counter", 2))
+        await engine.shutdown()
+    run(scenario())
+
+
+def test_an_error_after_some_responses_fails_the_request_after_them(
+        decoupled_repo: pathlib.Path) -> None:
+    async def scenario() -> None:
+        engine = Engine(decoupled_repo)
+        await engine.start(["counter"])
+        got = []
+        with pytest.raises(InternalError, match=r"^model 'counter' raised ValueError: stopped "
+                                                r"after one response$"):
+            async for result in engine.infer_stream(_request("counter", -3)):
+                got.append(result.outputs["OUTPUT__0"].torch()[0, 0].item())
+        assert got == [0.0]
+        after = [r async for r in engine.infer_stream(_request("counter", 2))]
+        assert len(after) == 2  # the model serves on
+        await engine.shutdown()
+    run(scenario())
+
+
+def test_a_caller_that_leaves_early_stops_the_model(decoupled_repo: pathlib.Path) -> None:
+    async def scenario() -> None:
+        engine = Engine(decoupled_repo)
+        await engine.start(["slow_counter"])
+        import sys
+        counter = next(m for n, m in sys.modules.items()
+                       if n.startswith("tensorgate_model_slow_counter")).Counter
+        before = counter.made
+        stream = engine.infer_stream(_request("slow_counter", 1000))  # 50 s if left to run
+        async for _ in stream:
+            break
+        await stream.aclose()
+        await asyncio.sleep(0.3)
+        made = counter.made - before
+        assert 1 <= made <= 4  # stopped within a response or two of leaving
+        rest = [r async for r in engine.infer_stream(_request("slow_counter", 2))]
+        assert len(rest) == 2  # and the executor is free for the next request
+        await engine.shutdown()
+    run(scenario(), timeout=30)
+
+
+def test_decoupled_needs_a_python_model(decoupled_repo: pathlib.Path) -> None:
+    async def scenario() -> None:
+        engine = Engine(decoupled_repo)
+        with pytest.raises(ModelConfigError, match=r"decoupled: true \}' needs a Python model"):
+            await engine.load("scripted")
+        await engine.shutdown()
+    run(scenario())
+    assert not [t for t in threading.enumerate() if t.name.startswith("tg-exec-scripted")]
