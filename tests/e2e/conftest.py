@@ -73,6 +73,20 @@ def e2e_repo(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
                   delay_s=0.3, max_batch=1)
     # 0.05 s a request, one at a time, no queue bound: requests that stay in flight
     rb.add_python(root, "paced", "dynamic_batching { }", delay_s=0.05, max_batch=1)
+    # an ensemble: failing (x + 1, refuses negatives), then paced (2y + 1), as views
+    rb.write_config(root, "pipeline", """
+        name: "pipeline"
+        platform: "ensemble"
+        max_batch_size: 1
+        input [ { name: "RAW" data_type: TYPE_FP32 dims: [4] } ]
+        output [ { name: "SCORES" data_type: TYPE_FP32 dims: [4] } ]
+        ensemble_scheduling { step [
+          { model_name: "failing" model_version: -1 input_map { key: "INPUT__0" value: "RAW" }
+            output_map { key: "OUTPUT__0" value: "SHIFTED" } },
+          { model_name: "paced" model_version: -1
+            input_map { key: "INPUT__0" value: "SHIFTED" }
+            output_map { key: "OUTPUT__0" value: "SCORES" } } ] }
+        """)
     # decoupled: n responses to an input whose first value is n (repo_builder.COUNTER)
     rb.add_counter(root, "counter")
     # 0.3 s a request, one at a time, two priority levels (2 unless a request says 1)

@@ -26,6 +26,7 @@ import torch
 
 from tensorgate.errors import (InvalidArgumentError, NotFoundError, TensorgateError,
                                UnavailableError)
+from tensorgate.pipeline.ensemble import EnsembleScheduler, check_step_models, ensemble_steps
 from tensorgate.pipeline.executor import (ExecutorSettings, ExecutorThread, PostprocessPool,
                                           default_intra_op_threads)
 from tensorgate.pipeline.placement import LIGHT_FORWARD_NS, pin_current_thread, plan_placement
@@ -74,7 +75,7 @@ class InferenceResult:
 class _Version:
     """One loaded model version: its scheduler, executors and counters."""
 
-    def __init__(self, spec: ModelSpec, version: int, scheduler: Scheduler,
+    def __init__(self, spec: ModelSpec, version: int, scheduler: Scheduler | EnsembleScheduler,
                  executors: list[ExecutorThread], stats: ModelStatistics) -> None:
         self.spec = spec
         self.version = version
@@ -104,6 +105,7 @@ class Engine:
         self._failed: dict[str, str] = {}
         self._labels: dict[tuple[str, str], list[str]] = {}
         self._closing = False
+        self._ensembles_loading: set[str] = set()
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -112,10 +114,15 @@ class Engine:
         names = list(models) if models is not None else discover_models(self.repository)
         if self._placement is not None:
             pin_current_thread(self._placement.loop_cpus)
-        results = await asyncio.gather(*(self.load(n) for n in names), return_exceptions=True)
-        for name, result in zip(names, results):
-            if isinstance(result, BaseException):
-                log.error("model %s failed to load: %s", name, result)
+        # Ensembles after the models they chain, which they would otherwise load themselves
+        # while the same models load here.
+        ensembles = [n for n in names if self._is_ensemble(n)]
+        for group in ([n for n in names if n not in ensembles], ensembles):
+            results = await asyncio.gather(*(self.load(n) for n in group),
+                                           return_exceptions=True)
+            for name, result in zip(group, results):
+                if isinstance(result, BaseException):
+                    log.error("model %s failed to load: %s", name, result)
         # What loading made lives as long as the server: keep the collector from walking it.
         gc.collect()
         gc.freeze()
@@ -128,7 +135,10 @@ class Engine:
         try:
             source = load_source(self.repository, name)
             for number in source.versions:
-                versions[number] = await self._load_version(source, number)
+                if source.spec.platform == "ensemble":
+                    versions[number] = await self._load_ensemble(source, number)
+                else:
+                    versions[number] = await self._load_version(source, number)
         except Exception as error:
             if versions:  # the versions loaded before one failed are not served: stop them
                 await self._retire(versions.values(), drain_timeout_s=0.0)
@@ -184,6 +194,44 @@ class Engine:
         stopping = [e.stopped for v in versions for e in v.executors]
         if stopping:
             await asyncio.wait(stopping, timeout=max(deadline - time.monotonic(), 1.0))
+
+    def _is_ensemble(self, name: str) -> bool:
+        try:
+            return load_source(self.repository, name).spec.platform == "ensemble"
+        except TensorgateError:
+            return False  # its load will say what is wrong
+
+    async def _load_ensemble(self, source: ModelSource, version: int) -> _Version:
+        """An ensemble: its steps checked against their models, which are loaded first when
+        they are not yet (as Triton does)."""
+        spec = source.spec
+        steps = ensemble_steps(spec, str(source.directory / "config.pbtxt"))
+        if spec.name in self._ensembles_loading:
+            raise ModelConfigError(spec.name, "ensembles that name each other as steps")
+        self._ensembles_loading.add(spec.name)
+        try:
+            for model in sorted({step.model for step in steps}):
+                if model not in self._models:
+                    await self.load(model)
+        finally:
+            self._ensembles_loading.discard(spec.name)
+        check_step_models(spec, steps, self.spec)
+        stats = ModelStatistics(spec.name, version)
+        scheduler = EnsembleScheduler(spec, steps, stats, self._run_step)
+        log.info("ensemble %s v%d ready: %s", spec.name, version,
+                 " → ".join(step.model for step in steps))
+        return _Version(spec, version, scheduler, [], stats)
+
+    async def _run_step(self, model: str, version: int | None, inputs: dict[str, TensorView],
+                        outputs: list[str], item: WorkItem) -> dict[str, TensorView]:
+        """One ensemble step: a request to its model, within what is left of the ensemble
+        request's deadline, counting copies to the ensemble request."""
+        timeout_us = None
+        if item.deadline_ns:
+            timeout_us = max(1, (item.deadline_ns - time.monotonic_ns()) // 1000)
+        result = await self.infer(InferenceRequest(model, inputs, version, outputs,
+                                                   timeout_us, "", item.ledger))
+        return result.outputs
 
     async def _load_version(self, source: ModelSource, version: int) -> _Version:
         loop = asyncio.get_running_loop()

@@ -188,9 +188,13 @@ def _tensor(message: pb.ModelInput | pb.ModelOutput, kind: str, source: str,
 
 
 def _batching(config: pb.ModelConfig, source: str) -> BatchingPolicy | None:
-    if config.WhichOneof("scheduling_choice") != "dynamic_batching":
-        if config.WhichOneof("scheduling_choice") is not None:
-            choice = config.WhichOneof("scheduling_choice")
+    choice = config.WhichOneof("scheduling_choice")
+    if choice == "ensemble_scheduling":
+        if config.platform != "ensemble":
+            raise ModelConfigError(source, "'ensemble_scheduling' needs platform 'ensemble'")
+        return None  # its steps' models batch (pipeline/ensemble.py checks the steps)
+    if choice != "dynamic_batching":
+        if choice is not None:
             raise ModelConfigError(source, f"field '{choice}' is not supported; use "
                                            "'dynamic_batching' or none")
         return None

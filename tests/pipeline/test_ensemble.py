@@ -1,0 +1,156 @@
+"""Ensembles (`platform: "ensemble"`): steps run as soon as their inputs exist (independent
+ones at once), each a request to its model that batches with everyone else's; tensors pass
+between steps as views; composing models load with the ensemble; bad step graphs are refused
+at load with the step and tensor named; a failing step fails the request, naming the step."""
+
+from __future__ import annotations
+
+import asyncio
+import pathlib
+
+import pytest
+import torch
+
+from tensorgate import Engine, InferenceRequest, TensorView
+from tensorgate.errors import InternalError, ModelConfigError
+from tests.pipeline import repo_builder as rb
+from tests.pipeline.conftest import BATCHING, run
+
+CHAIN = """
+name: "{name}"
+platform: "ensemble"
+max_batch_size: 8
+input [ {{ name: "RAW" data_type: TYPE_FP32 dims: [4] }} ]
+output [ {{ name: "FINAL" data_type: TYPE_FP32 dims: [4] }},
+         {{ name: "ONCE" data_type: TYPE_FP32 dims: [4] }} ]
+ensemble_scheduling {{ step [
+  {{ model_name: "{first}" model_version: -1
+     input_map {{ key: "INPUT__0" value: "RAW" }} output_map {{ key: "OUTPUT__0" value: "MID" }} }},
+  {{ model_name: "scaled" model_version: -1
+     input_map {{ key: "INPUT__0" value: "MID" }}
+     output_map {{ key: "OUTPUT__0" value: "FINAL" }} }},
+  {{ model_name: "copy" model_version: 1
+     input_map {{ key: "INPUT__0" value: "RAW" }}
+     output_map {{ key: "OUTPUT__0" value: "ONCE" }} }}
+] }}
+"""
+
+
+def _ensemble(root: pathlib.Path, name: str, text: str) -> None:
+    rb.write_config(root, name, text)  # its version directory stays empty, as in Triton
+
+
+@pytest.fixture(scope="module")
+def ensemble_repo(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
+    root = tmp_path_factory.mktemp("ensembles")
+    rb.add_python(root, "scaled", BATCHING)
+    rb.add_torchscript(root, "copy", rb.Identity(), [4], [4], BATCHING)
+    rb.add_torchscript(root, "failing", rb.Failing(), [4], [4], BATCHING)
+    rb.add_counter(root, "counter")
+    _ensemble(root, "chain", CHAIN.format(name="chain", first="scaled"))
+    _ensemble(root, "broken_step", CHAIN.format(name="broken_step", first="failing"))
+    _ensemble(root, "streams", CHAIN.format(name="streams", first="counter"))
+    return root
+
+
+def _request(model: str, value: torch.Tensor, **kw) -> InferenceRequest:
+    return InferenceRequest(model, {"RAW": TensorView.from_torch(value, name="RAW")}, **kw)
+
+
+def test_steps_chain_and_branch_and_load_their_models(ensemble_repo: pathlib.Path) -> None:
+    async def scenario() -> None:
+        engine = Engine(ensemble_repo)
+        await engine.start(["chain"])  # scaled and copy load with it
+        assert engine.model_names() == ["chain", "copy", "scaled"]
+        x = torch.arange(8.0).reshape(2, 4)
+        result = await engine.infer(_request("chain", x))
+        assert torch.equal(result.outputs["FINAL"].torch(), 2 * (2 * x + 1) + 1)
+        assert torch.equal(result.outputs["ONCE"].torch(), x)
+        assert result.ledger.bytes == 0  # views from step to step, and a batch of one each
+        assert engine.spec("chain").platform == "ensemble"
+        stats = engine.statistics("chain")[0]
+        assert stats["inference_count"] == 2 and stats["inference_stats"]["success"]["count"] == 1
+        await engine.shutdown()
+    run(scenario())
+
+
+def test_concurrent_ensemble_requests_batch_in_their_steps(ensemble_repo: pathlib.Path) -> None:
+    async def scenario() -> None:
+        engine = Engine(ensemble_repo)
+        await engine.start(["chain"])
+        values = [torch.full((1, 4), float(i)) for i in range(16)]
+        results = await asyncio.gather(*(engine.infer(_request("chain", v, outputs=["FINAL"]))
+                                         for v in values))
+        for value, result in zip(values, results):
+            assert torch.equal(result.outputs["FINAL"].torch(), 4 * value + 3)
+            assert list(result.outputs) == ["FINAL"]
+        scaled = engine.statistics("scaled")[0]
+        assert scaled["inference_count"] == 32
+        assert scaled["execution_count"] < 32  # steps of different requests shared batches
+        await engine.shutdown()
+    run(scenario())
+
+
+def test_a_failing_step_fails_the_request_naming_it(ensemble_repo: pathlib.Path) -> None:
+    async def scenario() -> None:
+        engine = Engine(ensemble_repo)
+        await engine.start(["broken_step"])
+        with pytest.raises(InternalError, match=r"^ensemble 'broken_step', step 'failing': "
+                                                r"model 'failing' raised RuntimeError"):
+            await engine.infer(_request("broken_step", -torch.ones(1, 4)))
+        fine = await engine.infer(_request("broken_step", torch.ones(1, 4)))
+        assert torch.equal(fine.outputs["FINAL"].torch(), torch.full((1, 4), 5.0))
+        assert engine.statistics("broken_step")[0]["inference_stats"]["fail"]["count"] == 1
+        await engine.shutdown()
+    run(scenario())
+
+
+STEP = ('{{ model_name: "{model}" model_version: -1 input_map {{ key: "INPUT__0" value: '
+        '"{src}" }} output_map {{ key: "OUTPUT__0" value: "{dst}" }} }}')
+
+
+def _graph(*steps: tuple[str, str, str]) -> str:
+    body = ",\n".join(STEP.format(model=m, src=s, dst=d) for m, s, d in steps)
+    return ('name: "bad" platform: "ensemble" max_batch_size: 8\n'
+            'input [ { name: "RAW" data_type: TYPE_FP32 dims: [4] } ]\n'
+            'output [ { name: "OUT" data_type: TYPE_FP32 dims: [4] } ]\n'
+            f"ensemble_scheduling {{ step [ {body} ] }}")
+
+
+@pytest.mark.parametrize("text, message", [
+    (_graph(("scaled", "RAW", "A"), ("scaled", "B", "OUT")),
+     r"ensemble step 'scaled' reads \['B'\], which no ensemble input or step makes"),
+    (_graph(("scaled", "RAW", "A")), r"ensemble outputs \['OUT'\] are made by no step"),
+    (_graph(("scaled", "RAW", "OUT"), ("copy", "RAW", "OUT")),
+     r"ensemble step 2 \('copy'\) makes tensor 'OUT', already made by ensemble step 1"),
+    (_graph(("scaled", "B", "A"), ("copy", "A", "B"), ("copy", "RAW", "OUT")),
+     r"ensemble steps 'scaled', 'copy' wait on each other's outputs \(a cycle\)"),
+    (_graph(("scaled", "RAW", "OUT")).replace('key: "INPUT__0"', 'key: "IMAGE"'),
+     r"ensemble step 'scaled' maps inputs \['IMAGE'\]; the model's inputs are \['INPUT__0'\]"),
+    (_graph(("nowhere", "RAW", "OUT")), r"no model 'nowhere' in repository"),
+    (_graph(("scaled", "RAW", "OUT")).replace('platform: "ensemble"', ""),
+     r"'ensemble_scheduling' needs platform 'ensemble'"),
+])
+def test_bad_step_graphs_are_refused_at_load(ensemble_repo: pathlib.Path, tmp_path: pathlib.Path,
+                                            text: str, message: str) -> None:
+    import shutil
+    for model in ("scaled", "copy"):
+        shutil.copytree(ensemble_repo / model, tmp_path / model)
+    _ensemble(tmp_path, "bad", text)
+
+    async def scenario() -> None:
+        engine = Engine(tmp_path)
+        with pytest.raises(Exception, match=message):
+            await engine.load("bad")
+        await engine.shutdown()
+    run(scenario())
+
+
+def test_a_decoupled_step_is_refused(ensemble_repo: pathlib.Path) -> None:
+    async def scenario() -> None:
+        engine = Engine(ensemble_repo)
+        with pytest.raises(ModelConfigError, match=r"ensemble step 'counter' is a decoupled "
+                                                   r"model"):
+            await engine.load("streams")
+        await engine.shutdown()
+    run(scenario())
