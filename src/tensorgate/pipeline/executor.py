@@ -227,8 +227,7 @@ class ExecutorThread:
         try:
             result = runner.run(inputs)
             if isinstance(result, Iterator):  # a decoupled model: make its first response
-                for _ in zip(range(1), result):
-                    pass
+                next(result, None)
                 if hasattr(result, "close"):
                     result.close()
         except Exception as error:
