@@ -17,7 +17,6 @@ import gc
 import logging
 import pathlib
 import time
-from collections import deque
 from collections.abc import AsyncGenerator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -463,25 +462,15 @@ class Engine:
             yield await self.infer(request)
             return
         item = _work_item(loaded, request, asyncio.get_running_loop())
-        arrived: deque[tuple[dict[str, TensorView], Callable[[], None]] | None] = deque()
-        wake = asyncio.Event()
-
-        def respond(outputs: dict[str, TensorView], taken: Callable[[], None]) -> None:
-            arrived.append((outputs, taken))
-            wake.set()
-
-        def ended(_: asyncio.Future[Any]) -> None:
-            arrived.append(None)
-            wake.set()
-        item.respond = respond
-        item.future.add_done_callback(ended)
+        # each response, then None once the request is over (answered or failed)
+        arrived: asyncio.Queue[tuple[dict[str, TensorView], Callable[[], None]] | None] = \
+            asyncio.Queue()
+        item.respond = lambda outputs, taken: arrived.put_nowait((outputs, taken))
+        item.future.add_done_callback(lambda _: arrived.put_nowait(None))
         loaded.scheduler.submit(item)
         try:
             while True:
-                while not arrived:
-                    wake.clear()
-                    await wake.wait()
-                response = arrived.popleft()
+                response = await arrived.get()
                 if response is None:
                     break
                 outputs, taken = response

@@ -171,11 +171,8 @@ class EnsembleScheduler:
         return count
 
     async def _run(self, item: WorkItem) -> None:
-        tensors: dict[str, TensorView] = {
-            name: (TensorView.from_torch(value, name=name, ledger=item.ledger)
-                   if hasattr(value, "data_ptr") else
-                   TensorView.from_numpy(value, name=name, ledger=item.ledger))
-            for name, value in item.inputs.items()}
+        tensors = {name: TensorView.from_array(value, name=name, ledger=item.ledger)
+                   for name, value in item.inputs.items()}
         try:
             for wave in self._waves:
                 if len(wave) == 1:  # one step: awaited here, without a task of its own

@@ -386,7 +386,8 @@ class ExecutorThread:
                           else [value])
                 for item, piece in zip(batch.items, pieces):
                     if out.name in item.wanted:
-                        item.results[out.name] = _view(piece, out.name, item)
+                        item.results[out.name] = TensorView.from_array(
+                            piece, name=out.name, ledger=item.ledger)
         except Exception as error:
             batch.error = _model_error(spec.name, error)
         batch.output_ns = time.monotonic_ns() - started
@@ -446,8 +447,3 @@ def _check_output(model: str, name: str, value: Any, expected: Any) -> None:
         raise InternalError(f"model '{model}' output '{name}' is {found.name}; its config "
                             f"says {expected.name}")
 
-
-def _view(piece: Any, name: str, item: Any) -> TensorView:
-    if isinstance(piece, torch.Tensor):
-        return TensorView.from_torch(piece, name=name, ledger=item.ledger)
-    return TensorView.from_numpy(piece, name=name, ledger=item.ledger)

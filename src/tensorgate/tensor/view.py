@@ -258,6 +258,15 @@ class TensorView:
             tensor = tensor.view(torch.uint16)
         return cls.from_numpy(tensor.numpy(), name=name, ledger=ledger, pool=pool, datatype_=dt)
 
+    @classmethod
+    def from_array(cls, value: Tensor | np.ndarray, *, name: str = "tensor",
+                   ledger: CopyLedger | None = None) -> TensorView:
+        """`from_torch` or `from_numpy`, whichever `value` is (a model's BYTES output, or a
+        BYTES input, is a numpy object array; everything else a tensor)."""
+        if isinstance(value, Tensor):
+            return cls.from_torch(value, name=name, ledger=ledger)
+        return cls.from_numpy(value, name=name, ledger=ledger)
+
     # -- internals -------------------------------------------------------------------------
 
     def _array(self, dtype: np.dtype) -> np.ndarray:
