@@ -11,6 +11,7 @@ import numpy as np
 from tensorgate.errors import InvalidArgumentError, NotFoundError, UnavailableError
 from tensorgate.pipeline.engine import Engine, InferenceRequest, InferenceResult
 from tensorgate.pipeline.postprocess import topk_classify
+from tensorgate.pipeline.work import SequenceFlags
 from tensorgate.protocol.infer_codec import DecodedRequest
 from tensorgate.repository.model_config import ModelSpec
 from tensorgate.tensor.copies import CopyLedger
@@ -26,7 +27,8 @@ Answer = tuple[InferenceResult, dict[str, TensorView], dict[str, bool],
 
 # Exactly what is implemented; tritonclient and perf_analyzer read this list.
 EXTENSIONS = ["binary_tensor_data", "classification", "model_configuration",
-              "model_repository", "schedule_policy", "statistics"]
+              "model_repository", "schedule_policy", "sequence", "sequence(string_id)",
+              "statistics"]
 
 
 def parse_version(text: str | None) -> int | None:
@@ -156,8 +158,9 @@ def _request(name: str, number: int | None, spec: ModelSpec, decoded: DecodedReq
              ledger: CopyLedger) -> InferenceRequest:
     inputs = _raw_input(spec, decoded) if decoded.raw_binary else decoded.inputs
     wanted = [o.name for o in decoded.outputs] if decoded.outputs else None
+    sequence = SequenceFlags(*decoded.sequence) if decoded.sequence is not None else None
     return InferenceRequest(name, inputs, number, wanted, decoded.timeout_us, decoded.id,
-                            ledger, decoded.priority)
+                            ledger, decoded.priority, sequence)
 
 
 def _raw_input(spec: ModelSpec, decoded: DecodedRequest) -> dict[str, TensorView]:

@@ -11,6 +11,11 @@ Stages, and where each runs:
 `postprocess` returns a mapping from each config output name to a tensor (or, for BYTES, a
 numpy object array) whose first dim is the batch. Weights load with `weights_only=True`.
 
+A stateful model (`sequence_batching`) also finds its control inputs (START, END, READY,
+CORRID: one row per request) and its implicit states' inputs in `inputs`, and returns its
+states' outputs with its other outputs; its requests come one per sequence per batch, each
+sequence always to the same instance, so a model may keep per-sequence data keyed by CORRID.
+
 A decoupled model (`model_transaction_policy { decoupled: true }`, e.g. one that streams
 tokens) gets one request at a time, and its `forward` is a generator: each value it yields
 is post-processed and sent at once as one response; clients call it on the gRPC stream

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests.pipeline import repo_builder as rb
+from tests.pipeline import sequence_models as sm
 
 STARTUP_TIMEOUT_S = 90
 
@@ -94,6 +95,8 @@ def e2e_repo(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
                   "default_priority_level: 2 }", delay_s=0.3, max_batch=1)
     # any length of floats, no batching: messages larger than HTTP/2's default windows
     rb.add_torchscript(root, "wide", rb.Identity(), [-1], [-1], max_batch=0)
+    # stateful: each sequence's requests add up, in an implicit state (sequence_models.py)
+    sm.add_accumulate(root, "accumulate")
     return root
 
 

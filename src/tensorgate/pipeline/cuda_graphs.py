@@ -61,7 +61,7 @@ class GraphSet:
     @classmethod
     def capture(cls, run: Callable[[dict[str, torch.Tensor]], Any], spec: ModelSpec,
                 device: torch.device, stream: Any, sizes: list[int]) -> GraphSet | None:
-        if any(i.datatype.torch is None or -1 in (i.reshape or i.dims) for i in spec.inputs):
+        if any(i.datatype.torch is None or -1 in (i.reshape or i.dims) for i in spec.model_inputs):
             return None
         batched = spec.max_batch_size > 0
         memory_pool = torch.cuda.graph_pool_handle()
@@ -69,7 +69,7 @@ class GraphSet:
         for rows in sorted(sizes, reverse=True):  # largest first: later ones reuse its memory
             static = {i.name: torch.zeros(([rows] if batched else []) + list(i.reshape or i.dims),
                                           dtype=i.datatype.torch, device=device)
-                      for i in spec.inputs}
+                      for i in spec.model_inputs}
             side = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
             side.wait_stream(stream)
             with torch.cuda.stream(side):

@@ -31,8 +31,9 @@ from tensorgate.pipeline.executor import (ExecutorSettings, ExecutorThread, Post
 from tensorgate.pipeline.placement import LIGHT_FORWARD_NS, pin_current_thread, plan_placement
 from tensorgate.pipeline.postprocess import build_postprocessor
 from tensorgate.pipeline.scheduler import Scheduler
+from tensorgate.pipeline.sequences import SequenceScheduler
 from tensorgate.pipeline.stats import ModelStatistics, StageTimes
-from tensorgate.pipeline.work import WorkItem
+from tensorgate.pipeline.work import SequenceFlags, WorkItem
 from tensorgate.repository.layout import ModelSource, artifact_path, discover_models, load_source
 from tensorgate.repository.model_config import ModelConfigError, ModelSpec, QueuePolicy
 from tensorgate.tensor.copies import CopyLedger
@@ -59,6 +60,7 @@ class InferenceRequest:
     id: str = ""
     ledger: CopyLedger = field(default_factory=CopyLedger)
     priority: int = 0  # 1 is the highest; 0: the model's default level
+    sequence: SequenceFlags | None = None  # its sequence, for a stateful model
 
 
 @dataclass
@@ -74,7 +76,8 @@ class InferenceResult:
 class _Version:
     """One loaded model version: its scheduler, executors and counters."""
 
-    def __init__(self, spec: ModelSpec, version: int, scheduler: Scheduler | EnsembleScheduler,
+    def __init__(self, spec: ModelSpec, version: int,
+                 scheduler: Scheduler | EnsembleScheduler | SequenceScheduler,
                  executors: list[ExecutorThread], stats: ModelStatistics) -> None:
         self.spec = spec
         self.version = version
@@ -241,10 +244,17 @@ class Engine:
                                                   "needs a Python model (model.py) whose forward "
                                                   "yields its responses")
         stats = ModelStatistics(spec.name, version)
-        scheduler = Scheduler(spec, stats, loop, measured_cap=_flag(spec, "batch_cap", True))
+        devices = self._devices(spec)
+        scheduler: Scheduler | SequenceScheduler
+        if spec.sequence is not None:  # each instance batches its own sequences
+            scheduler = SequenceScheduler(spec, stats, loop, len(devices), source.directory)
+            feeds = scheduler.instances
+        else:
+            scheduler = Scheduler(spec, stats, loop, measured_cap=_flag(spec, "batch_cap", True))
+            feeds = [scheduler] * len(devices)
         postprocessor = build_postprocessor(spec, source.directory)
         executors = []
-        for index, device in enumerate(self._devices(spec)):
+        for index, (device, feed) in enumerate(zip(devices, feeds)):
             settings = ExecutorSettings(
                 spec=spec, version=version, artifact=artifact, kind=kind,
                 directory=source.directory / str(version), device=device,
@@ -255,7 +265,7 @@ class Engine:
                 postprocessor=postprocessor)
             executors.append(ExecutorThread(
                 f"tg-exec-{spec.name}-v{version}-{index}", settings, loop, self._pool,
-                self._postprocess, scheduler.on_batch_done, scheduler.on_idle))
+                self._postprocess, feed.on_batch_done, feed.on_idle))
         for executor in executors:
             executor.start()
         results = await asyncio.gather(*(e.ready for e in executors), return_exceptions=True)
@@ -264,11 +274,11 @@ class Engine:
             for executor in executors:
                 executor.stop()
             raise errors[0]
-        for executor in executors:
-            scheduler.add_executor(executor)
+        for executor, feed in zip(executors, feeds):
+            feed.add_executor(executor)
         log.info("model %s v%d ready on %s", spec.name, version,
                  ", ".join(f"{e.settings.device} ({e.cpus})" for e in executors))
-        if self._wants_spare(spec, executors):
+        if isinstance(scheduler, Scheduler) and self._wants_spare(spec, executors):
             await self._add_spare(spec, version, scheduler, executors)
         return _Version(spec, version, scheduler, executors, stats)
 
@@ -543,7 +553,8 @@ def _work_item(loaded: _Version, request: InferenceRequest,
     timeout_us = _timeout_us(batching_policy.queues[level] if batching_policy else None,
                              request.timeout_us)
     return WorkItem(inputs, max(rows, 1), tuple(key), wanted, loop.create_future(), now,
-                    now + timeout_us * 1000 if timeout_us else 0, request.ledger, level)
+                    now + timeout_us * 1000 if timeout_us else 0, request.ledger, level,
+                    request.sequence)
 
 
 def _timeout_us(policy: QueuePolicy | None, requested: int | None) -> int:

@@ -349,7 +349,7 @@ class ExecutorThread:
         ledgers = [item.ledger for item in items]
         return {spec.name: gather_rows([item.inputs[spec.name] for item in items], ledgers,
                                        self._pool)
-                for spec in self.settings.spec.inputs if spec.name in items[0].inputs}
+                for spec in self.settings.spec.model_inputs if spec.name in items[0].inputs}
 
     def _to_device(self, inputs: dict[str, Any], batch: Batch) -> dict[str, Any]:
         device = self.settings.device
@@ -377,7 +377,7 @@ class ExecutorThread:
                 raw = s.postprocessor(list(raw) if isinstance(raw, (list, tuple)) else [raw])
             outputs = name_outputs(raw, spec)
             rows = [item.rows for item in batch.items]
-            for out in spec.outputs:
+            for out in spec.model_outputs:
                 if not any(out.name in item.wanted for item in batch.items):
                     continue
                 value = outputs[out.name]

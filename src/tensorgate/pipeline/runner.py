@@ -32,8 +32,9 @@ warnings.filterwarnings("ignore", message=r"`torch\.jit\.load` is deprecated",
 
 
 def name_outputs(raw: Any, spec: ModelSpec) -> dict[str, Any]:
-    """The config's output names → the model's results, in config order."""
-    names = [output.name for output in spec.outputs]
+    """The config's output names → the model's results, in config order (a stateful
+    model's state outputs after them)."""
+    names = [output.name for output in spec.model_outputs]
     if isinstance(raw, Mapping):
         missing = [n for n in names if n not in raw]
         if missing:
@@ -62,7 +63,7 @@ class Runner:
 
 
 def _positional(call: Callable[..., Any], spec: ModelSpec) -> Callable[[dict[str, torch.Tensor]], Any]:
-    names = [i.name for i in spec.inputs]
+    names = [i.name for i in spec.model_inputs]
 
     def forward(inputs: dict[str, torch.Tensor]) -> Any:
         return call(*[inputs[n] for n in names])
@@ -131,7 +132,7 @@ def warmup_inputs(spec: ModelSpec, rows: int,
     """Zero inputs of the configured shapes (variable dims as 1), `rows` deep when batching;
     None when an input is BYTES, whose meaningful content we cannot invent."""
     inputs = {}
-    for item in spec.inputs:
+    for item in spec.model_inputs:
         if item.datatype.torch is None:
             return None
         dims = [1 if d == -1 else d for d in (item.reshape or item.dims)]

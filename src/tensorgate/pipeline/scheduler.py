@@ -22,6 +22,7 @@ import asyncio
 import logging
 import time
 from collections import deque
+from collections.abc import Callable
 from itertools import chain
 from typing import Protocol
 
@@ -44,8 +45,12 @@ class Scheduler:
     """Queue, batch formation and result delivery for one model version."""
 
     def __init__(self, spec: ModelSpec, stats: ModelStatistics,
-                 loop: asyncio.AbstractEventLoop, *, measured_cap: bool = True) -> None:
+                 loop: asyncio.AbstractEventLoop, *, measured_cap: bool = True,
+                 arrange: Callable[[list[WorkItem]], list[WorkItem]] | None = None) -> None:
+        """`arrange` puts a chosen batch's requests in the order they run in (and may add
+        filler rows): how a direct sequence batcher keeps each sequence in its row."""
         self._spec = spec
+        self._arrange = arrange
         self._stats = stats
         self._loop = loop
         policy = spec.batching
@@ -127,6 +132,8 @@ class Scheduler:
         count = 0
         for batch in self._running:
             for item in batch.items:
+                if item.filler:
+                    continue
                 if not item.future.done():
                     count += 1
                 self._fail(item, error, now, "OTHER")
@@ -162,6 +169,8 @@ class Scheduler:
             if items is None:
                 break
             executor = self._idle.pop()
+            if self._arrange is not None:
+                items = self._arrange(items)
             batch = Batch(items, now)
             for item in items:
                 item.times.queue_ns = now - item.enqueued_ns
@@ -284,7 +293,8 @@ class Scheduler:
         if batch.error is not None:
             error = batch.error
             for item in batch.items:
-                self._fail(item, error, now, "BACKEND")
+                if not item.filler:
+                    self._fail(item, error, now, "BACKEND")
                 item.release()
             return
         self._stats.record_batch(batch.rows, batch.input_ns, batch.infer_ns, batch.output_ns)
@@ -294,6 +304,9 @@ class Scheduler:
             log.debug("model %s: batches now take up to %d rows (measured cost per row; "
                       "max_batch_size %d)", self._spec.name, self._cap.limit, self._max_rows)
         for item in batch.items:
+            if item.filler:
+                item.release()
+                continue
             times = item.times
             times.input_ns = batch.input_ns
             times.infer_ns = batch.infer_ns

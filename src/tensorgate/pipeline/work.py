@@ -9,26 +9,36 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 from tensorgate.pipeline.stats import StageTimes
 from tensorgate.tensor.copies import CopyLedger
 from tensorgate.tensor.view import TensorView
 
-__all__ = ["Batch", "WorkItem"]
+__all__ = ["Batch", "SequenceFlags", "WorkItem"]
 
 _RELEASED: dict[str, Any] = {}  # an answered item's inputs and results; never written to
+
+
+class SequenceFlags(NamedTuple):
+    """A request's place in a sequence of a stateful model (Triton's sequence extension)."""
+
+    id: int | str
+    start: bool = False
+    end: bool = False
 
 
 class WorkItem:
     """One request inside the pipeline."""
 
     __slots__ = ("inputs", "rows", "key", "wanted", "future", "enqueued_ns", "deadline_ns",
-                 "ledger", "times", "results", "level", "respond", "abandoned")
+                 "ledger", "times", "results", "level", "respond", "abandoned", "sequence",
+                 "filler")
 
     def __init__(self, inputs: dict[str, Any], rows: int, key: tuple[Any, ...],
                  wanted: tuple[str, ...], future: asyncio.Future[Any], enqueued_ns: int,
-                 deadline_ns: int, ledger: CopyLedger, level: int = 0) -> None:
+                 deadline_ns: int, ledger: CopyLedger, level: int = 0,
+                 sequence: SequenceFlags | None = None) -> None:
         self.inputs = inputs          # config input name → CPU tensor (numpy object for BYTES)
         self.rows = rows              # batch rows this request brings (1 when not batching)
         self.key = key                # per-item shapes: only equal keys batch together
@@ -46,6 +56,10 @@ class WorkItem:
         # response, which lets the executor make one more (a bound on those waiting).
         self.respond: Callable[[dict[str, TensorView], Callable[[], None]], None] | None = None
         self.abandoned = False
+        self.sequence = sequence
+        # A row that only fills a gap in a direct sequence batch (pipeline/sequences.py): run,
+        # but nobody's request, so neither answered nor counted.
+        self.filler = False
 
     def release(self) -> None:
         """Its batch is done and it is answered: the item lets go of its tensors (the future

@@ -20,6 +20,7 @@ from tritonclient.grpc import service_pb2 as pb
 from tensorgate.errors import InvalidArgumentError, UnimplementedError
 from tensorgate.protocol.infer_codec import (DecodedRequest, RequestedOutput,
                                              classification_count, request_priority,
+                                             request_sequence,
                                              request_timeout, shm_parameters)
 from tensorgate.tensor.copies import CopyLedger, record_copy
 from tensorgate.tensor.dtypes import datatype
@@ -177,7 +178,8 @@ def decode_model_infer(request: pb.ModelInferRequest, ledger: CopyLedger,
                                            classification_count(out_parameters, out.name),
                                            shm_parameters(out_parameters, out.name)))
     return DecodedRequest(request.id, inputs, outputs, True, request_timeout(parameters),
-                          parameters, priority=request_priority(parameters))
+                          parameters, priority=request_priority(parameters),
+                          sequence=request_sequence(parameters))
 
 
 def _from_contents(item: Any, name: str, shape: tuple[int, ...],

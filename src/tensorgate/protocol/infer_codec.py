@@ -21,7 +21,8 @@ from tensorgate.tensor.shm import SharedMemoryRegistry
 from tensorgate.tensor.view import TensorView, checked_shape
 
 __all__ = ["DecodedRequest", "RequestedOutput", "classification_count", "decode_infer_body",
-           "encode_infer_response", "json_error", "request_priority", "request_timeout",
+           "encode_infer_response", "json_error", "request_priority", "request_sequence",
+           "request_timeout",
            "shm_parameters"]
 
 
@@ -65,6 +66,8 @@ class DecodedRequest:
     parameters: dict[str, Any] = field(default_factory=dict)
     raw_binary: bool = False  # Inference-Header-Content-Length: 0, the body is one tensor
     priority: int = 0  # the `priority` parameter: 1 is the highest, 0 the model's default
+    # (sequence_id, sequence_start, sequence_end) of a request in a sequence
+    sequence: tuple[int | str, bool, bool] | None = None
 
 
 def _fail(message: str) -> InvalidArgumentError:
@@ -102,6 +105,27 @@ def request_priority(parameters: dict[str, Any]) -> int:
         raise _fail(f"request parameter 'priority' must be a non-negative integer (1 is the "
                     f"highest level, 0 the model's default), got {value!r}")
     return int(value)
+
+
+def request_sequence(parameters: dict[str, Any]) -> tuple[int | str, bool, bool] | None:
+    """The request's sequence parameters (Triton's sequence extension), checked: None when it
+    belongs to no sequence (`sequence_id` absent, 0 or "")."""
+    sequence_id = parameters.get("sequence_id", 0)
+    if not isinstance(sequence_id, str) and not _is_count(sequence_id):
+        raise _fail(f"request parameter 'sequence_id' must be a non-negative integer or a "
+                    f"string, got {sequence_id!r}")
+    flags = []
+    for name in ("sequence_start", "sequence_end"):
+        value = parameters.get(name, False)
+        if not isinstance(value, bool):
+            raise _fail(f"request parameter '{name}' must be true or false, got {value!r}")
+        flags.append(value)
+    if sequence_id in (0, ""):
+        if any(flags):
+            raise _fail("request parameters 'sequence_start' and 'sequence_end' need a "
+                        "non-zero 'sequence_id' naming the sequence")
+        return None
+    return sequence_id, flags[0], flags[1]
 
 
 def classification_count(parameters: dict[str, Any], output: str) -> int:
@@ -156,7 +180,8 @@ def decode_infer_body(body: Any, body_length: int, header_length: int | None,
         raise _fail("request parameter 'binary_data_output' must be true or false")
     return DecodedRequest(request_id, inputs, outputs, binary_default,
                           request_timeout(parameters), parameters,
-                          priority=request_priority(parameters))
+                          priority=request_priority(parameters),
+                          sequence=request_sequence(parameters))
 
 
 def _decode_input(raw: dict[str, Any], body: Any, body_length: int, position: int,

@@ -10,15 +10,17 @@ from __future__ import annotations
 
 import pathlib
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from google.protobuf import json_format, text_format
 from tritonclient.grpc import model_config_pb2 as pb
 
 from tensorgate.errors import ModelConfigError
+from tensorgate.repository.sequence_config import SequencePolicy, sequence_policy
 from tensorgate.tensor.dtypes import DataType, datatype_from_config
 
 __all__ = ["BatchingPolicy", "InstanceGroup", "ModelConfigError", "ModelSpec", "QueuePolicy",
-           "TensorSpec", "load_model_config", "parse_model_config"]
+           "SequencePolicy", "TensorSpec", "load_model_config", "parse_model_config"]
 
 MAX_PRIORITY_LEVELS = 1000  # each level is a queue the batcher walks; more is a config mistake
 
@@ -97,10 +99,32 @@ class ModelSpec:
     default_model_filename: str = ""
     # model_transaction_policy { decoupled: true }: any number of responses per request
     decoupled: bool = False
+    sequence: SequencePolicy | None = None  # sequence_batching: a stateful model
     config: pb.ModelConfig = field(default_factory=pb.ModelConfig, repr=False, compare=False)
 
     def input(self, name: str) -> TensorSpec | None:
         return next((spec for spec in self.inputs if spec.name == name), None)
+
+    @cached_property
+    def model_inputs(self) -> tuple[TensorSpec, ...]:
+        """What the model receives: the inputs clients send, then a stateful model's control
+        inputs and state inputs, which the server sets."""
+        if self.sequence is None:
+            return self.inputs
+        return (self.inputs
+                + tuple(TensorSpec(c.name, c.datatype, (1,)) for c in self.sequence.controls)
+                + tuple(TensorSpec(s.input_name, s.datatype, s.dims)
+                        for s in self.sequence.states))
+
+    @cached_property
+    def model_outputs(self) -> tuple[TensorSpec, ...]:
+        """What the model returns: its outputs, then state outputs not listed among them."""
+        if self.sequence is None:
+            return self.outputs
+        listed = {o.name for o in self.outputs}
+        return self.outputs + tuple(TensorSpec(s.output_name, s.datatype, s.dims)
+                                    for s in self.sequence.states
+                                    if s.output_name not in listed)
 
     def output(self, name: str) -> TensorSpec | None:
         return next((spec for spec in self.outputs if spec.name == name), None)
@@ -162,6 +186,8 @@ def _spec(config: pb.ModelConfig, source: str) -> ModelSpec:
         parameters={key: value.string_value for key, value in config.parameters.items()},
         default_model_filename=config.default_model_filename,
         decoupled=config.model_transaction_policy.decoupled,
+        sequence=(sequence_policy(config, source)
+                  if config.WhichOneof("scheduling_choice") == "sequence_batching" else None),
         config=config,
     )
 
@@ -194,10 +220,7 @@ def _batching(config: pb.ModelConfig, source: str) -> BatchingPolicy | None:
             raise ModelConfigError(source, "'ensemble_scheduling' needs platform 'ensemble'")
         return None  # its steps' models batch (pipeline/ensemble.py checks the steps)
     if choice != "dynamic_batching":
-        if choice is not None:
-            raise ModelConfigError(source, f"field '{choice}' is not supported; use "
-                                           "'dynamic_batching' or none")
-        return None
+        return None  # none, or sequence_batching (repository/sequence_config.py)
     batching = config.dynamic_batching
     if config.max_batch_size == 0:
         raise ModelConfigError(source, "'dynamic_batching' needs 'max_batch_size' above 0")

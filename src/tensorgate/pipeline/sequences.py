@@ -1,0 +1,371 @@
+"""The sequence batcher of a stateful model (`sequence_batching`); it lives on the event loop.
+
+A sequence is the requests that share a `sequence_id`, from the one with `sequence_start` to
+the one with `sequence_end`. It takes a slot of one instance at its start and keeps it until
+it ends, or until it has had no request for `max_sequence_idle_microseconds`; sequences
+started while every slot is taken wait for one. Its requests run one at a time, in the order
+they arrived: each goes to its instance's dynamic batcher (a `Scheduler`) only when the one
+before it is answered, with the control inputs set (START, END, READY, CORRID) and each
+implicit state's input holding what the model returned for that state on the one before
+(the initial state on a start). Requests of different sequences batch together, at most one
+per sequence; under `direct` each request runs in its sequence's row of the batch, and rows
+below it that no sequence fills carry READY false (filler rows, answered to no one).
+
+A request whose client left after it was queued still runs when its turn comes, so that the
+sequence's state stays what the client's earlier requests made it; one that left before its
+turn is dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import pathlib
+import time
+from collections import OrderedDict, deque
+from dataclasses import replace
+from functools import partial
+from typing import Any
+
+import numpy as np
+import torch
+
+from tensorgate.errors import (InvalidArgumentError, ModelConfigError, TensorgateError,
+                               UnavailableError)
+from tensorgate.pipeline.scheduler import Scheduler
+from tensorgate.pipeline.stats import ModelStatistics
+from tensorgate.pipeline.work import WorkItem
+from tensorgate.repository.model_config import BatchingPolicy, ModelSpec
+from tensorgate.repository.sequence_config import ControlInput, SequenceState
+from tensorgate.tensor.copies import CopyLedger
+
+__all__ = ["SequenceScheduler"]
+
+log = logging.getLogger("tensorgate.sequences")
+
+# Requests held here, not yet handed to an instance's batcher (they wait for the request
+# before them in their sequence, or for a slot): bounded, as every queue is.
+MAX_WAITING = 4096
+
+_INTEGER_LIMITS = {"UINT64": (0, 2**64 - 1), "INT64": (0, 2**63 - 1),
+                   "UINT32": (0, 2**32 - 1), "INT32": (0, 2**31 - 1)}
+
+
+class _Sequence:
+    __slots__ = ("id", "instance", "slot", "waiting", "running", "state", "corrid", "idle_since")
+
+    def __init__(self, sequence_id: int | str) -> None:
+        self.id = sequence_id
+        self.instance = -1  # no slot yet: the sequence waits in the backlog
+        self.slot = -1
+        self.waiting: deque[WorkItem] = deque()
+        self.running: WorkItem | None = None  # the request handed to the instance's batcher
+        self.state: dict[str, Any] = {}  # state input name → tensor for the next request
+        self.corrid: Any = None
+        self.idle_since = 0
+
+
+class _SlotItem(WorkItem):
+    """A request as its instance's batcher sees it: with its sequence's row."""
+
+    __slots__ = ("slot",)
+    slot: int
+
+
+class SequenceScheduler:
+    """Sequences, their slots and their state; the Scheduler's interface to the engine.
+
+    `instances` holds one Scheduler per model instance, for the engine to wire to that
+    instance's executor: a sequence's requests all run on the instance that holds it."""
+
+    def __init__(self, spec: ModelSpec, stats: ModelStatistics,
+                 loop: asyncio.AbstractEventLoop, instances: int,
+                 directory: pathlib.Path) -> None:
+        policy = spec.sequence
+        assert policy is not None
+        self._spec = spec
+        self._policy = policy
+        self._loop = loop
+        self._stats = stats
+        batched = spec.max_batch_size > 0
+        feed = replace(spec, batching=BatchingPolicy(
+            policy.max_queue_delay_us, policy.preferred_batch_sizes,
+            policy.preserve_ordering) if batched else None)
+        arrange = self._arrange if policy.strategy == "direct" and batched else None
+        self.instances = [Scheduler(feed, stats, loop, measured_cap=False, arrange=arrange)
+                          for _ in range(instances)]
+        self._free: list[list[int]] = [list(range(policy.slots - 1, -1, -1))
+                                       for _ in range(instances)]  # lowest slot last: popped
+        self._sequences: dict[int | str, _Sequence] = {}
+        self._backlog: deque[_Sequence] = deque()
+        self._idle: OrderedDict[int | str, _Sequence] = OrderedDict()  # by when they went idle
+        self._idle_ns = policy.idle_us * 1000
+        self._idle_timer: asyncio.TimerHandle | None = None
+        self._waiting = 0
+        self._closed: TensorgateError | None = None
+        row = (1, 1) if batched else (1,)
+        self._flags = {c.name: tuple(torch.full(row, v, dtype=c.datatype.torch)
+                                     for v in c.false_true)
+                       for c in policy.controls if c.kind != "CORRID"}
+        self._corrid = next((c for c in policy.controls if c.kind == "CORRID"), None)
+        self._initial = {s.input_name: _initial_state(s, directory, batched, spec.name)
+                         for s in policy.states}
+        self._state_shapes = tuple(tuple(t.shape) for t in self._initial.values())
+        self._state_outputs = tuple(s.output_name for s in policy.states)
+        self._row = row
+
+    # -- the Scheduler's interface ---------------------------------------------------------
+
+    @property
+    def pending(self) -> int:
+        return self._waiting + sum(s.pending for s in self.instances)
+
+    @property
+    def busy(self) -> bool:
+        return self._waiting > 0 or any(s.busy for s in self.instances)
+
+    def submit(self, item: WorkItem) -> None:
+        """Queue `item` behind the earlier requests of its sequence, or raise at once."""
+        if self._closed is not None:
+            raise self._closed
+        flags = item.sequence
+        name = self._spec.name
+        if flags is None:
+            raise InvalidArgumentError(
+                f"model '{name}' is stateful (sequence_batching): each request needs a "
+                "non-zero 'sequence_id' parameter, with 'sequence_start' on the first request "
+                "of the sequence and 'sequence_end' on the last")
+        if item.rows != 1:
+            raise InvalidArgumentError(
+                f"model '{name}' is stateful (sequence_batching): a request carries one row "
+                f"of its sequence, this one has a batch of {item.rows}")
+        if self._waiting >= MAX_WAITING:
+            raise UnavailableError(
+                f"model '{name}' already holds {self._waiting} requests waiting for earlier "
+                "requests of their sequences or for a free sequence slot; retry later, or add "
+                "instances")
+        sequence = self._sequences.get(flags.id)
+        if sequence is None:
+            if not flags.start:
+                raise self._not_started(flags.id)
+            corrid = self._corrid_tensor(flags.id)
+            sequence = self._sequences[flags.id] = _Sequence(flags.id)
+            sequence.corrid = corrid
+            self._place(sequence)
+        else:
+            self._idle.pop(flags.id, None)
+        sequence.waiting.append(item)
+        self._waiting += 1
+        if sequence.instance >= 0 and sequence.running is None:
+            self._run_next(sequence)
+
+    def close(self, reason: TensorgateError) -> None:
+        self._closed = reason
+        for scheduler in self.instances:
+            scheduler.close(reason)
+
+    def fail_queued(self, error: TensorgateError) -> int:
+        count = 0
+        for sequence in self._sequences.values():
+            while sequence.waiting:
+                item = sequence.waiting.popleft()
+                if not item.future.done():
+                    item.future.set_exception(error)
+                    count += 1
+        self._waiting = 0
+        return count + sum(s.fail_queued(error) for s in self.instances)
+
+    def fail_running(self, error: TensorgateError) -> int:
+        return sum(s.fail_running(error) for s in self.instances)
+
+    # -- slots -----------------------------------------------------------------------------
+
+    def _place(self, sequence: _Sequence) -> None:
+        """Give `sequence` a slot of the instance with the most free, or queue it for one."""
+        best = max(range(len(self._free)), key=lambda i: len(self._free[i]))
+        if not self._free[best]:
+            self._backlog.append(sequence)
+            return
+        sequence.instance = best
+        sequence.slot = self._free[best].pop()
+
+    def _release(self, sequence: _Sequence) -> None:
+        """`sequence` is over: its slot goes to the sequence waiting longest for one."""
+        del self._sequences[sequence.id]
+        self._idle.pop(sequence.id, None)
+        free = self._free[sequence.instance]
+        free.append(sequence.slot)
+        free.sort(reverse=True)  # the lowest slot next: direct batches stay short
+        while self._backlog:
+            waiting = self._backlog.popleft()
+            if waiting.id in self._sequences:
+                self._place(waiting)
+                self._run_next(waiting)
+                return
+
+    def _went_idle(self, sequence: _Sequence) -> None:
+        sequence.idle_since = time.monotonic_ns()
+        self._idle[sequence.id] = sequence
+        if self._idle_timer is None:
+            self._idle_timer = self._loop.call_later(self._idle_ns / 1e9, self._expire)
+
+    def _expire(self) -> None:
+        """End the sequences that had no request for max_sequence_idle_microseconds."""
+        self._idle_timer = None
+        now = time.monotonic_ns()
+        while self._idle:
+            sequence = next(iter(self._idle.values()))
+            if now - sequence.idle_since < self._idle_ns:
+                wake = (sequence.idle_since + self._idle_ns - now) / 1e9
+                self._idle_timer = self._loop.call_later(wake, self._expire)
+                return
+            log.info("model %s: sequence %r ended after %.1f s without requests "
+                     "(max_sequence_idle_microseconds)", self._spec.name, sequence.id,
+                     self._idle_ns / 1e9)
+            self._release(sequence)
+
+    # -- requests --------------------------------------------------------------------------
+
+    def _run_next(self, sequence: _Sequence) -> None:
+        """Hand the sequence's next request to its instance, with controls and state set."""
+        while sequence.waiting:
+            item = sequence.waiting.popleft()
+            self._waiting -= 1
+            if item.future.done():
+                continue  # its client left before its turn
+            flags = item.sequence
+            assert flags is not None
+            if flags.start:
+                sequence.state = dict(self._initial)
+            inputs = dict(item.inputs)
+            for control in self._policy.controls:
+                inputs[control.name] = self._control(control, flags.start, flags.end, sequence)
+            inputs.update(sequence.state)
+            wanted = item.wanted + tuple(n for n in self._state_outputs if n not in item.wanted)
+            key = item.key + tuple(tuple(t.shape) for t in sequence.state.values())
+            running = _SlotItem(inputs, 1, key, wanted, self._loop.create_future(),
+                                item.enqueued_ns, item.deadline_ns, item.ledger, item.level,
+                                flags)
+            running.times = item.times
+            running.slot = sequence.slot
+            sequence.running = running
+            running.future.add_done_callback(partial(self._answer, sequence, item))
+            try:
+                self.instances[sequence.instance].submit(running)
+            except TensorgateError as error:
+                running.future.set_exception(error)
+            return
+        if sequence.running is None:
+            self._went_idle(sequence)
+
+    def _answer(self, sequence: _Sequence, item: WorkItem, done: asyncio.Future[Any]) -> None:
+        """`item` ran (or failed): answer it, keep the state it made, and run the next."""
+        sequence.running = None
+        error = (UnavailableError("the request was cancelled before it ran")
+                 if done.cancelled() else done.exception())
+        if error is None:
+            results = done.result()
+            for state in self._policy.states:
+                sequence.state[state.input_name] = results[state.output_name].torch()
+            if not item.future.done():
+                item.future.set_result({name: results[name] for name in item.wanted})
+        elif not item.future.done():
+            item.future.set_exception(error)
+        flags = item.sequence
+        item.release()
+        assert flags is not None
+        if flags.end:
+            # Requests queued after the end belong to a new sequence only if they start one.
+            while sequence.waiting and not sequence.waiting[0].sequence.start:  # type: ignore[union-attr]
+                late = sequence.waiting.popleft()
+                self._waiting -= 1
+                if not late.future.done():
+                    late.future.set_exception(self._not_started(sequence.id))
+            if not sequence.waiting:
+                self._release(sequence)
+                return
+        self._run_next(sequence)
+
+    def _control(self, control: ControlInput, start: bool, end: bool,
+                 sequence: _Sequence) -> Any:
+        if control.kind == "CORRID":
+            return sequence.corrid
+        on = {"START": start, "END": end, "READY": True}[control.kind]
+        return self._flags[control.name][on]
+
+    def _corrid_tensor(self, sequence_id: int | str) -> Any:
+        control = self._corrid
+        if control is None:
+            return None
+        if control.datatype.is_bytes:
+            text = sequence_id if isinstance(sequence_id, str) else str(sequence_id)
+            return np.full(self._row, text.encode(), dtype=object)
+        low, high = _INTEGER_LIMITS[control.datatype.name]
+        if not isinstance(sequence_id, int) or not low <= sequence_id <= high:
+            raise InvalidArgumentError(
+                f"model '{self._spec.name}' passes sequence ids to its control input "
+                f"'{control.name}' as {control.datatype.name}: 'sequence_id' must be an "
+                f"integer in [1, {high}], got {sequence_id!r}")
+        return torch.full(self._row, sequence_id, dtype=control.datatype.torch)
+
+    def _not_started(self, sequence_id: int | str) -> InvalidArgumentError:
+        return InvalidArgumentError(
+            f"sequence {sequence_id!r} of model '{self._spec.name}' is not active: the first "
+            f"request of a sequence must set 'sequence_start' (a sequence ends at "
+            f"'sequence_end', or after {self._idle_ns / 1e6:g} ms without requests)")
+
+    def _arrange(self, items: list[WorkItem]) -> list[WorkItem]:
+        """A direct batch: each request in its sequence's row; rows below the last that no
+        request fills get a filler with READY false (and zeros elsewhere)."""
+        rows: list[WorkItem] = sorted(items, key=_slot)
+        if _slot(rows[-1]) == len(rows) - 1:
+            return rows  # no gaps
+        arranged: list[WorkItem] = []
+        for item in rows:
+            while len(arranged) < _slot(item):
+                arranged.append(self._filler(rows[0]))
+            arranged.append(item)
+        return arranged
+
+    def _filler(self, like: WorkItem) -> WorkItem:
+        inputs: dict[str, Any] = {}
+        for name, value in like.inputs.items():
+            if name in self._flags:
+                inputs[name] = self._flags[name][0]
+            elif isinstance(value, np.ndarray):
+                inputs[name] = np.full(value.shape, b"", dtype=object)
+            else:
+                inputs[name] = torch.zeros_like(value)
+        filler = WorkItem(inputs, 1, like.key, like.wanted, self._loop.create_future(),
+                          like.enqueued_ns, 0, CopyLedger())
+        filler.filler = True
+        return filler
+
+
+def _slot(item: WorkItem) -> int:
+    return item.slot if isinstance(item, _SlotItem) else 0
+
+
+def _initial_state(state: SequenceState, directory: pathlib.Path, batched: bool,
+                   model: str) -> torch.Tensor:
+    """A state's input on the first request of a sequence: zeros, or the bytes of its
+    initial_state data_file (row-major, little-endian)."""
+    shape = ((1,) if batched else ()) + state.initial_dims
+    dtype = state.datatype.torch
+    assert dtype is not None
+    if not state.initial_file:
+        return torch.zeros(shape, dtype=dtype)
+    path = directory / "initial_state" / state.initial_file
+    try:
+        data = path.read_bytes()
+    except OSError as error:
+        raise ModelConfigError(str(path), f"initial state of '{state.input_name}': {error}") \
+            from None
+    count = int(np.prod(state.initial_dims))
+    if len(data) != count * state.datatype.itemsize:
+        raise ModelConfigError(str(path), f"initial state of '{state.input_name}' needs "
+                                          f"{count * state.datatype.itemsize} bytes "
+                                          f"({state.datatype.name} {list(state.initial_dims)}); "
+                                          f"the file has {len(data)}")
+    log.debug("model %s: initial state of %s from %s", model, state.input_name, path)
+    return torch.frombuffer(bytearray(data), dtype=dtype).reshape(shape)
