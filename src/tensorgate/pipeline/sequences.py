@@ -163,6 +163,9 @@ class SequenceScheduler:
         self._closed = reason
         for scheduler in self.instances:
             scheduler.close(reason)
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
+            self._idle_timer = None
 
     def fail_queued(self, error: TensorgateError) -> int:
         count = 0
@@ -206,7 +209,7 @@ class SequenceScheduler:
     def _went_idle(self, sequence: _Sequence) -> None:
         sequence.idle_since = time.monotonic_ns()
         self._idle[sequence.id] = sequence
-        if self._idle_timer is None:
+        if self._idle_timer is None and self._closed is None:
             self._idle_timer = self._loop.call_later(self._idle_ns / 1e9, self._expire)
 
     def _expire(self) -> None:
