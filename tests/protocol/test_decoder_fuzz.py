@@ -81,3 +81,28 @@ def test_grpc_message_splitter_on_any_bytes(message: bytes) -> None:
     for offset, length in spans:
         assert 0 <= offset and offset + length <= len(message)
     first_raw_input_offset(memoryview(message)[:len(message) // 2])  # never raises more
+
+
+json_values = st.recursive(st.none() | st.booleans() | st.integers(-2**70, 2**70)
+                           | st.floats(allow_nan=False) | st.text(max_size=8),
+                           lambda inner: st.lists(inner, max_size=2)
+                           | st.dictionaries(st.text(max_size=4), inner, max_size=2),
+                           max_leaves=4)
+
+
+@settings(max_examples=300, deadline=None)
+@given(parameters=st.dictionaries(st.sampled_from(["sequence_id", "sequence_start",
+                                                   "sequence_end", "priority", "timeout"]),
+                                  json_values))
+def test_request_parameters_decode_or_are_refused_by_name(parameters: dict) -> None:
+    body = bytearray(json.dumps({"parameters": parameters, "inputs": [
+        {"name": "a", "shape": [1], "datatype": "FP32", "data": [1.0]}]}).encode())
+    try:
+        decoded = decode_infer_body(body, len(body), None, CopyLedger())
+    except TensorgateError as error:
+        assert any(f"'{name}'" in error.message for name in parameters)
+        return
+    if decoded.sequence is not None:
+        sequence_id, start, end = decoded.sequence
+        assert sequence_id not in (0, "") and isinstance(start, bool) and isinstance(end, bool)
+        assert isinstance(sequence_id, str) or sequence_id > 0
