@@ -31,6 +31,16 @@ def seq_repo(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
     (folder / "ten").write_bytes(np.array([10.0], dtype="<f4").tobytes())
     sm.add_rows(root, "rows", delay_us=200_000)
     sm.add_keyed(root, "keyed")
+    (root / "running_total" / "1").mkdir(parents=True)  # an ensemble with a stateful step
+    (root / "running_total" / "config.pbtxt").write_text("""
+        name: "running_total"
+        platform: "ensemble"
+        max_batch_size: 4
+        input [ { name: "X" data_type: TYPE_FP32 dims: [1] } ]
+        output [ { name: "SUM" data_type: TYPE_FP32 dims: [1] } ]
+        ensemble_scheduling { step [ { model_name: "accumulate" model_version: -1
+          input_map { key: "INPUT" value: "X" } output_map { key: "TOTAL" value: "SUM" } } ] }
+        """)
     return root
 
 
@@ -199,6 +209,22 @@ def test_sequences_stay_on_their_instance(seq_repo: pathlib.Path) -> None:
                                                    start=step == 0, end=step == 3)))
         results = await asyncio.gather(*calls)
         assert [_value(r) for r in results] == [1, 3, 6, 10] * 6
+        await engine.shutdown()
+    run(scenario())
+
+
+def test_an_ensemble_passes_its_sequence_to_a_stateful_step(seq_repo: pathlib.Path) -> None:
+    async def scenario() -> None:
+        engine = Engine(seq_repo)
+        await engine.start(["running_total"])
+        totals = []
+        for step, value in enumerate((1.0, 2.0, 3.0)):
+            result = await engine.infer(InferenceRequest(
+                "running_total", {"X": TensorView.from_torch(torch.full((1, 1), value),
+                                                             name="X")},
+                sequence=SequenceFlags(21, step == 0, step == 2)))
+            totals.append(_value(result, "SUM"))
+        assert totals == [1.0, 3.0, 6.0]
         await engine.shutdown()
     run(scenario())
 
