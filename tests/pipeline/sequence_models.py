@@ -21,6 +21,15 @@ class Accumulate(torch.nn.Module):
         return total, rows, total
 
 
+class AccumulateInPlace(torch.nn.Module):
+    """Accumulate, adding to its state input in place."""
+
+    def forward(self, x: torch.Tensor, start: torch.Tensor, ready: torch.Tensor,
+                total: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        total.add_(x * ready)
+        return total, torch.full_like(x, float(x.shape[0])), total
+
+
 ACCUMULATE = """
 name: "{name}"
 platform: "pytorch_libtorch"
@@ -42,10 +51,11 @@ sequence_batching {{
 
 
 def add_accumulate(repo: pathlib.Path, name: str, strategy: str = "oldest { }",
-                   idle_us: int = 5_000_000, initial: str = "", max_batch: int = 4) -> None:
+                   idle_us: int = 5_000_000, initial: str = "", max_batch: int = 4,
+                   module: torch.nn.Module | None = None) -> None:
     folder = write_config(repo, name, ACCUMULATE.format(
         name=name, strategy=strategy, idle_us=idle_us, initial=initial, max_batch=max_batch))
-    torch.jit.script(Accumulate().eval()).save(str(folder / "1" / "model.pt"))
+    torch.jit.script((module or Accumulate()).eval()).save(str(folder / "1" / "model.pt"))
 
 
 class Rows(torch.nn.Module):

@@ -29,6 +29,7 @@ def seq_repo(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
     folder = root / "accumulate_initial" / "initial_state"
     folder.mkdir()
     (folder / "ten").write_bytes(np.array([10.0], dtype="<f4").tobytes())
+    sm.add_accumulate(root, "accumulate_in_place", module=sm.AccumulateInPlace())
     sm.add_rows(root, "rows", delay_us=200_000)
     sm.add_keyed(root, "keyed")
     (root / "running_total" / "1").mkdir(parents=True)  # an ensemble with a stateful step
@@ -96,6 +97,19 @@ def test_a_new_start_resets_the_state_and_the_initial_state_comes_from_its_file(
         assert _value(await engine.infer(_request("accumulate_initial", 1, "a",
                                                   start=True))) == 11
         assert _value(await engine.infer(_request("accumulate_initial", 2, "a"))) == 13
+        await engine.shutdown()
+    run(scenario())
+
+
+def test_a_model_updating_its_state_in_place_leaves_other_sequences_alone(
+        seq_repo: pathlib.Path) -> None:
+    async def scenario() -> None:
+        engine = Engine(seq_repo)
+        await engine.start(["accumulate_in_place"])
+        model = "accumulate_in_place"
+        assert _value(await engine.infer(_request(model, 5, 1, start=True))) == 5
+        assert _value(await engine.infer(_request(model, 5, 1))) == 10
+        assert _value(await engine.infer(_request(model, 1, 2, start=True))) == 1
         await engine.shutdown()
     run(scenario())
 

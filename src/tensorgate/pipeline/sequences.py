@@ -238,8 +238,8 @@ class SequenceScheduler:
                 continue  # its client left before its turn
             flags = item.sequence
             assert flags is not None
-            if flags.start:
-                sequence.state = dict(self._initial)
+            if flags.start:  # a copy each: a model may update its state input in place
+                sequence.state = {name: t.clone() for name, t in self._initial.items()}
             inputs = dict(item.inputs)
             for control in self._policy.controls:
                 inputs[control.name] = self._control(control, flags.start, flags.end, sequence)
