@@ -36,7 +36,8 @@ from tensorgate.pipeline.batching import gather_rows, split_rows
 from tensorgate.pipeline.cuda_graphs import GraphSet, graph_batch_sizes, map_tensors
 from tensorgate.pipeline.placement import (LIGHT_FORWARD_NS, Placement, pin_current_thread)
 from tensorgate.pipeline.postprocess import Postprocessor
-from tensorgate.pipeline.runner import Runner, load_runner, name_outputs, warmup_inputs
+from tensorgate.pipeline.runner import (Runner, load_runner, name_outputs, sample_inputs,
+                                        warmup_inputs)
 from tensorgate.pipeline.work import Batch
 from tensorgate.repository.model_config import ModelSpec
 from tensorgate.tensor.copies import copy_into
@@ -218,12 +219,26 @@ class ExecutorThread:
         s = self.settings
         runner = self._runner
         assert runner is not None
-        # Batch 1 only: on CPU a warm-up at max_batch_size (64 × ResNet-50) costs seconds of
-        # start-up for little; on a GPU, graph capture below runs every batch size anyway.
-        inputs = warmup_inputs(s.spec, 1, s.device)
-        if inputs is None:
-            log.info("model %s: a BYTES input, so no warm-up", s.spec.name)
-            return
+        if s.spec.warmup:  # the config's model_warmup samples, each `count` times
+            for sample in s.spec.warmup:
+                inputs = sample_inputs(s.spec, sample, s.directory.parent / "warmup", s.device)
+                for _ in range(sample.count):
+                    self._warm_run(runner, inputs, f"sample '{sample.name}' (batch "
+                                                   f"{sample.batch_size})")
+        else:
+            # Batch 1 only: on CPU a warm-up at max_batch_size (64 × ResNet-50) costs seconds
+            # of start-up for little; on a GPU, graph capture below runs every batch size.
+            zeros = warmup_inputs(s.spec, 1, s.device)
+            if zeros is None:
+                log.info("model %s: a BYTES input and no model_warmup, so no warm-up",
+                         s.spec.name)
+                return
+            self._warm_run(runner, dict(zeros), "at batch 1")
+        if s.device.type == "cuda" and s.cuda_graphs and runner.module is not None:
+            self._graphs = GraphSet.capture(runner.run, s.spec, s.device, self._stream,
+                                            graph_batch_sizes(s.spec))
+
+    def _warm_run(self, runner: Runner, inputs: dict[str, Any], what: str) -> None:
         try:
             result = runner.run(inputs)
             if isinstance(result, Iterator):  # a decoupled model: make its first response
@@ -231,11 +246,8 @@ class ExecutorThread:
                 if hasattr(result, "close"):
                     result.close()
         except Exception as error:
-            raise InternalError(f"model '{s.spec.name}' failed its warm-up at batch 1 with "
-                                f"{type(error).__name__}: {error}") from error
-        if s.device.type == "cuda" and s.cuda_graphs and runner.module is not None:
-            self._graphs = GraphSet.capture(runner.run, s.spec, s.device, self._stream,
-                                            graph_batch_sizes(s.spec))
+            raise InternalError(f"model '{self.settings.spec.name}' failed its warm-up "
+                                f"{what} with {type(error).__name__}: {error}") from error
 
     def _on_stream(self) -> Any:
         if self._stream is None:

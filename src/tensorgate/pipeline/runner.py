@@ -17,13 +17,15 @@ import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
 from tensorgate.errors import InternalError
 from tensorgate.model import Model, ModelContext
-from tensorgate.repository.model_config import ModelConfigError, ModelSpec
+from tensorgate.repository.model_config import ModelConfigError, ModelSpec, WarmupSample
+from tensorgate.tensor.bytes_codec import decode_bytes_tensor
 
-__all__ = ["Runner", "load_runner", "name_outputs", "warmup_inputs"]
+__all__ = ["Runner", "load_runner", "name_outputs", "sample_inputs", "warmup_inputs"]
 
 # torch 2.13 deprecates TorchScript, but existing Triton repositories are full of model.pt:
 # loading them is this server's job, not the user's mistake, so say nothing per load.
@@ -139,3 +141,64 @@ def warmup_inputs(spec: ModelSpec, rows: int,
         shape: Sequence[int] = ([rows] + dims) if spec.max_batch_size else dims
         inputs[item.name] = torch.zeros(shape, dtype=item.datatype.torch, device=device)
     return inputs
+
+
+def sample_inputs(spec: ModelSpec, sample: WarmupSample, folder: pathlib.Path,
+                  device: torch.device) -> dict[str, Any]:
+    """The inputs of a `model_warmup` sample, `sample.batch_size` deep when batching; files
+    come from `folder` (the model's `warmup/`). Inputs the sample does not name (a stateful
+    model's controls and states) are zeros. BYTES random data is empty strings."""
+    given = dict(sample.inputs)
+    batched = spec.max_batch_size > 0
+    rows = [sample.batch_size] if batched else []
+    inputs: dict[str, Any] = {}
+    for item in spec.model_inputs:
+        data = given.get(item.name)
+        if data is None:
+            if spec.input(item.name) is not None:
+                continue  # an optional input the sample leaves out
+            dims = [1 if d == -1 else d for d in item.dims]
+            if item.datatype.is_bytes:
+                inputs[item.name] = np.full(rows + dims, b"0", dtype=object)
+            else:
+                inputs[item.name] = torch.zeros(rows + dims, dtype=item.datatype.torch,
+                                                device=device)
+            continue
+        shape = rows + list(data.dims)
+        if item.datatype.is_bytes:
+            if data.data == "file":
+                raw = _warmup_file(folder, data.file, spec.name, sample.name)
+                strings = decode_bytes_tensor(memoryview(raw), 0, len(raw), data.dims,
+                                              item.name)
+                inputs[item.name] = np.broadcast_to(strings, shape).copy()
+            else:
+                inputs[item.name] = np.full(shape, b"", dtype=object)
+            continue
+        dtype = item.datatype.torch
+        assert dtype is not None
+        if data.data == "zero":
+            value = torch.zeros(shape, dtype=dtype)
+        elif data.data == "random":
+            value = (torch.rand(shape).to(dtype) if dtype.is_floating_point
+                     else torch.randint(0, 2 if dtype == torch.bool else 100, shape).to(dtype))
+        else:
+            raw = _warmup_file(folder, data.file, spec.name, sample.name)
+            count = int(np.prod(data.dims))
+            if len(raw) != count * item.datatype.itemsize:
+                raise ModelConfigError(str(folder / data.file),
+                                       f"warm-up sample '{sample.name}', input '{item.name}': "
+                                       f"{item.datatype.name} {list(data.dims)} needs "
+                                       f"{count * item.datatype.itemsize} bytes; the file has "
+                                       f"{len(raw)}")
+            value = torch.frombuffer(bytearray(raw), dtype=dtype).reshape(data.dims)
+            value = value.expand(shape).contiguous()
+        inputs[item.name] = value.to(device)
+    return inputs
+
+
+def _warmup_file(folder: pathlib.Path, name: str, model: str, sample: str) -> bytes:
+    try:
+        return (folder / name).read_bytes()
+    except OSError as error:
+        raise ModelConfigError(str(folder / name), f"model '{model}', warm-up sample "
+                                                   f"'{sample}': {error.strerror}") from None

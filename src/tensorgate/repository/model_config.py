@@ -11,6 +11,7 @@ from __future__ import annotations
 import pathlib
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import Literal
 
 from google.protobuf import json_format, text_format
 from tritonclient.grpc import model_config_pb2 as pb
@@ -20,7 +21,8 @@ from tensorgate.repository.sequence_config import SequencePolicy, sequence_polic
 from tensorgate.tensor.dtypes import DataType, datatype_from_config
 
 __all__ = ["BatchingPolicy", "InstanceGroup", "ModelConfigError", "ModelSpec", "QueuePolicy",
-           "SequencePolicy", "TensorSpec", "load_model_config", "parse_model_config"]
+           "SequencePolicy", "TensorSpec", "WarmupInput", "WarmupSample", "load_model_config",
+           "parse_model_config"]
 
 MAX_PRIORITY_LEVELS = 1000  # each level is a queue the batcher walks; more is a config mistake
 
@@ -82,6 +84,28 @@ class InstanceGroup:
     gpus: tuple[int, ...] = ()
 
 
+@dataclass(frozen=True, slots=True)
+class WarmupInput:
+    """One input of a warm-up sample: per-item `dims` (no batch dim) of zeros, random
+    values, or a file's bytes (row-major; BYTES as 4-byte lengths and bytes) found in the
+    model's `warmup/` folder."""
+
+    datatype: DataType
+    dims: tuple[int, ...]
+    data: Literal["zero", "random", "file"]
+    file: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class WarmupSample:
+    """A `model_warmup` entry: run `count` times at `batch_size` before the model is ready."""
+
+    name: str
+    batch_size: int
+    inputs: tuple[tuple[str, WarmupInput], ...]
+    count: int
+
+
 @dataclass(frozen=True)
 class ModelSpec:
     """What tensorgate serves a model by; `config` keeps the full proto for `/config`."""
@@ -100,6 +124,7 @@ class ModelSpec:
     # model_transaction_policy { decoupled: true }: any number of responses per request
     decoupled: bool = False
     sequence: SequencePolicy | None = None  # sequence_batching: a stateful model
+    warmup: tuple[WarmupSample, ...] = ()  # model_warmup; none: zeros at batch 1
     config: pb.ModelConfig = field(default_factory=pb.ModelConfig, repr=False, compare=False)
 
     def input(self, name: str) -> TensorSpec | None:
@@ -188,8 +213,56 @@ def _spec(config: pb.ModelConfig, source: str) -> ModelSpec:
         decoupled=config.model_transaction_policy.decoupled,
         sequence=(sequence_policy(config, source)
                   if config.WhichOneof("scheduling_choice") == "sequence_batching" else None),
+        warmup=tuple(_warmup(w, config, inputs, source) for w in config.model_warmup),
         config=config,
     )
+
+
+def _warmup(message: pb.ModelWarmup, config: pb.ModelConfig, inputs: tuple[TensorSpec, ...],
+            source: str) -> WarmupSample:
+    where = f"model_warmup '{message.name}'" if message.name else "a model_warmup sample"
+    if not message.name:
+        raise ModelConfigError(source, f"{where} has no 'name'")
+    batch = message.batch_size
+    limit = max(config.max_batch_size, 1)
+    if not 1 <= batch <= limit:
+        raise ModelConfigError(source, f"{where} has batch_size {batch}; it must lie in [1, "
+                                       f"{limit}]" + ("" if config.max_batch_size else
+                                                      " (the model does not batch)"))
+    config_inputs = {t.name: t for t in inputs}
+    missing = sorted(set(config_inputs) - set(message.inputs)
+                     - {t.name for t in inputs if t.optional})
+    if missing:
+        raise ModelConfigError(source, f"{where} gives no data for inputs {missing}")
+    samples = []
+    for name, given in sorted(message.inputs.items()):
+        spec = config_inputs.get(name)
+        if spec is None:  # control and state inputs get zeros: only config inputs here
+            raise ModelConfigError(source, f"{where} names input '{name}'; the model's "
+                                           f"inputs are: {', '.join(config_inputs)}")
+        if pb.DataType.Name(given.data_type) != f"TYPE_{spec.datatype.name}".replace(
+                "TYPE_BYTES", "TYPE_STRING"):
+            raise ModelConfigError(source, f"{where}: input '{name}' is "
+                                           f"{pb.DataType.Name(given.data_type)}; the model's "
+                                           f"input is {spec.datatype.name}")
+        dims = tuple(given.dims)
+        if not spec.accepts(dims) or any(d < 1 for d in dims):
+            raise ModelConfigError(source, f"{where}: input '{name}' has dims {list(dims)}; "
+                                           f"the model's input has {list(spec.dims)} (fix "
+                                           "every variable dim)")
+        choice = given.WhichOneof("input_data_type")
+        if choice is None:
+            raise ModelConfigError(source, f"{where}: input '{name}' needs zero_data, "
+                                           "random_data or input_data_file")
+        file = given.input_data_file if choice == "input_data_file" else ""
+        if choice == "input_data_file" and ("/" in file or file in ("", ".", "..")):
+            raise ModelConfigError(source, f"{where}: input '{name}': input_data_file "
+                                           f"'{file}' must be a file name in the model's "
+                                           "warmup folder")
+        data: Literal["zero", "random", "file"] = (
+            "file" if file else "zero" if choice == "zero_data" else "random")
+        samples.append((name, WarmupInput(spec.datatype, dims, data, file)))
+    return WarmupSample(message.name, batch, tuple(samples), max(message.count, 1))
 
 
 def _tensor(message: pb.ModelInput | pb.ModelOutput, kind: str, source: str,
