@@ -139,3 +139,16 @@ def test_missing_artifact_and_versions(tmp_path: pathlib.Path) -> None:
     _model(tmp_path, "empty", 'name: "empty"', {})
     with pytest.raises(ModelConfigError, match=r"no version directory matches"):
         load_source(tmp_path, "empty")
+
+
+def test_fields_served_without_are_listed_and_ragged_batching_is_refused() -> None:
+    spec = parse_model_config('name: "m" optimization { cuda { graphs: true } } '
+                              'response_cache { enable: true } metric_tags { key: "team" '
+                              'value: "vision" }', "m/config.pbtxt")
+    assert spec.ignored == ("optimization", "metric_tags", "response_cache")
+    assert parse_model_config('name: "m" response_cache { enable: false }').ignored == ()
+    with pytest.raises(ModelConfigError, match=r"'batch_input' / 'batch_output' \(ragged "
+                                               r"batching\) are not supported"):
+        parse_model_config('name: "m" max_batch_size: 2 batch_input { kind: '
+                           'BATCH_ELEMENT_COUNT target_name: "n" data_type: TYPE_FP32 '
+                           'source_input: "a" }', "m/config.pbtxt")

@@ -136,6 +136,9 @@ class Engine:
         versions: dict[int, _Version] = {}
         try:
             source = load_source(self.repository, name)
+            if source.spec.ignored:
+                log.warning("model %s: served without its config's %s (not acted on here)",
+                            name, ", ".join(source.spec.ignored))
             for number in source.versions:
                 if source.spec.platform == "ensemble":
                     versions[number] = await self._load_ensemble(source, number)

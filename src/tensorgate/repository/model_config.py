@@ -24,6 +24,10 @@ __all__ = ["BatchingPolicy", "InstanceGroup", "ModelConfigError", "ModelSpec", "
            "SequencePolicy", "TensorSpec", "WarmupInput", "WarmupSample", "load_model_config",
            "parse_model_config"]
 
+# Fields that change how Triton runs a model, not what it computes: served without them,
+# and a load says so (ModelSpec.ignored).
+NOT_ACTED_ON = ("optimization", "cc_model_filenames", "metric_tags", "model_operations",
+                "model_repository_agents", "response_cache", "model_metrics")
 MAX_PRIORITY_LEVELS = 1000  # each level is a queue the batcher walks; more is a config mistake
 
 
@@ -125,6 +129,7 @@ class ModelSpec:
     decoupled: bool = False
     sequence: SequencePolicy | None = None  # sequence_batching: a stateful model
     warmup: tuple[WarmupSample, ...] = ()  # model_warmup; none: zeros at batch 1
+    ignored: tuple[str, ...] = ()  # fields given but not acted on (NOT_ACTED_ON)
     config: pb.ModelConfig = field(default_factory=pb.ModelConfig, repr=False, compare=False)
 
     def input(self, name: str) -> TensorSpec | None:
@@ -190,6 +195,13 @@ def _spec(config: pb.ModelConfig, source: str) -> ModelSpec:
     if config.max_batch_size < 0:
         raise ModelConfigError(source, f"field 'max_batch_size' is {config.max_batch_size}; "
                                        "it must be 0 (no batching) or more")
+    if config.batch_input or config.batch_output:
+        raise ModelConfigError(source, "'batch_input' / 'batch_output' (ragged batching) are "
+                                       "not supported; without them the model would get other "
+                                       "inputs than it expects")
+    given = {descriptor.name for descriptor, _ in config.ListFields()}
+    ignored = tuple(name for name in NOT_ACTED_ON if name in given
+                    and (name != "response_cache" or config.response_cache.enable))
     inputs = tuple(_tensor(t, "input", source, config.max_batch_size) for t in config.input)
     outputs = tuple(_tensor(t, "output", source, config.max_batch_size) for t in config.output)
     for kind, specs in (("input", inputs), ("output", outputs)):
@@ -214,6 +226,7 @@ def _spec(config: pb.ModelConfig, source: str) -> ModelSpec:
         sequence=(sequence_policy(config, source)
                   if config.WhichOneof("scheduling_choice") == "sequence_batching" else None),
         warmup=tuple(_warmup(w, config, inputs, source) for w in config.model_warmup),
+        ignored=ignored,
         config=config,
     )
 
