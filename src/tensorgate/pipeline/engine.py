@@ -17,8 +17,8 @@ import gc
 import logging
 import pathlib
 import time
-from collections.abc import AsyncGenerator, Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import AsyncGenerator, Callable, Iterable
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -28,15 +28,16 @@ from tensorgate.errors import (InvalidArgumentError, NotFoundError, TensorgateEr
 from tensorgate.pipeline.ensemble import EnsembleScheduler, check_step_models, ensemble_steps
 from tensorgate.pipeline.executor import (ExecutorSettings, ExecutorThread, PostprocessPool,
                                           default_intra_op_threads)
+from tensorgate.pipeline.model_options import cpu_affinity, flag, int_parameter
 from tensorgate.pipeline.placement import LIGHT_FORWARD_NS, pin_current_thread, plan_placement
 from tensorgate.pipeline.postprocess import build_postprocessor
+from tensorgate.pipeline.requests import InferenceRequest, InferenceResult, work_item
 from tensorgate.pipeline.scheduler import Scheduler
 from tensorgate.pipeline.sequences import SequenceScheduler
-from tensorgate.pipeline.stats import ModelStatistics, StageTimes
-from tensorgate.pipeline.work import SequenceFlags, WorkItem
+from tensorgate.pipeline.stats import ModelStatistics
+from tensorgate.pipeline.work import WorkItem
 from tensorgate.repository.layout import ModelSource, artifact_path, discover_models, load_source
-from tensorgate.repository.model_config import ModelConfigError, ModelSpec, QueuePolicy
-from tensorgate.tensor.copies import CopyLedger
+from tensorgate.repository.model_config import ModelConfigError, ModelSpec
 from tensorgate.tensor.pinned import cuda_available
 from tensorgate.tensor.pool import BufferPool, PoolStatistics, default_pool
 from tensorgate.tensor.view import TensorView
@@ -46,31 +47,6 @@ __all__ = ["Engine", "InferenceRequest", "InferenceResult"]
 log = logging.getLogger("tensorgate.engine")
 
 SPARE_SLOWDOWN = 1.5
-
-
-@dataclass
-class InferenceRequest:
-    """One inference: inputs by name as views; `outputs` None means all of them."""
-
-    model: str
-    inputs: Mapping[str, TensorView]
-    version: int | None = None
-    outputs: Sequence[str] | None = None
-    timeout_us: int | None = None
-    id: str = ""
-    ledger: CopyLedger = field(default_factory=CopyLedger)
-    priority: int = 0  # 1 is the highest; 0: the model's default level
-    sequence: SequenceFlags | None = None  # its sequence, for a stateful model
-
-
-@dataclass
-class InferenceResult:
-    model: str
-    version: int
-    id: str
-    outputs: dict[str, TensorView]
-    times: StageTimes
-    ledger: CopyLedger
 
 
 class _Version:
@@ -84,8 +60,6 @@ class _Version:
         self.scheduler = scheduler
         self.executors = executors
         self.stats = stats
-        self.input_names = ", ".join(i.name for i in spec.inputs)
-        self.output_names = tuple(o.name for o in spec.outputs)
 
 
 class Engine:
@@ -255,7 +229,7 @@ class Engine:
             scheduler = SequenceScheduler(spec, stats, loop, len(devices), source.directory)
             feeds = scheduler.instances
         else:
-            scheduler = Scheduler(spec, stats, loop, measured_cap=_flag(spec, "batch_cap", True))
+            scheduler = Scheduler(spec, stats, loop, measured_cap=flag(spec, "batch_cap", True))
             feeds = [scheduler] * len(devices)
         postprocessor = build_postprocessor(spec, source.directory)
         executors = []
@@ -263,10 +237,10 @@ class Engine:
             settings = ExecutorSettings(
                 spec=spec, version=version, artifact=artifact, kind=kind,
                 directory=source.directory / str(version), device=device,
-                intra_op_threads=_int_parameter(spec, ("INTRA_OP_THREAD_COUNT", "NUM_THREADS"),
+                intra_op_threads=int_parameter(spec, ("INTRA_OP_THREAD_COUNT", "NUM_THREADS"),
                                                 self._threads),
-                cpu_affinity=_affinity(spec), placement=self._placement,
-                cuda_graphs=_flag(spec, "cuda_graphs", True),
+                cpu_affinity=cpu_affinity(spec), placement=self._placement,
+                cuda_graphs=flag(spec, "cuda_graphs", True),
                 postprocessor=postprocessor)
             executors.append(ExecutorThread(
                 f"tg-exec-{spec.name}-v{version}-{index}", settings, loop, self._pool,
@@ -455,7 +429,7 @@ class Engine:
                 f"model '{loaded.spec.name}' is decoupled (it sends any number of responses "
                 "per request): call it on a stream, gRPC ModelStreamInfer (tritonclient's "
                 "start_stream / async_stream_infer)")
-        item = _work_item(loaded, request, asyncio.get_running_loop())
+        item = work_item(loaded.spec, request, asyncio.get_running_loop())
         loaded.scheduler.submit(item)
         # cancelling the caller cancels this future: the scheduler drops it
         results = await item.future
@@ -476,7 +450,7 @@ class Engine:
         if not loaded.spec.decoupled:
             yield await self.infer(request)
             return
-        item = _work_item(loaded, request, asyncio.get_running_loop())
+        item = work_item(loaded.spec, request, asyncio.get_running_loop())
         # each response, then None once the request is over (answered or failed)
         arrived: asyncio.Queue[tuple[dict[str, TensorView], Callable[[], None]] | None] = \
             asyncio.Queue()
@@ -497,118 +471,3 @@ class Engine:
             item.abandoned = True
             if not item.future.done():
                 item.future.cancel()  # still queued: the scheduler drops it
-
-
-def _work_item(loaded: _Version, request: InferenceRequest,
-               loop: asyncio.AbstractEventLoop) -> WorkItem:
-    """Check the request against the config and turn its views into tensors (no copies)."""
-    spec = loaded.spec
-    given = request.inputs
-    for name in given:
-        if spec.input(name) is None:
-            raise InvalidArgumentError(f"model '{spec.name}' has no input '{name}'; inputs are: "
-                                       f"{loaded.input_names}")
-    batching = spec.max_batch_size > 0
-    rows = -1
-    inputs: dict[str, Any] = {}
-    key = []
-    for item_spec in spec.inputs:
-        view = given.get(item_spec.name)
-        if view is None:
-            if item_spec.optional:
-                continue
-            raise InvalidArgumentError(f"model '{spec.name}' needs input '{item_spec.name}'; the "
-                                       f"request has: {', '.join(given) or 'no inputs'}")
-        if view.datatype is not item_spec.datatype:
-            raise InvalidArgumentError(f"input '{item_spec.name}' of model '{spec.name}' is "
-                                       f"{view.datatype.name}; expected {item_spec.datatype.name}")
-        shape = view.shape
-        item_shape = shape[1:] if batching else shape
-        expected = ([-1] if batching else []) + list(item_spec.dims)
-        if (batching and (not shape or shape[0] < 1)) or not item_spec.accepts(item_shape):
-            raise InvalidArgumentError(
-                f"input '{item_spec.name}' of model '{spec.name}' has shape "
-                f"[{','.join(map(str, shape))}]; expected [{','.join(map(str, expected))}]")
-        these_rows = shape[0] if batching else 1
-        if batching and these_rows > spec.max_batch_size:
-            raise InvalidArgumentError(f"input '{item_spec.name}' of model '{spec.name}' has a "
-                                       f"batch of {these_rows}; max_batch_size is "
-                                       f"{spec.max_batch_size}")
-        if rows not in (-1, these_rows):
-            raise InvalidArgumentError(f"input '{item_spec.name}' of model '{spec.name}' has a "
-                                       f"batch of {these_rows}, other inputs {rows}; they must "
-                                       "agree")
-        rows = these_rows
-        value = view.numpy() if view.datatype.is_bytes else view.torch()
-        if item_spec.reshape is not None:
-            value = value.reshape(([these_rows] if batching else []) + list(item_spec.reshape))
-        inputs[item_spec.name] = value
-        key.append(item_shape)
-    if request.outputs:
-        for name in request.outputs:
-            if name not in loaded.output_names:
-                raise InvalidArgumentError(f"model '{spec.name}' has no output '{name}'; outputs "
-                                           f"are: {', '.join(loaded.output_names)}")
-        wanted = tuple(request.outputs)
-    else:
-        wanted = loaded.output_names
-    now = time.monotonic_ns()
-    batching_policy = spec.batching
-    level = batching_policy.level(request.priority) if batching_policy is not None else 0
-    timeout_us = _timeout_us(batching_policy.queues[level] if batching_policy else None,
-                             request.timeout_us)
-    return WorkItem(inputs, max(rows, 1), tuple(key), wanted, loop.create_future(), now,
-                    now + timeout_us * 1000 if timeout_us else 0, request.ledger, level,
-                    request.sequence)
-
-
-def _timeout_us(policy: QueuePolicy | None, requested: int | None) -> int:
-    """A request's timeout: its own where the level's policy lets it override (or sets none),
-    otherwise the policy's default."""
-    default = policy.default_timeout_us if policy is not None else 0
-    if requested is None or requested <= 0:
-        return default
-    if policy is None or policy.allow_timeout_override or not default:
-        return requested
-    return default
-
-
-def _int_parameter(spec: ModelSpec, keys: Sequence[str], default: int) -> int:
-    for key in keys:
-        if key in spec.parameters:
-            try:
-                value = int(spec.parameters[key])
-            except ValueError:
-                raise ModelConfigError(spec.name, f"parameter '{key}' must be an integer, got "
-                                                  f"'{spec.parameters[key]}'") from None
-            if value < 1:
-                raise ModelConfigError(spec.name, f"parameter '{key}' must be 1 or more")
-            return value
-    return default
-
-
-def _flag(spec: ModelSpec, key: str, default: bool) -> bool:
-    value = spec.parameters.get(key)
-    if value is None:
-        return default
-    if value.lower() in ("1", "true", "yes", "on"):
-        return True
-    if value.lower() in ("0", "false", "no", "off"):
-        return False
-    raise ModelConfigError(spec.name, f"parameter '{key}' must be true or false, got '{value}'")
-
-
-def _affinity(spec: ModelSpec) -> frozenset[int] | None:
-    """`cpu_affinity` as "1", "0,2" or "0-3"."""
-    text = spec.parameters.get("cpu_affinity", "").strip()
-    if not text:
-        return None
-    cpus: set[int] = set()
-    try:
-        for part in text.split(","):
-            low, _, high = part.partition("-")
-            cpus.update(range(int(low), int(high or low) + 1))
-    except ValueError:
-        raise ModelConfigError(spec.name, f"parameter 'cpu_affinity' must list CPUs like "
-                               f"'0,2' or '0-3', got '{text}'") from None
-    return frozenset(cpus)

@@ -136,6 +136,10 @@ class ModelSpec:
         return next((spec for spec in self.inputs if spec.name == name), None)
 
     @cached_property
+    def output_names(self) -> tuple[str, ...]:
+        return tuple(o.name for o in self.outputs)
+
+    @cached_property
     def model_inputs(self) -> tuple[TensorSpec, ...]:
         """What the model receives: the inputs clients send, then a stateful model's control
         inputs and state inputs, which the server sets."""

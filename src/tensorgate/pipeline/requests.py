@@ -1,0 +1,120 @@
+"""A request as the engine takes it, its result, and the work item the pipeline makes of it.
+
+`work_item` checks a request against its model's config (names, datatypes, shapes, batch
+size) and turns its views into tensors without copying; the scheduler takes it from there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from tensorgate.errors import InvalidArgumentError
+from tensorgate.pipeline.stats import StageTimes
+from tensorgate.pipeline.work import SequenceFlags, WorkItem
+from tensorgate.repository.model_config import ModelSpec, QueuePolicy
+from tensorgate.tensor.copies import CopyLedger
+from tensorgate.tensor.view import TensorView
+
+__all__ = ["InferenceRequest", "InferenceResult", "work_item"]
+
+
+@dataclass
+class InferenceRequest:
+    """One inference: inputs by name as views; `outputs` None means all of them."""
+
+    model: str
+    inputs: Mapping[str, TensorView]
+    version: int | None = None
+    outputs: Sequence[str] | None = None
+    timeout_us: int | None = None
+    id: str = ""
+    ledger: CopyLedger = field(default_factory=CopyLedger)
+    priority: int = 0  # 1 is the highest; 0: the model's default level
+    sequence: SequenceFlags | None = None  # its sequence, for a stateful model
+
+
+@dataclass
+class InferenceResult:
+    model: str
+    version: int
+    id: str
+    outputs: dict[str, TensorView]
+    times: StageTimes
+    ledger: CopyLedger
+
+
+def work_item(spec: ModelSpec, request: InferenceRequest,
+              loop: asyncio.AbstractEventLoop) -> WorkItem:
+    """Check the request against the config and turn its views into tensors (no copies)."""
+    given = request.inputs
+    for name in given:
+        if spec.input(name) is None:
+            raise InvalidArgumentError(f"model '{spec.name}' has no input '{name}'; inputs are: "
+                                       f"{', '.join(i.name for i in spec.inputs)}")
+    batching = spec.max_batch_size > 0
+    rows = -1
+    inputs: dict[str, Any] = {}
+    key = []
+    for item_spec in spec.inputs:
+        view = given.get(item_spec.name)
+        if view is None:
+            if item_spec.optional:
+                continue
+            raise InvalidArgumentError(f"model '{spec.name}' needs input '{item_spec.name}'; the "
+                                       f"request has: {', '.join(given) or 'no inputs'}")
+        if view.datatype is not item_spec.datatype:
+            raise InvalidArgumentError(f"input '{item_spec.name}' of model '{spec.name}' is "
+                                       f"{view.datatype.name}; expected {item_spec.datatype.name}")
+        shape = view.shape
+        item_shape = shape[1:] if batching else shape
+        expected = ([-1] if batching else []) + list(item_spec.dims)
+        if (batching and (not shape or shape[0] < 1)) or not item_spec.accepts(item_shape):
+            raise InvalidArgumentError(
+                f"input '{item_spec.name}' of model '{spec.name}' has shape "
+                f"[{','.join(map(str, shape))}]; expected [{','.join(map(str, expected))}]")
+        these_rows = shape[0] if batching else 1
+        if batching and these_rows > spec.max_batch_size:
+            raise InvalidArgumentError(f"input '{item_spec.name}' of model '{spec.name}' has a "
+                                       f"batch of {these_rows}; max_batch_size is "
+                                       f"{spec.max_batch_size}")
+        if rows not in (-1, these_rows):
+            raise InvalidArgumentError(f"input '{item_spec.name}' of model '{spec.name}' has a "
+                                       f"batch of {these_rows}, other inputs {rows}; they must "
+                                       "agree")
+        rows = these_rows
+        value = view.numpy() if view.datatype.is_bytes else view.torch()
+        if item_spec.reshape is not None:
+            value = value.reshape(([these_rows] if batching else []) + list(item_spec.reshape))
+        inputs[item_spec.name] = value
+        key.append(item_shape)
+    if request.outputs:
+        for name in request.outputs:
+            if name not in spec.output_names:
+                raise InvalidArgumentError(f"model '{spec.name}' has no output '{name}'; outputs "
+                                           f"are: {', '.join(spec.output_names)}")
+        wanted = tuple(request.outputs)
+    else:
+        wanted = spec.output_names
+    now = time.monotonic_ns()
+    batching_policy = spec.batching
+    level = batching_policy.level(request.priority) if batching_policy is not None else 0
+    timeout_us = _timeout_us(batching_policy.queues[level] if batching_policy else None,
+                             request.timeout_us)
+    return WorkItem(inputs, max(rows, 1), tuple(key), wanted, loop.create_future(), now,
+                    now + timeout_us * 1000 if timeout_us else 0, request.ledger, level,
+                    request.sequence)
+
+
+def _timeout_us(policy: QueuePolicy | None, requested: int | None) -> int:
+    """A request's timeout: its own where the level's policy lets it override (or sets none),
+    otherwise the policy's default."""
+    default = policy.default_timeout_us if policy is not None else 0
+    if requested is None or requested <= 0:
+        return default
+    if policy is None or policy.allow_timeout_override or not default:
+        return requested
+    return default
