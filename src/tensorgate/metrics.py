@@ -25,6 +25,9 @@ _HELP = {
     "tensorgate_batch_rows_limit": (
         "gauge", "Rows a dynamic batch may take now: max_batch_size, or less where larger "
                  "batches measured dearer per row"),
+    "tensorgate_sequence_slots": ("gauge", "A stateful model's sequence slots, all instances"),
+    "tensorgate_sequences_active": ("gauge", "Sequences holding a slot"),
+    "tensorgate_sequences_waiting": ("gauge", "Sequences started and waiting for a free slot"),
     "tensorgate_copied_bytes_total": ("counter", "Tensor bytes the server copied"),
     "tensorgate_copies_by_reason_bytes_total": (
         "counter", "Tensor bytes the whole process copied, by reason (receive, decode, batch, ...)"),
@@ -72,6 +75,10 @@ def render_metrics(models: Iterable[tuple[ModelStatistics, int]],
             f"{labels} {stats.compute_output.ns // 1000}")
         if stats.batch_rows_limit:
             rows["tensorgate_batch_rows_limit"].append(f"{labels} {stats.batch_rows_limit}")
+        if stats.sequence_slots:
+            rows["tensorgate_sequence_slots"].append(f"{labels} {stats.sequence_slots}")
+            rows["tensorgate_sequences_active"].append(f"{labels} {stats.sequences_active}")
+            rows["tensorgate_sequences_waiting"].append(f"{labels} {stats.sequences_waiting}")
         rows["tensorgate_copied_bytes_total"].append(
             f"{_labels(model=stats.name)} {stats.copied_bytes}")
     totals = process_copies()

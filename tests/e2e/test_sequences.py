@@ -15,6 +15,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from tests.e2e.conftest import RunningServer
+from tests.e2e.test_metrics import scrape, value
 from tests.e2e.test_http_hostile import error_of, exchange, request, still_serving
 
 
@@ -61,6 +62,11 @@ def test_the_server_says_it_speaks_sequences(server: RunningServer) -> None:
     with httpclient.InferenceServerClient(server.url) as client:
         extensions = client.get_server_metadata()["extensions"]
     assert {"sequence", "sequence(string_id)"} <= set(extensions)
+    metrics = scrape(server)
+    labels = {"model": "accumulate", "version": "1"}
+    assert value(metrics, "tensorgate_sequence_slots", **labels) == 4
+    assert value(metrics, "tensorgate_sequences_waiting", **labels) == 0
+    assert value(metrics, "tensorgate_sequences_active", **labels) >= 0
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])

@@ -185,8 +185,12 @@ def test_a_sequence_waits_for_a_free_slot(seq_repo: pathlib.Path) -> None:
         await asyncio.sleep(0.2)
         assert not waiting.done()  # sequence 1 holds the only slot
         assert engine.pending(model) == 1
+        (stats, _), = engine.model_statistics()
+        assert (stats.sequence_slots, stats.sequences_active, stats.sequences_waiting) == \
+            (1, 1, 1)
         assert _value(await engine.infer(_request(model, 1, 1, end=True))) == 2
         assert _value(await asyncio.wait_for(waiting, 10)) == 5
+        assert (stats.sequences_active, stats.sequences_waiting) == (1, 0)
         await engine.shutdown()
     run(scenario())
 
@@ -208,6 +212,8 @@ def test_direct_keeps_each_sequence_in_its_row_with_ready_false_fillers(
         assert seen == {11: (0, 3, 1), 13: (2, 3, 1)}
         stats = engine.statistics("rows")[0]
         assert stats["inference_stats"]["success"]["count"] == 6  # fillers are not requests
+        assert stats["inference_count"] == 6
+        assert {b["batch_size"] for b in stats["batch_stats"]} == {1, 2, 3}  # rows run
         await engine.shutdown()
     run(scenario())
 

@@ -297,7 +297,9 @@ class Scheduler:
                     self._fail(item, error, now, "BACKEND")
                 item.release()
             return
-        self._stats.record_batch(batch.rows, batch.input_ns, batch.infer_ns, batch.output_ns)
+        self._stats.record_batch(batch.rows, batch.input_ns, batch.infer_ns, batch.output_ns,
+                                 None if self._arrange is None else
+                                 sum(item.rows for item in batch.items if not item.filler))
         if self._cap is not None and self._cap.record(
                 batch.rows, batch.input_ns + batch.infer_ns + batch.output_ns):
             self._stats.batch_rows_limit = self._cap.limit

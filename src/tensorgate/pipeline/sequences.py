@@ -113,6 +113,7 @@ class SequenceScheduler:
         self._state_shapes = tuple(tuple(t.shape) for t in self._initial.values())
         self._state_outputs = tuple(s.output_name for s in policy.states)
         self._row = row
+        stats.sequence_slots = policy.slots * instances
 
     # -- the Scheduler's interface ---------------------------------------------------------
 
@@ -188,9 +189,11 @@ class SequenceScheduler:
         best = max(range(len(self._free)), key=lambda i: len(self._free[i]))
         if not self._free[best]:
             self._backlog.append(sequence)
+            self._stats.sequences_waiting = len(self._backlog)
             return
         sequence.instance = best
         sequence.slot = self._free[best].pop()
+        self._stats.sequences_active += 1
 
     def _release(self, sequence: _Sequence) -> None:
         """`sequence` is over: its slot goes to the sequence waiting longest for one."""
@@ -199,8 +202,10 @@ class SequenceScheduler:
         free = self._free[sequence.instance]
         free.append(sequence.slot)
         free.sort(reverse=True)  # the lowest slot next: direct batches stay short
+        self._stats.sequences_active -= 1
         while self._backlog:
             waiting = self._backlog.popleft()
+            self._stats.sequences_waiting = len(self._backlog)
             if waiting.id in self._sequences:
                 self._place(waiting)
                 self._run_next(waiting)

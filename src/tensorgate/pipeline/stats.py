@@ -70,12 +70,18 @@ class ModelStatistics:
         self.compute_output = Duration()
         self.copied_bytes = 0
         self.batch_rows_limit = 0  # rows a batch may take now (0: no batching)
+        self.sequence_slots = 0  # a stateful model's slots, all instances (0: not stateful)
+        self.sequences_active = 0  # sequences holding a slot
+        self.sequences_waiting = 0  # sequences started and waiting for a slot
         self.failures_by_reason: dict[str, int] = {}
         self._batches: dict[int, _BatchDurations] = {}
 
-    def record_batch(self, size: int, input_ns: int, infer_ns: int, output_ns: int) -> None:
+    def record_batch(self, size: int, input_ns: int, infer_ns: int, output_ns: int,
+                     inferences: int | None = None) -> None:
+        """A model execution of `size` rows, of which `inferences` (default all) were
+        requests' rows (the rest fill a direct sequence batch)."""
         self.execution_count += 1
-        self.inference_count += size
+        self.inference_count += size if inferences is None else inferences
         durations = self._batches.get(size)
         if durations is None:
             durations = self._batches[size] = _BatchDurations()
