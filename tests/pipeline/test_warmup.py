@@ -140,3 +140,24 @@ def test_a_sample_may_leave_out_optional_inputs_and_count_defaults_to_once() -> 
                                      'random_data: true } } } ]', "m/config.pbtxt")
     (sample,) = spec.warmup
     assert (sample.batch_size, sample.count, [n for n, _ in sample.inputs]) == (2, 1, ["a"])
+
+
+def test_a_sample_is_reshaped_as_requests_are(tmp_path: pathlib.Path) -> None:
+    folder = rb.write_config(tmp_path, "flat", """
+        name: "flat"
+        platform: "pytorch_libtorch"
+        max_batch_size: 2
+        input [ { name: "INPUT__0" data_type: TYPE_FP32 dims: [2, 2] reshape: { shape: [4] } } ]
+        output [ { name: "OUTPUT__0" data_type: TYPE_FP32 dims: [4] } ]
+        model_warmup [ { name: "square" batch_size: 2
+          inputs { key: "INPUT__0" value: { data_type: TYPE_FP32 dims: [2, 2]
+                                            zero_data: true } } } ]
+        """)
+    torch.jit.script(torch.nn.Linear(4, 4).eval()).save(str(folder / "1" / "model.pt"))
+
+    async def scenario() -> None:
+        engine = Engine(tmp_path)
+        await engine.load("flat")  # a [2, 2, 2] warm-up would fail in a Linear(4, 4)
+        assert engine.is_ready("flat")
+        await engine.shutdown()
+    run(scenario())

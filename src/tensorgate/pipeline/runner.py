@@ -193,6 +193,9 @@ def sample_inputs(spec: ModelSpec, sample: WarmupSample, folder: pathlib.Path,
             value = torch.frombuffer(bytearray(raw), dtype=dtype).reshape(data.dims)
             value = value.expand(shape).contiguous()
         inputs[item.name] = value.to(device)
+    for item in spec.inputs:  # as a request's inputs are: in their `reshape` shape
+        if item.reshape is not None and item.name in inputs:
+            inputs[item.name] = inputs[item.name].reshape(rows + list(item.reshape))
     return inputs
 
 
