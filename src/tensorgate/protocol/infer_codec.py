@@ -110,6 +110,9 @@ def request_priority(parameters: dict[str, Any]) -> int:
 def request_sequence(parameters: dict[str, Any]) -> tuple[int | str, bool, bool] | None:
     """The request's sequence parameters (Triton's sequence extension), checked: None when it
     belongs to no sequence (`sequence_id` absent, 0 or "")."""
+    if ("sequence_id" not in parameters and "sequence_start" not in parameters
+            and "sequence_end" not in parameters):
+        return None  # most requests: nothing to check
     sequence_id = parameters.get("sequence_id", 0)
     if not isinstance(sequence_id, str) and not _is_count(sequence_id):
         raise _fail(f"request parameter 'sequence_id' must be a non-negative integer or a "
