@@ -28,6 +28,8 @@ _HELP = {
     "tensorgate_sequence_slots": ("gauge", "A stateful model's sequence slots, all instances"),
     "tensorgate_sequences_active": ("gauge", "Sequences holding a slot"),
     "tensorgate_sequences_waiting": ("gauge", "Sequences started and waiting for a free slot"),
+    "tensorgate_sequences_expired_total": (
+        "counter", "Sequences ended by max_sequence_idle_microseconds, not by sequence_end"),
     "tensorgate_copied_bytes_total": ("counter", "Tensor bytes the server copied"),
     "tensorgate_copies_by_reason_bytes_total": (
         "counter", "Tensor bytes the whole process copied, by reason (receive, decode, batch, ...)"),
@@ -79,6 +81,8 @@ def render_metrics(models: Iterable[tuple[ModelStatistics, int]],
             rows["tensorgate_sequence_slots"].append(f"{labels} {stats.sequence_slots}")
             rows["tensorgate_sequences_active"].append(f"{labels} {stats.sequences_active}")
             rows["tensorgate_sequences_waiting"].append(f"{labels} {stats.sequences_waiting}")
+            rows["tensorgate_sequences_expired_total"].append(
+                f"{labels} {stats.sequences_expired}")
         rows["tensorgate_copied_bytes_total"].append(
             f"{_labels(model=stats.name)} {stats.copied_bytes}")
     totals = process_copies()

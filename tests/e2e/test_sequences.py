@@ -67,6 +67,7 @@ def test_the_server_says_it_speaks_sequences(server: RunningServer) -> None:
     assert value(metrics, "tensorgate_sequence_slots", **labels) == 4
     assert value(metrics, "tensorgate_sequences_waiting", **labels) == 0
     assert value(metrics, "tensorgate_sequences_active", **labels) >= 0
+    assert value(metrics, "tensorgate_sequences_expired_total", **labels) >= 0
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])

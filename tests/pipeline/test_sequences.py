@@ -171,6 +171,8 @@ def test_a_sequence_idle_too_long_is_ended(seq_repo: pathlib.Path) -> None:
         with pytest.raises(InvalidArgumentError, match=r"is not active: .* or after 100 ms "
                                                        r"without requests\)$"):
             await engine.infer(_request("accumulate_idle", 1, 3))
+        (stats, _), = engine.model_statistics()
+        assert (stats.sequences_expired, stats.sequences_active) == (1, 0)
         await engine.shutdown()
     run(scenario())
 

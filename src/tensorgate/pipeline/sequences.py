@@ -227,9 +227,10 @@ class SequenceScheduler:
                 wake = (sequence.idle_since + self._idle_ns - now) / 1e9
                 self._idle_timer = self._loop.call_later(wake, self._expire)
                 return
-            log.info("model %s: sequence %r ended after %.1f s without requests "
-                     "(max_sequence_idle_microseconds)", self._spec.name, sequence.id,
-                     self._idle_ns / 1e9)
+            log.debug("model %s: sequence %r ended after %.1f s without requests "
+                      "(max_sequence_idle_microseconds)", self._spec.name, sequence.id,
+                      self._idle_ns / 1e9)
+            self._stats.sequences_expired += 1  # a metric, not a log line per sequence
             self._release(sequence)
 
     # -- requests --------------------------------------------------------------------------

@@ -73,6 +73,7 @@ class ModelStatistics:
         self.sequence_slots = 0  # a stateful model's slots, all instances (0: not stateful)
         self.sequences_active = 0  # sequences holding a slot
         self.sequences_waiting = 0  # sequences started and waiting for a slot
+        self.sequences_expired = 0  # sequences ended by max_sequence_idle_microseconds
         self.failures_by_reason: dict[str, int] = {}
         self._batches: dict[int, _BatchDurations] = {}
 
