@@ -24,8 +24,10 @@ from tensorgate.errors import InternalError
 from tensorgate.model import Model, ModelContext
 from tensorgate.repository.model_config import ModelConfigError, ModelSpec, WarmupSample
 from tensorgate.tensor.bytes_codec import decode_bytes_tensor
+from tensorgate.tensor.dtypes import DataType
 
-__all__ = ["Runner", "load_runner", "name_outputs", "sample_inputs", "warmup_inputs"]
+__all__ = ["Runner", "load_runner", "name_outputs", "read_model_file", "sample_inputs",
+           "tensor_from_file", "warmup_inputs"]
 
 # torch 2.13 deprecates TorchScript, but existing Triton repositories are full of model.pt:
 # loading them is this server's job, not the user's mistake, so say nothing per load.
@@ -165,9 +167,10 @@ def sample_inputs(spec: ModelSpec, sample: WarmupSample, folder: pathlib.Path,
                                                 device=device)
             continue
         shape = rows + list(data.dims)
+        what = f"model '{spec.name}', warm-up sample '{sample.name}', input '{item.name}'"
         if item.datatype.is_bytes:
             if data.data == "file":
-                raw = _warmup_file(folder, data.file, spec.name, sample.name)
+                raw = read_model_file(folder / data.file, what)
                 strings = decode_bytes_tensor(memoryview(raw), 0, len(raw), data.dims,
                                               item.name)
                 inputs[item.name] = np.broadcast_to(strings, shape).copy()
@@ -182,15 +185,7 @@ def sample_inputs(spec: ModelSpec, sample: WarmupSample, folder: pathlib.Path,
             value = (torch.rand(shape).to(dtype) if dtype.is_floating_point
                      else torch.randint(0, 2 if dtype == torch.bool else 100, shape).to(dtype))
         else:
-            raw = _warmup_file(folder, data.file, spec.name, sample.name)
-            count = int(np.prod(data.dims))
-            if len(raw) != count * item.datatype.itemsize:
-                raise ModelConfigError(str(folder / data.file),
-                                       f"warm-up sample '{sample.name}', input '{item.name}': "
-                                       f"{item.datatype.name} {list(data.dims)} needs "
-                                       f"{count * item.datatype.itemsize} bytes; the file has "
-                                       f"{len(raw)}")
-            value = torch.frombuffer(bytearray(raw), dtype=dtype).reshape(data.dims)
+            value = tensor_from_file(folder / data.file, item.datatype, data.dims, what)
             value = value.expand(shape).contiguous()
         inputs[item.name] = value.to(device)
     for item in spec.inputs:  # as a request's inputs are: in their `reshape` shape
@@ -199,9 +194,24 @@ def sample_inputs(spec: ModelSpec, sample: WarmupSample, folder: pathlib.Path,
     return inputs
 
 
-def _warmup_file(folder: pathlib.Path, name: str, model: str, sample: str) -> bytes:
+def read_model_file(path: pathlib.Path, what: str) -> bytes:
+    """A data file of the repository (warm-up data, an initial state); `what` names its use
+    in the error."""
     try:
-        return (folder / name).read_bytes()
+        return path.read_bytes()
     except OSError as error:
-        raise ModelConfigError(str(folder / name), f"model '{model}', warm-up sample "
-                                                   f"'{sample}': {error.strerror}") from None
+        raise ModelConfigError(str(path), f"{what}: {error.strerror}") from None
+
+
+def tensor_from_file(path: pathlib.Path, datatype: DataType, dims: Sequence[int],
+                     what: str) -> torch.Tensor:
+    """A tensor of `dims` from a file of its raw bytes (row-major, little-endian)."""
+    dtype = datatype.torch
+    assert dtype is not None, "BYTES files are decoded with decode_bytes_tensor"
+    raw = read_model_file(path, what)
+    count = int(np.prod(dims))
+    if len(raw) != count * datatype.itemsize:
+        raise ModelConfigError(str(path), f"{what}: {datatype.name} {list(dims)} needs "
+                                          f"{count * datatype.itemsize} bytes; the file has "
+                                          f"{len(raw)}")
+    return torch.frombuffer(bytearray(raw), dtype=dtype).reshape(tuple(dims))

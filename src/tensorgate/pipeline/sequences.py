@@ -30,8 +30,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from tensorgate.errors import (InvalidArgumentError, ModelConfigError, TensorgateError,
-                               UnavailableError)
+from tensorgate.errors import InvalidArgumentError, TensorgateError, UnavailableError
+from tensorgate.pipeline.runner import tensor_from_file
 from tensorgate.pipeline.scheduler import Scheduler
 from tensorgate.pipeline.stats import ModelStatistics
 from tensorgate.pipeline.work import WorkItem
@@ -108,10 +108,12 @@ class SequenceScheduler:
                                      for v in c.false_true)
                        for c in policy.controls if c.kind != "CORRID"}
         self._corrid = next((c for c in policy.controls if c.kind == "CORRID"), None)
-        self._initial = {s.input_name: _initial_state(s, directory, batched, spec.name)
+        self._initial = {s.input_name: _initial_state(s, directory, batched)
                          for s in policy.states}
-        self._state_shapes = tuple(tuple(t.shape) for t in self._initial.values())
         self._state_outputs = tuple(s.output_name for s in policy.states)
+        # what a request wanting every output wants, with the states' outputs: made once
+        self._all_wanted = spec.output_names + tuple(
+            n for n in self._state_outputs if n not in spec.output_names)
         self._row = row
         stats.sequence_slots = policy.slots * instances
 
@@ -249,9 +251,13 @@ class SequenceScheduler:
             inputs = dict(item.inputs)
             for control in self._policy.controls:
                 inputs[control.name] = self._control(control, flags.start, flags.end, sequence)
-            inputs.update(sequence.state)
-            wanted = item.wanted + tuple(n for n in self._state_outputs if n not in item.wanted)
-            key = item.key + tuple(tuple(t.shape) for t in sequence.state.values())
+            key = item.key
+            wanted = item.wanted
+            if sequence.state:
+                inputs.update(sequence.state)
+                key += tuple(tuple(t.shape) for t in sequence.state.values())
+                wanted = (self._all_wanted if wanted is self._spec.output_names else wanted
+                          + tuple(n for n in self._state_outputs if n not in wanted))
             running = _SlotItem(inputs, 1, key, wanted, self._loop.create_future(),
                                 item.enqueued_ns, item.deadline_ns, item.ledger, item.level,
                                 flags)
@@ -297,10 +303,11 @@ class SequenceScheduler:
 
     def _control(self, control: ControlInput, start: bool, end: bool,
                  sequence: _Sequence) -> Any:
-        if control.kind == "CORRID":
+        kind = control.kind
+        if kind == "CORRID":
             return sequence.corrid
-        on = {"START": start, "END": end, "READY": True}[control.kind]
-        return self._flags[control.name][on]
+        return self._flags[control.name][start if kind == "START" else end if kind == "END"
+                                         else True]
 
     def _corrid_tensor(self, sequence_id: int | str) -> Any:
         control = self._corrid
@@ -355,26 +362,13 @@ def _slot(item: WorkItem) -> int:
     return item.slot if isinstance(item, _SlotItem) else 0
 
 
-def _initial_state(state: SequenceState, directory: pathlib.Path, batched: bool,
-                   model: str) -> torch.Tensor:
+def _initial_state(state: SequenceState, directory: pathlib.Path,
+                   batched: bool) -> torch.Tensor:
     """A state's input on the first request of a sequence: zeros, or the bytes of its
-    initial_state data_file (row-major, little-endian)."""
+    initial_state data_file."""
     shape = ((1,) if batched else ()) + state.initial_dims
-    dtype = state.datatype.torch
-    assert dtype is not None
     if not state.initial_file:
-        return torch.zeros(shape, dtype=dtype)
-    path = directory / "initial_state" / state.initial_file
-    try:
-        data = path.read_bytes()
-    except OSError as error:
-        raise ModelConfigError(str(path), f"initial state of '{state.input_name}': {error}") \
-            from None
-    count = int(np.prod(state.initial_dims))
-    if len(data) != count * state.datatype.itemsize:
-        raise ModelConfigError(str(path), f"initial state of '{state.input_name}' needs "
-                                          f"{count * state.datatype.itemsize} bytes "
-                                          f"({state.datatype.name} {list(state.initial_dims)}); "
-                                          f"the file has {len(data)}")
-    log.debug("model %s: initial state of %s from %s", model, state.input_name, path)
-    return torch.frombuffer(bytearray(data), dtype=dtype).reshape(shape)
+        return torch.zeros(shape, dtype=state.datatype.torch)
+    return tensor_from_file(directory / "initial_state" / state.initial_file, state.datatype,
+                            state.initial_dims,
+                            f"initial state of '{state.input_name}'").reshape(shape)

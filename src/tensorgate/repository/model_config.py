@@ -257,8 +257,8 @@ def _warmup(message: pb.ModelWarmup, config: pb.ModelConfig, inputs: tuple[Tenso
         if spec is None:  # control and state inputs get zeros: only config inputs here
             raise ModelConfigError(source, f"{where} names input '{name}'; the model's "
                                            f"inputs are: {', '.join(config_inputs)}")
-        if pb.DataType.Name(given.data_type) != f"TYPE_{spec.datatype.name}".replace(
-                "TYPE_BYTES", "TYPE_STRING"):
+        if given.data_type == pb.TYPE_INVALID or datatype_from_config(
+                pb.DataType.Name(given.data_type), name) is not spec.datatype:
             raise ModelConfigError(source, f"{where}: input '{name}' is "
                                            f"{pb.DataType.Name(given.data_type)}; the model's "
                                            f"input is {spec.datatype.name}")
