@@ -1,0 +1,257 @@
+"""The HTTP/1.1 routes of the Open Inference Protocol: path → handler, and the handlers.
+
+A handler takes the data plane, the request and its path arguments and returns (status,
+headers, body parts) — or a `StreamedResponse` whose parts the connection writes as they come
+(Server-Sent Events). Handlers decode, call the data plane, and encode; the connection
+(`http.py`) owns the socket. Routes follow Triton's (`src/http_server.cc`): versions are
+decimal; a wrong method is 405.
+"""
+
+from __future__ import annotations
+
+import json
+import zlib
+from collections.abc import Callable
+from typing import Any
+
+from tensorgate.dataplane import DataPlane
+from tensorgate.errors import InvalidArgumentError
+from tensorgate.protocol.compression import inflate
+from tensorgate.protocol.infer_codec import decode_infer_body, encode_infer_response, json_error
+from tensorgate.tensor.copies import CopyLedger, record_copy
+
+__all__ = ["Handler", "HttpRequest", "route"]
+
+
+class HttpRequest:
+    __slots__ = ("method", "path", "headers", "body", "length", "json_length", "ledger", "limit")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.json_length: int | None = None  # Inference-Header-Content-Length
+        self.method = ""
+        self.path = ""
+        self.headers: dict[str, str] = {}
+        self.body: Any = None
+        self.length = 0
+        self.ledger = CopyLedger()
+
+
+# -- routes ----------------------------------------------------------------------------------
+
+Handler = Callable[..., Any]
+_JSON = [("Content-Type", "application/json")]
+
+
+def _json(value: Any) -> tuple[int, list[tuple[str, str]], list[bytes]]:
+    return 200, _JSON, [json.dumps(value, separators=(",", ":")).encode()]
+
+
+async def _live(dp: DataPlane, request: HttpRequest) -> Any:
+    return 200, _JSON, [b""] if dp.live() else [json_error("server is not live")]
+
+
+async def _ready(dp: DataPlane, request: HttpRequest) -> Any:
+    if dp.ready():
+        return 200, _JSON, [b""]
+    return 503, _JSON, [json_error("server is not ready")]
+
+
+async def _server_metadata(dp: DataPlane, request: HttpRequest) -> Any:
+    return _json(dp.server_metadata())
+
+
+async def _model_metadata(dp: DataPlane, request: HttpRequest, model: str, version: str) -> Any:
+    return _json(dp.model_metadata(model, version))
+
+
+async def _model_ready(dp: DataPlane, request: HttpRequest, model: str, version: str) -> Any:
+    if dp.model_ready(model, version):
+        return 200, _JSON, [b""]
+    return 503, _JSON, [json_error(f"model '{model}' version '{version or 'latest'}' is not "
+                                   "ready")]
+
+
+async def _model_config(dp: DataPlane, request: HttpRequest, model: str, version: str) -> Any:
+    return _json(dp.model_config(model, version))
+
+
+async def _stats(dp: DataPlane, request: HttpRequest, model: str = "", version: str = "") -> Any:
+    return _json(dp.statistics(model, version))
+
+
+def _body_json(request: HttpRequest) -> dict[str, Any]:
+    if not request.length:
+        return {}
+    try:
+        value = json.loads(memoryview(request.body)[:request.length].tobytes())
+    except ValueError as error:
+        raise InvalidArgumentError(f"the request body is not valid JSON: {error}") from None
+    if not isinstance(value, dict):
+        raise InvalidArgumentError("the request body must be a JSON object")
+    return value
+
+
+async def _index(dp: DataPlane, request: HttpRequest) -> Any:
+    ready = _body_json(request).get("ready", False)
+    return _json(dp.repository_index(bool(ready)))
+
+
+async def _load(dp: DataPlane, request: HttpRequest, model: str) -> Any:
+    parameters = _body_json(request).get("parameters") or {}
+    if any(k == "config" or k.startswith("file:") for k in parameters):
+        raise InvalidArgumentError("loading with an override 'config' or 'file:' parameters is "
+                                   "not supported; edit the repository and load again")
+    await dp.load(model)
+    return 200, _JSON, [b""]
+
+
+async def _unload(dp: DataPlane, request: HttpRequest, model: str) -> Any:
+    await dp.unload(model)
+    return 200, _JSON, [b""]
+
+
+def _decompressed(request: HttpRequest, limit: int) -> tuple[Any, int]:
+    encoding = request.headers.get("content-encoding", "identity").lower()
+    if encoding in ("identity", ""):
+        return request.body, request.length
+    if encoding not in ("gzip", "deflate"):
+        raise InvalidArgumentError(f"Content-Encoding '{encoding}' is not supported; use gzip, "
+                                   "deflate or none")
+    data = inflate(memoryview(request.body)[:request.length], encoding, limit, "body",
+                   request.ledger)
+    if data is None:
+        raise InvalidArgumentError(f"the decompressed body exceeds the {limit}-byte limit "
+                                   "(--max-request-bytes)")
+    return data, len(data)
+
+
+async def _infer(dp: DataPlane, request: HttpRequest, model: str, version: str) -> Any:
+    body, length = _decompressed(request, request.limit)
+    if not length:
+        raise InvalidArgumentError("the inference request has no body")
+    decoded = decode_infer_body(body, length, request.json_length, request.ledger, dp.shm)
+    result, outputs, binary, in_shm = await dp.infer(model, version, decoded, request.ledger)
+    parameters = None
+    if decoded.parameters.get("tensorgate_report_copies"):
+        parameters = {"tensorgate_copied_bytes": request.ledger.bytes}
+    head, tail = encode_infer_response(result.model, result.version, result.id, outputs,
+                                       binary, parameters, in_shm)
+    headers = _JSON if not tail else [("Content-Type", "application/octet-stream"),
+                                      ("Inference-Header-Content-Length", str(len(head)))]
+    encoding = _accepted_encoding(request.headers.get("accept-encoding", ""))
+    if encoding is None:
+        return 200, headers, [head, *tail]
+    # Compressing reads every tensor byte into a new buffer: a copy, counted. The
+    # Inference-Header-Content-Length stays the uncompressed JSON length, as Triton's does.
+    packer = zlib.compressobj(wbits=16 + zlib.MAX_WBITS if encoding == "gzip" else zlib.MAX_WBITS)
+    packed = b"".join([packer.compress(head), *(packer.compress(t) for t in tail),
+                       packer.flush()])
+    record_copy(len(head) + sum(t.nbytes for t in tail), "encode", request.ledger)
+    return 200, [*headers, ("Content-Encoding", encoding)], [packed]
+
+
+def _accepted_encoding(accept: str) -> str | None:
+    """gzip or deflate when the client accepts it (q > 0), else None (identity)."""
+    offered = {}
+    for item in accept.lower().split(","):
+        name, _, params = item.strip().partition(";")
+        q = 1.0
+        if params.strip().startswith("q="):
+            try:
+                q = float(params.strip()[2:])
+            except ValueError:
+                q = 0.0
+        offered[name.strip()] = q
+    for name in ("gzip", "deflate"):
+        if offered.get(name, 0.0) > 0:
+            return name
+    return None
+
+
+async def _shm_status(dp: DataPlane, request: HttpRequest, region: str = "") -> Any:
+    return _json(dp.shm.status(region or None))
+
+
+async def _shm_register(dp: DataPlane, request: HttpRequest, region: str) -> Any:
+    body = _body_json(request)
+    dp.shm.register(region, body.get("key"), body.get("offset", 0), body.get("byte_size"))
+    return 200, _JSON, [b""]
+
+
+async def _shm_unregister(dp: DataPlane, request: HttpRequest, region: str = "") -> Any:
+    dp.shm.unregister(region or None)
+    return 200, _JSON, [b""]
+
+
+def _shm_route(method: str, rest: list[str],
+               path: str) -> tuple[Handler, tuple[str, ...]] | tuple[int, str]:
+    """/v2/systemsharedmemory[/region/{r}]/{status,register,unregister}"""
+    region: tuple[str, ...] = ()
+    if len(rest) == 3 and rest[0] == "region":
+        region, rest = (rest[1],), rest[2:]
+    if len(rest) != 1:
+        return 404, f"no route for {path}"
+    action = rest[0]
+    if action == "status":
+        return (_shm_status, region) if method == "GET" else (405, "use GET")
+    if action == "register" and region:
+        return (_shm_register, region) if method == "POST" else (405, "use POST")
+    if action == "unregister":
+        return (_shm_unregister, region) if method == "POST" else (405, "use POST")
+    return 404, f"no route for {path}"
+
+
+_MODEL_ACTIONS: dict[str, tuple[str, Handler]] = {
+    "": ("GET", _model_metadata), "ready": ("GET", _model_ready),
+    "config": ("GET", _model_config), "stats": ("GET", _stats), "infer": ("POST", _infer)}
+
+
+def route(method: str, path: str) -> tuple[Handler, tuple[str, ...]] | tuple[int, str]:
+    """(handler, path arguments) or (HTTP code, error) for 404 and 405."""
+    parts = path.strip("/").split("/")
+    if not parts or parts[0] != "v2":
+        return 404, f"no route for {path}"
+    rest = parts[1:]
+    get, post = method == "GET", method == "POST"
+    if rest == []:
+        return (_server_metadata, ()) if get else (405, "use GET")
+    if rest[0] == "health" and len(rest) == 2 and rest[1] in ("live", "ready"):
+        return ((_live if rest[1] == "live" else _ready), ()) if get else (405, "use GET")
+    if rest[0] == "repository":
+        body = rest[1:]
+        if len(body) >= 3 and body[-3] == "models" or body == ["index"] or \
+                (len(body) == 2 and body[1] == "index"):
+            if not post:
+                return 405, "use POST"
+            if body[-1] == "index":
+                return _index, ()
+            if body[-1] in ("load", "unload") and len(body) in (3, 4):
+                return (_load if body[-1] == "load" else _unload), (body[-2],)
+        return 404, f"no route for {path}"
+    if rest[0] == "cudasharedmemory":
+        return 501, "CUDA shared memory is not implemented on this server yet"
+    if rest[0] == "systemsharedmemory":
+        return _shm_route(method, rest[1:], path)
+    if rest[0] != "models":
+        return 404, f"no route for {path}"
+    rest = rest[1:]
+    if rest == ["stats"]:
+        return (_stats, ()) if get else (405, "use GET")
+    if not rest:
+        return 404, f"no route for {path}"
+    model, rest = rest[0], rest[1:]
+    version = ""
+    if len(rest) >= 2 and rest[0] == "versions":
+        version, rest = rest[1], rest[2:]
+        if not version.isdecimal():
+            return 404, f"no route for {path}: versions are decimal numbers"
+    action = rest[0] if rest else ""
+    if len(rest) > 1:
+        return 404, f"no route for {path}"
+    if action not in _MODEL_ACTIONS:
+        return 404, f"no route for {path}"
+    wanted, handler = _MODEL_ACTIONS[action]
+    if method != wanted:
+        return 405, f"use {wanted} for {path}"
+    return handler, (model, version)
