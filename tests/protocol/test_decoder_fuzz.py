@@ -106,3 +106,21 @@ def test_request_parameters_decode_or_are_refused_by_name(parameters: dict) -> N
         sequence_id, start, end = decoded.sequence
         assert sequence_id not in (0, "") and isinstance(start, bool) and isinstance(end, bool)
         assert isinstance(sequence_id, str) or sequence_id > 0
+
+
+@settings(max_examples=400, deadline=None)
+@given(datatype=st.sampled_from(DATATYPES), shape=st.lists(st.integers(0, 3), max_size=3),
+       data=json_values)
+def test_json_data_decodes_to_its_shape_or_is_refused_naming_the_input(
+        datatype: str, shape: list[int], data: object) -> None:
+    body = bytearray(json.dumps({"inputs": [
+        {"name": "x", "shape": shape, "datatype": datatype, "data": data}]}).encode())
+    try:
+        decoded = decode_infer_body(body, len(body), None, CopyLedger())
+    except TensorgateError as error:
+        assert "'x'" in error.message, error.message
+        return
+    view = decoded.inputs["x"]
+    assert list(view.shape) == shape
+    if datatype == "BYTES":
+        assert all(isinstance(item, bytes) for item in view.numpy().reshape(-1).tolist())

@@ -21,9 +21,8 @@ from tensorgate.tensor.shm import SharedMemoryRegistry
 from tensorgate.tensor.view import TensorView, checked_shape
 
 __all__ = ["DecodedRequest", "RequestedOutput", "classification_count", "decode_infer_body",
-           "encode_infer_response", "json_error", "request_priority", "request_sequence",
-           "request_timeout",
-           "shm_parameters"]
+           "encode_infer_response", "json_data", "json_error", "json_tensor", "request_priority",
+           "request_sequence", "request_timeout", "shm_parameters"]
 
 
 @dataclass
@@ -222,10 +221,10 @@ def _decode_input(raw: dict[str, Any], body: Any, body_length: int, position: in
         return view, position + size
     if "data" not in raw:
         raise _fail(f"input '{name}' has neither 'data' nor binary_data_size")
-    return _json_tensor(raw["data"], dt, shape, name, ledger), position
+    return json_tensor(raw["data"], dt, shape, name, ledger), position
 
 
-def _json_tensor(data: Any, dt: DataType, shape: tuple[int, ...], name: str,
+def json_tensor(data: Any, dt: DataType, shape: tuple[int, ...], name: str,
                  ledger: CopyLedger) -> TensorView:
     count = 1
     for dim in shape:
@@ -237,14 +236,16 @@ def _json_tensor(data: Any, dt: DataType, shape: tuple[int, ...], name: str,
     else:
         try:
             values = np.asarray(data, dtype=dt.numpy).reshape(-1)
-        except (TypeError, ValueError) as error:
+        except (TypeError, ValueError, OverflowError) as error:
             raise _fail(f"input '{name}': 'data' does not hold {dt.name} values: {error}") from None
     if values.size != count:
         raise _fail(f"input '{name}': 'data' has {values.size} elements; shape "
                     f"[{','.join(map(str, shape))}] needs {count}")
     if dt.is_bytes:
-        items = np.array([v.encode() if isinstance(v, str) else v for v in values.tolist()],
-                         dtype=object).reshape(shape)
+        texts = values.tolist()
+        if not all(isinstance(v, str) for v in texts):
+            raise _fail(f"input '{name}': BYTES 'data' must hold strings")
+        items = np.array([v.encode() for v in texts], dtype=object).reshape(shape)
         return TensorView.from_numpy(items, name=name, ledger=ledger)
     record_copy(values.nbytes, "decode", ledger)
     return TensorView.from_numpy(values.reshape(shape), name=name, ledger=ledger)
@@ -292,7 +293,7 @@ def encode_infer_response(model: str, version: int, request_id: str,
             entry["parameters"] = {"binary_data_size": view.nbytes}
             tail.append(view.memoryview())
         else:
-            entry["data"] = _json_data(view)
+            entry["data"] = json_data(view)
         entries.append(entry)
     response: dict[str, Any] = {"model_name": model, "model_version": str(version),
                                 "outputs": entries}
@@ -303,7 +304,7 @@ def encode_infer_response(model: str, version: int, request_id: str,
     return json.dumps(response, separators=(",", ":")).encode(), tail
 
 
-def _json_data(view: TensorView) -> list[Any]:
+def json_data(view: TensorView) -> list[Any]:
     dt = view.datatype
     if dt.is_bytes:
         return [item.decode("utf-8", "replace") for item in view.numpy().reshape(-1).tolist()]
