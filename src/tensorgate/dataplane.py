@@ -12,6 +12,7 @@ from tensorgate.errors import InvalidArgumentError, NotFoundError, UnavailableEr
 from tensorgate.pipeline.engine import Engine, InferenceRequest, InferenceResult
 from tensorgate.pipeline.postprocess import topk_classify
 from tensorgate.pipeline.work import SequenceFlags
+from tensorgate.protocol.generate_codec import GenerateInput, generate_request
 from tensorgate.protocol.infer_codec import DecodedRequest
 from tensorgate.repository.model_config import ModelSpec
 from tensorgate.tensor.copies import CopyLedger
@@ -26,7 +27,7 @@ Answer = tuple[InferenceResult, dict[str, TensorView], dict[str, bool],
                dict[str, tuple[str, int, int]]]
 
 # Exactly what is implemented; tritonclient and perf_analyzer read this list.
-EXTENSIONS = ["binary_tensor_data", "classification", "model_configuration",
+EXTENSIONS = ["binary_tensor_data", "classification", "generate", "model_configuration",
               "model_repository", "schedule_policy", "sequence", "sequence(string_id)",
               "statistics"]
 
@@ -118,6 +119,13 @@ class DataPlane:
         spec = self.engine.spec(name, number)
         result = await self.engine.infer(_request(name, number, spec, decoded, ledger))
         return self._respond(spec, result, decoded, ledger)
+
+    def generate_request(self, name: str, version: str | None, fields: dict[str, Any],
+                         ledger: CopyLedger) -> DecodedRequest:
+        """The inference a generate-extension request (`fields`, its JSON object) asks for."""
+        spec = self.engine.spec(name, parse_version(version))
+        inputs = [GenerateInput(i.name, i.datatype, tuple(i.dims)) for i in spec.inputs]
+        return generate_request(spec.name, fields, inputs, spec.max_batch_size > 0, ledger)
 
     def is_decoupled(self, name: str, version: str | None) -> bool:
         return self.engine.is_decoupled(name, parse_version(version))

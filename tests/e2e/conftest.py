@@ -97,6 +97,8 @@ def e2e_repo(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
     rb.add_torchscript(root, "wide", rb.Identity(), [-1], [-1], max_batch=0)
     # stateful: each sequence's requests add up, in an implicit state (sequence_models.py)
     sm.add_accumulate(root, "accumulate")
+    # text: "words" streams its input's words (decoupled), "shout" capitalises (batched)
+    rb.add_text_models(root)
     return root
 
 

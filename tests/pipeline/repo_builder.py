@@ -173,3 +173,73 @@ def add_counter(repo: pathlib.Path, name: str, delay_s: float = 0.0,
         {extra}
         """)
     (folder / "1" / "model.py").write_text(COUNTER)
+
+
+WORDS = '''
+import time
+
+import numpy as np
+
+from tensorgate import Model
+
+
+class Words(Model):
+    """A decoupled text model, as a token streamer is: for a text, yields each of its words in
+    capitals as `text_output`, one response each, after `delay_s`. The word "boom" raises;
+    "forever" yields "forever" until the client leaves."""
+
+    def setup(self, context):
+        self.delay = float(context.parameters.get("delay_s", "0"))
+
+    def forward(self, inputs):
+        text = inputs["text_input"].reshape(-1)[0].decode()
+        words = text.split()
+        while words:
+            word = words.pop(0)
+            if word == "boom":
+                raise ValueError("boom")
+            if word == "forever":
+                words.append(word)
+            if self.delay:
+                time.sleep(self.delay)
+            yield {"text_output": np.array([[word.upper().encode()]], dtype=object)}
+'''
+
+SHOUT = '''
+import numpy as np
+
+from tensorgate import Model
+
+
+class Shout(Model):
+    """A batched text model: `text_input` in capitals as `text_output`, and its length."""
+
+    def forward(self, inputs):
+        texts = [t.decode() for t in inputs["text_input"].reshape(-1)]
+        return {"text_output": np.array([[t.upper().encode()] for t in texts], dtype=object),
+                "length": np.array([[len(t)] for t in texts], dtype=np.int32)}
+'''
+
+
+def add_text_models(repo: pathlib.Path, delay_s: float = 0.0) -> None:
+    """"words" (decoupled, WORDS) and "shout" (batched, SHOUT): Python text models."""
+    folder = write_config(repo, "words", f"""
+        name: "words"
+        backend: "python"
+        max_batch_size: 1
+        input [ {{ name: "text_input" data_type: TYPE_STRING dims: [1] }} ]
+        output [ {{ name: "text_output" data_type: TYPE_STRING dims: [1] }} ]
+        model_transaction_policy {{ decoupled: true }}
+        parameters {{ key: "delay_s" value {{ string_value: "{delay_s}" }} }}
+        """)
+    (folder / "1" / "model.py").write_text(WORDS)
+    folder = write_config(repo, "shout", """
+        name: "shout"
+        backend: "python"
+        max_batch_size: 4
+        input [ { name: "text_input" data_type: TYPE_STRING dims: [1] } ]
+        output [ { name: "text_output" data_type: TYPE_STRING dims: [1] },
+                 { name: "length" data_type: TYPE_INT32 dims: [1] } ]
+        dynamic_batching { }
+        """)
+    (folder / "1" / "model.py").write_text(SHOUT)

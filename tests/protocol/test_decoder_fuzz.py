@@ -12,8 +12,11 @@ from tritonclient.grpc import service_pb2 as pb
 from tensorgate.errors import TensorgateError
 from tensorgate.protocol.grpc_codec import (decode_model_infer, first_raw_input_offset,
                                             split_model_infer)
+from tensorgate.protocol.generate_codec import (GenerateInput, decode_generate_body,
+                                                generate_request)
 from tensorgate.protocol.infer_codec import decode_infer_body
 from tensorgate.tensor import CopyLedger
+from tensorgate.tensor.dtypes import datatype as datatype_named
 
 DATATYPES = ["BOOL", "UINT8", "INT32", "INT64", "FP16", "BF16", "FP32", "FP64", "BYTES", "X"]
 dims = st.lists(st.integers(-2, 2**40), max_size=4)
@@ -124,3 +127,31 @@ def test_json_data_decodes_to_its_shape_or_is_refused_naming_the_input(
     assert list(view.shape) == shape
     if datatype == "BYTES":
         assert all(isinstance(item, bytes) for item in view.numpy().reshape(-1).tolist())
+
+
+GENERATE_INPUTS = [GenerateInput("text", datatype_named("BYTES"), (1,)),
+                   GenerateInput("grid", datatype_named("FP32"), (-1, 2)),
+                   GenerateInput("flag", datatype_named("BOOL"), ())]
+
+
+@settings(max_examples=400, deadline=None)
+@given(fields=st.dictionaries(st.sampled_from(["text", "grid", "flag", "parameters", "other"]),
+                              json_values), batched=st.booleans())
+def test_generate_requests_fit_the_dims_or_are_refused_by_name(fields: dict,
+                                                              batched: bool) -> None:
+    body = bytearray(json.dumps(fields).encode())
+    try:
+        decoded = generate_request("m", decode_generate_body(body, len(body)), GENERATE_INPUTS,
+                                   batched, CopyLedger())
+    except TensorgateError as error:
+        assert any(f"'{name}'" in error.message for name in fields), error.message
+        return
+    assert "other" not in fields
+    for item in GENERATE_INPUTS:
+        if item.name in fields:
+            shape = tuple(decoded.inputs[item.name].shape)
+            if batched:
+                assert shape[0] == 1
+                shape = shape[1:]
+            assert len(shape) == len(item.dims)
+            assert all(d in (-1, s) for d, s in zip(item.dims, shape))

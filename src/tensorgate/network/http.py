@@ -23,7 +23,7 @@ import httptools
 from tensorgate.dataplane import DataPlane
 from tensorgate.errors import InvalidArgumentError, TensorgateError
 from tensorgate.network import ConnectionBudget, RefusedConnection, stalled_message
-from tensorgate.network.http_routes import HttpRequest, route
+from tensorgate.network.http_routes import HttpRequest, StreamedResponse, route
 from tensorgate.protocol.infer_codec import json_error
 from tensorgate.protocol.status import codes_for
 from tensorgate.tensor.copies import record_copy
@@ -128,6 +128,7 @@ class _Connection(asyncio.BufferedProtocol):
         self._window = memoryview(bytearray(_HEAD_WINDOW))
         self._task: asyncio.Task[None] | None = None
         self._closing_when_idle = False
+        self._drained: asyncio.Future[None] | None = None  # set while the transport is full
         self._new_request()
 
     # -- asyncio protocol ------------------------------------------------------------------
@@ -138,6 +139,7 @@ class _Connection(asyncio.BufferedProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.front.connections.discard(self)
+        self.resume_writing()
         self.front.budget.release()
         if self._task is not None and not self._task.done():
             self._task.cancel()  # the client went away: its queued request is dropped
@@ -148,6 +150,15 @@ class _Connection(asyncio.BufferedProtocol):
         self._request.body = None
         self._chunked = None
         self.transport = None
+
+    def pause_writing(self) -> None:
+        """The transport's buffer is full: a streamed response waits before its next part."""
+        self._drained = asyncio.get_running_loop().create_future()
+
+    def resume_writing(self) -> None:
+        if self._drained is not None and not self._drained.done():
+            self._drained.set_result(None)
+        self._drained = None
 
     def get_buffer(self, sizehint: int) -> memoryview:
         if self._in_body:
@@ -280,7 +291,11 @@ class _Connection(asyncio.BufferedProtocol):
     async def _run(self, fn: Callable[..., Any], args: tuple[str, ...],
                    request: HttpRequest) -> None:
         try:
-            status, headers, parts = await fn(self.front.dataplane, request, *args)
+            answer = await fn(self.front.dataplane, request, *args)
+            if isinstance(answer, StreamedResponse):
+                await self._stream(answer)
+                return
+            status, headers, parts = answer
         except asyncio.CancelledError:
             return
         except TensorgateError as error:
@@ -315,6 +330,37 @@ class _Connection(asyncio.BufferedProtocol):
             rest = parts
         for part in rest:
             transport.write(part)  # tensor views: written as they are, never joined
+        self._finish_request()
+
+    async def _stream(self, response: StreamedResponse) -> None:
+        """Write each part as it comes, as one chunk (HTTP/1.0: as it is, then close), waiting
+        while the transport's buffer is full; the client leaving cancels this task, which
+        closes the parts (and the model's generator behind them)."""
+        parts = response.parts
+        try:
+            transport = self.transport
+            if transport is None or transport.is_closing():
+                return
+            chunked = self._parser.get_http_version() != "1.0"
+            if not chunked:
+                self._keep_alive = False
+            head = [f"HTTP/1.1 {response.status} {_REASONS.get(response.status, 'OK')}\r\n"]
+            head += [f"{k}: {v}\r\n" for k, v in response.headers]
+            if chunked:
+                head.append("Transfer-Encoding: chunked\r\n")
+            if not self._keep_alive or self._closing_when_idle:
+                head.append("Connection: close\r\n")
+            transport.write("".join(head).encode("latin-1") + b"\r\n")
+            async for part in parts:
+                if transport.is_closing():
+                    return
+                transport.write(b"%x\r\n%b\r\n" % (len(part), part) if chunked else part)
+                if self._drained is not None:
+                    await self._drained
+            if chunked and not transport.is_closing():
+                transport.write(b"0\r\n\r\n")
+        finally:
+            await parts.aclose()
         self._finish_request()
 
     def _finish_request(self) -> None:

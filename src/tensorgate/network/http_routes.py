@@ -10,17 +10,22 @@ decimal; a wrong method is 405.
 from __future__ import annotations
 
 import json
+import logging
 import zlib
-from collections.abc import Callable
+from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
-from tensorgate.dataplane import DataPlane
-from tensorgate.errors import InvalidArgumentError
+from tensorgate.dataplane import Answer, DataPlane
+from tensorgate.errors import InternalError, InvalidArgumentError, TensorgateError
 from tensorgate.protocol.compression import inflate
+from tensorgate.protocol.generate_codec import (decode_generate_body, encode_generate_response,
+                                                sse_event)
 from tensorgate.protocol.infer_codec import decode_infer_body, encode_infer_response, json_error
 from tensorgate.tensor.copies import CopyLedger, record_copy
 
-__all__ = ["Handler", "HttpRequest", "route"]
+__all__ = ["Handler", "HttpRequest", "StreamedResponse", "route"]
+
+log = logging.getLogger("tensorgate.http")
 
 
 class HttpRequest:
@@ -35,6 +40,20 @@ class HttpRequest:
         self.body: Any = None
         self.length = 0
         self.ledger = CopyLedger()
+
+
+class StreamedResponse:
+    """A response whose body comes in parts as they are made (Server-Sent Events): the
+    connection writes each part as an HTTP/1.1 chunk as soon as it comes, and closes `parts`
+    when the client goes away."""
+
+    __slots__ = ("headers", "parts", "status")
+
+    def __init__(self, status: int, headers: list[tuple[str, str]],
+                 parts: AsyncGenerator[bytes, None]) -> None:
+        self.status = status
+        self.headers = headers
+        self.parts = parts
 
 
 # -- routes ----------------------------------------------------------------------------------
@@ -151,6 +170,76 @@ async def _infer(dp: DataPlane, request: HttpRequest, model: str, version: str) 
     return 200, [*headers, ("Content-Encoding", encoding)], [packed]
 
 
+async def _generate(dp: DataPlane, request: HttpRequest, model: str, version: str) -> Any:
+    """Triton's generate extension: one JSON object in, one out (protocol/generate_codec.py).
+    A decoupled model may answer it only with exactly one response."""
+    body, length = _decompressed(request, request.limit)
+    decoded = dp.generate_request(model, version, decode_generate_body(body, length),
+                                  request.ledger)
+    if not dp.is_decoupled(model, version):
+        result, outputs, _, _ = await dp.infer(model, version, decoded, request.ledger)
+        return 200, _JSON, [encode_generate_response(result.model, result.version, outputs)]
+    answers = dp.infer_stream(model, version, decoded, request.ledger)
+    answer: bytes | None = None
+    try:
+        async for result, outputs, _, _ in answers:
+            if answer is not None:
+                raise InvalidArgumentError(
+                    f"model '{model}' is decoupled and sent more than one response; call "
+                    "generate_stream to receive each as it comes")
+            answer = encode_generate_response(result.model, result.version, outputs)
+    finally:
+        await answers.aclose()
+    if answer is None:
+        raise InternalError(f"model '{model}' sent no response; generate needs one")
+    return 200, _JSON, [answer]
+
+
+_EVENT_STREAM = [("Content-Type", "text/event-stream; charset=utf-8"),
+                 ("Cache-Control", "no-cache")]
+
+
+async def _generate_stream(dp: DataPlane, request: HttpRequest, model: str,
+                           version: str) -> Any:
+    """Each response as one Server-Sent Event, as the model makes it. The first is awaited
+    before answering, so that a request that fails before it gets an HTTP error status; an
+    error after it comes as an event `{"error": ...}` and ends the stream."""
+    body, length = _decompressed(request, request.limit)
+    decoded = dp.generate_request(model, version, decode_generate_body(body, length),
+                                  request.ledger)
+    if dp.is_decoupled(model, version):
+        answers = dp.infer_stream(model, version, decoded, request.ledger)
+    else:
+        answers = _one(dp.infer(model, version, decoded, request.ledger))
+    try:
+        first = await anext(answers, None)
+    except BaseException:
+        await answers.aclose()
+        raise
+    return StreamedResponse(200, _EVENT_STREAM, _events(first, answers, request))
+
+
+async def _one(answer: Any) -> AsyncGenerator[Answer, None]:
+    yield await answer
+
+
+async def _events(first: Answer | None, answers: AsyncGenerator[Answer, None],
+                  request: HttpRequest) -> AsyncGenerator[bytes, None]:
+    try:
+        answer = first
+        while answer is not None:
+            result, outputs, _, _ = answer
+            yield sse_event(encode_generate_response(result.model, result.version, outputs))
+            answer = await anext(answers, None)
+    except TensorgateError as error:
+        yield sse_event(json_error(error.message))
+    except Exception as error:  # a bug: tell the client, log, keep serving
+        log.exception("unexpected error streaming %s", request.path)
+        yield sse_event(json_error(f"internal error: {type(error).__name__}: {error}"))
+    finally:
+        await answers.aclose()
+
+
 def _accepted_encoding(accept: str) -> str | None:
     """gzip or deflate when the client accepts it (q > 0), else None (identity)."""
     offered = {}
@@ -204,7 +293,8 @@ def _shm_route(method: str, rest: list[str],
 
 _MODEL_ACTIONS: dict[str, tuple[str, Handler]] = {
     "": ("GET", _model_metadata), "ready": ("GET", _model_ready),
-    "config": ("GET", _model_config), "stats": ("GET", _stats), "infer": ("POST", _infer)}
+    "config": ("GET", _model_config), "stats": ("GET", _stats), "infer": ("POST", _infer),
+    "generate": ("POST", _generate), "generate_stream": ("POST", _generate_stream)}
 
 
 def route(method: str, path: str) -> tuple[Handler, tuple[str, ...]] | tuple[int, str]:

@@ -235,8 +235,9 @@ def json_tensor(data: Any, dt: DataType, shape: tuple[int, ...], name: str,
         raise _fail(f"input '{name}': {dt.name} cannot travel as JSON; send it as binary data")
     else:
         try:
-            values = np.asarray(data, dtype=dt.numpy).reshape(-1)
-        except (TypeError, ValueError, OverflowError) as error:
+            with np.errstate(over="raise"):  # 1e300 as FP32 would be inf: refuse it
+                values = np.asarray(data, dtype=dt.numpy).reshape(-1)
+        except (TypeError, ValueError, OverflowError, FloatingPointError) as error:
             raise _fail(f"input '{name}': 'data' does not hold {dt.name} values: {error}") from None
     if values.size != count:
         raise _fail(f"input '{name}': 'data' has {values.size} elements; shape "

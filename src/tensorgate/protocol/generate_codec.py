@@ -1,0 +1,126 @@
+"""Triton's generate extension (`/generate`, `/generate_stream`): a flat JSON object in, a
+flat JSON object out, for text models that a client drives without tensor plumbing.
+
+A request's members that name a model input are that input's value — a JSON scalar or a
+(nested) array, shaped by the input's config dims; `parameters` holds the request parameters
+(`timeout`, `priority`, `sequence_*`, as for /infer). Any other member is an error naming it:
+our models do not see request parameters, so a member that is not an input would be dropped
+without a word. A response is `model_name`, `model_version`, and each output by name: a
+scalar when it holds one element, else its elements in row-major order; BYTES as text.
+`/generate_stream` sends each response as one Server-Sent Event.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from tensorgate.errors import InvalidArgumentError
+from tensorgate.protocol.infer_codec import (DecodedRequest, json_data, json_tensor,
+                                             request_priority, request_sequence,
+                                             request_timeout)
+from tensorgate.tensor.copies import CopyLedger
+from tensorgate.tensor.dtypes import DataType
+from tensorgate.tensor.view import TensorView
+
+__all__ = ["GenerateInput", "decode_generate_body", "encode_generate_response",
+           "generate_request", "sse_event"]
+
+
+class GenerateInput(NamedTuple):
+    """A model input as the generate extension fills it: its config dims, without the batch."""
+
+    name: str
+    datatype: DataType
+    dims: tuple[int, ...]
+
+
+def decode_generate_body(body: Any, length: int) -> dict[str, Any]:
+    """The request's JSON object."""
+    if not length:
+        raise InvalidArgumentError("the generate request has no body; send a JSON object with "
+                                   "the model's inputs by name")
+    try:
+        value = json.loads(memoryview(body)[:length].tobytes())
+    except (UnicodeDecodeError, ValueError) as error:
+        raise InvalidArgumentError(f"the generate request is not valid JSON: {error}") from None
+    if not isinstance(value, dict):
+        raise InvalidArgumentError(f"the generate request must be a JSON object, got "
+                                   f"{type(value).__name__}")
+    return value
+
+
+def generate_request(model: str, fields: dict[str, Any], inputs: Sequence[GenerateInput],
+                     batched: bool, ledger: CopyLedger) -> DecodedRequest:
+    """The inference a generate request asks for: one row (batch 1 where the model batches).
+    Inputs the request leaves out are left out; the pipeline says which of them it needs."""
+    by_name = {item.name: item for item in inputs}
+    parameters = fields.get("parameters", {})
+    if not isinstance(parameters, dict):
+        raise InvalidArgumentError(f"'parameters' of the generate request must be a JSON "
+                                   f"object, got {type(parameters).__name__}")
+    views: dict[str, TensorView] = {}
+    for name, value in fields.items():
+        if name == "parameters":
+            continue
+        item = by_name.get(name)
+        if item is None:
+            raise InvalidArgumentError(
+                f"model '{model}' has no input '{name}'; inputs are: "
+                f"{', '.join(by_name) or 'none'} (request parameters go in 'parameters')")
+        shape = _shape(model, item, value)
+        views[name] = json_tensor(value, item.datatype, ((1,) if batched else ()) + shape,
+                                  name, ledger)
+    return DecodedRequest("", views, None, False, request_timeout(parameters), parameters,
+                          priority=request_priority(parameters),
+                          sequence=request_sequence(parameters))
+
+
+def _shape(model: str, item: GenerateInput, value: Any) -> tuple[int, ...]:
+    """The value's shape fitted to the input's dims: as it is where it matches them, else its
+    elements laid out in the dims (at most one of them variable)."""
+    try:
+        given = np.shape(value)
+    except ValueError:  # numpy refuses ragged nesting
+        given = None
+    dims = item.dims
+    if given is None or any(isinstance(v, (dict, list)) for v in _leaves(value, len(given))):
+        raise InvalidArgumentError(f"input '{item.name}' of model '{model}': the value is not "
+                                   "a scalar or a rectangular array")
+    if len(given) == len(dims) and all(d in (-1, g) for d, g in zip(dims, given, strict=True)):
+        return tuple(given)
+    count = int(np.prod(given)) if given else 1
+    known = int(np.prod([d for d in dims if d != -1])) if dims else 1
+    variable = dims.count(-1)
+    if variable == 0 and known == count:
+        return dims
+    if variable == 1 and known and count % known == 0:
+        return tuple(count // known if d == -1 else d for d in dims)
+    raise InvalidArgumentError(
+        f"input '{item.name}' of model '{model}' takes dims [{','.join(map(str, dims))}]; the "
+        f"value has {count} element{'s' if count != 1 else ''} "
+        f"(shape [{','.join(map(str, given))}])")
+
+
+def _leaves(value: Any, depth: int) -> list[Any]:
+    """The elements at `depth` levels of nesting (what numpy would take as scalars)."""
+    level = [value]
+    for _ in range(depth):
+        level = [child for node in level for child in node]
+    return level
+
+
+def encode_generate_response(model: str, version: int, outputs: dict[str, TensorView]) -> bytes:
+    response: dict[str, Any] = {"model_name": model, "model_version": str(version)}
+    for name, view in outputs.items():
+        values = json_data(view)
+        response[name] = values[0] if len(values) == 1 else values
+    return json.dumps(response, separators=(",", ":")).encode()
+
+
+def sse_event(payload: bytes) -> bytes:
+    """One Server-Sent Event carrying a JSON payload (which has no newlines)."""
+    return b"data: " + payload + b"\n\n"
