@@ -40,6 +40,16 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
     rb.add_python(root, "delayed", """dynamic_batching { default_queue_policy {
                       timeout_action: DELAY default_timeout_microseconds: 50000
                       allow_timeout_override: true } }""", delay_s=0.2, max_batch=1)
+    rb.write_config(root, "ranked_ensemble", """
+        name: "ranked_ensemble"
+        platform: "ensemble"
+        max_batch_size: 1
+        input [ { name: "RAW" data_type: TYPE_FP32 dims: [4] } ]
+        output [ { name: "OUT" data_type: TYPE_FP32 dims: [4] } ]
+        ensemble_scheduling { step [ { model_name: "ranked" model_version: -1
+            input_map { key: "INPUT__0" value: "RAW" }
+            output_map { key: "OUTPUT__0" value: "OUT" } } ] }
+        """)
     return root
 
 

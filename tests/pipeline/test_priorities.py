@@ -67,6 +67,27 @@ def test_higher_priority_runs_first_and_levels_have_their_own_bound(
     run(scenario())
 
 
+def test_an_ensemble_passes_its_requests_priority_to_its_steps(repo: pathlib.Path) -> None:
+    async def scenario() -> None:
+        engine = Engine(repo)
+        await engine.start(["ranked_ensemble"])
+        tasks = {"running": asyncio.create_task(engine.infer(_request("ranked", 1.0)))}
+        await _queued(engine, "ranked", 0)
+        tasks["default"] = asyncio.create_task(engine.infer(_request("ranked", 2.0)))
+        await _queued(engine, "ranked", 1)
+        request = _request("ranked_ensemble", 3.0, priority=1)
+        request.inputs = {"RAW": request.inputs["INPUT__0"]}
+        tasks["ensemble_high"] = asyncio.create_task(engine.infer(request))
+        await _queued(engine, "ranked", 2)
+        order = _finishing_order(tasks)
+        results = dict(zip(tasks, await asyncio.gather(*tasks.values())))
+        assert order == ["running", "ensemble_high", "default"]
+        assert torch.equal(results["ensemble_high"].outputs["OUT"].torch(),
+                           torch.full((1, 4), 7.0))
+        await engine.shutdown()
+    run(scenario())
+
+
 def test_timed_out_request_under_delay_runs_after_the_rest(repo: pathlib.Path) -> None:
     async def scenario() -> None:
         engine = Engine(repo)

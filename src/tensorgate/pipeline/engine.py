@@ -205,13 +205,13 @@ class Engine:
                         outputs: list[str], item: WorkItem) -> dict[str, TensorView]:
         """One ensemble step: a request to its model, within what is left of the ensemble
         request's deadline, in its sequence (a stateful step keeps its state), counting
-        copies to the ensemble request."""
+        copies to the ensemble request, at its priority."""
         timeout_us = None
         if item.deadline_ns:
             timeout_us = max(1, (item.deadline_ns - time.monotonic_ns()) // 1000)
         result = await self.infer(InferenceRequest(model, inputs, version, outputs,
-                                                   timeout_us, "", item.ledger,
-                                                   sequence=item.sequence))
+                                                   timeout_us, "", item.ledger, item.priority,
+                                                   item.sequence))
         return result.outputs
 
     async def _load_version(self, source: ModelSource, version: int) -> _Version:

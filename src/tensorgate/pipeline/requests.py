@@ -106,7 +106,7 @@ def work_item(spec: ModelSpec, request: InferenceRequest,
                              request.timeout_us)
     return WorkItem(inputs, max(rows, 1), tuple(key), wanted, loop.create_future(), now,
                     now + timeout_us * 1000 if timeout_us else 0, request.ledger, level,
-                    request.sequence)
+                    request.sequence, request.priority)
 
 
 def _timeout_us(policy: QueuePolicy | None, requested: int | None) -> int:

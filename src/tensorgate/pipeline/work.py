@@ -32,13 +32,13 @@ class WorkItem:
     """One request inside the pipeline."""
 
     __slots__ = ("inputs", "rows", "key", "wanted", "future", "enqueued_ns", "deadline_ns",
-                 "ledger", "times", "results", "level", "respond", "abandoned", "sequence",
-                 "filler")
+                 "ledger", "times", "results", "level", "priority", "respond", "abandoned",
+                 "sequence", "filler")
 
     def __init__(self, inputs: dict[str, Any], rows: int, key: tuple[Any, ...],
                  wanted: tuple[str, ...], future: asyncio.Future[Any], enqueued_ns: int,
                  deadline_ns: int, ledger: CopyLedger, level: int = 0,
-                 sequence: SequenceFlags | None = None) -> None:
+                 sequence: SequenceFlags | None = None, priority: int = 0) -> None:
         self.inputs = inputs          # config input name → CPU tensor (numpy object for BYTES)
         self.rows = rows              # batch rows this request brings (1 when not batching)
         self.key = key                # per-item shapes: only equal keys batch together
@@ -50,6 +50,7 @@ class WorkItem:
         self.times = StageTimes()
         self.results: dict[str, TensorView] = {}
         self.level = level            # priority level's queue index: 0 is the highest
+        self.priority = priority      # as the request asked (0: default), for ensemble steps
         # A decoupled model's request: each response goes to `respond` on the loop as soon as
         # it is made; `abandoned` (set on the loop) tells the executor to stop making them.
         # `respond(outputs, taken)`: the receiver calls `taken()` once its client has the
