@@ -28,8 +28,8 @@ Answer = tuple[InferenceResult, dict[str, TensorView], dict[str, bool],
 
 # Exactly what is implemented; tritonclient and perf_analyzer read this list.
 EXTENSIONS = ["binary_tensor_data", "classification", "generate", "model_configuration",
-              "model_repository", "schedule_policy", "sequence", "sequence(string_id)",
-              "statistics"]
+              "model_repository", "model_repository(unload_dependents)", "schedule_policy",
+              "sequence", "sequence(string_id)", "statistics"]
 
 
 def parse_version(text: str | None) -> int | None:
@@ -99,9 +99,10 @@ class DataPlane:
         self._check_model_control("load")
         await self.engine.load(name)
 
-    async def unload(self, name: str) -> None:
+    async def unload(self, name: str, dependents: bool = False) -> None:
+        """`dependents`: Triton's unload_dependents (an ensemble's step models too)."""
         self._check_model_control("unload")
-        await self.engine.unload(name)
+        await self.engine.unload(name, dependents=dependents)
 
     def _check_model_control(self, action: str) -> None:
         if self.model_control_mode != "explicit":

@@ -4,6 +4,8 @@ follows the repository's changes on disk."""
 
 from __future__ import annotations
 
+import http.client
+import json
 import pathlib
 import shutil
 import time
@@ -85,6 +87,44 @@ def test_explicit_mode_loads_only_the_named_models(tmp_path: pathlib.Path) -> No
             assert np.array_equal(_infer(client, "b"), np.full((1, 4), 3.0, np.float32))
             client.unload_model("a")
             assert not client.is_model_ready("a")
+    finally:
+        assert stop_server(server) == 0
+
+
+def test_unload_dependents_over_http_and_grpc(tmp_path: pathlib.Path) -> None:
+    repo = _repo(tmp_path / "models", "a", "b")
+    for name, step in (("ens_a", "a"), ("ens_b", "b")):
+        rb.write_config(repo, name, f"""
+            name: "{name}"
+            platform: "ensemble"
+            max_batch_size: 4
+            input [ {{ name: "X" data_type: TYPE_FP32 dims: [4] }} ]
+            output [ {{ name: "Y" data_type: TYPE_FP32 dims: [4] }} ]
+            ensemble_scheduling {{ step [ {{ model_name: "{step}" model_version: -1
+                input_map {{ key: "INPUT__0" value: "X" }}
+                output_map {{ key: "OUTPUT__0" value: "Y" }} }} ] }}
+            """)
+    server = start_server(repo, tmp_path / "server.log", "--model-control-mode", "explicit",
+                          "--load-model", "ens_a", "--load-model", "ens_b")
+    try:
+        with httpclient.InferenceServerClient(server.url) as client:
+            assert "model_repository(unload_dependents)" in \
+                client.get_server_metadata()["extensions"]
+            client.unload_model("ens_a", unload_dependents=True)
+            assert not client.is_model_ready("ens_a") and not client.is_model_ready("a")
+        connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+        connection.request("POST", "/v2/repository/models/ens_b/unload",
+                           b'{"parameters": {"unload_dependents": 1}}')
+        response = connection.getresponse()
+        assert (response.status, json.loads(response.read())) == (
+            400, {"error": "unload parameter 'unload_dependents' must be true or false"})
+        connection.close()
+        with grpcclient.InferenceServerClient(server.grpc_url) as client:
+            client.unload_model("ens_b")
+            assert client.is_model_ready("b")
+            client.load_model("ens_b")
+            client.unload_model("ens_b", unload_dependents=True)
+            assert not client.is_model_ready("ens_b") and not client.is_model_ready("b")
     finally:
         assert stop_server(server) == 0
 

@@ -74,6 +74,23 @@ def test_steps_chain_and_branch_and_load_their_models(ensemble_repo: pathlib.Pat
     run(scenario())
 
 
+def test_unload_dependents_unloads_the_steps_no_other_ensemble_calls(
+        ensemble_repo: pathlib.Path) -> None:
+    async def scenario() -> None:
+        engine = Engine(ensemble_repo)
+        await engine.start(["chain", "broken_step"])
+        assert engine.model_names() == ["broken_step", "chain", "copy", "failing", "scaled"]
+        await engine.unload("chain", dependents=True)  # broken_step still calls both
+        assert engine.model_names() == ["broken_step", "copy", "failing", "scaled"]
+        await engine.unload("broken_step", dependents=True)
+        assert engine.model_names() == []
+        await engine.load("chain")
+        await engine.unload("chain")  # without dependents: only the ensemble
+        assert engine.model_names() == ["copy", "scaled"]
+        await engine.shutdown()
+    run(scenario())
+
+
 def test_concurrent_ensemble_requests_batch_in_their_steps(ensemble_repo: pathlib.Path) -> None:
     async def scenario() -> None:
         engine = Engine(ensemble_repo)

@@ -12,7 +12,7 @@ from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from tritonclient.grpc import service_pb2 as pb
 
 from tensorgate.dataplane import Answer, DataPlane, parse_version
-from tensorgate.errors import NotFoundError, UnimplementedError
+from tensorgate.errors import InvalidArgumentError, NotFoundError, UnimplementedError
 from tensorgate.network import http2
 from tensorgate.protocol.grpc_codec import (decode_model_infer, encode_model_infer_parts,
                                             split_model_infer, statistics_message)
@@ -186,7 +186,13 @@ async def _repository_load(dp: DataPlane, request: Any) -> Any:
 
 
 async def _repository_unload(dp: DataPlane, request: Any) -> Any:
-    await dp.unload(request.model_name)
+    dependents = False
+    if "unload_dependents" in request.parameters:
+        value = request.parameters["unload_dependents"]
+        if value.WhichOneof("parameter_choice") != "bool_param":
+            raise InvalidArgumentError("unload parameter 'unload_dependents' must be a bool")
+        dependents = value.bool_param
+    await dp.unload(request.model_name, dependents)
     return pb.RepositoryModelUnloadResponse()
 
 

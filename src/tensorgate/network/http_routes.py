@@ -126,7 +126,13 @@ async def _load(dp: DataPlane, request: HttpRequest, model: str) -> Any:
 
 
 async def _unload(dp: DataPlane, request: HttpRequest, model: str) -> Any:
-    await dp.unload(model)
+    parameters = _body_json(request).get("parameters") or {}
+    if not isinstance(parameters, dict):
+        raise InvalidArgumentError("'parameters' of an unload request must be a JSON object")
+    dependents = parameters.get("unload_dependents", False)
+    if not isinstance(dependents, bool):
+        raise InvalidArgumentError("unload parameter 'unload_dependents' must be true or false")
+    await dp.unload(model, dependents)
     return 200, _JSON, [b""]
 
 

@@ -132,9 +132,12 @@ class Engine:
         if old:
             await self._retire(old.values(), drain_timeout_s=30.0)
 
-    async def unload(self, name: str, drain_timeout_s: float = 30.0) -> None:
+    async def unload(self, name: str, drain_timeout_s: float = 30.0,
+                     dependents: bool = False) -> None:
         """Stop serving `name`: its requests drain, then its executors stop. A model whose
-        load failed is forgotten (the repository index no longer lists its failure)."""
+        load failed is forgotten (the repository index no longer lists its failure).
+        `dependents` (Triton's unload_dependents): an ensemble's step models are unloaded
+        too, each unless another loaded ensemble still calls it."""
         versions = self._models.pop(name, None)
         failed = self._failed.pop(name, None)
         if versions is None:
@@ -142,6 +145,13 @@ class Engine:
                 raise NotFoundError(f"model '{name}' is not loaded")
             return
         await self._retire(versions.values(), drain_timeout_s)
+        if not dependents:
+            return
+        for model in sorted(_step_models(versions.values())):
+            if model in self._models and model not in _step_models(
+                    v for vs in self._models.values() for v in vs.values()):
+                log.info("model %s: unloaded with ensemble %s (unload_dependents)", model, name)
+                await self.unload(model, drain_timeout_s, dependents=True)
 
     async def shutdown(self, drain_timeout_s: float = 10.0) -> None:
         """Stop accepting, drain within the deadline, answer the rest, unload everything."""
@@ -471,3 +481,9 @@ class Engine:
             item.abandoned = True
             if not item.future.done():
                 item.future.cancel()  # still queued: the scheduler drops it
+
+
+def _step_models(versions: Iterable[_Version]) -> set[str]:
+    """The models that these versions' ensemble steps call."""
+    return {model for v in versions if isinstance(v.scheduler, EnsembleScheduler)
+            for model in v.scheduler.models}

@@ -130,6 +130,7 @@ class EnsembleScheduler:
     def __init__(self, spec: ModelSpec, steps: Sequence[Step], stats: ModelStatistics,
                  run_step: RunStep) -> None:
         self._spec = spec
+        self.models = frozenset(step.model for step in steps)  # the models its steps call
         self._waves = _waves(steps, {item.name for item in spec.inputs}, spec.name)
         self._stats = stats
         self._run_step = run_step
