@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from tensorgate.errors import InvalidArgumentError, NotFoundError, UnavailableError
+from tensorgate.log_settings import LogSettings
 from tensorgate.pipeline.engine import Engine, InferenceRequest, InferenceResult
 from tensorgate.pipeline.postprocess import topk_classify
 from tensorgate.pipeline.work import SequenceFlags
@@ -27,9 +28,9 @@ Answer = tuple[InferenceResult, dict[str, TensorView], dict[str, bool],
                dict[str, tuple[str, int, int]]]
 
 # Exactly what is implemented; tritonclient and perf_analyzer read this list.
-EXTENSIONS = ["binary_tensor_data", "classification", "generate", "model_configuration",
-              "model_repository", "model_repository(unload_dependents)", "schedule_policy",
-              "sequence", "sequence(string_id)", "statistics"]
+EXTENSIONS = ["binary_tensor_data", "classification", "generate", "logging",
+              "model_configuration", "model_repository", "model_repository(unload_dependents)",
+              "schedule_policy", "sequence", "sequence(string_id)", "statistics"]
 
 
 def parse_version(text: str | None) -> int | None:
@@ -43,10 +44,12 @@ def parse_version(text: str | None) -> int | None:
 
 class DataPlane:
     def __init__(self, engine: Engine, version: str, allow_shared_memory: bool = False,
-                 model_control_mode: str = "none") -> None:
+                 model_control_mode: str = "none", log_settings: LogSettings | None = None
+                 ) -> None:
         """`model_control_mode` other than "explicit" refuses the load/unload API, as in
         Triton: what is served is then the repository's business, not any client's."""
         self.engine = engine
+        self.log_settings = log_settings or LogSettings()
         self.model_control_mode = model_control_mode
         self.version = version
         self.started = False

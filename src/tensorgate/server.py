@@ -26,6 +26,7 @@ from tensorgate.network.grpc import GrpcFrontEnd
 from tensorgate.metrics import render_metrics
 from tensorgate.network.http import HttpFrontEnd
 from tensorgate.network.metrics_http import MetricsFrontEnd
+from tensorgate.log_settings import LOG_LINE, LogSettings
 from tensorgate.network.loop import run_loop
 from tensorgate.pipeline.engine import Engine
 from tensorgate.repository.layout import model_fingerprints
@@ -48,6 +49,8 @@ class Server:
         self.http_port = 0
         self.grpc_port = 0
         self.metrics_port = 0
+        # what /v2/logging reads and changes; `run` attaches it to the handlers it sets up
+        self.log_settings = LogSettings(config.log_level)
         self._grpc: GrpcFrontEnd | None = None
         self._metrics: MetricsFrontEnd | None = None
         self._stopping: asyncio.Event | None = None
@@ -66,7 +69,7 @@ class Server:
         default_pool().set_limit(config.host_pool_bytes)
         self.engine = Engine(repository, placement=config.placement)
         dataplane = DataPlane(self.engine, self.version, config.allow_shared_memory,
-                              config.model_control_mode)
+                              config.model_control_mode, self.log_settings)
         budget = ConnectionBudget(_fit_open_files(config.max_connections))
         http = self._http = HttpFrontEnd(dataplane, default_pool(), config.max_request_bytes,
                                          config.read_timeout_s, config.keep_alive_timeout_s,
@@ -240,6 +243,7 @@ async def _follow_repository(engine: Engine, seen: dict[str, tuple[object, ...]]
 
 def run(config: ServerConfig) -> None:
     """Run a server until it is told to stop (the CLI's entry point)."""
-    logging.basicConfig(level=config.log_level.upper(),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    run_loop(Server(config).serve(), config.loop)
+    logging.basicConfig(level=config.log_level.upper(), format=LOG_LINE)
+    server = Server(config)
+    server.log_settings.attach(logging.getLogger().handlers)
+    run_loop(server.serve(), config.loop)

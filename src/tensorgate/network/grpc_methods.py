@@ -196,6 +196,27 @@ async def _repository_unload(dp: DataPlane, request: Any) -> Any:
     return pb.RepositoryModelUnloadResponse()
 
 
+async def _log_settings(dp: DataPlane, request: Any) -> Any:
+    """An empty request reads the settings; each given one is changed (logging extension)."""
+    changes = {}
+    for name, value in request.settings.items():
+        kind = value.WhichOneof("parameter_choice")
+        if kind is None:
+            raise InvalidArgumentError(f"log setting '{name}' has no value")
+        changes[name] = getattr(value, kind)
+    settings = dp.log_settings.update(changes) if changes else dp.log_settings.current()
+    response = pb.LogSettingsResponse()
+    for name, setting in settings.items():
+        entry = response.settings[name]
+        if isinstance(setting, bool):
+            entry.bool_param = setting
+        elif isinstance(setting, int):
+            entry.uint32_param = setting
+        else:
+            entry.string_param = setting
+    return response
+
+
 _INFERENCE: dict[str, Handler] = {
     "ServerLive": _server_live,
     "ServerReady": _server_ready,
@@ -210,6 +231,7 @@ _INFERENCE: dict[str, Handler] = {
     "RepositoryIndex": _repository_index,
     "RepositoryModelLoad": _repository_load,
     "RepositoryModelUnload": _repository_unload,
+    "LogSettings": _log_settings,
 }
 
 # path → (request type, handler); each inference method's request type is <Method>Request

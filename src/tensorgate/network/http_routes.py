@@ -111,6 +111,13 @@ def _body_json(request: HttpRequest) -> dict[str, Any]:
     return value
 
 
+async def _log_settings(dp: DataPlane, request: HttpRequest) -> Any:
+    """GET: the server's log settings; POST: change some (logging extension)."""
+    if request.method == "GET":
+        return _json(dp.log_settings.current())
+    return _json(dp.log_settings.update(_body_json(request)))
+
+
 async def _index(dp: DataPlane, request: HttpRequest) -> Any:
     ready = _body_json(request).get("ready", False)
     return _json(dp.repository_index(bool(ready)))
@@ -325,6 +332,8 @@ def route(method: str, path: str) -> tuple[Handler, tuple[str, ...]] | tuple[int
             if body[-1] in ("load", "unload") and len(body) in (3, 4):
                 return (_load if body[-1] == "load" else _unload), (body[-2],)
         return 404, f"no route for {path}"
+    if rest == ["logging"]:
+        return (_log_settings, ()) if get or post else (405, "use GET or POST")
     if rest[0] == "cudasharedmemory":
         return 501, "CUDA shared memory is not implemented on this server yet"
     if rest[0] == "systemsharedmemory":
