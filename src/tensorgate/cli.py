@@ -38,6 +38,9 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--host-pool-bytes", type=int,
                        help="bound on the host buffer pool: request bodies, batch staging, "
                             "outputs (default 1 GiB)")
+    serve.add_argument("--response-cache-bytes", type=int,
+                       help="size of the response cache for models whose config enables "
+                            "response_cache (default 0: no cache)")
     serve.add_argument("--read-timeout-s", type=float,
                        help="answer a request whose bytes stop arriving for this long "
                             "(default 30)")

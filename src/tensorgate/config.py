@@ -32,6 +32,9 @@ class ServerConfig:
     # the host buffer pool's bound on everything it holds: request bodies, batch staging and
     # outputs; a request that would pass it is answered UNAVAILABLE
     host_pool_bytes: int = 1 << 30
+    # the response cache (Triton's --cache-config local,size=N) for models whose config has
+    # response_cache { enable: true }; 0: none (those models run every request)
+    response_cache_bytes: int = 0
     loop: LoopChoice = "asyncio"
     placement: PlacementChoice = "auto"
     switch_interval_s: float = 0.0005
@@ -87,6 +90,9 @@ class ServerConfig:
             raise ValueError(f"host_pool_bytes ({self.host_pool_bytes}) must be at least "
                              f"max_request_bytes ({self.max_request_bytes}): a request of the "
                              "largest size allowed could never be received")
+        if self.response_cache_bytes < 0:
+            raise ValueError(f"response_cache_bytes must be 0 (no cache) or more, got "
+                             f"{self.response_cache_bytes}")
         if self.loop not in ("auto", "asyncio", "uvloop"):
             raise ValueError(f"loop must be auto, asyncio or uvloop, got '{self.loop}'")
         if self.placement not in ("auto", "none"):

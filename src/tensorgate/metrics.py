@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from tensorgate.pipeline.response_cache import CacheStatistics
 from tensorgate.pipeline.stats import ModelStatistics
 from tensorgate.tensor.copies import process_copies
 from tensorgate.tensor.pool import PoolStatistics
@@ -22,6 +23,11 @@ _HELP = {
     "nv_inference_compute_input_duration_us": ("counter", "Cumulative input time (µs)"),
     "nv_inference_compute_infer_duration_us": ("counter", "Cumulative model time (µs)"),
     "nv_inference_compute_output_duration_us": ("counter", "Cumulative output time (µs)"),
+    "nv_cache_num_hits_per_model": ("counter", "Requests answered from the response cache"),
+    "nv_cache_num_misses_per_model": ("counter", "Requests the response cache did not hold"),
+    "nv_cache_hit_duration_per_model": ("counter", "Cumulative cache lookup time of hits (µs)"),
+    "nv_cache_miss_duration_per_model": (
+        "counter", "Cumulative cache lookup and insertion time of misses (µs)"),
     "tensorgate_batch_rows_limit": (
         "gauge", "Rows a dynamic batch may take now: max_batch_size, or less where larger "
                  "batches measured dearer per row"),
@@ -38,6 +44,10 @@ _HELP = {
     "tensorgate_pool_limit_bytes": ("gauge", "Host buffer pool bounds (held, idle)"),
     "tensorgate_pool_acquires_total": ("counter", "Pool acquisitions by result (hit, miss)"),
     "tensorgate_pool_evictions_total": ("counter", "Pooled buffers freed to stay in bounds"),
+    "tensorgate_response_cache_bytes": ("gauge", "Response cache bytes by state (used, limit)"),
+    "tensorgate_response_cache_entries": ("gauge", "Answers the response cache holds"),
+    "tensorgate_response_cache_evictions_total": (
+        "counter", "Answers the response cache dropped to stay in its bound"),
     "tensorgate_connections_open": ("gauge", "Client connections open (HTTP and gRPC)"),
     "tensorgate_connections_refused_total": (
         "counter", "Client connections refused past --max-connections"),
@@ -52,9 +62,11 @@ def _labels(**values: str) -> str:
 
 def render_metrics(models: Iterable[tuple[ModelStatistics, int]],
                    pool: PoolStatistics | None = None,
-                   connections: tuple[int, int] | None = None) -> str:
+                   connections: tuple[int, int] | None = None,
+                   cache: CacheStatistics | None = None) -> str:
     """`models`: each version's statistics and its pending-request count; `pool`: the host
-    buffer pool's, when there is one to report; `connections`: (open, refused so far)."""
+    buffer pool's, when there is one to report; `connections`: (open, refused so far);
+    `cache`: the response cache's, when the server has one."""
     rows: dict[str, list[str]] = {name: [] for name in _HELP}
     for stats, pending in models:
         labels = _labels(model=stats.name, version=str(stats.version))
@@ -75,6 +87,13 @@ def render_metrics(models: Iterable[tuple[ModelStatistics, int]],
             f"{labels} {stats.compute_infer.ns // 1000}")
         rows["nv_inference_compute_output_duration_us"].append(
             f"{labels} {stats.compute_output.ns // 1000}")
+        if stats.cached:
+            rows["nv_cache_num_hits_per_model"].append(f"{labels} {stats.cache_hit.count}")
+            rows["nv_cache_num_misses_per_model"].append(f"{labels} {stats.cache_miss.count}")
+            rows["nv_cache_hit_duration_per_model"].append(
+                f"{labels} {stats.cache_hit.ns // 1000}")
+            rows["nv_cache_miss_duration_per_model"].append(
+                f"{labels} {stats.cache_miss.ns // 1000}")
         if stats.batch_rows_limit:
             rows["tensorgate_batch_rows_limit"].append(f"{labels} {stats.batch_rows_limit}")
         if stats.sequence_slots:
@@ -99,6 +118,11 @@ def render_metrics(models: Iterable[tuple[ModelStatistics, int]],
         rows["tensorgate_pool_acquires_total"] += [f"{_labels(result='hit')} {pool.hits}",
                                                    f"{_labels(result='miss')} {pool.misses}"]
         rows["tensorgate_pool_evictions_total"].append(f" {pool.evictions}")
+    if cache is not None:
+        rows["tensorgate_response_cache_bytes"] += [f"{_labels(state='used')} {cache.bytes}",
+                                                    f"{_labels(state='limit')} {cache.limit_bytes}"]
+        rows["tensorgate_response_cache_entries"].append(f" {cache.entries}")
+        rows["tensorgate_response_cache_evictions_total"].append(f" {cache.evictions}")
     if connections is not None:
         rows["tensorgate_connections_open"].append(f" {connections[0]}")
         rows["tensorgate_connections_refused_total"].append(f" {connections[1]}")

@@ -67,7 +67,8 @@ class Server:
         sys.setswitchinterval(config.switch_interval_s)
         repository = config.model_repository or default_repository()
         default_pool().set_limit(config.host_pool_bytes)
-        self.engine = Engine(repository, placement=config.placement)
+        self.engine = Engine(repository, placement=config.placement,
+                             response_cache_bytes=config.response_cache_bytes)
         dataplane = DataPlane(self.engine, self.version, config.allow_shared_memory,
                               config.model_control_mode, self.log_settings)
         budget = ConnectionBudget(_fit_open_files(config.max_connections))
@@ -88,7 +89,7 @@ class Server:
         engine = self.engine
         self._metrics = MetricsFrontEnd(lambda: render_metrics(
             engine.model_statistics(), engine.pool_statistics(),
-            (budget.open, budget.refused)))
+            (budget.open, budget.refused), engine.cache_statistics()))
         self.metrics_port = await self._metrics.start(config.host, config.metrics_port)
         dataplane.started = True
         if not default_pool().statistics().pinned:

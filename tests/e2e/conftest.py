@@ -99,6 +99,8 @@ def e2e_repo(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
     sm.add_accumulate(root, "accumulate")
     # text: "words" streams its input's words (decoupled), "shout" capitalises (batched)
     rb.add_text_models(root)
+    # response_cache enabled: the shared server runs with --response-cache-bytes
+    rb.add_python(root, "memo", max_batch=4, extra="response_cache { enable: true }")
     return root
 
 
@@ -107,6 +109,7 @@ def server(e2e_repo: pathlib.Path, tmp_path_factory: pytest.TempPathFactory
            ) -> Iterator[RunningServer]:
     log = tmp_path_factory.mktemp("server") / "server.log"
     running = start_server(e2e_repo, log, "--max-request-bytes", str(1 << 20),
+                           "--response-cache-bytes", str(1 << 20),
                            "--allow-shared-memory", "--model-control-mode", "explicit",
                            "--load-model", "*")
     yield running

@@ -41,7 +41,8 @@ def test_health_metadata_config_and_index(client: httpclient.InferenceServerClie
     assert names == {"identity": "READY", "linear": "READY", "failing": "READY",
                      "slow": "READY", "wide": "READY", "paced": "READY",
                      "ranked": "READY", "counter": "READY", "pipeline": "READY",
-                     "accumulate": "READY", "words": "READY", "shout": "READY"}
+                     "accumulate": "READY", "words": "READY", "shout": "READY",
+                     "memo": "READY"}
 
 
 @pytest.mark.parametrize("binary_in, binary_out", [(True, True), (False, False), (True, False),

@@ -42,8 +42,9 @@ def test_log_settings_change_what_the_server_writes(tmp_path: pathlib.Path) -> N
             assert client.update_log_settings({"log_info": False}) == {**DEFAULTS,
                                                                        "log_info": False}
             client.load_model("b")  # its "ready" line is info: not written
-            client.load_model("cached")  # its warning about response_cache is written
-            assert _logged(log, "model cached: served without its config's response_cache")
+            client.load_model("cached")  # its warning about the missing cache is written
+            assert _logged(log, "model cached: its config enables response_cache, but the "
+                                "server has no cache")
             assert "model b v1 ready" not in log.read_text()
             with pytest.raises(InferenceServerException,
                                match="log setting 'log_info' must be true or false"):

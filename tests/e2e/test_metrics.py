@@ -8,6 +8,7 @@ import time
 import urllib.request
 
 import numpy as np
+import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
 from tensorgate.tensor.pool import QUIET_IDLE_BYTES
@@ -109,3 +110,29 @@ def test_other_paths_are_404(server: RunningServer) -> None:
         assert error.code == 404
     else:
         raise AssertionError("expected 404")
+
+
+def test_the_response_cache_answers_repeats_and_says_so(server: RunningServer) -> None:
+    """"memo" enables response_cache and the shared server has one: the same request over
+    HTTP and gRPC is run once; statistics and metrics count the hits."""
+    values = np.full((1, 4), 0.25, np.float32)
+    item = httpclient.InferInput("INPUT__0", [1, 4], "FP32")
+    item.set_data_from_numpy(values)
+    with httpclient.InferenceServerClient(server.url) as client:
+        answers = [client.infer("memo", [item]).as_numpy("OUTPUT__0") for _ in range(2)]
+    grpc_item = grpcclient.InferInput("INPUT__0", [1, 4], "FP32")
+    grpc_item.set_data_from_numpy(values)
+    with grpcclient.InferenceServerClient(server.grpc_url) as client:
+        answers.append(client.infer("memo", [grpc_item]).as_numpy("OUTPUT__0"))
+        stats = client.get_inference_statistics("memo", as_json=True)["model_stats"][0]
+    assert all(np.array_equal(a, values * 2 + 1) for a in answers)
+    assert stats["execution_count"] == "1"  # int64 fields are strings in protobuf's JSON
+    assert stats["inference_stats"]["cache_hit"]["count"] == "2"
+    text = scrape(server)
+    labels = {"model": "memo", "version": "1"}
+    assert value(text, "nv_cache_num_hits_per_model", **labels) == 2
+    assert value(text, "nv_cache_num_misses_per_model", **labels) == 1
+    assert value(text, "nv_inference_request_success", **labels) == 3
+    assert value(text, "nv_inference_count", **labels) == 1
+    assert value(text, "tensorgate_response_cache_bytes", state="limit") == 1 << 20
+    assert re.search(r"^tensorgate_response_cache_entries (\d+)$", text, re.M)

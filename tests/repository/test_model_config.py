@@ -145,8 +145,13 @@ def test_fields_served_without_are_listed_and_ragged_batching_is_refused() -> No
     spec = parse_model_config('name: "m" optimization { cuda { graphs: true } } '
                               'response_cache { enable: true } metric_tags { key: "team" '
                               'value: "vision" }', "m/config.pbtxt")
-    assert spec.ignored == ("optimization", "metric_tags", "response_cache")
-    assert parse_model_config('name: "m" response_cache { enable: false }').ignored == ()
+    assert spec.ignored == ("optimization", "metric_tags")
+    assert spec.response_cache
+    assert not parse_model_config('name: "m" response_cache { enable: false }').response_cache
+    for policy in ("model_transaction_policy { decoupled: true }", "sequence_batching { }"):
+        with pytest.raises(ModelConfigError, match=r"'response_cache' cannot be enabled on a "
+                                                   r"decoupled or stateful"):
+            parse_model_config(f'name: "m" response_cache {{ enable: true }} {policy}')
     with pytest.raises(ModelConfigError, match=r"'batch_input' / 'batch_output' \(ragged "
                                                r"batching\) are not supported"):
         parse_model_config('name: "m" max_batch_size: 2 batch_input { kind: '

@@ -32,9 +32,10 @@ from tensorgate.pipeline.model_options import cpu_affinity, flag, int_parameter
 from tensorgate.pipeline.placement import LIGHT_FORWARD_NS, pin_current_thread, plan_placement
 from tensorgate.pipeline.postprocess import build_postprocessor
 from tensorgate.pipeline.requests import InferenceRequest, InferenceResult, work_item
+from tensorgate.pipeline.response_cache import CacheStatistics, ResponseCache
 from tensorgate.pipeline.scheduler import Scheduler
 from tensorgate.pipeline.sequences import SequenceScheduler
-from tensorgate.pipeline.stats import ModelStatistics
+from tensorgate.pipeline.stats import ModelStatistics, StageTimes
 from tensorgate.pipeline.work import WorkItem
 from tensorgate.repository.layout import ModelSource, artifact_path, discover_models, load_source
 from tensorgate.repository.model_config import ModelConfigError, ModelSpec
@@ -67,10 +68,14 @@ class Engine:
 
     def __init__(self, repository: str | pathlib.Path, *, pool: BufferPool | None = None,
                  intra_op_threads: int | None = None, postprocess_workers: int = 2,
-                 device: str = "auto", placement: str = "none") -> None:
+                 device: str = "auto", placement: str = "none",
+                 response_cache_bytes: int = 0) -> None:
         """`placement="auto"` pins the thread that calls `start` (the loop's) to the first CPU
-        and places executors by cost (see pipeline/placement.py); "none" pins nothing."""
+        and places executors by cost (see pipeline/placement.py); "none" pins nothing.
+        `response_cache_bytes` > 0: models with `response_cache { enable: true }` answer
+        repeated requests from a cache of that size (pipeline/response_cache.py)."""
         self.repository = pathlib.Path(repository)
+        self._cache = ResponseCache(response_cache_bytes) if response_cache_bytes > 0 else None
         self._pool = pool or default_pool()
         self._placement = plan_placement(placement)
         compute = len(self._placement.compute_cpus) if self._placement else None
@@ -113,6 +118,9 @@ class Engine:
             if source.spec.ignored:
                 log.warning("model %s: served without its config's %s (not acted on here)",
                             name, ", ".join(source.spec.ignored))
+            if source.spec.response_cache and self._cache is None:
+                log.warning("model %s: its config enables response_cache, but the server has "
+                            "no cache; start it with --response-cache-bytes", name)
             for number in source.versions:
                 if source.spec.platform == "ensemble":
                     versions[number] = await self._load_ensemble(source, number)
@@ -205,7 +213,8 @@ class Engine:
         finally:
             self._ensembles_loading.discard(spec.name)
         check_step_models(spec, steps, self.spec)
-        stats = ModelStatistics(spec.name, version)
+        stats = ModelStatistics(spec.name, version,
+                                cached=spec.response_cache and self._cache is not None)
         scheduler = EnsembleScheduler(spec, steps, stats, self._run_step)
         log.info("ensemble %s v%d ready: %s", spec.name, version,
                  " → ".join(step.model for step in steps))
@@ -232,7 +241,8 @@ class Engine:
             raise ModelConfigError(str(artifact), "'model_transaction_policy { decoupled: true }' "
                                                   "needs a Python model (model.py) whose forward "
                                                   "yields its responses")
-        stats = ModelStatistics(spec.name, version)
+        stats = ModelStatistics(spec.name, version,
+                                cached=spec.response_cache and self._cache is not None)
         devices = self._devices(spec)
         scheduler: Scheduler | SequenceScheduler
         if spec.sequence is not None:  # each instance batches its own sequences
@@ -439,12 +449,42 @@ class Engine:
                 f"model '{loaded.spec.name}' is decoupled (it sends any number of responses "
                 "per request): call it on a stream, gRPC ModelStreamInfer (tritonclient's "
                 "start_stream / async_stream_infer)")
+        cache = self._cache if loaded.spec.response_cache else None
+        if cache is not None:
+            return await self._infer_cached(loaded, request, cache)
         item = work_item(loaded.spec, request, asyncio.get_running_loop())
         loaded.scheduler.submit(item)
         # cancelling the caller cancels this future: the scheduler drops it
         results = await item.future
         return InferenceResult(loaded.spec.name, loaded.version, request.id, results,
                                item.times, item.ledger)
+
+    async def _infer_cached(self, loaded: _Version, request: InferenceRequest,
+                            cache: ResponseCache) -> InferenceResult:
+        """A request to a model with a response cache: answered from it when the same
+        request was answered before; otherwise run, and its answer kept."""
+        started = time.monotonic_ns()
+        key = cache.key(loaded.spec.name, loaded.version, request.inputs, request.outputs)
+        outputs = cache.get(key)
+        if outputs is not None:
+            times = StageTimes()
+            times.total_ns = time.monotonic_ns() - started
+            loaded.stats.record_cache_hit(times)
+            return InferenceResult(loaded.spec.name, loaded.version, request.id, outputs,
+                                   times, request.ledger)
+        looked_up = time.monotonic_ns() - started
+        item = work_item(loaded.spec, request, asyncio.get_running_loop())
+        loaded.scheduler.submit(item)
+        results = await item.future
+        kept = time.monotonic_ns()
+        cache.put(key, results, request.ledger)
+        loaded.stats.cache_miss.add(looked_up + time.monotonic_ns() - kept)
+        return InferenceResult(loaded.spec.name, loaded.version, request.id, results,
+                               item.times, item.ledger)
+
+    def cache_statistics(self) -> CacheStatistics | None:
+        """The response cache's counters (for metrics); None without a cache."""
+        return self._cache.statistics() if self._cache is not None else None
 
     def is_decoupled(self, name: str, version: int | None = None) -> bool:
         return self._resolve(name, version).spec.decoupled

@@ -56,9 +56,10 @@ class _BatchDurations:
 class ModelStatistics:
     """Cumulative counters of one model version."""
 
-    def __init__(self, name: str, version: int) -> None:
+    def __init__(self, name: str, version: int, cached: bool = False) -> None:
         self.name = name
         self.version = version
+        self.cached = cached  # answers from the response cache when it can
         self.last_inference_ms = 0
         self.inference_count = 0
         self.execution_count = 0
@@ -68,6 +69,8 @@ class ModelStatistics:
         self.compute_input = Duration()
         self.compute_infer = Duration()
         self.compute_output = Duration()
+        self.cache_hit = Duration()  # answered from the response cache: the lookup's time
+        self.cache_miss = Duration()  # not in it: the lookup's and the insertion's time
         self.copied_bytes = 0
         self.batch_rows_limit = 0  # rows a batch may take now (0: no batching)
         self.sequence_slots = 0  # a stateful model's slots, all instances (0: not stateful)
@@ -99,6 +102,12 @@ class ModelStatistics:
         self.compute_output.add(times.output_ns)
         self.copied_bytes += copied
 
+    def record_cache_hit(self, times: StageTimes) -> None:
+        """A success the model did not run for: no inference, no execution (as Triton)."""
+        self.last_inference_ms = time.time_ns() // 1_000_000
+        self.success.add(times.total_ns)
+        self.cache_hit.add(times.total_ns)
+
     def record_failure(self, total_ns: int, reason: str) -> None:
         self.fail.add(total_ns)
         self.failures_by_reason[reason] = self.failures_by_reason.get(reason, 0) + 1
@@ -116,7 +125,7 @@ class ModelStatistics:
                 "queue": self.queue.as_dict(), "compute_input": self.compute_input.as_dict(),
                 "compute_infer": self.compute_infer.as_dict(),
                 "compute_output": self.compute_output.as_dict(),
-                "cache_hit": {"count": 0, "ns": 0}, "cache_miss": {"count": 0, "ns": 0},
+                "cache_hit": self.cache_hit.as_dict(), "cache_miss": self.cache_miss.as_dict(),
             },
             "batch_stats": [
                 {"batch_size": size, "compute_input": d.compute_input.as_dict(),

@@ -27,7 +27,7 @@ __all__ = ["BatchingPolicy", "InstanceGroup", "ModelConfigError", "ModelSpec", "
 # Fields that change how Triton runs a model, not what it computes: served without them,
 # and a load says so (ModelSpec.ignored).
 NOT_ACTED_ON = ("optimization", "cc_model_filenames", "metric_tags", "model_operations",
-                "model_repository_agents", "response_cache", "model_metrics")
+                "model_repository_agents", "model_metrics")
 MAX_PRIORITY_LEVELS = 1000  # each level is a queue the batcher walks; more is a config mistake
 
 
@@ -130,6 +130,7 @@ class ModelSpec:
     sequence: SequencePolicy | None = None  # sequence_batching: a stateful model
     warmup: tuple[WarmupSample, ...] = ()  # model_warmup; none: zeros at batch 1
     ignored: tuple[str, ...] = ()  # fields given but not acted on (NOT_ACTED_ON)
+    response_cache: bool = False  # response_cache { enable: true } (pipeline/response_cache)
     config: pb.ModelConfig = field(default_factory=pb.ModelConfig, repr=False, compare=False)
 
     def input(self, name: str) -> TensorSpec | None:
@@ -204,8 +205,13 @@ def _spec(config: pb.ModelConfig, source: str) -> ModelSpec:
                                        "not supported; without them the model would get other "
                                        "inputs than it expects")
     given = {descriptor.name for descriptor, _ in config.ListFields()}
-    ignored = tuple(name for name in NOT_ACTED_ON if name in given
-                    and (name != "response_cache" or config.response_cache.enable))
+    ignored = tuple(name for name in NOT_ACTED_ON if name in given)
+    cached = config.response_cache.enable
+    if cached and (config.model_transaction_policy.decoupled
+                   or config.WhichOneof("scheduling_choice") == "sequence_batching"):
+        raise ModelConfigError(source, "'response_cache' cannot be enabled on a decoupled or "
+                                       "stateful (sequence_batching) model: its answers depend "
+                                       "on more than the request")
     inputs = tuple(_tensor(t, "input", source, config.max_batch_size) for t in config.input)
     outputs = tuple(_tensor(t, "output", source, config.max_batch_size) for t in config.output)
     for kind, specs in (("input", inputs), ("output", outputs)):
@@ -231,6 +237,7 @@ def _spec(config: pb.ModelConfig, source: str) -> ModelSpec:
                   if config.WhichOneof("scheduling_choice") == "sequence_batching" else None),
         warmup=tuple(_warmup(w, config, inputs, source) for w in config.model_warmup),
         ignored=ignored,
+        response_cache=cached,
         config=config,
     )
 
