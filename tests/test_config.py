@@ -68,3 +68,13 @@ def test_the_open_files_limit_is_raised_to_fit_the_connections() -> None:
         assert resource.getrlimit(resource.RLIMIT_NOFILE)[0] == wanted
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_log_level_and_cache_size_are_checked() -> None:
+    with pytest.raises(ValueError, match=r"^log_level must be DEBUG, INFO, WARNING, ERROR or "
+                                         r"CRITICAL, got 'LOUD'$"):
+        ServerConfig(log_level="LOUD")
+    with pytest.raises(ValueError, match=r"^response_cache_bytes must be 0 \(no cache\) or "
+                                         r"more, got -1$"):
+        ServerConfig.from_env({"TENSORGATE_RESPONSE_CACHE_BYTES": "-1"})
+    assert ServerConfig(log_level="debug").log_level == "debug"

@@ -90,6 +90,9 @@ class ServerConfig:
             raise ValueError(f"host_pool_bytes ({self.host_pool_bytes}) must be at least "
                              f"max_request_bytes ({self.max_request_bytes}): a request of the "
                              "largest size allowed could never be received")
+        if self.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
+            raise ValueError(f"log_level must be DEBUG, INFO, WARNING, ERROR or CRITICAL, got "
+                             f"'{self.log_level}'")
         if self.response_cache_bytes < 0:
             raise ValueError(f"response_cache_bytes must be 0 (no cache) or more, got "
                              f"{self.response_cache_bytes}")
