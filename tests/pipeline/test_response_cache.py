@@ -63,6 +63,24 @@ def test_a_repeated_request_is_answered_without_running_the_model(
     run(scenario())
 
 
+def test_a_reloaded_model_is_not_answered_with_what_it_computed_before(
+        tmp_path: pathlib.Path) -> None:
+    rb.add_python(tmp_path, "cached", "dynamic_batching { }",
+                  extra="response_cache { enable: true }")
+
+    async def scenario() -> None:
+        engine = Engine(tmp_path, response_cache_bytes=1 << 20)
+        await engine.start()
+        before = await engine.infer(_request("cached", [1, 2, 3, 4]))
+        torch.save({"scale": torch.tensor(3.0)}, tmp_path / "cached" / "1" / "scale.pt")
+        await engine.load("cached")  # the same version, new weights
+        after = await engine.infer(_request("cached", [1, 2, 3, 4]))
+        assert before.outputs["OUTPUT__0"].torch().tolist() == [[3, 5, 7, 9]]
+        assert after.outputs["OUTPUT__0"].torch().tolist() == [[4, 7, 10, 13]]
+        await engine.shutdown()
+    run(scenario())
+
+
 def test_without_a_server_cache_the_model_runs_every_request(cached_repo: pathlib.Path) -> None:
     async def scenario() -> None:
         engine = Engine(cached_repo)

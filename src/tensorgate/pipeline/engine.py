@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import itertools
 import logging
 import pathlib
 import time
@@ -50,6 +51,9 @@ log = logging.getLogger("tensorgate.engine")
 SPARE_SLOWDOWN = 1.5
 
 
+_LOADS = itertools.count(1)
+
+
 class _Version:
     """One loaded model version: its scheduler, executors and counters."""
 
@@ -58,6 +62,9 @@ class _Version:
                  executors: list[ExecutorThread], stats: ModelStatistics) -> None:
         self.spec = spec
         self.version = version
+        # this load of the version: a reload (new weights, same number) is another, so the
+        # response cache never answers for it with what the one before computed
+        self.load_id = next(_LOADS)
         self.scheduler = scheduler
         self.executors = executors
         self.stats = stats
@@ -213,8 +220,7 @@ class Engine:
         finally:
             self._ensembles_loading.discard(spec.name)
         check_step_models(spec, steps, self.spec)
-        stats = ModelStatistics(spec.name, version,
-                                cached=spec.response_cache and self._cache is not None)
+        stats = ModelStatistics(spec.name, version, cached=self._caches(spec))
         scheduler = EnsembleScheduler(spec, steps, stats, self._run_step)
         log.info("ensemble %s v%d ready: %s", spec.name, version,
                  " → ".join(step.model for step in steps))
@@ -241,8 +247,7 @@ class Engine:
             raise ModelConfigError(str(artifact), "'model_transaction_policy { decoupled: true }' "
                                                   "needs a Python model (model.py) whose forward "
                                                   "yields its responses")
-        stats = ModelStatistics(spec.name, version,
-                                cached=spec.response_cache and self._cache is not None)
+        stats = ModelStatistics(spec.name, version, cached=self._caches(spec))
         devices = self._devices(spec)
         scheduler: Scheduler | SequenceScheduler
         if spec.sequence is not None:  # each instance batches its own sequences
@@ -449,38 +454,32 @@ class Engine:
                 f"model '{loaded.spec.name}' is decoupled (it sends any number of responses "
                 "per request): call it on a stream, gRPC ModelStreamInfer (tritonclient's "
                 "start_stream / async_stream_infer)")
-        cache = self._cache if loaded.spec.response_cache else None
-        if cache is not None:
-            return await self._infer_cached(loaded, request, cache)
+        cache = self._cache if loaded.stats.cached else None
+        if cache is not None:  # answered from the response cache when it was answered before
+            started = time.monotonic_ns()
+            key = cache.key(loaded.spec.name, loaded.load_id, request.inputs, request.outputs)
+            outputs = cache.get(key)
+            if outputs is not None:
+                times = StageTimes()
+                times.total_ns = time.monotonic_ns() - started
+                loaded.stats.record_cache_hit(times)
+                return InferenceResult(loaded.spec.name, loaded.version, request.id, outputs,
+                                       times, request.ledger)
+            looked_up = time.monotonic_ns() - started
         item = work_item(loaded.spec, request, asyncio.get_running_loop())
         loaded.scheduler.submit(item)
         # cancelling the caller cancels this future: the scheduler drops it
         results = await item.future
+        if cache is not None:
+            kept = time.monotonic_ns()
+            cache.put(key, results, request.ledger)
+            loaded.stats.cache_miss.add(looked_up + time.monotonic_ns() - kept)
         return InferenceResult(loaded.spec.name, loaded.version, request.id, results,
                                item.times, item.ledger)
 
-    async def _infer_cached(self, loaded: _Version, request: InferenceRequest,
-                            cache: ResponseCache) -> InferenceResult:
-        """A request to a model with a response cache: answered from it when the same
-        request was answered before; otherwise run, and its answer kept."""
-        started = time.monotonic_ns()
-        key = cache.key(loaded.spec.name, loaded.version, request.inputs, request.outputs)
-        outputs = cache.get(key)
-        if outputs is not None:
-            times = StageTimes()
-            times.total_ns = time.monotonic_ns() - started
-            loaded.stats.record_cache_hit(times)
-            return InferenceResult(loaded.spec.name, loaded.version, request.id, outputs,
-                                   times, request.ledger)
-        looked_up = time.monotonic_ns() - started
-        item = work_item(loaded.spec, request, asyncio.get_running_loop())
-        loaded.scheduler.submit(item)
-        results = await item.future
-        kept = time.monotonic_ns()
-        cache.put(key, results, request.ledger)
-        loaded.stats.cache_miss.add(looked_up + time.monotonic_ns() - kept)
-        return InferenceResult(loaded.spec.name, loaded.version, request.id, results,
-                               item.times, item.ledger)
+    def _caches(self, spec: ModelSpec) -> bool:
+        """Whether `spec`'s requests go through the response cache."""
+        return spec.response_cache and self._cache is not None
 
     def cache_statistics(self) -> CacheStatistics | None:
         """The response cache's counters (for metrics); None without a cache."""

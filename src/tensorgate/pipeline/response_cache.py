@@ -1,7 +1,8 @@
 """Triton's response cache: a model whose config says `response_cache { enable: true }`
 answers a request it has answered before — the same version, the same inputs byte for byte
 (names, datatypes, shapes) and the same outputs asked for — from here, without queueing or
-running. One cache for the server (`--response-cache-bytes`), bounded in bytes, the least
+running (a reload of the version is a new load: what the one before computed is not
+served for it). One cache for the server (`--response-cache-bytes`), bounded in bytes, the least
 recently used entry out first.
 
 Keys are SHA-256 digests of the request, computed on the event loop (hashlib releases the
@@ -53,12 +54,13 @@ class ResponseCache:
         self._evictions = 0
 
     @staticmethod
-    def key(model: str, version: int, inputs: Mapping[str, TensorView],
+    def key(model: str, load: int, inputs: Mapping[str, TensorView],
             outputs: Sequence[str] | None) -> bytes:
-        """The request's digest: model, version, each input (sorted by name) with its
-        datatype, shape and bytes, and the outputs asked for (None: all)."""
+        """The request's digest: model, the load of its version that answers it, each input
+        (sorted by name) with its datatype, shape and bytes, and the outputs asked for
+        (None: all)."""
         digest = hashlib.sha256()
-        digest.update(f"{model}\0{version}\0".encode())
+        digest.update(f"{model}\0{load}\0".encode())
         for name in sorted(inputs):
             view = inputs[name]
             digest.update(f"{name}\0{view.datatype.name}\0{view.shape}\0{view.nbytes}\0"
