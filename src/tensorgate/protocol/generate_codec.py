@@ -83,13 +83,11 @@ def _shape(model: str, item: GenerateInput, value: Any) -> tuple[int, ...]:
     """The value's shape fitted to the input's dims: as it is where it matches them, else its
     elements laid out in the dims (at most one of them variable)."""
     try:
-        given = np.shape(value)
+        given = np.shape(value)  # what is not a number or a string fails json_tensor's check
     except ValueError:  # numpy refuses ragged nesting
-        given = None
-    dims = item.dims
-    if given is None or any(isinstance(v, (dict, list)) for v in _leaves(value, len(given))):
         raise InvalidArgumentError(f"input '{item.name}' of model '{model}': the value is not "
-                                   "a scalar or a rectangular array")
+                                   "a scalar or a rectangular array") from None
+    dims = item.dims
     if len(given) == len(dims) and all(d in (-1, g) for d, g in zip(dims, given, strict=True)):
         return tuple(given)
     count = int(np.prod(given)) if given else 1
@@ -103,14 +101,6 @@ def _shape(model: str, item: GenerateInput, value: Any) -> tuple[int, ...]:
         f"input '{item.name}' of model '{model}' takes dims [{','.join(map(str, dims))}]; the "
         f"value has {count} element{'s' if count != 1 else ''} "
         f"(shape [{','.join(map(str, given))}])")
-
-
-def _leaves(value: Any, depth: int) -> list[Any]:
-    """The elements at `depth` levels of nesting (what numpy would take as scalars)."""
-    level = [value]
-    for _ in range(depth):
-        level = [child for node in level for child in node]
-    return level
 
 
 def encode_generate_response(model: str, version: int, outputs: dict[str, TensorView]) -> bytes:
