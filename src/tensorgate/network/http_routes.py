@@ -183,16 +183,20 @@ async def _infer(dp: DataPlane, request: HttpRequest, model: str, version: str) 
     return 200, [*headers, ("Content-Encoding", encoding)], [packed]
 
 
-async def _generate(dp: DataPlane, request: HttpRequest, model: str, version: str) -> Any:
-    """Triton's generate extension: one JSON object in, one out (protocol/generate_codec.py).
-    A decoupled model may answer it only with exactly one response."""
+def _generate_answers(dp: DataPlane, request: HttpRequest, model: str,
+                      version: str) -> AsyncGenerator[Answer, None]:
+    """The responses to a generate request: one from a model that is not decoupled, any
+    number from one that is (dp.infer_stream takes both)."""
     body, length = _decompressed(request, request.limit)
     decoded = dp.generate_request(model, version, decode_generate_body(body, length),
                                   request.ledger)
-    if not dp.is_decoupled(model, version):
-        result, outputs, _, _ = await dp.infer(model, version, decoded, request.ledger)
-        return 200, _JSON, [encode_generate_response(result.model, result.version, outputs)]
-    answers = dp.infer_stream(model, version, decoded, request.ledger)
+    return dp.infer_stream(model, version, decoded, request.ledger)
+
+
+async def _generate(dp: DataPlane, request: HttpRequest, model: str, version: str) -> Any:
+    """Triton's generate extension: one JSON object in, one out (protocol/generate_codec.py).
+    A decoupled model may answer it only with exactly one response."""
+    answers = _generate_answers(dp, request, model, version)
     answer: bytes | None = None
     try:
         async for result, outputs, _, _ in answers:
@@ -217,23 +221,13 @@ async def _generate_stream(dp: DataPlane, request: HttpRequest, model: str,
     """Each response as one Server-Sent Event, as the model makes it. The first is awaited
     before answering, so that a request that fails before it gets an HTTP error status; an
     error after it comes as an event `{"error": ...}` and ends the stream."""
-    body, length = _decompressed(request, request.limit)
-    decoded = dp.generate_request(model, version, decode_generate_body(body, length),
-                                  request.ledger)
-    if dp.is_decoupled(model, version):
-        answers = dp.infer_stream(model, version, decoded, request.ledger)
-    else:
-        answers = _one(dp.infer(model, version, decoded, request.ledger))
+    answers = _generate_answers(dp, request, model, version)
     try:
         first = await anext(answers, None)
     except BaseException:
         await answers.aclose()
         raise
     return StreamedResponse(200, _EVENT_STREAM, _events(first, answers, request))
-
-
-async def _one(answer: Any) -> AsyncGenerator[Answer, None]:
-    yield await answer
 
 
 async def _events(first: Answer | None, answers: AsyncGenerator[Answer, None],

@@ -13,15 +13,16 @@ scalar when it holds one element, else its elements in row-major order; BYTES as
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
 
 from tensorgate.errors import InvalidArgumentError
-from tensorgate.protocol.infer_codec import (DecodedRequest, json_data, json_tensor,
-                                             request_priority, request_sequence,
-                                             request_timeout)
+from tensorgate.protocol.infer_codec import (DecodedRequest, json_data, json_object,
+                                             json_parameters, json_tensor, request_priority,
+                                             request_sequence, request_timeout)
 from tensorgate.tensor.copies import CopyLedger
 from tensorgate.tensor.dtypes import DataType
 from tensorgate.tensor.view import TensorView
@@ -47,10 +48,7 @@ def decode_generate_body(body: Any, length: int) -> dict[str, Any]:
         value = json.loads(memoryview(body)[:length].tobytes())
     except (UnicodeDecodeError, ValueError) as error:
         raise InvalidArgumentError(f"the generate request is not valid JSON: {error}") from None
-    if not isinstance(value, dict):
-        raise InvalidArgumentError(f"the generate request must be a JSON object, got "
-                                   f"{type(value).__name__}")
-    return value
+    return json_object(value, "the generate request")
 
 
 def generate_request(model: str, fields: dict[str, Any], inputs: Sequence[GenerateInput],
@@ -58,10 +56,7 @@ def generate_request(model: str, fields: dict[str, Any], inputs: Sequence[Genera
     """The inference a generate request asks for: one row (batch 1 where the model batches).
     Inputs the request leaves out are left out; the pipeline says which of them it needs."""
     by_name = {item.name: item for item in inputs}
-    parameters = fields.get("parameters", {})
-    if not isinstance(parameters, dict):
-        raise InvalidArgumentError(f"'parameters' of the generate request must be a JSON "
-                                   f"object, got {type(parameters).__name__}")
+    parameters = json_parameters(fields.get("parameters"), "the generate request")
     views: dict[str, TensorView] = {}
     for name, value in fields.items():
         if name == "parameters":
@@ -90,8 +85,8 @@ def _shape(model: str, item: GenerateInput, value: Any) -> tuple[int, ...]:
     dims = item.dims
     if len(given) == len(dims) and all(d in (-1, g) for d, g in zip(dims, given, strict=True)):
         return tuple(given)
-    count = int(np.prod(given)) if given else 1
-    known = int(np.prod([d for d in dims if d != -1])) if dims else 1
+    count = math.prod(given)
+    known = math.prod(d for d in dims if d != -1)
     variable = dims.count(-1)
     if variable == 0 and known == count:
         return dims

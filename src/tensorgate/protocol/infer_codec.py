@@ -21,8 +21,9 @@ from tensorgate.tensor.shm import SharedMemoryRegistry
 from tensorgate.tensor.view import TensorView, checked_shape
 
 __all__ = ["DecodedRequest", "RequestedOutput", "classification_count", "decode_infer_body",
-           "encode_infer_response", "json_data", "json_error", "json_tensor", "request_priority",
-           "request_sequence", "request_timeout", "shm_parameters"]
+           "encode_infer_response", "json_data", "json_error", "json_object", "json_parameters",
+           "json_tensor", "request_priority", "request_sequence", "request_timeout",
+           "shm_parameters"]
 
 
 @dataclass
@@ -73,14 +74,14 @@ def _fail(message: str) -> InvalidArgumentError:
     return InvalidArgumentError(message)
 
 
-def _object(value: Any, what: str) -> dict[str, Any]:
+def json_object(value: Any, what: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise _fail(f"{what} must be a JSON object, got {type(value).__name__}")
     return value
 
 
-def _parameters(value: Any, what: str) -> dict[str, Any]:
-    return {} if value is None else _object(value, f"'parameters' of {what}")
+def json_parameters(value: Any, what: str) -> dict[str, Any]:
+    return {} if value is None else json_object(value, f"'parameters' of {what}")
 
 
 def _is_count(value: Any) -> bool:
@@ -157,8 +158,8 @@ def decode_infer_body(body: Any, body_length: int, header_length: int | None,
         header = json.loads(memory[:json_length].tobytes())
     except (UnicodeDecodeError, ValueError) as error:
         raise _fail(f"the inference request header is not valid JSON: {error}") from None
-    header = _object(header, "the inference request")
-    parameters = _parameters(header.get("parameters"), "the request")
+    header = json_object(header, "the inference request")
+    parameters = json_parameters(header.get("parameters"), "the request")
     request_id = header.get("id", "")
     if not isinstance(request_id, str):
         raise _fail(f"request 'id' must be a string, got {type(request_id).__name__}")
@@ -168,7 +169,7 @@ def decode_infer_body(body: Any, body_length: int, header_length: int | None,
     inputs: dict[str, TensorView] = {}
     position = json_length
     for index, raw in enumerate(raw_inputs):
-        view, position = _decode_input(_object(raw, f"input {index}"), body, body_length,
+        view, position = _decode_input(json_object(raw, f"input {index}"), body, body_length,
                                        position, ledger, shm)
         if view.name in inputs:
             raise _fail(f"input '{view.name}' appears twice in the request")
@@ -200,7 +201,7 @@ def _decode_input(raw: dict[str, Any], body: Any, body_length: int, position: in
     if not isinstance(shape_value, list):
         raise _fail(f"input '{name}' needs a 'shape' list")
     shape = checked_shape(shape_value, name)
-    parameters = _parameters(raw.get("parameters"), f"input '{name}'")
+    parameters = json_parameters(raw.get("parameters"), f"input '{name}'")
     region = shm_parameters(parameters, name)
     if region is not None:
         if "data" in raw or "binary_data_size" in parameters:
@@ -259,11 +260,11 @@ def _decode_outputs(raw: Any) -> list[RequestedOutput] | None:
         raise _fail("'outputs' must be a list")
     outputs = []
     for index, item in enumerate(raw):
-        item = _object(item, f"output {index}")
+        item = json_object(item, f"output {index}")
         name = item.get("name")
         if not isinstance(name, str) or not name:
             raise _fail("every requested output needs a 'name' string")
-        parameters = _parameters(item.get("parameters"), f"output '{name}'")
+        parameters = json_parameters(item.get("parameters"), f"output '{name}'")
         region = shm_parameters(parameters, name)
         binary = parameters.get("binary_data")
         if binary is not None and not isinstance(binary, bool):
