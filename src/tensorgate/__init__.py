@@ -1,7 +1,7 @@
 """tensorgate: a low-latency inference server for PyTorch models (Open Inference Protocol)."""
 
 from tensorgate.errors import Status, TensorgateError
-from tensorgate.model import Model, ModelContext
+from tensorgate.model import Model, ModelContext, RequestInfo
 from tensorgate.pipeline.engine import Engine, InferenceRequest, InferenceResult
 from tensorgate.tensor import (DATATYPES, BufferPool, CopyLedger, DataType, HostBuffer,
                                TensorView, copy_into, datatype, default_pool, process_copies)
@@ -19,6 +19,7 @@ __all__ = [
     "InferenceResult",
     "Model",
     "ModelContext",
+    "RequestInfo",
     "Status",
     "TensorView",
     "TensorgateError",

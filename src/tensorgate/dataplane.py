@@ -14,7 +14,7 @@ from tensorgate.pipeline.engine import Engine, InferenceRequest, InferenceResult
 from tensorgate.pipeline.postprocess import topk_classify
 from tensorgate.pipeline.work import SequenceFlags
 from tensorgate.protocol.generate_codec import GenerateInput, generate_request
-from tensorgate.protocol.infer_codec import DecodedRequest
+from tensorgate.protocol.infer_codec import DecodedRequest, model_parameters
 from tensorgate.repository.model_config import ModelSpec
 from tensorgate.tensor.copies import CopyLedger
 from tensorgate.tensor.shm import SharedMemoryRegistry
@@ -30,7 +30,7 @@ Answer = tuple[InferenceResult, dict[str, TensorView], dict[str, bool],
 # Exactly what is implemented; tritonclient and perf_analyzer read this list.
 EXTENSIONS = ["binary_tensor_data", "classification", "generate", "logging",
               "model_configuration", "model_repository", "model_repository(unload_dependents)",
-              "schedule_policy", "sequence", "sequence(string_id)", "statistics"]
+              "parameters", "schedule_policy", "sequence", "sequence(string_id)", "statistics"]
 
 
 def parse_version(text: str | None) -> int | None:
@@ -172,7 +172,8 @@ def _request(name: str, number: int | None, spec: ModelSpec, decoded: DecodedReq
     wanted = [o.name for o in decoded.outputs] if decoded.outputs else None
     sequence = SequenceFlags(*decoded.sequence) if decoded.sequence is not None else None
     return InferenceRequest(name, inputs, number, wanted, decoded.timeout_us, decoded.id,
-                            ledger, decoded.priority, sequence)
+                            ledger, decoded.priority, sequence,
+                            model_parameters(decoded.parameters))
 
 
 def _raw_input(spec: ModelSpec, decoded: DecodedRequest) -> dict[str, TensorView]:

@@ -3,13 +3,19 @@
 Stages, and where each runs:
 
     setup(context)          once, on the model instance's executor thread (it owns the device)
-    preprocess(inputs)      per batch, on the executor thread
+    preprocess(inputs[, requests])  per batch, on the executor thread
     forward(batch)          per batch, on the executor thread, under torch.inference_mode()
     postprocess(outputs)    per batch, in the post-processing pool (off the loop and executor)
 
 `inputs` maps each config input name to a batched torch tensor on the instance's device;
 `postprocess` returns a mapping from each config output name to a tensor (or, for BYTES, a
 numpy object array) whose first dim is the batch. Weights load with `weights_only=True`.
+
+A `preprocess` that takes a second argument gets the batch's requests, one `RequestInfo`
+each in row order: its id, its rows of the batch and its request parameters (Triton's
+parameters extension: what a client sends beside the reserved ones, such as a sampling
+temperature). What the model needs of them in `forward` or `postprocess` it passes on in
+what it returns. Warm-up runs come as one request with no parameters.
 
 A stateful model (`sequence_batching`) also finds its control inputs (START, END, READY,
 CORRID: one row per request) and its implicit states' inputs in `inputs`, and returns its
@@ -26,12 +32,19 @@ is closed at its next `yield`.
 from __future__ import annotations
 
 import pathlib
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 import torch
 
-__all__ = ["Model", "ModelContext"]
+__all__ = ["Model", "ModelContext", "Parameter", "RequestInfo"]
+
+# A request parameter's value, as JSON and gRPC's InferParameter carry it.
+Parameter = bool | int | float | str
+
+NO_PARAMETERS: Mapping[str, Parameter] = MappingProxyType({})
 
 
 @dataclass(frozen=True)
@@ -50,13 +63,25 @@ class ModelContext:
         return torch.load(self.directory / filename, map_location=self.device, weights_only=True)
 
 
+@dataclass(frozen=True, slots=True)
+class RequestInfo:
+    """One request of a batch, as `preprocess(inputs, requests)` sees it. `rows` is where its
+    rows are in the batched inputs (slice(0, 1) for a model that does not batch: its inputs
+    have no batch dim)."""
+
+    id: str
+    rows: slice
+    parameters: Mapping[str, Parameter]
+
+
 class Model:
     """Subclass this in model.py and implement `forward`; the other hooks are optional."""
 
     def setup(self, context: ModelContext) -> None:
         """Build the network and load weights; runs on the executor thread."""
 
-    def preprocess(self, inputs: dict[str, torch.Tensor]) -> Any:
+    def preprocess(self, inputs: dict[str, torch.Tensor],
+                   requests: Sequence[RequestInfo] = ()) -> Any:
         return inputs
 
     def forward(self, batch: Any) -> Any:

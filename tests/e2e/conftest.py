@@ -99,6 +99,18 @@ def e2e_repo(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
     sm.add_accumulate(root, "accumulate")
     # text: "words" streams its input's words (decoupled), "shout" capitalises (batched)
     rb.add_text_models(root)
+    # answers with each request's parameters (response_cache on), and an ensemble around it
+    rb.add_params_model(root, "params", extra="response_cache { enable: true }")
+    rb.write_config(root, "params_ensemble", """
+        name: "params_ensemble"
+        platform: "ensemble"
+        max_batch_size: 8
+        input [ { name: "X" data_type: TYPE_FP32 dims: [1] } ]
+        output [ { name: "Y" data_type: TYPE_STRING dims: [1] } ]
+        ensemble_scheduling { step [
+          { model_name: "params" model_version: -1 input_map { key: "INPUT" value: "X" }
+            output_map { key: "SEEN" value: "Y" } } ] }
+        """)
     # response_cache enabled: the shared server runs with --response-cache-bytes
     rb.add_python(root, "memo", max_batch=4, extra="response_cache { enable: true }")
     return root

@@ -72,9 +72,11 @@ def test_generate_fits_numbers_to_the_input_dims(server: RunningServer) -> None:
 
 
 @pytest.mark.parametrize(("model", "body", "status", "message"), [
-    ("shout", {"text_input": "x", "temperature": 0.5}, 400,
-     "model 'shout' has no input 'temperature'; inputs are: text_input (request parameters "
-     "go in 'parameters')"),
+    ("shout", {"text_input": "x", "temperature": 0.5, "parameters": {"temperature": 1}}, 400,
+     "request parameter 'temperature' is given twice: as a member of the request and in its "
+     "'parameters'"),
+    ("shout", {"text_input": "x", "stop": ["a"]}, 400,
+     "request parameter 'stop' must be a boolean, a number or a string, got list"),
     ("shout", {"parameters": {"priority": 1}}, 400,
      "model 'shout' needs input 'text_input'; the request has: no inputs"),
     ("shout", {"text_input": 7}, 400, "input 'text_input': BYTES 'data' must hold strings"),
@@ -96,6 +98,24 @@ def test_bad_generate_requests_are_refused_by_name(server: RunningServer, model:
     assert got == status, answer
     if message is not None:
         assert answer == {"error": message}
+
+
+def test_members_that_are_not_inputs_reach_the_model_as_parameters(
+        server: RunningServer) -> None:
+    status, answer = _generate(server, "params", {"INPUT": 1.5, "temperature": 0.7,
+                                                  "parameters": {"top_k": 5, "timeout": 10**7}})
+    assert status == 200, answer
+    seen = json.loads(answer["SEEN"])
+    assert seen["parameters"] == {"temperature": 0.7, "top_k": 5}  # timeout is the server's
+    connection = _connect(server)
+    try:  # a streaming model stops at the max_tokens it was given, either way of giving it
+        for body in ({"text_input": "one two three four", "max_tokens": 2},
+                     {"text_input": "one two three four", "parameters": {"max_tokens": 2}}):
+            response = _post(connection, "/v2/models/words/generate_stream", body)
+            assert response.status == 200
+            assert [e["text_output"] for e in _events(response)] == ["ONE", "TWO"]
+    finally:
+        connection.close()
 
 
 def test_generate_stream_sends_each_response_as_it_is_made(server: RunningServer) -> None:

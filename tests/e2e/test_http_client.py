@@ -42,7 +42,7 @@ def test_health_metadata_config_and_index(client: httpclient.InferenceServerClie
                      "slow": "READY", "wide": "READY", "paced": "READY",
                      "ranked": "READY", "counter": "READY", "pipeline": "READY",
                      "accumulate": "READY", "words": "READY", "shout": "READY",
-                     "memo": "READY"}
+                     "memo": "READY", "params": "READY", "params_ensemble": "READY"}
 
 
 @pytest.mark.parametrize("binary_in, binary_out", [(True, True), (False, False), (True, False),

@@ -185,16 +185,22 @@ from tensorgate import Model
 
 class Words(Model):
     """A decoupled text model, as a token streamer is: for a text, yields each of its words in
-    capitals as `text_output`, one response each, after `delay_s`. The word "boom" raises;
-    "forever" yields "forever" until the client leaves."""
+    capitals as `text_output`, one response each, after `delay_s`, at most `max_tokens` (a
+    request parameter) of them. The word "boom" raises; "forever" yields "forever" until the
+    client leaves."""
 
     def setup(self, context):
         self.delay = float(context.parameters.get("delay_s", "0"))
 
-    def forward(self, inputs):
-        text = inputs["text_input"].reshape(-1)[0].decode()
+    def preprocess(self, inputs, requests):
+        limit = requests[0].parameters.get("max_tokens", -1)
+        return inputs["text_input"].reshape(-1)[0].decode(), limit
+
+    def forward(self, batch):
+        text, limit = batch
         words = text.split()
-        while words:
+        while words and limit != 0:
+            limit -= 1
             word = words.pop(0)
             if word == "boom":
                 raise ValueError("boom")
@@ -219,6 +225,47 @@ class Shout(Model):
         return {"text_output": np.array([[t.upper().encode()] for t in texts], dtype=object),
                 "length": np.array([[len(t)] for t in texts], dtype=np.int32)}
 '''
+
+
+PARAMS = '''
+import json
+
+import numpy as np
+
+from tensorgate import Model
+
+
+class Params(Model):
+    """Answers each row of its batch with what that row's request carried, as JSON: its id,
+    its rows of the batch, its parameters, and how many requests the batch held."""
+
+    def preprocess(self, inputs, requests):
+        rows = []
+        for request in requests:
+            seen = json.dumps({"id": request.id, "rows": [request.rows.start, request.rows.stop],
+                               "parameters": dict(request.parameters),
+                               "requests": len(requests)}, sort_keys=True).encode()
+            rows += [[seen]] * (request.rows.stop - request.rows.start)
+        return np.array(rows, dtype=object)
+
+    def forward(self, batch):
+        return {"SEEN": batch}
+'''
+
+
+def add_params_model(repo: pathlib.Path, name: str, extra: str = "") -> None:
+    """A batched Python model (PARAMS) that answers with what each request's parameters
+    were; requests wait up to 0.5 s to batch, or until 8 rows fill a batch."""
+    folder = write_config(repo, name, f"""
+        name: "{name}"
+        backend: "python"
+        max_batch_size: 8
+        input [ {{ name: "INPUT" data_type: TYPE_FP32 dims: [1] }} ]
+        output [ {{ name: "SEEN" data_type: TYPE_STRING dims: [1] }} ]
+        dynamic_batching {{ max_queue_delay_microseconds: 500000 }}
+        {extra}
+        """)
+    (folder / "1" / "model.py").write_text(PARAMS)
 
 
 def add_text_models(repo: pathlib.Path, delay_s: float = 0.0) -> None:

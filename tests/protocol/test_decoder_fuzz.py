@@ -14,7 +14,8 @@ from tensorgate.protocol.grpc_codec import (decode_model_infer, first_raw_input_
                                             split_model_infer)
 from tensorgate.protocol.generate_codec import (GenerateInput, decode_generate_body,
                                                 generate_request)
-from tensorgate.protocol.infer_codec import decode_infer_body
+from tensorgate.protocol.infer_codec import (RESERVED_PARAMETERS, decode_infer_body,
+                                             model_parameters)
 from tensorgate.tensor import CopyLedger
 from tensorgate.tensor.dtypes import datatype as datatype_named
 
@@ -95,16 +96,21 @@ json_values = st.recursive(st.none() | st.booleans() | st.integers(-2**70, 2**70
 
 @settings(max_examples=300, deadline=None)
 @given(parameters=st.dictionaries(st.sampled_from(["sequence_id", "sequence_start",
-                                                   "sequence_end", "priority", "timeout"]),
+                                                   "sequence_end", "priority", "timeout",
+                                                   "custom", "triton_x", "headers"]),
                                   json_values))
 def test_request_parameters_decode_or_are_refused_by_name(parameters: dict) -> None:
     body = bytearray(json.dumps({"parameters": parameters, "inputs": [
         {"name": "a", "shape": [1], "datatype": "FP32", "data": [1.0]}]}).encode())
     try:
         decoded = decode_infer_body(body, len(body), None, CopyLedger())
+        seen = model_parameters(decoded.parameters)
     except TensorgateError as error:
         assert any(f"'{name}'" in error.message for name in parameters)
         return
+    # a model sees exactly the parameters that are not reserved, each a scalar
+    assert set(seen) == {k for k in parameters if k not in RESERVED_PARAMETERS} - {"triton_x"}
+    assert all(isinstance(v, (bool, int, float, str)) for v in seen.values())
     if decoded.sequence is not None:
         sequence_id, start, end = decoded.sequence
         assert sequence_id not in (0, "") and isinstance(start, bool) and isinstance(end, bool)
@@ -143,10 +149,14 @@ def test_generate_requests_fit_the_dims_or_are_refused_by_name(fields: dict,
     try:
         decoded = generate_request("m", decode_generate_body(body, len(body)), GENERATE_INPUTS,
                                    batched, CopyLedger())
+        seen = model_parameters(decoded.parameters)
     except TensorgateError as error:
-        assert any(f"'{name}'" in error.message for name in fields), error.message
+        nested = fields.get("parameters")
+        named = list(fields) + (list(nested) if isinstance(nested, dict) else [])
+        assert any(f"'{name}'" in error.message for name in named), error.message
         return
-    assert "other" not in fields
+    if "other" in fields:  # a member that is no input is a parameter of the request
+        assert seen["other"] == fields["other"]
     for item in GENERATE_INPUTS:
         if item.name in fields:
             shape = tuple(decoded.inputs[item.name].shape)

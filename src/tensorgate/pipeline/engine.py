@@ -230,13 +230,13 @@ class Engine:
                         outputs: list[str], item: WorkItem) -> dict[str, TensorView]:
         """One ensemble step: a request to its model, within what is left of the ensemble
         request's deadline, in its sequence (a stateful step keeps its state), counting
-        copies to the ensemble request, at its priority."""
+        copies to the ensemble request, at its priority, with its parameters."""
         timeout_us = None
         if item.deadline_ns:
             timeout_us = max(1, (item.deadline_ns - time.monotonic_ns()) // 1000)
         result = await self.infer(InferenceRequest(model, inputs, version, outputs,
                                                    timeout_us, "", item.ledger, item.priority,
-                                                   item.sequence))
+                                                   item.sequence, item.parameters))
         return result.outputs
 
     async def _load_version(self, source: ModelSource, version: int) -> _Version:
@@ -457,7 +457,8 @@ class Engine:
         cache = self._cache if loaded.stats.cached else None
         if cache is not None:  # answered from the response cache when it was answered before
             started = time.monotonic_ns()
-            key = cache.key(loaded.spec.name, loaded.load_id, request.inputs, request.outputs)
+            key = cache.key(loaded.spec.name, loaded.load_id, request.inputs, request.outputs,
+                            request.parameters)
             outputs = cache.get(key)
             if outputs is not None:
                 times = StageTimes()

@@ -273,7 +273,7 @@ class ExecutorThread:
                 if self._graphs is not None and self._graphs.covers(inputs, batch.rows):
                     raw = self._graphs.replay(inputs, batch.rows, batch.items[0].ledger)
                 else:
-                    raw = runner.run(self._to_device(inputs, batch))
+                    raw = _run(runner, self._to_device(inputs, batch), batch)
                 if self._stream is not None:
                     # Outputs come home before the next batch can overwrite a graph's buffers.
                     raw = map_tensors(raw, lambda t: self._to_host(t, batch))
@@ -309,7 +309,7 @@ class ExecutorThread:
         produced: Any = None
         try:
             with torch.inference_mode(), self._on_stream():
-                produced = runner.run(self._to_device(item.inputs, batch))
+                produced = _run(runner, self._to_device(item.inputs, batch), batch)
                 if not isinstance(produced, Iterator):
                     raise InternalError(
                         f"model '{self.settings.spec.name}' is decoupled: its forward must "
@@ -419,6 +419,12 @@ class ExecutorThread:
         if self.settings.device.type == "cuda":
             torch.cuda.synchronize(self.settings.device)
             torch.cuda.empty_cache()
+
+
+def _run(runner: Runner, inputs: dict[str, Any], batch: Batch) -> Any:
+    if runner.takes_requests:
+        return runner.run(inputs, batch.requests())
+    return runner.run(inputs)
 
 
 def _cpu_text(cpus: frozenset[int]) -> str:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tensorgate.errors import InvalidArgumentError
+from tensorgate.model import NO_PARAMETERS, Parameter
 from tensorgate.pipeline.stats import StageTimes
 from tensorgate.pipeline.work import SequenceFlags, WorkItem
 from tensorgate.repository.model_config import ModelSpec, QueuePolicy
@@ -35,6 +36,8 @@ class InferenceRequest:
     ledger: CopyLedger = field(default_factory=CopyLedger)
     priority: int = 0  # 1 is the highest; 0: the model's default level
     sequence: SequenceFlags | None = None  # its sequence, for a stateful model
+    # What its model sees of the request parameters (the reserved ones taken out)
+    parameters: Mapping[str, Parameter] = field(default_factory=lambda: NO_PARAMETERS)
 
 
 @dataclass
@@ -106,7 +109,7 @@ def work_item(spec: ModelSpec, request: InferenceRequest,
                              request.timeout_us)
     return WorkItem(inputs, max(rows, 1), tuple(key), wanted, loop.create_future(), now,
                     now + timeout_us * 1000 if timeout_us else 0, request.ledger, level,
-                    request.sequence, request.priority)
+                    request.sequence, request.priority, request.id, request.parameters)
 
 
 def _timeout_us(policy: QueuePolicy | None, requested: int | None) -> int:

@@ -21,6 +21,7 @@ import hashlib
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from tensorgate.tensor.copies import CopyLedger, record_copy
 from tensorgate.tensor.view import TensorView
@@ -55,10 +56,10 @@ class ResponseCache:
 
     @staticmethod
     def key(model: str, load: int, inputs: Mapping[str, TensorView],
-            outputs: Sequence[str] | None) -> bytes:
+            outputs: Sequence[str] | None, parameters: Mapping[str, Any] | None = None) -> bytes:
         """The request's digest: model, the load of its version that answers it, each input
-        (sorted by name) with its datatype, shape and bytes, and the outputs asked for
-        (None: all)."""
+        (sorted by name) with its datatype, shape and bytes, the outputs asked for (None:
+        all) and the request parameters its model sees (they may change its answer)."""
         digest = hashlib.sha256()
         digest.update(f"{model}\0{load}\0".encode())
         for name in sorted(inputs):
@@ -67,6 +68,8 @@ class ResponseCache:
                           .encode())
             digest.update(view.memoryview())
         digest.update(repr(sorted(outputs) if outputs is not None else None).encode())
+        if parameters:  # repr tells True from 1 and 1 from 1.0 and "1"
+            digest.update(repr(sorted(parameters.items())).encode())
         return digest.digest()
 
     def get(self, key: bytes) -> dict[str, TensorView] | None:

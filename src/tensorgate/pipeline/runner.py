@@ -4,13 +4,15 @@
     model.pt2  a `torch.export` program (`torch.export.load`) or an AOTInductor package
     model.py   a `tensorgate.Model` subclass with stage hooks
 
-`run` takes the batched inputs by config name and returns the model's raw result; `name`
-maps a raw result (tensor, sequence or mapping) onto the config's output names.
+`run` takes the batched inputs by config name (and, where `takes_requests`, the batch's
+`RequestInfo`s) and returns the model's raw result; `name_outputs` maps a raw result
+(tensor, sequence or mapping) onto the config's output names.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import pathlib
 import sys
 import warnings
@@ -21,7 +23,7 @@ import numpy as np
 import torch
 
 from tensorgate.errors import InternalError
-from tensorgate.model import Model, ModelContext
+from tensorgate.model import NO_PARAMETERS, Model, ModelContext, RequestInfo
 from tensorgate.repository.model_config import ModelConfigError, ModelSpec, WarmupSample
 from tensorgate.tensor.bytes_codec import decode_bytes_tensor
 from tensorgate.tensor.dtypes import DataType
@@ -55,10 +57,12 @@ def name_outputs(raw: Any, spec: ModelSpec) -> dict[str, Any]:
 class Runner:
     """`run(inputs)` on the executor; `postprocess(raw)` wherever the pipeline puts it."""
 
-    def __init__(self, forward: Callable[[dict[str, torch.Tensor]], Any],
+    def __init__(self, forward: Callable[..., Any],
                  postprocess: Callable[[Any], Any] | None, module: torch.nn.Module | None,
-                 *, shareable: bool = False) -> None:
+                 *, shareable: bool = False, takes_requests: bool = False) -> None:
         self.run = forward
+        # run(inputs, requests): a Python model whose preprocess reads its requests
+        self.takes_requests = takes_requests
         self.postprocess = postprocess
         self.module = module  # for CUDA-graph capture and device moves; None for Python models
         # True when two threads may run `run` at once without the GIL and without touching
@@ -112,12 +116,34 @@ def _load_python(path: pathlib.Path, spec: ModelSpec, context: ModelContext) -> 
                                           f"found {found}")
     model = classes[0]()
     model.setup(context)
-
-    def forward(inputs: dict[str, torch.Tensor]) -> Any:
-        return model.forward(model.preprocess(inputs))
-
     overridden = type(model).postprocess is not Model.postprocess
-    return Runner(forward, model.postprocess if overridden else None, None)
+    postprocess = model.postprocess if overridden else None
+    if type(model).preprocess is Model.preprocess or not _takes_requests(model.preprocess):
+        def forward(inputs: dict[str, torch.Tensor]) -> Any:
+            return model.forward(model.preprocess(inputs))
+        return Runner(forward, postprocess, None)
+
+    batched = spec.max_batch_size > 0
+
+    def forward_requests(inputs: dict[str, torch.Tensor],
+                         requests: Sequence[RequestInfo] | None = None) -> Any:
+        if requests is None:  # a warm-up run: one request without parameters
+            rows = next((len(v) for v in inputs.values()), 1) if batched else 1
+            requests = (RequestInfo("", slice(0, rows), NO_PARAMETERS),)
+        return model.forward(model.preprocess(inputs, requests))
+    return Runner(forward_requests, postprocess, None, takes_requests=True)
+
+
+def _takes_requests(preprocess: Callable[..., Any]) -> bool:
+    """Whether a bound `preprocess` takes a second positional argument (the requests)."""
+    positional = 0
+    for parameter in inspect.signature(preprocess).parameters.values():
+        if parameter.kind is inspect.Parameter.VAR_POSITIONAL:
+            return True
+        if parameter.kind in (inspect.Parameter.POSITIONAL_ONLY,
+                              inspect.Parameter.POSITIONAL_OR_KEYWORD):
+            positional += 1
+    return positional >= 2
 
 
 def load_runner(path: pathlib.Path, kind: str, spec: ModelSpec, context: ModelContext) -> Runner:

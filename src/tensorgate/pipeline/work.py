@@ -8,9 +8,10 @@ orders those writes before the reads.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
+from tensorgate.model import NO_PARAMETERS, Parameter, RequestInfo
 from tensorgate.pipeline.stats import StageTimes
 from tensorgate.tensor.copies import CopyLedger
 from tensorgate.tensor.view import TensorView
@@ -33,12 +34,13 @@ class WorkItem:
 
     __slots__ = ("inputs", "rows", "key", "wanted", "future", "enqueued_ns", "deadline_ns",
                  "ledger", "times", "results", "level", "priority", "respond", "abandoned",
-                 "sequence", "filler")
+                 "sequence", "filler", "id", "parameters")
 
     def __init__(self, inputs: dict[str, Any], rows: int, key: tuple[Any, ...],
                  wanted: tuple[str, ...], future: asyncio.Future[Any], enqueued_ns: int,
                  deadline_ns: int, ledger: CopyLedger, level: int = 0,
-                 sequence: SequenceFlags | None = None, priority: int = 0) -> None:
+                 sequence: SequenceFlags | None = None, priority: int = 0, id: str = "",
+                 parameters: Mapping[str, Parameter] = NO_PARAMETERS) -> None:
         self.inputs = inputs          # config input name → CPU tensor (numpy object for BYTES)
         self.rows = rows              # batch rows this request brings (1 when not batching)
         self.key = key                # per-item shapes: only equal keys batch together
@@ -61,6 +63,8 @@ class WorkItem:
         # A row that only fills a gap in a direct sequence batch (pipeline/sequences.py): run,
         # but nobody's request, so neither answered nor counted.
         self.filler = False
+        self.id = id                  # the request's id, and the parameters its model sees
+        self.parameters = parameters
 
     def release(self) -> None:
         """Its batch is done and it is answered: the item lets go of its tensors (the future
@@ -83,3 +87,12 @@ class Batch:
         self.input_ns = 0
         self.infer_ns = 0
         self.output_ns = 0
+
+    def requests(self) -> list[RequestInfo]:
+        """Its requests as a Python model's `preprocess` sees them, in row order."""
+        found = []
+        start = 0
+        for item in self.items:
+            found.append(RequestInfo(item.id, slice(start, start + item.rows), item.parameters))
+            start += item.rows
+        return found

@@ -2,10 +2,10 @@
 flat JSON object out, for text models that a client drives without tensor plumbing.
 
 A request's members that name a model input are that input's value — a JSON scalar or a
-(nested) array, shaped by the input's config dims; `parameters` holds the request parameters
-(`timeout`, `priority`, `sequence_*`, as for /infer). Any other member is an error naming it:
-our models do not see request parameters, so a member that is not an input would be dropped
-without a word. A response is `model_name`, `model_version`, and each output by name: a
+(nested) array, shaped by the input's config dims. Every other member is a request
+parameter, as in Triton (`max_tokens`, `temperature`: what a Python model reads from its
+`RequestInfo`s; `timeout`, `priority`, `sequence_*` as for /infer), and so is each member
+of an optional `parameters` object; one name in both is an error. A response is `model_name`, `model_version`, and each output by name: a
 scalar when it holds one element, else its elements in row-major order; BYTES as text.
 `/generate_stream` sends each response as one Server-Sent Event.
 """
@@ -56,16 +56,18 @@ def generate_request(model: str, fields: dict[str, Any], inputs: Sequence[Genera
     """The inference a generate request asks for: one row (batch 1 where the model batches).
     Inputs the request leaves out are left out; the pipeline says which of them it needs."""
     by_name = {item.name: item for item in inputs}
-    parameters = json_parameters(fields.get("parameters"), "the generate request")
+    parameters = dict(json_parameters(fields.get("parameters"), "the generate request"))
     views: dict[str, TensorView] = {}
     for name, value in fields.items():
         if name == "parameters":
             continue
         item = by_name.get(name)
         if item is None:
-            raise InvalidArgumentError(
-                f"model '{model}' has no input '{name}'; inputs are: "
-                f"{', '.join(by_name) or 'none'} (request parameters go in 'parameters')")
+            if name in parameters:
+                raise InvalidArgumentError(f"request parameter '{name}' is given twice: as a "
+                                           "member of the request and in its 'parameters'")
+            parameters[name] = value
+            continue
         shape = _shape(model, item, value)
         views[name] = json_tensor(value, item.datatype, ((1,) if batched else ()) + shape,
                                   name, ledger)

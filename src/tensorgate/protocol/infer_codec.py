@@ -9,7 +9,9 @@ a response never joins header and tensor bytes.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -22,7 +24,7 @@ from tensorgate.tensor.view import TensorView, checked_shape
 
 __all__ = ["DecodedRequest", "RequestedOutput", "classification_count", "decode_infer_body",
            "encode_infer_response", "json_data", "json_error", "json_object", "json_parameters",
-           "json_tensor", "request_priority", "request_sequence", "request_timeout",
+           "json_tensor", "model_parameters", "request_priority", "request_sequence", "request_timeout",
            "shm_parameters"]
 
 
@@ -129,6 +131,36 @@ def request_sequence(parameters: dict[str, Any]) -> tuple[int | str, bool, bool]
                         "non-zero 'sequence_id' naming the sequence")
         return None
     return sequence_id, flags[0], flags[1]
+
+
+# Request parameters the server acts on itself (Triton's parameters extension reserves them,
+# and every `triton_` key); a model sees the others.
+RESERVED_PARAMETERS = frozenset({"binary_data_output", "headers", "priority", "sequence_end",
+                                 "sequence_id", "sequence_start", "timeout"})
+_TRITON_PARAMETERS = frozenset({"triton_enable_empty_final_response"})
+_NO_PARAMETERS: Mapping[str, Any] = MappingProxyType({})
+
+
+def model_parameters(parameters: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The request parameters its model sees: all but the reserved ones, each checked to be
+    a boolean, a number or a string (what gRPC's InferParameter can carry)."""
+    found: dict[str, Any] | None = None
+    for key, value in parameters.items():
+        if key in RESERVED_PARAMETERS:
+            continue
+        if key.startswith("triton_"):
+            if key in _TRITON_PARAMETERS:
+                continue
+            raise _fail(f"request parameter '{key}': keys starting with 'triton_' are reserved; "
+                        f"the server knows {', '.join(sorted(_TRITON_PARAMETERS))}")
+        if not isinstance(value, (bool, int, float, str)):
+            kind = "no value" if value is None else type(value).__name__
+            raise _fail(f"request parameter '{key}' must be a boolean, a number or a string, "
+                        f"got {kind}")
+        if found is None:
+            found = {}
+        found[key] = value
+    return _NO_PARAMETERS if found is None else MappingProxyType(found)
 
 
 def classification_count(parameters: dict[str, Any], output: str) -> int:

@@ -1,0 +1,132 @@
+"""Triton's parameters extension: a request's own parameters reach its Python model, each
+request of a batch its own, over HTTP and gRPC; reserved ones stay the server's; bad ones are
+refused by name. The "params" model answers each row with what its request carried."""
+
+from __future__ import annotations
+
+import http.client
+import json
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+
+from tests.e2e.conftest import RunningServer
+
+CUSTOM = {"temperature": 0.25, "mode": "greedy", "top_k": 40, "stream": False}
+
+
+def _seen(result: httpclient.InferResult | grpcclient.InferResult, output: str = "SEEN"
+          ) -> list[dict]:
+    return [json.loads(row) for row in result.as_numpy(output).reshape(-1)]
+
+
+def _input(module, rows: int, value: float = 1.0):  # type: ignore[no-untyped-def]
+    item = module.InferInput("INPUT", [rows, 1], "FP32")
+    item.set_data_from_numpy(np.full((rows, 1), value, np.float32))
+    return item
+
+
+def test_parameters_reach_the_model_over_http_and_grpc(server: RunningServer) -> None:
+    with httpclient.InferenceServerClient(server.url) as client:
+        result = client.infer("params", [_input(httpclient, 1, 2.0)], request_id="h1",
+                              parameters=CUSTOM, priority=1, timeout=10**7)
+    [seen] = _seen(result)
+    # priority and timeout are the server's; the model sees the rest with their JSON types
+    assert seen == {"id": "h1", "rows": [0, 1], "parameters": CUSTOM, "requests": 1}
+    with grpcclient.InferenceServerClient(server.grpc_url) as client:
+        result = client.infer("params", [_input(grpcclient, 1, 3.0)], request_id="g1",
+                              parameters=CUSTOM, priority=1, timeout=10**7)
+    [seen] = _seen(result)
+    assert seen == {"id": "g1", "rows": [0, 1], "parameters": CUSTOM, "requests": 1}
+    assert type(seen["parameters"]["top_k"]) is int and seen["parameters"]["stream"] is False
+
+
+def test_each_request_of_a_batch_sees_its_own_parameters_and_rows(server: RunningServer) -> None:
+    # 1 + 2 + 3 + 2 rows: together they fill the model's batch of 8 (it waits up to 0.5 s)
+    sizes = [1, 2, 3, 2]
+
+    def call(index: int) -> list[dict]:
+        with httpclient.InferenceServerClient(server.url) as client:
+            return _seen(client.infer("params", [_input(httpclient, sizes[index], 4.0)],
+                                      request_id=f"r{index}", parameters={"who": index}))
+
+    with ThreadPoolExecutor(len(sizes)) as pool:
+        answers = list(pool.map(call, range(len(sizes))))
+    for index, rows in enumerate(answers):
+        assert len(rows) == sizes[index]
+        first = rows[0]
+        assert all(row == first for row in rows)  # every row of a request says the same
+        assert first["id"] == f"r{index}" and first["parameters"] == {"who": index}
+        start, stop = first["rows"]
+        assert stop - start == sizes[index]
+    assert max(rows[0]["requests"] for rows in answers) > 1, "no two requests were batched"
+
+
+def test_an_ensemble_passes_its_parameters_to_its_steps(server: RunningServer) -> None:
+    with grpcclient.InferenceServerClient(server.grpc_url) as client:
+        item = grpcclient.InferInput("X", [1, 1], "FP32")
+        item.set_data_from_numpy(np.full((1, 1), 5.0, np.float32))
+        result = client.infer("params_ensemble", [item], parameters={"route": "a"})
+    [seen] = _seen(result, "Y")
+    assert seen["parameters"] == {"route": "a"}
+
+
+def test_the_response_cache_tells_requests_apart_by_their_parameters(
+        server: RunningServer) -> None:
+    with httpclient.InferenceServerClient(server.url) as client:
+        def hits() -> int:
+            stats = client.get_inference_statistics("params")["model_stats"][0]
+            return int(stats["inference_stats"]["cache_hit"]["count"])
+
+        def ask(parameters: dict) -> dict:
+            return _seen(client.infer("params", [_input(httpclient, 1, 7.5)],
+                                      parameters=parameters))[0]
+
+        before = hits()
+        assert ask({"n": 1})["parameters"] == {"n": 1}
+        assert ask({"n": 1})["parameters"] == {"n": 1} and hits() == before + 1
+        # the same input with other parameters is another question: the model answers it
+        assert ask({"n": 2})["parameters"] == {"n": 2} and hits() == before + 1
+        assert ask({"n": True})["parameters"] == {"n": True} and hits() == before + 1
+        assert ask({"n": 2})["parameters"] == {"n": 2} and hits() == before + 2
+
+
+@pytest.mark.parametrize(("parameters", "message"), [
+    ({"style": {"a": 1}}, "request parameter 'style' must be a boolean, a number or a string, "
+                          "got dict"),
+    ({"stop": ["x"]}, "request parameter 'stop' must be a boolean, a number or a string, "
+                      "got list"),
+    ({"seed": None}, "request parameter 'seed' must be a boolean, a number or a string, "
+                     "got no value"),
+    ({"triton_mine": 1}, "request parameter 'triton_mine': keys starting with 'triton_' are "
+                         "reserved; the server knows triton_enable_empty_final_response"),
+])
+def test_bad_parameters_are_refused_by_name(server: RunningServer, parameters: dict,
+                                            message: str) -> None:
+    body = {"inputs": [{"name": "INPUT", "datatype": "FP32", "shape": [1, 1], "data": [1.0]}],
+            "parameters": parameters}
+    connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+    try:
+        connection.request("POST", "/v2/models/params/infer", json.dumps(body).encode(),
+                           {"Content-Type": "application/json"})
+        response = connection.getresponse()
+        assert response.status == 400
+        assert json.loads(response.read()) == {"error": message}
+        # the connection and the server go on serving
+        body["parameters"] = {"ok": "yes"}
+        connection.request("POST", "/v2/models/params/infer", json.dumps(body).encode(),
+                           {"Content-Type": "application/json"})
+        response = connection.getresponse()
+        assert response.status == 200
+        [output] = json.loads(response.read())["outputs"]
+        assert json.loads(output["data"][0])["parameters"] == {"ok": "yes"}
+    finally:
+        connection.close()
+
+
+def test_the_server_says_it_has_the_parameters_extension(server: RunningServer) -> None:
+    with httpclient.InferenceServerClient(server.url) as client:
+        assert "parameters" in client.get_server_metadata()["extensions"]
