@@ -1,12 +1,13 @@
 """Prometheus text exposition with Triton's metric names, so existing dashboards keep working,
-plus tensorgate_copied_bytes_total. Counters are cumulative; latencies are µs, as Triton's."""
+plus tensorgate's own (copies, pool, cache, connections, and latency histograms). Triton's
+counters are cumulative, their latencies µs; the histograms are in seconds, Prometheus' way."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
 from tensorgate.pipeline.response_cache import CacheStatistics
-from tensorgate.pipeline.stats import ModelStatistics
+from tensorgate.pipeline.stats import LATENCY_BOUNDS_US, Histogram, ModelStatistics
 from tensorgate.tensor.copies import process_copies
 from tensorgate.tensor.pool import PoolStatistics
 
@@ -36,6 +37,14 @@ _HELP = {
     "tensorgate_sequences_waiting": ("gauge", "Sequences started and waiting for a free slot"),
     "tensorgate_sequences_expired_total": (
         "counter", "Sequences ended by max_sequence_idle_microseconds, not by sequence_end"),
+    "tensorgate_request_duration_seconds": (
+        "histogram", "Successful requests' time in the server's pipeline, queue to answer"),
+    "tensorgate_queue_duration_seconds": (
+        "histogram", "Successful requests' time waiting in the queue"),
+    "tensorgate_compute_infer_duration_seconds": (
+        "histogram", "Successful requests' time in the model (their batch's)"),
+    "tensorgate_first_response_duration_seconds": (
+        "histogram", "A decoupled model's time from a request to its first response"),
     "tensorgate_copied_bytes_total": ("counter", "Tensor bytes the server copied"),
     "tensorgate_copies_by_reason_bytes_total": (
         "counter", "Tensor bytes the whole process copied, by reason (receive, decode, batch, ...)"),
@@ -52,6 +61,23 @@ _HELP = {
     "tensorgate_connections_refused_total": (
         "counter", "Client connections refused past --max-connections"),
 }
+
+
+# Prometheus' `le` label of each bucket bound, in seconds ("0.00005", "1", "2.5")
+_LE = [f"{bound / 1e6:.6f}".rstrip("0").rstrip(".") for bound in LATENCY_BOUNDS_US] + ["+Inf"]
+
+
+def _histogram(histogram: Histogram, model: str, version: str) -> list[str]:
+    """The rows of one histogram: cumulative buckets, then its sum and count."""
+    rows = []
+    total = 0
+    for le, count in zip(_LE, histogram.counts):
+        total += count
+        rows.append(f"_bucket{_labels(model=model, version=version, le=le)} {total}")
+    labels = _labels(model=model, version=version)
+    rows.append(f"_sum{labels} {histogram.ns / 1e9:.9f}")
+    rows.append(f"_count{labels} {total}")
+    return rows
 
 
 def _labels(**values: str) -> str:
@@ -102,6 +128,16 @@ def render_metrics(models: Iterable[tuple[ModelStatistics, int]],
             rows["tensorgate_sequences_waiting"].append(f"{labels} {stats.sequences_waiting}")
             rows["tensorgate_sequences_expired_total"].append(
                 f"{labels} {stats.sequences_expired}")
+        version = str(stats.version)
+        rows["tensorgate_request_duration_seconds"] += _histogram(stats.request_latency,
+                                                                 stats.name, version)
+        rows["tensorgate_queue_duration_seconds"] += _histogram(stats.queue_latency,
+                                                               stats.name, version)
+        rows["tensorgate_compute_infer_duration_seconds"] += _histogram(stats.infer_latency,
+                                                                       stats.name, version)
+        if stats.first_response_latency.ns:
+            rows["tensorgate_first_response_duration_seconds"] += _histogram(
+                stats.first_response_latency, stats.name, version)
         rows["tensorgate_copied_bytes_total"].append(
             f"{_labels(model=stats.name)} {stats.copied_bytes}")
     totals = process_copies()

@@ -136,3 +136,56 @@ def test_the_response_cache_answers_repeats_and_says_so(server: RunningServer) -
     assert value(text, "nv_inference_count", **labels) == 1
     assert value(text, "tensorgate_response_cache_bytes", state="limit") == 1 << 20
     assert re.search(r"^tensorgate_response_cache_entries (\d+)$", text, re.M)
+
+
+def _buckets(text: str, metric: str, model: str) -> list[tuple[float, int]]:
+    found = re.findall(rf'^{metric}_bucket\{{model="{model}",version="1",le="([^"]+)"\}} (\d+)$',
+                       text, re.M)
+    return [(float(le), int(count)) for le, count in found]
+
+
+def test_latency_histograms_count_each_request_in_its_bucket(server: RunningServer) -> None:
+    item = httpclient.InferInput("INPUT__0", [1, 8], "FP32")
+    item.set_data_from_numpy(np.zeros((1, 8), np.float32))
+    before = scrape(server)
+    labels = {"model": "linear", "version": "1"}
+    with httpclient.InferenceServerClient(server.url) as client:
+        for _ in range(5):
+            client.infer("linear", [item])
+    after = scrape(server)
+    assert "# TYPE tensorgate_request_duration_seconds histogram" in after
+    for metric in ("tensorgate_request_duration_seconds", "tensorgate_queue_duration_seconds",
+                   "tensorgate_compute_infer_duration_seconds"):
+        buckets = _buckets(after, metric, "linear")
+        bounds = [le for le, _ in buckets]
+        counts = [count for _, count in buckets]
+        assert bounds == sorted(bounds) and bounds[-1] == float("inf")
+        assert counts == sorted(counts)  # cumulative
+        count = value(after, f"{metric}_count", **labels)
+        assert counts[-1] == count == value(before, f"{metric}_count", **labels) + 5
+    # the histogram's sum is the same time Triton's µs counter adds up (no failures here)
+    added_s = (value(after, "tensorgate_request_duration_seconds_sum", **labels)
+               - value(before, "tensorgate_request_duration_seconds_sum", **labels))
+    added_us = (value(after, "nv_inference_request_duration_us", **labels)
+                - value(before, "nv_inference_request_duration_us", **labels))
+    assert added_s > 0 and abs(added_s * 1e6 - added_us) <= 1
+
+
+def test_a_decoupled_models_first_response_time_is_measured(server: RunningServer) -> None:
+    def first_responses() -> float:
+        text = scrape(server)
+        if "tensorgate_first_response_duration_seconds_count{model=\"words\"" not in text:
+            return 0
+        return value(text, "tensorgate_first_response_duration_seconds_count",
+                     model="words", version="1")
+
+    before = first_responses()
+    with grpcclient.InferenceServerClient(server.grpc_url) as client:
+        answers: list[object] = []
+        client.start_stream(callback=lambda result, error: answers.append(error or result))
+        text = grpcclient.InferInput("text_input", [1, 1], "BYTES")
+        text.set_data_from_numpy(np.array([[b"three words here"]], dtype=object))
+        client.async_stream_infer("words", [text])
+        client.stop_stream()  # waits for the stream's responses
+    assert len(answers) == 3 and not any(isinstance(a, Exception) for a in answers), answers
+    assert first_responses() == before + 1

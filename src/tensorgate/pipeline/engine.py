@@ -507,11 +507,15 @@ class Engine:
         item.respond = lambda outputs, taken: arrived.put_nowait((outputs, taken))
         item.future.add_done_callback(lambda _: arrived.put_nowait(None))
         loaded.scheduler.submit(item)
+        first = True
         try:
             while True:
                 response = await arrived.get()
                 if response is None:
                     break
+                if first:  # time to first response: what a token streamer's users feel
+                    loaded.stats.first_response_latency.add(time.monotonic_ns() - item.enqueued_ns)
+                    first = False
                 outputs, taken = response
                 taken()
                 yield InferenceResult(loaded.spec.name, loaded.version, request.id, outputs,

@@ -6,9 +6,17 @@ Updated on the event-loop thread only (results come back there), so no locks.
 from __future__ import annotations
 
 import time
+from bisect import bisect_left
 from dataclasses import dataclass, field
 
-__all__ = ["Duration", "ModelStatistics", "StageTimes"]
+__all__ = ["LATENCY_BOUNDS_US", "Duration", "Histogram", "ModelStatistics", "StageTimes"]
+
+# Latency histogram bucket bounds (µs): fine below 10 ms, where batch-1 serving lives, so a
+# P99 read from them (Prometheus' histogram_quantile) is within a bucket of the truth there.
+LATENCY_BOUNDS_US = (50, 100, 250, 500, 750, 1_000, 1_500, 2_500, 5_000, 7_500, 10_000,
+                     25_000, 50_000, 75_000, 100_000, 250_000, 500_000, 1_000_000, 2_500_000,
+                     5_000_000, 10_000_000)
+_BOUNDS_NS = tuple(bound * 1000 for bound in LATENCY_BOUNDS_US)
 
 
 class Duration:
@@ -26,6 +34,25 @@ class Duration:
 
     def as_dict(self) -> dict[str, int]:
         return {"count": self.count, "ns": self.ns}
+
+
+class Histogram:
+    """Counts of durations by LATENCY_BOUNDS_US bucket (the last: above them all) and their
+    sum: what Prometheus needs for quantiles across a fleet, at a bisect and two adds."""
+
+    __slots__ = ("counts", "ns")
+
+    def __init__(self) -> None:
+        self.counts = [0] * (len(_BOUNDS_NS) + 1)
+        self.ns = 0
+
+    def add(self, ns: int) -> None:
+        self.counts[bisect_left(_BOUNDS_NS, ns)] += 1  # a bucket holds durations <= its bound
+        self.ns += ns
+
+    @property
+    def count(self) -> int:
+        return sum(self.counts)
 
 
 class StageTimes:
@@ -71,6 +98,12 @@ class ModelStatistics:
         self.compute_output = Duration()
         self.cache_hit = Duration()  # answered from the response cache: the lookup's time
         self.cache_miss = Duration()  # not in it: the lookup's and the insertion's time
+        # Successful requests' latencies, for /metrics: end to end in the pipeline, waiting in
+        # the queue, and in the model; a decoupled model's first response (time to first token)
+        self.request_latency = Histogram()
+        self.queue_latency = Histogram()
+        self.infer_latency = Histogram()
+        self.first_response_latency = Histogram()
         self.copied_bytes = 0
         self.batch_rows_limit = 0  # rows a batch may take now (0: no batching)
         self.sequence_slots = 0  # a stateful model's slots, all instances (0: not stateful)
@@ -96,6 +129,9 @@ class ModelStatistics:
     def record_success(self, times: StageTimes, copied: int) -> None:
         self.last_inference_ms = time.time_ns() // 1_000_000  # wall clock: a timestamp, not a timer
         self.success.add(times.total_ns)
+        self.request_latency.add(times.total_ns)
+        self.queue_latency.add(times.queue_ns)
+        self.infer_latency.add(times.infer_ns)
         self.queue.add(times.queue_ns)
         self.compute_input.add(times.input_ns)
         self.compute_infer.add(times.infer_ns)
@@ -106,6 +142,7 @@ class ModelStatistics:
         """A success the model did not run for: no inference, no execution (as Triton)."""
         self.last_inference_ms = time.time_ns() // 1_000_000
         self.success.add(times.total_ns)
+        self.request_latency.add(times.total_ns)
         self.cache_hit.add(times.total_ns)
 
     def record_failure(self, total_ns: int, reason: str) -> None:
