@@ -3,7 +3,7 @@ control and inference. Front ends decode, call this, and encode; they know nothi
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Iterable
 from typing import Any
 
 import numpy as np
@@ -20,7 +20,7 @@ from tensorgate.tensor.copies import CopyLedger
 from tensorgate.tensor.shm import SharedMemoryRegistry
 from tensorgate.tensor.view import TensorView
 
-__all__ = ["EXTENSIONS", "Answer", "DataPlane", "parse_version"]
+__all__ = ["EXTENSIONS", "Answer", "DataPlane", "parse_version", "refuse_model_files"]
 
 # What inference gives a front end: the result, the outputs to send, which of them go as
 # binary, and which were written into shared-memory regions (region, offset, byte_size).
@@ -40,6 +40,17 @@ def parse_version(text: str | None) -> int | None:
     if not text.isdecimal() or text.startswith("0"):
         raise NotFoundError(f"model version '{text}' is not a version number")
     return int(text)
+
+
+def refuse_model_files(parameters: Iterable[str]) -> None:
+    """A load request's `file:` parameters would upload model files — code the server runs
+    (model.py, TorchScript) — from any client that reaches the API: refused, by design."""
+    files = sorted(key for key in parameters if key.startswith("file:"))
+    if files:
+        raise InvalidArgumentError(f"load parameters {', '.join(files)}: uploading model files "
+                                   "with a load is not supported (they would be code the "
+                                   "server runs); put them in the model repository and load "
+                                   "again ('config' alone may override the config)")
 
 
 class DataPlane:
@@ -98,9 +109,10 @@ class DataPlane:
         index = self.engine.index()
         return [e for e in index if e["state"] == "READY"] if ready_only else index
 
-    async def load(self, name: str) -> None:
+    async def load(self, name: str, config: str | None = None) -> None:
+        """`config`: a JSON model config to load with instead of the repository's."""
         self._check_model_control("load")
-        await self.engine.load(name)
+        await self.engine.load(name, config)
 
     async def unload(self, name: str, dependents: bool = False) -> None:
         """`dependents`: Triton's unload_dependents (an ensemble's step models too)."""

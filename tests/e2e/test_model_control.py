@@ -7,6 +7,7 @@ from __future__ import annotations
 import http.client
 import json
 import pathlib
+import re
 import shutil
 import time
 from collections.abc import Callable
@@ -148,5 +149,73 @@ def test_poll_mode_follows_added_changed_and_removed_models(tmp_path: pathlib.Pa
             shutil.rmtree(repo / "b")  # removed
             _until(lambda: not client.is_model_ready("b"), "model b was unloaded")
             assert "b" not in {e["name"] for e in client.get_model_repository_index()}
+    finally:
+        assert stop_server(server) == 0
+
+
+def test_a_load_may_override_the_config(tmp_path: pathlib.Path) -> None:
+    """Triton's load `config` parameter (Model Analyzer's way to try configs): the model
+    loads with the given JSON config instead of its config.pbtxt, until a load without one."""
+    repo = _repo(tmp_path / "models", "a")
+    server = start_server(repo, tmp_path / "server.log", "--model-control-mode", "explicit",
+                          "--load-model", "a")
+    try:
+        with httpclient.InferenceServerClient(server.url) as client, \
+                grpcclient.InferenceServerClient(server.grpc_url) as grpc_client:
+            config = client.get_model_config("a")
+            assert config["max_batch_size"] == 4
+            config["max_batch_size"] = 2
+            config["parameters"]["delay_s"] = {"string_value": "0.001"}
+            client.load_model("a", config=json.dumps(config))
+            changed = client.get_model_config("a")
+            assert changed["max_batch_size"] == 2
+            assert changed["parameters"]["delay_s"]["string_value"] == "0.001"
+            three = httpclient.InferInput("INPUT__0", [3, 4], "FP32")
+            three.set_data_from_numpy(np.ones((3, 4), np.float32))
+            with pytest.raises(InferenceServerException, match="max_batch_size is 2"):
+                client.infer("a", [three])
+            # over gRPC too
+            config["max_batch_size"] = 3
+            grpc_client.load_model("a", config=json.dumps(config))
+            assert client.get_model_config("a")["max_batch_size"] == 3
+            assert client.infer("a", [three]).as_numpy("OUTPUT__0").shape == (3, 4)
+            # refused by name, and the loaded model goes on serving as it was
+            for bad, message in [
+                ("{not json", "the load request's 'config' of model 'a'"),
+                (json.dumps({**config, "max_batch_sise": 1}), "max_batch_sise"),
+                (json.dumps({**config, "name": "b"}),
+                 "field 'name' is 'b' but the model being loaded is 'a'"),
+            ]:
+                with pytest.raises(InferenceServerException, match=re.escape(message)):
+                    client.load_model("a", config=bad)
+                assert client.get_model_config("a")["max_batch_size"] == 3
+                assert np.array_equal(_infer(client, "a"), np.full((1, 4), 3.0, np.float32))
+            with pytest.raises(InferenceServerException, match="uploading model files"):
+                client.load_model("a", config=json.dumps(config),
+                                  files={"file:1/model.py": b"import os"})
+            with pytest.raises(InferenceServerException, match="uploading model files"):
+                grpc_client.load_model("a", config=json.dumps(config),
+                                       files={"file:1/model.py": b"import os"})
+            # labels follow the config that is loaded (read again at each load)
+            (repo / "a" / "labels.txt").write_text("zero\none\ntwo\nthree\n")
+            (repo / "a" / "other.txt").write_text("nul\neins\nzwei\ndrei\n")
+            wanted = [httpclient.InferRequestedOutput("OUTPUT__0", class_count=1)]
+            one = httpclient.InferInput("INPUT__0", [1, 4], "FP32")
+            one.set_data_from_numpy(np.array([[0, 0, 5, 0]], np.float32))
+            for labels, top in (("labels.txt", b"two"), ("other.txt", b"zwei")):
+                config["output"][0]["label_filename"] = labels
+                client.load_model("a", config=json.dumps(config))
+                [answer] = client.infer("a", [one], outputs=wanted).as_numpy("OUTPUT__0")
+                assert answer[0].split(b":")[-1] == top
+            # a file a client's config names stays inside the model's directory
+            config["output"][0]["label_filename"] = "../../server.log"
+            with pytest.raises(InferenceServerException, match="must be a file name in"):
+                client.load_model("a", config=json.dumps(config))
+            config["output"][0]["label_filename"] = "labels.txt"
+            config["default_model_filename"] = "../../a/1/model.py"
+            with pytest.raises(InferenceServerException, match="must be a file name in"):
+                grpc_client.load_model("a", config=json.dumps(config))
+            client.load_model("a")  # without a config: the repository's again
+            assert client.get_model_config("a")["max_batch_size"] == 4
     finally:
         assert stop_server(server) == 0

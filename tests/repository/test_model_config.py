@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import pathlib
+import re
 
 import pytest
 
@@ -157,3 +159,35 @@ def test_fields_served_without_are_listed_and_ragged_batching_is_refused() -> No
         parse_model_config('name: "m" max_batch_size: 2 batch_input { kind: '
                            'BATCH_ELEMENT_COUNT target_name: "n" data_type: TYPE_FP32 '
                            'source_input: "a" }', "m/config.pbtxt")
+
+
+@pytest.mark.parametrize("field, value", [
+    ("label_filename", "../../../etc/passwd"), ("label_filename", "sub/labels.txt"),
+    ("label_filename", ".."), ("default_model_filename", "../2/model.py"),
+    ("default_model_filename", "/abs/model.pt"),
+])
+def test_files_a_config_names_stay_in_the_model_directory(field: str, value: str) -> None:
+    text = FULL.replace('label_filename: "labels.txt"', "")
+    if field == "label_filename":
+        text = text.replace("dims: [ 1000 ]", f'dims: [ 1000 ] label_filename: "{value}"')
+    else:
+        text += f'default_model_filename: "{value}"\n'
+    with pytest.raises(ModelConfigError, match=f"{field} '{re.escape(value)}' must be a file "
+                                               "name in"):
+        parse_model_config(text, "resnet50/config.pbtxt", "resnet50")
+
+
+def test_a_json_config_overrides_the_repository_s(tmp_path: pathlib.Path) -> None:
+    folder = tmp_path / "resnet50"
+    (folder / "1").mkdir(parents=True)
+    (folder / "config.pbtxt").write_text(FULL)
+    given = parse_model_config(FULL, "x", "resnet50").config_dict()
+    given["max_batch_size"] = 8
+    source = load_source(tmp_path, "resnet50", json.dumps(given))
+    assert source.spec.max_batch_size == 8 and source.versions == (1,)
+    assert load_source(tmp_path, "resnet50").spec.max_batch_size == 64
+    with pytest.raises(ModelConfigError, match="^the load request's 'config' of model "
+                                               "'resnet50': .*max_batch_sise"):
+        load_source(tmp_path, "resnet50", json.dumps({**given, "max_batch_sise": 1}))
+    with pytest.raises(NotFoundError):  # an override still needs the model's directory
+        load_source(tmp_path, "resnet51", json.dumps(given))

@@ -11,8 +11,8 @@ from typing import Any
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from tritonclient.grpc import service_pb2 as pb
 
-from tensorgate.dataplane import Answer, DataPlane, parse_version
-from tensorgate.errors import InvalidArgumentError, NotFoundError, UnimplementedError
+from tensorgate.dataplane import Answer, DataPlane, parse_version, refuse_model_files
+from tensorgate.errors import InvalidArgumentError, NotFoundError
 from tensorgate.network import http2
 from tensorgate.protocol.grpc_codec import (decode_model_infer, encode_model_infer_parts,
                                             split_model_infer, statistics_message)
@@ -179,9 +179,15 @@ async def _repository_index(dp: DataPlane, request: Any) -> Any:
 
 
 async def _repository_load(dp: DataPlane, request: Any) -> Any:
-    if request.parameters:
-        raise UnimplementedError("loading with override parameters is not supported")
-    await dp.load(request.model_name)
+    refuse_model_files(request.parameters)
+    config = None
+    if "config" in request.parameters:
+        value = request.parameters["config"]
+        if value.WhichOneof("parameter_choice") != "string_param":
+            raise InvalidArgumentError("load parameter 'config' must be a string: the model "
+                                       "config as JSON text")
+        config = value.string_param
+    await dp.load(request.model_name, config)
     return pb.RepositoryModelLoadResponse()
 
 

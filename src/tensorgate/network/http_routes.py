@@ -15,7 +15,7 @@ import zlib
 from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
-from tensorgate.dataplane import Answer, DataPlane
+from tensorgate.dataplane import Answer, DataPlane, refuse_model_files
 from tensorgate.errors import InternalError, InvalidArgumentError, TensorgateError
 from tensorgate.protocol.compression import inflate
 from tensorgate.protocol.generate_codec import (decode_generate_body, encode_generate_response,
@@ -125,10 +125,14 @@ async def _index(dp: DataPlane, request: HttpRequest) -> Any:
 
 async def _load(dp: DataPlane, request: HttpRequest, model: str) -> Any:
     parameters = _body_json(request).get("parameters") or {}
-    if any(k == "config" or k.startswith("file:") for k in parameters):
-        raise InvalidArgumentError("loading with an override 'config' or 'file:' parameters is "
-                                   "not supported; edit the repository and load again")
-    await dp.load(model)
+    if not isinstance(parameters, dict):
+        raise InvalidArgumentError("'parameters' of a load request must be a JSON object")
+    refuse_model_files(parameters)
+    config = parameters.get("config")
+    if config is not None and not isinstance(config, str):
+        raise InvalidArgumentError("load parameter 'config' must be a string: the model "
+                                   "config as JSON text")
+    await dp.load(model, config)
     return 200, _JSON, [b""]
 
 

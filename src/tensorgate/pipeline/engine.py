@@ -115,13 +115,15 @@ class Engine:
         gc.collect()
         gc.freeze()
 
-    async def load(self, name: str) -> None:
-        """Load (or reload) model `name` from the repository."""
+    async def load(self, name: str, config: str | None = None) -> None:
+        """Load (or reload) model `name` from the repository; `config` (JSON) in place of its
+        config.pbtxt. Until the new load is ready the old one serves; if it fails, the old
+        one goes on serving."""
         if self._closing:
             raise UnavailableError("the engine is shutting down; no models can be loaded")
         versions: dict[int, _Version] = {}
         try:
-            source = load_source(self.repository, name)
+            source = load_source(self.repository, name, config)
             if source.spec.ignored:
                 log.warning("model %s: served without its config's %s (not acted on here)",
                             name, ", ".join(source.spec.ignored))
@@ -144,6 +146,7 @@ class Engine:
         old = self._models.get(name)
         self._models[name] = versions
         self._failed.pop(name, None)
+        self._forget_labels(name)
         if old:
             await self._retire(old.values(), drain_timeout_s=30.0)
 
@@ -155,6 +158,7 @@ class Engine:
         too, each unless another loaded ensemble still calls it."""
         versions = self._models.pop(name, None)
         failed = self._failed.pop(name, None)
+        self._forget_labels(name)
         if versions is None:
             if failed is None:
                 raise NotFoundError(f"model '{name}' is not loaded")
@@ -365,6 +369,11 @@ class Engine:
 
     def is_serving(self) -> bool:
         return not self._closing
+
+    def _forget_labels(self, name: str) -> None:
+        """A model (re)loaded or unloaded: its label files are read again when next used."""
+        for key in [key for key in self._labels if key[0] == name]:
+            del self._labels[key]
 
     def label_lines(self, name: str, output: str) -> list[str]:
         """The lines of an output's `label_filename` (cached), or [] when it has none."""

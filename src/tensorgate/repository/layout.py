@@ -14,7 +14,8 @@ import pathlib
 from dataclasses import dataclass
 
 from tensorgate.errors import NotFoundError
-from tensorgate.repository.model_config import ModelConfigError, ModelSpec, load_model_config
+from tensorgate.repository.model_config import (ModelConfigError, ModelSpec, load_model_config,
+                                                parse_model_config_json)
 
 __all__ = ["ARTIFACT_KINDS", "ModelSource", "artifact_path", "discover_models", "load_source",
            "model_fingerprints", "select_versions"]
@@ -78,12 +79,18 @@ def select_versions(spec: ModelSpec, available: list[int]) -> tuple[int, ...]:
     return tuple(v for v in numbers if v in available)
 
 
-def load_source(repository: pathlib.Path, name: str) -> ModelSource:
-    """Read `<repository>/<name>`: its config and the versions to serve."""
+def load_source(repository: pathlib.Path, name: str, config: str | None = None) -> ModelSource:
+    """Read `<repository>/<name>`: its config and the versions to serve. `config`, a JSON
+    config (a load request's override), stands in for the directory's config.pbtxt."""
     directory = repository / name
-    if "/" in name or name in ("", ".", "..") or not (directory / "config.pbtxt").is_file():
+    if "/" in name or name in ("", ".", "..") or not (
+            directory.is_dir() if config is not None else (directory / "config.pbtxt").is_file()):
         raise NotFoundError(f"no model '{name}' in repository '{repository}'")
-    spec = load_model_config(directory / "config.pbtxt", expected_name=name)
+    if config is not None:
+        spec = parse_model_config_json(config, f"the load request's 'config' of model '{name}'",
+                                       name)
+    else:
+        spec = load_model_config(directory / "config.pbtxt", expected_name=name)
     versions = select_versions(spec, _numeric_versions(directory))
     if not versions:
         raise ModelConfigError(str(directory), "no version directory matches the version "

@@ -22,7 +22,7 @@ from tensorgate.tensor.dtypes import DataType, datatype_from_config
 
 __all__ = ["BatchingPolicy", "InstanceGroup", "ModelConfigError", "ModelSpec", "QueuePolicy",
            "SequencePolicy", "TensorSpec", "WarmupInput", "WarmupSample", "load_model_config",
-           "parse_model_config"]
+           "parse_model_config", "parse_model_config_json"]
 
 # Fields that change how Triton runs a model, not what it computes: served without them,
 # and a load says so (ModelSpec.ignored).
@@ -185,12 +185,28 @@ def parse_model_config(text: str, source: str = "config.pbtxt",
         text_format.Parse(text, config)
     except text_format.ParseError as error:
         raise ModelConfigError(source, str(error)) from None
+    return _named_spec(config, source, expected_name, "the model directory")
+
+
+def parse_model_config_json(text: str, source: str, expected_name: str) -> ModelSpec:
+    """A config given as JSON (Triton's /config form, as a load request's `config`
+    override carries it) for model `expected_name`."""
+    config = pb.ModelConfig()
+    try:
+        json_format.Parse(text, config)
+    except json_format.ParseError as error:
+        raise ModelConfigError(source, str(error)) from None
+    return _named_spec(config, source, expected_name, "the model being loaded")
+
+
+def _named_spec(config: pb.ModelConfig, source: str, expected_name: str | None,
+                named_by: str) -> ModelSpec:
     if expected_name is not None:
         if not config.name:
             config.name = expected_name
         elif config.name != expected_name:
-            raise ModelConfigError(source, f"field 'name' is '{config.name}' but the model "
-                                           f"directory is '{expected_name}'; they must match")
+            raise ModelConfigError(source, f"field 'name' is '{config.name}' but {named_by} "
+                                           f"is '{expected_name}'; they must match")
     return _spec(config, source)
 
 
@@ -204,6 +220,9 @@ def _spec(config: pb.ModelConfig, source: str) -> ModelSpec:
         raise ModelConfigError(source, "'batch_input' / 'batch_output' (ragged batching) are "
                                        "not supported; without them the model would get other "
                                        "inputs than it expects")
+    if config.default_model_filename:
+        _check_file_name(config.default_model_filename, "default_model_filename",
+                         "each version's directory", source)
     given = {descriptor.name for descriptor, _ in config.ListFields()}
     ignored = tuple(name for name in NOT_ACTED_ON if name in given)
     cached = config.response_cache.enable
@@ -305,9 +324,20 @@ def _tensor(message: pb.ModelInput | pb.ModelOutput, kind: str, source: str,
         raise ModelConfigError(source, f"{where} has dims {list(dims)}; each must be -1 "
                                        "(variable) or positive")
     reshape = tuple(message.reshape.shape) if message.HasField("reshape") else None
+    labels = getattr(message, "label_filename", "")
+    if labels:
+        _check_file_name(labels, f"{where}: label_filename", "the model's directory", source)
     return TensorSpec(message.name, dt, dims, reshape,
                       optional=bool(getattr(message, "optional", False)),
-                      label_filename=getattr(message, "label_filename", ""))
+                      label_filename=labels)
+
+
+def _check_file_name(name: str, what: str, folder: str, source: str) -> None:
+    """A file a config names stays in its folder: a config may come from a client (a load's
+    `config` override), and a path out of the folder would read any file the server can."""
+    if "/" in name or "\\" in name or name in (".", ".."):
+        raise ModelConfigError(source, f"{what} '{name}' must be a file name in {folder}, "
+                                       "not a path")
 
 
 def _batching(config: pb.ModelConfig, source: str) -> BatchingPolicy | None:
