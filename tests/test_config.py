@@ -55,6 +55,19 @@ def test_cli_takes_tritons_model_control_flags() -> None:
     assert str(config.model_repository) == "/models" and config.load_models == ("a", "b")
 
 
+def test_header_forward_patterns_are_regular_expressions() -> None:
+    from tensorgate.cli import _parser
+    args = vars(_parser().parse_args(["serve", "--http-header-forward-pattern", "^x-",
+                                      "--grpc-header-forward-pattern", "tenant"]))
+    args.pop("command")
+    config = ServerConfig.from_env({}, **args)
+    assert (config.http_header_forward_pattern, config.grpc_header_forward_pattern) == (
+        "^x-", "tenant")
+    with pytest.raises(ValueError, match=r"^grpc_header_forward_pattern is not a regular "
+                                         r"expression: "):
+        ServerConfig(grpc_header_forward_pattern="x-(")
+
+
 def test_the_open_files_limit_is_raised_to_fit_the_connections() -> None:
     resource = pytest.importorskip("resource")
     from tensorgate.server import FILES_BESIDE_CONNECTIONS, _fit_open_files

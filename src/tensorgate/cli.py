@@ -49,6 +49,12 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-connections", type=int,
                        help="client connections open at once, HTTP and gRPC together; past "
                             "it new ones are refused (default 4096)")
+    serve.add_argument("--http-header-forward-pattern",
+                       help="regular expression: HTTP headers whose name it matches reach "
+                            "the model as request parameters (default: none)")
+    serve.add_argument("--grpc-header-forward-pattern",
+                       help="regular expression: gRPC metadata whose name it matches reach "
+                            "the model as request parameters (default: none)")
     serve.add_argument("--loop", choices=["auto", "asyncio", "uvloop"])
     serve.add_argument("--placement", choices=["auto", "none"])
     serve.add_argument("--log-level")

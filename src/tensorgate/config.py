@@ -7,6 +7,7 @@ import dataclasses
 import ipaddress
 import os
 import pathlib
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -56,6 +57,11 @@ class ServerConfig:
     model_control_mode: ModelControlChoice = "none"
     load_models: tuple[str, ...] = ()
     repository_poll_s: float = 15.0
+    # Triton's --http-header-forward-pattern / --grpc-header-forward-pattern: request headers
+    # (metadata) whose lower-case name this regular expression finds a match in reach the
+    # model as string request parameters; "" forwards none
+    http_header_forward_pattern: str = ""
+    grpc_header_forward_pattern: str = ""
 
     def __post_init__(self) -> None:
         if self.model_repository is not None:
@@ -105,6 +111,11 @@ class ServerConfig:
                 raise ValueError(f"{name} must be above 0, got {getattr(self, name)}")
         if self.max_connections < 1:
             raise ValueError(f"max_connections must be 1 or more, got {self.max_connections}")
+        for name in ("http_header_forward_pattern", "grpc_header_forward_pattern"):
+            try:
+                re.compile(getattr(self, name))
+            except re.error as error:
+                raise ValueError(f"{name} is not a regular expression: {error}") from None
         if not 0 < self.switch_interval_s <= 1:
             raise ValueError(f"switch_interval_s must be in (0, 1], got {self.switch_interval_s}")
 

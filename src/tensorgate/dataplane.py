@@ -183,9 +183,12 @@ def _request(name: str, number: int | None, spec: ModelSpec, decoded: DecodedReq
     inputs = _raw_input(spec, decoded) if decoded.raw_binary else decoded.inputs
     wanted = [o.name for o in decoded.outputs] if decoded.outputs else None
     sequence = SequenceFlags(*decoded.sequence) if decoded.sequence is not None else None
+    parameters = model_parameters(decoded.parameters)
+    if decoded.forwarded:  # a forwarded header wins over a parameter of its name: a proxy
+        # in front of the server sets the header, the client the body
+        parameters = {**parameters, **decoded.forwarded}
     return InferenceRequest(name, inputs, number, wanted, decoded.timeout_us, decoded.id,
-                            ledger, decoded.priority, sequence,
-                            model_parameters(decoded.parameters))
+                            ledger, decoded.priority, sequence, parameters)
 
 
 def _raw_input(spec: ModelSpec, decoded: DecodedRequest) -> dict[str, TensorView]:

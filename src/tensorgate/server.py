@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import logging
 import pathlib
+import re
 import signal
 import sys
 import time
@@ -74,9 +75,10 @@ class Server:
         budget = ConnectionBudget(_fit_open_files(config.max_connections))
         http = self._http = HttpFrontEnd(dataplane, default_pool(), config.max_request_bytes,
                                          config.read_timeout_s, config.keep_alive_timeout_s,
-                                         budget)
+                                         budget, _pattern(config.http_header_forward_pattern))
         grpc = self._grpc = GrpcFrontEnd(dataplane, default_pool(), config.max_request_bytes,
-                                         config.read_timeout_s, budget)
+                                         config.read_timeout_s, budget,
+                                         _pattern(config.grpc_header_forward_pattern))
         polling = config.model_control_mode == "poll"
         seen = await _fingerprints(repository) if polling else None  # before loading
         explicit = config.model_control_mode == "explicit"
@@ -177,6 +179,10 @@ async def _expire_stalled(fronts: tuple[HttpFrontEnd, GrpcFrontEnd], period_s: f
 
 
 FILES_BESIDE_CONNECTIONS = 256  # model files, shared memory, the listening sockets, logs
+
+
+def _pattern(text: str) -> re.Pattern[str] | None:
+    return re.compile(text) if text else None
 
 
 def _fit_open_files(connections: int) -> int:

@@ -123,6 +123,7 @@ def server(e2e_repo: pathlib.Path, tmp_path_factory: pytest.TempPathFactory
     running = start_server(e2e_repo, log, "--max-request-bytes", str(1 << 20),
                            "--response-cache-bytes", str(1 << 20),
                            "--allow-shared-memory", "--model-control-mode", "explicit",
-                           "--load-model", "*")
+                           "--load-model", "*", "--http-header-forward-pattern", "^x-pass-",
+                           "--grpc-header-forward-pattern", "^x-pass-")
     yield running
     assert stop_server(running) == 0, log.read_text()

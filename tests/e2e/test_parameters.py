@@ -32,9 +32,11 @@ def _input(module, rows: int, value: float = 1.0):  # type: ignore[no-untyped-de
 def test_parameters_reach_the_model_over_http_and_grpc(server: RunningServer) -> None:
     with httpclient.InferenceServerClient(server.url) as client:
         result = client.infer("params", [_input(httpclient, 1, 2.0)], request_id="h1",
-                              parameters=CUSTOM, priority=1, timeout=10**7)
+                              parameters={**CUSTOM, "tensorgate_report_copies": True},
+                              priority=1, timeout=10**7)
     [seen] = _seen(result)
-    # priority and timeout are the server's; the model sees the rest with their JSON types
+    # priority, timeout and tensorgate_* are the server's; the model sees the rest with
+    # their JSON types
     assert seen == {"id": "h1", "rows": [0, 1], "parameters": CUSTOM, "requests": 1}
     with grpcclient.InferenceServerClient(server.grpc_url) as client:
         result = client.infer("params", [_input(grpcclient, 1, 3.0)], request_id="g1",
@@ -130,3 +132,34 @@ def test_bad_parameters_are_refused_by_name(server: RunningServer, parameters: d
 def test_the_server_says_it_has_the_parameters_extension(server: RunningServer) -> None:
     with httpclient.InferenceServerClient(server.url) as client:
         assert "parameters" in client.get_server_metadata()["extensions"]
+
+
+def test_headers_matching_the_forward_pattern_reach_the_model(server: RunningServer) -> None:
+    # the shared server forwards headers named ^x-pass- (HTTP and gRPC); a header wins over
+    # a parameter of its name (a proxy sets headers, a client the body)
+    headers = {"X-Pass-Tenant": "acme", "x-pass-n": "7", "X-Other": "kept back"}
+    with httpclient.InferenceServerClient(server.url) as client:
+        [seen] = _seen(client.infer("params", [_input(httpclient, 1, 8.0)], headers=headers,
+                                    parameters={"x-pass-n": 1, "mine": True}))
+    assert seen["parameters"] == {"x-pass-tenant": "acme", "x-pass-n": "7", "mine": True}
+    with grpcclient.InferenceServerClient(server.grpc_url) as client:
+        [seen] = _seen(client.infer("params", [_input(grpcclient, 1, 8.5)],
+                                    headers={"x-pass-tenant": "acme", "x-other": "no"}))
+        assert seen["parameters"] == {"x-pass-tenant": "acme"}
+        answers: list[object] = []  # and on the stream, from the stream's metadata
+        client.start_stream(callback=lambda result, error: answers.append(error or result),
+                            headers={"x-pass-tenant": "streamed"})
+        client.async_stream_infer("params", [_input(grpcclient, 1, 9.0)])
+        client.stop_stream()
+    [result] = answers
+    assert _seen(result)[0]["parameters"] == {"x-pass-tenant": "streamed"}  # type: ignore[arg-type]
+    connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+    try:  # and with the generate extension
+        connection.request("POST", "/v2/models/params/generate", json.dumps({"INPUT": 1}),
+                           {"Content-Type": "application/json", "X-Pass-Tenant": "gen"})
+        response = connection.getresponse()
+        assert response.status == 200
+        seen = json.loads(json.loads(response.read())["SEEN"])
+        assert seen["parameters"] == {"x-pass-tenant": "gen"}
+    finally:
+        connection.close()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 from typing import Any
 
@@ -72,8 +73,8 @@ _ANSWERED = _Answered()
 class _Call:
     """One unary RPC on one stream: collects its request message, runs it, answers."""
 
-    __slots__ = ("front", "connection", "stream", "path", "deadline_ns", "reader", "_request",
-                 "_task", "_answered")
+    __slots__ = ("front", "connection", "stream", "path", "deadline_ns", "forwarded", "reader",
+                 "_request", "_task", "_answered")
 
     def __init__(self, front: GrpcFrontEnd, connection: http2.Http2Connection,
                  stream: http2.Http2Stream, call: CallHeaders) -> None:
@@ -82,6 +83,7 @@ class _Call:
         self.stream = stream
         self.path = call.path
         self.deadline_ns = call.deadline_ns
+        self.forwarded = call.forwarded
         self.reader = MessageReader(front.pool, front.max_message_bytes, call.encoding,
                                     place=call.path == _MODEL_INFER, on_message=self._whole)
         # the message once whole: its bytes, encoding and copy ledger
@@ -158,7 +160,7 @@ class _Call:
                                           ledger)
             if self.path == _MODEL_INFER:
                 parts = await model_infer(dp, self.connection, message, ledger,
-                                          self.deadline_ns)
+                                          self.deadline_ns, forwarded=self.forwarded)
             else:
                 request_type, handler = UNARY[self.path]
                 try:
@@ -201,8 +203,10 @@ class GrpcFrontEnd:
     """Owns the listening socket; one `Http2Connection` per client."""
 
     def __init__(self, dataplane: DataPlane, pool: BufferPool, max_message_bytes: int,
-                 read_timeout_s: float = 30.0, budget: ConnectionBudget | None = None) -> None:
+                 read_timeout_s: float = 30.0, budget: ConnectionBudget | None = None,
+                 header_forward: re.Pattern[str] | None = None) -> None:
         self.dataplane = dataplane
+        self.header_forward = header_forward  # metadata passed to models as parameters
         self.budget = budget or ConnectionBudget()
         self.pool = pool
         self.max_message_bytes = max_message_bytes
@@ -214,7 +218,7 @@ class GrpcFrontEnd:
     def _open_stream(self, connection: http2.Http2Connection, stream: http2.Http2Stream,
                      headers: list[tuple[str, str]]) -> http2.StreamHandler:
         try:
-            call = read_call_headers(headers)
+            call = read_call_headers(headers, self.header_forward)
             if call.path == _MODEL_STREAM_INFER:
                 return StreamCall(self.dataplane, self.pool, self.max_message_bytes,
                                   connection, stream, call, self.streams)

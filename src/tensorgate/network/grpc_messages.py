@@ -10,6 +10,7 @@ bytes of each frame) is copied in and counted as "receive" from the first tensor
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable
 from typing import Any
@@ -18,6 +19,7 @@ from tensorgate.errors import PoolExhaustedError, TensorgateError
 from tensorgate.network import http2
 from tensorgate.protocol.compression import inflate
 from tensorgate.protocol.grpc_codec import first_raw_input_offset
+from tensorgate.protocol.infer_codec import forward_headers
 from tensorgate.protocol.status import codes_for
 from tensorgate.tensor.buffer import ALIGNMENT
 from tensorgate.tensor.copies import CopyLedger, record_copy
@@ -82,19 +84,24 @@ def _deadline_ns(value: str) -> int:
 
 
 class CallHeaders:
-    """What a call's request headers say: the method's path, compression and deadline."""
+    """What a call's request headers say: the method's path, compression and deadline, and
+    the metadata to pass to the model as parameters."""
 
-    __slots__ = ("path", "encoding", "deadline_ns")
+    __slots__ = ("path", "encoding", "deadline_ns", "forwarded")
 
-    def __init__(self, path: str, encoding: str, deadline_ns: int | None) -> None:
+    def __init__(self, path: str, encoding: str, deadline_ns: int | None,
+                 forwarded: dict[str, str] | None = None) -> None:
         self.path = path
         self.encoding = encoding
         self.deadline_ns = deadline_ns
+        self.forwarded = forwarded
 
 
-def read_call_headers(headers: list[tuple[str, str]]) -> CallHeaders:
+def read_call_headers(headers: list[tuple[str, str]],
+                      forward: re.Pattern[str] | None = None) -> CallHeaders:
     """Raises HttpRefusal for what is not a gRPC request, Failure for a gRPC request that
-    cannot be served (unknown method excepted: the caller knows its methods)."""
+    cannot be served (unknown method excepted: the caller knows its methods). `forward`:
+    which metadata names to pass to the model."""
     values = dict(headers)
     if values.get(":method") != "POST":
         raise HttpRefusal(405)
@@ -105,7 +112,8 @@ def read_call_headers(headers: list[tuple[str, str]]) -> CallHeaders:
         raise Failure("UNIMPLEMENTED", f"grpc-encoding '{encoding}' is not supported; use one "
                                        f"of {ENCODINGS}")
     deadline = _deadline_ns(values["grpc-timeout"]) if "grpc-timeout" in values else None
-    return CallHeaders(values.get(":path", ""), encoding, deadline)
+    return CallHeaders(values.get(":path", ""), encoding, deadline,
+                       forward_headers(headers, forward))
 
 
 def inflate_message(message: Any, encoding: str, limit: int, ledger: CopyLedger) -> bytes:

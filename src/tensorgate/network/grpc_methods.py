@@ -26,11 +26,12 @@ _HEALTH_SERVICE = "grpc.health.v1.Health"
 
 
 def _decode(dp: DataPlane, message: Any, ledger: CopyLedger, deadline_ns: int | None,
-            request: pb.ModelInferRequest | None, spans: list[tuple[int, int]] | None
-            ) -> tuple[pb.ModelInferRequest, DecodedRequest]:
+            request: pb.ModelInferRequest | None, spans: list[tuple[int, int]] | None,
+            forwarded: dict[str, str] | None) -> tuple[pb.ModelInferRequest, DecodedRequest]:
     if request is None:
         request, spans = split_model_infer(memoryview(message))
     decoded = decode_model_infer(request, ledger, dp.shm, message=message, raw_spans=spans)
+    decoded.forwarded = forwarded
     if deadline_ns is not None and decoded.timeout_us is None:
         # at least 1 µs: an expired deadline must time out in the queue (0 would mean none)
         decoded.timeout_us = max(1, (deadline_ns - time.monotonic_ns()) // 1000)
@@ -50,10 +51,12 @@ def _encode(answer: Answer, decoded: DecodedRequest, connection: http2.Http2Conn
 async def model_infer(dp: DataPlane, connection: http2.Http2Connection, message: Any,
                       ledger: CopyLedger, deadline_ns: int | None,
                       request: pb.ModelInferRequest | None = None,
-                      spans: list[tuple[int, int]] | None = None) -> list[Any]:
+                      spans: list[tuple[int, int]] | None = None,
+                      forwarded: dict[str, str] | None = None) -> list[Any]:
     """Run one ModelInferRequest (its bytes, split already where `request` is given);
-    returns the ModelInferResponse as parts to send one after another."""
-    request, decoded = _decode(dp, message, ledger, deadline_ns, request, spans)
+    returns the ModelInferResponse as parts to send one after another. `forwarded`: the
+    call's metadata to pass to the model as parameters."""
+    request, decoded = _decode(dp, message, ledger, deadline_ns, request, spans, forwarded)
     answer = await dp.infer(request.model_name, request.model_version, decoded, ledger)
     flagged = bool(decoded.parameters.get("triton_enable_empty_final_response"))
     return _encode(answer, decoded, connection, ledger, True if flagged else None)
@@ -61,12 +64,13 @@ async def model_infer(dp: DataPlane, connection: http2.Http2Connection, message:
 
 async def model_infer_responses(dp: DataPlane, connection: http2.Http2Connection,
                                 message: Any, ledger: CopyLedger, deadline_ns: int | None,
-                                request: pb.ModelInferRequest, spans: list[tuple[int, int]]
+                                request: pb.ModelInferRequest, spans: list[tuple[int, int]],
+                                forwarded: dict[str, str] | None = None
                                 ) -> AsyncGenerator[list[Any], None]:
     """A decoupled model's ModelInferResponses to one request, as parts, as they come. With
     `triton_enable_empty_final_response` each says it is not the last, and an empty one
     that says it is follows them (the model's last response is known only after it)."""
-    request, decoded = _decode(dp, message, ledger, deadline_ns, request, spans)
+    request, decoded = _decode(dp, message, ledger, deadline_ns, request, spans, forwarded)
     flagged = bool(decoded.parameters.get("triton_enable_empty_final_response"))
     answers = dp.infer_stream(request.model_name, request.model_version, decoded, ledger)
     try:

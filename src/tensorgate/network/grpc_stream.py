@@ -53,8 +53,8 @@ class StreamCall:
     once, sends each response when it is ready, and ends once the client has ended its side
     and everything is answered."""
 
-    __slots__ = ("dataplane", "connection", "stream", "deadline_ns", "reader", "_limit",
-                 "_registry", "_waiting", "_tasks", "_client_done", "_draining", "_closed",
+    __slots__ = ("dataplane", "connection", "stream", "deadline_ns", "forwarded", "reader",
+                 "_limit", "_registry", "_waiting", "_tasks", "_client_done", "_draining", "_closed",
                  "_paused", "_room")
 
     def __init__(self, dataplane: DataPlane, pool: BufferPool, max_message_bytes: int,
@@ -64,6 +64,7 @@ class StreamCall:
         self.connection = connection
         self.stream = stream
         self.deadline_ns = call.deadline_ns
+        self.forwarded = call.forwarded
         self._limit = max_message_bytes
         self.reader = MessageReader(pool, max_message_bytes, call.encoding, place=True,
                                     on_message=self._whole, on_refused=self._refused)
@@ -182,7 +183,7 @@ class StreamCall:
                 return
             body = stream_response_parts(await model_infer(
                 self.dataplane, self.connection, message, ledger, self.deadline_ns,
-                request, spans))
+                request, spans, self.forwarded))
         except asyncio.CancelledError:
             return
         except (Failure, TensorgateError) as error:
@@ -199,7 +200,7 @@ class StreamCall:
         """A decoupled model's responses, each sent as it comes; the next is taken only
         while the client's window leaves room."""
         responses = model_infer_responses(self.dataplane, self.connection, message, ledger,
-                                          self.deadline_ns, request, spans)
+                                          self.deadline_ns, request, spans, self.forwarded)
         try:
             async for parts in responses:
                 self._answer(stream_response_parts(parts))

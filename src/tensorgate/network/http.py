@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 from collections.abc import Callable
 from typing import Any, cast
@@ -58,8 +59,10 @@ class HttpFrontEnd:
 
     def __init__(self, dataplane: DataPlane, pool: BufferPool, max_request_bytes: int,
                  read_timeout_s: float = 30.0, keep_alive_timeout_s: float = 75.0,
-                 budget: ConnectionBudget | None = None) -> None:
+                 budget: ConnectionBudget | None = None,
+                 header_forward: re.Pattern[str] | None = None) -> None:
         self.dataplane = dataplane
+        self.header_forward = header_forward  # headers passed to models as parameters
         self.budget = budget or ConnectionBudget()
         self.pool = pool
         self.max_request_bytes = max_request_bytes
@@ -264,7 +267,7 @@ class _Connection(asyncio.BufferedProtocol):
 
     def _new_request(self) -> None:
         self._parser = httptools.HttpRequestParser(self)
-        self._request = HttpRequest(self.front.max_request_bytes)
+        self._request = HttpRequest(self.front.max_request_bytes, self.front.header_forward)
         self._url = b""
         self._keep_alive = True
         self._headers_done = False

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import zlib
 from collections.abc import AsyncGenerator, Callable
 from typing import Any
@@ -20,7 +21,8 @@ from tensorgate.errors import InternalError, InvalidArgumentError, TensorgateErr
 from tensorgate.protocol.compression import inflate
 from tensorgate.protocol.generate_codec import (decode_generate_body, encode_generate_response,
                                                 sse_event)
-from tensorgate.protocol.infer_codec import decode_infer_body, encode_infer_response, json_error
+from tensorgate.protocol.infer_codec import (decode_infer_body, encode_infer_response,
+                                             forward_headers, json_error)
 from tensorgate.tensor.copies import CopyLedger, record_copy
 
 __all__ = ["Handler", "HttpRequest", "StreamedResponse", "route"]
@@ -29,10 +31,12 @@ log = logging.getLogger("tensorgate.http")
 
 
 class HttpRequest:
-    __slots__ = ("method", "path", "headers", "body", "length", "json_length", "ledger", "limit")
+    __slots__ = ("method", "path", "headers", "body", "length", "json_length", "ledger", "limit",
+                 "forward")
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, forward: re.Pattern[str] | None = None) -> None:
         self.limit = limit
+        self.forward = forward  # names of headers to pass to the model as parameters
         self.json_length: int | None = None  # Inference-Header-Content-Length
         self.method = ""
         self.path = ""
@@ -167,6 +171,7 @@ async def _infer(dp: DataPlane, request: HttpRequest, model: str, version: str) 
     if not length:
         raise InvalidArgumentError("the inference request has no body")
     decoded = decode_infer_body(body, length, request.json_length, request.ledger, dp.shm)
+    decoded.forwarded = forward_headers(request.headers.items(), request.forward)
     result, outputs, binary, in_shm = await dp.infer(model, version, decoded, request.ledger)
     parameters = None
     if decoded.parameters.get("tensorgate_report_copies"):
@@ -194,6 +199,7 @@ def _generate_answers(dp: DataPlane, request: HttpRequest, model: str,
     body, length = _decompressed(request, request.limit)
     decoded = dp.generate_request(model, version, decode_generate_body(body, length),
                                   request.ledger)
+    decoded.forwarded = forward_headers(request.headers.items(), request.forward)
     return dp.infer_stream(model, version, decoded, request.ledger)
 
 

@@ -5,8 +5,9 @@ A request's members that name a model input are that input's value — a JSON sc
 (nested) array, shaped by the input's config dims. Every other member is a request
 parameter, as in Triton (`max_tokens`, `temperature`: what a Python model reads from its
 `RequestInfo`s; `timeout`, `priority`, `sequence_*` as for /infer), and so is each member
-of an optional `parameters` object; one name in both is an error. A response is `model_name`, `model_version`, and each output by name: a
-scalar when it holds one element, else its elements in row-major order; BYTES as text.
+of an optional `parameters` object; one name in both is an error. A response is
+`model_name`, `model_version`, and each output by name: a scalar when it holds one
+element, else its elements in row-major order; BYTES as text.
 `/generate_stream` sends each response as one Server-Sent Event.
 """
 

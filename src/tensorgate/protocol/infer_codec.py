@@ -9,7 +9,8 @@ a response never joins header and tensor bytes.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
@@ -22,10 +23,10 @@ from tensorgate.tensor.dtypes import DataType, datatype
 from tensorgate.tensor.shm import SharedMemoryRegistry
 from tensorgate.tensor.view import TensorView, checked_shape
 
-__all__ = ["DecodedRequest", "RequestedOutput", "classification_count", "decode_infer_body",
-           "encode_infer_response", "json_data", "json_error", "json_object", "json_parameters",
-           "json_tensor", "model_parameters", "request_priority", "request_sequence", "request_timeout",
-           "shm_parameters"]
+__all__ = ["RESERVED_PARAMETERS", "DecodedRequest", "RequestedOutput", "classification_count",
+           "decode_infer_body", "encode_infer_response", "forward_headers", "json_data",
+           "json_error", "json_object", "json_parameters", "json_tensor", "model_parameters",
+           "request_priority", "request_sequence", "request_timeout", "shm_parameters"]
 
 
 @dataclass
@@ -70,6 +71,8 @@ class DecodedRequest:
     priority: int = 0  # the `priority` parameter: 1 is the highest, 0 the model's default
     # (sequence_id, sequence_start, sequence_end) of a request in a sequence
     sequence: tuple[int | str, bool, bool] | None = None
+    # headers the server forwards to the model as parameters (--*-header-forward-pattern)
+    forwarded: dict[str, str] | None = None
 
 
 def _fail(message: str) -> InvalidArgumentError:
@@ -134,7 +137,7 @@ def request_sequence(parameters: dict[str, Any]) -> tuple[int | str, bool, bool]
 
 
 # Request parameters the server acts on itself (Triton's parameters extension reserves them,
-# and every `triton_` key); a model sees the others.
+# and every `triton_` key; `tensorgate_` keys are ours); a model sees the others.
 RESERVED_PARAMETERS = frozenset({"binary_data_output", "headers", "priority", "sequence_end",
                                  "sequence_id", "sequence_start", "timeout"})
 _TRITON_PARAMETERS = frozenset({"triton_enable_empty_final_response"})
@@ -146,7 +149,7 @@ def model_parameters(parameters: Mapping[str, Any]) -> Mapping[str, Any]:
     a boolean, a number or a string (what gRPC's InferParameter can carry)."""
     found: dict[str, Any] | None = None
     for key, value in parameters.items():
-        if key in RESERVED_PARAMETERS:
+        if key in RESERVED_PARAMETERS or key.startswith("tensorgate_"):
             continue
         if key.startswith("triton_"):
             if key in _TRITON_PARAMETERS:
@@ -161,6 +164,17 @@ def model_parameters(parameters: Mapping[str, Any]) -> Mapping[str, Any]:
             found = {}
         found[key] = value
     return _NO_PARAMETERS if found is None else MappingProxyType(found)
+
+
+def forward_headers(headers: Iterable[tuple[str, str]],
+                    pattern: re.Pattern[str] | None) -> dict[str, str] | None:
+    """The headers (lower-case names) whose name `pattern` finds a match in, to pass to the
+    model as string parameters, as Triton's --http/grpc-header-forward-pattern do."""
+    if pattern is None:
+        return None
+    found = {name: value for name, value in headers
+             if not name.startswith(":") and pattern.search(name)}
+    return found or None
 
 
 def classification_count(parameters: dict[str, Any], output: str) -> int:
