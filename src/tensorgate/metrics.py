@@ -69,12 +69,12 @@ _LE = [f"{bound / 1e6:.6f}".rstrip("0").rstrip(".") for bound in LATENCY_BOUNDS_
 
 def _histogram(histogram: Histogram, model: str, version: str) -> list[str]:
     """The rows of one histogram: cumulative buckets, then its sum and count."""
+    labels = _labels(model=model, version=version)
     rows = []
     total = 0
     for le, count in zip(_LE, histogram.counts):
         total += count
-        rows.append(f"_bucket{_labels(model=model, version=version, le=le)} {total}")
-    labels = _labels(model=model, version=version)
+        rows.append(f'_bucket{labels[:-1]},le="{le}"}} {total}')
     rows.append(f"_sum{labels} {histogram.ns / 1e9:.9f}")
     rows.append(f"_count{labels} {total}")
     return rows

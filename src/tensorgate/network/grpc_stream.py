@@ -54,8 +54,8 @@ class StreamCall:
     and everything is answered."""
 
     __slots__ = ("dataplane", "connection", "stream", "deadline_ns", "forwarded", "reader",
-                 "_limit", "_registry", "_waiting", "_tasks", "_client_done", "_draining", "_closed",
-                 "_paused", "_room")
+                 "_limit", "_registry", "_waiting", "_tasks", "_client_done", "_draining",
+                 "_closed", "_paused", "_room")
 
     def __init__(self, dataplane: DataPlane, pool: BufferPool, max_message_bytes: int,
                  connection: http2.Http2Connection, stream: http2.Http2Stream,
