@@ -55,10 +55,47 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--grpc-header-forward-pattern",
                        help="regular expression: gRPC metadata whose name it matches reach "
                             "the model as request parameters (default: none)")
+    serve.add_argument("--trace-config", action="append", metavar="[MODE,]SETTING=VALUE",
+                       help="Triton's tracing settings, repeated: level=TIMESTAMPS|TENSORS|OFF, "
+                            "rate=N (one request in N), count=N (-1: no end), "
+                            "triton,file=PATH, triton,log-frequency=N (a file each N traces)")
     serve.add_argument("--loop", choices=["auto", "asyncio", "uvloop"])
     serve.add_argument("--placement", choices=["auto", "none"])
     serve.add_argument("--log-level")
     return parser
+
+
+# --trace-config's settings (Triton's names) → ServerConfig fields
+_TRACE_FIELDS = {"level": "trace_level", "rate": "trace_rate", "count": "trace_count",
+                 "file": "trace_file", "log-frequency": "trace_log_frequency"}
+
+
+def trace_settings(given: list[str]) -> dict[str, object]:
+    """ServerConfig fields from `--trace-config` values, Triton's form: `setting=value` for
+    the global ones, `triton,setting=value` for the file and log frequency. Levels add up."""
+    found: dict[str, object] = {}
+    levels: list[str] = []
+    for text in given:
+        mode, _, setting = text.rpartition(",")
+        name, equals, value = setting.partition("=")
+        if not equals:
+            raise ValueError(f"--trace-config '{text}' is not [MODE,]SETTING=VALUE")
+        if mode not in ("", "triton") or (name == "mode" and value != "triton"):
+            raise ValueError(f"--trace-config '{text}': only the triton trace mode is "
+                             "supported (traces written to a JSON file); not opentelemetry")
+        if name == "mode":
+            continue
+        field = _TRACE_FIELDS.get(name)
+        if field is None:
+            raise ValueError(f"--trace-config '{text}': unknown setting '{name}'; settings "
+                             f"are: mode, {', '.join(_TRACE_FIELDS)}")
+        if name == "level":
+            levels.append(value)
+        else:
+            found[field] = value
+    if levels:
+        found["trace_level"] = ",".join(levels)
+    return found
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -67,6 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     if command == "serve":
         from tensorgate.server import run
         try:
+            args.update(trace_settings(args.pop("trace_config") or []))
             config = ServerConfig.from_env(**args)
         except ValueError as error:
             print(f"tensorgate: {error}", file=sys.stderr)

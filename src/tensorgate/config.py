@@ -17,6 +17,7 @@ __all__ = ["ServerConfig"]
 LoopChoice = Literal["auto", "asyncio", "uvloop"]
 PlacementChoice = Literal["auto", "none"]
 ModelControlChoice = Literal["none", "explicit", "poll"]
+TRACE_LEVELS = ("TIMESTAMPS", "TENSORS")
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,15 @@ class ServerConfig:
     # model as string request parameters; "" forwards none
     http_header_forward_pattern: str = ""
     grpc_header_forward_pattern: str = ""
+    # Triton's --trace-config (trace extension): the file traces are written to (None: no
+    # tracing, nor can a client turn it on), the level (() or "OFF": none; TIMESTAMPS,
+    # TENSORS), one request in trace_rate traced, trace_count traces in all (-1: no end),
+    # and a file of its own for each trace_log_frequency traces (0: all in trace_file)
+    trace_file: pathlib.Path | None = None
+    trace_level: tuple[str, ...] = ()
+    trace_rate: int = 1000
+    trace_count: int = -1
+    trace_log_frequency: int = 0
 
     def __post_init__(self) -> None:
         if self.model_repository is not None:
@@ -116,8 +126,28 @@ class ServerConfig:
                 re.compile(getattr(self, name))
             except re.error as error:
                 raise ValueError(f"{name} is not a regular expression: {error}") from None
+        self._check_trace()
         if not 0 < self.switch_interval_s <= 1:
             raise ValueError(f"switch_interval_s must be in (0, 1], got {self.switch_interval_s}")
+
+    def _check_trace(self) -> None:
+        if self.trace_file is not None:
+            object.__setattr__(self, "trace_file", pathlib.Path(self.trace_file))
+        level = tuple(dict.fromkeys(part.strip().upper() for part in self.trace_level))
+        if level == ("OFF",):
+            level = ()
+        for part in level:
+            if part not in TRACE_LEVELS:
+                raise ValueError(f"trace_level '{part}' is not one of TIMESTAMPS, TENSORS "
+                                 "(or OFF alone)")
+        object.__setattr__(self, "trace_level", level)
+        if level and self.trace_file is None:
+            raise ValueError("trace_level needs trace_file: tracing writes to a file "
+                             "(--trace-config triton,file=PATH)")
+        for name, lowest in (("trace_rate", 1), ("trace_count", -1),
+                             ("trace_log_frequency", 0)):
+            if getattr(self, name) < lowest:
+                raise ValueError(f"{name} must be {lowest} or more, got {getattr(self, name)}")
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any]) -> ServerConfig:

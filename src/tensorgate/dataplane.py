@@ -12,6 +12,7 @@ from tensorgate.errors import InvalidArgumentError, NotFoundError, UnavailableEr
 from tensorgate.log_settings import LogSettings
 from tensorgate.pipeline.engine import Engine, InferenceRequest, InferenceResult
 from tensorgate.pipeline.postprocess import topk_classify
+from tensorgate.pipeline.trace import Trace
 from tensorgate.pipeline.work import SequenceFlags
 from tensorgate.protocol.generate_codec import GenerateInput, generate_request
 from tensorgate.protocol.infer_codec import DecodedRequest, model_parameters
@@ -19,6 +20,7 @@ from tensorgate.repository.model_config import ModelSpec
 from tensorgate.tensor.copies import CopyLedger
 from tensorgate.tensor.shm import SharedMemoryRegistry
 from tensorgate.tensor.view import TensorView
+from tensorgate.tracing import Tracer
 
 __all__ = ["EXTENSIONS", "Answer", "DataPlane", "parse_version", "refuse_model_files"]
 
@@ -30,7 +32,8 @@ Answer = tuple[InferenceResult, dict[str, TensorView], dict[str, bool],
 # Exactly what is implemented; tritonclient and perf_analyzer read this list.
 EXTENSIONS = ["binary_tensor_data", "classification", "generate", "logging",
               "model_configuration", "model_repository", "model_repository(unload_dependents)",
-              "parameters", "schedule_policy", "sequence", "sequence(string_id)", "statistics"]
+              "parameters", "schedule_policy", "sequence", "sequence(string_id)", "statistics",
+              "trace"]
 
 
 def parse_version(text: str | None) -> int | None:
@@ -55,12 +58,13 @@ def refuse_model_files(parameters: Iterable[str]) -> None:
 
 class DataPlane:
     def __init__(self, engine: Engine, version: str, allow_shared_memory: bool = False,
-                 model_control_mode: str = "none", log_settings: LogSettings | None = None
-                 ) -> None:
+                 model_control_mode: str = "none", log_settings: LogSettings | None = None,
+                 tracer: Tracer | None = None) -> None:
         """`model_control_mode` other than "explicit" refuses the load/unload API, as in
         Triton: what is served is then the repository's business, not any client's."""
         self.engine = engine
         self.log_settings = log_settings or LogSettings()
+        self.tracer = tracer or Tracer()
         self.model_control_mode = model_control_mode
         self.version = version
         self.started = False
@@ -126,14 +130,31 @@ class DataPlane:
                 f"{self.model_control_mode}; start it with --model-control-mode explicit to "
                 "load and unload models through the API")
 
+    # -- tracing ---------------------------------------------------------------------------
+
+    def trace_settings(self, model: str | None, changes: dict[str, Any] | None = None
+                       ) -> dict[str, str | list[str]]:
+        """The trace settings of `model` (None: the global ones), after `changes` if any."""
+        if model and model not in {entry["name"] for entry in self.engine.index()}:
+            raise NotFoundError(f"unknown model '{model}' for trace settings; models are: "
+                                f"{', '.join(self.engine.model_names()) or 'none'}")
+        if changes:
+            return self.tracer.update(changes, model or None)
+        return self.tracer.current(model or None)
+
+    def trace(self, model: str) -> Trace | None:
+        """A trace for a request to `model` when a trace setting samples it (mostly None).
+        The front end stamps its own times on it and finishes it once it has answered."""
+        return self.tracer.sample(model) if self.tracer.on else None
+
     # -- inference -------------------------------------------------------------------------
 
     async def infer(self, name: str, version: str | None, decoded: DecodedRequest,
-                    ledger: CopyLedger) -> Answer:
+                    ledger: CopyLedger, trace: Trace | None = None) -> Answer:
         """Run `decoded` (a model that is not decoupled) and answer it."""
         number = parse_version(version)
         spec = self.engine.spec(name, number)
-        result = await self.engine.infer(_request(name, number, spec, decoded, ledger))
+        result = await self.engine.infer(_request(name, number, spec, decoded, ledger, trace))
         return self._respond(spec, result, decoded, ledger)
 
     def generate_request(self, name: str, version: str | None, fields: dict[str, Any],
@@ -147,11 +168,13 @@ class DataPlane:
         return self.engine.is_decoupled(name, parse_version(version))
 
     async def infer_stream(self, name: str, version: str | None, decoded: DecodedRequest,
-                           ledger: CopyLedger) -> AsyncGenerator[Answer, None]:
+                           ledger: CopyLedger, trace: Trace | None = None
+                           ) -> AsyncGenerator[Answer, None]:
         """A decoupled model's responses to `decoded`, each as `infer` returns its one."""
         number = parse_version(version)
         spec = self.engine.spec(name, number)
-        responses = self.engine.infer_stream(_request(name, number, spec, decoded, ledger))
+        responses = self.engine.infer_stream(_request(name, number, spec, decoded, ledger,
+                                                      trace))
         try:
             async for result in responses:
                 yield self._respond(spec, result, decoded, ledger)
@@ -179,7 +202,7 @@ class DataPlane:
 
 
 def _request(name: str, number: int | None, spec: ModelSpec, decoded: DecodedRequest,
-             ledger: CopyLedger) -> InferenceRequest:
+             ledger: CopyLedger, trace: Trace | None) -> InferenceRequest:
     inputs = _raw_input(spec, decoded) if decoded.raw_binary else decoded.inputs
     wanted = [o.name for o in decoded.outputs] if decoded.outputs else None
     sequence = SequenceFlags(*decoded.sequence) if decoded.sequence is not None else None
@@ -188,7 +211,7 @@ def _request(name: str, number: int | None, spec: ModelSpec, decoded: DecodedReq
         # in front of the server sets the header, the client the body
         parameters = {**parameters, **decoded.forwarded}
     return InferenceRequest(name, inputs, number, wanted, decoded.timeout_us, decoded.id,
-                            ledger, decoded.priority, sequence, parameters)
+                            ledger, decoded.priority, sequence, parameters, trace)
 
 
 def _raw_input(spec: ModelSpec, decoded: DecodedRequest) -> dict[str, TensorView]:

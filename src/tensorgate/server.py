@@ -28,6 +28,7 @@ from tensorgate.metrics import render_metrics
 from tensorgate.network.http import HttpFrontEnd
 from tensorgate.network.metrics_http import MetricsFrontEnd
 from tensorgate.log_settings import LOG_LINE, LogSettings
+from tensorgate.tracing import Tracer
 from tensorgate.network.loop import run_loop
 from tensorgate.pipeline.engine import Engine
 from tensorgate.repository.layout import model_fingerprints
@@ -52,6 +53,9 @@ class Server:
         self.metrics_port = 0
         # what /v2/logging reads and changes; `run` attaches it to the handlers it sets up
         self.log_settings = LogSettings(config.log_level)
+        # what /v2/trace/setting reads and changes; it writes the traces
+        self.tracer = Tracer(config.trace_file, config.trace_level, config.trace_rate,
+                             config.trace_count, config.trace_log_frequency)
         self._grpc: GrpcFrontEnd | None = None
         self._metrics: MetricsFrontEnd | None = None
         self._stopping: asyncio.Event | None = None
@@ -71,7 +75,7 @@ class Server:
         self.engine = Engine(repository, placement=config.placement,
                              response_cache_bytes=config.response_cache_bytes)
         dataplane = DataPlane(self.engine, self.version, config.allow_shared_memory,
-                              config.model_control_mode, self.log_settings)
+                              config.model_control_mode, self.log_settings, self.tracer)
         budget = ConnectionBudget(_fit_open_files(config.max_connections))
         http = self._http = HttpFrontEnd(dataplane, default_pool(), config.max_request_bytes,
                                          config.read_timeout_s, config.keep_alive_timeout_s,
@@ -119,6 +123,12 @@ class Server:
         print(f"system shared memory: "
               f"{'allowed' if config.allow_shared_memory else 'off (--allow-shared-memory)'}",
               flush=True)
+        print("trace: " + (f"{'+'.join(config.trace_level)}, one request in "
+                           f"{config.trace_rate}, to {config.trace_file}"
+                           if config.trace_level else
+                           f"off; settable over the API, to {config.trace_file}"
+                           if config.trace_file else "off (--trace-config triton,file=PATH)"),
+              flush=True)
 
     async def stop(self) -> None:
         if self._pool_trimmer is not None:
@@ -139,6 +149,7 @@ class Server:
             await self._grpc.stop(grace_s=1.0)
         if self._metrics is not None:
             await self._metrics.close()
+        await self.tracer.close(self.config.drain_timeout_s)  # 5. write the traces held
 
     def request_stop(self) -> None:
         if self._stopping is not None:

@@ -74,7 +74,7 @@ class _Call:
     """One unary RPC on one stream: collects its request message, runs it, answers."""
 
     __slots__ = ("front", "connection", "stream", "path", "deadline_ns", "forwarded", "reader",
-                 "_request", "_task", "_answered")
+                 "_request", "_task", "_answered", "_began_ns", "_received_ns")
 
     def __init__(self, front: GrpcFrontEnd, connection: http2.Http2Connection,
                  stream: http2.Http2Stream, call: CallHeaders) -> None:
@@ -90,6 +90,8 @@ class _Call:
         self._request: tuple[Any, str, CopyLedger] | None = None
         self._task: asyncio.Task[None] | None = None
         self._answered = False
+        self._began_ns = time.monotonic_ns()  # the call's headers came; its message whole:
+        self._received_ns = 0                 # for traces
 
     # -- the request, as HTTP/2 delivers it ------------------------------------------------
 
@@ -97,6 +99,7 @@ class _Call:
         if self._request is not None:
             raise Failure("INTERNAL", _MORE_THAN_ONE)
         self._request = (message, encoding, ledger)
+        self._received_ns = time.monotonic_ns()
 
     def data_received(self, data: memoryview) -> None:
         if self._answered:
@@ -154,13 +157,15 @@ class _Call:
         self._request = None
         method = self.path.rsplit("/", 1)[-1]
         dp = self.front.dataplane
+        trace = None
         try:
             if encoding != "identity":
                 message = inflate_message(message, encoding, self.front.max_message_bytes,
                                           ledger)
             if self.path == _MODEL_INFER:
-                parts = await model_infer(dp, self.connection, message, ledger,
-                                          self.deadline_ns, forwarded=self.forwarded)
+                parts, trace = await model_infer(
+                    dp, self.connection, message, ledger, self.deadline_ns,
+                    forwarded=self.forwarded, received=(self._began_ns, self._received_ns))
             else:
                 request_type, handler = UNARY[self.path]
                 try:
@@ -184,9 +189,14 @@ class _Call:
         finally:
             message = None
         self._answered = True
+        if trace is not None:
+            trace.stamp("GRPC_SEND_START")
         size = sum(len(p) if isinstance(p, bytes) else p.nbytes for p in parts)
         self.connection.respond(self.stream, RESPONSE_HEADERS,
                                 [b"\x00" + size.to_bytes(4, "big"), *parts], OK_TRAILERS)
+        if trace is not None:
+            trace.stamp("GRPC_SEND_END")
+            trace.finish()
 
     # -- answering errors ------------------------------------------------------------------
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from tritonclient.grpc import service_pb2 as pb
@@ -18,6 +18,9 @@ from tensorgate.protocol.grpc_codec import (decode_model_infer, encode_model_inf
                                             split_model_infer, statistics_message)
 from tensorgate.protocol.infer_codec import DecodedRequest
 from tensorgate.tensor.copies import CopyLedger
+
+if TYPE_CHECKING:
+    from tensorgate.pipeline.trace import Trace
 
 __all__ = ["INFERENCE_SERVICE", "UNARY", "model_infer", "model_infer_responses"]
 
@@ -52,32 +55,56 @@ async def model_infer(dp: DataPlane, connection: http2.Http2Connection, message:
                       ledger: CopyLedger, deadline_ns: int | None,
                       request: pb.ModelInferRequest | None = None,
                       spans: list[tuple[int, int]] | None = None,
-                      forwarded: dict[str, str] | None = None) -> list[Any]:
+                      forwarded: dict[str, str] | None = None,
+                      received: tuple[int, int] = (0, 0)
+                      ) -> tuple[list[Any], Trace | None]:
     """Run one ModelInferRequest (its bytes, split already where `request` is given);
-    returns the ModelInferResponse as parts to send one after another. `forwarded`: the
-    call's metadata to pass to the model as parameters."""
+    returns the ModelInferResponse as parts to send one after another, and the request's
+    trace if it is traced (the caller stamps its sending and finishes it). `forwarded`: the
+    call's metadata to pass to the model as parameters; `received`: when its message began
+    to arrive and when it was whole (ns)."""
     request, decoded = _decode(dp, message, ledger, deadline_ns, request, spans, forwarded)
-    answer = await dp.infer(request.model_name, request.model_version, decoded, ledger)
-    flagged = bool(decoded.parameters.get("triton_enable_empty_final_response"))
-    return _encode(answer, decoded, connection, ledger, True if flagged else None)
+    trace = _trace(dp, request.model_name, received)
+    try:
+        answer = await dp.infer(request.model_name, request.model_version, decoded, ledger,
+                                trace)
+        flagged = bool(decoded.parameters.get("triton_enable_empty_final_response"))
+        return _encode(answer, decoded, connection, ledger, True if flagged else None), trace
+    except BaseException:
+        if trace is not None:
+            trace.finish()
+        raise
+
+
+def _trace(dp: DataPlane, model: str, received: tuple[int, int]) -> Trace | None:
+    trace = dp.trace(model)
+    if trace is not None:
+        trace.stamp("GRPC_WAITREAD_START", received[0])
+        trace.stamp("GRPC_WAITREAD_END", received[1])
+    return trace
 
 
 async def model_infer_responses(dp: DataPlane, connection: http2.Http2Connection,
                                 message: Any, ledger: CopyLedger, deadline_ns: int | None,
                                 request: pb.ModelInferRequest, spans: list[tuple[int, int]],
-                                forwarded: dict[str, str] | None = None
+                                forwarded: dict[str, str] | None = None,
+                                received: tuple[int, int] = (0, 0)
                                 ) -> AsyncGenerator[list[Any], None]:
     """A decoupled model's ModelInferResponses to one request, as parts, as they come. With
     `triton_enable_empty_final_response` each says it is not the last, and an empty one
     that says it is follows them (the model's last response is known only after it)."""
     request, decoded = _decode(dp, message, ledger, deadline_ns, request, spans, forwarded)
     flagged = bool(decoded.parameters.get("triton_enable_empty_final_response"))
-    answers = dp.infer_stream(request.model_name, request.model_version, decoded, ledger)
+    trace = _trace(dp, request.model_name, received)
+    answers = dp.infer_stream(request.model_name, request.model_version, decoded, ledger,
+                              trace)
     try:
         async for answer in answers:
             yield _encode(answer, decoded, connection, ledger, False if flagged else None)
     finally:
         await answers.aclose()
+        if trace is not None:
+            trace.finish()
     if flagged:
         spec = dp.engine.spec(request.model_name, parse_version(request.model_version))
         version = request.model_version or str(max(dp.engine.versions(spec.name)))
@@ -227,6 +254,17 @@ async def _log_settings(dp: DataPlane, request: Any) -> Any:
     return response
 
 
+async def _trace_setting(dp: DataPlane, request: Any) -> Any:
+    """A request without settings reads them; each given one is changed, and one without
+    values cleared (trace extension; tritonclient sends None that way)."""
+    changes = {name: list(value.value) or None for name, value in request.settings.items()}
+    settings = dp.trace_settings(request.model_name, changes)
+    response = pb.TraceSettingResponse()
+    for name, setting in settings.items():
+        response.settings[name].value.extend(setting if isinstance(setting, list) else [setting])
+    return response
+
+
 _INFERENCE: dict[str, Handler] = {
     "ServerLive": _server_live,
     "ServerReady": _server_ready,
@@ -242,6 +280,7 @@ _INFERENCE: dict[str, Handler] = {
     "RepositoryModelLoad": _repository_load,
     "RepositoryModelUnload": _repository_unload,
     "LogSettings": _log_settings,
+    "TraceSetting": _trace_setting,
 }
 
 # path → (request type, handler); each inference method's request type is <Method>Request

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import deque
 from typing import Any
 
@@ -69,7 +70,7 @@ class StreamCall:
         self.reader = MessageReader(pool, max_message_bytes, call.encoding, place=True,
                                     on_message=self._whole, on_refused=self._refused)
         self._registry = registry
-        self._waiting: deque[tuple[Any, str, CopyLedger]] = deque()
+        self._waiting: deque[tuple[Any, str, CopyLedger, int]] = deque()
         self._tasks: set[asyncio.Task[None]] = set()
         self._client_done = False  # the client has ended its side: no more requests
         self._draining = False     # the server is shutting down: no more requests read
@@ -86,7 +87,7 @@ class StreamCall:
             raise Failure("RESOURCE_EXHAUSTED", f"more than {_WAITING} requests wait on this "
                                                 "stream; read its responses before sending "
                                                 "more")
-        self._waiting.append((message, encoding, ledger))
+        self._waiting.append((message, encoding, ledger, time.monotonic_ns()))
 
     def _refused(self, failure: Failure) -> None:
         """A message was malformed or the pool had no room for it: answer it with the
@@ -172,18 +173,23 @@ class StreamCall:
             self._pump()
             self._finish_if_done()
 
-    async def _run(self, message: Any, encoding: str, ledger: CopyLedger) -> None:
+    async def _run(self, message: Any, encoding: str, ledger: CopyLedger,
+                   received_ns: int) -> None:
+        """One request of the stream, `received_ns` when its message was whole (a stream's
+        message has no start of its own to trace: the wait for it is the client's)."""
         request = None
+        trace = None
         try:
             if encoding != "identity":
                 message = inflate_message(message, encoding, self._limit, ledger)
             request, spans = split_model_infer(memoryview(message))
             if self.dataplane.is_decoupled(request.model_name, request.model_version):
-                await self._respond_each(message, ledger, request, spans)
+                await self._respond_each(message, ledger, request, spans, received_ns)
                 return
-            body = stream_response_parts(await model_infer(
+            parts, trace = await model_infer(
                 self.dataplane, self.connection, message, ledger, self.deadline_ns,
-                request, spans, self.forwarded))
+                request, spans, self.forwarded, (received_ns, received_ns))
+            body = stream_response_parts(parts)
         except asyncio.CancelledError:
             return
         except (Failure, TensorgateError) as error:
@@ -193,14 +199,21 @@ class StreamCall:
             body = [self._error(f"internal error: {type(error).__name__}: {error}", request)]
         finally:
             message = None
+        if trace is None:
+            self._answer(body)
+            return
+        trace.stamp("GRPC_SEND_START")
         self._answer(body)
+        trace.stamp("GRPC_SEND_END")
+        trace.finish()
 
     async def _respond_each(self, message: Any, ledger: CopyLedger, request: Any,
-                            spans: list[tuple[int, int]]) -> None:
+                            spans: list[tuple[int, int]], received_ns: int) -> None:
         """A decoupled model's responses, each sent as it comes; the next is taken only
         while the client's window leaves room."""
         responses = model_infer_responses(self.dataplane, self.connection, message, ledger,
-                                          self.deadline_ns, request, spans, self.forwarded)
+                                          self.deadline_ns, request, spans, self.forwarded,
+                                          (received_ns, received_ns))
         try:
             async for parts in responses:
                 self._answer(stream_response_parts(parts))

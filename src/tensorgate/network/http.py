@@ -178,7 +178,9 @@ class _Connection(asyncio.BufferedProtocol):
                 self._dispatch()
             return
         self._head_bytes += nbytes
-        self._begun = True
+        if not self._begun:
+            self._begun = True
+            self._request.began_ns = time.monotonic_ns()
         try:
             if self._head_bytes > _MAX_HEAD and not self._headers_done:
                 raise _Refusal(431, f"request headers exceed {_MAX_HEAD} bytes")
@@ -284,6 +286,7 @@ class _Connection(asyncio.BufferedProtocol):
         assert self.transport is not None
         self.transport.pause_reading()  # one request at a time per connection
         request = self._request
+        request.received_ns = time.monotonic_ns()
         target, detail = route(request.method, request.path)
         if isinstance(target, int):
             self._respond_error(target, str(detail))
@@ -300,6 +303,8 @@ class _Connection(asyncio.BufferedProtocol):
                 return
             status, headers, parts = answer
         except asyncio.CancelledError:
+            if request.trace is not None:
+                request.trace.finish()
             return
         except TensorgateError as error:
             self._respond_error(codes_for(error)[0], error.message)
@@ -314,8 +319,13 @@ class _Connection(asyncio.BufferedProtocol):
         self._respond(code, [("Content-Type", "application/json")], [json_error(message)])
 
     def _respond(self, status: int, headers: list[tuple[str, str]], parts: list[Any]) -> None:
+        trace = self._request.trace
+        if trace is not None:
+            trace.stamp("HTTP_SEND_START")
         transport = self.transport
         if transport is None or transport.is_closing():
+            if trace is not None:
+                trace.finish()
             return
         length = sum(len(p) if isinstance(p, bytes) else p.nbytes for p in parts)
         head = [f"HTTP/1.1 {status} {_REASONS.get(status, 'OK')}\r\n"
@@ -333,6 +343,9 @@ class _Connection(asyncio.BufferedProtocol):
             rest = parts
         for part in rest:
             transport.write(part)  # tensor views: written as they are, never joined
+        if trace is not None:
+            trace.stamp("HTTP_SEND_END")
+            trace.finish()
         self._finish_request()
 
     async def _stream(self, response: StreamedResponse) -> None:
@@ -340,6 +353,9 @@ class _Connection(asyncio.BufferedProtocol):
         while the transport's buffer is full; the client leaving cancels this task, which
         closes the parts (and the model's generator behind them)."""
         parts = response.parts
+        trace = self._request.trace
+        if trace is not None:
+            trace.stamp("HTTP_SEND_START")
         try:
             transport = self.transport
             if transport is None or transport.is_closing():
@@ -364,6 +380,9 @@ class _Connection(asyncio.BufferedProtocol):
                 transport.write(b"0\r\n\r\n")
         finally:
             await parts.aclose()
+            if trace is not None:
+                trace.stamp("HTTP_SEND_END")
+                trace.finish()
         self._finish_request()
 
     def _finish_request(self) -> None:

@@ -14,7 +14,7 @@ import logging
 import re
 import zlib
 from collections.abc import AsyncGenerator, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tensorgate.dataplane import Answer, DataPlane, refuse_model_files
 from tensorgate.errors import InternalError, InvalidArgumentError, TensorgateError
@@ -25,6 +25,9 @@ from tensorgate.protocol.infer_codec import (decode_infer_body, encode_infer_res
                                              forward_headers, json_error)
 from tensorgate.tensor.copies import CopyLedger, record_copy
 
+if TYPE_CHECKING:
+    from tensorgate.pipeline.trace import Trace
+
 __all__ = ["Handler", "HttpRequest", "StreamedResponse", "route"]
 
 log = logging.getLogger("tensorgate.http")
@@ -32,7 +35,7 @@ log = logging.getLogger("tensorgate.http")
 
 class HttpRequest:
     __slots__ = ("method", "path", "headers", "body", "length", "json_length", "ledger", "limit",
-                 "forward")
+                 "forward", "began_ns", "received_ns", "trace")
 
     def __init__(self, limit: int, forward: re.Pattern[str] | None = None) -> None:
         self.limit = limit
@@ -44,6 +47,9 @@ class HttpRequest:
         self.body: Any = None
         self.length = 0
         self.ledger = CopyLedger()
+        self.began_ns = 0      # its first bytes arrived, and its last: for traces
+        self.received_ns = 0
+        self.trace: Trace | None = None  # when a trace setting sampled it
 
 
 class StreamedResponse:
@@ -122,6 +128,14 @@ async def _log_settings(dp: DataPlane, request: HttpRequest) -> Any:
     return _json(dp.log_settings.update(_body_json(request)))
 
 
+async def _trace_settings(dp: DataPlane, request: HttpRequest, model: str = "") -> Any:
+    """GET: the trace settings (of `model`, or the global ones); POST: change some (trace
+    extension; a null value clears a setting)."""
+    if request.method == "GET":
+        return _json(dp.trace_settings(model))
+    return _json(dp.trace_settings(model, _body_json(request)))
+
+
 async def _index(dp: DataPlane, request: HttpRequest) -> Any:
     ready = _body_json(request).get("ready", False)
     return _json(dp.repository_index(bool(ready)))
@@ -172,7 +186,9 @@ async def _infer(dp: DataPlane, request: HttpRequest, model: str, version: str) 
         raise InvalidArgumentError("the inference request has no body")
     decoded = decode_infer_body(body, length, request.json_length, request.ledger, dp.shm)
     decoded.forwarded = forward_headers(request.headers.items(), request.forward)
-    result, outputs, binary, in_shm = await dp.infer(model, version, decoded, request.ledger)
+    trace = _trace(dp, request, model)
+    result, outputs, binary, in_shm = await dp.infer(model, version, decoded, request.ledger,
+                                                     trace)
     parameters = None
     if decoded.parameters.get("tensorgate_report_copies"):
         parameters = {"tensorgate_copied_bytes": request.ledger.bytes}
@@ -200,7 +216,17 @@ def _generate_answers(dp: DataPlane, request: HttpRequest, model: str,
     decoded = dp.generate_request(model, version, decode_generate_body(body, length),
                                   request.ledger)
     decoded.forwarded = forward_headers(request.headers.items(), request.forward)
-    return dp.infer_stream(model, version, decoded, request.ledger)
+    return dp.infer_stream(model, version, decoded, request.ledger, _trace(dp, request, model))
+
+
+def _trace(dp: DataPlane, request: HttpRequest, model: str) -> Trace | None:
+    """The request's trace when a trace setting samples it, with the times it arrived; the
+    connection stamps its sending and finishes it."""
+    trace = request.trace = dp.trace(model)
+    if trace is not None:
+        trace.stamp("HTTP_RECV_START", request.began_ns)
+        trace.stamp("HTTP_RECV_END", request.received_ns)
+    return trace
 
 
 async def _generate(dp: DataPlane, request: HttpRequest, model: str, version: str) -> Any:
@@ -338,6 +364,8 @@ def route(method: str, path: str) -> tuple[Handler, tuple[str, ...]] | tuple[int
         return 404, f"no route for {path}"
     if rest == ["logging"]:
         return (_log_settings, ()) if get or post else (405, "use GET or POST")
+    if rest == ["trace", "setting"]:
+        return (_trace_settings, ()) if get or post else (405, "use GET or POST")
     if rest[0] == "cudasharedmemory":
         return 501, "CUDA shared memory is not implemented on this server yet"
     if rest[0] == "systemsharedmemory":
@@ -355,6 +383,8 @@ def route(method: str, path: str) -> tuple[Handler, tuple[str, ...]] | tuple[int
         version, rest = rest[1], rest[2:]
         if not version.isdecimal():
             return 404, f"no route for {path}: versions are decimal numbers"
+    if rest == ["trace", "setting"] and not version:
+        return (_trace_settings, (model,)) if get or post else (405, "use GET or POST")
     action = rest[0] if rest else ""
     if len(rest) > 1:
         return 404, f"no route for {path}"

@@ -238,9 +238,15 @@ class Engine:
         timeout_us = None
         if item.deadline_ns:
             timeout_us = max(1, (item.deadline_ns - time.monotonic_ns()) // 1000)
-        result = await self.infer(InferenceRequest(model, inputs, version, outputs,
-                                                   timeout_us, "", item.ledger, item.priority,
-                                                   item.sequence, item.parameters))
+        trace = item.trace.child(model) if item.trace is not None else None
+        try:
+            result = await self.infer(InferenceRequest(model, inputs, version, outputs,
+                                                       timeout_us, "", item.ledger,
+                                                       item.priority, item.sequence,
+                                                       item.parameters, trace))
+        finally:
+            if trace is not None:
+                trace.finish()
         return result.outputs
 
     async def _load_version(self, source: ModelSource, version: int) -> _Version:
@@ -463,6 +469,10 @@ class Engine:
                 f"model '{loaded.spec.name}' is decoupled (it sends any number of responses "
                 "per request): call it on a stream, gRPC ModelStreamInfer (tritonclient's "
                 "start_stream / async_stream_infer)")
+        trace = request.trace
+        if trace is not None:
+            trace.begin(loaded.spec.name, loaded.version, request.id, request.inputs,
+                        request.ledger)
         cache = self._cache if loaded.stats.cached else None
         if cache is not None:  # answered from the response cache when it was answered before
             started = time.monotonic_ns()
@@ -473,17 +483,28 @@ class Engine:
                 times = StageTimes()
                 times.total_ns = time.monotonic_ns() - started
                 loaded.stats.record_cache_hit(times)
+                if trace is not None:
+                    trace.answered(outputs, request.ledger, end=True)
                 return InferenceResult(loaded.spec.name, loaded.version, request.id, outputs,
                                        times, request.ledger)
             looked_up = time.monotonic_ns() - started
-        item = work_item(loaded.spec, request, asyncio.get_running_loop())
-        loaded.scheduler.submit(item)
-        # cancelling the caller cancels this future: the scheduler drops it
-        results = await item.future
+        try:
+            item = work_item(loaded.spec, request, asyncio.get_running_loop())
+            if trace is not None:
+                trace.stamp("QUEUE_START", item.enqueued_ns)
+            loaded.scheduler.submit(item)
+            # cancelling the caller cancels this future: the scheduler drops it
+            results = await item.future
+        except BaseException:
+            if trace is not None:
+                trace.stamp("REQUEST_END")
+            raise
         if cache is not None:
             kept = time.monotonic_ns()
             cache.put(key, results, request.ledger)
             loaded.stats.cache_miss.add(looked_up + time.monotonic_ns() - kept)
+        if trace is not None:
+            trace.answered(results, request.ledger, end=True)
         return InferenceResult(loaded.spec.name, loaded.version, request.id, results,
                                item.times, item.ledger)
 
@@ -509,7 +530,18 @@ class Engine:
         if not loaded.spec.decoupled:
             yield await self.infer(request)
             return
-        item = work_item(loaded.spec, request, asyncio.get_running_loop())
+        trace = request.trace
+        if trace is not None:
+            trace.begin(loaded.spec.name, loaded.version, request.id, request.inputs,
+                        request.ledger)
+        try:
+            item = work_item(loaded.spec, request, asyncio.get_running_loop())
+        except BaseException:
+            if trace is not None:
+                trace.stamp("REQUEST_END")
+            raise
+        if trace is not None:
+            trace.stamp("QUEUE_START", item.enqueued_ns)
         # each response, then None once the request is over (answered or failed)
         arrived: asyncio.Queue[tuple[dict[str, TensorView], Callable[[], None]] | None] = \
             asyncio.Queue()
@@ -527,6 +559,8 @@ class Engine:
                     first = False
                 outputs, taken = response
                 taken()
+                if trace is not None:
+                    trace.answered(outputs, request.ledger, end=False)
                 yield InferenceResult(loaded.spec.name, loaded.version, request.id, outputs,
                                       item.times, item.ledger)
             item.future.result()  # the request's error, if it failed
@@ -534,6 +568,8 @@ class Engine:
             item.abandoned = True
             if not item.future.done():
                 item.future.cancel()  # still queued: the scheduler drops it
+            if trace is not None:
+                trace.stamp("REQUEST_END")
 
 
 def _step_models(versions: Iterable[_Version]) -> set[str]:

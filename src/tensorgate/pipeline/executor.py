@@ -261,7 +261,7 @@ class ExecutorThread:
         if s.spec.decoupled:
             self._execute_decoupled(batch, runner)
             return
-        started = time.monotonic_ns()
+        started = batch.started_ns = time.monotonic_ns()
         # What this thread holds of a batch is let go before it reports the batch done: the
         # loop may answer and the pool take the buffers back before this thread runs again.
         inputs: Any = None
@@ -304,7 +304,7 @@ class ExecutorThread:
         item = batch.items[0]
         assert item.respond is not None and len(batch.items) == 1
         credits = threading.Semaphore(RESPONSES_AHEAD)  # the client's taking one gives one back
-        started = time.monotonic_ns()
+        started = batch.started_ns = time.monotonic_ns()
         output_ns = 0
         produced: Any = None
         try:
@@ -378,7 +378,7 @@ class ExecutorThread:
 
     def _finish(self, batch: Batch, raw: Any) -> None:
         """Post-process, bring outputs to the host and split them per request."""
-        started = time.monotonic_ns()
+        started = batch.output_started_ns = time.monotonic_ns()
         s = self.settings
         spec = s.spec
         runner = self._runner

@@ -15,6 +15,7 @@ from typing import Any
 from tensorgate.errors import InvalidArgumentError
 from tensorgate.model import NO_PARAMETERS, Parameter
 from tensorgate.pipeline.stats import StageTimes
+from tensorgate.pipeline.trace import Trace
 from tensorgate.pipeline.work import SequenceFlags, WorkItem
 from tensorgate.repository.model_config import ModelSpec, QueuePolicy
 from tensorgate.tensor.copies import CopyLedger
@@ -38,6 +39,7 @@ class InferenceRequest:
     sequence: SequenceFlags | None = None  # its sequence, for a stateful model
     # What its model sees of the request parameters (the reserved ones taken out)
     parameters: Mapping[str, Parameter] = field(default_factory=lambda: NO_PARAMETERS)
+    trace: Trace | None = None  # when a trace setting sampled it (tensorgate/tracing.py)
 
 
 @dataclass
@@ -109,7 +111,8 @@ def work_item(spec: ModelSpec, request: InferenceRequest,
                              request.timeout_us)
     return WorkItem(inputs, max(rows, 1), tuple(key), wanted, loop.create_future(), now,
                     now + timeout_us * 1000 if timeout_us else 0, request.ledger, level,
-                    request.sequence, request.priority, request.id, request.parameters)
+                    request.sequence, request.priority, request.id, request.parameters,
+                    request.trace)
 
 
 def _timeout_us(policy: QueuePolicy | None, requested: int | None) -> int:

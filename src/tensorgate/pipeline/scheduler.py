@@ -29,6 +29,7 @@ from typing import Protocol
 from tensorgate.errors import DeadlineExceededError, TensorgateError, UnavailableError
 from tensorgate.pipeline.batch_cap import BatchCap
 from tensorgate.pipeline.stats import ModelStatistics
+from tensorgate.pipeline.trace import Trace
 from tensorgate.pipeline.work import Batch, WorkItem
 from tensorgate.repository.model_config import ModelSpec, QueuePolicy
 
@@ -315,6 +316,8 @@ class Scheduler:
             times.output_ns = batch.output_ns
             times.total_ns = now - item.enqueued_ns
             self._stats.record_success(times, item.ledger.bytes)
+            if item.trace is not None:
+                _stamp_compute(item.trace, batch)
             if not item.future.done():
                 # The results, not the item: the item holds its future, so a future holding
                 # the item is a reference cycle, and every request's tensors would wait for
@@ -327,3 +330,10 @@ class Scheduler:
         if not item.future.done():
             item.future.set_exception(error)
 
+
+def _stamp_compute(trace: Trace, batch: Batch) -> None:
+    """A traced request's time in the executor, from its batch's (Triton's names)."""
+    trace.stamp("COMPUTE_START", batch.started_ns)
+    trace.stamp("COMPUTE_INPUT_END", batch.started_ns + batch.input_ns)
+    trace.stamp("COMPUTE_OUTPUT_START", batch.output_started_ns or batch.started_ns)
+    trace.stamp("COMPUTE_END", (batch.output_started_ns or batch.started_ns) + batch.output_ns)

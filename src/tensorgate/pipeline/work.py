@@ -13,6 +13,7 @@ from typing import Any, NamedTuple
 
 from tensorgate.model import NO_PARAMETERS, Parameter, RequestInfo
 from tensorgate.pipeline.stats import StageTimes
+from tensorgate.pipeline.trace import Trace
 from tensorgate.tensor.copies import CopyLedger
 from tensorgate.tensor.view import TensorView
 
@@ -34,13 +35,14 @@ class WorkItem:
 
     __slots__ = ("inputs", "rows", "key", "wanted", "future", "enqueued_ns", "deadline_ns",
                  "ledger", "times", "results", "level", "priority", "respond", "abandoned",
-                 "sequence", "filler", "id", "parameters")
+                 "sequence", "filler", "id", "parameters", "trace")
 
     def __init__(self, inputs: dict[str, Any], rows: int, key: tuple[Any, ...],
                  wanted: tuple[str, ...], future: asyncio.Future[Any], enqueued_ns: int,
                  deadline_ns: int, ledger: CopyLedger, level: int = 0,
                  sequence: SequenceFlags | None = None, priority: int = 0, id: str = "",
-                 parameters: Mapping[str, Parameter] = NO_PARAMETERS) -> None:
+                 parameters: Mapping[str, Parameter] = NO_PARAMETERS,
+                 trace: Trace | None = None) -> None:
         self.inputs = inputs          # config input name → CPU tensor (numpy object for BYTES)
         self.rows = rows              # batch rows this request brings (1 when not batching)
         self.key = key                # per-item shapes: only equal keys batch together
@@ -65,6 +67,7 @@ class WorkItem:
         self.filler = False
         self.id = id                  # the request's id, and the parameters its model sees
         self.parameters = parameters
+        self.trace = trace            # None unless a trace setting sampled the request
 
     def release(self) -> None:
         """Its batch is done and it is answered: the item lets go of its tensors (the future
@@ -77,7 +80,8 @@ class WorkItem:
 class Batch:
     """Work items run in one model execution."""
 
-    __slots__ = ("items", "rows", "error", "dispatched_ns", "input_ns", "infer_ns", "output_ns")
+    __slots__ = ("items", "rows", "error", "dispatched_ns", "input_ns", "infer_ns", "output_ns",
+                 "started_ns", "output_started_ns")
 
     def __init__(self, items: list[WorkItem], dispatched_ns: int) -> None:
         self.items = items
@@ -87,6 +91,8 @@ class Batch:
         self.input_ns = 0
         self.infer_ns = 0
         self.output_ns = 0
+        self.started_ns = 0         # when the executor began it, and began its outputs (for
+        self.output_started_ns = 0  # traces: the durations above are what statistics need)
 
     def requests(self) -> list[RequestInfo]:
         """Its requests as a Python model's `preprocess` sees them, in row order."""

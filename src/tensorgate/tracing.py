@@ -1,0 +1,348 @@
+"""Triton's trace extension: which requests are traced, at what level, and where their
+traces go — set at start (`--trace-config`), read and changed while the server runs (HTTP
+`/v2[/models/M]/trace/setting`, gRPC `TraceSetting`).
+
+Settings are global, and per model where a client set some for it: a model's unset settings
+follow the global ones; clearing one (null) gives it back the global value, and clearing a
+global one gives back the value the server started with. The trace file cannot be changed
+from outside, as log_file cannot: any client could otherwise choose a file for the server
+to write.
+
+Traces are written off the loop, one write at a time and in order, in the loop's default
+executor. With log_frequency N, each N traces of a setting go to `<file>.<index>`. With 0,
+Triton writes `<file>` only at shutdown; here the file is also appended every
+APPEND_EVERY traces, staying one JSON array, so that a long run neither holds every trace
+nor loses them all to a crash. At most MAX_HELD traces, holding at most MAX_HELD_BYTES of
+tensors, wait to be written: past that, requests go untraced and are counted in `dropped`
+(a slow disk, or TENSORS on every request, must not grow the server without end). At
+shutdown the server waits for them a bounded time; what is left then is not written.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from tensorgate.errors import InvalidArgumentError
+from tensorgate.pipeline.trace import Trace
+
+__all__ = ["APPEND_EVERY", "LEVELS", "MAX_HELD", "MAX_HELD_BYTES", "SETTINGS", "Tracer"]
+
+log = logging.getLogger("tensorgate.trace")
+
+LEVELS = ("TIMESTAMPS", "TENSORS")
+SETTINGS = ("trace_file", "trace_level", "trace_rate", "trace_count", "log_frequency")
+MAX_HELD = 10_000
+MAX_HELD_BYTES = 256 << 20
+APPEND_EVERY = 256
+_TAIL = b"\n]\n"  # how every trace file ends: appending writes over it
+
+
+class _Scope:
+    """One setting's values and its sampling state: the global one, or a model's."""
+
+    __slots__ = ("own", "level", "rate", "count", "log_frequency", "seen", "pending")
+
+    def __init__(self, level: tuple[str, ...], rate: int, count: int,
+                 log_frequency: int) -> None:
+        self.own: dict[str, Any] = {}  # a model's: the settings a client set for it
+        self.level = level
+        self.rate = rate
+        self.count = count             # traces still to take; -1: no end
+        self.log_frequency = log_frequency
+        self.seen = 0                  # requests since the last one traced
+        self.pending: list[Trace] = []  # finished, not yet handed to the writer
+
+    def set(self, name: str, value: Any) -> None:
+        setattr(self, "level" if name == "trace_level" else
+                "rate" if name == "trace_rate" else
+                "count" if name == "trace_count" else name, value)
+
+    def get(self, name: str) -> Any:
+        return getattr(self, "level" if name == "trace_level" else
+                       "rate" if name == "trace_rate" else
+                       "count" if name == "trace_count" else name)
+
+    @property
+    def tracing(self) -> bool:
+        return bool(self.level) and self.count != 0
+
+
+class Tracer:
+    """The server's trace settings, the sampling they ask for, and the writing of traces."""
+
+    def __init__(self, file: str | os.PathLike[str] | None = None,
+                 level: Sequence[str] = (), rate: int = 1000, count: int = -1,
+                 log_frequency: int = 0) -> None:
+        self.file = os.fspath(file) if file else ""
+        try:
+            levels = _level(list(level))
+            for name, number in (("trace_rate", rate), ("trace_count", count),
+                                 ("log_frequency", log_frequency)):
+                _number(name, number)
+        except InvalidArgumentError as error:
+            raise ValueError(error.message) from None
+        if levels and not self.file:
+            raise ValueError("tracing needs a file to write: give one with "
+                             "--trace-config triton,file=PATH")
+        self._start: dict[str, Any] = {"trace_level": levels, "trace_rate": rate,
+                                       "trace_count": count, "log_frequency": log_frequency}
+        self._global = _Scope(levels, rate, count, log_frequency)
+        self._models: dict[str, _Scope] = {}
+        self.on = self._global.tracing  # whether any request may be traced: checked first
+        self.dropped = 0                # requests left untraced: MAX_HELD traces waited
+        self._last_id = 0
+        self._unwritten = 0             # traces sampled or collected, not yet written
+        self._held_bytes = 0            # their tensors' bytes, once collected
+        self._abandoned = False         # shutdown stopped waiting: write no more
+        self._index = 0                 # the next `<file>.<index>`
+        self._writes: list[tuple[str, bool, list[Trace]]] = []  # (path, append, traces)
+        self._writing: asyncio.Future[None] | None = None
+        self._begun: set[str] = set()   # files this server has written once (the writer's)
+
+    # -- settings --------------------------------------------------------------------------
+
+    def current(self, model: str | None = None) -> dict[str, str | list[str]]:
+        """The settings that apply to `model`'s requests (None: the global ones), as the
+        trace extension writes them: strings, and the level as a list."""
+        scope = self._scope(model)
+        return {"trace_file": self.file, "trace_level": list(scope.level) or ["OFF"],
+                "trace_rate": str(scope.rate), "trace_count": str(scope.count),
+                "log_frequency": str(scope.log_frequency)}
+
+    def update(self, changes: Mapping[str, Any], model: str | None = None
+               ) -> dict[str, str | list[str]]:
+        """Check every change, then make them all (none if one is wrong): a value sets, None
+        clears. `model` must name a model the server has (the caller checks). Returns the
+        settings now."""
+        parsed = {name: _parse(name, value, self.file) for name, value in changes.items()}
+        if model is None:
+            after = {n: self._start[n] if v is None else v for n, v in parsed.items()
+                     if n != "trace_file"}
+            level = after.get("trace_level", self._global.level)
+        else:
+            scope = self._models.get(model)
+            own = dict(scope.own) if scope is not None else {}
+            for name, value in parsed.items():
+                if name == "trace_file":
+                    continue
+                if value is None:
+                    own.pop(name, None)
+                else:
+                    own[name] = value
+            level = own.get("trace_level", self._global.level)
+        if level and not self.file:
+            raise InvalidArgumentError("tracing needs a file to write, and the server has "
+                                       "none: start it with --trace-config triton,file=PATH")
+        if model is None:
+            self._flush(self._global)
+            for name, value in after.items():
+                self._global.set(name, value)
+                for scope in self._models.values():
+                    if name not in scope.own:
+                        scope.set(name, value)
+        else:
+            self._set_model(model, own)
+        self.on = self._global.tracing or any(s.tracing for s in self._models.values())
+        return self.current(model)
+
+    def _set_model(self, model: str, own: dict[str, Any]) -> None:
+        scope = self._models.pop(model, None)
+        if scope is not None:
+            self._flush(scope)
+        if not own:
+            return  # every setting follows the global ones again
+        scope = _Scope(self._global.level, self._global.rate, self._global.count,
+                       self._global.log_frequency)
+        scope.own = own
+        for name, value in own.items():
+            scope.set(name, value)
+        self._models[model] = scope
+
+    def _scope(self, model: str | None) -> _Scope:
+        if model is None or not self._models:
+            return self._global
+        return self._models.get(model, self._global)
+
+    # -- sampling --------------------------------------------------------------------------
+
+    def sample(self, model: str) -> Trace | None:
+        """A new trace when `model`'s setting takes this request (one in trace_rate, while
+        trace_count lasts), else None. Callers check `on` first."""
+        scope = self._scope(model)
+        if not scope.tracing:
+            return None
+        scope.seen += 1
+        if scope.seen < scope.rate:
+            return None
+        scope.seen = 0
+        if self._unwritten >= MAX_HELD or self._held_bytes >= MAX_HELD_BYTES:
+            if not self.dropped:
+                log.warning("traces are made faster than they are written: requests go "
+                            "untraced while %d (%d MB) wait; raise trace_rate",
+                            self._unwritten, self._held_bytes >> 20)
+            self.dropped += 1
+            return None
+        if scope.count > 0:
+            scope.count -= 1
+        self._unwritten += 1
+        return Trace(self.next_id(), model, self, "TENSORS" in scope.level)
+
+    def next_id(self) -> int:
+        self._last_id += 1
+        return self._last_id
+
+    # -- writing ---------------------------------------------------------------------------
+
+    def collect(self, trace: Trace) -> None:
+        """A finished trace (Trace.finish calls this on the loop)."""
+        if trace.parent_id:
+            self._unwritten += 1  # a step's trace: not counted when its ensemble's was taken
+        self._held_bytes += trace.nbytes
+        scope = self._scope(trace.sampled_for)
+        scope.pending.append(trace)
+        every = scope.log_frequency or APPEND_EVERY
+        if len(scope.pending) >= every:
+            self._flush(scope)
+
+    def _flush(self, scope: _Scope) -> None:
+        if not scope.pending:
+            return
+        traces, scope.pending = scope.pending, []
+        if scope.log_frequency:
+            path, append = f"{self.file}.{self._index}", False
+            self._index += 1
+        else:
+            path, append = self.file, True
+        self._writes.append((path, append, traces))
+        self._next_write()
+
+    def _next_write(self) -> None:
+        if self._writing is not None or not self._writes or self._abandoned:
+            return
+        path, append, traces = self._writes.pop(0)
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no loop (a script, a test): write now
+            self._write(path, append, traces)
+            self._release(traces)
+            self._next_write()
+            return
+        self._writing = loop.run_in_executor(None, self._write, path, append, traces)
+        self._writing.add_done_callback(lambda done: self._written(done, traces))
+
+    def _written(self, done: asyncio.Future[None], traces: list[Trace]) -> None:
+        self._writing = None
+        self._release(traces)
+        if not done.cancelled() and done.exception() is not None:
+            log.error("could not write %d traces: %s", len(traces), done.exception())
+        self._next_write()
+
+    def _release(self, traces: list[Trace]) -> None:
+        self._unwritten -= len(traces)
+        self._held_bytes -= sum(trace.nbytes for trace in traces)
+
+    def _write(self, path: str, append: bool, traces: list[Trace]) -> None:
+        """In the executor: the traces' entries into `path`, as one JSON array, each trace
+        written as soon as it is made (TENSORS text is slow to make: ~60 ms for 150,000
+        floats), stopping early once shutdown has stopped waiting."""
+        if append and path in self._begun:
+            file = open(path, "r+b")
+            file.seek(-len(_TAIL), os.SEEK_END)
+            separator = b",\n"
+        else:
+            file = open(path, "wb")
+            file.write(b"[\n")
+            separator = b""
+            self._begun.add(path)
+        with file:
+            for trace in traces:
+                if self._abandoned:
+                    break
+                for entry in trace.records():
+                    file.write(separator + json.dumps(entry, separators=(",", ":")).encode())
+                    separator = b",\n"
+            file.write(_TAIL)
+
+    async def close(self, timeout_s: float = 10.0) -> None:
+        """Shutdown: write every trace held, waiting at most `timeout_s` for it; what is
+        not written by then is let go (and said)."""
+        self._flush(self._global)
+        for scope in self._models.values():
+            self._flush(scope)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while self._writing is not None:
+            try:
+                await asyncio.wait_for(asyncio.shield(self._writing), deadline - loop.time())
+            except asyncio.TimeoutError:
+                self._abandoned = True
+                log.warning("%d traces were not written: shutdown waits at most %g s for "
+                            "them", self._unwritten, timeout_s)
+                return
+            except Exception:
+                pass  # logged by _written
+
+
+# -- checking what a client sends -------------------------------------------------------------
+
+def _parse(name: str, value: Any, file: str) -> Any:
+    """One setting as a client sent it: a string, or a list of strings (gRPC always sends a
+    list; the level may have more than one); None clears it."""
+    if name not in SETTINGS:
+        raise InvalidArgumentError(f"unknown trace setting '{name}'; settings are: "
+                                   f"{', '.join(SETTINGS)}")
+    if value is None:
+        return None
+    values = value if isinstance(value, list) else [value]
+    if not values or not all(isinstance(v, (str, int)) and not isinstance(v, bool)
+                             for v in values):
+        raise InvalidArgumentError(f"trace setting '{name}' must be a string or a list of "
+                                   f"strings; got {value!r}")
+    if name == "trace_level":
+        return _level([str(v) for v in values])
+    if len(values) != 1:
+        raise InvalidArgumentError(f"trace setting '{name}' takes one value; got {value!r}")
+    text = str(values[0])
+    if name == "trace_file":
+        if text != file:
+            raise InvalidArgumentError(
+                "trace setting 'trace_file' cannot be changed over the API (any client could "
+                "choose a file for the server to write); start the server with "
+                "--trace-config triton,file=PATH")
+        return None
+    try:
+        number = int(text)
+    except ValueError:
+        raise InvalidArgumentError(f"trace setting '{name}' must be an integer; got "
+                                   f"{text!r}") from None
+    return _number(name, number)
+
+
+def _number(name: str, number: int) -> int:
+    lowest = {"trace_rate": 1, "trace_count": -1, "log_frequency": 0}[name]
+    if number < lowest:
+        meaning = {"trace_rate": "1: every request; N: one in N",
+                   "trace_count": "-1: no end; N: N more traces",
+                   "log_frequency": "0: one file; N: a file each N traces"}[name]
+        raise InvalidArgumentError(f"trace setting '{name}' must be {lowest} or more ({meaning}); got "
+                    f"{number}")
+    return number
+
+
+def _level(values: list[str]) -> tuple[str, ...]:
+    """A trace level: OFF, or some of LEVELS."""
+    upper = [v.strip().upper() for v in values]
+    if upper == ["OFF"] or not upper:
+        return ()
+    for value in upper:
+        if value == "OFF":
+            raise InvalidArgumentError(f"trace level OFF must stand alone; got {values}")
+        if value not in LEVELS:
+            raise InvalidArgumentError(f"trace level '{value}' is not one of OFF, "
+                                       f"{', '.join(LEVELS)}")
+    return tuple(dict.fromkeys(upper))
