@@ -25,7 +25,7 @@ import json
 import logging
 import os
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, BinaryIO
 
 from tensorgate.errors import InvalidArgumentError
 from tensorgate.pipeline.trace import Trace
@@ -250,6 +250,7 @@ class Tracer:
         """In the executor: the traces' entries into `path`, as one JSON array, each trace
         written as soon as it is made (TENSORS text is slow to make: ~60 ms for 150,000
         floats), stopping early once shutdown has stopped waiting."""
+        file: BinaryIO
         if append and path in self._begun:
             file = open(path, "r+b")
             file.seek(-len(_TAIL), os.SEEK_END)
