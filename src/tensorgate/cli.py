@@ -55,6 +55,14 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--grpc-header-forward-pattern",
                        help="regular expression: gRPC metadata whose name it matches reach "
                             "the model as request parameters (default: none)")
+    serve.add_argument("--http-restricted-api", action="append", metavar="API[,API]:KEY=VALUE",
+                       help="serve these APIs (health, metadata, inference, shared-memory, "
+                            "model-config, model-repository, statistics, trace, logging) over "
+                            "HTTP only to requests with header KEY: VALUE (repeatable)")
+    serve.add_argument("--grpc-restricted-protocol", dest="grpc_restricted_api",
+                       action="append", metavar="API[,API]:KEY=VALUE",
+                       help="the same over gRPC, the metadata being "
+                            "triton-grpc-protocol-KEY: VALUE (repeatable)")
     serve.add_argument("--trace-config", action="append", metavar="[MODE,]SETTING=VALUE",
                        help="Triton's tracing settings, repeated: level=TIMESTAMPS|TENSORS|OFF, "
                             "rate=N (one request in N), count=N (-1: no end), "
@@ -105,6 +113,9 @@ def main(argv: list[str] | None = None) -> int:
         from tensorgate.server import run
         try:
             args.update(trace_settings(args.pop("trace_config") or []))
+            for name in ("http_restricted_api", "grpc_restricted_api"):
+                if args[name] is not None:
+                    args[name] = ";".join(args[name])
             config = ServerConfig.from_env(**args)
         except ValueError as error:
             print(f"tensorgate: {error}", file=sys.stderr)

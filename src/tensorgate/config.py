@@ -12,6 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from tensorgate.protocol.restricted import parse_restrictions
+
 __all__ = ["ServerConfig"]
 
 LoopChoice = Literal["auto", "asyncio", "uvloop"]
@@ -63,6 +65,11 @@ class ServerConfig:
     # model as string request parameters; "" forwards none
     http_header_forward_pattern: str = ""
     grpc_header_forward_pattern: str = ""
+    # Triton's --http-restricted-api / --grpc-restricted-protocol: API groups served only to
+    # requests with a header of a given value, "API[,API...]:KEY=VALUE", several joined by
+    # ";" (protocol/restricted.py); "" restricts none
+    http_restricted_api: str = ""
+    grpc_restricted_api: str = ""
     # Triton's --trace-config (trace extension): the file traces are written to (None: no
     # tracing, nor can a client turn it on), the level (() or "OFF": none; TIMESTAMPS,
     # TENSORS), one request in trace_rate traced, trace_count traces in all (-1: no end),
@@ -127,6 +134,11 @@ class ServerConfig:
             except re.error as error:
                 raise ValueError(f"{name} is not a regular expression: {error}") from None
         self._check_trace()
+        for name in ("http_restricted_api", "grpc_restricted_api"):
+            try:
+                parse_restrictions(getattr(self, name))
+            except ValueError as error:
+                raise ValueError(f"{name}: {error}") from None
         if not 0 < self.switch_interval_s <= 1:
             raise ValueError(f"switch_interval_s must be in (0, 1], got {self.switch_interval_s}")
 

@@ -28,6 +28,7 @@ from tensorgate.metrics import render_metrics
 from tensorgate.network.http import HttpFrontEnd
 from tensorgate.network.metrics_http import MetricsFrontEnd
 from tensorgate.log_settings import LOG_LINE, LogSettings
+from tensorgate.protocol.restricted import GRPC_PREFIX, parse_restrictions
 from tensorgate.tracing import Tracer
 from tensorgate.network.loop import run_loop
 from tensorgate.pipeline.engine import Engine
@@ -79,10 +80,13 @@ class Server:
         budget = ConnectionBudget(_fit_open_files(config.max_connections))
         http = self._http = HttpFrontEnd(dataplane, default_pool(), config.max_request_bytes,
                                          config.read_timeout_s, config.keep_alive_timeout_s,
-                                         budget, _pattern(config.http_header_forward_pattern))
+                                         budget, _pattern(config.http_header_forward_pattern),
+                                         parse_restrictions(config.http_restricted_api))
         grpc = self._grpc = GrpcFrontEnd(dataplane, default_pool(), config.max_request_bytes,
                                          config.read_timeout_s, budget,
-                                         _pattern(config.grpc_header_forward_pattern))
+                                         _pattern(config.grpc_header_forward_pattern),
+                                         parse_restrictions(config.grpc_restricted_api,
+                                                            GRPC_PREFIX))
         polling = config.model_control_mode == "poll"
         seen = await _fingerprints(repository) if polling else None  # before loading
         explicit = config.model_control_mode == "explicit"
@@ -123,6 +127,12 @@ class Server:
         print(f"system shared memory: "
               f"{'allowed' if config.allow_shared_memory else 'off (--allow-shared-memory)'}",
               flush=True)
+        for front, text in (("HTTP", config.http_restricted_api),
+                            ("gRPC", config.grpc_restricted_api)):
+            if text:
+                groups = parse_restrictions(text)
+                print(f"{front} restricted APIs: {', '.join(groups)} (need a header)",
+                      flush=True)
         print("trace: " + (f"{'+'.join(config.trace_level)}, one request in "
                            f"{config.trace_rate}, to {config.trace_file}"
                            if config.trace_level else

@@ -22,8 +22,9 @@ from tensorgate.network import ConnectionBudget, RefusedConnection, http2, stall
 from tensorgate.network.grpc_messages import (CODES, OK_TRAILERS, RESPONSE_HEADERS, CallHeaders,
                                               Failure, HttpRefusal, MessageReader, error_block,
                                               inflate_message, read_call_headers)
-from tensorgate.network.grpc_methods import INFERENCE_SERVICE, UNARY, model_infer
+from tensorgate.network.grpc_methods import API_GROUP, INFERENCE_SERVICE, UNARY, model_infer
 from tensorgate.network.grpc_stream import StreamCall
+from tensorgate.protocol.restricted import Restrictions, refusal
 from tensorgate.protocol.status import codes_for
 from tensorgate.tensor.copies import CopyLedger
 from tensorgate.tensor.pool import BufferPool
@@ -214,9 +215,11 @@ class GrpcFrontEnd:
 
     def __init__(self, dataplane: DataPlane, pool: BufferPool, max_message_bytes: int,
                  read_timeout_s: float = 30.0, budget: ConnectionBudget | None = None,
-                 header_forward: re.Pattern[str] | None = None) -> None:
+                 header_forward: re.Pattern[str] | None = None,
+                 restricted: Restrictions | None = None) -> None:
         self.dataplane = dataplane
         self.header_forward = header_forward  # metadata passed to models as parameters
+        self.restricted = restricted or {}    # API group → the metadata it needs
         self.budget = budget or ConnectionBudget()
         self.pool = pool
         self.max_message_bytes = max_message_bytes
@@ -229,6 +232,8 @@ class GrpcFrontEnd:
                      headers: list[tuple[str, str]]) -> http2.StreamHandler:
         try:
             call = read_call_headers(headers, self.header_forward)
+            if self.restricted:
+                self._check_restricted(call.path, headers)
             if call.path == _MODEL_STREAM_INFER:
                 return StreamCall(self.dataplane, self.pool, self.max_message_bytes,
                                   connection, stream, call, self.streams)
@@ -244,6 +249,16 @@ class GrpcFrontEnd:
                                                            failure.message))
             return _ANSWERED
         return _Call(self, connection, stream, call)
+
+    def _check_restricted(self, path: str, headers: list[tuple[str, str]]) -> None:
+        group = API_GROUP.get(path.rsplit("/", 1)[-1])
+        needed = self.restricted.get(group) if group is not None else None
+        if needed is None or group is None:
+            return
+        given = next((value for name, value in headers if name == needed[0]), None)
+        reason = refusal(group, needed, given)
+        if reason is not None:
+            raise Failure("UNAVAILABLE", reason)  # as Triton answers a restricted protocol
 
     def _connection(self) -> asyncio.BaseProtocol:
         if not self.budget.admit():

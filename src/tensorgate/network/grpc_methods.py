@@ -22,7 +22,7 @@ from tensorgate.tensor.copies import CopyLedger
 if TYPE_CHECKING:
     from tensorgate.pipeline.trace import Trace
 
-__all__ = ["INFERENCE_SERVICE", "UNARY", "model_infer", "model_infer_responses"]
+__all__ = ["API_GROUP", "INFERENCE_SERVICE", "UNARY", "model_infer", "model_infer_responses"]
 
 INFERENCE_SERVICE = "inference.GRPCInferenceService"
 _HEALTH_SERVICE = "grpc.health.v1.Health"
@@ -289,3 +289,15 @@ UNARY: dict[str, tuple[Any, Handler]] = {
        for name, handler in _INFERENCE.items()},
     f"/{_HEALTH_SERVICE}/Check": (HealthCheckRequest, _health_check),
 }
+
+# Each method's API group, for restricted APIs (protocol/restricted.py); by the path's last part
+API_GROUP = {
+    "ServerLive": "health", "ServerReady": "health", "ModelReady": "health", "Check": "health",
+    "ServerMetadata": "metadata", "ModelMetadata": "metadata",
+    "ModelInfer": "inference", "ModelStreamInfer": "inference",
+    "ModelConfig": "model-config", "ModelStatistics": "statistics",
+    "RepositoryIndex": "model-repository", "RepositoryModelLoad": "model-repository",
+    "RepositoryModelUnload": "model-repository",
+    "SystemSharedMemoryRegister": "shared-memory", "SystemSharedMemoryUnregister":
+    "shared-memory", "SystemSharedMemoryStatus": "shared-memory",
+    "LogSettings": "logging", "TraceSetting": "trace"}

@@ -24,8 +24,9 @@ import httptools
 from tensorgate.dataplane import DataPlane
 from tensorgate.errors import InvalidArgumentError, TensorgateError
 from tensorgate.network import ConnectionBudget, RefusedConnection, stalled_message
-from tensorgate.network.http_routes import HttpRequest, StreamedResponse, route
+from tensorgate.network.http_routes import API_GROUP, HttpRequest, StreamedResponse, route
 from tensorgate.protocol.infer_codec import json_error
+from tensorgate.protocol.restricted import Restrictions, refusal
 from tensorgate.protocol.status import codes_for
 from tensorgate.tensor.copies import record_copy
 from tensorgate.tensor.buffer import ALIGNMENT
@@ -39,7 +40,8 @@ log = logging.getLogger("tensorgate.http")
 # copied into the body buffer); a typical tritonclient request needs two reads of headers.
 _HEAD_WINDOW = 256
 _MAX_HEAD = 64 * 1024         # more header bytes than this: 431
-_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
+_REASONS = {200: "OK", 400: "Bad Request", 403: "Forbidden", 404: "Not Found",
+            405: "Method Not Allowed",
             408: "Request Timeout", 413: "Content Too Large", 431: "Request Header Fields Too Large",
             500: "Internal Server Error", 501: "Not Implemented", 503: "Service Unavailable",
             504: "Gateway Timeout"}
@@ -60,9 +62,11 @@ class HttpFrontEnd:
     def __init__(self, dataplane: DataPlane, pool: BufferPool, max_request_bytes: int,
                  read_timeout_s: float = 30.0, keep_alive_timeout_s: float = 75.0,
                  budget: ConnectionBudget | None = None,
-                 header_forward: re.Pattern[str] | None = None) -> None:
+                 header_forward: re.Pattern[str] | None = None,
+                 restricted: Restrictions | None = None) -> None:
         self.dataplane = dataplane
         self.header_forward = header_forward  # headers passed to models as parameters
+        self.restricted = restricted or {}    # API group → the header it needs
         self.budget = budget or ConnectionBudget()
         self.pool = pool
         self.max_request_bytes = max_request_bytes
@@ -291,6 +295,15 @@ class _Connection(asyncio.BufferedProtocol):
         if isinstance(target, int):
             self._respond_error(target, str(detail))
             return
+        restricted = self.front.restricted
+        if restricted:
+            group = API_GROUP[target]
+            needed = restricted.get(group)
+            if needed is not None:
+                reason = refusal(group, needed, request.headers.get(needed[0]))
+                if reason is not None:
+                    self._respond_error(403, reason)
+                    return
         args = cast(tuple[str, ...], detail)  # a handler's path arguments, once not an error
         self._task = asyncio.ensure_future(self._run(target, args, request))
 

@@ -28,7 +28,7 @@ from tensorgate.tensor.copies import CopyLedger, record_copy
 if TYPE_CHECKING:
     from tensorgate.pipeline.trace import Trace
 
-__all__ = ["Handler", "HttpRequest", "StreamedResponse", "route"]
+__all__ = ["API_GROUP", "Handler", "HttpRequest", "StreamedResponse", "route"]
 
 log = logging.getLogger("tensorgate.http")
 
@@ -394,3 +394,15 @@ def route(method: str, path: str) -> tuple[Handler, tuple[str, ...]] | tuple[int
     if method != wanted:
         return 405, f"use {wanted} for {path}"
     return handler, (model, version)
+
+
+# Each handler's API group, for restricted APIs (protocol/restricted.py)
+API_GROUP: dict[Handler, str] = {
+    _live: "health", _ready: "health", _model_ready: "health",
+    _server_metadata: "metadata", _model_metadata: "metadata",
+    _infer: "inference", _generate: "inference", _generate_stream: "inference",
+    _model_config: "model-config", _stats: "statistics",
+    _index: "model-repository", _load: "model-repository", _unload: "model-repository",
+    _shm_status: "shared-memory", _shm_register: "shared-memory",
+    _shm_unregister: "shared-memory",
+    _log_settings: "logging", _trace_settings: "trace"}
