@@ -51,7 +51,9 @@ def binary_request(model: str, port: int) -> bytes:
     return raw_request(port, path, headers, body)
 
 
-def sequential(port: int, raw: bytes, n: int) -> dict[str, float]:
+def latencies(port: int, raw: bytes, n: int) -> tuple[np.ndarray, float]:
+    """`n` requests one after another on one keep-alive connection, after a warm-up: each
+    one's latency (µs), and the client's own CPU per request (s)."""
     connection = Connection(port)
     try:
         for _ in range(max(n // 10, 5)):
@@ -67,7 +69,11 @@ def sequential(port: int, raw: bytes, n: int) -> dict[str, float]:
         client_cpu = (time.process_time() - cpu_start) / n
     finally:
         connection.close()
-    a = np.array(samples) / 1e3
+    return np.array(samples) / 1e3, client_cpu
+
+
+def sequential(port: int, raw: bytes, n: int) -> dict[str, float]:
+    a, client_cpu = latencies(port, raw, n)
     return {"p50_us": float(np.percentile(a, 50)), "p99_us": float(np.percentile(a, 99)),
             "n": n, "client_cpu_us_per_request": client_cpu * 1e6}
 

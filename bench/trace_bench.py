@@ -28,8 +28,7 @@ import torch
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
-from server_bench import binary_request  # noqa: E402
-from compare_wire import Connection  # noqa: E402
+from server_bench import binary_request, latencies  # noqa: E402
 from tensorgate.builtin.repository import write_default_repository  # noqa: E402
 
 RESULTS = pathlib.Path(__file__).parent / "results"
@@ -60,23 +59,6 @@ def _wait_written(file: pathlib.Path) -> None:
         if size != last:
             last, still = size, time.monotonic()
         time.sleep(0.1)
-
-
-def _measure(port: int, raw: bytes, n: int) -> np.ndarray:
-    connection = Connection(port)
-    try:
-        for _ in range(max(n // 10, 5)):
-            connection.exchange(raw)
-        samples = []
-        for _ in range(n):
-            start = time.perf_counter_ns()
-            status, _, _ = connection.exchange(raw)
-            samples.append(time.perf_counter_ns() - start)
-            if status != 200:
-                raise RuntimeError(f"HTTP {status}")
-    finally:
-        connection.close()
-    return np.array(samples) / 1e3
 
 
 def main() -> None:
@@ -110,7 +92,7 @@ def main() -> None:
             for mode in order:
                 changes, share = MODES[mode]
                 _settings(port, changes)
-                samples[mode].append(_measure(port, raw, max(50, int(args.requests * share))))
+                samples[mode].append(latencies(port, raw, max(50, int(args.requests * share)))[0])
                 _settings(port, {"trace_level": ["OFF"]})  # what was held is written now
                 _wait_written(trace_file)  # not while the next mode is measured
     finally:

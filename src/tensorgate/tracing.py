@@ -330,8 +330,8 @@ def _number(name: str, number: int) -> int:
         meaning = {"trace_rate": "1: every request; N: one in N",
                    "trace_count": "-1: no end; N: N more traces",
                    "log_frequency": "0: one file; N: a file each N traces"}[name]
-        raise InvalidArgumentError(f"trace setting '{name}' must be {lowest} or more ({meaning}); got "
-                    f"{number}")
+        raise InvalidArgumentError(f"trace setting '{name}' must be {lowest} or more "
+                                   f"({meaning}); got {number}")
     return number
 
 
