@@ -68,6 +68,16 @@ def test_a_model_with_settings_of_its_own_is_sampled_on_its_own(tmp_path: pathli
     assert tracer.current("a") == tracer.current()
 
 
+def test_a_models_count_left_survives_a_change_of_its_other_settings(
+        tmp_path: pathlib.Path) -> None:
+    tracer = Tracer(tmp_path / "t.json")
+    tracer.update({"trace_level": ["TIMESTAMPS"], "trace_rate": "1", "trace_count": "3"}, "a")
+    assert len(_run(tracer, "a", 1)) == 1
+    assert tracer.update({"trace_rate": "2"}, "a")["trace_count"] == "2"
+    assert tracer.update({"trace_count": None}, "a")["trace_count"] == "-1"  # the global one
+    assert tracer.update({"trace_count": "5"}, "a")["trace_count"] == "5"
+
+
 def test_log_frequency_writes_a_file_each_n_traces(tmp_path: pathlib.Path) -> None:
     file = tmp_path / "t.json"
     tracer = Tracer(file, ["TIMESTAMPS"], rate=1, log_frequency=2)

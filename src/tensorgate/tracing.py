@@ -40,6 +40,8 @@ MAX_HELD = 10_000
 MAX_HELD_BYTES = 256 << 20
 APPEND_EVERY = 256
 _TAIL = b"\n]\n"  # how every trace file ends: appending writes over it
+_ATTRIBUTES = {"trace_level": "level", "trace_rate": "rate", "trace_count": "count",
+               "log_frequency": "log_frequency"}
 
 
 class _Scope:
@@ -58,14 +60,10 @@ class _Scope:
         self.pending: list[Trace] = []  # finished, not yet handed to the writer
 
     def set(self, name: str, value: Any) -> None:
-        setattr(self, "level" if name == "trace_level" else
-                "rate" if name == "trace_rate" else
-                "count" if name == "trace_count" else name, value)
+        setattr(self, _ATTRIBUTES[name], value)
 
     def get(self, name: str) -> Any:
-        return getattr(self, "level" if name == "trace_level" else
-                       "rate" if name == "trace_rate" else
-                       "count" if name == "trace_count" else name)
+        return getattr(self, _ATTRIBUTES[name])
 
     @property
     def tracing(self) -> bool:
@@ -146,22 +144,27 @@ class Tracer:
                     if name not in scope.own:
                         scope.set(name, value)
         else:
-            self._set_model(model, own)
+            self._set_model(model, own, [name for name in parsed if name != "trace_file"])
         self.on = self._global.tracing or any(s.tracing for s in self._models.values())
         return self.current(model)
 
-    def _set_model(self, model: str, own: dict[str, Any]) -> None:
-        scope = self._models.pop(model, None)
+    def _set_model(self, model: str, own: dict[str, Any], changed: list[str]) -> None:
+        """`own`: the model's settings after the update, which named `changed`. What the
+        update did not name keeps its state (a count already partly spent stays so)."""
+        scope = self._models.get(model)
         if scope is not None:
             self._flush(scope)
         if not own:
-            return  # every setting follows the global ones again
-        scope = _Scope(self._global.level, self._global.rate, self._global.count,
-                       self._global.log_frequency)
+            self._models.pop(model, None)  # every setting follows the global ones again
+            return
+        if scope is None:
+            scope = self._models[model] = _Scope(self._global.level, self._global.rate,
+                                                 self._global.count,
+                                                 self._global.log_frequency)
+            changed = list(own)
+        for name in changed:
+            scope.set(name, own[name] if name in own else self._global.get(name))
         scope.own = own
-        for name, value in own.items():
-            scope.set(name, value)
-        self._models[model] = scope
 
     def _scope(self, model: str | None) -> _Scope:
         if model is None or not self._models:
