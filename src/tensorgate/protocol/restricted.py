@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import hmac
 
-__all__ = ["API_GROUPS", "GRPC_PREFIX", "Restrictions", "parse_restrictions"]
+__all__ = ["API_GROUPS", "GRPC_PREFIX", "Restrictions", "parse_restrictions", "refusal"]
 
 API_GROUPS = ("health", "metadata", "inference", "shared-memory", "model-config",
               "model-repository", "statistics", "trace", "logging")
