@@ -57,6 +57,10 @@ _HELP = {
     "tensorgate_response_cache_entries": ("gauge", "Answers the response cache holds"),
     "tensorgate_response_cache_evictions_total": (
         "counter", "Answers the response cache dropped to stay in its bound"),
+    "tensorgate_traces_written_total": ("counter", "Traces written to the trace file"),
+    "tensorgate_traces_held": ("gauge", "Traces taken and not yet written"),
+    "tensorgate_traces_dropped_total": (
+        "counter", "Requests a trace setting chose but left untraced: too many traces waited"),
     "tensorgate_connections_open": ("gauge", "Client connections open (HTTP and gRPC)"),
     "tensorgate_connections_refused_total": (
         "counter", "Client connections refused past --max-connections"),
@@ -89,10 +93,12 @@ def _labels(**values: str) -> str:
 def render_metrics(models: Iterable[tuple[ModelStatistics, int]],
                    pool: PoolStatistics | None = None,
                    connections: tuple[int, int] | None = None,
-                   cache: CacheStatistics | None = None) -> str:
+                   cache: CacheStatistics | None = None,
+                   traces: tuple[int, int, int] | None = None) -> str:
     """`models`: each version's statistics and its pending-request count; `pool`: the host
     buffer pool's, when there is one to report; `connections`: (open, refused so far);
-    `cache`: the response cache's, when the server has one."""
+    `cache`: the response cache's, when the server has one; `traces`: (written, held,
+    dropped), when the server has a trace file."""
     rows: dict[str, list[str]] = {name: [] for name in _HELP}
     for stats, pending in models:
         labels = _labels(model=stats.name, version=str(stats.version))
@@ -159,6 +165,10 @@ def render_metrics(models: Iterable[tuple[ModelStatistics, int]],
                                                     f"{_labels(state='limit')} {cache.limit_bytes}"]
         rows["tensorgate_response_cache_entries"].append(f" {cache.entries}")
         rows["tensorgate_response_cache_evictions_total"].append(f" {cache.evictions}")
+    if traces is not None:
+        rows["tensorgate_traces_written_total"].append(f" {traces[0]}")
+        rows["tensorgate_traces_held"].append(f" {traces[1]}")
+        rows["tensorgate_traces_dropped_total"].append(f" {traces[2]}")
     if connections is not None:
         rows["tensorgate_connections_open"].append(f" {connections[0]}")
         rows["tensorgate_connections_refused_total"].append(f" {connections[1]}")

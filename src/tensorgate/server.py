@@ -97,9 +97,11 @@ class Server:
         self.http_port = await self._http.start(config.host, config.http_port)
         self.grpc_port = await self._grpc.start(config.host, config.grpc_port)
         engine = self.engine
+        tracer = self.tracer if config.trace_file is not None else None
         self._metrics = MetricsFrontEnd(lambda: render_metrics(
             engine.model_statistics(), engine.pool_statistics(),
-            (budget.open, budget.refused), engine.cache_statistics()))
+            (budget.open, budget.refused), engine.cache_statistics(),
+            tracer.statistics() if tracer is not None else None))
         self.metrics_port = await self._metrics.start(config.host, config.metrics_port)
         dataplane.started = True
         if not default_pool().statistics().pinned:

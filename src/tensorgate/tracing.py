@@ -93,6 +93,7 @@ class Tracer:
         self._models: dict[str, _Scope] = {}
         self.on = self._global.tracing  # whether any request may be traced: checked first
         self.dropped = 0                # requests left untraced: MAX_HELD traces waited
+        self.written = 0                # traces in the file (counted by the writer)
         self._last_id = 0
         self._unwritten = 0             # traces sampled or collected, not yet written
         self._held_bytes = 0            # their tensors' bytes, once collected
@@ -195,6 +196,11 @@ class Tracer:
         self._unwritten += 1
         return Trace(self.next_id(), model, self, "TENSORS" in scope.level)
 
+    def statistics(self) -> tuple[int, int, int]:
+        """For metrics: traces written, waiting to be written, and requests left untraced
+        because too many waited."""
+        return self.written, self._unwritten, self.dropped
+
     def next_id(self) -> int:
         self._last_id += 1
         return self._last_id
@@ -270,6 +276,7 @@ class Tracer:
                 for entry in trace.records():
                     file.write(separator + json.dumps(entry, separators=(",", ":")).encode())
                     separator = b",\n"
+                self.written += 1  # only this thread writes it; the loop reads it
             file.write(_TAIL)
 
     async def close(self, timeout_s: float = 10.0) -> None:

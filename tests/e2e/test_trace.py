@@ -10,6 +10,7 @@ import json
 import pathlib
 import queue
 import time
+import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
@@ -349,3 +350,34 @@ def test_a_bad_trace_config_stops_the_server_from_starting(tmp_path: pathlib.Pat
             ("rate=0", "trace_rate must be 1 or more, got 0")]:
         with pytest.raises(RuntimeError, match=message):
             start_server(repo, tmp_path / "server.log", "--trace-config", given)
+
+
+def _trace_metrics(server: RunningServer) -> dict[str, float]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics",
+                                timeout=10) as answer:
+        text = answer.read().decode()
+    return {line.split()[0]: float(line.split()[1]) for line in text.splitlines()
+            if line.startswith("tensorgate_traces_")}
+
+
+def test_metrics_count_the_traces_written(traced: tuple[RunningServer, pathlib.Path]) -> None:
+    server, folder = traced
+    before = set(_entries(folder))
+    counted = _trace_metrics(server)
+    with httpclient.InferenceServerClient(server.url) as client:
+        client.update_trace_settings("identity", {"trace_level": ["TIMESTAMPS"],
+                                                  "trace_rate": "1", "log_frequency": "1"})
+        try:
+            for n in range(2):
+                client.infer("identity", [_input(httpclient, [n, 0, 0, 0])])
+        finally:
+            client.update_trace_settings("identity", CLEAR)
+    assert len(_new_traces(folder, before, 2)) == 2
+    deadline = time.monotonic() + 5  # the writer reports its write done a moment later
+    while (now := _trace_metrics(server))["tensorgate_traces_held"] and \
+            time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert now["tensorgate_traces_written_total"] == \
+        counted["tensorgate_traces_written_total"] + 2
+    assert now["tensorgate_traces_held"] == 0
+    assert now["tensorgate_traces_dropped_total"] == 0
