@@ -135,6 +135,9 @@ class Engine:
                     versions[number] = await self._load_ensemble(source, number)
                 else:
                     versions[number] = await self._load_version(source, number)
+            # read here, off the loop, not by the first classification request on it
+            labels = await asyncio.get_running_loop().run_in_executor(
+                None, _label_files, self.repository, source.spec)
         except Exception as error:
             if versions:  # the versions loaded before one failed are not served: stop them
                 await self._retire(versions.values(), drain_timeout_s=0.0)
@@ -147,6 +150,7 @@ class Engine:
         self._models[name] = versions
         self._failed.pop(name, None)
         self._forget_labels(name)
+        self._labels.update(labels)
         if old:
             await self._retire(old.values(), drain_timeout_s=30.0)
 
@@ -377,20 +381,13 @@ class Engine:
         return not self._closing
 
     def _forget_labels(self, name: str) -> None:
-        """A model (re)loaded or unloaded: its label files are read again when next used."""
+        """A model unloaded, or loaded again (with the labels read for the new load)."""
         for key in [key for key in self._labels if key[0] == name]:
             del self._labels[key]
 
     def label_lines(self, name: str, output: str) -> list[str]:
-        """The lines of an output's `label_filename` (cached), or [] when it has none."""
-        key = (name, output)
-        if key not in self._labels:
-            spec = self.spec(name).output(output)
-            path = self.repository / name / spec.label_filename if spec else None
-            self._labels[key] = (path.read_text(encoding="utf-8").splitlines()
-                                 if path is not None and spec is not None and spec.label_filename
-                                 and path.is_file() else [])
-        return self._labels[key]
+        """The lines of an output's `label_filename` as read at load, or [] without one."""
+        return self._labels.get((name, output), [])
 
     def is_ready(self, name: str, version: int | None = None) -> bool:
         try:
@@ -570,6 +567,16 @@ class Engine:
                 item.future.cancel()  # still queued: the scheduler drops it
             if trace is not None:
                 trace.stamp("REQUEST_END")
+
+
+def _label_files(repository: pathlib.Path, spec: ModelSpec) -> dict[tuple[str, str], list[str]]:
+    """Each output's `label_filename` lines (a file that is not there: no labels)."""
+    found = {}
+    for output in spec.outputs:
+        path = repository / spec.name / output.label_filename
+        if output.label_filename and path.is_file():
+            found[(spec.name, output.name)] = path.read_text(encoding="utf-8").splitlines()
+    return found
 
 
 def _step_models(versions: Iterable[_Version]) -> set[str]:
