@@ -24,6 +24,7 @@ import asyncio
 import json
 import logging
 import os
+from collections import deque
 from collections.abc import Mapping, Sequence
 from typing import Any, BinaryIO
 
@@ -99,7 +100,7 @@ class Tracer:
         self._held_bytes = 0            # their tensors' bytes, once collected
         self._abandoned = False         # shutdown stopped waiting: write no more
         self._index = 0                 # the next `<file>.<index>`
-        self._writes: list[tuple[str, bool, list[Trace]]] = []  # (path, append, traces)
+        self._writes: deque[tuple[str, bool, list[Trace]]] = deque()  # (path, append, traces)
         self._writing: asyncio.Future[None] | None = None
         self._begun: set[str] = set()   # files this server has written once (the writer's)
 
@@ -233,7 +234,7 @@ class Tracer:
     def _next_write(self) -> None:
         if self._writing is not None or not self._writes or self._abandoned:
             return
-        path, append, traces = self._writes.pop(0)
+        path, append, traces = self._writes.popleft()
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:  # no loop (a script, a test): write now

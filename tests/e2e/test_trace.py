@@ -6,6 +6,7 @@ refused by name and the server serves on."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import pathlib
 import queue
@@ -89,6 +90,18 @@ def _new_traces(folder: pathlib.Path, before: set[int], count: int) -> list[dict
         if len(new) >= count or time.monotonic() > deadline:
             return new
         time.sleep(0.02)
+
+
+@contextlib.contextmanager
+def _tracing(client: Any, model: str, **settings: Any) -> Iterator[None]:
+    """Every request to `model` traced, a file per trace (or as `settings` say), then its
+    settings cleared: the server is shared by the tests of this module."""
+    client.update_trace_settings(model, {"trace_level": ["TIMESTAMPS"], "trace_rate": "1",
+                                         "log_frequency": "1", **settings})
+    try:
+        yield
+    finally:
+        client.update_trace_settings(model, CLEAR)
 
 
 def _names_in_order(trace: dict[str, Any]) -> list[str]:
@@ -193,13 +206,9 @@ def test_a_traced_request_has_every_stage_in_order(traced: tuple[RunningServer, 
     module: Any = httpclient if protocol == "http" else grpcclient
     url = server.url if protocol == "http" else server.grpc_url
     with module.InferenceServerClient(url) as client:
-        client.update_trace_settings("identity", {"trace_level": ["TIMESTAMPS"],
-                                                  "trace_rate": "1", "log_frequency": "1"})
-        try:
+        with _tracing(client, "identity"):
             for n in range(3):
                 client.infer("identity", [_input(module, [n, 1, 2, 3])], request_id=f"r{n}")
-        finally:
-            client.update_trace_settings("identity", CLEAR)
     traces = _new_traces(folder, before, 3)
     assert [t["request_id"] for t in traces] == ["r0", "r1", "r2"]
     for trace in traces:
@@ -213,16 +222,11 @@ def test_rate_and_count_choose_which_requests_are_traced(
     server, folder = traced
     before = set(_entries(folder))
     with httpclient.InferenceServerClient(server.url) as client:
-        client.update_trace_settings("identity", {"trace_level": ["TIMESTAMPS"],
-                                                  "trace_rate": "2", "trace_count": "3",
-                                                  "log_frequency": "1"})
-        try:
+        with _tracing(client, "identity", trace_rate="2", trace_count="3"):
             for n in range(10):
                 client.infer("identity", [_input(httpclient, [n, 0, 0, 0])],
                              request_id=f"r{n}")
             assert client.get_trace_settings("identity")["trace_count"] == "0"
-        finally:
-            client.update_trace_settings("identity", CLEAR)
     traces = _new_traces(folder, before, 3)
     time.sleep(0.2)  # nothing more comes
     assert len(_entries(folder)) - len(before) == 3
@@ -234,13 +238,9 @@ def test_an_ensembles_steps_are_traced_under_it(traced: tuple[RunningServer,
     server, folder = traced
     before = set(_entries(folder))
     with httpclient.InferenceServerClient(server.url) as client:
-        client.update_trace_settings("pipeline", {"trace_level": ["TIMESTAMPS"],
-                                                  "trace_rate": "1", "log_frequency": "1"})
-        try:
+        with _tracing(client, "pipeline"):
             result = client.infer("pipeline", [_input(httpclient, [1, 2, 3, 4], "RAW")],
                                   request_id="whole")
-        finally:
-            client.update_trace_settings("pipeline", CLEAR)
     np.testing.assert_array_equal(result.as_numpy("OUT"), [[2, 3, 4, 5]])
     traces = _new_traces(folder, before, 3)
     (ensemble,) = [t for t in traces if t["model_name"] == "pipeline"]
@@ -261,12 +261,8 @@ def test_level_tensors_keeps_what_went_in_and_came_out(
     server, folder = traced
     before = set(_entries(folder))
     with grpcclient.InferenceServerClient(server.grpc_url) as client:
-        client.update_trace_settings("failing", {"trace_level": ["TIMESTAMPS", "TENSORS"],
-                                                 "trace_rate": "1", "log_frequency": "1"})
-        try:
+        with _tracing(client, "failing", trace_level=["TIMESTAMPS", "TENSORS"]):
             client.infer("failing", [_input(grpcclient, [0.5, 1, 2, 3])])
-        finally:
-            client.update_trace_settings("failing", CLEAR)
     (trace,) = _new_traces(folder, before, 1)
     assert [(t["activity"], t["tensor"]) for t in trace["tensors"]] == [
         ("TENSOR_QUEUE_INPUT", {"name": "INPUT__0", "data": "0.5,1.0,2.0,3.0",
@@ -280,14 +276,10 @@ def test_a_failed_request_is_traced_and_the_server_serves_on(
     server, folder = traced
     before = set(_entries(folder))
     with httpclient.InferenceServerClient(server.url) as client:
-        client.update_trace_settings("failing", {"trace_level": ["TIMESTAMPS"],
-                                                 "trace_rate": "1", "log_frequency": "1"})
-        try:
+        with _tracing(client, "failing"):
             with pytest.raises(InferenceServerException, match="negative input"):
                 client.infer("failing", [_input(httpclient, [-1, 0, 0, 0])])
             result = client.infer("failing", [_input(httpclient, [1, 0, 0, 0])])
-        finally:
-            client.update_trace_settings("failing", CLEAR)
     np.testing.assert_array_equal(result.as_numpy("OUTPUT__0"), [[2, 1, 1, 1]])
     failed, answered = _new_traces(folder, before, 2)
     assert _names_in_order(failed) == ["HTTP_RECV_START", "HTTP_RECV_END", "REQUEST_START",
@@ -302,16 +294,12 @@ def test_a_decoupled_requests_trace_has_each_response(
     before = set(_entries(folder))
     answers: queue.Queue[Any] = queue.Queue()
     with grpcclient.InferenceServerClient(server.grpc_url) as client:
-        client.update_trace_settings("counter", {"trace_level": ["TIMESTAMPS"],
-                                                 "trace_rate": "1", "log_frequency": "1"})
-        try:
+        with _tracing(client, "counter"):
             client.start_stream(callback=lambda result, error: answers.put((result, error)))
             client.async_stream_infer("counter", [_input(grpcclient, [3, 0, 0, 0])],
                                       request_id="three")
             got = [answers.get(timeout=10) for _ in range(3)]
             client.stop_stream()
-        finally:
-            client.update_trace_settings("counter", CLEAR)
     assert all(error is None for _, error in got)
     (trace,) = _new_traces(folder, before, 1)
     names = _names_in_order(trace)
@@ -365,13 +353,9 @@ def test_metrics_count_the_traces_written(traced: tuple[RunningServer, pathlib.P
     before = set(_entries(folder))
     counted = _trace_metrics(server)
     with httpclient.InferenceServerClient(server.url) as client:
-        client.update_trace_settings("identity", {"trace_level": ["TIMESTAMPS"],
-                                                  "trace_rate": "1", "log_frequency": "1"})
-        try:
+        with _tracing(client, "identity"):
             for n in range(2):
                 client.infer("identity", [_input(httpclient, [n, 0, 0, 0])])
-        finally:
-            client.update_trace_settings("identity", CLEAR)
     assert len(_new_traces(folder, before, 2)) == 2
     deadline = time.monotonic() + 5  # the writer reports its write done a moment later
     while (now := _trace_metrics(server))["tensorgate_traces_held"] and \

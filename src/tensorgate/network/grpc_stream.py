@@ -199,13 +199,12 @@ class StreamCall:
             body = [self._error(f"internal error: {type(error).__name__}: {error}", request)]
         finally:
             message = None
-        if trace is None:
-            self._answer(body)
-            return
-        trace.stamp("GRPC_SEND_START")
+        if trace is not None:
+            trace.stamp("GRPC_SEND_START")
         self._answer(body)
-        trace.stamp("GRPC_SEND_END")
-        trace.finish()
+        if trace is not None:
+            trace.stamp("GRPC_SEND_END")
+            trace.finish()
 
     async def _respond_each(self, message: Any, ledger: CopyLedger, request: Any,
                             spans: list[tuple[int, int]], received_ns: int) -> None:
