@@ -37,6 +37,7 @@ def test_health_metadata_config_and_index(client: httpclient.InferenceServerClie
     assert model["versions"] == ["1"]
     config = client.get_model_config("linear")
     assert config["max_batch_size"] == 8 and config["input"][0]["data_type"] == "TYPE_FP32"
+    assert all(isinstance(d, int) for d in config["input"][0]["dims"])  # as Triton's
     names = {entry["name"]: entry["state"] for entry in client.get_model_repository_index()}
     assert names == {"identity": "READY", "linear": "READY", "failing": "READY",
                      "slow": "READY", "wide": "READY", "paced": "READY",

@@ -45,6 +45,29 @@ def test_full_config_is_honoured() -> None:
     assert spec.config_dict()["input"][0]["data_type"] == "TYPE_FP32"
 
 
+def test_config_json_writes_64_bit_integers_as_numbers_and_defaults_too() -> None:
+    """Triton's /config and a Python-backend model's `model_config`: `"dims": [3, 224, 224]`,
+    not protobuf's `["3", "224", "224"]`, and `max_batch_size: 0` present."""
+    config = parse_model_config(FULL, "x", "resnet50").config_dict()
+    assert config["input"][0]["dims"] == [3, 224, 224]
+    batching = config["dynamic_batching"]
+    assert batching["max_queue_delay_microseconds"] == 100
+    assert batching["default_queue_policy"]["default_timeout_microseconds"] == 5000
+    assert parse_model_config(FULL, "x", "resnet50").config_dict() == json.loads(
+        json.dumps(config))  # plain JSON values
+    unbatched = parse_model_config('name: "m"\ninput { name: "a" data_type: TYPE_INT64 '
+                                   'dims: [-1] }\noutput { name: "b" data_type: TYPE_INT64 '
+                                   'dims: [2] }', "m/config.pbtxt", "m").config_dict()
+    assert unbatched["max_batch_size"] == 0 and unbatched["output"][0]["dims"] == [2]
+    levels = parse_model_config(
+        'name: "m"\nmax_batch_size: 2\ninput { name: "a" data_type: TYPE_FP32 dims: [1] }\n'
+        'output { name: "b" data_type: TYPE_FP32 dims: [1] }\ndynamic_batching { '
+        'priority_levels: 2 default_priority_level: 1 priority_queue_policy { key: 2 value { '
+        'default_timeout_microseconds: 7 } } }', "m/config.pbtxt", "m").config_dict()
+    assert levels["dynamic_batching"]["priority_queue_policy"]["2"][
+        "default_timeout_microseconds"] == 7
+
+
 @pytest.mark.parametrize("text, message", [
     ('name: "m"\nmax_batch_sise: 4', r'^m/config\.pbtxt: 2:1 : Message type "inference\.'
                                      r'ModelConfig" has no field named "max_batch_sise"\.$'),

@@ -11,9 +11,11 @@ from __future__ import annotations
 import pathlib
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Literal
+from typing import Any, Literal
 
 from google.protobuf import json_format, text_format
+from google.protobuf.descriptor import FieldDescriptor
+from google.protobuf.message import Message
 from tritonclient.grpc import model_config_pb2 as pb
 
 from tensorgate.errors import ModelConfigError
@@ -165,8 +167,47 @@ class ModelSpec:
         return next((spec for spec in self.outputs if spec.name == name), None)
 
     def config_dict(self) -> dict[str, object]:
-        """The config as Triton's `/config` JSON (snake_case names, enum names)."""
-        return json_format.MessageToDict(self.config, preserving_proto_field_name=True)
+        """The config as Triton's `/config` JSON: snake_case names, enum names, scalar fields
+        at their defaults too (`"max_batch_size": 0`, as Triton prints it: code reading
+        `config["max_batch_size"]` must not fail on a model that does not batch), and 64-bit
+        integers as numbers (`"dims": [3, 224]`), where protobuf's JSON writes strings."""
+        value = json_format.MessageToDict(self.config, preserving_proto_field_name=True,
+                                          always_print_fields_with_no_presence=True)
+        _int64_as_numbers(self.config, value)
+        return value
+
+
+_INT64 = (FieldDescriptor.CPPTYPE_INT64, FieldDescriptor.CPPTYPE_UINT64)
+
+
+def _int64_as_numbers(message: Message, value: dict[str, Any]) -> None:
+    """Turn the 64-bit integers protobuf's JSON writes as strings back into numbers, in
+    place, walking `message`'s schema beside its JSON `value`."""
+    for descriptor in message.DESCRIPTOR.fields:
+        name = descriptor.name
+        if name not in value:
+            continue
+        field_value = getattr(message, name)
+        if descriptor.message_type is not None and descriptor.message_type.GetOptions().map_entry:
+            entry = descriptor.message_type.fields_by_name["value"]
+            if entry.message_type is not None:
+                for key, item in field_value.items():
+                    _int64_as_numbers(item, value[name][str(key)])
+            elif entry.cpp_type in _INT64:
+                value[name] = {key: int(item) for key, item in value[name].items()}
+        elif descriptor.message_type is not None:
+            if _is_repeated(descriptor):
+                for item, item_value in zip(field_value, value[name]):
+                    _int64_as_numbers(item, item_value)
+            else:
+                _int64_as_numbers(field_value, value[name])
+        elif descriptor.cpp_type in _INT64:
+            value[name] = ([int(item) for item in value[name]] if _is_repeated(descriptor)
+                           else int(value[name]))
+
+
+def _is_repeated(descriptor: FieldDescriptor) -> bool:
+    return descriptor.label == FieldDescriptor.LABEL_REPEATED
 
 
 def load_model_config(path: pathlib.Path, expected_name: str | None = None) -> ModelSpec:
