@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from tritonclient.grpc import service_pb2 as pb
@@ -131,8 +132,29 @@ def test_json_data_decodes_to_its_shape_or_is_refused_naming_the_input(
         return
     view = decoded.inputs["x"]
     assert list(view.shape) == shape
+    decoded_values = view.numpy().reshape(-1).tolist()
     if datatype == "BYTES":
-        assert all(isinstance(item, bytes) for item in view.numpy().reshape(-1).tolist())
+        assert all(isinstance(item, bytes) for item in decoded_values)
+        return
+    # Nothing was silently changed: no string parsed, no fraction cut, no number wrapped,
+    # nothing made a boolean (one leniency: true/false among integers count as 1/0)
+    given_values = list(_leaves(data))
+    assert len(given_values) == len(decoded_values)
+    for sent, got in zip(given_values, decoded_values):
+        if datatype == "BOOL":
+            assert isinstance(sent, bool) and sent == got
+        elif datatype in ("UINT8", "INT32", "INT64"):
+            assert isinstance(sent, int) and sent == got
+        else:
+            assert isinstance(sent, (int, float)) and not isinstance(sent, bool)
+            assert got == float(np.float16(sent) if datatype == "FP16" else
+                                np.float32(sent) if datatype == "FP32" else sent)
+
+
+def _leaves(value: object) -> list[object]:
+    if isinstance(value, list):
+        return [leaf for item in value for leaf in _leaves(item)]
+    return [value]
 
 
 GENERATE_INPUTS = [GenerateInput("text", datatype_named("BYTES"), (1,)),

@@ -281,11 +281,7 @@ def json_tensor(data: Any, dt: DataType, shape: tuple[int, ...], name: str,
     elif dt.numpy is None:
         raise _fail(f"input '{name}': {dt.name} cannot travel as JSON; send it as binary data")
     else:
-        try:
-            with np.errstate(over="raise"):  # 1e300 as FP32 would be inf: refuse it
-                values = np.asarray(data, dtype=dt.numpy).reshape(-1)
-        except (TypeError, ValueError, OverflowError, FloatingPointError) as error:
-            raise _fail(f"input '{name}': 'data' does not hold {dt.name} values: {error}") from None
+        values = _json_numbers(data, np.dtype(dt.numpy), dt.name, name)
     if values.size != count:
         raise _fail(f"input '{name}': 'data' has {values.size} elements; shape "
                     f"[{','.join(map(str, shape))}] needs {count}")
@@ -297,6 +293,51 @@ def json_tensor(data: Any, dt: DataType, shape: tuple[int, ...], name: str,
         return TensorView.from_numpy(items, name=name, ledger=ledger)
     record_copy(values.nbytes, "decode", ledger)
     return TensorView.from_numpy(values.reshape(shape), name=name, ledger=ledger)
+
+
+# What each kind of datatype takes from JSON, by the numpy kind of the array JSON's values
+# make: BOOL only true/false; integers only integers (1.5 is not silently 1); floats any
+# number. Never strings: numpy would parse "1.5", and make "false" True.
+_JSON_KINDS = {"b": ("b", "true or false"), "i": ("iu", "integers"), "u": ("iu", "integers"),
+               "f": ("iuf", "numbers")}
+
+
+def _json_numbers(data: Any, target: np.dtype[Any], datatype: str, name: str) -> np.ndarray:
+    """The flat array of a JSON `data` list for a numeric datatype, its values checked as
+    Triton checks them: of the datatype's kind and within its range."""
+    try:
+        found = np.asarray(data)
+    except ValueError:  # ragged nesting
+        raise _fail(f"input '{name}': 'data' is not a flat list or evenly nested lists of "
+                    "values") from None
+    kinds, wanted = _JSON_KINDS[target.kind]
+    if found.size and found.dtype.kind not in kinds:
+        raise _fail(f"input '{name}': {datatype} 'data' must hold {wanted}; it holds "
+                    f"{_json_kind(found)}")
+    if found.size and target.kind in "iu":
+        info = np.iinfo(target)
+        low, high = found.min(), found.max()
+        if low < info.min or high > info.max:
+            raise _fail(f"input '{name}': {datatype} holds [{info.min}, {info.max}]; 'data' "
+                        f"has {low if low < info.min else high}")
+    try:
+        with np.errstate(over="raise"):  # 1e300 as FP32 would be inf: refuse it
+            return found.astype(target, copy=False).reshape(-1)
+    except FloatingPointError:
+        raise _fail(f"input '{name}': 'data' has a value too large for {datatype}") from None
+
+
+def _json_kind(values: np.ndarray) -> str:
+    kind = values.dtype.kind
+    if kind == "b":
+        return "true/false"
+    if kind == "f":
+        return "numbers written with a fraction or an exponent"
+    if kind in "iu":
+        return "integers"
+    if kind in "US":
+        return "strings"
+    return "values of other types (null, objects or numbers beyond 64 bits)"
 
 
 def _decode_outputs(raw: Any) -> list[RequestedOutput] | None:

@@ -196,18 +196,14 @@ def _int64_as_numbers(message: Message, value: dict[str, Any]) -> None:
             elif entry.cpp_type in _INT64:
                 value[name] = {key: int(item) for key, item in value[name].items()}
         elif descriptor.message_type is not None:
-            if _is_repeated(descriptor):
+            if isinstance(value[name], list):  # a repeated field
                 for item, item_value in zip(field_value, value[name]):
                     _int64_as_numbers(item, item_value)
             else:
                 _int64_as_numbers(field_value, value[name])
         elif descriptor.cpp_type in _INT64:
-            value[name] = ([int(item) for item in value[name]] if _is_repeated(descriptor)
+            value[name] = ([int(item) for item in value[name]] if isinstance(value[name], list)
                            else int(value[name]))
-
-
-def _is_repeated(descriptor: FieldDescriptor) -> bool:
-    return descriptor.label == FieldDescriptor.LABEL_REPEATED
 
 
 def load_model_config(path: pathlib.Path, expected_name: str | None = None) -> ModelSpec:
