@@ -57,6 +57,7 @@ class ModelContext:
     device: torch.device
     max_batch_size: int
     parameters: dict[str, str] = field(default_factory=dict)
+    instance: int = 0  # which of the version's instances (each has its own model object)
 
     def load_weights(self, filename: str) -> Any:
         """`torch.load` of a file in the version directory, tensors only (weights_only=True)."""

@@ -280,7 +280,7 @@ class Engine:
                                                 self._threads),
                 cpu_affinity=cpu_affinity(spec), placement=self._placement,
                 cuda_graphs=flag(spec, "cuda_graphs", True),
-                postprocessor=postprocessor)
+                postprocessor=postprocessor, instance=index)
             executors.append(ExecutorThread(
                 f"tg-exec-{spec.name}-v{version}-{index}", settings, loop, self._pool,
                 self._postprocess, feed.on_batch_done, feed.on_idle))

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from tensorgate.errors import InternalError, TensorgateError
-from tensorgate.model import ModelContext
+from tensorgate.model import ModelContext, RequestInfo
 from tensorgate.pipeline import heap
 from tensorgate.pipeline.batching import gather_rows, split_rows
 from tensorgate.pipeline.cuda_graphs import GraphSet, graph_batch_sizes, map_tensors
@@ -38,7 +38,10 @@ from tensorgate.pipeline.placement import (LIGHT_FORWARD_NS, Placement, pin_curr
 from tensorgate.pipeline.postprocess import Postprocessor
 from tensorgate.pipeline.runner import (Runner, load_runner, name_outputs, sample_inputs,
                                         warmup_inputs)
-from tensorgate.pipeline.work import Batch
+from tensorgate.pipeline.triton_python import RequestInputs, TritonPythonRunner
+from tensorgate.pipeline.work import Batch, WorkItem
+from tensorgate.python_backend import (TRITONSERVER_REQUEST_FLAG_SEQUENCE_END as SEQUENCE_END,
+                                       TRITONSERVER_REQUEST_FLAG_SEQUENCE_START as SEQUENCE_START)
 from tensorgate.repository.model_config import ModelSpec
 from tensorgate.tensor.copies import copy_into
 from tensorgate.tensor.dtypes import datatype_of_numpy, datatype_of_torch
@@ -88,6 +91,7 @@ class ExecutorSettings:
     # A runner another instance of this version loaded, run here too instead of a second copy
     # of the weights (only runners whose forward is safe on two threads at once).
     shared_runner: Runner | None = None
+    instance: int = 0  # its index among the version's instances
 
 
 class ExecutorThread:
@@ -176,7 +180,7 @@ class ExecutorThread:
             pin_current_thread(s.placement.compute_cpus)
         torch.set_num_threads(s.intra_op_threads)
         context = ModelContext(s.spec.name, s.version, s.directory, s.device, s.spec.max_batch_size,
-                               dict(s.spec.parameters))
+                               dict(s.spec.parameters), s.instance)
         if s.device.type == "cuda":
             torch.cuda.set_device(s.device)
             self._stream = torch.cuda.Stream(s.device)  # type: ignore[no-untyped-call]
@@ -197,8 +201,8 @@ class ExecutorThread:
         """The median of five batch-1 forwards here, or None when inputs cannot be made."""
         inputs = warmup_inputs(self.settings.spec, 1, self.settings.device)
         runner = self._runner
-        if inputs is None or runner is None:
-            return None
+        if inputs is None or runner is None or runner.requests is not None:
+            return None  # (a Triton Python model runs only what its config says: see below)
         samples = []
         for _ in range(5):
             started = time.perf_counter_ns()
@@ -225,6 +229,10 @@ class ExecutorThread:
                 for _ in range(sample.count):
                     self._warm_run(runner, inputs, f"sample '{sample.name}' (batch "
                                                    f"{sample.batch_size})")
+        elif runner.requests is not None:
+            # Triton runs a Python model only on requests and its config's model_warmup: one
+            # may not take zeros (a tokenizer, image bytes), and a failed warm-up fails the load
+            return
         else:
             # Batch 1 only: on CPU a warm-up at max_batch_size (64 × ResNet-50) costs seconds
             # of start-up for little; on a GPU, graph capture below runs every batch size.
@@ -260,6 +268,9 @@ class ExecutorThread:
         assert runner is not None
         if s.spec.decoupled:
             self._execute_decoupled(batch, runner)
+            return
+        if runner.requests is not None:
+            self._execute_each(batch, runner.requests)
             return
         started = batch.started_ns = time.monotonic_ns()
         # What this thread holds of a batch is let go before it reports the batch done: the
@@ -309,7 +320,9 @@ class ExecutorThread:
         produced: Any = None
         try:
             with torch.inference_mode(), self._on_stream():
-                produced = _run(runner, self._to_device(item.inputs, batch), batch)
+                produced = (runner.requests.run_stream(_request_inputs(item))
+                            if runner.requests is not None else
+                            _run(runner, self._to_device(item.inputs, batch), batch))
                 if not isinstance(produced, Iterator):
                     raise InternalError(
                         f"model '{self.settings.spec.name}' is decoupled: its forward must "
@@ -342,6 +355,52 @@ class ExecutorThread:
         batch.infer_ns = time.monotonic_ns() - started - output_ns
         self.batches_run += 1
         self._report(self._on_done_and_idle, batch)
+
+    def _execute_each(self, batch: Batch, model: TritonPythonRunner) -> None:
+        """A batch of a model that takes requests one by one: each gets its own inputs, as
+        they came (on the CPU, as Triton's Python backend gives them), and its own answer
+        or error; only the model raising fails the whole batch."""
+        spec = self.settings.spec
+        items = [item for item in batch.items if not item.filler]
+        started = batch.started_ns = time.monotonic_ns()
+        answers: Any = None
+        try:
+            with torch.inference_mode(), self._on_stream():
+                answers = model.run_each([_request_inputs(item) for item in items])
+                output_started = batch.output_started_ns = time.monotonic_ns()
+                for item, answer in zip(items, answers):
+                    if isinstance(answer, TensorgateError):
+                        item.error = answer
+                        continue
+                    try:
+                        self._take_results(item, answer, batch)
+                    except Exception as error:  # one response's fault fails its request
+                        item.results = {}
+                        item.error = _model_error(spec.name, error)
+                if self._stream is not None:
+                    self._stream.synchronize()  # outputs copied to the host are there
+            batch.infer_ns = output_started - started
+            batch.output_ns = time.monotonic_ns() - output_started
+            self.batches_run += 1
+        except Exception as error:  # the model's fault fails this batch only
+            batch.error = _model_error(spec.name, error)
+        answers = None
+        self._report(self._on_done_and_idle, batch)
+
+    def _take_results(self, item: WorkItem, outputs: Any, batch: Batch) -> None:
+        """The outputs `item` asked for, from a model's answer by output name."""
+        spec = self.settings.spec
+        for name in item.wanted:
+            value = outputs.get(name)
+            if value is None:
+                raise InternalError(f"model '{spec.name}' gave no output '{name}' for request "
+                                    f"'{item.id}', which asked for it; its response has: "
+                                    f"{', '.join(outputs) or 'no outputs'}")
+            out = next(o for o in spec.model_outputs if o.name == name)
+            _check_output(spec.name, name, value, out.datatype)
+            if isinstance(value, torch.Tensor):
+                value = self._to_host(value, batch)
+            item.results[name] = TensorView.from_array(value, name=name, ledger=item.ledger)
 
     def _on_done_and_idle(self, batch: Batch) -> None:
         """On the loop: deliver the batch's results, then take the next batch."""
@@ -387,6 +446,12 @@ class ExecutorThread:
                 raw = runner.postprocess(raw)
             if s.postprocessor is not None:
                 raw = s.postprocessor(list(raw) if isinstance(raw, (list, tuple)) else [raw])
+            if runner is not None and runner.requests is not None:  # a decoupled response
+                self._take_results(batch.items[0], raw, batch)
+                if self._stream is not None:
+                    self._stream.synchronize()
+                batch.output_ns = time.monotonic_ns() - started
+                return
             outputs = name_outputs(raw, spec)
             rows = [item.rows for item in batch.items]
             for out in spec.model_outputs:
@@ -415,7 +480,12 @@ class ExecutorThread:
 
     def _teardown(self) -> None:
         self._graphs = None
-        self._runner = None
+        runner, self._runner = self._runner, None
+        if runner is not None and runner.requests is not None:
+            try:
+                runner.requests.close()  # a Triton Python model's finalize()
+            except Exception:
+                log.exception("model %s: finalize() raised", self.settings.spec.name)
         if self.settings.device.type == "cuda":
             torch.cuda.synchronize(self.settings.device)
             torch.cuda.empty_cache()
@@ -425,6 +495,18 @@ def _run(runner: Runner, inputs: dict[str, Any], batch: Batch) -> Any:
     if runner.takes_requests:
         return runner.run(inputs, batch.requests())
     return runner.run(inputs)
+
+
+def _request_inputs(item: WorkItem) -> RequestInputs:
+    """`item` as a model that takes requests one by one sees it."""
+    sequence = item.sequence
+    flags = 0
+    if sequence is not None:
+        flags = ((SEQUENCE_START if sequence.start else 0)
+                 | (SEQUENCE_END if sequence.end else 0))
+    return RequestInputs(item.inputs, RequestInfo(item.id, slice(0, item.rows), item.parameters),
+                         item.wanted, sequence.id if sequence is not None else 0, flags,
+                         lambda: item.abandoned)
 
 
 def _cpu_text(cpus: frozenset[int]) -> str:

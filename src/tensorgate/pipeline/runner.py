@@ -2,7 +2,8 @@
 
     model.pt   TorchScript, `torch.jit.load`; its forward runs without the GIL
     model.pt2  a `torch.export` program (`torch.export.load`) or an AOTInductor package
-    model.py   a `tensorgate.Model` subclass with stage hooks
+    model.py   a `tensorgate.Model` subclass with stage hooks, or Triton's Python backend's
+               `class TritonPythonModel` (pipeline/triton_python.py)
 
 `run` takes the batched inputs by config name (and, where `takes_requests`, the batch's
 `RequestInfo`s) and returns the model's raw result; `name_outputs` maps a raw result
@@ -24,6 +25,7 @@ import torch
 
 from tensorgate.errors import InternalError
 from tensorgate.model import NO_PARAMETERS, Model, ModelContext, RequestInfo
+from tensorgate.pipeline.triton_python import TritonPythonRunner, install_module
 from tensorgate.repository.model_config import ModelConfigError, ModelSpec, WarmupSample
 from tensorgate.tensor.bytes_codec import decode_bytes_tensor
 from tensorgate.tensor.dtypes import DataType
@@ -59,8 +61,13 @@ class Runner:
 
     def __init__(self, forward: Callable[..., Any],
                  postprocess: Callable[[Any], Any] | None, module: torch.nn.Module | None,
-                 *, shareable: bool = False, takes_requests: bool = False) -> None:
+                 *, shareable: bool = False, takes_requests: bool = False,
+                 requests: TritonPythonRunner | None = None) -> None:
         self.run = forward
+        # A model that takes requests one by one, answering each with its outputs by name or
+        # an error of its own (a Triton Python-backend model): the executor hands it the
+        # requests ungathered, and calls its `close` when the instance stops.
+        self.requests = requests
         # run(inputs, requests): a Python model whose preprocess reads its requests
         self.takes_requests = takes_requests
         self.postprocess = postprocess
@@ -106,14 +113,19 @@ def _load_python(path: pathlib.Path, spec: ModelSpec, context: ModelContext) -> 
         raise ModelConfigError(str(path), "cannot be imported")
     module = importlib.util.module_from_spec(loader_spec)
     sys.modules[module_name] = module
+    install_module()  # before the model's own `import triton_python_backend_utils`
     loader_spec.loader.exec_module(module)
     classes = [obj for obj in vars(module).values()
                if isinstance(obj, type) and issubclass(obj, Model) and obj is not Model
                and obj.__module__ == module_name]
+    triton_class = getattr(module, "TritonPythonModel", None)
+    if not classes and isinstance(triton_class, type):  # Triton's Python backend's API
+        adapter = TritonPythonRunner(triton_class, spec, context)
+        return Runner(adapter.run, None, None, requests=adapter)
     if len(classes) != 1:
         found = ", ".join(c.__name__ for c in classes) or "none"
-        raise ModelConfigError(str(path), f"must define exactly one tensorgate.Model subclass; "
-                                          f"found {found}")
+        raise ModelConfigError(str(path), f"must define exactly one tensorgate.Model subclass "
+                                          f"or a class TritonPythonModel; found {found}")
     model = classes[0]()
     model.setup(context)
     overridden = type(model).postprocess is not Model.postprocess

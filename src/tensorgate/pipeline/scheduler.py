@@ -310,6 +310,10 @@ class Scheduler:
             if item.filler:
                 item.release()
                 continue
+            if item.error is not None:
+                self._fail(item, item.error, now, "BACKEND")
+                item.release()
+                continue
             times = item.times
             times.input_ns = batch.input_ns
             times.infer_ns = batch.infer_ns

@@ -35,7 +35,7 @@ class WorkItem:
 
     __slots__ = ("inputs", "rows", "key", "wanted", "future", "enqueued_ns", "deadline_ns",
                  "ledger", "times", "results", "level", "priority", "respond", "abandoned",
-                 "sequence", "filler", "id", "parameters", "trace")
+                 "sequence", "filler", "id", "parameters", "trace", "error")
 
     def __init__(self, inputs: dict[str, Any], rows: int, key: tuple[Any, ...],
                  wanted: tuple[str, ...], future: asyncio.Future[Any], enqueued_ns: int,
@@ -68,6 +68,9 @@ class WorkItem:
         self.id = id                  # the request's id, and the parameters its model sees
         self.parameters = parameters
         self.trace = trace            # None unless a trace setting sampled the request
+        # Its own failure, where a model answers each request of a batch (a Triton Python
+        # model's error response); the batch's other requests are answered.
+        self.error: BaseException | None = None
 
     def release(self) -> None:
         """Its batch is done and it is answered: the item lets go of its tensors (the future

@@ -1,0 +1,165 @@
+"""A Triton Python-backend model (`model.py` with `class TritonPythonModel`) behind a Runner.
+
+Such a model answers requests, not batches: `execute(requests)` gets one
+`pb_utils.InferenceRequest` per request, each with its own input tensors (views of the
+request's bytes: nothing is gathered or copied), and returns one `InferenceResponse` each,
+which may be an error for that request alone. A decoupled one answers through each
+request's response sender, from any of its threads; the executor thread waits for the
+final flag, passing each response on as it comes. Built on the instance's executor thread.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import sys
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any, NamedTuple
+
+from tensorgate import python_backend as pb_utils
+from tensorgate.errors import (AlreadyExistsError, CancelledError, InternalError,
+                               InvalidArgumentError, NotFoundError, TensorgateError,
+                               UnavailableError, UnimplementedError)
+from tensorgate.model import ModelContext, RequestInfo
+from tensorgate.repository.model_config import ModelSpec
+
+__all__ = ["MODULE_NAME", "RequestInputs", "TritonPythonRunner", "install_module"]
+
+MODULE_NAME = "triton_python_backend_utils"  # what Triton's Python models import
+CANCEL_POLL_S = 0.1  # how often a decoupled wait looks whether its client has gone
+
+_ERRORS: dict[int, type[TensorgateError]] = {
+    pb_utils.TritonError.INVALID_ARG: InvalidArgumentError,
+    pb_utils.TritonError.NOT_FOUND: NotFoundError,
+    pb_utils.TritonError.UNAVAILABLE: UnavailableError,
+    pb_utils.TritonError.UNSUPPORTED: UnimplementedError,
+    pb_utils.TritonError.ALREADY_EXISTS: AlreadyExistsError,
+    pb_utils.TritonError.CANCELLED: CancelledError,
+}
+
+
+def install_module() -> None:
+    """Make `import triton_python_backend_utils` find tensorgate's."""
+    sys.modules[MODULE_NAME] = pb_utils
+
+
+class RequestInputs(NamedTuple):
+    """One request of a batch, for a model that takes requests one by one."""
+
+    inputs: Mapping[str, Any]   # its own tensors by input name (numpy objects for BYTES)
+    info: RequestInfo
+    wanted: Sequence[str]       # the outputs it asks for
+    correlation_id: int | str   # its sequence (0: none)
+    flags: int                  # TRITONSERVER_REQUEST_FLAG_SEQUENCE_START / _END
+    cancelled: Callable[[], bool]
+
+
+class TritonPythonRunner:
+    """`execute` over requests (`run_each`), or for a decoupled model over one request's
+    stream of responses (`run_stream`); `finalize` at `close`."""
+
+    def __init__(self, model_class: type, spec: ModelSpec, context: ModelContext) -> None:
+        self.spec = spec
+        self.model = model_class()
+        initialize = getattr(self.model, "initialize", None)
+        if initialize is not None:
+            initialize(initialize_args(spec, context))
+        self._execute = self.model.execute
+
+    def run_each(self, requests: Sequence[RequestInputs]
+                 ) -> list[dict[str, Any] | TensorgateError]:
+        """Each request's outputs by name, or its error."""
+        responses = self._execute([_incoming(r) for r in requests])
+        name = self.spec.name
+        if not isinstance(responses, (list, tuple)) or len(responses) != len(requests):
+            found = (f"{len(responses)} responses" if isinstance(responses, (list, tuple))
+                     else f"a {type(responses).__name__}")
+            raise InternalError(f"model '{name}': execute returned {found} for {len(requests)} "
+                                "requests; it must return a list of one InferenceResponse per "
+                                "request, in order")
+        answers: list[dict[str, Any] | TensorgateError] = []
+        for index, response in enumerate(responses):
+            if not isinstance(response, pb_utils.InferenceResponse):
+                raise InternalError(f"model '{name}': execute's response {index} is a "
+                                    f"{type(response).__name__}, not an InferenceResponse")
+            answers.append(_answer(response))
+        return answers
+
+    def run_stream(self, request: RequestInputs) -> Iterator[dict[str, Any]]:
+        """A decoupled model's responses to `request`, as its sender delivers them, until
+        the final flag (or until the client has gone)."""
+        arrived: queue.SimpleQueue[tuple[pb_utils.InferenceResponse | None, int]] = \
+            queue.SimpleQueue()
+        sender = pb_utils.InferenceResponseSender(
+            lambda response, flags: arrived.put((response, flags)), request.cancelled)
+        returned = self._execute([_incoming(request, sender)])
+        if returned is not None:
+            raise InternalError(f"model '{self.spec.name}' is decoupled: its execute must "
+                                "return None and answer through request.get_response_sender()")
+        while True:
+            try:
+                response, flags = arrived.get(timeout=CANCEL_POLL_S)
+            except queue.Empty:
+                if request.cancelled():
+                    return
+                continue
+            if response is not None:
+                answer = _answer(response)
+                if isinstance(answer, TensorgateError):
+                    raise answer
+                yield answer
+            if flags & pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL:
+                return
+
+    def run(self, inputs: Mapping[str, Any], requests: Sequence[RequestInfo] | None = None
+            ) -> Any:
+        """One request of `inputs` (warm-up, cost probe): its outputs, or for a decoupled
+        model the iterator of its responses."""
+        rows = next((len(v) for v in inputs.values()), 1) if self.spec.max_batch_size else 1
+        info = requests[0] if requests else RequestInfo("", slice(0, rows), {})
+        request = RequestInputs(inputs, info, self.spec.output_names, 0, 0, _never)
+        if self.spec.decoupled:
+            return self.run_stream(request)
+        answer = self.run_each([request])[0]
+        if isinstance(answer, TensorgateError):
+            raise answer
+        return answer
+
+    def close(self) -> None:
+        finalize = getattr(self.model, "finalize", None)
+        if finalize is not None:
+            finalize()
+
+
+def initialize_args(spec: ModelSpec, context: ModelContext) -> dict[str, str]:
+    """`initialize(args)`'s dictionary, with Triton's keys; every value a string."""
+    device = context.device
+    return {
+        "model_config": json.dumps(spec.config_dict()),
+        "model_instance_kind": "GPU" if device.type == "cuda" else "CPU",
+        "model_instance_name": f"{spec.name}_{context.instance}",
+        "model_instance_device_id": str(device.index or 0),
+        "model_repository": str(context.directory.parent.resolve()),  # the model's folder
+        "model_version": str(context.version),
+        "model_name": spec.name,
+    }
+
+
+def _incoming(request: RequestInputs,
+              sender: pb_utils.InferenceResponseSender | None = None) -> pb_utils.InferenceRequest:
+    inputs = [pb_utils.Tensor(name, value) for name, value in request.inputs.items()]
+    return pb_utils.incoming_request(
+        inputs, request.info.id, request.correlation_id, list(request.wanted),
+        json.dumps(dict(request.info.parameters)), request.flags, request.cancelled, sender)
+
+
+def _answer(response: pb_utils.InferenceResponse) -> dict[str, Any] | TensorgateError:
+    error = response.error()
+    if error is not None:  # the model's message as it wrote it, as Triton passes it on
+        code = error.code() if isinstance(error, pb_utils.TritonError) else None
+        return _ERRORS.get(code, InternalError)(str(error))
+    return {tensor.name(): tensor.value() for tensor in response.output_tensors()}
+
+
+def _never() -> bool:
+    return False

@@ -1,0 +1,455 @@
+"""Triton's Python-backend API (`triton_python_backend_utils`), so that a Triton repository's
+Python models (`backend: "python"`, a `model.py` with `class TritonPythonModel`) serve here
+unchanged: `import triton_python_backend_utils as pb_utils` finds this module.
+
+What a model sees is what Triton's Python backend gives it: `initialize(args)` once per
+instance with the same `args` strings, `execute(requests)` per batch with one
+`InferenceRequest` per request (each its own tensors: requests are not concatenated),
+`finalize()` at unload. Differences, each deliberate:
+
+- Tensors are views of the request's bytes (`as_numpy()`, `to_dlpack()` copy nothing), and
+  the model runs in the server's process on the instance's executor thread: no stub process,
+  no shared-memory hop per request.
+- BLS (`InferenceRequest(model_name=...).exec()`), request rescheduling and
+  `auto_complete_config` are not supported: they raise `TritonModelException` saying so, and
+  a config must name its inputs and outputs.
+- A response's `parameters` are kept on the response object but not yet sent to the client.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import logging
+import struct
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.dlpack import from_dlpack, to_dlpack  # type: ignore[attr-defined]
+from tritonclient.grpc import model_config_pb2 as _config_pb
+
+from tensorgate.tensor.dtypes import DATATYPES, DataType, datatype_of_numpy
+
+__all__ = [
+    "InferenceRequest", "InferenceResponse", "InferenceResponseSender", "LogLevel", "Logger",
+    "TRITONSERVER_MEMORY_CPU", "TRITONSERVER_MEMORY_GPU", "TRITONSERVER_REQUEST_FLAG_SEQUENCE_END",
+    "TRITONSERVER_REQUEST_FLAG_SEQUENCE_START", "TRITONSERVER_REQUEST_RELEASE_ALL",
+    "TRITONSERVER_REQUEST_RELEASE_RESCHEDULE", "TRITONSERVER_RESPONSE_COMPLETE_FINAL", "Tensor",
+    "TritonError", "TritonModelException", "deserialize_bytes_tensor", "get_input_config_by_name",
+    "get_input_tensor_by_name", "get_output_config_by_name", "get_output_tensor_by_name",
+    "numpy_to_triton_type", "serialize_byte_tensor", "triton_string_to_numpy",
+    "triton_to_numpy_type",
+]
+
+# Triton's flag values (tritonserver.h), which models compare against
+TRITONSERVER_REQUEST_FLAG_SEQUENCE_START = 1
+TRITONSERVER_REQUEST_FLAG_SEQUENCE_END = 2
+TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
+TRITONSERVER_REQUEST_RELEASE_ALL = 1
+TRITONSERVER_REQUEST_RELEASE_RESCHEDULE = 2
+TRITONSERVER_MEMORY_CPU = 0
+TRITONSERVER_MEMORY_GPU = 2
+
+_log = logging.getLogger("tensorgate.python_backend")
+
+# The config enum's numbers (TYPE_FP32 = 11) for each datatype, from Triton's own schema
+_TYPE_NUMBER: dict[str, int] = {dt.name: int(_config_pb.DataType.Value(dt.config_name))
+                                for dt in DATATYPES}
+_BY_NUMBER = {number: name for name, number in _TYPE_NUMBER.items()}
+_BY_NAME = {dt.name: dt for dt in DATATYPES}
+
+
+class TritonModelException(Exception):
+    """What a model raises to fail its whole batch (Triton's name)."""
+
+    def message(self) -> str:
+        return str(self)
+
+
+class TritonError:
+    """One request's error, given as `InferenceResponse(error=...)`; `code` picks the
+    status the client sees (INVALID_ARG: HTTP 400, NOT_FOUND: 404, UNAVAILABLE: 503, ...)."""
+
+    UNKNOWN = 0
+    INTERNAL = 1
+    NOT_FOUND = 2
+    INVALID_ARG = 3
+    UNAVAILABLE = 4
+    UNSUPPORTED = 5
+    ALREADY_EXISTS = 6
+    CANCELLED = 7
+
+    def __init__(self, message: str, code: int = INTERNAL) -> None:
+        self._message = str(message)
+        self._code = code
+
+    def message(self) -> str:
+        return self._message
+
+    def code(self) -> int:
+        return self._code
+
+    def __str__(self) -> str:
+        return self._message
+
+    def __repr__(self) -> str:
+        return f"TritonError({self._message!r}, {self._code})"
+
+
+class Tensor:
+    """A named tensor: a request's input, a response's output. Holds a numpy array or a
+    torch tensor (on any device) and converts between them without copying."""
+
+    __slots__ = ("_name", "_value", "_datatype")
+
+    def __init__(self, name: str, numpy_array: Any, triton_dtype: int | None = None) -> None:
+        if isinstance(numpy_array, torch.Tensor):  # a tensor handed in directly
+            self._init_torch(name, numpy_array)
+            return
+        array = np.asarray(numpy_array)
+        if array.dtype.kind in "UV":
+            raise TritonModelException(
+                f"tensor '{name}': numpy dtype {array.dtype} is not supported; use "
+                "np.object_ for BYTES (elements bytes or str)")
+        if triton_dtype is not None:
+            wanted = triton_to_numpy_type(triton_dtype)
+            if array.dtype != wanted:  # as Triton: the bytes read as the given type
+                array = array.view(wanted)
+        self._name = name
+        self._value: np.ndarray | torch.Tensor = array
+        self._datatype = datatype_of_numpy(array.dtype, name)
+
+    def _init_torch(self, name: str, tensor: torch.Tensor) -> None:
+        self._name = name
+        self._value = tensor
+        found = next((dt for dt in DATATYPES if dt.torch == tensor.dtype), None)
+        if found is None:
+            raise TritonModelException(f"tensor '{name}': torch dtype {tensor.dtype} has no "
+                                       "protocol datatype")
+        self._datatype = found
+
+    @staticmethod
+    def from_dlpack(name: str, capsule: Any) -> Tensor:
+        """A tensor of another framework's memory (a DLPack capsule, or an object with
+        `__dlpack__`), not copied."""
+        return Tensor(name, from_dlpack(capsule))
+
+    def name(self) -> str:
+        return self._name
+
+    def triton_dtype(self) -> int:
+        return _TYPE_NUMBER[self._datatype.name]
+
+    def shape(self) -> list[int]:
+        return list(self._value.shape)
+
+    def is_cpu(self) -> bool:
+        return not isinstance(self._value, torch.Tensor) or self._value.device.type == "cpu"
+
+    def as_numpy(self) -> np.ndarray:
+        """The data as numpy, without a copy (a CPU tensor only, as in Triton)."""
+        if isinstance(self._value, np.ndarray):
+            return self._value
+        if self._value.device.type != "cpu":
+            raise TritonModelException(f"tensor '{self._name}' is on {self._value.device}; "
+                                       "as_numpy() needs a CPU tensor (use to_dlpack())")
+        if self._datatype.numpy is None:  # BF16: numpy has no such type
+            raise TritonModelException(f"tensor '{self._name}' is BF16, which numpy cannot "
+                                       "hold; use to_dlpack()")
+        return self._value.numpy()
+
+    def to_dlpack(self) -> Any:
+        """A DLPack capsule of the data (torch.utils.dlpack.from_dlpack takes it), no copy."""
+        return to_dlpack(self._torch())
+
+    def __dlpack__(self, stream: Any = None) -> Any:
+        return self._torch().__dlpack__(stream=stream)
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        device: tuple[int, int] = self._torch().__dlpack_device__()
+        return device
+
+    def _torch(self) -> torch.Tensor:
+        if isinstance(self._value, torch.Tensor):
+            return self._value
+        if self._datatype.is_bytes:
+            raise TritonModelException(f"tensor '{self._name}' is BYTES, which DLPack cannot "
+                                       "carry; use as_numpy()")
+        return torch.from_numpy(self._value)
+
+    def value(self) -> np.ndarray | torch.Tensor:
+        """What it holds, as given (the server reads outputs through this)."""
+        return self._value
+
+    def datatype(self) -> DataType:
+        return self._datatype
+
+    def __repr__(self) -> str:
+        return f"Tensor({self._name!r}, {self._datatype.name}, {self.shape()})"
+
+
+class InferenceResponse:
+    """A request's answer: its output tensors, or an error."""
+
+    def __init__(self, output_tensors: Sequence[Tensor] | None = None,
+                 error: TritonError | None = None,
+                 parameters: Mapping[str, Any] | str | None = None) -> None:
+        if output_tensors is not None and not isinstance(output_tensors, (list, tuple)):
+            raise TritonModelException("InferenceResponse: 'output_tensors' must be a list of "
+                                       f"pb_utils.Tensor, not a {type(output_tensors).__name__}")
+        self._outputs = list(output_tensors or [])
+        for tensor in self._outputs:
+            if not isinstance(tensor, Tensor):
+                raise TritonModelException("InferenceResponse: 'output_tensors' must hold "
+                                           f"pb_utils.Tensor, not {type(tensor).__name__}")
+        self._error = error
+        self._parameters = (json.loads(parameters) if isinstance(parameters, str)
+                            else dict(parameters or {}))
+
+    def output_tensors(self) -> list[Tensor]:
+        return self._outputs
+
+    def has_error(self) -> bool:
+        return self._error is not None
+
+    def error(self) -> TritonError | None:
+        return self._error
+
+    def parameters(self) -> str:
+        return json.dumps(self._parameters)
+
+
+class InferenceResponseSender:
+    """A decoupled model's way to answer: any number of `send(response)`, then one
+    `send(flags=TRITONSERVER_RESPONSE_COMPLETE_FINAL)` (which may carry the last response).
+    May be called from any thread of the model's, also after `execute` returned."""
+
+    def __init__(self, deliver: Callable[[InferenceResponse | None, int], None],
+                 cancelled: Callable[[], bool]) -> None:
+        self._deliver = deliver
+        self._cancelled = cancelled
+        self._closed = False
+        self._lock = threading.Lock()
+
+    def send(self, response: InferenceResponse | None = None, flags: int = 0) -> None:
+        with self._lock:
+            if self._closed:
+                raise TritonModelException("the response sender already sent its final flag")
+            if response is not None and not isinstance(response, InferenceResponse):
+                raise TritonModelException("send() takes a pb_utils.InferenceResponse, not a "
+                                           f"{type(response).__name__}")
+            self._closed = bool(flags & TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            self._deliver(response, flags)
+
+    def is_cancelled(self) -> bool:
+        return self._cancelled()
+
+
+class InferenceRequest:
+    """A request as `execute` receives it. (Made by a model for BLS, it cannot be run here:
+    `exec` says so.)"""
+
+    def __init__(self, model_name: str = "", requested_output_names: Sequence[str] = (),
+                 inputs: Sequence[Tensor] = (), request_id: str = "",
+                 correlation_id: int | str = 0, flags: int = 0, timeout: int = 0,
+                 parameters: Mapping[str, Any] | str | None = None, model_version: int = -1,
+                 preferred_memory: Any = None) -> None:
+        self._model_name = model_name
+        self._outputs = list(requested_output_names)
+        self._inputs = list(inputs)
+        self._id = request_id
+        self._correlation_id = correlation_id
+        self._flags = flags
+        self._timeout = timeout
+        self._parameters = (parameters if isinstance(parameters, str)
+                            else json.dumps(dict(parameters or {})))
+        self._sender: InferenceResponseSender | None = None
+        self._cancelled: Callable[[], bool] = _never
+
+    def inputs(self) -> list[Tensor]:
+        return self._inputs
+
+    def request_id(self) -> str:
+        return self._id
+
+    def correlation_id(self) -> int | str:
+        return self._correlation_id
+
+    def requested_output_names(self) -> list[str]:
+        return self._outputs
+
+    def flags(self) -> int:
+        return self._flags
+
+    def timeout(self) -> int:
+        return self._timeout
+
+    def parameters(self) -> str:
+        """The request's parameters as a JSON object string (json.loads it)."""
+        return self._parameters
+
+    def is_cancelled(self) -> bool:
+        return self._cancelled()
+
+    def get_response_sender(self) -> InferenceResponseSender:
+        if self._sender is None:
+            raise TritonModelException("only a decoupled model's requests have a response "
+                                       "sender (model_transaction_policy { decoupled: true })")
+        return self._sender
+
+    def set_release_flags(self, flags: int) -> None:
+        if flags & TRITONSERVER_REQUEST_RELEASE_RESCHEDULE:
+            raise TritonModelException("tensorgate does not reschedule requests "
+                                       "(TRITONSERVER_REQUEST_RELEASE_RESCHEDULE)")
+
+    def exec(self, decoupled: bool = False) -> Any:
+        raise TritonModelException(
+            f"tensorgate does not run BLS requests yet (a request for model "
+            f"'{self._model_name}'); chain models with an ensemble instead")
+
+    async def async_exec(self, decoupled: bool = False) -> Any:
+        return self.exec(decoupled)
+
+
+def _never() -> bool:
+    return False
+
+
+def incoming_request(inputs: Sequence[Tensor], request_id: str, correlation_id: int | str,
+                     requested_output_names: Sequence[str], parameters: str, flags: int,
+                     cancelled: Callable[[], bool],
+                     sender: InferenceResponseSender | None = None) -> InferenceRequest:
+    """A request as the server hands it to `execute` (not part of Triton's API)."""
+    request = InferenceRequest(requested_output_names=requested_output_names, inputs=inputs,
+                               request_id=request_id, correlation_id=correlation_id,
+                               flags=flags, parameters=parameters)
+    request._cancelled = cancelled
+    request._sender = sender
+    return request
+
+
+class LogLevel(enum.IntEnum):
+    INFO = 0
+    WARNING = 1
+    ERROR = 2
+    VERBOSE = 3
+
+
+_LEVELS = {LogLevel.INFO: logging.INFO, LogLevel.WARNING: logging.WARNING,
+           LogLevel.ERROR: logging.ERROR, LogLevel.VERBOSE: logging.DEBUG}
+
+
+class Logger:
+    """Model logging into the server's log (`pb_utils.Logger.log_info("...")`)."""
+
+    INFO = LogLevel.INFO
+    WARNING = LogLevel.WARNING
+    ERROR = LogLevel.ERROR
+    VERBOSE = LogLevel.VERBOSE
+
+    @staticmethod
+    def log(message: str, level: LogLevel = LogLevel.INFO) -> None:
+        _log.log(_LEVELS[LogLevel(level)], "%s", message)
+
+    @staticmethod
+    def log_info(message: str) -> None:
+        _log.info("%s", message)
+
+    @staticmethod
+    def log_warn(message: str) -> None:
+        _log.warning("%s", message)
+
+    @staticmethod
+    def log_error(message: str) -> None:
+        _log.error("%s", message)
+
+    @staticmethod
+    def log_verbose(message: str) -> None:
+        _log.debug("%s", message)
+
+
+def get_input_tensor_by_name(request: InferenceRequest, name: str) -> Tensor | None:
+    return next((t for t in request.inputs() if t.name() == name), None)
+
+
+def get_output_tensor_by_name(response: InferenceResponse, name: str) -> Tensor | None:
+    return next((t for t in response.output_tensors() if t.name() == name), None)
+
+
+def get_input_config_by_name(model_config: Mapping[str, Any], name: str) -> dict[str, Any] | None:
+    return next((c for c in model_config.get("input", ()) if c.get("name") == name), None)
+
+
+def get_output_config_by_name(model_config: Mapping[str, Any],
+                              name: str) -> dict[str, Any] | None:
+    return next((c for c in model_config.get("output", ()) if c.get("name") == name), None)
+
+
+def triton_to_numpy_type(data_type: int) -> Any:
+    """numpy's type for a config enum number (TYPE_FP32 = 11 → np.float32)."""
+    name = _BY_NUMBER.get(data_type)
+    if name is None:
+        raise TritonModelException(f"no datatype numbered {data_type}")
+    return np.object_ if name == "BYTES" else _numpy_type(_BY_NAME[name])
+
+
+def numpy_to_triton_type(data_type: Any) -> int | None:
+    """The config enum number for a numpy dtype, None when the protocol has none."""
+    try:
+        found = np.dtype(data_type)
+    except TypeError:
+        return None
+    if found.kind in "OS":
+        return _TYPE_NUMBER["BYTES"]
+    try:
+        return _TYPE_NUMBER[datatype_of_numpy(found).name]
+    except Exception:  # noqa: BLE001 - a dtype the protocol lacks
+        return None
+
+
+def triton_string_to_numpy(triton_type_string: str) -> Any:
+    """numpy's type for a config's type name ("TYPE_FP32" → np.float32)."""
+    found = next((dt for dt in DATATYPES if dt.config_name == triton_type_string), None)
+    if found is None:
+        raise TritonModelException(f"unknown config type '{triton_type_string}'")
+    return np.object_ if found.is_bytes else _numpy_type(found)
+
+
+def _numpy_type(datatype: DataType) -> Any:
+    if datatype.numpy is None:
+        raise TritonModelException(f"{datatype.name} has no numpy type")
+    return datatype.numpy.type
+
+
+def serialize_byte_tensor(input_tensor: np.ndarray) -> np.ndarray | None:
+    """BYTES elements in the wire layout (4-byte little-endian length, then the bytes), as a
+    flat uint8 array; None for an empty tensor."""
+    if input_tensor.size == 0:
+        return None
+    parts = []
+    for item in input_tensor.reshape(-1, order="C").tolist():
+        data = item if isinstance(item, bytes) else str(item).encode()
+        parts.append(struct.pack("<I", len(data)))
+        parts.append(data)
+    return np.frombuffer(b"".join(parts), dtype=np.uint8)
+
+
+def deserialize_bytes_tensor(encoded_tensor: bytes | np.ndarray) -> np.ndarray:
+    """The elements of a BYTES wire layout, as a flat object array of bytes."""
+    data = memoryview(bytes(encoded_tensor) if isinstance(encoded_tensor, np.ndarray)
+                      else encoded_tensor).cast("B")
+    items = []
+    position = 0
+    while position < len(data):
+        if position + 4 > len(data):
+            raise TritonModelException("a BYTES length prefix runs past the end")
+        (length,) = struct.unpack_from("<I", data, position)
+        position += 4
+        if position + length > len(data):
+            raise TritonModelException("a BYTES element runs past the end")
+        items.append(bytes(data[position:position + length]))
+        position += length
+    return np.array(items, dtype=np.object_)

@@ -1,0 +1,171 @@
+"""A Triton repository's Python-backend models (tests/testdata/triton_python: `backend:
+"python"`, `class TritonPythonModel`, `import triton_python_backend_utils as pb_utils`),
+served unchanged and called through tritonclient over HTTP and gRPC: results, per-request
+errors beside answered requests in one batch, a model that raises, what `initialize` and
+`execute` are given, a decoupled model answering from its own thread, `finalize` at unload."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import queue
+import shutil
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from tests.e2e.conftest import RunningServer, start_server, stop_server
+
+MODELS = pathlib.Path(__file__).parent.parent / "testdata" / "triton_python"
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
+    root = tmp_path_factory.mktemp("triton-python") / "models"
+    shutil.copytree(MODELS, root)
+    return root
+
+
+@pytest.fixture(scope="module")
+def served(repo: pathlib.Path, tmp_path_factory: pytest.TempPathFactory
+           ) -> Iterator[RunningServer]:
+    log = tmp_path_factory.mktemp("triton-python-log") / "server.log"
+    running = start_server(repo, log, "--model-control-mode", "explicit", "--load-model", "*")
+    yield running
+    assert stop_server(running) == 0, log.read_text()
+
+
+def _add_sub_inputs(first: np.ndarray, second: np.ndarray, module=httpclient) -> list:
+    inputs = []
+    for name, value in (("INPUT0", first), ("INPUT1", second)):
+        item = module.InferInput(name, list(value.shape), "FP32")
+        item.set_data_from_numpy(value)
+        inputs.append(item)
+    return inputs
+
+
+@pytest.mark.parametrize("module", [httpclient, grpcclient], ids=["http", "grpc"])
+def test_a_triton_python_model_answers_as_on_triton(served: RunningServer, module) -> None:
+    first = np.arange(8, dtype=np.float32).reshape(2, 4)
+    second = np.full((2, 4), 0.5, np.float32)
+    url = served.url if module is httpclient else served.grpc_url
+    client = module.InferenceServerClient(url)
+    result = client.infer("add_sub", _add_sub_inputs(first, second, module))
+    assert np.array_equal(result.as_numpy("OUTPUT0"), first + second)
+    assert np.array_equal(result.as_numpy("OUTPUT1"), first - second)
+    assert result.as_numpy("OUTPUT1").dtype == np.float32
+    metadata = client.get_model_metadata("add_sub")
+    platform = metadata["platform"] if module is httpclient else metadata.platform
+    assert platform == "python"
+
+
+def test_one_request_s_error_leaves_the_others_of_its_batch_answered(
+        served: RunningServer) -> None:
+    """Six requests at once are batched into fewer execute calls (the model reports how
+    many requests its call had); the one with a negative input alone gets the model's
+    error, with the status its code names (INVALID_ARG: 400)."""
+    client = httpclient.InferenceServerClient(served.url, concurrency=6)
+    values = [float(v) for v in (1, 2, -3, 4, 5, 6)]
+    pending = [client.async_infer("add_sub", _add_sub_inputs(
+        np.full((1, 4), v, np.float32), np.ones((1, 4), np.float32))) for v in values]
+    batched = []
+    for value, request in zip(values, pending):
+        if value < 0:
+            with pytest.raises(InferenceServerException, match=r"INPUT0 must not be negative") \
+                    as refused:
+                request.get_result()
+            assert refused.value.status() == "400"
+            continue
+        result = request.get_result()
+        assert np.array_equal(result.as_numpy("OUTPUT0"), np.full((1, 4), value + 1))
+        batched.append(int(result.as_numpy("REQUESTS")[0, 0]))
+    assert max(batched) > 1, batched  # the model saw several requests in one execute
+    client.close()
+
+
+def test_a_model_that_raises_fails_its_call_and_the_server_goes_on(
+        served: RunningServer) -> None:
+    client = httpclient.InferenceServerClient(served.url)
+    inputs = _add_sub_inputs(np.ones((1, 4), np.float32), np.ones((1, 4), np.float32))
+    with pytest.raises(InferenceServerException, match=r"^\[500\] model 'add_sub' raised "
+                                                       r"TritonModelException: asked to explode$"):
+        client.infer("add_sub", inputs, parameters={"explode": True})
+    with pytest.raises(InferenceServerException, match=r"execute returned 2 responses for 1 "
+                                                       r"requests; it must return a list of one "
+                                                       r"InferenceResponse per request"):
+        client.infer("inspect", [_text(["a"])], parameters={"count": 2})
+    assert np.array_equal(client.infer("add_sub", inputs).as_numpy("OUTPUT0"),
+                          np.full((1, 4), 2.0))
+
+
+def _text(words: list[str], module=httpclient):
+    item = module.InferInput("TEXT", [len(words)], "BYTES")
+    item.set_data_from_numpy(np.array([w.encode() for w in words], dtype=np.object_))
+    return item
+
+
+@pytest.mark.parametrize("module", [httpclient, grpcclient], ids=["http", "grpc"])
+def test_initialize_and_execute_are_given_what_triton_gives(served: RunningServer,
+                                                            repo: pathlib.Path,
+                                                            module) -> None:
+    url = served.url if module is httpclient else served.grpc_url
+    client = module.InferenceServerClient(url)
+    client.unload_model("inspect")
+    client.load_model("inspect")  # a fresh instance: nothing ran it before this request
+    result = client.infer("inspect", [_text(["ab", "c"], module)], request_id="r-1",
+                          parameters={"temperature": 0.5, "mode": "fast"},
+                          outputs=[module.InferRequestedOutput("REPORT")])
+    assert result.as_numpy("UPPER") is None  # not asked for
+    report = json.loads(result.as_numpy("REPORT")[0])
+    args = report["args"]
+    assert {k: v for k, v in args.items() if k != "model_config"} == {
+        "model_name": "inspect", "model_version": "1", "model_instance_kind": "CPU",
+        "model_instance_name": "inspect_0", "model_instance_device_id": "0",
+        "model_repository": str((repo / "inspect").resolve())}
+    config = report["config"]
+    assert config["name"] == "inspect" and config["max_batch_size"] == 0
+    assert config["input"][0]["dims"] == [-1] and config["output"][1]["dims"] == [1]
+    assert report["id"] == "r-1"
+    assert report["parameters"] == {"temperature": 0.5, "mode": "fast"}
+    assert report["outputs"] == ["REPORT"]
+    assert report["correlation_id"] == 0 and report["flags"] == 0
+    assert report["calls"] == 1  # no warm-up run without model_warmup, as on Triton
+    assert report["text"] == {"dtype": "object", "shape": [2], "triton_dtype": 13, "cpu": True}
+    both = client.infer("inspect", [_text(["ab", "c"], module)])
+    assert both.as_numpy("UPPER").tolist() == [b"AB", b"C"]
+
+
+def test_a_decoupled_model_streams_from_its_own_thread(served: RunningServer) -> None:
+    answers: queue.Queue = queue.Queue()
+    with grpcclient.InferenceServerClient(served.grpc_url) as client:
+        client.start_stream(callback=lambda result, error: answers.put((result, error)))
+        for request_id, count in (("three", 3), ("refused", -1), ("none", 0), ("two", 2)):
+            given = grpcclient.InferInput("IN", [1], "INT32")
+            given.set_data_from_numpy(np.array([count], np.int32))
+            client.async_stream_infer("repeat", [given], request_id=request_id)
+        client.stop_stream()  # waits for every response
+    by_id: dict[str, list[int]] = {}
+    errors = []
+    while not answers.empty():
+        result, error = answers.get_nowait()
+        if error is not None:
+            errors.append(error.message())
+            continue
+        by_id.setdefault(result.get_response().id, []).append(int(result.as_numpy("OUT")[0]))
+    assert by_id == {"three": [0, 1, 2], "two": [0, 1]}
+    assert errors == ["IN must not be negative"]
+
+
+def test_finalize_runs_at_unload(served: RunningServer, repo: pathlib.Path) -> None:
+    marker = repo / "add_sub" / "finalized"
+    client = httpclient.InferenceServerClient(served.url)
+    assert not marker.exists()
+    client.unload_model("add_sub")
+    assert marker.read_text() == "yes"
+    client.load_model("add_sub")
+    inputs = _add_sub_inputs(np.ones((1, 4), np.float32), np.ones((1, 4), np.float32))
+    assert np.array_equal(client.infer("add_sub", inputs).as_numpy("OUTPUT1"), np.zeros((1, 4)))

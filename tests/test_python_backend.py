@@ -1,0 +1,131 @@
+"""tensorgate.python_backend, the `triton_python_backend_utils` a Triton Python model
+imports: its tensors are views (DLPack and numpy share memory with what they wrap), its type
+tables agree with Triton's config enum, BYTES serialize and deserialize as the wire does."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from tritonclient.grpc import model_config_pb2 as config_pb
+
+from tensorgate import python_backend as pb_utils
+from tensorgate.tensor.bytes_codec import decode_bytes_tensor
+
+
+def test_tensors_share_memory_with_what_they_wrap() -> None:
+    array = np.arange(6, dtype=np.float32).reshape(2, 3)
+    tensor = pb_utils.Tensor("x", array)
+    assert tensor.as_numpy() is array and tensor.shape() == [2, 3]
+    assert tensor.triton_dtype() == config_pb.TYPE_FP32 and tensor.is_cpu()
+    viewed = torch.utils.dlpack.from_dlpack(tensor.to_dlpack())
+    assert viewed.data_ptr() == array.ctypes.data  # no copy
+    back = pb_utils.Tensor.from_dlpack("y", torch.utils.dlpack.to_dlpack(viewed))
+    assert back.as_numpy().ctypes.data == array.ctypes.data and back.name() == "y"
+    assert torch.from_dlpack(back).data_ptr() == array.ctypes.data  # __dlpack__ too
+
+
+def test_tensor_refuses_what_triton_refuses() -> None:
+    with pytest.raises(pb_utils.TritonModelException, match="use np.object_ for BYTES"):
+        pb_utils.Tensor("s", np.array(["a", "b"]))
+    text = pb_utils.Tensor("t", np.array([b"a"], dtype=np.object_))
+    with pytest.raises(pb_utils.TritonModelException, match="BYTES, which DLPack cannot carry"):
+        text.to_dlpack()
+    brain = pb_utils.Tensor("b", torch.zeros(2, dtype=torch.bfloat16))
+    with pytest.raises(pb_utils.TritonModelException, match="BF16, which numpy cannot hold"):
+        brain.as_numpy()
+    assert brain.triton_dtype() == config_pb.TYPE_BF16
+
+
+def test_a_given_triton_dtype_reads_the_bytes_as_that_type() -> None:
+    raw = np.array([1.0, 2.0], dtype=np.float32).view(np.uint8)
+    tensor = pb_utils.Tensor("x", raw, triton_dtype=config_pb.TYPE_FP32)
+    assert tensor.as_numpy().tolist() == [1.0, 2.0]
+
+
+@pytest.mark.parametrize("config_name, numpy_type", [
+    ("TYPE_BOOL", np.bool_), ("TYPE_UINT8", np.uint8), ("TYPE_INT32", np.int32),
+    ("TYPE_INT64", np.int64), ("TYPE_FP16", np.float16), ("TYPE_FP32", np.float32),
+    ("TYPE_FP64", np.float64), ("TYPE_STRING", np.object_)])
+def test_type_tables_agree_with_triton_s_config_enum(config_name: str, numpy_type: type) -> None:
+    number = config_pb.DataType.Value(config_name)
+    assert pb_utils.triton_string_to_numpy(config_name) is numpy_type
+    assert pb_utils.triton_to_numpy_type(number) is numpy_type
+    assert pb_utils.numpy_to_triton_type(numpy_type) == number
+
+
+def test_type_lookups_name_what_is_unknown() -> None:
+    with pytest.raises(pb_utils.TritonModelException, match="unknown config type 'TYPE_X'"):
+        pb_utils.triton_string_to_numpy("TYPE_X")
+    with pytest.raises(pb_utils.TritonModelException, match="no datatype numbered 99"):
+        pb_utils.triton_to_numpy_type(99)
+    assert pb_utils.numpy_to_triton_type(np.complex64) is None
+
+
+@settings(max_examples=200, deadline=None)
+@given(items=st.lists(st.binary(max_size=12) | st.text(max_size=6), max_size=6))
+def test_bytes_serialize_in_the_wire_layout_and_back(items: list[bytes | str]) -> None:
+    array = np.array(items, dtype=np.object_)
+    serialized = pb_utils.serialize_byte_tensor(array)
+    expected = [i if isinstance(i, bytes) else i.encode() for i in items]
+    if not items:
+        assert serialized is None
+        return
+    assert serialized is not None and serialized.dtype == np.uint8
+    raw = serialized.tobytes()
+    assert decode_bytes_tensor(memoryview(raw), 0, len(raw), (len(items),), "x").tolist() == \
+        expected
+    assert pb_utils.deserialize_bytes_tensor(raw).tolist() == expected
+
+
+def test_deserialize_refuses_an_element_past_the_end() -> None:
+    with pytest.raises(pb_utils.TritonModelException, match="runs past the end"):
+        pb_utils.deserialize_bytes_tensor(b"\x05\x00\x00\x00abc")
+
+
+def test_requests_responses_and_errors() -> None:
+    tensor = pb_utils.Tensor("x", np.zeros(1, np.float32))
+    request = pb_utils.incoming_request([tensor], "id-1", 7, ["y"], json.dumps({"k": 1}), 3,
+                                        lambda: True)
+    assert pb_utils.get_input_tensor_by_name(request, "x") is tensor
+    assert pb_utils.get_input_tensor_by_name(request, "z") is None
+    assert (request.request_id(), request.correlation_id(), request.flags()) == ("id-1", 7, 3)
+    assert json.loads(request.parameters()) == {"k": 1} and request.is_cancelled()
+    with pytest.raises(pb_utils.TritonModelException, match="only a decoupled model"):
+        request.get_response_sender()
+    with pytest.raises(pb_utils.TritonModelException, match="does not run BLS requests yet"):
+        pb_utils.InferenceRequest(model_name="other", inputs=[tensor],
+                                  requested_output_names=["y"]).exec()
+    response = pb_utils.InferenceResponse([tensor], parameters={"n": 1})
+    assert pb_utils.get_output_tensor_by_name(response, "x") is tensor
+    assert not response.has_error() and json.loads(response.parameters()) == {"n": 1}
+    with pytest.raises(pb_utils.TritonModelException, match="must be a list"):
+        pb_utils.InferenceResponse(tensor)  # type: ignore[arg-type]
+    error = pb_utils.TritonError("bad", pb_utils.TritonError.NOT_FOUND)
+    assert pb_utils.InferenceResponse(error=error).error() is error
+    assert (error.message(), error.code()) == ("bad", pb_utils.TritonError.NOT_FOUND)
+    assert pb_utils.TritonError("x").code() == pb_utils.TritonError.INTERNAL
+
+
+def test_a_sender_takes_nothing_after_its_final_flag() -> None:
+    sent: list[tuple[object, int]] = []
+    sender = pb_utils.InferenceResponseSender(lambda r, f: sent.append((r, f)), lambda: False)
+    response = pb_utils.InferenceResponse([])
+    sender.send(response)
+    sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+    with pytest.raises(pb_utils.TritonModelException, match="already sent its final flag"):
+        sender.send(response)
+    assert sent == [(response, 0), (None, pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)]
+
+
+def test_config_lookups() -> None:
+    config = {"input": [{"name": "a", "data_type": "TYPE_FP32"}],
+              "output": [{"name": "b", "data_type": "TYPE_INT64"}]}
+    assert pb_utils.get_input_config_by_name(config, "a") == config["input"][0]
+    assert pb_utils.get_output_config_by_name(config, "b") == config["output"][0]
+    assert pb_utils.get_output_config_by_name(config, "a") is None
+    assert pb_utils.get_input_config_by_name({}, "a") is None

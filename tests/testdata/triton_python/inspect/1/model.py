@@ -1,0 +1,41 @@
+"""Says what a Triton Python model is given: REPORT is a JSON object of initialize's args
+and of the request (id, parameters, outputs asked for, input types, and how many times
+execute has been called since the model was loaded, this call included); UPPER is TEXT in capitals.
+A request with parameter "count" gets that many responses back for the call, rightly or not."""
+
+import json
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.args = dict(args)
+        self.calls = 0
+
+    def execute(self, requests):
+        self.calls += 1
+        responses = []
+        for request in requests:
+            text = pb_utils.get_input_tensor_by_name(request, "TEXT")
+            report = {
+                "args": self.args,
+                "config": json.loads(self.args["model_config"]),
+                "id": request.request_id(),
+                "parameters": json.loads(request.parameters()),
+                "outputs": request.requested_output_names(),
+                "correlation_id": request.correlation_id(),
+                "flags": request.flags(),
+                "calls": self.calls,
+                "text": {"dtype": str(text.as_numpy().dtype), "shape": text.shape(),
+                         "triton_dtype": text.triton_dtype(), "cpu": text.is_cpu()},
+            }
+            upper = np.array([item.upper() for item in text.as_numpy().reshape(-1)],
+                             dtype=np.object_).reshape(text.as_numpy().shape)
+            responses.append(pb_utils.InferenceResponse(output_tensors=[
+                pb_utils.Tensor("UPPER", upper),
+                pb_utils.Tensor("REPORT", np.array([json.dumps(report)], dtype=np.object_)),
+            ]))
+        wanted = json.loads(requests[0].parameters()).get("count")
+        return responses * wanted if wanted is not None else responses
