@@ -96,6 +96,12 @@ def _tensorgate_command(server: Server, ports: Ports, work: pathlib.Path) -> lis
             str(ports.grpc), "--metrics-port", str(ports.metrics)]
 
 
+def _tensorgate_tritonpy_command(server: Server, ports: Ports, work: pathlib.Path) -> list[str]:
+    command = _tensorgate_command(server, ports, work)
+    command[command.index("--model-repository") + 1] = str(work / "tensorgate-triton-models")
+    return command
+
+
 def _triton_home(server: Server) -> pathlib.Path:
     if TRITON_BUNDLE:
         return pathlib.Path(TRITON_BUNDLE) / "pytriton" / "tritonserver"
@@ -120,10 +126,16 @@ def _triton_prepare(server: Server, work: pathlib.Path, threads: int) -> None:
         link = backend / source.name
         if not link.exists():
             link.symlink_to(source)
+    _triton_python_repository(work / "triton-models")
+
+
+def _triton_python_repository(root: pathlib.Path) -> None:
+    """The Python-backend repository a Triton user writes (bench/peers/triton_model.py for
+    each workload): what Triton serves, and tensorgate serves unchanged."""
     on_gpu = os.environ.get("TG_BENCH_DEVICE", "cpu").startswith("cuda")
     kind = "KIND_GPU" if on_gpu else "KIND_CPU"
     for model, dims in WORKLOADS.items():
-        folder = work / "triton-models" / model
+        folder = root / model
         (folder / "1").mkdir(parents=True, exist_ok=True)
         shutil.copy(PEERS / "triton_model.py", folder / "1" / "model.py")
         (folder / "config.pbtxt").write_text(textwrap.dedent(f"""\
@@ -214,6 +226,13 @@ def servers() -> dict[str, Server]:
                              pathlib.Path(sys.executable), _tensorgate_command,
                              note="HTTP, binary tensor extension", grpc=True,
                              batching="dynamic batching (max delay 0)", package="tensorgate"),
+        "tensorgate-tritonpy": Server(
+            "tensorgate-tritonpy", OIP_BINARY, "/v2/models/{model}/infer",
+            pathlib.Path(sys.executable), _tensorgate_tritonpy_command,
+            prepare=lambda s, w, t: _triton_python_repository(w / "tensorgate-triton-models"),
+            note="tensorgate serving Triton's Python-backend repository unchanged (the same "
+                 "model.py and config.pbtxt as the triton row; pb_utils API)", grpc=True,
+            batching="dynamic batching (max delay 0)", package="tensorgate"),
         "tensorgate-asgi": Server("tensorgate-asgi", OIP_BINARY, "/v2/models/{model}/infer",
                                   pathlib.Path(sys.executable), _asgi_command,
                                   note="tensorgate's engine and data plane behind uvicorn "

@@ -7,9 +7,12 @@ errors beside answered requests in one batch, a model that raises, what `initial
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 import queue
+import re
 import shutil
+import time
 from collections.abc import Iterator
 
 import numpy as np
@@ -137,6 +140,22 @@ def test_initialize_and_execute_are_given_what_triton_gives(served: RunningServe
     assert report["text"] == {"dtype": "object", "shape": [2], "triton_dtype": 13, "cpu": True}
     both = client.infer("inspect", [_text(["ab", "c"], module)])
     assert both.as_numpy("UPPER").tolist() == [b"AB", b"C"]
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="placement needs two CPUs")
+def test_a_light_model_moves_onto_the_loop_s_core_once_measured(served: RunningServer) -> None:
+    """Not run before its first request, a Triton Python model is placed by what its first
+    five batch-1 executes cost: this one is light, so it joins the event loop's core (where
+    a hand-off costs a third of one across cores)."""
+    client = httpclient.InferenceServerClient(served.url)
+    for _ in range(5):
+        client.infer("inspect", [_text(["x"])])
+    deadline = time.monotonic() + 5
+    pattern = re.compile(r"model inspect: a batch-1 execute takes \d+ µs: instance 0 now on "
+                         r"cpu \d+ \(the loop's")
+    while not pattern.search(served.log.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert pattern.search(served.log.read_text()), served.log.read_text()[-2000:]
 
 
 def test_a_decoupled_model_streams_from_its_own_thread(served: RunningServer) -> None:

@@ -114,6 +114,9 @@ class ExecutorThread:
         self._stream: Any = None
         self.cpus = "any"  # where it ended up, for the start-up log
         self.forward_ns: int | None = None  # batch-1 forward, measured at start on CPU
+        # A model not run before its first request (a Triton Python model): its first
+        # batch-1 execute times, until there are enough to place the thread by
+        self._costs: list[int] | None = None
         self.batches_run = 0  # written by this thread only
         self.heap_trims = 0
         self.ready: asyncio.Future[None] = loop.create_future()
@@ -196,6 +199,8 @@ class ExecutorThread:
                 self.cpus = _cpu_text(s.cpu_affinity)
             elif s.placement is not None and s.device.type == "cpu":
                 self._place(s.placement)
+                if self.forward_ns is None and self._runner.requests is not None:
+                    self._costs = []  # placed again once its requests show what it costs
 
     def _forward_cost(self) -> int | None:
         """The median of five batch-1 forwards here, or None when inputs cannot be made."""
@@ -209,6 +214,21 @@ class ExecutorThread:
             runner.run(inputs)
             samples.append(time.perf_counter_ns() - started)
         return sorted(samples)[2]
+
+    def _learn_cost(self, execute_ns: int) -> None:
+        """One more batch-1 execute time; with five, the thread is placed by their median."""
+        costs = self._costs
+        placement = self.settings.placement
+        assert costs is not None and placement is not None
+        costs.append(execute_ns)
+        if len(costs) < 5:
+            return
+        self._costs = None
+        self.forward_ns = sorted(costs)[2]
+        self._place(placement)
+        log.info("model %s: a batch-1 execute takes %d µs: instance %d now on %s",
+                 self.settings.spec.name, self.forward_ns // 1000, self.settings.instance,
+                 self.cpus)
 
     def _place(self, placement: Placement) -> None:
         """Move onto the loop's core when a batch-1 forward is light (overhead-bound)."""
@@ -382,6 +402,8 @@ class ExecutorThread:
             batch.infer_ns = output_started - started
             batch.output_ns = time.monotonic_ns() - output_started
             self.batches_run += 1
+            if self._costs is not None and batch.rows == 1:
+                self._learn_cost(batch.infer_ns)
         except Exception as error:  # the model's fault fails this batch only
             batch.error = _model_error(spec.name, error)
         answers = None

@@ -150,7 +150,8 @@ def _incoming(request: RequestInputs,
     inputs = [pb_utils.Tensor(name, value) for name, value in request.inputs.items()]
     return pb_utils.incoming_request(
         inputs, request.info.id, request.correlation_id, list(request.wanted),
-        json.dumps(dict(request.info.parameters)), request.flags, request.cancelled, sender)
+        json.dumps(dict(parameters)) if (parameters := request.info.parameters) else "{}",
+        request.flags, request.cancelled, sender)
 
 
 def _answer(response: pb_utils.InferenceResponse) -> dict[str, Any] | TensorgateError:
