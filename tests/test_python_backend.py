@@ -97,9 +97,13 @@ def test_requests_responses_and_errors() -> None:
     assert json.loads(request.parameters()) == {"k": 1} and request.is_cancelled()
     with pytest.raises(pb_utils.TritonModelException, match="only a decoupled model"):
         request.get_response_sender()
-    with pytest.raises(pb_utils.TritonModelException, match="does not run BLS requests yet"):
-        pb_utils.InferenceRequest(model_name="other", inputs=[tensor],
-                                  requested_output_names=["y"]).exec()
+    bls = pb_utils.InferenceRequest(model_name="other", inputs=[tensor],
+                                    requested_output_names=["y"], model_version=2)
+    assert (bls.model_name(), bls.model_version(), bls.inputs()) == ("other", 2, [tensor])
+    pb_utils.serve_bls(None)  # as before an engine starts, or after it stopped
+    with pytest.raises(pb_utils.TritonModelException, match="no server is running to take "
+                                                            "BLS requests"):
+        bls.exec()
     response = pb_utils.InferenceResponse([tensor], parameters={"n": 1})
     assert pb_utils.get_output_tensor_by_name(response, "x") is tensor
     assert not response.has_error() and json.loads(response.parameters()) == {"n": 1}

@@ -10,21 +10,24 @@ instance with the same `args` strings, `execute(requests)` per batch with one
 - Tensors are views of the request's bytes (`as_numpy()`, `to_dlpack()` copy nothing), and
   the model runs in the server's process on the instance's executor thread: no stub process,
   no shared-memory hop per request.
-- BLS (`InferenceRequest(model_name=...).exec()`), request rescheduling and
-  `auto_complete_config` are not supported: they raise `TritonModelException` saying so, and
-  a config must name its inputs and outputs.
+- BLS (`InferenceRequest(model_name=...).exec()` / `await ....async_exec()`) goes through
+  the server's engine like a client's request (pipeline/bls.py), tensors as views.
+- Request rescheduling and `auto_complete_config` are not supported: the first raises
+  `TritonModelException` saying so, and a config must name its inputs and outputs.
 - A response's `parameters` are kept on the response object but not yet sent to the client.
 """
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import enum
 import json
 import logging
 import struct
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -249,8 +252,8 @@ class InferenceResponseSender:
 
 
 class InferenceRequest:
-    """A request as `execute` receives it. (Made by a model for BLS, it cannot be run here:
-    `exec` says so.)"""
+    """A request as `execute` receives it, or as a model makes one to call another model
+    (BLS: `exec()`, or `await async_exec()` in an `async def execute`)."""
 
     def __init__(self, model_name: str = "", requested_output_names: Sequence[str] = (),
                  inputs: Sequence[Tensor] = (), request_id: str = "",
@@ -258,6 +261,7 @@ class InferenceRequest:
                  parameters: Mapping[str, Any] | str | None = None, model_version: int = -1,
                  preferred_memory: Any = None) -> None:
         self._model_name = model_name
+        self._model_version = model_version
         self._outputs = list(requested_output_names)
         self._inputs = list(inputs)
         self._id = request_id
@@ -271,6 +275,12 @@ class InferenceRequest:
 
     def inputs(self) -> list[Tensor]:
         return self._inputs
+
+    def model_name(self) -> str:
+        return self._model_name
+
+    def model_version(self) -> int:
+        return self._model_version
 
     def request_id(self) -> str:
         return self._id
@@ -306,16 +316,45 @@ class InferenceRequest:
                                        "(TRITONSERVER_REQUEST_RELEASE_RESCHEDULE)")
 
     def exec(self, decoupled: bool = False) -> Any:
-        raise TritonModelException(
-            f"tensorgate does not run BLS requests yet (a request for model "
-            f"'{self._model_name}'); chain models with an ensemble instead")
+        """Run this request on model `model_name` and wait: its InferenceResponse (an error
+        response when it failed), or with `decoupled` an iterator of a decoupled model's."""
+        return _bls_runner().exec(self, decoupled)
 
     async def async_exec(self, decoupled: bool = False) -> Any:
-        return self.exec(decoupled)
+        """`exec` for an `async def execute`: other requests can be awaited meanwhile."""
+        if decoupled:
+            raise TritonModelException("async_exec(decoupled=True) is not supported here; "
+                                       "iterate exec(decoupled=True) instead")
+        return await asyncio.wrap_future(_bls_runner().submit(self))
 
 
 def _never() -> bool:
     return False
+
+
+class BlsRunner(Protocol):
+    """What runs a model's BLS requests: the server's engine (pipeline/bls.py)."""
+
+    def exec(self, request: InferenceRequest, decoupled: bool) -> Any: ...
+
+    def submit(self, request: InferenceRequest) -> concurrent.futures.Future[Any]: ...
+
+
+_bls: BlsRunner | None = None
+
+
+def serve_bls(runner: BlsRunner | None, replacing: BlsRunner | None = None) -> None:
+    """Where models' BLS requests go from now on (the engine sets it when it starts, and
+    takes its own away when it stops: `replacing` is only replaced)."""
+    global _bls
+    if replacing is None or _bls is replacing:
+        _bls = runner
+
+
+def _bls_runner() -> BlsRunner:
+    if _bls is None:
+        raise TritonModelException("no server is running to take BLS requests")
+    return _bls
 
 
 def incoming_request(inputs: Sequence[Tensor], request_id: str, correlation_id: int | str,

@@ -188,3 +188,30 @@ def test_finalize_runs_at_unload(served: RunningServer, repo: pathlib.Path) -> N
     client.load_model("add_sub")
     inputs = _add_sub_inputs(np.ones((1, 4), np.float32), np.ones((1, 4), np.float32))
     assert np.array_equal(client.infer("add_sub", inputs).as_numpy("OUTPUT1"), np.zeros((1, 4)))
+
+
+def _x(values: list[float], module=httpclient):
+    item = module.InferInput("X", [4], "FP32")
+    item.set_data_from_numpy(np.array(values, np.float32))
+    return item
+
+
+@pytest.mark.parametrize("module", [httpclient, grpcclient], ids=["http", "grpc"])
+def test_bls_calls_other_models_through_the_server(served: RunningServer, module) -> None:
+    """A model calling add_sub (batched) and the decoupled `repeat` with
+    `pb_utils.InferenceRequest(...).exec()`; another awaiting two calls at once."""
+    url = served.url if module is httpclient else served.grpc_url
+    client = module.InferenceServerClient(url)
+    result = client.infer("bls", [_x([1, 2, 3, 4], module)])
+    assert result.as_numpy("Y").tolist() == [20, 40, 60, 80]
+    assert result.as_numpy("STREAMED").tolist() == [0, 1, 2]
+    both = client.infer("bls_async", [_x([1, 2, 3, 4], module)])
+    assert both.as_numpy("Y").tolist() == [2, 5, 8, 11]
+
+
+def test_a_bls_call_s_error_reaches_the_calling_model(served: RunningServer) -> None:
+    client = httpclient.InferenceServerClient(served.url)
+    with pytest.raises(InferenceServerException, match=r"^\[404\] BLS call failed: unknown "
+                                                       r"model 'nowhere'; loaded models are: "):
+        client.infer("bls", [_x([1, 2, 3, 4])], parameters={"target": "nowhere"})
+    assert client.infer("bls", [_x([0, 0, 0, 1])]).as_numpy("Y").tolist() == [0, 0, 0, 20]

@@ -26,6 +26,8 @@ import torch
 
 from tensorgate.errors import (InvalidArgumentError, NotFoundError, TensorgateError,
                                UnavailableError)
+from tensorgate import python_backend
+from tensorgate.pipeline.bls import BlsBridge
 from tensorgate.pipeline.ensemble import EnsembleScheduler, check_step_models, ensemble_steps
 from tensorgate.pipeline.executor import (ExecutorSettings, ExecutorThread, PostprocessPool,
                                           default_intra_op_threads)
@@ -94,12 +96,16 @@ class Engine:
         self._labels: dict[tuple[str, str], list[str]] = {}
         self._closing = False
         self._ensembles_loading: set[str] = set()
+        self._bls: BlsBridge | None = None
 
     # -- lifecycle -------------------------------------------------------------------------
 
     async def start(self, models: Iterable[str] | None = None) -> None:
         """Load `models` (default: every model in the repository), then freeze the GC heap."""
         names = list(models) if models is not None else discover_models(self.repository)
+        # Triton Python models' BLS requests come here (pipeline/bls.py)
+        self._bls = BlsBridge(self.infer, self.infer_stream, asyncio.get_running_loop())
+        python_backend.serve_bls(self._bls)
         if self._placement is not None:
             pin_current_thread(self._placement.loop_cpus)
         # Ensembles after the models they chain, which they would otherwise load themselves
@@ -183,6 +189,8 @@ class Engine:
         self._models = {}
         await self._retire(versions, drain_timeout_s)
         self._postprocess.shutdown()
+        if self._bls is not None:
+            python_backend.serve_bls(None, self._bls)
 
     async def _retire(self, versions: Iterable[_Version], drain_timeout_s: float) -> None:
         versions = list(versions)

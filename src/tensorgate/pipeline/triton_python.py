@@ -10,6 +10,8 @@ final flag, passing each response on as it comes. Built on the instance's execut
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import json
 import queue
 import sys
@@ -64,12 +66,22 @@ class TritonPythonRunner:
         initialize = getattr(self.model, "initialize", None)
         if initialize is not None:
             initialize(initialize_args(spec, context))
+        self._loop: asyncio.AbstractEventLoop | None = None
+        if inspect.iscoroutinefunction(self.model.execute):
+            # `async def execute` (to await BLS calls with async_exec): run on a loop of
+            # this instance's own, on its executor thread, one call at a time
+            self._loop = asyncio.new_event_loop()
         self._execute = self.model.execute
+
+    def _call(self, requests: list[pb_utils.InferenceRequest]) -> Any:
+        if self._loop is None:
+            return self._execute(requests)
+        return self._loop.run_until_complete(self._execute(requests))
 
     def run_each(self, requests: Sequence[RequestInputs]
                  ) -> list[dict[str, Any] | TensorgateError]:
         """Each request's outputs by name, or its error."""
-        responses = self._execute([_incoming(r) for r in requests])
+        responses = self._call([_incoming(r) for r in requests])
         name = self.spec.name
         if not isinstance(responses, (list, tuple)) or len(responses) != len(requests):
             found = (f"{len(responses)} responses" if isinstance(responses, (list, tuple))
@@ -92,7 +104,7 @@ class TritonPythonRunner:
             queue.SimpleQueue()
         sender = pb_utils.InferenceResponseSender(
             lambda response, flags: arrived.put((response, flags)), request.cancelled)
-        returned = self._execute([_incoming(request, sender)])
+        returned = self._call([_incoming(request, sender)])
         if returned is not None:
             raise InternalError(f"model '{self.spec.name}' is decoupled: its execute must "
                                 "return None and answer through request.get_response_sender()")
@@ -126,9 +138,13 @@ class TritonPythonRunner:
         return answer
 
     def close(self) -> None:
-        finalize = getattr(self.model, "finalize", None)
-        if finalize is not None:
-            finalize()
+        try:
+            finalize = getattr(self.model, "finalize", None)
+            if finalize is not None:
+                finalize()
+        finally:
+            if self._loop is not None:
+                self._loop.close()
 
 
 def initialize_args(spec: ModelSpec, context: ModelContext) -> dict[str, str]:

@@ -1,0 +1,139 @@
+"""BLS (Triton's business-logic scripting): a Triton Python model calling another model with
+`pb_utils.InferenceRequest(model_name=..., inputs=..., requested_output_names=...).exec()`.
+
+The call comes on a model's thread (its executor thread, or a thread of its own); the request
+goes through the engine on the event loop like any client's (batched, counted, traced), and
+the calling thread waits for its answer: the thread crossing is `run_coroutine_threadsafe`
+there and the future's `result()` here, never a wait on the loop. Inputs and outputs cross
+as views, not copies (a GPU tensor is copied to the host, counted). As on Triton, a model
+that calls itself with no free instance waits forever: give such requests a `timeout`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import json
+import queue
+import threading
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from typing import Any
+
+import torch
+
+from tensorgate import python_backend as pb_utils
+from tensorgate.errors import InvalidArgumentError, Status, TensorgateError
+from tensorgate.pipeline.requests import InferenceRequest, InferenceResult
+from tensorgate.pipeline.work import SequenceFlags
+from tensorgate.tensor.copies import CopyLedger, record_copy
+from tensorgate.tensor.view import TensorView
+
+__all__ = ["BlsBridge"]
+
+_CODES = {Status.INVALID_ARGUMENT: pb_utils.TritonError.INVALID_ARG,
+          Status.NOT_FOUND: pb_utils.TritonError.NOT_FOUND,
+          Status.ALREADY_EXISTS: pb_utils.TritonError.ALREADY_EXISTS,
+          Status.UNAVAILABLE: pb_utils.TritonError.UNAVAILABLE,
+          Status.CANCELLED: pb_utils.TritonError.CANCELLED,
+          Status.UNIMPLEMENTED: pb_utils.TritonError.UNSUPPORTED}
+_END = object()
+
+
+class BlsBridge:
+    """`exec` for `pb_utils.InferenceRequest`, on the engine that runs on `loop`."""
+
+    def __init__(self, infer: Callable[[InferenceRequest], Awaitable[InferenceResult]],
+                 infer_stream: Callable[[InferenceRequest], AsyncIterator[InferenceResult]],
+                 loop: asyncio.AbstractEventLoop) -> None:
+        self._infer = infer
+        self._infer_stream = infer_stream
+        self._loop = loop
+        self._loop_thread = threading.get_ident()  # made on the loop
+
+    def exec(self, request: pb_utils.InferenceRequest, decoupled: bool) -> Any:
+        """The response (an error response when the call failed), or with `decoupled` an
+        iterator of the responses of a decoupled model."""
+        if threading.get_ident() == self._loop_thread:
+            raise pb_utils.TritonModelException("exec() on the event loop would wait on "
+                                                "itself; call it from the model's thread")
+        try:
+            call = _engine_request(request)
+        except TensorgateError as error:
+            return _error_response(error)
+        if decoupled:
+            return self._stream(call)
+        return asyncio.run_coroutine_threadsafe(self._answer(call), self._loop).result()
+
+    def submit(self, request: pb_utils.InferenceRequest
+               ) -> concurrent.futures.Future[pb_utils.InferenceResponse]:
+        """`exec` without waiting: the future of its response (for `async_exec`)."""
+        try:
+            call = _engine_request(request)
+        except TensorgateError as error:
+            done: concurrent.futures.Future[pb_utils.InferenceResponse] = \
+                concurrent.futures.Future()
+            done.set_result(_error_response(error))
+            return done
+        return asyncio.run_coroutine_threadsafe(self._answer(call), self._loop)
+
+    async def _answer(self, call: InferenceRequest) -> pb_utils.InferenceResponse:
+        try:
+            return _response(await self._infer(call))
+        except TensorgateError as error:
+            return _error_response(error)
+
+    def _stream(self, call: InferenceRequest) -> Iterator[pb_utils.InferenceResponse]:
+        arrived: queue.SimpleQueue[Any] = queue.SimpleQueue()
+
+        async def pump() -> None:
+            try:
+                async for result in self._infer_stream(call):
+                    arrived.put(_response(result))
+            except TensorgateError as error:
+                arrived.put(_error_response(error))
+            finally:
+                arrived.put(_END)
+
+        future = asyncio.run_coroutine_threadsafe(pump(), self._loop)
+        try:
+            while (item := arrived.get()) is not _END:
+                yield item
+        finally:
+            future.cancel()  # the model stopped reading: the stream stops
+
+
+def _engine_request(request: pb_utils.InferenceRequest) -> InferenceRequest:
+    name = request.model_name()
+    if not name:
+        raise InvalidArgumentError("a BLS request needs a model_name")
+    ledger = CopyLedger()
+    inputs = {}
+    for tensor in request.inputs():
+        value = tensor.value()
+        if isinstance(value, torch.Tensor) and value.device.type != "cpu":  # to the host
+            record_copy(value.numel() * value.element_size(), "device", ledger)
+            value = value.cpu()
+        inputs[tensor.name()] = TensorView.from_array(value, name=tensor.name(), ledger=ledger)
+    flags = request.flags()
+    correlation = request.correlation_id()
+    sequence = (SequenceFlags(correlation, bool(flags & pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START),
+                              bool(flags & pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_END))
+                if correlation not in (0, "") else None)
+    version = request.model_version()
+    return InferenceRequest(
+        name, inputs, version=version if version >= 0 else None,
+        outputs=request.requested_output_names() or None,
+        timeout_us=request.timeout() or None, id=request.request_id(), ledger=ledger,
+        sequence=sequence, parameters=json.loads(request.parameters()))
+
+
+def _response(result: InferenceResult) -> pb_utils.InferenceResponse:
+    tensors = [pb_utils.Tensor(name, view.torch() if view.datatype.numpy is None
+                               else view.numpy())
+               for name, view in result.outputs.items()]
+    return pb_utils.InferenceResponse(tensors)
+
+
+def _error_response(error: TensorgateError) -> pb_utils.InferenceResponse:
+    code = _CODES.get(error.status, pb_utils.TritonError.INTERNAL)
+    return pb_utils.InferenceResponse(error=pb_utils.TritonError(error.message, code))
