@@ -101,6 +101,18 @@ def test_a_model_that_raises_fails_its_call_and_the_server_goes_on(
                                                        r"requests; it must return a list of one "
                                                        r"InferenceResponse per request"):
         client.infer("inspect", [_text(["a"])], parameters={"count": 2})
+    with pytest.raises(InferenceServerException, match=r"^\[500\] model 'inspect' output "
+                                                       r"'REPORT' is FP32; its config says "
+                                                       r"BYTES$"):
+        client.infer("inspect", [_text(["a"])], parameters={"wrong": "dtype"})
+    with pytest.raises(InferenceServerException, match=r"^\[500\] model 'inspect' gave no "
+                                                       r"output 'REPORT' for request 'q', which "
+                                                       r"asked for it; its response has: UPPER$"):
+        client.infer("inspect", [_text(["a"])], request_id="q",
+                     parameters={"wrong": "missing"})
+    assert client.infer("inspect", [_text(["a"])],
+                        outputs=[httpclient.InferRequestedOutput("UPPER")],
+                        parameters={"wrong": "missing"}).as_numpy("UPPER").tolist() == [b"A"]
     assert np.array_equal(client.infer("add_sub", inputs).as_numpy("OUTPUT0"),
                           np.full((1, 4), 2.0))
 

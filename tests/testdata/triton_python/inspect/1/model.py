@@ -1,7 +1,8 @@
 """Says what a Triton Python model is given: REPORT is a JSON object of initialize's args
 and of the request (id, parameters, outputs asked for, input types, and how many times
 execute has been called since the model was loaded, this call included); UPPER is TEXT in capitals.
-A request with parameter "count" gets that many responses back for the call, rightly or not."""
+A request with parameter "count" gets that many responses back for the call, rightly or not;
+with "wrong": "dtype" or "missing" its REPORT is of the wrong type, or left out."""
 
 import json
 
@@ -33,9 +34,13 @@ class TritonPythonModel:
             }
             upper = np.array([item.upper() for item in text.as_numpy().reshape(-1)],
                              dtype=np.object_).reshape(text.as_numpy().shape)
-            responses.append(pb_utils.InferenceResponse(output_tensors=[
-                pb_utils.Tensor("UPPER", upper),
-                pb_utils.Tensor("REPORT", np.array([json.dumps(report)], dtype=np.object_)),
-            ]))
+            outputs = [pb_utils.Tensor("UPPER", upper),
+                       pb_utils.Tensor("REPORT", np.array([json.dumps(report)], np.object_))]
+            wrong = report["parameters"].get("wrong")
+            if wrong == "dtype":  # REPORT as numbers, where the config says TYPE_STRING
+                outputs[1] = pb_utils.Tensor("REPORT", np.zeros(1, np.float32))
+            elif wrong == "missing":
+                outputs = outputs[:1]
+            responses.append(pb_utils.InferenceResponse(output_tensors=outputs))
         wanted = json.loads(requests[0].parameters()).get("count")
         return responses * wanted if wanted is not None else responses
