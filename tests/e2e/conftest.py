@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import os
 import pathlib
+import queue
 import re
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 
@@ -60,6 +62,21 @@ def stop_server(server: RunningServer) -> int:
     except subprocess.TimeoutExpired:
         server.process.kill()
         raise
+
+
+def stream_answers(answers: queue.Queue[tuple[Any, Any]], value: Callable[[Any], Any]
+                   ) -> tuple[dict[str, list[Any]], list[str]]:
+    """What a finished gRPC stream's callback queued: each response's `value(result)` by
+    request id, in arrival order, and the error messages."""
+    by_id: dict[str, list[Any]] = {}
+    errors = []
+    while not answers.empty():
+        result, error = answers.get_nowait()
+        if error is not None:
+            errors.append(error.message())
+            continue
+        by_id.setdefault(result.get_response().id, []).append(value(result))
+    return by_id, errors
 
 
 @pytest.fixture(scope="session")

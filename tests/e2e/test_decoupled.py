@@ -15,7 +15,7 @@ import tritonclient.grpc.aio as grpcaio
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from tests.e2e.conftest import RunningServer
+from tests.e2e.conftest import RunningServer, stream_answers
 
 
 def _input(first: float, module=grpcclient) -> object:
@@ -43,16 +43,9 @@ def test_each_response_arrives_in_order_then_the_final_flag(server: RunningServe
         client.async_stream_infer("counter", [_input(0)], request_id="none",
                                   enable_empty_final_response=True)
         client.stop_stream()  # ends our side; waits for every response
-    by_id: dict[str, list[tuple[float | None, bool | None]]] = {}
-    errors = []
-    while not answers.empty():
-        result, error = answers.get_nowait()
-        if error is not None:
-            errors.append(error.message())
-            continue
-        response = result.get_response()
-        value = result.as_numpy("OUTPUT__0")[0, 0] if response.outputs else None
-        by_id.setdefault(response.id, []).append((value, _final(result)))
+    by_id, errors = stream_answers(answers, lambda result: (
+        result.as_numpy("OUTPUT__0")[0, 0] if result.get_response().outputs else None,
+        _final(result)))
     assert by_id["four"] == [(0.0, False), (1.0, False), (2.0, False), (3.0, False),
                              (None, True)]
     assert by_id["two"] == [(0.0, None), (1.0, None)]  # no flags unless asked

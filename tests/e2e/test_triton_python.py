@@ -21,7 +21,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from tests.e2e.conftest import RunningServer, start_server, stop_server
+from tests.e2e.conftest import RunningServer, start_server, stop_server, stream_answers
 
 MODELS = pathlib.Path(__file__).parent.parent / "testdata" / "triton_python"
 
@@ -179,14 +179,7 @@ def test_a_decoupled_model_streams_from_its_own_thread(served: RunningServer) ->
             given.set_data_from_numpy(np.array([count], np.int32))
             client.async_stream_infer("repeat", [given], request_id=request_id)
         client.stop_stream()  # waits for every response
-    by_id: dict[str, list[int]] = {}
-    errors = []
-    while not answers.empty():
-        result, error = answers.get_nowait()
-        if error is not None:
-            errors.append(error.message())
-            continue
-        by_id.setdefault(result.get_response().id, []).append(int(result.as_numpy("OUT")[0]))
+    by_id, errors = stream_answers(answers, lambda result: int(result.as_numpy("OUT")[0]))
     assert by_id == {"three": [0, 1, 2], "two": [0, 1]}
     assert errors == ["IN must not be negative"]
 
