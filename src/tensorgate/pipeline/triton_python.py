@@ -22,7 +22,7 @@ from tensorgate import python_backend as pb_utils
 from tensorgate.errors import (AlreadyExistsError, CancelledError, InternalError,
                                InvalidArgumentError, NotFoundError, TensorgateError,
                                UnavailableError, UnimplementedError)
-from tensorgate.model import ModelContext, RequestInfo
+from tensorgate.model import NO_PARAMETERS, ModelContext, RequestInfo
 from tensorgate.repository.model_config import ModelSpec
 
 __all__ = ["MODULE_NAME", "RequestInputs", "TritonPythonRunner", "install_module"]
@@ -128,7 +128,7 @@ class TritonPythonRunner:
         """One request of `inputs` (warm-up, cost probe): its outputs, or for a decoupled
         model the iterator of its responses."""
         rows = next((len(v) for v in inputs.values()), 1) if self.spec.max_batch_size else 1
-        info = requests[0] if requests else RequestInfo("", slice(0, rows), {})
+        info = requests[0] if requests else RequestInfo("", slice(0, rows), NO_PARAMETERS)
         request = RequestInputs(inputs, info, self.spec.output_names, 0, 0, _never)
         if self.spec.decoupled:
             return self.run_stream(request)
