@@ -34,7 +34,12 @@ import torch
 from torch.utils.dlpack import from_dlpack, to_dlpack  # type: ignore[attr-defined]
 from tritonclient.grpc import model_config_pb2 as _config_pb
 
-from tensorgate.tensor.dtypes import DATATYPES, DataType, datatype_of_numpy
+from tensorgate.errors import DatatypeError
+from tensorgate.tensor.buffer import host_array
+from tensorgate.tensor.bytes_codec import encode_bytes_tensor
+from tensorgate.tensor.dtypes import (DATATYPES, DataType, datatype, datatype_from_config,
+                                      datatype_of_numpy, datatype_of_torch)
+from tensorgate.tensor.pool import default_pool
 
 __all__ = [
     "InferenceRequest", "InferenceResponse", "InferenceResponseSender", "LogLevel", "Logger",
@@ -62,7 +67,6 @@ _log = logging.getLogger("tensorgate.python_backend")
 _TYPE_NUMBER: dict[str, int] = {dt.name: int(_config_pb.DataType.Value(dt.config_name))
                                 for dt in DATATYPES}
 _BY_NUMBER = {number: name for name, number in _TYPE_NUMBER.items()}
-_BY_NAME = {dt.name: dt for dt in DATATYPES}
 
 
 class TritonModelException(Exception):
@@ -128,11 +132,7 @@ class Tensor:
     def _init_torch(self, name: str, tensor: torch.Tensor) -> None:
         self._name = name
         self._value = tensor
-        found = next((dt for dt in DATATYPES if dt.torch == tensor.dtype), None)
-        if found is None:
-            raise TritonModelException(f"tensor '{name}': torch dtype {tensor.dtype} has no "
-                                       "protocol datatype")
-        self._datatype = found
+        self._datatype = datatype_of_torch(tensor.dtype, name)
 
     @staticmethod
     def from_dlpack(name: str, capsule: Any) -> Tensor:
@@ -432,7 +432,7 @@ def triton_to_numpy_type(data_type: int) -> Any:
     name = _BY_NUMBER.get(data_type)
     if name is None:
         raise TritonModelException(f"no datatype numbered {data_type}")
-    return np.object_ if name == "BYTES" else _numpy_type(_BY_NAME[name])
+    return np.object_ if name == "BYTES" else _numpy_type(datatype(name))
 
 
 def numpy_to_triton_type(data_type: Any) -> int | None:
@@ -445,15 +445,16 @@ def numpy_to_triton_type(data_type: Any) -> int | None:
         return _TYPE_NUMBER["BYTES"]
     try:
         return _TYPE_NUMBER[datatype_of_numpy(found).name]
-    except Exception:  # noqa: BLE001 - a dtype the protocol lacks
+    except DatatypeError:  # a dtype the protocol lacks
         return None
 
 
 def triton_string_to_numpy(triton_type_string: str) -> Any:
     """numpy's type for a config's type name ("TYPE_FP32" → np.float32)."""
-    found = next((dt for dt in DATATYPES if dt.config_name == triton_type_string), None)
-    if found is None:
-        raise TritonModelException(f"unknown config type '{triton_type_string}'")
+    try:
+        found = datatype_from_config(triton_type_string)
+    except DatatypeError:
+        raise TritonModelException(f"unknown config type '{triton_type_string}'") from None
     return np.object_ if found.is_bytes else _numpy_type(found)
 
 
@@ -468,12 +469,8 @@ def serialize_byte_tensor(input_tensor: np.ndarray) -> np.ndarray | None:
     flat uint8 array; None for an empty tensor."""
     if input_tensor.size == 0:
         return None
-    parts = []
-    for item in input_tensor.reshape(-1, order="C").tolist():
-        data = item if isinstance(item, bytes) else str(item).encode()
-        parts.append(struct.pack("<I", len(data)))
-        parts.append(data)
-    return np.frombuffer(b"".join(parts), dtype=np.uint8)
+    buffer, nbytes = encode_bytes_tensor(input_tensor, default_pool().acquire)
+    return host_array(buffer, np.uint8, nbytes)
 
 
 def deserialize_bytes_tensor(encoded_tensor: bytes | np.ndarray) -> np.ndarray:
