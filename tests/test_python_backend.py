@@ -133,3 +133,63 @@ def test_config_lookups() -> None:
     assert pb_utils.get_output_config_by_name(config, "b") == config["output"][0]
     assert pb_utils.get_output_config_by_name(config, "a") is None
     assert pb_utils.get_input_config_by_name({}, "a") is None
+
+
+def _config(**given: object) -> pb_utils.ModelConfig:
+    return pb_utils.ModelConfig(json.dumps({"name": "m", "max_batch_size": 0, "input": [],
+                                            "output": [], **given}))
+
+
+def test_model_config_completes_what_the_config_leaves_open() -> None:
+    config = _config(input=[{"name": "A", "data_type": "TYPE_INVALID", "dims": []}])
+    config.add_input({"name": "A", "data_type": "TYPE_FP32", "dims": (4,), "optional": True})
+    config.add_input({"name": "B", "data_type": "TYPE_INT64", "dims": [-1]})
+    config.add_output({"name": "Y", "data_type": "TYPE_STRING", "dims": [1]})
+    config.set_max_batch_size(8)
+    config.set_dynamic_batching()
+    config.set_model_transaction_policy({"decoupled": True})
+    assert config.as_dict() == {
+        "name": "m", "max_batch_size": 8, "dynamic_batching": {},
+        "model_transaction_policy": {"decoupled": True},
+        "input": [{"name": "A", "data_type": "TYPE_FP32", "dims": [4], "optional": True},
+                  {"name": "B", "data_type": "TYPE_INT64", "dims": [-1]}],
+        "output": [{"name": "Y", "data_type": "TYPE_STRING", "dims": [1]}]}
+    kept = _config(max_batch_size=2, dynamic_batching={"max_queue_delay_microseconds": 5})
+    kept.set_max_batch_size(4)  # a smaller configured size stands (Triton's documentation)
+    kept.set_dynamic_batching()  # and the configured batcher's settings
+    assert kept.as_dict()["max_batch_size"] == 2
+    assert kept.as_dict()["dynamic_batching"] == {"max_queue_delay_microseconds": 5}
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda c: c.add_input({"name": "A", "data_type": "TYPE_FP32"}),
+     "input 'A' in auto-complete-config function for model 'm' is missing 'dims'"),
+    (lambda c: c.add_input({"data_type": "TYPE_FP32", "dims": [1]}), "missing 'name'"),
+    (lambda c: c.add_output({"name": "Y", "data_type": "TYPE_FP32", "dims": [1],
+                             "optional": True}), "contains property other than"),
+    (lambda c: c.add_input({"name": "C", "data_type": "TYPE_FP16", "dims": [3]}),
+     "configuration expects datatype TYPE_FP32 for input 'C', model provides TYPE_FP16"),
+    (lambda c: c.add_input({"name": "C", "data_type": "TYPE_FP32", "dims": [4]}),
+     r"the model expects dims \[4\] but the model configuration specifies dims \[3\]"),
+    (lambda c: c.set_max_batch_size(2),
+     "configuration specified max_batch_size 3, but auto-complete-config function for model "
+     "'m' specified max_batch_size 2"),
+    (lambda c: c.set_max_batch_size(-1), "must be an integer, 0 or more"),
+    (lambda c: c.set_model_transaction_policy({"decoupled": False}),
+     "decoupled property .* already set to True"),
+    (lambda c: c.set_model_transaction_policy({"invalid": "argument"}),
+     "contains property other than 'decoupled': invalid"),
+    (lambda c: c.add_input("A"), "is a str, not a dict"),
+])
+def test_model_config_refuses_what_contradicts_the_config(call, message: str) -> None:
+    config = _config(max_batch_size=3, model_transaction_policy={"decoupled": True},
+                     input=[{"name": "C", "data_type": "TYPE_FP32", "dims": [3]}])
+    before = json.dumps(config.as_dict())
+    with pytest.raises(ValueError, match=message):
+        call(config)
+    assert json.dumps(config.as_dict()) == before
+
+
+def test_set_dynamic_batching_refuses_another_batcher() -> None:
+    with pytest.raises(ValueError, match="scheduling_choice as 'sequence_batching'"):
+        _config(sequence_batching={}).set_dynamic_batching()

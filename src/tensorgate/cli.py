@@ -41,6 +41,9 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--response-cache-bytes", type=int,
                        help="size of the response cache for models whose config enables "
                             "response_cache (default 0: no cache)")
+    serve.add_argument("--disable-auto-complete-config", action="store_const", const=True,
+                       help="do not call Python models' auto_complete_config (as Triton's "
+                            "option): their config.pbtxt must name inputs and outputs")
     serve.add_argument("--read-timeout-s", type=float,
                        help="answer a request whose bytes stop arriving for this long "
                             "(default 30)")

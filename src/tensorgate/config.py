@@ -39,6 +39,9 @@ class ServerConfig:
     # the response cache (Triton's --cache-config local,size=N) for models whose config has
     # response_cache { enable: true }; 0: none (those models run every request)
     response_cache_bytes: int = 0
+    # Triton's --disable-auto-complete-config: a Python model's auto_complete_config is not
+    # called (its config.pbtxt must then say everything)
+    disable_auto_complete_config: bool = False
     loop: LoopChoice = "asyncio"
     placement: PlacementChoice = "auto"
     switch_interval_s: float = 0.0005

@@ -12,8 +12,9 @@ instance with the same `args` strings, `execute(requests)` per batch with one
   no shared-memory hop per request.
 - BLS (`InferenceRequest(model_name=...).exec()` / `await ....async_exec()`) goes through
   the server's engine like a client's request (pipeline/bls.py), tensors as views.
-- Request rescheduling and `auto_complete_config` are not supported: the first raises
-  `TritonModelException` saying so, and a config must name its inputs and outputs.
+- `auto_complete_config` runs as in Triton, once at load before any instance
+  (`ModelConfig`: python_backend_config.py; pipeline/auto_complete.py).
+- Request rescheduling is not supported: it raises `TritonModelException` saying so.
 - A response's `parameters` are kept on the response object but not yet sent to the client.
 """
 
@@ -35,6 +36,7 @@ from torch.utils.dlpack import from_dlpack, to_dlpack  # type: ignore[attr-defin
 from tritonclient.grpc import model_config_pb2 as _config_pb
 
 from tensorgate.errors import DatatypeError
+from tensorgate.python_backend_config import ModelConfig
 from tensorgate.tensor.buffer import host_array
 from tensorgate.tensor.bytes_codec import encode_bytes_tensor
 from tensorgate.tensor.dtypes import (DATATYPES, DataType, datatype, datatype_from_config,
@@ -43,13 +45,13 @@ from tensorgate.tensor.pool import default_pool
 
 __all__ = [
     "InferenceRequest", "InferenceResponse", "InferenceResponseSender", "LogLevel", "Logger",
-    "TRITONSERVER_MEMORY_CPU", "TRITONSERVER_MEMORY_GPU", "TRITONSERVER_REQUEST_FLAG_SEQUENCE_END",
-    "TRITONSERVER_REQUEST_FLAG_SEQUENCE_START", "TRITONSERVER_REQUEST_RELEASE_ALL",
-    "TRITONSERVER_REQUEST_RELEASE_RESCHEDULE", "TRITONSERVER_RESPONSE_COMPLETE_FINAL", "Tensor",
-    "TritonError", "TritonModelException", "deserialize_bytes_tensor", "get_input_config_by_name",
-    "get_input_tensor_by_name", "get_output_config_by_name", "get_output_tensor_by_name",
-    "numpy_to_triton_type", "serialize_byte_tensor", "triton_string_to_numpy",
-    "triton_to_numpy_type",
+    "ModelConfig", "TRITONSERVER_MEMORY_CPU", "TRITONSERVER_MEMORY_GPU",
+    "TRITONSERVER_REQUEST_FLAG_SEQUENCE_END", "TRITONSERVER_REQUEST_FLAG_SEQUENCE_START",
+    "TRITONSERVER_REQUEST_RELEASE_ALL", "TRITONSERVER_REQUEST_RELEASE_RESCHEDULE",
+    "TRITONSERVER_RESPONSE_COMPLETE_FINAL", "Tensor", "TritonError", "TritonModelException",
+    "deserialize_bytes_tensor", "get_input_config_by_name", "get_input_tensor_by_name",
+    "get_output_config_by_name", "get_output_tensor_by_name", "numpy_to_triton_type",
+    "serialize_byte_tensor", "triton_string_to_numpy", "triton_to_numpy_type",
 ]
 
 # Triton's flag values (tritonserver.h), which models compare against

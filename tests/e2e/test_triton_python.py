@@ -18,6 +18,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
+from google.protobuf import json_format
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
@@ -220,3 +221,112 @@ def test_a_bls_call_s_error_reaches_the_calling_model(served: RunningServer) -> 
                                                        r"model 'nowhere'; loaded models are: "):
         client.infer("bls", [_x([1, 2, 3, 4])], parameters={"target": "nowhere"})
     assert client.infer("bls", [_x([0, 0, 0, 1])]).as_numpy("Y").tolist() == [0, 0, 0, 20]
+
+
+def _auto_inputs(rows: int, module=httpclient, second: bool = True) -> list:
+    first = np.arange(rows * 4, dtype=np.float32).reshape(rows, 4)
+    given = [module.InferInput("INPUT0", [rows, 4], "FP32")]
+    given[0].set_data_from_numpy(first)
+    if second:
+        given.append(module.InferInput("INPUT1", [rows, 4], "FP32"))
+        given[1].set_data_from_numpy(np.ones((rows, 4), np.float32))
+    return given
+
+
+@pytest.mark.parametrize("module", [httpclient, grpcclient], ids=["http", "grpc"])
+def test_a_model_py_without_config_is_completed_by_its_auto_complete_config(
+        served: RunningServer, module) -> None:
+    """`auto_complete/` has no config.pbtxt: its auto_complete_config names the inputs
+    (one optional), outputs, max_batch_size 4 and the dynamic batcher. /config shows the
+    completed config, initialize is given it, and requests are checked against it."""
+    url = served.url if module is httpclient else served.grpc_url
+    client = module.InferenceServerClient(url)
+    config = client.get_model_config("auto_complete")
+    if module is grpcclient:
+        config = json.loads(json_format.MessageToJson(config.config,
+                                                      preserving_proto_field_name=True))
+    assert config["backend"] == "python" and config["max_batch_size"] == 4
+    assert "dynamic_batching" in config
+    assert [(i["name"], i["data_type"], i.get("optional", False)) for i in config["input"]] == [
+        ("INPUT0", "TYPE_FP32", False), ("INPUT1", "TYPE_FP32", True)]
+    assert [o["name"] for o in config["output"]] == ["OUTPUT0", "SEEN"]
+    result = client.infer("auto_complete", _auto_inputs(3, module))
+    assert np.array_equal(result.as_numpy("OUTPUT0"),
+                          np.arange(12, dtype=np.float32).reshape(3, 4) + 1)
+    assert json.loads(result.as_numpy("SEEN")[0][0]) == {
+        "max_batch_size": 4, "inputs": ["INPUT0", "INPUT1"], "dynamic_batching": True}
+    alone = client.infer("auto_complete", _auto_inputs(1, module, second=False))
+    assert alone.as_numpy("OUTPUT0").tolist() == [[0, 1, 2, 3]]  # the optional input left out
+    with pytest.raises(InferenceServerException, match="batch"):
+        client.infer("auto_complete", _auto_inputs(5, module))  # more rows than 4
+
+
+AUTO_COMPLETE_CONFLICTS = {
+    "ac_dtype": ('backend: "python"\ninput [ { name: "INPUT0" data_type: TYPE_INT32 '
+                 'dims: [ 4 ] } ]\n',
+                 "configuration expects datatype TYPE_INT32 for input 'INPUT0', model "
+                 "provides TYPE_FP32"),
+    "ac_dims": ('backend: "python"\ninput [ { name: "INPUT1" data_type: TYPE_FP32 '
+                'dims: [ 2, 2 ] } ]\n',
+                r"tensor 'INPUT1': the model expects dims \[4\] but the model configuration "
+                r"specifies dims \[2, 2\]"),
+    "ac_batch": ('backend: "python"\nmax_batch_size: 8\n',
+                 "configuration specified max_batch_size 8, but auto-complete-config function "
+                 "for model 'ac_batch' specified max_batch_size 4"),
+    "ac_sequence": ('backend: "python"\nsequence_batching { }\n',
+                    "scheduling_choice as 'sequence_batching'"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(AUTO_COMPLETE_CONFLICTS))
+def test_a_config_that_contradicts_auto_complete_config_fails_to_load_saying_why(
+        served: RunningServer, repo: pathlib.Path, name: str) -> None:
+    config, reason = AUTO_COMPLETE_CONFLICTS[name]
+    (repo / name / "1").mkdir(parents=True)
+    shutil.copy(repo / "auto_complete" / "1" / "model.py", repo / name / "1" / "model.py")
+    (repo / name / "config.pbtxt").write_text(config)
+    client = httpclient.InferenceServerClient(served.url)
+    with pytest.raises(InferenceServerException, match=f"auto_complete_config failed: "
+                                                       f"ValueError: .*{reason}"):
+        client.load_model(name)
+    index = {m["name"]: m for m in client.get_model_repository_index()}
+    assert index[name]["state"] == "UNAVAILABLE" and re.search(reason, index[name]["reason"])
+    assert client.infer("auto_complete", _auto_inputs(1)).as_numpy("OUTPUT0") is not None
+
+
+def test_a_config_without_tensors_keeps_its_smaller_max_batch_size(
+        served: RunningServer, repo: pathlib.Path) -> None:
+    """A config.pbtxt giving only backend, a batch size below the model's and two instances:
+    the model adds its tensors and the batcher; the config's own choices stand."""
+    (repo / "ac_partial" / "1").mkdir(parents=True)
+    shutil.copy(repo / "auto_complete" / "1" / "model.py", repo / "ac_partial" / "1" / "model.py")
+    (repo / "ac_partial" / "config.pbtxt").write_text(
+        'backend: "python"\nmax_batch_size: 2\n'
+        'input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
+        'instance_group [ { count: 2 kind: KIND_CPU } ]\n')
+    client = httpclient.InferenceServerClient(served.url)
+    client.load_model("ac_partial")
+    config = client.get_model_config("ac_partial")
+    assert config["max_batch_size"] == 2 and config["instance_group"][0]["count"] == 2
+    assert [i["name"] for i in config["input"]] == ["INPUT0", "INPUT1"]
+    assert client.infer("ac_partial", _auto_inputs(2)).as_numpy("OUTPUT0").shape == (2, 4)
+    with pytest.raises(InferenceServerException, match="batch"):
+        client.infer("ac_partial", _auto_inputs(3))
+
+
+def test_without_auto_complete_a_model_py_without_config_is_refused(
+        tmp_path: pathlib.Path) -> None:
+    """`--disable-auto-complete-config` (Triton's option): auto_complete_config is not
+    called, so a model.py alone says nothing of its tensors, and its load says so."""
+    shutil.copytree(MODELS / "auto_complete", tmp_path / "models" / "auto_complete")
+    shutil.copytree(MODELS / "add_sub", tmp_path / "models" / "add_sub")
+    running = start_server(tmp_path / "models", tmp_path / "server.log",
+                           "--disable-auto-complete-config")
+    try:
+        client = httpclient.InferenceServerClient(running.url)
+        index = {m["name"]: m for m in client.get_model_repository_index()}
+        assert index["auto_complete"]["state"] == "UNAVAILABLE"
+        assert "has no config.pbtxt" in index["auto_complete"]["reason"]
+        assert client.is_model_ready("add_sub")
+    finally:
+        assert stop_server(running) == 0, (tmp_path / "server.log").read_text()

@@ -7,6 +7,7 @@ import pathlib
 import re
 
 import pytest
+from tritonclient.grpc import model_config_pb2 as pb
 
 from tensorgate.errors import ModelConfigError, NotFoundError
 from tensorgate.repository.layout import artifact_path, discover_models, load_source
@@ -164,6 +165,36 @@ def test_missing_artifact_and_versions(tmp_path: pathlib.Path) -> None:
     _model(tmp_path, "empty", 'name: "empty"', {})
     with pytest.raises(ModelConfigError, match=r"no version directory matches"):
         load_source(tmp_path, "empty")
+
+
+def test_a_python_model_without_config_is_found_and_completed_by_the_loader_s_step(
+        tmp_path: pathlib.Path) -> None:
+    """A model.py without config.pbtxt is a model (Triton's auto-complete); `complete` gets
+    the config named and the folder of the version served last, and its result is checked
+    as a config.pbtxt would be."""
+    for version in ("1", "2"):
+        (tmp_path / "py" / version).mkdir(parents=True)
+        (tmp_path / "py" / version / "model.py").write_text("")
+    (tmp_path / "pt" / "1").mkdir(parents=True)
+    (tmp_path / "pt" / "1" / "model.pt").write_bytes(b"")  # no config: not a model here
+    assert discover_models(tmp_path) == ["py"]
+    seen = []
+
+    def complete(config: pb.ModelConfig, folder: pathlib.Path) -> pb.ModelConfig:
+        seen.append((config.name, config.backend, folder))
+        config.max_batch_size = 4
+        config.input.add(name="X", data_type=pb.TYPE_FP32, dims=[2])
+        return config
+
+    source = load_source(tmp_path, "py", complete=complete)
+    assert seen == [("py", "python", tmp_path / "py" / "2")]
+    assert source.spec.max_batch_size == 4 and source.spec.input("X") is not None
+    with pytest.raises(ModelConfigError, match="has no config.pbtxt, and nothing said what the "
+                                               "model's inputs and outputs are"):
+        load_source(tmp_path, "py")  # no step to complete it (auto-complete disabled)
+    with pytest.raises(ModelConfigError, match="input 'X' has no 'data_type'"):
+        load_source(tmp_path, "py", complete=lambda config, folder: pb.ModelConfig(
+            name="py", backend="python", input=[pb.ModelInput(name="X", dims=[1])]))
 
 
 def test_fields_served_without_are_listed_and_ragged_batching_is_refused() -> None:

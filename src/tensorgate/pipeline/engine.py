@@ -27,6 +27,7 @@ import torch
 from tensorgate.errors import (InvalidArgumentError, NotFoundError, TensorgateError,
                                UnavailableError)
 from tensorgate import python_backend
+from tensorgate.pipeline.auto_complete import complete_config
 from tensorgate.pipeline.bls import BlsBridge
 from tensorgate.pipeline.ensemble import EnsembleScheduler, check_step_models, ensemble_steps
 from tensorgate.pipeline.executor import (ExecutorSettings, ExecutorThread, PostprocessPool,
@@ -78,12 +79,15 @@ class Engine:
     def __init__(self, repository: str | pathlib.Path, *, pool: BufferPool | None = None,
                  intra_op_threads: int | None = None, postprocess_workers: int = 2,
                  device: str = "auto", placement: str = "none",
-                 response_cache_bytes: int = 0) -> None:
+                 response_cache_bytes: int = 0, auto_complete: bool = True) -> None:
         """`placement="auto"` pins the thread that calls `start` (the loop's) to the first CPU
         and places executors by cost (see pipeline/placement.py); "none" pins nothing.
         `response_cache_bytes` > 0: models with `response_cache { enable: true }` answer
-        repeated requests from a cache of that size (pipeline/response_cache.py)."""
+        repeated requests from a cache of that size (pipeline/response_cache.py).
+        `auto_complete`: Triton Python models' `auto_complete_config` completes their
+        config (pipeline/auto_complete.py)."""
         self.repository = pathlib.Path(repository)
+        self._complete = complete_config if auto_complete else None
         self._cache = ResponseCache(response_cache_bytes) if response_cache_bytes > 0 else None
         self._pool = pool or default_pool()
         self._placement = plan_placement(placement)
@@ -129,7 +133,9 @@ class Engine:
             raise UnavailableError("the engine is shutting down; no models can be loaded")
         versions: dict[int, _Version] = {}
         try:
-            source = load_source(self.repository, name, config)
+            # off the loop: completing a Python model's config runs its model.py
+            source = await asyncio.get_running_loop().run_in_executor(
+                None, load_source, self.repository, name, config, self._complete)
             if source.spec.ignored:
                 log.warning("model %s: served without its config's %s (not acted on here)",
                             name, ", ".join(source.spec.ignored))

@@ -16,6 +16,7 @@ import importlib.util
 import inspect
 import pathlib
 import sys
+import types
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -30,8 +31,8 @@ from tensorgate.repository.model_config import ModelConfigError, ModelSpec, Warm
 from tensorgate.tensor.bytes_codec import decode_bytes_tensor
 from tensorgate.tensor.dtypes import DataType
 
-__all__ = ["Runner", "load_runner", "name_outputs", "read_model_file", "sample_inputs",
-           "tensor_from_file", "warmup_inputs"]
+__all__ = ["Runner", "import_model_file", "load_runner", "name_outputs", "read_model_file",
+           "sample_inputs", "tensor_from_file", "warmup_inputs"]
 
 # torch 2.13 deprecates TorchScript, but existing Triton repositories are full of model.pt:
 # loading them is this server's job, not the user's mistake, so say nothing per load.
@@ -106,8 +107,10 @@ def _load_pt2(path: pathlib.Path, spec: ModelSpec, device: torch.device) -> Runn
     return Runner(_positional(module, spec), None, module)
 
 
-def _load_python(path: pathlib.Path, spec: ModelSpec, context: ModelContext) -> Runner:
-    module_name = f"tensorgate_model_{spec.name}_{context.version}"
+def import_model_file(path: pathlib.Path, module_name: str) -> types.ModuleType:
+    """Run `path` (a model.py) as module `module_name`, registered in sys.modules (its
+    classes' pickling and dataclasses look there), with `triton_python_backend_utils`
+    importable."""
     loader_spec = importlib.util.spec_from_file_location(module_name, path)
     if loader_spec is None or loader_spec.loader is None:
         raise ModelConfigError(str(path), "cannot be imported")
@@ -115,6 +118,12 @@ def _load_python(path: pathlib.Path, spec: ModelSpec, context: ModelContext) -> 
     sys.modules[module_name] = module
     install_module()  # before the model's own `import triton_python_backend_utils`
     loader_spec.loader.exec_module(module)
+    return module
+
+
+def _load_python(path: pathlib.Path, spec: ModelSpec, context: ModelContext) -> Runner:
+    module_name = f"tensorgate_model_{spec.name}_{context.version}"
+    module = import_model_file(path, module_name)
     classes = [obj for obj in vars(module).values()
                if isinstance(obj, type) and issubclass(obj, Model) and obj is not Model
                and obj.__module__ == module_name]

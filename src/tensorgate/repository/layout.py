@@ -4,7 +4,9 @@
     <repo>/<model>/<version>/model.pt | model.pt2 | model.py
 
 Version directories are decimal numbers not starting with 0; anything else is ignored, as
-Triton does. The version policy of the config picks which versions are served.
+Triton does. The version policy of the config picks which versions are served. A Python
+model (`model.py`) may come without config.pbtxt, as in Triton: its `auto_complete_config`
+says what the config would (the `complete` step of load_source, which the caller supplies).
 """
 
 from __future__ import annotations
@@ -14,11 +16,16 @@ import pathlib
 from dataclasses import dataclass
 
 from tensorgate.errors import NotFoundError
-from tensorgate.repository.model_config import (ModelConfigError, ModelSpec, load_model_config,
-                                                parse_model_config_json)
+from collections.abc import Callable
 
-__all__ = ["ARTIFACT_KINDS", "ModelSource", "artifact_path", "discover_models", "load_source",
-           "model_fingerprints", "select_versions"]
+from tritonclient.grpc import model_config_pb2 as pb
+
+from tensorgate.repository.model_config import (ModelConfigError, ModelSpec,
+                                                model_config_from_json, model_spec,
+                                                read_model_config, version_policy)
+
+__all__ = ["ARTIFACT_KINDS", "CompleteConfig", "ModelSource", "artifact_file", "artifact_path",
+           "discover_models", "load_source", "model_fingerprints", "select_versions"]
 
 MAX_FINGERPRINT_FILES = 10_000  # per model: a scan of a runaway directory stays bounded
 
@@ -37,12 +44,27 @@ class ModelSource:
     versions: tuple[int, ...]
 
 
+# A loader's step between reading a config and checking it: (config, the folder of the
+# version to serve last) → the config completed (a Python model's auto_complete_config).
+CompleteConfig = Callable[[pb.ModelConfig, pathlib.Path], pb.ModelConfig]
+
+
 def discover_models(repository: pathlib.Path) -> list[str]:
-    """Names of the model directories holding a config.pbtxt, sorted."""
+    """Names of the model directories holding a config.pbtxt, or a Python model without
+    one, sorted."""
     if not repository.is_dir():
         raise NotFoundError(f"model repository '{repository}' is not a directory")
     return sorted(p.name for p in repository.iterdir()
-                  if p.is_dir() and (p / "config.pbtxt").is_file())
+                  if p.is_dir() and ((p / "config.pbtxt").is_file() or _python_model(p)))
+
+
+def _python_model(directory: pathlib.Path) -> bool:
+    """Whether a version directory of `directory` holds a model.py."""
+    try:
+        return any((directory / str(v) / "model.py").is_file()
+                   for v in _numeric_versions(directory))
+    except OSError:
+        return False
 
 
 def model_fingerprints(repository: pathlib.Path) -> dict[str, tuple[object, ...]]:
@@ -70,8 +92,9 @@ def _numeric_versions(directory: pathlib.Path) -> list[int]:
                   if p.is_dir() and p.name.isdecimal() and not p.name.startswith("0"))
 
 
-def select_versions(spec: ModelSpec, available: list[int]) -> tuple[int, ...]:
-    kind, numbers = spec.version_policy
+def select_versions(policy: tuple[str, tuple[int, ...]], available: list[int]
+                    ) -> tuple[int, ...]:
+    kind, numbers = policy
     if kind == "latest":
         return tuple(available[-numbers[0]:])
     if kind == "all":
@@ -79,37 +102,60 @@ def select_versions(spec: ModelSpec, available: list[int]) -> tuple[int, ...]:
     return tuple(v for v in numbers if v in available)
 
 
-def load_source(repository: pathlib.Path, name: str, config: str | None = None) -> ModelSource:
+def load_source(repository: pathlib.Path, name: str, config: str | None = None,
+                complete: CompleteConfig | None = None) -> ModelSource:
     """Read `<repository>/<name>`: its config and the versions to serve. `config`, a JSON
-    config (a load request's override), stands in for the directory's config.pbtxt."""
+    config (a load request's override), stands in for the directory's config.pbtxt; without
+    either, a Python model's config is `backend: "python"` until `complete` completes it.
+    `complete` may import the model's code: call it off the event loop."""
     directory = repository / name
-    if "/" in name or name in ("", ".", "..") or not (
-            directory.is_dir() if config is not None else (directory / "config.pbtxt").is_file()):
+    file = directory / "config.pbtxt"
+    if "/" in name or name in ("", ".", "..") or not directory.is_dir() or (
+            config is None and not file.is_file() and not _python_model(directory)):
         raise NotFoundError(f"no model '{name}' in repository '{repository}'")
     if config is not None:
-        spec = parse_model_config_json(config, f"the load request's 'config' of model '{name}'",
-                                       name)
-    else:
-        spec = load_model_config(directory / "config.pbtxt", expected_name=name)
-    versions = select_versions(spec, _numeric_versions(directory))
+        source = f"the load request's 'config' of model '{name}'"
+        message = model_config_from_json(config, source)
+        named_by = "the model being loaded"
+    elif file.is_file():
+        source, message, named_by = str(file), read_model_config(file), "the model directory"
+    else:  # as Triton: a model.py and no config is a Python model whose code says the rest
+        source, named_by = str(directory), "the model directory"
+        message = pb.ModelConfig(name=name, backend="python")
+    versions = select_versions(version_policy(message, source), _numeric_versions(directory))
     if not versions:
+        policy = version_policy(message, source)
         raise ModelConfigError(str(directory), "no version directory matches the version "
-                                               f"policy {spec.version_policy[0]} "
-                                               f"{list(spec.version_policy[1])}")
-    return ModelSource(spec, directory, versions)
+                                               f"policy {policy[0]} {list(policy[1])}")
+    if complete is not None and message.platform != "ensemble":
+        if not message.name:  # as the model's code will see it (model_spec checks a given one)
+            message.name = name
+        message = complete(message, directory / str(versions[-1]))
+    if not file.is_file() and config is None and not (message.input or message.output):
+        raise ModelConfigError(str(directory), "has no config.pbtxt, and nothing said what "
+                                               "the model's inputs and outputs are: give a "
+                                               "config.pbtxt, or an auto_complete_config in "
+                                               "its TritonPythonModel (called unless the "
+                                               "server runs with "
+                                               "--disable-auto-complete-config)")
+    return ModelSource(model_spec(message, source, name, named_by), directory, versions)
 
 
-def artifact_path(source: ModelSource, version: int) -> tuple[pathlib.Path, str]:
-    """(file, kind) of the artifact for `version`, chosen by filename, platform and backend."""
-    folder = source.directory / str(version)
-    spec = source.spec
-    wanted = _PLATFORM_KINDS.get(spec.platform) or _PLATFORM_KINDS.get(spec.backend)
-    names = [spec.default_model_filename] if spec.default_model_filename else list(ARTIFACT_KINDS)
+def artifact_file(folder: pathlib.Path, config: pb.ModelConfig) -> tuple[pathlib.Path, str]:
+    """(file, kind) of the artifact in `folder`, chosen by filename, platform and backend."""
+    wanted = _PLATFORM_KINDS.get(config.platform) or _PLATFORM_KINDS.get(config.backend)
+    names = ([config.default_model_filename] if config.default_model_filename
+             else list(ARTIFACT_KINDS))
     for filename in names:
         path = folder / filename
         kind = ARTIFACT_KINDS.get(path.suffix and "model" + path.suffix, "")
         if path.is_file() and (wanted is None or kind == wanted):
             return path, kind
     raise ModelConfigError(str(folder), f"no model artifact found; looked for "
-                                        f"{', '.join(names)} (platform '{spec.platform}', "
-                                        f"backend '{spec.backend}')")
+                                        f"{', '.join(names)} (platform '{config.platform}', "
+                                        f"backend '{config.backend}')")
+
+
+def artifact_path(source: ModelSource, version: int) -> tuple[pathlib.Path, str]:
+    """(file, kind) of the artifact for `version`."""
+    return artifact_file(source.directory / str(version), source.spec.config)

@@ -23,8 +23,9 @@ from tensorgate.repository.sequence_config import SequencePolicy, sequence_polic
 from tensorgate.tensor.dtypes import DataType, datatype_from_config
 
 __all__ = ["BatchingPolicy", "InstanceGroup", "ModelConfigError", "ModelSpec", "QueuePolicy",
-           "SequencePolicy", "TensorSpec", "WarmupInput", "WarmupSample", "load_model_config",
-           "parse_model_config", "parse_model_config_json"]
+           "SequencePolicy", "TensorSpec", "WarmupInput", "WarmupSample", "config_json",
+           "load_model_config", "model_config_from_json", "model_spec", "parse_model_config",
+           "parse_model_config_json", "read_model_config", "version_policy"]
 
 # Fields that change how Triton runs a model, not what it computes: served without them,
 # and a load says so (ModelSpec.ignored).
@@ -166,15 +167,20 @@ class ModelSpec:
     def output(self, name: str) -> TensorSpec | None:
         return next((spec for spec in self.outputs if spec.name == name), None)
 
-    def config_dict(self) -> dict[str, object]:
-        """The config as Triton's `/config` JSON: snake_case names, enum names, scalar fields
-        at their defaults too (`"max_batch_size": 0`, as Triton prints it: code reading
-        `config["max_batch_size"]` must not fail on a model that does not batch), and 64-bit
-        integers as numbers (`"dims": [3, 224]`), where protobuf's JSON writes strings."""
-        value = json_format.MessageToDict(self.config, preserving_proto_field_name=True,
-                                          always_print_fields_with_no_presence=True)
-        _int64_as_numbers(self.config, value)
-        return value
+    def config_dict(self) -> dict[str, Any]:
+        """The config as Triton's `/config` JSON (config_json)."""
+        return config_json(self.config)
+
+
+def config_json(config: pb.ModelConfig) -> dict[str, Any]:
+    """`config` as Triton's `/config` JSON: snake_case names, enum names, scalar fields at
+    their defaults too (`"max_batch_size": 0`, as Triton prints it: code reading
+    `config["max_batch_size"]` must not fail on a model that does not batch), and 64-bit
+    integers as numbers (`"dims": [3, 224]`), where protobuf's JSON writes strings."""
+    value = json_format.MessageToDict(config, preserving_proto_field_name=True,
+                                      always_print_fields_with_no_presence=True)
+    _int64_as_numbers(config, value)
+    return value
 
 
 _INT64 = (FieldDescriptor.CPPTYPE_INT64, FieldDescriptor.CPPTYPE_UINT64)
@@ -208,36 +214,56 @@ def _int64_as_numbers(message: Message, value: dict[str, Any]) -> None:
 
 def load_model_config(path: pathlib.Path, expected_name: str | None = None) -> ModelSpec:
     """Parse `path` (a config.pbtxt); the model name must equal `expected_name` when given."""
+    return model_spec(read_model_config(path), str(path), expected_name, "the model directory")
+
+
+def read_model_config(path: pathlib.Path) -> pb.ModelConfig:
+    """`path` (a config.pbtxt) checked against the schema only: model_spec checks the rest."""
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as error:
         raise ModelConfigError(str(path), f"cannot read: {error}") from None
-    return parse_model_config(text, str(path), expected_name)
+    return _parse_text(text, str(path))
 
 
-def parse_model_config(text: str, source: str = "config.pbtxt",
-                       expected_name: str | None = None) -> ModelSpec:
+def _parse_text(text: str, source: str) -> pb.ModelConfig:
     config = pb.ModelConfig()
     try:
         text_format.Parse(text, config)
     except text_format.ParseError as error:
         raise ModelConfigError(source, str(error)) from None
-    return _named_spec(config, source, expected_name, "the model directory")
+    return config
+
+
+def parse_model_config(text: str, source: str = "config.pbtxt",
+                       expected_name: str | None = None) -> ModelSpec:
+    return model_spec(_parse_text(text, source), source, expected_name, "the model directory")
+
+
+def model_config_from_json(value: str | dict[str, Any], source: str) -> pb.ModelConfig:
+    """A config given as JSON text or its dict (Triton's /config form), schema-checked."""
+    config = pb.ModelConfig()
+    try:
+        if isinstance(value, str):
+            json_format.Parse(value, config)
+        else:
+            json_format.ParseDict(value, config)
+    except json_format.ParseError as error:
+        raise ModelConfigError(source, str(error)) from None
+    return config
 
 
 def parse_model_config_json(text: str, source: str, expected_name: str) -> ModelSpec:
     """A config given as JSON (Triton's /config form, as a load request's `config`
     override carries it) for model `expected_name`."""
-    config = pb.ModelConfig()
-    try:
-        json_format.Parse(text, config)
-    except json_format.ParseError as error:
-        raise ModelConfigError(source, str(error)) from None
-    return _named_spec(config, source, expected_name, "the model being loaded")
+    return model_spec(model_config_from_json(text, source), source, expected_name,
+                      "the model being loaded")
 
 
-def _named_spec(config: pb.ModelConfig, source: str, expected_name: str | None,
-                named_by: str) -> ModelSpec:
+def model_spec(config: pb.ModelConfig, source: str, expected_name: str | None,
+               named_by: str) -> ModelSpec:
+    """The checked ModelSpec of a schema-valid `config` (a missing name is `expected_name`;
+    another is an error naming `named_by`)."""
     if expected_name is not None:
         if not config.name:
             config.name = expected_name
@@ -285,7 +311,7 @@ def _spec(config: pb.ModelConfig, source: str) -> ModelSpec:
         outputs=outputs,
         batching=_batching(config, source),
         instance_groups=tuple(_instance_group(g, source) for g in config.instance_group),
-        version_policy=_version_policy(config, source),
+        version_policy=version_policy(config, source),
         parameters={key: value.string_value for key, value in config.parameters.items()},
         default_model_filename=config.default_model_filename,
         decoupled=config.model_transaction_policy.decoupled,
@@ -436,7 +462,8 @@ def _instance_group(group: pb.ModelInstanceGroup, source: str) -> InstanceGroup:
                          tuple(group.gpus))
 
 
-def _version_policy(config: pb.ModelConfig, source: str) -> tuple[str, tuple[int, ...]]:
+def version_policy(config: pb.ModelConfig, source: str) -> tuple[str, tuple[int, ...]]:
+    """`config`'s version policy: ("latest", (n,)), ("all", ()) or ("specific", versions)."""
     choice = config.version_policy.WhichOneof("policy_choice")
     if choice is None:
         return ("latest", (1,))
