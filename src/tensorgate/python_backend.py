@@ -15,7 +15,9 @@ instance with the same `args` strings, `execute(requests)` per batch with one
 - `auto_complete_config` runs as in Triton, once at load before any instance
   (`ModelConfig`: python_backend_config.py; pipeline/auto_complete.py).
 - Request rescheduling is not supported: it raises `TritonModelException` saying so.
-- A response's `parameters` are kept on the response object but not yet sent to the client.
+- A response's `parameters` (bool, int, float or str values) go to the client with it: in
+  the JSON response's `parameters`, as gRPC InferParameters, to a BLS caller; a response
+  that carries some is not kept by the response cache.
 """
 
 from __future__ import annotations
@@ -225,6 +227,10 @@ class InferenceResponse:
 
     def parameters(self) -> str:
         return json.dumps(self._parameters)
+
+    def parameter_values(self) -> dict[str, Any]:
+        """The parameters as given (the server sends them with the response)."""
+        return self._parameters
 
 
 class InferenceResponseSender:

@@ -22,6 +22,7 @@ from google.protobuf import json_format
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
+from tensorgate.protocol.grpc_codec import parameter_value
 from tests.e2e.conftest import RunningServer, start_server, stop_server, stream_answers
 
 MODELS = pathlib.Path(__file__).parent.parent / "testdata" / "triton_python"
@@ -111,6 +112,11 @@ def test_a_model_that_raises_fails_its_call_and_the_server_goes_on(
                                                        r"asked for it; its response has: UPPER$"):
         client.infer("inspect", [_text(["a"])], request_id="q",
                      parameters={"wrong": "missing"})
+    with pytest.raises(InferenceServerException, match=r"^\[500\] model 'inspect': its "
+                                                       r"response's parameter 'nested' is dict "
+                                                       r"\{'not': 'a scalar'\}; a response "
+                                                       r"parameter must be"):
+        client.infer("inspect", [_text(["a"])], parameters={"wrong": "parameter"})
     assert client.infer("inspect", [_text(["a"])],
                         outputs=[httpclient.InferRequestedOutput("UPPER")],
                         parameters={"wrong": "missing"}).as_numpy("UPPER").tolist() == [b"A"]
@@ -153,6 +159,16 @@ def test_initialize_and_execute_are_given_what_triton_gives(served: RunningServe
     assert report["text"] == {"dtype": "object", "shape": [2], "triton_dtype": 13, "cpu": True}
     both = client.infer("inspect", [_text(["ab", "c"], module)])
     assert both.as_numpy("UPPER").tolist() == [b"AB", b"C"]
+    # the response's parameters, each of its own kind on the wire
+    assert _response_parameters(both, module) == {"rows": 2, "cpu": True, "scale": 0.25,
+                                                  "model": "inspect"}
+
+
+def _response_parameters(result, module=httpclient) -> dict:
+    if module is httpclient:
+        return result.get_response()["parameters"]
+    return {key: parameter_value(value) for key, value in
+            result.get_response().parameters.items() if key != "triton_final_response"}
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="placement needs two CPUs")
@@ -180,8 +196,9 @@ def test_a_decoupled_model_streams_from_its_own_thread(served: RunningServer) ->
             given.set_data_from_numpy(np.array([count], np.int32))
             client.async_stream_infer("repeat", [given], request_id=request_id)
         client.stop_stream()  # waits for every response
-    by_id, errors = stream_answers(answers, lambda result: int(result.as_numpy("OUT")[0]))
-    assert by_id == {"three": [0, 1, 2], "two": [0, 1]}
+    by_id, errors = stream_answers(answers, lambda result: (
+        int(result.as_numpy("OUT")[0]), _response_parameters(result, grpcclient)["index"]))
+    assert by_id == {"three": [(0, 0), (1, 1), (2, 2)], "two": [(0, 0), (1, 1)]}
     assert errors == ["IN must not be negative"]
 
 
@@ -210,7 +227,7 @@ def test_bls_calls_other_models_through_the_server(served: RunningServer, module
     client = module.InferenceServerClient(url)
     result = client.infer("bls", [_x([1, 2, 3, 4], module)])
     assert result.as_numpy("Y").tolist() == [20, 40, 60, 80]
-    assert result.as_numpy("STREAMED").tolist() == [0, 1, 2]
+    assert result.as_numpy("STREAMED").tolist() == [0, 11, 22]  # values and their parameters
     both = client.infer("bls_async", [_x([1, 2, 3, 4], module)])
     assert both.as_numpy("Y").tolist() == [2, 5, 8, 11]
 

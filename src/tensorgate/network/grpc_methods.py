@@ -48,7 +48,8 @@ def _encode(answer: Answer, decoded: DecodedRequest, connection: http2.Http2Conn
         [v.nbytes for n, v in outputs.items() if not in_shm or n not in in_shm])
     return encode_model_infer_parts(result.model, result.version, result.id, outputs, ledger,
                                     bool(decoded.parameters.get("tensorgate_report_copies")),
-                                    in_shm, copies_to_come=joined, final=final)
+                                    in_shm, copies_to_come=joined, final=final,
+                                    parameters=result.parameters)
 
 
 async def model_infer(dp: DataPlane, connection: http2.Http2Connection, message: Any,

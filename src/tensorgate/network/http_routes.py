@@ -189,9 +189,9 @@ async def _infer(dp: DataPlane, request: HttpRequest, model: str, version: str) 
     trace = _trace(dp, request, model)
     result, outputs, binary, in_shm = await dp.infer(model, version, decoded, request.ledger,
                                                      trace)
-    parameters = None
+    parameters = dict(result.parameters) if result.parameters else None
     if decoded.parameters.get("tensorgate_report_copies"):
-        parameters = {"tensorgate_copied_bytes": request.ledger.bytes}
+        parameters = {**(parameters or {}), "tensorgate_copied_bytes": request.ledger.bytes}
     head, tail = encode_infer_response(result.model, result.version, result.id, outputs,
                                        binary, parameters, in_shm)
     headers = _JSON if not tail else [("Content-Type", "application/octet-stream"),

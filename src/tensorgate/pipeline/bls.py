@@ -131,7 +131,7 @@ def _response(result: InferenceResult) -> pb_utils.InferenceResponse:
     tensors = [pb_utils.Tensor(name, view.torch() if view.datatype.numpy is None
                                else view.numpy())
                for name, view in result.outputs.items()]
-    return pb_utils.InferenceResponse(tensors)
+    return pb_utils.InferenceResponse(tensors, parameters=result.parameters)
 
 
 def _error_response(error: TensorgateError) -> pb_utils.InferenceResponse:

@@ -18,7 +18,7 @@ import itertools
 import logging
 import pathlib
 import time
-from collections.abc import AsyncGenerator, Callable, Iterable
+from collections.abc import AsyncGenerator, Callable, Iterable, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -27,6 +27,7 @@ import torch
 from tensorgate.errors import (InvalidArgumentError, NotFoundError, TensorgateError,
                                UnavailableError)
 from tensorgate import python_backend
+from tensorgate.model import Parameter
 from tensorgate.pipeline.auto_complete import complete_config
 from tensorgate.pipeline.bls import BlsBridge
 from tensorgate.pipeline.ensemble import EnsembleScheduler, check_step_models, ensemble_steps
@@ -512,12 +513,13 @@ class Engine:
             raise
         if cache is not None:
             kept = time.monotonic_ns()
-            cache.put(key, results, request.ledger)
+            if not item.answer_parameters:  # the cache keeps outputs only
+                cache.put(key, results, request.ledger)
             loaded.stats.cache_miss.add(looked_up + time.monotonic_ns() - kept)
         if trace is not None:
             trace.answered(results, request.ledger, end=True)
         return InferenceResult(loaded.spec.name, loaded.version, request.id, results,
-                               item.times, item.ledger)
+                               item.times, item.ledger, item.answer_parameters)
 
     def _caches(self, spec: ModelSpec) -> bool:
         """Whether `spec`'s requests go through the response cache."""
@@ -554,9 +556,10 @@ class Engine:
         if trace is not None:
             trace.stamp("QUEUE_START", item.enqueued_ns)
         # each response, then None once the request is over (answered or failed)
-        arrived: asyncio.Queue[tuple[dict[str, TensorView], Callable[[], None]] | None] = \
-            asyncio.Queue()
-        item.respond = lambda outputs, taken: arrived.put_nowait((outputs, taken))
+        arrived: asyncio.Queue[tuple[dict[str, TensorView], Callable[[], None],
+                                     Mapping[str, Parameter]] | None] = asyncio.Queue()
+        item.respond = lambda outputs, taken, parameters: arrived.put_nowait(
+            (outputs, taken, parameters))
         item.future.add_done_callback(lambda _: arrived.put_nowait(None))
         loaded.scheduler.submit(item)
         first = True
@@ -568,12 +571,12 @@ class Engine:
                 if first:  # time to first response: what a token streamer's users feel
                     loaded.stats.first_response_latency.add(time.monotonic_ns() - item.enqueued_ns)
                     first = False
-                outputs, taken = response
+                outputs, taken, parameters = response
                 taken()
                 if trace is not None:
                     trace.answered(outputs, request.ledger, end=False)
                 yield InferenceResult(loaded.spec.name, loaded.version, request.id, outputs,
-                                      item.times, item.ledger)
+                                      item.times, item.ledger, parameters)
             item.future.result()  # the request's error, if it failed
         finally:
             item.abandoned = True

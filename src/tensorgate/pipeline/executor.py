@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from tensorgate.errors import InternalError, TensorgateError
-from tensorgate.model import ModelContext, RequestInfo
+from tensorgate.model import NO_PARAMETERS, ModelContext, RequestInfo
 from tensorgate.pipeline import heap
 from tensorgate.pipeline.batching import gather_rows, split_rows
 from tensorgate.pipeline.cuda_graphs import GraphSet, graph_batch_sizes, map_tensors
@@ -349,6 +349,9 @@ class ExecutorThread:
                         f"yield its responses (a generator), not return a "
                         f"{type(produced).__name__}")
                 for raw in produced:
+                    parameters = NO_PARAMETERS
+                    if runner.requests is not None:  # a Triton Python model's Answer
+                        raw, parameters = raw
                     if self._stream is not None:
                         raw = map_tensors(raw, lambda t: self._to_host(t, batch))
                         self._stream.synchronize()
@@ -363,7 +366,7 @@ class ExecutorThread:
                             break
                     if item.abandoned:
                         break
-                    self._report(item.respond, item.results, credits.release)
+                    self._report(item.respond, item.results, credits.release, parameters)
         except Exception as error:  # the model's fault fails its request only
             batch.error = _model_error(self.settings.spec.name, error)
         finally:
@@ -393,7 +396,8 @@ class ExecutorThread:
                         item.error = answer
                         continue
                     try:
-                        self._take_results(item, answer, batch)
+                        self._take_results(item, answer.outputs, batch)
+                        item.answer_parameters = answer.parameters
                     except Exception as error:  # one response's fault fails its request
                         item.results = {}
                         item.error = _model_error(spec.name, error)

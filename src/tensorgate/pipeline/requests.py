@@ -50,6 +50,8 @@ class InferenceResult:
     outputs: dict[str, TensorView]
     times: StageTimes
     ledger: CopyLedger
+    # what the model's response carries besides outputs (the response's `parameters`)
+    parameters: Mapping[str, Parameter] = field(default_factory=lambda: NO_PARAMETERS)
 
 
 def work_item(spec: ModelSpec, request: InferenceRequest,

@@ -22,10 +22,10 @@ from tensorgate import python_backend as pb_utils
 from tensorgate.errors import (AlreadyExistsError, CancelledError, InternalError,
                                InvalidArgumentError, NotFoundError, TensorgateError,
                                UnavailableError, UnimplementedError)
-from tensorgate.model import NO_PARAMETERS, ModelContext, RequestInfo
+from tensorgate.model import NO_PARAMETERS, ModelContext, Parameter, RequestInfo
 from tensorgate.repository.model_config import ModelSpec
 
-__all__ = ["MODULE_NAME", "RequestInputs", "TritonPythonRunner", "install_module"]
+__all__ = ["MODULE_NAME", "Answer", "RequestInputs", "TritonPythonRunner", "install_module"]
 
 MODULE_NAME = "triton_python_backend_utils"  # what Triton's Python models import
 CANCEL_POLL_S = 0.1  # how often a decoupled wait looks whether its client has gone
@@ -56,6 +56,13 @@ class RequestInputs(NamedTuple):
     cancelled: Callable[[], bool]
 
 
+class Answer(NamedTuple):
+    """One response of the model: its outputs by name, and the parameters it carries."""
+
+    outputs: dict[str, Any]
+    parameters: Mapping[str, Parameter]
+
+
 class TritonPythonRunner:
     """`execute` over requests (`run_each`), or for a decoupled model over one request's
     stream of responses (`run_stream`); `finalize` at `close`."""
@@ -78,9 +85,8 @@ class TritonPythonRunner:
             return self._execute(requests)
         return self._loop.run_until_complete(self._execute(requests))
 
-    def run_each(self, requests: Sequence[RequestInputs]
-                 ) -> list[dict[str, Any] | TensorgateError]:
-        """Each request's outputs by name, or its error."""
+    def run_each(self, requests: Sequence[RequestInputs]) -> list[Answer | TensorgateError]:
+        """Each request's answer, or its error."""
         responses = self._call([_incoming(r) for r in requests])
         name = self.spec.name
         if not isinstance(responses, (list, tuple)) or len(responses) != len(requests):
@@ -89,15 +95,15 @@ class TritonPythonRunner:
             raise InternalError(f"model '{name}': execute returned {found} for {len(requests)} "
                                 "requests; it must return a list of one InferenceResponse per "
                                 "request, in order")
-        answers: list[dict[str, Any] | TensorgateError] = []
+        answers: list[Answer | TensorgateError] = []
         for index, response in enumerate(responses):
             if not isinstance(response, pb_utils.InferenceResponse):
                 raise InternalError(f"model '{name}': execute's response {index} is a "
                                     f"{type(response).__name__}, not an InferenceResponse")
-            answers.append(_answer(response))
+            answers.append(_answer(response, name))
         return answers
 
-    def run_stream(self, request: RequestInputs) -> Iterator[dict[str, Any]]:
+    def run_stream(self, request: RequestInputs) -> Iterator[Answer]:
         """A decoupled model's responses to `request`, as its sender delivers them, until
         the final flag (or until the client has gone)."""
         arrived: queue.SimpleQueue[tuple[pb_utils.InferenceResponse | None, int]] = \
@@ -116,7 +122,7 @@ class TritonPythonRunner:
                     return
                 continue
             if response is not None:
-                answer = _answer(response)
+                answer = _answer(response, self.spec.name)
                 if isinstance(answer, TensorgateError):
                     raise answer
                 yield answer
@@ -131,11 +137,11 @@ class TritonPythonRunner:
         info = requests[0] if requests else RequestInfo("", slice(0, rows), NO_PARAMETERS)
         request = RequestInputs(inputs, info, self.spec.output_names, 0, 0, _never)
         if self.spec.decoupled:
-            return self.run_stream(request)
+            return (answer.outputs for answer in self.run_stream(request))
         answer = self.run_each([request])[0]
         if isinstance(answer, TensorgateError):
             raise answer
-        return answer
+        return answer.outputs
 
     def close(self) -> None:
         try:
@@ -170,12 +176,21 @@ def _incoming(request: RequestInputs,
         request.flags, request.cancelled, sender)
 
 
-def _answer(response: pb_utils.InferenceResponse) -> dict[str, Any] | TensorgateError:
+def _answer(response: pb_utils.InferenceResponse, model: str) -> Answer | TensorgateError:
     error = response.error()
     if error is not None:  # the model's message as it wrote it, as Triton passes it on
         code = error.code() if isinstance(error, pb_utils.TritonError) else None
         return _ERRORS.get(code, InternalError)(str(error))
-    return {tensor.name(): tensor.value() for tensor in response.output_tensors()}
+    given = response.parameter_values()
+    for key, value in given.items():
+        if not isinstance(key, str) or not isinstance(value, (bool, int, float, str)) or (
+                type(value) is int and not -(1 << 63) <= value < 1 << 63):
+            return InternalError(f"model '{model}': its response's parameter {key!r} is "
+                                 f"{type(value).__name__} {value!r}; a response parameter "
+                                 "must be a string name with a bool, int (64-bit), float or str "
+                                 "value")
+    return Answer({tensor.name(): tensor.value() for tensor in response.output_tensors()},
+                  given or NO_PARAMETERS)
 
 
 def _never() -> bool:

@@ -35,7 +35,7 @@ class WorkItem:
 
     __slots__ = ("inputs", "rows", "key", "wanted", "future", "enqueued_ns", "deadline_ns",
                  "ledger", "times", "results", "level", "priority", "respond", "abandoned",
-                 "sequence", "filler", "id", "parameters", "trace", "error")
+                 "sequence", "filler", "id", "parameters", "trace", "error", "answer_parameters")
 
     def __init__(self, inputs: dict[str, Any], rows: int, key: tuple[Any, ...],
                  wanted: tuple[str, ...], future: asyncio.Future[Any], enqueued_ns: int,
@@ -57,9 +57,10 @@ class WorkItem:
         self.priority = priority      # as the request asked (0: default), for ensemble steps
         # A decoupled model's request: each response goes to `respond` on the loop as soon as
         # it is made; `abandoned` (set on the loop) tells the executor to stop making them.
-        # `respond(outputs, taken)`: the receiver calls `taken()` once its client has the
-        # response, which lets the executor make one more (a bound on those waiting).
-        self.respond: Callable[[dict[str, TensorView], Callable[[], None]], None] | None = None
+        # `respond(outputs, taken, parameters)`: the receiver calls `taken()` once its client
+        # has the response, which lets the executor make one more (a bound on those waiting).
+        self.respond: Callable[[dict[str, TensorView], Callable[[], None],
+                                Mapping[str, Parameter]], None] | None = None
         self.abandoned = False
         self.sequence = sequence
         # A row that only fills a gap in a direct sequence batch (pipeline/sequences.py): run,
@@ -71,6 +72,9 @@ class WorkItem:
         # Its own failure, where a model answers each request of a batch (a Triton Python
         # model's error response); the batch's other requests are answered.
         self.error: BaseException | None = None
+        # the parameters its model's response carries (a Triton Python model's
+        # `InferenceResponse(parameters=...)`), which the client gets with the outputs
+        self.answer_parameters: Mapping[str, Parameter] = NO_PARAMETERS
 
     def release(self) -> None:
         """Its batch is done and it is answered: the item lets go of its tensors (the future

@@ -10,7 +10,7 @@ tag, a length and a view of the output tensor: `encode_model_infer_parts` never 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -18,6 +18,7 @@ from google.protobuf import json_format
 from tritonclient.grpc import service_pb2 as pb
 
 from tensorgate.errors import InvalidArgumentError, UnimplementedError
+from tensorgate.model import NO_PARAMETERS, Parameter
 from tensorgate.protocol.infer_codec import (DecodedRequest, RequestedOutput,
                                              classification_count, request_priority,
                                              request_sequence,
@@ -28,7 +29,7 @@ from tensorgate.tensor.shm import SharedMemoryRegistry
 from tensorgate.tensor.view import TensorView, checked_shape
 
 __all__ = ["decode_model_infer", "encode_model_infer_parts",
-           "first_raw_input_offset", "parameter_value", "split_model_infer",
+           "first_raw_input_offset", "parameter_value", "set_parameter", "split_model_infer",
            "statistics_message", "stream_error_message", "stream_response_parts"]
 
 _RAW_INPUT_FIELD = 7    # ModelInferRequest.raw_input_contents
@@ -44,6 +45,18 @@ _CONTENTS = {"BOOL": "bool_contents", "INT8": "int_contents", "INT16": "int_cont
 def parameter_value(parameter: pb.InferParameter) -> Any:
     kind = parameter.WhichOneof("parameter_choice")
     return None if kind is None else getattr(parameter, kind)
+
+
+def set_parameter(parameter: pb.InferParameter, value: Parameter) -> None:
+    """`value` into `parameter`, as the field of its kind (int64 for int, double for float)."""
+    if isinstance(value, bool):
+        parameter.bool_param = value
+    elif isinstance(value, int):
+        parameter.int64_param = value
+    elif isinstance(value, float):
+        parameter.double_param = value
+    else:
+        parameter.string_param = value
 
 
 def _parameters(message: Any) -> dict[str, Any]:
@@ -217,13 +230,17 @@ def encode_model_infer_parts(model: str, version: int, request_id: str,
                              outputs: dict[str, TensorView], ledger: CopyLedger,
                              report_copies: bool = False,
                              in_shm: dict[str, tuple[str, int, int]] | None = None,
-                             copies_to_come: int = 0, final: bool | None = None) -> list[Any]:
+                             copies_to_come: int = 0, final: bool | None = None,
+                             parameters: Mapping[str, Parameter] = NO_PARAMETERS) -> list[Any]:
     """The serialized response as buffers to send one after another: protobuf's bytes for
     the small fields, then per output a field header and a view of the tensor (no copy).
     `copies_to_come`: tensor bytes the transport will still copy, counted here so that the
     reported total includes them. `final`: whether it is its request's last response (the
-    `triton_final_response` parameter streaming clients ask for); None: not said."""
+    `triton_final_response` parameter streaming clients ask for); None: not said.
+    `parameters`: the model's own, sent as InferParameters."""
     response = pb.ModelInferResponse(model_name=model, model_version=str(version), id=request_id)
+    for key, value in parameters.items():
+        set_parameter(response.parameters[key], value)
     tensors: list[Any] = []
     for name, view in outputs.items():
         tensor = response.outputs.add()

@@ -1,5 +1,6 @@
 """BLS: Y = 10 × (X + X), the sum made by calling add_sub; STREAMED = the values the
-decoupled model `repeat` sends for IN = 3, read from exec(decoupled=True). Parameter
+decoupled model `repeat` sends for IN = 3, read from exec(decoupled=True), each plus 10 × the
+"index" parameter its response carries. Parameter
 "target" names another model to call instead of add_sub: its error comes back as this
 request's error."""
 
@@ -27,6 +28,7 @@ class TritonPythonModel:
             total = pb_utils.get_output_tensor_by_name(answer, "OUTPUT0").as_numpy()[0]
             count = pb_utils.Tensor("IN", np.array([3], np.int32))
             streamed = [int(pb_utils.get_output_tensor_by_name(r, "OUT").as_numpy()[0])
+                        + 10 * json.loads(r.parameters())["index"]
                         for r in pb_utils.InferenceRequest(
                             model_name="repeat", requested_output_names=["OUT"],
                             inputs=[count]).exec(decoupled=True)

@@ -2,7 +2,9 @@
 and of the request (id, parameters, outputs asked for, input types, and how many times
 execute has been called since the model was loaded, this call included); UPPER is TEXT in capitals.
 A request with parameter "count" gets that many responses back for the call, rightly or not;
-with "wrong": "dtype" or "missing" its REPORT is of the wrong type, or left out."""
+with "wrong": "dtype" or "missing" its REPORT is of the wrong type, or left out. Each response
+carries parameters (its row count, a flag, a float, a string; with "wrong": "parameter" one
+that no protocol can carry)."""
 
 import json
 
@@ -41,6 +43,11 @@ class TritonPythonModel:
                 outputs[1] = pb_utils.Tensor("REPORT", np.zeros(1, np.float32))
             elif wrong == "missing":
                 outputs = outputs[:1]
-            responses.append(pb_utils.InferenceResponse(output_tensors=outputs))
+            parameters = {"rows": len(text.as_numpy()), "cpu": text.is_cpu(), "scale": 0.25,
+                          "model": "inspect"}
+            if wrong == "parameter":
+                parameters["nested"] = {"not": "a scalar"}
+            responses.append(pb_utils.InferenceResponse(output_tensors=outputs,
+                                                        parameters=parameters))
         wanted = json.loads(requests[0].parameters()).get("count")
         return responses * wanted if wanted is not None else responses

@@ -1,5 +1,6 @@
 """Decoupled: IN = n gets n responses (OUT = 0, 1, ... n-1), sent from a thread of the
-model's own after execute has returned, then the final flag; a negative n gets an error."""
+model's own after execute has returned, then the final flag; a negative n gets an error.
+Each response carries its place as parameter "index"."""
 
 import threading
 
@@ -25,5 +26,6 @@ class TritonPythonModel:
             if sender.is_cancelled():
                 break
             sender.send(pb_utils.InferenceResponse(
-                output_tensors=[pb_utils.Tensor("OUT", np.array([value], np.int32))]))
+                output_tensors=[pb_utils.Tensor("OUT", np.array([value], np.int32))],
+                parameters={"index": value}))
         sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
