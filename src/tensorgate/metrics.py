@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from tensorgate.custom_metrics import render_custom_metrics
 from tensorgate.pipeline.response_cache import CacheStatistics
 from tensorgate.pipeline.stats import LATENCY_BOUNDS_US, Histogram, ModelStatistics
 from tensorgate.tensor.copies import process_copies
@@ -179,4 +180,5 @@ def render_metrics(models: Iterable[tuple[ModelStatistics, int]],
         out.append(f"# HELP {name} {text}")
         out.append(f"# TYPE {name} {kind}")
         out += [f"{name}{row}" for row in rows[name]]
+    out += render_custom_metrics()  # the models' own (pb_utils.MetricFamily)
     return "\n".join(out) + "\n"

@@ -12,6 +12,7 @@ instance with the same `args` strings, `execute(requests)` per batch with one
   no shared-memory hop per request.
 - BLS (`InferenceRequest(model_name=...).exec()` / `await ....async_exec()`) goes through
   the server's engine like a client's request (pipeline/bls.py), tensors as views.
+- Custom metrics (`MetricFamily`, custom_metrics.py) appear on the server's metrics port.
 - `auto_complete_config` runs as in Triton, once at load before any instance
   (`ModelConfig`: python_backend_config.py; pipeline/auto_complete.py).
 - Request rescheduling is not supported: it raises `TritonModelException` saying so.
@@ -37,6 +38,7 @@ import torch
 from torch.utils.dlpack import from_dlpack, to_dlpack  # type: ignore[attr-defined]
 from tritonclient.grpc import model_config_pb2 as _config_pb
 
+from tensorgate.custom_metrics import Metric, MetricFamily
 from tensorgate.errors import DatatypeError
 from tensorgate.python_backend_config import ModelConfig
 from tensorgate.tensor.buffer import host_array
@@ -47,7 +49,7 @@ from tensorgate.tensor.pool import default_pool
 
 __all__ = [
     "InferenceRequest", "InferenceResponse", "InferenceResponseSender", "LogLevel", "Logger",
-    "ModelConfig", "TRITONSERVER_MEMORY_CPU", "TRITONSERVER_MEMORY_GPU",
+    "Metric", "MetricFamily", "ModelConfig", "TRITONSERVER_MEMORY_CPU", "TRITONSERVER_MEMORY_GPU",
     "TRITONSERVER_REQUEST_FLAG_SEQUENCE_END", "TRITONSERVER_REQUEST_FLAG_SEQUENCE_START",
     "TRITONSERVER_REQUEST_RELEASE_ALL", "TRITONSERVER_REQUEST_RELEASE_RESCHEDULE",
     "TRITONSERVER_RESPONSE_COMPLETE_FINAL", "Tensor", "TritonError", "TritonModelException",

@@ -13,6 +13,7 @@ import queue
 import re
 import shutil
 import time
+import urllib.request
 from collections.abc import Iterator
 
 import numpy as np
@@ -347,3 +348,35 @@ def test_without_auto_complete_a_model_py_without_config_is_refused(
         assert client.is_model_ready("add_sub")
     finally:
         assert stop_server(running) == 0, (tmp_path / "server.log").read_text()
+
+
+def _custom_metrics(served: RunningServer) -> dict[str, float]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{served.metrics_port}/metrics",
+                                timeout=10) as response:
+        text = response.read().decode()
+    return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines() if line.startswith("add_sub_")}
+
+
+def test_custom_metrics_show_on_the_metrics_port_while_the_model_is_loaded(
+        served: RunningServer) -> None:
+    """add_sub counts its rows and its requests per execute (pb_utils.MetricFamily): both
+    appear beside the server's metrics, and leave with the model at unload."""
+    labels = '{instance="add_sub_0",model="add_sub"}'
+    client = httpclient.InferenceServerClient(served.url)
+    client.infer("add_sub", _add_sub_inputs(np.ones((1, 4), np.float32),
+                                            np.ones((1, 4), np.float32)))
+    before = _custom_metrics(served)
+    client.infer("add_sub", _add_sub_inputs(np.ones((3, 4), np.float32),
+                                            np.ones((3, 4), np.float32)))
+    after = _custom_metrics(served)
+    assert after[f"add_sub_rows_total{labels}"] - before[f"add_sub_rows_total{labels}"] == 3
+    count = f"add_sub_requests_per_execute_count{labels}"
+    one = 'add_sub_requests_per_execute_bucket{instance="add_sub_0",model="add_sub",le="1"}'
+    assert after[count] - before[count] == 1 and after[one] - before[one] == 1
+    client.unload_model("add_sub")
+    try:
+        assert _custom_metrics(served) == {}
+    finally:
+        client.load_model("add_sub")
+    assert _custom_metrics(served)[count] == 0  # a new instance, new metrics
