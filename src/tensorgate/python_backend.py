@@ -54,8 +54,9 @@ __all__ = [
     "TRITONSERVER_REQUEST_RELEASE_ALL", "TRITONSERVER_REQUEST_RELEASE_RESCHEDULE",
     "TRITONSERVER_RESPONSE_COMPLETE_FINAL", "Tensor", "TritonError", "TritonModelException",
     "deserialize_bytes_tensor", "get_input_config_by_name", "get_input_tensor_by_name",
-    "get_output_config_by_name", "get_output_tensor_by_name", "numpy_to_triton_type",
-    "serialize_byte_tensor", "triton_string_to_numpy", "triton_to_numpy_type",
+    "get_output_config_by_name", "get_output_tensor_by_name", "is_model_ready", "load_model",
+    "numpy_to_triton_type",
+    "serialize_byte_tensor", "triton_string_to_numpy", "triton_to_numpy_type", "unload_model",
 ]
 
 # Triton's flag values (tritonserver.h), which models compare against
@@ -269,7 +270,9 @@ class InferenceRequest:
                  inputs: Sequence[Tensor] = (), request_id: str = "",
                  correlation_id: int | str = 0, flags: int = 0, timeout: int = 0,
                  parameters: Mapping[str, Any] | str | None = None, model_version: int = -1,
-                 preferred_memory: Any = None) -> None:
+                 preferred_memory: Any = None, trace: Any = None) -> None:
+        # `preferred_memory`, `trace`: taken as Triton takes them; a BLS call's outputs are
+        # on the host, and the call is traced as the server's trace settings choose
         self._model_name = model_name
         self._model_version = model_version
         self._outputs = list(requested_output_names)
@@ -320,6 +323,10 @@ class InferenceRequest:
                                        "sender (model_transaction_policy { decoupled: true })")
         return self._sender
 
+    def trace(self) -> None:
+        """The request's trace, for a BLS call to join (Triton's): none here, see __init__."""
+        return None
+
     def set_release_flags(self, flags: int) -> None:
         if flags & TRITONSERVER_REQUEST_RELEASE_RESCHEDULE:
             raise TritonModelException("tensorgate does not reschedule requests "
@@ -349,6 +356,12 @@ class BlsRunner(Protocol):
 
     def submit(self, request: InferenceRequest) -> concurrent.futures.Future[Any]: ...
 
+    def load_model(self, name: str, config: str) -> None: ...
+
+    def unload_model(self, name: str, dependents: bool) -> None: ...
+
+    def is_model_ready(self, name: str, version: str) -> bool: ...
+
 
 _bls: BlsRunner | None = None
 
@@ -365,6 +378,27 @@ def _bls_runner() -> BlsRunner:
     if _bls is None:
         raise TritonModelException("no server is running to take BLS requests")
     return _bls
+
+
+def load_model(model_name: str, config: str = "", files: Mapping[str, bytes] | None = None
+               ) -> None:
+    """Load (or reload) a model of the repository, `config` (JSON) standing in for its
+    config.pbtxt; waits until it is ready. Only with --model-control-mode explicit, as on
+    Triton; `files` (override files) are refused, as the HTTP API refuses them."""
+    if files:
+        raise TritonModelException("load_model: 'files' (override files) are not supported; "
+                                   "put the model in the repository")
+    _bls_runner().load_model(model_name, config)
+
+
+def unload_model(model_name: str, unload_dependents: bool = False) -> None:
+    """Unload a model (its requests drain first); waits until it is gone."""
+    _bls_runner().unload_model(model_name, unload_dependents)
+
+
+def is_model_ready(model_name: str, model_version: str = "") -> bool:
+    """Whether the model (that version: "" for any) is loaded and serving."""
+    return _bls_runner().is_model_ready(model_name, model_version)
 
 
 def incoming_request(inputs: Sequence[Tensor], request_id: str, correlation_id: int | str,

@@ -75,7 +75,8 @@ class Server:
         default_pool().set_limit(config.host_pool_bytes)
         self.engine = Engine(repository, placement=config.placement,
                              response_cache_bytes=config.response_cache_bytes,
-                             auto_complete=not config.disable_auto_complete_config)
+                             auto_complete=not config.disable_auto_complete_config,
+                             model_control=config.model_control_mode == "explicit")
         dataplane = DataPlane(self.engine, self.version, config.allow_shared_memory,
                               config.model_control_mode, self.log_settings, self.tracer)
         budget = ConnectionBudget(_fit_open_files(config.max_connections))

@@ -332,12 +332,14 @@ def test_a_config_without_tensors_keeps_its_smaller_max_batch_size(
         client.infer("ac_partial", _auto_inputs(3))
 
 
-def test_without_auto_complete_a_model_py_without_config_is_refused(
+def test_without_auto_complete_or_explicit_mode_what_a_model_may_do_is_less(
         tmp_path: pathlib.Path) -> None:
     """`--disable-auto-complete-config` (Triton's option): auto_complete_config is not
-    called, so a model.py alone says nothing of its tensors, and its load says so."""
+    called, so a model.py alone says nothing of its tensors, and its load says so. And in
+    the default model-control mode a model cannot load or unload models."""
     shutil.copytree(MODELS / "auto_complete", tmp_path / "models" / "auto_complete")
     shutil.copytree(MODELS / "add_sub", tmp_path / "models" / "add_sub")
+    shutil.copytree(MODELS / "control", tmp_path / "models" / "control")
     running = start_server(tmp_path / "models", tmp_path / "server.log",
                            "--disable-auto-complete-config")
     try:
@@ -345,6 +347,13 @@ def test_without_auto_complete_a_model_py_without_config_is_refused(
         index = {m["name"]: m for m in client.get_model_repository_index()}
         assert index["auto_complete"]["state"] == "UNAVAILABLE"
         assert "has no config.pbtxt" in index["auto_complete"]["reason"]
+        assert client.is_model_ready("add_sub")
+        # not the explicit model-control mode: a model may look, not load or unload
+        assert _control(client, "add_sub")
+        with pytest.raises(InferenceServerException, match=r"unload_model is only allowed when "
+                                                           r"the server runs with "
+                                                           r"--model-control-mode explicit"):
+            _control(client, "add_sub", action="unload")
         assert client.is_model_ready("add_sub")
     finally:
         assert stop_server(running) == 0, (tmp_path / "server.log").read_text()
@@ -380,3 +389,37 @@ def test_custom_metrics_show_on_the_metrics_port_while_the_model_is_loaded(
     finally:
         client.load_model("add_sub")
     assert _custom_metrics(served)[count] == 0  # a new instance, new metrics
+
+
+def _control(client, target: str, **parameters) -> bool:
+    given = httpclient.InferInput("TARGET", [1], "BYTES")
+    given.set_data_from_numpy(np.array([target.encode()], dtype=np.object_))
+    return bool(client.infer("control", [given], parameters=parameters).as_numpy("READY")[0])
+
+
+def test_a_model_loads_and_unloads_models_with_triton_s_api(served: RunningServer) -> None:
+    """pb_utils.load_model / unload_model / is_model_ready from a model's execute, in the
+    explicit model-control mode; a failed load comes back as the calling request's error."""
+    client = httpclient.InferenceServerClient(served.url)
+    assert _control(client, "add_sub") and _control(client, "add_sub", version="1")
+    assert not _control(client, "add_sub", version="2")
+    assert not _control(client, "add_sub", action="unload")
+    assert not client.is_model_ready("add_sub")
+    try:
+        config = json.dumps({"backend": "python", "max_batch_size": 2,
+                             "input": [{"name": "INPUT0", "data_type": "TYPE_FP32",
+                                        "dims": [4]},
+                                       {"name": "INPUT1", "data_type": "TYPE_FP32",
+                                        "dims": [4]}],
+                             "output": [{"name": n, "data_type": t, "dims": [d]}
+                                        for n, t, d in (("OUTPUT0", "TYPE_FP32", 4),
+                                                        ("OUTPUT1", "TYPE_FP32", 4),
+                                                        ("REQUESTS", "TYPE_INT32", 1))]})
+        assert _control(client, "add_sub", action="load", config=config)
+        assert client.get_model_config("add_sub")["max_batch_size"] == 2  # the given config
+    finally:
+        client.load_model("add_sub")  # as the repository has it, for the tests after this
+    with pytest.raises(InferenceServerException, match=r"^\[503\] no model 'nowhere' in "
+                                                       r"repository"):
+        _control(client, "nowhere", action="load")
+    assert not _control(client, "nowhere")

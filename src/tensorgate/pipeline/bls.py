@@ -16,8 +16,8 @@ import concurrent.futures
 import json
 import queue
 import threading
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator
+from typing import Any, NamedTuple, TypeVar
 
 import torch
 
@@ -28,7 +28,18 @@ from tensorgate.pipeline.work import SequenceFlags
 from tensorgate.tensor.copies import CopyLedger, record_copy
 from tensorgate.tensor.view import TensorView
 
-__all__ = ["BlsBridge"]
+__all__ = ["BlsBridge", "ModelControl"]
+
+_T = TypeVar("_T")
+
+
+class ModelControl(NamedTuple):
+    """The engine's model management, for Triton's BLS model loading API."""
+
+    allowed: bool  # load and unload (--model-control-mode explicit)
+    load: Callable[[str, str | None], Coroutine[Any, Any, None]]
+    unload: Callable[..., Coroutine[Any, Any, None]]
+    ready: Callable[[str, int | None], bool]
 
 _CODES = {Status.INVALID_ARGUMENT: pb_utils.TritonError.INVALID_ARG,
           Status.NOT_FOUND: pb_utils.TritonError.NOT_FOUND,
@@ -44,11 +55,15 @@ class BlsBridge:
 
     def __init__(self, infer: Callable[[InferenceRequest], Awaitable[InferenceResult]],
                  infer_stream: Callable[[InferenceRequest], AsyncIterator[InferenceResult]],
-                 loop: asyncio.AbstractEventLoop) -> None:
+                 loop: asyncio.AbstractEventLoop,
+                 control: ModelControl | None = None) -> None:
+        """`control`: what `pb_utils.load_model` / `unload_model` / `is_model_ready` call;
+        None refuses the first two (model control is for --model-control-mode explicit)."""
         self._infer = infer
         self._infer_stream = infer_stream
         self._loop = loop
         self._loop_thread = threading.get_ident()  # made on the loop
+        self._control = control
 
     def exec(self, request: pb_utils.InferenceRequest, decoupled: bool) -> Any:
         """The response (an error response when the call failed), or with `decoupled` an
@@ -75,6 +90,45 @@ class BlsBridge:
             done.set_result(_error_response(error))
             return done
         return asyncio.run_coroutine_threadsafe(self._answer(call), self._loop)
+
+    def load_model(self, name: str, config: str) -> None:
+        control = self._controlling("load_model")
+        self._wait(control.load(name, config or None))
+
+    def unload_model(self, name: str, dependents: bool) -> None:
+        control = self._controlling("unload_model")
+        self._wait(control.unload(name, dependents=dependents))
+
+    def is_model_ready(self, name: str, version: str) -> bool:
+        number = None
+        if version:
+            if not version.isdecimal():
+                raise pb_utils.TritonModelException(f"is_model_ready: model_version "
+                                                    f"{version!r} is not a version number")
+            number = int(version)
+        ready = self._control.ready if self._control is not None else None
+
+        async def look() -> bool:  # the engine's state is the loop's to read
+            return ready is not None and ready(name, number)
+        return self._wait(look())
+
+    def _controlling(self, what: str) -> ModelControl:
+        if self._control is None or not self._control.allowed:
+            raise pb_utils.TritonModelException(
+                f"{what} is only allowed when the server runs with --model-control-mode "
+                "explicit (as on Triton)")
+        return self._control
+
+    def _wait(self, work: Coroutine[Any, Any, _T]) -> _T:
+        if threading.get_ident() == self._loop_thread:
+            work.close()
+            raise pb_utils.TritonModelException("a model-control call on the event loop would "
+                                                "wait on itself; call it from the model's "
+                                                "thread")
+        try:
+            return asyncio.run_coroutine_threadsafe(work, self._loop).result()
+        except TensorgateError as error:
+            raise pb_utils.TritonModelException(error.message) from None
 
     async def _answer(self, call: InferenceRequest) -> pb_utils.InferenceResponse:
         try:

@@ -29,7 +29,7 @@ from tensorgate.errors import (InvalidArgumentError, NotFoundError, TensorgateEr
 from tensorgate import python_backend
 from tensorgate.model import Parameter
 from tensorgate.pipeline.auto_complete import complete_config
-from tensorgate.pipeline.bls import BlsBridge
+from tensorgate.pipeline.bls import BlsBridge, ModelControl
 from tensorgate.pipeline.ensemble import EnsembleScheduler, check_step_models, ensemble_steps
 from tensorgate.pipeline.executor import (ExecutorSettings, ExecutorThread, PostprocessPool,
                                           default_intra_op_threads)
@@ -80,15 +80,18 @@ class Engine:
     def __init__(self, repository: str | pathlib.Path, *, pool: BufferPool | None = None,
                  intra_op_threads: int | None = None, postprocess_workers: int = 2,
                  device: str = "auto", placement: str = "none",
-                 response_cache_bytes: int = 0, auto_complete: bool = True) -> None:
+                 response_cache_bytes: int = 0, auto_complete: bool = True,
+                 model_control: bool = False) -> None:
         """`placement="auto"` pins the thread that calls `start` (the loop's) to the first CPU
         and places executors by cost (see pipeline/placement.py); "none" pins nothing.
         `response_cache_bytes` > 0: models with `response_cache { enable: true }` answer
         repeated requests from a cache of that size (pipeline/response_cache.py).
         `auto_complete`: Triton Python models' `auto_complete_config` completes their
-        config (pipeline/auto_complete.py)."""
+        config (pipeline/auto_complete.py). `model_control`: Triton Python models may load
+        and unload models (`pb_utils.load_model`; --model-control-mode explicit)."""
         self.repository = pathlib.Path(repository)
         self._complete = complete_config if auto_complete else None
+        self._model_control = model_control
         self._cache = ResponseCache(response_cache_bytes) if response_cache_bytes > 0 else None
         self._pool = pool or default_pool()
         self._placement = plan_placement(placement)
@@ -109,7 +112,9 @@ class Engine:
         """Load `models` (default: every model in the repository), then freeze the GC heap."""
         names = list(models) if models is not None else discover_models(self.repository)
         # Triton Python models' BLS requests come here (pipeline/bls.py)
-        self._bls = BlsBridge(self.infer, self.infer_stream, asyncio.get_running_loop())
+        self._bls = BlsBridge(self.infer, self.infer_stream, asyncio.get_running_loop(),
+                              ModelControl(self._model_control, self.load, self.unload,
+                                           self.is_ready))
         python_backend.serve_bls(self._bls)
         if self._placement is not None:
             pin_current_thread(self._placement.loop_cpus)
