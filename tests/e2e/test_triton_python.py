@@ -314,14 +314,16 @@ def test_a_config_that_contradicts_auto_complete_config_fails_to_load_saying_why
 
 def test_a_config_without_tensors_keeps_its_smaller_max_batch_size(
         served: RunningServer, repo: pathlib.Path) -> None:
-    """A config.pbtxt giving only backend, a batch size below the model's and two instances:
-    the model adds its tensors and the batcher; the config's own choices stand."""
+    """A config.pbtxt giving only backend, a batch size below the model's, two instances and
+    one input: the model adds the rest and the batcher; the config's own choices stand."""
     (repo / "ac_partial" / "1").mkdir(parents=True)
     shutil.copy(repo / "auto_complete" / "1" / "model.py", repo / "ac_partial" / "1" / "model.py")
     (repo / "ac_partial" / "config.pbtxt").write_text(
         'backend: "python"\nmax_batch_size: 2\n'
         'input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
-        'instance_group [ { count: 2 kind: KIND_CPU } ]\n')
+        'instance_group [ { count: 2 kind: KIND_CPU } ]\n'
+        'parameters { key: "EXECUTION_ENV_PATH" '
+        'value: { string_value: "$$TRITON_MODEL_DIRECTORY/env.tar.gz" } }\n')
     client = httpclient.InferenceServerClient(served.url)
     client.load_model("ac_partial")
     config = client.get_model_config("ac_partial")
@@ -330,6 +332,8 @@ def test_a_config_without_tensors_keeps_its_smaller_max_batch_size(
     assert client.infer("ac_partial", _auto_inputs(2)).as_numpy("OUTPUT0").shape == (2, 4)
     with pytest.raises(InferenceServerException, match="batch"):
         client.infer("ac_partial", _auto_inputs(3))
+    # Triton's packed stub environment is not used here, and the load says so
+    assert "model ac_partial: parameter EXECUTION_ENV_PATH" in served.log.read_text()
 
 
 def test_without_auto_complete_or_explicit_mode_what_a_model_may_do_is_less(

@@ -145,6 +145,10 @@ class Engine:
             if source.spec.ignored:
                 log.warning("model %s: served without its config's %s (not acted on here)",
                             name, ", ".join(source.spec.ignored))
+            if "EXECUTION_ENV_PATH" in source.spec.parameters:
+                log.warning("model %s: parameter EXECUTION_ENV_PATH (a packed Python "
+                            "environment for Triton's stub) is not acted on: the model runs in "
+                            "the server's own environment, which needs its packages", name)
             if source.spec.response_cache and self._cache is None:
                 log.warning("model %s: its config enables response_cache, but the server has "
                             "no cache; start it with --response-cache-bytes", name)
