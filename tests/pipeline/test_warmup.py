@@ -128,6 +128,13 @@ output [ { name: "y" data_type: TYPE_FP32 dims: [1] } ]
      'input_data_file: "../../etc/passwd" } }',
      r"input_data_file '../../etc/passwd' must be a file name in the model's warmup folder$"),
     ('batch_size: 1', r"a model_warmup sample has no 'name'$"),
+    ('name: "w" batch_size: 2 inputs { key: "a" value: { data_type: TYPE_FP32 '
+     'dims: [200000000] zero_data: true } }',
+     r"input 'a' of 2 × \[200000000\] is 1,600,000,000 bytes; a warm-up input may be at most "
+     r"1,073,741,824$"),
+    ('name: "w" batch_size: 1 count: 10001 inputs { key: "a" value: { data_type: TYPE_FP32 '
+     'dims: [1] zero_data: true } }', r"model_warmup 'w' has count 10001; at most 10000 runs "
+                                     r"are allowed$"),
 ])
 def test_bad_warmup_samples_are_refused_naming_the_field(sample: str, message: str) -> None:
     with pytest.raises(ModelConfigError, match=message):

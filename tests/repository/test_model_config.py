@@ -245,3 +245,15 @@ def test_a_json_config_overrides_the_repository_s(tmp_path: pathlib.Path) -> Non
         load_source(tmp_path, "resnet50", json.dumps({**given, "max_batch_sise": 1}))
     with pytest.raises(NotFoundError):  # an override still needs the model's directory
         load_source(tmp_path, "resnet51", json.dumps(given))
+
+
+def test_instance_counts_are_bounded() -> None:
+    """A config (perhaps a client's load override) cannot start thousands of threads."""
+    base = 'name: "m" platform: "pytorch_libtorch" '
+    groups = parse_model_config(base + "instance_group [ { count: 200 kind: KIND_CPU }, "
+                                       "{ count: 56 kind: KIND_CPU } ]").instance_groups
+    assert sum(g.count for g in groups) == 256
+    with pytest.raises(ModelConfigError, match=r"instance_group asks for 300 instances; at "
+                                               r"most 256 are served \(each is a thread\)"):
+        parse_model_config(base + "instance_group [ { count: 150 kind: KIND_GPU "
+                                  "gpus: [ 0, 1 ] } ]")

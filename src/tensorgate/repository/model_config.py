@@ -8,6 +8,7 @@ schema we check what the schema cannot say (names, dims, batch sizes).
 
 from __future__ import annotations
 
+import math
 import pathlib
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -32,6 +33,11 @@ __all__ = ["BatchingPolicy", "InstanceGroup", "ModelConfigError", "ModelSpec", "
 NOT_ACTED_ON = ("optimization", "cc_model_filenames", "metric_tags", "model_operations",
                 "model_repository_agents", "model_metrics")
 MAX_PRIORITY_LEVELS = 1000  # each level is a queue the batcher walks; more is a config mistake
+# What a config may ask of the machine at load: a config may come from a client (a load's
+# `config` override), and a mistyped count must fail the load, not exhaust the server.
+MAX_INSTANCES = 256  # executor threads of one model, all its instance groups together
+MAX_WARMUP_COUNT = 10_000  # runs of one model_warmup sample
+MAX_WARMUP_BYTES = 1 << 30  # one warm-up input tensor, its rows included
 
 
 @dataclass(frozen=True, slots=True)
@@ -310,7 +316,7 @@ def _spec(config: pb.ModelConfig, source: str) -> ModelSpec:
         inputs=inputs,
         outputs=outputs,
         batching=_batching(config, source),
-        instance_groups=tuple(_instance_group(g, source) for g in config.instance_group),
+        instance_groups=_instance_groups(config, source),
         version_policy=version_policy(config, source),
         parameters={key: value.string_value for key, value in config.parameters.items()},
         default_model_filename=config.default_model_filename,
@@ -365,9 +371,17 @@ def _warmup(message: pb.ModelWarmup, config: pb.ModelConfig, inputs: tuple[Tenso
             raise ModelConfigError(source, f"{where}: input '{name}': input_data_file "
                                            f"'{file}' must be a file name in the model's "
                                            "warmup folder")
+        nbytes = batch * max(spec.datatype.itemsize, 1) * math.prod(dims)
+        if nbytes > MAX_WARMUP_BYTES:
+            raise ModelConfigError(source, f"{where}: input '{name}' of {batch} × {list(dims)} "
+                                           f"is {nbytes:,} bytes; a warm-up input may be at "
+                                           f"most {MAX_WARMUP_BYTES:,}")
         data: Literal["zero", "random", "file"] = (
             "file" if file else "zero" if choice == "zero_data" else "random")
         samples.append((name, WarmupInput(spec.datatype, dims, data, file)))
+    if message.count > MAX_WARMUP_COUNT:
+        raise ModelConfigError(source, f"{where} has count {message.count}; at most "
+                                       f"{MAX_WARMUP_COUNT} runs are allowed")
     return WarmupSample(message.name, batch, tuple(samples), max(message.count, 1))
 
 
@@ -453,6 +467,15 @@ def _queue_policy(policy: pb.ModelQueuePolicy) -> QueuePolicy:
         allow_timeout_override=policy.allow_timeout_override,
         delay_on_timeout=policy.timeout_action == pb.ModelQueuePolicy.DELAY,
     )
+
+
+def _instance_groups(config: pb.ModelConfig, source: str) -> tuple[InstanceGroup, ...]:
+    groups = tuple(_instance_group(g, source) for g in config.instance_group)
+    total = sum(g.count * max(len(g.gpus), 1) for g in groups)
+    if total > MAX_INSTANCES:
+        raise ModelConfigError(source, f"instance_group asks for {total} instances; at most "
+                                       f"{MAX_INSTANCES} are served (each is a thread)")
+    return groups
 
 
 def _instance_group(group: pb.ModelInstanceGroup, source: str) -> InstanceGroup:
