@@ -192,6 +192,11 @@ def test_a_python_model_without_config_is_found_and_completed_by_the_loader_s_st
     with pytest.raises(ModelConfigError, match="has no config.pbtxt, and nothing said what the "
                                                "model's inputs and outputs are"):
         load_source(tmp_path, "py")  # no step to complete it (auto-complete disabled)
+    with pytest.raises(ModelConfigError, match="default_model_filename '../../x.py' must be a "
+                                               "file name"):  # never imported to complete it
+        load_source(tmp_path, "py", json.dumps({"default_model_filename": "../../x.py"}),
+                    complete=complete)
+    assert len(seen) == 1
     with pytest.raises(ModelConfigError, match="input 'X' has no 'data_type'"):
         load_source(tmp_path, "py", complete=lambda config, folder: pb.ModelConfig(
             name="py", backend="python", input=[pb.ModelInput(name="X", dims=[1])]))

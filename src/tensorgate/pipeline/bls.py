@@ -106,10 +106,12 @@ class BlsBridge:
                 raise pb_utils.TritonModelException(f"is_model_ready: model_version "
                                                     f"{version!r} is not a version number")
             number = int(version)
-        ready = self._control.ready if self._control is not None else None
+        control = self._control
+        if control is None:
+            return False
 
         async def look() -> bool:  # the engine's state is the loop's to read
-            return ready is not None and ready(name, number)
+            return control.ready(name, number)
         return self._wait(look())
 
     def _controlling(self, what: str) -> ModelControl:

@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import os
 import pathlib
-from dataclasses import dataclass
-
-from tensorgate.errors import NotFoundError
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from tritonclient.grpc import model_config_pb2 as pb
 
+from tensorgate.errors import NotFoundError
 from tensorgate.repository.model_config import (ModelConfigError, ModelSpec,
                                                 model_config_from_json, model_spec,
                                                 read_model_config, version_policy)
@@ -122,12 +121,13 @@ def load_source(repository: pathlib.Path, name: str, config: str | None = None,
     else:  # as Triton: a model.py and no config is a Python model whose code says the rest
         source, named_by = str(directory), "the model directory"
         message = pb.ModelConfig(name=name, backend="python")
-    versions = select_versions(version_policy(message, source), _numeric_versions(directory))
+    policy = version_policy(message, source)
+    versions = select_versions(policy, _numeric_versions(directory))
     if not versions:
-        policy = version_policy(message, source)
         raise ModelConfigError(str(directory), "no version directory matches the version "
                                                f"policy {policy[0]} {list(policy[1])}")
     if complete is not None and message.platform != "ensemble":
+        _check_default_file(message, source)
         if not message.name:  # as the model's code will see it (model_spec checks a given one)
             message.name = name
         message = complete(message, directory / str(versions[-1]))
@@ -141,8 +141,19 @@ def load_source(repository: pathlib.Path, name: str, config: str | None = None,
     return ModelSource(model_spec(message, source, name, named_by), directory, versions)
 
 
+def _check_default_file(config: pb.ModelConfig, source: str) -> None:
+    """A config may come from a client, and its file is looked for (and may be imported to
+    complete the config) before the config is checked: it must be a name, not a path."""
+    given = config.default_model_filename
+    if given and ("/" in given or "\\" in given or given in (".", "..")):
+        raise ModelConfigError(source, f"default_model_filename '{given}' must be a file name "
+                                       "in each version's directory, not a path")
+
+
 def artifact_file(folder: pathlib.Path, config: pb.ModelConfig) -> tuple[pathlib.Path, str]:
-    """(file, kind) of the artifact in `folder`, chosen by filename, platform and backend."""
+    """(file, kind) of the artifact in `folder`, chosen by filename, platform and backend.
+    A config's default_model_filename stays in `folder`."""
+    _check_default_file(config, str(folder))
     wanted = _PLATFORM_KINDS.get(config.platform) or _PLATFORM_KINDS.get(config.backend)
     names = ([config.default_model_filename] if config.default_model_filename
              else list(ARTIFACT_KINDS))
