@@ -268,6 +268,12 @@ def test_a_model_py_without_config_is_completed_by_its_auto_complete_config(
     assert [(i["name"], i["data_type"], i.get("optional", False)) for i in config["input"]] == [
         ("INPUT0", "TYPE_FP32", False), ("INPUT1", "TYPE_FP32", True)]
     assert [o["name"] for o in config["output"]] == ["OUTPUT0", "SEEN"]
+    # filled in as Triton fills a served model's config
+    assert config["version_policy"] == {"latest": {"num_versions": 1}}
+    assert config["default_model_filename"] == "model.py"
+    assert [{k: group.get(k) for k in ("name", "kind", "count")}
+            for group in config["instance_group"]] == [
+        {"name": "auto_complete_0", "kind": "KIND_CPU", "count": 1}]
     result = client.infer("auto_complete", _auto_inputs(3, module))
     assert np.array_equal(result.as_numpy("OUTPUT0"),
                           np.arange(12, dtype=np.float32).reshape(3, 4) + 1)
@@ -327,7 +333,9 @@ def test_a_config_without_tensors_keeps_its_smaller_max_batch_size(
     client = httpclient.InferenceServerClient(served.url)
     client.load_model("ac_partial")
     config = client.get_model_config("ac_partial")
-    assert config["max_batch_size"] == 2 and config["instance_group"][0]["count"] == 2
+    assert config["max_batch_size"] == 2
+    assert [(g["name"], g["kind"], g["count"]) for g in config["instance_group"]] == [
+        ("ac_partial_0", "KIND_CPU", 2)]
     assert [i["name"] for i in config["input"]] == ["INPUT0", "INPUT1"]
     assert client.infer("ac_partial", _auto_inputs(2)).as_numpy("OUTPUT0").shape == (2, 4)
     with pytest.raises(InferenceServerException, match="batch"):

@@ -286,7 +286,9 @@ class Engine:
                                                   "needs a Python model (model.py) whose forward "
                                                   "yields its responses")
         stats = ModelStatistics(spec.name, version, cached=self._caches(spec))
-        devices = self._devices(spec)
+        by_group = self._group_devices(spec)
+        devices = [device for group in by_group for device in group]
+        spec = served_spec(spec, artifact.name, by_group)
         scheduler: Scheduler | SequenceScheduler
         if spec.sequence is not None:  # each instance batches its own sequences
             scheduler = SequenceScheduler(spec, stats, loop, len(devices), source.directory)
@@ -366,23 +368,25 @@ class Engine:
         log.info("model %s v%d: a spare instance on %s for batches that arrive while the "
                  "first is busy", spec.name, version, spare.cpus)
 
-    def _devices(self, spec: ModelSpec) -> list[torch.device]:
+    def _group_devices(self, spec: ModelSpec) -> list[list[torch.device]]:
+        """Each instance group's instances' devices (one group of one when none is given)."""
         groups = spec.instance_groups or ()
         if not groups:
-            return [self._auto_device()]
+            return [[self._auto_device()]]
         devices = []
         for group in groups:
             if group.kind == "KIND_CPU" or self._device == "cpu":
-                devices += [torch.device("cpu")] * group.count
+                devices.append([torch.device("cpu")] * group.count)
             elif group.kind == "KIND_GPU":
                 if not cuda_available():
                     raise ModelConfigError(spec.name, "instance_group kind KIND_GPU, but no CUDA "
                                                       "device is available; use KIND_CPU or "
                                                       "KIND_AUTO")
                 gpus = group.gpus or tuple(range(torch.cuda.device_count()))
-                devices += [torch.device("cuda", g) for g in gpus for _ in range(group.count)]
+                devices.append([torch.device("cuda", g) for g in gpus
+                                for _ in range(group.count)])
             else:
-                devices += [self._auto_device()] * group.count
+                devices.append([self._auto_device()] * group.count)
         return devices
 
     def _auto_device(self) -> torch.device:
@@ -593,6 +597,32 @@ class Engine:
                 item.future.cancel()  # still queued: the scheduler drops it
             if trace is not None:
                 trace.stamp("REQUEST_END")
+
+
+def served_spec(spec: ModelSpec, filename: str,
+                by_group: list[list[torch.device]]) -> ModelSpec:
+    """`spec` with its config filled in as Triton fills a served model's (what /config and a
+    Python model's initialize see): the version policy, the model file, and each instance
+    group's name, kind as resolved, count and GPUs."""
+    config = type(spec.config)()
+    config.CopyFrom(spec.config)
+    if not config.HasField("version_policy"):
+        config.version_policy.latest.num_versions = 1
+    if not config.default_model_filename:
+        config.default_model_filename = filename
+    given = list(spec.config.instance_group) or [None]
+    del config.instance_group[:]
+    for index, (group, devices) in enumerate(zip(given, by_group)):
+        filled = config.instance_group.add()
+        if group is not None:
+            filled.CopyFrom(group)
+        filled.name = filled.name or f"{spec.name}_{index}"
+        gpus = sorted({d.index or 0 for d in devices if d.type == "cuda"})
+        filled.kind = filled.KIND_GPU if gpus else filled.KIND_CPU
+        filled.count = len(devices) // max(len(gpus), 1)
+        del filled.gpus[:]
+        filled.gpus.extend(gpus)
+    return replace(spec, config=config)
 
 
 def _label_files(repository: pathlib.Path, spec: ModelSpec) -> dict[tuple[str, str], list[str]]:

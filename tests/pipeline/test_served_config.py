@@ -1,0 +1,33 @@
+"""The config a served model shows (/config, a Python model's initialize): filled in as
+Triton fills it, from what the engine decided — groups named, kinds resolved, GPUs listed."""
+
+from __future__ import annotations
+
+import torch
+
+from tensorgate.pipeline.engine import served_spec
+from tensorgate.repository.model_config import parse_model_config
+
+
+def test_groups_are_named_resolved_and_counted_per_device() -> None:
+    spec = parse_model_config('name: "m" backend: "python" instance_group [ '
+                              '{ count: 2 kind: KIND_AUTO }, '
+                              '{ name: "big" count: 2 kind: KIND_GPU gpus: [ 1, 3 ] } ] '
+                              'version_policy { all { } }')
+    cpu, one, three = torch.device("cpu"), torch.device("cuda", 1), torch.device("cuda", 3)
+    served = served_spec(spec, "model.py", [[cpu, cpu], [one, one, three, three]])
+    config = served.config_dict()
+    assert [(g["name"], g["kind"], g["count"], g["gpus"]) for g in config["instance_group"]] == [
+        ("m_0", "KIND_CPU", 2, []), ("big", "KIND_GPU", 2, [1, 3])]
+    assert config["version_policy"] == {"all": {}}  # a given policy stays
+    assert config["default_model_filename"] == "model.py"
+    assert spec.config_dict()["instance_group"][0]["kind"] == "KIND_AUTO"  # not changed
+
+
+def test_a_model_without_groups_shows_the_one_it_got() -> None:
+    spec = parse_model_config('name: "m" platform: "pytorch_libtorch" '
+                              'default_model_filename: "weights.pt"')
+    config = served_spec(spec, "weights.pt", [[torch.device("cuda", 0)]]).config_dict()
+    assert [(g["name"], g["kind"], g["count"], g["gpus"]) for g in config["instance_group"]] == [
+        ("m_0", "KIND_GPU", 1, [0])]
+    assert config["version_policy"] == {"latest": {"num_versions": 1}}
