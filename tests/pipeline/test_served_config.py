@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from tensorgate.pipeline.engine import served_spec
+from tensorgate.pipeline.served_config import served_spec
 from tensorgate.repository.model_config import parse_model_config
 
 

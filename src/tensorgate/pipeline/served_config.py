@@ -1,0 +1,38 @@
+"""The config a served model shows (/config, a Python model's `initialize` args): its
+config filled in as Triton fills a served model's, from what the engine decided."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import torch
+
+from tensorgate.repository.model_config import ModelSpec
+
+__all__ = ["served_spec"]
+
+
+def served_spec(spec: ModelSpec, filename: str,
+                by_group: list[list[torch.device]]) -> ModelSpec:
+    """`spec` with its config filled in as Triton fills a served model's (what /config and a
+    Python model's initialize see): the version policy, the model file, and each instance
+    group's name, kind as resolved, count and GPUs."""
+    config = type(spec.config)()
+    config.CopyFrom(spec.config)
+    if not config.HasField("version_policy"):
+        config.version_policy.latest.num_versions = 1
+    if not config.default_model_filename:
+        config.default_model_filename = filename
+    given = list(spec.config.instance_group) or [None]
+    del config.instance_group[:]
+    for index, (group, devices) in enumerate(zip(given, by_group)):
+        filled = config.instance_group.add()
+        if group is not None:
+            filled.CopyFrom(group)
+        filled.name = filled.name or f"{spec.name}_{index}"
+        gpus = sorted({d.index or 0 for d in devices if d.type == "cuda"})
+        filled.kind = filled.KIND_GPU if gpus else filled.KIND_CPU
+        filled.count = len(devices) // max(len(gpus), 1)
+        del filled.gpus[:]
+        filled.gpus.extend(gpus)
+    return replace(spec, config=config)
