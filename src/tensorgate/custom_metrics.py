@@ -18,7 +18,7 @@ import threading
 import weakref
 from collections.abc import Mapping, Sequence
 
-__all__ = ["Metric", "MetricFamily", "render_custom_metrics"]
+__all__ = ["Metric", "MetricFamily", "label_text", "render_custom_metrics"]
 
 _NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
 _LABEL = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
@@ -164,7 +164,7 @@ class Metric:
 
     def _rows(self) -> list[str]:
         name = self._family._name
-        labels = _render_labels(self._labels)
+        labels = label_text(self._labels)
         with self._lock:
             value, counts = self._value, list(self._counts)
         if self._family._kind != MetricFamily.HISTOGRAM:
@@ -174,7 +174,7 @@ class Metric:
         for bound, count in zip([*self._bounds, math.inf], counts):
             total += count
             le = "+Inf" if bound == math.inf else _number_text(bound)
-            rows.append(f"{name}_bucket{_render_labels(self._labels + (('le', le),))} {total}")
+            rows.append(f"{name}_bucket{label_text(self._labels + (('le', le),))} {total}")
         rows.append(f"{name}_sum{labels} {_number_text(value)}")
         rows.append(f"{name}_count{labels} {total}")
         return rows
@@ -239,7 +239,9 @@ def _help_text(text: str) -> str:
     return text.replace("\\", "\\\\").replace("\n", "\\n")
 
 
-def _render_labels(labels: tuple[tuple[str, str], ...]) -> str:
+def label_text(labels: tuple[tuple[str, str], ...]) -> str:
+    """`{name="value",...}` with values escaped as Prometheus' text format wants them; ""
+    for no labels. The server's own metrics write their labels with it too."""
     if not labels:
         return ""
     return "{" + ",".join(f'{key}="{_escape(value)}"' for key, value in labels) + "}"

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from tensorgate.custom_metrics import render_custom_metrics
+from tensorgate.custom_metrics import label_text, render_custom_metrics
 from tensorgate.pipeline.response_cache import CacheStatistics
 from tensorgate.pipeline.stats import LATENCY_BOUNDS_US, Histogram, ModelStatistics
 from tensorgate.tensor.copies import process_copies
@@ -86,9 +86,7 @@ def _histogram(histogram: Histogram, model: str, version: str) -> list[str]:
 
 
 def _labels(**values: str) -> str:
-    inner = ",".join(f'{k}="{v.replace(chr(92), chr(92) * 2).replace(chr(34), chr(92) + chr(34))}"'
-                     for k, v in values.items())
-    return "{" + inner + "}"
+    return label_text(tuple(values.items()))
 
 
 def render_metrics(models: Iterable[tuple[ModelStatistics, int]],

@@ -55,8 +55,8 @@ __all__ = [
     "TRITONSERVER_RESPONSE_COMPLETE_FINAL", "Tensor", "TritonError", "TritonModelException",
     "deserialize_bytes_tensor", "get_input_config_by_name", "get_input_tensor_by_name",
     "get_output_config_by_name", "get_output_tensor_by_name", "is_model_ready", "load_model",
-    "numpy_to_triton_type",
-    "serialize_byte_tensor", "triton_string_to_numpy", "triton_to_numpy_type", "unload_model",
+    "numpy_to_triton_type", "serialize_byte_tensor", "triton_string_to_numpy",
+    "triton_to_numpy_type", "unload_model",
 ]
 
 # Triton's flag values (tritonserver.h), which models compare against

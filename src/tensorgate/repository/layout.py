@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from tritonclient.grpc import model_config_pb2 as pb
 
 from tensorgate.errors import NotFoundError
-from tensorgate.repository.model_config import (ModelConfigError, ModelSpec,
+from tensorgate.repository.model_config import (ModelConfigError, ModelSpec, check_file_name,
                                                 model_config_from_json, model_spec,
                                                 read_model_config, version_policy)
 
@@ -109,14 +109,15 @@ def load_source(repository: pathlib.Path, name: str, config: str | None = None,
     `complete` may import the model's code: call it off the event loop."""
     directory = repository / name
     file = directory / "config.pbtxt"
+    unconfigured = config is None and not file.is_file()  # a Python model's code says it
     if "/" in name or name in ("", ".", "..") or not directory.is_dir() or (
-            config is None and not file.is_file() and not _python_model(directory)):
+            unconfigured and not _python_model(directory)):
         raise NotFoundError(f"no model '{name}' in repository '{repository}'")
     if config is not None:
         source = f"the load request's 'config' of model '{name}'"
         message = model_config_from_json(config, source)
         named_by = "the model being loaded"
-    elif file.is_file():
+    elif not unconfigured:
         source, message, named_by = str(file), read_model_config(file), "the model directory"
     else:  # as Triton: a model.py and no config is a Python model whose code says the rest
         source, named_by = str(directory), "the model directory"
@@ -131,7 +132,7 @@ def load_source(repository: pathlib.Path, name: str, config: str | None = None,
         if not message.name:  # as the model's code will see it (model_spec checks a given one)
             message.name = name
         message = complete(message, directory / str(versions[-1]))
-    if not file.is_file() and config is None and not (message.input or message.output):
+    if unconfigured and not (message.input or message.output):
         raise ModelConfigError(str(directory), "has no config.pbtxt, and nothing said what "
                                                "the model's inputs and outputs are: give a "
                                                "config.pbtxt, or an auto_complete_config in "
@@ -142,12 +143,11 @@ def load_source(repository: pathlib.Path, name: str, config: str | None = None,
 
 
 def _check_default_file(config: pb.ModelConfig, source: str) -> None:
-    """A config may come from a client, and its file is looked for (and may be imported to
-    complete the config) before the config is checked: it must be a name, not a path."""
-    given = config.default_model_filename
-    if given and ("/" in given or "\\" in given or given in (".", "..")):
-        raise ModelConfigError(source, f"default_model_filename '{given}' must be a file name "
-                                       "in each version's directory, not a path")
+    """The file is looked for (and may be imported to complete the config) before the config
+    is checked as a whole: its name must not lead out of the version's folder."""
+    if config.default_model_filename:
+        check_file_name(config.default_model_filename, "default_model_filename",
+                        "each version's directory", source)
 
 
 def artifact_file(folder: pathlib.Path, config: pb.ModelConfig) -> tuple[pathlib.Path, str]:

@@ -24,9 +24,9 @@ from tensorgate.repository.sequence_config import SequencePolicy, sequence_polic
 from tensorgate.tensor.dtypes import DataType, datatype_from_config
 
 __all__ = ["BatchingPolicy", "InstanceGroup", "ModelConfigError", "ModelSpec", "QueuePolicy",
-           "SequencePolicy", "TensorSpec", "WarmupInput", "WarmupSample", "config_json",
-           "load_model_config", "model_config_from_json", "model_spec", "parse_model_config",
-           "parse_model_config_json", "read_model_config", "version_policy"]
+           "SequencePolicy", "TensorSpec", "WarmupInput", "WarmupSample", "check_file_name",
+           "config_json", "model_config_from_json", "model_spec", "parse_model_config",
+           "read_model_config", "version_policy"]
 
 # Fields that change how Triton runs a model, not what it computes: served without them,
 # and a load says so (ModelSpec.ignored).
@@ -218,11 +218,6 @@ def _int64_as_numbers(message: Message, value: dict[str, Any]) -> None:
                            else int(value[name]))
 
 
-def load_model_config(path: pathlib.Path, expected_name: str | None = None) -> ModelSpec:
-    """Parse `path` (a config.pbtxt); the model name must equal `expected_name` when given."""
-    return model_spec(read_model_config(path), str(path), expected_name, "the model directory")
-
-
 def read_model_config(path: pathlib.Path) -> pb.ModelConfig:
     """`path` (a config.pbtxt) checked against the schema only: model_spec checks the rest."""
     try:
@@ -259,13 +254,6 @@ def model_config_from_json(value: str | dict[str, Any], source: str) -> pb.Model
     return config
 
 
-def parse_model_config_json(text: str, source: str, expected_name: str) -> ModelSpec:
-    """A config given as JSON (Triton's /config form, as a load request's `config`
-    override carries it) for model `expected_name`."""
-    return model_spec(model_config_from_json(text, source), source, expected_name,
-                      "the model being loaded")
-
-
 def model_spec(config: pb.ModelConfig, source: str, expected_name: str | None,
                named_by: str) -> ModelSpec:
     """The checked ModelSpec of a schema-valid `config` (a missing name is `expected_name`;
@@ -290,7 +278,7 @@ def _spec(config: pb.ModelConfig, source: str) -> ModelSpec:
                                        "not supported; without them the model would get other "
                                        "inputs than it expects")
     if config.default_model_filename:
-        _check_file_name(config.default_model_filename, "default_model_filename",
+        check_file_name(config.default_model_filename, "default_model_filename",
                          "each version's directory", source)
     given = {descriptor.name for descriptor, _ in config.ListFields()}
     ignored = tuple(name for name in NOT_ACTED_ON if name in given)
@@ -403,13 +391,13 @@ def _tensor(message: pb.ModelInput | pb.ModelOutput, kind: str, source: str,
     reshape = tuple(message.reshape.shape) if message.HasField("reshape") else None
     labels = getattr(message, "label_filename", "")
     if labels:
-        _check_file_name(labels, f"{where}: label_filename", "the model's directory", source)
+        check_file_name(labels, f"{where}: label_filename", "the model's directory", source)
     return TensorSpec(message.name, dt, dims, reshape,
                       optional=bool(getattr(message, "optional", False)),
                       label_filename=labels)
 
 
-def _check_file_name(name: str, what: str, folder: str, source: str) -> None:
+def check_file_name(name: str, what: str, folder: str, source: str) -> None:
     """A file a config names stays in its folder: a config may come from a client (a load's
     `config` override), and a path out of the folder would read any file the server can."""
     if "/" in name or "\\" in name or name in (".", ".."):
