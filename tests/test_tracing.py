@@ -158,11 +158,26 @@ def test_trace_config_arguments_as_tritons() -> None:
                            "mode=triton", "triton,file=/tmp/t.json",
                            "triton,log-frequency=50"]) == {
         "trace_level": "TIMESTAMPS,TENSORS", "trace_rate": "100", "trace_count": "5",
-        "trace_file": "/tmp/t.json", "trace_log_frequency": "50"}
-    with pytest.raises(ValueError, match="only the triton trace mode is supported"):
-        trace_settings(["mode=opentelemetry"])
-    with pytest.raises(ValueError, match="unknown setting 'speed'"):
+        "trace_mode": "triton", "trace_file": "/tmp/t.json", "trace_log_frequency": "50"}
+    assert trace_settings(["mode=opentelemetry", "opentelemetry,url=collector:4318/v1/traces",
+                           "opentelemetry,resource=service.name=a",
+                           "opentelemetry,resource=deployment=b,c",
+                           "opentelemetry,bsp_max_queue_size=10",
+                           "opentelemetry,bsp_schedule_delay=20",
+                           "opentelemetry,bsp_max_export_batch_size=5"]) == {
+        "trace_mode": "opentelemetry", "trace_otel_url": "collector:4318/v1/traces",
+        "trace_otel_resource": ("service.name=a", "deployment=b,c"),
+        "trace_bsp_max_queue_size": "10", "trace_bsp_schedule_delay_ms": "20",
+        "trace_bsp_max_export_batch_size": "5"}
+    with pytest.raises(ValueError, match="unknown setting 'speed'; global settings are: "
+                                         "level, rate, count, mode"):
         trace_settings(["speed=1"])
+    with pytest.raises(ValueError, match="unknown setting 'file'; opentelemetry settings "
+                                         "are: url, resource"):
+        trace_settings(["opentelemetry,file=/tmp/t.json"])
+    with pytest.raises(ValueError, match="unknown mode 'jaeger'; modes are triton, "
+                                         "opentelemetry"):
+        trace_settings(["jaeger,url=x"])
     with pytest.raises(ValueError, match="is not \\[MODE,\\]SETTING=VALUE"):
         trace_settings(["TIMESTAMPS"])
 

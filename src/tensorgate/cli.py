@@ -69,43 +69,59 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--trace-config", action="append", metavar="[MODE,]SETTING=VALUE",
                        help="Triton's tracing settings, repeated: level=TIMESTAMPS|TENSORS|OFF, "
                             "rate=N (one request in N), count=N (-1: no end), "
-                            "triton,file=PATH, triton,log-frequency=N (a file each N traces)")
+                            "triton,file=PATH, triton,log-frequency=N (a file each N traces); "
+                            "mode=opentelemetry with opentelemetry,url=HOST:PORT/PATH, "
+                            "opentelemetry,resource=KEY=VALUE, opentelemetry,bsp_max_queue_size"
+                            "=N, opentelemetry,bsp_schedule_delay=MS, "
+                            "opentelemetry,bsp_max_export_batch_size=N")
     serve.add_argument("--loop", choices=["auto", "asyncio", "uvloop"])
     serve.add_argument("--placement", choices=["auto", "none"])
     serve.add_argument("--log-level")
     return parser
 
 
-# --trace-config's settings (Triton's names) → ServerConfig fields
-_TRACE_FIELDS = {"level": "trace_level", "rate": "trace_rate", "count": "trace_count",
-                 "file": "trace_file", "log-frequency": "trace_log_frequency"}
+# --trace-config's settings (Triton's names) → ServerConfig fields, by mode ("": global)
+_TRACE_FIELDS = {
+    "": {"level": "trace_level", "rate": "trace_rate", "count": "trace_count",
+         "mode": "trace_mode"},
+    "triton": {"file": "trace_file", "log-frequency": "trace_log_frequency"},
+    "opentelemetry": {"url": "trace_otel_url", "resource": "trace_otel_resource",
+                      "bsp_max_queue_size": "trace_bsp_max_queue_size",
+                      "bsp_schedule_delay": "trace_bsp_schedule_delay_ms",
+                      "bsp_max_export_batch_size": "trace_bsp_max_export_batch_size"}}
 
 
 def trace_settings(given: list[str]) -> dict[str, object]:
     """ServerConfig fields from `--trace-config` values, Triton's form: `setting=value` for
-    the global ones, `triton,setting=value` for the file and log frequency. Levels add up."""
+    the global ones, `triton,setting=value` for the file and log frequency,
+    `opentelemetry,setting=value` for the collector. Levels and resources add up."""
     found: dict[str, object] = {}
     levels: list[str] = []
+    resources: list[str] = []
     for text in given:
-        mode, _, setting = text.rpartition(",")
+        head, comma, rest = text.partition(",")
+        mode, setting = (head, rest) if comma and "=" not in head else ("", text)
         name, equals, value = setting.partition("=")
         if not equals:
             raise ValueError(f"--trace-config '{text}' is not [MODE,]SETTING=VALUE")
-        if mode not in ("", "triton") or (name == "mode" and value != "triton"):
-            raise ValueError(f"--trace-config '{text}': only the triton trace mode is "
-                             "supported (traces written to a JSON file); not opentelemetry")
-        if name == "mode":
-            continue
-        field = _TRACE_FIELDS.get(name)
+        fields = _TRACE_FIELDS.get(mode)
+        if fields is None:
+            raise ValueError(f"--trace-config '{text}': unknown mode '{mode}'; modes are "
+                             "triton, opentelemetry")
+        field = fields.get(name)
         if field is None:
-            raise ValueError(f"--trace-config '{text}': unknown setting '{name}'; settings "
-                             f"are: mode, {', '.join(_TRACE_FIELDS)}")
+            raise ValueError(f"--trace-config '{text}': unknown setting '{name}'; "
+                             f"{mode or 'global'} settings are: {', '.join(fields)}")
         if name == "level":
             levels.append(value)
+        elif name == "resource":
+            resources.append(value)
         else:
             found[field] = value
     if levels:
         found["trace_level"] = ",".join(levels)
+    if resources:
+        found["trace_otel_resource"] = tuple(resources)
     return found
 
 

@@ -142,10 +142,11 @@ class DataPlane:
             return self.tracer.update(changes, model or None)
         return self.tracer.current(model or None)
 
-    def trace(self, model: str) -> Trace | None:
+    def trace(self, model: str, traceparent: str | None = None) -> Trace | None:
         """A trace for a request to `model` when a trace setting samples it (mostly None).
-        The front end stamps its own times on it and finishes it once it has answered."""
-        return self.tracer.sample(model) if self.tracer.on else None
+        The front end stamps its own times on it and finishes it once it has answered.
+        `traceparent`: the request's W3C trace context, if it sent one."""
+        return self.tracer.sample(model, traceparent) if self.tracer.on else None
 
     # -- inference -------------------------------------------------------------------------
 

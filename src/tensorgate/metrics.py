@@ -58,10 +58,12 @@ _HELP = {
     "tensorgate_response_cache_entries": ("gauge", "Answers the response cache holds"),
     "tensorgate_response_cache_evictions_total": (
         "counter", "Answers the response cache dropped to stay in its bound"),
-    "tensorgate_traces_written_total": ("counter", "Traces written to the trace file"),
-    "tensorgate_traces_held": ("gauge", "Traces taken and not yet written"),
+    "tensorgate_traces_written_total": (
+        "counter", "Traces written to the trace file (or sent to the OpenTelemetry collector)"),
+    "tensorgate_traces_held": ("gauge", "Traces taken and not yet written (or sent)"),
     "tensorgate_traces_dropped_total": (
-        "counter", "Requests a trace setting chose but left untraced: too many traces waited"),
+        "counter", "Traces chosen but not kept: too many waited, or the OpenTelemetry "
+                   "collector did not take them"),
     "tensorgate_connections_open": ("gauge", "Client connections open (HTTP and gRPC)"),
     "tensorgate_connections_refused_total": (
         "counter", "Client connections refused past --max-connections"),

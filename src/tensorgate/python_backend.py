@@ -48,7 +48,8 @@ from tensorgate.tensor.dtypes import (DATATYPES, DataType, datatype, datatype_fr
 from tensorgate.tensor.pool import default_pool
 
 __all__ = [
-    "InferenceRequest", "InferenceResponse", "InferenceResponseSender", "LogLevel", "Logger",
+    "InferenceRequest", "InferenceResponse", "InferenceResponseSender", "InferenceTrace",
+    "LogLevel", "Logger",
     "Metric", "MetricFamily", "ModelConfig", "TRITONSERVER_MEMORY_CPU", "TRITONSERVER_MEMORY_GPU",
     "TRITONSERVER_REQUEST_FLAG_SEQUENCE_END", "TRITONSERVER_REQUEST_FLAG_SEQUENCE_START",
     "TRITONSERVER_REQUEST_RELEASE_ALL", "TRITONSERVER_REQUEST_RELEASE_RESCHEDULE",
@@ -262,6 +263,27 @@ class InferenceResponseSender:
         return self._cancelled()
 
 
+class InferenceTrace:
+    """A request's trace (`request.trace()`), for a BLS call to join by passing it on:
+    `InferenceRequest(..., trace=request.trace())`, as in Triton; the callee's trace then
+    hangs under this one's (in the trace file, its parent_id; in opentelemetry mode, its
+    spans under this model's span)."""
+
+    def __init__(self, of: Any = None) -> None:
+        self.of = of  # tensorgate's: the server's trace of the request (None: not traced)
+
+    def get_context(self, mode: str = "opentelemetry") -> str | None:
+        """The trace's OpenTelemetry context as JSON ({"traceparent": ...}), for the model
+        to pass to what it calls; None when the request is not traced in that mode."""
+        context = getattr(self.of, "context", None)
+        if mode != "opentelemetry" or context is None:
+            return None
+        return json.dumps({"traceparent": context.traceparent()})
+
+
+_UNTRACED = InferenceTrace()
+
+
 class InferenceRequest:
     """A request as `execute` receives it, or as a model makes one to call another model
     (BLS: `exec()`, or `await async_exec()` in an `async def execute`)."""
@@ -271,8 +293,8 @@ class InferenceRequest:
                  correlation_id: int | str = 0, flags: int = 0, timeout: int = 0,
                  parameters: Mapping[str, Any] | str | None = None, model_version: int = -1,
                  preferred_memory: Any = None, trace: Any = None) -> None:
-        # `preferred_memory`, `trace`: taken as Triton takes them; a BLS call's outputs are
-        # on the host, and the call is traced as the server's trace settings choose
+        # `preferred_memory`: taken as Triton takes it; a BLS call's outputs are on the
+        # host. `trace`: the calling request's `trace()`, to trace the call as part of it
         self._model_name = model_name
         self._model_version = model_version
         self._outputs = list(requested_output_names)
@@ -285,6 +307,7 @@ class InferenceRequest:
                             else json.dumps(dict(parameters or {})))
         self._sender: InferenceResponseSender | None = None
         self._cancelled: Callable[[], bool] = _never
+        self._trace = trace if isinstance(trace, InferenceTrace) else _UNTRACED
 
     def inputs(self) -> list[Tensor]:
         return self._inputs
@@ -323,9 +346,9 @@ class InferenceRequest:
                                        "sender (model_transaction_policy { decoupled: true })")
         return self._sender
 
-    def trace(self) -> None:
-        """The request's trace, for a BLS call to join (Triton's): none here, see __init__."""
-        return None
+    def trace(self) -> InferenceTrace:
+        """The request's trace, for a BLS call to join (see InferenceTrace)."""
+        return self._trace
 
     def set_release_flags(self, flags: int) -> None:
         if flags & TRITONSERVER_REQUEST_RELEASE_RESCHEDULE:
@@ -404,11 +427,14 @@ def is_model_ready(model_name: str, model_version: str = "") -> bool:
 def incoming_request(inputs: Sequence[Tensor], request_id: str, correlation_id: int | str,
                      requested_output_names: Sequence[str], parameters: str, flags: int,
                      cancelled: Callable[[], bool],
-                     sender: InferenceResponseSender | None = None) -> InferenceRequest:
-    """A request as the server hands it to `execute` (not part of Triton's API)."""
+                     sender: InferenceResponseSender | None = None,
+                     trace: Any = None) -> InferenceRequest:
+    """A request as the server hands it to `execute` (not part of Triton's API); `trace`:
+    the server's trace of it, when it is traced."""
     request = InferenceRequest(requested_output_names=requested_output_names, inputs=inputs,
                                request_id=request_id, correlation_id=correlation_id,
-                               flags=flags, parameters=parameters)
+                               flags=flags, parameters=parameters,
+                               trace=InferenceTrace(trace) if trace is not None else None)
     request._cancelled = cancelled
     request._sender = sender
     return request

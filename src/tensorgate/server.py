@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import pathlib
 import re
 import signal
 import sys
 import time
+from collections.abc import Callable
 
 from tensorgate.builtin.repository import default_repository
 from tensorgate.config import ServerConfig
@@ -29,7 +31,8 @@ from tensorgate.network.http import HttpFrontEnd
 from tensorgate.network.metrics_http import MetricsFrontEnd
 from tensorgate.log_settings import LOG_LINE, LogSettings
 from tensorgate.protocol.restricted import GRPC_PREFIX, parse_restrictions
-from tensorgate.tracing import Tracer
+from tensorgate.tracing import ExportDone, Tracer
+from tensorgate.tracing_otlp import OtlpExporter
 from tensorgate.network.loop import run_loop
 from tensorgate.pipeline.engine import Engine
 from tensorgate.repository.layout import model_fingerprints
@@ -54,9 +57,10 @@ class Server:
         self.metrics_port = 0
         # what /v2/logging reads and changes; `run` attaches it to the handlers it sets up
         self.log_settings = LogSettings(config.log_level)
-        # what /v2/trace/setting reads and changes; it writes the traces
+        # what /v2/trace/setting reads and changes; it writes the traces (or sends them)
         self.tracer = Tracer(config.trace_file, config.trace_level, config.trace_rate,
-                             config.trace_count, config.trace_log_frequency)
+                             config.trace_count, config.trace_log_frequency,
+                             _span_exporter(config, self.version))
         self._grpc: GrpcFrontEnd | None = None
         self._metrics: MetricsFrontEnd | None = None
         self._stopping: asyncio.Event | None = None
@@ -99,7 +103,8 @@ class Server:
         self.http_port = await self._http.start(config.host, config.http_port)
         self.grpc_port = await self._grpc.start(config.host, config.grpc_port)
         engine = self.engine
-        tracer = self.tracer if config.trace_file is not None else None
+        tracer = (self.tracer if config.trace_file is not None
+                  or config.trace_mode == "opentelemetry" else None)
         self._metrics = MetricsFrontEnd(lambda: render_metrics(
             engine.model_statistics(), engine.pool_statistics(),
             (budget.open, budget.refused), engine.cache_statistics(),
@@ -271,6 +276,17 @@ async def _follow_repository(engine: Engine, seen: dict[str, tuple[object, ...]]
             except TensorgateError as error:
                 log.error("repository poll: model %s failed to load: %s", name, error.message)
         seen = current
+
+
+def _span_exporter(config: ServerConfig, version: str
+                   ) -> Callable[[ExportDone], OtlpExporter] | None:
+    """Opentelemetry mode's exporter, made by the tracer (None: the triton mode's file)."""
+    if config.trace_mode != "opentelemetry":
+        return None
+    return functools.partial(OtlpExporter, config.trace_otel_url, config.trace_otel_resource,
+                             config.trace_bsp_max_queue_size,
+                             config.trace_bsp_schedule_delay_ms,
+                             config.trace_bsp_max_export_batch_size, version)
 
 
 def run(config: ServerConfig) -> None:

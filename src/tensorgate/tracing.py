@@ -16,6 +16,12 @@ nor loses them all to a crash. At most MAX_HELD traces, holding at most MAX_HELD
 tensors, wait to be written: past that, requests go untraced and are counted in `dropped`
 (a slow disk, or TENSORS on every request, must not grow the server without end). At
 shutdown the server waits for them a bounded time; what is left then is not written.
+
+In opentelemetry mode (Triton's `--trace-config mode=opentelemetry`) the same settings
+choose the requests, and an exporter (tensorgate/tracing_otlp.py) sends them as spans
+instead of a file: there is no file nor log_frequency, TENSORS is not traced, a rate of 0
+traces only requests whose caller's W3C traceparent says it sampled them, and those are
+traced whatever the rate and count.
 """
 
 from __future__ import annotations
@@ -25,13 +31,15 @@ import json
 import logging
 import os
 from collections import deque
-from collections.abc import Mapping, Sequence
-from typing import Any, BinaryIO
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, BinaryIO, Protocol
 
 from tensorgate.errors import InvalidArgumentError
-from tensorgate.pipeline.trace import Trace
+from tensorgate.pipeline.trace import SpanContext, Trace
+from tensorgate.tracing_otlp import parse_traceparent
 
-__all__ = ["APPEND_EVERY", "LEVELS", "MAX_HELD", "MAX_HELD_BYTES", "SETTINGS", "Tracer"]
+__all__ = ["APPEND_EVERY", "LEVELS", "MAX_HELD", "MAX_HELD_BYTES", "SETTINGS", "ExportDone",
+           "TraceExporter", "Tracer"]
 
 log = logging.getLogger("tensorgate.trace")
 
@@ -43,6 +51,18 @@ APPEND_EVERY = 256
 _TAIL = b"\n]\n"  # how every trace file ends: appending writes over it
 _ATTRIBUTES = {"trace_level": "level", "trace_rate": "rate", "trace_count": "count",
                "log_frequency": "log_frequency"}
+
+
+class TraceExporter(Protocol):
+    """Where opentelemetry mode's traces go (tracing_otlp.OtlpExporter)."""
+
+    def add(self, trace: Trace) -> bool: ...
+
+    async def close(self, timeout_s: float) -> None: ...
+
+
+# called back by an exporter once a batch of traces is sent (True) or dropped (False)
+ExportDone = Callable[[list[Trace], bool], None]
 
 
 class _Scope:
@@ -76,23 +96,30 @@ class Tracer:
 
     def __init__(self, file: str | os.PathLike[str] | None = None,
                  level: Sequence[str] = (), rate: int = 1000, count: int = -1,
-                 log_frequency: int = 0) -> None:
+                 log_frequency: int = 0,
+                 exporter: Callable[[ExportDone], TraceExporter] | None = None) -> None:
+        """`exporter`: opentelemetry mode, given what to call back when traces are sent."""
         self.file = os.fspath(file) if file else ""
+        self._exporter = exporter(self._exported) if exporter is not None else None
+        self.mode = "triton" if exporter is None else "opentelemetry"
         try:
-            levels = _level(list(level))
+            if self._exporter is not None and (self.file or log_frequency):
+                raise InvalidArgumentError("opentelemetry mode sends spans, not a file: no "
+                                           "trace file nor log_frequency")
+            levels = _level(list(level), self._exporter is not None)
             for name, number in (("trace_rate", rate), ("trace_count", count),
                                  ("log_frequency", log_frequency)):
-                _number(name, number)
+                _number(name, number, self._exporter is not None)
         except InvalidArgumentError as error:
             raise ValueError(error.message) from None
-        if levels and not self.file:
+        if levels and not self.file and self._exporter is None:
             raise ValueError("tracing needs a file to write: give one with "
                              "--trace-config triton,file=PATH")
         self._start: dict[str, Any] = {"trace_level": levels, "trace_rate": rate,
                                        "trace_count": count, "log_frequency": log_frequency}
         self._global = _Scope(levels, rate, count, log_frequency)
         self._models: dict[str, _Scope] = {}
-        self.on = self._global.tracing  # whether any request may be traced: checked first
+        self.on = self._tracing()       # whether any request may be traced: checked first
         self.dropped = 0                # requests left untraced: MAX_HELD traces waited
         self.written = 0                # traces in the file (counted by the writer)
         self._last_id = 0
@@ -119,7 +146,8 @@ class Tracer:
         """Check every change, then make them all (none if one is wrong): a value sets, None
         clears. `model` must name a model the server has (the caller checks). Returns the
         settings now."""
-        parsed = {name: _parse(name, value, self.file) for name, value in changes.items()}
+        otel = self._exporter is not None
+        parsed = {name: _parse(name, value, self.file, otel) for name, value in changes.items()}
         if model is None:
             after = {n: self._start[n] if v is None else v for n, v in parsed.items()
                      if n != "trace_file"}
@@ -135,7 +163,7 @@ class Tracer:
                 else:
                     own[name] = value
             level = own.get("trace_level", self._global.level)
-        if level and not self.file:
+        if level and not self.file and not otel:
             raise InvalidArgumentError("tracing needs a file to write, and the server has "
                                        "none: start it with --trace-config triton,file=PATH")
         if model is None:
@@ -147,8 +175,16 @@ class Tracer:
                         scope.set(name, value)
         else:
             self._set_model(model, own, [name for name in parsed if name != "trace_file"])
-        self.on = self._global.tracing or any(s.tracing for s in self._models.values())
+        self.on = self._tracing()
         return self.current(model)
+
+    def _tracing(self) -> bool:
+        """Whether some request may be traced: a scope with a level and a count left; in
+        opentelemetry mode a level is enough (a caller's sampled trace ignores the count)."""
+        scopes = [self._global, *self._models.values()]
+        if self._exporter is not None:
+            return any(scope.level for scope in scopes)
+        return any(scope.tracing for scope in scopes)
 
     def _set_model(self, model: str, own: dict[str, Any], changed: list[str]) -> None:
         """`own`: the model's settings after the update, which named `changed`. What the
@@ -175,16 +211,25 @@ class Tracer:
 
     # -- sampling --------------------------------------------------------------------------
 
-    def sample(self, model: str) -> Trace | None:
+    def sample(self, model: str, traceparent: str | None = None) -> Trace | None:
         """A new trace when `model`'s setting takes this request (one in trace_rate, while
-        trace_count lasts), else None. Callers check `on` first."""
+        trace_count lasts), else None. Callers check `on` first. In opentelemetry mode
+        `traceparent` (the request's W3C header) puts the trace in the caller's, and takes
+        the request whatever the rate and count when the caller sampled it."""
         scope = self._scope(model)
-        if not scope.tracing:
+        if not scope.level:
             return None
-        scope.seen += 1
-        if scope.seen < scope.rate:
-            return None
-        scope.seen = 0
+        caller = None
+        if self._exporter is not None and traceparent:
+            caller = parse_traceparent(traceparent)
+        counted = caller is None or not caller[2]
+        if counted:
+            if scope.count == 0 or scope.rate == 0:
+                return None
+            scope.seen += 1
+            if scope.seen < scope.rate:
+                return None
+            scope.seen = 0
         if self._unwritten >= MAX_HELD or self._held_bytes >= MAX_HELD_BYTES:
             if not self.dropped:
                 log.warning("traces are made faster than they are written: requests go "
@@ -192,10 +237,14 @@ class Tracer:
                             self._unwritten, self._held_bytes >> 20)
             self.dropped += 1
             return None
-        if scope.count > 0:
+        if scope.count > 0 and counted:
             scope.count -= 1
         self._unwritten += 1
-        return Trace(self.next_id(), model, self, "TENSORS" in scope.level)
+        context = None
+        if self._exporter is not None:
+            context = (SpanContext.begin(caller[0], caller[1]) if caller is not None
+                       else SpanContext.begin())
+        return Trace(self.next_id(), model, self, "TENSORS" in scope.level, context=context)
 
     def statistics(self) -> tuple[int, int, int]:
         """For metrics: traces written, waiting to be written, and requests left untraced
@@ -213,6 +262,10 @@ class Tracer:
         if trace.parent_id:
             self._unwritten += 1  # a step's trace: not counted when its ensemble's was taken
         self._held_bytes += trace.nbytes
+        if self._exporter is not None:
+            if not self._exporter.add(trace):
+                self._exported([trace], False)
+            return
         scope = self._scope(trace.sampled_for)
         scope.pending.append(trace)
         every = scope.log_frequency or APPEND_EVERY
@@ -252,6 +305,15 @@ class Tracer:
             log.error("could not write %d traces: %s", len(traces), done.exception())
         self._next_write()
 
+    def _exported(self, traces: list[Trace], sent: bool) -> None:
+        """The exporter's word on `traces`: sent, or dropped (its queue was full, or the
+        collector did not take them)."""
+        self._release(traces)
+        if sent:
+            self.written += len(traces)
+        else:
+            self.dropped += len(traces)
+
     def _release(self, traces: list[Trace]) -> None:
         self._unwritten -= len(traces)
         self._held_bytes -= sum(trace.nbytes for trace in traces)
@@ -283,6 +345,9 @@ class Tracer:
     async def close(self, timeout_s: float = 10.0) -> None:
         """Shutdown: write every trace held, waiting at most `timeout_s` for it; what is
         not written by then is let go (and said)."""
+        if self._exporter is not None:
+            await self._exporter.close(timeout_s)
+            return
         self._flush(self._global)
         for scope in self._models.values():
             self._flush(scope)
@@ -302,9 +367,9 @@ class Tracer:
 
 # -- checking what a client sends -------------------------------------------------------------
 
-def _parse(name: str, value: Any, file: str) -> Any:
+def _parse(name: str, value: Any, file: str, otel: bool = False) -> Any:
     """One setting as a client sent it: a string, or a list of strings (gRPC always sends a
-    list; the level may have more than one); None clears it."""
+    list; the level may have more than one); None clears it. `otel`: opentelemetry mode."""
     if name not in SETTINGS:
         raise InvalidArgumentError(f"unknown trace setting '{name}'; settings are: "
                                    f"{', '.join(SETTINGS)}")
@@ -316,7 +381,7 @@ def _parse(name: str, value: Any, file: str) -> Any:
         raise InvalidArgumentError(f"trace setting '{name}' must be a string or a list of "
                                    f"strings; got {value!r}")
     if name == "trace_level":
-        return _level([str(v) for v in values])
+        return _level([str(v) for v in values], otel)
     if len(values) != 1:
         raise InvalidArgumentError(f"trace setting '{name}' takes one value; got {value!r}")
     text = str(values[0])
@@ -332,13 +397,18 @@ def _parse(name: str, value: Any, file: str) -> Any:
     except ValueError:
         raise InvalidArgumentError(f"trace setting '{name}' must be an integer; got "
                                    f"{text!r}") from None
-    return _number(name, number)
+    if otel and name == "log_frequency" and number:
+        raise InvalidArgumentError("trace setting 'log_frequency' is the triton trace mode's "
+                                   "(a file each N traces); this server sends OpenTelemetry "
+                                   "spans")
+    return _number(name, number, otel)
 
 
-def _number(name: str, number: int) -> int:
-    lowest = {"trace_rate": 1, "trace_count": -1, "log_frequency": 0}[name]
+def _number(name: str, number: int, otel: bool = False) -> int:
+    lowest = {"trace_rate": 0 if otel else 1, "trace_count": -1, "log_frequency": 0}[name]
     if number < lowest:
-        meaning = {"trace_rate": "1: every request; N: one in N",
+        meaning = {"trace_rate": ("0: only requests their caller traced; " if otel else "")
+                                 + "1: every request; N: one in N",
                    "trace_count": "-1: no end; N: N more traces",
                    "log_frequency": "0: one file; N: a file each N traces"}[name]
         raise InvalidArgumentError(f"trace setting '{name}' must be {lowest} or more "
@@ -346,8 +416,8 @@ def _number(name: str, number: int) -> int:
     return number
 
 
-def _level(values: list[str]) -> tuple[str, ...]:
-    """A trace level: OFF, or some of LEVELS."""
+def _level(values: list[str], otel: bool = False) -> tuple[str, ...]:
+    """A trace level: OFF, or some of LEVELS (TIMESTAMPS only in opentelemetry mode)."""
     upper = [v.strip().upper() for v in values]
     if upper == ["OFF"] or not upper:
         return ()
@@ -357,4 +427,7 @@ def _level(values: list[str]) -> tuple[str, ...]:
         if value not in LEVELS:
             raise InvalidArgumentError(f"trace level '{value}' is not one of OFF, "
                                        f"{', '.join(LEVELS)}")
+        if otel and value == "TENSORS":
+            raise InvalidArgumentError("trace level TENSORS is not traced in opentelemetry "
+                                       "mode (as in Triton); use TIMESTAMPS")
     return tuple(dict.fromkeys(upper))

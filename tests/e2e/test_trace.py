@@ -334,7 +334,9 @@ def test_a_bad_trace_config_stops_the_server_from_starting(tmp_path: pathlib.Pat
     rb.add_torchscript(repo, "identity", rb.Identity(), [4], [4])
     for given, message in [
             ("level=TIMESTAMPS", "trace_level needs trace_file"),
-            ("opentelemetry,url=localhost:4318", "only the triton trace mode is supported"),
+            ("opentelemetry,url=localhost:4318", "the opentelemetry trace settings \\(url, "
+                                                 "resource, bsp_\\*\\) need trace_mode "
+                                                 "opentelemetry"),
             ("rate=0", "trace_rate must be 1 or more, got 0")]:
         with pytest.raises(RuntimeError, match=message):
             start_server(repo, tmp_path / "server.log", "--trace-config", given)

@@ -74,7 +74,8 @@ _ANSWERED = _Answered()
 class _Call:
     """One unary RPC on one stream: collects its request message, runs it, answers."""
 
-    __slots__ = ("front", "connection", "stream", "path", "deadline_ns", "forwarded", "reader",
+    __slots__ = ("front", "connection", "stream", "path", "deadline_ns", "forwarded",
+                 "traceparent", "reader",
                  "_request", "_task", "_answered", "_began_ns", "_received_ns")
 
     def __init__(self, front: GrpcFrontEnd, connection: http2.Http2Connection,
@@ -85,6 +86,7 @@ class _Call:
         self.path = call.path
         self.deadline_ns = call.deadline_ns
         self.forwarded = call.forwarded
+        self.traceparent = call.traceparent
         self.reader = MessageReader(front.pool, front.max_message_bytes, call.encoding,
                                     place=call.path == _MODEL_INFER, on_message=self._whole)
         # the message once whole: its bytes, encoding and copy ledger
@@ -166,7 +168,8 @@ class _Call:
             if self.path == _MODEL_INFER:
                 parts, trace = await model_infer(
                     dp, self.connection, message, ledger, self.deadline_ns,
-                    forwarded=self.forwarded, received=(self._began_ns, self._received_ns))
+                    forwarded=self.forwarded, received=(self._began_ns, self._received_ns),
+                    traceparent=self.traceparent)
             else:
                 request_type, handler = UNARY[self.path]
                 try:

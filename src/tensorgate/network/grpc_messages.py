@@ -84,17 +84,19 @@ def _deadline_ns(value: str) -> int:
 
 
 class CallHeaders:
-    """What a call's request headers say: the method's path, compression and deadline, and
-    the metadata to pass to the model as parameters."""
+    """What a call's request headers say: the method's path, compression and deadline, the
+    metadata to pass to the model as parameters, and the caller's W3C trace context."""
 
-    __slots__ = ("path", "encoding", "deadline_ns", "forwarded")
+    __slots__ = ("path", "encoding", "deadline_ns", "forwarded", "traceparent")
 
     def __init__(self, path: str, encoding: str, deadline_ns: int | None,
-                 forwarded: dict[str, str] | None = None) -> None:
+                 forwarded: dict[str, str] | None = None,
+                 traceparent: str | None = None) -> None:
         self.path = path
         self.encoding = encoding
         self.deadline_ns = deadline_ns
         self.forwarded = forwarded
+        self.traceparent = traceparent
 
 
 def read_call_headers(headers: list[tuple[str, str]],
@@ -113,7 +115,7 @@ def read_call_headers(headers: list[tuple[str, str]],
                                        f"of {ENCODINGS}")
     deadline = _deadline_ns(values["grpc-timeout"]) if "grpc-timeout" in values else None
     return CallHeaders(values.get(":path", ""), encoding, deadline,
-                       forward_headers(headers, forward))
+                       forward_headers(headers, forward), values.get("traceparent"))
 
 
 def inflate_message(message: Any, encoding: str, limit: int, ledger: CopyLedger) -> bytes:

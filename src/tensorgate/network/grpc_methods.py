@@ -57,15 +57,15 @@ async def model_infer(dp: DataPlane, connection: http2.Http2Connection, message:
                       request: pb.ModelInferRequest | None = None,
                       spans: list[tuple[int, int]] | None = None,
                       forwarded: dict[str, str] | None = None,
-                      received: tuple[int, int] = (0, 0)
+                      received: tuple[int, int] = (0, 0), traceparent: str | None = None
                       ) -> tuple[list[Any], Trace | None]:
     """Run one ModelInferRequest (its bytes, split already where `request` is given);
     returns the ModelInferResponse as parts to send one after another, and the request's
     trace if it is traced (the caller stamps its sending and finishes it). `forwarded`: the
     call's metadata to pass to the model as parameters; `received`: when its message began
-    to arrive and when it was whole (ns)."""
+    to arrive and when it was whole (ns); `traceparent`: the caller's W3C trace context."""
     request, decoded = _decode(dp, message, ledger, deadline_ns, request, spans, forwarded)
-    trace = _trace(dp, request.model_name, received)
+    trace = _trace(dp, request.model_name, received, traceparent)
     try:
         answer = await dp.infer(request.model_name, request.model_version, decoded, ledger,
                                 trace)
@@ -77,8 +77,9 @@ async def model_infer(dp: DataPlane, connection: http2.Http2Connection, message:
         raise
 
 
-def _trace(dp: DataPlane, model: str, received: tuple[int, int]) -> Trace | None:
-    trace = dp.trace(model)
+def _trace(dp: DataPlane, model: str, received: tuple[int, int],
+           traceparent: str | None) -> Trace | None:
+    trace = dp.trace(model, traceparent)
     if trace is not None:
         trace.stamp("GRPC_WAITREAD_START", received[0])
         trace.stamp("GRPC_WAITREAD_END", received[1])
@@ -89,14 +90,15 @@ async def model_infer_responses(dp: DataPlane, connection: http2.Http2Connection
                                 message: Any, ledger: CopyLedger, deadline_ns: int | None,
                                 request: pb.ModelInferRequest, spans: list[tuple[int, int]],
                                 forwarded: dict[str, str] | None = None,
-                                received: tuple[int, int] = (0, 0)
+                                received: tuple[int, int] = (0, 0),
+                                traceparent: str | None = None
                                 ) -> AsyncGenerator[list[Any], None]:
     """A decoupled model's ModelInferResponses to one request, as parts, as they come. With
     `triton_enable_empty_final_response` each says it is not the last, and an empty one
     that says it is follows them (the model's last response is known only after it)."""
     request, decoded = _decode(dp, message, ledger, deadline_ns, request, spans, forwarded)
     flagged = bool(decoded.parameters.get("triton_enable_empty_final_response"))
-    trace = _trace(dp, request.model_name, received)
+    trace = _trace(dp, request.model_name, received, traceparent)
     answers = dp.infer_stream(request.model_name, request.model_version, decoded, ledger,
                               trace)
     try:

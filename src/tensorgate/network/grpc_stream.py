@@ -54,7 +54,8 @@ class StreamCall:
     once, sends each response when it is ready, and ends once the client has ended its side
     and everything is answered."""
 
-    __slots__ = ("dataplane", "connection", "stream", "deadline_ns", "forwarded", "reader",
+    __slots__ = ("dataplane", "connection", "stream", "deadline_ns", "forwarded",
+                 "traceparent", "reader",
                  "_limit", "_registry", "_waiting", "_tasks", "_client_done", "_draining",
                  "_closed", "_paused", "_room")
 
@@ -66,6 +67,7 @@ class StreamCall:
         self.stream = stream
         self.deadline_ns = call.deadline_ns
         self.forwarded = call.forwarded
+        self.traceparent = call.traceparent  # the stream's: each of its requests joins it
         self._limit = max_message_bytes
         self.reader = MessageReader(pool, max_message_bytes, call.encoding, place=True,
                                     on_message=self._whole, on_refused=self._refused)
@@ -188,7 +190,7 @@ class StreamCall:
                 return
             parts, trace = await model_infer(
                 self.dataplane, self.connection, message, ledger, self.deadline_ns,
-                request, spans, self.forwarded, (received_ns, received_ns))
+                request, spans, self.forwarded, (received_ns, received_ns), self.traceparent)
             body = stream_response_parts(parts)
         except asyncio.CancelledError:
             return
@@ -212,7 +214,7 @@ class StreamCall:
         while the client's window leaves room."""
         responses = model_infer_responses(self.dataplane, self.connection, message, ledger,
                                           self.deadline_ns, request, spans, self.forwarded,
-                                          (received_ns, received_ns))
+                                          (received_ns, received_ns), self.traceparent)
         try:
             async for parts in responses:
                 self._answer(stream_response_parts(parts))

@@ -222,7 +222,7 @@ def _generate_answers(dp: DataPlane, request: HttpRequest, model: str,
 def _trace(dp: DataPlane, request: HttpRequest, model: str) -> Trace | None:
     """The request's trace when a trace setting samples it, with the times it arrived; the
     connection stamps its sending and finishes it."""
-    trace = request.trace = dp.trace(model)
+    trace = request.trace = dp.trace(model, request.headers.get("traceparent"))
     if trace is not None:
         trace.stamp("HTTP_RECV_START", request.began_ns)
         trace.stamp("HTTP_RECV_END", request.received_ns)

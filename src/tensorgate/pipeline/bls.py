@@ -4,7 +4,8 @@
 The call comes on a model's thread (its executor thread, or a thread of its own); the request
 goes through the engine on the event loop like any client's (batched, counted, traced), and
 the calling thread waits for its answer: the thread crossing is `run_coroutine_threadsafe`
-there and the future's `result()` here, never a wait on the loop. Inputs and outputs cross
+there and the future's `result()` here, never a wait on the loop. A call given the calling
+request's `trace()` is traced as part of it (its trace made on the loop, under the caller's). Inputs and outputs cross
 as views, not copies (a GPU tensor is copied to the host, counted). As on Triton, a model
 that calls itself with no free instance waits forever: give such requests a `timeout`.
 """
@@ -24,6 +25,7 @@ import torch
 from tensorgate import python_backend as pb_utils
 from tensorgate.errors import InvalidArgumentError, Status, TensorgateError
 from tensorgate.pipeline.requests import InferenceRequest, InferenceResult
+from tensorgate.pipeline.trace import Trace
 from tensorgate.pipeline.work import SequenceFlags
 from tensorgate.tensor.copies import CopyLedger, record_copy
 from tensorgate.tensor.view import TensorView
@@ -75,9 +77,11 @@ class BlsBridge:
             call = _engine_request(request)
         except TensorgateError as error:
             return _error_response(error)
+        parent = request.trace().of
         if decoupled:
-            return self._stream(call)
-        return asyncio.run_coroutine_threadsafe(self._answer(call), self._loop).result()
+            return self._stream(call, parent)
+        return asyncio.run_coroutine_threadsafe(self._answer(call, parent),
+                                                self._loop).result()
 
     def submit(self, request: pb_utils.InferenceRequest
                ) -> concurrent.futures.Future[pb_utils.InferenceResponse]:
@@ -89,7 +93,8 @@ class BlsBridge:
                 concurrent.futures.Future()
             done.set_result(_error_response(error))
             return done
-        return asyncio.run_coroutine_threadsafe(self._answer(call), self._loop)
+        return asyncio.run_coroutine_threadsafe(self._answer(call, request.trace().of),
+                                                self._loop)
 
     def load_model(self, name: str, config: str) -> None:
         control = self._controlling("load_model")
@@ -132,16 +137,23 @@ class BlsBridge:
         except TensorgateError as error:
             raise pb_utils.TritonModelException(error.message) from None
 
-    async def _answer(self, call: InferenceRequest) -> pb_utils.InferenceResponse:
+    async def _answer(self, call: InferenceRequest, parent: Trace | None
+                      ) -> pb_utils.InferenceResponse:
+        call.trace = parent.child(call.model) if parent is not None else None
         try:
             return _response(await self._infer(call))
         except TensorgateError as error:
             return _error_response(error)
+        finally:
+            if call.trace is not None:
+                call.trace.finish()
 
-    def _stream(self, call: InferenceRequest) -> Iterator[pb_utils.InferenceResponse]:
+    def _stream(self, call: InferenceRequest, parent: Trace | None
+                ) -> Iterator[pb_utils.InferenceResponse]:
         arrived: queue.SimpleQueue[Any] = queue.SimpleQueue()
 
         async def pump() -> None:
+            call.trace = parent.child(call.model) if parent is not None else None
             try:
                 async for result in self._infer_stream(call):
                     arrived.put(_response(result))
@@ -149,6 +161,8 @@ class BlsBridge:
                 arrived.put(_error_response(error))
             finally:
                 arrived.put(_END)
+                if call.trace is not None:
+                    call.trace.finish()
 
         future = asyncio.run_coroutine_threadsafe(pump(), self._loop)
         try:

@@ -532,7 +532,7 @@ def _request_inputs(item: WorkItem) -> RequestInputs:
                  | (SEQUENCE_END if sequence.end else 0))
     return RequestInputs(item.inputs, RequestInfo(item.id, slice(0, item.rows), item.parameters),
                          item.wanted, sequence.id if sequence is not None else 0, flags,
-                         lambda: item.abandoned)
+                         lambda: item.abandoned, item.trace)
 
 
 def _cpu_text(cpus: frozenset[int]) -> str:

@@ -6,10 +6,12 @@ every other request carries None, and each stage that would stamp pays one `is n
 Stamps are taken on the event loop (the executor's times arrive there with its batch), on the
 monotonic clock the pipeline already reads, in ns. Tensors are copied when they are taken
 (the request's buffers go back to the pool when it is answered) and counted as "trace".
+In opentelemetry mode a trace also carries its `SpanContext`: the ids its spans will have.
 """
 
 from __future__ import annotations
 
+import random
 import time
 from collections.abc import Mapping
 from typing import Any, Protocol
@@ -19,7 +21,43 @@ import numpy as np
 from tensorgate.tensor.copies import CopyLedger, record_copy
 from tensorgate.tensor.view import TensorView
 
-__all__ = ["Trace", "TraceSink"]
+__all__ = ["SpanContext", "Trace", "TraceSink", "new_span_id"]
+
+
+def new_span_id() -> bytes:
+    """8 random bytes, never all zero (W3C trace context calls that invalid)."""
+    return (random.getrandbits(64) or 1).to_bytes(8, "big")
+
+
+class SpanContext:
+    """Where one traced request's OpenTelemetry spans sit: its trace, its model span's id,
+    the span that one hangs under (a request's own InferRequest span, or for an ensemble's
+    step its ensemble's model span), and for a request (not a step) the caller's span its
+    InferRequest span hangs under (b"": none, a trace of its own)."""
+
+    __slots__ = ("trace_id", "span_id", "parent_id", "caller_id")
+
+    def __init__(self, trace_id: bytes, span_id: bytes, parent_id: bytes,
+                 caller_id: bytes | None) -> None:
+        self.trace_id = trace_id
+        self.span_id = span_id
+        self.parent_id = parent_id
+        self.caller_id = caller_id  # None: a step (it has no InferRequest span)
+
+    @classmethod
+    def begin(cls, trace_id: bytes | None = None, caller_id: bytes = b"") -> SpanContext:
+        """A request's: in the caller's trace when given, else in a new one."""
+        if trace_id is None:
+            trace_id = new_span_id() + new_span_id()
+        return cls(trace_id, new_span_id(), new_span_id(), caller_id)
+
+    def child(self) -> SpanContext:
+        """A step's, under this model span."""
+        return SpanContext(self.trace_id, new_span_id(), self.span_id, None)
+
+    def traceparent(self) -> str:
+        """This model span as a W3C traceparent (what a model passes on to its callees)."""
+        return f"00-{self.trace_id.hex()}-{self.span_id.hex()}-01"
 
 
 class TraceSink(Protocol):
@@ -35,10 +73,10 @@ class Trace:
     """What one sampled request leaves in the trace file; `finish` hands it to be written."""
 
     __slots__ = ("id", "parent_id", "model", "version", "request_id", "stamps", "tensors",
-                 "sampled_for", "nbytes", "_tracer", "_finished")
+                 "sampled_for", "nbytes", "context", "_tracer", "_finished")
 
     def __init__(self, id: int, model: str, tracer: TraceSink, tensors: bool,
-                 parent_id: int = 0) -> None:
+                 parent_id: int = 0, context: SpanContext | None = None) -> None:
         self.id = id
         self.parent_id = parent_id    # the ensemble request's trace, for one of its steps
         self.model = model
@@ -49,6 +87,7 @@ class Trace:
         # (activity, tensor name, datatype, a copy of the data) when tracing TENSORS
         self.tensors: list[tuple[str, str, str, np.ndarray]] | None = [] if tensors else None
         self.nbytes = 0               # of the tensors kept
+        self.context = context        # opentelemetry mode: its spans' ids
         self._tracer = tracer
         self._finished = False
 
@@ -87,7 +126,8 @@ class Trace:
     def child(self, model: str) -> Trace:
         """The trace of one step of this (ensemble) request."""
         step = Trace(self._tracer.next_id(), model, self._tracer, self.tensors is not None,
-                     parent_id=self.id)
+                     parent_id=self.id,
+                     context=self.context.child() if self.context is not None else None)
         step.sampled_for = self.sampled_for
         return step
 

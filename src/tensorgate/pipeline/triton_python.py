@@ -23,6 +23,7 @@ from tensorgate.errors import (AlreadyExistsError, CancelledError, InternalError
                                InvalidArgumentError, NotFoundError, TensorgateError,
                                UnavailableError, UnimplementedError)
 from tensorgate.model import NO_PARAMETERS, ModelContext, Parameter, RequestInfo
+from tensorgate.pipeline.trace import Trace
 from tensorgate.repository.model_config import ModelSpec
 
 __all__ = ["MODULE_NAME", "Answer", "RequestInputs", "TritonPythonRunner", "install_module"]
@@ -54,6 +55,7 @@ class RequestInputs(NamedTuple):
     correlation_id: int | str   # its sequence (0: none)
     flags: int                  # TRITONSERVER_REQUEST_FLAG_SEQUENCE_START / _END
     cancelled: Callable[[], bool]
+    trace: Trace | None = None  # when traced: what its BLS calls may join
 
 
 class Answer(NamedTuple):
@@ -173,7 +175,7 @@ def _incoming(request: RequestInputs,
     return pb_utils.incoming_request(
         inputs, request.info.id, request.correlation_id, list(request.wanted),
         json.dumps(dict(parameters)) if (parameters := request.info.parameters) else "{}",
-        request.flags, request.cancelled, sender)
+        request.flags, request.cancelled, sender, request.trace)
 
 
 def _answer(response: pb_utils.InferenceResponse, model: str) -> Answer | TensorgateError:
