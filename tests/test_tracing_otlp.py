@@ -5,6 +5,7 @@ the tracer's sampling rules with a caller's context, and the exporter's queue bo
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
 from typing import Any
 
@@ -169,8 +170,8 @@ def test_a_request_becomes_tritons_three_spans_and_a_step_two() -> None:
                       "COMPUTE_START", "COMPUTE_INPUT_END", "COMPUTE_OUTPUT_START",
                       "COMPUTE_END", "INFER_RESPONSE_COMPLETE", "REQUEST_END",
                       "HTTP_SEND_START", "HTTP_SEND_END"])
-    trace.version, trace.request_id = 3, "r1"
-    root, model, compute = trace_spans(trace, offset_ns=5)
+    trace.version, trace.request_id = 3, 'r"1\n\u00e9'  # a client's text, escaped
+    root, model, compute = map(json.loads, trace_spans(trace, offset_ns=5))
     assert (root["name"], model["name"], compute["name"]) == ("InferRequest", "ensemble",
                                                               "compute")
     assert root["traceId"] == model["traceId"] == compute["traceId"] == TRACE
@@ -186,11 +187,11 @@ def test_a_request_becomes_tritons_three_spans_and_a_step_two() -> None:
     assert model["attributes"] == [
         {"key": "model_name", "value": {"stringValue": "ensemble"}},
         {"key": "model_version", "value": {"intValue": "3"}},
-        {"key": "request_id", "value": {"stringValue": "r1"}}]
+        {"key": "request_id", "value": {"stringValue": 'r"1\n\u00e9'}}]
     step = _stamped(trace.child("identity"), ["REQUEST_START", "QUEUE_START",
                                               "COMPUTE_START", "COMPUTE_END",
                                               "INFER_RESPONSE_COMPLETE", "REQUEST_END"])
-    own, work = trace_spans(step, offset_ns=0)
+    own, work = map(json.loads, trace_spans(step, offset_ns=0))
     assert own["parentSpanId"] == model["spanId"] and work["parentSpanId"] == own["spanId"]
     assert own["traceId"] == TRACE
     assert [e["name"] for e in own["events"]] == ["REQUEST_START", "QUEUE_START",

@@ -68,9 +68,11 @@ def parse_traceparent(text: str | None) -> tuple[bytes, bytes, bool] | None:
     return bytes.fromhex(trace_id), bytes.fromhex(span_id), bool(int(flags, 16) & 1)
 
 
-def trace_spans(trace: Trace, offset_ns: int) -> list[dict[str, Any]]:
-    """`trace`'s spans in OTLP's JSON form, its monotonic stamps moved by `offset_ns`
-    (wall clock minus monotonic). A trace without a SpanContext has none."""
+def trace_spans(trace: Trace, offset_ns: int) -> list[str]:
+    """`trace`'s spans, each as OTLP's JSON text, its monotonic stamps moved by `offset_ns`
+    (wall clock minus monotonic). A trace without a SpanContext has none. Written as text
+    rather than dicts for json.dumps: 9 µs a trace instead of 23, in a thread that holds the
+    GIL the loop needs (measured on 170-trace batches)."""
     context = trace.context
     if context is None or not trace.stamps:
         return []
@@ -97,34 +99,35 @@ def trace_spans(trace: Trace, offset_ns: int) -> list[dict[str, Any]]:
                   _attribute("request_id", trace.request_id)]
     if trace.parent_id:
         attributes.append(_attribute("parent_id", trace.parent_id))
-    trace_id = context.trace_id.hex()
+    shared = (context.trace_id.hex(), json.dumps(attributes, separators=(",", ":")),
+              offset_ns)
     spans = []
     if is_request:
         assert context.caller_id is not None
-        spans.append(_span(trace_id, context.parent_id, context.caller_id, "InferRequest",
-                           _SERVER, stamps, root, attributes, offset_ns))
-    spans.append(_span(trace_id, context.span_id, context.parent_id, trace.model,
-                       _INTERNAL, model or stamps, model, attributes, offset_ns))
+        spans.append(_span(shared, context.parent_id, context.caller_id, '"InferRequest"',
+                           _SERVER, stamps, root))
+    spans.append(_span(shared, context.span_id, context.parent_id, json.dumps(trace.model),
+                       _INTERNAL, model or stamps, model))
     for events in computes:
-        spans.append(_span(trace_id, new_span_id(), context.span_id, "compute", _INTERNAL,
-                           events, events, attributes, offset_ns))
+        spans.append(_span(shared, new_span_id(), context.span_id, '"compute"', _INTERNAL,
+                           events, events))
     return spans
 
 
-def _span(trace_id: str, span_id: bytes, parent_id: bytes, name: str, kind: int,
-          extent: Sequence[tuple[str, int]], events: Sequence[tuple[str, int]],
-          attributes: list[dict[str, Any]], offset_ns: int) -> dict[str, Any]:
-    """One span from the first to the last of `extent`'s stamps, with `events`."""
-    span: dict[str, Any] = {
-        "traceId": trace_id, "spanId": span_id.hex(), "name": name, "kind": kind,
-        "startTimeUnixNano": str(extent[0][1] + offset_ns),
-        "endTimeUnixNano": str(extent[-1][1] + offset_ns),
-        "attributes": attributes,
-        "events": [{"timeUnixNano": str(ns + offset_ns), "name": event}
-                   for event, ns in events]}
-    if parent_id:
-        span["parentSpanId"] = parent_id.hex()
-    return span
+def _span(shared: tuple[str, str, int], span_id: bytes, parent_id: bytes, name: str,
+          kind: int, extent: Sequence[tuple[str, int]],
+          events: Sequence[tuple[str, int]]) -> str:
+    """One span from the first to the last of `extent`'s stamps, with `events` (the
+    server's own stamp names: nothing in them to escape). `shared`: the trace's id, its
+    attributes as JSON, the clock offset; `name` is JSON already."""
+    trace_id, attributes, offset = shared
+    parent = f',"parentSpanId":"{parent_id.hex()}"' if parent_id else ""
+    marks = ",".join([f'{{"timeUnixNano":"{ns + offset}","name":"{event}"}}'
+                      for event, ns in events])
+    return (f'{{"traceId":"{trace_id}","spanId":"{span_id.hex()}"{parent},"name":{name},'
+            f'"kind":{kind},"startTimeUnixNano":"{extent[0][1] + offset}",'
+            f'"endTimeUnixNano":"{extent[-1][1] + offset}","attributes":{attributes},'
+            f'"events":[{marks}]}}')
 
 
 def _attribute(key: str, value: str | int) -> dict[str, Any]:
@@ -235,9 +238,8 @@ class OtlpExporter:
     def _send(self, batch: list[Trace]) -> None:
         """In the executor: the batch's spans as one OTLP/HTTP JSON request."""
         offset = time.time_ns() - time.monotonic_ns()
-        spans = [json.dumps(span, separators=(",", ":")).encode()
-                 for trace in batch for span in trace_spans(trace, offset)]
-        body = self._head + b",".join(spans) + self._tail
+        spans = ",".join([span for trace in batch for span in trace_spans(trace, offset)])
+        body = self._head + spans.encode() + self._tail
         connection = self._connection
         if connection is None:
             kind = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
