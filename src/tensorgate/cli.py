@@ -31,6 +31,13 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--http-port", type=int)
     serve.add_argument("--grpc-port", type=int)
     serve.add_argument("--metrics-port", type=int, help="Prometheus metrics (default 8002)")
+    for name, what in (("metrics", "serve Prometheus metrics at all"),
+                       ("cpu-metrics", "report nv_cpu_utilization and nv_cpu_memory_*"),
+                       ("gpu-metrics", "taken for Triton's sake: nv_gpu_* are not collected")):
+        serve.add_argument(f"--allow-{name}", metavar="BOOL",
+                           help=f"Triton's: {what} (default true)")
+    serve.add_argument("--metrics-interval-ms", type=int,
+                       help="how often the CPU metrics are sampled (default 2000)")
     serve.add_argument("--allow-shared-memory", action="store_const", const=True,
                        help="let clients register system shared-memory regions (off by default)")
     serve.add_argument("--max-request-bytes", type=int,

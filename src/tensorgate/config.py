@@ -38,6 +38,13 @@ class ServerConfig:
     http_port: int = 8000
     grpc_port: int = 8001
     metrics_port: int = 8002
+    # Triton's --allow-metrics (the metrics port at all), --allow-cpu-metrics (nv_cpu_*, read
+    # from /proc every metrics_interval_ms), --allow-gpu-metrics (taken; nv_gpu_* are not
+    # collected: no NVML/DCGM here)
+    allow_metrics: bool = True
+    allow_cpu_metrics: bool = True
+    allow_gpu_metrics: bool = True
+    metrics_interval_ms: int = 2000
     allow_shared_memory: bool = False
     max_request_bytes: int = 64 << 20  # Triton's --http-max-input-size; after decompression
     # the host buffer pool's bound on everything it holds: request bodies, batch staging and
@@ -127,6 +134,9 @@ class ServerConfig:
             port = getattr(self, name)
             if not 0 <= port <= 65535:
                 raise ValueError(f"{name} must be 0-65535 (0 picks a free port), got {port}")
+        if self.metrics_interval_ms < 1:
+            raise ValueError(f"metrics_interval_ms must be 1 or more, got "
+                             f"{self.metrics_interval_ms}")
         if self.max_request_bytes < 1024:
             raise ValueError(f"max_request_bytes must be at least 1024, got "
                              f"{self.max_request_bytes}")

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from tensorgate.custom_metrics import label_text, render_custom_metrics
+from tensorgate.host_metrics import HostSample
 from tensorgate.pipeline.response_cache import CacheStatistics
 from tensorgate.pipeline.stats import LATENCY_BOUNDS_US, Histogram, ModelStatistics
 from tensorgate.tensor.copies import process_copies
@@ -30,6 +31,13 @@ _HELP = {
     "nv_cache_hit_duration_per_model": ("counter", "Cumulative cache lookup time of hits (µs)"),
     "nv_cache_miss_duration_per_model": (
         "counter", "Cumulative cache lookup and insertion time of misses (µs)"),
+    "nv_cpu_utilization": ("gauge", "CPU utilization rate [0.0 - 1.0]"),
+    "nv_cpu_memory_total_bytes": ("gauge", "CPU total memory (RAM), in bytes"),
+    "nv_cpu_memory_used_bytes": ("gauge", "CPU used memory (RAM), in bytes"),
+    "nv_pinned_memory_pool_total_bytes": ("gauge", "Pinned memory pool total memory size, in "
+                                                   "bytes"),
+    "nv_pinned_memory_pool_used_bytes": ("gauge", "Pinned memory pool used memory size, in "
+                                                  "bytes"),
     "tensorgate_batch_rows_limit": (
         "gauge", "Rows a dynamic batch may take now: max_batch_size, or less where larger "
                  "batches measured dearer per row"),
@@ -95,11 +103,12 @@ def render_metrics(models: Iterable[tuple[ModelStatistics, int]],
                    pool: PoolStatistics | None = None,
                    connections: tuple[int, int] | None = None,
                    cache: CacheStatistics | None = None,
-                   traces: tuple[int, int, int] | None = None) -> str:
+                   traces: tuple[int, int, int] | None = None,
+                   host: HostSample | None = None) -> str:
     """`models`: each version's statistics and its pending-request count; `pool`: the host
     buffer pool's, when there is one to report; `connections`: (open, refused so far);
     `cache`: the response cache's, when the server has one; `traces`: (written, held,
-    dropped), when the server has a trace file."""
+    dropped), when the server traces; `host`: the last CPU sample, when it takes them."""
     rows: dict[str, list[str]] = {name: [] for name in _HELP}
     for stats, pending in models:
         labels = _labels(model=stats.name, version=str(stats.version))
@@ -153,7 +162,17 @@ def render_metrics(models: Iterable[tuple[ModelStatistics, int]],
     for reason, (nbytes, calls) in totals.by_reason.items():
         rows["tensorgate_copies_by_reason_bytes_total"].append(f"{_labels(reason=reason)} {nbytes}")
         rows["tensorgate_copies_by_reason_total"].append(f"{_labels(reason=reason)} {calls}")
+    if host is not None:
+        rows["nv_cpu_utilization"].append(f" {host.cpu_utilization}")
+        rows["nv_cpu_memory_total_bytes"].append(f" {host.memory_total_bytes}")
+        rows["nv_cpu_memory_used_bytes"].append(f" {host.memory_used_bytes}")
     if pool is not None:
+        # Triton's pinned pool is the host pool here when CUDA is present (0 without)
+        pinned = pool.pinned
+        rows["nv_pinned_memory_pool_total_bytes"].append(
+            f" {pool.limit_bytes if pinned else 0}")
+        rows["nv_pinned_memory_pool_used_bytes"].append(
+            f" {pool.bytes_in_use if pinned else 0}")
         rows["tensorgate_pool_bytes"] += [f"{_labels(state='in_use')} {pool.bytes_in_use}",
                                           f"{_labels(state='idle')} {pool.bytes_idle}"]
         rows["tensorgate_pool_limit_bytes"] += [f"{_labels(bound='held')} {pool.limit_bytes}",

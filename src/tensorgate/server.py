@@ -24,6 +24,7 @@ from tensorgate.builtin.repository import default_repository
 from tensorgate.config import ServerConfig
 from tensorgate.dataplane import DataPlane
 from tensorgate.errors import NotFoundError, TensorgateError
+from tensorgate.host_metrics import HostSampler
 from tensorgate.network import ConnectionBudget
 from tensorgate.network.grpc import GrpcFrontEnd
 from tensorgate.metrics import render_metrics
@@ -68,6 +69,7 @@ class Server:
         self._http: HttpFrontEnd | None = None
         self._pool_trimmer: asyncio.Task[None] | None = None
         self._expirer: asyncio.Task[None] | None = None
+        self._host_sampler: asyncio.Task[None] | None = None
         self._poller: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -102,14 +104,8 @@ class Server:
             await self.engine.start()
         self.http_port = await self._http.start(config.host, config.http_port)
         self.grpc_port = await self._grpc.start(config.host, config.grpc_port)
-        engine = self.engine
-        tracer = (self.tracer if config.trace_file is not None
-                  or config.trace_mode == "opentelemetry" else None)
-        self._metrics = MetricsFrontEnd(lambda: render_metrics(
-            engine.model_statistics(), engine.pool_statistics(),
-            (budget.open, budget.refused), engine.cache_statistics(),
-            tracer.statistics() if tracer is not None else None))
-        self.metrics_port = await self._metrics.start(config.host, config.metrics_port)
+        if config.allow_metrics:
+            await self._start_metrics(budget)
         dataplane.started = True
         if not default_pool().statistics().pinned:
             self._pool_trimmer = asyncio.create_task(_trim_when_quiet(default_pool()))
@@ -123,8 +119,10 @@ class Server:
                  if e["state"] == "READY"]
         failed = [f"{e['name']} ({e['reason']})" for e in self.engine.index()
                   if e["state"] != "READY"]
+        metrics = (f"metrics on {config.host}:{self.metrics_port}" if config.allow_metrics
+                   else "metrics off")
         print(f"tensorgate {self.version}: HTTP on {config.host}:{self.http_port}, gRPC on "
-              f"{config.host}:{self.grpc_port}, metrics on {config.host}:{self.metrics_port}; "
+              f"{config.host}:{self.grpc_port}, {metrics}; "
               f"repository {repository}", flush=True)
         print(f"ready: {', '.join(ready) or 'no models'}", flush=True)
         if failed:
@@ -154,6 +152,8 @@ class Server:
             self._pool_trimmer.cancel()
         if self._expirer is not None:
             self._expirer.cancel()
+        if self._host_sampler is not None:
+            self._host_sampler.cancel()
         if self._poller is not None:
             self._poller.cancel()
         if self._http is not None:
@@ -169,6 +169,27 @@ class Server:
         if self._metrics is not None:
             await self._metrics.close()
         await self.tracer.close(self.config.drain_timeout_s)  # 5. write the traces held
+
+    async def _start_metrics(self, budget: ConnectionBudget) -> None:
+        """The metrics port, and the CPU sampler behind Triton's nv_cpu_* when allowed."""
+        config, engine = self.config, self.engine
+        assert engine is not None
+        tracer = (self.tracer if config.trace_file is not None
+                  or config.trace_mode == "opentelemetry" else None)
+        host = HostSampler() if config.allow_cpu_metrics else None
+        if host is not None:
+            await asyncio.get_running_loop().run_in_executor(None, host.sample)
+            self._host_sampler = asyncio.create_task(
+                _sample_host(host, config.metrics_interval_ms / 1000))
+        if config.allow_gpu_metrics and default_pool().statistics().pinned:
+            log.info("GPU metrics (nv_gpu_*) are not collected: tensorgate reads no "
+                     "NVML/DCGM; use dcgm-exporter beside it")
+        self._metrics = MetricsFrontEnd(lambda: render_metrics(
+            engine.model_statistics(), engine.pool_statistics(),
+            (budget.open, budget.refused), engine.cache_statistics(),
+            tracer.statistics() if tracer is not None else None,
+            host.last if host is not None else None))
+        self.metrics_port = await self._metrics.start(config.host, config.metrics_port)
 
     def request_stop(self) -> None:
         if self._stopping is not None:
@@ -187,6 +208,14 @@ class Server:
         await self._stopping.wait()
         print("tensorgate: stopping (draining in-flight requests)", flush=True)
         await self.stop()
+
+
+async def _sample_host(sampler: HostSampler, period_s: float) -> None:
+    """Triton's CPU metrics every `period_s`, read off the loop (/proc files)."""
+    loop = asyncio.get_running_loop()
+    while True:
+        await asyncio.sleep(period_s)
+        await loop.run_in_executor(None, sampler.sample)
 
 
 async def _trim_when_quiet(pool: BufferPool) -> None:

@@ -43,10 +43,10 @@ def start_server(repo: pathlib.Path, log: pathlib.Path, *extra: str) -> RunningS
     deadline = time.monotonic() + STARTUP_TIMEOUT_S
     while time.monotonic() < deadline:
         match = re.search(r"HTTP on 127\.0\.0\.1:(\d+), gRPC on 127\.0\.0\.1:(\d+), "
-                          r"metrics on 127\.0\.0\.1:(\d+)", log.read_text())
+                          r"metrics (?:on 127\.0\.0\.1:(\d+)|off)", log.read_text())
         if match and "ready:" in log.read_text():
             return RunningServer(process, int(match.group(1)), int(match.group(2)),
-                                 int(match.group(3)), log)
+                                 int(match.group(3) or 0), log)
         if process.poll() is not None:
             raise RuntimeError(f"server exited with {process.returncode}:\n{log.read_text()}")
         time.sleep(0.1)

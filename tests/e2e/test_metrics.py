@@ -189,3 +189,51 @@ def test_a_decoupled_models_first_response_time_is_measured(server: RunningServe
         client.stop_stream()  # waits for the stream's responses
     assert len(answers) == 3 and not any(isinstance(a, Exception) for a in answers), answers
     assert first_responses() == before + 1
+
+
+def _unlabelled(text: str, metric: str) -> float:
+    match = re.search(rf"^{metric} (\S+)$", text, re.M)
+    assert match, f"{metric} not in:\n{text}"
+    return float(match.group(1))
+
+
+def test_cpu_metrics_as_tritons_sampled_every_interval(e2e_repo: pathlib.Path,
+                                                       tmp_path: pathlib.Path) -> None:
+    server = start_server(e2e_repo, tmp_path / "server.log", "--metrics-interval-ms", "100",
+                          "--allow-gpu-metrics", "false")
+    try:
+        first = scrape(server)
+        assert "# TYPE nv_cpu_utilization gauge" in first
+        total = _unlabelled(first, "nv_cpu_memory_total_bytes")
+        with open("/proc/meminfo") as info:  # the same host, read by this test
+            assert total == int(info.readline().split()[1]) * 1024
+        assert 0 < _unlabelled(first, "nv_cpu_memory_used_bytes") < total
+        # busy both cores for a while: the next samples see it
+        deadline = time.monotonic() + 10
+        seen = 0.0
+        while seen == 0.0 and time.monotonic() < deadline:
+            end = time.monotonic() + 0.3
+            while time.monotonic() < end:
+                pass
+            seen = _unlabelled(scrape(server), "nv_cpu_utilization")
+        assert 0 < seen <= 1
+        assert _unlabelled(first, "nv_pinned_memory_pool_used_bytes") == 0  # no CUDA here
+    finally:
+        assert stop_server(server) == 0, server.log.read_text()
+
+
+def test_metrics_and_cpu_metrics_can_be_turned_off(e2e_repo: pathlib.Path,
+                                                   tmp_path: pathlib.Path) -> None:
+    server = start_server(e2e_repo, tmp_path / "cpu.log", "--allow-cpu-metrics=false")
+    try:
+        text = scrape(server)
+        assert "nv_inference_request_success" in text and "nv_cpu_utilization" not in text
+    finally:
+        assert stop_server(server) == 0, server.log.read_text()
+    server = start_server(e2e_repo, tmp_path / "none.log", "--allow-metrics", "false")
+    try:
+        assert server.metrics_port == 0 and "metrics off" in server.log.read_text()
+        with httpclient.InferenceServerClient(server.url) as client:
+            assert client.is_server_ready()
+    finally:
+        assert stop_server(server) == 0, server.log.read_text()
