@@ -81,6 +81,22 @@ def _parser() -> argparse.ArgumentParser:
                             "opentelemetry,resource=KEY=VALUE, opentelemetry,bsp_max_queue_size"
                             "=N, opentelemetry,bsp_schedule_delay=MS, "
                             "opentelemetry,bsp_max_export_batch_size=N")
+    # Triton's names for what tensorgate already has, so that a tritonserver command line
+    # carries over (tensorgate's own names above still work)
+    serve.add_argument("--strict-readiness", metavar="BOOL",
+                       help="ready only while every model it tried to load serves "
+                            "(default true)")
+    serve.add_argument("--exit-on-error", metavar="BOOL",
+                       help="exit if a model fails to load at start (default false; "
+                            "Triton's is true)")
+    serve.add_argument("--exit-timeout-secs", dest="drain_timeout_s", type=float,
+                       help="how long shutdown waits for requests in flight (default 10)")
+    serve.add_argument("--strict-model-config", metavar="BOOL",
+                       help="Triton's older name: true is --disable-auto-complete-config")
+    serve.add_argument("--log-verbose", type=int, metavar="N",
+                       help="Triton's: above 0 logs at DEBUG (unless --log-level says)")
+    serve.add_argument("--cache-config", metavar="local,size=BYTES",
+                       help="Triton's: the response cache's size (--response-cache-bytes)")
     serve.add_argument("--loop", choices=["auto", "asyncio", "uvloop"])
     serve.add_argument("--placement", choices=["auto", "none"])
     serve.add_argument("--log-level")
@@ -132,6 +148,28 @@ def trace_settings(given: list[str]) -> dict[str, object]:
     return found
 
 
+def triton_settings(args: dict[str, object]) -> dict[str, object]:
+    """ServerConfig fields from Triton's flags that say what a tensorgate flag says (they
+    are taken out of `args`); tensorgate's own flag wins where both are given."""
+    found: dict[str, object] = {}
+    strict = args.pop("strict_model_config", None)
+    if strict is not None and args.get("disable_auto_complete_config") is None:
+        found["disable_auto_complete_config"] = strict
+    verbose = args.pop("log_verbose", None)
+    if isinstance(verbose, int) and verbose > 0 and args.get("log_level") is None:
+        found["log_level"] = "DEBUG"
+    cache = args.pop("cache_config", None)
+    if isinstance(cache, str):
+        kind, _, setting = cache.partition(",")
+        name, _, size = setting.partition("=")
+        if kind != "local" or name != "size" or not size.isdecimal():
+            raise ValueError(f"--cache-config '{cache}': only local,size=BYTES is supported "
+                             "(the in-memory response cache)")
+        if args.get("response_cache_bytes") is None:
+            found["response_cache_bytes"] = int(size)
+    return found
+
+
 def main(argv: list[str] | None = None) -> int:
     args = vars(_parser().parse_args(argv))
     command = args.pop("command")
@@ -139,6 +177,7 @@ def main(argv: list[str] | None = None) -> int:
         from tensorgate.server import run
         try:
             args.update(trace_settings(args.pop("trace_config") or []))
+            args.update(triton_settings(args))
             for name in ("http_restricted_api", "grpc_restricted_api"):
                 if args[name] is not None:
                     args[name] = ";".join(args[name])

@@ -70,6 +70,14 @@ class ServerConfig:
     # (HTTP 503, gRPC GOAWAY) and closed. The soft open-files limit is raised to fit it.
     max_connections: int = 4096
     log_level: str = "INFO"
+    # Triton's --strict-readiness: /v2/health/ready says ready only while every model the
+    # server tried to load serves (a failed one makes it unready: Kubernetes sends it no
+    # traffic); false: ready once started, whatever failed
+    strict_readiness: bool = True
+    # Triton's --exit-on-error: a model that fails to load at start stops the server (exit
+    # status 1). Triton's default is true; tensorgate's is false (it serves the others,
+    # and with strict readiness says it is not ready)
+    exit_on_error: bool = False
     # Triton's --model-control-mode: "none" serves every model of the repository and refuses
     # the load/unload API (any client could otherwise unload what is served); "explicit"
     # loads `load_models` ("*": all) and allows the API; "poll" loads all and follows the

@@ -59,13 +59,16 @@ def refuse_model_files(parameters: Iterable[str]) -> None:
 class DataPlane:
     def __init__(self, engine: Engine, version: str, allow_shared_memory: bool = False,
                  model_control_mode: str = "none", log_settings: LogSettings | None = None,
-                 tracer: Tracer | None = None) -> None:
+                 tracer: Tracer | None = None, strict_readiness: bool = True) -> None:
         """`model_control_mode` other than "explicit" refuses the load/unload API, as in
-        Triton: what is served is then the repository's business, not any client's."""
+        Triton: what is served is then the repository's business, not any client's.
+        `strict_readiness` (Triton's default): the server is ready only while no model
+        it should serve failed to load."""
         self.engine = engine
         self.log_settings = log_settings or LogSettings()
         self.tracer = tracer or Tracer()
         self.model_control_mode = model_control_mode
+        self.strict_readiness = strict_readiness
         self.version = version
         self.started = False
         self.shm = SharedMemoryRegistry(allow_shared_memory)
@@ -77,7 +80,12 @@ class DataPlane:
         return True
 
     def ready(self) -> bool:
-        return self.started and self.engine.is_serving()
+        """Triton's server readiness: started and not shutting down, and with strict
+        readiness every model it tried to load serving (one unloaded through the API is
+        not missing)."""
+        if not (self.started and self.engine.is_serving()):
+            return False
+        return not (self.strict_readiness and self.engine.unavailable())
 
     def server_metadata(self) -> dict[str, Any]:
         return {"name": "tensorgate", "version": self.version, "extensions": self.extensions}

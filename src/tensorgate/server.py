@@ -39,11 +39,15 @@ from tensorgate.pipeline.engine import Engine
 from tensorgate.repository.layout import model_fingerprints
 from tensorgate.tensor.pool import QUIET_IDLE_BYTES, BufferPool, default_pool
 
-__all__ = ["Server", "run"]
+__all__ = ["Server", "StartupError", "run"]
 
 log = logging.getLogger("tensorgate.server")
 
 POOL_TRIM_PERIOD_S = 1.0  # the pool goes back to its quiet size 1–2 s after the last request
+
+
+class StartupError(Exception):
+    """The server cannot start as configured (a model failed to load with exit_on_error)."""
 
 
 class Server:
@@ -84,7 +88,8 @@ class Server:
                              auto_complete=not config.disable_auto_complete_config,
                              model_control=config.model_control_mode == "explicit")
         dataplane = DataPlane(self.engine, self.version, config.allow_shared_memory,
-                              config.model_control_mode, self.log_settings, self.tracer)
+                              config.model_control_mode, self.log_settings, self.tracer,
+                              config.strict_readiness)
         budget = ConnectionBudget(_fit_open_files(config.max_connections))
         http = self._http = HttpFrontEnd(dataplane, default_pool(), config.max_request_bytes,
                                          config.read_timeout_s, config.keep_alive_timeout_s,
@@ -102,6 +107,11 @@ class Server:
             await self.engine.start(config.load_models)
         else:
             await self.engine.start()
+        unavailable = self.engine.unavailable()
+        if unavailable and config.exit_on_error:
+            await self.engine.shutdown(0.0)
+            raise StartupError("models failed to load (--exit-on-error): " + "; ".join(
+                f"{name}: {reason}" for name, reason in sorted(unavailable.items())))
         self.http_port = await self._http.start(config.host, config.http_port)
         self.grpc_port = await self._grpc.start(config.host, config.grpc_port)
         if config.allow_metrics:
@@ -323,4 +333,8 @@ def run(config: ServerConfig) -> None:
     logging.basicConfig(level=config.log_level.upper(), format=LOG_LINE)
     server = Server(config)
     server.log_settings.attach(logging.getLogger().handlers)
-    run_loop(server.serve(), config.loop)
+    try:
+        run_loop(server.serve(), config.loop)
+    except StartupError as error:
+        log.error("%s", error)
+        sys.exit(1)

@@ -409,6 +409,12 @@ class Engine:
     def is_serving(self) -> bool:
         return not self._closing
 
+    def unavailable(self) -> dict[str, str]:
+        """Models whose load failed and that serve no version, with the reason (a model
+        whose reload failed while its old version serves is not among them)."""
+        return {name: reason for name, reason in self._failed.items()
+                if name not in self._models}
+
     def _forget_labels(self, name: str) -> None:
         """A model unloaded, or loaded again (with the labels read for the new load)."""
         for key in [key for key in self._labels if key[0] == name]:
