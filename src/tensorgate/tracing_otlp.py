@@ -43,6 +43,7 @@ __all__ = ["TIMEOUT_S", "OtlpExporter", "parse_traceparent", "trace_spans"]
 log = logging.getLogger("tensorgate.trace")
 
 TIMEOUT_S = 10.0  # the SDK's OTEL_EXPORTER_OTLP_TIMEOUT default
+_MAX_ANSWER = 64 << 10  # of a collector's answer: it is read (for errors), not kept
 _TRACEPARENT = re.compile(r"([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-.*)?")
 _ROOT_EVENTS = frozenset({"HTTP_RECV_START", "HTTP_RECV_END", "HTTP_SEND_START",
                           "HTTP_SEND_END", "GRPC_WAITREAD_START", "GRPC_WAITREAD_END",
@@ -229,6 +230,8 @@ class OtlpExporter:
             log.info("the OpenTelemetry collector at %s answers again", self.url)
         self._failing = error is not None
         self._done(batch, error is None)
+        if self._abandoned:
+            return  # shutdown stopped waiting: send no more
         if self._queued_spans >= self.max_export_batch_size:
             self._export()
         elif self._queue and self._timer is None:
@@ -247,9 +250,9 @@ class OtlpExporter:
         try:
             connection.request("POST", self._path, body, self._headers)
             response = connection.getresponse()
-            answer = response.read(4096)
-            if response.will_close:
-                connection.close()
+            answer = response.read(_MAX_ANSWER)
+            if response.will_close or not response.isclosed():
+                connection.close()  # or an unread rest would be taken for the next answer
         except Exception:
             connection.close()
             self._connection = None

@@ -4,10 +4,11 @@
 The call comes on a model's thread (its executor thread, or a thread of its own); the request
 goes through the engine on the event loop like any client's (batched, counted, traced), and
 the calling thread waits for its answer: the thread crossing is `run_coroutine_threadsafe`
-there and the future's `result()` here, never a wait on the loop. A call given the calling
-request's `trace()` is traced as part of it (its trace made on the loop, under the caller's). Inputs and outputs cross
-as views, not copies (a GPU tensor is copied to the host, counted). As on Triton, a model
-that calls itself with no free instance waits forever: give such requests a `timeout`.
+there and the future's `result()` here, never a wait on the loop. Inputs and outputs cross
+as views, not copies (a GPU tensor is copied to the host, counted). A call given the
+calling request's `trace()` is traced as part of it (its trace made on the loop, under the
+caller's). As on Triton, a model that calls itself with no free instance waits forever:
+give such requests a `timeout`.
 """
 
 from __future__ import annotations
