@@ -25,6 +25,7 @@ import tempfile
 import threading
 import time
 import urllib.request
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -54,14 +55,15 @@ def _settings(port: int, changes: dict[str, object]) -> None:
         answer.read()
 
 
-def _wait_written(file: pathlib.Path) -> None:
-    """Until the trace file has stopped growing for a second (the server writes off its
-    loop, and TENSORS text takes seconds)."""
+def _until_still(read: Callable[[], int]) -> None:
+    """Until `read()` (the trace file's size, the spans a collector got) has not changed
+    for a second: the server writes and sends off its loop, and TENSORS text takes
+    seconds; it sends spans every 200 ms or 512 of them."""
     last, still = -1, time.monotonic()
     while time.monotonic() - still < 1.0:
-        size = file.stat().st_size if file.exists() else 0
-        if size != last:
-            last, still = size, time.monotonic()
+        now = read()
+        if now != last:
+            last, still = now, time.monotonic()
         time.sleep(0.1)
 
 
@@ -93,15 +95,6 @@ class _Collector:
         self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.port = self.server.server_address[1]
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def wait_sent(self) -> None:
-        """Until no span has come for a second (the server sends every 200 ms or 512
-        spans)."""
-        last, still = -1, time.monotonic()
-        while time.monotonic() - still < 1.0:
-            if self.spans != last:
-                last, still = self.spans, time.monotonic()
-            time.sleep(0.1)
 
 
 def main() -> None:
@@ -136,6 +129,13 @@ def main() -> None:
     # the server's output is read (and dropped) on: a full pipe would stall its logging
     threading.Thread(target=lambda: [None for _ in server.stdout], daemon=True).start()
     samples: dict[str, list[np.ndarray]] = {mode: [] for mode in modes}
+
+    def written() -> int:
+        return trace_file.stat().st_size if trace_file.exists() else 0
+
+    def sent() -> int:
+        return collector.spans if collector is not None else 0
+
     try:
         raw = binary_request("identity", port)
         for round_ in range(args.rounds):
@@ -145,10 +145,8 @@ def main() -> None:
                 _settings(port, changes)
                 samples[mode].append(latencies(port, raw, max(50, int(args.requests * share)))[0])
                 _settings(port, {"trace_level": ["OFF"]})  # what was held is written now
-                if collector is None:  # not while the next mode is measured
-                    _wait_written(trace_file)
-                else:
-                    collector.wait_sent()
+                # not while the next mode is measured
+                _until_still(sent if collector is not None else written)
     finally:
         server.terminate()
         server.wait(timeout=60)

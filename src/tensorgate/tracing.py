@@ -101,7 +101,6 @@ class Tracer:
         """`exporter`: opentelemetry mode, given what to call back when traces are sent."""
         self.file = os.fspath(file) if file else ""
         self._exporter = exporter(self._exported) if exporter is not None else None
-        self.mode = "triton" if exporter is None else "opentelemetry"
         try:
             if self._exporter is not None and (self.file or log_frequency):
                 raise InvalidArgumentError("opentelemetry mode sends spans, not a file: no "
@@ -130,6 +129,11 @@ class Tracer:
         self._writes: deque[tuple[str, bool, list[Trace]]] = deque()  # (path, append, traces)
         self._writing: asyncio.Future[None] | None = None
         self._begun: set[str] = set()   # files this server has written once (the writer's)
+
+    @property
+    def mode(self) -> str:
+        """Triton's trace mode: "triton" (a file) or "opentelemetry" (spans)."""
+        return "triton" if self._exporter is None else "opentelemetry"
 
     # -- settings --------------------------------------------------------------------------
 

@@ -261,10 +261,6 @@ class OtlpExporter:
             raise RuntimeError(f"HTTP {response.status} {response.reason}: "
                                f"{answer[:200].decode('utf-8', 'replace')}")
 
-    def waiting(self) -> int:
-        """Traces queued or on their way."""
-        return len(self._queue)
-
     async def close(self, timeout_s: float) -> None:
         """Shutdown: send what is queued, waiting at most `timeout_s`; what is left then
         is dropped (and said)."""
