@@ -91,3 +91,26 @@ def test_log_level_and_cache_size_are_checked() -> None:
                                          r"more, got -1$"):
         ServerConfig.from_env({"TENSORGATE_RESPONSE_CACHE_BYTES": "-1"})
     assert ServerConfig(log_level="debug").log_level == "debug"
+
+
+def test_each_protocol_binds_host_unless_given_its_own_address() -> None:
+    config = ServerConfig(host="10.0.0.5")
+    assert (config.http_address, config.grpc_address, config.metrics_address) == (
+        "10.0.0.5", "10.0.0.5", "10.0.0.5")
+    # the metrics follow the HTTP address unless given theirs (Triton's rule)
+    config = ServerConfig(http_address="127.0.0.2", grpc_address="::1")
+    assert (config.http_address, config.grpc_address, config.metrics_address) == (
+        "127.0.0.2", "::1", "127.0.0.2")
+    assert ServerConfig(http_address="127.0.0.2",
+                        metrics_address="127.0.0.3").metrics_address == "127.0.0.3"
+    with pytest.raises(ValueError, match=r"^grpc_address must be an IP address or "
+                                         r"'localhost', got 'example.com'$"):
+        ServerConfig(grpc_address="example.com")
+
+
+def test_one_protocol_at_least_must_be_served() -> None:
+    config = ServerConfig.from_env({"TENSORGATE_ALLOW_GRPC": "false"})
+    assert (config.allow_http, config.allow_grpc) == (True, False)
+    with pytest.raises(ValueError, match=r"^allow_http and allow_grpc are both false: the "
+                                         r"server would serve nothing"):
+        ServerConfig(allow_http=False, allow_grpc=False)

@@ -31,6 +31,13 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--http-port", type=int)
     serve.add_argument("--grpc-port", type=int)
     serve.add_argument("--metrics-port", type=int, help="Prometheus metrics (default 8002)")
+    for name in ("http", "grpc", "metrics"):
+        serve.add_argument(f"--{name}-address",
+                           help=f"Triton's: the address {name} binds (default --host"
+                                + (", or --http-address)" if name == "metrics" else ")"))
+    for name in ("http", "grpc"):
+        serve.add_argument(f"--allow-{name}", metavar="BOOL",
+                           help=f"Triton's: serve {name} at all (default true)")
     for name, what in (("metrics", "serve Prometheus metrics at all"),
                        ("cpu-metrics", "report nv_cpu_utilization and nv_cpu_memory_*"),
                        ("gpu-metrics", "taken for Triton's sake: nv_gpu_* are not collected")):

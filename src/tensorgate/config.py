@@ -38,6 +38,14 @@ class ServerConfig:
     http_port: int = 8000
     grpc_port: int = 8001
     metrics_port: int = 8002
+    # Triton's --allow-http / --allow-grpc: serve that protocol at all (one of them must)
+    allow_http: bool = True
+    allow_grpc: bool = True
+    # Triton's --http-address / --grpc-address / --metrics-address: where each listens
+    # ("": host; the metrics follow http_address, as Triton's do)
+    http_address: str = ""
+    grpc_address: str = ""
+    metrics_address: str = ""
     # Triton's --allow-metrics (the metrics port at all), --allow-cpu-metrics (nv_cpu_*, read
     # from /proc every metrics_interval_ms), --allow-gpu-metrics (taken; nv_gpu_* are not
     # collected: no NVML/DCGM here)
@@ -132,12 +140,14 @@ class ServerConfig:
         if not self.repository_poll_s > 0:
             raise ValueError(f"repository_poll_s must be above 0, got "
                              f"{self.repository_poll_s}")
-        try:
-            ipaddress.ip_address(self.host)
-        except ValueError:
-            if self.host != "localhost":
-                raise ValueError(f"host must be an IP address or 'localhost', got "
-                                 f"'{self.host}'") from None
+        _check_address("host", self.host)
+        for name, default in (("http_address", self.host), ("grpc_address", self.host),
+                              ("metrics_address", self.http_address or self.host)):
+            object.__setattr__(self, name, getattr(self, name) or default)
+            _check_address(name, getattr(self, name))
+        if not (self.allow_http or self.allow_grpc):
+            raise ValueError("allow_http and allow_grpc are both false: the server would "
+                             "serve nothing (--allow-http or --allow-grpc must be true)")
         for name in ("http_port", "grpc_port", "metrics_port"):
             port = getattr(self, name)
             if not 0 <= port <= 65535:
@@ -277,6 +287,15 @@ class ServerConfig:
                 values[field.name] = raw
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls.from_mapping(values)
+
+
+def _check_address(name: str, address: str) -> None:
+    try:
+        ipaddress.ip_address(address)
+    except ValueError:
+        if address != "localhost":
+            raise ValueError(f"{name} must be an IP address or 'localhost', got "
+                             f"'{address}'") from None
 
 
 def _coerce(key: str, annotation: Any, value: Any) -> Any:

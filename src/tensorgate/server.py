@@ -91,15 +91,17 @@ class Server:
                               config.model_control_mode, self.log_settings, self.tracer,
                               config.strict_readiness)
         budget = ConnectionBudget(_fit_open_files(config.max_connections))
-        http = self._http = HttpFrontEnd(dataplane, default_pool(), config.max_request_bytes,
-                                         config.read_timeout_s, config.keep_alive_timeout_s,
-                                         budget, _pattern(config.http_header_forward_pattern),
-                                         parse_restrictions(config.http_restricted_api))
-        grpc = self._grpc = GrpcFrontEnd(dataplane, default_pool(), config.max_request_bytes,
-                                         config.read_timeout_s, budget,
-                                         _pattern(config.grpc_header_forward_pattern),
-                                         parse_restrictions(config.grpc_restricted_api,
-                                                            GRPC_PREFIX))
+        if config.allow_http:
+            self._http = HttpFrontEnd(dataplane, default_pool(), config.max_request_bytes,
+                                      config.read_timeout_s, config.keep_alive_timeout_s,
+                                      budget, _pattern(config.http_header_forward_pattern),
+                                      parse_restrictions(config.http_restricted_api))
+        if config.allow_grpc:
+            self._grpc = GrpcFrontEnd(dataplane, default_pool(), config.max_request_bytes,
+                                      config.read_timeout_s, budget,
+                                      _pattern(config.grpc_header_forward_pattern),
+                                      parse_restrictions(config.grpc_restricted_api,
+                                                         GRPC_PREFIX))
         polling = config.model_control_mode == "poll"
         seen = await _fingerprints(repository) if polling else None  # before loading
         explicit = config.model_control_mode == "explicit"
@@ -112,15 +114,18 @@ class Server:
             await self.engine.shutdown(0.0)
             raise StartupError("models failed to load (--exit-on-error): " + "; ".join(
                 f"{name}: {reason}" for name, reason in sorted(unavailable.items())))
-        self.http_port = await self._http.start(config.host, config.http_port)
-        self.grpc_port = await self._grpc.start(config.host, config.grpc_port)
+        if self._http is not None:
+            self.http_port = await self._http.start(config.http_address, config.http_port)
+        if self._grpc is not None:
+            self.grpc_port = await self._grpc.start(config.grpc_address, config.grpc_port)
         if config.allow_metrics:
             await self._start_metrics(budget)
         dataplane.started = True
         if not default_pool().statistics().pinned:
             self._pool_trimmer = asyncio.create_task(_trim_when_quiet(default_pool()))
         period = min(1.0, config.read_timeout_s / 4, config.keep_alive_timeout_s / 4)
-        self._expirer = asyncio.create_task(_expire_stalled((http, grpc), period))
+        fronts = [front for front in (self._http, self._grpc) if front is not None]
+        self._expirer = asyncio.create_task(_expire_stalled(fronts, period))
         if polling:
             self._poller = asyncio.create_task(_follow_repository(
                 self.engine, seen or {}, config.repository_poll_s))
@@ -129,11 +134,13 @@ class Server:
                  if e["state"] == "READY"]
         failed = [f"{e['name']} ({e['reason']})" for e in self.engine.index()
                   if e["state"] != "READY"]
-        metrics = (f"metrics on {config.host}:{self.metrics_port}" if config.allow_metrics
-                   else "metrics off")
-        print(f"tensorgate {self.version}: HTTP on {config.host}:{self.http_port}, gRPC on "
-              f"{config.host}:{self.grpc_port}, {metrics}; "
-              f"repository {repository}", flush=True)
+        listening = ", ".join(
+            f"{name} on {address}:{port}" if on else f"{name} off"
+            for name, on, address, port in (
+                ("HTTP", config.allow_http, config.http_address, self.http_port),
+                ("gRPC", config.allow_grpc, config.grpc_address, self.grpc_port),
+                ("metrics", config.allow_metrics, config.metrics_address, self.metrics_port)))
+        print(f"tensorgate {self.version}: {listening}; repository {repository}", flush=True)
         print(f"ready: {', '.join(ready) or 'no models'}", flush=True)
         if failed:
             print(f"not ready: {'; '.join(failed)}", flush=True)
@@ -199,7 +206,8 @@ class Server:
             (budget.open, budget.refused), engine.cache_statistics(),
             tracer.statistics() if tracer is not None else None,
             host.last if host is not None else None))
-        self.metrics_port = await self._metrics.start(config.host, config.metrics_port)
+        self.metrics_port = await self._metrics.start(config.metrics_address,
+                                                      config.metrics_port)
 
     def request_stop(self) -> None:
         if self._stopping is not None:
@@ -237,7 +245,8 @@ async def _trim_when_quiet(pool: BufferPool) -> None:
             log.debug("pool: %d idle bytes freed after a quiet period", freed)
 
 
-async def _expire_stalled(fronts: tuple[HttpFrontEnd, GrpcFrontEnd], period_s: float) -> None:
+async def _expire_stalled(fronts: list[HttpFrontEnd | GrpcFrontEnd], period_s: float
+                          ) -> None:
     """Every `period_s`: requests whose bytes stopped arriving are answered, idle HTTP/1.1
     connections closed (one sweep for all connections: no timer per read)."""
     while True:

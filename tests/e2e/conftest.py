@@ -42,10 +42,11 @@ def start_server(repo: pathlib.Path, log: pathlib.Path, *extra: str) -> RunningS
             stdout=sink, stderr=subprocess.STDOUT, text=True, env=env)
     deadline = time.monotonic() + STARTUP_TIMEOUT_S
     while time.monotonic() < deadline:
-        match = re.search(r"HTTP on 127\.0\.0\.1:(\d+), gRPC on 127\.0\.0\.1:(\d+), "
+        match = re.search(r"HTTP (?:on 127\.0\.0\.1:(\d+)|off), "
+                          r"gRPC (?:on 127\.0\.0\.1:(\d+)|off), "
                           r"metrics (?:on 127\.0\.0\.1:(\d+)|off)", log.read_text())
         if match and "ready:" in log.read_text():
-            return RunningServer(process, int(match.group(1)), int(match.group(2)),
+            return RunningServer(process, int(match.group(1) or 0), int(match.group(2) or 0),
                                  int(match.group(3) or 0), log)
         if process.poll() is not None:
             raise RuntimeError(f"server exited with {process.returncode}:\n{log.read_text()}")
