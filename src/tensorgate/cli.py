@@ -7,6 +7,7 @@ import pathlib
 import sys
 
 from tensorgate.config import ServerConfig
+from tensorgate.pipeline.summary import DEFAULT_QUANTILES
 
 __all__ = ["main"]
 
@@ -45,6 +46,11 @@ def _parser() -> argparse.ArgumentParser:
                            help=f"Triton's: {what} (default true)")
     serve.add_argument("--metrics-interval-ms", type=int,
                        help="how often the CPU metrics are sampled (default 2000)")
+    serve.add_argument("--metrics-config", action="append", metavar="SETTING=VALUE",
+                       help="Triton's, repeated: summary_latencies=true (quantiles of each "
+                            "stage's latency over the last 60 s), summary_quantiles="
+                            "Q:ERROR,... (default " + DEFAULT_QUANTILES + "), "
+                            "counter_latencies=false, histogram_latencies=true")
     serve.add_argument("--allow-shared-memory", action="store_const", const=True,
                        help="let clients register system shared-memory regions (off by default)")
     serve.add_argument("--max-request-bytes", type=int,
@@ -155,6 +161,23 @@ def trace_settings(given: list[str]) -> dict[str, object]:
     return found
 
 
+_METRICS_FIELDS = {name: f"metrics_{name}" for name in (
+    "counter_latencies", "summary_latencies", "summary_quantiles", "histogram_latencies")}
+
+
+def metrics_settings(given: list[str]) -> dict[str, object]:
+    """ServerConfig fields from `--metrics-config setting=value` values (Triton's names)."""
+    found: dict[str, object] = {}
+    for text in given:
+        name, equals, value = text.partition("=")
+        field = _METRICS_FIELDS.get(name.strip())
+        if not equals or field is None:
+            raise ValueError(f"--metrics-config '{text}' is not SETTING=VALUE with a setting "
+                             f"of: {', '.join(_METRICS_FIELDS)}")
+        found[field] = value.strip()
+    return found
+
+
 def triton_settings(args: dict[str, object]) -> dict[str, object]:
     """ServerConfig fields from Triton's flags that say what a tensorgate flag says (they
     are taken out of `args`); tensorgate's own flag wins where both are given."""
@@ -184,6 +207,7 @@ def main(argv: list[str] | None = None) -> int:
         from tensorgate.server import run
         try:
             args.update(trace_settings(args.pop("trace_config") or []))
+            args.update(metrics_settings(args.pop("metrics_config") or []))
             args.update(triton_settings(args))
             for name in ("http_restricted_api", "grpc_restricted_api"):
                 if args[name] is not None:

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from tensorgate.pipeline.summary import DEFAULT_QUANTILES, parse_quantiles
 from tensorgate.protocol.restricted import parse_restrictions
 
 __all__ = ["ServerConfig"]
@@ -53,6 +54,14 @@ class ServerConfig:
     allow_cpu_metrics: bool = True
     allow_gpu_metrics: bool = True
     metrics_interval_ms: int = 2000
+    # Triton's --metrics-config: the nv_inference_*_duration_us counters (counter_latencies),
+    # nv_inference_*_summary_us quantiles over the last 60 s (summary_latencies, at
+    # summary_quantiles "QUANTILE:ERROR,..."), and decoupled models'
+    # nv_inference_first_response_histogram_ms (histogram_latencies)
+    metrics_counter_latencies: bool = True
+    metrics_summary_latencies: bool = False
+    metrics_summary_quantiles: str = DEFAULT_QUANTILES
+    metrics_histogram_latencies: bool = False
     allow_shared_memory: bool = False
     max_request_bytes: int = 64 << 20  # Triton's --http-max-input-size; after decompression
     # the host buffer pool's bound on everything it holds: request bodies, batch staging and
@@ -152,6 +161,7 @@ class ServerConfig:
             port = getattr(self, name)
             if not 0 <= port <= 65535:
                 raise ValueError(f"{name} must be 0-65535 (0 picks a free port), got {port}")
+        parse_quantiles(self.metrics_summary_quantiles)
         if self.metrics_interval_ms < 1:
             raise ValueError(f"metrics_interval_ms must be 1 or more, got "
                              f"{self.metrics_interval_ms}")

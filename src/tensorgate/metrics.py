@@ -4,16 +4,35 @@ counters are cumulative, their latencies µs; the histograms are in seconds, Pro
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 from tensorgate.custom_metrics import label_text, render_custom_metrics
 from tensorgate.host_metrics import HostSample
 from tensorgate.pipeline.response_cache import CacheStatistics
-from tensorgate.pipeline.stats import LATENCY_BOUNDS_US, Histogram, ModelStatistics
+from tensorgate.pipeline.stats import (LATENCY_BOUNDS_US, SUMMARY_STAGES, Histogram,
+                                       ModelStatistics)
 from tensorgate.tensor.copies import process_copies
 from tensorgate.tensor.pool import PoolStatistics
 
-__all__ = ["render_metrics"]
+__all__ = ["LatencyMetrics", "render_metrics"]
+
+
+@dataclass(frozen=True)
+class LatencyMetrics:
+    """Which of Triton's latency metrics to write (its --metrics-config): the cumulative
+    counters, the summaries at these quantiles (none: no summaries), decoupled models'
+    first-response histogram in ms."""
+
+    counters: bool = True
+    summary_quantiles: tuple[float, ...] = ()
+    first_response_histogram: bool = False
+
+
+_COUNTERS = ("nv_inference_request_duration_us", "nv_inference_queue_duration_us",
+             "nv_inference_compute_input_duration_us", "nv_inference_compute_infer_duration_us",
+             "nv_inference_compute_output_duration_us")
 
 _HELP = {
     "nv_inference_request_success": ("counter", "Number of successful inference requests"),
@@ -26,6 +45,14 @@ _HELP = {
     "nv_inference_compute_input_duration_us": ("counter", "Cumulative input time (µs)"),
     "nv_inference_compute_infer_duration_us": ("counter", "Cumulative model time (µs)"),
     "nv_inference_compute_output_duration_us": ("counter", "Cumulative output time (µs)"),
+    "nv_inference_request_summary_us": (
+        "summary", "End-to-end request time (µs), successes and failures, over the last 60 s"),
+    "nv_inference_queue_summary_us": ("summary", "Time requests waited (µs), last 60 s"),
+    "nv_inference_compute_input_summary_us": ("summary", "Input time (µs), last 60 s"),
+    "nv_inference_compute_infer_summary_us": ("summary", "Model time (µs), last 60 s"),
+    "nv_inference_compute_output_summary_us": ("summary", "Output time (µs), last 60 s"),
+    "nv_inference_first_response_histogram_ms": (
+        "histogram", "A decoupled model's time from a request to its first response (ms)"),
     "nv_cache_num_hits_per_model": ("counter", "Requests answered from the response cache"),
     "nv_cache_num_misses_per_model": ("counter", "Requests the response cache did not hold"),
     "nv_cache_hit_duration_per_model": ("counter", "Cumulative cache lookup time of hits (µs)"),
@@ -78,21 +105,47 @@ _HELP = {
 }
 
 
-# Prometheus' `le` label of each bucket bound, in seconds ("0.00005", "1", "2.5")
-_LE = [f"{bound / 1e6:.6f}".rstrip("0").rstrip(".") for bound in LATENCY_BOUNDS_US] + ["+Inf"]
+def _number(value: float) -> str:
+    """A bound or a value as Prometheus reads it, without trailing zeros ("0.00005", "2.5")."""
+    return f"{value:.6f}".rstrip("0").rstrip(".")
 
 
-def _histogram(histogram: Histogram, model: str, version: str) -> list[str]:
-    """The rows of one histogram: cumulative buckets, then its sum and count."""
+# Prometheus' `le` label of each bucket bound, in seconds and in ms ("0.00005", "1", "2.5")
+_LE_S = [_number(bound / 1e6) for bound in LATENCY_BOUNDS_US] + ["+Inf"]
+_LE_MS = [_number(bound / 1e3) for bound in LATENCY_BOUNDS_US] + ["+Inf"]
+
+
+def _histogram(histogram: Histogram, model: str, version: str, in_ms: bool = False
+               ) -> list[str]:
+    """The rows of one histogram: cumulative buckets, then its sum and count, in seconds
+    (Prometheus' unit) or ms (Triton's for its first-response histogram)."""
     labels = _labels(model=model, version=version)
     rows = []
     total = 0
-    for le, count in zip(_LE, histogram.counts):
+    for le, count in zip(_LE_MS if in_ms else _LE_S, histogram.counts):
         total += count
         rows.append(f'_bucket{labels[:-1]},le="{le}"}} {total}')
-    rows.append(f"_sum{labels} {histogram.ns / 1e9:.9f}")
+    rows.append(f"_sum{labels} {histogram.ns / (1e6 if in_ms else 1e9):.9f}")
     rows.append(f"_count{labels} {total}")
     return rows
+
+
+def _summaries(stats: ModelStatistics, quantiles: tuple[float, ...]
+               ) -> Iterable[tuple[str, list[str]]]:
+    """Each stage's summary rows: its count and sum (all time, µs), then its value at each
+    quantile over the window (NaN when the window saw no request)."""
+    if stats.summaries is None:
+        return
+    version = str(stats.version)
+    labels = _labels(model=stats.name, version=version)
+    for stage in SUMMARY_STAGES:
+        values, count, total_us = stats.summaries.read(stage, quantiles)
+        rows = [f"_count{labels} {count}", f"_sum{labels} {total_us}"]
+        for quantile, value in zip(quantiles, values):
+            text = "NaN" if math.isnan(value) else _number(value)
+            rows.append(f'{_labels(model=stats.name, version=version, quantile=f"{quantile:g}")}'
+                        f" {text}")
+        yield f"nv_inference_{stage}_summary_us", rows
 
 
 def _labels(**values: str) -> str:
@@ -104,11 +157,13 @@ def render_metrics(models: Iterable[tuple[ModelStatistics, int]],
                    connections: tuple[int, int] | None = None,
                    cache: CacheStatistics | None = None,
                    traces: tuple[int, int, int] | None = None,
-                   host: HostSample | None = None) -> str:
+                   host: HostSample | None = None,
+                   latencies: LatencyMetrics = LatencyMetrics()) -> str:
     """`models`: each version's statistics and its pending-request count; `pool`: the host
     buffer pool's, when there is one to report; `connections`: (open, refused so far);
     `cache`: the response cache's, when the server has one; `traces`: (written, held,
-    dropped), when the server traces; `host`: the last CPU sample, when it takes them."""
+    dropped), when the server traces; `host`: the last CPU sample, when it takes them;
+    `latencies`: which of Triton's latency metrics to write."""
     rows: dict[str, list[str]] = {name: [] for name in _HELP}
     for stats, pending in models:
         labels = _labels(model=stats.name, version=str(stats.version))
@@ -154,6 +209,12 @@ def render_metrics(models: Iterable[tuple[ModelStatistics, int]],
         if stats.first_response_latency.ns:
             rows["tensorgate_first_response_duration_seconds"] += _histogram(
                 stats.first_response_latency, stats.name, version)
+            if latencies.first_response_histogram:
+                rows["nv_inference_first_response_histogram_ms"] += _histogram(
+                    stats.first_response_latency, stats.name, version, in_ms=True)
+        if latencies.summary_quantiles:
+            for name, summary in _summaries(stats, latencies.summary_quantiles):
+                rows[name] += summary
         rows["tensorgate_copied_bytes_total"].append(
             f"{_labels(model=stats.name)} {stats.copied_bytes}")
     totals = process_copies()
@@ -192,6 +253,9 @@ def render_metrics(models: Iterable[tuple[ModelStatistics, int]],
     if connections is not None:
         rows["tensorgate_connections_open"].append(f" {connections[0]}")
         rows["tensorgate_connections_refused_total"].append(f" {connections[1]}")
+    if not latencies.counters:
+        for name in _COUNTERS:
+            rows[name].clear()
     out = []
     for name, (kind, text) in _HELP.items():
         if not rows[name]:

@@ -27,7 +27,7 @@ from tensorgate.errors import NotFoundError, TensorgateError
 from tensorgate.host_metrics import HostSampler
 from tensorgate.network import ConnectionBudget
 from tensorgate.network.grpc import GrpcFrontEnd
-from tensorgate.metrics import render_metrics
+from tensorgate.metrics import LatencyMetrics, render_metrics
 from tensorgate.network.http import HttpFrontEnd
 from tensorgate.network.metrics_http import MetricsFrontEnd
 from tensorgate.log_settings import LOG_LINE, LogSettings
@@ -36,6 +36,7 @@ from tensorgate.tracing import ExportDone, Tracer
 from tensorgate.tracing_otlp import OtlpExporter
 from tensorgate.network.loop import run_loop
 from tensorgate.pipeline.engine import Engine
+from tensorgate.pipeline.summary import parse_quantiles
 from tensorgate.repository.layout import model_fingerprints
 from tensorgate.tensor.pool import QUIET_IDLE_BYTES, BufferPool, default_pool
 
@@ -86,7 +87,9 @@ class Server:
         self.engine = Engine(repository, placement=config.placement,
                              response_cache_bytes=config.response_cache_bytes,
                              auto_complete=not config.disable_auto_complete_config,
-                             model_control=config.model_control_mode == "explicit")
+                             model_control=config.model_control_mode == "explicit",
+                             latency_summaries=(config.allow_metrics
+                                                and config.metrics_summary_latencies))
         dataplane = DataPlane(self.engine, self.version, config.allow_shared_memory,
                               config.model_control_mode, self.log_settings, self.tracer,
                               config.strict_readiness)
@@ -201,11 +204,16 @@ class Server:
         if config.allow_gpu_metrics and default_pool().statistics().pinned:
             log.info("GPU metrics (nv_gpu_*) are not collected: tensorgate reads no "
                      "NVML/DCGM; use dcgm-exporter beside it")
+        latencies = LatencyMetrics(
+            config.metrics_counter_latencies,
+            parse_quantiles(config.metrics_summary_quantiles)
+            if config.metrics_summary_latencies else (),
+            config.metrics_histogram_latencies)
         self._metrics = MetricsFrontEnd(lambda: render_metrics(
             engine.model_statistics(), engine.pool_statistics(),
             (budget.open, budget.refused), engine.cache_statistics(),
             tracer.statistics() if tracer is not None else None,
-            host.last if host is not None else None))
+            host.last if host is not None else None, latencies))
         self.metrics_port = await self._metrics.start(config.metrics_address,
                                                       config.metrics_port)
 

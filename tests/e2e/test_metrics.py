@@ -237,3 +237,45 @@ def test_metrics_and_cpu_metrics_can_be_turned_off(e2e_repo: pathlib.Path,
             assert client.is_server_ready()
     finally:
         assert stop_server(server) == 0, server.log.read_text()
+
+
+def test_tritons_metrics_config_gives_latency_summaries(e2e_repo: pathlib.Path,
+                                                        tmp_path: pathlib.Path) -> None:
+    server = start_server(e2e_repo, tmp_path / "server.log",
+                          "--metrics-config", "summary_latencies=true",
+                          "--metrics-config", "summary_quantiles=0.5:0.05,0.99:0.001",
+                          "--metrics-config", "counter_latencies=false")
+    try:
+        item = httpclient.InferInput("INPUT__0", [1, 8], "FP32")
+        item.set_data_from_numpy(np.zeros((1, 8), np.float32))
+        with httpclient.InferenceServerClient(server.url) as client:
+            for _ in range(20):
+                client.infer("linear", [item])
+            statistics = client.get_inference_statistics("linear")["model_stats"][0]
+        text = scrape(server)
+        labels = {"model": "linear", "version": "1"}
+        assert "# TYPE nv_inference_request_summary_us summary" in text
+        assert value(text, "nv_inference_request_summary_us_count", **labels) == 20
+        # the summary's sum is the statistics extension's total, in µs
+        success_us = statistics["inference_stats"]["success"]["ns"] / 1000
+        assert abs(value(text, "nv_inference_request_summary_us_sum", **labels)
+                   - success_us) <= 20  # each request's µs rounded down
+        median = value(text, "nv_inference_request_summary_us", **labels, quantile="0.5")
+        p99 = value(text, "nv_inference_request_summary_us", **labels, quantile="0.99")
+        assert 0 < median <= p99 <= success_us
+        assert value(text, "nv_inference_compute_infer_summary_us_count", **labels) == 20
+        assert "nv_inference_request_duration_us" not in text  # counter_latencies=false
+        assert value(text, "nv_inference_request_success", **labels) == 20
+    finally:
+        assert stop_server(server) == 0, server.log.read_text()
+
+
+def test_a_bad_metrics_config_names_what_is_wrong(e2e_repo: pathlib.Path) -> None:
+    import subprocess
+    import sys
+    for setting, message in (("summary_latency=true", "is not SETTING=VALUE with a setting of"),
+                             ("summary_quantiles=0.5", "is not QUANTILE:ERROR")):
+        finished = subprocess.run(
+            [sys.executable, "-m", "tensorgate", "serve", "--model-repository", str(e2e_repo),
+             "--metrics-config", setting], capture_output=True, text=True, timeout=60)
+        assert finished.returncode == 2 and message in finished.stderr, finished.stderr

@@ -82,17 +82,20 @@ class Engine:
                  intra_op_threads: int | None = None, postprocess_workers: int = 2,
                  device: str = "auto", placement: str = "none",
                  response_cache_bytes: int = 0, auto_complete: bool = True,
-                 model_control: bool = False) -> None:
+                 model_control: bool = False, latency_summaries: bool = False) -> None:
         """`placement="auto"` pins the thread that calls `start` (the loop's) to the first CPU
         and places executors by cost (see pipeline/placement.py); "none" pins nothing.
         `response_cache_bytes` > 0: models with `response_cache { enable: true }` answer
         repeated requests from a cache of that size (pipeline/response_cache.py).
         `auto_complete`: Triton Python models' `auto_complete_config` completes their
         config (pipeline/auto_complete.py). `model_control`: Triton Python models may load
-        and unload models (`pb_utils.load_model`; --model-control-mode explicit)."""
+        and unload models (`pb_utils.load_model`; --model-control-mode explicit).
+        `latency_summaries`: each version keeps the quantile summaries of its latencies
+        (--metrics-config summary_latencies=true; pipeline/summary.py)."""
         self.repository = pathlib.Path(repository)
         self._complete = complete_config if auto_complete else None
         self._model_control = model_control
+        self._summaries = latency_summaries
         self._cache = ResponseCache(response_cache_bytes) if response_cache_bytes > 0 else None
         self._pool = pool or default_pool()
         self._placement = plan_placement(placement)
@@ -253,7 +256,8 @@ class Engine:
         finally:
             self._ensembles_loading.discard(spec.name)
         check_step_models(spec, steps, self.spec)
-        stats = ModelStatistics(spec.name, version, cached=self._caches(spec))
+        stats = ModelStatistics(spec.name, version, cached=self._caches(spec),
+                                summaries=self._summaries)
         scheduler = EnsembleScheduler(spec, steps, stats, self._run_step)
         log.info("ensemble %s v%d ready: %s", spec.name, version,
                  " → ".join(step.model for step in steps))
@@ -286,7 +290,8 @@ class Engine:
             raise ModelConfigError(str(artifact), "'model_transaction_policy { decoupled: true }' "
                                                   "needs a Python model (model.py) whose forward "
                                                   "yields its responses")
-        stats = ModelStatistics(spec.name, version, cached=self._caches(spec))
+        stats = ModelStatistics(spec.name, version, cached=self._caches(spec),
+                                summaries=self._summaries)
         by_group = self._group_devices(spec)
         devices = [device for group in by_group for device in group]
         spec = served_spec(spec, artifact.name, by_group)

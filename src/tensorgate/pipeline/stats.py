@@ -9,7 +9,10 @@ import time
 from bisect import bisect_left
 from dataclasses import dataclass, field
 
-__all__ = ["LATENCY_BOUNDS_US", "Duration", "Histogram", "ModelStatistics", "StageTimes"]
+from tensorgate.pipeline.summary import LatencySummaries
+
+__all__ = ["LATENCY_BOUNDS_US", "SUMMARY_STAGES", "Duration", "Histogram", "ModelStatistics",
+           "StageTimes"]
 
 # Latency histogram bucket bounds (µs): fine below 10 ms, where batch-1 serving lives, so a
 # P99 read from them (Prometheus' histogram_quantile) is within a bucket of the truth there.
@@ -17,6 +20,9 @@ LATENCY_BOUNDS_US = (50, 100, 250, 500, 750, 1_000, 1_500, 2_500, 5_000, 7_500, 
                      25_000, 50_000, 75_000, 100_000, 250_000, 500_000, 1_000_000, 2_500_000,
                      5_000_000, 10_000_000)
 _BOUNDS_NS = tuple(bound * 1000 for bound in LATENCY_BOUNDS_US)
+# the stages a model's latency summaries follow (Triton's nv_inference_<stage>_summary_us),
+# in the order ModelStatistics passes their durations
+SUMMARY_STAGES = ("request", "queue", "compute_input", "compute_infer", "compute_output")
 
 
 class Duration:
@@ -83,10 +89,13 @@ class _BatchDurations:
 class ModelStatistics:
     """Cumulative counters of one model version."""
 
-    def __init__(self, name: str, version: int, cached: bool = False) -> None:
+    def __init__(self, name: str, version: int, cached: bool = False,
+                 summaries: bool = False) -> None:
+        """`summaries`: keep the latency summaries (--metrics-config summary_latencies)."""
         self.name = name
         self.version = version
         self.cached = cached  # answers from the response cache when it can
+        self.summaries = LatencySummaries(SUMMARY_STAGES) if summaries else None
         self.last_inference_ms = 0
         self.inference_count = 0
         self.execution_count = 0
@@ -137,6 +146,9 @@ class ModelStatistics:
         self.compute_infer.add(times.infer_ns)
         self.compute_output.add(times.output_ns)
         self.copied_bytes += copied
+        if self.summaries is not None:
+            self.summaries.observe(times.total_ns, times.queue_ns, times.input_ns,
+                                   times.infer_ns, times.output_ns)
 
     def record_cache_hit(self, times: StageTimes) -> None:
         """A success the model did not run for: no inference, no execution (as Triton)."""
@@ -144,10 +156,14 @@ class ModelStatistics:
         self.success.add(times.total_ns)
         self.request_latency.add(times.total_ns)
         self.cache_hit.add(times.total_ns)
+        if self.summaries is not None:
+            self.summaries.observe(times.total_ns)
 
     def record_failure(self, total_ns: int, reason: str) -> None:
         self.fail.add(total_ns)
         self.failures_by_reason[reason] = self.failures_by_reason.get(reason, 0) + 1
+        if self.summaries is not None:  # as nv_inference_request_duration_us counts it
+            self.summaries.observe(total_ns)
 
     def as_dict(self) -> dict[str, object]:
         """Triton's `model_stats` entry."""
