@@ -25,6 +25,13 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--load-model", dest="load_models", action="append",
                        help="with --model-control-mode explicit: a model to load at start "
                             "(repeat it; '*' loads all)")
+    serve.add_argument("--rate-limit", choices=["off", "execution_count"],
+                       help="Triton's: execution_count runs a model instance only while it "
+                            "holds its instance group's rate_limiter resources (default off)")
+    serve.add_argument("--rate-limit-resource", dest="rate_limit_resources", action="append",
+                       metavar="NAME:COUNT[:DEVICE]",
+                       help="how many of a rate limiter resource there are (repeatable; "
+                            "default: the most one instance needs)")
     serve.add_argument("--repository-poll-secs", dest="repository_poll_s", type=float,
                        help="with --model-control-mode poll: seconds between scans "
                             "(default 15)")

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from tensorgate.pipeline.rate_limiter import parse_resource_counts
 from tensorgate.pipeline.summary import DEFAULT_QUANTILES, parse_quantiles
 from tensorgate.protocol.restricted import parse_restrictions
 
@@ -22,6 +23,7 @@ LoopChoice = Literal["auto", "asyncio", "uvloop"]
 PlacementChoice = Literal["auto", "none"]
 ModelControlChoice = Literal["none", "explicit", "poll"]
 TraceModeChoice = Literal["triton", "opentelemetry"]
+RateLimitChoice = Literal["off", "execution_count"]
 TRACE_LEVELS = ("TIMESTAMPS", "TENSORS")
 OTLP_DEFAULT_URL = "http://localhost:4318/v1/traces"  # Triton's, the collector's OTLP/HTTP
 # the OpenTelemetry SDK's batch span processor defaults, and the variables that change them
@@ -102,6 +104,12 @@ class ServerConfig:
     model_control_mode: ModelControlChoice = "none"
     load_models: tuple[str, ...] = ()
     repository_poll_s: float = 15.0
+    # Triton's --rate-limit: "execution_count" makes each model instance run only while it
+    # holds the resources its instance group's rate_limiter names, across all models;
+    # --rate-limit-resource "NAME:COUNT[:DEVICE]" sets how many there are (else the most
+    # one instance needs); "off" ignores rate_limiter
+    rate_limit: RateLimitChoice = "off"
+    rate_limit_resources: tuple[str, ...] = ()
     # Triton's --http-header-forward-pattern / --grpc-header-forward-pattern: request headers
     # (metadata) whose lower-case name this regular expression finds a match in reach the
     # model as string request parameters; "" forwards none
@@ -146,6 +154,14 @@ class ServerConfig:
                              "model of the repository")
         if "*" in self.load_models and len(self.load_models) > 1:
             raise ValueError("load_models '*' (every model) must be the only one named")
+        if self.rate_limit not in ("off", "execution_count"):
+            raise ValueError(f"rate_limit must be off or execution_count, got "
+                             f"'{self.rate_limit}'")
+        object.__setattr__(self, "rate_limit_resources", tuple(self.rate_limit_resources))
+        parse_resource_counts(self.rate_limit_resources)
+        if self.rate_limit_resources and self.rate_limit == "off":
+            raise ValueError("rate_limit_resources (--rate-limit-resource) needs rate_limit "
+                             "execution_count (--rate-limit execution_count)")
         if not self.repository_poll_s > 0:
             raise ValueError(f"repository_poll_s must be above 0, got "
                              f"{self.repository_poll_s}")

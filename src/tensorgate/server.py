@@ -36,6 +36,7 @@ from tensorgate.tracing import ExportDone, Tracer
 from tensorgate.tracing_otlp import OtlpExporter
 from tensorgate.network.loop import run_loop
 from tensorgate.pipeline.engine import Engine
+from tensorgate.pipeline.rate_limiter import RateLimiter, parse_resource_counts
 from tensorgate.pipeline.summary import parse_quantiles
 from tensorgate.repository.layout import model_fingerprints
 from tensorgate.tensor.pool import QUIET_IDLE_BYTES, BufferPool, default_pool
@@ -89,7 +90,10 @@ class Server:
                              auto_complete=not config.disable_auto_complete_config,
                              model_control=config.model_control_mode == "explicit",
                              latency_summaries=(config.allow_metrics
-                                                and config.metrics_summary_latencies))
+                                                and config.metrics_summary_latencies),
+                             rate_limiter=RateLimiter(parse_resource_counts(
+                                 config.rate_limit_resources))
+                             if config.rate_limit == "execution_count" else None)
         dataplane = DataPlane(self.engine, self.version, config.allow_shared_memory,
                               config.model_control_mode, self.log_settings, self.tracer,
                               config.strict_readiness)
@@ -151,6 +155,10 @@ class Server:
         print(f"model control: {config.model_control_mode}"
               + (f" (every {config.repository_poll_s:g} s)"
                  if config.model_control_mode == "poll" else ""), flush=True)
+        if config.rate_limit != "off":
+            given = ", ".join(config.rate_limit_resources)
+            print(f"rate limit: {config.rate_limit} (resources: "
+                  f"{given or 'the most one instance needs'})", flush=True)
         print(f"system shared memory: "
               f"{'allowed' if config.allow_shared_memory else 'off (--allow-shared-memory)'}",
               flush=True)

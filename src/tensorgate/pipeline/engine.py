@@ -36,6 +36,7 @@ from tensorgate.pipeline.executor import (ExecutorSettings, ExecutorThread, Post
 from tensorgate.pipeline.model_options import cpu_affinity, flag, int_parameter
 from tensorgate.pipeline.placement import LIGHT_FORWARD_NS, pin_current_thread, plan_placement
 from tensorgate.pipeline.postprocess import build_postprocessor
+from tensorgate.pipeline.rate_limiter import Claim, RateLimiter
 from tensorgate.pipeline.requests import InferenceRequest, InferenceResult, work_item
 from tensorgate.pipeline.response_cache import CacheStatistics, ResponseCache
 from tensorgate.pipeline.scheduler import Scheduler
@@ -64,7 +65,8 @@ class _Version:
 
     def __init__(self, spec: ModelSpec, version: int,
                  scheduler: Scheduler | EnsembleScheduler | SequenceScheduler,
-                 executors: list[ExecutorThread], stats: ModelStatistics) -> None:
+                 executors: list[ExecutorThread], stats: ModelStatistics,
+                 claims: Iterable[Claim] = ()) -> None:
         self.spec = spec
         self.version = version
         # this load of the version: a reload (new weights, same number) is another, so the
@@ -73,6 +75,7 @@ class _Version:
         self.scheduler = scheduler
         self.executors = executors
         self.stats = stats
+        self.claims = tuple(claims)  # its instances' rate limiter claims, released at unload
 
 
 class Engine:
@@ -82,7 +85,8 @@ class Engine:
                  intra_op_threads: int | None = None, postprocess_workers: int = 2,
                  device: str = "auto", placement: str = "none",
                  response_cache_bytes: int = 0, auto_complete: bool = True,
-                 model_control: bool = False, latency_summaries: bool = False) -> None:
+                 model_control: bool = False, latency_summaries: bool = False,
+                 rate_limiter: RateLimiter | None = None) -> None:
         """`placement="auto"` pins the thread that calls `start` (the loop's) to the first CPU
         and places executors by cost (see pipeline/placement.py); "none" pins nothing.
         `response_cache_bytes` > 0: models with `response_cache { enable: true }` answer
@@ -91,11 +95,14 @@ class Engine:
         config (pipeline/auto_complete.py). `model_control`: Triton Python models may load
         and unload models (`pb_utils.load_model`; --model-control-mode explicit).
         `latency_summaries`: each version keeps the quantile summaries of its latencies
-        (--metrics-config summary_latencies=true; pipeline/summary.py)."""
+        (--metrics-config summary_latencies=true; pipeline/summary.py). `rate_limiter`:
+        instances run only while they hold their instance group's rate_limiter resources
+        (--rate-limit execution_count; pipeline/rate_limiter.py)."""
         self.repository = pathlib.Path(repository)
         self._complete = complete_config if auto_complete else None
         self._model_control = model_control
         self._summaries = latency_summaries
+        self._limiter = rate_limiter
         self._cache = ResponseCache(response_cache_bytes) if response_cache_bytes > 0 else None
         self._pool = pool or default_pool()
         self._placement = plan_placement(placement)
@@ -231,6 +238,9 @@ class Engine:
         for v in versions:  # 4. stop executors, release the model and the device
             for executor in v.executors:
                 executor.stop()
+            if self._limiter is not None:
+                for claim in v.claims:
+                    self._limiter.release(claim)
         stopping = [e.stopped for v in versions for e in v.executors]
         if stopping:
             await asyncio.wait(stopping, timeout=max(deadline - time.monotonic(), 1.0))
@@ -303,6 +313,7 @@ class Engine:
             scheduler = Scheduler(spec, stats, loop, measured_cap=flag(spec, "batch_cap", True))
             feeds = [scheduler] * len(devices)
         postprocessor = build_postprocessor(spec, source.directory)
+        claims = self._claims(spec, version, by_group)
         executors = []
         for index, (device, feed) in enumerate(zip(devices, feeds)):
             settings = ExecutorSettings(
@@ -323,14 +334,40 @@ class Engine:
         if errors:
             for executor in executors:
                 executor.stop()
+            for claim in claims:
+                if claim is not None and self._limiter is not None:
+                    self._limiter.release(claim)
             raise errors[0]
-        for executor, feed in zip(executors, feeds):
-            feed.add_executor(executor)
+        for executor, feed, claim in zip(executors, feeds, claims):
+            feed.add_executor(executor, claim=claim)
         log.info("model %s v%d ready on %s", spec.name, version,
                  ", ".join(f"{e.settings.device} ({e.cpus})" for e in executors))
         if isinstance(scheduler, Scheduler) and self._wants_spare(spec, executors):
             await self._add_spare(spec, version, scheduler, executors)
-        return _Version(spec, version, scheduler, executors, stats)
+        return _Version(spec, version, scheduler, executors, stats,
+                        [claim for claim in claims if claim is not None])
+
+    def _claims(self, spec: ModelSpec, version: int, by_group: list[list[torch.device]]
+                ) -> list[Claim | None]:
+        """Each instance's rate limiter claim (None: it runs whenever it is idle), in the
+        order of `by_group`'s devices; a load fails if one could never run."""
+        limiter = self._limiter
+        if limiter is None or not spec.instance_groups:
+            return [None] * sum(map(len, by_group))
+        claims: list[Claim | None] = []
+        try:
+            for group, devices in zip(spec.instance_groups, by_group):
+                for device in devices:
+                    claims.append(limiter.claim(
+                        f"model '{spec.name}' v{version} instance {len(claims)}",
+                        group.resources, (device.index or 0) if device.type == "cuda" else -1,
+                        group.priority))
+        except ValueError as error:
+            for claim in claims:
+                if claim is not None:
+                    limiter.release(claim)
+            raise ModelConfigError(spec.name, str(error)) from None
+        return claims
 
     def _wants_spare(self, spec: ModelSpec, executors: list[ExecutorThread]) -> bool:
         """A heavy CPU model left to the defaults gets a spare instance on the loop's cores.

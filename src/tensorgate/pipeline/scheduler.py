@@ -28,6 +28,7 @@ from typing import Protocol
 
 from tensorgate.errors import DeadlineExceededError, TensorgateError, UnavailableError
 from tensorgate.pipeline.batch_cap import BatchCap
+from tensorgate.pipeline.rate_limiter import Claim
 from tensorgate.pipeline.stats import ModelStatistics
 from tensorgate.pipeline.trace import Trace
 from tensorgate.pipeline.work import Batch, WorkItem
@@ -70,6 +71,8 @@ class Scheduler:
         self._queues: list[deque[WorkItem]] = [deque() for _ in range(2 * len(self._policies))]
         self._idle: list[_Executor] = []  # a stack: the last to finish runs next (warm caches)
         self._spares: set[_Executor] = set()  # taken only when no other executor is idle
+        # executors that run only while they hold rate limiter resources (their claims)
+        self._claims: dict[_Executor, Claim] = {}
         self._running: set[Batch] = set()
         self._deadlines = 0  # queued items that carry a deadline
         self._timer: asyncio.TimerHandle | None = None
@@ -86,10 +89,14 @@ class Scheduler:
     def busy(self) -> bool:
         return any(self._queues) or bool(self._running)
 
-    def add_executor(self, executor: _Executor, *, spare: bool = False) -> None:
-        """Give batches to `executor`; a `spare` one only runs when every other is busy."""
+    def add_executor(self, executor: _Executor, *, spare: bool = False,
+                     claim: Claim | None = None) -> None:
+        """Give batches to `executor`; a `spare` one only runs when every other is busy;
+        one with a rate limiter `claim` only while it holds the claim's resources."""
         if spare:
             self._spares.add(executor)
+        if claim is not None:
+            self._claims[executor] = claim
         self.on_idle(executor)
 
     def submit(self, item: WorkItem) -> None:
@@ -166,10 +173,16 @@ class Scheduler:
             head = self._head()
             if head is None:
                 return
+            at = self._runnable() if self._claims else -1
+            if at is None:
+                break  # woken when a claim's resources come back
             items = self._take(now, head)
             if items is None:
                 break
-            executor = self._idle.pop()
+            executor = self._idle.pop(at)
+            claim = self._claims.get(executor)
+            if claim is not None:
+                claim.take()
             if self._arrange is not None:
                 items = self._arrange(items)
             batch = Batch(items, now)
@@ -178,6 +191,17 @@ class Scheduler:
             self._running.add(batch)
             executor.submit(batch)
         self._arm_timer(now)
+
+    def _runnable(self) -> int | None:
+        """Where in the idle stack the executor that may run next is (the topmost whose
+        rate limiter resources are free), or None after asking to be woken."""
+        for at in range(len(self._idle) - 1, -1, -1):
+            claim = self._claims.get(self._idle[at])
+            if claim is None or claim.may_run():
+                return at
+        for executor in self._idle:
+            self._claims[executor].wait(self._schedule)
+        return None
 
     def _take(self, now: int, head: WorkItem) -> list[WorkItem] | None:
         """The next batch to run, starting with `head`, or None to wait for more requests."""
@@ -282,11 +306,16 @@ class Scheduler:
     # -- results (called on the loop by the executor, through call_soon_threadsafe) ----------
 
     def on_idle(self, executor: _Executor) -> None:
+        claim = self._claims.get(executor)
+        if claim is not None:
+            claim.give_back()  # a no-op unless it ran a batch
         if executor in self._spares:
             self._idle.insert(0, executor)  # the bottom of the stack
         else:
             self._idle.append(executor)
         self._schedule()
+        if claim is not None:
+            claim.offer()  # what it did not take again goes to other models, in turn
 
     def on_batch_done(self, batch: Batch) -> None:
         self._running.discard(batch)

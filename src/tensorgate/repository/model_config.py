@@ -95,6 +95,11 @@ class InstanceGroup:
     count: int
     kind: str  # KIND_CPU, KIND_GPU, KIND_AUTO, KIND_MODEL
     gpus: tuple[int, ...] = ()
+    # its rate_limiter: the resources each instance holds while it executes (name, count,
+    # global) and its priority (a weight: 2 gets half the turns of 1); acted on only
+    # with --rate-limit execution_count (pipeline/rate_limiter.py)
+    resources: tuple[tuple[str, int, bool], ...] = ()
+    priority: int = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -469,8 +474,19 @@ def _instance_groups(config: pb.ModelConfig, source: str) -> tuple[InstanceGroup
 def _instance_group(group: pb.ModelInstanceGroup, source: str) -> InstanceGroup:
     if group.count < 0:
         raise ModelConfigError(source, f"instance_group count {group.count} is negative")
+    resources: dict[str, tuple[str, int, bool]] = {}
+    for resource in group.rate_limiter.resources:
+        if not resource.name:
+            raise ModelConfigError(source, "instance_group rate_limiter resource without a "
+                                           "name")
+        if resource.name in resources:
+            raise ModelConfigError(source, f"instance_group rate_limiter names resource "
+                                           f"'{resource.name}' twice")
+        resources[resource.name] = (resource.name, resource.count,
+                                    getattr(resource, "global"))
     return InstanceGroup(max(group.count, 1), pb.ModelInstanceGroup.Kind.Name(group.kind),
-                         tuple(group.gpus))
+                         tuple(group.gpus), tuple(resources.values()),
+                         max(group.rate_limiter.priority, 1))  # Triton's: 0 counts as 1
 
 
 def version_policy(config: pb.ModelConfig, source: str) -> tuple[str, tuple[int, ...]]:
