@@ -67,6 +67,11 @@ def _identity_through_shm(client, module, regions) -> None:
         names = ({r["name"] for r in status} if module is httpclient
                  else set(status.regions))
         assert {in_name, out_name} <= names
+        # the output travelled in the region, so the answer names it and nothing more, as
+        # Triton's does (the C++ client takes `parameters` for binary data's)
+        if module is httpclient:
+            entry = response["outputs"][0]
+            assert entry == {"name": "OUTPUT__0", "datatype": "FP32", "shape": [1, 3, 4]}
     finally:
         client.unregister_system_shared_memory(in_name)
         client.unregister_system_shared_memory(out_name)
@@ -138,3 +143,22 @@ def test_disabled_registry_refuses() -> None:
     registry = SharedMemoryRegistry(enabled=False)
     with pytest.raises(UnavailableError, match=r"start it with --allow-shared-memory"):
         registry.register("r", "/k", 0, 8)
+
+
+@pytest.mark.parametrize("module", [httpclient, grpcclient], ids=["http", "grpc"])
+def test_cuda_shared_memory_lists_none_and_refuses_registration(server: RunningServer,
+                                                                 module) -> None:
+    url = server.url if module is httpclient else server.grpc_url
+    with module.InferenceServerClient(url) as client:
+        status = client.get_cuda_shared_memory_status()
+        assert (status == [] if module is httpclient else not status.regions)
+        client.unregister_cuda_shared_memory()  # what perf_analyzer does before and after
+        client.unregister_cuda_shared_memory("never_registered")
+        with pytest.raises(InferenceServerException,
+                           match="CUDA shared memory is not supported by this server yet"):
+            client.get_cuda_shared_memory_status("never_registered")
+        with pytest.raises(InferenceServerException,
+                           match=r"cannot register CUDA shared-memory region 'gpu_in': CUDA "
+                                 r"shared memory is not supported by this server yet"):
+            client.register_cuda_shared_memory("gpu_in", b"\0" * 64, 0, 64)
+        assert client.is_server_live()

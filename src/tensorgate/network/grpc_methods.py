@@ -206,6 +206,19 @@ async def _shm_status(dp: DataPlane, request: Any) -> Any:
     return response
 
 
+async def _cuda_shm_register(dp: DataPlane, request: Any) -> Any:
+    dp.cuda_shm_register(request.name)
+
+
+async def _cuda_shm_unregister(dp: DataPlane, request: Any) -> Any:
+    return pb.CudaSharedMemoryUnregisterResponse()  # none is ever registered
+
+
+async def _cuda_shm_status(dp: DataPlane, request: Any) -> Any:
+    dp.cuda_shm_status(request.name or None)  # says a named region is not found
+    return pb.CudaSharedMemoryStatusResponse()
+
+
 async def _repository_index(dp: DataPlane, request: Any) -> Any:
     index = pb.RepositoryIndexResponse.ModelIndex
     return pb.RepositoryIndexResponse(models=[index(**e) for e in
@@ -279,6 +292,9 @@ _INFERENCE: dict[str, Handler] = {
     "SystemSharedMemoryRegister": _shm_register,
     "SystemSharedMemoryUnregister": _shm_unregister,
     "SystemSharedMemoryStatus": _shm_status,
+    "CudaSharedMemoryRegister": _cuda_shm_register,
+    "CudaSharedMemoryUnregister": _cuda_shm_unregister,
+    "CudaSharedMemoryStatus": _cuda_shm_status,
     "RepositoryIndex": _repository_index,
     "RepositoryModelLoad": _repository_load,
     "RepositoryModelUnload": _repository_unload,
@@ -303,4 +319,6 @@ API_GROUP = {
     "RepositoryModelUnload": "model-repository",
     "SystemSharedMemoryRegister": "shared-memory", "SystemSharedMemoryUnregister":
     "shared-memory", "SystemSharedMemoryStatus": "shared-memory",
+    "CudaSharedMemoryRegister": "shared-memory", "CudaSharedMemoryUnregister":
+    "shared-memory", "CudaSharedMemoryStatus": "shared-memory",
     "LogSettings": "logging", "TraceSetting": "trace"}

@@ -316,9 +316,26 @@ async def _shm_unregister(dp: DataPlane, request: HttpRequest, region: str = "")
     return 200, _JSON, [b""]
 
 
-def _shm_route(method: str, rest: list[str],
+async def _cuda_shm_status(dp: DataPlane, request: HttpRequest, region: str = "") -> Any:
+    return _json(dp.cuda_shm_status(region or None))
+
+
+async def _cuda_shm_register(dp: DataPlane, request: HttpRequest, region: str) -> Any:
+    dp.cuda_shm_register(region)
+
+
+async def _cuda_shm_unregister(dp: DataPlane, request: HttpRequest, region: str = "") -> Any:
+    return 200, _JSON, [b""]  # none is ever registered
+
+
+_SHM_HANDLERS = {"system": (_shm_status, _shm_register, _shm_unregister),
+                 "cuda": (_cuda_shm_status, _cuda_shm_register, _cuda_shm_unregister)}
+
+
+def _shm_route(kind: str, method: str, rest: list[str],
                path: str) -> tuple[Handler, tuple[str, ...]] | tuple[int, str]:
-    """/v2/systemsharedmemory[/region/{r}]/{status,register,unregister}"""
+    """/v2/{system,cuda}sharedmemory[/region/{r}]/{status,register,unregister}"""
+    status, register, unregister = _SHM_HANDLERS[kind]
     region: tuple[str, ...] = ()
     if len(rest) == 3 and rest[0] == "region":
         region, rest = (rest[1],), rest[2:]
@@ -326,11 +343,11 @@ def _shm_route(method: str, rest: list[str],
         return 404, f"no route for {path}"
     action = rest[0]
     if action == "status":
-        return (_shm_status, region) if method == "GET" else (405, "use GET")
+        return (status, region) if method == "GET" else (405, "use GET")
     if action == "register" and region:
-        return (_shm_register, region) if method == "POST" else (405, "use POST")
+        return (register, region) if method == "POST" else (405, "use POST")
     if action == "unregister":
-        return (_shm_unregister, region) if method == "POST" else (405, "use POST")
+        return (unregister, region) if method == "POST" else (405, "use POST")
     return 404, f"no route for {path}"
 
 
@@ -366,10 +383,8 @@ def route(method: str, path: str) -> tuple[Handler, tuple[str, ...]] | tuple[int
         return (_log_settings, ()) if get or post else (405, "use GET or POST")
     if rest == ["trace", "setting"]:
         return (_trace_settings, ()) if get or post else (405, "use GET or POST")
-    if rest[0] == "cudasharedmemory":
-        return 501, "CUDA shared memory is not implemented on this server yet"
-    if rest[0] == "systemsharedmemory":
-        return _shm_route(method, rest[1:], path)
+    if rest[0] in ("systemsharedmemory", "cudasharedmemory"):
+        return _shm_route(rest[0][:-len("sharedmemory")], method, rest[1:], path)
     if rest[0] != "models":
         return 404, f"no route for {path}"
     rest = rest[1:]
@@ -404,5 +419,6 @@ API_GROUP: dict[Handler, str] = {
     _model_config: "model-config", _stats: "statistics",
     _index: "model-repository", _load: "model-repository", _unload: "model-repository",
     _shm_status: "shared-memory", _shm_register: "shared-memory",
-    _shm_unregister: "shared-memory",
+    _shm_unregister: "shared-memory", _cuda_shm_status: "shared-memory",
+    _cuda_shm_register: "shared-memory", _cuda_shm_unregister: "shared-memory",
     _log_settings: "logging", _trace_settings: "trace"}

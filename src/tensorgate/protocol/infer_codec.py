@@ -381,17 +381,15 @@ def encode_infer_response(model: str, version: int, request_id: str,
                           in_shm: dict[str, tuple[str, int, int]] | None = None
                           ) -> tuple[bytes, list[memoryview]]:
     """(JSON header, tensor bytes to write after it) for an inference response; outputs
-    already written to shared memory carry only their region."""
+    already written to shared memory carry only their name, datatype and shape, as
+    Triton's do (the C++ client, perf_analyzer's, reads `parameters` as binary data's)."""
     entries = []
     tail: list[memoryview] = []
     for name, view in outputs.items():
         entry: dict[str, Any] = {"name": name, "datatype": view.datatype.name,
                                  "shape": list(view.shape)}
         if in_shm and name in in_shm:
-            region, offset, size = in_shm[name]
-            entry["parameters"] = {"shared_memory_region": region,
-                                   "shared_memory_offset": offset,
-                                   "shared_memory_byte_size": size}
+            pass  # the client reads it from its region
         elif binary.get(name, False):
             entry["parameters"] = {"binary_data_size": view.nbytes}
             tail.append(view.memoryview())
