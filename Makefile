@@ -13,6 +13,8 @@ $(BIN)/.installed: pyproject.toml Makefile
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q $(FIND_LINKS) torch==2.13.0
 	$(BIN)/python -m pip install -q $(FIND_LINKS) -e '.[test]'
+	PYTHON=$(BIN)/python bash tools/fetch_perf_analyzer.sh $(VENV)/perf_analyzer \
+	  || echo "perf_analyzer was not fetched: tests/e2e/test_perf_analyzer.py is skipped"
 	touch $@
 
 install: $(BIN)/.installed

@@ -1,0 +1,79 @@
+"""perf_analyzer, Triton's own load generator (Model Analyzer's too, and a C++ client that
+reads the protocol more strictly than tritonclient's Python one), runs against tensorgate
+unchanged: HTTP and gRPC, system shared memory, a stateful model's sequences, a decoupled
+model's streamed responses. Each run must finish without an error and count the same
+requests on both sides (its "Server:" figures come from the statistics extension).
+
+perf_analyzer comes from tools/fetch_perf_analyzer.sh (`make test` runs it); without it
+these tests are skipped, saying so."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import re
+import subprocess
+
+import pytest
+
+from tests.e2e.conftest import RunningServer
+
+PERF_ANALYZER = pathlib.Path(__file__).parents[2] / ".venv" / "perf_analyzer" / "perf_analyzer"
+
+pytestmark = pytest.mark.skipif(
+    not PERF_ANALYZER.exists(),
+    reason="perf_analyzer is not fetched: run tools/fetch_perf_analyzer.sh (make test does)")
+
+# Each run: 40 requests a window, windows taken as they come, at most 3 (a few seconds)
+QUICK = ["--measurement-mode", "count_windows", "--measurement-request-count", "40",
+         "--stability-percentage", "999", "--max-trials", "3"]
+
+
+def _run(server: RunningServer, protocol: str, *args: str) -> str:
+    url = server.url if protocol == "http" else server.grpc_url
+    finished = subprocess.run([str(PERF_ANALYZER), "-u", url, "-i", protocol, *QUICK, *args],
+                              capture_output=True, text=True, timeout=120)
+    out = finished.stdout + finished.stderr
+    assert finished.returncode == 0, out
+    assert not re.search(r"(?i)\berror\b|failed", out), out
+    return out
+
+
+def _counts(out: str) -> tuple[int, int]:
+    """(requests the client counted, successful requests the server's statistics counted)."""
+    client = re.search(r"Client:\s+Request count: (\d+)", out)
+    server = re.search(r"Server:\s+Inference count: \d+\s+Execution count: \d+\s+"
+                       r"Successful request count: (\d+)", out)
+    assert client and server, out
+    return int(client.group(1)), int(server.group(1))
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+@pytest.mark.parametrize("memory", ["none", "system"])
+def test_identity_as_perf_analyzer_drives_it(server: RunningServer, protocol: str,
+                                             memory: str) -> None:
+    out = _run(server, protocol, "-m", "identity", "--shared-memory", memory,
+               "--input-data", "random")
+    sent, counted = _counts(out)
+    assert sent >= 40 and abs(sent - counted) <= 2, out  # one request in flight at each end
+
+
+@pytest.mark.parametrize("protocol, streaming", [("http", []), ("grpc", ["--streaming"])])
+def test_a_stateful_models_sequences(server: RunningServer, protocol: str,
+                                     streaming: list[str]) -> None:
+    out = _run(server, protocol, "-m", "accumulate", "--sequence-length", "4", *streaming)
+    sent, counted = _counts(out)
+    assert sent >= 40 and abs(sent - counted) <= 2, out
+
+
+def test_a_decoupled_models_responses_over_a_stream(server: RunningServer,
+                                                    tmp_path: pathlib.Path) -> None:
+    data = tmp_path / "three.json"  # "counter" answers n responses to an input starting n
+    data.write_text(json.dumps({"data": [{"INPUT__0": [3.0, 0.0, 0.0, 0.0]}]}))
+    out = _run(server, "grpc", "-m", "counter", "--streaming", "--input-data", str(data))
+    requests = re.search(r"Throughput: ([\d.]+) infer/sec", out)
+    responses = re.search(r"Response Throughput: ([\d.]+) infer/sec", out)
+    assert requests and responses, out
+    # three responses a request (the empty final one, triton_final_response, ends it and is
+    # not counted as a response)
+    assert float(responses.group(1)) == pytest.approx(3 * float(requests.group(1)), rel=0.1)
