@@ -12,6 +12,58 @@ from tensorgate.pipeline.summary import DEFAULT_QUANTILES
 __all__ = ["main"]
 
 
+# Triton's flags for what tensorgate sizes or does its own way: a tritonserver command line
+# that carries them still starts, and says at start that they changed nothing
+NO_EFFECT = {
+    "http-thread-count": "the event loop serves every HTTP connection",
+    "reuse-http-port": "one process listens",
+    "reuse-grpc-port": "one process listens",
+    "grpc-infer-allocation-pool-size": "gRPC requests are parsed in place, not pooled",
+    "grpc-max-response-pool-size": "responses are written as views of the outputs",
+    "grpc-keepalive-time": "the server sends no pings (it answers the client's)",
+    "grpc-keepalive-timeout": "the server sends no pings (it answers the client's)",
+    "grpc-keepalive-permit-without-calls": "clients' pings are always answered",
+    "grpc-http2-max-pings-without-data": "clients' pings are always answered",
+    "grpc-http2-min-recv-ping-interval-without-data": "clients' pings are always answered",
+    "grpc-http2-max-ping-strikes": "clients' pings are always answered",
+    "grpc-infer-response-compression-level": "responses are not compressed",
+    "model-load-thread-count": "models load one after another",
+    "model-load-retry-count": "a failed load is not retried (poll mode retries on change)",
+    "buffer-manager-thread-count": "inputs are views, not copied by threads",
+    "pinned-memory-pool-byte-size": "--host-pool-bytes bounds the (pinned) host pool",
+    "cuda-memory-pool-byte-size": "the device's memory is PyTorch's caching allocator's",
+    "cuda-virtual-address-size": "the device's memory is PyTorch's caching allocator's",
+    "min-supported-compute-capability": "PyTorch's build decides which GPUs it runs on",
+    "backend-directory": "models run in this process (PyTorch and Python models)",
+    "repoagent-directory": "no repository agents",
+    "backend-config": "no backend takes settings (Python models' shm pools are not used)",
+    "host-policy": "--placement places threads on CPUs",
+}
+# Triton's flags for what tensorgate does not do, where going on would mislead: refused
+# (unless given as false) with the reason
+REFUSED = {
+    "grpc-use-ssl": "TLS is not served; terminate it in front of the server (a sidecar, "
+                    "the ingress)",
+    "grpc-use-ssl-mutual": "TLS is not served; terminate it in front of the server",
+    "grpc-server-cert": "TLS is not served; terminate it in front of the server",
+    "grpc-server-key": "TLS is not served; terminate it in front of the server",
+    "grpc-root-cert": "TLS is not served; terminate it in front of the server",
+    "allow-sagemaker": "SageMaker's API is not served",
+    "allow-vertex-ai": "Vertex AI's API is not served",
+    "model-namespacing": "model names are one namespace",
+    "cache-directory": "only the local response cache exists (--cache-config local,size=N)",
+}
+_FALSE = ("0", "false", "no", "off")
+
+
+def _no_effect_dest(flag: str) -> str:
+    return "no_effect_" + flag.replace("-", "_")
+
+
+def _refused_dest(flag: str) -> str:
+    return "refused_" + flag.replace("-", "_")
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tensorgate")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -117,6 +169,25 @@ def _parser() -> argparse.ArgumentParser:
                        help="Triton's: above 0 logs at DEBUG (unless --log-level says)")
     serve.add_argument("--cache-config", metavar="local,size=BYTES",
                        help="Triton's: the response cache's size (--response-cache-bytes)")
+    serve.add_argument("--http-max-input-size", type=int, metavar="BYTES",
+                       help="Triton's name for --max-request-bytes")
+    serve.add_argument("--response-cache-byte-size", type=int, metavar="BYTES",
+                       help="Triton's older name for --response-cache-bytes")
+    serve.add_argument("--log-file", type=pathlib.Path,
+                       help="Triton's: write the log to this file instead of stderr")
+    for severity in ("info", "warning", "error"):
+        serve.add_argument(f"--log-{severity}", metavar="BOOL",
+                           help=f"Triton's: log {severity} messages (default true)")
+    serve.add_argument("--log-format", choices=["default", "ISO8601"],
+                       help="Triton's: how log lines write the time")
+    serve.add_argument("--id", dest="server_id",
+                       help="Triton's: the server's name in its metadata (default tensorgate)")
+    for flag, why in NO_EFFECT.items():
+        serve.add_argument(f"--{flag}", dest=_no_effect_dest(flag), metavar="VALUE",
+                           help=f"Triton's, taken and not acted on: {why}")
+    for flag, why in REFUSED.items():
+        serve.add_argument(f"--{flag}", dest=_refused_dest(flag), metavar="VALUE",
+                           help=f"Triton's, refused unless false: {why}")
     serve.add_argument("--loop", choices=["auto", "asyncio", "uvloop"])
     serve.add_argument("--placement", choices=["auto", "none"])
     serve.add_argument("--log-level")
@@ -189,6 +260,15 @@ def triton_settings(args: dict[str, object]) -> dict[str, object]:
     """ServerConfig fields from Triton's flags that say what a tensorgate flag says (they
     are taken out of `args`); tensorgate's own flag wins where both are given."""
     found: dict[str, object] = {}
+    for flag, why in REFUSED.items():
+        value = args.pop(_refused_dest(flag), None)
+        if isinstance(value, str) and value.strip().lower() not in _FALSE:
+            raise ValueError(f"--{flag}: {why}")
+    for ours, theirs in (("max_request_bytes", "http_max_input_size"),
+                         ("response_cache_bytes", "response_cache_byte_size")):
+        value = args.pop(theirs, None)
+        if value is not None and args.get(ours) is None:
+            found[ours] = value
     strict = args.pop("strict_model_config", None)
     if strict is not None and args.get("disable_auto_complete_config") is None:
         found["disable_auto_complete_config"] = strict
@@ -207,11 +287,24 @@ def triton_settings(args: dict[str, object]) -> dict[str, object]:
     return found
 
 
+def no_effect(args: dict[str, object]) -> list[str]:
+    """Triton's flags given that change nothing here (taken out of `args`), with why."""
+    given = []
+    for flag, why in NO_EFFECT.items():
+        if args.pop(_no_effect_dest(flag), None) is not None:
+            given.append(f"--{flag} ({why})")
+    return given
+
+
 def main(argv: list[str] | None = None) -> int:
     args = vars(_parser().parse_args(argv))
     command = args.pop("command")
     if command == "serve":
         from tensorgate.server import run
+        ignored = no_effect(args)
+        if ignored:
+            print("tensorgate: Triton's flags taken and not acted on: " + "; ".join(ignored),
+                  file=sys.stderr)
         try:
             args.update(trace_settings(args.pop("trace_config") or []))
             args.update(metrics_settings(args.pop("metrics_config") or []))

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from tensorgate.log_settings import LOG_FORMATS
 from tensorgate.pipeline.rate_limiter import parse_resource_counts
 from tensorgate.pipeline.summary import DEFAULT_QUANTILES, parse_quantiles
 from tensorgate.protocol.restricted import parse_restrictions
@@ -89,6 +90,16 @@ class ServerConfig:
     # (HTTP 503, gRPC GOAWAY) and closed. The soft open-files limit is raised to fit it.
     max_connections: int = 4096
     log_level: str = "INFO"
+    # Triton's --log-file (the log goes there, not to stderr; no client can change it),
+    # --log-info / --log-warning / --log-error (each severity on or off, within log_level)
+    # and --log-format (default or ISO8601); the logging extension changes all but the file
+    log_file: pathlib.Path | None = None
+    log_info: bool = True
+    log_warning: bool = True
+    log_error: bool = True
+    log_format: str = "default"
+    # Triton's --id: the server's name in its metadata
+    server_id: str = "tensorgate"
     # Triton's --strict-readiness: /v2/health/ready says ready only while every model the
     # server tried to load serves (a failed one makes it unready: Kubernetes sends it no
     # traffic); false: ready once started, whatever failed
@@ -191,6 +202,13 @@ class ServerConfig:
         if self.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
             raise ValueError(f"log_level must be DEBUG, INFO, WARNING, ERROR or CRITICAL, got "
                              f"'{self.log_level}'")
+        if self.log_file is not None:
+            object.__setattr__(self, "log_file", pathlib.Path(self.log_file))
+        if self.log_format not in LOG_FORMATS:
+            raise ValueError(f"log_format must be one of {', '.join(LOG_FORMATS)}, got "
+                             f"'{self.log_format}'")
+        if not self.server_id.strip():
+            raise ValueError("server_id must not be empty")
         if self.response_cache_bytes < 0:
             raise ValueError(f"response_cache_bytes must be 0 (no cache) or more, got "
                              f"{self.response_cache_bytes}")

@@ -60,17 +60,19 @@ def refuse_model_files(parameters: Iterable[str]) -> None:
 class DataPlane:
     def __init__(self, engine: Engine, version: str, allow_shared_memory: bool = False,
                  model_control_mode: str = "none", log_settings: LogSettings | None = None,
-                 tracer: Tracer | None = None, strict_readiness: bool = True) -> None:
+                 tracer: Tracer | None = None, strict_readiness: bool = True,
+                 server_id: str = "tensorgate") -> None:
         """`model_control_mode` other than "explicit" refuses the load/unload API, as in
         Triton: what is served is then the repository's business, not any client's.
         `strict_readiness` (Triton's default): the server is ready only while no model
-        it should serve failed to load."""
+        it should serve failed to load. `server_id`: its name in the server metadata."""
         self.engine = engine
         self.log_settings = log_settings or LogSettings()
         self.tracer = tracer or Tracer()
         self.model_control_mode = model_control_mode
         self.strict_readiness = strict_readiness
         self.version = version
+        self.server_id = server_id
         self.started = False
         self.shm = SharedMemoryRegistry(allow_shared_memory)
         self.extensions = EXTENSIONS + (["system_shared_memory"] if allow_shared_memory else [])
@@ -106,7 +108,7 @@ class DataPlane:
         return not (self.strict_readiness and self.engine.unavailable())
 
     def server_metadata(self) -> dict[str, Any]:
-        return {"name": "tensorgate", "version": self.version, "extensions": self.extensions}
+        return {"name": self.server_id, "version": self.version, "extensions": self.extensions}
 
     def model_ready(self, name: str, version: str | None) -> bool:
         try:

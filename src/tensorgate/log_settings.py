@@ -43,7 +43,9 @@ class _Severities(logging.Filter):
 class LogSettings:
     """The server's log settings, starting from its `--log-level`."""
 
-    def __init__(self, level: str = "INFO", logger: str = "tensorgate") -> None:
+    def __init__(self, level: str = "INFO", logger: str = "tensorgate",
+                 log_file: str = "") -> None:
+        """`log_file`: where the server's log goes ("": stderr), reported, never changed."""
         number = logging.getLevelName(level.upper())
         if not isinstance(number, int):
             raise ValueError(f"log level '{level}' is not one of DEBUG, INFO, WARNING, ERROR")
@@ -52,6 +54,7 @@ class LogSettings:
         self.log_error = number <= logging.ERROR
         self.log_verbose_level = 1 if number <= logging.DEBUG else 0
         self.log_format = "default"
+        self.log_file = log_file
         self._logger = logging.getLogger(logger)
         self._filter = _Severities(self)
         self._handlers: list[logging.Handler] = []
@@ -70,7 +73,7 @@ class LogSettings:
         self._handlers = []
 
     def current(self) -> dict[str, bool | int | str]:
-        return {"log_file": "", "log_info": self.log_info, "log_warning": self.log_warning,
+        return {"log_file": self.log_file, "log_info": self.log_info, "log_warning": self.log_warning,
                 "log_error": self.log_error, "log_verbose_level": self.log_verbose_level,
                 "log_format": self.log_format}
 
@@ -89,7 +92,7 @@ class LogSettings:
             if name == "log_format" and value not in LOG_FORMATS:
                 raise InvalidArgumentError(f"log setting 'log_format' must be one of "
                                            f"{', '.join(LOG_FORMATS)}; got {value!r}")
-            if name == "log_file" and value != "":
+            if name == "log_file" and value not in ("", self.log_file):
                 raise InvalidArgumentError(
                     "log setting 'log_file' cannot be changed over the API (any client could "
                     "choose a file for the server to write); redirect the server's output")

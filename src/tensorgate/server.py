@@ -63,7 +63,12 @@ class Server:
         self.grpc_port = 0
         self.metrics_port = 0
         # what /v2/logging reads and changes; `run` attaches it to the handlers it sets up
-        self.log_settings = LogSettings(config.log_level)
+        self.log_settings = LogSettings(config.log_level, log_file=str(config.log_file or ""))
+        self.log_settings.update({  # Triton's --log-info/-warning/-error narrow the level
+            "log_info": self.log_settings.log_info and config.log_info,
+            "log_warning": self.log_settings.log_warning and config.log_warning,
+            "log_error": self.log_settings.log_error and config.log_error,
+            "log_format": config.log_format})
         # what /v2/trace/setting reads and changes; it writes the traces (or sends them)
         self.tracer = Tracer(config.trace_file, config.trace_level, config.trace_rate,
                              config.trace_count, config.trace_log_frequency,
@@ -96,7 +101,7 @@ class Server:
                              if config.rate_limit == "execution_count" else None)
         dataplane = DataPlane(self.engine, self.version, config.allow_shared_memory,
                               config.model_control_mode, self.log_settings, self.tracer,
-                              config.strict_readiness)
+                              config.strict_readiness, config.server_id)
         budget = ConnectionBudget(_fit_open_files(config.max_connections))
         if config.allow_http:
             self._http = HttpFrontEnd(dataplane, default_pool(), config.max_request_bytes,
@@ -355,7 +360,8 @@ def _span_exporter(config: ServerConfig, version: str
 
 def run(config: ServerConfig) -> None:
     """Run a server until it is told to stop (the CLI's entry point)."""
-    logging.basicConfig(level=config.log_level.upper(), format=LOG_LINE)
+    logging.basicConfig(level=config.log_level.upper(), format=LOG_LINE,
+                        filename=config.log_file)
     server = Server(config)
     server.log_settings.attach(logging.getLogger().handlers)
     try:

@@ -1,0 +1,85 @@
+"""A tritonserver command line carries over: Triton's logging flags and --id act, its
+tuning flags start the server and are named at start as not acted on, and its flags for
+what tensorgate does not serve (TLS, other clouds' APIs) are refused with the reason."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import re
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+
+from tensorgate.cli import NO_EFFECT, REFUSED, no_effect, triton_settings
+from tests.e2e.conftest import start_server, stop_server
+from tests.pipeline import repo_builder as rb
+
+
+def test_a_tritonserver_command_line_starts_and_its_flags_act(tmp_path: pathlib.Path) -> None:
+    repo = tmp_path / "models"
+    rb.add_torchscript(repo, "identity", rb.Identity(), [4], [4])
+    log_file = tmp_path / "server.log.txt"
+    server = start_server(repo, tmp_path / "out.log", "--id", "edge-triton",
+                          "--log-file", str(log_file), "--log-warning", "false",
+                          "--log-format", "ISO8601", "--http-thread-count", "8",
+                          "--pinned-memory-pool-byte-size", "268435456",
+                          "--backend-config", "python,shm-default-byte-size=1048576",
+                          "--grpc-use-ssl", "false", "--http-max-input-size", "4096")
+    try:
+        with httpclient.InferenceServerClient(server.url) as http, \
+                grpcclient.InferenceServerClient(server.grpc_url) as grpc:
+            assert http.get_server_metadata()["name"] == "edge-triton"
+            assert grpc.get_server_metadata().name == "edge-triton"
+            settings = http.get_log_settings()
+        assert settings["log_file"] == str(log_file)
+        assert (settings["log_info"], settings["log_warning"], settings["log_error"]) == (
+            True, False, True)
+        assert settings["log_format"] == "ISO8601"
+        # the log went to the file, its times as ISO 8601; the console kept the start lines
+        written = log_file.read_text()
+        assert re.search(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ INFO tensorgate\.engine: model "
+                         r"identity v1 ready", written, re.M), written
+        console = server.log.read_text()
+        assert "INFO tensorgate.engine" not in console
+        assert ("Triton's flags taken and not acted on: --http-thread-count (the event loop "
+                "serves every HTTP connection); --pinned-memory-pool-byte-size" in console)
+        # --http-max-input-size is --max-request-bytes
+        request = urllib.request.Request(f"http://{server.url}/v2/models/identity/infer",
+                                         data=b"{" + b" " * 5000 + b"}", method="POST")
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(request, timeout=10)
+        assert refused.value.code == 413
+        assert "4096" in json.loads(refused.value.read())["error"]
+    finally:
+        assert stop_server(server) == 0, server.log.read_text()
+
+
+@pytest.mark.parametrize("flag, value, reason", [
+    ("--grpc-use-ssl", "true", "TLS is not served; terminate it in front of the server"),
+    ("--grpc-server-cert", "/etc/cert.pem", "TLS is not served"),
+    ("--allow-sagemaker", "1", "SageMaker's API is not served"),
+])
+def test_what_is_not_served_is_refused_with_the_reason(flag: str, value: str,
+                                                        reason: str) -> None:
+    answer = subprocess.run([sys.executable, "-m", "tensorgate", "serve", flag, value],
+                            capture_output=True, text=True, timeout=60)
+    assert answer.returncode == 2 and f"tensorgate: {flag}: {reason}" in answer.stderr, (
+        answer.stderr)
+
+
+def test_flag_tables_and_aliases() -> None:
+    assert not set(NO_EFFECT) & set(REFUSED)
+    args: dict[str, object] = {"no_effect_http_thread_count": "4", "max_request_bytes": None,
+                               "http_max_input_size": 2048, "response_cache_bytes": 7,
+                               "response_cache_byte_size": 9, "refused_grpc_use_ssl": "False"}
+    assert no_effect(args) == ["--http-thread-count (the event loop serves every HTTP "
+                               "connection)"]
+    # Triton's name fills tensorgate's setting; tensorgate's own flag wins when both are given
+    assert triton_settings(args) == {"max_request_bytes": 2048}
+    assert "refused_grpc_use_ssl" not in args and "http_max_input_size" not in args
