@@ -13,7 +13,8 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from tensorgate.config import ServerConfig, otlp_url
+from tensorgate.config import ServerConfig
+from tensorgate.trace_config import otlp_url
 from tensorgate.errors import InvalidArgumentError
 from tensorgate.pipeline.trace import SpanContext, Trace
 from tensorgate.tracing import Tracer

@@ -8,7 +8,6 @@ import ipaddress
 import os
 import pathlib
 import re
-import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -17,6 +16,7 @@ from tensorgate.log_settings import LOG_FORMATS
 from tensorgate.pipeline.rate_limiter import parse_resource_counts
 from tensorgate.pipeline.summary import DEFAULT_QUANTILES, parse_quantiles
 from tensorgate.protocol.restricted import parse_restrictions
+from tensorgate.trace_config import resolve_trace
 
 __all__ = ["ServerConfig"]
 
@@ -25,12 +25,6 @@ PlacementChoice = Literal["auto", "none"]
 ModelControlChoice = Literal["none", "explicit", "poll"]
 TraceModeChoice = Literal["triton", "opentelemetry"]
 RateLimitChoice = Literal["off", "execution_count"]
-TRACE_LEVELS = ("TIMESTAMPS", "TENSORS")
-OTLP_DEFAULT_URL = "http://localhost:4318/v1/traces"  # Triton's, the collector's OTLP/HTTP
-# the OpenTelemetry SDK's batch span processor defaults, and the variables that change them
-_BSP = {"trace_bsp_max_queue_size": ("OTEL_BSP_MAX_QUEUE_SIZE", 2048),
-        "trace_bsp_schedule_delay_ms": ("OTEL_BSP_SCHEDULE_DELAY", 5000),
-        "trace_bsp_max_export_batch_size": ("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", 512)}
 
 
 @dataclass(frozen=True)
@@ -226,7 +220,7 @@ class ServerConfig:
                 re.compile(getattr(self, name))
             except re.error as error:
                 raise ValueError(f"{name} is not a regular expression: {error}") from None
-        self._check_trace()
+        resolve_trace(self)
         for name in ("http_restricted_api", "grpc_restricted_api"):
             try:
                 parse_restrictions(getattr(self, name))
@@ -234,76 +228,6 @@ class ServerConfig:
                 raise ValueError(f"{name}: {error}") from None
         if not 0 < self.switch_interval_s <= 1:
             raise ValueError(f"switch_interval_s must be in (0, 1], got {self.switch_interval_s}")
-
-    def _check_trace(self) -> None:
-        if self.trace_file is not None:
-            object.__setattr__(self, "trace_file", pathlib.Path(self.trace_file))
-        level = tuple(dict.fromkeys(part.strip().upper() for part in self.trace_level))
-        if level == ("OFF",):
-            level = ()
-        for part in level:
-            if part not in TRACE_LEVELS:
-                raise ValueError(f"trace_level '{part}' is not one of TIMESTAMPS, TENSORS "
-                                 "(or OFF alone)")
-        object.__setattr__(self, "trace_level", level)
-        if self.trace_mode not in ("triton", "opentelemetry"):
-            raise ValueError(f"trace_mode must be triton or opentelemetry, got "
-                             f"'{self.trace_mode}'")
-        otel = self.trace_mode == "opentelemetry"
-        if level and self.trace_file is None and not otel:
-            raise ValueError("trace_level needs trace_file: tracing writes to a file "
-                             "(--trace-config triton,file=PATH), or spans to a collector "
-                             "(--trace-config mode=opentelemetry)")
-        # rate 0 in opentelemetry mode: only requests whose caller's trace is sampled
-        for name, lowest in (("trace_rate", 0 if otel else 1), ("trace_count", -1),
-                             ("trace_log_frequency", 0)):
-            if getattr(self, name) < lowest:
-                raise ValueError(f"{name} must be {lowest} or more, got {getattr(self, name)}")
-        if otel:
-            self._check_opentelemetry()
-        elif (self.trace_otel_url or self.trace_otel_resource
-              or any(getattr(self, name) for name in _BSP)):
-            raise ValueError("the opentelemetry trace settings (url, resource, bsp_*) need "
-                             "trace_mode opentelemetry (--trace-config mode=opentelemetry)")
-
-    def _check_opentelemetry(self) -> None:
-        """Opentelemetry mode: the collector's URL made whole, the resource attributes and
-        the batch bounds resolved from the OTEL_* variables where not given."""
-        if self.trace_file is not None or self.trace_log_frequency:
-            raise ValueError("trace_file and trace_log_frequency are the triton trace mode's "
-                             "(a file); opentelemetry mode sends spans to trace_otel_url")
-        if "TENSORS" in self.trace_level:
-            raise ValueError("opentelemetry trace mode records TIMESTAMPS only (as Triton's "
-                             "does); drop TENSORS or use the triton mode")
-        object.__setattr__(self, "trace_otel_url", otlp_url(self.trace_otel_url))
-        environ = os.environ
-        resource = {"service.name": "tensorgate"}
-        resource.update(key_values(environ.get("OTEL_RESOURCE_ATTRIBUTES", ""),
-                                   "OTEL_RESOURCE_ATTRIBUTES"))
-        if environ.get("OTEL_SERVICE_NAME"):
-            resource["service.name"] = environ["OTEL_SERVICE_NAME"]
-        for item in self.trace_otel_resource:
-            resource.update(key_values(item, "trace_otel_resource", decode=False))
-        object.__setattr__(self, "trace_otel_resource",
-                           tuple(f"{key}={value}" for key, value in resource.items()))
-        for name, (variable, default) in _BSP.items():
-            value = getattr(self, name)
-            if not value and environ.get(variable):
-                try:
-                    value = int(environ[variable])
-                except ValueError:
-                    raise ValueError(f"{variable} must be an integer, got "
-                                     f"'{environ[variable]}'") from None
-                if value < 1:
-                    raise ValueError(f"{variable} must be 1 or more, got {value}")
-            elif value < 0:
-                raise ValueError(f"{name} must be 1 or more (0: {variable} or {default}), "
-                                 f"got {value}")
-            object.__setattr__(self, name, value or default)
-        if self.trace_bsp_max_export_batch_size > self.trace_bsp_max_queue_size:
-            raise ValueError(f"trace_bsp_max_export_batch_size "
-                             f"({self.trace_bsp_max_export_batch_size}) must not exceed "
-                             f"trace_bsp_max_queue_size ({self.trace_bsp_max_queue_size})")
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any]) -> ServerConfig:
@@ -365,37 +289,3 @@ def _coerce(key: str, annotation: Any, value: Any) -> Any:
     if "Path" in text:
         return pathlib.Path(value) if value else None
     return value
-
-
-def otlp_url(text: str) -> str:
-    """An OTLP/HTTP traces URL made whole: Triton's form `host:port/path` takes http://, and
-    no path takes /v1/traces (the collector's)."""
-    given = text.strip() or OTLP_DEFAULT_URL
-    whole = given if "://" in given else "http://" + given
-    parts = urllib.parse.urlsplit(whole)
-    try:
-        parts.port
-    except ValueError:
-        raise ValueError(f"trace_otel_url '{text}' has no valid port") from None
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ValueError(f"trace_otel_url '{text}' is not http(s)://HOST[:PORT][/PATH] "
-                         "(OTLP over HTTP)")
-    if parts.query or parts.fragment or parts.username or parts.password:
-        raise ValueError(f"trace_otel_url '{text}' may not carry a query, fragment or "
-                         "credentials (give headers with OTEL_EXPORTER_OTLP_HEADERS)")
-    return urllib.parse.urlunsplit((parts.scheme, parts.netloc, parts.path or "/v1/traces",
-                                    "", ""))
-
-
-def key_values(text: str, source: str, decode: bool = True) -> dict[str, str]:
-    """`key=value[,key=value...]` as the OTEL_* variables write them (values
-    percent-encoded when `decode`); `source` names where it came from in errors."""
-    found: dict[str, str] = {}
-    for item in text.split(",") if decode else [text]:
-        if not item.strip():
-            continue
-        key, equals, value = item.partition("=")
-        if not equals or not key.strip():
-            raise ValueError(f"{source}: '{item}' is not key=value")
-        found[key.strip()] = urllib.parse.unquote(value.strip()) if decode else value
-    return found

@@ -35,7 +35,7 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from tensorgate.config import key_values
+from tensorgate.trace_config import key_values
 from tensorgate.pipeline.trace import Trace, new_span_id
 
 __all__ = ["TIMEOUT_S", "OtlpExporter", "parse_traceparent", "trace_spans"]
