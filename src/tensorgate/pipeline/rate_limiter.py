@@ -152,7 +152,8 @@ class RateLimiter:
     def may_run(self, claim: Claim) -> bool:
         if claim in self._held:
             return False  # an instance runs one batch at a time
-        if any(self._in_use.get(key, 0) + count > self._available[key]
+        # (a released claim's resources may be gone: it runs no more)
+        if any(self._in_use.get(key, 0) + count > self._available.get(key, 0)
                for key, count in claim.needs):
             return False
         # one waiting for the same resources ahead of it in line goes first
