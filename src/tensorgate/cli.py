@@ -6,7 +6,7 @@ import argparse
 import pathlib
 import sys
 
-from tensorgate.config import ServerConfig
+from tensorgate.config import FALSE_WORDS, ServerConfig
 from tensorgate.pipeline.summary import DEFAULT_QUANTILES
 
 __all__ = ["main"]
@@ -53,7 +53,6 @@ REFUSED = {
     "model-namespacing": "model names are one namespace",
     "cache-directory": "only the local response cache exists (--cache-config local,size=N)",
 }
-_FALSE = ("0", "false", "no", "off")
 
 
 def _no_effect_dest(flag: str) -> str:
@@ -262,7 +261,7 @@ def triton_settings(args: dict[str, object]) -> dict[str, object]:
     found: dict[str, object] = {}
     for flag, why in REFUSED.items():
         value = args.pop(_refused_dest(flag), None)
-        if isinstance(value, str) and value.strip().lower() not in _FALSE:
+        if isinstance(value, str) and value.strip().lower() not in FALSE_WORDS:
             raise ValueError(f"--{flag}: {why}")
     for ours, theirs in (("max_request_bytes", "http_max_input_size"),
                          ("response_cache_bytes", "response_cache_byte_size")):

@@ -25,6 +25,9 @@ PlacementChoice = Literal["auto", "none"]
 ModelControlChoice = Literal["none", "explicit", "poll"]
 TraceModeChoice = Literal["triton", "opentelemetry"]
 RateLimitChoice = Literal["off", "execution_count"]
+# how a boolean setting may be written (the CLI, TENSORGATE_* variables)
+TRUE_WORDS = ("1", "true", "yes", "on")
+FALSE_WORDS = ("0", "false", "no", "off")
 
 
 @dataclass(frozen=True)
@@ -273,9 +276,9 @@ def _coerce(key: str, annotation: Any, value: Any) -> Any:
     try:
         if text == "bool":
             lowered = value.strip().lower()
-            if lowered in ("1", "true", "yes", "on"):
+            if lowered in TRUE_WORDS:
                 return True
-            if lowered in ("0", "false", "no", "off"):
+            if lowered in FALSE_WORDS:
                 return False
             raise ValueError
         if text == "int":

@@ -29,11 +29,6 @@ class LatencyMetrics:
     summary_quantiles: tuple[float, ...] = ()
     first_response_histogram: bool = False
 
-
-_COUNTERS = ("nv_inference_request_duration_us", "nv_inference_queue_duration_us",
-             "nv_inference_compute_input_duration_us", "nv_inference_compute_infer_duration_us",
-             "nv_inference_compute_output_duration_us")
-
 _HELP = {
     "nv_inference_request_success": ("counter", "Number of successful inference requests"),
     "nv_inference_request_failure": ("counter", "Number of failed inference requests"),
@@ -175,15 +170,16 @@ def render_metrics(models: Iterable[tuple[ModelStatistics, int]],
         rows["nv_inference_count"].append(f"{labels} {stats.inference_count}")
         rows["nv_inference_exec_count"].append(f"{labels} {stats.execution_count}")
         rows["nv_inference_pending_request_count"].append(f"{labels} {pending}")
-        total_ns = stats.success.ns + stats.fail.ns
-        rows["nv_inference_request_duration_us"].append(f"{labels} {total_ns // 1000}")
-        rows["nv_inference_queue_duration_us"].append(f"{labels} {stats.queue.ns // 1000}")
-        rows["nv_inference_compute_input_duration_us"].append(
-            f"{labels} {stats.compute_input.ns // 1000}")
-        rows["nv_inference_compute_infer_duration_us"].append(
-            f"{labels} {stats.compute_infer.ns // 1000}")
-        rows["nv_inference_compute_output_duration_us"].append(
-            f"{labels} {stats.compute_output.ns // 1000}")
+        if latencies.counters:
+            total_ns = stats.success.ns + stats.fail.ns
+            rows["nv_inference_request_duration_us"].append(f"{labels} {total_ns // 1000}")
+            rows["nv_inference_queue_duration_us"].append(f"{labels} {stats.queue.ns // 1000}")
+            rows["nv_inference_compute_input_duration_us"].append(
+                f"{labels} {stats.compute_input.ns // 1000}")
+            rows["nv_inference_compute_infer_duration_us"].append(
+                f"{labels} {stats.compute_infer.ns // 1000}")
+            rows["nv_inference_compute_output_duration_us"].append(
+                f"{labels} {stats.compute_output.ns // 1000}")
         if stats.cached:
             rows["nv_cache_num_hits_per_model"].append(f"{labels} {stats.cache_hit.count}")
             rows["nv_cache_num_misses_per_model"].append(f"{labels} {stats.cache_miss.count}")
@@ -253,9 +249,6 @@ def render_metrics(models: Iterable[tuple[ModelStatistics, int]],
     if connections is not None:
         rows["tensorgate_connections_open"].append(f" {connections[0]}")
         rows["tensorgate_connections_refused_total"].append(f" {connections[1]}")
-    if not latencies.counters:
-        for name in _COUNTERS:
-            rows[name].clear()
     out = []
     for name, (kind, text) in _HELP.items():
         if not rows[name]:

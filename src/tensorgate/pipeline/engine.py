@@ -238,9 +238,7 @@ class Engine:
         for v in versions:  # 4. stop executors, release the model and the device
             for executor in v.executors:
                 executor.stop()
-            if self._limiter is not None:
-                for claim in v.claims:
-                    self._limiter.release(claim)
+            self._release(v.claims)
         stopping = [e.stopped for v in versions for e in v.executors]
         if stopping:
             await asyncio.wait(stopping, timeout=max(deadline - time.monotonic(), 1.0))
@@ -334,9 +332,7 @@ class Engine:
         if errors:
             for executor in executors:
                 executor.stop()
-            for claim in claims:
-                if claim is not None and self._limiter is not None:
-                    self._limiter.release(claim)
+            self._release(claims)
             raise errors[0]
         for executor, feed, claim in zip(executors, feeds, claims):
             feed.add_executor(executor, claim=claim)
@@ -363,11 +359,16 @@ class Engine:
                         group.resources, (device.index or 0) if device.type == "cuda" else -1,
                         group.priority))
         except ValueError as error:
-            for claim in claims:
-                if claim is not None:
-                    limiter.release(claim)
+            self._release(claims)
             raise ModelConfigError(spec.name, str(error)) from None
         return claims
+
+    def _release(self, claims: Iterable[Claim | None]) -> None:
+        """Forget instances' rate limiter claims (their model is gone, or never loaded)."""
+        if self._limiter is not None:
+            for claim in claims:
+                if claim is not None:
+                    self._limiter.release(claim)
 
     def _wants_spare(self, spec: ModelSpec, executors: list[ExecutorThread]) -> bool:
         """A heavy CPU model left to the defaults gets a spare instance on the loop's cores.

@@ -180,9 +180,10 @@ class Scheduler:
             if items is None:
                 break
             executor = self._idle.pop(at)
-            claim = self._claims.get(executor)
-            if claim is not None:
-                claim.take()
+            if self._claims:
+                claim = self._claims.get(executor)
+                if claim is not None:
+                    claim.take()
             if self._arrange is not None:
                 items = self._arrange(items)
             batch = Batch(items, now)
