@@ -478,7 +478,7 @@ class ExecutorThread:
                     self._stream.synchronize()
                 batch.output_ns = time.monotonic_ns() - started
                 return
-            outputs = name_outputs(raw, spec)
+            outputs = name_outputs(raw, spec, runner.output_positions if runner else None)
             rows = [item.rows for item in batch.items]
             for out in spec.model_outputs:
                 if not any(out.name in item.wanted for item in batch.items):

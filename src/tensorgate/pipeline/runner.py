@@ -26,6 +26,7 @@ import torch
 
 from tensorgate.errors import InternalError
 from tensorgate.model import NO_PARAMETERS, Model, ModelContext, RequestInfo
+from tensorgate.pipeline.torch_io import Argument, input_order, output_positions
 from tensorgate.pipeline.triton_python import TritonPythonRunner, install_module
 from tensorgate.repository.model_config import ModelConfigError, ModelSpec, WarmupSample
 from tensorgate.tensor.bytes_codec import decode_bytes_tensor
@@ -40,9 +41,11 @@ warnings.filterwarnings("ignore", message=r"`torch\.jit\.load` is deprecated",
                         category=DeprecationWarning)
 
 
-def name_outputs(raw: Any, spec: ModelSpec) -> dict[str, Any]:
-    """The config's output names → the model's results, in config order (a stateful
-    model's state outputs after them)."""
+def name_outputs(raw: Any, spec: ModelSpec,
+                 positions: Mapping[str, int] | None = None) -> dict[str, Any]:
+    """The config's output names → the model's results: by name from a mapping; else from a
+    tuple by `positions` (a TorchScript model's, pipeline/torch_io), or in config order (a
+    stateful model's state outputs after them), one result per name."""
     names = [output.name for output in spec.model_outputs]
     if isinstance(raw, Mapping):
         missing = [n for n in names if n not in raw]
@@ -51,6 +54,13 @@ def name_outputs(raw: Any, spec: ModelSpec) -> dict[str, Any]:
                                 f"also names {missing}")
         return {n: raw[n] for n in names}
     values = [raw] if not isinstance(raw, (list, tuple)) else list(raw)
+    if positions is not None:
+        beyond = [n for n in names if positions[n] >= len(values)]
+        if beyond:
+            raise InternalError(f"model '{spec.name}' returned {len(values)} outputs; its config "
+                                f"takes " + ", ".join(f"'{n}' from position {positions[n]}"
+                                                      for n in beyond))
+        return {n: values[positions[n]] for n in names}
     if len(values) != len(names):
         raise InternalError(f"model '{spec.name}' returned {len(values)} outputs; its config "
                             f"names {len(names)}: {', '.join(names)}")
@@ -63,8 +73,12 @@ class Runner:
     def __init__(self, forward: Callable[..., Any],
                  postprocess: Callable[[Any], Any] | None, module: torch.nn.Module | None,
                  *, shareable: bool = False, takes_requests: bool = False,
-                 requests: TritonPythonRunner | None = None) -> None:
+                 requests: TritonPythonRunner | None = None,
+                 output_positions: dict[str, int] | None = None) -> None:
         self.run = forward
+        # Where each output is in the tuple the model returns (TorchScript and torch.export:
+        # Triton's PyTorch-backend rules); None: config order, one result per output.
+        self.output_positions = output_positions
         # A model that takes requests one by one, answering each with its outputs by name or
         # an error of its own (a Triton Python-backend model): the executor hands it the
         # requests ungathered, and calls its `close` when the instance stops.
@@ -78,18 +92,35 @@ class Runner:
         self.shareable = shareable
 
 
-def _positional(call: Callable[..., Any], spec: ModelSpec) -> Callable[[dict[str, torch.Tensor]], Any]:
-    names = [i.name for i in spec.model_inputs]
+def _positional(call: Callable[..., Any], spec: ModelSpec, arguments: Sequence[Argument] | None,
+                source: pathlib.Path) -> Callable[[dict[str, torch.Tensor]], Any]:
+    names = input_order(spec, arguments, str(source))
 
     def forward(inputs: dict[str, torch.Tensor]) -> Any:
         return call(*[inputs[n] for n in names])
     return forward
 
 
+def _script_arguments(module: Any) -> list[Any]:
+    """A TorchScript module's forward arguments after `self` (schema `Argument`s)."""
+    arguments = list(module.forward.schema.arguments)
+    if arguments and arguments[0].type.kind() == "ClassType":
+        arguments = arguments[1:]
+    return arguments
+
+
 def _load_torchscript(path: pathlib.Path, spec: ModelSpec, device: torch.device) -> Runner:
     module = torch.jit.load(str(path), map_location=device)  # type: ignore[no-untyped-call]
     module.eval()
-    return Runner(_positional(module, spec), None, module, shareable=True)
+    arguments = _script_arguments(module)
+    positions = output_positions(spec)
+    if len(arguments) == 1 and arguments[0].type.kind() == "DictType":
+        def by_dict(inputs: dict[str, torch.Tensor]) -> Any:
+            return module(inputs)  # forward(self, inputs: Dict[str, Tensor]): names as keys
+        return Runner(by_dict, None, module, shareable=True, output_positions=positions)
+    names = [Argument(a.name, a.has_default_value()) for a in arguments]
+    return Runner(_positional(module, spec, names, path), None, module, shareable=True,
+                  output_positions=positions)
 
 
 def _load_pt2(path: pathlib.Path, spec: ModelSpec, device: torch.device) -> Runner:
@@ -102,9 +133,19 @@ def _load_pt2(path: pathlib.Path, spec: ModelSpec, device: torch.device) -> Runn
         except Exception:
             raise ModelConfigError(str(path), f"neither a torch.export program nor an "
                                               f"AOTInductor package: {export_error}") from None
-        return Runner(_positional(compiled, spec), None, None)
+        return Runner(_positional(compiled, spec, None, path), None, None,
+                      output_positions=output_positions(spec))
     module = program.module().to(device)
-    return Runner(_positional(module, spec), None, module)
+    return Runner(_positional(module, spec, _python_arguments(module.forward), path), None,
+                  module, output_positions=output_positions(spec))
+
+
+def _python_arguments(function: Callable[..., Any]) -> list[Argument] | None:
+    """A Python callable's parameters, or None where `*args` / `**kwargs` hide them."""
+    parameters = inspect.signature(function).parameters.values()
+    if any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in parameters):
+        return None
+    return [Argument(p.name, p.default is not p.empty) for p in parameters]
 
 
 def import_model_file(path: pathlib.Path, module_name: str) -> types.ModuleType:

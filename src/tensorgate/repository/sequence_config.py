@@ -3,8 +3,9 @@
 A stateful model sees more inputs than its clients send: the control inputs (START, END,
 READY, CORRID) the server sets for each request, and each implicit state's input, which
 holds what the model put in the state's output on the previous request of the sequence.
-Those tensors are declared here only, never in `input` (Triton's rule); the model receives
-them after its config inputs, in config order (TorchScript takes inputs by position).
+Those tensors are declared here only, never in `input` (Triton's rule); a TorchScript model
+takes them where pipeline/torch_io places them (`<name>__<index>`, a forward argument's
+name, else after its config inputs in config order).
 """
 
 from __future__ import annotations

@@ -1,0 +1,126 @@
+"""Which forward argument each of a TorchScript or `torch.export` model's inputs is, and which
+returned value each output is: Triton's PyTorch backend's rules, so that a `pytorch_libtorch`
+repository's config means here what it means there. A different guess would not fail: it
+would hand the model its tensors swapped and answer wrong numbers.
+
+Inputs clients send (the config's `input` list), the first rule that fits them all:
+  1. each name is an argument of `forward` → that argument (Triton's FORWARD_ARGUMENT);
+  2. each name is `<anything>__<digits>` → argument <digits> (NAMED_INDEX);
+  3. else the config's order (STRICT_CONFIG_ORDERING).
+Inputs the server sets (a stateful model's controls and state inputs): `<name>__<digits>` →
+that argument, else an argument of the same name, else the arguments left, in config order.
+(Triton insists on `__<digits>` for controls; tensorgate also takes the other two, which is
+how it placed them before.) `forward(self, inputs: Dict[str, Tensor])` takes one dict of
+every input by config name.
+
+Outputs: when every config output is `<name>__<digits>`, output <digits> of the returned tuple
+(a config may leave some out); else the config's order. An unlisted state output comes by
+its own `__<digits>`, else takes the first position no listed output takes.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+from tensorgate.errors import ModelConfigError
+from tensorgate.repository.model_config import ModelSpec
+
+__all__ = ["Argument", "input_order", "output_positions"]
+
+
+@dataclass(frozen=True, slots=True)
+class Argument:
+    """One parameter of `forward` (after `self`)."""
+
+    name: str
+    has_default: bool = False
+
+
+def named_index(name: str) -> int | None:
+    """The <digits> of `<anything>__<digits>` (split at the first `__`, as Triton does)."""
+    _, separator, tail = name.partition("__")
+    if separator and tail.isascii() and tail.isdigit():
+        return int(tail)
+    return None
+
+
+def input_order(spec: ModelSpec, arguments: Sequence[Argument] | None,
+                source: str) -> tuple[str, ...]:
+    """The model's input names (`spec.model_inputs`) in `forward`'s argument order;
+    `arguments` None where `forward`'s signature cannot be read (an AOTInductor package)."""
+    sent = [i.name for i in spec.inputs]
+    set_here = [i.name for i in spec.model_inputs[len(spec.inputs):]]
+    by_name = {a.name: position for position, a in enumerate(arguments or ())}
+    indexes = [named_index(name) for name in sent]
+    positions: dict[str, int] = {}
+    if arguments is not None and all(name in by_name for name in sent):
+        positions = {name: by_name[name] for name in sent}
+    elif all(index is not None for index in indexes):
+        positions = {name: index for name, index in zip(sent, indexes) if index is not None}
+    else:
+        positions = {name: position for position, name in enumerate(sent)}
+    left = []
+    for name in set_here:
+        index = named_index(name)
+        if index is None:
+            index = by_name.get(name)
+        if index is None:
+            left.append(name)
+        else:
+            positions[name] = index
+    positions.update(zip(left, _free(positions)))
+    return _checked(spec, positions, arguments, source)
+
+
+def _checked(spec: ModelSpec, positions: dict[str, int], arguments: Sequence[Argument] | None,
+             source: str) -> tuple[str, ...]:
+    """`positions` as names in argument order, when they are the arguments 0..n-1 once each
+    and `forward` takes n arguments; else the error that says which input is misplaced."""
+    count = len(positions)
+    if arguments is not None:
+        required = sum(1 for a in arguments if not a.has_default)
+        if not required <= count <= len(arguments):
+            listed = ", ".join(a.name for a in arguments)
+            raise ModelConfigError(source, f"the config gives {count} inputs "
+                                           f"({', '.join(positions)}); the model's forward "
+                                           f"takes {len(arguments)} ({listed})")
+    order: list[str | None] = [None] * count
+    for name, position in positions.items():
+        if position >= count:
+            raise ModelConfigError(source, f"input '{name}' is forward argument {position}, "
+                                           f"but the model has {count} inputs (0 to "
+                                           f"{count - 1})")
+        other = order[position]
+        if other is not None:
+            raise ModelConfigError(source, f"inputs '{other}' and '{name}' are both forward "
+                                           f"argument {position}")
+        order[position] = name
+    return tuple(name for name in order if name is not None)
+
+
+def output_positions(spec: ModelSpec) -> dict[str, int]:
+    """Each of `spec.model_outputs` → its position in the tuple `forward` returns."""
+    listed = [o.name for o in spec.outputs]
+    extra = [o.name for o in spec.model_outputs[len(spec.outputs):]]
+    indexes = [named_index(name) for name in listed]
+    if listed and all(index is not None for index in indexes):
+        positions = {name: index for name, index in zip(listed, indexes) if index is not None}
+    else:
+        positions = {name: position for position, name in enumerate(listed)}
+    left = []
+    for name in extra:
+        index = named_index(name)
+        if index is None:
+            left.append(name)
+        else:
+            positions[name] = index
+    positions.update(zip(left, _free(positions)))
+    return positions
+
+
+def _free(positions: dict[str, int]) -> Iterator[int]:
+    """The positions no name in `positions` takes, lowest first."""
+    taken = set(positions.values())
+    return (position for position in itertools.count() if position not in taken)

@@ -1,0 +1,196 @@
+"""A TorchScript or torch.export model gets each config input as the forward argument and each
+output from the returned position that Triton's PyTorch backend would use: by forward
+argument name, by `<name>__<index>`, else in config order; a dict-taking forward gets one
+dict. A config that cannot be placed fails its load naming the inputs."""
+
+from __future__ import annotations
+
+import pathlib
+from typing import Dict, Optional
+
+import pytest
+import torch
+
+from tensorgate import Engine, InferenceRequest, TensorView
+from tensorgate.errors import ModelConfigError, TensorgateError
+from tensorgate.pipeline.torch_io import Argument, input_order, output_positions
+from tensorgate.repository.model_config import ModelSpec, parse_model_config
+from tests.pipeline import repo_builder as rb
+from tests.pipeline.conftest import run
+
+
+class Subtract(torch.nn.Module):
+    """Two inputs that must not be swapped, two outputs that must not be swapped."""
+
+    def forward(self, a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return a - b, a * 2
+
+
+class MaybeMasked(torch.nn.Module):
+    def forward(self, x: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        return x if mask is None else x * mask
+
+
+class DictSubtract(torch.nn.Module):
+    def forward(self, inputs: Dict[str, torch.Tensor]) -> torch.Tensor:
+        return inputs["a"] - inputs["b"]
+
+
+def _tensors(entries: list[tuple[str, list[int]]]) -> str:
+    return ", ".join(f'{{ name: "{name}" data_type: TYPE_FP32 dims: {dims} }}'
+                     for name, dims in entries)
+
+
+def _config(name: str, inputs: list[str], outputs: list[str], extra: str = "") -> str:
+    return f"""
+        name: "{name}"
+        platform: "pytorch_libtorch"
+        max_batch_size: 4
+        input [ {_tensors([(n, [2]) for n in inputs])} ]
+        output [ {_tensors([(n, [2]) for n in outputs])} ]
+        {extra}
+        """
+
+
+def _spec(inputs: list[str], outputs: list[str], extra: str = "") -> ModelSpec:
+    return parse_model_config(_config("m", inputs, outputs, extra), "m/config.pbtxt")
+
+
+ARGS = [Argument("a"), Argument("b")]
+
+
+@pytest.mark.parametrize(("inputs", "arguments", "expected"), [
+    (["b", "a"], ARGS, ("a", "b")),                       # forward argument names
+    (["IN__1", "IN__0"], ARGS, ("IN__0", "IN__1")),       # <name>__<index>
+    (["IN__1", "IN__0"], None, ("IN__0", "IN__1")),       # an AOTInductor package: no names
+    (["Y", "X"], ARGS, ("Y", "X")),                       # neither: the config's order
+    (["b", "IN__0"], ARGS, ("b", "IN__0")),               # mixed: the config's order
+    (["a__x", "b__1"], ARGS, ("a__x", "b__1")),           # 'x' is no index: config order
+])
+def test_inputs_take_tritons_argument_positions(inputs: list[str], arguments: list[Argument] | None,
+                                                expected: tuple[str, ...]) -> None:
+    assert input_order(_spec(inputs, ["OUT"]), arguments, "src") == expected
+
+
+SEQUENCE = """sequence_batching {{ control_input [
+    {{ name: "{start}" control [ {{ kind: CONTROL_SEQUENCE_START fp32_false_true: [0, 1] }} ] }} ]
+    state [ {{ input_name: "{state_in}" output_name: "{state_out}" data_type: TYPE_FP32
+               dims: [2] }} ] }}"""
+
+
+def test_server_set_inputs_by_index_by_name_or_in_the_arguments_left() -> None:
+    indexed = _spec(["IN__2"], ["OUT"], SEQUENCE.format(start="START__0", state_in="S__1",
+                                                        state_out="S_OUT"))
+    assert input_order(indexed, None, "src") == ("START__0", "S__1", "IN__2")
+    named = _spec(["x"], ["OUT"], SEQUENCE.format(start="start", state_in="S_IN",
+                                                  state_out="S_OUT"))
+    arguments = [Argument("start"), Argument("x"), Argument("state")]
+    assert input_order(named, arguments, "src") == ("start", "x", "S_IN")
+
+
+def test_outputs_by_index_else_config_order() -> None:
+    assert output_positions(_spec(["a"], ["OUT__1", "OUT__0"])) == {"OUT__1": 1, "OUT__0": 0}
+    assert output_positions(_spec(["a"], ["OUT__1"])) == {"OUT__1": 1}
+    assert output_positions(_spec(["a"], ["Y", "X"])) == {"Y": 0, "X": 1}
+    stateful = _spec(["IN__0"], ["OUT__1"], SEQUENCE.format(start="START__1", state_in="S_IN",
+                                                            state_out="S_OUT"))
+    assert output_positions(stateful) == {"OUT__1": 1, "S_OUT": 0}
+
+
+@pytest.mark.parametrize(("inputs", "arguments", "message"), [
+    (["a", "b", "c"], ARGS, r"^src: the config gives 3 inputs \(a, b, c\); the model's forward "
+                            r"takes 2 \(a, b\)$"),
+    (["IN__0", "X__0"], None, r"^src: inputs 'IN__0' and 'X__0' are both forward argument 0$"),
+    (["IN__0", "IN__2"], None, r"^src: input 'IN__2' is forward argument 2, but the model has "
+                               r"2 inputs \(0 to 1\)$"),
+])
+def test_a_config_that_cannot_be_placed_names_the_inputs(inputs: list[str],
+                                                         arguments: list[Argument] | None,
+                                                         message: str) -> None:
+    with pytest.raises(ModelConfigError, match=message):
+        input_order(_spec(inputs, ["OUT"]), arguments, "src")
+
+
+def test_arguments_with_defaults_may_be_left_out() -> None:
+    arguments = [Argument("a"), Argument("b", has_default=True)]
+    assert input_order(_spec(["a"], ["OUT"]), arguments, "src") == ("a",)
+
+
+# -- served: the engine runs real TorchScript and torch.export models --------------------------
+
+def _save(repo: pathlib.Path, name: str, module: torch.nn.Module, inputs: list[str],
+          outputs: list[str], exported: bool = False) -> None:
+    folder = rb.write_config(repo, name, _config(name, inputs, outputs).replace(
+        "pytorch_libtorch", "torch_aoti" if exported else "pytorch_libtorch"))
+    if exported:
+        example = (torch.ones(1, 2), torch.ones(1, 2))
+        torch.export.save(torch.export.export(module, example), str(folder / "1" / "model.pt2"))
+    else:
+        torch.jit.script(module.eval()).save(str(folder / "1" / "model.pt"))
+
+
+async def _infer(engine: Engine, model: str,
+                 values: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    request = InferenceRequest(model, {n: TensorView.from_torch(v, name=n)
+                                       for n, v in values.items()})
+    result = await engine.infer(request)
+    return {name: view.torch().clone() for name, view in result.outputs.items()}
+
+
+def test_served_models_get_their_inputs_in_place(tmp_path: pathlib.Path) -> None:
+    _save(tmp_path, "by_name", Subtract(), ["b", "a"], ["OUTPUT__1", "OUTPUT__0"])
+    _save(tmp_path, "by_index", Subtract(), ["B__1", "A__0"], ["DOUBLE__1"])
+    _save(tmp_path, "by_dict", DictSubtract(), ["b", "a"], ["OUT"])
+    _save(tmp_path, "exported", Subtract(), ["b", "a"], ["OUTPUT__1", "OUTPUT__0"], exported=True)
+    _save(tmp_path, "optional", MaybeMasked(), ["INPUT__0"], ["OUTPUT__0"])  # mask left out
+    a = torch.tensor([[5.0, 7.0]])
+    b = torch.tensor([[1.0, 2.0]])
+
+    async def scenario() -> None:
+        engine = Engine(tmp_path)
+        await engine.start()
+        try:
+            for model in ("by_name", "exported"):
+                out = await _infer(engine, model, {"b": b, "a": a})
+                torch.testing.assert_close(out["OUTPUT__0"], a - b)
+                torch.testing.assert_close(out["OUTPUT__1"], a * 2)
+            out = await _infer(engine, "by_index", {"B__1": b, "A__0": a})
+            assert list(out) == ["DOUBLE__1"]
+            torch.testing.assert_close(out["DOUBLE__1"], a * 2)
+            out = await _infer(engine, "by_dict", {"b": b, "a": a})
+            torch.testing.assert_close(out["OUT"], a - b)
+            out = await _infer(engine, "optional", {"INPUT__0": a})
+            torch.testing.assert_close(out["OUTPUT__0"], a)
+        finally:
+            await engine.shutdown()
+    run(scenario())
+
+
+def test_a_model_whose_forward_does_not_fit_its_config_fails_its_load(tmp_path: pathlib.Path) -> None:
+    _save(tmp_path, "three", Subtract(), ["a", "b", "c"], ["OUTPUT__0"])
+
+    async def scenario() -> None:
+        engine = Engine(tmp_path)
+        try:
+            with pytest.raises(ModelConfigError, match=r"the config gives 3 inputs \(a, b, c\); "
+                                                       r"the model's forward takes 2 \(a, b\)$"):
+                await engine.load("three")
+        finally:
+            await engine.shutdown()
+    run(scenario())
+
+
+def test_an_output_position_beyond_what_the_model_returns_fails_the_request(
+        tmp_path: pathlib.Path) -> None:
+    _save(tmp_path, "short", Subtract(), ["a", "b"], ["OUTPUT__0", "OUTPUT__5"])
+
+    async def scenario() -> None:
+        engine = Engine(tmp_path)
+        await engine.start()
+        try:
+            with pytest.raises(TensorgateError, match=r"model 'short' returned 2 outputs; its "
+                                                      r"config takes 'OUTPUT__5' from position 5"):
+                await _infer(engine, "short", {"a": torch.ones(1, 2), "b": torch.ones(1, 2)})
+        finally:
+            await engine.shutdown()
+    run(scenario())
