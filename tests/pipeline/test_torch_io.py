@@ -194,3 +194,62 @@ def test_an_output_position_beyond_what_the_model_returns_fails_the_request(
         finally:
             await engine.shutdown()
     run(scenario())
+
+
+# -- the PyTorch backend's run-time switches ---------------------------------------------------
+
+TORCH_MODES = '''
+import torch
+
+from tensorgate import Model
+
+
+class TorchModes(Model):
+    """Answers what its executor thread runs it under."""
+
+    def forward(self, batch):
+        x = batch["INPUT__0"]
+        modes = [torch.is_inference_mode_enabled(), torch.is_grad_enabled(),
+                 torch._C._get_graph_executor_optimize()]
+        return torch.tensor([modes], dtype=torch.float32).expand(x.shape[0], 3)
+'''
+
+
+def _modes_model(repo: pathlib.Path, name: str, parameters: dict[str, str]) -> None:
+    entries = " ".join(f'parameters {{ key: "{k}" value {{ string_value: "{v}" }} }}'
+                       for k, v in parameters.items())
+    folder = rb.write_config(repo, name, f"""
+        name: "{name}"
+        backend: "python"
+        max_batch_size: 4
+        input [ {{ name: "INPUT__0" data_type: TYPE_FP32 dims: [1] }} ]
+        output [ {{ name: "OUTPUT__0" data_type: TYPE_FP32 dims: [3] }} ]
+        {entries}
+        """)
+    (folder / "1" / "model.py").write_text(TORCH_MODES)
+
+
+def test_inference_mode_and_optimized_execution_follow_the_config(
+        tmp_path: pathlib.Path, caplog: pytest.LogCaptureFixture) -> None:
+    _modes_model(tmp_path, "defaults", {})
+    _modes_model(tmp_path, "switched", {"INFERENCE_MODE": "false",
+                                        "DISABLE_OPTIMIZED_EXECUTION": "true",
+                                        "ENABLE_TENSOR_FUSER": "false"})
+
+    async def scenario() -> None:
+        engine = Engine(tmp_path)
+        await engine.start()
+        try:
+            one = {"INPUT__0": torch.zeros(1, 1)}
+            defaults = (await _infer(engine, "defaults", one))["OUTPUT__0"]
+            switched = (await _infer(engine, "switched", one))["OUTPUT__0"]
+        finally:
+            await engine.shutdown()
+        # [inference mode, grad enabled, graph executor optimises]
+        assert defaults.tolist() == [[1.0, 0.0, 1.0]]
+        assert switched.tolist() == [[0.0, 0.0, 0.0]]  # no_grad, not inference mode
+    run(scenario())
+    assert torch._C._get_graph_executor_optimize()  # the executor's thread's own setting
+    warnings = [r.getMessage() for r in caplog.records if "not acted on" in r.getMessage()]
+    assert warnings == ["model switched: parameters taken and not acted on: ENABLE_TENSOR_FUSER "
+                        "(a process-wide torch switch)"]

@@ -33,7 +33,7 @@ from tensorgate.pipeline.bls import BlsBridge, ModelControl
 from tensorgate.pipeline.ensemble import EnsembleScheduler, check_step_models, ensemble_steps
 from tensorgate.pipeline.executor import (ExecutorSettings, ExecutorThread, PostprocessPool,
                                           default_intra_op_threads)
-from tensorgate.pipeline.model_options import cpu_affinity, flag, int_parameter
+from tensorgate.pipeline.model_options import cpu_affinity, flag, int_parameter, not_acted_on
 from tensorgate.pipeline.placement import LIGHT_FORWARD_NS, pin_current_thread, plan_placement
 from tensorgate.pipeline.postprocess import build_postprocessor
 from tensorgate.pipeline.rate_limiter import Claim, RateLimiter
@@ -156,6 +156,9 @@ class Engine:
             if source.spec.ignored:
                 log.warning("model %s: served without its config's %s (not acted on here)",
                             name, ", ".join(source.spec.ignored))
+            if not_acted_on(source.spec):
+                log.warning("model %s: parameters taken and not acted on: %s", name,
+                            "; ".join(not_acted_on(source.spec)))
             if "EXECUTION_ENV_PATH" in source.spec.parameters:
                 log.warning("model %s: parameter EXECUTION_ENV_PATH (a packed Python "
                             "environment for Triton's stub) is not acted on: the model runs in "
@@ -321,7 +324,9 @@ class Engine:
                                                 self._threads),
                 cpu_affinity=cpu_affinity(spec), placement=self._placement,
                 cuda_graphs=flag(spec, "cuda_graphs", True),
-                postprocessor=postprocessor, instance=index)
+                postprocessor=postprocessor, instance=index,
+                inference_mode=flag(spec, "INFERENCE_MODE", True),
+                jit_optimize=not flag(spec, "DISABLE_OPTIMIZED_EXECUTION", False))
             executors.append(ExecutorThread(
                 f"tg-exec-{spec.name}-v{version}-{index}", settings, loop, self._pool,
                 self._postprocess, feed.on_batch_done, feed.on_idle))

@@ -92,6 +92,8 @@ class ExecutorSettings:
     # of the weights (only runners whose forward is safe on two threads at once).
     shared_runner: Runner | None = None
     instance: int = 0  # its index among the version's instances
+    inference_mode: bool = True  # else no_grad (config parameter INFERENCE_MODE false)
+    jit_optimize: bool = True  # the TorchScript executor optimises (DISABLE_OPTIMIZED_EXECUTION)
 
 
 class ExecutorThread:
@@ -182,12 +184,13 @@ class ExecutorThread:
         elif s.placement is not None:
             pin_current_thread(s.placement.compute_cpus)
         torch.set_num_threads(s.intra_op_threads)
+        torch._C._set_graph_executor_optimize(s.jit_optimize)  # this thread's own setting
         context = ModelContext(s.spec.name, s.version, s.directory, s.device, s.spec.max_batch_size,
                                dict(s.spec.parameters), s.instance)
         if s.device.type == "cuda":
             torch.cuda.set_device(s.device)
             self._stream = torch.cuda.Stream(s.device)  # type: ignore[no-untyped-call]
-        with torch.inference_mode(), self._on_stream():
+        with self._no_grad(), self._on_stream():
             if s.shared_runner is not None:  # loaded and warmed by its first instance
                 self._runner = s.shared_runner
             else:
@@ -201,6 +204,12 @@ class ExecutorThread:
                 self._place(s.placement)
                 if self.forward_ns is None and self._runner.requests is not None:
                     self._costs = []  # placed again once its requests show what it costs
+
+    def _no_grad(self) -> Any:
+        """Autograd off while the model runs: inference mode (Triton's INFERENCE_MODE default,
+        the cheaper), or plain no_grad for a model whose config says INFERENCE_MODE false (one
+        that keeps tensors made here and changes them in place outside inference mode)."""
+        return torch.inference_mode() if self.settings.inference_mode else torch.no_grad()
 
     def _forward_cost(self) -> int | None:
         """The median of five batch-1 forwards here, or None when inputs cannot be made."""
@@ -298,7 +307,7 @@ class ExecutorThread:
         inputs: Any = None
         raw: Any = None
         try:
-            with torch.inference_mode(), self._on_stream():
+            with self._no_grad(), self._on_stream():
                 inputs = self._gather(batch)
                 gathered = time.monotonic_ns()
                 if self._graphs is not None and self._graphs.covers(inputs, batch.rows):
@@ -339,7 +348,7 @@ class ExecutorThread:
         output_ns = 0
         produced: Any = None
         try:
-            with torch.inference_mode(), self._on_stream():
+            with self._no_grad(), self._on_stream():
                 produced = (runner.requests.run_stream(_request_inputs(item))
                             if runner.requests is not None else
                             _run(runner, self._to_device(item.inputs, batch), batch))
@@ -388,7 +397,7 @@ class ExecutorThread:
         started = batch.started_ns = time.monotonic_ns()
         answers: Any = None
         try:
-            with torch.inference_mode(), self._on_stream():
+            with self._no_grad(), self._on_stream():
                 answers = model.run_each([_request_inputs(item) for item in items])
                 output_started = batch.output_started_ns = time.monotonic_ns()
                 for item, answer in zip(items, answers):

@@ -3,15 +3,37 @@
     INTRA_OP_THREAD_COUNT / NUM_THREADS   torch intra-op threads of each instance
     cpu_affinity                          CPUs for its executors: "1", "0,2" or "0-3"
     batch_cap, cuda_graphs                "true" / "false" switches
+    INFERENCE_MODE                        Triton's PyTorch backend's: "false" runs the model
+                                          under no_grad instead of inference_mode
+    DISABLE_OPTIMIZED_EXECUTION           Triton's PyTorch backend's: "true" turns off the
+                                          TorchScript graph executor's optimisation on the
+                                          instance's thread (no re-optimising per new shape)
+
+The PyTorch backend's other switches change torch for the whole process (the JIT executor and
+fusers, cuDNN) or do not apply here; a config that sets one is served, with a warning
+naming it (`not_acted_on`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+from tensorgate.config import FALSE_WORDS, TRUE_WORDS
 from tensorgate.repository.model_config import ModelConfigError, ModelSpec
 
-__all__ = ["cpu_affinity", "flag", "int_parameter"]
+__all__ = ["cpu_affinity", "flag", "int_parameter", "not_acted_on"]
+
+# Triton's PyTorch-backend parameters tensorgate takes and does not act on, with why
+_NOT_ACTED_ON = {
+    "ENABLE_JIT_EXECUTOR": "a process-wide torch switch",
+    "ENABLE_JIT_PROFILING": "a process-wide torch switch",
+    "ENABLE_TENSOR_FUSER": "a process-wide torch switch",
+    "ENABLE_NVFUSER": "a process-wide torch switch (nvFuser is gone from torch)",
+    "DISABLE_CUDNN": "a process-wide torch switch",
+    "INTER_OP_THREAD_COUNT": "torch's inter-op pool is process-wide and fixed once used",
+    "ENABLE_CACHE_CLEANING": "the CUDA caching allocator is not emptied after each batch",
+    "ENABLE_WEIGHT_SHARING": "instances share weights where that is safe, whatever it says",
+}
 
 
 def int_parameter(spec: ModelSpec, keys: Sequence[str], default: int) -> int:
@@ -32,11 +54,17 @@ def flag(spec: ModelSpec, key: str, default: bool) -> bool:
     value = spec.parameters.get(key)
     if value is None:
         return default
-    if value.lower() in ("1", "true", "yes", "on"):
+    if value.lower() in TRUE_WORDS:
         return True
-    if value.lower() in ("0", "false", "no", "off"):
+    if value.lower() in FALSE_WORDS:
         return False
     raise ModelConfigError(spec.name, f"parameter '{key}' must be true or false, got '{value}'")
+
+
+def not_acted_on(spec: ModelSpec) -> list[str]:
+    """The PyTorch-backend parameters `spec` sets that tensorgate does not act on, each with
+    why, for the load's warning."""
+    return [f"{key} ({why})" for key, why in _NOT_ACTED_ON.items() if key in spec.parameters]
 
 
 def cpu_affinity(spec: ModelSpec) -> frozenset[int] | None:
