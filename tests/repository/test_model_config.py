@@ -202,7 +202,7 @@ def test_a_python_model_without_config_is_found_and_completed_by_the_loader_s_st
             name="py", backend="python", input=[pb.ModelInput(name="X", dims=[1])]))
 
 
-def test_fields_served_without_are_listed_and_ragged_batching_is_refused() -> None:
+def test_fields_served_without_are_listed() -> None:
     spec = parse_model_config('name: "m" optimization { cuda { graphs: true } } '
                               'response_cache { enable: true } metric_tags { key: "team" '
                               'value: "vision" }', "m/config.pbtxt")
@@ -213,11 +213,6 @@ def test_fields_served_without_are_listed_and_ragged_batching_is_refused() -> No
         with pytest.raises(ModelConfigError, match=r"'response_cache' cannot be enabled on a "
                                                    r"decoupled or stateful"):
             parse_model_config(f'name: "m" response_cache {{ enable: true }} {policy}')
-    with pytest.raises(ModelConfigError, match=r"'batch_input' / 'batch_output' \(ragged "
-                                               r"batching\) are not supported"):
-        parse_model_config('name: "m" max_batch_size: 2 batch_input { kind: '
-                           'BATCH_ELEMENT_COUNT target_name: "n" data_type: TYPE_FP32 '
-                           'source_input: "a" }', "m/config.pbtxt")
 
 
 @pytest.mark.parametrize("field, value", [

@@ -36,13 +36,14 @@ from tensorgate.pipeline.batching import gather_rows, split_rows
 from tensorgate.pipeline.cuda_graphs import GraphSet, graph_batch_sizes, map_tensors
 from tensorgate.pipeline.placement import (LIGHT_FORWARD_NS, Placement, pin_current_thread)
 from tensorgate.pipeline.postprocess import Postprocessor
+from tensorgate.pipeline.ragged import batch_input_values, flatten, scatter
 from tensorgate.pipeline.runner import (Runner, load_runner, name_outputs, sample_inputs,
                                         warmup_inputs)
 from tensorgate.pipeline.triton_python import RequestInputs, TritonPythonRunner
 from tensorgate.pipeline.work import Batch, WorkItem
 from tensorgate.python_backend import (TRITONSERVER_REQUEST_FLAG_SEQUENCE_END as SEQUENCE_END,
                                        TRITONSERVER_REQUEST_FLAG_SEQUENCE_START as SEQUENCE_START)
-from tensorgate.repository.model_config import ModelSpec
+from tensorgate.repository.model_config import ModelConfigError, ModelSpec
 from tensorgate.tensor.copies import copy_into
 from tensorgate.tensor.dtypes import datatype_of_numpy, datatype_of_torch
 from tensorgate.tensor.pool import BufferPool
@@ -113,6 +114,13 @@ class ExecutorThread:
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._runner: Runner | None = None
         self._graphs: GraphSet | None = None
+        spec = settings.spec
+        # What a batch gathers from its requests (batch inputs are computed), and which of it
+        # is ragged: batched flat, whatever each request's shape (pipeline/ragged.py)
+        computed = {b.target for b in spec.batch_inputs}
+        self._gathered = [i.name for i in spec.model_inputs if i.name not in computed]
+        self._ragged = frozenset(i.name for i in spec.inputs if i.ragged)
+        self._scattered = {b.target: b.source for b in spec.batch_outputs}
         self._stream: Any = None
         self.cpus = "any"  # where it ended up, for the start-up log
         self.forward_ns: int | None = None  # batch-1 forward, measured at start on CPU
@@ -195,6 +203,11 @@ class ExecutorThread:
                 self._runner = s.shared_runner
             else:
                 self._runner = load_runner(s.artifact, s.kind, s.spec, context)
+                if self._runner.requests is not None and (s.spec.batch_inputs
+                                                          or s.spec.batch_outputs):
+                    raise ModelConfigError(str(s.artifact), "a Triton Python model takes its "
+                                           "requests one by one, so 'batch_input' and "
+                                           "'batch_output' do not apply to it")
                 self._warm_up()
             if s.placement is not None and s.device.type == "cpu" and s.shared_runner is None:
                 self.forward_ns = self._forward_cost()
@@ -351,7 +364,7 @@ class ExecutorThread:
             with self._no_grad(), self._on_stream():
                 produced = (runner.requests.run_stream(_request_inputs(item))
                             if runner.requests is not None else
-                            _run(runner, self._to_device(item.inputs, batch), batch))
+                            _run(runner, self._to_device(self._gather(batch), batch), batch))
                 if not isinstance(produced, Iterator):
                     raise InternalError(
                         f"model '{self.settings.spec.name}' is decoupled: its forward must "
@@ -450,12 +463,20 @@ class ExecutorThread:
 
     def _gather(self, batch: Batch) -> dict[str, Any]:
         items = batch.items
-        if len(items) == 1:  # the common batch of one: its own tensors, nothing to build
+        spec = self.settings.spec
+        if len(items) == 1 and not self._ragged:  # the common batch of one: nothing to build
             return items[0].inputs
         ledgers = [item.ledger for item in items]
-        return {spec.name: gather_rows([item.inputs[spec.name] for item in items], ledgers,
-                                       self._pool)
-                for spec in self.settings.spec.model_inputs if spec.name in items[0].inputs}
+        gathered = {}
+        for name in self._gathered:
+            if name in items[0].inputs:
+                parts = [item.inputs[name] for item in items]
+                if name in self._ragged:  # every request's elements end to end, 1-D
+                    parts = [flatten(part) for part in parts]
+                gathered[name] = gather_rows(parts, ledgers, self._pool)
+        if spec.batch_inputs:
+            gathered.update(batch_input_values(spec, [item.inputs for item in items]))
+        return gathered
 
     def _to_device(self, inputs: dict[str, Any], batch: Batch) -> dict[str, Any]:
         device = self.settings.device
@@ -494,8 +515,15 @@ class ExecutorThread:
                     continue
                 value = outputs[out.name]
                 _check_output(spec.name, out.name, value, out.datatype)
-                pieces = (split_rows(value, rows, spec.name, out.name) if spec.max_batch_size
-                          else [value])
+                source = self._scattered.get(out.name)
+                if source is not None:  # a batch output: cut in its requests' input shapes
+                    pieces = scatter(value, out.dims, [item.inputs[source].shape
+                                                       for item in batch.items],
+                                     spec.name, out.name)
+                elif spec.max_batch_size:
+                    pieces = split_rows(value, rows, spec.name, out.name)
+                else:
+                    pieces = [value]
                 for item, piece in zip(batch.items, pieces):
                     if out.name in item.wanted:
                         item.results[out.name] = TensorView.from_array(

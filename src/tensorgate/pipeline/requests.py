@@ -97,7 +97,8 @@ def work_item(spec: ModelSpec, request: InferenceRequest,
         if item_spec.reshape is not None:
             value = value.reshape(([these_rows] if batching else []) + list(item_spec.reshape))
         inputs[item_spec.name] = value
-        key.append(item_shape)
+        # requests batch when these agree; a ragged input batches whatever its shape
+        key.append(None if item_spec.ragged else item_shape)
     if request.outputs:
         for name in request.outputs:
             if name not in spec.output_names:

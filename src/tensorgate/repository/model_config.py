@@ -20,6 +20,8 @@ from google.protobuf.message import Message
 from tritonclient.grpc import model_config_pb2 as pb
 
 from tensorgate.errors import ModelConfigError
+from tensorgate.repository.ragged_config import (BatchInput, BatchOutput, batch_inputs,
+                                                 batch_outputs)
 from tensorgate.repository.sequence_config import SequencePolicy, sequence_policy
 from tensorgate.tensor.dtypes import DataType, datatype_from_config
 
@@ -50,6 +52,7 @@ class TensorSpec:
     reshape: tuple[int, ...] | None = None
     optional: bool = False
     label_filename: str = ""
+    ragged: bool = False  # allow_ragged_batch: batches whatever its shape, flat (ragged_config)
 
     def accepts(self, shape: tuple[int, ...]) -> bool:
         """Whether a per-item shape (no batch dim) fits `dims`."""
@@ -145,6 +148,8 @@ class ModelSpec:
     warmup: tuple[WarmupSample, ...] = ()  # model_warmup; none: zeros at batch 1
     ignored: tuple[str, ...] = ()  # fields given but not acted on (NOT_ACTED_ON)
     response_cache: bool = False  # response_cache { enable: true } (pipeline/response_cache)
+    batch_inputs: tuple[BatchInput, ...] = ()  # ragged batching (repository/ragged_config)
+    batch_outputs: tuple[BatchOutput, ...] = ()
     config: pb.ModelConfig = field(default_factory=pb.ModelConfig, repr=False, compare=False)
 
     def input(self, name: str) -> TensorSpec | None:
@@ -157,9 +162,10 @@ class ModelSpec:
     @cached_property
     def model_inputs(self) -> tuple[TensorSpec, ...]:
         """What the model receives: the inputs clients send, then a stateful model's control
-        inputs and state inputs, which the server sets."""
+        inputs and state inputs, or the batch inputs, which the server sets."""
         if self.sequence is None:
-            return self.inputs
+            return self.inputs + tuple(TensorSpec(b.target, b.datatype, (-1,))
+                                       for b in self.batch_inputs)
         return (self.inputs
                 + tuple(TensorSpec(c.name, c.datatype, (1,)) for c in self.sequence.controls)
                 + tuple(TensorSpec(s.input_name, s.datatype, s.dims)
@@ -278,10 +284,6 @@ def _spec(config: pb.ModelConfig, source: str) -> ModelSpec:
     if config.max_batch_size < 0:
         raise ModelConfigError(source, f"field 'max_batch_size' is {config.max_batch_size}; "
                                        "it must be 0 (no batching) or more")
-    if config.batch_input or config.batch_output:
-        raise ModelConfigError(source, "'batch_input' / 'batch_output' (ragged batching) are "
-                                       "not supported; without them the model would get other "
-                                       "inputs than it expects")
     if config.default_model_filename:
         check_file_name(config.default_model_filename, "default_model_filename",
                          "each version's directory", source)
@@ -301,6 +303,7 @@ def _spec(config: pb.ModelConfig, source: str) -> ModelSpec:
         if duplicates:
             raise ModelConfigError(source, f"{kind} names must be unique; repeated: "
                                            + ", ".join(duplicates))
+    ragged = {spec.name: spec.ragged for spec in inputs}
     return ModelSpec(
         name=config.name,
         platform=config.platform,
@@ -319,6 +322,8 @@ def _spec(config: pb.ModelConfig, source: str) -> ModelSpec:
         warmup=tuple(_warmup(w, config, inputs, source) for w in config.model_warmup),
         ignored=ignored,
         response_cache=cached,
+        batch_inputs=batch_inputs(config, source, ragged),
+        batch_outputs=batch_outputs(config, source, ragged, [o.name for o in outputs]),
         config=config,
     )
 
@@ -399,7 +404,8 @@ def _tensor(message: pb.ModelInput | pb.ModelOutput, kind: str, source: str,
         check_file_name(labels, f"{where}: label_filename", "the model's directory", source)
     return TensorSpec(message.name, dt, dims, reshape,
                       optional=bool(getattr(message, "optional", False)),
-                      label_filename=labels)
+                      label_filename=labels,
+                      ragged=bool(getattr(message, "allow_ragged_batch", False)))
 
 
 def check_file_name(name: str, what: str, folder: str, source: str) -> None:

@@ -1,0 +1,81 @@
+"""Ragged batching, batch side: pure functions over one batch's requests.
+
+`flatten` gives a ragged input as the model takes it, every request's elements end to end in
+one 1-D tensor; `batch_input_values` computes the config's batch inputs from the requests'
+source shapes (each shape with its batch dim, as Triton counts); `scatter` cuts a batch
+output back per request. repository/ragged_config.py says what the config may ask.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+
+from tensorgate.errors import InternalError
+from tensorgate.repository.model_config import ModelSpec
+
+__all__ = ["batch_input_values", "flatten", "scatter"]
+
+
+def flatten(value: Any) -> Any:
+    """A request's ragged input as one dimension: a view of its (contiguous) bytes."""
+    return value.reshape(-1)
+
+
+def batch_input_values(spec: ModelSpec,
+                       requests: Sequence[Mapping[str, Any]]) -> dict[str, torch.Tensor]:
+    """Each of `spec`'s batch inputs for a batch of `requests` (their inputs by name, each
+    with its batch dim, before flattening)."""
+    values = {}
+    for batch_input in spec.batch_inputs:
+        shapes = [tuple(int(d) for d in request[batch_input.source].shape)
+                  for request in requests]
+        counts = [math.prod(shape) for shape in shapes]
+        kind = batch_input.kind
+        dtype = batch_input.datatype.torch
+        if kind == "BATCH_ELEMENT_COUNT":
+            value = torch.tensor(counts, dtype=dtype)
+        elif kind == "BATCH_ACCUMULATED_ELEMENT_COUNT":
+            value = torch.tensor(list(itertools.accumulate(counts)), dtype=dtype)
+        elif kind == "BATCH_ACCUMULATED_ELEMENT_COUNT_WITH_ZERO":
+            value = torch.tensor([0, *itertools.accumulate(counts)], dtype=dtype)
+        elif kind == "BATCH_MAX_ELEMENT_COUNT_AS_SHAPE":
+            value = torch.zeros(max(counts), dtype=dtype)  # only its shape says anything
+        else:  # BATCH_ITEM_SHAPE(_FLATTEN): each batch row's shape without the batch dim
+            rows = [list(shape[1:]) for shape in shapes for _ in range(shape[0])]
+            value = torch.tensor(rows, dtype=dtype).reshape(len(rows), len(shapes[0]) - 1)
+            if kind == "BATCH_ITEM_SHAPE_FLATTEN":
+                value = value.reshape(-1)
+        values[batch_input.target] = value
+    return values
+
+
+def scatter(value: Any, dims: Sequence[int], shapes: Sequence[Sequence[int]], model: str,
+            output: str) -> list[Any]:
+    """The model's flat `value` cut per request: each part shaped `[-1, *dims]` with each
+    -1 taken from that request's source input shape, in order (Triton's
+    BATCH_SCATTER_WITH_INPUT_SHAPE). Views where `value` is contiguous."""
+    wanted = [-1, *dims]
+    part_shapes = []
+    for shape in shapes:
+        if any(want == -1 and k >= len(shape) for k, want in enumerate(wanted)):
+            raise InternalError(f"model '{model}' output '{output}' has dims {list(dims)}: a "
+                                f"variable dim past its source input's {len(shape)} dims")
+        part_shapes.append([int(shape[k]) if want == -1 else want
+                            for k, want in enumerate(wanted)])
+    flat = value.reshape(-1)
+    needed = sum(math.prod(part) for part in part_shapes)
+    if needed > len(flat):
+        raise InternalError(f"model '{model}' output '{output}' has {len(flat)} elements; "
+                            f"scattered in its requests' input shapes it needs {needed}")
+    parts = []
+    start = 0
+    for part in part_shapes:
+        end = start + math.prod(part)
+        parts.append(flat[start:end].reshape(part))
+        start = end
+    return parts

@@ -1,0 +1,157 @@
+"""Ragged batching (Triton's allow_ragged_batch, batch_input, batch_output): requests of
+different shapes batch together, the model gets their elements end to end with batch inputs
+that say where each ends, and a batch output goes back to each request in its input's shape."""
+
+from __future__ import annotations
+
+import asyncio
+import pathlib
+from typing import Tuple
+
+import pytest
+import torch
+
+from tensorgate import Engine, InferenceRequest, TensorView
+from tensorgate.errors import InternalError, ModelConfigError
+from tensorgate.pipeline.ragged import batch_input_values, scatter
+from tensorgate.repository.model_config import ModelSpec, parse_model_config
+from tests.pipeline import repo_builder as rb
+from tests.pipeline.conftest import run
+
+KINDS = ["BATCH_ELEMENT_COUNT", "BATCH_ACCUMULATED_ELEMENT_COUNT",
+         "BATCH_ACCUMULATED_ELEMENT_COUNT_WITH_ZERO", "BATCH_MAX_ELEMENT_COUNT_AS_SHAPE",
+         "BATCH_ITEM_SHAPE", "BATCH_ITEM_SHAPE_FLATTEN"]
+
+
+def _config(batch_inputs: str = "", batch_outputs: str = "", extra: str = "",
+            max_batch: int = 8, dims: str = "[ -1 ]") -> str:
+    return f"""
+        name: "ragged"
+        platform: "pytorch_libtorch"
+        max_batch_size: {max_batch}
+        input [ {{ name: "INPUT" data_type: TYPE_FP32 dims: {dims} allow_ragged_batch: true }} ]
+        output [ {{ name: "SUM" data_type: TYPE_FP32 dims: [ 1 ] }},
+                 {{ name: "OUT" data_type: TYPE_FP32 dims: [ -1 ] }} ]
+        {batch_inputs}
+        {batch_outputs}
+        {extra}
+        """
+
+
+def _batch_input(kind: str, target: str, datatype: str = "TYPE_FP32",
+                 source: str = "INPUT") -> str:
+    return (f'batch_input {{ kind: {kind} target_name: "{target}" data_type: {datatype} '
+            f'source_input: "{source}" }}')
+
+
+def _spec(text: str) -> ModelSpec:
+    return parse_model_config(text, "ragged/config.pbtxt")
+
+
+def test_each_batch_input_kind_from_the_requests_shapes() -> None:
+    spec = _spec(_config(" ".join(_batch_input(kind, kind, "TYPE_INT32") for kind in KINDS),
+                         dims="[ -1, -1 ]"))
+    # Triton's examples: one batch-2 request [2,3,1]... here [2,3,1]-shaped items need 2-D
+    # items, so: requests [1,1,3], [1,1,4], [1,1,5] for the counts, and the shape kinds on
+    # a batch-2 request of items [3,1] with a batch-1 request of an item [2,2].
+    counts = batch_input_values(spec, [{"INPUT": torch.zeros(1, 1, n)} for n in (3, 4, 5)])
+    assert counts["BATCH_ELEMENT_COUNT"].tolist() == [3, 4, 5]
+    assert counts["BATCH_ACCUMULATED_ELEMENT_COUNT"].tolist() == [3, 7, 12]
+    assert counts["BATCH_ACCUMULATED_ELEMENT_COUNT_WITH_ZERO"].tolist() == [0, 3, 7, 12]
+    assert counts["BATCH_MAX_ELEMENT_COUNT_AS_SHAPE"].shape == (5,)
+    assert all(v.dtype == torch.int32 for v in counts.values())
+    shapes = batch_input_values(spec, [{"INPUT": torch.zeros(2, 3, 1)},
+                                       {"INPUT": torch.zeros(1, 2, 2)}])
+    assert shapes["BATCH_ITEM_SHAPE"].tolist() == [[3, 1], [3, 1], [2, 2]]
+    assert shapes["BATCH_ITEM_SHAPE_FLATTEN"].tolist() == [3, 1, 3, 1, 2, 2]
+    assert shapes["BATCH_ELEMENT_COUNT"].tolist() == [6, 4]  # the batch dim counts too
+
+
+def test_scatter_cuts_the_flat_output_in_each_requests_input_shape() -> None:
+    flat = torch.arange(12.0)
+    parts = scatter(flat, (-1,), [(1, 3), (1, 4), (1, 5)], "m", "OUT")
+    assert [p.shape for p in parts] == [(1, 3), (1, 4), (1, 5)]
+    assert parts[2].tolist() == [[7.0, 8.0, 9.0, 10.0, 11.0]]
+    assert parts[0].data_ptr() == flat.data_ptr()  # views, no copy
+    with pytest.raises(InternalError, match=r"^model 'm' output 'OUT' has 12 elements; "
+                                            r"scattered in its requests' input shapes it needs "
+                                            r"13$"):
+        scatter(flat, (-1,), [(1, 3), (1, 10)], "m", "OUT")
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    (_config(_batch_input("BATCH_ELEMENT_COUNT", "N", source="NOPE")),
+     r"batch_input 'N': source_input 'NOPE' is not an input; inputs are: INPUT$"),
+    (_config(_batch_input("BATCH_ELEMENT_COUNT", "INPUT")),
+     r"batch_input 'INPUT' is also a config input"),
+    (_config(_batch_input("BATCH_ELEMENT_COUNT", "N", "TYPE_FP16")),
+     r"batch_input 'N' has data_type TYPE_FP16; it must be TYPE_INT32, TYPE_INT64, TYPE_FP32$"),
+    (_config(max_batch=0), r"ragged batching .* needs 'max_batch_size' of 1 or more$"),
+    (_config(extra="sequence_batching { }"), r"is not supported with 'sequence_batching'"),
+    (_config(batch_outputs='batch_output { kind: BATCH_SCATTER_WITH_INPUT_SHAPE '
+                           'target_name: "NOPE" source_input: "INPUT" }'),
+     r"batch_output 'NOPE' is not an output; outputs are: SUM, OUT$"),
+    (_config('batch_input { kind: BATCH_ELEMENT_COUNT target_name: ["A", "B"] '
+             'data_type: TYPE_INT32 source_input: "INPUT" }'),
+     r"'target_name' must name exactly one tensor, got 2$"),
+])
+def test_a_ragged_config_that_cannot_work_is_refused_by_name(text: str, message: str) -> None:
+    with pytest.raises(ModelConfigError, match=message):
+        _spec(text)
+
+
+class RaggedSum(torch.nn.Module):
+    """Each request's sum, from the flat input and where each request ends; and the input
+    doubled, for the server to cut back per request."""
+
+    def forward(self, x: torch.Tensor, ends: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        ends = ends.to(torch.int64)
+        sums = []
+        start = 0
+        for i in range(ends.shape[0]):
+            end = int(ends[i])
+            sums.append(x[start:end].sum())
+            start = end
+        return torch.stack(sums).unsqueeze(1), x * 2
+
+
+SCATTER = ('batch_output { kind: BATCH_SCATTER_WITH_INPUT_SHAPE target_name: "OUT" '
+           'source_input: "INPUT" }')
+
+
+def add_ragged(repo: pathlib.Path) -> None:
+    folder = rb.write_config(repo, "ragged", _config(
+        _batch_input("BATCH_ACCUMULATED_ELEMENT_COUNT", "ENDS", "TYPE_INT32"), SCATTER,
+        # batch_cap off: the first batches would otherwise start at one row (batch_cap.py)
+        'dynamic_batching { max_queue_delay_microseconds: 200000 } '
+        'parameters { key: "batch_cap" value { string_value: "off" } }'))
+    torch.jit.script(RaggedSum().eval()).save(str(folder / "1" / "model.pt"))
+
+
+def test_requests_of_different_lengths_batch_and_each_gets_its_own_answer(
+        tmp_path: pathlib.Path) -> None:
+    add_ragged(tmp_path)
+    values = [torch.arange(1.0, n + 1).reshape(1, n) for n in (3, 4, 5)]
+
+    async def scenario() -> None:
+        engine = Engine(tmp_path)
+        await engine.start()
+        try:
+            results = await asyncio.gather(*(
+                engine.infer(InferenceRequest("ragged", {
+                    "INPUT": TensorView.from_torch(v, name="INPUT")})) for v in values))
+            for value, result in zip(values, results):
+                assert result.outputs["SUM"].torch().tolist() == [[float(value.sum())]]
+                out = result.outputs["OUT"].torch()
+                assert out.shape == value.shape
+                torch.testing.assert_close(out, value * 2)
+            stats = engine.statistics("ragged")[0]
+            assert stats["inference_count"] == 3
+            assert stats["execution_count"] == 1  # one batch of the three lengths
+            # alone, a request is its own batch: flat, with its one end
+            alone = await engine.infer(InferenceRequest("ragged", {
+                "INPUT": TensorView.from_torch(values[1], name="INPUT")}))
+            assert alone.outputs["SUM"].torch().tolist() == [[10.0]]
+        finally:
+            await engine.shutdown()
+    run(scenario())
