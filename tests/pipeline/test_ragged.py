@@ -10,10 +10,12 @@ from typing import Tuple
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tensorgate import Engine, InferenceRequest, TensorView
 from tensorgate.errors import InternalError, ModelConfigError
-from tensorgate.pipeline.ragged import batch_input_values, scatter
+from tensorgate.pipeline.ragged import batch_input_values, flatten, scatter
 from tensorgate.repository.model_config import ModelSpec, parse_model_config
 from tests.pipeline import repo_builder as rb
 from tests.pipeline.conftest import run
@@ -51,9 +53,8 @@ def _spec(text: str) -> ModelSpec:
 def test_each_batch_input_kind_from_the_requests_shapes() -> None:
     spec = _spec(_config(" ".join(_batch_input(kind, kind, "TYPE_INT32") for kind in KINDS),
                          dims="[ -1, -1 ]"))
-    # Triton's examples: one batch-2 request [2,3,1]... here [2,3,1]-shaped items need 2-D
-    # items, so: requests [1,1,3], [1,1,4], [1,1,5] for the counts, and the shape kinds on
-    # a batch-2 request of items [3,1] with a batch-1 request of an item [2,2].
+    # Triton's examples: counts for requests of 3, 4 and 5 elements; item shapes for a
+    # batch-2 request of [3, 1] items with a batch-1 request of a [2, 2] item.
     counts = batch_input_values(spec, [{"INPUT": torch.zeros(1, 1, n)} for n in (3, 4, 5)])
     assert counts["BATCH_ELEMENT_COUNT"].tolist() == [3, 4, 5]
     assert counts["BATCH_ACCUMULATED_ELEMENT_COUNT"].tolist() == [3, 7, 12]
@@ -155,3 +156,26 @@ def test_requests_of_different_lengths_batch_and_each_gets_its_own_answer(
         finally:
             await engine.shutdown()
     run(scenario())
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 3), st.integers(0, 7)), min_size=1, max_size=8))
+def test_flat_batch_and_scatter_give_each_request_back_its_own(
+        requests: list[tuple[int, int]]) -> None:
+    """Any mix of batch sizes and lengths: the ends say where each request's elements are
+    in the flat batch, and scattering the flat batch returns each request's tensor."""
+    spec = _spec(_config(_batch_input("BATCH_ACCUMULATED_ELEMENT_COUNT_WITH_ZERO", "ENDS",
+                                      "TYPE_INT64"), SCATTER))
+    tensors = []
+    counter = 0
+    for rows, length in requests:
+        tensors.append(torch.arange(counter, counter + rows * length,
+                                    dtype=torch.float32).reshape(rows, length))
+        counter += rows * length
+    flat = torch.cat([flatten(t) for t in tensors])
+    ends = batch_input_values(spec, [{"INPUT": t} for t in tensors])["ENDS"].tolist()
+    for index, tensor in enumerate(tensors):
+        torch.testing.assert_close(flat[ends[index]:ends[index + 1]], tensor.reshape(-1))
+    parts = scatter(flat, (-1,), [t.shape for t in tensors], "m", "OUT")
+    for part, tensor in zip(parts, tensors):
+        torch.testing.assert_close(part, tensor)
