@@ -50,28 +50,36 @@ def input_order(spec: ModelSpec, arguments: Sequence[Argument] | None,
                 source: str) -> tuple[str, ...]:
     """The model's input names (`spec.model_inputs`) in `forward`'s argument order;
     `arguments` None where `forward`'s signature cannot be read (an AOTInductor package)."""
-    sent = [i.name for i in spec.inputs]
-    set_here = [i.name for i in spec.model_inputs[len(spec.inputs):]]
-    by_name = {a.name: position for position, a in enumerate(arguments or ())}
-    indexes = [named_index(name) for name in sent]
-    positions: dict[str, int] = {}
-    if arguments is not None and all(name in by_name for name in sent):
-        positions = {name: by_name[name] for name in sent}
-    elif all(index is not None for index in indexes):
-        positions = {name: index for name, index in zip(sent, indexes) if index is not None}
+    by_name = (None if arguments is None
+               else {a.name: position for position, a in enumerate(arguments)})
+    positions = _place([i.name for i in spec.inputs],
+                       [i.name for i in spec.model_inputs[len(spec.inputs):]], by_name)
+    return _checked(spec, positions, arguments, source)
+
+
+def _place(listed: list[str], extra: list[str],
+           by_name: dict[str, int] | None) -> dict[str, int]:
+    """Positions of the config's `listed` tensors — all by name in `by_name` where given and
+    every one is there, else all by `__<index>` where every one has it, else in order — and
+    of the server's `extra` ones: by `__<index>`, else by name, else the positions left."""
+    indexes = [named_index(name) for name in listed]
+    if by_name is not None and all(name in by_name for name in listed):
+        positions = {name: by_name[name] for name in listed}
+    elif listed and all(index is not None for index in indexes):
+        positions = {name: index for name, index in zip(listed, indexes) if index is not None}
     else:
-        positions = {name: position for position, name in enumerate(sent)}
+        positions = {name: position for position, name in enumerate(listed)}
     left = []
-    for name in set_here:
+    for name in extra:
         index = named_index(name)
-        if index is None:
+        if index is None and by_name is not None:
             index = by_name.get(name)
         if index is None:
             left.append(name)
         else:
             positions[name] = index
     positions.update(zip(left, _free(positions)))
-    return _checked(spec, positions, arguments, source)
+    return positions
 
 
 def _checked(spec: ModelSpec, positions: dict[str, int], arguments: Sequence[Argument] | None,
@@ -102,22 +110,8 @@ def _checked(spec: ModelSpec, positions: dict[str, int], arguments: Sequence[Arg
 
 def output_positions(spec: ModelSpec) -> dict[str, int]:
     """Each of `spec.model_outputs` → its position in the tuple `forward` returns."""
-    listed = [o.name for o in spec.outputs]
-    extra = [o.name for o in spec.model_outputs[len(spec.outputs):]]
-    indexes = [named_index(name) for name in listed]
-    if listed and all(index is not None for index in indexes):
-        positions = {name: index for name, index in zip(listed, indexes) if index is not None}
-    else:
-        positions = {name: position for position, name in enumerate(listed)}
-    left = []
-    for name in extra:
-        index = named_index(name)
-        if index is None:
-            left.append(name)
-        else:
-            positions[name] = index
-    positions.update(zip(left, _free(positions)))
-    return positions
+    return _place([o.name for o in spec.outputs],
+                  [o.name for o in spec.model_outputs[len(spec.outputs):]], None)
 
 
 def _free(positions: dict[str, int]) -> Iterator[int]:
