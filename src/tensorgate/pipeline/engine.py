@@ -156,9 +156,10 @@ class Engine:
             if source.spec.ignored:
                 log.warning("model %s: served without its config's %s (not acted on here)",
                             name, ", ".join(source.spec.ignored))
-            if not_acted_on(source.spec):
+            unused = not_acted_on(source.spec)
+            if unused:
                 log.warning("model %s: parameters taken and not acted on: %s", name,
-                            "; ".join(not_acted_on(source.spec)))
+                            "; ".join(unused))
             if "EXECUTION_ENV_PATH" in source.spec.parameters:
                 log.warning("model %s: parameter EXECUTION_ENV_PATH (a packed Python "
                             "environment for Triton's stub) is not acted on: the model runs in "

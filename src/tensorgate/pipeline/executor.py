@@ -36,7 +36,7 @@ from tensorgate.pipeline.batching import gather_rows, split_rows
 from tensorgate.pipeline.cuda_graphs import GraphSet, graph_batch_sizes, map_tensors
 from tensorgate.pipeline.placement import (LIGHT_FORWARD_NS, Placement, pin_current_thread)
 from tensorgate.pipeline.postprocess import Postprocessor
-from tensorgate.pipeline.ragged import batch_input_values, flatten, scatter
+from tensorgate.pipeline.ragged import batch_input_values, flatten, one_request, scatter
 from tensorgate.pipeline.runner import (Runner, load_runner, name_outputs, sample_inputs,
                                         warmup_inputs)
 from tensorgate.pipeline.triton_python import RequestInputs, TritonPythonRunner
@@ -115,11 +115,10 @@ class ExecutorThread:
         self._runner: Runner | None = None
         self._graphs: GraphSet | None = None
         spec = settings.spec
-        # What a batch gathers from its requests (batch inputs are computed), and which of it
-        # is ragged: batched flat, whatever each request's shape (pipeline/ragged.py)
+        # What a batch of several gathers from its requests (batch inputs are computed), and
+        # which outputs go back in their requests' input shapes (pipeline/ragged.py)
         computed = {b.target for b in spec.batch_inputs}
         self._gathered = [i.name for i in spec.model_inputs if i.name not in computed]
-        self._ragged = frozenset(i.name for i in spec.inputs if i.ragged)
         self._scattered = {b.target: b.source for b in spec.batch_outputs}
         self._stream: Any = None
         self.cpus = "any"  # where it ended up, for the start-up log
@@ -464,14 +463,14 @@ class ExecutorThread:
     def _gather(self, batch: Batch) -> dict[str, Any]:
         items = batch.items
         spec = self.settings.spec
-        if len(items) == 1 and not self._ragged:  # the common batch of one: nothing to build
-            return items[0].inputs
+        if len(items) == 1:  # the common batch of one: its own tensors (views), no copy
+            return one_request(spec, items[0].inputs)
         ledgers = [item.ledger for item in items]
         gathered = {}
         for name in self._gathered:
             if name in items[0].inputs:
                 parts = [item.inputs[name] for item in items]
-                if name in self._ragged:  # every request's elements end to end, 1-D
+                if name in spec.ragged_inputs:  # every request's elements end to end, 1-D
                     parts = [flatten(part) for part in parts]
                 gathered[name] = gather_rows(parts, ledgers, self._pool)
         if spec.batch_inputs:

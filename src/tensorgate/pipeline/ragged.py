@@ -1,7 +1,7 @@
 """Ragged batching, batch side: pure functions over one batch's requests.
 
 `flatten` gives a ragged input as the model takes it, every request's elements end to end in
-one 1-D tensor; `batch_input_values` computes the config's batch inputs from the requests'
+one 1-D tensor (`one_request`: a batch of one, views only); `batch_input_values` computes the config's batch inputs from the requests'
 source shapes (each shape with its batch dim, as Triton counts); `scatter` cuts a batch
 output back per request. repository/ragged_config.py says what the config may ask.
 """
@@ -18,12 +18,23 @@ import torch
 from tensorgate.errors import InternalError
 from tensorgate.repository.model_config import ModelSpec
 
-__all__ = ["batch_input_values", "flatten", "scatter"]
+__all__ = ["batch_input_values", "flatten", "one_request", "scatter"]
 
 
 def flatten(value: Any) -> Any:
     """A request's ragged input as one dimension: a view of its (contiguous) bytes."""
     return value.reshape(-1)
+
+
+def one_request(spec: ModelSpec, inputs: dict[str, Any]) -> dict[str, Any]:
+    """One request's `inputs` as the model takes them in a batch of their own: ragged inputs
+    flat, batch inputs computed (on the CPU); another model's inputs as they are."""
+    ragged = spec.ragged_inputs
+    if not ragged and not spec.batch_inputs:
+        return inputs
+    batch = {name: flatten(value) if name in ragged else value for name, value in inputs.items()}
+    batch.update(batch_input_values(spec, [inputs]))
+    return batch
 
 
 def batch_input_values(spec: ModelSpec,

@@ -26,7 +26,7 @@ import torch
 
 from tensorgate.errors import InternalError
 from tensorgate.model import NO_PARAMETERS, Model, ModelContext, RequestInfo
-from tensorgate.pipeline.ragged import batch_input_values, flatten
+from tensorgate.pipeline.ragged import one_request
 from tensorgate.pipeline.torch_io import Argument, input_order, output_positions
 from tensorgate.pipeline.triton_python import TritonPythonRunner, install_module
 from tensorgate.repository.model_config import ModelConfigError, ModelSpec, WarmupSample
@@ -231,20 +231,13 @@ def warmup_inputs(spec: ModelSpec, rows: int,
         dims = [1 if d == -1 else d for d in (item.reshape or item.dims)]
         shape: Sequence[int] = ([rows] + dims) if spec.max_batch_size else dims
         inputs[item.name] = torch.zeros(shape, dtype=item.datatype.torch, device=device)
-    return as_one_batch(spec, inputs, device)
+    return _on_device(one_request(spec, inputs), device)
 
 
-def as_one_batch(spec: ModelSpec, inputs: dict[str, Any],
-                 device: torch.device) -> dict[str, Any]:
-    """One request's `inputs` as the model takes them in a batch of their own: ragged inputs
-    flat, batch inputs computed (pipeline/ragged.py); other models' unchanged."""
-    ragged = {i.name for i in spec.inputs if i.ragged}
-    if not ragged and not spec.batch_inputs:
-        return inputs
-    batch = {name: flatten(value) if name in ragged else value for name, value in inputs.items()}
-    batch.update({name: value.to(device)
-                  for name, value in batch_input_values(spec, [inputs]).items()})
-    return batch
+def _on_device(inputs: dict[str, Any], device: torch.device) -> dict[str, Any]:
+    """Warm-up inputs all on `device` (batch inputs are computed on the CPU)."""
+    return {name: value.to(device) if isinstance(value, torch.Tensor) else value
+            for name, value in inputs.items()}
 
 
 def sample_inputs(spec: ModelSpec, sample: WarmupSample, folder: pathlib.Path,
@@ -293,7 +286,7 @@ def sample_inputs(spec: ModelSpec, sample: WarmupSample, folder: pathlib.Path,
     for item in spec.inputs:  # as a request's inputs are: in their `reshape` shape
         if item.reshape is not None and item.name in inputs:
             inputs[item.name] = inputs[item.name].reshape(rows + list(item.reshape))
-    return as_one_batch(spec, inputs, device)
+    return _on_device(one_request(spec, inputs), device)
 
 
 def read_model_file(path: pathlib.Path, what: str) -> bytes:

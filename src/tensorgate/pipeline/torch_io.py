@@ -7,7 +7,8 @@ Inputs clients send (the config's `input` list), the first rule that fits them a
   1. each name is an argument of `forward` → that argument (Triton's FORWARD_ARGUMENT);
   2. each name is `<anything>__<digits>` → argument <digits> (NAMED_INDEX);
   3. else the config's order (STRICT_CONFIG_ORDERING).
-Inputs the server sets (a stateful model's controls and state inputs): `<name>__<digits>` →
+Inputs the server sets (a stateful model's controls and state inputs, ragged batching's
+batch inputs): `<name>__<digits>` →
 that argument, else an argument of the same name, else the arguments left, in config order.
 (Triton insists on `__<digits>` for controls; tensorgate also takes the other two, which is
 how it placed them before.) `forward(self, inputs: Dict[str, Tensor])` takes one dict of

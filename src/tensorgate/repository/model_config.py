@@ -156,6 +156,11 @@ class ModelSpec:
         return next((spec for spec in self.inputs if spec.name == name), None)
 
     @cached_property
+    def ragged_inputs(self) -> frozenset[str]:
+        """The inputs with `allow_ragged_batch`: batched flat, whatever each request's shape."""
+        return frozenset(spec.name for spec in self.inputs if spec.ragged)
+
+    @cached_property
     def output_names(self) -> tuple[str, ...]:
         return tuple(o.name for o in self.outputs)
 
@@ -303,7 +308,7 @@ def _spec(config: pb.ModelConfig, source: str) -> ModelSpec:
         if duplicates:
             raise ModelConfigError(source, f"{kind} names must be unique; repeated: "
                                            + ", ".join(duplicates))
-    ragged = {spec.name: spec.ragged for spec in inputs}
+    ragged = {spec.name: spec.ragged for spec in inputs}  # every input: is it ragged
     return ModelSpec(
         name=config.name,
         platform=config.platform,
