@@ -5,15 +5,17 @@ dict. A config that cannot be placed fails its load naming the inputs."""
 
 from __future__ import annotations
 
+import asyncio
 import pathlib
-from typing import Dict, Optional
+from typing import Dict, List, Optional, Tuple
 
+import numpy as np
 import pytest
 import torch
 
 from tensorgate import Engine, InferenceRequest, TensorView
 from tensorgate.errors import ModelConfigError, TensorgateError
-from tensorgate.pipeline.torch_io import Argument, input_order, output_positions
+from tensorgate.pipeline.torch_io import Argument, input_order, output_positions, strings_array
 from tensorgate.repository.model_config import ModelSpec, parse_model_config
 from tests.pipeline import repo_builder as rb
 from tests.pipeline.conftest import run
@@ -253,3 +255,183 @@ def test_inference_mode_and_optimized_execution_follow_the_config(
     warnings = [r.getMessage() for r in caplog.records if "not acted on" in r.getMessage()]
     assert warnings == ["model switched: parameters taken and not acted on: ENABLE_TENSOR_FUSER "
                         "(a process-wide torch switch)"]
+
+
+# -- strings: TYPE_STRING inputs and outputs as List[str], as Triton's PyTorch backend -------
+
+class Shout(torch.nn.Module):
+    """Strings in, strings and their lengths out: what a tokenizer-in-TorchScript model does."""
+
+    def forward(self, text: List[str], scale: torch.Tensor) -> Tuple[List[str], torch.Tensor]:
+        shouted = [t.upper() + "!" for t in text]
+        lengths = torch.tensor([len(t) for t in text], dtype=torch.float32)
+        return shouted, lengths.reshape(scale.shape[0], -1) * scale
+
+
+class Words(torch.nn.Module):
+    """One string in, its words out: a lone List[str] result of any length."""
+
+    def forward(self, text: List[str]) -> List[str]:
+        return text[0].split(" ")
+
+
+class Lengths(torch.nn.Module):
+    def forward(self, text: torch.Tensor) -> torch.Tensor:
+        return text
+
+
+def add_string_models(repo: pathlib.Path) -> None:
+    folder = rb.write_config(repo, "shout", """
+        name: "shout"
+        platform: "pytorch_libtorch"
+        max_batch_size: 8
+        input [ { name: "TEXT" data_type: TYPE_STRING dims: [2] },
+                { name: "SCALE" data_type: TYPE_FP32 dims: [1] } ]
+        output [ { name: "SHOUTED" data_type: TYPE_STRING dims: [2] },
+                 { name: "LENGTH" data_type: TYPE_FP32 dims: [2] } ]
+        dynamic_batching { max_queue_delay_microseconds: 200000 }
+        parameters { key: "batch_cap" value { string_value: "off" } }
+        """)
+    torch.jit.script(Shout().eval()).save(str(folder / "1" / "model.pt"))
+    folder = rb.write_config(repo, "words", """
+        name: "words"
+        platform: "pytorch_libtorch"
+        max_batch_size: 0
+        input [ { name: "TEXT" data_type: TYPE_STRING dims: [1] } ]
+        output [ { name: "WORDS" data_type: TYPE_STRING dims: [-1] } ]
+        """)
+    torch.jit.script(Words().eval()).save(str(folder / "1" / "model.pt"))
+
+
+def _text(rows: list[list[bytes]]) -> TensorView:
+    return TensorView.from_numpy(np.array(rows, dtype=object), name="TEXT")
+
+
+def test_string_inputs_batch_as_one_list_and_string_outputs_take_the_config_shape(
+        tmp_path: pathlib.Path) -> None:
+    add_string_models(tmp_path)
+    first = [[b"ab", b"c"]]
+    second = [[b"de", b"fgh"], [b"\xc3\xa9t\xc3\xa9", b""]]  # "été": UTF-8 as sent
+
+    async def scenario() -> None:
+        engine = Engine(tmp_path)
+        await engine.start()
+        try:
+            results = await asyncio.gather(*(
+                engine.infer(InferenceRequest("shout", {
+                    "TEXT": _text(rows),
+                    "SCALE": TensorView.from_torch(torch.full((len(rows), 1), scale),
+                                                   name="SCALE")}))
+                for rows, scale in ((first, 1.0), (second, 10.0))))
+            assert engine.statistics("shout")[0]["execution_count"] == 1  # one batch of three
+            one, two = (r.outputs for r in results)
+            assert one["SHOUTED"].numpy().tolist() == [[b"AB!", b"C!"]]
+            assert one["LENGTH"].torch().tolist() == [[2.0, 1.0]]
+            assert two["SHOUTED"].numpy().tolist() == [[b"DE!", b"FGH!"],
+                                                       ["éTé!".encode(), b"!"]]  # ASCII upper
+            # TorchScript's len counts the bytes of a string
+            assert two["LENGTH"].torch().tolist() == [[20.0, 30.0], [50.0, 0.0]]
+            words = await engine.infer(InferenceRequest("words", {
+                "TEXT": _text([b"to be or not"])}))
+            assert words.outputs["WORDS"].shape == (4,)
+            assert words.outputs["WORDS"].numpy().tolist() == [b"to", b"be", b"or", b"not"]
+        finally:
+            await engine.shutdown()
+    run(scenario())
+
+
+def test_a_string_input_on_a_tensor_argument_fails_the_load_naming_both(
+        tmp_path: pathlib.Path) -> None:
+    folder = rb.write_config(tmp_path, "tensor_arg", """
+        name: "tensor_arg"
+        platform: "pytorch_libtorch"
+        max_batch_size: 0
+        input [ { name: "text" data_type: TYPE_STRING dims: [1] } ]
+        output [ { name: "OUT" data_type: TYPE_STRING dims: [1] } ]
+        """)
+    torch.jit.script(Lengths().eval()).save(str(folder / "1" / "model.pt"))
+    folder = rb.write_config(tmp_path, "list_arg", """
+        name: "list_arg"
+        platform: "pytorch_libtorch"
+        max_batch_size: 0
+        input [ { name: "TEXT" data_type: TYPE_FP32 dims: [1] } ]
+        output [ { name: "WORDS" data_type: TYPE_STRING dims: [-1] } ]
+        """)
+    torch.jit.script(Words().eval()).save(str(folder / "1" / "model.pt"))
+
+    async def scenario() -> None:
+        engine = Engine(tmp_path)
+        try:
+            with pytest.raises(ModelConfigError, match=r"input 'text' is TYPE_STRING; forward "
+                                                       r"argument 'text' must be List\[str\]"):
+                await engine.load("tensor_arg")
+            with pytest.raises(ModelConfigError, match=r"forward argument 'text' is List\[str\]; "
+                                                       r"input 'TEXT' on it must be TYPE_STRING, "
+                                                       r"not TYPE_FP32"):
+                await engine.load("list_arg")
+        finally:
+            await engine.shutdown()
+    run(scenario())
+
+
+def test_strings_that_do_not_fill_the_config_dims_fail_naming_the_output() -> None:
+    array = strings_array(["a", b"b", "c", "d"], [2], 2, "m", "OUT")
+    assert array.shape == (2, 2) and array.tolist() == [[b"a", b"b"], [b"c", b"d"]]
+    assert strings_array(["a"] * 6, [-1, 3], 1, "m", "OUT").shape == (1, 2, 3)
+    assert strings_array([], [-1], None, "m", "OUT").shape == (0,)
+    with pytest.raises(TensorgateError, match=r"^model 'm' returned 3 strings for output 'OUT', "
+                                              r"which do not fill its dims \[2\] for a batch "
+                                              r"of 2$"):
+        strings_array(["a", "b", "c"], [2], 2, "m", "OUT")
+    with pytest.raises(TensorgateError, match=r"do not fill its dims \[-1, -1\]$"):
+        strings_array(["a", "b"], [-1, -1], None, "m", "OUT")
+
+
+def test_a_string_the_model_returns_that_is_not_utf8_fails_only_its_request(
+        tmp_path: pathlib.Path) -> None:
+    add_string_models(tmp_path)
+
+    async def scenario() -> None:
+        engine = Engine(tmp_path)
+        await engine.start()
+        try:
+            with pytest.raises(TensorgateError, match=r"model 'words' raised UnicodeDecodeError"):
+                await engine.infer(InferenceRequest("words", {"TEXT": _text([b"\xff x"])}))
+            words = await engine.infer(InferenceRequest("words", {"TEXT": _text([b"still up"])}))
+            assert words.outputs["WORDS"].numpy().tolist() == [b"still", b"up"]
+        finally:
+            await engine.shutdown()
+    run(scenario())
+
+
+# -- an output's config `reshape`: the model's shape of it, sent in the config's dims ----------
+
+class Flat(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.sum(dim=1)  # [batch]: one value a row, no trailing dim
+
+
+def test_an_output_reshape_gives_clients_the_config_dims(tmp_path: pathlib.Path) -> None:
+    for name, module in (("flat", Flat()), ("wrong", rb.Identity())):  # wrong: [batch, 2]
+        folder = rb.write_config(tmp_path, name, f"""
+            name: "{name}"
+            platform: "pytorch_libtorch"
+            max_batch_size: 4
+            input [ {{ name: "x" data_type: TYPE_FP32 dims: [2] }} ]
+            output [ {{ name: "y" data_type: TYPE_FP32 dims: [1] reshape {{ shape: [ ] }} }} ]
+            """)
+        torch.jit.script(module.eval()).save(str(folder / "1" / "model.pt"))
+
+    async def scenario() -> None:
+        engine = Engine(tmp_path)
+        await engine.start()
+        try:
+            out = await _infer(engine, "flat", {"x": torch.tensor([[1.0, 2.0], [3.0, 4.0]])})
+            assert out["y"].tolist() == [[3.0], [7.0]]  # [2, 1], not the model's [2]
+            with pytest.raises(TensorgateError, match=r"model 'wrong' output 'y' has shape "
+                                                      r"\[3, 2\], which does not reshape to "
+                                                      r"\[3, 1\] as its config's dims ask"):
+                await _infer(engine, "wrong", {"x": torch.ones(3, 2)})
+        finally:
+            await engine.shutdown()
+    run(scenario())

@@ -3,7 +3,8 @@
 A batch of `rows` replays the smallest captured size ≥ rows; its inputs are copied into the
 graph's static inputs (rows beyond the batch keep stale data, and their outputs are cut off).
 Used only by the executor thread, which owns the stream; replaced by eager runs when a
-model's shapes are not static (or ragged), an input is BYTES, or the config says `cuda_graphs: false`.
+model's shapes are not static (or ragged), an input or output is BYTES (strings are made on the
+host, which a graph does not replay), or the config says `cuda_graphs: false`.
 """
 
 from __future__ import annotations
@@ -62,7 +63,8 @@ class GraphSet:
     def capture(cls, run: Callable[[dict[str, torch.Tensor]], Any], spec: ModelSpec,
                 device: torch.device, stream: Any, sizes: list[int]) -> GraphSet | None:
         if any(i.datatype.torch is None or -1 in (i.reshape or i.dims) or i.ragged
-               for i in spec.model_inputs):
+               for i in spec.model_inputs) or any(o.datatype.is_bytes
+                                                  for o in spec.model_outputs):
             return None
         batched = spec.max_batch_size > 0
         memory_pool = torch.cuda.graph_pool_handle()

@@ -37,6 +37,7 @@ from tensorgate.pipeline.cuda_graphs import GraphSet, graph_batch_sizes, map_ten
 from tensorgate.pipeline.placement import (LIGHT_FORWARD_NS, Placement, pin_current_thread)
 from tensorgate.pipeline.postprocess import Postprocessor
 from tensorgate.pipeline.ragged import batch_input_values, flatten, one_request, scatter
+from tensorgate.pipeline.torch_io import strings_array
 from tensorgate.pipeline.runner import (Runner, load_runner, name_outputs, sample_inputs,
                                         warmup_inputs)
 from tensorgate.pipeline.triton_python import RequestInputs, TritonPythonRunner
@@ -509,20 +510,28 @@ class ExecutorThread:
                 return
             outputs = name_outputs(raw, spec, runner.output_positions if runner else None)
             rows = [item.rows for item in batch.items]
+            batching = spec.max_batch_size > 0
             for out in spec.model_outputs:
                 if not any(out.name in item.wanted for item in batch.items):
                     continue
                 value = outputs[out.name]
+                if out.datatype.is_bytes and isinstance(value, list):  # TorchScript List[str]
+                    value = strings_array(value, out.reshape or out.dims,
+                                          sum(rows) if batching else None, spec.name, out.name)
                 _check_output(spec.name, out.name, value, out.datatype)
                 source = self._scattered.get(out.name)
                 if source is not None:  # a batch output: cut in its requests' input shapes
                     pieces = scatter(value, out.dims, [item.inputs[source].shape
                                                        for item in batch.items],
                                      spec.name, out.name)
-                elif spec.max_batch_size:
+                elif batching:
                     pieces = split_rows(value, rows, spec.name, out.name)
                 else:
                     pieces = [value]
+                if out.reshape is not None and source is None:  # the model's shape → dims
+                    pieces = [_reshaped(piece, ([n] if batching else []) + list(out.dims),
+                                        spec.name, out.name)
+                              for piece, n in zip(pieces, rows if batching else [1])]
                 for item, piece in zip(batch.items, pieces):
                     if out.name in item.wanted:
                         item.results[out.name] = TensorView.from_array(
@@ -595,6 +604,16 @@ def _model_error(model: str, error: BaseException) -> TensorgateError:
         kind, _, text = text.splitlines()[-1].partition(": ")
         kind = kind.rpartition(".")[2]
     return InternalError(f"model '{model}' raised {kind}: {text}")
+
+
+def _reshaped(value: Any, shape: list[int], model: str, name: str) -> Any:
+    """An output with a config `reshape` (the model's shape of it) in its config dims."""
+    try:
+        return value.reshape(shape)
+    except (RuntimeError, ValueError):
+        raise InternalError(f"model '{model}' output '{name}' has shape "
+                            f"{list(value.shape)}, which does not reshape to {shape} as its "
+                            f"config's dims ask") from None
 
 
 def _check_output(model: str, name: str, value: Any, expected: Any) -> None:

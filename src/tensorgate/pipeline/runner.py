@@ -27,7 +27,7 @@ import torch
 from tensorgate.errors import InternalError
 from tensorgate.model import NO_PARAMETERS, Model, ModelContext, RequestInfo
 from tensorgate.pipeline.ragged import one_request
-from tensorgate.pipeline.torch_io import Argument, input_order, output_positions
+from tensorgate.pipeline.torch_io import Argument, as_strings, input_order, output_positions
 from tensorgate.pipeline.triton_python import TritonPythonRunner, install_module
 from tensorgate.repository.model_config import ModelConfigError, ModelSpec, WarmupSample
 from tensorgate.tensor.bytes_codec import decode_bytes_tensor
@@ -94,12 +94,30 @@ class Runner:
 
 
 def _positional(call: Callable[..., Any], spec: ModelSpec, arguments: Sequence[Argument] | None,
-                source: pathlib.Path) -> Callable[[dict[str, torch.Tensor]], Any]:
+                source: pathlib.Path, *,
+                strings: bool = False) -> Callable[[dict[str, torch.Tensor]], Any]:
+    """`call` with the inputs as positional arguments; with `strings`, each BYTES input as a
+    `List[str]` (TorchScript's type for it) and a lone `List[str]` result as one output."""
     names = input_order(spec, arguments, str(source))
+    texts = {i.name for i in spec.model_inputs if i.datatype.is_bytes} if strings else set()
+    lone_strings = strings and _returns_strings(call)
+    if not texts and not lone_strings:
+        def forward(inputs: dict[str, torch.Tensor]) -> Any:
+            return call(*[inputs[n] for n in names])
+        return forward
+    converters = [as_strings if n in texts else None for n in names]
 
-    def forward(inputs: dict[str, torch.Tensor]) -> Any:
-        return call(*[inputs[n] for n in names])
-    return forward
+    def forward_strings(inputs: dict[str, Any]) -> Any:
+        result = call(*[inputs[n] if convert is None else convert(inputs[n])
+                        for n, convert in zip(names, converters)])
+        return (result,) if lone_strings else result
+    return forward_strings
+
+
+def _returns_strings(module: Any) -> bool:
+    """Whether a TorchScript module's forward returns one `List[str]` (not a tuple of them)."""
+    returns = module.forward.schema.returns
+    return len(returns) == 1 and str(returns[0].type) == "List[str]"
 
 
 def _script_arguments(module: Any) -> list[Any]:
@@ -119,9 +137,10 @@ def _load_torchscript(path: pathlib.Path, spec: ModelSpec, device: torch.device)
         def by_dict(inputs: dict[str, torch.Tensor]) -> Any:
             return module(inputs)  # forward(self, inputs: Dict[str, Tensor]): names as keys
         return Runner(by_dict, None, module, shareable=True, output_positions=positions)
-    names = [Argument(a.name, a.has_default_value()) for a in arguments]
-    return Runner(_positional(module, spec, names, path), None, module, shareable=True,
-                  output_positions=positions)
+    names = [Argument(a.name, a.has_default_value(), str(a.type) == "List[str]")
+             for a in arguments]
+    return Runner(_positional(module, spec, names, path, strings=True), None, module,
+                  shareable=True, output_positions=positions)
 
 
 def _load_pt2(path: pathlib.Path, spec: ModelSpec, device: torch.device) -> Runner:

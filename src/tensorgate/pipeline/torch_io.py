@@ -17,18 +17,27 @@ every input by config name.
 Outputs: when every config output is `<name>__<digits>`, output <digits> of the returned tuple
 (a config may leave some out); else the config's order. An unlisted state output comes by
 its own `__<digits>`, else takes the first position no listed output takes.
+
+Strings, as Triton's PyTorch backend passes them: a BYTES (TYPE_STRING) input is a `List[str]`
+argument holding every element of the batch in row-major order, requests end to end; a
+`List[str]` the model returns for a BYTES output is shaped by the output's config dims (Triton
+sends it 1-D, whatever the config says).
 """
 
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
-from tensorgate.errors import ModelConfigError
+import numpy as np
+
+from tensorgate.errors import InternalError, ModelConfigError
 from tensorgate.repository.model_config import ModelSpec
 
-__all__ = ["Argument", "input_order", "output_positions"]
+__all__ = ["Argument", "as_strings", "input_order", "output_positions", "strings_array"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +46,8 @@ class Argument:
 
     name: str
     has_default: bool = False
+    # typed List[str], the only type a BYTES input can be; None where types are not known
+    strings: bool | None = None
 
 
 def named_index(name: str) -> int | None:
@@ -55,7 +66,10 @@ def input_order(spec: ModelSpec, arguments: Sequence[Argument] | None,
                else {a.name: position for position, a in enumerate(arguments)})
     positions = _place([i.name for i in spec.inputs],
                        [i.name for i in spec.model_inputs[len(spec.inputs):]], by_name)
-    return _checked(spec, positions, arguments, source)
+    order = _checked(spec, positions, arguments, source)
+    if arguments is not None:
+        _check_strings(spec, order, arguments, source)
+    return order
 
 
 def _place(listed: list[str], extra: list[str],
@@ -107,6 +121,49 @@ def _checked(spec: ModelSpec, positions: dict[str, int], arguments: Sequence[Arg
                                            f"argument {position}")
         order[position] = name
     return tuple(name for name in order if name is not None)
+
+
+def _check_strings(spec: ModelSpec, order: Sequence[str], arguments: Sequence[Argument],
+                   source: str) -> None:
+    """A BYTES input on a `List[str]` argument and nothing else on one: a mismatch could only
+    fail every request, so it fails the load instead, naming both."""
+    datatypes = {i.name: i.datatype for i in spec.model_inputs}
+    for name, argument in zip(order, arguments):
+        if argument.strings is None or argument.strings == datatypes[name].is_bytes:
+            continue
+        if argument.strings:
+            raise ModelConfigError(source, f"forward argument '{argument.name}' is List[str]; "
+                                           f"input '{name}' on it must be TYPE_STRING, not "
+                                           f"TYPE_{datatypes[name].name}")
+        raise ModelConfigError(source, f"input '{name}' is TYPE_STRING; forward argument "
+                                       f"'{argument.name}' must be List[str] to take it")
+
+
+def as_strings(value: np.ndarray) -> list[Any]:
+    """A BYTES input (an object array of `bytes`, any shape) as a `List[str]` argument takes
+    it: every element in row-major order, the bytes as sent (TorchScript keeps them raw)."""
+    return value.ravel().tolist()
+
+
+def strings_array(values: Sequence[Any], dims: Sequence[int], rows: int | None, model: str,
+                  output: str) -> np.ndarray:
+    """A `List[str]` the model returned for a BYTES output, as the object array of UTF-8
+    `bytes` that `dims` (the model's shape of the output, one dim may be -1) describe, after
+    `rows` batch rows when batching; an error naming the output where they cannot hold it."""
+    count = len(values)
+    lead = [] if rows is None else [rows]
+    shape = lead + list(dims)
+    fixed = math.prod(d for d in shape if d >= 0)
+    free = [i for i, d in enumerate(shape) if d < 0]
+    if len(free) == 1 and fixed > 0 and count % fixed == 0:
+        shape[free[0]] = count // fixed
+    elif free or fixed != count:
+        batch = f" for a batch of {rows}" if rows is not None else ""
+        raise InternalError(f"model '{model}' returned {count} strings for output '{output}', "
+                            f"which do not fill its dims {list(dims)}{batch}")
+    array = np.empty(count, dtype=object)
+    array[:] = [v.encode() if isinstance(v, str) else v for v in values]
+    return array.reshape(shape)
 
 
 def output_positions(spec: ModelSpec) -> dict[str, int]:
