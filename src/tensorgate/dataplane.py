@@ -8,8 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from tensorgate.errors import (InvalidArgumentError, NotFoundError, UnavailableError,
-                               UnimplementedError)
+from tensorgate.errors import InvalidArgumentError, NotFoundError, UnavailableError
 from tensorgate.log_settings import LogSettings
 from tensorgate.pipeline.engine import Engine, InferenceRequest, InferenceResult
 from tensorgate.pipeline.postprocess import topk_classify
@@ -19,6 +18,7 @@ from tensorgate.protocol.generate_codec import GenerateInput, generate_request
 from tensorgate.protocol.infer_codec import DecodedRequest, model_parameters
 from tensorgate.repository.model_config import ModelSpec
 from tensorgate.tensor.copies import CopyLedger
+from tensorgate.tensor.pinned import cuda_available
 from tensorgate.tensor.shm import SharedMemoryRegistry
 from tensorgate.tensor.view import TensorView
 from tensorgate.tracing import Tracer
@@ -76,23 +76,8 @@ class DataPlane:
         self.started = False
         self.shm = SharedMemoryRegistry(allow_shared_memory)
         self.extensions = EXTENSIONS + (["system_shared_memory"] if allow_shared_memory else [])
-
-    # Triton's CUDA shared-memory extension is not served yet (it is not among the
-    # extensions the server names). Its status lists no region and unregistering succeeds:
-    # clients such as perf_analyzer clear both kinds of region before and after a run.
-    @staticmethod
-    def cuda_shm_status(name: str | None) -> list[dict[str, Any]]:
-        if name:
-            raise NotFoundError(f"no CUDA shared-memory region '{name}' is registered: CUDA "
-                                "shared memory is not supported by this server yet")
-        return []
-
-    @staticmethod
-    def cuda_shm_register(name: str) -> None:
-        raise UnimplementedError(f"cannot register CUDA shared-memory region '{name}': CUDA "
-                                 "shared memory is not supported by this server yet; register "
-                                 "a system shared-memory region, or send the tensors in the "
-                                 "request")
+        if allow_shared_memory and cuda_available():
+            self.extensions.append("cuda_shared_memory")
 
     # -- health and metadata ---------------------------------------------------------------
 

@@ -4,10 +4,12 @@ client's region, keys confined, bounds checked, unregister safe while a request 
 from __future__ import annotations
 
 import asyncio
+import base64
 import uuid
 
 import numpy as np
 import pytest
+import torch
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 import tritonclient.http.aio as aioclient
@@ -146,19 +148,45 @@ def test_disabled_registry_refuses() -> None:
 
 
 @pytest.mark.parametrize("module", [httpclient, grpcclient], ids=["http", "grpc"])
-def test_cuda_shared_memory_lists_none_and_refuses_registration(server: RunningServer,
-                                                                 module) -> None:
+def test_cuda_shared_memory_status_unregister_and_bad_registrations(server: RunningServer,
+                                                                    module) -> None:
     url = server.url if module is httpclient else server.grpc_url
+    handle = base64.b64encode(b"\0" * 64).decode()
     with module.InferenceServerClient(url) as client:
         status = client.get_cuda_shared_memory_status()
         assert (status == [] if module is httpclient else not status.regions)
         client.unregister_cuda_shared_memory()  # what perf_analyzer does before and after
-        client.unregister_cuda_shared_memory("never_registered")
+        client.unregister_cuda_shared_memory("never_registered")  # no error, as on Triton
         with pytest.raises(InferenceServerException,
-                           match="CUDA shared memory is not supported by this server yet"):
+                           match=r"cuda shared-memory region 'never_registered' is not "
+                                 r"registered"):
             client.get_cuda_shared_memory_status("never_registered")
         with pytest.raises(InferenceServerException,
-                           match=r"cannot register CUDA shared-memory region 'gpu_in': CUDA "
-                                 r"shared memory is not supported by this server yet"):
-            client.register_cuda_shared_memory("gpu_in", b"\0" * 64, 0, 64)
+                           match=r"region 'gpu_in': raw_handle must be the 64 bytes of a CUDA "
+                                 r"IPC memory handle"):
+            client.register_cuda_shared_memory("gpu_in", base64.b64encode(b"\0" * 63).decode(),
+                                               0, 64)
+        with pytest.raises(InferenceServerException,
+                           match=r"region 'gpu_in': byte_size must be above 0"):
+            client.register_cuda_shared_memory("gpu_in", handle, 0, 0)
+        if not torch.cuda.is_available():
+            with pytest.raises(InferenceServerException,
+                               match=r"cannot register CUDA shared-memory region 'gpu_in': this "
+                                     r"server has no CUDA device"):
+                client.register_cuda_shared_memory("gpu_in", handle, 0, 64)
         assert client.is_server_live()
+
+
+def test_a_cuda_handle_that_is_not_base64_is_refused_by_name(server: RunningServer) -> None:
+    with httpclient.InferenceServerClient(server.url) as client:
+        with pytest.raises(InferenceServerException,
+                           match=r"region 'gpu_in': raw_handle must be \{\"b64\": the base64 of "
+                                 r"the CUDA IPC memory handle\}"):
+            client.register_cuda_shared_memory("gpu_in", "not base64!", 0, 64)
+
+
+def test_a_disabled_registry_refuses_cuda_regions_too() -> None:
+    registry = SharedMemoryRegistry(enabled=False)
+    with pytest.raises(UnavailableError, match=r"^cuda shared memory is disabled on this "
+                                               r"server; start it with --allow-shared-memory$"):
+        registry.register_cuda("r", b"\0" * 64, 0, 8)

@@ -207,16 +207,22 @@ async def _shm_status(dp: DataPlane, request: Any) -> Any:
 
 
 async def _cuda_shm_register(dp: DataPlane, request: Any) -> Any:
-    dp.cuda_shm_register(request.name)
+    dp.shm.register_cuda(request.name, request.raw_handle, request.device_id, request.byte_size)
+    return pb.CudaSharedMemoryRegisterResponse()
 
 
 async def _cuda_shm_unregister(dp: DataPlane, request: Any) -> Any:
-    return pb.CudaSharedMemoryUnregisterResponse()  # none is ever registered
+    dp.shm.unregister(request.name or None, "cuda")
+    return pb.CudaSharedMemoryUnregisterResponse()
 
 
 async def _cuda_shm_status(dp: DataPlane, request: Any) -> Any:
-    dp.cuda_shm_status(request.name or None)  # says a named region is not found
-    return pb.CudaSharedMemoryStatusResponse()
+    response = pb.CudaSharedMemoryStatusResponse()
+    for region in dp.shm.status(request.name or None, "cuda"):
+        status = response.regions[region["name"]]
+        status.name, status.device_id = region["name"], region["device_id"]
+        status.byte_size = region["byte_size"]
+    return response
 
 
 async def _repository_index(dp: DataPlane, request: Any) -> Any:

@@ -9,6 +9,7 @@ decimal; a wrong method is 405.
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 import re
@@ -317,15 +318,27 @@ async def _shm_unregister(dp: DataPlane, request: HttpRequest, region: str = "")
 
 
 async def _cuda_shm_status(dp: DataPlane, request: HttpRequest, region: str = "") -> Any:
-    return _json(dp.cuda_shm_status(region or None))
+    return _json(dp.shm.status(region or None, "cuda"))
 
 
 async def _cuda_shm_register(dp: DataPlane, request: HttpRequest, region: str) -> Any:
-    dp.cuda_shm_register(region)
+    body = _body_json(request)
+    handle = body.get("raw_handle")
+    encoded = handle.get("b64") if isinstance(handle, dict) else None
+    try:
+        raw = base64.b64decode(encoded, validate=True) if isinstance(encoded, str) else None
+    except ValueError:
+        raw = None
+    if raw is None:
+        raise InvalidArgumentError(f"region '{region}': raw_handle must be {{\"b64\": the "
+                                   "base64 of the CUDA IPC memory handle}")
+    dp.shm.register_cuda(region, raw, body.get("device_id", 0), body.get("byte_size"))
+    return 200, _JSON, [b""]
 
 
 async def _cuda_shm_unregister(dp: DataPlane, request: HttpRequest, region: str = "") -> Any:
-    return 200, _JSON, [b""]  # none is ever registered
+    dp.shm.unregister(region or None, "cuda")
+    return 200, _JSON, [b""]
 
 
 _SHM_HANDLERS = {"system": (_shm_status, _shm_register, _shm_unregister),

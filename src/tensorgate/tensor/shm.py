@@ -1,5 +1,7 @@
-"""Triton's system shared-memory extension: client regions mapped once, read and written in
-place.
+"""Triton's system and CUDA shared-memory extensions: client regions registered once by name
+(one namespace for both kinds, as Triton's), then named by requests' inputs and outputs.
+A system region is mapped and read and written in place; a CUDA region (tensor/cuda_ipc.py)
+is opened from its IPC handle and copied from and into host memory (counted copies).
 
 Security (each from a Triton CVE fix, see PROTOCOL.md §2.7): off unless the server is started
 with --allow-shared-memory; keys are confined to one plain name under /dev/shm (at most one
@@ -10,7 +12,8 @@ registration and on every request; keys never appear in error messages (only reg
 Lifetime is structural: a registered region is one `mmap`; inputs are views of it, which hold
 buffer exports on it, and CPython cannot unmap an exported mmap. Unregistering only drops the
 registry's reference, so a region in use by an in-flight request is unmapped when the last
-view of it is gone — never under a request.
+view of it is gone — never under a request. A CUDA region hands out copies, never views, and
+is closed under its own lock, so never during a copy.
 """
 
 from __future__ import annotations
@@ -21,15 +24,20 @@ import re
 import stat
 import threading
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
+import torch
 
 from tensorgate.errors import (AlreadyExistsError, InvalidArgumentError, NotFoundError,
                                UnavailableError)
 from tensorgate.tensor.copies import CopyLedger, copy_into
+from tensorgate.tensor.cuda_ipc import HANDLE_BYTES, CudaRegion
 from tensorgate.tensor.dtypes import DataType
+from tensorgate.tensor.pinned import cuda_available
 from tensorgate.tensor.view import TensorView
+
+RegionKind = Literal["system", "cuda"]
 
 __all__ = ["SharedMemoryRegistry"]
 
@@ -62,20 +70,24 @@ class SharedMemoryRegistry:
     def __init__(self, enabled: bool, required_prefix: str = "") -> None:
         self.enabled = enabled
         self._prefix = required_prefix
-        self._regions: dict[str, _Region] = {}
+        self._regions: dict[str, _Region | CudaRegion] = {}
         self._lock = threading.Lock()
 
-    def _check_enabled(self) -> None:
+    def _check_enabled(self, kind: RegionKind = "system") -> None:
         if not self.enabled:
-            raise UnavailableError("system shared memory is disabled on this server; start it "
+            raise UnavailableError(f"{kind} shared memory is disabled on this server; start it "
                                    "with --allow-shared-memory")
+
+    @staticmethod
+    def _check_name(name: object) -> None:
+        if not isinstance(name, str) or not _NAME.match(name):
+            raise InvalidArgumentError("a shared-memory region name must be 1-200 letters, "
+                                       "digits, '_', '.' or '-'")
 
     def register(self, name: str, key: object, offset: object, byte_size: object) -> None:
         """Map the client's region `key` (a JSON body's values, unchecked until here)."""
         self._check_enabled()
-        if not isinstance(name, str) or not _NAME.match(name):
-            raise InvalidArgumentError("a shared-memory region name must be 1-200 letters, "
-                                       "digits, '_', '.' or '-'")
+        self._check_name(name)
         plain = key.lstrip("/") if isinstance(key, str) else ""
         if not isinstance(key, str) or not _KEY.match(key) or plain in (".", ".."):
             raise InvalidArgumentError(f"region '{name}': the key must be one plain name under "
@@ -89,11 +101,39 @@ class SharedMemoryRegistry:
         if size == 0:
             raise InvalidArgumentError(f"region '{name}': byte_size must be above 0")
         with self._lock:
-            if name in self._regions:
-                raise AlreadyExistsError(f"shared-memory region '{name}' is already registered; "
-                                         "unregister it first")
+            self._check_free(name)
             memory = self._map(name, plain, start, size)
             self._regions[name] = _Region(name, key, start, size, memory)
+
+    def register_cuda(self, name: str, raw_handle: object, device_id: object,
+                      byte_size: object) -> None:
+        """Open the client's CUDA memory from its IPC handle (`raw_handle`: the 64 bytes of a
+        cudaIpcMemHandle_t) on GPU `device_id`; `byte_size` is checked against the
+        allocation the handle names."""
+        self._check_enabled("cuda")
+        self._check_name(name)
+        if not isinstance(raw_handle, bytes) or len(raw_handle) != HANDLE_BYTES:
+            raise InvalidArgumentError(f"region '{name}': raw_handle must be the "
+                                       f"{HANDLE_BYTES} bytes of a CUDA IPC memory handle")
+        device = _non_negative(name, "device_id", device_id)
+        size = _non_negative(name, "byte_size", byte_size)
+        if size == 0:
+            raise InvalidArgumentError(f"region '{name}': byte_size must be above 0")
+        if not cuda_available():
+            raise UnavailableError(f"cannot register CUDA shared-memory region '{name}': this "
+                                   "server has no CUDA device; register a system "
+                                   "shared-memory region, or send the tensors in the request")
+        if device >= torch.cuda.device_count():
+            raise InvalidArgumentError(f"region '{name}': device_id {device} is not a GPU of "
+                                       f"this server (it has {torch.cuda.device_count()})")
+        with self._lock:
+            self._check_free(name)
+            self._regions[name] = CudaRegion(name, raw_handle, device, size)
+
+    def _check_free(self, name: str) -> None:
+        if name in self._regions:
+            raise AlreadyExistsError(f"shared-memory region '{name}' is already registered; "
+                                     "unregister it first")
 
     @staticmethod
     def _map(name: str, plain: str, offset: int, byte_size: int) -> memoryview:
@@ -117,25 +157,37 @@ class SharedMemoryRegistry:
             os.close(fd)
         return memoryview(mapping)[offset - start:offset - start + byte_size]
 
-    def unregister(self, name: str | None = None) -> None:
-        """Forget `name` (all regions when None). In-flight views keep their mapping alive."""
-        self._check_enabled()
+    def unregister(self, name: str | None = None, kind: RegionKind = "system") -> None:
+        """Forget `name` (every region of `kind` when None); a name not registered as `kind`
+        is no error, as on Triton (clients clear regions they may not have made). In-flight
+        views keep a system region's mapping alive; a CUDA region closes between copies."""
+        self._check_enabled(kind)
         with self._lock:
-            if name is None:
-                self._regions.clear()
-            elif self._regions.pop(name, None) is None:
-                raise NotFoundError(f"shared-memory region '{name}' is not registered")
+            names = [name] if name is not None else [
+                n for n, r in self._regions.items() if _kind(r) == kind]
+            gone = [self._regions.pop(n) for n in names
+                    if n in self._regions and _kind(self._regions[n]) == kind]
+        for region in gone:
+            if isinstance(region, CudaRegion):
+                region.close()
 
-    def status(self, name: str | None = None) -> list[dict[str, Any]]:
-        self._check_enabled()
+    def status(self, name: str | None = None,
+               kind: RegionKind = "system") -> list[dict[str, Any]]:
+        """Triton's status entries of `kind`: a system region's key and offset, a CUDA
+        region's device."""
+        self._check_enabled(kind)
         with self._lock:
-            if name is not None and name not in self._regions:
-                raise NotFoundError(f"shared-memory region '{name}' is not registered")
-            regions = [self._regions[name]] if name is not None else list(self._regions.values())
-        return [{"name": r.name, "key": r.key, "offset": r.offset, "byte_size": r.byte_size}
+            regions = [r for r in self._regions.values()
+                       if _kind(r) == kind and name in (None, r.name)]
+        if name is not None and not regions:
+            raise NotFoundError(f"{kind} shared-memory region '{name}' is not registered")
+        return [{"name": r.name, "device_id": r.device_id, "byte_size": r.byte_size}
+                if isinstance(r, CudaRegion) else
+                {"name": r.name, "key": r.key, "offset": r.offset, "byte_size": r.byte_size}
                 for r in regions]
 
-    def _slice(self, region: str, offset: int, byte_size: int, tensor: str) -> memoryview:
+    def _find(self, region: str, offset: int, byte_size: int,
+              tensor: str) -> _Region | CudaRegion:
         self._check_enabled()
         for what, value in (("shared_memory_offset", offset),
                             ("shared_memory_byte_size", byte_size)):
@@ -150,21 +202,34 @@ class SharedMemoryRegistry:
         if offset + byte_size > found.byte_size:
             raise InvalidArgumentError(f"tensor '{tensor}': {byte_size} bytes at offset {offset} "
                                        f"run past the {found.byte_size}-byte region '{region}'")
-        return found.memory[offset:offset + byte_size]
+        return found
 
     def input_view(self, region: str, offset: int, byte_size: int, dt: DataType,
                    shape: tuple[int, ...], tensor: str, ledger: CopyLedger) -> TensorView:
-        """A view of the client's bytes in place (no copy)."""
-        memory = self._slice(region, offset, byte_size, tensor)
+        """A view of the client's bytes in place (no copy); from a CUDA region, a view of
+        their copy in host memory."""
+        found = self._find(region, offset, byte_size, tensor)
+        if isinstance(found, CudaRegion):
+            memory: Any = found.read(offset, byte_size, ledger)
+        else:
+            memory = found.memory[offset:offset + byte_size]
         return TensorView(memory, dt, shape, nbytes=byte_size, name=tensor, ledger=ledger)
 
     def write_output(self, region: str, offset: int, byte_size: int, view: TensorView,
                      ledger: CopyLedger) -> None:
         """Copy an output into the client's region (the model's own output write: counted)."""
-        memory = self._slice(region, offset, byte_size, view.name)
+        found = self._find(region, offset, byte_size, view.name)
         if view.nbytes > byte_size:
             raise InvalidArgumentError(f"output '{view.name}' needs {view.nbytes} bytes; its "
                                        f"shared-memory region '{region}' gives {byte_size}")
-        destination = np.frombuffer(memory, np.uint8, view.nbytes)
         source = np.frombuffer(view.memoryview(), np.uint8, view.nbytes)
+        if isinstance(found, CudaRegion):
+            found.write(offset, source, ledger)
+            return
+        destination = np.frombuffer(found.memory[offset:offset + byte_size], np.uint8,
+                                    view.nbytes)
         copy_into(destination, source, "encode", ledger)
+
+
+def _kind(region: _Region | CudaRegion) -> RegionKind:
+    return "cuda" if isinstance(region, CudaRegion) else "system"
