@@ -193,3 +193,23 @@ def test_fuzzed_json_headers_get_clear_errors(server: RunningServer, header: obj
     assert status in (200, 400, 501), (status, body)
     if status != 200:
         assert error_of(body)
+
+
+_REGISTER_VALUES = (st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.text(max_size=12)
+                    | st.dictionaries(st.just("b64"), st.text(max_size=100), max_size=1))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(kind=st.sampled_from(["system", "cuda"]),
+       body=st.dictionaries(st.sampled_from(["key", "offset", "byte_size", "raw_handle",
+                                             "device_id"]), _REGISTER_VALUES, max_size=5))
+def test_fuzzed_shared_memory_registrations_get_clear_errors(server: RunningServer, kind: str,
+                                                             body: dict) -> None:
+    path = f"/v2/{kind}sharedmemory/region/fuzzed/register"
+    status, _, answer = exchange(server, request(path, json.dumps(body).encode()))
+    if status == 200:  # a key that happens to name a real object: leave nothing behind
+        exchange(server, request(f"/v2/{kind}sharedmemory/region/fuzzed/unregister", b""))
+    else:
+        assert status in (400, 503), (status, answer)
+        assert error_of(answer)
+    still_serving(server)
