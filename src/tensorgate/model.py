@@ -15,7 +15,9 @@ A `preprocess` that takes a second argument gets the batch's requests, one `Requ
 each in row order: its id, its rows of the batch and its request parameters (Triton's
 parameters extension: what a client sends beside the reserved ones, such as a sampling
 temperature). What the model needs of them in `forward` or `postprocess` it passes on in
-what it returns. Warm-up runs come as one request with no parameters.
+what it returns. What a model sets in a request's `response_parameters` (from any hook that
+holds the `RequestInfo`) the client gets as its response's parameters. Warm-up runs come as
+one request with no parameters.
 
 A stateful model (`sequence_batching`) also finds its control inputs (START, END, READY,
 CORRID: one row per request) and its implicit states' inputs in `inputs`, and returns its
@@ -73,6 +75,10 @@ class RequestInfo:
     id: str
     rows: slice
     parameters: Mapping[str, Parameter]
+    # What the model answers besides its outputs: entries set here (bool, 64-bit int, float
+    # or str values), in any hook that holds this object, reach the client as the
+    # response's parameters (JSON `parameters`, gRPC InferParameters).
+    response_parameters: dict[str, Parameter] = field(default_factory=dict, compare=False)
 
 
 class Model:

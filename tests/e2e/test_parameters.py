@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
 
 from tests.e2e.conftest import RunningServer
 
@@ -163,3 +164,21 @@ def test_headers_matching_the_forward_pattern_reach_the_model(server: RunningSer
         assert seen["parameters"] == {"x-pass-tenant": "gen"}
     finally:
         connection.close()
+
+
+def test_a_model_answers_parameters_of_its_own(server: RunningServer) -> None:
+    with httpclient.InferenceServerClient(server.url) as client:
+        result = client.infer("params", [_input(httpclient, 2, 1.5)],
+                              parameters={"echo": "from http"})
+        assert result.get_response()["parameters"] == {"echo": "from http", "rows": 2}
+        plain = client.infer("params", [_input(httpclient, 1, 1.5)])  # sets none
+        assert "parameters" not in plain.get_response()
+        with pytest.raises(InferenceServerException,
+                           match=r"model 'params': its response's parameter 'bad' is list "
+                                 r"\[1, 2\]; a response parameter must be"):
+            client.infer("params", [_input(httpclient, 1, 1.5)],
+                         parameters={"answer_badly": True})
+    with grpcclient.InferenceServerClient(server.grpc_url) as client:
+        result = client.infer("params", [_input(grpcclient, 3, 2.5)], parameters={"echo": 7})
+        parameters = result.get_response().parameters
+        assert parameters["echo"].int64_param == 7 and parameters["rows"].int64_param == 3

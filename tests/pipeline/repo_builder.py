@@ -237,11 +237,18 @@ from tensorgate import Model
 
 class Params(Model):
     """Answers each row of its batch with what that row's request carried, as JSON: its id,
-    its rows of the batch, its parameters, and how many requests the batch held."""
+    its rows of the batch, its parameters, and how many requests the batch held. A request
+    with an "echo" parameter gets it back, and its row count, as response parameters; one
+    with "answer_badly" gets a response parameter no response can carry."""
 
     def preprocess(self, inputs, requests):
         rows = []
         for request in requests:
+            if "echo" in request.parameters:
+                request.response_parameters["echo"] = request.parameters["echo"]
+                request.response_parameters["rows"] = request.rows.stop - request.rows.start
+            if "answer_badly" in request.parameters:
+                request.response_parameters["bad"] = [1, 2]
             seen = json.dumps({"id": request.id, "rows": [request.rows.start, request.rows.stop],
                                "parameters": dict(request.parameters),
                                "requests": len(requests)}, sort_keys=True).encode()

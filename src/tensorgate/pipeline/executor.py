@@ -536,6 +536,7 @@ class ExecutorThread:
                     if out.name in item.wanted:
                         item.results[out.name] = TensorView.from_array(
                             piece, name=out.name, ledger=item.ledger)
+            batch.take_response_parameters(spec.name)
         except Exception as error:
             batch.error = _model_error(spec.name, error)
         batch.output_ns = time.monotonic_ns() - started

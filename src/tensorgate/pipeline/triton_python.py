@@ -24,6 +24,7 @@ from tensorgate.errors import (AlreadyExistsError, CancelledError, InternalError
                                UnavailableError, UnimplementedError)
 from tensorgate.model import NO_PARAMETERS, ModelContext, Parameter, RequestInfo
 from tensorgate.pipeline.trace import Trace
+from tensorgate.pipeline.work import response_parameter_error
 from tensorgate.repository.model_config import ModelSpec
 
 __all__ = ["MODULE_NAME", "Answer", "RequestInputs", "TritonPythonRunner", "install_module"]
@@ -184,13 +185,9 @@ def _answer(response: pb_utils.InferenceResponse, model: str) -> Answer | Tensor
         code = error.code() if isinstance(error, pb_utils.TritonError) else None
         return _ERRORS.get(code, InternalError)(str(error))
     given = response.parameter_values()
-    for key, value in given.items():
-        if not isinstance(key, str) or not isinstance(value, (bool, int, float, str)) or (
-                type(value) is int and not -(1 << 63) <= value < 1 << 63):
-            return InternalError(f"model '{model}': its response's parameter {key!r} is "
-                                 f"{type(value).__name__} {value!r}; a response parameter "
-                                 "must be a string name with a bool, int (64-bit), float or str "
-                                 "value")
+    invalid = response_parameter_error(model, given)
+    if invalid is not None:
+        return invalid
     return Answer({tensor.name(): tensor.value() for tensor in response.output_tensors()},
                   given or NO_PARAMETERS)
 

@@ -11,6 +11,7 @@ import asyncio
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
+from tensorgate.errors import InternalError
 from tensorgate.model import NO_PARAMETERS, Parameter, RequestInfo
 from tensorgate.pipeline.stats import StageTimes
 from tensorgate.pipeline.trace import Trace
@@ -88,7 +89,7 @@ class Batch:
     """Work items run in one model execution."""
 
     __slots__ = ("items", "rows", "error", "dispatched_ns", "input_ns", "infer_ns", "output_ns",
-                 "started_ns", "output_started_ns")
+                 "started_ns", "output_started_ns", "infos")
 
     def __init__(self, items: list[WorkItem], dispatched_ns: int) -> None:
         self.items = items
@@ -100,12 +101,38 @@ class Batch:
         self.output_ns = 0
         self.started_ns = 0         # when the executor began it, and began its outputs (for
         self.output_started_ns = 0  # traces: the durations above are what statistics need)
+        self.infos: list[RequestInfo] | None = None  # what `requests()` handed the model
 
     def requests(self) -> list[RequestInfo]:
-        """Its requests as a Python model's `preprocess` sees them, in row order."""
+        """Its requests as a Python model's `preprocess` sees them, in row order (kept, for
+        the response parameters the model sets on them)."""
         found = []
         start = 0
         for item in self.items:
             found.append(RequestInfo(item.id, slice(start, start + item.rows), item.parameters))
             start += item.rows
+        self.infos = found
         return found
+
+    def take_response_parameters(self, model: str) -> None:
+        """Each request's `response_parameters`, as the model set them, onto its item; an
+        error naming the first that a response cannot carry."""
+        for item, info in zip(self.items, self.infos or ()):
+            if info.response_parameters:
+                error = response_parameter_error(model, info.response_parameters)
+                if error is not None:
+                    raise error
+                item.answer_parameters = dict(info.response_parameters)
+
+
+def response_parameter_error(model: str, given: Mapping[Any, Any]) -> InternalError | None:
+    """Why `given` cannot be a response's parameters (None when it can): names are strings,
+    values bool, int (64-bit), float or str — what JSON and gRPC's InferParameter carry."""
+    for key, value in given.items():
+        if not isinstance(key, str) or not isinstance(value, (bool, int, float, str)) or (
+                type(value) is int and not -(1 << 63) <= value < 1 << 63):
+            return InternalError(f"model '{model}': its response's parameter {key!r} is "
+                                 f"{type(value).__name__} {value!r}; a response parameter "
+                                 "must be a string name with a bool, int (64-bit), float or str "
+                                 "value")
+    return None
