@@ -37,9 +37,9 @@ from tensorgate.pipeline.cuda_graphs import GraphSet, graph_batch_sizes, map_ten
 from tensorgate.pipeline.placement import (LIGHT_FORWARD_NS, Placement, pin_current_thread)
 from tensorgate.pipeline.postprocess import Postprocessor
 from tensorgate.pipeline.ragged import batch_input_values, flatten, one_request, scatter
-from tensorgate.pipeline.torch_io import strings_array
 from tensorgate.pipeline.runner import (Runner, load_runner, name_outputs, sample_inputs,
                                         warmup_inputs)
+from tensorgate.pipeline.torch_io import strings_array
 from tensorgate.pipeline.triton_python import RequestInputs, TritonPythonRunner
 from tensorgate.pipeline.work import Batch, WorkItem
 from tensorgate.python_backend import (TRITONSERVER_REQUEST_FLAG_SEQUENCE_END as SEQUENCE_END,
