@@ -293,14 +293,21 @@ def add_string_models(repo: pathlib.Path) -> None:
         parameters { key: "batch_cap" value { string_value: "off" } }
         """)
     torch.jit.script(Shout().eval()).save(str(folder / "1" / "model.pt"))
-    folder = rb.write_config(repo, "words", """
-        name: "words"
+    _add_unbatched(repo, "words", Words(), ("TEXT", "STRING", [1]), ("WORDS", "STRING", [-1]))
+
+
+def _add_unbatched(repo: pathlib.Path, name: str, module: torch.nn.Module,
+                   given: tuple[str, str, list[int]], made: tuple[str, str, list[int]]) -> None:
+    """A TorchScript model without batching: one input and one output (name, type, dims)."""
+    entry = '{{ name: "{}" data_type: TYPE_{} dims: {} }}'.format
+    folder = rb.write_config(repo, name, f"""
+        name: "{name}"
         platform: "pytorch_libtorch"
         max_batch_size: 0
-        input [ { name: "TEXT" data_type: TYPE_STRING dims: [1] } ]
-        output [ { name: "WORDS" data_type: TYPE_STRING dims: [-1] } ]
+        input [ {entry(*given)} ]
+        output [ {entry(*made)} ]
         """)
-    torch.jit.script(Words().eval()).save(str(folder / "1" / "model.pt"))
+    torch.jit.script(module.eval()).save(str(folder / "1" / "model.pt"))
 
 
 def _text(rows: list[list[bytes]]) -> TensorView:
@@ -342,22 +349,9 @@ def test_string_inputs_batch_as_one_list_and_string_outputs_take_the_config_shap
 
 def test_a_string_input_on_a_tensor_argument_fails_the_load_naming_both(
         tmp_path: pathlib.Path) -> None:
-    folder = rb.write_config(tmp_path, "tensor_arg", """
-        name: "tensor_arg"
-        platform: "pytorch_libtorch"
-        max_batch_size: 0
-        input [ { name: "text" data_type: TYPE_STRING dims: [1] } ]
-        output [ { name: "OUT" data_type: TYPE_STRING dims: [1] } ]
-        """)
-    torch.jit.script(Lengths().eval()).save(str(folder / "1" / "model.pt"))
-    folder = rb.write_config(tmp_path, "list_arg", """
-        name: "list_arg"
-        platform: "pytorch_libtorch"
-        max_batch_size: 0
-        input [ { name: "TEXT" data_type: TYPE_FP32 dims: [1] } ]
-        output [ { name: "WORDS" data_type: TYPE_STRING dims: [-1] } ]
-        """)
-    torch.jit.script(Words().eval()).save(str(folder / "1" / "model.pt"))
+    _add_unbatched(tmp_path, "tensor_arg", Lengths(), ("text", "STRING", [1]),
+                   ("OUT", "STRING", [1]))
+    _add_unbatched(tmp_path, "list_arg", Words(), ("TEXT", "FP32", [1]), ("WORDS", "STRING", [-1]))
 
     async def scenario() -> None:
         engine = Engine(tmp_path)
