@@ -26,6 +26,7 @@ import torch
 
 from tensorgate.errors import InvalidArgumentError, NotFoundError, UnavailableError
 from tensorgate.tensor.copies import CopyLedger, copy_into
+from tensorgate.tensor.pinned import pinned_storage
 
 __all__ = ["HANDLE_BYTES", "CudaRegion"]
 
@@ -136,14 +137,16 @@ class CudaRegion:
             driver.cuCtxPopCurrent(ctypes.byref(ctypes.c_void_p()))
 
     def read(self, offset: int, nbytes: int, ledger: CopyLedger) -> np.ndarray:
-        """`nbytes` at `offset`, copied into fresh page-locked host memory (counted)."""
-        host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+        """`nbytes` at `offset`, copied into fresh page-locked host memory, 64-byte aligned
+        like every buffer a tensor view reads (counted)."""
+        host = pinned_storage(nbytes)
         with self._lock:
             memory = self._open_memory()
             with torch.cuda.stream(self._stream):
-                copy_into(host, memory[offset:offset + nbytes], "device", ledger)
+                copy_into(torch.from_numpy(host), memory[offset:offset + nbytes], "device",
+                          ledger)
             self._stream.synchronize()
-        return host.numpy()
+        return host
 
     def write(self, offset: int, source: np.ndarray, ledger: CopyLedger) -> None:
         """`source` (host bytes) into the region at `offset` (counted); done on return."""
