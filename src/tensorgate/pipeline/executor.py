@@ -529,9 +529,9 @@ class ExecutorThread:
                 else:
                     pieces = [value]
                 if out.reshape is not None and source is None:  # the model's shape → dims
-                    pieces = [_reshaped(piece, ([n] if batching else []) + list(out.dims),
-                                        spec.name, out.name)
-                              for piece, n in zip(pieces, rows if batching else [1])]
+                    pieces = [_reshaped(piece, ([item.rows] if batching else []) + list(out.dims),
+                                        spec.name, out.name, item.ledger)
+                              for piece, item in zip(pieces, batch.items)]
                 for item, piece in zip(batch.items, pieces):
                     if out.name in item.wanted:
                         item.results[out.name] = TensorView.from_array(
@@ -607,9 +607,17 @@ def _model_error(model: str, error: BaseException) -> TensorgateError:
     return InternalError(f"model '{model}' raised {kind}: {text}")
 
 
-def _reshaped(value: Any, shape: list[int], model: str, name: str) -> Any:
-    """An output with a config `reshape` (the model's shape of it) in its config dims."""
+def _reshaped(value: Any, shape: list[int], model: str, name: str, ledger: Any) -> Any:
+    """An output with a config `reshape` (the model's shape of it) in its config dims. The
+    reshape itself copies nothing: an output not laid out in rows is first given the one
+    counted copy its tensor view would make anyway."""
     try:
+        if isinstance(value, torch.Tensor):
+            if not value.is_contiguous():
+                value = TensorView.from_torch(value, name=name, ledger=ledger).torch()
+            return value.view(shape)
+        if value.dtype != object and not value.flags.c_contiguous:  # BYTES: references only
+            value = TensorView.from_numpy(value, name=name, ledger=ledger).numpy()
         return value.reshape(shape)
     except (RuntimeError, ValueError):
         raise InternalError(f"model '{model}' output '{name}' has shape "

@@ -19,7 +19,7 @@ import ctypes
 import functools
 import threading
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -86,6 +86,8 @@ class _DeviceBytes:
 
 class CudaRegion:
     """A registered CUDA region: read into host memory, written from it, closed once."""
+
+    kind: Literal["cuda"] = "cuda"
 
     def __init__(self, name: str, handle: bytes, device_id: int, byte_size: int) -> None:
         self.name = name
@@ -156,6 +158,10 @@ class CudaRegion:
                 copy_into(memory[offset:offset + source.nbytes], torch.from_numpy(source),
                           "device", ledger)
             self._stream.synchronize()
+
+    def status(self) -> dict[str, Any]:
+        """Triton's status entry of a CUDA region."""
+        return {"name": self.name, "device_id": self.device_id, "byte_size": self.byte_size}
 
     def _open_memory(self) -> torch.Tensor:
         if self._memory is None:

@@ -24,7 +24,7 @@ import re
 import stat
 import threading
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 import torch
@@ -51,11 +51,29 @@ _RESERVED = ("tensorgate", "triton_python_backend", "tritonpy")
 
 @dataclass(frozen=True)
 class _Region:
+    """A system region: read in place, written with the model's own output write. A CUDA
+    region (tensor/cuda_ipc.CudaRegion) answers the same four calls."""
+
     name: str
     key: str
     offset: int
     byte_size: int
     memory: memoryview  # [offset, offset + byte_size) of the mapping
+    kind: ClassVar[Literal["system"]] = "system"
+
+    def read(self, offset: int, nbytes: int, ledger: CopyLedger) -> memoryview:
+        return self.memory[offset:offset + nbytes]  # in place: no copy
+
+    def write(self, offset: int, source: np.ndarray, ledger: CopyLedger) -> None:
+        destination = np.frombuffer(self.memory[offset:offset + source.nbytes], np.uint8)
+        copy_into(destination, source, "encode", ledger)
+
+    def status(self) -> dict[str, Any]:
+        return {"name": self.name, "key": self.key, "offset": self.offset,
+                "byte_size": self.byte_size}
+
+    def close(self) -> None:
+        """Nothing to do: the mapping goes with the last view of it."""
 
 
 def _non_negative(region: str, what: str, value: object) -> int:
@@ -164,12 +182,11 @@ class SharedMemoryRegistry:
         self._check_enabled(kind)
         with self._lock:
             names = [name] if name is not None else [
-                n for n, r in self._regions.items() if _kind(r) == kind]
+                n for n, r in self._regions.items() if r.kind == kind]
             gone = [self._regions.pop(n) for n in names
-                    if n in self._regions and _kind(self._regions[n]) == kind]
+                    if n in self._regions and self._regions[n].kind == kind]
         for region in gone:
-            if isinstance(region, CudaRegion):
-                region.close()
+            region.close()
 
     def status(self, name: str | None = None,
                kind: RegionKind = "system") -> list[dict[str, Any]]:
@@ -178,13 +195,10 @@ class SharedMemoryRegistry:
         self._check_enabled(kind)
         with self._lock:
             regions = [r for r in self._regions.values()
-                       if _kind(r) == kind and name in (None, r.name)]
+                       if r.kind == kind and name in (None, r.name)]
         if name is not None and not regions:
             raise NotFoundError(f"{kind} shared-memory region '{name}' is not registered")
-        return [{"name": r.name, "device_id": r.device_id, "byte_size": r.byte_size}
-                if isinstance(r, CudaRegion) else
-                {"name": r.name, "key": r.key, "offset": r.offset, "byte_size": r.byte_size}
-                for r in regions]
+        return [r.status() for r in regions]
 
     def _find(self, region: str, offset: int, byte_size: int,
               tensor: str) -> _Region | CudaRegion:
@@ -208,11 +222,7 @@ class SharedMemoryRegistry:
                    shape: tuple[int, ...], tensor: str, ledger: CopyLedger) -> TensorView:
         """A view of the client's bytes in place (no copy); from a CUDA region, a view of
         their copy in host memory."""
-        found = self._find(region, offset, byte_size, tensor)
-        if isinstance(found, CudaRegion):
-            memory: Any = found.read(offset, byte_size, ledger)
-        else:
-            memory = found.memory[offset:offset + byte_size]
+        memory = self._find(region, offset, byte_size, tensor).read(offset, byte_size, ledger)
         return TensorView(memory, dt, shape, nbytes=byte_size, name=tensor, ledger=ledger)
 
     def write_output(self, region: str, offset: int, byte_size: int, view: TensorView,
@@ -222,14 +232,4 @@ class SharedMemoryRegistry:
         if view.nbytes > byte_size:
             raise InvalidArgumentError(f"output '{view.name}' needs {view.nbytes} bytes; its "
                                        f"shared-memory region '{region}' gives {byte_size}")
-        source = np.frombuffer(view.memoryview(), np.uint8, view.nbytes)
-        if isinstance(found, CudaRegion):
-            found.write(offset, source, ledger)
-            return
-        destination = np.frombuffer(found.memory[offset:offset + byte_size], np.uint8,
-                                    view.nbytes)
-        copy_into(destination, source, "encode", ledger)
-
-
-def _kind(region: _Region | CudaRegion) -> RegionKind:
-    return "cuda" if isinstance(region, CudaRegion) else "system"
+        found.write(offset, np.frombuffer(view.memoryview(), np.uint8, view.nbytes), ledger)
