@@ -15,7 +15,11 @@ instance with the same `args` strings, `execute(requests)` per batch with one
 - Custom metrics (`MetricFamily`, custom_metrics.py) appear on the server's metrics port.
 - `auto_complete_config` runs as in Triton, once at load before any instance
   (`ModelConfig`: python_backend_config.py; pipeline/auto_complete.py).
-- Request rescheduling is not supported: it raises `TritonModelException` saying so.
+- Request rescheduling (`set_release_flags(TRITONSERVER_REQUEST_RELEASE_RESCHEDULE)`, with
+  `sequence_batching { iterative_sequence: true }`) as in Triton, for models that answer
+  through `execute`'s list (`None` for a rescheduled request); a decoupled model cannot be
+  sequence-batched here. Rescheduling a model without `iterative_sequence` raises
+  `TritonModelException` naming the setting (Triton fails the request later, vaguer).
 - A response's `parameters` (bool, int, float or str values) go to the client with it: in
   the JSON response's `parameters`, as gRPC InferParameters, to a BLS caller; a response
   that carries some is not kept by the response cache.
@@ -307,6 +311,8 @@ class InferenceRequest:
                             else json.dumps(dict(parameters or {})))
         self._sender: InferenceResponseSender | None = None
         self._cancelled: Callable[[], bool] = _never
+        self._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
+        self._reschedulable = False  # its model's config has iterative_sequence
         self._trace = trace if isinstance(trace, InferenceTrace) else _UNTRACED
 
     def inputs(self) -> list[Tensor]:
@@ -351,9 +357,18 @@ class InferenceRequest:
         return self._trace
 
     def set_release_flags(self, flags: int) -> None:
-        if flags & TRITONSERVER_REQUEST_RELEASE_RESCHEDULE:
-            raise TritonModelException("tensorgate does not reschedule requests "
-                                       "(TRITONSERVER_REQUEST_RELEASE_RESCHEDULE)")
+        """TRITONSERVER_REQUEST_RELEASE_RESCHEDULE: run this request again in a later batch
+        (its response in execute's list is None); RELEASE_ALL: answered as usual."""
+        if flags & TRITONSERVER_REQUEST_RELEASE_RESCHEDULE and not self._reschedulable:
+            raise TritonModelException(
+                "a request is rescheduled (TRITONSERVER_REQUEST_RELEASE_RESCHEDULE) only by a "
+                "model whose config has 'sequence_batching { iterative_sequence: true }', "
+                "and only a request that came to its execute")
+        self._release_flags = flags
+
+    def rescheduled(self) -> bool:
+        """Whether the model asked to run this request again (not part of Triton's API)."""
+        return bool(self._release_flags & TRITONSERVER_REQUEST_RELEASE_RESCHEDULE)
 
     def exec(self, decoupled: bool = False) -> Any:
         """Run this request on model `model_name` and wait: its InferenceResponse (an error
@@ -428,15 +443,17 @@ def incoming_request(inputs: Sequence[Tensor], request_id: str, correlation_id: 
                      requested_output_names: Sequence[str], parameters: str, flags: int,
                      cancelled: Callable[[], bool],
                      sender: InferenceResponseSender | None = None,
-                     trace: Any = None) -> InferenceRequest:
+                     trace: Any = None, reschedulable: bool = False) -> InferenceRequest:
     """A request as the server hands it to `execute` (not part of Triton's API); `trace`:
-    the server's trace of it, when it is traced."""
+    the server's trace of it, when it is traced; `reschedulable`: its model's config has
+    iterative_sequence."""
     request = InferenceRequest(requested_output_names=requested_output_names, inputs=inputs,
                                request_id=request_id, correlation_id=correlation_id,
                                flags=flags, parameters=parameters,
                                trace=InferenceTrace(trace) if trace is not None else None)
     request._cancelled = cancelled
     request._sender = sender
+    request._reschedulable = reschedulable
     return request
 
 

@@ -32,6 +32,7 @@ def seq_repo(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
     sm.add_accumulate(root, "accumulate_in_place", module=sm.AccumulateInPlace())
     sm.add_rows(root, "rows", delay_us=200_000)
     sm.add_keyed(root, "keyed")
+    sm.add_accumulate(root, "accumulate_iterative", "iterative_sequence: true oldest { }")
     (root / "running_total" / "1").mkdir(parents=True)  # an ensemble with a stateful step
     (root / "running_total" / "config.pbtxt").write_text("""
         name: "running_total"
@@ -251,6 +252,33 @@ def test_an_ensemble_passes_its_sequence_to_a_stateful_step(seq_repo: pathlib.Pa
     run(scenario())
 
 
+def test_iterative_requests_without_an_id_are_sequences_of_their_own(
+        seq_repo: pathlib.Path) -> None:
+    """iterative_sequence: a request with no sequence id starts a sequence under an id no
+    live sequence has (here not 1, a client's sequence still open), and its answer ends it;
+    a client's own sequences work as before, and a client may not join one the server
+    made. (Rescheduling itself: tests/e2e/test_iterative_sequences.py.)"""
+    async def scenario() -> None:
+        engine = Engine(seq_repo)
+        await engine.start(["accumulate_iterative"])
+        name = "accumulate_iterative"
+        assert _value(await engine.infer(_request(name, 100.0, 1, start=True))) == 100.0
+        alone = await asyncio.gather(*(engine.infer(_request(name, v, None))
+                                       for v in (5.0, 6.0, 7.0)))
+        assert [_value(r) for r in alone] == [5.0, 6.0, 7.0]  # a start each: no shared state
+        assert _value(await engine.infer(_request(name, 1.0, 1, end=True))) == 101.0
+        # the next id the server gives is 5 (1 was taken when it gave 2, 3, 4): a client
+        # starting 5 while that request runs is told to choose another
+        tasks = [asyncio.ensure_future(engine.infer(_request(name, 8.0, None))),
+                 asyncio.ensure_future(engine.infer(_request(name, 9.0, 5, start=True)))]
+        with pytest.raises(InvalidArgumentError, match=r"sequence id 5 is taken by a request "
+                                                       r"that came without one"):
+            await tasks[1]
+        assert _value(await tasks[0]) == 8.0
+        await engine.shutdown()
+    run(scenario())
+
+
 @pytest.mark.parametrize(("body", "message"), [
     ('control_input [ { name: "INPUT" control [ { kind: CONTROL_SEQUENCE_START '
      'fp32_false_true: [0, 1] } ] } ]',
@@ -268,7 +296,6 @@ def test_an_ensemble_passes_its_sequence_to_a_stateful_step(seq_repo: pathlib.Pa
      r"state 'A': initial_state dims \[3\] must be fixed and fit the state's dims \[2\]"),
     ('state [ { input_name: "A" data_type: TYPE_FP32 dims: [2] } ]',
      r"state 'A' needs both 'input_name' and 'output_name'"),
-    ('iterative_sequence: true', r"'iterative_sequence' is not supported"),
 ])
 def test_bad_sequence_configs_are_refused_naming_the_field(body: str, message: str) -> None:
     from tensorgate.repository.model_config import parse_model_config

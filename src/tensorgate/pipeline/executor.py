@@ -40,7 +40,7 @@ from tensorgate.pipeline.ragged import batch_input_values, flatten, one_request,
 from tensorgate.pipeline.runner import (Runner, load_runner, name_outputs, sample_inputs,
                                         warmup_inputs)
 from tensorgate.pipeline.torch_io import strings_array
-from tensorgate.pipeline.triton_python import RequestInputs, TritonPythonRunner
+from tensorgate.pipeline.triton_python import RESCHEDULED, RequestInputs, TritonPythonRunner
 from tensorgate.pipeline.work import Batch, WorkItem
 from tensorgate.python_backend import (TRITONSERVER_REQUEST_FLAG_SEQUENCE_END as SEQUENCE_END,
                                        TRITONSERVER_REQUEST_FLAG_SEQUENCE_START as SEQUENCE_START)
@@ -416,6 +416,9 @@ class ExecutorThread:
                 for item, answer in zip(items, answers):
                     if isinstance(answer, TensorgateError):
                         item.error = answer
+                        continue
+                    if answer is RESCHEDULED:  # it runs again (pipeline/sequences.py)
+                        item.rescheduled = True
                         continue
                     try:
                         self._take_results(item, answer.outputs, batch)

@@ -344,6 +344,11 @@ class Scheduler:
                 self._fail(item, item.error, now, "BACKEND")
                 item.release()
                 continue
+            if item.rescheduled:  # the sequence batcher runs it again; not answered yet
+                if not item.future.done():
+                    item.future.set_result(item.results)
+                item.release()
+                continue
             times = item.times
             times.input_ns = batch.input_ns
             times.infer_ns = batch.infer_ns

@@ -14,6 +14,15 @@ below it that no sequence fills carry READY false (filler rows, answered to no o
 A request whose client left after it was queued still runs when its turn comes, so that the
 sequence's state stays what the client's earlier requests made it; one that left before its
 turn is dropped.
+
+Iterative sequences (Triton's `iterative_sequence`, for models that generate step by step):
+a request without a sequence id is a sequence of its own, under an id the server picks (one
+no live sequence has), with START set. When the model reschedules it (a Triton Python
+model's `set_release_flags(RESCHEDULE)`), it goes back to the head of its sequence and runs
+again in a later batch with START false, beside whatever other sequences are running then;
+the model's first real answer is the client's, and ends that sequence. So requests join and
+leave the model's batches step by step (continuous batching), each holding its slot only
+while it runs.
 """
 
 from __future__ import annotations
@@ -34,7 +43,7 @@ from tensorgate.errors import InvalidArgumentError, TensorgateError, Unavailable
 from tensorgate.pipeline.runner import tensor_from_file
 from tensorgate.pipeline.scheduler import Scheduler
 from tensorgate.pipeline.stats import ModelStatistics
-from tensorgate.pipeline.work import WorkItem
+from tensorgate.pipeline.work import SequenceFlags, WorkItem
 from tensorgate.repository.model_config import BatchingPolicy, ModelSpec
 from tensorgate.repository.sequence_config import ControlInput, SequenceState
 from tensorgate.tensor.copies import CopyLedger
@@ -52,10 +61,12 @@ _INTEGER_LIMITS = {"UINT64": (0, 2**64 - 1), "INT64": (0, 2**63 - 1),
 
 
 class _Sequence:
-    __slots__ = ("id", "instance", "slot", "waiting", "running", "state", "corrid", "idle_since")
+    __slots__ = ("id", "instance", "slot", "waiting", "running", "state", "corrid", "idle_since",
+                 "auto")
 
-    def __init__(self, sequence_id: int | str) -> None:
+    def __init__(self, sequence_id: int | str, auto: bool = False) -> None:
         self.id = sequence_id
+        self.auto = auto  # an iterative sequence of one request, under an id the server gave
         self.instance = -1  # no slot yet: the sequence waits in the backlog
         self.slot = -1
         self.waiting: deque[WorkItem] = deque()
@@ -115,6 +126,7 @@ class SequenceScheduler:
         self._all_wanted = spec.output_names + tuple(
             n for n in self._state_outputs if n not in spec.output_names)
         self._row = row
+        self._last_auto_id = 0
         stats.sequence_slots = policy.slots * instances
 
     # -- the Scheduler's interface ---------------------------------------------------------
@@ -133,6 +145,9 @@ class SequenceScheduler:
             raise self._closed
         flags = item.sequence
         name = self._spec.name
+        auto = flags is None and self._policy.iterative
+        if auto:
+            flags = item.sequence = SequenceFlags(self._auto_id(), start=True)
         if flags is None:
             raise InvalidArgumentError(
                 f"model '{name}' is stateful (sequence_batching): each request needs a "
@@ -152,15 +167,27 @@ class SequenceScheduler:
             if not flags.start:
                 raise self._not_started(flags.id)
             corrid = self._corrid_tensor(flags.id)
-            sequence = self._sequences[flags.id] = _Sequence(flags.id)
+            sequence = self._sequences[flags.id] = _Sequence(flags.id, auto)
             sequence.corrid = corrid
             self._place(sequence)
+        elif sequence.auto and not auto:
+            raise InvalidArgumentError(
+                f"model '{name}': sequence id {flags.id!r} is taken by a request that came "
+                "without one (iterative_sequence gives each its own); choose another id")
         else:
             self._idle.pop(flags.id, None)
         sequence.waiting.append(item)
         self._waiting += 1
         if sequence.instance >= 0 and sequence.running is None:
             self._run_next(sequence)
+
+    def _auto_id(self) -> int:
+        """An id for an iterative sequence: one that no live sequence has (a client's
+        included), within every CORRID type's range."""
+        while True:
+            self._last_auto_id = self._last_auto_id % (2**31 - 1) + 1
+            if self._last_auto_id not in self._sequences:
+                return self._last_auto_id
 
     def close(self, reason: TensorgateError) -> None:
         self._closed = reason
@@ -264,32 +291,45 @@ class SequenceScheduler:
             running.times = item.times
             running.slot = sequence.slot
             sequence.running = running
-            running.future.add_done_callback(partial(self._answer, sequence, item))
+            running.future.add_done_callback(partial(self._answer, sequence, item, running))
             try:
                 self.instances[sequence.instance].submit(running)
             except TensorgateError as error:
                 running.future.set_exception(error)
             return
         if sequence.running is None:
-            self._went_idle(sequence)
+            if sequence.auto:  # its one request's client left: nothing more will come
+                self._release(sequence)
+            else:
+                self._went_idle(sequence)
 
-    def _answer(self, sequence: _Sequence, item: WorkItem, done: asyncio.Future[Any]) -> None:
-        """`item` ran (or failed): answer it, keep the state it made, and run the next."""
+    def _answer(self, sequence: _Sequence, item: WorkItem, running: _SlotItem,
+                done: asyncio.Future[Any]) -> None:
+        """`item` ran (or failed): answer it, keep the state it made, and run the next; or,
+        when the model rescheduled it, run it again."""
         sequence.running = None
         error = (UnavailableError("the request was cancelled before it ran")
                  if done.cancelled() else done.exception())
+        flags = item.sequence
+        assert flags is not None
+        if error is None and running.rescheduled:
+            # Again, first in its sequence, as neither its start nor (unless it was) its end.
+            item.sequence = SequenceFlags(flags.id, end=flags.end)
+            sequence.waiting.appendleft(item)
+            self._waiting += 1
+            self._run_next(sequence)
+            return
         if error is None:
             results = done.result()
             for state in self._policy.states:
                 sequence.state[state.input_name] = results[state.output_name].torch()
+            item.answer_parameters = running.answer_parameters
             if not item.future.done():
                 item.future.set_result({name: results[name] for name in item.wanted})
         elif not item.future.done():
             item.future.set_exception(error)
-        flags = item.sequence
         item.release()
-        assert flags is not None
-        if flags.end:
+        if flags.end or sequence.auto:
             # Requests queued after the end belong to a new sequence only if they start one.
             while sequence.waiting and not sequence.waiting[0].sequence.start:  # type: ignore[union-attr]
                 late = sequence.waiting.popleft()

@@ -5,7 +5,9 @@ Such a model answers requests, not batches: `execute(requests)` gets one
 request's bytes: nothing is gathered or copied), and returns one `InferenceResponse` each,
 which may be an error for that request alone. A decoupled one answers through each
 request's response sender, from any of its threads; the executor thread waits for the
-final flag, passing each response on as it comes. Built on the instance's executor thread.
+final flag, passing each response on as it comes. With `iterative_sequence`, a request the
+model rescheduled (`set_release_flags(RESCHEDULE)`, its response None) is RESCHEDULED: the
+sequence batcher runs it again. Built on the instance's executor thread.
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ from tensorgate.pipeline.trace import Trace
 from tensorgate.pipeline.work import response_parameter_error
 from tensorgate.repository.model_config import ModelSpec
 
-__all__ = ["MODULE_NAME", "Answer", "RequestInputs", "TritonPythonRunner", "install_module"]
+__all__ = ["MODULE_NAME", "RESCHEDULED", "Answer", "RequestInputs", "TritonPythonRunner",
+           "install_module"]
 
 MODULE_NAME = "triton_python_backend_utils"  # what Triton's Python models import
 CANCEL_POLL_S = 0.1  # how often a decoupled wait looks whether its client has gone
@@ -66,6 +69,11 @@ class Answer(NamedTuple):
     parameters: Mapping[str, Parameter]
 
 
+# A request the model rescheduled (iterative_sequence): no answer yet, it runs again.
+RESCHEDULED = Answer({}, NO_PARAMETERS)
+WARM_UP_RUNS = 1000  # a warm-up request rescheduled more often than this fails the load
+
+
 class TritonPythonRunner:
     """`execute` over requests (`run_each`), or for a decoupled model over one request's
     stream of responses (`run_stream`); `finalize` at `close`."""
@@ -82,6 +90,7 @@ class TritonPythonRunner:
             # this instance's own, on its executor thread, one call at a time
             self._loop = asyncio.new_event_loop()
         self._execute = self.model.execute
+        self._reschedulable = spec.sequence is not None and spec.sequence.iterative
 
     def _call(self, requests: list[pb_utils.InferenceRequest]) -> Any:
         if self._loop is None:
@@ -89,8 +98,10 @@ class TritonPythonRunner:
         return self._loop.run_until_complete(self._execute(requests))
 
     def run_each(self, requests: Sequence[RequestInputs]) -> list[Answer | TensorgateError]:
-        """Each request's answer, or its error."""
-        responses = self._call([_incoming(r) for r in requests])
+        """Each request's answer, or its error; RESCHEDULED for one the model rescheduled
+        (its response is ignored, as Triton's Python backend ignores it)."""
+        incoming = [_incoming(r, reschedulable=self._reschedulable) for r in requests]
+        responses = self._call(incoming)
         name = self.spec.name
         if not isinstance(responses, (list, tuple)) or len(responses) != len(requests):
             found = (f"{len(responses)} responses" if isinstance(responses, (list, tuple))
@@ -99,7 +110,10 @@ class TritonPythonRunner:
                                 "requests; it must return a list of one InferenceResponse per "
                                 "request, in order")
         answers: list[Answer | TensorgateError] = []
-        for index, response in enumerate(responses):
+        for index, (request, response) in enumerate(zip(incoming, responses)):
+            if request.rescheduled():
+                answers.append(RESCHEDULED)
+                continue
             if not isinstance(response, pb_utils.InferenceResponse):
                 raise InternalError(f"model '{name}': execute's response {index} is a "
                                     f"{type(response).__name__}, not an InferenceResponse")
@@ -141,10 +155,15 @@ class TritonPythonRunner:
         request = RequestInputs(inputs, info, self.spec.output_names, 0, 0, _never)
         if self.spec.decoupled:
             return (answer.outputs for answer in self.run_stream(request))
-        answer = self.run_each([request])[0]
-        if isinstance(answer, TensorgateError):
-            raise answer
-        return answer.outputs
+        for _ in range(WARM_UP_RUNS):
+            answer = self.run_each([request])[0]
+            if isinstance(answer, TensorgateError):
+                raise answer
+            if answer is not RESCHEDULED:
+                return answer.outputs
+            request = request._replace(flags=0)  # runs again: neither START nor END
+        raise InternalError(f"model '{self.spec.name}' rescheduled one request "
+                            f"{WARM_UP_RUNS} times without answering it")
 
     def close(self) -> None:
         try:
@@ -170,13 +189,13 @@ def initialize_args(spec: ModelSpec, context: ModelContext) -> dict[str, str]:
     }
 
 
-def _incoming(request: RequestInputs,
-              sender: pb_utils.InferenceResponseSender | None = None) -> pb_utils.InferenceRequest:
+def _incoming(request: RequestInputs, sender: pb_utils.InferenceResponseSender | None = None,
+              reschedulable: bool = False) -> pb_utils.InferenceRequest:
     inputs = [pb_utils.Tensor(name, value) for name, value in request.inputs.items()]
     return pb_utils.incoming_request(
         inputs, request.info.id, request.correlation_id, list(request.wanted),
         json.dumps(dict(parameters)) if (parameters := request.info.parameters) else "{}",
-        request.flags, request.cancelled, sender, request.trace)
+        request.flags, request.cancelled, sender, request.trace, reschedulable)
 
 
 def _answer(response: pb_utils.InferenceResponse, model: str) -> Answer | TensorgateError:

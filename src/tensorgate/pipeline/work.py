@@ -36,7 +36,8 @@ class WorkItem:
 
     __slots__ = ("inputs", "rows", "key", "wanted", "future", "enqueued_ns", "deadline_ns",
                  "ledger", "times", "results", "level", "priority", "respond", "abandoned",
-                 "sequence", "filler", "id", "parameters", "trace", "error", "answer_parameters")
+                 "sequence", "filler", "id", "parameters", "trace", "error", "answer_parameters",
+                 "rescheduled")
 
     def __init__(self, inputs: dict[str, Any], rows: int, key: tuple[Any, ...],
                  wanted: tuple[str, ...], future: asyncio.Future[Any], enqueued_ns: int,
@@ -76,6 +77,9 @@ class WorkItem:
         # the parameters its model's response carries (a Triton Python model's
         # `InferenceResponse(parameters=...)`), which the client gets with the outputs
         self.answer_parameters: Mapping[str, Parameter] = NO_PARAMETERS
+        # Its model asked to run it again in a later batch (iterative_sequence): it ran, but
+        # is not answered yet, nor counted as a success.
+        self.rescheduled = False
 
     def release(self) -> None:
         """Its batch is done and it is answered: the item lets go of its tensors (the future

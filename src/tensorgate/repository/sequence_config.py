@@ -66,7 +66,12 @@ class SequencePolicy:
     READY false. `oldest`: each instance batches the next request of up to `slots` of its
     sequences, the oldest first. Either way a sequence runs on one instance, one request at
     a time, in the order they arrived; sequences beyond every instance's slots wait for one
-    to end."""
+    to end.
+
+    `iterative` (Triton's `iterative_sequence`): a request that comes without a sequence id
+    is a sequence of its own (an id given by the server, START set), and the model may
+    reschedule it (a Triton Python model's `set_release_flags(RESCHEDULE)`): it runs again in
+    a later batch, with START and END false, until the model answers it, which ends it."""
 
     strategy: Literal["direct", "oldest"]
     slots: int  # per instance
@@ -76,13 +81,12 @@ class SequencePolicy:
     preserve_ordering: bool
     controls: tuple[ControlInput, ...]
     states: tuple[SequenceState, ...]
+    iterative: bool = False
 
 
 def sequence_policy(config: pb.ModelConfig, source: str) -> SequencePolicy:
     """The `sequence_batching` of `config`, checked against its inputs and outputs."""
     batching = config.sequence_batching
-    if batching.iterative_sequence:
-        raise ModelConfigError(source, "'iterative_sequence' is not supported")
     if config.model_transaction_policy.decoupled:
         raise ModelConfigError(source, "'sequence_batching' with a decoupled model is not "
                                        "supported; drop one of them")
@@ -102,11 +106,13 @@ def sequence_policy(config: pb.ModelConfig, source: str) -> SequencePolicy:
                               batching.max_sequence_idle_microseconds or DEFAULT_IDLE_US,
                               oldest.max_queue_delay_microseconds,
                               tuple(sorted(set(oldest.preferred_batch_size))),
-                              oldest.preserve_ordering, controls, states)
+                              oldest.preserve_ordering, controls, states,
+                              batching.iterative_sequence)
     direct = batching.direct  # Triton's default strategy
     return SequencePolicy("direct", max(max_batch, 1),
                           batching.max_sequence_idle_microseconds or DEFAULT_IDLE_US,
-                          direct.max_queue_delay_microseconds, (), False, controls, states)
+                          direct.max_queue_delay_microseconds, (), False, controls, states,
+                          batching.iterative_sequence)
 
 
 def _control(message: pb.ModelSequenceBatching.ControlInput, source: str,
