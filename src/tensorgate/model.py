@@ -28,7 +28,8 @@ A decoupled model (`model_transaction_policy { decoupled: true }`, e.g. one that
 tokens) gets one request at a time, and its `forward` is a generator: each value it yields
 is post-processed and sent at once as one response; clients call it on the gRPC stream
 (tritonclient's `start_stream` / `stream_infer`). When the client goes away the generator
-is closed at its next `yield`.
+is closed at its next `yield`. What it sets in its request's `response_parameters` before a
+`yield` goes with that response only (the dict is emptied after each).
 """
 
 from __future__ import annotations

@@ -86,3 +86,27 @@ def test_unary_calls_to_a_decoupled_model_say_how_to_call_it(server: RunningServ
         with pytest.raises(InferenceServerException, match=message) as refused:
             client.infer("counter", [item])
         assert refused.value.status() == "400"
+
+
+def test_each_response_carries_the_parameters_its_model_set_for_it(
+        server: RunningServer) -> None:
+    """A tensorgate Model's generator sets `response_parameters` before each yield: each
+    response has its own ("index"), and only the last has "finish_reason"."""
+    answers: queue.Queue[tuple[object, object]] = queue.Queue()
+    text = grpcclient.InferInput("text_input", [1, 1], "BYTES")
+    text.set_data_from_numpy(np.array([[b"to be or not"]], dtype=object))
+    with grpcclient.InferenceServerClient(server.grpc_url) as client:
+        client.start_stream(callback=lambda result, error: answers.put((result, error)))
+        client.async_stream_infer("words", [text], request_id="all")
+        client.async_stream_infer("words", [text], request_id="cut", parameters={"max_tokens": 2})
+        client.stop_stream()
+    by_id, errors = stream_answers(answers, lambda result: (
+        result.as_numpy("text_output")[0, 0],
+        {k: v.WhichOneof("parameter_choice") and getattr(v, v.WhichOneof("parameter_choice"))
+         for k, v in result.get_response().parameters.items()}))
+    assert errors == []
+    assert by_id["all"] == [(b"TO", {"index": 0}), (b"BE", {"index": 1}),
+                            (b"OR", {"index": 2}),
+                            (b"NOT", {"index": 3, "finish_reason": "stop"})]
+    assert by_id["cut"] == [(b"TO", {"index": 0}),
+                            (b"BE", {"index": 1, "finish_reason": "length"})]

@@ -186,22 +186,28 @@ from tensorgate import Model
 class Words(Model):
     """A decoupled text model, as a token streamer is: for a text, yields each of its words in
     capitals as `text_output`, one response each, after `delay_s`, at most `max_tokens` (a
-    request parameter) of them. The word "boom" raises; "forever" yields "forever" until the
-    client leaves."""
+    request parameter) of them; each response's parameter "index" is its word's place, and
+    the last word's response also has "finish_reason" ("length": cut at max_tokens, else
+    "stop"). The word "boom" raises; "forever" yields "forever" until the client leaves."""
 
     def setup(self, context):
         self.delay = float(context.parameters.get("delay_s", "0"))
 
     def preprocess(self, inputs, requests):
         limit = requests[0].parameters.get("max_tokens", -1)
-        return inputs["text_input"].reshape(-1)[0].decode(), limit
+        return inputs["text_input"].reshape(-1)[0].decode(), limit, requests[0]
 
     def forward(self, batch):
-        text, limit = batch
+        text, limit, request = batch
         words = text.split()
+        index = 0
         while words and limit != 0:
             limit -= 1
             word = words.pop(0)
+            request.response_parameters["index"] = index
+            index += 1
+            if not words or limit == 0:
+                request.response_parameters["finish_reason"] = "stop" if not words else "length"
             if word == "boom":
                 raise ValueError("boom")
             if word == "forever":

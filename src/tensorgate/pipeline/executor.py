@@ -383,6 +383,10 @@ class ExecutorThread:
                     raw = None
                     if batch.error is not None:
                         break
+                    if runner.requests is None:  # what the model set for this response
+                        parameters, item.answer_parameters = item.answer_parameters, NO_PARAMETERS
+                        for info in batch.infos or ():
+                            info.response_parameters.clear()
                     while not credits.acquire(timeout=0.05):
                         if item.abandoned:
                             break
