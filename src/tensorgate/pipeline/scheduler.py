@@ -26,7 +26,8 @@ from collections.abc import Callable
 from itertools import chain
 from typing import Protocol
 
-from tensorgate.errors import DeadlineExceededError, TensorgateError, UnavailableError
+from tensorgate.errors import (DeadlineExceededError, InternalError, TensorgateError,
+                               UnavailableError)
 from tensorgate.pipeline.batch_cap import BatchCap
 from tensorgate.pipeline.rate_limiter import Claim
 from tensorgate.pipeline.stats import ModelStatistics
@@ -48,11 +49,15 @@ class Scheduler:
 
     def __init__(self, spec: ModelSpec, stats: ModelStatistics,
                  loop: asyncio.AbstractEventLoop, *, measured_cap: bool = True,
-                 arrange: Callable[[list[WorkItem]], list[WorkItem]] | None = None) -> None:
+                 arrange: Callable[[list[WorkItem]], list[WorkItem]] | None = None,
+                 rescheduled: Callable[[WorkItem], None] | None = None) -> None:
         """`arrange` puts a chosen batch's requests in the order they run in (and may add
-        filler rows): how a direct sequence batcher keeps each sequence in its row."""
+        filler rows): how a direct sequence batcher keeps each sequence in its row.
+        `rescheduled` takes back a request its model rescheduled, at once: the sequence
+        batcher queues it again before the executor that ran it takes its next batch."""
         self._spec = spec
         self._arrange = arrange
+        self._rescheduled = rescheduled
         self._stats = stats
         self._loop = loop
         policy = spec.batching
@@ -344,9 +349,13 @@ class Scheduler:
                 self._fail(item, item.error, now, "BACKEND")
                 item.release()
                 continue
-            if item.rescheduled:  # the sequence batcher runs it again; not answered yet
-                if not item.future.done():
-                    item.future.set_result(item.results)
+            if item.rescheduled:  # not answered yet: it runs again
+                if self._rescheduled is None:  # not a sequence batcher's (cannot happen)
+                    self._fail(item, InternalError(f"model '{self._spec.name}' rescheduled a "
+                                                   "request outside a sequence batcher"),
+                               now, "BACKEND")
+                else:
+                    self._rescheduled(item)
                 item.release()
                 continue
             times = item.times

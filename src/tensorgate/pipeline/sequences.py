@@ -77,10 +77,12 @@ class _Sequence:
 
 
 class _SlotItem(WorkItem):
-    """A request as its instance's batcher sees it: with its sequence's row."""
+    """A request as its instance's batcher sees it: with its sequence's row, and the
+    client's request it runs for."""
 
-    __slots__ = ("slot",)
+    __slots__ = ("slot", "client")
     slot: int
+    client: WorkItem
 
 
 class SequenceScheduler:
@@ -103,7 +105,9 @@ class SequenceScheduler:
             policy.max_queue_delay_us, policy.preferred_batch_sizes,
             policy.preserve_ordering) if batched else None)
         arrange = self._arrange if policy.strategy == "direct" and batched else None
-        self.instances = [Scheduler(feed, stats, loop, measured_cap=False, arrange=arrange)
+        rescheduled = self._rerun if policy.iterative else None
+        self.instances = [Scheduler(feed, stats, loop, measured_cap=False, arrange=arrange,
+                                    rescheduled=rescheduled)
                           for _ in range(instances)]
         self._free: list[list[int]] = [list(range(policy.slots - 1, -1, -1))
                                        for _ in range(instances)]  # lowest slot last: popped
@@ -290,6 +294,7 @@ class SequenceScheduler:
                                 flags)
             running.times = item.times
             running.slot = sequence.slot
+            running.client = item
             sequence.running = running
             running.future.add_done_callback(partial(self._answer, sequence, item, running))
             try:
@@ -305,20 +310,12 @@ class SequenceScheduler:
 
     def _answer(self, sequence: _Sequence, item: WorkItem, running: _SlotItem,
                 done: asyncio.Future[Any]) -> None:
-        """`item` ran (or failed): answer it, keep the state it made, and run the next; or,
-        when the model rescheduled it, run it again."""
+        """`item` ran (or failed): answer it, keep the state it made, and run the next."""
         sequence.running = None
         error = (UnavailableError("the request was cancelled before it ran")
                  if done.cancelled() else done.exception())
         flags = item.sequence
         assert flags is not None
-        if error is None and running.rescheduled:
-            # Again, first in its sequence, as neither its start nor (unless it was) its end.
-            item.sequence = SequenceFlags(flags.id, end=flags.end)
-            sequence.waiting.appendleft(item)
-            self._waiting += 1
-            self._run_next(sequence)
-            return
         if error is None:
             results = done.result()
             for state in self._policy.states:
@@ -339,6 +336,20 @@ class SequenceScheduler:
             if not sequence.waiting:
                 self._release(sequence)
                 return
+        self._run_next(sequence)
+
+    def _rerun(self, running: WorkItem) -> None:
+        """The model rescheduled `running` (called by the instance's batcher as the batch
+        ends, so that it is queued before the next batch is chosen): its client's request
+        goes first in its sequence again, as neither its start nor (unless it was) its end.
+        Its future is left unresolved: nothing waits on it but this batcher."""
+        assert isinstance(running, _SlotItem) and running.sequence is not None
+        sequence = self._sequences[running.sequence.id]
+        item = running.client
+        sequence.running = None
+        item.sequence = SequenceFlags(running.sequence.id, end=running.sequence.end)
+        sequence.waiting.appendleft(item)
+        self._waiting += 1
         self._run_next(sequence)
 
     def _control(self, control: ControlInput, start: bool, end: bool,
