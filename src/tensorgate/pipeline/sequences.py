@@ -311,6 +311,8 @@ class SequenceScheduler:
     def _answer(self, sequence: _Sequence, item: WorkItem, running: _SlotItem,
                 done: asyncio.Future[Any]) -> None:
         """`item` ran (or failed): answer it, keep the state it made, and run the next."""
+        if running.rescheduled:
+            return  # _rerun has it
         sequence.running = None
         error = (UnavailableError("the request was cancelled before it ran")
                  if done.cancelled() else done.exception())
@@ -341,9 +343,9 @@ class SequenceScheduler:
     def _rerun(self, running: WorkItem) -> None:
         """The model rescheduled `running` (called by the instance's batcher as the batch
         ends, so that it is queued before the next batch is chosen): its client's request
-        goes first in its sequence again, as neither its start nor (unless it was) its end.
-        Its future is left unresolved: nothing waits on it but this batcher."""
+        goes first in its sequence again, as neither its start nor (unless it was) its end."""
         assert isinstance(running, _SlotItem) and running.sequence is not None
+        running.future.cancel()  # its _answer returns at once; no cycle is left for the GC
         sequence = self._sequences[running.sequence.id]
         item = running.client
         sequence.running = None
