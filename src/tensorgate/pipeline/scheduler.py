@@ -26,8 +26,7 @@ from collections.abc import Callable
 from itertools import chain
 from typing import Protocol
 
-from tensorgate.errors import (DeadlineExceededError, InternalError, TensorgateError,
-                               UnavailableError)
+from tensorgate.errors import DeadlineExceededError, TensorgateError, UnavailableError
 from tensorgate.pipeline.batch_cap import BatchCap
 from tensorgate.pipeline.rate_limiter import Claim
 from tensorgate.pipeline.stats import ModelStatistics
@@ -350,12 +349,9 @@ class Scheduler:
                 item.release()
                 continue
             if item.rescheduled:  # not answered yet: it runs again
-                if self._rescheduled is None:  # not a sequence batcher's (cannot happen)
-                    self._fail(item, InternalError(f"model '{self._spec.name}' rescheduled a "
-                                                   "request outside a sequence batcher"),
-                               now, "BACKEND")
-                else:
-                    self._rescheduled(item)
+                # only an iterative sequence batcher's models may reschedule, and it gave the hook
+                assert self._rescheduled is not None
+                self._rescheduled(item)
                 item.release()
                 continue
             times = item.times

@@ -71,7 +71,8 @@ class SequencePolicy:
     `iterative` (Triton's `iterative_sequence`): a request that comes without a sequence id
     is a sequence of its own (an id given by the server, START set), and the model may
     reschedule it (a Triton Python model's `set_release_flags(RESCHEDULE)`): it runs again in
-    a later batch, with START and END false, until the model answers it, which ends it."""
+    a later batch, START false (END as its client set it), until the model answers it, which
+    ends a sequence the server made."""
 
     strategy: Literal["direct", "oldest"]
     slots: int  # per instance
