@@ -330,7 +330,7 @@ class Engine:
                 jit_optimize=not flag(spec, "DISABLE_OPTIMIZED_EXECUTION", False))
             executors.append(ExecutorThread(
                 f"tg-exec-{spec.name}-v{version}-{index}", settings, loop, self._pool,
-                self._postprocess, feed.on_batch_done, feed.on_idle))
+                self._postprocess, feed.on_batch_done, feed.on_idle, feed.on_stream_end))
         for executor in executors:
             executor.start()
         results = await asyncio.gather(*(e.ready for e in executors), return_exceptions=True)
@@ -340,6 +340,10 @@ class Engine:
                 executor.stop()
             self._release(claims)
             raise errors[0]
+        if spec.decoupled and all(e.runner is not None and e.runner.requests is not None
+                                  for e in executors):
+            for feed in dict.fromkeys(feeds):  # a Triton Python model's requests stream
+                feed.batch_decoupled()
         for executor, feed, claim in zip(executors, feeds, claims):
             feed.add_executor(executor, claim=claim)
         log.info("model %s v%d ready on %s", spec.name, version,
@@ -406,7 +410,8 @@ class Engine:
                            intra_op_threads=len(loop_cpus), shared_runner=first.runner)
         spare = ExecutorThread(f"tg-exec-{spec.name}-v{version}-spare", settings,
                                asyncio.get_running_loop(), self._pool, self._postprocess,
-                               scheduler.on_batch_done, scheduler.on_idle)
+                               scheduler.on_batch_done, scheduler.on_idle,
+                               scheduler.on_stream_end)
         spare.start()
         try:
             await spare.ready

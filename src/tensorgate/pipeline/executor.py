@@ -6,7 +6,9 @@ device→host, and either finishes the outputs itself or hands them to the post-
 pool. Every result goes back to the event loop with `loop.call_soon_threadsafe`; the loop
 never waits on this thread.
 
-Threads are started here and nowhere else: the executor threads and the post-processing pool.
+Threads are started here and nowhere else: the executor threads and the post-processing pool
+(but for the event loop an `async def execute` of a decoupled Triton Python model runs on,
+which that model's instance owns: pipeline/triton_python.py).
 Facts that shaped this (2-core machine, ResNet-50, see DESIGN.md): torch's OpenMP pool belongs
 to the thread that first ran a parallel region, so loading, warm-up and every run happen on
 this thread; intra-op threads default to one fewer than the cores so the loop keeps one.
@@ -37,6 +39,7 @@ from tensorgate.pipeline.cuda_graphs import GraphSet, graph_batch_sizes, map_ten
 from tensorgate.pipeline.placement import (LIGHT_FORWARD_NS, Placement, pin_current_thread)
 from tensorgate.pipeline.postprocess import Postprocessor
 from tensorgate.pipeline.ragged import batch_input_values, flatten, one_request, scatter
+from tensorgate.pipeline.response_streams import RESPONSES_AHEAD, ResponseStream
 from tensorgate.pipeline.runner import (Runner, load_runner, name_outputs, sample_inputs,
                                         warmup_inputs)
 from tensorgate.pipeline.torch_io import strings_array
@@ -45,7 +48,7 @@ from tensorgate.pipeline.work import Batch, WorkItem
 from tensorgate.python_backend import (TRITONSERVER_REQUEST_FLAG_SEQUENCE_END as SEQUENCE_END,
                                        TRITONSERVER_REQUEST_FLAG_SEQUENCE_START as SEQUENCE_START)
 from tensorgate.repository.model_config import ModelConfigError, ModelSpec
-from tensorgate.tensor.copies import copy_into
+from tensorgate.tensor.copies import CopyLedger, copy_into
 from tensorgate.tensor.dtypes import datatype_of_numpy, datatype_of_torch
 from tensorgate.tensor.pool import BufferPool
 from tensorgate.tensor.view import TensorView
@@ -54,7 +57,6 @@ __all__ = ["ExecutorSettings", "ExecutorThread", "PostprocessPool", "default_int
 
 log = logging.getLogger("tensorgate.executor")
 _STOP = object()
-RESPONSES_AHEAD = 64  # a decoupled request's responses made but not yet taken by its client
 
 
 def default_intra_op_threads() -> int:
@@ -104,7 +106,8 @@ class ExecutorThread:
     def __init__(self, name: str, settings: ExecutorSettings, loop: asyncio.AbstractEventLoop,
                  pool: BufferPool, postprocess_pool: PostprocessPool,
                  on_batch_done: Callable[[Batch], None],
-                 on_idle: Callable[[ExecutorThread], None]) -> None:
+                 on_idle: Callable[[ExecutorThread], None],
+                 on_stream_end: Callable[[Batch, WorkItem], None]) -> None:
         self.name = name
         self.settings = settings
         self._loop = loop
@@ -112,6 +115,7 @@ class ExecutorThread:
         self._postprocess_pool = postprocess_pool
         self._on_batch_done = on_batch_done
         self._on_idle = on_idle
+        self._on_stream_end = on_stream_end  # a decoupled Triton Python model's request
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._runner: Runner | None = None
         self._graphs: GraphSet | None = None
@@ -308,11 +312,14 @@ class ExecutorThread:
         s = self.settings
         runner = self._runner
         assert runner is not None
+        if runner.requests is not None:
+            if s.spec.decoupled:
+                self._execute_streams(batch, runner.requests)
+            else:
+                self._execute_each(batch, runner.requests)
+            return
         if s.spec.decoupled:
             self._execute_decoupled(batch, runner)
-            return
-        if runner.requests is not None:
-            self._execute_each(batch, runner.requests)
             return
         started = batch.started_ns = time.monotonic_ns()
         # What this thread holds of a batch is let go before it reports the batch done: the
@@ -329,7 +336,7 @@ class ExecutorThread:
                     raw = _run(runner, self._to_device(inputs, batch), batch)
                 if self._stream is not None:
                     # Outputs come home before the next batch can overwrite a graph's buffers.
-                    raw = map_tensors(raw, lambda t: self._to_host(t, batch))
+                    raw = map_tensors(raw, lambda t: self._to_host(t, batch.items[0].ledger))
                     self._stream.synchronize()
             batch.input_ns = gathered - started
             batch.infer_ns = time.monotonic_ns() - gathered
@@ -350,10 +357,10 @@ class ExecutorThread:
             self._report(self._on_done_and_idle, batch)  # one wake-up of the loop, not two
 
     def _execute_decoupled(self, batch: Batch, runner: Runner) -> None:
-        """A decoupled model's one request: its `forward` yields any number of results; each
-        is post-processed here and goes to the loop as a response as soon as it is made. At
-        most RESPONSES_AHEAD wait there for the client: past that this thread waits
-        (backpressure on the model); it stops when the client has gone."""
+        """A decoupled tensorgate Model's one request: its `forward` yields any number of
+        results; each is post-processed here and goes to the loop as a response as soon as
+        it is made. At most RESPONSES_AHEAD wait there for the client: past that this
+        thread waits (backpressure on the model); it stops when the client has gone."""
         item = batch.items[0]
         assert item.respond is not None and len(batch.items) == 1
         credits = threading.Semaphore(RESPONSES_AHEAD)  # the client's taking one gives one back
@@ -362,20 +369,15 @@ class ExecutorThread:
         produced: Any = None
         try:
             with self._no_grad(), self._on_stream():
-                produced = (runner.requests.run_stream(_request_inputs(item))
-                            if runner.requests is not None else
-                            _run(runner, self._to_device(self._gather(batch), batch), batch))
+                produced = _run(runner, self._to_device(self._gather(batch), batch), batch)
                 if not isinstance(produced, Iterator):
                     raise InternalError(
                         f"model '{self.settings.spec.name}' is decoupled: its forward must "
                         f"yield its responses (a generator), not return a "
                         f"{type(produced).__name__}")
                 for raw in produced:
-                    parameters = NO_PARAMETERS
-                    if runner.requests is not None:  # a Triton Python model's Answer
-                        raw, parameters = raw
                     if self._stream is not None:
-                        raw = map_tensors(raw, lambda t: self._to_host(t, batch))
+                        raw = map_tensors(raw, lambda t: self._to_host(t, item.ledger))
                         self._stream.synchronize()
                     item.results = {}
                     self._finish(batch, raw)
@@ -383,10 +385,10 @@ class ExecutorThread:
                     raw = None
                     if batch.error is not None:
                         break
-                    if runner.requests is None:  # what the model set for this response
-                        parameters, item.answer_parameters = item.answer_parameters, NO_PARAMETERS
-                        for info in batch.infos or ():
-                            info.response_parameters.clear()
+                    # what the model set for this response
+                    parameters, item.answer_parameters = item.answer_parameters, NO_PARAMETERS
+                    for info in batch.infos or ():
+                        info.response_parameters.clear()
                     while not credits.acquire(timeout=0.05):
                         if item.abandoned:
                             break
@@ -404,6 +406,39 @@ class ExecutorThread:
         batch.infer_ns = time.monotonic_ns() - started - output_ns
         self.batches_run += 1
         self._report(self._on_done_and_idle, batch)
+
+    def _execute_streams(self, batch: Batch, model: TritonPythonRunner) -> None:
+        """A decoupled Triton Python model's batch: `execute` hands each request's response
+        sender on and returns, and this instance is free for its next batch while the
+        requests stream (pipeline/response_streams.py), as on Triton. The batch stays
+        running, for the scheduler, until its last request has ended."""
+        items = batch.items
+        batch.streaming = True
+        batch.streams_open = len(items)
+        started = batch.started_ns = time.monotonic_ns()
+        streams = [ResponseStream(item, batch, self._stream_results, self._report,
+                                  self._on_stream_end) for item in items]
+        try:
+            with self._no_grad(), self._on_stream():
+                model.start_streams([_request_inputs(item) for item in items],
+                                    [stream.send for stream in streams],
+                                    lambda error: _fail_streams(streams, error))
+            self.batches_run += 1
+        except Exception as error:  # the model's fault fails this batch's requests only
+            _fail_streams(streams, _model_error(self.settings.spec.name, error))
+        batch.infer_ns = time.monotonic_ns() - started
+        streams = []
+        self._report(self._on_done_and_idle, batch)
+
+    def _stream_results(self, item: WorkItem, outputs: Any) -> dict[str, TensorView]:
+        """A streamed response's outputs, on the thread that sent it (copies to the host
+        are synchronous there: that thread's stream is not this instance's)."""
+        results: dict[str, TensorView] = {}
+        try:
+            self._take_results(item, outputs, results, non_blocking=False)
+        except Exception as error:  # noqa: BLE001 - the model's fault, for its client
+            raise _model_error(self.settings.spec.name, error) from error
+        return results
 
     def _execute_each(self, batch: Batch, model: TritonPythonRunner) -> None:
         """A batch of a model that takes requests one by one: each gets its own inputs, as
@@ -425,7 +460,7 @@ class ExecutorThread:
                         item.rescheduled = True
                         continue
                     try:
-                        self._take_results(item, answer.outputs, batch)
+                        self._take_results(item, answer.outputs, item.results)
                         item.answer_parameters = answer.parameters
                     except Exception as error:  # one response's fault fails its request
                         item.results = {}
@@ -442,8 +477,10 @@ class ExecutorThread:
         answers = None
         self._report(self._on_done_and_idle, batch)
 
-    def _take_results(self, item: WorkItem, outputs: Any, batch: Batch) -> None:
-        """The outputs `item` asked for, from a model's answer by output name."""
+    def _take_results(self, item: WorkItem, outputs: Any, into: dict[str, TensorView],
+                      non_blocking: bool = True) -> None:
+        """The outputs `item` asked for, from a model's answer by output name, `into`
+        its results (a copy to the host is asynchronous unless not `non_blocking`)."""
         spec = self.settings.spec
         for name in item.wanted:
             value = outputs.get(name)
@@ -454,8 +491,8 @@ class ExecutorThread:
             out = next(o for o in spec.model_outputs if o.name == name)
             _check_output(spec.name, name, value, out.datatype)
             if isinstance(value, torch.Tensor):
-                value = self._to_host(value, batch)
-            item.results[name] = TensorView.from_array(value, name=name, ledger=item.ledger)
+                value = self._to_host(value, item.ledger, non_blocking)
+            into[name] = TensorView.from_array(value, name=name, ledger=item.ledger)
 
     def _on_done_and_idle(self, batch: Batch) -> None:
         """On the loop: deliver the batch's results, then take the next batch."""
@@ -509,12 +546,6 @@ class ExecutorThread:
                 raw = runner.postprocess(raw)
             if s.postprocessor is not None:
                 raw = s.postprocessor(list(raw) if isinstance(raw, (list, tuple)) else [raw])
-            if runner is not None and runner.requests is not None:  # a decoupled response
-                self._take_results(batch.items[0], raw, batch)
-                if self._stream is not None:
-                    self._stream.synchronize()
-                batch.output_ns = time.monotonic_ns() - started
-                return
             outputs = name_outputs(raw, spec, runner.output_positions if runner else None)
             rows = [item.rows for item in batch.items]
             batching = spec.max_batch_size > 0
@@ -548,13 +579,15 @@ class ExecutorThread:
             batch.error = _model_error(spec.name, error)
         batch.output_ns = time.monotonic_ns() - started
 
-    def _to_host(self, value: torch.Tensor, batch: Batch) -> torch.Tensor:
-        """An async copy into a pooled (pinned) host buffer; the caller synchronizes."""
+    def _to_host(self, value: torch.Tensor, ledger: CopyLedger, non_blocking: bool = True
+                 ) -> torch.Tensor:
+        """A copy into a pooled (pinned) host buffer, counted in `ledger`; asynchronous on
+        the current stream when `non_blocking` (the caller synchronizes)."""
         if value.device.type == "cpu":
             return value
         host = TensorView(self._pool.acquire(value.numel() * value.element_size()),
                           datatype_of_torch(value.dtype), value.shape).torch()
-        copy_into(host, value, "device", batch.items[0].ledger, non_blocking=True)
+        copy_into(host, value, "device", ledger, non_blocking=non_blocking)
         return host
 
     def _teardown(self) -> None:
@@ -586,6 +619,12 @@ def _request_inputs(item: WorkItem) -> RequestInputs:
     return RequestInputs(item.inputs, RequestInfo(item.id, slice(0, item.rows), item.parameters),
                          item.wanted, sequence.id if sequence is not None else 0, flags,
                          lambda: item.abandoned, item.trace)
+
+
+def _fail_streams(streams: list[ResponseStream], error: TensorgateError) -> None:
+    """End with `error` each of a batch's requests that has not ended yet."""
+    for stream in streams:
+        stream.fail(error)
 
 
 def _cpu_text(cpus: frozenset[int]) -> str:

@@ -10,6 +10,10 @@ the model (or, under `timeout_action: DELAY`, waits behind the rest of its level
 one (its client went away) is dropped. Models without `dynamic_batching` run one request per
 execution, as Triton's default scheduler does.
 
+A decoupled Triton Python model's requests stream on after their execute returns: its
+instance is idle again at once, and each request ends on its own (`on_stream_end`); the batch
+counts as running until the last has.
+
 Priority levels (Triton's `priority_levels`): each level has its own bounded queue and
 policy; "oldest" above means the first request of the highest level that has any, and a
 batch fills from the levels in order, so a request of level 1 never waits behind one of
@@ -60,7 +64,8 @@ class Scheduler:
         self._stats = stats
         self._loop = loop
         policy = spec.batching
-        # a decoupled model's requests run one at a time: each answers on its own schedule
+        # a decoupled tensorgate Model's requests run one at a time (its forward yields one
+        # request's responses): see `batch_decoupled` for a Triton Python model's
         self._batching = policy is not None and not spec.decoupled
         self._max_rows = spec.max_batch_size if self._batching else 0
         self._delay_ns = policy.max_queue_delay_us * 1000 if policy is not None else 0
@@ -81,6 +86,15 @@ class Scheduler:
         self._deadlines = 0  # queued items that carry a deadline
         self._timer: asyncio.TimerHandle | None = None
         self._closed: TensorgateError | None = None
+
+    def batch_decoupled(self) -> None:
+        """Batch a decoupled model's requests as its `dynamic_batching` says: its execute
+        takes requests that each stream through a response sender of their own (a Triton
+        Python model's). No measured cap: an execute's time is not its requests' cost."""
+        self._batching = self._spec.batching is not None
+        self._max_rows = self._spec.max_batch_size if self._batching else 0
+        self._cap = None
+        self._stats.batch_rows_limit = self._max_rows
 
     # -- admission -------------------------------------------------------------------------
 
@@ -144,11 +158,9 @@ class Scheduler:
         count = 0
         for batch in self._running:
             for item in batch.items:
-                if item.filler:
-                    continue
-                if not item.future.done():
+                if not item.filler and not item.future.done():
                     count += 1
-                self._fail(item, error, now, "OTHER")
+                    self._fail(item, error, now, "OTHER")
         return count
 
     def _level_size(self, level: int) -> int:
@@ -323,6 +335,11 @@ class Scheduler:
             claim.offer()  # what it did not take again goes to other models, in turn
 
     def on_batch_done(self, batch: Batch) -> None:
+        if batch.streaming:  # its execute returned; its requests end on their own
+            self._stats.record_batch(batch.rows, 0, batch.infer_ns, 0, None)
+            if not batch.streams_open:
+                self._running.discard(batch)
+            return
         self._running.discard(batch)
         now = time.monotonic_ns()
         if batch.error is not None:
@@ -368,6 +385,30 @@ class Scheduler:
                 # the GC.
                 item.future.set_result(item.results)
             item.release()
+
+    def on_stream_end(self, batch: Batch, item: WorkItem) -> None:
+        """A request of a streaming batch is over: its model sent the final flag or an error
+        response, or its execute failed. Its responses reached its client as they came."""
+        batch.streams_open -= 1
+        if not batch.streams_open:
+            self._running.discard(batch)
+        now = time.monotonic_ns()
+        future = item.future
+        if future.cancelled():  # its client left before the end
+            self._stats.record_failure(now - item.enqueued_ns, "CANCELED")
+        elif future.done():  # answered already: failed at unload (fail_running)
+            pass
+        elif item.error is not None:
+            self._fail(item, item.error, now, "BACKEND")
+        else:
+            times = item.times
+            times.total_ns = now - item.enqueued_ns
+            self._stats.record_success(times, item.ledger.bytes)
+            if item.trace is not None:
+                item.trace.stamp("COMPUTE_START", batch.started_ns)
+                item.trace.stamp("COMPUTE_END", now)
+            future.set_result({})  # its outputs went with each response
+        item.release()
 
     def _fail(self, item: WorkItem, error: BaseException, now: int, reason: str) -> None:
         self._stats.record_failure(now - item.enqueued_ns, reason)

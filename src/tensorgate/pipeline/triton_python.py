@@ -4,10 +4,14 @@ Such a model answers requests, not batches: `execute(requests)` gets one
 `pb_utils.InferenceRequest` per request, each with its own input tensors (views of the
 request's bytes: nothing is gathered or copied), and returns one `InferenceResponse` each,
 which may be an error for that request alone. A decoupled one answers through each
-request's response sender, from any of its threads; the executor thread waits for the
-final flag, passing each response on as it comes. With `iterative_sequence`, a request the
-model rescheduled (`set_release_flags(RESCHEDULE)`, its response None) is RESCHEDULED: the
-sequence batcher runs it again. Built on the instance's executor thread.
+request's response sender, from any of its threads, also after `execute` returned: each
+response goes to that request's sink as it is sent (`start_streams`), and the instance is
+free for its next batch as soon as `execute` returns, as on Triton. An `async def execute`
+of a decoupled model runs on an event loop of the instance's own, on a thread of its own,
+so one execute may await while the next begins (Triton's "async execute"). With
+`iterative_sequence`, a request the model rescheduled (`set_release_flags(RESCHEDULE)`, its
+response None) is RESCHEDULED: the sequence batcher runs it again. Built on the instance's
+executor thread.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import inspect
 import json
 import queue
 import sys
+import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -29,11 +34,12 @@ from tensorgate.pipeline.trace import Trace
 from tensorgate.pipeline.work import response_parameter_error
 from tensorgate.repository.model_config import ModelSpec
 
-__all__ = ["MODULE_NAME", "RESCHEDULED", "Answer", "RequestInputs", "TritonPythonRunner",
+__all__ = ["MODULE_NAME", "RESCHEDULED", "Answer", "RequestInputs", "Sink", "TritonPythonRunner",
            "install_module"]
 
 MODULE_NAME = "triton_python_backend_utils"  # what Triton's Python models import
 CANCEL_POLL_S = 0.1  # how often a decoupled wait looks whether its client has gone
+LOOP_STOP_S = 5.0  # how long `close` waits for an async decoupled model's loop to stop
 
 _ERRORS: dict[int, type[TensorgateError]] = {
     pb_utils.TritonError.INVALID_ARG: InvalidArgumentError,
@@ -71,12 +77,16 @@ class Answer(NamedTuple):
 
 # A request the model rescheduled (iterative_sequence): no answer yet, it runs again.
 RESCHEDULED = Answer({}, NO_PARAMETERS)
+# Where a decoupled request's responses go, from the thread that sent each: the response
+# (its error, as the model answered with one; None: the final flag came alone) and whether
+# it was the last (the final flag).
+Sink = Callable[[Answer | TensorgateError | None, bool], None]
 WARM_UP_RUNS = 1000  # a warm-up request rescheduled more often than this fails the load
 
 
 class TritonPythonRunner:
-    """`execute` over requests (`run_each`), or for a decoupled model over one request's
-    stream of responses (`run_stream`); `finalize` at `close`."""
+    """`execute` over requests (`run_each`), or for a decoupled model over requests that
+    each stream their responses (`start_streams`); `finalize` at `close`."""
 
     def __init__(self, model_class: type, spec: ModelSpec, context: ModelContext) -> None:
         self.spec = spec
@@ -85,10 +95,16 @@ class TritonPythonRunner:
         if initialize is not None:
             initialize(initialize_args(spec, context))
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread: threading.Thread | None = None
         if inspect.iscoroutinefunction(self.model.execute):
             # `async def execute` (to await BLS calls with async_exec): run on a loop of
-            # this instance's own, on its executor thread, one call at a time
+            # this instance's own, on its executor thread, one call at a time; a decoupled
+            # model's on that loop's own thread, where its executes overlap as they await
             self._loop = asyncio.new_event_loop()
+            if spec.decoupled:
+                self._loop_thread = threading.Thread(
+                    target=self._loop.run_forever, name=f"tg-async-{spec.name}", daemon=True)
+                self._loop_thread.start()
         self._execute = self.model.execute
         self._reschedulable = spec.sequence is not None and spec.sequence.iterative
 
@@ -120,30 +136,43 @@ class TritonPythonRunner:
             answers.append(_answer(response, name))
         return answers
 
+    def start_streams(self, requests: Sequence[RequestInputs], sinks: Sequence[Sink],
+                      failed: Callable[[TensorgateError], None]) -> None:
+        """Give each request its response sender and run a decoupled model's `execute`:
+        what the model sends for `requests[i]`, now or later and from any thread, goes to
+        `sinks[i]`. Returns once `execute` has (an `async def execute`: once it is
+        scheduled on the instance's loop; its error, should it raise later, goes to
+        `failed`). Raises what a synchronous `execute` raised."""
+        name = self.spec.name
+        incoming = [_incoming(request, pb_utils.InferenceResponseSender(
+            _deliver(sink, name), request.cancelled)) for request, sink in zip(requests, sinks)]
+        if self._loop_thread is not None:
+            assert self._loop is not None
+            running = asyncio.run_coroutine_threadsafe(self._execute(incoming), self._loop)
+            running.add_done_callback(lambda done: _report_async_end(done, name, failed))
+            return
+        if self._call(incoming) is not None:
+            raise InternalError(_NOT_NONE.format(name))
+
     def run_stream(self, request: RequestInputs) -> Iterator[Answer]:
-        """A decoupled model's responses to `request`, as its sender delivers them, until
-        the final flag (or until the client has gone)."""
-        arrived: queue.SimpleQueue[tuple[pb_utils.InferenceResponse | None, int]] = \
+        """A decoupled model's responses to `request` alone, on this thread, until the
+        final flag (or until the client has gone): for a warm-up run."""
+        arrived: queue.SimpleQueue[tuple[Answer | TensorgateError | None, bool]] = \
             queue.SimpleQueue()
-        sender = pb_utils.InferenceResponseSender(
-            lambda response, flags: arrived.put((response, flags)), request.cancelled)
-        returned = self._call([_incoming(request, sender)])
-        if returned is not None:
-            raise InternalError(f"model '{self.spec.name}' is decoupled: its execute must "
-                                "return None and answer through request.get_response_sender()")
+        self.start_streams([request], [lambda answer, final: arrived.put((answer, final))],
+                           lambda error: arrived.put((error, True)))
         while True:
             try:
-                response, flags = arrived.get(timeout=CANCEL_POLL_S)
+                answer, final = arrived.get(timeout=CANCEL_POLL_S)
             except queue.Empty:
                 if request.cancelled():
                     return
                 continue
-            if response is not None:
-                answer = _answer(response, self.spec.name)
-                if isinstance(answer, TensorgateError):
-                    raise answer
+            if isinstance(answer, TensorgateError):
+                raise answer
+            if answer is not None:
                 yield answer
-            if flags & pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL:
+            if final:
                 return
 
     def run(self, inputs: Mapping[str, Any], requests: Sequence[RequestInfo] | None = None
@@ -171,8 +200,12 @@ class TritonPythonRunner:
             if finalize is not None:
                 finalize()
         finally:
-            if self._loop is not None:
-                self._loop.close()
+            loop, thread = self._loop, self._loop_thread
+            if loop is not None and thread is not None:
+                loop.call_soon_threadsafe(loop.stop)
+                thread.join(LOOP_STOP_S)
+            if loop is not None and not loop.is_running():  # a stuck one is left to exit
+                loop.close()
 
 
 def initialize_args(spec: ModelSpec, context: ModelContext) -> dict[str, str]:
@@ -196,6 +229,33 @@ def _incoming(request: RequestInputs, sender: pb_utils.InferenceResponseSender |
         inputs, request.info.id, request.correlation_id, list(request.wanted),
         json.dumps(dict(parameters)) if (parameters := request.info.parameters) else "{}",
         request.flags, request.cancelled, sender, request.trace, reschedulable)
+
+
+_NOT_NONE = ("model '{}' is decoupled: its execute must return None and answer through "
+             "request.get_response_sender()")
+
+
+def _deliver(sink: Sink, model: str) -> Callable[[pb_utils.InferenceResponse | None, int], None]:
+    """A response sender's delivery: each response as the sink takes it."""
+    def deliver(response: pb_utils.InferenceResponse | None, flags: int) -> None:
+        sink(None if response is None else _answer(response, model),
+             bool(flags & pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL))
+    return deliver
+
+
+def _report_async_end(done: Any, model: str, failed: Callable[[TensorgateError], None]) -> None:
+    """An async decoupled execute has ended: what it raised (or returned, but for None)
+    fails its requests that are not over yet."""
+    if done.cancelled():
+        failed(InternalError(f"model '{model}': its async execute was cancelled (the model "
+                             "is being unloaded)"))
+        return
+    error = done.exception()
+    if error is not None:
+        failed(error if isinstance(error, TensorgateError) else InternalError(
+            f"model '{model}' raised {type(error).__name__}: {error}"))
+    elif done.result() is not None:
+        failed(InternalError(_NOT_NONE.format(model)))
 
 
 def _answer(response: pb_utils.InferenceResponse, model: str) -> Answer | TensorgateError:

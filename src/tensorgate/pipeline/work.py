@@ -93,7 +93,7 @@ class Batch:
     """Work items run in one model execution."""
 
     __slots__ = ("items", "rows", "error", "dispatched_ns", "input_ns", "infer_ns", "output_ns",
-                 "started_ns", "output_started_ns", "infos")
+                 "started_ns", "output_started_ns", "infos", "streaming", "streams_open")
 
     def __init__(self, items: list[WorkItem], dispatched_ns: int) -> None:
         self.items = items
@@ -106,6 +106,11 @@ class Batch:
         self.started_ns = 0         # when the executor began it, and began its outputs (for
         self.output_started_ns = 0  # traces: the durations above are what statistics need)
         self.infos: list[RequestInfo] | None = None  # what `requests()` handed the model
+        # A decoupled Triton Python model's batch: its requests go on streaming after its
+        # execute (pipeline/response_streams.py); each ends on its own, and the batch is
+        # over once `streams_open` (counted down on the loop) is 0.
+        self.streaming = False
+        self.streams_open = 0
 
     def requests(self) -> list[RequestInfo]:
         """Its requests as a Python model's `preprocess` sees them, in row order (kept, for

@@ -1,6 +1,7 @@
 """Decoupled: IN = n gets n responses (OUT = 0, 1, ... n-1), sent from a thread of the
-model's own after execute has returned, then the final flag; a negative n gets an error.
-Each response carries its place as parameter "index"."""
+model's own after execute has returned, then the final flag; -1 gets an error response;
+-2 gets a response whose OUT is FP32 (its config says INT32). Each response carries its
+place as parameter "index"."""
 
 import threading
 
@@ -17,6 +18,11 @@ class TritonPythonModel:
         return None
 
     def _answer(self, sender, count):
+        if count == -2:
+            sender.send(pb_utils.InferenceResponse(
+                output_tensors=[pb_utils.Tensor("OUT", np.array([0.5], np.float32))]),
+                flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            return
         if count < 0:
             sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(
                 "IN must not be negative", pb_utils.TritonError.INVALID_ARG)),
