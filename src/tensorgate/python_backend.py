@@ -17,8 +17,10 @@ instance with the same `args` strings, `execute(requests)` per batch with one
   (`ModelConfig`: python_backend_config.py; pipeline/auto_complete.py).
 - Request rescheduling (`set_release_flags(TRITONSERVER_REQUEST_RELEASE_RESCHEDULE)`, with
   `sequence_batching { iterative_sequence: true }`) as in Triton, for models that answer
-  through `execute`'s list (`None` for a rescheduled request); a decoupled model cannot be
-  sequence-batched here. Rescheduling a model without `iterative_sequence` raises
+  through `execute`'s list (`None` for a rescheduled request), and for decoupled models,
+  whose responses to a request rescheduled in a synchronous `execute` go through that
+  execute's sender before it returns (a later send through it raises, naming the rerun's
+  sender as the one to use). Rescheduling a model without `iterative_sequence` raises
   `TritonModelException` naming the setting (Triton fails the request later, vaguer).
 - A response's `parameters` (bool, int, float or str values) go to the client with it: in
   the JSON response's `parameters`, as gRPC InferParameters, to a BLS caller; a response
@@ -251,12 +253,15 @@ class InferenceResponseSender:
         self._deliver = deliver
         self._cancelled = cancelled
         self._closed = False
+        self._retired = ""  # why it may send no more, though no final flag was sent
         self._lock = threading.Lock()
 
     def send(self, response: InferenceResponse | None = None, flags: int = 0) -> None:
         with self._lock:
             if self._closed:
                 raise TritonModelException("the response sender already sent its final flag")
+            if self._retired:
+                raise TritonModelException(self._retired)
             if response is not None and not isinstance(response, InferenceResponse):
                 raise TritonModelException("send() takes a pb_utils.InferenceResponse, not a "
                                            f"{type(response).__name__}")
@@ -265,6 +270,13 @@ class InferenceResponseSender:
 
     def is_cancelled(self) -> bool:
         return self._cancelled()
+
+    def retire(self, reason: str) -> None:
+        """Refuse further sends with `reason` (not part of Triton's API): its request was
+        rescheduled, and the execute that runs it next has a sender of its own."""
+        with self._lock:
+            if not self._closed:
+                self._retired = reason
 
 
 class InferenceTrace:

@@ -3,7 +3,9 @@ Triton, through tritonclient's gRPC stream: the instance takes its next request 
 (tests/testdata/triton_python/meeting), dynamic batching gives one execute several of them,
 `async def execute`s overlap while they await (async_meeting), a response the model got
 wrong fails its request alone, and a client that leaves is counted cancelled while the
-server serves on (repeat)."""
+server serves on (repeat). Sequence-batched: a sequence's next request runs once the
+execute of the one before returned, final flag or not (lookahead), and a decoupled model
+reschedules requests that stream a response each step (decoupled_iterative)."""
 
 from __future__ import annotations
 
@@ -132,3 +134,67 @@ def test_a_client_that_leaves_mid_stream_is_counted_cancelled(
         client.stop_stream()
     by_id, errors = stream_answers(again, lambda result: int(result.as_numpy("OUT")[0]))
     assert (by_id, errors) == ({"three": [0, 1, 2]}, [])
+
+
+def _countdown(result: Any) -> tuple[int, int]:
+    parameters = result.get_response().parameters
+    return int(result.as_numpy("OUT")[0, 0]), int(parameters["batch"].int64_param)
+
+
+def test_a_decoupled_model_reschedules_requests_that_stream_a_response_a_step(
+        served: RunningServer) -> None:  # noqa: F811
+    """Three requests without sequence ids, sent at once: each is a sequence of its own,
+    answered once an execute, rescheduled until its last; they share executes."""
+    answers: queue.Queue = queue.Queue()
+    with grpcclient.InferenceServerClient(served.grpc_url) as client:
+        client.start_stream(callback=lambda result, error: answers.put((result, error)),
+                            stream_timeout=30)
+        for name, count in (("four", 4), ("two", 2), ("three", 3)):
+            client.async_stream_infer("decoupled_iterative", _one("IN", count, True),
+                                      request_id=name)
+        client.stop_stream()
+    by_id, errors = stream_answers(answers, _countdown)
+    assert errors == []
+    assert {name: [left for left, _ in got] for name, got in by_id.items()} == {
+        "four": [3, 2, 1, 0], "two": [1, 0], "three": [2, 1, 0]}
+    # the first step ran all three in one execute (the preferred batch of 3)
+    assert {got[0][1] for got in by_id.values()} == {3}
+
+
+def test_a_sequence_s_next_request_runs_before_the_one_before_has_ended(
+        served: RunningServer) -> None:  # noqa: F811
+    """`lookahead` answers a request only when the next of its sequence has come: two
+    sequences, interleaved on one stream, each answered in full."""
+    answers: queue.Queue = queue.Queue()
+    with grpcclient.InferenceServerClient(served.grpc_url) as client:
+        client.start_stream(callback=lambda result, error: answers.put((result, error)),
+                            stream_timeout=30)
+        for step, value in enumerate((1, 2, 3)):
+            for sequence, scale in ((71, 1), (72, 10)):
+                client.async_stream_infer(
+                    "lookahead", _one("IN", value * scale, True),
+                    request_id=f"{sequence}-{step}", sequence_id=sequence,
+                    sequence_start=step == 0, sequence_end=step == 2)
+        client.stop_stream()
+    by_id, errors = stream_answers(answers, lambda result: int(result.as_numpy("OUT")[0, 0]))
+    assert errors == []
+    assert by_id == {"71-0": [1], "71-1": [3], "71-2": [6],
+                     "72-0": [10], "72-1": [30], "72-2": [60]}
+
+
+def test_a_rescheduled_request_s_first_sender_refuses_what_its_rerun_sends(
+        served: RunningServer) -> None:  # noqa: F811
+    answers: queue.Queue = queue.Queue()
+    with grpcclient.InferenceServerClient(served.grpc_url) as client:
+        client.start_stream(callback=lambda result, error: answers.put((result, error)),
+                            stream_timeout=30)
+        client.async_stream_infer("decoupled_iterative", _one("IN", -1, True),
+                                  request_id="stale")
+        client.stop_stream()
+    by_id, errors = stream_answers(answers, lambda result: (
+        int(result.as_numpy("OUT")[0, 0]),
+        result.get_response().parameters["stale"].string_param))
+    assert errors == []
+    assert by_id == {"stale": [(0, "model 'decoupled_iterative': this request was rescheduled, "
+                                   "so this sender sends no more; send through the sender of "
+                                   "the execute that runs it next")]}

@@ -99,3 +99,30 @@ def test_decoupled_needs_a_python_model(decoupled_repo: pathlib.Path) -> None:
         await engine.shutdown()
     run(scenario())
     assert not [t for t in threading.enumerate() if t.name.startswith("tg-exec-scripted")]
+
+
+def test_a_sequence_batched_decoupled_model_must_be_a_triton_python_model(
+        tmp_path: pathlib.Path) -> None:
+    """A tensorgate Model's forward yields one request's responses on the executor thread:
+    it cannot stream a sequence's requests as a sequence batcher hands them on."""
+    folder = rb.write_config(tmp_path, "sequence_counter", """
+        name: "sequence_counter"
+        backend: "python"
+        max_batch_size: 4
+        input [ { name: "INPUT__0" data_type: TYPE_FP32 dims: [4] } ]
+        output [ { name: "OUTPUT__0" data_type: TYPE_FP32 dims: [4] } ]
+        sequence_batching { }
+        model_transaction_policy { decoupled: true }
+        """)
+    (folder / "1" / "model.py").write_text(rb.COUNTER)
+
+    async def scenario() -> None:
+        engine = Engine(tmp_path)
+        with pytest.raises(ModelConfigError, match=r"'sequence_batching' with a decoupled model "
+                                                   r"needs a Triton Python model \(class "
+                                                   r"TritonPythonModel\)"):
+            await engine.load("sequence_counter")
+        await engine.shutdown()
+    run(scenario())
+    assert not [t for t in threading.enumerate()
+                if t.name.startswith("tg-exec-sequence_counter")]

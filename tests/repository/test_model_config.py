@@ -85,8 +85,11 @@ def test_config_json_writes_64_bit_integers_as_numbers_and_defaults_too() -> Non
     ('name: "m" input [ { name: "a" data_type: TYPE_FP32 dims: [1] }, '
      '{ name: "a" data_type: TYPE_FP32 dims: [1] } ]', r"input names must be unique; repeated: a$"),
     ('name: "m" version_policy { latest { num_versions: 0 } }', r"num_versions is 0"),
-    ('name: "m" sequence_batching { } model_transaction_policy { decoupled: true }',
-     r"'sequence_batching' with a decoupled model is not supported; drop one of them$"),
+    ('name: "m" input [ { name: "a" data_type: TYPE_FP32 dims: [1] } ] sequence_batching { '
+     'state [ { input_name: "IN_S" output_name: "OUT_S" data_type: TYPE_FP32 dims: [1] } ] } '
+     'model_transaction_policy { decoupled: true }',
+     r"sequence_batching 'state' \(implicit state\) with a decoupled model is not supported: "
+     r"keep the state in the model, by its CORRID$"),
     ('name: "m" max_batch_size: 1 dynamic_batching { priority_levels: 2 }',
      r"'default_priority_level' is 0; with 'priority_levels: 2' it must lie in \[1, 2\]$"),
     ('name: "m" max_batch_size: 1 dynamic_batching { priority_levels: 2 default_priority_level: 1 '

@@ -55,6 +55,7 @@ __all__ = ["Engine", "InferenceRequest", "InferenceResult"]
 log = logging.getLogger("tensorgate.engine")
 
 SPARE_SLOWDOWN = 1.5
+STOP_WAIT_S = 5.0  # how long a refused load waits for its instances to let go of the model
 
 
 _LOADS = itertools.count(1)
@@ -344,6 +345,15 @@ class Engine:
                                   for e in executors):
             for feed in dict.fromkeys(feeds):  # a Triton Python model's requests stream
                 feed.batch_decoupled()
+        elif spec.decoupled and spec.sequence is not None:
+            for executor in executors:
+                executor.stop()
+            await asyncio.wait([e.stopped for e in executors], timeout=STOP_WAIT_S)
+            self._release(claims)
+            raise ModelConfigError(str(artifact), "'sequence_batching' with a decoupled model "
+                                                  "needs a Triton Python model (class "
+                                                  "TritonPythonModel), whose requests stream "
+                                                  "through their response senders")
         for executor, feed, claim in zip(executors, feeds, claims):
             feed.add_executor(executor, claim=claim)
         log.info("model %s v%d ready on %s", spec.name, version,

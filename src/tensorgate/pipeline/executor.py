@@ -411,8 +411,9 @@ class ExecutorThread:
         """A decoupled Triton Python model's batch: `execute` hands each request's response
         sender on and returns, and this instance is free for its next batch while the
         requests stream (pipeline/response_streams.py), as on Triton. The batch stays
-        running, for the scheduler, until its last request has ended."""
-        items = batch.items
+        running, for the scheduler, until its last request has ended. A request the model
+        rescheduled (iterative_sequence) is `rescheduled` once execute returns."""
+        items = [item for item in batch.items if not item.filler]  # nobody's request
         batch.streaming = True
         batch.streams_open = len(items)
         started = batch.started_ns = time.monotonic_ns()
@@ -420,9 +421,12 @@ class ExecutorThread:
                                   self._on_stream_end) for item in items]
         try:
             with self._no_grad(), self._on_stream():
-                model.start_streams([_request_inputs(item) for item in items],
-                                    [stream.send for stream in streams],
-                                    lambda error: _fail_streams(streams, error))
+                rescheduled = model.start_streams([_request_inputs(item) for item in items],
+                                                  [stream.send for stream in streams],
+                                                  lambda error: _fail_streams(streams, error))
+            for item, stream, again in zip(items, streams, rescheduled):
+                if again and stream.suspend():
+                    item.rescheduled = True  # it runs again (pipeline/sequences.py)
             self.batches_run += 1
         except Exception as error:  # the model's fault fails this batch's requests only
             _fail_streams(streams, _model_error(self.settings.spec.name, error))

@@ -8,7 +8,8 @@ becomes its outputs on that thread and goes to the loop in the order sent; at mo
 RESPONSES_AHEAD wait there for the client, past that the sending thread waits
 (backpressure on the model, which stops when the client has gone). The final flag, an
 error response or `fail` (its execute raised) ends it, once: `on_end(batch, item)` on the
-loop, after every response it let through.
+loop, after every response it let through. A request its execute rescheduled
+(iterative_sequence) is `suspend`ed instead: it runs again with a stream of its own.
 """
 
 from __future__ import annotations
@@ -80,6 +81,15 @@ class ResponseStream:
     def fail(self, error: TensorgateError) -> None:
         """End it with `error` (a no-op once it has ended)."""
         self._end(error)
+
+    def suspend(self) -> bool:
+        """Its execute rescheduled it: take nothing more, and end it without `on_end` (its
+        rerun's stream does). False when it had already ended (a final flag wins)."""
+        with self._lock:
+            if self._ended:
+                return False
+            self._ended = True
+            return True
 
     def _wait_for_credit(self) -> bool:
         """Whether the client may take one more response; False once it has gone."""

@@ -12,7 +12,8 @@ execution, as Triton's default scheduler does.
 
 A decoupled Triton Python model's requests stream on after their execute returns: its
 instance is idle again at once, and each request ends on its own (`on_stream_end`); the batch
-counts as running until the last has.
+counts as running until the last has. A sequence batcher learns of each such request as its
+execute returns (`released`), when Triton's lets the sequence's next request run.
 
 Priority levels (Triton's `priority_levels`): each level has its own bounded queue and
 policy; "oldest" above means the first request of the highest level that has any, and a
@@ -53,14 +54,17 @@ class Scheduler:
     def __init__(self, spec: ModelSpec, stats: ModelStatistics,
                  loop: asyncio.AbstractEventLoop, *, measured_cap: bool = True,
                  arrange: Callable[[list[WorkItem]], list[WorkItem]] | None = None,
-                 rescheduled: Callable[[WorkItem], None] | None = None) -> None:
+                 rescheduled: Callable[[WorkItem], None] | None = None,
+                 released: Callable[[WorkItem], None] | None = None) -> None:
         """`arrange` puts a chosen batch's requests in the order they run in (and may add
         filler rows): how a direct sequence batcher keeps each sequence in its row.
         `rescheduled` takes back a request its model rescheduled, at once: the sequence
-        batcher queues it again before the executor that ran it takes its next batch."""
+        batcher queues it again before the executor that ran it takes its next batch.
+        `released` gets each other request of a streaming batch as its execute returns."""
         self._spec = spec
         self._arrange = arrange
         self._rescheduled = rescheduled
+        self._released = released
         self._stats = stats
         self._loop = loop
         policy = spec.batching
@@ -337,6 +341,16 @@ class Scheduler:
     def on_batch_done(self, batch: Batch) -> None:
         if batch.streaming:  # its execute returned; its requests end on their own
             self._stats.record_batch(batch.rows, 0, batch.infer_ns, 0, None)
+            for item in batch.items:
+                if item.filler:
+                    item.release()
+                elif item.rescheduled:  # its stream is over; its rerun has one of its own
+                    assert self._rescheduled is not None  # as for a batch that is answered
+                    batch.streams_open -= 1
+                    self._rescheduled(item)
+                    item.release()
+                elif self._released is not None:
+                    self._released(item)
             if not batch.streams_open:
                 self._running.discard(batch)
             return
@@ -398,6 +412,9 @@ class Scheduler:
             self._stats.record_failure(now - item.enqueued_ns, "CANCELED")
         elif future.done():  # answered already: failed at unload (fail_running)
             pass
+        elif item.abandoned:  # its client left (a sequence batcher's item: its own future)
+            self._stats.record_failure(now - item.enqueued_ns, "CANCELED")
+            future.cancel()
         elif item.error is not None:
             self._fail(item, item.error, now, "BACKEND")
         else:

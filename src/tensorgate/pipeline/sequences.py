@@ -23,6 +23,12 @@ again in a later batch with START false, beside whatever other sequences are run
 the model's first real answer is the client's, and ends that sequence. So requests join and
 leave the model's batches step by step (continuous batching), each holding its slot only
 while it runs.
+
+A decoupled (Triton Python) model's request streams its responses to its client; as on
+Triton, the sequence's next request runs once its execute has returned (`_released`),
+whether or not its final flag has come, and the client's request is over at the final flag
+(`_answer_stream`). Rescheduled, it goes back to the head of its sequence as above, its
+stream open: its rerun answers through the same client.
 """
 
 from __future__ import annotations
@@ -100,14 +106,16 @@ class SequenceScheduler:
         self._policy = policy
         self._loop = loop
         self._stats = stats
+        self._decoupled = spec.decoupled
         batched = spec.max_batch_size > 0
         feed = replace(spec, batching=BatchingPolicy(
             policy.max_queue_delay_us, policy.preferred_batch_sizes,
             policy.preserve_ordering) if batched else None)
         arrange = self._arrange if policy.strategy == "direct" and batched else None
         rescheduled = self._rerun if policy.iterative else None
+        released = self._released if spec.decoupled else None
         self.instances = [Scheduler(feed, stats, loop, measured_cap=False, arrange=arrange,
-                                    rescheduled=rescheduled)
+                                    rescheduled=rescheduled, released=released)
                           for _ in range(instances)]
         self._free: list[list[int]] = [list(range(policy.slots - 1, -1, -1))
                                        for _ in range(instances)]  # lowest slot last: popped
@@ -131,6 +139,9 @@ class SequenceScheduler:
             n for n in self._state_outputs if n not in spec.output_names)
         self._row = row
         self._last_auto_id = 0
+        # a decoupled model's client requests → the run streaming for each (its rerun's,
+        # once rescheduled), for their clients' leaving to reach
+        self._streams: dict[WorkItem, WorkItem] = {}
         stats.sequence_slots = policy.slots * instances
 
     # -- the Scheduler's interface ---------------------------------------------------------
@@ -182,6 +193,8 @@ class SequenceScheduler:
             self._idle.pop(flags.id, None)
         sequence.waiting.append(item)
         self._waiting += 1
+        if self._decoupled:  # its client leaving reaches the request running for it
+            item.future.add_done_callback(partial(self._client_left, item))
         if sequence.instance >= 0 and sequence.running is None:
             self._run_next(sequence)
 
@@ -274,6 +287,7 @@ class SequenceScheduler:
             item = sequence.waiting.popleft()
             self._waiting -= 1
             if item.future.done():
+                self._streams.pop(item, None)  # a decoupled rerun's: it ends here
                 continue  # its client left before its turn
             flags = item.sequence
             assert flags is not None
@@ -296,7 +310,14 @@ class SequenceScheduler:
             running.slot = sequence.slot
             running.client = item
             sequence.running = running
-            running.future.add_done_callback(partial(self._answer, sequence, item, running))
+            if self._decoupled:
+                running.respond = item.respond
+                running.abandoned = item.abandoned
+                self._streams[item] = running
+                running.future.add_done_callback(partial(self._answer_stream, item, running))
+            else:
+                running.future.add_done_callback(partial(self._answer, sequence, item,
+                                                          running))
             try:
                 self.instances[sequence.instance].submit(running)
             except TensorgateError as error:
@@ -328,6 +349,44 @@ class SequenceScheduler:
         elif not item.future.done():
             item.future.set_exception(error)
         item.release()
+        self._advance(sequence, flags)
+
+    def _released(self, running: WorkItem) -> None:
+        """A decoupled model's execute of `running` returned (its stream may go on): the
+        sequence's next request may run."""
+        assert isinstance(running, _SlotItem) and running.sequence is not None
+        sequence = self._sequences.get(running.sequence.id)
+        if sequence is None or sequence.running is not running:
+            return  # its sequence ended meanwhile (unload)
+        sequence.running = None
+        self._advance(sequence, running.sequence)
+
+    def _client_left(self, item: WorkItem, done: asyncio.Future[Any]) -> None:
+        """A decoupled request's client went away: the run streaming for it (if one is) is
+        abandoned, so that its model sees it cancelled and its stream stops."""
+        running = self._streams.get(item)
+        if done.cancelled() and running is not None:
+            running.abandoned = True
+
+    def _answer_stream(self, item: WorkItem, running: WorkItem,
+                       done: asyncio.Future[Any]) -> None:
+        """A decoupled request's stream is over (`running`'s future, set when it ended): its
+        client's request is answered — its responses went to it as they came."""
+        if running.rescheduled:
+            return  # _rerun has it: the request streams on in its rerun
+        if self._streams.get(item) is running:
+            del self._streams[item]
+        if not item.future.done():
+            error = None if done.cancelled() else done.exception()
+            if error is None:
+                item.future.set_result({})
+            else:
+                item.future.set_exception(error)
+        item.release()
+
+    def _advance(self, sequence: _Sequence, flags: SequenceFlags) -> None:
+        """The sequence's request with `flags` is done running: end the sequence there, or
+        run its next request."""
         if flags.end or sequence.auto:
             # Requests queued after the end belong to a new sequence only if they start one.
             while sequence.waiting and not sequence.waiting[0].sequence.start:  # type: ignore[union-attr]

@@ -137,30 +137,47 @@ class TritonPythonRunner:
         return answers
 
     def start_streams(self, requests: Sequence[RequestInputs], sinks: Sequence[Sink],
-                      failed: Callable[[TensorgateError], None]) -> None:
+                      failed: Callable[[TensorgateError], None]) -> list[bool]:
         """Give each request its response sender and run a decoupled model's `execute`:
         what the model sends for `requests[i]`, now or later and from any thread, goes to
-        `sinks[i]`. Returns once `execute` has (an `async def execute`: once it is
-        scheduled on the instance's loop; its error, should it raise later, goes to
-        `failed`). Raises what a synchronous `execute` raised."""
+        `sinks[i]`. Returns once `execute` has, saying which requests it rescheduled (their
+        senders then refuse more: the rerun has its own). An `async def execute`: returns
+        once it is scheduled on the instance's loop; what it raises goes to `failed`, as
+        does its rescheduling a request (not supported). Raises what a synchronous
+        `execute` raised."""
         name = self.spec.name
         incoming = [_incoming(request, pb_utils.InferenceResponseSender(
-            _deliver(sink, name), request.cancelled)) for request, sink in zip(requests, sinks)]
+            _deliver(sink, name), request.cancelled), self._reschedulable)
+            for request, sink in zip(requests, sinks)]
         if self._loop_thread is not None:
             assert self._loop is not None
             running = asyncio.run_coroutine_threadsafe(self._execute(incoming), self._loop)
-            running.add_done_callback(lambda done: _report_async_end(done, name, failed))
-            return
+            running.add_done_callback(
+                lambda done: _report_async_end(done, name, incoming, failed))
+            return [False] * len(incoming)
         if self._call(incoming) is not None:
             raise InternalError(_NOT_NONE.format(name))
+        rescheduled = [request.rescheduled() for request in incoming]
+        for request, again in zip(incoming, rescheduled):
+            if again:
+                request.get_response_sender().retire(_RETIRED.format(name))
+        return rescheduled
 
     def run_stream(self, request: RequestInputs) -> Iterator[Answer]:
         """A decoupled model's responses to `request` alone, on this thread, until the
-        final flag (or until the client has gone): for a warm-up run."""
+        final flag (or until the client has gone): for a warm-up run. A rescheduled
+        request runs again at once, as neither start nor end."""
         arrived: queue.SimpleQueue[tuple[Answer | TensorgateError | None, bool]] = \
             queue.SimpleQueue()
-        self.start_streams([request], [lambda answer, final: arrived.put((answer, final))],
-                           lambda error: arrived.put((error, True)))
+        runs = 0
+        while self.start_streams([request],
+                                 [lambda answer, final: arrived.put((answer, final))],
+                                 lambda error: arrived.put((error, True)))[0]:
+            runs += 1
+            if runs >= WARM_UP_RUNS:
+                raise InternalError(f"model '{self.spec.name}' rescheduled one request "
+                                    f"{WARM_UP_RUNS} times without ending it")
+            request = request._replace(flags=0)
         while True:
             try:
                 answer, final = arrived.get(timeout=CANCEL_POLL_S)
@@ -233,6 +250,8 @@ def _incoming(request: RequestInputs, sender: pb_utils.InferenceResponseSender |
 
 _NOT_NONE = ("model '{}' is decoupled: its execute must return None and answer through "
              "request.get_response_sender()")
+_RETIRED = ("model '{}': this request was rescheduled, so this sender sends no more; send "
+            "through the sender of the execute that runs it next")
 
 
 def _deliver(sink: Sink, model: str) -> Callable[[pb_utils.InferenceResponse | None, int], None]:
@@ -243,9 +262,10 @@ def _deliver(sink: Sink, model: str) -> Callable[[pb_utils.InferenceResponse | N
     return deliver
 
 
-def _report_async_end(done: Any, model: str, failed: Callable[[TensorgateError], None]) -> None:
+def _report_async_end(done: Any, model: str, requests: Sequence[pb_utils.InferenceRequest],
+                      failed: Callable[[TensorgateError], None]) -> None:
     """An async decoupled execute has ended: what it raised (or returned, but for None)
-    fails its requests that are not over yet."""
+    fails its requests that are not over yet, as does its rescheduling one."""
     if done.cancelled():
         failed(InternalError(f"model '{model}': its async execute was cancelled (the model "
                              "is being unloaded)"))
@@ -256,6 +276,10 @@ def _report_async_end(done: Any, model: str, failed: Callable[[TensorgateError],
             f"model '{model}' raised {type(error).__name__}: {error}"))
     elif done.result() is not None:
         failed(InternalError(_NOT_NONE.format(model)))
+    elif any(request.rescheduled() for request in requests):
+        failed(UnimplementedError(f"model '{model}': an async def execute rescheduled a "
+                                  "request, which tensorgate does not support; reschedule "
+                                  "from a synchronous execute"))
 
 
 def _answer(response: pb_utils.InferenceResponse, model: str) -> Answer | TensorgateError:

@@ -88,9 +88,10 @@ class SequencePolicy:
 def sequence_policy(config: pb.ModelConfig, source: str) -> SequencePolicy:
     """The `sequence_batching` of `config`, checked against its inputs and outputs."""
     batching = config.sequence_batching
-    if config.model_transaction_policy.decoupled:
-        raise ModelConfigError(source, "'sequence_batching' with a decoupled model is not "
-                                       "supported; drop one of them")
+    if config.model_transaction_policy.decoupled and batching.state:
+        raise ModelConfigError(source, "sequence_batching 'state' (implicit state) with a "
+                                       "decoupled model is not supported: keep the state in "
+                                       "the model, by its CORRID")
     max_batch = config.max_batch_size
     taken = {t.name: "an input" for t in config.input}
     controls = tuple(_control(c, source, taken) for c in batching.control_input)
