@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import socket
+import time
 from collections.abc import Iterator
 
 import numpy as np
@@ -172,3 +175,38 @@ def test_compressed_requests_and_responses(client: httpclient.InferenceServerCli
                           request_compression_algorithm=algorithm,
                           response_compression_algorithm=algorithm)
     assert result.as_numpy("OUTPUT__0").tobytes() == value.tobytes()
+
+
+def _paced_counts(client: httpclient.InferenceServerClient) -> tuple[int, int, int]:
+    stats = client.get_inference_statistics("paced")["model_stats"][0]
+    inference = stats["inference_stats"]
+    return (stats["execution_count"], inference["success"]["count"], inference["fail"]["count"])
+
+
+def test_a_client_that_goes_away_takes_its_queued_request_with_it(
+        server: RunningServer, client: httpclient.InferenceServerClient) -> None:
+    """Six connections ask `paced` (0.05 s a request, one at a time); five close at once:
+    the first is answered, the five are counted cancelled and never run."""
+    body = json.dumps({"inputs": [{"name": "INPUT__0", "shape": [1, 4], "datatype": "FP32",
+                                   "data": [1, 2, 3, 4]}]}).encode()
+    request = (b"POST /v2/models/paced/infer HTTP/1.1\r\nHost: t\r\nContent-Type: "
+               b"application/json\r\nContent-Length: %d\r\n\r\n%b" % (len(body), body))
+    host, port = server.url.split(":")
+    before = _paced_counts(client)
+    sockets = [socket.create_connection((host, int(port)), timeout=10) for _ in range(6)]
+    try:
+        for connection in sockets:
+            connection.sendall(request)
+        time.sleep(0.01)  # all six are queued or running: the first runs for 0.05 s
+        for connection in sockets[1:]:
+            connection.close()
+        answer = sockets[0].recv(65536)
+        assert answer.startswith(b"HTTP/1.1 200 OK"), answer
+    finally:
+        for connection in sockets:
+            connection.close()
+    deadline = time.monotonic() + 5
+    while _paced_counts(client)[2] - before[2] < 5 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    executions, answered, cancelled = (a - b for a, b in zip(_paced_counts(client), before))
+    assert (executions, answered, cancelled) == (1, 1, 5)

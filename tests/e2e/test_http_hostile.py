@@ -7,6 +7,7 @@ import gzip
 import json
 import socket
 import struct
+import time
 import zlib
 
 import numpy as np
@@ -168,6 +169,51 @@ def test_keep_alive_serves_many_requests_on_one_connection(server: RunningServer
                 rest += sock.recv(65536)
             assert head.startswith(b"HTTP/1.1 200")
             assert json.loads(rest)["outputs"][0]["data"] == list(range(12))
+
+
+def _read_response(sock: socket.socket, data: bytes = b"") -> tuple[bytes, bytes, bytes]:
+    """One response from `sock` (after `data` already read): head, body, what came after."""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        assert chunk, f"closed before a whole response: {data!r}"
+        data += chunk
+    head, _, rest = data.partition(b"\r\n\r\n")
+    length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+    while len(rest) < length:
+        rest += sock.recv(65536)
+    return head, rest[:length], rest[length:]
+
+
+def test_a_request_sent_while_one_is_served_is_answered_after_it(server: RunningServer) -> None:
+    """The second request's bytes arrive while `paced` (0.05 s) serves the first: they wait,
+    and both are answered, in order, on the one connection."""
+    body = json.dumps({"inputs": [{"name": "INPUT__0", "shape": [1, 4], "datatype": "FP32",
+                                   "data": [1, 2, 3, 4]}]}).encode()
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+        sock.sendall(request("/v2/models/paced/infer", body))
+        time.sleep(0.01)
+        sock.sendall(request("/v2/models/paced", b"", method="GET"))
+        head, first, rest = _read_response(sock)
+        assert head.startswith(b"HTTP/1.1 200") and b"Connection: close" not in head
+        assert json.loads(first)["outputs"][0]["data"] == [3.0, 5.0, 7.0, 9.0]
+        head, second, _ = _read_response(sock, rest)
+        assert head.startswith(b"HTTP/1.1 200") and json.loads(second)["name"] == "paced"
+
+
+def test_requests_pipelined_in_one_write_get_the_first_answered_then_close(
+        server: RunningServer) -> None:
+    """Two requests in one write: the first is answered with `Connection: close` and the
+    connection closes (a pipelining client sends the rest again, RFC 9112 §9.3.2)."""
+    ready = b"GET /v2/health/ready HTTP/1.1\r\nHost: t\r\n\r\n"
+    model = b"GET /v2/models/paced HTTP/1.1\r\nHost: t\r\n\r\n"
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+        sock.sendall(ready + model)
+        head, _, rest = _read_response(sock)
+        assert head.startswith(b"HTTP/1.1 200") and b"Connection: close" in head
+        while chunk := sock.recv(65536):
+            rest += chunk
+        assert rest == b""  # closed, nothing more answered
+    still_serving(server)
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

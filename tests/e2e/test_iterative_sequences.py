@@ -7,6 +7,7 @@ it reschedule."""
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 import numpy as np
@@ -102,3 +103,25 @@ def test_rescheduling_without_iterative_sequence_is_an_error_naming_it(
             assert client.infer("iterative", _steps(httpclient, 3)).as_numpy("RUNS").item() == 3
         finally:
             client.close()
+
+
+def test_a_request_whose_client_left_while_rescheduled_runs_once_more_cancelled(
+        served: RunningServer) -> None:  # noqa: F811
+    """A client gives up on a request of 1,000 steps (10 s): the request runs once more,
+    `is_cancelled()` and as its sequence's end, and the model lets go of its progress, so
+    that a later request finds the model keeping nothing for anyone."""
+    leaving = httpclient.InferenceServerClient(served.url, network_timeout=0.3)
+    client = httpclient.InferenceServerClient(served.url)
+    try:
+        with pytest.raises(Exception, match="timed out"):
+            leaving.infer("iterative", _steps(httpclient, 1000))
+        leaving.close()  # its connection closes: the server drops what it asked for
+        deadline = time.monotonic() + 5
+        kept = client.infer("iterative", _steps(httpclient, 1)).as_numpy("KEPT").item()
+        while kept and time.monotonic() < deadline:
+            time.sleep(0.05)
+            kept = client.infer("iterative", _steps(httpclient, 1)).as_numpy("KEPT").item()
+        assert kept == 0
+    finally:
+        leaving.close()
+        client.close()

@@ -7,6 +7,14 @@ the body that arrived in the same read as the headers is copied (counted as "rec
 reaches past the JSON header). Responses are written as the JSON header followed by views of
 the output tensors, never joined. Bodies over the limit are refused before they are read.
 
+One request at a time per connection; while one is served the socket is still read, so
+that a client that goes away (EOF) cancels its request — queued, it never runs; rescheduled,
+its model is told — as nginx answers 499. Bytes that come meanwhile (a pipelined request)
+are held, reading pauses, and they are parsed once the answer is out. A request that
+begins in the same read as the end of the one before is not parsed: the first is answered
+with `Connection: close`, and the client sends the rest again on a new connection (as
+RFC 9112 §9.3.2 has pipelining clients do).
+
 The routes and their handlers are in `http_routes.py`.
 """
 
@@ -45,6 +53,10 @@ _REASONS = {200: "OK", 400: "Bad Request", 403: "Forbidden", 404: "Not Found",
             408: "Request Timeout", 413: "Content Too Large", 431: "Request Header Fields Too Large",
             500: "Internal Server Error", 501: "Not Implemented", 503: "Service Unavailable",
             504: "Gateway Timeout"}
+
+
+class _Pipelined(Exception):
+    """Raised when a second request begins in bytes parsed with the end of the first."""
 
 
 class _Refusal(Exception):
@@ -133,6 +145,8 @@ class _Connection(asyncio.BufferedProtocol):
         self.front = front
         self.transport: asyncio.Transport | None = None
         self._window = memoryview(bytearray(_HEAD_WINDOW))
+        self._hold = memoryview(bytearray(_HEAD_WINDOW))  # read while a request is served
+        self._held = 0  # bytes of it that wait for the answer (reading paused meanwhile)
         self._task: asyncio.Task[None] | None = None
         self._closing_when_idle = False
         self._drained: asyncio.Future[None] | None = None  # set while the transport is full
@@ -168,12 +182,19 @@ class _Connection(asyncio.BufferedProtocol):
         self._drained = None
 
     def get_buffer(self, sizehint: int) -> memoryview:
+        if self._task is not None:  # being served: only EOF or a pipelined request come
+            return self._hold[self._held:]
         if self._in_body:
             assert self._body_memory is not None
             return self._body_memory[self._received:self._request.length]
         return self._window
 
     def buffer_updated(self, nbytes: int) -> None:
+        if self._task is not None:  # the next request's first bytes: parsed after the answer
+            self._held += nbytes
+            assert self.transport is not None
+            self.transport.pause_reading()
+            return
         self._last_read = time.monotonic()
         if self._in_body:
             self._received += nbytes
@@ -197,6 +218,10 @@ class _Connection(asyncio.BufferedProtocol):
             return
         except httptools.HttpParserError as error:
             cause = error.__context__
+            if isinstance(cause, _Pipelined):  # answer the first, then close
+                self._keep_alive = False
+                self._dispatch()
+                return
             if isinstance(cause, _Refusal):
                 self._refuse(cause.code, cause.message)
             else:
@@ -208,6 +233,10 @@ class _Connection(asyncio.BufferedProtocol):
             self._in_body = True  # the rest of the body goes straight into its buffer
 
     # -- httptools callbacks ---------------------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        if self._complete:
+            raise _Pipelined
 
     def on_url(self, url: bytes) -> None:
         self._url += url
@@ -288,7 +317,6 @@ class _Connection(asyncio.BufferedProtocol):
 
     def _dispatch(self) -> None:
         assert self.transport is not None
-        self.transport.pause_reading()  # one request at a time per connection
         request = self._request
         request.received_ns = time.monotonic_ns()
         target, detail = route(request.method, request.path)
@@ -406,8 +434,12 @@ class _Connection(asyncio.BufferedProtocol):
             return
         if not keep:
             self.transport.close()
-        else:
-            self.transport.resume_reading()
+            return
+        self.transport.resume_reading()  # a no-op unless bytes were held
+        if self._held:  # a pipelined request's first bytes, as if they came now
+            held, self._held = self._held, 0
+            self._window[:held] = self._hold[:held]
+            self.buffer_updated(held)
 
     def _refuse(self, code: int, message: str) -> None:
         """Answer a request we will not read, and close: its body is still on the wire."""

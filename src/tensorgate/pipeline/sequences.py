@@ -13,7 +13,8 @@ below it that no sequence fills carry READY false (filler rows, answered to no o
 
 A request whose client left after it was queued still runs when its turn comes, so that the
 sequence's state stays what the client's earlier requests made it; one that left before its
-turn is dropped.
+turn is dropped. One that left while rescheduled runs once more, cancelled (`is_cancelled()`)
+and as its sequence's end, so that its model lets go of what it keeps for it.
 
 Iterative sequences (Triton's `iterative_sequence`, for models that generate step by step):
 a request without a sequence id is a sequence of its own, under an id the server picks (one
@@ -286,11 +287,13 @@ class SequenceScheduler:
         while sequence.waiting:
             item = sequence.waiting.popleft()
             self._waiting -= 1
-            if item.future.done():
-                self._streams.pop(item, None)  # a decoupled rerun's: it ends here
-                continue  # its client left before its turn
             flags = item.sequence
             assert flags is not None
+            left = item.future.done()  # its client has gone
+            if left and not item.rescheduled:
+                continue  # before its turn
+            if left:  # while rescheduled: its last run, for the model to clean up
+                flags = item.sequence = SequenceFlags(flags.id, end=True)
             if flags.start:  # a copy each: a model may update its state input in place
                 sequence.state = {name: t.clone() for name, t in self._initial.items()}
             inputs = dict(item.inputs)
@@ -309,10 +312,10 @@ class SequenceScheduler:
             running.times = item.times
             running.slot = sequence.slot
             running.client = item
+            running.abandoned = left or item.abandoned
             sequence.running = running
             if self._decoupled:
                 running.respond = item.respond
-                running.abandoned = item.abandoned
                 self._streams[item] = running
                 running.future.add_done_callback(partial(self._answer_stream, item, running))
             else:
@@ -408,6 +411,7 @@ class SequenceScheduler:
         sequence = self._sequences[running.sequence.id]
         item = running.client
         sequence.running = None
+        item.rescheduled = True  # it has run: should its client leave, it runs once more
         item.sequence = SequenceFlags(running.sequence.id, end=running.sequence.end)
         sequence.waiting.appendleft(item)
         self._waiting += 1

@@ -2,8 +2,10 @@
 rescheduling it (Triton's request rescheduling, `iterative_sequence`), as a model that
 generates a step at a time would. The answer says how often it ran (RUNS) and the most
 requests an execute had while it was running (WIDEST: other requests joined its batches);
-its parameter "sequence" is the correlation id it ran under. Each execute sleeps 10 ms, the
-time a step of real work would take, so that requests sent together overlap."""
+its parameter "sequence" is the correlation id it ran under, and KEPT how many other
+requests the model keeps progress for. A cancelled request (its client left) is let go of
+and answered CANCELLED. Each execute sleeps 10 ms, the time a step of real work would take,
+so that requests sent together overlap."""
 
 import time
 
@@ -20,6 +22,11 @@ class TritonPythonModel:
         responses = []
         for request in requests:
             key = request.correlation_id()
+            if request.is_cancelled():
+                self.progress.pop(key, None)
+                responses.append(pb_utils.InferenceResponse(error=pb_utils.TritonError(
+                    "cancelled", pb_utils.TritonError.CANCELLED)))
+                continue
             if request.flags() & pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START:
                 self.progress[key] = [0, 0]
             runs = self.progress.setdefault(key, [0, 0])
@@ -33,6 +40,8 @@ class TritonPythonModel:
             self.progress.pop(key)
             responses.append(pb_utils.InferenceResponse(
                 output_tensors=[pb_utils.Tensor("RUNS", np.array([[count]], np.int32)),
-                                pb_utils.Tensor("WIDEST", np.array([[widest]], np.int32))],
+                                pb_utils.Tensor("WIDEST", np.array([[widest]], np.int32)),
+                                pb_utils.Tensor("KEPT",
+                                                np.array([[len(self.progress)]], np.int32))],
                 parameters={"sequence": key}))
         return responses
