@@ -198,3 +198,21 @@ def test_a_rescheduled_request_s_first_sender_refuses_what_its_rerun_sends(
     assert by_id == {"stale": [(0, "model 'decoupled_iterative': this request was rescheduled, "
                                    "so this sender sends no more; send through the sender of "
                                    "the execute that runs it next")]}
+
+
+def test_an_ensemble_with_a_decoupled_step_streams_a_response_for_each_of_its(
+        served: RunningServer) -> None:  # noqa: F811
+    """repeat_doubled: repeat (decoupled) then int_double, in a Triton ensemble; its
+    served config says it is decoupled, as Triton's does."""
+    answers: queue.Queue = queue.Queue()
+    with grpcclient.InferenceServerClient(served.grpc_url) as client:
+        config = client.get_model_config("repeat_doubled", as_json=True)["config"]
+        assert config["model_transaction_policy"]["decoupled"] is True
+        client.start_stream(callback=lambda result, error: answers.put((result, error)),
+                            stream_timeout=30)
+        client.async_stream_infer("repeat_doubled", _one("IN", 4), request_id="four")
+        client.async_stream_infer("repeat_doubled", _one("IN", -1), request_id="refused")
+        client.stop_stream()
+    by_id, errors = stream_answers(answers, lambda result: int(result.as_numpy("OUT")[0]))
+    assert by_id == {"four": [0, 2, 4, 6]}
+    assert errors == ["ensemble 'repeat_doubled', step 'repeat': IN must not be negative"]

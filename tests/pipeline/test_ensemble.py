@@ -163,11 +163,103 @@ def test_bad_step_graphs_are_refused_at_load(ensemble_repo: pathlib.Path, tmp_pa
     run(scenario())
 
 
-def test_a_decoupled_step_is_refused(ensemble_repo: pathlib.Path) -> None:
+STREAM_CHAIN = """
+name: "stream_chain"
+platform: "ensemble"
+max_batch_size: 4
+input [ { name: "RAW" data_type: TYPE_FP32 dims: [4] } ]
+output [ { name: "FINAL" data_type: TYPE_FP32 dims: [4] } ]
+ensemble_scheduling { step [
+  { model_name: "slow_counter" model_version: -1
+    input_map { key: "INPUT__0" value: "RAW" } output_map { key: "OUTPUT__0" value: "MID" } },
+  { model_name: "scaled" model_version: -1
+    input_map { key: "INPUT__0" value: "MID" } output_map { key: "OUTPUT__0" value: "FINAL" } }
+] }
+"""
+
+
+@pytest.fixture(scope="module")
+def stream_repo(ensemble_repo: pathlib.Path) -> pathlib.Path:
+    rb.add_counter(ensemble_repo, "slow_counter", delay_s=0.02)
+    _ensemble(ensemble_repo, "stream_chain", STREAM_CHAIN)
+    return ensemble_repo
+
+
+def _firsts(results: list) -> list[float]:
+    return [result.outputs["FINAL"].torch()[0, 0].item() for result in results]
+
+
+def test_a_decoupled_step_makes_the_ensemble_stream_each_response_through_the_rest(
+        stream_repo: pathlib.Path) -> None:
+    """slow_counter streams n responses (the k-th all k); each goes through `scaled`
+    (2x + 1) and out as one ensemble response, in order; the ensemble is decoupled."""
+    async def scenario() -> None:
+        engine = Engine(stream_repo)
+        await engine.start(["stream_chain"])
+        spec = engine.spec("stream_chain")
+        assert spec.decoupled and spec.config.model_transaction_policy.decoupled
+        got = await asyncio.gather(*(
+            _collect(engine.infer_stream(_request("stream_chain", torch.full((1, 4), n))))
+            for n in (5.0, 3.0)))
+        assert [_firsts(results) for results in got] == [[1.0, 3.0, 5.0, 7.0, 9.0],
+                                                         [1.0, 3.0, 5.0]]
+        stats = engine.statistics("stream_chain")[0]
+        assert stats["inference_stats"]["success"]["count"] == 2
+        await engine.shutdown()
+    run(scenario())
+
+
+async def _collect(stream) -> list:
+    return [result async for result in stream]
+
+
+def test_a_step_failing_after_some_responses_fails_the_stream_after_them(
+        stream_repo: pathlib.Path) -> None:
+    async def scenario() -> None:
+        engine = Engine(stream_repo)
+        await engine.start(["stream_chain"])
+        got = []
+        with pytest.raises(InternalError, match=r"^ensemble 'stream_chain', step "
+                                                r"'slow_counter': model 'slow_counter' raised "
+                                                r"ValueError: stopped after one response$"):
+            async for result in engine.infer_stream(_request("stream_chain",
+                                                             torch.full((1, 4), -3.0))):
+                got.append(result)
+        assert _firsts(got) == [1.0]
+        assert len(await _collect(engine.infer_stream(
+            _request("stream_chain", torch.full((1, 4), 2.0))))) == 2  # it serves on
+        await engine.shutdown()
+    run(scenario())
+
+
+def test_a_client_leaving_a_streaming_ensemble_stops_its_decoupled_step(
+        stream_repo: pathlib.Path) -> None:
+    async def scenario() -> None:
+        engine = Engine(stream_repo)
+        await engine.start(["stream_chain"])
+        import sys
+        counter = next(m for n, m in sys.modules.items()
+                       if n.startswith("tensorgate_model_slow_counter")).Counter
+        stream = engine.infer_stream(_request("stream_chain", torch.full((1, 4), 1000.0)))
+        async for _ in stream:  # 20 s if left to run
+            break
+        await stream.aclose()
+        before = counter.made
+        await asyncio.sleep(0.3)
+        assert counter.made - before <= 3  # stopped within a response or two
+        await engine.shutdown()
+    run(scenario(), timeout=30)
+
+
+def test_outputs_from_a_decoupled_step_and_from_the_request_are_refused(
+        ensemble_repo: pathlib.Path) -> None:
+    """`streams`: FINAL comes from counter's responses, ONCE from the request alone: no
+    response could carry both (Triton refuses it too)."""
     async def scenario() -> None:
         engine = Engine(ensemble_repo)
-        with pytest.raises(ModelConfigError, match=r"ensemble step 'counter' is a decoupled "
-                                                   r"model"):
+        with pytest.raises(ModelConfigError, match=r"the ensemble's outputs come from the "
+                                                   r"request and the responses of step "
+                                                   r"'counter'; they must all come from one"):
             await engine.load("streams")
         await engine.shutdown()
     run(scenario())

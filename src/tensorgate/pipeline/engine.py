@@ -13,6 +13,7 @@ executor threads, and their results come back through `call_soon_threadsafe`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import itertools
 import logging
@@ -30,7 +31,8 @@ from tensorgate import python_backend
 from tensorgate.model import Parameter
 from tensorgate.pipeline.auto_complete import complete_config
 from tensorgate.pipeline.bls import BlsBridge, ModelControl
-from tensorgate.pipeline.ensemble import EnsembleScheduler, check_step_models, ensemble_steps
+from tensorgate.pipeline.ensemble import (EnsembleScheduler, check_step_models,
+                                          decoupled_ensemble, ensemble_steps)
 from tensorgate.pipeline.executor import (ExecutorSettings, ExecutorThread, PostprocessPool,
                                           default_intra_op_threads)
 from tensorgate.pipeline.model_options import cpu_affinity, flag, int_parameter, not_acted_on
@@ -43,6 +45,7 @@ from tensorgate.pipeline.scheduler import Scheduler
 from tensorgate.pipeline.served_config import served_spec
 from tensorgate.pipeline.sequences import SequenceScheduler
 from tensorgate.pipeline.stats import ModelStatistics, StageTimes
+from tensorgate.pipeline.trace import Trace
 from tensorgate.pipeline.work import WorkItem
 from tensorgate.repository.layout import ModelSource, artifact_path, discover_models, load_source
 from tensorgate.repository.model_config import ModelConfigError, ModelSpec
@@ -268,10 +271,12 @@ class Engine:
                     await self.load(model)
         finally:
             self._ensembles_loading.discard(spec.name)
-        check_step_models(spec, steps, self.spec)
+        steps = check_step_models(spec, steps, self.spec)
+        if any(step.decoupled for step in steps):  # it streams, as Triton makes it
+            spec = decoupled_ensemble(spec)
         stats = ModelStatistics(spec.name, version, cached=self._caches(spec),
                                 summaries=self._summaries)
-        scheduler = EnsembleScheduler(spec, steps, stats, self._run_step)
+        scheduler = EnsembleScheduler(spec, steps, stats, self._run_step, self._stream_step)
         log.info("ensemble %s v%d ready: %s", spec.name, version,
                  " → ".join(step.model for step in steps))
         return _Version(spec, version, scheduler, [], stats)
@@ -281,19 +286,29 @@ class Engine:
         """One ensemble step: a request to its model, within what is left of the ensemble
         request's deadline, in its sequence (a stateful step keeps its state), counting
         copies to the ensemble request, at its priority, with its parameters."""
-        timeout_us = None
-        if item.deadline_ns:
-            timeout_us = max(1, (item.deadline_ns - time.monotonic_ns()) // 1000)
         trace = item.trace.child(model) if item.trace is not None else None
         try:
-            result = await self.infer(InferenceRequest(model, inputs, version, outputs,
-                                                       timeout_us, "", item.ledger,
-                                                       item.priority, item.sequence,
-                                                       item.parameters, trace))
+            result = await self.infer(_step_request(model, version, inputs, outputs, item,
+                                                    trace))
         finally:
             if trace is not None:
                 trace.finish()
         return result.outputs
+
+    async def _stream_step(self, model: str, version: int | None,
+                           inputs: dict[str, TensorView], outputs: list[str], item: WorkItem
+                           ) -> AsyncGenerator[dict[str, TensorView], None]:
+        """A decoupled ensemble step: its responses' outputs as they come (a request as
+        `_run_step` makes one); leaving early stops its model."""
+        trace = item.trace.child(model) if item.trace is not None else None
+        try:
+            async with contextlib.aclosing(self.infer_stream(_step_request(
+                    model, version, inputs, outputs, item, trace))) as responses:
+                async for result in responses:
+                    yield result.outputs
+        finally:
+            if trace is not None:
+                trace.finish()
 
     async def _load_version(self, source: ModelSource, version: int) -> _Version:
         loop = asyncio.get_running_loop()
@@ -668,6 +683,15 @@ class Engine:
                 item.future.cancel()  # still queued: the scheduler drops it
             if trace is not None:
                 trace.stamp("REQUEST_END")
+
+
+def _step_request(model: str, version: int | None, inputs: dict[str, TensorView],
+                  outputs: list[str], item: WorkItem, trace: Trace | None) -> InferenceRequest:
+    timeout_us = None
+    if item.deadline_ns:
+        timeout_us = max(1, (item.deadline_ns - time.monotonic_ns()) // 1000)
+    return InferenceRequest(model, inputs, version, outputs, timeout_us, "", item.ledger,
+                            item.priority, item.sequence, item.parameters, trace)
 
 
 def _label_files(repository: pathlib.Path, spec: ModelSpec) -> dict[tuple[str, str], list[str]]:

@@ -8,26 +8,40 @@ batch with everyone else's, and tensors pass from step to step as views (no copi
 
 `EnsembleScheduler` stands where a model's Scheduler stands, so that an ensemble is queried,
 drained, unloaded and counted like any other model; it has no queue of its own (its steps'
-models have theirs) and no executor.
+models have theirs) and no executor. A client that goes away cancels its request's steps.
+
+A step whose model is decoupled makes the ensemble decoupled, as on Triton (its served
+config says so): each response of that step runs the steps that read its outputs once more,
+from that response's tensors, and each time the ensemble's outputs are made they go to the
+client as one response — a token streamer between a tokenizer and a detokenizer streams
+through the ensemble. Every ensemble tensor has one origin: the request, or the responses of
+one decoupled step; a step's inputs, and the ensemble's outputs, must share theirs (Triton's
+rule). Responses reach the client in the order of the responses they come from; at most
+`max_inflight_requests` (the config's; RESPONSES_AHEAD when 0) of a step's responses are
+being carried on at once, past that the step's stream waits (backpressure, as Triton's).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
 
 from tensorgate.errors import (DeadlineExceededError, InternalError, InvalidArgumentError,
                                ModelConfigError, NotFoundError, Status, TensorgateError,
                                UnavailableError)
+from tensorgate.model import NO_PARAMETERS
+from tensorgate.pipeline.response_streams import RESPONSES_AHEAD
 from tensorgate.pipeline.stats import ModelStatistics
 from tensorgate.pipeline.work import WorkItem
 from tensorgate.repository.model_config import ModelSpec
 from tensorgate.tensor.view import TensorView
 
-__all__ = ["EnsembleScheduler", "Step", "check_step_models", "ensemble_steps"]
+__all__ = ["EnsembleScheduler", "Step", "check_step_models", "decoupled_ensemble",
+           "ensemble_steps"]
 
 log = logging.getLogger("tensorgate.ensemble")
 
@@ -35,6 +49,9 @@ log = logging.getLogger("tensorgate.ensemble")
 # outputs wanted, the ensemble's request) → the outputs by the model's names.
 RunStep = Callable[[str, int | None, dict[str, TensorView], list[str], WorkItem],
                    Awaitable[dict[str, TensorView]]]
+# A decoupled step's run: its responses' outputs, as they come.
+StreamStep = Callable[[str, int | None, dict[str, TensorView], list[str], WorkItem],
+                      AsyncGenerator[dict[str, TensorView], None]]
 
 _ERRORS: dict[Status, type[TensorgateError]] = {
     Status.INVALID_ARGUMENT: InvalidArgumentError, Status.NOT_FOUND: NotFoundError,
@@ -47,6 +64,7 @@ class Step:
     version: int | None              # None: the latest (-1 in the config)
     inputs: Mapping[str, str]        # the model's input name → ensemble tensor
     outputs: Mapping[str, str]       # the model's output name → ensemble tensor
+    decoupled: bool = False          # its model sends any number of responses a request
 
 
 def ensemble_steps(spec: ModelSpec, source: str) -> tuple[Step, ...]:
@@ -108,13 +126,13 @@ def _waves(steps: Sequence[Step], available: set[str], source: str) -> list[list
 
 
 def check_step_models(spec: ModelSpec, steps: Sequence[Step],
-                      specs: Callable[[str, int | None], ModelSpec]) -> None:
-    """Each step's model serves the inputs and outputs the step maps (models loaded)."""
+                      specs: Callable[[str, int | None], ModelSpec]) -> tuple[Step, ...]:
+    """Each step's model serves the inputs and outputs the step maps (models loaded); the
+    steps, each marked decoupled when its model is, and their tensors' origins checked."""
+    marked = []
     for step in steps:
         model = specs(step.model, step.version)
-        if model.decoupled:
-            raise ModelConfigError(spec.name, f"ensemble step '{step.model}' is a decoupled "
-                                              "model; ensembles take one response per step")
+        marked.append(replace(step, decoupled=model.decoupled))
         for kind, names, known in (("input", step.inputs, model.inputs),
                                    ("output", step.outputs, model.outputs)):
             unknown = sorted(set(names) - {t.name for t in known})
@@ -122,20 +140,88 @@ def check_step_models(spec: ModelSpec, steps: Sequence[Step],
                 raise ModelConfigError(spec.name, f"ensemble step '{step.model}' maps {kind}s "
                                                   f"{unknown}; the model's {kind}s are "
                                                   f"{[t.name for t in known]}")
+    _origins(spec, marked)
+    return tuple(marked)
+
+
+def decoupled_ensemble(spec: ModelSpec) -> ModelSpec:
+    """`spec` as a decoupled model (a step of it is), its served config saying so."""
+    config = type(spec.config)()
+    config.CopyFrom(spec.config)
+    config.model_transaction_policy.decoupled = True
+    return replace(spec, config=config, decoupled=True)
+
+
+def _origins(spec: ModelSpec, steps: Sequence[Step]) -> tuple[dict[str, int], list[int]]:
+    """Each ensemble tensor's origin — 0: the request; i + 1: the responses of decoupled
+    step i — and each step's inputs' origin. A step's inputs, and the ensemble's outputs,
+    must share one (as Triton requires); the error says which origins meet where."""
+    origin = {item.name: 0 for item in spec.inputs}
+    reads = [0] * len(steps)
+
+    def named(found: set[int]) -> str:
+        return " and ".join(sorted(
+            "the request" if o == 0 else f"the responses of step '{steps[o - 1].model}'"
+            for o in found))
+
+    for wave in _waves(steps, set(origin), spec.name):
+        for step in wave:
+            index = steps.index(step)
+            found = {origin[tensor] for tensor in step.inputs.values()}
+            if len(found) > 1:
+                raise ModelConfigError(spec.name, f"ensemble step '{step.model}' reads tensors "
+                                                  f"that come from {named(found)}; a step's "
+                                                  "inputs must all come from one (a decoupled "
+                                                  "step's responses, or the request)")
+            reads[index] = found.pop() if found else 0
+            for tensor in step.outputs.values():
+                origin[tensor] = index + 1 if step.decoupled else reads[index]
+    found = {origin[item.name] for item in spec.outputs}
+    if len(found) > 1:
+        raise ModelConfigError(spec.name, f"the ensemble's outputs come from {named(found)}; "
+                                          "they must all come from one, so that each "
+                                          "response has them all")
+    return origin, reads
 
 
 class EnsembleScheduler:
     """Runs an ensemble's requests; the Scheduler's interface, without a queue."""
 
     def __init__(self, spec: ModelSpec, steps: Sequence[Step], stats: ModelStatistics,
-                 run_step: RunStep) -> None:
+                 run_step: RunStep, stream_step: StreamStep | None = None) -> None:
+        """`steps` as check_step_models marked them; `stream_step` runs a decoupled one."""
         self._spec = spec
         self.models = frozenset(step.model for step in steps)  # the models its steps call
+        self._steps = list(steps)
         self._waves = _waves(steps, {item.name for item in spec.inputs}, spec.name)
         self._stats = stats
         self._run_step = run_step
+        self._stream_step = stream_step
         self._running: dict[asyncio.Task[None], WorkItem] = {}
         self._closed: TensorgateError | None = None
+        self._streams = any(step.decoupled for step in steps)
+        if self._streams:
+            origin, reads = _origins(spec, self._steps)
+            # the steps that read each origin's tensors, wave by wave
+            self._by_origin: dict[int, list[list[int]]] = {}
+            for wave in self._waves:
+                groups: dict[int, list[int]] = {}
+                for step in wave:
+                    index = self._steps.index(step)
+                    groups.setdefault(reads[index], []).append(index)
+                for read, group in groups.items():
+                    self._by_origin.setdefault(read, []).append(group)
+            self._out_origin = origin[spec.outputs[0].name] if spec.outputs else 0
+            # the origins on the way from the request to the outputs: whose responses the
+            # client's follow, in order
+            self._path = set()
+            at = self._out_origin
+            while at:
+                self._path.add(at)
+                at = reads[at - 1]
+            scheduling = spec.config.ensemble_scheduling  # the field is in tritonclient ≥ 2.57
+            limit = getattr(scheduling, "max_inflight_requests", 0)
+            self._inflight = limit or RESPONSES_AHEAD
 
     @property
     def pending(self) -> int:
@@ -148,9 +234,11 @@ class EnsembleScheduler:
     def submit(self, item: WorkItem) -> None:
         if self._closed is not None:
             raise self._closed
-        task = asyncio.ensure_future(self._run(item))
+        task = asyncio.ensure_future(self._run_streams(item) if self._streams
+                                     else self._run(item))
         self._running[task] = item
         task.add_done_callback(self._ran)
+        item.future.add_done_callback(lambda done: task.cancel() if done.cancelled() else None)
 
     def _ran(self, task: asyncio.Task[None]) -> None:
         item = self._running.pop(task)
@@ -198,6 +286,105 @@ class EnsembleScheduler:
         if not item.future.done():
             item.future.set_result({name: tensors[name] for name in item.wanted})
 
+    async def _run_streams(self, item: WorkItem) -> None:
+        """A decoupled ensemble's request: its responses go to `item.respond` as they are
+        made, at most RESPONSES_AHEAD not yet taken by the client."""
+        respond = item.respond
+        assert respond is not None  # the engine runs a decoupled model's requests as streams
+        credits = asyncio.Semaphore(RESPONSES_AHEAD)
+
+        async def emit(tensors: dict[str, TensorView]) -> None:
+            await credits.acquire()  # the client takes one: it gives one back
+            respond({name: tensors[name] for name in item.wanted}, credits.release,
+                    NO_PARAMETERS)
+
+        tensors = {name: TensorView.from_array(value, name=name, ledger=item.ledger)
+                   for name, value in item.inputs.items()}
+        try:
+            await self._run_origin(0, tensors, item, emit, None)
+        except asyncio.CancelledError:
+            self._stats.record_failure(time.monotonic_ns() - item.enqueued_ns, "CANCELED")
+            raise
+        except TensorgateError as error:
+            self._stats.record_failure(time.monotonic_ns() - item.enqueued_ns, "BACKEND")
+            if not item.future.done():
+                item.future.set_exception(error)
+            return
+        item.times.total_ns = item.times.infer_ns = time.monotonic_ns() - item.enqueued_ns
+        self._stats.record_batch(item.rows, 0, item.times.infer_ns, 0)
+        self._stats.record_success(item.times, item.ledger.bytes)
+        if not item.future.done():
+            item.future.set_result({})  # its outputs went with each response
+
+    async def _run_origin(self, origin: int, tensors: dict[str, TensorView], item: WorkItem,
+                          emit: Callable[[dict[str, TensorView]], Awaitable[None]],
+                          turn: asyncio.Future[None] | None) -> None:
+        """Run the steps that read tensors of `origin` (the request's, or one response's of
+        the decoupled step that made them), from `tensors`; a decoupled one among them is
+        carried on response by response. Where the ensemble's outputs come from here, they
+        go out once `turn` (the responses before this one) is done."""
+        streams: list[asyncio.Task[None]] = []
+        try:
+            for group in self._by_origin.get(origin, ()):
+                plain = [self._steps[i] for i in group if not self._steps[i].decoupled]
+                for index in group:
+                    if self._steps[index].decoupled:  # its responses are carried on apart
+                        on_path = index + 1 in self._path
+                        streams.append(asyncio.ensure_future(self._carry(
+                            index, tensors, item, emit, turn if on_path else None)))
+                made = await asyncio.gather(*(self._step(step, tensors, item)
+                                              for step in plain))
+                for step, outputs in zip(plain, made):
+                    for output, tensor in step.outputs.items():
+                        tensors[tensor] = outputs[output]
+            if origin == self._out_origin:
+                if turn is not None:
+                    await turn
+                await emit(tensors)
+            await asyncio.gather(*streams)
+        finally:
+            for stream in streams:
+                stream.cancel()  # a no-op unless a step failed
+
+    async def _carry(self, index: int, tensors: dict[str, TensorView], item: WorkItem,
+                     emit: Callable[[dict[str, TensorView]], Awaitable[None]],
+                     turn: asyncio.Future[None] | None) -> None:
+        """Decoupled step `index`: run what reads its outputs once for each response, each
+        from that response's tensors, at most `max_inflight_requests` at once; what they
+        emit goes out in the order of the responses (each after `turn` and the one before)."""
+        step = self._steps[index]
+        assert self._stream_step is not None
+        inputs = {name: tensors[tensor] for name, tensor in step.inputs.items()
+                  if tensor in tensors}
+        carried: list[asyncio.Task[None]] = []
+        failed: TensorgateError | None = None
+        try:
+            async with contextlib.aclosing(self._stream_step(
+                    step.model, step.version, inputs, list(step.outputs), item)) as responses:
+                try:
+                    async for outputs in responses:
+                        made = {tensor: outputs[output] for output, tensor in step.outputs.items()
+                                if output in outputs}
+                        carried.append(asyncio.ensure_future(self._run_origin(
+                            index + 1, made, item, emit, turn)))
+                        if turn is not None:
+                            turn = carried[-1]  # the next response's go out after this one's
+                        while sum(not task.done() for task in carried) >= self._inflight:
+                            await asyncio.wait([t for t in carried if not t.done()],
+                                               return_when=asyncio.FIRST_COMPLETED)
+                        for task in [t for t in carried if t.done()]:
+                            task.result()  # a failed response fails the request now
+                            if task is not turn:
+                                carried.remove(task)
+                except TensorgateError as error:  # the responses before it go out first
+                    failed = _named(self._spec.name, step.model, error)
+            await asyncio.gather(*carried)
+            if failed is not None:
+                raise failed
+        finally:
+            for task in carried:
+                task.cancel()
+
     async def _step(self, step: Step, tensors: dict[str, TensorView],
                     item: WorkItem) -> dict[str, TensorView]:
         inputs = {name: tensors[tensor] for name, tensor in step.inputs.items()
@@ -206,6 +393,12 @@ class EnsembleScheduler:
             return await self._run_step(step.model, step.version, inputs, list(step.outputs),
                                         item)
         except TensorgateError as error:
-            kind = _ERRORS.get(error.status, InternalError)
-            raise kind(f"ensemble '{self._spec.name}', step '{step.model}': "
-                       f"{error.message}") from error
+            raise _named(self._spec.name, step.model, error) from error
+
+
+def _named(ensemble: str, model: str, error: TensorgateError) -> TensorgateError:
+    """A step's error, saying which ensemble and step it is from."""
+    if error.message.startswith(f"ensemble '{ensemble}', step "):
+        return error  # named already (a step of a response's carried on)
+    kind = _ERRORS.get(error.status, InternalError)
+    return kind(f"ensemble '{ensemble}', step '{model}': {error.message}")
