@@ -10,9 +10,10 @@ load of 8 gRPC-stream-like clients (in-process, `Engine.infer_stream`), one inst
 
 Prints requests/s, tokens/s, time to first token and to the last (P50/P99); writes
 bench/results/streams_bench.json. `--src` runs it on another checkout's `src` (the code
-before a change, for a before/after in one sitting):
+before a change, for a before/after in one sitting); `--step-ms 0` makes the server's own
+cost per response the whole of it:
 
-    .venv/bin/python bench/streams_bench.py [--requests 20] [--src OTHER/src]
+    .venv/bin/python bench/streams_bench.py [--requests 20] [--step-ms 2] [--src OTHER/src]
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ CLIENTS = 8
 TOKENS = 16
 STEP_S = 0.002
 
-THREADS = f'''
+THREADS = '''
 import threading, time
 import numpy as np
 import triton_python_backend_utils as pb_utils
@@ -48,14 +49,14 @@ class TritonPythonModel:
         return None
 
     def _stream(self, sender):
-        for token in range({TOKENS}):
-            time.sleep({STEP_S})
+        for token in range({tokens}):
+            time.sleep({step_s})
             sender.send(pb_utils.InferenceResponse(
                 [pb_utils.Tensor("TOKEN", np.array([token], np.int32))]))
         sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 '''
 
-ASYNC = f'''
+ASYNC = '''
 import asyncio
 import numpy as np
 import triton_python_backend_utils as pb_utils
@@ -63,8 +64,8 @@ import triton_python_backend_utils as pb_utils
 class TritonPythonModel:
     async def execute(self, requests):
         senders = [request.get_response_sender() for request in requests]
-        for token in range({TOKENS}):
-            await asyncio.sleep({STEP_S})
+        for token in range({tokens}):
+            await asyncio.sleep({step_s})
             for sender in senders:
                 sender.send(pb_utils.InferenceResponse(
                     [pb_utils.Tensor("TOKEN", np.array([token], np.int32))]))
@@ -84,11 +85,11 @@ instance_group [ {{ count: 1 kind: KIND_CPU }} ]
 """
 
 
-def _write(root: pathlib.Path) -> None:
+def _write(root: pathlib.Path, step_s: float) -> None:
     for name, code in (("threads", THREADS), ("async", ASYNC)):
         (root / name / "1").mkdir(parents=True)
         (root / name / "config.pbtxt").write_text(CONFIG.format(name=name))
-        (root / name / "1" / "model.py").write_text(code)
+        (root / name / "1" / "model.py").write_text(code.format(tokens=TOKENS, step_s=step_s))
 
 
 async def _load(engine: object, api: object, model: str, per_client: int) -> dict[str, float]:
@@ -124,10 +125,11 @@ async def _load(engine: object, api: object, model: str, per_client: int) -> dic
             "last_p99_ms": float(np.percentile(last_ms, 99))}
 
 
-async def measure(api: object, per_client: int) -> dict[str, dict[str, float]]:
+async def measure(api: object, per_client: int, step_s: float = STEP_S
+                  ) -> dict[str, dict[str, float]]:
     root = pathlib.Path(tempfile.mkdtemp(prefix="tg-streams-bench-"))
     try:
-        _write(root)
+        _write(root, step_s)
         engine = api.Engine(root)
         await engine.start(["threads", "async"])
         results: dict[str, dict[str, float]] = {}
@@ -147,14 +149,17 @@ async def measure(api: object, per_client: int) -> dict[str, dict[str, float]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=20, help="requests per client")
+    parser.add_argument("--step-ms", type=float, default=STEP_S * 1e3,
+                        help="the model's time per response (default 2)")
     parser.add_argument("--src", type=pathlib.Path, default=ROOT / "src",
                         help="the tensorgate source to measure (default: this checkout's)")
     args = parser.parse_args()
     sys.path.insert(0, str(args.src.resolve()))
     import tensorgate as api  # noqa: PLC0415 - from the source asked for
-    results = asyncio.run(measure(api, args.requests))
+    step_s = args.step_ms / 1e3
+    results = asyncio.run(measure(api, args.requests, step_s))
     print(f"{CLIENTS} clients, {args.requests} requests each, {TOKENS} responses a request, "
-          f"one every {STEP_S * 1e3:.0f} ms; source {args.src} (2 rounds, alternating)")
+          f"one every {args.step_ms:g} ms; source {args.src} (2 rounds, alternating)")
     print("| model | requests/s | tokens/s | first P50 ms | first P99 ms | last P50 ms | "
           "last P99 ms |")
     print("|---|---:|---:|---:|---:|---:|---:|")
@@ -168,7 +173,7 @@ def main() -> None:
         out.write_text(json.dumps({
             "machine": platform.platform(), "python": platform.python_version(),
             "date": time.strftime("%Y-%m-%d"), "clients": CLIENTS, "tokens": TOKENS,
-            "step_s": STEP_S, "requests_per_client": args.requests, "results": results},
+            "step_s": step_s, "requests_per_client": args.requests, "results": results},
             indent=2) + "\n")
         print(f"wrote {out.relative_to(ROOT)}")
 

@@ -39,7 +39,7 @@ from tensorgate.pipeline.cuda_graphs import GraphSet, graph_batch_sizes, map_ten
 from tensorgate.pipeline.placement import (LIGHT_FORWARD_NS, Placement, pin_current_thread)
 from tensorgate.pipeline.postprocess import Postprocessor
 from tensorgate.pipeline.ragged import batch_input_values, flatten, one_request, scatter
-from tensorgate.pipeline.response_streams import RESPONSES_AHEAD, ResponseStream
+from tensorgate.pipeline.response_streams import RESPONSES_AHEAD, Outbox, ResponseStream
 from tensorgate.pipeline.runner import (Runner, load_runner, name_outputs, sample_inputs,
                                         warmup_inputs)
 from tensorgate.pipeline.torch_io import strings_array
@@ -116,6 +116,7 @@ class ExecutorThread:
         self._on_batch_done = on_batch_done
         self._on_idle = on_idle
         self._on_stream_end = on_stream_end  # a decoupled Triton Python model's request
+        self._outbox = Outbox(loop)  # what its requests' streams send, from any thread
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._runner: Runner | None = None
         self._graphs: GraphSet | None = None
@@ -394,7 +395,9 @@ class ExecutorThread:
                             break
                     if item.abandoned:
                         break
-                    self._report(item.respond, item.results, credits.release, parameters)
+                    # through the outbox: one wake-up of the loop for what comes meanwhile;
+                    # posted before this batch's end is reported, so run before it
+                    self._outbox.post(item.respond, item.results, credits.release, parameters)
         except Exception as error:  # the model's fault fails its request only
             batch.error = _model_error(self.settings.spec.name, error)
         finally:
@@ -417,7 +420,7 @@ class ExecutorThread:
         batch.streaming = True
         batch.streams_open = len(items)
         started = batch.started_ns = time.monotonic_ns()
-        streams = [ResponseStream(item, batch, self._stream_results, self._report,
+        streams = [ResponseStream(item, batch, self._stream_results, self._outbox.post,
                                   self._on_stream_end) for item in items]
         try:
             with self._no_grad(), self._on_stream():

@@ -10,12 +10,18 @@ RESPONSES_AHEAD wait there for the client, past that the sending thread waits
 error response or `fail` (its execute raised) ends it, once: `on_end(batch, item)` on the
 loop, after every response it let through. A request its execute rescheduled
 (iterative_sequence) is `suspend`ed instead: it runs again with a stream of its own.
+
+What streams send reaches the loop through an instance's `Outbox`: one wake-up of the loop
+for however many responses come before it runs them (`call_soon_threadsafe` wrote to the
+loop's self-pipe once a response: 16 % of a token streamer's time in a profile).
 """
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -24,7 +30,7 @@ from tensorgate.pipeline.triton_python import Answer
 from tensorgate.pipeline.work import Batch, WorkItem
 from tensorgate.tensor.view import TensorView
 
-__all__ = ["RESPONSES_AHEAD", "ResponseStream"]
+__all__ = ["RESPONSES_AHEAD", "Outbox", "ResponseStream"]
 
 RESPONSES_AHEAD = 64  # a decoupled request's responses made but not yet taken by its client
 CREDIT_POLL_S = 0.05  # how often a sender held back looks whether its client has gone
@@ -33,6 +39,42 @@ CREDIT_POLL_S = 0.05  # how often a sender held back looks whether its client ha
 # TensorgateError saying what the model got wrong.
 TakeResults = Callable[[WorkItem, Mapping[str, Any]], dict[str, TensorView]]
 Report = Callable[..., None]  # runs a function on the loop (call_soon_threadsafe)
+
+
+class Outbox:
+    """Calls for the loop, from threads that make many (a decoupled model's responses), run
+    there in the order posted, with one wake-up for all that come before they run."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._calls: deque[tuple[Callable[..., None], tuple[Any, ...]]] = deque()
+        self._lock = threading.Lock()
+        self._woken = False  # a run of the calls is on the loop's way
+
+    def post(self, fn: Callable[..., None], *args: Any) -> None:
+        with self._lock:
+            self._calls.append((fn, args))
+            if self._woken:
+                return
+            self._woken = True
+        try:
+            self._loop.call_soon_threadsafe(self._run)
+        except RuntimeError:  # the loop is closed: nobody is left to tell
+            pass
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                if not self._calls:
+                    self._woken = False
+                    return
+                calls, self._calls = self._calls, deque()
+            for fn, args in calls:
+                try:
+                    fn(*args)
+                except Exception as error:  # noqa: BLE001 - as the loop reports a callback's
+                    self._loop.call_exception_handler({
+                        "message": f"exception in {fn!r}, posted to the loop", "exception": error})
 
 
 class ResponseStream:
