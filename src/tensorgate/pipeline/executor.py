@@ -395,8 +395,7 @@ class ExecutorThread:
                             break
                     if item.abandoned:
                         break
-                    # through the outbox: one wake-up of the loop for what comes meanwhile;
-                    # posted before this batch's end is reported, so run before it
+                    # through the outbox: one wake-up of the loop for what comes meanwhile
                     self._outbox.post(item.respond, item.results, credits.release, parameters)
         except Exception as error:  # the model's fault fails its request only
             batch.error = _model_error(self.settings.spec.name, error)
@@ -408,7 +407,7 @@ class ExecutorThread:
         batch.output_ns = output_ns
         batch.infer_ns = time.monotonic_ns() - started - output_ns
         self.batches_run += 1
-        self._report(self._on_done_and_idle, batch)
+        self._outbox.post(self._on_done_and_idle, batch)  # after the responses posted before
 
     def _execute_streams(self, batch: Batch, model: TritonPythonRunner) -> None:
         """A decoupled Triton Python model's batch: `execute` hands each request's response

@@ -43,7 +43,8 @@ Report = Callable[..., None]  # runs a function on the loop (call_soon_threadsaf
 
 class Outbox:
     """Calls for the loop, from threads that make many (a decoupled model's responses), run
-    there in the order posted, with one wake-up for all that come before they run."""
+    there in the order posted, with one wake-up for all that come before they run. A call
+    made on the loop another way may overtake them: post what must come after them."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
@@ -63,18 +64,21 @@ class Outbox:
             pass
 
     def _run(self) -> None:
-        while True:
-            with self._lock:
-                if not self._calls:
-                    self._woken = False
-                    return
-                calls, self._calls = self._calls, deque()
-            for fn, args in calls:
-                try:
-                    fn(*args)
-                except Exception as error:  # noqa: BLE001 - as the loop reports a callback's
-                    self._loop.call_exception_handler({
-                        "message": f"exception in {fn!r}, posted to the loop", "exception": error})
+        """Run what was posted; what is posted meanwhile runs after the loop's other ready
+        work and I/O (a model sending faster than the loop runs must not starve it)."""
+        with self._lock:
+            calls, self._calls = self._calls, deque()
+        for fn, args in calls:
+            try:
+                fn(*args)
+            except Exception as error:  # noqa: BLE001 - as the loop reports a callback's
+                self._loop.call_exception_handler({
+                    "message": f"exception in {fn!r}, posted to the loop", "exception": error})
+        with self._lock:
+            if not self._calls:
+                self._woken = False
+                return
+        self._loop.call_soon(self._run)
 
 
 class ResponseStream:
