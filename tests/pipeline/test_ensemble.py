@@ -178,11 +178,55 @@ ensemble_scheduling { step [
 """
 
 
+LAG = '''
+import time
+
+from tensorgate import Model
+
+
+class Lag(Model):
+    """Its input as it is, after (5 - its first value) × 40 ms: what comes first takes
+    longest."""
+
+    def forward(self, inputs):
+        x = inputs["INPUT__0"]
+        time.sleep(max(0.0, 5 - float(x.flatten()[0])) * 0.04)
+        return {"OUTPUT__0": x}
+'''
+
+
 @pytest.fixture(scope="module")
 def stream_repo(ensemble_repo: pathlib.Path) -> pathlib.Path:
     rb.add_counter(ensemble_repo, "slow_counter", delay_s=0.02)
     _ensemble(ensemble_repo, "stream_chain", STREAM_CHAIN)
+    folder = rb.write_config(ensemble_repo, "lag", """
+        name: "lag"
+        backend: "python"
+        max_batch_size: 0
+        input [ { name: "INPUT__0" data_type: TYPE_FP32 dims: [1, 4] } ]
+        output [ { name: "OUTPUT__0" data_type: TYPE_FP32 dims: [1, 4] } ]
+        instance_group [ { count: 5 kind: KIND_CPU } ]
+        """)
+    (folder / "1" / "model.py").write_text(LAG)
+    _ensemble(ensemble_repo, "lagging", STREAM_CHAIN.replace('"stream_chain"', '"lagging"')
+              .replace('"slow_counter"', '"counter"').replace('"scaled"', '"lag"')
+              .replace("max_batch_size: 4", "max_batch_size: 0")
+              .replace("dims: [4]", "dims: [1, 4]"))
     return ensemble_repo
+
+
+def test_a_streaming_ensemble_answers_in_the_order_of_the_step_s_responses(
+        stream_repo: pathlib.Path) -> None:
+    """counter's five responses go through `lag` (five instances) at once, the first
+    finishing last: the ensemble's responses still come 0, 1, 2, 3, 4."""
+    async def scenario() -> None:
+        engine = Engine(stream_repo)
+        await engine.start(["lagging"])
+        results = await _collect(engine.infer_stream(_request("lagging",
+                                                              torch.full((1, 4), 5.0))))
+        assert _firsts(results) == [0.0, 1.0, 2.0, 3.0, 4.0]
+        await engine.shutdown()
+    run(scenario())
 
 
 def _firsts(results: list) -> list[float]:

@@ -305,7 +305,11 @@ class EnsembleScheduler:
         except asyncio.CancelledError:
             self._stats.record_failure(time.monotonic_ns() - item.enqueued_ns, "CANCELED")
             raise
-        except TensorgateError as error:
+        except Exception as error:  # a step's error, or a bug: the client is told either way
+            if not isinstance(error, TensorgateError):
+                log.exception("ensemble %s: unexpected error", self._spec.name)
+                error = InternalError(f"ensemble '{self._spec.name}': internal error: "
+                                      f"{type(error).__name__}: {error}")
             self._stats.record_failure(time.monotonic_ns() - item.enqueued_ns, "BACKEND")
             if not item.future.done():
                 item.future.set_exception(error)
@@ -329,9 +333,8 @@ class EnsembleScheduler:
                 plain = [self._steps[i] for i in group if not self._steps[i].decoupled]
                 for index in group:
                     if self._steps[index].decoupled:  # its responses are carried on apart
-                        on_path = index + 1 in self._path
                         streams.append(asyncio.ensure_future(self._carry(
-                            index, tensors, item, emit, turn if on_path else None)))
+                            index, tensors, item, emit, index + 1 in self._path, turn)))
                 made = await asyncio.gather(*(self._step(step, tensors, item)
                                               for step in plain))
                 for step, outputs in zip(plain, made):
@@ -347,11 +350,12 @@ class EnsembleScheduler:
                 stream.cancel()  # a no-op unless a step failed
 
     async def _carry(self, index: int, tensors: dict[str, TensorView], item: WorkItem,
-                     emit: Callable[[dict[str, TensorView]], Awaitable[None]],
+                     emit: Callable[[dict[str, TensorView]], Awaitable[None]], ordered: bool,
                      turn: asyncio.Future[None] | None) -> None:
         """Decoupled step `index`: run what reads its outputs once for each response, each
-        from that response's tensors, at most `max_inflight_requests` at once; what they
-        emit goes out in the order of the responses (each after `turn` and the one before)."""
+        from that response's tensors, at most `max_inflight_requests` at once. On the way
+        to the ensemble's outputs (`ordered`), what they emit goes out in the order of the
+        responses: the first's after `turn`, each next one's after the one before."""
         step = self._steps[index]
         assert self._stream_step is not None
         inputs = {name: tensors[tensor] for name, tensor in step.inputs.items()
@@ -366,8 +370,8 @@ class EnsembleScheduler:
                         made = {tensor: outputs[output] for output, tensor in step.outputs.items()
                                 if output in outputs}
                         carried.append(asyncio.ensure_future(self._run_origin(
-                            index + 1, made, item, emit, turn)))
-                        if turn is not None:
+                            index + 1, made, item, emit, turn if ordered else None)))
+                        if ordered:
                             turn = carried[-1]  # the next response's go out after this one's
                         while sum(not task.done() for task in carried) >= self._inflight:
                             await asyncio.wait([t for t in carried if not t.done()],
