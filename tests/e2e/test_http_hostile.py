@@ -216,6 +216,36 @@ def test_requests_pipelined_in_one_write_get_the_first_answered_then_close(
     still_serving(server)
 
 
+@settings(max_examples=25, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.integers(min_value=1, max_value=600), min_size=1, max_size=6))
+def test_two_requests_cut_anywhere_get_their_answers_in_order_or_a_close(
+        server: RunningServer, cuts: list[int]) -> None:
+    """Two identity requests on one connection, their bytes sent in pieces cut anywhere
+    (some pieces arriving while the first is served, some with the end of the one before):
+    the first is always answered; the second too, in order, unless the server closed the
+    connection after the first (pipelined in one read, `Connection: close`)."""
+    body, headers = binary_body(identity_header(48), TENSOR)
+    one = request(IDENTITY, body, headers)
+    raw = one + one
+    points = sorted({min(cut, len(raw) - 1) for cut in cuts})
+    pieces = [raw[a:b] for a, b in zip([0, *points], [*points, len(raw)]) if raw[a:b]]
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+        for piece in pieces:
+            sock.sendall(piece)
+        head, first, rest = _read_response(sock)
+        assert head.startswith(b"HTTP/1.1 200"), head
+        assert json.loads(first)["outputs"][0]["data"] == list(range(12))
+        if b"Connection: close" in head:
+            while chunk := sock.recv(65536):
+                rest += chunk
+            assert rest == b""
+        else:
+            head, second, _ = _read_response(sock, rest)
+            assert head.startswith(b"HTTP/1.1 200"), head
+            assert json.loads(second)["outputs"][0]["data"] == list(range(12))
+
+
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.binary(min_size=1, max_size=400))
 def test_fuzzed_bodies_never_break_the_server(server: RunningServer, junk: bytes) -> None:

@@ -15,6 +15,13 @@ begins in the same read as the end of the one before is not parsed: the first is
 with `Connection: close`, and the client sends the rest again on a new connection (as
 RFC 9112 §9.3.2 has pipelining clients do).
 
+A connection closed after an answer while the client may still be sending (a body we will
+not read, a pipelined request) closes lingering (RFC 9112 §9.6): our side is shut for
+writing once the answer is out, and what comes meanwhile is read and dropped for up to
+_LINGER_S. Closed at once, the kernel resets a connection with unread bytes, and a client
+could lose the answer before reading it (seen in a test: ECONNRESET after `Connection:
+close`).
+
 The routes and their handlers are in `http_routes.py`.
 """
 
@@ -48,6 +55,7 @@ log = logging.getLogger("tensorgate.http")
 # copied into the body buffer); a typical tritonclient request needs two reads of headers.
 _HEAD_WINDOW = 256
 _MAX_HEAD = 64 * 1024         # more header bytes than this: 431
+_LINGER_S = 2.0               # a closing connection reads and drops what still comes this long
 _REASONS = {200: "OK", 400: "Bad Request", 403: "Forbidden", 404: "Not Found",
             405: "Method Not Allowed",
             408: "Request Timeout", 413: "Content Too Large", 431: "Request Header Fields Too Large",
@@ -149,6 +157,7 @@ class _Connection(asyncio.BufferedProtocol):
         self._held = 0  # bytes of it that wait for the answer (reading paused meanwhile)
         self._task: asyncio.Task[None] | None = None
         self._closing_when_idle = False
+        self._lingering: asyncio.TimerHandle | None = None  # closing: input is dropped
         self._drained: asyncio.Future[None] | None = None  # set while the transport is full
         self._new_request()
 
@@ -164,6 +173,8 @@ class _Connection(asyncio.BufferedProtocol):
         self.front.budget.release()
         if self._task is not None and not self._task.done():
             self._task.cancel()  # the client went away: its queued request is dropped
+        if self._lingering is not None:
+            self._lingering.cancel()
         # The parser and this protocol refer to each other, and a keep-alive connection is
         # old enough to sit in the GC's oldest generation: drop the body buffer now rather
         # than at the next full collection.
@@ -182,6 +193,8 @@ class _Connection(asyncio.BufferedProtocol):
         self._drained = None
 
     def get_buffer(self, sizehint: int) -> memoryview:
+        if self._lingering is not None:  # closing: read to be dropped
+            return self._window
         if self._task is not None:  # being served: only EOF or a pipelined request come
             return self._hold[self._held:]
         if self._in_body:
@@ -190,6 +203,8 @@ class _Connection(asyncio.BufferedProtocol):
         return self._window
 
     def buffer_updated(self, nbytes: int) -> None:
+        if self._lingering is not None:
+            return
         if self._task is not None:  # the next request's first bytes: parsed after the answer
             self._held += nbytes
             assert self.transport is not None
@@ -433,13 +448,24 @@ class _Connection(asyncio.BufferedProtocol):
         if self.transport is None:
             return
         if not keep:
-            self.transport.close()
+            self._close_lingering()
             return
         self.transport.resume_reading()  # a no-op unless bytes were held
         if self._held:  # a pipelined request's first bytes, as if they came now
             held, self._held = self._held, 0
             self._window[:held] = self._hold[:held]
             self.buffer_updated(held)
+
+    def _close_lingering(self) -> None:
+        """Close after the answer without resetting the connection (module docstring)."""
+        transport = self.transport
+        assert transport is not None
+        if not transport.can_write_eof():
+            transport.close()
+            return
+        transport.write_eof()  # a FIN once the answer is written
+        self._lingering = asyncio.get_running_loop().call_later(_LINGER_S, transport.close)
+        transport.resume_reading()  # to drop what the client still sends, until its EOF
 
     def _refuse(self, code: int, message: str) -> None:
         """Answer a request we will not read, and close: its body is still on the wire."""
