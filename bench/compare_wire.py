@@ -326,6 +326,10 @@ def grpc_reference_answer(grpc_port: int, body: bytes, output_bytes: int) -> int
     return 5 + len(answer)
 
 
+class NothingAnswered(RuntimeError):
+    """No request of a load point finished within its duration (each took longer)."""
+
+
 def h2load_grpc(grpc_port: int, body: bytes, answer_bytes: int, connections: int,
                 seconds: float, folder: pathlib.Path) -> dict[str, Any]:
     """gRPC ModelInfer over HTTP/2 with h2load: `connections` connections, one stream each,
@@ -345,7 +349,8 @@ def h2load_grpc(grpc_port: int, body: bytes, answer_bytes: int, connections: int
     cpu = _children_cpu_s() - before
     rows = [line.split("\t") for line in log.read_text().splitlines() if line.strip()]
     if not rows:
-        raise RuntimeError(f"h2load made no request: {out.stdout[-500:]} {out.stderr[-500:]}")
+        raise NothingAnswered(f"no request of {connections} connections finished within "
+                              f"{seconds:g} s: {out.stdout[-300:]} {out.stderr[-300:]}")
     statuses = np.array([int(r[1]) for r in rows])
     us = np.array([int(r[2]) for r in rows], dtype=np.int64)
     errored = re.search(r"(\d+) errored, (\d+) timeout", out.stdout)
