@@ -70,7 +70,7 @@ def _entries(folder: pathlib.Path) -> dict[int, dict[str, Any]]:
     order) and `tensors` added."""
     found: dict[int, dict[str, Any]] = {}
     for path in folder.glob("trace.json*"):
-        for entry in json.loads(path.read_text()):
+        for entry in _read_whole(path):
             trace = found.setdefault(entry["id"], {"timestamps": [], "tensors": []})
             if "model_name" in entry:
                 trace.update(entry)
@@ -79,6 +79,19 @@ def _entries(folder: pathlib.Path) -> dict[int, dict[str, Any]]:
             else:
                 trace["tensors"].append(entry)
     return found
+
+
+def _read_whole(path: pathlib.Path) -> list[dict[str, Any]]:
+    """A trace file's entries, read again while the server is midway through writing it
+    (it writes them off its loop, a batch at a time: the file can be caught empty)."""
+    deadline = time.monotonic() + 5
+    while True:
+        try:
+            return json.loads(path.read_text())
+        except json.JSONDecodeError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.01)
 
 
 def _new_traces(folder: pathlib.Path, before: set[int], count: int) -> list[dict[str, Any]]:
