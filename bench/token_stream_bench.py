@@ -23,7 +23,6 @@ import os
 import pathlib
 import platform
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -38,7 +37,7 @@ import numpy as np
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
-from compare import tree_cpu_s  # noqa: E402
+from compare import Running, tree_cpu_s  # noqa: E402
 from compare_servers import Ports, Server, servers  # noqa: E402
 from tensorgate.pipeline.executor import default_intra_op_threads  # noqa: E402
 
@@ -121,6 +120,7 @@ def request_message(model: str, tokens: int) -> bytes:
 
 class Launched:
     def __init__(self, server: Server, work: pathlib.Path) -> None:
+        self.server = server
         self.ports = Ports.free()
         env = dict(os.environ)
         env.update(server.environment(server, work))
@@ -147,17 +147,7 @@ class Launched:
         raise RuntimeError(f"not ready within {deadline_s:.0f} s; see {self.log}")
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait(timeout=10)
-        try:
-            os.killpg(self.process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        Running(self.server, self.process, self.ports, self.log).stop()
 
 
 async def _client(channel: grpc.aio.Channel, message: bytes, deadline: float,

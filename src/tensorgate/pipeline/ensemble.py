@@ -27,8 +27,9 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 from tensorgate.errors import (DeadlineExceededError, InternalError, InvalidArgumentError,
                                ModelConfigError, NotFoundError, Status, TensorgateError,
@@ -234,8 +235,8 @@ class EnsembleScheduler:
     def submit(self, item: WorkItem) -> None:
         if self._closed is not None:
             raise self._closed
-        task = asyncio.ensure_future(self._run_streams(item) if self._streams
-                                     else self._run(item))
+        task = asyncio.ensure_future(self._settle(
+            item, self._run_streams(item) if self._streams else self._run(item)))
         self._running[task] = item
         task.add_done_callback(self._ran)
         item.future.add_done_callback(lambda done: task.cancel() if done.cancelled() else None)
@@ -259,49 +260,11 @@ class EnsembleScheduler:
                 count += 1
         return count
 
-    async def _run(self, item: WorkItem) -> None:
-        tensors = {name: TensorView.from_array(value, name=name, ledger=item.ledger)
-                   for name, value in item.inputs.items()}
+    async def _settle(self, item: WorkItem,
+                      run: Coroutine[Any, Any, dict[str, TensorView]]) -> None:
+        """Run a request's steps (`run` gives what answers it) and answer it, counted."""
         try:
-            for wave in self._waves:
-                if len(wave) == 1:  # one step: awaited here, without a task of its own
-                    outputs = [await self._step(wave[0], tensors, item)]
-                else:
-                    outputs = await asyncio.gather(*(self._step(step, tensors, item)
-                                                     for step in wave))
-                for step, made in zip(wave, outputs):
-                    for output, tensor in step.outputs.items():
-                        tensors[tensor] = made[output]
-        except asyncio.CancelledError:
-            self._stats.record_failure(time.monotonic_ns() - item.enqueued_ns, "CANCELED")
-            raise
-        except TensorgateError as error:
-            self._stats.record_failure(time.monotonic_ns() - item.enqueued_ns, "BACKEND")
-            if not item.future.done():
-                item.future.set_exception(error)
-            return
-        item.times.total_ns = item.times.infer_ns = time.monotonic_ns() - item.enqueued_ns
-        self._stats.record_batch(item.rows, 0, item.times.infer_ns, 0)
-        self._stats.record_success(item.times, item.ledger.bytes)
-        if not item.future.done():
-            item.future.set_result({name: tensors[name] for name in item.wanted})
-
-    async def _run_streams(self, item: WorkItem) -> None:
-        """A decoupled ensemble's request: its responses go to `item.respond` as they are
-        made, at most RESPONSES_AHEAD not yet taken by the client."""
-        respond = item.respond
-        assert respond is not None  # the engine runs a decoupled model's requests as streams
-        credits = asyncio.Semaphore(RESPONSES_AHEAD)
-
-        async def emit(tensors: dict[str, TensorView]) -> None:
-            await credits.acquire()  # the client takes one: it gives one back
-            respond({name: tensors[name] for name in item.wanted}, credits.release,
-                    NO_PARAMETERS)
-
-        tensors = {name: TensorView.from_array(value, name=name, ledger=item.ledger)
-                   for name, value in item.inputs.items()}
-        try:
-            await self._run_origin(0, tensors, item, emit, None)
+            results = await run
         except asyncio.CancelledError:
             self._stats.record_failure(time.monotonic_ns() - item.enqueued_ns, "CANCELED")
             raise
@@ -318,7 +281,35 @@ class EnsembleScheduler:
         self._stats.record_batch(item.rows, 0, item.times.infer_ns, 0)
         self._stats.record_success(item.times, item.ledger.bytes)
         if not item.future.done():
-            item.future.set_result({})  # its outputs went with each response
+            item.future.set_result(results)
+
+    async def _run(self, item: WorkItem) -> dict[str, TensorView]:
+        tensors = _request_tensors(item)
+        for wave in self._waves:
+            if len(wave) == 1:  # one step: awaited here, without a task of its own
+                outputs = [await self._step(wave[0], tensors, item)]
+            else:
+                outputs = await asyncio.gather(*(self._step(step, tensors, item)
+                                                 for step in wave))
+            for step, made in zip(wave, outputs):
+                for output, tensor in step.outputs.items():
+                    tensors[tensor] = made[output]
+        return {name: tensors[name] for name in item.wanted}
+
+    async def _run_streams(self, item: WorkItem) -> dict[str, TensorView]:
+        """A decoupled ensemble's request: its responses go to `item.respond` as they are
+        made, at most RESPONSES_AHEAD not yet taken by the client."""
+        respond = item.respond
+        assert respond is not None  # the engine runs a decoupled model's requests as streams
+        credits = asyncio.Semaphore(RESPONSES_AHEAD)
+
+        async def emit(tensors: dict[str, TensorView]) -> None:
+            await credits.acquire()  # the client takes one: it gives one back
+            respond({name: tensors[name] for name in item.wanted}, credits.release,
+                    NO_PARAMETERS)
+
+        await self._run_origin(0, _request_tensors(item), item, emit, None)
+        return {}  # its outputs went with each response
 
     async def _run_origin(self, origin: int, tensors: dict[str, TensorView], item: WorkItem,
                           emit: Callable[[dict[str, TensorView]], Awaitable[None]],
@@ -398,6 +389,12 @@ class EnsembleScheduler:
                                         item)
         except TensorgateError as error:
             raise _named(self._spec.name, step.model, error) from error
+
+
+def _request_tensors(item: WorkItem) -> dict[str, TensorView]:
+    """An ensemble request's inputs as the ensemble tensors they are (views)."""
+    return {name: TensorView.from_array(value, name=name, ledger=item.ledger)
+            for name, value in item.inputs.items()}
 
 
 def _named(ensemble: str, model: str, error: TensorgateError) -> TensorgateError:
