@@ -352,19 +352,14 @@ class Engine:
         results = await asyncio.gather(*(e.ready for e in executors), return_exceptions=True)
         errors = [r for r in results if isinstance(r, BaseException)]
         if errors:
-            for executor in executors:
-                executor.stop()
-            self._release(claims)
+            await self._abandon_load(executors, claims)
             raise errors[0]
         if spec.decoupled and all(e.runner is not None and e.runner.requests is not None
                                   for e in executors):
             for feed in dict.fromkeys(feeds):  # a Triton Python model's requests stream
                 feed.batch_decoupled()
         elif spec.decoupled and spec.sequence is not None:
-            for executor in executors:
-                executor.stop()
-            await asyncio.wait([e.stopped for e in executors], timeout=STOP_WAIT_S)
-            self._release(claims)
+            await self._abandon_load(executors, claims)
             raise ModelConfigError(str(artifact), "'sequence_batching' with a decoupled model "
                                                   "needs a Triton Python model (class "
                                                   "TritonPythonModel), whose requests stream "
@@ -377,6 +372,14 @@ class Engine:
             await self._add_spare(spec, version, scheduler, executors)
         return _Version(spec, version, scheduler, executors, stats,
                         [claim for claim in claims if claim is not None])
+
+    async def _abandon_load(self, executors: list[ExecutorThread],
+                            claims: list[Claim | None]) -> None:
+        """A load that failed: its instances let go of the model, its claims are forgotten."""
+        for executor in executors:
+            executor.stop()
+        await asyncio.wait([e.stopped for e in executors], timeout=STOP_WAIT_S)
+        self._release(claims)
 
     def _claims(self, spec: ModelSpec, version: int, by_group: list[list[torch.device]]
                 ) -> list[Claim | None]:

@@ -3,8 +3,9 @@
 It loads the model, warms it, captures CUDA graphs (on a GPU), then runs batches from its
 queue: gather inputs (a counted copy when more than one request), host→device, forward,
 device→host, and either finishes the outputs itself or hands them to the post-processing
-pool. Every result goes back to the event loop with `loop.call_soon_threadsafe`; the loop
-never waits on this thread.
+pool. Every result goes back to the event loop with `loop.call_soon_threadsafe` (a decoupled
+model's responses through an Outbox: one wake-up for many); the loop never waits on this
+thread.
 
 Threads are started here and nowhere else: the executor threads and the post-processing pool
 (but for the event loop an `async def execute` of a decoupled Triton Python model runs on,
@@ -39,7 +40,8 @@ from tensorgate.pipeline.cuda_graphs import GraphSet, graph_batch_sizes, map_ten
 from tensorgate.pipeline.placement import (LIGHT_FORWARD_NS, Placement, pin_current_thread)
 from tensorgate.pipeline.postprocess import Postprocessor
 from tensorgate.pipeline.ragged import batch_input_values, flatten, one_request, scatter
-from tensorgate.pipeline.response_streams import RESPONSES_AHEAD, Outbox, ResponseStream
+from tensorgate.pipeline.response_streams import (RESPONSES_AHEAD, Outbox, ResponseStream,
+                                                  wait_for_credit)
 from tensorgate.pipeline.runner import (Runner, load_runner, name_outputs, sample_inputs,
                                         warmup_inputs)
 from tensorgate.pipeline.torch_io import strings_array
@@ -390,11 +392,8 @@ class ExecutorThread:
                     parameters, item.answer_parameters = item.answer_parameters, NO_PARAMETERS
                     for info in batch.infos or ():
                         info.response_parameters.clear()
-                    while not credits.acquire(timeout=0.05):
-                        if item.abandoned:
-                            break
-                    if item.abandoned:
-                        break
+                    if not wait_for_credit(credits, item):
+                        break  # its client has gone
                     # through the outbox: one wake-up of the loop for what comes meanwhile
                     self._outbox.post(item.respond, item.results, credits.release, parameters)
         except Exception as error:  # the model's fault fails its request only

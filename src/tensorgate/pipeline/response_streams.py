@@ -30,7 +30,7 @@ from tensorgate.pipeline.triton_python import Answer
 from tensorgate.pipeline.work import Batch, WorkItem
 from tensorgate.tensor.view import TensorView
 
-__all__ = ["RESPONSES_AHEAD", "Outbox", "ResponseStream"]
+__all__ = ["RESPONSES_AHEAD", "Outbox", "ResponseStream", "wait_for_credit"]
 
 RESPONSES_AHEAD = 64  # a decoupled request's responses made but not yet taken by its client
 CREDIT_POLL_S = 0.05  # how often a sender held back looks whether its client has gone
@@ -38,7 +38,16 @@ CREDIT_POLL_S = 0.05  # how often a sender held back looks whether its client ha
 # A response's outputs made into the item's results (on the sending thread), or a
 # TensorgateError saying what the model got wrong.
 TakeResults = Callable[[WorkItem, Mapping[str, Any]], dict[str, TensorView]]
-Report = Callable[..., None]  # runs a function on the loop (call_soon_threadsafe)
+Report = Callable[..., None]  # runs a function on the loop (an Outbox's post)
+
+
+def wait_for_credit(credits: threading.Semaphore, item: WorkItem) -> bool:
+    """Whether `item`'s client may take one more response (a credit was taken); False once
+    it has gone. Past RESPONSES_AHEAD untaken, the sending thread waits here."""
+    while not credits.acquire(timeout=CREDIT_POLL_S):
+        if item.abandoned:
+            return False
+    return not item.abandoned
 
 
 class Outbox:
@@ -115,7 +124,7 @@ class ResponseStream:
                 self.fail(error)
                 return
             self._output_ns += time.monotonic_ns() - started
-            if self._wait_for_credit():
+            if wait_for_credit(self._credits, item):
                 with self._lock:
                     if self._ended:
                         return
@@ -136,13 +145,6 @@ class ResponseStream:
                 return False
             self._ended = True
             return True
-
-    def _wait_for_credit(self) -> bool:
-        """Whether the client may take one more response; False once it has gone."""
-        while not self._credits.acquire(timeout=CREDIT_POLL_S):
-            if self.item.abandoned:
-                return False
-        return True
 
     def _end(self, error: TensorgateError | None) -> None:
         with self._lock:
