@@ -6,7 +6,12 @@ load of 8 gRPC-stream-like clients (in-process, `Engine.infer_stream`), one inst
 - `threads` — `execute` hands each request's response sender to a thread of the model's
   own and returns (Triton's decoupled examples, and engines that generate in the
   background);
-- `async` — `async def execute` awaits each step (Triton's async execute).
+- `async` — `async def execute` awaits each step (Triton's async execute);
+- `generator` and `generator-8` — a tensorgate Model whose forward yields each step's
+  response: it runs on the instance's executor thread, which steps one request at a time
+  (the default) or interleaves up to 8 (`streams_per_instance: 8`). The step blocks that
+  thread (as a model's compute would): interleaving cannot add throughput, it moves each
+  request's first response ahead of the streams already running.
 
 Prints requests/s, tokens/s, time to first token and to the last (P50/P99); writes
 bench/results/streams_bench.json. `--src` runs it on another checkout's `src` (the code
@@ -74,6 +79,21 @@ class TritonPythonModel:
         return None
 '''
 
+GENERATOR = '''
+import time
+import torch
+from tensorgate import Model
+
+class Generator(Model):
+    def forward(self, inputs):
+        for token in range({tokens}):
+            time.sleep({step_s})
+            yield {{"TOKEN": torch.tensor([token], dtype=torch.int32)}}
+'''
+
+STREAMS = 'parameters {{ key: "streams_per_instance" value {{ string_value: "{streams}" }} }}'
+MODELS = ("threads", "async", "generator", "generator-8")
+
 CONFIG = """
 name: "{name}"
 backend: "python"
@@ -82,13 +102,16 @@ model_transaction_policy {{ decoupled: true }}
 input [ {{ name: "PROMPT" data_type: TYPE_INT32 dims: [ 1 ] }} ]
 output [ {{ name: "TOKEN" data_type: TYPE_INT32 dims: [ 1 ] }} ]
 instance_group [ {{ count: 1 kind: KIND_CPU }} ]
+{extra}
 """
 
 
 def _write(root: pathlib.Path, step_s: float) -> None:
-    for name, code in (("threads", THREADS), ("async", ASYNC)):
+    for name, code, extra in (("threads", THREADS, ""), ("async", ASYNC, ""),
+                              ("generator", GENERATOR, ""),
+                              ("generator-8", GENERATOR, STREAMS.format(streams=8))):
         (root / name / "1").mkdir(parents=True)
-        (root / name / "config.pbtxt").write_text(CONFIG.format(name=name))
+        (root / name / "config.pbtxt").write_text(CONFIG.format(name=name, extra=extra))
         (root / name / "1" / "model.py").write_text(code.format(tokens=TOKENS, step_s=step_s))
 
 
@@ -125,17 +148,17 @@ async def _load(engine: object, api: object, model: str, per_client: int) -> dic
             "last_p99_ms": float(np.percentile(last_ms, 99))}
 
 
-async def measure(api: object, per_client: int, step_s: float = STEP_S
-                  ) -> dict[str, dict[str, float]]:
+async def measure(api: object, per_client: int, step_s: float = STEP_S,
+                  models: tuple[str, ...] = MODELS) -> dict[str, dict[str, float]]:
     root = pathlib.Path(tempfile.mkdtemp(prefix="tg-streams-bench-"))
     try:
         _write(root, step_s)
         engine = api.Engine(root)
-        await engine.start(["threads", "async"])
+        await engine.start(list(models))
         results: dict[str, dict[str, float]] = {}
-        for model in ("threads", "async"):  # warm-up
+        for model in models:  # warm-up
             await _load(engine, api, model, 1)
-        for model in ("threads", "async", "threads", "async"):  # alternating rounds
+        for model in (*models, *models[::-1]):  # alternating rounds
             got = await _load(engine, api, model, per_client)
             kept = results.setdefault(model, {k: 0.0 for k in got})
             for key, value in got.items():
@@ -153,11 +176,13 @@ def main() -> None:
                         help="the model's time per response (default 2)")
     parser.add_argument("--src", type=pathlib.Path, default=ROOT / "src",
                         help="the tensorgate source to measure (default: this checkout's)")
+    parser.add_argument("--models", default=",".join(MODELS),
+                        help=f"which of {', '.join(MODELS)} (default: all)")
     args = parser.parse_args()
     sys.path.insert(0, str(args.src.resolve()))
     import tensorgate as api  # noqa: PLC0415 - from the source asked for
     step_s = args.step_ms / 1e3
-    results = asyncio.run(measure(api, args.requests, step_s))
+    results = asyncio.run(measure(api, args.requests, step_s, tuple(args.models.split(","))))
     print(f"{CLIENTS} clients, {args.requests} requests each, {TOKENS} responses a request, "
           f"one every {args.step_ms:g} ms; source {args.src} (2 rounds, alternating)")
     print("| model | requests/s | tokens/s | first P50 ms | first P99 ms | last P50 ms | "

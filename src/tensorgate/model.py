@@ -25,11 +25,15 @@ states' outputs with its other outputs; its requests come one per sequence per b
 sequence always to the same instance, so a model may keep per-sequence data keyed by CORRID.
 
 A decoupled model (`model_transaction_policy { decoupled: true }`, e.g. one that streams
-tokens) gets one request at a time, and its `forward` is a generator: each value it yields
+tokens) gets one request per call, and its `forward` is a generator: each value it yields
 is post-processed and sent at once as one response; clients call it on the gRPC stream
 (tritonclient's `start_stream` / `stream_infer`). When the client goes away the generator
 is closed at its next `yield`. What it sets in its request's `response_parameters` before a
-`yield` goes with that response only (the dict is emptied after each).
+`yield` goes with that response only (the dict is emptied after each). An instance runs one
+such request at a time unless the config parameter `streams_per_instance` is N > 1: then it
+steps up to N generators in turn, one `yield` each, on its executor thread (never two at
+once), so a new request's first response need not wait for whole streams; a model that
+keeps a request's state on `self` across a `yield` must keep the default.
 """
 
 from __future__ import annotations

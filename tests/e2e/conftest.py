@@ -108,6 +108,9 @@ def e2e_repo(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
         """)
     # decoupled: n responses to an input whose first value is n (repo_builder.COUNTER)
     rb.add_counter(root, "counter")
+    # the same, 20 ms a response, two requests stepped in turn on its one instance
+    rb.add_counter(root, "counter_pair", delay_s=0.02, extra='parameters { key: '
+                   '"streams_per_instance" value { string_value: "2" } }')
     # 0.3 s a request, one at a time, two priority levels (2 unless a request says 1)
     rb.add_python(root, "ranked", "dynamic_batching { priority_levels: 2 "
                   "default_priority_level: 2 }", delay_s=0.3, max_batch=1)

@@ -54,6 +54,27 @@ def test_each_response_arrives_in_order_then_the_final_flag(server: RunningServe
     assert errors == ["model 'counter' raised ValueError: stopped after one response"]
 
 
+def test_a_short_request_streams_beside_a_long_one(server: RunningServer) -> None:
+    """counter_pair interleaves two requests (streams_per_instance 2): the short one, sent
+    after the long one on the same stream, ends while the long one still streams."""
+    arrived: queue.Queue[tuple[object, object]] = queue.Queue()
+    with grpcclient.InferenceServerClient(server.grpc_url) as client:
+        client.start_stream(callback=lambda result, error: arrived.put((result, error)))
+        client.async_stream_infer("counter_pair", [_input(30)], request_id="long")
+        client.async_stream_infer("counter_pair", [_input(2)], request_id="short")
+        client.stop_stream()
+    order = []
+    while not arrived.empty():
+        result, error = arrived.get_nowait()
+        assert error is None
+        response = result.get_response()
+        order.append((response.id, float(result.as_numpy("OUTPUT__0")[0, 0])))
+    assert [v for i, v in order if i == "long"] == [float(k) for k in range(30)]
+    assert [v for i, v in order if i == "short"] == [0.0, 1.0]
+    short_end = order.index(("short", 1.0))
+    assert order.index(("long", 29.0)) > short_end + 10  # most of the long one came after
+
+
 def test_asyncio_stream_infer_gets_every_response(server: RunningServer) -> None:
     async def scenario() -> list[float]:
         client = grpcaio.InferenceServerClient(server.grpc_url)

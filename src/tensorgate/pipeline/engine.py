@@ -35,7 +35,8 @@ from tensorgate.pipeline.ensemble import (EnsembleScheduler, check_step_models,
                                           decoupled_ensemble, ensemble_steps)
 from tensorgate.pipeline.executor import (ExecutorSettings, ExecutorThread, PostprocessPool,
                                           default_intra_op_threads)
-from tensorgate.pipeline.model_options import cpu_affinity, flag, int_parameter, not_acted_on
+from tensorgate.pipeline.model_options import (cpu_affinity, flag, int_parameter, not_acted_on,
+                                               streams_per_instance)
 from tensorgate.pipeline.placement import LIGHT_FORWARD_NS, pin_current_thread, plan_placement
 from tensorgate.pipeline.postprocess import build_postprocessor
 from tensorgate.pipeline.rate_limiter import Claim, RateLimiter
@@ -343,7 +344,8 @@ class Engine:
                 cuda_graphs=flag(spec, "cuda_graphs", True),
                 postprocessor=postprocessor, instance=index,
                 inference_mode=flag(spec, "INFERENCE_MODE", True),
-                jit_optimize=not flag(spec, "DISABLE_OPTIMIZED_EXECUTION", False))
+                jit_optimize=not flag(spec, "DISABLE_OPTIMIZED_EXECUTION", False),
+                streams_per_instance=streams_per_instance(spec))
             executors.append(ExecutorThread(
                 f"tg-exec-{spec.name}-v{version}-{index}", settings, loop, self._pool,
                 self._postprocess, feed.on_batch_done, feed.on_idle, feed.on_stream_end))
@@ -356,6 +358,13 @@ class Engine:
             raise errors[0]
         if spec.decoupled and all(e.runner is not None and e.runner.requests is not None
                                   for e in executors):
+            if "streams_per_instance" in spec.parameters:
+                await self._abandon_load(executors, claims)
+                raise ModelConfigError(str(artifact), "parameter 'streams_per_instance' is for "
+                                                      "a tensorgate Model, whose forward yields "
+                                                      "its responses; a Triton Python model's "
+                                                      "requests stream through their response "
+                                                      "senders once execute returns")
             for feed in dict.fromkeys(feeds):  # a Triton Python model's requests stream
                 feed.batch_decoupled()
         elif spec.decoupled and spec.sequence is not None:

@@ -3,9 +3,10 @@
 It loads the model, warms it, captures CUDA graphs (on a GPU), then runs batches from its
 queue: gather inputs (a counted copy when more than one request), host→device, forward,
 device→host, and either finishes the outputs itself or hands them to the post-processing
-pool. Every result goes back to the event loop with `loop.call_soon_threadsafe` (a decoupled
-model's responses through an Outbox: one wake-up for many); the loop never waits on this
-thread.
+pool. A decoupled tensorgate Model's requests are generators it steps in turn between
+batches (pipeline/generations.py). Every result goes back to the event loop with
+`loop.call_soon_threadsafe` (a decoupled model's responses through an Outbox: one wake-up
+for many); the loop never waits on this thread.
 
 Threads are started here and nowhere else: the executor threads and the post-processing pool
 (but for the event loop an `async def execute` of a decoupled Triton Python model runs on,
@@ -37,11 +38,11 @@ from tensorgate.model import NO_PARAMETERS, ModelContext, RequestInfo
 from tensorgate.pipeline import heap
 from tensorgate.pipeline.batching import gather_rows, split_rows
 from tensorgate.pipeline.cuda_graphs import GraphSet, graph_batch_sizes, map_tensors
+from tensorgate.pipeline.generations import Generation, Generations
 from tensorgate.pipeline.placement import (LIGHT_FORWARD_NS, Placement, pin_current_thread)
 from tensorgate.pipeline.postprocess import Postprocessor
 from tensorgate.pipeline.ragged import batch_input_values, flatten, one_request, scatter
-from tensorgate.pipeline.response_streams import (RESPONSES_AHEAD, Outbox, ResponseStream,
-                                                  wait_for_credit)
+from tensorgate.pipeline.response_streams import CREDIT_POLL_S, Outbox, ResponseStream
 from tensorgate.pipeline.runner import (Runner, load_runner, name_outputs, sample_inputs,
                                         warmup_inputs)
 from tensorgate.pipeline.torch_io import strings_array
@@ -59,6 +60,8 @@ __all__ = ["ExecutorSettings", "ExecutorThread", "PostprocessPool", "default_int
 
 log = logging.getLogger("tensorgate.executor")
 _STOP = object()
+_WAKE = object()  # a parked decoupled request's client took a response (pipeline/generations.py)
+_DONE = object()  # what a finished generator gives `next`
 
 
 def default_intra_op_threads() -> int:
@@ -98,6 +101,8 @@ class ExecutorSettings:
     # of the weights (only runners whose forward is safe on two threads at once).
     shared_runner: Runner | None = None
     instance: int = 0  # its index among the version's instances
+    # A decoupled tensorgate Model's requests one instance interleaves (generations.py)
+    streams_per_instance: int = 1
     inference_mode: bool = True  # else no_grad (config parameter INFERENCE_MODE false)
     jit_optimize: bool = True  # the TorchScript executor optimises (DISABLE_OPTIMIZED_EXECUTION)
 
@@ -119,6 +124,7 @@ class ExecutorThread:
         self._on_idle = on_idle
         self._on_stream_end = on_stream_end  # a decoupled Triton Python model's request
         self._outbox = Outbox(loop)  # what its requests' streams send, from any thread
+        self._generations = Generations(settings.streams_per_instance)
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._runner: Runner | None = None
         self._graphs: GraphSet | None = None
@@ -175,16 +181,30 @@ class ExecutorThread:
         self._report(_settle, self.ready, None)
         trim = heap.heap_trimmer() if self.settings.device.type == "cpu" else None
         untrimmed = False  # a batch of several rows ran since the last trim
+        generations = self._generations
         while True:
+            if generations.runnable and self._queue.empty():
+                self._step_generations()  # until a request (or a wake-up) comes
+                continue
             try:
-                batch = self._queue.get(timeout=heap.IDLE_TRIM_S if untrimmed else None)
-            except queue.Empty:  # idle after a burst: hand its heap back to the system
+                batch = self._queue.get(timeout=CREDIT_POLL_S if generations.parked else
+                                        heap.IDLE_TRIM_S if untrimmed else None)
+            except queue.Empty:
+                if generations:  # parked ones: a client that left or took a response
+                    self._step_generations()
+                    continue
+                # idle after a burst: hand its heap back to the system
                 assert trim is not None
                 trim()
                 self.heap_trims += 1
                 untrimmed = False
                 continue
+            if batch is _WAKE:
+                generations.unpark()
+                continue
             if batch is _STOP:
+                for generation in generations.take_all():  # past unload's drain deadline
+                    self._end_generation(generation, None, idle=False)
                 break
             untrimmed = untrimmed or (trim is not None and batch.rows > 1)
             self._execute(batch)
@@ -322,7 +342,7 @@ class ExecutorThread:
                 self._execute_each(batch, runner.requests)
             return
         if s.spec.decoupled:
-            self._execute_decoupled(batch, runner)
+            self._start_generation(batch, runner)
             return
         started = batch.started_ns = time.monotonic_ns()
         # What this thread holds of a batch is let go before it reports the batch done: the
@@ -359,54 +379,120 @@ class ExecutorThread:
             raw = None
             self._report(self._on_done_and_idle, batch)  # one wake-up of the loop, not two
 
-    def _execute_decoupled(self, batch: Batch, runner: Runner) -> None:
-        """A decoupled tensorgate Model's one request: its `forward` yields any number of
-        results; each is post-processed here and goes to the loop as a response as soon as
-        it is made. At most RESPONSES_AHEAD wait there for the client: past that this
-        thread waits (backpressure on the model); it stops when the client has gone."""
-        item = batch.items[0]
-        assert item.respond is not None and len(batch.items) == 1
-        credits = threading.Semaphore(RESPONSES_AHEAD)  # the client's taking one gives one back
+    def _start_generation(self, batch: Batch, runner: Runner) -> None:
+        """A decoupled tensorgate Model's request: its forward's generator joins those this
+        thread steps in turn (pipeline/generations.py); each value it yields is
+        post-processed here and goes to the loop as a response as soon as it is made. The
+        batch stays running, for the scheduler, until the generator ends."""
+        batch.streaming = True
+        batch.streams_open = 1
         started = batch.started_ns = time.monotonic_ns()
-        output_ns = 0
-        produced: Any = None
         try:
             with self._no_grad(), self._on_stream():
                 produced = _run(runner, self._to_device(self._gather(batch), batch), batch)
-                if not isinstance(produced, Iterator):
-                    raise InternalError(
-                        f"model '{self.settings.spec.name}' is decoupled: its forward must "
-                        f"yield its responses (a generator), not return a "
-                        f"{type(produced).__name__}")
-                for raw in produced:
-                    if self._stream is not None:
-                        raw = map_tensors(raw, lambda t: self._to_host(t, item.ledger))
-                        self._stream.synchronize()
-                    item.results = {}
-                    self._finish(batch, raw)
-                    output_ns += batch.output_ns
-                    raw = None
-                    if batch.error is not None:
-                        break
-                    # what the model set for this response
-                    parameters, item.answer_parameters = item.answer_parameters, NO_PARAMETERS
-                    for info in batch.infos or ():
-                        info.response_parameters.clear()
-                    if not wait_for_credit(credits, item):
-                        break  # its client has gone
-                    # through the outbox: one wake-up of the loop for what comes meanwhile
-                    self._outbox.post(item.respond, item.results, credits.release, parameters)
+            if not isinstance(produced, Iterator):
+                raise InternalError(
+                    f"model '{self.settings.spec.name}' is decoupled: its forward must yield "
+                    f"its responses (a generator), not return a {type(produced).__name__}")
         except Exception as error:  # the model's fault fails its request only
-            batch.error = _model_error(self.settings.spec.name, error)
-        finally:
-            if produced is not None and hasattr(produced, "close"):
-                produced.close()  # a generator left early runs its cleanup here
-            produced = None
+            failed = Generation(batch, iter(()), self._wake)
+            failed.run_ns = time.monotonic_ns() - started
+            self._end_generation(failed, _model_error(self.settings.spec.name, error),
+                                 idle=True)
+            return
+        generation = Generation(batch, produced, self._wake)
+        generation.run_ns = time.monotonic_ns() - started
+        if self._generations.add(generation):
+            self._outbox.post(self._on_idle, self)  # room for another request
+
+    def _step_generations(self) -> None:
+        """Steps of the running requests in turn, each making its next response, until the
+        queue has something (a new request starts between two steps) or none can step."""
+        generations = self._generations
+        with self._no_grad(), self._on_stream():
+            while True:
+                if generations.parked:
+                    generations.unpark()
+                generation = generations.next()
+                if generation is None:
+                    return
+                self._step(generation)
+                if not self._queue.empty():
+                    return
+
+    def _step(self, generation: Generation) -> None:
+        """One step of a running request (inside `_step_generations`' context): its next
+        response, made and posted, or its end."""
+        item, batch = generation.item, generation.batch
+        assert item.respond is not None
+        if item.abandoned:  # its client has gone: the generator is closed at its yield
+            self._end_generation(generation, None)
+            return
+        if not generation.take_credit():  # its client has RESPONSES_AHEAD untaken
+            self._generations.park(generation)
+            return
+        started = time.monotonic_ns()
+        raw: Any = None
+        try:
+            raw = next(generation.produced, _DONE)
+            if raw is _DONE:
+                generation.run_ns += time.monotonic_ns() - started
+                self._end_generation(generation, None)
+                return
+            if self._stream is not None:
+                raw = map_tensors(raw, lambda t: self._to_host(t, item.ledger))
+                self._stream.synchronize()
+            item.results = {}
+            self._finish(batch, raw)
+        except Exception as error:  # the model's fault fails its request only
+            batch.error = error
+        raw = None
+        generation.run_ns += time.monotonic_ns() - started
+        generation.output_ns += batch.output_ns
+        failure, batch.error = batch.error, None
+        if failure is not None:
+            self._end_generation(generation, _model_error(self.settings.spec.name, failure))
+            return
+        # what the model set for this response
+        parameters, item.answer_parameters = item.answer_parameters, NO_PARAMETERS
+        for info in batch.infos or ():
+            info.response_parameters.clear()
+        generation.spend_credit()
+        # through the outbox: one wake-up of the loop for what comes meanwhile
+        self._outbox.post(item.respond, item.results, generation.give_back, parameters)
+        self._generations.again(generation)
+
+    def _end_generation(self, generation: Generation, error: TensorgateError | None,
+                        idle: bool | None = None) -> None:
+        """A request's generator is over (finished, raised, its client left, or the model is
+        unloaded): its cleanup runs, and the loop hears of its end after its responses.
+        `idle`: whether the instance takes another request now (None: as generations say)."""
+        produced: Any = generation.produced
+        generation.produced = iter(())
+        if hasattr(produced, "close"):
+            try:
+                with self._no_grad(), self._on_stream():
+                    produced.close()  # a generator left early runs its cleanup here
+            except Exception:
+                log.exception("model %s: a generator's cleanup raised",
+                              self.settings.spec.name)
+        produced = None
+        item, batch = generation.item, generation.batch
         item.results = {}
-        batch.output_ns = output_ns
-        batch.infer_ns = time.monotonic_ns() - started - output_ns
+        if error is not None:
+            item.error = error
+        output_ns = generation.output_ns
+        batch.output_ns = item.times.output_ns = output_ns
+        batch.infer_ns = item.times.infer_ns = max(generation.run_ns - output_ns, 0)
         self.batches_run += 1
-        self._outbox.post(self._on_done_and_idle, batch)  # after the responses posted before
+        self._outbox.post(self._on_stream_end, batch, item)  # after the responses posted
+        self._outbox.post(self._on_batch_done, batch)
+        if self._generations.ended() if idle is None else idle:
+            self._outbox.post(self._on_idle, self)
+
+    def _wake(self) -> None:
+        """On the loop: a parked request's client took a response."""
+        self._queue.put(_WAKE)
 
     def _execute_streams(self, batch: Batch, model: TritonPythonRunner) -> None:
         """A decoupled Triton Python model's batch: `execute` hands each request's response

@@ -3,6 +3,8 @@
     INTRA_OP_THREAD_COUNT / NUM_THREADS   torch intra-op threads of each instance
     cpu_affinity                          CPUs for its executors: "1", "0,2" or "0-3"
     batch_cap, cuda_graphs                "true" / "false" switches
+    streams_per_instance                  a decoupled tensorgate Model's requests one
+                                          instance interleaves (pipeline/generations.py)
     INFERENCE_MODE                        Triton's PyTorch backend's: "false" runs the model
                                           under no_grad instead of inference_mode
     DISABLE_OPTIMIZED_EXECUTION           Triton's PyTorch backend's: "true" turns off the
@@ -21,7 +23,7 @@ from collections.abc import Sequence
 from tensorgate.config import FALSE_WORDS, TRUE_WORDS
 from tensorgate.repository.model_config import ModelConfigError, ModelSpec
 
-__all__ = ["cpu_affinity", "flag", "int_parameter", "not_acted_on"]
+__all__ = ["cpu_affinity", "flag", "int_parameter", "not_acted_on", "streams_per_instance"]
 
 # Triton's PyTorch-backend parameters tensorgate takes and does not act on, with why
 _NOT_ACTED_ON = {
@@ -59,6 +61,15 @@ def flag(spec: ModelSpec, key: str, default: bool) -> bool:
     if value.lower() in FALSE_WORDS:
         return False
     raise ModelConfigError(spec.name, f"parameter '{key}' must be true or false, got '{value}'")
+
+
+def streams_per_instance(spec: ModelSpec) -> int:
+    """`streams_per_instance` (default 1), only on a decoupled model."""
+    if "streams_per_instance" in spec.parameters and not spec.decoupled:
+        raise ModelConfigError(spec.name, "parameter 'streams_per_instance' applies to a "
+                                          "decoupled model (model_transaction_policy "
+                                          "{ decoupled: true }) only")
+    return int_parameter(spec, ("streams_per_instance",), 1)
 
 
 def not_acted_on(spec: ModelSpec) -> list[str]:

@@ -12,8 +12,10 @@ execution, as Triton's default scheduler does.
 
 A decoupled Triton Python model's requests stream on after their execute returns: its
 instance is idle again at once, and each request ends on its own (`on_stream_end`); the batch
-counts as running until the last has. A sequence batcher learns of each such request as its
-execute returns (`released`), when Triton's lets the sequence's next request run.
+counts as running until the last has. A decoupled tensorgate Model's request streams the same
+way, a batch of its own, while its instance steps its generator (pipeline/generations.py).
+A sequence batcher learns of each such request as its execute returns (`released`), when
+Triton's lets the sequence's next request run.
 
 Priority levels (Triton's `priority_levels`): each level has its own bounded queue and
 policy; "oldest" above means the first request of the highest level that has any, and a
@@ -68,8 +70,9 @@ class Scheduler:
         self._stats = stats
         self._loop = loop
         policy = spec.batching
-        # a decoupled tensorgate Model's requests run one at a time (its forward yields one
-        # request's responses): see `batch_decoupled` for a Triton Python model's
+        # a decoupled tensorgate Model's requests run one to a batch (its forward yields one
+        # request's responses; an instance may interleave several: pipeline/generations.py):
+        # see `batch_decoupled` for a Triton Python model's
         self._batching = policy is not None and not spec.decoupled
         self._max_rows = spec.max_batch_size if self._batching else 0
         self._delay_ns = policy.max_queue_delay_us * 1000 if policy is not None else 0
@@ -340,7 +343,8 @@ class Scheduler:
 
     def on_batch_done(self, batch: Batch) -> None:
         if batch.streaming:  # its execute returned; its requests end on their own
-            self._stats.record_batch(batch.rows, 0, batch.infer_ns, 0, None)
+            self._stats.record_batch(batch.rows, batch.input_ns, batch.infer_ns,
+                                     batch.output_ns, None)
             for item in batch.items:
                 if item.filler:
                     item.release()
