@@ -14,6 +14,8 @@ from typing import Any
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tensorgate import Engine, InferenceRequest, TensorView
 from tensorgate.errors import InternalError, ModelConfigError
@@ -87,6 +89,8 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
     _add_stepper(root, "two_at_a_time", 0.01, 2)
     _add_stepper(root, "fast_pair", 0.0, 2)
     _add_stepper(root, "slow_pair", 0.02, 2)
+    _add_stepper(root, "any_one", 0.0, 1)
+    _add_stepper(root, "any_three", 0.0, 3)
     return root
 
 
@@ -246,3 +250,55 @@ def test_streams_per_instance_is_refused_where_it_does_not_apply(
             await engine.load("triton_streams")
         await engine.shutdown()
     run(scenario(), timeout=30)
+
+
+# (responses asked for, what the client does, after how many responses it leaves or stalls)
+_CLIENT = st.tuples(st.integers(0, 90), st.sampled_from(["read", "leave", "stall"]),
+                    st.integers(0, 90))
+
+
+@settings(max_examples=20, deadline=None)
+@given(model=st.sampled_from(["any_one", "any_three"]),
+       clients=st.lists(_CLIENT, min_size=1, max_size=6))
+def test_any_mix_of_clients_gets_whole_ordered_streams(
+        repo: pathlib.Path, model: str, clients: list[tuple[int, str, int]]) -> None:
+    """Clients that read everything, leave part-way or stop reading for a while (past the
+    RESPONSES_AHEAD bound when they ask for more), at once: each gets its responses whole and
+    in order, or in order up to where it left; no more run at once than the limit; every
+    generator is closed; each request is counted once; the model serves on."""
+    limit = {"any_one": 1, "any_three": 3}[model]
+
+    async def client(engine: Engine, count: int, kind: str, at: int) -> None:
+        stream = engine.infer_stream(_request(model, count))
+        got: list[float] = []
+        try:
+            async for result in stream:
+                got.append(result.outputs["OUTPUT__0"].torch()[0].item())
+                if kind == "leave" and len(got) == at:
+                    break
+                if kind == "stall" and len(got) == at:
+                    await asyncio.sleep(0.05)
+        finally:
+            await stream.aclose()
+        whole = count if kind != "leave" else min(at, count)
+        assert got == [float(k) for k in range(whole)], (count, kind, at)
+
+    async def scenario() -> None:
+        engine = Engine(repo)
+        await engine.start([model])
+        stepper = _stepper(model)
+        stepper.most = 0
+        await asyncio.gather(*(client(engine, *spec) for spec in clients))
+        for _ in range(200):  # generators of clients that left close at their next step
+            if stepper.running == 0:
+                break
+            await asyncio.sleep(0.01)
+        assert stepper.running == 0
+        assert 1 <= stepper.most <= limit or all(count == 0 for count, _, _ in clients)
+        await asyncio.sleep(0.05)  # the last ends reach the loop
+        stats = engine.statistics(model)[0]["inference_stats"]
+        assert stats["success"]["count"] + stats["fail"]["count"] == len(clients)
+        assert stats["success"]["count"] >= sum(kind != "leave" for _, kind, _ in clients)
+        assert await _collect(engine, model, 3) == [0.0, 1.0, 2.0]
+        await engine.shutdown()
+    run(scenario(), timeout=60)
