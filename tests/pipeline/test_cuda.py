@@ -71,3 +71,55 @@ def test_engine_on_gpu_equals_cpu(tmp_path: pathlib.Path) -> None:
                 torch.testing.assert_close(out, direct(x), rtol=1e-4, atol=1e-4)
         await engine.shutdown()
     run(scenario())
+
+
+GPU_STEPS = '''
+from tensorgate import Model
+
+
+class GpuSteps(Model):
+    """For an input whose first value is n (on the GPU), yields n responses, the k-th the
+    input times k, made on the device."""
+
+    def forward(self, inputs):
+        x = inputs["INPUT__0"]
+        assert x.is_cuda, x.device
+        for k in range(int(x.flatten()[0].item())):
+            yield {"OUTPUT__0": x * k}
+'''
+
+
+def test_interleaved_generators_on_gpu(tmp_path: pathlib.Path) -> None:
+    """A decoupled Model on the GPU, two requests stepped in turn (streams_per_instance 2):
+    each response comes to the host whole and in order."""
+    folder = rb.write_config(tmp_path, "gpu_steps", """
+        name: "gpu_steps"
+        backend: "python"
+        max_batch_size: 0
+        input [ { name: "INPUT__0" data_type: TYPE_FP32 dims: [4] } ]
+        output [ { name: "OUTPUT__0" data_type: TYPE_FP32 dims: [4] } ]
+        model_transaction_policy { decoupled: true }
+        instance_group [ { kind: KIND_GPU } ]
+        parameters { key: "streams_per_instance" value { string_value: "2" } }
+        """)
+    (folder / "1" / "model.py").write_text(GPU_STEPS)
+
+    async def collect(engine: Engine, n: int) -> list[list[float]]:
+        x = torch.full((4,), float(n))
+        request = InferenceRequest("gpu_steps", {"INPUT__0": TensorView.from_torch(
+            x, name="INPUT__0")})
+        got = []
+        async for result in engine.infer_stream(request):
+            out = result.outputs["OUTPUT__0"].torch()
+            assert out.device.type == "cpu"
+            got.append(out.tolist())
+        return got
+
+    async def scenario() -> None:
+        engine = Engine(tmp_path)
+        await engine.start()
+        results = await asyncio.gather(*(collect(engine, n) for n in (5, 3, 7)))
+        for n, got in zip((5, 3, 7), results):
+            assert got == [[float(n * k)] * 4 for k in range(n)]
+        await engine.shutdown()
+    run(scenario())
