@@ -44,7 +44,8 @@ def test_health_metadata_config_and_index(client: httpclient.InferenceServerClie
     names = {entry["name"]: entry["state"] for entry in client.get_model_repository_index()}
     assert names == {"identity": "READY", "linear": "READY", "failing": "READY",
                      "slow": "READY", "wide": "READY", "paced": "READY",
-                     "ranked": "READY", "counter": "READY", "pipeline": "READY",
+                     "ranked": "READY", "counter": "READY", "counter_pair": "READY",
+                     "pipeline": "READY",
                      "accumulate": "READY", "words": "READY", "shout": "READY",
                      "memo": "READY", "params": "READY", "params_ensemble": "READY"}
 
