@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import struct
+import sys
 import threading
 import time
 
@@ -66,6 +67,28 @@ def test_unary_call_on_raw_frames(server: RunningServer) -> None:
         headers, data = client.response(client.call("ModelInfer", _wide_request(values)))
         assert headers[":status"] == "200" and headers["grpc-status"] == "0"
         assert _output(data) == values.tobytes()
+    finally:
+        client.close()
+
+
+def test_a_tensor_in_small_frames_is_copied_in_once(server: RunningServer) -> None:
+    """16 KiB DATA frames (h2load's, grpc-go's) cannot be read in place: the tensor's bytes
+    are copied from each frame into the message, and counted — all of them, once. (Python
+    3.11's asyncio joins a response's frames before sending: one more copy, counted.)"""
+    client = h2.H2Client(_port(server))
+    try:
+        values = np.linspace(-1, 1, 15_000, dtype=np.float32)  # 60 KB: 4 frames each way
+        request = pb.ModelInferRequest(model_name="wide")
+        request.ParseFromString(_wide_request(values))
+        request.parameters["tensorgate_report_copies"].bool_param = True
+        headers, data = client.response(client.call("ModelInfer",
+                                                    request.SerializeToString()))
+        assert headers["grpc-status"] == "0"
+        response = pb.ModelInferResponse.FromString(data[5:])
+        assert response.raw_output_contents[0] == values.tobytes()
+        joined = values.nbytes if sys.version_info < (3, 12) else 0
+        assert (response.parameters["tensorgate_copied_bytes"].int64_param
+                == values.nbytes + joined)
     finally:
         client.close()
 
