@@ -45,7 +45,7 @@ class _Handler:
     def receive_buffer(self, limit: int) -> memoryview | None:
         return None
 
-    def data_written(self, nbytes: int) -> None:
+    def data_written(self, nbytes: int, copied: bool = False) -> None:
         pass
 
     def end_received(self) -> None:

@@ -48,7 +48,7 @@ class _Answered:
     def receive_buffer(self, limit: int) -> memoryview | None:
         return None
 
-    def data_written(self, nbytes: int) -> None:
+    def data_written(self, nbytes: int, copied: bool = False) -> None:
         pass
 
     def end_received(self) -> None:
@@ -123,8 +123,13 @@ class _Call:
             return None
         return self.reader.receive_buffer(limit)
 
-    def data_written(self, nbytes: int) -> None:
-        self.reader.data_written(nbytes)
+    def data_written(self, nbytes: int, copied: bool = False) -> None:
+        try:
+            self.reader.data_written(nbytes, copied)
+        except Failure as failure:
+            self._fail(failure.code, failure.message)
+        except TensorgateError as error:
+            self._fail(codes_for(error)[1], error.message)
 
     def end_received(self) -> None:
         if self._answered:

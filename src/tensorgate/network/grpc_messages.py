@@ -218,8 +218,15 @@ class MessageReader:
         start = self._received
         return self._message[start:start + min(limit, self._length - start)]
 
-    def data_written(self, nbytes: int) -> None:
-        self._received += nbytes
+    def data_written(self, nbytes: int, copied: bool = False) -> None:
+        """`nbytes` more of the message are in the buffer `receive_buffer` gave: read there
+        by the kernel, or `copied` there from the connection's buffer (counted)."""
+        start = self._received
+        self._received = start + nbytes
+        if copied:
+            counted = start + nbytes - max(start, self._counted_from)
+            if counted > 0:
+                self._copied += counted
         if self._received == self._length:
             self._done()
 

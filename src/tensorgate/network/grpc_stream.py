@@ -111,9 +111,9 @@ class StreamCall:
             return None
         return self.reader.receive_buffer(limit)
 
-    def data_written(self, nbytes: int) -> None:
+    def data_written(self, nbytes: int, copied: bool = False) -> None:
         try:
-            self.reader.data_written(nbytes)
+            self.reader.data_written(nbytes, copied)
         except Failure as failure:
             self._end(failure.code, failure.message)
             return
