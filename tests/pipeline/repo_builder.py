@@ -268,7 +268,8 @@ class Params(Model):
 
 def add_params_model(repo: pathlib.Path, name: str, extra: str = "") -> None:
     """A batched Python model (PARAMS) that answers with what each request's parameters
-    were; requests wait up to 0.5 s to batch, or until 8 rows fill a batch."""
+    were; requests wait up to 0.5 s to batch, or until 8 rows fill a batch (no measured
+    batch cap: batches would start at one row until a few had shown what a row costs)."""
     folder = write_config(repo, name, f"""
         name: "{name}"
         backend: "python"
@@ -276,6 +277,7 @@ def add_params_model(repo: pathlib.Path, name: str, extra: str = "") -> None:
         input [ {{ name: "INPUT" data_type: TYPE_FP32 dims: [1] }} ]
         output [ {{ name: "SEEN" data_type: TYPE_STRING dims: [1] }} ]
         dynamic_batching {{ max_queue_delay_microseconds: 500000 }}
+        parameters {{ key: "batch_cap" value {{ string_value: "false" }} }}
         {extra}
         """)
     (folder / "1" / "model.py").write_text(PARAMS)
