@@ -510,8 +510,9 @@ class Http2Connection(asyncio.BufferedProtocol):
 
     def _data_run(self, stream_id: int, flags: int, length: int) -> bool:
         """Whole DATA frames of one stream, one after another in the buffer (16 KiB frames,
-        as h2load, grpc-go and Envoy send them), copied straight into the message the
-        stream's handler is reading, with the windows and the handler told once for the run.
+        as h2load and peers that keep HTTP/2's default send them), copied straight into the
+        message the stream's handler is reading, with the windows and the handler told once
+        for the run.
         False, with nothing consumed, when the first frame cannot go this way (the general
         path then takes it, errors included). Each frame's checks are the general path's:
         a frame that would need one of its errors ends the run before it."""
