@@ -153,15 +153,23 @@ def test_a_client_that_stops_reading_holds_back_its_own_request_only(
         stepper = _stepper("fast_pair")
         unread = engine.infer_stream(_request("fast_pair", 1_000_000))
         await anext(unread)  # then not read again: its responses wait, up to the bound
-        await asyncio.sleep(0.3)
+        for _ in range(250):  # the one taken and RESPONSES_AHEAD more, then it is parked
+            if stepper.made >= RESPONSES_AHEAD + 1:
+                break
+            await asyncio.sleep(0.02)
+        await asyncio.sleep(0.1)
         held = stepper.made
-        assert 1 <= held <= RESPONSES_AHEAD + 2
+        assert held == RESPONSES_AHEAD + 1
         assert await _collect(engine, "fast_pair", 3) == [0.0, 1.0, 2.0]  # the other goes on
         await asyncio.sleep(0.2)
         assert stepper.made == held + 3  # the unread one made nothing more meanwhile
-        await anext(unread)  # taking one lets it make one more
-        await asyncio.sleep(0.2)
-        assert held + 3 < stepper.made <= held + 3 + 2
+        await anext(unread)  # taking one lets it make one more, and only one
+        for _ in range(250):
+            if stepper.made > held + 3:
+                break
+            await asyncio.sleep(0.02)
+        await asyncio.sleep(0.1)
+        assert stepper.made == held + 3 + 1
         closed = stepper.closed
         await unread.aclose()  # its client leaves: its generator is closed
         for _ in range(100):

@@ -485,8 +485,9 @@ class ExecutorThread:
         batch.output_ns = item.times.output_ns = output_ns
         batch.infer_ns = item.times.infer_ns = max(generation.run_ns - output_ns, 0)
         self.batches_run += 1
-        self._outbox.post(self._on_stream_end, batch, item)  # after the responses posted
+        # after the responses posted; the execution counted before its client hears the end
         self._outbox.post(self._on_batch_done, batch)
+        self._outbox.post(self._on_stream_end, batch, item)
         if self._generations.ended() if idle is None else idle:
             self._outbox.post(self._on_idle, self)
 
