@@ -14,6 +14,7 @@ import asyncio
 import logging
 import re
 import time
+from collections.abc import Callable
 from typing import Any
 
 from tensorgate.dataplane import DataPlane
@@ -105,14 +106,20 @@ class _Call:
         self._received_ns = time.monotonic_ns()
 
     def data_received(self, data: memoryview) -> None:
-        if self._answered:
-            return
+        if not self._answered:
+            self._reading(self._feed, data)
+
+    def _feed(self, data: memoryview) -> None:
+        if self._request is not None:
+            raise Failure("INTERNAL", _MORE_THAN_ONE)
+        self.reader.feed(data)
+        if self._request is not None and self.reader.partial:
+            raise Failure("INTERNAL", _MORE_THAN_ONE)
+
+    def _reading(self, step: Callable[..., None], *args: Any) -> None:
+        """A step of reading the request; what it refuses answers the call."""
         try:
-            if self._request is not None:
-                raise Failure("INTERNAL", _MORE_THAN_ONE)
-            self.reader.feed(data)
-            if self._request is not None and self.reader.partial:
-                raise Failure("INTERNAL", _MORE_THAN_ONE)
+            step(*args)
         except Failure as failure:
             self._fail(failure.code, failure.message)
         except TensorgateError as error:  # a malformed message, found while placing it
@@ -124,12 +131,7 @@ class _Call:
         return self.reader.receive_buffer(limit)
 
     def data_written(self, nbytes: int, copied: bool = False) -> None:
-        try:
-            self.reader.data_written(nbytes, copied)
-        except Failure as failure:
-            self._fail(failure.code, failure.message)
-        except TensorgateError as error:
-            self._fail(codes_for(error)[1], error.message)
+        self._reading(self.reader.data_written, nbytes, copied)
 
     def end_received(self) -> None:
         if self._answered:

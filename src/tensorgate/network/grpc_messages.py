@@ -225,7 +225,7 @@ class MessageReader:
         self._received = start + nbytes
         if copied:
             counted = start + nbytes - max(start, self._counted_from)
-            if counted > 0:
+            if counted > 0:  # tensor bytes moved, not only the message's small fields
                 self._copied += counted
         if self._received == self._length:
             self._done()
@@ -235,12 +235,7 @@ class MessageReader:
         start = self._received
         count = min(len(data), self._length - start)
         self._message[start:start + count] = data[:count]
-        self._received = start + count
-        counted = start + count - max(start, self._counted_from)
-        if counted > 0:  # tensor bytes moved, not only the message's small fields
-            self._copied += counted
-        if self._received == self._length:
-            self._done()
+        self.data_written(count, copied=True)
         return count
 
     def _begin(self) -> None:

@@ -204,7 +204,7 @@ class ExecutorThread:
                 continue
             if batch is _STOP:
                 for generation in generations.take_all():  # past unload's drain deadline
-                    self._end_generation(generation, None, idle=False)
+                    self._end_generation(generation, None)
                 break
             untrimmed = untrimmed or (trim is not None and batch.rows > 1)
             self._execute(batch)
@@ -398,7 +398,7 @@ class ExecutorThread:
             failed = Generation(batch, iter(()), self._wake)
             failed.run_ns = time.monotonic_ns() - started
             self._end_generation(failed, _model_error(self.settings.spec.name, error),
-                                 idle=True)
+                                 never_added=True)
             return
         generation = Generation(batch, produced, self._wake)
         generation.run_ns = time.monotonic_ns() - started
@@ -462,11 +462,12 @@ class ExecutorThread:
         self._outbox.post(item.respond, item.results, generation.give_back, parameters)
         self._generations.again(generation)
 
-    def _end_generation(self, generation: Generation, error: TensorgateError | None,
-                        idle: bool | None = None) -> None:
+    def _end_generation(self, generation: Generation, error: TensorgateError | None, *,
+                        never_added: bool = False) -> None:
         """A request's generator is over (finished, raised, its client left, or the model is
-        unloaded): its cleanup runs, and the loop hears of its end after its responses.
-        `idle`: whether the instance takes another request now (None: as generations say)."""
+        unloaded): its cleanup runs, and the loop hears of its end after its responses. The
+        instance takes another request if it was full, or if this one never started (its
+        forward failed): the slot it was given is free again."""
         produced: Any = generation.produced
         generation.produced = iter(())
         if hasattr(produced, "close"):
@@ -488,7 +489,7 @@ class ExecutorThread:
         # after the responses posted; the execution counted before its client hears the end
         self._outbox.post(self._on_batch_done, batch)
         self._outbox.post(self._on_stream_end, batch, item)
-        if self._generations.ended() if idle is None else idle:
+        if never_added or self._generations.ended():
             self._outbox.post(self._on_idle, self)
 
     def _wake(self) -> None:

@@ -124,7 +124,8 @@ class Generations:
         return owed
 
     def take_all(self) -> list[Generation]:
-        """Every running request, forgotten here (the executor stops)."""
+        """Every running request, forgotten here (the executor stops: none owes it an idle
+        turn any more, so `ended` is False for them)."""
         every = [*self._runnable, *self._parked]
         self._runnable.clear()
         self._parked.clear()
