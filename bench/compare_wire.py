@@ -331,8 +331,9 @@ class NothingAnswered(RuntimeError):
 
 
 def h2load_grpc(grpc_port: int, body: bytes, answer_bytes: int, connections: int,
-                seconds: float, folder: pathlib.Path) -> dict[str, Any]:
-    """gRPC ModelInfer over HTTP/2 with h2load: `connections` connections, one stream each,
+                seconds: float, folder: pathlib.Path, scheme: str = "http") -> dict[str, Any]:
+    """gRPC ModelInfer over HTTP/2 with h2load (`scheme` https: over TLS, ALPN h2):
+    `connections` connections, one stream each,
     for `seconds`; latencies from h2load's per-request log; answers that are not HTTP 200 or
     whose DATA falls short of `answer_bytes` (grpc_reference_answer) count as bad, from the
     DATA total h2load reports; h2load's own CPU share measured."""
@@ -344,7 +345,8 @@ def h2load_grpc(grpc_port: int, body: bytes, answer_bytes: int, connections: int
                           "-D", str(max(1, round(seconds))), "-d", str(folder / "grpc-body.bin"),
                           "-H", "content-type: application/grpc", "-H", "te: trailers",
                           "--log-file", str(log),
-                          f"http://127.0.0.1:{grpc_port}/inference.GRPCInferenceService/ModelInfer"],
+                          f"{scheme}://127.0.0.1:{grpc_port}"
+                          "/inference.GRPCInferenceService/ModelInfer"],
                          capture_output=True, text=True, timeout=seconds + 60)
     cpu = _children_cpu_s() - before
     rows = [line.split("\t") for line in log.read_text().splitlines() if line.strip()]

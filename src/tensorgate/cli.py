@@ -42,12 +42,6 @@ NO_EFFECT = {
 # Triton's flags for what tensorgate does not do, where going on would mislead: refused
 # (unless given as false) with the reason
 REFUSED = {
-    "grpc-use-ssl": "TLS is not served; terminate it in front of the server (a sidecar, "
-                    "the ingress)",
-    "grpc-use-ssl-mutual": "TLS is not served; terminate it in front of the server",
-    "grpc-server-cert": "TLS is not served; terminate it in front of the server",
-    "grpc-server-key": "TLS is not served; terminate it in front of the server",
-    "grpc-root-cert": "TLS is not served; terminate it in front of the server",
     "allow-sagemaker": "SageMaker's API is not served",
     "allow-vertex-ai": "Vertex AI's API is not served",
     "model-namespacing": "model names are one namespace",
@@ -144,6 +138,18 @@ def _parser() -> argparse.ArgumentParser:
                        action="append", metavar="API[,API]:KEY=VALUE",
                        help="the same over gRPC, the metadata being "
                             "triton-grpc-protocol-KEY: VALUE (repeatable)")
+    serve.add_argument("--grpc-use-ssl", metavar="BOOL", nargs="?", const="true",
+                       help="Triton's: serve gRPC over TLS with --grpc-server-cert and "
+                            "--grpc-server-key (default false)")
+    serve.add_argument("--grpc-use-ssl-mutual", metavar="BOOL", nargs="?", const="true",
+                       help="Triton's: TLS, and every client must present a certificate "
+                            "signed by --grpc-root-cert (default false)")
+    for name, what in (("server-cert", "the server's certificate chain"),
+                       ("server-key", "the server's private key, without a passphrase"),
+                       ("root-cert", "the root certificate that signs clients' "
+                                     "certificates, for --grpc-use-ssl-mutual")):
+        serve.add_argument(f"--grpc-{name}", type=pathlib.Path, metavar="PEM_FILE",
+                           help=f"Triton's: {what}")
     serve.add_argument("--trace-config", action="append", metavar="[MODE,]SETTING=VALUE",
                        help="Triton's tracing settings, repeated: level=TIMESTAMPS|TENSORS|OFF, "
                             "rate=N (one request in N), count=N (-1: no end), "

@@ -128,6 +128,15 @@ class ServerConfig:
     # ";" (protocol/restricted.py); "" restricts none
     http_restricted_api: str = ""
     grpc_restricted_api: str = ""
+    # Triton's --grpc-use-ssl / --grpc-server-cert / --grpc-server-key: gRPC over TLS with
+    # this certificate chain and key (PEM files; network/tls.py); --grpc-use-ssl-mutual and
+    # --grpc-root-cert: also ask every client for a certificate that root signed (mutual
+    # implies use_ssl). Read and checked at start. HTTP stays plain, as Triton's
+    grpc_use_ssl: bool = False
+    grpc_use_ssl_mutual: bool = False
+    grpc_server_cert: pathlib.Path | None = None
+    grpc_server_key: pathlib.Path | None = None
+    grpc_root_cert: pathlib.Path | None = None
     # Triton's --trace-config (trace extension): the file traces are written to (None: no
     # tracing, nor can a client turn it on), the level (() or "OFF": none; TIMESTAMPS,
     # TENSORS), one request in trace_rate traced, trace_count traces in all (-1: no end),
@@ -229,6 +238,17 @@ class ServerConfig:
                 parse_restrictions(getattr(self, name))
             except ValueError as error:
                 raise ValueError(f"{name}: {error}") from None
+        for name in ("grpc_server_cert", "grpc_server_key", "grpc_root_cert"):
+            if getattr(self, name) is not None:
+                object.__setattr__(self, name, pathlib.Path(getattr(self, name)))
+        if self.grpc_use_ssl or self.grpc_use_ssl_mutual:
+            missing = [f"grpc_{name}" for name in ("server_cert", "server_key")
+                       if getattr(self, f"grpc_{name}") is None]
+            if self.grpc_use_ssl_mutual and self.grpc_root_cert is None:
+                missing.append("grpc_root_cert (the root that signs clients' certificates)")
+            if missing:
+                flag = "grpc_use_ssl_mutual" if self.grpc_use_ssl_mutual else "grpc_use_ssl"
+                raise ValueError(f"{flag} needs {' and '.join(missing)}")
         if not 0 < self.switch_interval_s <= 1:
             raise ValueError(f"switch_interval_s must be in (0, 1], got {self.switch_interval_s}")
 

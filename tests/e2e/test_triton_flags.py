@@ -1,6 +1,7 @@
 """A tritonserver command line carries over: Triton's logging flags and --id act, its
 tuning flags start the server and are named at start as not acted on, and its flags for
-what tensorgate does not serve (TLS, other clouds' APIs) are refused with the reason."""
+what tensorgate does not serve (other clouds' APIs, model namespacing) are refused with the
+reason (its gRPC TLS flags act: test_grpc_tls.py)."""
 
 from __future__ import annotations
 
@@ -61,9 +62,8 @@ def test_a_tritonserver_command_line_starts_and_its_flags_act(tmp_path: pathlib.
 
 
 @pytest.mark.parametrize("flag, value, reason", [
-    ("--grpc-use-ssl", "true", "TLS is not served; terminate it in front of the server"),
-    ("--grpc-server-cert", "/etc/cert.pem", "TLS is not served"),
     ("--allow-sagemaker", "1", "SageMaker's API is not served"),
+    ("--model-namespacing", "true", "model names are one namespace"),
 ])
 def test_what_is_not_served_is_refused_with_the_reason(flag: str, value: str,
                                                         reason: str) -> None:
@@ -77,9 +77,9 @@ def test_flag_tables_and_aliases() -> None:
     assert not set(NO_EFFECT) & set(REFUSED)
     args: dict[str, object] = {"no_effect_http_thread_count": "4", "max_request_bytes": None,
                                "http_max_input_size": 2048, "response_cache_bytes": 7,
-                               "response_cache_byte_size": 9, "refused_grpc_use_ssl": "False"}
+                               "response_cache_byte_size": 9, "refused_allow_vertex_ai": "False"}
     assert no_effect(args) == ["--http-thread-count (the event loop serves every HTTP "
                                "connection)"]
     # Triton's name fills tensorgate's setting; tensorgate's own flag wins when both are given
     assert triton_settings(args) == {"max_request_bytes": 2048}
-    assert "refused_grpc_use_ssl" not in args and "http_max_input_size" not in args
+    assert "refused_allow_vertex_ai" not in args and "http_max_input_size" not in args

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import ssl
 import time
 from collections.abc import Callable
 from typing import Any
@@ -25,6 +26,7 @@ from tensorgate.network.grpc_messages import (CODES, OK_TRAILERS, RESPONSE_HEADE
                                               inflate_message, read_call_headers)
 from tensorgate.network.grpc_methods import API_GROUP, INFERENCE_SERVICE, UNARY, model_infer
 from tensorgate.network.grpc_stream import StreamCall
+from tensorgate.network.tls import HANDSHAKE_TIMEOUT_S, Handshakes
 from tensorgate.protocol.restricted import Restrictions, refusal
 from tensorgate.protocol.status import codes_for
 from tensorgate.tensor.copies import CopyLedger
@@ -226,7 +228,9 @@ class GrpcFrontEnd:
     def __init__(self, dataplane: DataPlane, pool: BufferPool, max_message_bytes: int,
                  read_timeout_s: float = 30.0, budget: ConnectionBudget | None = None,
                  header_forward: re.Pattern[str] | None = None,
-                 restricted: Restrictions | None = None) -> None:
+                 restricted: Restrictions | None = None,
+                 tls: ssl.SSLContext | None = None) -> None:
+        """`tls`: serve over TLS with this context (network/tls.py), else plain."""
         self.dataplane = dataplane
         self.header_forward = header_forward  # metadata passed to models as parameters
         self.restricted = restricted or {}    # API group → the metadata it needs
@@ -237,6 +241,10 @@ class GrpcFrontEnd:
         self.connections: set[http2.Http2Connection] = set()
         self.streams: set[StreamCall] = set()  # open ModelStreamInfer calls
         self._server: asyncio.base_events.Server | None = None
+        self.tls = tls
+        # connections accepted over TLS whose handshake our protocol has not seen end
+        self._handshakes: Handshakes[http2.Http2Connection] = Handshakes(
+            min(read_timeout_s, HANDSHAKE_TIMEOUT_S))
 
     def _open_stream(self, connection: http2.Http2Connection, stream: http2.Http2Stream,
                      headers: list[tuple[str, str]]) -> http2.StreamHandler:
@@ -275,22 +283,34 @@ class GrpcFrontEnd:
             return RefusedConnection(http2.refusal_frames(self.budget.refusal()))
         connection = http2.Http2Connection(self._open_stream, self._closed)
         self.connections.add(connection)
+        if self.tls is not None:
+            self._handshakes.started(connection, time.monotonic())
         return connection
 
     def _closed(self, connection: http2.Http2Connection) -> None:
-        self.connections.discard(connection)
-        self.budget.release()
+        if connection in self.connections:  # once: the handshake sweep may have been first
+            self.connections.discard(connection)
+            self.budget.release()
 
     def expire(self, now: float) -> None:
         """Called about once a second (server.py): calls whose request stopped arriving are
         answered, connections stalled inside a frame closed."""
         for connection in list(self.connections):
             connection.expire(now, self.read_timeout_s)
+        if self.tls is not None:
+            for connection in self._handshakes.sweep(now, self._made):
+                self._closed(connection)  # its handshake failed: our protocol never knew
+
+    def _made(self, connection: http2.Http2Connection) -> bool:
+        """Whether the connection's protocol saw its handshake end: it has (or had, and
+        lost: then it has left `connections`) a transport."""
+        return connection.transport is not None or connection not in self.connections
 
     async def start(self, host: str, port: int) -> int:
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(self._connection, host, port, backlog=1024,
-                                                reuse_address=True)
+        self._server = await loop.create_server(
+            self._connection, host, port, backlog=1024, reuse_address=True, ssl=self.tls,
+            ssl_handshake_timeout=self._handshakes.timeout_s if self.tls else None)
         return int(self._server.sockets[0].getsockname()[1])
 
     def stop_accepting(self) -> None:

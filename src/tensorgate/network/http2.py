@@ -34,6 +34,8 @@ from typing import Any, Protocol
 
 import hpack
 
+from tensorgate.tensor.copies import record_copy
+
 __all__ = ["Http2Connection", "Http2Stream", "StreamHandler", "encode_headers",
            "refusal_frames"]
 
@@ -220,6 +222,7 @@ class Http2Connection(asyncio.BufferedProtocol):
         # asyncio's transports join a writelines() into one bytes before sending until
         # Python 3.12; uvloop's and 3.12's selector transport send the buffers vectored.
         self.joins_writes = True
+        self.tls = False  # over TLS: every byte each way is also counted a `tls` copy
 
     # -- asyncio protocol ------------------------------------------------------------------
 
@@ -227,6 +230,7 @@ class Http2Connection(asyncio.BufferedProtocol):
         self.transport = transport  # type: ignore[assignment]
         self.joins_writes = getattr(type(transport), "writelines", None) \
             is asyncio.WriteTransport.writelines
+        self.tls = transport.get_extra_info("ssl_object") is not None
         settings = b"".join(struct.pack(">HI", key, value) for key, value in (
             (ENABLE_PUSH, 0), (MAX_CONCURRENT_STREAMS, _MAX_STREAMS),
             (MAX_FRAME_SIZE, _FRAME_SIZE), (INITIAL_WINDOW_SIZE, _STREAM_WINDOW),
@@ -305,6 +309,8 @@ class Http2Connection(asyncio.BufferedProtocol):
 
     def buffer_updated(self, nbytes: int) -> None:
         self._last_read = time.monotonic()
+        if self.tls:  # decrypted into place, after the ssl module copied it once
+            record_copy(nbytes, "tls")
         try:
             if self._direct:
                 self._direct = False
@@ -896,7 +902,10 @@ class Http2Connection(asyncio.BufferedProtocol):
         transport = self.transport
         if transport is None or transport.is_closing():
             return
-        transport.write(buffers[0] if len(buffers) == 1 else b"".join(buffers))
+        data = buffers[0] if len(buffers) == 1 else b"".join(buffers)
+        if self.tls:
+            record_copy(len(data), "tls")
+        transport.write(data)
 
     def _write_parts(self, parts: list[tuple[Any, bool]]) -> None:
         """Write frames and response parts in order: vectored where the transport can,
@@ -904,6 +913,9 @@ class Http2Connection(asyncio.BufferedProtocol):
         transport = self.transport
         if transport is None or transport.is_closing():
             return
+        if self.tls:  # encrypted, and the ciphertext copied out of the ssl module's buffer
+            record_copy(sum(len(part) if isinstance(part, bytes) else part.nbytes
+                            for part, _ in parts), "tls")
         if not self.joins_writes:
             transport.writelines([part for part, _ in parts])
             return
