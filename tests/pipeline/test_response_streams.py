@@ -1,13 +1,23 @@
 """The outbox that carries a decoupled model's responses to the loop: calls posted from
 several threads run on the loop, each thread's in the order it posted them; one that raises
-goes to the loop's exception handler and the rest still run."""
+goes to the loop's exception handler and the rest still run. Requests streaming at once take
+their queued responses in turn."""
 
 from __future__ import annotations
 
 import asyncio
+import pathlib
+import re
+import sys
 import threading
+import time
 
+import numpy as np
+import pytest
+
+from tensorgate import Engine, InferenceRequest, TensorView
 from tensorgate.pipeline.response_streams import Outbox
+from tests.pipeline import repo_builder as rb
 from tests.pipeline.conftest import run
 
 
@@ -45,4 +55,79 @@ def test_calls_from_threads_run_on_the_loop_in_order_and_a_failing_one_is_report
         assert all(values == list(range(500)) for values in seen.values())
         assert all(on_loop)
         assert [str(error) for error in reported] == ["a posted call failed"]
+    run(scenario())
+
+
+GATED = '''
+import threading
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+GO = threading.Event()
+STARTED = []
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for request in requests:
+            sender = request.get_response_sender()
+            threading.Thread(target=self._answer, args=(sender,), daemon=True).start()
+        return None
+
+    def _answer(self, sender):
+        STARTED.append(sender)
+        GO.wait(10)
+        for value in range(20):
+            sender.send(pb_utils.InferenceResponse(
+                output_tensors=[pb_utils.Tensor("OUT", np.array([value], np.int32))]))
+        sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+'''
+
+
+@pytest.fixture(scope="module")
+def gated_repo(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
+    root = tmp_path_factory.mktemp("gated")
+    folder = rb.write_config(root, "gated", """
+        name: "gated"
+        backend: "python"
+        max_batch_size: 0
+        model_transaction_policy { decoupled: true }
+        input [ { name: "IN" data_type: TYPE_INT32 dims: [ 1 ] } ]
+        output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+        """)
+    (folder / "1" / "model.py").write_text(GATED)
+    return root
+
+
+def test_requests_streaming_at_once_take_turns_with_their_queued_responses(
+        gated_repo: pathlib.Path) -> None:
+    """Two requests' 20 responses each are all made while the loop is held (as when a model
+    sends faster than they are sent on): their callers then take them in turn, not all of
+    one request's before the other's first (which is what a new request's first response
+    waited behind)."""
+    async def scenario() -> None:
+        engine = Engine(gated_repo)
+        await engine.start(["gated"])
+        model = sys.modules["tensorgate_model_gated_1"]
+        order: list[str] = []
+
+        async def take(name: str) -> None:
+            request = InferenceRequest("gated", {"IN": TensorView.from_array(
+                np.array([1], np.int32), name="IN")})
+            async for result in engine.infer_stream(request):
+                order.append(name)
+                assert result.outputs["OUT"].numpy().shape == (1,)
+
+        callers = [asyncio.ensure_future(take(name)) for name in "ab"]
+        deadline = time.monotonic() + 10
+        while len(model.STARTED) < 2 and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        model.GO.set()
+        time.sleep(0.3)  # holds the loop while both threads send everything
+        await asyncio.gather(*callers)
+        assert sorted(order) == ["a"] * 20 + ["b"] * 20
+        longest = max(len(run) for run in re.findall(r"a+|b+", "".join(order)))
+        assert longest <= 2, "".join(order)
+        await engine.shutdown()
     run(scenario())
