@@ -228,6 +228,23 @@ def test_mutual_tls_admits_only_clients_whose_certificate_its_root_signed(
         assert client.infer("wide", [item]).as_numpy("OUTPUT__0").tolist() == values.tolist()
 
 
+def test_a_handshake_left_open_does_not_hold_up_the_stop(repo: pathlib.Path,
+                                                          certs: Certificates,
+                                                          tmp_path: pathlib.Path) -> None:
+    """A client that connects and never says a word: the server still stops at once (from
+    Python 3.12 the listener's close waits for every connection, one whose handshake is
+    under way too, until its 10 s timeout unless the server ends it)."""
+    running = start_server(repo, tmp_path / "server.log", "--grpc-use-ssl",
+                           "--grpc-server-cert", str(certs.cert), "--grpc-server-key",
+                           str(certs.key))
+    port = int(running.grpc_url.rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port), timeout=5):
+        time.sleep(0.2)
+        started = time.monotonic()
+        assert stop_server(running) == 0, running.log.read_text()
+        assert time.monotonic() - started < 5.0
+
+
 def _serve(*flags: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "tensorgate", "serve", "--http-port", "0",
                            "--grpc-port", "0", "--metrics-port", "0", *flags],

@@ -40,6 +40,7 @@ _MODEL_INFER = f"/{INFERENCE_SERVICE}/ModelInfer"
 _MODEL_STREAM_INFER = f"/{INFERENCE_SERVICE}/ModelStreamInfer"
 _KNOWN = ", ".join([_MODEL_INFER, _MODEL_STREAM_INFER, *UNARY])
 _MORE_THAN_ONE = "a unary call carried more than one request message"
+_CLOSED_WAIT_S = 0.5  # at stop, at least this long for the listener's connections to close
 
 
 class _Answered:
@@ -331,5 +332,17 @@ class GrpcFrontEnd:
             await asyncio.sleep(0.01)
         for connection in list(self.connections):
             connection.abort()
-        if self._server is not None:
-            await self._server.wait_closed()
+        if self._server is None:
+            return
+        # From Python 3.12 wait_closed also waits for connections still in their TLS
+        # handshake, which no protocol of ours holds: 3.13 can abort them; on 3.12 they
+        # would keep the stop waiting until their handshake's timeout (seen: 4.8 s of 5).
+        abort_clients = getattr(self._server, "abort_clients", None)
+        if abort_clients is not None:
+            abort_clients()
+        try:
+            await asyncio.wait_for(self._server.wait_closed(), max(deadline - time.monotonic(),
+                                                                   _CLOSED_WAIT_S))
+        except asyncio.TimeoutError:  # Python 3.10's is not the builtin
+            log.info("gRPC: stopped with TLS handshakes still open (they end at their "
+                     "timeout)")
