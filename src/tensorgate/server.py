@@ -247,7 +247,7 @@ class Server:
             engine.model_statistics(), engine.pool_statistics(),
             (budget.open, budget.refused), engine.cache_statistics(),
             tracer.statistics() if tracer is not None else None,
-            host.last if host is not None else None, latencies))
+            host.last if host is not None else None, latencies), config.read_timeout_s)
         self.metrics_port = await self._metrics.start(config.metrics_address,
                                                       config.metrics_port)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pathlib
 import re
+import socket
 import time
 import urllib.request
 
@@ -13,6 +14,7 @@ import tritonclient.http as httpclient
 
 from tensorgate.tensor.pool import QUIET_IDLE_BYTES
 from tests.e2e.conftest import RunningServer, start_server, stop_server
+from tests.pipeline import repo_builder as rb
 
 
 def scrape(server: RunningServer) -> str:
@@ -279,3 +281,44 @@ def test_a_bad_metrics_config_names_what_is_wrong(e2e_repo: pathlib.Path) -> Non
             [sys.executable, "-m", "tensorgate", "serve", "--model-repository", str(e2e_repo),
              "--metrics-config", setting], capture_output=True, text=True, timeout=60)
         assert finished.returncode == 2 and message in finished.stderr, finished.stderr
+
+
+def _closed_by_server(sock: socket.socket) -> bool:
+    """Whether the server has closed `sock` (EOF or reset), waiting at most its timeout."""
+    try:
+        return sock.recv(1) == b""
+    except ConnectionResetError:
+        return True
+    except socket.timeout:
+        return False
+
+
+def test_the_metrics_port_is_bounded_like_the_client_ports(tmp_path: pathlib.Path) -> None:
+    """A connection that never sends its request is closed after --read-timeout-s; past 64
+    open at once a new one is closed at once; scrapes go on meanwhile, and stopping the
+    server closes what is open (from Python 3.12 the listener's close waits for it)."""
+    repo = tmp_path / "models"
+    rb.add_torchscript(repo, "identity", rb.Identity(), [4], [4])
+    server = start_server(repo, tmp_path / "server.log", "--read-timeout-s", "1")
+    held: list[socket.socket] = []
+    try:
+        for _ in range(64):
+            held.append(socket.create_connection(("127.0.0.1", server.metrics_port),
+                                                 timeout=5))
+        time.sleep(0.3)  # the server has made them all
+        with socket.create_connection(("127.0.0.1", server.metrics_port), timeout=5) as extra:
+            assert _closed_by_server(extra)  # the 65th, at once
+        started = time.monotonic()
+        assert all(_closed_by_server(sock) for sock in held)  # silent: closed after 1 s
+        assert 0.3 < time.monotonic() - started < 4.5
+        assert "nv_inference_request_success" in scrape(server)
+        with socket.create_connection(("127.0.0.1", server.metrics_port), timeout=5):
+            time.sleep(0.2)
+            started = time.monotonic()
+            assert stop_server(server) == 0, server.log.read_text()
+            assert time.monotonic() - started < 5.0
+    finally:
+        for sock in held:
+            sock.close()
+        if server.process.poll() is None:
+            stop_server(server)

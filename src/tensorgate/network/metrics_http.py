@@ -1,5 +1,8 @@
 """The metrics port: `GET /metrics` in Prometheus text; anything else is 404. One response
-per connection (Prometheus scrapes are rare and small)."""
+per connection (Prometheus scrapes are rare and small). Bounded as the client ports are: a
+connection whose request has not arrived within the read timeout is closed, at most
+_MAX_OPEN are open at once (past that a new one is closed at once), and stopping closes
+those open (from Python 3.12 the listener's close waits for them)."""
 
 from __future__ import annotations
 
@@ -9,16 +12,34 @@ from collections.abc import Callable
 __all__ = ["MetricsFrontEnd"]
 
 _MAX_REQUEST = 8192
+_MAX_OPEN = 64  # metrics connections open at once
 
 
 class _Scrape(asyncio.Protocol):
-    def __init__(self, render: Callable[[], str]) -> None:
-        self._render = render
+    def __init__(self, front: MetricsFrontEnd) -> None:
+        self._front = front
+        self._render = front.render
         self._data = b""
         self._transport: asyncio.Transport | None = None
+        self._timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = transport  # type: ignore[assignment]
+        if len(self._front.open) >= _MAX_OPEN:
+            transport.close()
+            return
+        self._front.open.add(self)
+        self._timer = asyncio.get_running_loop().call_later(self._front.read_timeout_s,
+                                                            transport.close)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._front.open.discard(self)
+        if self._timer is not None:
+            self._timer.cancel()
+
+    def close(self) -> None:
+        if self._transport is not None:
+            self._transport.close()
 
     def data_received(self, data: bytes) -> None:
         assert self._transport is not None
@@ -40,17 +61,21 @@ class _Scrape(asyncio.Protocol):
 
 
 class MetricsFrontEnd:
-    def __init__(self, render: Callable[[], str]) -> None:
-        self._render = render
+    def __init__(self, render: Callable[[], str], read_timeout_s: float = 30.0) -> None:
+        self.render = render
+        self.read_timeout_s = read_timeout_s
+        self.open: set[_Scrape] = set()
         self._server: asyncio.base_events.Server | None = None
 
     async def start(self, host: str, port: int) -> int:
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(lambda: _Scrape(self._render), host, port,
+        self._server = await loop.create_server(lambda: _Scrape(self), host, port,
                                                 reuse_address=True)
         return int(self._server.sockets[0].getsockname()[1])
 
     async def close(self) -> None:
         if self._server is not None:
             self._server.close()
+            for scrape in list(self.open):
+                scrape.close()
             await self._server.wait_closed()
