@@ -141,6 +141,24 @@ def test_unregister_while_a_request_runs(server: RunningServer, regions) -> None
     assert result.as_numpy("OUTPUT__0").tolist() == [[3.0, 3.0, 3.0, 3.0]]
 
 
+def test_registrations_are_bounded(regions, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past the registry's limit a region is refused by name, the others still serve, and
+    unregistering one makes room again (the limit made 3 here; it is 4096)."""
+    monkeypatch.setattr(SharedMemoryRegistry, "max_regions", 3)
+    registry = SharedMemoryRegistry(enabled=True)
+    made = [regions(f"bound{i}", 64) for i in range(4)]
+    for name, key, _ in made[:3]:
+        registry.register(name, key, 0, 64)
+    name, key, _ = made[3]
+    with pytest.raises(UnavailableError, match=rf"^cannot register shared-memory region "
+                                               rf"'{name}': 3 regions are registered"):
+        registry.register(name, key, 0, 64)
+    assert sorted(r["name"] for r in registry.status()) == sorted(n for n, _, _ in made[:3])
+    registry.unregister(made[0][0])
+    registry.register(name, key, 0, 64)
+    registry.unregister()
+
+
 def test_disabled_registry_refuses() -> None:
     registry = SharedMemoryRegistry(enabled=False)
     with pytest.raises(UnavailableError, match=r"start it with --allow-shared-memory"):

@@ -83,7 +83,12 @@ def _non_negative(region: str, what: str, value: object) -> int:
 
 
 class SharedMemoryRegistry:
-    """Registered regions by name. Thread-safe; mapping happens at registration only."""
+    """Registered regions by name. Thread-safe; mapping happens at registration only. At most
+    `max_regions` at once: each is a mapping of the server's, and a client that registered
+    without end would exhaust the process's mappings (vm.max_map_count, 65,530 by
+    default), which torch's and malloc's large allocations need too."""
+
+    max_regions: ClassVar[int] = 4096
 
     def __init__(self, enabled: bool, required_prefix: str = "") -> None:
         self.enabled = enabled
@@ -152,6 +157,10 @@ class SharedMemoryRegistry:
         if name in self._regions:
             raise AlreadyExistsError(f"shared-memory region '{name}' is already registered; "
                                      "unregister it first")
+        if len(self._regions) >= self.max_regions:
+            raise UnavailableError(f"cannot register shared-memory region '{name}': "
+                                   f"{len(self._regions)} regions are registered, this server's "
+                                   "limit; unregister regions no longer used")
 
     @staticmethod
     def _map(name: str, plain: str, offset: int, byte_size: int) -> memoryview:
