@@ -200,6 +200,32 @@ def test_a_request_sent_while_one_is_served_is_answered_after_it(server: Running
         assert head.startswith(b"HTTP/1.1 200") and json.loads(second)["name"] == "paced"
 
 
+def test_a_client_that_sends_requests_and_never_reads_is_not_answered_into_memory(
+        server: RunningServer) -> None:
+    """Requests one after another for 3 s, no answer read: once the transport holds what
+    the client has not read, the server reads no further request (it read 2.4 GB in 10 s
+    and held the answers), so the client cannot send more than the sockets' buffers and a
+    few requests; the server serves on."""
+    values = np.arange(200_000, dtype="<f4").tobytes()  # 800 KB each way
+    header = {"inputs": [{"name": "INPUT__0", "shape": [200_000], "datatype": "FP32",
+                          "parameters": {"binary_data_size": len(values)}}],
+              "outputs": [{"name": "OUTPUT__0", "parameters": {"binary_data": True}}]}
+    one = request("/v2/models/wide/infer", *binary_body(header, values))
+    sent = 0
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+        sock.setblocking(False)
+        deadline = time.monotonic() + 3.0
+        while time.monotonic() < deadline:
+            try:
+                offset = sent % len(one)
+                sent += sock.send(one[offset:offset + (1 << 20)])
+            except BlockingIOError:
+                time.sleep(0.01)
+    assert sent < 64 << 20, f"the server read {sent >> 20} MB of requests whose answers " \
+                            "nobody read"
+    still_serving(server)
+
+
 def test_requests_pipelined_in_one_write_get_the_first_answered_then_close(
         server: RunningServer) -> None:
     """Two requests in one write: the first is answered with `Connection: close` and the
