@@ -87,6 +87,45 @@ def test_an_idle_keep_alive_connection_is_closed(impatient: RunningServer) -> No
         assert 0.9 < time.monotonic() - started < 5
 
 
+def _open_connections(server: RunningServer) -> int:
+    with urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics",
+                                timeout=10) as answer:
+        text = answer.read().decode()
+    return int(float(re.search(r"^tensorgate_connections_open (\S+)", text,
+                               re.MULTILINE).group(1)))
+
+
+def test_a_client_that_stops_reading_its_answers_is_closed_when_idle(
+        impatient: RunningServer) -> None:
+    """Requests sent and their answers never read: past the keep-alive timeout the server
+    drops the connection and what it still held for it (closing alone waited for the client
+    to read, for ever)."""
+    values = np.arange(150_000, dtype="<f4").tobytes()
+    head = json.dumps({"inputs": [{"name": "INPUT__0", "shape": [150_000], "datatype": "FP32",
+                                   "parameters": {"binary_data_size": len(values)}}],
+                       "outputs": [{"name": "OUTPUT__0",
+                                    "parameters": {"binary_data": True}}]}).encode()
+    one = (f"POST /v2/models/wide/infer HTTP/1.1\r\nHost: x\r\nContent-Length: "
+           f"{len(head) + len(values)}\r\nInference-Header-Content-Length: {len(head)}"
+           "\r\n\r\n").encode() + head + values
+    before = _open_connections(impatient)
+    with _http(impatient) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 16)
+        sock.setblocking(False)
+        sent, deadline = 0, time.monotonic() + 1.0
+        while time.monotonic() < deadline:
+            try:
+                offset = sent % len(one)
+                sent += sock.send(one[offset:])
+            except BlockingIOError:
+                time.sleep(0.01)
+        assert _open_connections(impatient) == before + 1
+        deadline = time.monotonic() + 10
+        while _open_connections(impatient) > before and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _open_connections(impatient) == before, "the unread connection stayed open"
+
+
 def test_a_grpc_call_whose_message_stops_arriving_ends_with_deadline_exceeded(
         impatient: RunningServer) -> None:
     client = h2.H2Client(_port(impatient))

@@ -480,10 +480,10 @@ class _Connection(asyncio.BufferedProtocol):
         transport = self.transport
         assert transport is not None
         if not transport.can_write_eof():
-            transport.close()
+            _close(transport)
             return
         transport.write_eof()  # a FIN once the answer is written
-        self._lingering = asyncio.get_running_loop().call_later(_LINGER_S, transport.close)
+        self._lingering = asyncio.get_running_loop().call_later(_LINGER_S, _close, transport)
         transport.resume_reading()  # to drop what the client still sends, until its EOF
 
     def _refuse(self, code: int, message: str) -> None:
@@ -501,12 +501,21 @@ class _Connection(asyncio.BufferedProtocol):
             if quiet > read_timeout_s:
                 self._refuse(408, stalled_message(quiet, read_timeout_s))
         elif quiet > keep_alive_timeout_s:
-            self.transport.close()
+            _close(self.transport)
 
     def close_when_idle(self) -> None:
         self._closing_when_idle = True
         if self._task is None and self.transport is not None:
-            self.transport.close()
+            _close(self.transport)
+
+
+def _close(transport: asyncio.Transport) -> None:
+    """Close once what is buffered for the client is written; if it is still not, _LINGER_S
+    on, drop it: a transport's close waits for its buffer without end, and a client that
+    never reads would hold the connection (and the answer) for ever."""
+    transport.close()
+    if transport.get_write_buffer_size():
+        asyncio.get_running_loop().call_later(_LINGER_S, transport.abort)
 
 
 def _int_header(headers: dict[str, str], name: str) -> int | None:
