@@ -29,8 +29,9 @@ class _Scrape(asyncio.Protocol):
             transport.close()
             return
         self._front.open.add(self)
+        # abort, not close: a close waits for a client that does not read its answer
         self._timer = asyncio.get_running_loop().call_later(self._front.read_timeout_s,
-                                                            transport.close)
+                                                            transport.abort)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._front.open.discard(self)
