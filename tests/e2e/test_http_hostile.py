@@ -82,6 +82,12 @@ TENSOR = np.arange(12, dtype="<f4").tobytes()
 @pytest.mark.parametrize("raw, status, message", [
     (request(IDENTITY, b"{not json"), 400, r"^the inference request header is not valid JSON"),
     (request(IDENTITY, b"[1,2]"), 400, r"^the inference request must be a JSON object"),
+    (request(IDENTITY, b'{"inputs": ' + b"[" * 100_000), 400,
+     r"^the inference request header is not valid JSON: it nests arrays or objects too deeply"),
+    (request("/v2/logging", b'{"a":' * 50_000), 400,
+     r"^the request body is not valid JSON: it nests arrays or objects too deeply"),
+    (request("/v2/models/identity/generate", b"[" * 100_000), 400,
+     r"^the generate request is not valid JSON: it nests arrays or objects too deeply"),
     (request(IDENTITY, b'{"inputs": []}'), 400, r"needs an 'inputs' list"),
     (request(IDENTITY, *binary_body(identity_header(48), TENSOR)), 200, None),
     (request(IDENTITY, binary_body(identity_header(48), TENSOR)[0],

@@ -23,7 +23,7 @@ from tensorgate.protocol.compression import inflate
 from tensorgate.protocol.generate_codec import (decode_generate_body, encode_generate_response,
                                                 sse_event)
 from tensorgate.protocol.infer_codec import (decode_infer_body, encode_infer_response,
-                                             forward_headers, json_error)
+                                             forward_headers, json_error, parse_json)
 from tensorgate.tensor.copies import CopyLedger, record_copy
 
 if TYPE_CHECKING:
@@ -113,10 +113,7 @@ async def _stats(dp: DataPlane, request: HttpRequest, model: str = "", version: 
 def _body_json(request: HttpRequest) -> dict[str, Any]:
     if not request.length:
         return {}
-    try:
-        value = json.loads(memoryview(request.body)[:request.length].tobytes())
-    except ValueError as error:
-        raise InvalidArgumentError(f"the request body is not valid JSON: {error}") from None
+    value = parse_json(memoryview(request.body)[:request.length].tobytes(), "the request body")
     if not isinstance(value, dict):
         raise InvalidArgumentError("the request body must be a JSON object")
     return value

@@ -24,7 +24,8 @@ class _Scrape(asyncio.Protocol):
         self._timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self._transport = transport  # type: ignore[assignment]
+        assert isinstance(transport, asyncio.Transport)
+        self._transport = transport
         if len(self._front.open) >= _MAX_OPEN:
             transport.close()
             return

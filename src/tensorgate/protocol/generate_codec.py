@@ -21,7 +21,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from tensorgate.errors import InvalidArgumentError
-from tensorgate.protocol.infer_codec import (DecodedRequest, json_data, json_object,
+from tensorgate.protocol.infer_codec import (DecodedRequest, json_data, json_object, parse_json,
                                              json_parameters, json_tensor, request_priority,
                                              request_sequence, request_timeout)
 from tensorgate.tensor.copies import CopyLedger
@@ -45,11 +45,8 @@ def decode_generate_body(body: Any, length: int) -> dict[str, Any]:
     if not length:
         raise InvalidArgumentError("the generate request has no body; send a JSON object with "
                                    "the model's inputs by name")
-    try:
-        value = json.loads(memoryview(body)[:length].tobytes())
-    except (UnicodeDecodeError, ValueError) as error:
-        raise InvalidArgumentError(f"the generate request is not valid JSON: {error}") from None
-    return json_object(value, "the generate request")
+    return json_object(parse_json(memoryview(body)[:length].tobytes(), "the generate request"),
+                       "the generate request")
 
 
 def generate_request(model: str, fields: dict[str, Any], inputs: Sequence[GenerateInput],

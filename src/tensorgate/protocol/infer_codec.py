@@ -26,6 +26,7 @@ from tensorgate.tensor.view import TensorView, checked_shape
 __all__ = ["RESERVED_PARAMETERS", "DecodedRequest", "RequestedOutput", "classification_count",
            "decode_infer_body", "encode_infer_response", "forward_headers", "json_data",
            "json_error", "json_object", "json_parameters", "json_tensor", "model_parameters",
+           "parse_json",
            "request_priority", "request_sequence", "request_timeout", "shm_parameters"]
 
 
@@ -77,6 +78,19 @@ class DecodedRequest:
 
 def _fail(message: str) -> InvalidArgumentError:
     return InvalidArgumentError(message)
+
+
+def parse_json(data: bytes, what: str) -> Any:
+    """`data` parsed, or an InvalidArgumentError saying why `what` is not JSON (bad UTF-8,
+    bad syntax, an integer of more than 4,300 digits, or nesting deeper than Python's
+    recursion limit: a body of a few hundred KB of "[" raised RecursionError, answered as
+    an internal error)."""
+    try:
+        return json.loads(data)
+    except (UnicodeDecodeError, ValueError) as error:
+        raise _fail(f"{what} is not valid JSON: {error}") from None
+    except RecursionError:
+        raise _fail(f"{what} is not valid JSON: it nests arrays or objects too deeply") from None
 
 
 def json_object(value: Any, what: str) -> dict[str, Any]:
@@ -200,11 +214,8 @@ def decode_infer_body(body: Any, body_length: int, header_length: int | None,
         return DecodedRequest("", {"": TensorView(body, "UINT8", [body_length])}, None, True,
                               None, raw_binary=True)
     json_length = body_length if header_length is None else header_length
-    try:
-        header = json.loads(memory[:json_length].tobytes())
-    except (UnicodeDecodeError, ValueError) as error:
-        raise _fail(f"the inference request header is not valid JSON: {error}") from None
-    header = json_object(header, "the inference request")
+    header = json_object(parse_json(memory[:json_length].tobytes(),
+                                    "the inference request header"), "the inference request")
     parameters = json_parameters(header.get("parameters"), "the request")
     request_id = header.get("id", "")
     if not isinstance(request_id, str):
