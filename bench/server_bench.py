@@ -144,14 +144,19 @@ def grpc_request(model: str) -> Any:
     return request
 
 
-def grpc_sequential(port: int, model: str, n: int) -> dict[str, float]:
-    """A raw grpcio stub with a prebuilt request message: as lean as a Python gRPC client is."""
+def grpc_sequential(port: int, model: str, n: int, ca: bytes | None = None
+                    ) -> dict[str, float]:
+    """A raw grpcio stub with a prebuilt request message: as lean as a Python gRPC client is
+    (over TLS, trusting the root certificate `ca`, when it is given)."""
     import grpc
     from tritonclient.grpc import service_pb2_grpc as pb_grpc
     request = grpc_request(model)
     options = [("grpc.max_receive_message_length", 1 << 26),
                ("grpc.max_send_message_length", 1 << 26)]
-    with grpc.insecure_channel(f"127.0.0.1:{port}", options=options) as channel:
+    target = f"127.0.0.1:{port}"
+    channel = (grpc.insecure_channel(target, options=options) if ca is None else
+               grpc.secure_channel(target, grpc.ssl_channel_credentials(ca), options=options))
+    with channel:
         stub = pb_grpc.GRPCInferenceServiceStub(channel)
         for _ in range(max(n // 10, 5)):
             stub.ModelInfer(request)

@@ -33,7 +33,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
 from compare_wire import grpc_infer_body, grpc_reference_answer, h2load_grpc  # noqa: E402
-from server_bench import grpc_request, server_cpu_load  # noqa: E402
+from server_bench import grpc_sequential, server_cpu_load  # noqa: E402
 from tensorgate.builtin.repository import write_default_repository  # noqa: E402
 
 RESULTS = pathlib.Path(__file__).parent / "results"
@@ -78,40 +78,14 @@ def tls_bytes(metrics_port: int) -> int:
     return int(match.group(1)) if match else 0
 
 
-def sequential(port: int, model: str, n: int, ca: bytes | None) -> dict[str, float]:
-    """A raw grpcio stub with a prebuilt request, over TLS when `ca` is given."""
-    import grpc
-    from tritonclient.grpc import service_pb2_grpc as pb_grpc
-    request = grpc_request(model)
-    options = [("grpc.max_receive_message_length", 1 << 26),
-               ("grpc.max_send_message_length", 1 << 26)]
-    target = f"127.0.0.1:{port}"
-    channel = (grpc.insecure_channel(target, options=options) if ca is None else
-               grpc.secure_channel(target, grpc.ssl_channel_credentials(ca), options=options))
-    with channel:
-        stub = pb_grpc.GRPCInferenceServiceStub(channel)
-        for _ in range(max(n // 10, 5)):
-            stub.ModelInfer(request)
-        samples = []
-        cpu_start = time.process_time()
-        for _ in range(n):
-            start = time.perf_counter_ns()
-            stub.ModelInfer(request)
-            samples.append(time.perf_counter_ns() - start)
-        client_cpu = (time.process_time() - cpu_start) / n
-    a = np.array(samples) / 1e3
-    return {"p50_us": float(np.percentile(a, 50)), "p99_us": float(np.percentile(a, 99)),
-            "n": n, "client_cpu_us_per_request": client_cpu * 1e6}
-
-
 def measure(kind: str, port: int, metrics_port: int, pid: int, ca: bytes | None,
             answer: int, args: argparse.Namespace) -> dict[str, Any]:
     figures: dict[str, Any] = {}
     before = tls_bytes(metrics_port)
-    figures["identity_sequential"] = sequential(port, "identity", args.n_identity, ca)
+    figures["identity_sequential"] = grpc_sequential(port, "identity", args.n_identity, ca)
     calls = args.n_identity + max(args.n_identity // 10, 5)
     figures["tls_bytes_per_identity_call"] = (tls_bytes(metrics_port) - before) / calls
-    figures["resnet50_sequential"] = sequential(port, "resnet50", args.n_resnet, ca)
+    figures["resnet50_sequential"] = grpc_sequential(port, "resnet50", args.n_resnet, ca)
     if shutil.which("h2load") is None:
         figures["skipped"] = "h2load is not installed (apt-get install nghttp2-client)"
         return figures

@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 from tritonclient.utils import InferenceServerException
 
 from tests.e2e.conftest import RunningServer, start_server, stop_server
+from tests.e2e.test_grpc_wire import copied_per_call
 from tests.pipeline import repo_builder as rb
 
 WAIT_S = 10.0  # a bound on waiting for the server to give failed handshakes' places back
@@ -130,15 +131,8 @@ def test_a_tensor_over_tls_arrives_in_place_and_comes_back_whole(
     KiB copied, as without TLS; best of five calls), and what TLS handled is counted."""
     values = np.random.default_rng(3).standard_normal(225_000).astype(np.float32)
     before = _tls_copies(tls)
-    copied = []
     with _client(tls, **_trusting(certs)) as client:
-        item = grpcclient.InferInput("INPUT__0", [values.size], "FP32")
-        item.set_data_from_numpy(values)
-        for _ in range(5):
-            result = client.infer("wide", [item], parameters={"tensorgate_report_copies": True})
-            assert result.as_numpy("OUTPUT__0").tobytes() == values.tobytes()
-            copied.append(result.get_response().parameters["tensorgate_copied_bytes"]
-                          .int64_param)
+        copied = copied_per_call(client, values)
     assert min(copied) <= 64 << 10, copied
     assert _tls_copies(tls) - before >= 5 * 2 * values.nbytes  # each call in and out
 

@@ -309,13 +309,20 @@ def test_large_frames_are_received_in_place(server: RunningServer) -> None:
     read straight into the message buffer, so only the first few KiB are copied (counted).
     Best of five calls: grpcio may split a message into smaller frames now and then."""
     values = np.random.default_rng(9).standard_normal(225_000).astype(np.float32)
-    copied = []
     with grpcclient.InferenceServerClient(server.grpc_url) as client:
-        item = grpcclient.InferInput("INPUT__0", [values.size], "FP32")
-        item.set_data_from_numpy(values)
-        for _ in range(5):
-            result = client.infer("wide", [item], parameters={"tensorgate_report_copies": True})
-            assert result.as_numpy("OUTPUT__0").tobytes() == values.tobytes()
-            copied.append(result.get_response().parameters["tensorgate_copied_bytes"]
-                          .int64_param)
+        copied = copied_per_call(client, values)
     assert min(copied) <= 64 << 10, copied
+
+
+def copied_per_call(client: grpcclient.InferenceServerClient, values: np.ndarray,
+                    calls: int = 5) -> list[int]:
+    """`values` through `wide` `calls` times, each answer checked: the bytes the server
+    copied for each call (its tensorgate_copied_bytes)."""
+    item = grpcclient.InferInput("INPUT__0", [values.size], "FP32")
+    item.set_data_from_numpy(values)
+    copied = []
+    for _ in range(calls):
+        result = client.infer("wide", [item], parameters={"tensorgate_report_copies": True})
+        assert result.as_numpy("OUTPUT__0").tobytes() == values.tobytes()
+        copied.append(result.get_response().parameters["tensorgate_copied_bytes"].int64_param)
+    return copied
