@@ -20,7 +20,7 @@ from typing import Generic, TypeVar
 
 __all__ = ["HANDSHAKE_TIMEOUT_S", "Handshakes", "server_context"]
 
-HANDSHAKE_TIMEOUT_S = 10.0  # at most; a loopback handshake takes ~1 ms, a far client ~100
+HANDSHAKE_TIMEOUT_S = 10.0  # at most; a handshake takes ~1 ms on loopback, ~100 ms far away
 _SWEEP_MARGIN_S = 1.0       # past the transport's own timeout, before we give up on one
 
 C = TypeVar("C")
