@@ -225,3 +225,55 @@ def test_tritonclient_reconnects_after_its_idle_connection_was_closed(
                 assert result.as_numpy("OUTPUT__0").tolist() == value.tolist()
                 await asyncio.sleep(1.5)
     asyncio.run(asyncio.wait_for(scenario(), 30))
+
+
+def _read_until_closed_or(sock: socket.socket, limit_s: float) -> bytes:
+    """What arrives until the server closes, or `limit_s` passes."""
+    try:
+        return _read_all(sock, limit_s)
+    except TimeoutError:
+        return b""
+
+
+def _trickle(server: RunningServer, length: int) -> socket.socket:
+    """A request that announces a `length`-byte body and sends one byte of it."""
+    sock = _http(server)
+    sock.sendall(f"POST /v2/models/identity/infer HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                 f"application/json\r\nContent-Length: {length}\r\n\r\n{{".encode())
+    return sock
+
+
+def test_bodies_that_trickle_give_their_buffers_back_when_the_pool_is_full(
+        e2e_repo, tmp_path) -> None:
+    """Two requests announce 3 MiB bodies and send a byte: with a 6 MiB pool a third is
+    refused 503 by name (not 'malformed'); a second later (their rate known) the next
+    request's body takes the buffer of the slowest, which is answered 408 saying why."""
+    server = start_server(e2e_repo, tmp_path / "server.log", "--host-pool-bytes",
+                          str(6 << 20), "--max-request-bytes", str(3 << 20))
+    body = json.dumps({"inputs": [{"name": "INPUT__0", "shape": [1, 3, 4], "datatype": "FP32",
+                                   "data": list(range(12))}]}).encode()
+    small = (f"POST /v2/models/identity/infer HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+             f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+             ).encode() + body
+    slow: list[socket.socket] = []
+    try:
+        slow += [_trickle(server, 3 << 20) for _ in range(2)]
+        time.sleep(0.3)
+        with _trickle(server, 3 << 20) as third:
+            answer = _read_all(third)
+        assert answer.startswith(b"HTTP/1.1 503"), answer[:200]
+        assert b"host buffer pool is full" in answer
+        time.sleep(1.0)
+        with _http(server) as sock:
+            sock.sendall(small)
+            answer = _read_all(sock)
+        assert answer.startswith(b"HTTP/1.1 200"), answer[:300]
+        refused = [_read_until_closed_or(sock, 2.0) for sock in slow]
+        timed_out = [a for a in refused if a.startswith(b"HTTP/1.1 408")]
+        assert len(timed_out) == 1, refused
+        assert b"the request body arrives too slowly while the server's buffer pool is full" \
+            in timed_out[0]
+    finally:
+        for sock in slow:
+            sock.close()
+        assert stop_server(server) == 0, server.log.read_text()
