@@ -26,7 +26,7 @@ from tensorgate.config import ServerConfig
 from tensorgate.dataplane import DataPlane
 from tensorgate.errors import NotFoundError, TensorgateError
 from tensorgate.host_metrics import HostSampler
-from tensorgate.network import ConnectionBudget
+from tensorgate.network import ConnectionBudget, PoolRelief
 from tensorgate.network.grpc import GrpcFrontEnd
 from tensorgate.metrics import LatencyMetrics, render_metrics
 from tensorgate.network.http import HttpFrontEnd
@@ -119,17 +119,18 @@ class Server:
                               config.model_control_mode, self.log_settings, self.tracer,
                               config.strict_readiness, config.server_id)
         budget = ConnectionBudget(_fit_open_files(config.max_connections))
+        relief = PoolRelief(config.read_timeout_s)  # slow bodies of either give way
         if config.allow_http:
             self._http = HttpFrontEnd(dataplane, default_pool(), config.max_request_bytes,
                                       config.read_timeout_s, config.keep_alive_timeout_s,
                                       budget, _pattern(config.http_header_forward_pattern),
-                                      parse_restrictions(config.http_restricted_api))
+                                      parse_restrictions(config.http_restricted_api), relief)
         if config.allow_grpc:
             self._grpc = GrpcFrontEnd(dataplane, default_pool(), config.max_request_bytes,
                                       config.read_timeout_s, budget,
                                       _pattern(config.grpc_header_forward_pattern),
                                       parse_restrictions(config.grpc_restricted_api,
-                                                         GRPC_PREFIX), tls)
+                                                         GRPC_PREFIX), tls, relief)
         polling = config.model_control_mode == "poll"
         seen = await _fingerprints(repository) if polling else None  # before loading
         explicit = config.model_control_mode == "explicit"

@@ -9,6 +9,7 @@ import json
 import re
 import socket
 import time
+import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 
@@ -276,4 +277,44 @@ def test_bodies_that_trickle_give_their_buffers_back_when_the_pool_is_full(
     finally:
         for sock in slow:
             sock.close()
+        assert stop_server(server) == 0, server.log.read_text()
+
+
+def test_a_trickling_grpc_message_gives_way_to_an_http_request(e2e_repo, tmp_path) -> None:
+    """The same across front ends: a gRPC ModelInfer whose 3 MiB message stops after its
+    first tensor's start, and an HTTP body that came faster, fill a 6 MiB pool; an HTTP
+    request a second later takes the gRPC message's buffer (the slower), which ends
+    DEADLINE_EXCEEDED saying why, while the HTTP body goes on arriving."""
+    server = start_server(e2e_repo, tmp_path / "server.log", "--host-pool-bytes",
+                          str(6 << 20), "--max-request-bytes", str(3 << 20))
+    request = pb.ModelInferRequest(model_name="wide")
+    item = request.inputs.add(name="INPUT__0", datatype="FP32")
+    item.shape.append(700_000)
+    request.raw_input_contents.append(bytes(2_800_000))
+    message = request.SerializeToString()
+    head = message[:len(message) - 2_800_000]  # every field up to the tensor's first byte
+    body = json.dumps({"inputs": [{"name": "INPUT__0", "shape": [1, 3, 4], "datatype": "FP32",
+                                   "data": list(range(12))}]}).encode()
+    small = (f"POST /v2/models/identity/infer HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+             f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+             ).encode() + body
+    client = h2.H2Client(_port(server))
+    http_body = _trickle(server, 3 << 20)
+    try:
+        stream = client.call("ModelInfer", None, end_stream=False)
+        client.send(h2.DATA, 0, stream, b"\x00" + len(message).to_bytes(4, "big") + head)
+        http_body.sendall(b" " * (256 << 10))  # faster than the gRPC message
+        time.sleep(1.2)
+        with _http(server) as sock:
+            sock.sendall(small)
+            answer = _read_all(sock)
+        assert answer.startswith(b"HTTP/1.1 200"), answer[:300]
+        headers, _ = client.response(stream)
+        assert headers.get("grpc-status") == "4", headers  # DEADLINE_EXCEEDED
+        assert "arrives too slowly while the server's buffer pool is full" in \
+            urllib.parse.unquote(headers.get("grpc-message", "")), headers
+        assert _read_until_closed_or(http_body, 0.5) == b""  # still being read
+    finally:
+        client.close()
+        http_body.close()
         assert stop_server(server) == 0, server.log.read_text()

@@ -4,8 +4,11 @@ share; loop selection. Never imports torch."""
 import asyncio
 import logging
 import time
+from collections.abc import Callable, Iterable
+from typing import Protocol
 
-__all__ = ["ConnectionBudget", "RefusedConnection", "stalled_message"]
+__all__ = ["ConnectionBudget", "PoolRelief", "RefusedConnection", "SlowReceiver",
+           "arrival_eta", "slow_message", "stalled_message"]
 
 REFUSED_LINGER_S = 1.0  # a refused connection is closed this long after its answer at most
 REFUSAL_LOG_PERIOD_S = 10.0  # refusals are logged at most this often
@@ -75,3 +78,69 @@ def stalled_message(quiet_s: float, limit_s: float) -> str:
     --read-timeout-s): HTTP 408, gRPC DEADLINE_EXCEEDED."""
     return (f"the request stopped arriving: no bytes for {quiet_s:.1f} s (the server waits "
             f"{limit_s:g} s, --read-timeout-s)")
+
+
+class SlowReceiver(Protocol):
+    """A request body or message being read into a pooled buffer taken whole at its start."""
+
+    def body_eta(self, now_ns: int) -> float | None:
+        """Seconds the rest still needs at the rate it has come so far; None unless it is
+        arriving into its buffer, and has been for a second or more."""
+
+    def refuse_slow(self, eta_s: float, limit_s: float) -> int:
+        """Answer it (HTTP 408, gRPC DEADLINE_EXCEEDED) and let its buffer go: bytes freed."""
+
+
+class PoolRelief:
+    """When the host buffer pool is full, bodies that arrive too slowly give way. A body's
+    buffer is taken whole when it begins (it is read into place), so a few connections that
+    each announce --max-request-bytes and send a byte now and then would hold the whole
+    pool, and every other request be refused (17 did, with 17 bytes). A front end that
+    cannot get a buffer asks `relieve`: bodies, HTTP and gRPC alike, that would need more
+    than `limit_s` (the read timeout) to arrive at their rate so far are refused, longest
+    first, until as many bytes as needed are freed."""
+
+    def __init__(self, limit_s: float) -> None:
+        self.limit_s = limit_s
+        self._sources: list[Callable[[], Iterable[SlowReceiver]]] = []
+
+    def add_source(self, receivers: Callable[[], Iterable[SlowReceiver]]) -> None:
+        self._sources.append(receivers)
+
+    def relieve(self, needed: int, asking: object) -> bool:
+        """Free at least `needed` bytes by refusing slow bodies other than `asking`'s;
+        whether any were refused."""
+        now = time.monotonic_ns()
+        slow = []
+        for source in self._sources:
+            for receiver in source():
+                eta = receiver.body_eta(now) if receiver is not asking else None
+                if eta is not None and eta > self.limit_s:
+                    slow.append((eta, receiver))
+        slow.sort(key=lambda pair: pair[0], reverse=True)
+        freed = refused = 0
+        for eta, receiver in slow:
+            if freed >= needed:
+                break
+            freed += receiver.refuse_slow(eta, self.limit_s)
+            refused += 1
+        if refused:
+            log.warning("the buffer pool was full: %d slow request bodies refused to give back "
+                        "%d bytes", refused, freed)
+        return refused > 0
+
+
+def arrival_eta(received: int, length: int, elapsed_s: float) -> float | None:
+    """Seconds the rest of a body still needs at the rate it has come so far; None for one
+    begun less than a second ago (its rate is not known yet)."""
+    if elapsed_s < 1.0:
+        return None
+    rate = received / elapsed_s
+    return (length - received) / rate if rate > 0 else float("inf")
+
+
+def slow_message(received: int, length: int, elapsed_s: float, eta_s: float,
+                 limit_s: float) -> str:
+    return (f"the request body arrives too slowly while the server's buffer pool is full: "
+            f"{received} of {length} bytes in {elapsed_s:.1f} s, the rest would take "
+            f"{eta_s:.0f} s at that rate (bodies that need more than {limit_s:g} s give way)")

@@ -20,7 +20,8 @@ from typing import Any
 
 from tensorgate.dataplane import DataPlane
 from tensorgate.errors import InvalidArgumentError, TensorgateError
-from tensorgate.network import ConnectionBudget, RefusedConnection, http2, stalled_message
+from tensorgate.network import (ConnectionBudget, PoolRelief, RefusedConnection, arrival_eta,
+                               http2, slow_message, stalled_message)
 from tensorgate.network.grpc_messages import (CODES, OK_TRAILERS, RESPONSE_HEADERS, CallHeaders,
                                               Failure, HttpRefusal, MessageReader, error_block,
                                               inflate_message, read_call_headers)
@@ -92,7 +93,8 @@ class _Call:
         self.forwarded = call.forwarded
         self.traceparent = call.traceparent
         self.reader = MessageReader(front.pool, front.max_message_bytes, call.encoding,
-                                    place=call.path == _MODEL_INFER, on_message=self._whole)
+                                    place=call.path == _MODEL_INFER, on_message=self._whole,
+                                    relieve=lambda nbytes: front.relief.relieve(nbytes, self))
         # the message once whole: its bytes, encoding and copy ledger
         self._request: tuple[Any, str, CopyLedger] | None = None
         self._task: asyncio.Task[None] | None = None
@@ -162,6 +164,18 @@ class _Call:
     def timed_out(self, quiet_s: float, limit_s: float) -> None:
         self._fail("DEADLINE_EXCEEDED", stalled_message(quiet_s, limit_s))
 
+    def body_eta(self, now_ns: int) -> float | None:
+        """network.SlowReceiver: its message, while it arrives into a pooled buffer."""
+        arrival = None if self._answered else self.reader.arrival(now_ns)
+        return None if arrival is None else arrival_eta(*arrival)
+
+    def refuse_slow(self, eta_s: float, limit_s: float) -> int:
+        arrival = self.reader.arrival(time.monotonic_ns())
+        if arrival is None:
+            return 0
+        self._fail("DEADLINE_EXCEEDED", slow_message(*arrival, eta_s, limit_s))
+        return arrival[1]
+
     # -- running it ------------------------------------------------------------------------
 
     async def _run(self) -> None:
@@ -230,8 +244,9 @@ class GrpcFrontEnd:
                  read_timeout_s: float = 30.0, budget: ConnectionBudget | None = None,
                  header_forward: re.Pattern[str] | None = None,
                  restricted: Restrictions | None = None,
-                 tls: ssl.SSLContext | None = None) -> None:
-        """`tls`: serve over TLS with this context (network/tls.py), else plain."""
+                 tls: ssl.SSLContext | None = None, relief: PoolRelief | None = None) -> None:
+        """`tls`: serve over TLS with this context (network/tls.py), else plain. `relief`:
+        shared with the HTTP front end (server.py)."""
         self.dataplane = dataplane
         self.header_forward = header_forward  # metadata passed to models as parameters
         self.restricted = restricted or {}    # API group → the metadata it needs
@@ -243,6 +258,8 @@ class GrpcFrontEnd:
         self.streams: set[StreamCall] = set()  # open ModelStreamInfer calls
         self._server: asyncio.base_events.Server | None = None
         self.tls = tls
+        self.relief = relief or PoolRelief(read_timeout_s)
+        self.relief.add_source(self._receivers)
         # connections accepted over TLS whose handshake our protocol has not seen end
         self._handshakes: Handshakes[http2.Http2Connection] = Handshakes(
             min(read_timeout_s, HANDSHAKE_TIMEOUT_S))
@@ -255,7 +272,7 @@ class GrpcFrontEnd:
                 self._check_restricted(call.path, headers)
             if call.path == _MODEL_STREAM_INFER:
                 return StreamCall(self.dataplane, self.pool, self.max_message_bytes,
-                                  connection, stream, call, self.streams)
+                                  connection, stream, call, self.streams, self.relief)
             if call.path != _MODEL_INFER and call.path not in UNARY:
                 raise Failure("UNIMPLEMENTED", f"unknown method {call.path}; this server "
                                                f"implements {_KNOWN}")
@@ -301,6 +318,12 @@ class GrpcFrontEnd:
         if self.tls is not None:
             for connection in self._handshakes.sweep(now, self._made):
                 self._closed(connection)  # its handshake failed: our protocol never knew
+
+    def _receivers(self) -> list[Any]:
+        """Calls and streams whose message may be arriving into a pooled buffer."""
+        return [stream.handler for connection in self.connections
+                for stream in connection.streams.values()
+                if isinstance(stream.handler, (_Call, StreamCall))]
 
     def _made(self, connection: http2.Http2Connection) -> bool:
         """Whether the connection's protocol saw its handshake end: it has (or had, and

@@ -138,15 +138,20 @@ class MessageReader:
     Raises Failure (or a TensorgateError for a malformed message found while placing it).
     With `on_refused`, a message that is malformed where it is placed, or that the pool has
     no room for, is read past instead and `on_refused` gets the failure once it has gone by
-    (a stream carries on)."""
+    (a stream carries on). `relieve(nbytes)`, when the pool is full, asks slow bodies to give
+    their buffers back (network.PoolRelief) before the message is refused."""
 
     __slots__ = ("_pool", "_limit", "_place_messages", "_on_message", "_on_refused",
                  "_encoding", "_ledger", "_prefix", "_length", "_received", "_message",
-                 "_head", "_counted_from", "_copied", "_message_encoding", "_skipping")
+                 "_head", "_counted_from", "_copied", "_message_encoding", "_skipping",
+                 "_relieve", "_began_ns")
 
     def __init__(self, pool: BufferPool, limit: int, encoding: str, place: bool,
-                 on_message: OnMessage, on_refused: OnRefused | None = None) -> None:
+                 on_message: OnMessage, on_refused: OnRefused | None = None,
+                 relieve: Callable[[int], bool] | None = None) -> None:
         self._pool = pool
+        self._relieve = relieve
+        self._began_ns = 0  # when the current message's prefix came
         self._limit = limit
         self._encoding = encoding
         self._place_messages = place
@@ -168,6 +173,14 @@ class MessageReader:
     def partial(self) -> bool:
         """Whether a message has begun and is not yet whole."""
         return self._length >= 0 or bool(self._prefix)
+
+    def arrival(self, now_ns: int) -> tuple[int, int, float] | None:
+        """(bytes received, message length, seconds since it began) of a message arriving
+        into its pooled buffer; None when there is none."""
+        if self._length < 0 or self._head is not None or self._skipping is not None \
+                or not isinstance(self._message, memoryview):
+            return None
+        return self._received, self._length, (now_ns - self._began_ns) / 1e9
 
     def discard(self) -> None:
         """Forget a partial message (the call is over)."""
@@ -249,6 +262,7 @@ class MessageReader:
                                                 f"the {self._limit}-byte limit "
                                                 "(--max-request-bytes)")
         self._length, self._received = length, 0
+        self._began_ns = time.monotonic_ns()
         self._ledger = CopyLedger()
         self._message_encoding = self._encoding if flag else "identity"
         if self._place_messages and not flag:
@@ -271,7 +285,7 @@ class MessageReader:
         # Bytes before the first tensor are the message's small fields: not counted.
         self._counted_from = offset if offset is not None else self._length
         try:
-            buffer = self._pool.acquire(self._length + pad)
+            buffer = self._acquire(self._length + pad)
         except PoolExhaustedError as error:
             failure = Failure("UNAVAILABLE", error.message)
             if self._on_refused is None:
@@ -281,6 +295,14 @@ class MessageReader:
         # the view keeps the pooled buffer alive, and so do the input views made of it
         self._message = memoryview(buffer).cast("B")[pad:pad + self._length]
         self._copy_in(memoryview(head))
+
+    def _acquire(self, nbytes: int) -> Any:
+        try:
+            return self._pool.acquire(nbytes)
+        except PoolExhaustedError:
+            if self._relieve is None or not self._relieve(nbytes):
+                raise
+        return self._pool.acquire(nbytes)
 
     def _refuse(self, failure: Failure, received: int) -> None:
         """Read past the rest of this message; `on_refused` hears why once it has gone by."""

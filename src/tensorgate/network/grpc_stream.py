@@ -31,7 +31,7 @@ from typing import Any
 
 from tensorgate.dataplane import DataPlane
 from tensorgate.errors import TensorgateError
-from tensorgate.network import http2, stalled_message
+from tensorgate.network import PoolRelief, arrival_eta, http2, slow_message, stalled_message
 from tensorgate.network.grpc_messages import (CODES, OK_TRAILERS, RESPONSE_HEADERS, CallHeaders,
                                               Failure, MessageReader, inflate_message, trailers)
 from tensorgate.network.grpc_methods import model_infer, model_infer_responses
@@ -61,7 +61,8 @@ class StreamCall:
 
     def __init__(self, dataplane: DataPlane, pool: BufferPool, max_message_bytes: int,
                  connection: http2.Http2Connection, stream: http2.Http2Stream,
-                 call: CallHeaders, registry: set[StreamCall]) -> None:
+                 call: CallHeaders, registry: set[StreamCall],
+                 relief: PoolRelief | None = None) -> None:
         self.dataplane = dataplane
         self.connection = connection
         self.stream = stream
@@ -69,8 +70,10 @@ class StreamCall:
         self.forwarded = call.forwarded
         self.traceparent = call.traceparent  # the stream's: each of its requests joins it
         self._limit = max_message_bytes
-        self.reader = MessageReader(pool, max_message_bytes, call.encoding, place=True,
-                                    on_message=self._whole, on_refused=self._refused)
+        self.reader = MessageReader(
+            pool, max_message_bytes, call.encoding, place=True, on_message=self._whole,
+            on_refused=self._refused,
+            relieve=None if relief is None else lambda nbytes: relief.relieve(nbytes, self))
         self._registry = registry
         self._waiting: deque[tuple[Any, str, CopyLedger, int]] = deque()
         self._tasks: set[asyncio.Task[None]] = set()
@@ -143,6 +146,20 @@ class StreamCall:
 
     def timed_out(self, quiet_s: float, limit_s: float) -> None:
         self._end("DEADLINE_EXCEEDED", stalled_message(quiet_s, limit_s))
+
+    def body_eta(self, now_ns: int) -> float | None:
+        """network.SlowReceiver: its request message, while it arrives into a pooled
+        buffer."""
+        arrival = None if self._closed or self._draining else self.reader.arrival(now_ns)
+        return None if arrival is None else arrival_eta(*arrival)
+
+    def refuse_slow(self, eta_s: float, limit_s: float) -> int:
+        """The stream ends (its other requests' answers already sent stay)."""
+        arrival = self.reader.arrival(time.monotonic_ns())
+        if arrival is None:
+            return 0
+        self._end("DEADLINE_EXCEEDED", slow_message(*arrival, eta_s, limit_s))
+        return arrival[1]
 
     def drain(self) -> None:
         """Shutdown: read no more requests; answer those received, then end the stream."""

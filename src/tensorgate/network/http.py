@@ -38,7 +38,8 @@ import httptools
 
 from tensorgate.dataplane import DataPlane
 from tensorgate.errors import InvalidArgumentError, PoolExhaustedError, TensorgateError
-from tensorgate.network import ConnectionBudget, RefusedConnection, stalled_message
+from tensorgate.network import (ConnectionBudget, PoolRelief, RefusedConnection, arrival_eta,
+                               slow_message, stalled_message)
 from tensorgate.network.http_routes import API_GROUP, HttpRequest, StreamedResponse, route
 from tensorgate.protocol.infer_codec import json_error
 from tensorgate.protocol.restricted import Restrictions, refusal
@@ -83,7 +84,10 @@ class HttpFrontEnd:
                  read_timeout_s: float = 30.0, keep_alive_timeout_s: float = 75.0,
                  budget: ConnectionBudget | None = None,
                  header_forward: re.Pattern[str] | None = None,
-                 restricted: Restrictions | None = None) -> None:
+                 restricted: Restrictions | None = None,
+                 relief: PoolRelief | None = None) -> None:
+        """`relief`: shared with the gRPC front end (server.py), so that slow bodies of
+        either give way to the other's when the pool is full."""
         self.dataplane = dataplane
         self.header_forward = header_forward  # headers passed to models as parameters
         self.restricted = restricted or {}    # API group → the header it needs
@@ -94,28 +98,8 @@ class HttpFrontEnd:
         self.keep_alive_timeout_s = keep_alive_timeout_s
         self.connections: set[_Connection] = set()
         self._server: asyncio.base_events.Server | None = None
-
-    def relieve(self, needed: int, asking: _Connection) -> bool:
-        """The pool is full and `asking` needs `needed` bytes: bodies that would take more
-        than the read timeout to arrive at their rate so far are answered 408, longest
-        first, until as many bytes as needed are given back. Whether any were."""
-        now = time.monotonic_ns()
-        slow = []
-        for connection in self.connections:
-            eta = connection.body_eta(now) if connection is not asking else None
-            if eta is not None and eta > self.read_timeout_s:
-                slow.append((eta, connection))
-        slow.sort(key=lambda pair: pair[0], reverse=True)
-        freed = refused = 0
-        for eta, connection in slow:
-            if freed >= needed:
-                break
-            freed += connection.refuse_slow(eta, self.read_timeout_s)
-            refused += 1
-        if refused:
-            log.warning("the buffer pool was full: %d slow request bodies refused (408) to give "
-                        "back %d bytes", refused, freed)
-        return refused > 0
+        self.relief = relief or PoolRelief(read_timeout_s)
+        self.relief.add_source(lambda: self.connections)
 
     def expire(self, now: float) -> None:
         """Called about once a second (server.py): answer requests whose bytes stopped
@@ -317,15 +301,13 @@ class _Connection(asyncio.BufferedProtocol):
             request.body = self._body_memory
 
     def _acquire(self, nbytes: int) -> Any:
-        """The body's pooled buffer. A full pool first takes back the buffers of bodies that
-        arrive too slowly to finish soon (the front end's `relieve`): a few connections that
-        each announce --max-request-bytes and send a byte now and then would otherwise
-        hold the whole pool (17 did, with 17 bytes) and every other request be refused."""
+        """The body's pooled buffer; a full pool first takes back those of bodies that arrive
+        too slowly (network.PoolRelief), else the request is refused 503 by name."""
         pool = self.front.pool
         try:
             return pool.acquire(nbytes)
         except PoolExhaustedError as error:
-            if not self.front.relieve(nbytes, self):
+            if not self.front.relief.relieve(nbytes, self):
                 raise _Refusal(503, error.message) from None
         try:
             return pool.acquire(nbytes)
@@ -337,22 +319,15 @@ class _Connection(asyncio.BufferedProtocol):
         is arriving into its buffer, and has been for a second or more."""
         if not self._in_body or self._body_memory is None or self._task is not None:
             return None
-        elapsed = (now_ns - self._request.began_ns) / 1e9
-        if elapsed < 1.0:
-            return None
-        rate = self._received / elapsed
-        left = self._request.length - self._received
-        return left / rate if rate > 0 else float("inf")
+        return arrival_eta(self._received, self._request.length,
+                           (now_ns - self._request.began_ns) / 1e9)
 
-    def refuse_slow(self, eta: float, limit_s: float) -> int:
+    def refuse_slow(self, eta_s: float, limit_s: float) -> int:
         """Answer 408 and let the body's buffer go (the pool needs it): bytes given back."""
         request = self._request
         held = request.length
         elapsed = (time.monotonic_ns() - request.began_ns) / 1e9
-        self._refuse(408, f"the request body arrives too slowly while the server's buffer "
-                          f"pool is full: {self._received} of {request.length} bytes in "
-                          f"{elapsed:.1f} s, the rest would take {eta:.0f} s at that rate "
-                          f"(bodies that need more than {limit_s:g} s give way)")
+        self._refuse(408, slow_message(self._received, request.length, elapsed, eta_s, limit_s))
         return held
 
     def on_body(self, data: bytes) -> None:
