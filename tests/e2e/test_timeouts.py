@@ -318,3 +318,45 @@ def test_a_trickling_grpc_message_gives_way_to_an_http_request(e2e_repo, tmp_pat
         client.close()
         http_body.close()
         assert stop_server(server) == 0, server.log.read_text()
+
+
+def _chunk(data: bytes) -> bytes:
+    return b"%x\r\n%b\r\n" % (len(data), data)
+
+
+def test_chunked_bodies_are_answered_and_held_in_the_pool(e2e_repo, tmp_path) -> None:
+    """A chunked request body (in pieces of any size) is answered as a sized one; such
+    bodies take their memory from the pool (6 MiB here): two that have sent 1.5 MiB each (in
+    buffers of 2 MiB, doubled as they fill) leave no room for a third's 2.5 MiB, refused 503
+    by name, while the two are still read."""
+    server = start_server(e2e_repo, tmp_path / "server.log", "--host-pool-bytes",
+                          str(6 << 20), "--max-request-bytes", str(3 << 20))
+    body = json.dumps({"inputs": [{"name": "INPUT__0", "shape": [1, 3, 4], "datatype": "FP32",
+                                   "data": list(range(12))}]}).encode()
+    head = (b"POST /v2/models/identity/infer HTTP/1.1\r\nHost: x\r\nContent-Type: "
+            b"application/json\r\nTransfer-Encoding: chunked\r\n")
+    held: list[socket.socket] = []
+    try:
+        with _http(server) as sock:
+            sock.sendall(head + b"Connection: close\r\n\r\n" + _chunk(body[:7])
+                         + _chunk(body[7:40]) + _chunk(body[40:]) + b"0\r\n\r\n")
+            answer = _read_all(sock)
+        assert answer.startswith(b"HTTP/1.1 200"), answer[:300]
+        assert json.loads(answer.partition(b"\r\n\r\n")[2])["outputs"][0]["data"] == \
+            list(range(12))
+        for _ in range(2):
+            sock = _http(server)
+            held.append(sock)
+            sock.sendall(head + b"\r\n" + b"".join(_chunk(b" " * (256 << 10))
+                                                    for _ in range(6)))
+        time.sleep(0.5)
+        with _http(server) as sock:
+            sock.sendall(head + b"\r\n" + _chunk(b" " * (5 << 19)))
+            answer = _read_until_closed_or(sock, 5)
+        assert answer.startswith(b"HTTP/1.1 503"), answer[:300]
+        assert b"host buffer pool is full" in answer
+        assert all(_read_until_closed_or(sock, 0.3) == b"" for sock in held)  # still read
+    finally:
+        for sock in held:
+            sock.close()
+        assert stop_server(server) == 0, server.log.read_text()

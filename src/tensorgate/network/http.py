@@ -44,7 +44,7 @@ from tensorgate.network.http_routes import API_GROUP, HttpRequest, StreamedRespo
 from tensorgate.protocol.infer_codec import json_error
 from tensorgate.protocol.restricted import Restrictions, refusal
 from tensorgate.protocol.status import codes_for
-from tensorgate.tensor.copies import record_copy
+from tensorgate.tensor.copies import CopyLedger, record_copy
 from tensorgate.tensor.buffer import ALIGNMENT
 from tensorgate.tensor.pool import BufferPool
 
@@ -56,6 +56,7 @@ log = logging.getLogger("tensorgate.http")
 # copied into the body buffer); a typical tritonclient request needs two reads of headers.
 _HEAD_WINDOW = 256
 _MAX_HEAD = 64 * 1024         # more header bytes than this: 431
+_CHUNKED_FIRST_BYTES = 64 << 10  # a chunked body's first buffer
 _LINGER_S = 2.0               # a closing connection reads and drops what still comes this long
 _REASONS = {200: "OK", 400: "Bad Request", 403: "Forbidden", 404: "Not Found",
             405: "Method Not Allowed",
@@ -147,7 +148,7 @@ class _Connection(asyncio.BufferedProtocol):
     _keep_alive: bool
     _headers_done: bool
     _in_body: bool
-    _chunked: bytearray | None   # a chunked body, gathered
+    _chunked: _ChunkedBody | None  # a chunked body, gathered
     _body_memory: memoryview | None  # where a sized body is read to: a pooled buffer
     _received: int
     _head_bytes: int
@@ -285,7 +286,7 @@ class _Connection(asyncio.BufferedProtocol):
         length_text = request.headers.get("content-length")
         if length_text is None:
             if request.headers.get("transfer-encoding", "").lower() == "chunked":
-                self._chunked = bytearray()
+                self._chunked = _ChunkedBody(self.front.pool)
             return
         length = int(length_text)  # httptools has already checked it
         if length > limit:
@@ -332,10 +333,13 @@ class _Connection(asyncio.BufferedProtocol):
 
     def on_body(self, data: bytes) -> None:
         if self._chunked is not None:
-            if len(self._chunked) + len(data) > self.front.max_request_bytes:
+            if self._chunked.length + len(data) > self.front.max_request_bytes:
                 raise _Refusal(413, f"chunked request body exceeds the "
                                     f"{self.front.max_request_bytes}-byte limit")
-            self._chunked += data
+            try:
+                self._chunked.append(data, self._request.ledger)
+            except PoolExhaustedError as error:
+                raise _Refusal(503, error.message) from None
             return
         assert self._body_memory is not None
         start = self._received
@@ -349,7 +353,7 @@ class _Connection(asyncio.BufferedProtocol):
 
     def on_message_complete(self) -> None:
         if self._chunked is not None:
-            body = bytes(self._chunked)
+            body = self._chunked.body()
             record_copy(len(body), "receive", self._request.ledger)
             self._request.body, self._request.length = body, len(body)
             self._chunked = None
@@ -543,6 +547,35 @@ class _Connection(asyncio.BufferedProtocol):
         self._closing_when_idle = True
         if self._task is None and self.transport is not None:
             _close(self.transport)
+
+
+class _ChunkedBody:
+    """A chunked request body, gathered in a pooled buffer that doubles as it fills: such
+    bodies count against the pool as sized ones do (a bytearray each was outside it, so
+    connections sending chunked bodies were bounded only by --max-request-bytes each)."""
+
+    __slots__ = ("_pool", "_buffer", "_view", "length")
+
+    def __init__(self, pool: BufferPool) -> None:
+        self._pool = pool
+        self._buffer: Any = None  # the pooled buffer `_view` is of
+        self._view = memoryview(b"")
+        self.length = 0
+
+    def append(self, data: bytes, ledger: CopyLedger) -> None:
+        end = self.length + len(data)
+        if end > len(self._view):
+            buffer = self._pool.acquire(max(_CHUNKED_FIRST_BYTES, 2 * len(self._view), end))
+            view = memoryview(buffer).cast("B")
+            if self.length:  # what came so far moves to the larger buffer
+                view[:self.length] = self._view[:self.length]
+                record_copy(self.length, "receive", ledger)
+            self._buffer, self._view = buffer, view
+        self._view[self.length:end] = data
+        self.length = end
+
+    def body(self) -> memoryview:
+        return self._view[:self.length]
 
 
 def _close(transport: asyncio.Transport) -> None:
