@@ -326,3 +326,24 @@ def copied_per_call(client: grpcclient.InferenceServerClient, values: np.ndarray
         assert result.as_numpy("OUTPUT__0").tobytes() == values.tobytes()
         copied.append(result.get_response().parameters["tensorgate_copied_bytes"].int64_param)
     return copied
+
+
+def test_a_message_announced_large_costs_only_what_arrives(server: RunningServer) -> None:
+    """20 calls (not ModelInfer: their messages are not placed) each announce a 1 MiB
+    message in 5 bytes and send no more: the server's memory grows by what came, not by
+    what was announced (it grew by 550 MB for 20 × 64 MiB), and it serves on."""
+    def rss_mb() -> float:
+        with open(f"/proc/{server.process.pid}/status") as status:
+            return int(next(line for line in status if line.startswith("VmRSS")).split()[1]) / 1024
+    before = rss_mb()
+    client = h2.H2Client(_port(server))
+    try:
+        for _ in range(20):
+            stream = client.call("ModelMetadata", None, end_stream=False)
+            client.send(h2.DATA, 0, stream, b"\x00" + (1 << 20).to_bytes(4, "big") + b"\x0a")
+        client.send(h2.PING, 0, 0, bytes(8))  # answered once the DATA before it is read
+        client.frames_until(lambda frame: frame.kind == h2.PING)
+        assert rss_mb() - before < 10, f"{rss_mb() - before:.0f} MB for 100 bytes sent"
+    finally:
+        client.close()
+    _assert_serving(server)
