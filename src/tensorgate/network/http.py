@@ -286,7 +286,7 @@ class _Connection(asyncio.BufferedProtocol):
         length_text = request.headers.get("content-length")
         if length_text is None:
             if request.headers.get("transfer-encoding", "").lower() == "chunked":
-                self._chunked = _ChunkedBody(self.front.pool)
+                self._chunked = _ChunkedBody(self.front.pool, limit)
             return
         length = int(length_text)  # httptools has already checked it
         if length > limit:
@@ -554,10 +554,11 @@ class _ChunkedBody:
     bodies count against the pool as sized ones do (a bytearray each was outside it, so
     connections sending chunked bodies were bounded only by --max-request-bytes each)."""
 
-    __slots__ = ("_pool", "_buffer", "_view", "length")
+    __slots__ = ("_pool", "_limit", "_buffer", "_view", "length")
 
-    def __init__(self, pool: BufferPool) -> None:
+    def __init__(self, pool: BufferPool, limit: int) -> None:
         self._pool = pool
+        self._limit = limit  # the body's most (--max-request-bytes): no larger buffer
         self._buffer: Any = None  # the pooled buffer `_view` is of
         self._view = memoryview(b"")
         self.length = 0
@@ -565,7 +566,8 @@ class _ChunkedBody:
     def append(self, data: bytes, ledger: CopyLedger) -> None:
         end = self.length + len(data)
         if end > len(self._view):
-            buffer = self._pool.acquire(max(_CHUNKED_FIRST_BYTES, 2 * len(self._view), end))
+            grown = min(max(_CHUNKED_FIRST_BYTES, 2 * len(self._view)), self._limit)
+            buffer = self._pool.acquire(max(grown, end))
             view = memoryview(buffer).cast("B")
             if self.length:  # what came so far moves to the larger buffer
                 view[:self.length] = self._view[:self.length]
