@@ -20,8 +20,8 @@ from typing import Any
 
 from tensorgate.dataplane import DataPlane
 from tensorgate.errors import InvalidArgumentError, TensorgateError
-from tensorgate.network import (ConnectionBudget, PoolRelief, RefusedConnection, arrival_eta,
-                               http2, slow_message, stalled_message)
+from tensorgate.network import (ConnectionBudget, PoolRelief, RefusedConnection, http2,
+                               stalled_message)
 from tensorgate.network.grpc_messages import (CODES, OK_TRAILERS, RESPONSE_HEADERS, CallHeaders,
                                               Failure, HttpRefusal, MessageReader, error_block,
                                               inflate_message, read_call_headers)
@@ -166,15 +166,14 @@ class _Call:
 
     def body_eta(self, now_ns: int) -> float | None:
         """network.SlowReceiver: its message, while it arrives into a pooled buffer."""
-        arrival = None if self._answered else self.reader.arrival(now_ns)
-        return None if arrival is None else arrival_eta(*arrival)
+        return None if self._answered else self.reader.arrival_eta(now_ns)
 
     def refuse_slow(self, eta_s: float, limit_s: float) -> int:
-        arrival = self.reader.arrival(time.monotonic_ns())
-        if arrival is None:
+        refusal = self.reader.slow_refusal(eta_s, limit_s)
+        if refusal is None:
             return 0
-        self._fail("DEADLINE_EXCEEDED", slow_message(*arrival, eta_s, limit_s))
-        return arrival[1]
+        self._fail("DEADLINE_EXCEEDED", refusal[0])
+        return refusal[1]
 
     # -- running it ------------------------------------------------------------------------
 

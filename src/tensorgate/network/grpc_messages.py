@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from tensorgate.errors import PoolExhaustedError, TensorgateError
-from tensorgate.network import http2
+from tensorgate.network import arrival_eta, http2, slow_message
 from tensorgate.protocol.compression import inflate
 from tensorgate.protocol.grpc_codec import first_raw_input_offset
 from tensorgate.protocol.infer_codec import forward_headers
@@ -174,13 +174,26 @@ class MessageReader:
         """Whether a message has begun and is not yet whole."""
         return self._length >= 0 or bool(self._prefix)
 
-    def arrival(self, now_ns: int) -> tuple[int, int, float] | None:
+    def _arrival(self, now_ns: int) -> tuple[int, int, float] | None:
         """(bytes received, message length, seconds since it began) of a message arriving
         into its pooled buffer; None when there is none."""
         if self._length < 0 or self._head is not None or self._skipping is not None \
                 or not isinstance(self._message, memoryview):
             return None
         return self._received, self._length, (now_ns - self._began_ns) / 1e9
+
+    def arrival_eta(self, now_ns: int) -> float | None:
+        """network.SlowReceiver's body_eta, for the message arriving into a pooled buffer."""
+        arrival = self._arrival(now_ns)
+        return None if arrival is None else arrival_eta(*arrival)
+
+    def slow_refusal(self, eta_s: float, limit_s: float) -> tuple[str, int] | None:
+        """Why the arriving message gives way to another (network.PoolRelief), and the
+        bytes its buffer holds; None when no message is arriving into one."""
+        arrival = self._arrival(time.monotonic_ns())
+        if arrival is None:
+            return None
+        return slow_message(*arrival, eta_s, limit_s), arrival[1]
 
     def discard(self) -> None:
         """Forget a partial message (the call is over)."""

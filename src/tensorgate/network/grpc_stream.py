@@ -31,7 +31,7 @@ from typing import Any
 
 from tensorgate.dataplane import DataPlane
 from tensorgate.errors import TensorgateError
-from tensorgate.network import PoolRelief, arrival_eta, http2, slow_message, stalled_message
+from tensorgate.network import PoolRelief, http2, stalled_message
 from tensorgate.network.grpc_messages import (CODES, OK_TRAILERS, RESPONSE_HEADERS, CallHeaders,
                                               Failure, MessageReader, inflate_message, trailers)
 from tensorgate.network.grpc_methods import model_infer, model_infer_responses
@@ -150,16 +150,15 @@ class StreamCall:
     def body_eta(self, now_ns: int) -> float | None:
         """network.SlowReceiver: its request message, while it arrives into a pooled
         buffer."""
-        arrival = None if self._closed or self._draining else self.reader.arrival(now_ns)
-        return None if arrival is None else arrival_eta(*arrival)
+        return None if self._closed or self._draining else self.reader.arrival_eta(now_ns)
 
     def refuse_slow(self, eta_s: float, limit_s: float) -> int:
         """The stream ends (its other requests' answers already sent stay)."""
-        arrival = self.reader.arrival(time.monotonic_ns())
-        if arrival is None:
+        refusal = self.reader.slow_refusal(eta_s, limit_s)
+        if refusal is None:
             return 0
-        self._end("DEADLINE_EXCEEDED", slow_message(*arrival, eta_s, limit_s))
-        return arrival[1]
+        self._end("DEADLINE_EXCEEDED", refusal[0])
+        return refusal[1]
 
     def drain(self) -> None:
         """Shutdown: read no more requests; answer those received, then end the stream."""
