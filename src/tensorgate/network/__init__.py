@@ -1,11 +1,19 @@
 """Front ends on the event loop (HTTP/1.1, gRPC on our HTTP/2, metrics) and what they
 share; loop selection. Never imports torch."""
 
+from __future__ import annotations
+
 import asyncio
 import logging
 import time
 from collections.abc import Callable, Iterable
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
+
+from tensorgate.errors import PoolExhaustedError
+
+if TYPE_CHECKING:
+    from tensorgate.tensor.buffer import HostBuffer
+    from tensorgate.tensor.pool import BufferPool
 
 __all__ = ["ConnectionBudget", "PoolRelief", "RefusedConnection", "SlowReceiver",
            "arrival_eta", "slow_message", "stalled_message"]
@@ -106,6 +114,16 @@ class PoolRelief:
 
     def add_source(self, receivers: Callable[[], Iterable[SlowReceiver]]) -> None:
         self._sources.append(receivers)
+
+    def acquire(self, pool: BufferPool, nbytes: int, asking: object) -> HostBuffer:
+        """`pool.acquire(nbytes)`, relieving a full pool first; PoolExhaustedError if even
+        then there is no room."""
+        try:
+            return pool.acquire(nbytes)
+        except PoolExhaustedError:
+            if not self.relieve(nbytes, asking):
+                raise
+        return pool.acquire(nbytes)
 
     def relieve(self, needed: int, asking: object) -> bool:
         """Free at least `needed` bytes by refusing slow bodies other than `asking`'s;

@@ -94,7 +94,7 @@ class _Call:
         self.traceparent = call.traceparent
         self.reader = MessageReader(front.pool, front.max_message_bytes, call.encoding,
                                     place=call.path == _MODEL_INFER, on_message=self._whole,
-                                    relieve=lambda nbytes: front.relief.relieve(nbytes, self))
+                                    acquire=lambda n: front.relief.acquire(front.pool, n, self))
         # the message once whole: its bytes, encoding and copy ledger
         self._request: tuple[Any, str, CopyLedger] | None = None
         self._task: asyncio.Task[None] | None = None

@@ -138,19 +138,20 @@ class MessageReader:
     Raises Failure (or a TensorgateError for a malformed message found while placing it).
     With `on_refused`, a message that is malformed where it is placed, or that the pool has
     no room for, is read past instead and `on_refused` gets the failure once it has gone by
-    (a stream carries on). `relieve(nbytes)`, when the pool is full, asks slow bodies to give
-    their buffers back (network.PoolRelief) before the message is refused."""
+    (a stream carries on). `acquire(nbytes)` takes a placed message's buffer (the caller's
+    network.PoolRelief.acquire, which asks slow bodies to give theirs back when the pool is
+    full); else the pool's own."""
 
     __slots__ = ("_pool", "_limit", "_place_messages", "_on_message", "_on_refused",
                  "_encoding", "_ledger", "_prefix", "_length", "_received", "_message",
                  "_head", "_counted_from", "_copied", "_message_encoding", "_skipping",
-                 "_relieve", "_began_ns")
+                 "_acquire", "_began_ns")
 
     def __init__(self, pool: BufferPool, limit: int, encoding: str, place: bool,
                  on_message: OnMessage, on_refused: OnRefused | None = None,
-                 relieve: Callable[[int], bool] | None = None) -> None:
+                 acquire: Callable[[int], Any] | None = None) -> None:
         self._pool = pool
-        self._relieve = relieve
+        self._acquire = acquire or pool.acquire
         self._began_ns = 0  # when the current message's prefix came
         self._limit = limit
         self._encoding = encoding
@@ -310,14 +311,6 @@ class MessageReader:
         # the view keeps the pooled buffer alive, and so do the input views made of it
         self._message = memoryview(buffer).cast("B")[pad:pad + self._length]
         self._copy_in(memoryview(head))
-
-    def _acquire(self, nbytes: int) -> Any:
-        try:
-            return self._pool.acquire(nbytes)
-        except PoolExhaustedError:
-            if self._relieve is None or not self._relieve(nbytes):
-                raise
-        return self._pool.acquire(nbytes)
 
     def _refuse(self, failure: Failure, received: int) -> None:
         """Read past the rest of this message; `on_refused` hears why once it has gone by."""

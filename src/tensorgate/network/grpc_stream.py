@@ -73,7 +73,7 @@ class StreamCall:
         self.reader = MessageReader(
             pool, max_message_bytes, call.encoding, place=True, on_message=self._whole,
             on_refused=self._refused,
-            relieve=None if relief is None else lambda nbytes: relief.relieve(nbytes, self))
+            acquire=None if relief is None else lambda n: relief.acquire(pool, n, self))
         self._registry = registry
         self._waiting: deque[tuple[Any, str, CopyLedger, int]] = deque()
         self._tasks: set[asyncio.Task[None]] = set()

@@ -304,14 +304,8 @@ class _Connection(asyncio.BufferedProtocol):
     def _acquire(self, nbytes: int) -> Any:
         """The body's pooled buffer; a full pool first takes back those of bodies that arrive
         too slowly (network.PoolRelief), else the request is refused 503 by name."""
-        pool = self.front.pool
         try:
-            return pool.acquire(nbytes)
-        except PoolExhaustedError as error:
-            if not self.front.relief.relieve(nbytes, self):
-                raise _Refusal(503, error.message) from None
-        try:
-            return pool.acquire(nbytes)
+            return self.front.relief.acquire(self.front.pool, nbytes, self)
         except PoolExhaustedError as error:
             raise _Refusal(503, error.message) from None
 
