@@ -169,11 +169,7 @@ class _Call:
         return None if self._answered else self.reader.arrival_eta(now_ns)
 
     def refuse_slow(self, eta_s: float, limit_s: float) -> int:
-        refusal = self.reader.slow_refusal(eta_s, limit_s)
-        if refusal is None:
-            return 0
-        self._fail("DEADLINE_EXCEEDED", refusal[0])
-        return refusal[1]
+        return self.reader.give_way(eta_s, limit_s, self._fail)
 
     # -- running it ------------------------------------------------------------------------
 

@@ -188,13 +188,15 @@ class MessageReader:
         arrival = self._arrival(now_ns)
         return None if arrival is None else arrival_eta(*arrival)
 
-    def slow_refusal(self, eta_s: float, limit_s: float) -> tuple[str, int] | None:
-        """Why the arriving message gives way to another (network.PoolRelief), and the
-        bytes its buffer holds; None when no message is arriving into one."""
+    def give_way(self, eta_s: float, limit_s: float, fail: Callable[[str, str], None]) -> int:
+        """network.SlowReceiver's refuse_slow: `fail(code, why)` answers the call the
+        arriving message belongs to (its buffer goes with it); the bytes that buffer held,
+        0 when no message is arriving into one."""
         arrival = self._arrival(time.monotonic_ns())
         if arrival is None:
-            return None
-        return slow_message(*arrival, eta_s, limit_s), arrival[1]
+            return 0
+        fail("DEADLINE_EXCEEDED", slow_message(*arrival, eta_s, limit_s))
+        return arrival[1]
 
     def discard(self) -> None:
         """Forget a partial message (the call is over)."""

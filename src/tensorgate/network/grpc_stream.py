@@ -154,11 +154,7 @@ class StreamCall:
 
     def refuse_slow(self, eta_s: float, limit_s: float) -> int:
         """The stream ends (its other requests' answers already sent stay)."""
-        refusal = self.reader.slow_refusal(eta_s, limit_s)
-        if refusal is None:
-            return 0
-        self._end("DEADLINE_EXCEEDED", refusal[0])
-        return refusal[1]
+        return self.reader.give_way(eta_s, limit_s, self._end)
 
     def drain(self) -> None:
         """Shutdown: read no more requests; answer those received, then end the stream."""

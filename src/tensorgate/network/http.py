@@ -548,13 +548,12 @@ class _ChunkedBody:
     bodies count against the pool as sized ones do (a bytearray each was outside it, so
     connections sending chunked bodies were bounded only by --max-request-bytes each)."""
 
-    __slots__ = ("_pool", "_limit", "_buffer", "_view", "length")
+    __slots__ = ("_pool", "_limit", "_view", "length")
 
     def __init__(self, pool: BufferPool, limit: int) -> None:
         self._pool = pool
         self._limit = limit  # the body's most (--max-request-bytes): no larger buffer
-        self._buffer: Any = None  # the pooled buffer `_view` is of
-        self._view = memoryview(b"")
+        self._view = memoryview(b"")  # of the pooled buffer, which it keeps
         self.length = 0
 
     def append(self, data: bytes, ledger: CopyLedger) -> None:
@@ -566,7 +565,7 @@ class _ChunkedBody:
             if self.length:  # what came so far moves to the larger buffer
                 view[:self.length] = self._view[:self.length]
                 record_copy(self.length, "receive", ledger)
-            self._buffer, self._view = buffer, view
+            self._view = view
         self._view[self.length:end] = data
         self.length = end
 

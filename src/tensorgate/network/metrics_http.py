@@ -18,7 +18,6 @@ _MAX_OPEN = 64  # metrics connections open at once
 class _Scrape(asyncio.Protocol):
     def __init__(self, front: MetricsFrontEnd) -> None:
         self._front = front
-        self._render = front.render
         self._data = b""
         self._transport: asyncio.Transport | None = None
         self._timer: asyncio.TimerHandle | None = None
@@ -52,7 +51,7 @@ class _Scrape(asyncio.Protocol):
             return
         line = self._data.split(b"\r\n", 1)[0].split()
         if len(line) >= 2 and line[0] == b"GET" and line[1].split(b"?")[0] == b"/metrics":
-            body = self._render().encode()
+            body = self._front.render().encode()
             status, kind = b"200 OK", b"text/plain; version=0.0.4; charset=utf-8"
         else:
             body, status, kind = b"not found: use GET /metrics\n", b"404 Not Found", b"text/plain"
