@@ -6,6 +6,7 @@
 #
 # The device has Python 3.12, torch, numpy 2, no package registry and a 64 MiB carry limit.
 #   .device/wheels/       cp312 wheels tensorgate needs there: httptools, hpack (our HTTP/2),
+#                         orjson (JSON bodies),
 #                         tritonclient (the protobuf schemas), the grpcio/protobuf its
 #                         generated code asks for
 #                         and python-rapidjson (its grpc module imports it); ml_dtypes,
@@ -40,7 +41,8 @@ download() {
 # the versions tensorgate is tested with here
 download "$out/wheels" "httptools==$(version httptools)" "tritonclient==$(version tritonclient)" \
   "grpcio==$(version grpcio)" "protobuf==$(version protobuf)" \
-  "python-rapidjson==$(version python-rapidjson)" "hpack==$(version hpack)"
+  "python-rapidjson==$(version python-rapidjson)" "hpack==$(version hpack)" \
+  "orjson==$(version orjson)"
 download "$out/stub-wheels" numpy==1.26.4
 (cd "$site" && tar --exclude='libpython3*' -cf - pytriton/tritonserver/bin \
    pytriton/tritonserver/backends "pytriton/tritonserver/python_backend_stubs/$py" \

@@ -211,3 +211,27 @@ def test_a_client_that_goes_away_takes_its_queued_request_with_it(
         time.sleep(0.02)
     executions, answered, cancelled = (a - b for a, b in zip(_paced_counts(client), before))
     assert (executions, answered, cancelled) == (1, 1, 5)
+
+
+def test_json_carries_nan_and_infinities_both_ways(client: httpclient.InferenceServerClient
+                                                   ) -> None:
+    """tritonclient writes NaN and Infinity into JSON, as Triton reads and writes them."""
+    value = np.array([[[np.nan, np.inf, -np.inf, 1.5]] * 3], dtype=np.float32)
+    result = client.infer("identity", [_input("INPUT__0", value, binary=False)],
+                          outputs=[httpclient.InferRequestedOutput("OUTPUT__0",
+                                                                   binary_data=False)])
+    assert result.as_numpy("OUTPUT__0").tobytes() == value.tobytes()
+
+
+def test_json_writes_nan_and_infinities_as_triton_does(server: RunningServer) -> None:
+    body = (b'{"inputs":[{"name":"INPUT__0","shape":[1,3,4],"datatype":"FP32",'
+            b'"data":[%b]}]}' % b",".join([b"NaN,Infinity,-Infinity,1.5"] * 3))
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as connection:
+        connection.sendall(b"POST /v2/models/identity/infer HTTP/1.1\r\nHost: x\r\n"
+                           b"Connection: close\r\nContent-Length: %d\r\n\r\n%b"
+                           % (len(body), body))
+        answer = b""
+        while chunk := connection.recv(65536):
+            answer += chunk
+    assert answer.startswith(b"HTTP/1.1 200") and answer.endswith(
+        b'"data":[%b]}]}' % b",".join([b"NaN,Infinity,-Infinity,1.5"] * 3)), answer

@@ -113,7 +113,7 @@ async def _stats(dp: DataPlane, request: HttpRequest, model: str = "", version: 
 def _body_json(request: HttpRequest) -> dict[str, Any]:
     if not request.length:
         return {}
-    value = parse_json(memoryview(request.body)[:request.length].tobytes(), "the request body")
+    value = parse_json(memoryview(request.body)[:request.length], "the request body")
     if not isinstance(value, dict):
         raise InvalidArgumentError("the request body must be a JSON object")
     return value

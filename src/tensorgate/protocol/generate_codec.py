@@ -13,7 +13,6 @@ element, else its elements in row-major order; BYTES as text.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Sequence
 from typing import Any, NamedTuple
@@ -21,6 +20,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from tensorgate.errors import InvalidArgumentError
+from tensorgate.protocol import json_text
 from tensorgate.protocol.infer_codec import (DecodedRequest, json_data, json_object, parse_json,
                                              json_parameters, json_tensor, request_priority,
                                              request_sequence, request_timeout)
@@ -45,7 +45,7 @@ def decode_generate_body(body: Any, length: int) -> dict[str, Any]:
     if not length:
         raise InvalidArgumentError("the generate request has no body; send a JSON object with "
                                    "the model's inputs by name")
-    return json_object(parse_json(memoryview(body)[:length].tobytes(), "the generate request"),
+    return json_object(parse_json(memoryview(body)[:length], "the generate request"),
                        "the generate request")
 
 
@@ -100,10 +100,12 @@ def _shape(model: str, item: GenerateInput, value: Any) -> tuple[int, ...]:
 
 def encode_generate_response(model: str, version: int, outputs: dict[str, TensorView]) -> bytes:
     response: dict[str, Any] = {"model_name": model, "model_version": str(version)}
+    all_finite = True
     for name, view in outputs.items():
         values = json_data(view)
+        all_finite = all_finite and json_text.finite(values)
         response[name] = values[0] if len(values) == 1 else values
-    return json.dumps(response, separators=(",", ":")).encode()
+    return json_text.dumps(response, all_finite=all_finite)
 
 
 def sse_event(payload: bytes) -> bytes:

@@ -8,7 +8,6 @@ a response never joins header and tensor bytes.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -18,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from tensorgate.errors import InvalidArgumentError, UnimplementedError
+from tensorgate.protocol import json_text
 from tensorgate.tensor.copies import CopyLedger, record_copy
 from tensorgate.tensor.dtypes import DataType, datatype
 from tensorgate.tensor.shm import SharedMemoryRegistry
@@ -80,13 +80,13 @@ def _fail(message: str) -> InvalidArgumentError:
     return InvalidArgumentError(message)
 
 
-def parse_json(data: bytes, what: str) -> Any:
+def parse_json(data: bytes | memoryview, what: str) -> Any:
     """`data` parsed, or an InvalidArgumentError saying why `what` is not JSON (bad UTF-8,
     bad syntax, an integer of more than 4,300 digits, or nesting deeper than Python's
     recursion limit: a body of a few hundred KB of "[" raised RecursionError, answered as
     an internal error)."""
     try:
-        return json.loads(data)
+        return json_text.loads(data)
     except (UnicodeDecodeError, ValueError) as error:
         raise _fail(f"{what} is not valid JSON: {error}") from None
     except RecursionError:
@@ -214,8 +214,8 @@ def decode_infer_body(body: Any, body_length: int, header_length: int | None,
         return DecodedRequest("", {"": TensorView(body, "UINT8", [body_length])}, None, True,
                               None, raw_binary=True)
     json_length = body_length if header_length is None else header_length
-    header = json_object(parse_json(memory[:json_length].tobytes(),
-                                    "the inference request header"), "the inference request")
+    header = json_object(parse_json(memory[:json_length], "the inference request header"),
+                         "the inference request")
     parameters = json_parameters(header.get("parameters"), "the request")
     request_id = header.get("id", "")
     if not isinstance(request_id, str):
@@ -357,7 +357,7 @@ def _json_kind(values: np.ndarray) -> str:
     if kind == "b":
         return "true/false"
     if kind == "f":
-        return "numbers written with a fraction or an exponent"
+        return "numbers written with a fraction or an exponent, or integers beyond 64 bits"
     if kind in "iu":
         return "integers"
     if kind in "US":
@@ -396,6 +396,7 @@ def encode_infer_response(model: str, version: int, request_id: str,
     Triton's do (the C++ client, perf_analyzer's, reads `parameters` as binary data's)."""
     entries = []
     tail: list[memoryview] = []
+    all_finite = True
     for name, view in outputs.items():
         entry: dict[str, Any] = {"name": name, "datatype": view.datatype.name,
                                  "shape": list(view.shape)}
@@ -405,7 +406,8 @@ def encode_infer_response(model: str, version: int, request_id: str,
             entry["parameters"] = {"binary_data_size": view.nbytes}
             tail.append(view.memoryview())
         else:
-            entry["data"] = json_data(view)
+            entry["data"] = data = json_data(view)
+            all_finite = all_finite and json_text.finite(data)
         entries.append(entry)
     response: dict[str, Any] = {"model_name": model, "model_version": str(version),
                                 "outputs": entries}
@@ -413,18 +415,22 @@ def encode_infer_response(model: str, version: int, request_id: str,
         response["id"] = request_id
     if parameters:
         response["parameters"] = parameters
-    return json.dumps(response, separators=(",", ":")).encode(), tail
+        all_finite = all_finite and json_text.finite(parameters)
+    return json_text.dumps(response, all_finite=all_finite), tail
 
 
-def json_data(view: TensorView) -> list[Any]:
+def json_data(view: TensorView) -> np.ndarray | list[str]:
+    """An output's `data`: its elements flat, as json_text.dumps writes them without making
+    a Python object of each (C-contiguous, native byte order); BYTES as strings."""
     dt = view.datatype
     if dt.is_bytes:
         return [item.decode("utf-8", "replace") for item in view.numpy().reshape(-1).tolist()]
     if dt.numpy is None:
         raise _fail(f"output '{view.name}' is {dt.name}, which cannot travel as JSON; request "
                     "it with binary_data")
-    return view.numpy().reshape(-1).tolist()
+    values = np.ascontiguousarray(view.numpy().reshape(-1))
+    return values if values.dtype.isnative else values.astype(values.dtype.newbyteorder("="))
 
 
 def json_error(message: str) -> bytes:
-    return json.dumps({"error": message}).encode()
+    return json_text.dumps({"error": message})

@@ -1,0 +1,110 @@
+"""JSON text in and out: orjson's speed without losing what the standard library accepted."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tensorgate.protocol import json_text
+
+INT64 = st.integers(min_value=-(2**63), max_value=2**64 - 1)
+VALUES = st.recursive(
+    st.none() | st.booleans() | INT64 | st.floats() | st.text(),
+    lambda inner: st.lists(inner, max_size=5) | st.dictionaries(st.text(max_size=6), inner,
+                                                                 max_size=5),
+    max_leaves=30)
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equality that takes NaN for NaN and tells 1 from 1.0 and True from 1."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, float):
+        return (math.isnan(a) and math.isnan(b)) or a == b
+    if isinstance(a, list):
+        return len(a) == len(b) and all(map(_same, a, b))
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    return bool(a == b)
+
+
+@settings(max_examples=300, deadline=None)
+@given(VALUES)
+def test_reads_what_json_reads(value: Any) -> None:
+    text = json.dumps(value).encode()  # NaN, Infinity and lone surrogates among them
+    assert _same(json_text.loads(text), json.loads(text))
+    assert _same(json_text.loads(memoryview(text)), json.loads(text))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=40) | st.text(alphabet='[]{}",:0123456789.eE+-truefalsnNIiy \\u',
+                                         max_size=40).map(str.encode))
+def test_refuses_what_json_refuses_with_its_message(data: bytes) -> None:
+    try:
+        expected: Any = json.loads(data)
+    except (ValueError, RecursionError) as error:
+        with pytest.raises(type(error)) as raised:
+            json_text.loads(data)
+        assert str(raised.value) == str(error)
+    else:
+        got = json_text.loads(data)
+        if isinstance(expected, int) and not -(2**63) <= expected < 2**64:
+            assert got == float(expected)  # rapidjson's reading, and orjson's
+        else:
+            assert _same(got, expected)
+
+
+@pytest.mark.parametrize("text, value", [
+    (b"[NaN, Infinity, -Infinity]", [math.nan, math.inf, -math.inf]),  # Triton parses them
+    (b'\xef\xbb\xbf{"a": 1}', {"a": 1}),
+    (b'["\\ud800"]', ["\ud800"]),
+    (b"[" * 2000 + b"]" * 2000, None),  # deeper than orjson goes: json's RecursionError
+])
+def test_what_orjson_refuses_json_reads(text: bytes, value: Any) -> None:
+    if value is None:
+        with pytest.raises(RecursionError):
+            json_text.loads(text)
+    else:
+        assert _same(json_text.loads(text), value)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64", "int8", "int16", "int32",
+                                   "int64", "uint8", "uint16", "uint32", "uint64", "bool"])
+def test_arrays_are_written_so_they_read_back_exactly(dtype: str) -> None:
+    rng = np.random.default_rng(1)
+    if dtype == "bool":
+        array = rng.integers(0, 2, 64).astype(bool)
+    elif dtype.startswith("float"):
+        array = np.concatenate([rng.standard_normal(60) * 1e3, [1 / 3, 1e-7, 0.0, -0.0]])
+        array = array.astype(dtype)
+        if dtype == "float32":
+            array[-5] = np.finfo(np.float32).smallest_subnormal
+    else:
+        info = np.iinfo(dtype)
+        ends = np.array([info.min, info.max], dtype=dtype)
+        array = np.concatenate([ends, rng.integers(info.min, info.max, 62, dtype=dtype)])
+    text = json_text.dumps({"data": array, "one": array[3]})
+    back = json.loads(text)
+    assert np.array(back["data"], dtype=dtype).tobytes() == array.tobytes()
+    assert np.array(back["one"], dtype=dtype) == array[3]
+
+
+def test_non_finite_floats_are_written_as_triton_writes_them() -> None:
+    array = np.array([1.5, np.nan, np.inf, -np.inf], dtype=np.float32)
+    assert not json_text.finite(array) and not json_text.finite({"a": [0.5, math.inf]})
+    assert json_text.finite(np.arange(3)) and json_text.finite(np.zeros(0, np.float32))
+    assert json_text.finite({"a": [0.5, "x", None, {"b": 2}]})
+    assert json_text.dumps({"data": array}, all_finite=False) == (
+        b'{"data":[1.5,NaN,Infinity,-Infinity]}')
+    assert json_text.dumps({"data": array}) == b'{"data":[1.5,null,null,null]}'  # orjson's
+
+
+def test_an_integer_beyond_64_bits_is_still_written() -> None:
+    assert json_text.dumps({"p": 2**70, "data": np.arange(2)}) == (
+        b'{"p":1180591620717411303424,"data":[0,1]}')
