@@ -29,6 +29,7 @@ bench/RESULTS.md are rendered from that file by bench/compare_report.py.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import pathlib
@@ -54,8 +55,8 @@ sys.path.insert(0, str(HERE))
 
 import compare_report  # noqa: E402
 from compare_servers import PEERS, WORKLOADS, Ports, Server, servers  # noqa: E402
-from compare_wire import (Connection, NothingAnswered, grpc_infer_body,  # noqa: E402
-                          grpc_reference_answer, h2load_grpc, raw_request, socket_load,
+from compare_wire import (OIP_BINARY, OIP_JSON, Connection, NothingAnswered,  # noqa: E402
+                          grpc_infer_body, grpc_reference_answer, h2load_grpc, raw_request, socket_load,
                           wrk_load)
 from tensorgate.builtin.repository import write_default_repository  # noqa: E402
 from tensorgate.pipeline.executor import default_intra_op_threads  # noqa: E402
@@ -463,11 +464,26 @@ def choose_client(choice: str) -> str | None:
     return choice
 
 
+def speaking_json(available: dict[str, Server]) -> dict[str, Server]:
+    """The servers that speak V2 JSON, each set to send it: the Open Inference Protocol's
+    servers over HTTP without the binary extension, MLServer as always. No gRPC points:
+    gRPC carries tensors as protobuf, never JSON."""
+    return {name: dataclasses.replace(server, wire=OIP_JSON, grpc=False,
+                                      note=server.note.replace("binary tensor extension", "V2 JSON"))
+            for name, server in available.items()
+            if server.wire in (OIP_BINARY, OIP_JSON) and name != "fastapi"}
+
+
 def run(plan: Plan, names: list[str], output: pathlib.Path, device: str = "cpu",
-        client_choice: str = "auto") -> dict[str, Any]:
+        client_choice: str = "auto", wire: str = "native") -> dict[str, Any]:
     signal.signal(signal.SIGTERM, _interrupt)
     os.environ["TG_BENCH_DEVICE"] = device  # the peers' workloads.py, Triton's instance kind
     available = servers()
+    if wire == "json":
+        json_servers = speaking_json(available)
+        for name in [n for n in names if n not in json_servers]:
+            print(f"skipping {name}: it does not speak V2 JSON", flush=True)
+        names, available = [n for n in names if n in json_servers], json_servers
     chosen = []
     for name in names:
         why = available[name].installed()
@@ -487,7 +503,7 @@ def run(plan: Plan, names: list[str], output: pathlib.Path, device: str = "cpu",
         "command": " ".join([".venv/bin/python" if ".venv" in sys.executable else "python3",
                              "bench/compare.py", *sys.argv[1:]]),
         "threads": default_intra_op_threads(), "wrk": client == "wrk", "client": client,
-        "device": device,
+        "device": device, "wire": wire,
         "floor": {"workloads": {}}, "servers": {}}
     for server in chosen:
         result["servers"][server.name] = {
@@ -558,6 +574,9 @@ def main() -> None:
                         help="where every server runs the models (cuda: the GPU plan)")
     parser.add_argument("--client", choices=["auto", "wrk", "socket"], default="auto",
                         help="load generator for the concurrency points (auto: wrk if found)")
+    parser.add_argument("--wire", choices=["native", "json"], default="native",
+                        help="native: each server's fastest HTTP form (the binary extension "
+                             "where it has one); json: V2 JSON for every server that speaks it")
     args = parser.parse_args()
     if args.device == "cuda" and not args.render_only and not torch.cuda.is_available():
         parser.error("--device cuda, but torch sees no CUDA device here")
@@ -566,11 +585,12 @@ def main() -> None:
         plan = Plan(**{**plan.__dict__, "rounds": args.rounds,
                        "startups": max(args.rounds, plan.startups)})
     default = ("compare-cuda.json" if args.device == "cuda" else
-               "compare-quick.json" if args.quick else "compare.json")
+               "compare-quick.json" if args.quick else
+               "compare-json.json" if args.wire == "json" else "compare.json")
     output = args.json or HERE / "results" / default
     if not args.render_only:
         run(plan, [n.strip() for n in args.servers.split(",") if n.strip()], output,
-            args.device, args.client)
+            args.device, args.client, args.wire)
     quiet = args.quick or args.no_results_md
     compare_report.render(output, None if quiet else HERE / "RESULTS.md")
 

@@ -19,9 +19,11 @@ BEGIN, END = "<!-- compare:begin -->", "<!-- compare:end -->"
 
 def markers(result: dict[str, Any]) -> tuple[str, str]:
     """RESULTS.md keeps one block per device: a GPU run never overwrites the CPU table."""
-    if result.get("device", "cpu") == "cpu":
+    block = "-".join(part for part in (result.get("device", "cpu"), result.get("wire"))
+                     if part not in ("cpu", "native", None))
+    if not block:
         return BEGIN, END
-    return f"<!-- compare-{result['device']}:begin -->", f"<!-- compare-{result['device']}:end -->"
+    return f"<!-- compare-{block}:begin -->", f"<!-- compare-{block}:end -->"
 
 
 def summarize(result: dict[str, Any]) -> dict[str, Any]:
@@ -266,7 +268,10 @@ def report(result: dict[str, Any]) -> str:
         table = concurrency_table(s, model, "grpc_levels", " over gRPC", "h2load")
         if table:
             lines += table + [""]
-    if device == "cuda":
+    if result.get("wire", "native") != "native":
+        lines += [f"Every server here speaks {result['wire'].upper()} (bench/compare.py --wire "
+                  f"{result['wire']}); issue 5's goals are for each server's fastest form.", ""]
+    elif device == "cuda":
         lines += ["Goals (issue 5, on the GPU):", *cuda_goals(s), ""]
     else:
         lines += ["Goals (issue 5, this machine):", *goals(s), ""]
@@ -364,13 +369,14 @@ def render(path: pathlib.Path, results_md: pathlib.Path | None = HERE / "RESULTS
         base = results_md.parent
         links = "".join(f"![{p.stem}]({_relative(p, base)})\n" for p in pngs)
         begin, end = markers(result)
-        title = ("Side by side with peers (bench/compare.py)" if begin == BEGIN else
-                 f"Side by side with peers on the GPU (bench/compare.py --device "
-                 f"{result['device']})")
-        option = "" if begin == BEGIN else f" --device {result['device']}"
+        options = "".join(f" --{key} {result[key]}" for key, plain in
+                          (("device", "cpu"), ("wire", "native"))
+                          if result.get(key, plain) != plain)
+        where = " on the GPU" if result.get("device", "cpu") != "cpu" else ""
+        title = f"Side by side with peers{where} (bench/compare.py{options})"
         block = (f"{begin}\n## {title}\n\n{text}\n{links}"
                  f"Raw numbers: `{_relative(path, base)}` (re-render without measuring: "
-                 f"`.venv/bin/python bench/compare.py --render-only{option}`).\n{end}")
+                 f"`.venv/bin/python bench/compare.py --render-only{options}`).\n{end}")
         if begin in current and end in current:
             head, rest = current.split(begin, 1)
             current = head + block + rest.split(end, 1)[1]

@@ -162,3 +162,21 @@ def test_own_view_shows_per_request_and_per_batch_times_and_reads_older_runs(res
             "300,000.0 µs; per batch run (4.00 rows on average): compute_infer 150,000.0 µs") in text
     assert "- identity: 12 bytes copied per request; per request: queue 1.0 µs\n" in text
     assert "by reason (every model, HTTP and gRPC): receive 30.0 MB, batch 2.0 MB\n" in text
+
+
+def test_a_json_run_has_its_own_block_and_no_goals(result: dict, tmp_path: pathlib.Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    result["wire"] = "json"
+    raw = tmp_path / "compare-json.json"
+    raw.write_text(json.dumps(result))
+    results_md = tmp_path / "RESULTS.md"
+    cpu_block = f"{compare_report.BEGIN}\nthe CPU table\n{compare_report.END}"
+    results_md.write_text(f"# Results\n\n{cpu_block}\n")
+    compare_report.render(raw, results_md, with_plots=False)
+    text = results_md.read_text()
+    begin, end = compare_report.markers(result)
+    assert cpu_block in text and begin == "<!-- compare-json:begin -->"
+    block = text.split(begin, 1)[1].split(end, 1)[0]
+    assert "## Side by side with peers (bench/compare.py --wire json)" in block
+    assert "`.venv/bin/python bench/compare.py --render-only --wire json`" in block
+    assert "| tensorgate | 0.31" in block and "Goals" not in capsys.readouterr().out
