@@ -1,0 +1,125 @@
+"""Two source trees of tensorgate, before and after a change, under the same HTTP load.
+
+Each round starts the server from one tree and then the other (alternating which goes first),
+drives `identity` with wrk at 8 connections in both request forms — binary tensor extension
+and V2 JSON — and reads the server's own CPU time from /proc: server CPU per request and QPS,
+medians over the rounds, and after/before. Every answer's size is checked by wrk's script.
+
+    git worktree add /tmp/tg-old <commit>
+    .venv/bin/python bench/ab_bench.py --before /tmp/tg-old/src [--after src] [--rounds 3]
+    (apt-get install wrk)
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pathlib
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+import numpy as np
+
+HERE = pathlib.Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "src"))
+sys.path.insert(0, str(HERE))
+
+from compare_servers import free_port  # noqa: E402
+from compare_wire import OIP_BINARY, OIP_JSON, raw_request, wrk_load  # noqa: E402
+from tensorgate.builtin.repository import write_default_repository  # noqa: E402
+
+LOADS = {"binary": OIP_BINARY, "json": OIP_JSON}
+
+
+def server_cpu_s(pid: int) -> float:
+    fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def serve(src: pathlib.Path, models: pathlib.Path) -> tuple[subprocess.Popen[bytes], int]:
+    port = free_port()
+    env = {**os.environ, "PYTHONPATH": str(src.resolve())}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "tensorgate", "serve", "--model-repository", str(models),
+         "--http-port", str(port), "--grpc-port", str(free_port()),
+         "--metrics-port", str(free_port())],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/health/ready", timeout=1)
+            return process, port
+        except OSError:
+            if process.poll() is not None:
+                break
+            time.sleep(0.2)
+    process.kill()
+    raise RuntimeError(f"the server from {src} did not start")
+
+
+def measure(src: pathlib.Path, models: pathlib.Path, work: pathlib.Path,
+            seconds: float) -> dict[str, tuple[float, float]]:
+    """Per request form: (QPS, server CPU µs per request)."""
+    x = np.random.default_rng(0).standard_normal((1, 3, 224, 224)).astype(np.float32)
+    process, port = serve(src, models)
+    found = {}
+    try:
+        for name, wire in LOADS.items():
+            path, headers, body = wire.build("/v2/models/{model}/infer", "identity", x)
+            raw = raw_request(port, path, headers, body)
+            smallest = wire.min_body(x.size)
+            wrk_load(port, raw, 8, 1, smallest, work)  # warm-up
+            before = server_cpu_s(process.pid)
+            point = wrk_load(port, raw, 8, seconds, smallest, work)
+            cpu = server_cpu_s(process.pid) - before
+            if point["bad"] or point["errors"] or not point["requests"]:
+                raise RuntimeError(f"{src}, {name}: {point['bad']} bad answers, "
+                                   f"{point['errors']} errors")
+            found[name] = (point["qps"], cpu / point["requests"] * 1e6)
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+    return found
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--before", type=pathlib.Path, required=True,
+                        help="the src folder of the tree before the change")
+    parser.add_argument("--after", type=pathlib.Path, default=HERE.parent / "src")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--seconds", type=float, default=5.0, help="of wrk load per point")
+    args = parser.parse_args()
+    if shutil.which("wrk") is None:
+        parser.error("wrk is not installed (apt-get install wrk)")
+    work = pathlib.Path(tempfile.mkdtemp(prefix="tg-ab-"))
+    write_default_repository(work / "models")
+    trees = {"before": args.before, "after": args.after}
+    results: dict[str, dict[str, list[tuple[float, float]]]] = {t: {} for t in trees}
+    try:
+        for r in range(args.rounds):
+            order = list(trees) if r % 2 == 0 else list(trees)[::-1]
+            for tree in order:
+                for name, point in measure(trees[tree], work / "models", work,
+                                           args.seconds).items():
+                    results[tree].setdefault(name, []).append(point)
+                    print(f"round {r + 1} {tree} {name}: {point[0]:,.0f} QPS, "
+                          f"{point[1]:,.0f} µs server CPU a request", flush=True)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    print(f"\n| identity, wrk 8 connections | before QPS | after QPS | before server µs/req "
+          f"| after server µs/req | after / before CPU |\n|---|---:|---:|---:|---:|---:|")
+    for name in LOADS:
+        qps = [statistics.median(p[0] for p in results[t][name]) for t in trees]
+        cpu = [statistics.median(p[1] for p in results[t][name]) for t in trees]
+        print(f"| {name} | {qps[0]:,.0f} | {qps[1]:,.0f} | {cpu[0]:,.0f} | {cpu[1]:,.0f} "
+              f"| {cpu[1] / cpu[0]:.2f} |")
+
+
+if __name__ == "__main__":
+    main()
