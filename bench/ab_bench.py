@@ -112,8 +112,8 @@ def main() -> None:
                           f"{point[1]:,.0f} µs server CPU a request", flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    print(f"\n| identity, wrk 8 connections | before QPS | after QPS | before server µs/req "
-          f"| after server µs/req | after / before CPU |\n|---|---:|---:|---:|---:|---:|")
+    print("\n| identity, wrk 8 connections | before QPS | after QPS | before server µs/req "
+          "| after server µs/req | after / before CPU |\n|---|---:|---:|---:|---:|---:|")
     for name in LOADS:
         qps = [statistics.median(p[0] for p in results[t][name]) for t in trees]
         cpu = [statistics.median(p[1] for p in results[t][name]) for t in trees]

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import socket
 import time
+import urllib.request
 from collections.abc import Iterator
 
 import numpy as np
@@ -235,3 +237,36 @@ def test_json_writes_nan_and_infinities_as_triton_does(server: RunningServer) ->
             answer += chunk
     assert answer.startswith(b"HTTP/1.1 200") and answer.endswith(
         b'"data":[%b]}]}' % b",".join([b"NaN,Infinity,-Infinity,1.5"] * 3)), answer
+
+
+def test_a_queued_json_request_gives_its_body_back_to_the_pool(server: RunningServer) -> None:
+    """16 JSON bodies of 900 KB (whitespace around a [1,4] tensor) queue for `paced` (0.05 s
+    a request, one at a time): once decoded, their pooled buffers go back while they wait."""
+    body = (b'{"inputs":[{"name":"INPUT__0","shape":[1,4],"datatype":"FP32",'
+            b'"data":[1,2,3,4]}]}' + b" " * 900_000)
+    request = (b"POST /v2/models/paced/infer HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+               b"Content-Length: %d\r\n\r\n%b" % (len(body), body))
+    connections = [socket.create_connection(("127.0.0.1", server.port), timeout=30)
+                   for _ in range(16)]
+    try:
+        for connection in connections:
+            connection.sendall(request)
+        time.sleep(0.2)  # every body in; the last requests wait 0.8 s for their turn
+        assert _pool_in_use(server) < 4_000_000  # was 14 MB: every queued body held
+        for connection in connections:
+            answer = b""
+            while chunk := connection.recv(65536):
+                answer += chunk
+            assert answer.startswith(b"HTTP/1.1 200") and b'"data":[3.0,5.0,7.0,9.0]' in answer
+    finally:
+        for connection in connections:
+            connection.close()
+
+
+def _pool_in_use(server: RunningServer) -> int:
+    with urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics",
+                                timeout=10) as answer:
+        text = answer.read().decode()
+    found = re.search(r'^tensorgate_pool_bytes\{state="in_use"\} (\d+)', text, re.MULTILINE)
+    assert found is not None
+    return int(found.group(1))

@@ -373,6 +373,7 @@ class _Connection(asyncio.BufferedProtocol):
     def _dispatch(self) -> None:
         assert self.transport is not None
         request = self._request
+        self._body_memory = None  # the request holds its body now, and lets it go once decoded
         request.received_ns = time.monotonic_ns()
         target, detail = route(request.method, request.path)
         if isinstance(target, int):

@@ -183,6 +183,9 @@ async def _infer(dp: DataPlane, request: HttpRequest, model: str, version: str) 
     if not length:
         raise InvalidArgumentError("the inference request has no body")
     decoded = decode_infer_body(body, length, request.json_length, request.ledger, dp.shm)
+    # Binary inputs are views that hold the body's pooled buffer; JSON's are arrays of their
+    # own: unless a view holds it, the body goes back to the pool while the request waits
+    request.body = body = None
     decoded.forwarded = forward_headers(request.headers.items(), request.forward)
     trace = _trace(dp, request, model)
     result, outputs, binary, in_shm = await dp.infer(model, version, decoded, request.ledger,
