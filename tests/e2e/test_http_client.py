@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import pathlib
 import re
 import socket
 import time
@@ -16,7 +17,7 @@ import tritonclient.http as httpclient
 import tritonclient.http.aio as aioclient
 from tritonclient.utils import InferenceServerException
 
-from tests.e2e.conftest import RunningServer
+from tests.e2e.conftest import RunningServer, start_server, stop_server
 from tests.pipeline import repo_builder as rb
 
 
@@ -270,3 +271,52 @@ def _pool_in_use(server: RunningServer) -> int:
     found = re.search(r'^tensorgate_pool_bytes\{state="in_use"\} (\d+)', text, re.MULTILINE)
     assert found is not None
     return int(found.group(1))
+
+
+def _copied(server: RunningServer, reason: str) -> int:
+    with urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics",
+                                timeout=10) as answer:
+        text = answer.read().decode()
+    found = re.search(r'^tensorgate_copies_by_reason_bytes_total\{reason="%s"\} (\d+)' % reason,
+                      text, re.MULTILINE)
+    return int(found.group(1)) if found else 0
+
+
+def test_answers_a_client_does_not_read_wait_in_the_pool(e2e_repo: pathlib.Path,
+                                                         tmp_path: pathlib.Path) -> None:
+    """Three clients ask for 12 MB answers and read none: what the socket cannot take (the
+    kernel holds up to 4 MB a connection here) stays in the answers' pooled views, bounded
+    by the pool, and never more than a slice is copied into the transport's buffer (asyncio
+    copied all the rest: memory no bound covered, up to 4,096 connections times
+    --max-request-bytes). Read at last, every answer is whole."""
+    server = start_server(e2e_repo, tmp_path / "server.log", "--max-request-bytes",
+                          str(32 << 20))
+    values = np.arange(3_000_000, dtype="<f4")
+    head = json.dumps({"inputs": [{"name": "INPUT__0", "shape": [values.size],
+                                   "datatype": "FP32",
+                                   "parameters": {"binary_data_size": values.nbytes}}],
+                       "outputs": [{"name": "OUTPUT__0",
+                                    "parameters": {"binary_data": True}}]}).encode()
+    request = (b"POST /v2/models/wide/infer HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n"
+               b"Inference-Header-Content-Length: %d\r\n\r\n%b%b"
+               % (len(head) + values.nbytes, len(head), head, values.tobytes()))
+    connections = []
+    try:
+        for _ in range(3):
+            connection = socket.create_connection(("127.0.0.1", server.port), timeout=30)
+            connection.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 16)
+            connection.sendall(request)
+            connections.append(connection)
+        time.sleep(0.5)
+        assert _pool_in_use(server) >= 3 * values.nbytes  # the three bodies, held
+        assert _copied(server, "send") <= 3 * (1 << 20)  # a slice each, at most
+        for connection in connections:
+            answer = bytearray()
+            while len(answer) < values.nbytes + len(head):
+                answer += connection.recv(1 << 20)
+            _, _, body = bytes(answer).partition(b"\r\n\r\n")
+            assert answer.startswith(b"HTTP/1.1 200") and body.endswith(values.tobytes())
+    finally:
+        for connection in connections:
+            connection.close()
+        stop_server(server)

@@ -25,7 +25,7 @@ __all__ = [
 ]
 
 CopyReason = Literal["realign", "layout", "byteswap", "batch", "unbatch", "encode", "decode",
-                     "device", "receive", "cache", "trace", "tls"]
+                     "device", "receive", "cache", "trace", "tls", "send"]
 
 Array = Union[np.ndarray, torch.Tensor]
 
