@@ -174,6 +174,8 @@ class Server:
         if failed:
             print(f"not ready: {'; '.join(failed)}", flush=True)
         print(f"connections: at most {budget.limit} (--max-connections)", flush=True)
+        loop = type(asyncio.get_running_loop()).__module__.split(".")[0]
+        print(f"event loop: {'uvloop' if loop == 'uvloop' else 'asyncio'} (--loop)", flush=True)
         if tls is not None:
             print("gRPC TLS: " + (f"mutual (clients' certificates checked against "
                                   f"{config.grpc_root_cert})" if config.grpc_use_ssl_mutual

@@ -7,7 +7,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, cast
 
 from tensorgate.errors import PoolExhaustedError
 
@@ -68,7 +68,7 @@ class RefusedConnection(asyncio.Protocol):
         self._answer = answer
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
+        transport = cast(asyncio.Transport, transport)  # asyncio's or uvloop's (no subclass)
         transport.write(self._answer)
         if transport.can_write_eof():
             transport.write_eof()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from typing import cast
 
 __all__ = ["MetricsFrontEnd"]
 
@@ -23,8 +24,9 @@ class _Scrape(asyncio.Protocol):
         self._timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self._transport = transport
+        # cast, not assert isinstance: uvloop's transports are not asyncio.Transport's
+        # subclasses (the assert refused every scrape under --loop uvloop)
+        self._transport = transport = cast(asyncio.Transport, transport)
         if len(self._front.open) >= _MAX_OPEN:
             transport.close()
             return

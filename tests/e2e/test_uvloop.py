@@ -1,0 +1,114 @@
+"""The server on uvloop (`--loop uvloop`): every place that touches a transport works with
+uvloop's too, whose classes are not asyncio's subclasses (an `isinstance` check refused every
+metrics scrape and every connection past --max-connections there, unseen while the tests ran
+on asyncio alone)."""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+import time
+import urllib.request
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from tests.e2e.conftest import RunningServer, start_server, stop_server
+from tests.pipeline import repo_builder as rb
+
+pytest.importorskip("uvloop")
+LIMIT = 4
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    root = tmp_path_factory.mktemp("uvloop")
+    rb.add_torchscript(root / "models", "wide", rb.Identity(), [-1], [-1], max_batch=0)
+    running = start_server(root / "models", root / "server.log", "--loop", "uvloop",
+                           "--max-connections", str(LIMIT), "--max-request-bytes",
+                           str(32 << 20))
+    yield running
+    stop_server(running)
+    assert "Traceback" not in running.log.read_text()
+
+
+def _metrics(server: RunningServer) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics",
+                                timeout=10) as answer:
+        return str(answer.read().decode())
+
+
+def _value(text: str, pattern: str) -> int:
+    found = re.search(pattern, text, re.MULTILINE)
+    assert found is not None, pattern
+    return int(found.group(1))
+
+
+def test_it_runs_on_uvloop_and_serves_both_protocols(server: RunningServer) -> None:
+    assert "\nevent loop: uvloop (--loop)\n" in server.log.read_text()
+    values = np.arange(10, dtype=np.float32)
+    with httpclient.InferenceServerClient(server.url) as http:
+        item = httpclient.InferInput("INPUT__0", [10], "FP32")
+        item.set_data_from_numpy(values)
+        assert http.infer("wide", [item]).as_numpy("OUTPUT__0").tolist() == values.tolist()
+    with grpcclient.InferenceServerClient(server.grpc_url) as grpc:
+        item = grpcclient.InferInput("INPUT__0", [10], "FP32")
+        item.set_data_from_numpy(values)
+        assert grpc.infer("wide", [item]).as_numpy("OUTPUT__0").tolist() == values.tolist()
+    assert _value(_metrics(server), r'^nv_inference_request_success\{model="wide",'
+                                    r'version="1"\} (\d+)') >= 2
+
+
+def test_a_connection_past_the_limit_is_answered_503(server: RunningServer) -> None:
+    held = [socket.create_connection(("127.0.0.1", server.port), timeout=10)
+            for _ in range(LIMIT)]
+    try:
+        time.sleep(0.2)  # accepted
+        with socket.create_connection(("127.0.0.1", server.port), timeout=10) as extra:
+            extra.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n")
+            answer = extra.recv(65536)
+        assert answer.startswith(b"HTTP/1.1 503"), answer
+        assert b"--max-connections" in answer
+    finally:
+        for connection in held:
+            connection.close()
+    deadline = time.monotonic() + 10
+    while _value(_metrics(server), r"^tensorgate_connections_open (\d+)$") > 0:
+        assert time.monotonic() < deadline, "the held connections were not closed"
+        time.sleep(0.1)
+
+
+def test_an_answer_its_client_does_not_read_waits_in_the_pool(server: RunningServer) -> None:
+    values = np.arange(3_000_000, dtype="<f4")
+    head = json.dumps({"inputs": [{"name": "INPUT__0", "shape": [values.size],
+                                   "datatype": "FP32",
+                                   "parameters": {"binary_data_size": values.nbytes}}],
+                       "outputs": [{"name": "OUTPUT__0",
+                                    "parameters": {"binary_data": True}}]}).encode()
+    request = (b"POST /v2/models/wide/infer HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n"
+               b"Inference-Header-Content-Length: %d\r\n\r\n%b%b"
+               % (len(head) + values.nbytes, len(head), head, values.tobytes()))
+    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as connection:
+        connection.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 16)
+        connection.sendall(request)
+        time.sleep(0.5)
+        text = _metrics(server)
+        assert _value(text, r'^tensorgate_pool_bytes\{state="in_use"\} (\d+)') >= values.nbytes
+        answer = bytearray()
+        while len(answer) < values.nbytes + len(head):
+            answer += connection.recv(1 << 20)
+        assert bytes(answer).endswith(values.tobytes())
+
+
+def test_refused_inference_keeps_it_serving(server: RunningServer) -> None:
+    with httpclient.InferenceServerClient(server.url) as http:
+        item = httpclient.InferInput("INPUT__0", [2, 2], "FP32")
+        item.set_data_from_numpy(np.ones((2, 2), np.float32))
+        with pytest.raises(InferenceServerException, match="shape"):
+            http.infer("wide", [item])
+        assert http.is_server_live()
