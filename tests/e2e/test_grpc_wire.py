@@ -5,10 +5,13 @@ and real grpcio clients with large, compressed and many concurrent calls."""
 from __future__ import annotations
 
 import asyncio
+import re
+import socket
 import struct
 import sys
 import threading
 import time
+import urllib.request
 
 import numpy as np
 import pytest
@@ -347,3 +350,53 @@ def test_a_message_announced_large_costs_only_what_arrives(server: RunningServer
     finally:
         client.close()
     _assert_serving(server)
+
+
+def test_answers_a_client_grants_windows_for_but_does_not_read_wait_in_the_pool(
+        e2e_repo, tmp_path) -> None:
+    """Three connections grant the largest windows, ask for 12 MB answers and read none:
+    what the socket cannot take waits in the answers' pooled views (bounded by the pool);
+    at most a slice is copied into the transport's buffer (every answer was, whole, outside
+    the pool: 10 such clients of 30 MB answers held 355 MB). A closed connection gives its
+    answer back. Read at last, every answer is whole."""
+    server = start_server(e2e_repo, tmp_path / "server.log", "--max-request-bytes",
+                          str(32 << 20))
+    values = np.arange(3_000_000, dtype=np.float32)
+    clients = []
+    try:
+        for _ in range(3):
+            client = h2.H2Client(_port(server), settings={INITIAL_WINDOW_SIZE: (1 << 31) - 1})
+            client.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 16)
+            client.send(h2.WINDOW_UPDATE, 0, 0, struct.pack(">I", (1 << 31) - 1 - 65_535))
+            client.call("ModelInfer", _wide_request(values))
+            clients.append(client)
+        time.sleep(0.5)
+        metrics = _metrics(server)
+        assert _metric(metrics, r'tensorgate_pool_bytes\{state="in_use"\}') >= 3 * values.nbytes
+        assert _metric(metrics, r'tensorgate_copies_by_reason_bytes_total\{reason="send"\}') \
+            <= 3 * ((1 << 20) + (64 << 10))
+        clients.pop().close()
+        deadline = time.monotonic() + 5
+        while _metric(_metrics(server), r'tensorgate_pool_bytes\{state="in_use"\}') \
+                >= 3 * values.nbytes:
+            assert time.monotonic() < deadline, "a closed connection kept its answer"
+            time.sleep(0.1)
+        for client in clients:
+            client.sock.settimeout(30)
+            headers, data = client.response(1, limit_s=30)
+            assert headers["grpc-status"] == "0" and _output(data) == values.tobytes()
+    finally:
+        for client in clients:
+            client.close()
+        stop_server(server)
+
+
+def _metrics(server: RunningServer) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics",
+                                timeout=10) as answer:
+        return str(answer.read().decode())
+
+
+def _metric(text: str, name: str) -> int:
+    found = re.search(rf"^{name} (\d+)$", text, re.MULTILINE)
+    return int(found.group(1)) if found else 0

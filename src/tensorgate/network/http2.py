@@ -70,6 +70,11 @@ _RUN_FRAME = 1024                  # whole DATA frames this large go straight in
 # of the next payload arrives here (copied) before its frame header is parsed.
 _SMALL_READ = 4096
 _WRITE_ALONE = 32 << 10            # a response part this large is never joined to others
+# DATA written to the transport at a time: what the socket cannot take is copied into the
+# transport's buffer (outside the pool), and the rest waits in its pooled views until the
+# transport has drained (resume_writing). Without it a client that grants large windows and
+# does not read had every answer copied there whole.
+_SEND_SLICE = 1 << 20
 _STREAM_WINDOW = 16 << 20          # what each stream may send before we replenish
 _CONNECTION_WINDOW = 64 << 20      # and all streams together
 _MAX_STREAMS = 128                 # concurrent streams per connection
@@ -244,6 +249,10 @@ class Http2Connection(asyncio.BufferedProtocol):
         streams, self.streams = self.streams, {}
         self._blocked.clear()
         for stream in streams.values():
+            # unsent answers hold pooled views: let them go now, not when the collector
+            # breaks this connection's reference cycles
+            stream.pending.clear()
+            stream.pending_bytes = 0
             self._cancel(stream)
         self._on_close(self)
 
@@ -747,19 +756,35 @@ class Http2Connection(asyncio.BufferedProtocol):
 
     def _flush(self, stream: Http2Stream) -> None:
         """Send what the windows allow of `stream`'s response, after its headers if they
-        have not gone yet, in one write where the transport can."""
+        have not gone yet, in one write where the transport can, _SEND_SLICE of DATA at a
+        time while the transport takes them."""
+        had_pending = bool(stream.pending)
+        while self._flush_slice(stream):
+            pass
+        if (had_pending and not stream.pending and stream.handler is not None
+                and stream.id in self.streams):
+            try:
+                stream.handler.drained()
+            except Exception as error:
+                self._failed(stream, error)
+
+    def _flush_slice(self, stream: Http2Stream) -> bool:
+        """Write up to _SEND_SLICE of `stream`'s DATA (and its trailers once all is sent);
+        whether more could go at once (the slice was full and the transport not paused)."""
         if self.transport is None or self._writing_paused:
-            return
+            return False
         out: list[tuple[Any, bool]] = []
         if stream.head:
             out.append((stream.head, False))
             stream.head = b""
-        had_pending = bool(stream.pending)
         frame_limit = self._peer_frame
-        while stream.pending:
-            size = min(stream.pending_bytes, frame_limit, stream.send_window, self._peer_window)
+        room = _SEND_SLICE
+        while stream.pending and room > 0:
+            size = min(stream.pending_bytes, frame_limit, stream.send_window, self._peer_window,
+                       room)
             if size <= 0:
                 break
+            room -= size
             out.append((_frame(DATA, 0, stream.id, size), False))
             stream.send_window -= size
             self._peer_window -= size
@@ -787,11 +812,8 @@ class Http2Connection(asyncio.BufferedProtocol):
             self._write_parts(out)
         if done:
             self._local_end(stream)
-        elif had_pending and not stream.pending and stream.handler is not None:
-            try:
-                stream.handler.drained()
-            except Exception as error:
-                self._failed(stream, error)
+            return False
+        return room <= 0 and bool(stream.pending) and not self._writing_paused
 
     def _flush_blocked(self) -> None:
         for stream in list(self._blocked.values()):
@@ -916,6 +938,15 @@ class Http2Connection(asyncio.BufferedProtocol):
         if self.tls:  # encrypted, and the ciphertext copied out of the ssl module's buffer
             record_copy(sum(len(part) if isinstance(part, bytes) else part.nbytes
                             for part, _ in parts), "tls")
+            self._write_runs(transport, parts)
+            return
+        held = transport.get_write_buffer_size()
+        self._write_runs(transport, parts)
+        # what the socket did not take was copied into the transport's buffer
+        if (copied := transport.get_write_buffer_size() - held) > 0:
+            record_copy(copied, "send")
+
+    def _write_runs(self, transport: asyncio.Transport, parts: list[tuple[Any, bool]]) -> None:
         if not self.joins_writes:
             transport.writelines([part for part, _ in parts])
             return
