@@ -124,17 +124,8 @@ def test_a_gpu_run_has_its_own_goals_and_its_own_block(result: dict, tmp_path: p
     assert "resnet50 QPS at 16 connections: 1,800.00 (goal ≥ 2000) — missed" in goals
     assert "resnet50 P50, tensorgate / Triton (no goal set): 0.03" in goals
 
-    raw = tmp_path / "compare-cuda.json"
-    raw.write_text(json.dumps(result))
-    results_md = tmp_path / "RESULTS.md"
-    cpu_block = f"{compare_report.BEGIN}\nthe CPU table\n{compare_report.END}"
-    results_md.write_text(f"# Results\n\n{cpu_block}\n")
-    compare_report.render(raw, results_md, with_plots=False)
-    text = results_md.read_text()
-    assert cpu_block in text  # untouched
-    begin, end = compare_report.markers(result)
-    assert begin == "<!-- compare-cuda:begin -->" and text.count(begin) == 1
-    block = text.split(begin, 1)[1].split(end, 1)[0]
+    text, block = _render_beside_the_cpu_block(result, tmp_path)
+    assert compare_report.markers(result)[0] == "<!-- compare-cuda:begin -->"
     assert "NVIDIA H200 (CUDA 13.0)" in block and "socket client" in block
     assert "| socket client CPU (max) |" in block and "wrk CPU" not in block
     assert "Goals (issue 5, on the GPU):" in capsys.readouterr().out
@@ -167,7 +158,17 @@ def test_own_view_shows_per_request_and_per_batch_times_and_reads_older_runs(res
 def test_a_json_run_has_its_own_block_and_no_goals(result: dict, tmp_path: pathlib.Path,
                                                    capsys: pytest.CaptureFixture[str]) -> None:
     result["wire"] = "json"
-    raw = tmp_path / "compare-json.json"
+    _, block = _render_beside_the_cpu_block(result, tmp_path)
+    assert compare_report.markers(result)[0] == "<!-- compare-json:begin -->"
+    assert "## Side by side with peers (bench/compare.py --wire json)" in block
+    assert "`.venv/bin/python bench/compare.py --render-only --wire json`" in block
+    assert "| tensorgate | 0.31" in block and "Goals" not in capsys.readouterr().out
+
+
+def _render_beside_the_cpu_block(result: dict, tmp_path: pathlib.Path) -> tuple[str, str]:
+    """Render `result` into a RESULTS.md that holds the CPU table: (the whole file, the
+    result's own block); the CPU table is left as it was, and the block appears once."""
+    raw = tmp_path / "compare-other.json"
     raw.write_text(json.dumps(result))
     results_md = tmp_path / "RESULTS.md"
     cpu_block = f"{compare_report.BEGIN}\nthe CPU table\n{compare_report.END}"
@@ -175,8 +176,5 @@ def test_a_json_run_has_its_own_block_and_no_goals(result: dict, tmp_path: pathl
     compare_report.render(raw, results_md, with_plots=False)
     text = results_md.read_text()
     begin, end = compare_report.markers(result)
-    assert cpu_block in text and begin == "<!-- compare-json:begin -->"
-    block = text.split(begin, 1)[1].split(end, 1)[0]
-    assert "## Side by side with peers (bench/compare.py --wire json)" in block
-    assert "`.venv/bin/python bench/compare.py --render-only --wire json`" in block
-    assert "| tensorgate | 0.31" in block and "Goals" not in capsys.readouterr().out
+    assert cpu_block in text and text.count(begin) == 1
+    return text, text.split(begin, 1)[1].split(end, 1)[0]

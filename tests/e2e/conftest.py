@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import json
 import os
 import pathlib
 import queue
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import numpy as np
 import pytest
 
 from tests.pipeline import repo_builder as rb
@@ -53,6 +57,54 @@ def start_server(repo: pathlib.Path, log: pathlib.Path, *extra: str) -> RunningS
         time.sleep(0.1)
     process.kill()
     raise RuntimeError(f"server did not start in {STARTUP_TIMEOUT_S} s:\n{log.read_text()}")
+
+
+def scrape(server: RunningServer) -> str:
+    """The server's /metrics text."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics",
+                                timeout=10) as response:
+        assert response.status == 200
+        assert response.headers["Content-Type"].startswith("text/plain")
+        return str(response.read().decode())
+
+
+def value(text: str, metric: str, default: float | None = None, **labels: str) -> float:
+    """One sample of `metric` with exactly `labels`; `default` where it has none yet."""
+    wanted = ",".join(f'{k}="{v}"' for k, v in labels.items())
+    match = re.search(rf"^{metric}\{{{re.escape(wanted)}\}} (\S+)$", text, re.M)
+    if match is None and default is not None:
+        return default
+    assert match, f"{metric}{{{wanted}}} not in:\n{text}"
+    return float(match.group(1))
+
+
+def binary_infer_request(model: str, values: np.ndarray) -> bytes:
+    """An HTTP/1.1 request of `model` with one FP32 input INPUT__0 and its output OUTPUT__0,
+    both as binary data."""
+    head = json.dumps({"inputs": [{"name": "INPUT__0", "shape": list(values.shape),
+                                   "datatype": "FP32",
+                                   "parameters": {"binary_data_size": values.nbytes}}],
+                       "outputs": [{"name": "OUTPUT__0",
+                                    "parameters": {"binary_data": True}}]}).encode()
+    return (b"POST /v2/models/%b/infer HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n"
+            b"Inference-Header-Content-Length: %d\r\n\r\n%b%b"
+            % (model.encode(), len(head) + values.nbytes, len(head), head,
+               values.astype("<f4").tobytes()))
+
+
+def read_answer(connection: socket.socket) -> tuple[bytes, bytes]:
+    """One HTTP/1.1 answer with a Content-Length, read whole: (head, body)."""
+    data = bytearray()
+    while b"\r\n\r\n" not in data:
+        data += connection.recv(1 << 20)
+    head, _, body = bytes(data).partition(b"\r\n\r\n")
+    length = int(re.search(rb"(?im)^content-length: (\d+)", head).group(1))  # type: ignore[union-attr]
+    rest = bytearray(body)
+    while len(rest) < length:
+        chunk = connection.recv(1 << 20)
+        assert chunk, "the connection closed before the answer's end"
+        rest += chunk
+    return head, bytes(rest)
 
 
 def stop_server(server: RunningServer) -> int:

@@ -5,10 +5,8 @@ from __future__ import annotations
 import asyncio
 import json
 import pathlib
-import re
 import socket
 import time
-import urllib.request
 from collections.abc import Iterator
 
 import numpy as np
@@ -17,7 +15,8 @@ import tritonclient.http as httpclient
 import tritonclient.http.aio as aioclient
 from tritonclient.utils import InferenceServerException
 
-from tests.e2e.conftest import RunningServer, start_server, stop_server
+from tests.e2e.conftest import (RunningServer, binary_infer_request, read_answer, scrape,
+                                start_server, stop_server, value)
 from tests.pipeline import repo_builder as rb
 
 
@@ -253,7 +252,8 @@ def test_a_queued_json_request_gives_its_body_back_to_the_pool(server: RunningSe
         for connection in connections:
             connection.sendall(request)
         time.sleep(0.2)  # every body in; the last requests wait 0.8 s for their turn
-        assert _pool_in_use(server) < 4_000_000  # was 14 MB: every queued body held
+        in_use = value(scrape(server), "tensorgate_pool_bytes", state="in_use")
+        assert in_use < 4_000_000  # was 14 MB: every queued body held
         for connection in connections:
             answer = b""
             while chunk := connection.recv(65536):
@@ -264,22 +264,6 @@ def test_a_queued_json_request_gives_its_body_back_to_the_pool(server: RunningSe
             connection.close()
 
 
-def _pool_in_use(server: RunningServer) -> int:
-    with urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics",
-                                timeout=10) as answer:
-        text = answer.read().decode()
-    found = re.search(r'^tensorgate_pool_bytes\{state="in_use"\} (\d+)', text, re.MULTILINE)
-    assert found is not None
-    return int(found.group(1))
-
-
-def _copied(server: RunningServer, reason: str) -> int:
-    with urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics",
-                                timeout=10) as answer:
-        text = answer.read().decode()
-    found = re.search(r'^tensorgate_copies_by_reason_bytes_total\{reason="%s"\} (\d+)' % reason,
-                      text, re.MULTILINE)
-    return int(found.group(1)) if found else 0
 
 
 def test_answers_a_client_does_not_read_wait_in_the_pool(e2e_repo: pathlib.Path,
@@ -292,14 +276,7 @@ def test_answers_a_client_does_not_read_wait_in_the_pool(e2e_repo: pathlib.Path,
     server = start_server(e2e_repo, tmp_path / "server.log", "--max-request-bytes",
                           str(32 << 20))
     values = np.arange(3_000_000, dtype="<f4")
-    head = json.dumps({"inputs": [{"name": "INPUT__0", "shape": [values.size],
-                                   "datatype": "FP32",
-                                   "parameters": {"binary_data_size": values.nbytes}}],
-                       "outputs": [{"name": "OUTPUT__0",
-                                    "parameters": {"binary_data": True}}]}).encode()
-    request = (b"POST /v2/models/wide/infer HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n"
-               b"Inference-Header-Content-Length: %d\r\n\r\n%b%b"
-               % (len(head) + values.nbytes, len(head), head, values.tobytes()))
+    request = binary_infer_request("wide", values)
     connections = []
     try:
         for _ in range(3):
@@ -308,14 +285,14 @@ def test_answers_a_client_does_not_read_wait_in_the_pool(e2e_repo: pathlib.Path,
             connection.sendall(request)
             connections.append(connection)
         time.sleep(0.5)
-        assert _pool_in_use(server) >= 3 * values.nbytes  # the three bodies, held
-        assert _copied(server, "send") <= 3 * (1 << 20)  # a slice each, at most
+        metrics = scrape(server)
+        # the three bodies, held; at most a slice each copied
+        assert value(metrics, "tensorgate_pool_bytes", state="in_use") >= 3 * values.nbytes
+        assert value(metrics, "tensorgate_copies_by_reason_bytes_total", 0,
+                     reason="send") <= 3 * (1 << 20)
         for connection in connections:
-            answer = bytearray()
-            while len(answer) < values.nbytes + len(head):
-                answer += connection.recv(1 << 20)
-            _, _, body = bytes(answer).partition(b"\r\n\r\n")
-            assert answer.startswith(b"HTTP/1.1 200") and body.endswith(values.tobytes())
+            head, body = read_answer(connection)
+            assert head.startswith(b"HTTP/1.1 200") and body.endswith(values.tobytes())
     finally:
         for connection in connections:
             connection.close()

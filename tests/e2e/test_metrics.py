@@ -13,23 +13,8 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
 from tensorgate.tensor.pool import QUIET_IDLE_BYTES
-from tests.e2e.conftest import RunningServer, start_server, stop_server
+from tests.e2e.conftest import RunningServer, scrape, start_server, stop_server, value
 from tests.pipeline import repo_builder as rb
-
-
-def scrape(server: RunningServer) -> str:
-    with urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics",
-                                timeout=10) as response:
-        assert response.status == 200
-        assert response.headers["Content-Type"].startswith("text/plain")
-        return response.read().decode()
-
-
-def value(text: str, metric: str, **labels: str) -> float:
-    wanted = ",".join(f'{k}="{v}"' for k, v in labels.items())
-    match = re.search(rf"^{metric}\{{{re.escape(wanted)}\}} (\S+)$", text, re.M)
-    assert match, f"{metric}{{{wanted}}} not in:\n{text}"
-    return float(match.group(1))
 
 
 def test_metrics_count_requests(server: RunningServer) -> None:

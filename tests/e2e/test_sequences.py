@@ -14,8 +14,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from tests.e2e.conftest import RunningServer
-from tests.e2e.test_metrics import scrape, value
+from tests.e2e.conftest import RunningServer, scrape, value
 from tests.e2e.test_http_hostile import error_of, exchange, request, still_serving
 
 

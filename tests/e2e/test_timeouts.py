@@ -18,7 +18,8 @@ import pytest
 from tritonclient.grpc import service_pb2 as pb
 
 from tests.e2e import h2_client as h2
-from tests.e2e.conftest import RunningServer, start_server, stop_server
+from tests.e2e.conftest import (RunningServer, binary_infer_request, scrape, start_server,
+                                stop_server, value)
 from tests.e2e.test_grpc_wire import _assert_serving, _port
 
 STALL = r"the request stopped arriving: no bytes for \d+\.\d s \(the server waits 0\.5 s, " \
@@ -34,11 +35,7 @@ def impatient(e2e_repo, tmp_path_factory) -> Iterator[RunningServer]:
 
 
 def _pool_in_use(server: RunningServer) -> int:
-    with urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics",
-                                timeout=10) as answer:
-        text = answer.read().decode()
-    return int(re.search(r'^tensorgate_pool_bytes\{state="in_use"\} (\d+)', text,
-                         re.MULTILINE).group(1))
+    return int(value(scrape(server), "tensorgate_pool_bytes", state="in_use"))
 
 
 def _read_all(sock: socket.socket, limit_s: float = 10) -> bytes:
@@ -101,14 +98,7 @@ def test_a_client_that_stops_reading_its_answers_is_closed_when_idle(
     """Requests sent and their answers never read: past the keep-alive timeout the server
     drops the connection and what it still held for it (closing alone waited for the client
     to read, for ever)."""
-    values = np.arange(150_000, dtype="<f4").tobytes()
-    head = json.dumps({"inputs": [{"name": "INPUT__0", "shape": [150_000], "datatype": "FP32",
-                                   "parameters": {"binary_data_size": len(values)}}],
-                       "outputs": [{"name": "OUTPUT__0",
-                                    "parameters": {"binary_data": True}}]}).encode()
-    one = (f"POST /v2/models/wide/infer HTTP/1.1\r\nHost: x\r\nContent-Length: "
-           f"{len(head) + len(values)}\r\nInference-Header-Content-Length: {len(head)}"
-           "\r\n\r\n").encode() + head + values
+    one = binary_infer_request("wide", np.arange(150_000, dtype="<f4"))
     before = _open_connections(impatient)
     with _http(impatient) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 16)

@@ -5,11 +5,9 @@ on asyncio alone)."""
 
 from __future__ import annotations
 
-import json
 import re
 import socket
 import time
-import urllib.request
 from collections.abc import Iterator
 
 import numpy as np
@@ -18,7 +16,8 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from tests.e2e.conftest import RunningServer, start_server, stop_server
+from tests.e2e.conftest import (RunningServer, binary_infer_request, read_answer, scrape,
+                                start_server, stop_server, value)
 from tests.pipeline import repo_builder as rb
 
 pytest.importorskip("uvloop")
@@ -37,17 +36,6 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     assert "Traceback" not in running.log.read_text()
 
 
-def _metrics(server: RunningServer) -> str:
-    with urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics",
-                                timeout=10) as answer:
-        return str(answer.read().decode())
-
-
-def _value(text: str, pattern: str) -> int:
-    found = re.search(pattern, text, re.MULTILINE)
-    assert found is not None, pattern
-    return int(found.group(1))
-
 
 def test_it_runs_on_uvloop_and_serves_both_protocols(server: RunningServer) -> None:
     assert "\nevent loop: uvloop (--loop)\n" in server.log.read_text()
@@ -60,8 +48,7 @@ def test_it_runs_on_uvloop_and_serves_both_protocols(server: RunningServer) -> N
         item = grpcclient.InferInput("INPUT__0", [10], "FP32")
         item.set_data_from_numpy(values)
         assert grpc.infer("wide", [item]).as_numpy("OUTPUT__0").tolist() == values.tolist()
-    assert _value(_metrics(server), r'^nv_inference_request_success\{model="wide",'
-                                    r'version="1"\} (\d+)') >= 2
+    assert value(scrape(server), "nv_inference_request_success", model="wide", version="1") >= 2
 
 
 def test_a_connection_past_the_limit_is_answered_503(server: RunningServer) -> None:
@@ -78,31 +65,21 @@ def test_a_connection_past_the_limit_is_answered_503(server: RunningServer) -> N
         for connection in held:
             connection.close()
     deadline = time.monotonic() + 10
-    while _value(_metrics(server), r"^tensorgate_connections_open (\d+)$") > 0:
+    while re.search(r"^tensorgate_connections_open 0$", scrape(server), re.M) is None:
         assert time.monotonic() < deadline, "the held connections were not closed"
         time.sleep(0.1)
 
 
 def test_an_answer_its_client_does_not_read_waits_in_the_pool(server: RunningServer) -> None:
     values = np.arange(3_000_000, dtype="<f4")
-    head = json.dumps({"inputs": [{"name": "INPUT__0", "shape": [values.size],
-                                   "datatype": "FP32",
-                                   "parameters": {"binary_data_size": values.nbytes}}],
-                       "outputs": [{"name": "OUTPUT__0",
-                                    "parameters": {"binary_data": True}}]}).encode()
-    request = (b"POST /v2/models/wide/infer HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n"
-               b"Inference-Header-Content-Length: %d\r\n\r\n%b%b"
-               % (len(head) + values.nbytes, len(head), head, values.tobytes()))
+    request = binary_infer_request("wide", values)
     with socket.create_connection(("127.0.0.1", server.port), timeout=30) as connection:
         connection.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 16)
         connection.sendall(request)
         time.sleep(0.5)
-        text = _metrics(server)
-        assert _value(text, r'^tensorgate_pool_bytes\{state="in_use"\} (\d+)') >= values.nbytes
-        answer = bytearray()
-        while len(answer) < values.nbytes + len(head):
-            answer += connection.recv(1 << 20)
-        assert bytes(answer).endswith(values.tobytes())
+        assert value(scrape(server), "tensorgate_pool_bytes", state="in_use") >= values.nbytes
+        head, body = read_answer(connection)
+        assert head.startswith(b"HTTP/1.1 200") and body.endswith(values.tobytes())
 
 
 def test_refused_inference_keeps_it_serving(server: RunningServer) -> None:
