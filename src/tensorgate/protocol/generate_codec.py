@@ -103,7 +103,8 @@ def encode_generate_response(model: str, version: int, outputs: dict[str, Tensor
     all_finite = True
     for name, view in outputs.items():
         values = json_data(view)
-        all_finite = all_finite and json_text.finite(values)
+        if isinstance(values, np.ndarray):  # not BYTES, whose strings need no look
+            all_finite = all_finite and json_text.finite(values)
         response[name] = values[0] if len(values) == 1 else values
     return json_text.dumps(response, all_finite=all_finite)
 

@@ -407,7 +407,8 @@ def encode_infer_response(model: str, version: int, request_id: str,
             tail.append(view.memoryview())
         else:
             entry["data"] = data = json_data(view)
-            all_finite = all_finite and json_text.finite(data)
+            if isinstance(data, np.ndarray):  # not BYTES, whose strings need no look
+                all_finite = all_finite and json_text.finite(data)
         entries.append(entry)
     response: dict[str, Any] = {"model_name": model, "model_version": str(version),
                                 "outputs": entries}

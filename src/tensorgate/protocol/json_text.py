@@ -35,9 +35,9 @@ def loads(data: bytes | bytearray | memoryview) -> Any:
 
 def dumps(value: Any, *, all_finite: bool = True) -> bytes:
     """`value` as compact JSON. It may hold numpy arrays (flat, C-contiguous, native byte
-    order, as infer_codec's `json_data` makes them) and numpy scalars. orjson writes a NaN or an infinity
-    as null: pass `all_finite=False` when a float in `value` may be one, and it is written as
-    Triton writes it (NaN, Infinity, -Infinity)."""
+    order, as infer_codec's `json_data` makes them) and numpy scalars. orjson writes a NaN
+    or an infinity as null: pass `all_finite=False` when a float in `value` may be one, and
+    it is written as Triton writes it (NaN, Infinity, -Infinity)."""
     if all_finite:
         try:
             return orjson.dumps(value, option=_NUMPY)
