@@ -56,8 +56,8 @@ sys.path.insert(0, str(HERE))
 import compare_report  # noqa: E402
 from compare_servers import PEERS, WORKLOADS, Ports, Server, servers  # noqa: E402
 from compare_wire import (OIP_BINARY, OIP_JSON, Connection, NothingAnswered,  # noqa: E402
-                          grpc_infer_body, grpc_reference_answer, h2load_grpc, raw_request, socket_load,
-                          wrk_load)
+                          grpc_infer_body, grpc_reference_answer, h2load_grpc, raw_request,
+                          socket_load, wrk_load)
 from tensorgate.builtin.repository import write_default_repository  # noqa: E402
 from tensorgate.pipeline.executor import default_intra_op_threads  # noqa: E402
 
@@ -468,10 +468,11 @@ def speaking_json(available: dict[str, Server]) -> dict[str, Server]:
     """The servers that speak V2 JSON, each set to send it: the Open Inference Protocol's
     servers over HTTP without the binary extension, MLServer as always. No gRPC points:
     gRPC carries tensors as protobuf, never JSON."""
-    return {name: dataclasses.replace(server, wire=OIP_JSON, grpc=False,
-                                      note=server.note.replace("binary tensor extension", "V2 JSON"))
+    return {name: dataclasses.replace(
+                server, wire=OIP_JSON, grpc=False,
+                note=server.note.replace("binary tensor extension", "V2 JSON"))
             for name, server in available.items()
-            if server.wire in (OIP_BINARY, OIP_JSON) and name != "fastapi"}
+            if server.wire in (OIP_BINARY, OIP_JSON) and server.v2_json}
 
 
 def run(plan: Plan, names: list[str], output: pathlib.Path, device: str = "cpu",

@@ -18,7 +18,8 @@ BEGIN, END = "<!-- compare:begin -->", "<!-- compare:end -->"
 
 
 def markers(result: dict[str, Any]) -> tuple[str, str]:
-    """RESULTS.md keeps one block per device: a GPU run never overwrites the CPU table."""
+    """RESULTS.md keeps one block per device and wire: a GPU run or a JSON run never
+    overwrites the CPU table."""
     block = "-".join(part for part in (result.get("device", "cpu"), result.get("wire"))
                      if part not in ("cpu", "native", None))
     if not block:

@@ -63,6 +63,7 @@ class Server:
     note: str = ""
     grpc: bool = False  # speaks the protocol's gRPC on ports.grpc: measured with h2load too
     batching: str = ""
+    v2_json: bool = True  # takes V2 JSON as well as its own wire (compare.py --wire json)
     package: str = ""  # whose version the report shows; must import (as a module) to run
     # a server that runs from files rather than a venv: its check (None when it can run) and
     # the version the report shows
@@ -260,5 +261,5 @@ def servers() -> dict[str, Server]:
                           _fastapi_command,
                           note="uvicorn[standard] (uvloop, httptools); hand-written OIP "
                                "subset, binary tensor extension",
-                          batching="none", package="fastapi"),
+                          batching="none", package="fastapi", v2_json=False),
     }
