@@ -297,3 +297,42 @@ def test_answers_a_client_does_not_read_wait_in_the_pool(e2e_repo: pathlib.Path,
         for connection in connections:
             connection.close()
         stop_server(server)
+
+
+def test_unread_answers_give_way_when_the_pool_is_full(e2e_repo: pathlib.Path,
+                                                       tmp_path: pathlib.Path) -> None:
+    """A 44 MiB pool: three clients that read none of their 12 MB answers hold 36 MiB of it.
+    A fourth client's 12 MB request does not fit: an unread answer's connection is dropped
+    (its client has read nothing for 2 s), one is enough, and the request is served."""
+    server = start_server(e2e_repo, tmp_path / "server.log", "--max-request-bytes",
+                          str(32 << 20), "--host-pool-bytes", str(44 << 20))
+    values = np.arange(3_000_000, dtype="<f4")
+    request = binary_infer_request("wide", values)
+    stalled = []
+    try:
+        for _ in range(3):
+            connection = socket.create_connection(("127.0.0.1", server.port), timeout=30)
+            connection.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 16)
+            connection.sendall(request)
+            stalled.append(connection)
+        time.sleep(2.5)
+        assert value(scrape(server), "tensorgate_pool_bytes", state="in_use") >= 3 * values.nbytes
+        with socket.create_connection(("127.0.0.1", server.port), timeout=30) as reader:
+            reader.sendall(request)
+            head, body = read_answer(reader)
+        assert head.startswith(b"HTTP/1.1 200") and body.endswith(values.tobytes())
+        dropped = 0
+        for connection in stalled:  # dropped: what the kernel held, then the end
+            connection.settimeout(1.0)
+            try:
+                while connection.recv(1 << 20):
+                    pass
+                dropped += 1
+            except TimeoutError:
+                pass  # still held: one answer's room was all the request needed
+        assert dropped == 1
+        assert "unread answers refused" in server.log.read_text()
+    finally:
+        for connection in stalled:
+            connection.close()
+        stop_server(server)

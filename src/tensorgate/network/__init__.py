@@ -89,7 +89,8 @@ def stalled_message(quiet_s: float, limit_s: float) -> str:
 
 
 class SlowReceiver(Protocol):
-    """A request body or message being read into a pooled buffer taken whole at its start."""
+    """A request body or message being read into a pooled buffer taken whole at its start,
+    or an HTTP answer waiting in its pooled views for a client that does not read it."""
 
     def body_eta(self, now_ns: int) -> float | None:
         """Seconds the rest still needs at the rate it has come so far; None unless it is
@@ -104,9 +105,10 @@ class PoolRelief:
     buffer is taken whole when it begins (it is read into place), so a few connections that
     each announce --max-request-bytes and send a byte now and then would hold the whole
     pool, and every other request be refused (17 did, with 17 bytes). A front end that
-    cannot get a buffer asks `relieve`: bodies, HTTP and gRPC alike, that would need more
+    cannot get a buffer asks `acquire` to: bodies, HTTP and gRPC alike, that would need more
     than `limit_s` (the read timeout) to arrive at their rate so far are refused, longest
-    first, until as many bytes as needed are freed."""
+    first, until the buffer fits. So are HTTP answers whose clients have
+    read none of them for a while (their connections dropped): they hold the pool too."""
 
     def __init__(self, limit_s: float) -> None:
         self.limit_s = limit_s
@@ -116,18 +118,33 @@ class PoolRelief:
         self._sources.append(receivers)
 
     def acquire(self, pool: BufferPool, nbytes: int, asking: object) -> HostBuffer:
-        """`pool.acquire(nbytes)`, relieving a full pool first; PoolExhaustedError if even
-        then there is no room."""
+        """`pool.acquire(nbytes)`. When the pool is full, slow bodies and unread answers
+        other than `asking`'s (those that would need more than `limit_s` at their rate so
+        far) are refused, slowest first, until the buffer fits: the pool itself says when,
+        since what a refusal frees (whole pooled buffers) is more than the bytes it held.
+        PoolExhaustedError if it never does."""
         try:
             return pool.acquire(nbytes)
-        except PoolExhaustedError:
-            if not self.relieve(nbytes, asking):
-                raise
-        return pool.acquire(nbytes)
+        except PoolExhaustedError as error:
+            full = error
+        freed = refused = 0
+        try:
+            for eta, receiver in self._slow(asking):
+                freed += receiver.refuse_slow(eta, self.limit_s)
+                refused += 1
+                try:
+                    return pool.acquire(nbytes)
+                except PoolExhaustedError as error:
+                    full = error
+            raise full
+        finally:
+            if refused:
+                log.warning("the buffer pool was full: %d slow request bodies or unread "
+                            "answers refused to give back %d bytes", refused, freed)
 
-    def relieve(self, needed: int, asking: object) -> bool:
-        """Free at least `needed` bytes by refusing slow bodies other than `asking`'s;
-        whether any were refused."""
+    def _slow(self, asking: object) -> list[tuple[float, SlowReceiver]]:
+        """(eta, receiver) of every receiver but `asking` that needs more than `limit_s`,
+        slowest first."""
         now = time.monotonic_ns()
         slow = []
         for source in self._sources:
@@ -136,16 +153,7 @@ class PoolRelief:
                 if eta is not None and eta > self.limit_s:
                     slow.append((eta, receiver))
         slow.sort(key=lambda pair: pair[0], reverse=True)
-        freed = refused = 0
-        for eta, receiver in slow:
-            if freed >= needed:
-                break
-            freed += receiver.refuse_slow(eta, self.limit_s)
-            refused += 1
-        if refused:
-            log.warning("the buffer pool was full: %d slow request bodies refused to give back "
-                        "%d bytes", refused, freed)
-        return refused > 0
+        return slow
 
 
 def arrival_eta(received: int, length: int, elapsed_s: float) -> float | None:

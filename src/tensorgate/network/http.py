@@ -63,6 +63,8 @@ _LINGER_S = 2.0               # a closing connection reads and drops what still 
 # at most this outside the pool (the rest waits in its pooled views). 256 KiB cost identity's
 # 600 KB answers 11 % more server CPU (three writes, bench/ab_bench.py); 1 MiB is one write.
 _SEND_SLICE = 1 << 20
+# An answer its client has read nothing of for this long gives way when the pool is full
+_UNREAD_ANSWER_S = 2.0
 _REASONS = {200: "OK", 400: "Bad Request", 403: "Forbidden", 404: "Not Found",
             405: "Method Not Allowed",
             408: "Request Timeout", 413: "Content Too Large", 431: "Request Header Fields Too Large",
@@ -325,14 +327,27 @@ class _Connection(asyncio.BufferedProtocol):
 
     def body_eta(self, now_ns: int) -> float | None:
         """Seconds the body still needs at the rate it has come so far; None unless a body
-        is arriving into its buffer, and has been for a second or more."""
+        is arriving into its buffer, and has been for a second or more. An answer whose
+        client has read none of it for _UNREAD_ANSWER_S will never arrive: infinity."""
+        if self._unsent:
+            stalled = now_ns / 1e9 - self._last_sent
+            return float("inf") if stalled >= _UNREAD_ANSWER_S else None
         if not self._in_body or self._body_memory is None or self._task is not None:
             return None
         return arrival_eta(self._received, self._request.length,
                            (now_ns - self._request.began_ns) / 1e9)
 
     def refuse_slow(self, eta_s: float, limit_s: float) -> int:
-        """Answer 408 and let the body's buffer go (the pool needs it): bytes given back."""
+        """Answer 408 and let the body's buffer go (the pool needs it): bytes given back.
+        A connection whose answer is not being read is dropped, and its answer's views."""
+        if self._unsent:
+            # the buffers the answer's views hold (each view keeps all of its buffer)
+            owners = {id(part.obj): part.obj for part in self._unsent}
+            held = sum(memoryview(owner).nbytes for owner in owners.values())
+            self._unsent = []  # now: the pool is asked again before the connection is lost
+            assert self.transport is not None
+            self.transport.abort()
+            return held
         request = self._request
         held = request.length
         elapsed = (time.monotonic_ns() - request.began_ns) / 1e9
