@@ -341,9 +341,7 @@ class _Connection(asyncio.BufferedProtocol):
         """Answer 408 and let the body's buffer go (the pool needs it): bytes given back.
         A connection whose answer is not being read is dropped, and its answer's views."""
         if self._unsent:
-            # the buffers the answer's views hold (each view keeps all of its buffer)
-            owners = {id(part.obj): part.obj for part in self._unsent}
-            held = sum(memoryview(owner).nbytes for owner in owners.values())
+            held = sum(len(part) for part in self._unsent)
             self._unsent = []  # now: the pool is asked again before the connection is lost
             assert self.transport is not None
             self.transport.abort()
