@@ -5,6 +5,7 @@ and real grpcio clients with large, compressed and many concurrent calls."""
 from __future__ import annotations
 
 import asyncio
+import gzip
 import socket
 import struct
 import sys
@@ -388,3 +389,19 @@ def test_answers_a_client_grants_windows_for_but_does_not_read_wait_in_the_pool(
             client.close()
         stop_server(server)
 
+
+
+def test_a_truncated_compressed_message_is_named(server: RunningServer) -> None:
+    client = h2.H2Client(_port(server))
+    try:
+        stream = client.call("ServerMetadata", None, [("grpc-encoding", "gzip")])
+        packed = gzip.compress(b"\x00" * 64)[:-12]  # its end, and the gzip trailer, cut
+        client.send(h2.DATA, h2.END_STREAM, stream,
+                    b"\x01" + len(packed).to_bytes(4, "big") + packed)
+        answer, _ = client.response(stream)
+        assert answer["grpc-status"] == "3"
+        assert answer["grpc-message"].replace("%3A", ":") == (
+            "the gzip message is truncated: it ends before its compressed stream does")
+    finally:
+        client.close()
+    _assert_serving(server)

@@ -123,6 +123,9 @@ TENSOR = np.arange(12, dtype="<f4").tobytes()
      r"the decompressed body exceeds the 1048576-byte limit"),
     (request(IDENTITY, b"\x1f\x8bnot gzip", {"Content-Encoding": "gzip"}), 400,
      r"cannot be decompressed"),
+    (request(IDENTITY, gzip.compress(b'{"inputs": []}' + b" " * 1000)[:-12],
+             {"Content-Encoding": "gzip"}), 400,
+     r"^the gzip body is truncated: it ends before its compressed stream does$"),
     (b"GARBAGE / HTTP/1.1\r\n\r\n", 400, r"malformed HTTP request"),
 ])
 def test_bad_requests(server: RunningServer, raw: bytes, status: int, message: str | None) -> None:

@@ -25,5 +25,8 @@ def inflate(data: Any, encoding: str, limit: int, what: str,
                                    f"{error}") from None
     if len(out) > limit or inflater.unconsumed_tail:
         return None
+    if not inflater.eof:  # its bytes ended before the compressed stream did
+        raise InvalidArgumentError(f"the {encoding} {what} is truncated: it ends before its "
+                                   "compressed stream does")
     record_copy(len(out), "decode", ledger)
     return out
