@@ -279,13 +279,9 @@ def test_answers_a_client_does_not_read_wait_in_the_pool(e2e_repo: pathlib.Path,
                           str(32 << 20))
     values = np.arange(3_000_000, dtype="<f4")
     request = binary_infer_request("wide", values)
-    connections = []
+    connections: list[socket.socket] = []
     try:
-        for _ in range(3):
-            connection = socket.create_connection(("127.0.0.1", server.port), timeout=30)
-            connection.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 16)
-            connection.sendall(request)
-            connections.append(connection)
+        connections += _non_readers(server, request, 3)
         time.sleep(0.5)
         metrics = scrape(server)
         # the three bodies, held; at most a slice each copied
@@ -310,13 +306,9 @@ def test_unread_answers_give_way_when_the_pool_is_full(e2e_repo: pathlib.Path,
                           str(32 << 20), "--host-pool-bytes", str(44 << 20))
     values = np.arange(3_000_000, dtype="<f4")
     request = binary_infer_request("wide", values)
-    stalled = []
+    stalled: list[socket.socket] = []
     try:
-        for _ in range(3):
-            connection = socket.create_connection(("127.0.0.1", server.port), timeout=30)
-            connection.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 16)
-            connection.sendall(request)
-            stalled.append(connection)
+        stalled += _non_readers(server, request, 3)
         time.sleep(3.5)  # unread for 2 s or more, with room for a slow machine
         assert value(scrape(server), "tensorgate_pool_bytes", state="in_use") >= 3 * values.nbytes
         with socket.create_connection(("127.0.0.1", server.port), timeout=30) as reader:
@@ -338,3 +330,14 @@ def test_unread_answers_give_way_when_the_pool_is_full(e2e_repo: pathlib.Path,
         for connection in stalled:
             connection.close()
         stop_server(server)
+
+
+def _non_readers(server: RunningServer, request: bytes, count: int) -> list[socket.socket]:
+    """`count` connections that each send `request` and then read nothing (yet)."""
+    connections = []
+    for _ in range(count):
+        connection = socket.create_connection(("127.0.0.1", server.port), timeout=30)
+        connection.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 16)
+        connection.sendall(request)
+        connections.append(connection)
+    return connections
