@@ -173,7 +173,7 @@ class _Connection(asyncio.BufferedProtocol):
         self._closing_when_idle = False
         self._lingering: asyncio.TimerHandle | None = None  # closing: input is dropped
         self._drained: asyncio.Future[None] | None = None  # set while the transport is full
-        self._unsent: list[memoryview] = []  # the answer's tensor bytes still to write, last first
+        self._unsent: list[Any] = []  # the answer's tensor bytes still to write, last first
         self._last_sent = 0.0  # time.monotonic() when the socket last took some of them
         # answered, and the next request waits until the client has read enough of it
         self._next_when_drained = False
@@ -341,11 +341,7 @@ class _Connection(asyncio.BufferedProtocol):
         """Answer 408 and let the body's buffer go (the pool needs it): bytes given back.
         A connection whose answer is not being read is dropped, and its answer's views."""
         if self._unsent:
-            held = sum(len(part) for part in self._unsent)
-            self._unsent = []  # now: the pool is asked again before the connection is lost
-            assert self.transport is not None
-            self.transport.abort()
-            return held
+            return self._drop_unread_answer()
         request = self._request
         held = request.length
         elapsed = (time.monotonic_ns() - request.began_ns) / 1e9
@@ -465,8 +461,8 @@ class _Connection(asyncio.BufferedProtocol):
         else:
             transport.write(first)
             rest = parts
-        if rest:  # tensor views: written as they are, never joined
-            self._unsent = [memoryview(part).cast("B") for part in reversed(rest)]
+        if rest:  # tensor views (bytes-format, TensorView.memoryview): never joined
+            self._unsent = rest[::-1]
         self._send()
 
     def _send(self) -> None:
@@ -579,12 +575,19 @@ class _Connection(asyncio.BufferedProtocol):
             self.transport.pause_reading()
         self._respond_error(code, message)
 
+    def _drop_unread_answer(self) -> int:
+        """Drop the connection and, at once, the pooled views of the answer its client does
+        not read (the pool may be asked again before the connection is lost); their bytes."""
+        held = sum(len(part) for part in self._unsent)
+        self._unsent = []
+        assert self.transport is not None
+        self.transport.abort()
+        return held
+
     def expire(self, now: float, read_timeout_s: float, keep_alive_timeout_s: float) -> None:
         if self._unsent and self.transport is not None:
             if now - self._last_sent > keep_alive_timeout_s:
-                # its client has read nothing of the answer for that long: drop the
-                # connection, and the pooled views of the answer with it
-                self.transport.abort()
+                self._drop_unread_answer()  # its client has read nothing of it for that long
             return
         if self._task is not None or self.transport is None or self.transport.is_closing():
             return  # being served: the model's queue has its own timeouts
