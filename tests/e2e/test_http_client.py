@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import gzip
 import json
 import pathlib
+import re
 import socket
 import time
 from collections.abc import Iterator
 
 import numpy as np
 import pytest
+import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 import tritonclient.http.aio as aioclient
 from tritonclient.utils import InferenceServerException
@@ -178,6 +181,84 @@ def test_compressed_requests_and_responses(client: httpclient.InferenceServerCli
                           request_compression_algorithm=algorithm,
                           response_compression_algorithm=algorithm)
     assert result.as_numpy("OUTPUT__0").tobytes() == value.tobytes()
+
+
+def _gzip_binary_request(model: str, values: np.ndarray, parameters: dict | None = None,
+                         header_multiple: int = 1) -> tuple[bytes, int]:
+    """An HTTP/1.1 request of `model` (input INPUT__0, output OUTPUT__0, both binary) with
+    its body gzipped, and the body's length once decompressed. Its JSON header's length is
+    odd, so that a tensor right after it is aligned only if the server places it, or a
+    multiple of `header_multiple` when that is given."""
+    head = json.dumps({"inputs": [{"name": "INPUT__0", "shape": list(values.shape),
+                                   "datatype": "FP32",
+                                   "parameters": {"binary_data_size": values.nbytes}}],
+                       "outputs": [{"name": "OUTPUT__0", "parameters": {"binary_data": True}}],
+                       "parameters": parameters or {}}).encode()
+    head += b" " * ((1 - len(head) % 2) if header_multiple == 1
+                    else -len(head) % header_multiple)
+    body = head + values.astype("<f4").tobytes()
+    packed = gzip.compress(body, 1)
+    return (b"POST /v2/models/%b/infer HTTP/1.1\r\nHost: x\r\nContent-Encoding: gzip\r\n"
+            b"Content-Length: %d\r\nInference-Header-Content-Length: %d\r\n\r\n%b"
+            % (model.encode(), len(packed), len(head), packed)), len(body)
+
+
+def test_a_compressed_body_is_decompressed_into_place(server: RunningServer) -> None:
+    """A gzip body is decompressed into a pooled buffer with its tensor aligned: the only
+    copies are the decompression's two writes a byte (zlib's chunk, then its place). From
+    one `bytes` the tensor after an odd-length header was misaligned and copied again."""
+    values = np.arange(200_000, dtype="<f4")
+    request, length = _gzip_binary_request("wide", values, {"tensorgate_report_copies": True})
+    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as connection:
+        connection.sendall(request)
+        head, body = read_answer(connection)
+    assert head.startswith(b"HTTP/1.1 200"), head
+    header_length = int(re.search(rb"(?im)^inference-header-content-length: (\d+)",
+                                  head).group(1))  # type: ignore[union-attr]
+    answer = json.loads(body[:header_length])
+    assert body[header_length:] == values.tobytes()
+    assert answer["parameters"]["tensorgate_copied_bytes"] == 2 * length
+
+
+def test_a_decompressed_body_counts_against_the_pool(e2e_repo: pathlib.Path,
+                                                     tmp_path: pathlib.Path) -> None:
+    """A 40 MiB pool, 30 MB of it held by a body half sent (at its rate so far it needs
+    less than the read timeout: it does not give way). 24 MB of zeros in a 24 KB gzip body
+    does not fit in the rest and is refused by name, over HTTP and gRPC (it was decompressed
+    outside the pool and served: compressed requests were bounded only by
+    --max-request-bytes each); the next request is served."""
+    server = start_server(e2e_repo, tmp_path / "server.log", "--max-request-bytes",
+                          str(32 << 20), "--host-pool-bytes", str(40 << 20))
+    holding = socket.create_connection(("127.0.0.1", server.port), timeout=30)
+    try:
+        holding.sendall(b"POST /v2/models/wide/infer HTTP/1.1\r\nHost: x\r\n"
+                        b"Content-Length: 30000000\r\n\r\n" + b" " * 15_000_000)
+        deadline = time.monotonic() + 10
+        while value(scrape(server), "tensorgate_pool_bytes", state="in_use") < 30_000_000:
+            assert time.monotonic() < deadline, "the half-sent body holds no pool"
+            time.sleep(0.05)
+        # a header of 64-byte multiples: the tensor is aligned in a malloc'd block too, and
+        # no realigning copy (from the pool) refuses it instead
+        request, _ = _gzip_binary_request("wide", np.zeros(6_000_000, np.float32),
+                                          header_multiple=64)
+        small, _ = _gzip_binary_request("wide", np.ones(1000, np.float32))
+        with socket.create_connection(("127.0.0.1", server.port), timeout=30) as connection:
+            connection.sendall(request)
+            head, body = read_answer(connection)
+            assert head.startswith(b"HTTP/1.1 503"), head
+            assert b"host buffer pool is full" in body and b"--host-pool-bytes" in body
+            connection.sendall(small)
+            head, body = read_answer(connection)
+            assert head.startswith(b"HTTP/1.1 200") and body.endswith(
+                np.ones(1000, np.float32).tobytes())
+        with grpcclient.InferenceServerClient(server.grpc_url) as client:
+            item = grpcclient.InferInput("INPUT__0", [6_000_000], "FP32")
+            item.set_data_from_numpy(np.zeros(6_000_000, np.float32))
+            with pytest.raises(InferenceServerException, match="host buffer pool is full"):
+                client.infer("wide", [item], compression_algorithm="gzip")
+    finally:
+        holding.close()
+        stop_server(server)
 
 
 def _paced_counts(client: httpclient.InferenceServerClient) -> tuple[int, int, int]:

@@ -183,7 +183,7 @@ class _Call:
         try:
             if encoding != "identity":
                 message = inflate_message(message, encoding, self.front.max_message_bytes,
-                                          ledger)
+                                          ledger, self.reader.acquire)
             if self.path == _MODEL_INFER:
                 parts, trace = await model_infer(
                     dp, self.connection, message, ledger, self.deadline_ns,

@@ -118,8 +118,11 @@ def read_call_headers(headers: list[tuple[str, str]],
                        forward_headers(headers, forward), values.get("traceparent"))
 
 
-def inflate_message(message: Any, encoding: str, limit: int, ledger: CopyLedger) -> bytes:
-    data = inflate(message, encoding, limit, "message", ledger)
+def inflate_message(message: Any, encoding: str, limit: int, ledger: CopyLedger,
+                    acquire: Callable[[int], Any]) -> memoryview:
+    """The message decompressed into a pooled buffer from `acquire` (raises
+    PoolExhaustedError, UNAVAILABLE, when the pool has no room)."""
+    data = inflate(message, encoding, limit, "message", ledger, acquire)
     if data is None:
         raise Failure("RESOURCE_EXHAUSTED", f"the decompressed message exceeds the {limit}-byte "
                                             "limit (--max-request-bytes)")
@@ -169,6 +172,11 @@ class MessageReader:
         self._counted_from = 0          # message offset from which copied bytes count
         self._copied = 0                # counted bytes copied in, recorded once a message
         self._message_encoding = encoding
+
+    @property
+    def acquire(self) -> Callable[[int], Any]:
+        """How this reader's pooled buffers are taken: its messages decompressed use it too."""
+        return self._acquire
 
     @property
     def partial(self) -> bool:

@@ -195,7 +195,8 @@ class StreamCall:
         trace = None
         try:
             if encoding != "identity":
-                message = inflate_message(message, encoding, self._limit, ledger)
+                message = inflate_message(message, encoding, self._limit, ledger,
+                                          self.reader.acquire)
             request, spans = split_model_infer(memoryview(message))
             if self.dataplane.is_decoupled(request.model_name, request.model_version):
                 await self._respond_each(message, ledger, request, spans, received_ns)

@@ -45,7 +45,7 @@ from tensorgate.protocol.infer_codec import json_error
 from tensorgate.protocol.restricted import Restrictions, refusal
 from tensorgate.protocol.status import codes_for
 from tensorgate.tensor.copies import CopyLedger, record_copy
-from tensorgate.tensor.buffer import ALIGNMENT
+from tensorgate.tensor.buffer import ALIGNMENT, HostBuffer
 from tensorgate.tensor.pool import BufferPool
 
 __all__ = ["HttpFrontEnd"]
@@ -321,9 +321,14 @@ class _Connection(asyncio.BufferedProtocol):
         """The body's pooled buffer; a full pool first takes back those of bodies that arrive
         too slowly (network.PoolRelief), else the request is refused 503 by name."""
         try:
-            return self.front.relief.acquire(self.front.pool, nbytes, self)
+            return self._pooled(nbytes)
         except PoolExhaustedError as error:
             raise _Refusal(503, error.message) from None
+
+    def _pooled(self, nbytes: int) -> HostBuffer:
+        """A pooled buffer for this connection's request (its body, or the body
+        decompressed): PoolExhaustedError when slow bodies giving way do not make room."""
+        return self.front.relief.acquire(self.front.pool, nbytes, self)
 
     def body_eta(self, now_ns: int) -> float | None:
         """Seconds the body still needs at the rate it has come so far; None unless a body
@@ -380,7 +385,8 @@ class _Connection(asyncio.BufferedProtocol):
 
     def _new_request(self) -> None:
         self._parser = httptools.HttpRequestParser(self)
-        self._request = HttpRequest(self.front.max_request_bytes, self.front.header_forward)
+        self._request = HttpRequest(self.front.max_request_bytes, self._pooled,
+                                    self.front.header_forward)
         self._url = b""
         self._keep_alive = True
         self._headers_done = False

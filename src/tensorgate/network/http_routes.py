@@ -24,6 +24,7 @@ from tensorgate.protocol.generate_codec import (decode_generate_body, encode_gen
                                                 sse_event)
 from tensorgate.protocol.infer_codec import (decode_infer_body, encode_infer_response,
                                              forward_headers, json_error, parse_json)
+from tensorgate.tensor.buffer import ALIGNMENT, HostBuffer
 from tensorgate.tensor.copies import CopyLedger, record_copy
 
 if TYPE_CHECKING:
@@ -36,10 +37,12 @@ log = logging.getLogger("tensorgate.http")
 
 class HttpRequest:
     __slots__ = ("method", "path", "headers", "body", "length", "json_length", "ledger", "limit",
-                 "forward", "began_ns", "received_ns", "trace")
+                 "acquire", "forward", "began_ns", "received_ns", "trace")
 
-    def __init__(self, limit: int, forward: re.Pattern[str] | None = None) -> None:
+    def __init__(self, limit: int, acquire: Callable[[int], HostBuffer],
+                 forward: re.Pattern[str] | None = None) -> None:
         self.limit = limit
+        self.acquire = acquire  # a pooled buffer (for the body decompressed), or refused
         self.forward = forward  # names of headers to pass to the model as parameters
         self.json_length: int | None = None  # Inference-Header-Content-Length
         self.method = ""
@@ -165,13 +168,15 @@ async def _unload(dp: DataPlane, request: HttpRequest, model: str) -> Any:
 
 def _decompressed(request: HttpRequest, limit: int) -> tuple[Any, int]:
     encoding = request.headers.get("content-encoding", "identity").lower()
-    if encoding in ("identity", ""):
+    if encoding in ("identity", "") or not request.length:
         return request.body, request.length
     if encoding not in ("gzip", "deflate"):
         raise InvalidArgumentError(f"Content-Encoding '{encoding}' is not supported; use gzip, "
                                    "deflate or none")
+    # binary tensors after a JSON header of known length land aligned, as a received body's
+    pad = (-(request.json_length or 0)) % ALIGNMENT
     data = inflate(memoryview(request.body)[:request.length], encoding, limit, "body",
-                   request.ledger)
+                   request.ledger, request.acquire, pad)
     if data is None:
         raise InvalidArgumentError(f"the decompressed body exceeds the {limit}-byte limit "
                                    "(--max-request-bytes)")
