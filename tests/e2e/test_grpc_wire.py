@@ -357,7 +357,8 @@ def test_answers_a_client_grants_windows_for_but_does_not_read_wait_in_the_pool(
     what the socket cannot take waits in the answers' pooled views (bounded by the pool);
     at most a slice is copied into the transport's buffer (every answer was, whole, outside
     the pool: 10 such clients of 30 MB answers held 355 MB). A closed connection gives its
-    answer back. Read at last, every answer is whole."""
+    answer back, and so does a call its client resets. Read at last, the last answer is
+    whole."""
     server = start_server(e2e_repo, tmp_path / "server.log", "--max-request-bytes",
                           str(32 << 20))
     values = np.arange(3_000_000, dtype=np.float32)
@@ -380,7 +381,14 @@ def test_answers_a_client_grants_windows_for_but_does_not_read_wait_in_the_pool(
                 >= 3 * values.nbytes:
             assert time.monotonic() < deadline, "a closed connection kept its answer"
             time.sleep(0.1)
-        for client in clients:
+        # a call reset by its client (RST_STREAM CANCEL) lets its unsent answer go
+        clients[-1].send(h2.RST_STREAM, 0, 1, struct.pack(">I", 8))
+        deadline = time.monotonic() + 5
+        while value(scrape(server), "tensorgate_pool_bytes", state="in_use") \
+                >= 2 * values.nbytes:
+            assert time.monotonic() < deadline, "a reset call kept its answer"
+            time.sleep(0.1)
+        for client in clients[:-1]:
             client.sock.settimeout(30)
             headers, data = client.response(1, limit_s=30)
             assert headers["grpc-status"] == "0" and _output(data) == values.tobytes()
@@ -389,6 +397,48 @@ def test_answers_a_client_grants_windows_for_but_does_not_read_wait_in_the_pool(
             client.close()
         stop_server(server)
 
+
+
+def test_unread_answers_give_way_when_the_pool_is_full(e2e_repo, tmp_path) -> None:
+    """A 44 MiB pool: three connections that grant windows and read none of their 12 MB
+    answers hold 36 MiB of it. A fourth client's 12 MB call does not fit: an unread
+    answer's connection is dropped (none of its DATA taken for 2 s), one is enough, and the
+    call is served. Before, gRPC's unread answers never gave way: the call was refused."""
+    server = start_server(e2e_repo, tmp_path / "server.log", "--max-request-bytes",
+                          str(32 << 20), "--host-pool-bytes", str(44 << 20))
+    values = np.arange(3_000_000, dtype=np.float32)
+    stalled = []
+    try:
+        for _ in range(3):
+            client = h2.H2Client(_port(server), settings={INITIAL_WINDOW_SIZE: (1 << 31) - 1})
+            client.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 16)
+            client.send(h2.WINDOW_UPDATE, 0, 0, struct.pack(">I", (1 << 31) - 1 - 65_535))
+            client.call("ModelInfer", _wide_request(values))
+            stalled.append(client)
+        time.sleep(3.5)  # unread for 2 s or more, with room for a slow machine
+        assert value(scrape(server), "tensorgate_pool_bytes", state="in_use") >= 3 * values.nbytes
+        with grpcclient.InferenceServerClient(server.grpc_url) as reader:
+            item = grpcclient.InferInput("INPUT__0", [values.size], "FP32")
+            item.set_data_from_numpy(values)
+            assert reader.infer("wide", [item]).as_numpy("OUTPUT__0").tobytes() \
+                == values.tobytes()
+        dropped = 0
+        for client in stalled:  # dropped: what the kernel held, then the end
+            client.sock.settimeout(1.0)
+            try:
+                while client.sock.recv(1 << 20):
+                    pass
+                dropped += 1
+            except ConnectionResetError:
+                dropped += 1
+            except TimeoutError:
+                pass  # still held: one answer's room was all the call needed
+        assert dropped == 1
+        assert "unread answers refused" in server.log.read_text()
+    finally:
+        for client in stalled:
+            client.close()
+        stop_server(server)
 
 
 def test_a_truncated_compressed_message_is_named(server: RunningServer) -> None:

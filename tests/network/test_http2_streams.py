@@ -10,6 +10,8 @@ records what the layer writes."""
 from __future__ import annotations
 
 import asyncio
+import struct
+import time
 from typing import Any
 
 import hpack
@@ -43,6 +45,12 @@ class _Recorder(asyncio.Transport):
 
     def close(self) -> None:
         self.closed = True
+
+    def abort(self) -> None:
+        self.closed = True
+
+    def get_write_buffer_size(self) -> int:
+        return 0  # the socket takes everything at once
 
 
 class _Handler:
@@ -303,3 +311,55 @@ def test_a_run_of_whole_frames_is_counted_as_copied() -> None:
     _feed(connection, incoming)
     assert handler.got == [message] and handler.ended
     assert handler.ledgers[0].bytes == tensor_bytes
+
+
+def _answering(body_bytes: int) -> tuple[http2.Http2Connection, _Recorder, hpack.Encoder]:
+    """A connection whose stream 1 (a whole request) is answered with `body_bytes`: the
+    peer's default windows (65,535 bytes) let only the first of them go."""
+    def open_stream(connection, stream, headers) -> _Handler:
+        return _Handler(explode=False)
+
+    connection = http2.Http2Connection(open_stream, lambda c: None)
+    transport = _Recorder()
+    connection.connection_made(transport)
+    encoder = hpack.Encoder()
+    block = encoder.encode([(":method", "POST"), (":path", "/x"), (":scheme", "http"),
+                            (":authority", "a")])
+    _feed(connection, PREFACE + H2Client.frame(SETTINGS, 0, 0, b"")
+          + H2Client.frame(HEADERS, END_HEADERS | END_STREAM, 1, block))
+    connection.respond(connection.streams[1], encoder.encode([(":status", "200")]),
+                       [bytes(body_bytes)], encoder.encode([("grpc-status", "0")]))
+    return connection, transport, encoder
+
+
+def test_an_answer_whose_client_grants_no_window_is_unread_after_two_seconds() -> None:
+    """What the windows hold back is counted; it is an unread answer (network.PoolRelief
+    may drop the connection) once no DATA has gone for UNREAD_ANSWER_S, and a window
+    update that lets some go starts the wait again."""
+    connection, _, _ = _answering(200_000)
+    assert connection.unsent_bytes == 200_000 - 65_535
+    now = time.monotonic_ns()
+    assert connection.body_eta(now) is None
+    assert connection.body_eta(now + int(2.5e9)) == float("inf")
+    update = struct.pack(">I", 10_000)
+    _feed(connection, H2Client.frame(WINDOW_UPDATE, 0, 0, update)
+          + H2Client.frame(WINDOW_UPDATE, 0, 1, update))
+    assert connection.unsent_bytes == 200_000 - 75_535
+    assert connection.body_eta(now + int(1.5e9)) is None  # DATA went just now
+    assert connection.body_eta(time.monotonic_ns() + int(2.5e9)) == float("inf")
+
+
+def test_a_reset_stream_takes_its_unsent_bytes_with_it() -> None:
+    """The peer resets the stream whose answer waits: nothing is unsent any more, so the
+    connection is never taken for one whose client does not read."""
+    connection, _, _ = _answering(200_000)
+    _feed(connection, H2Client.frame(RST_STREAM, 0, 1, struct.pack(">I", 8)))
+    assert connection.unsent_bytes == 0
+    assert connection.body_eta(time.monotonic_ns() + int(10e9)) is None
+
+
+def test_an_unread_answer_gives_way_by_dropping_its_connection() -> None:
+    connection, transport, _ = _answering(200_000)
+    stream = connection.streams[1]
+    assert connection.refuse_slow(float("inf"), 30.0) == 200_000 - 65_535
+    assert transport.closed and not stream.pending and connection.unsent_bytes == 0

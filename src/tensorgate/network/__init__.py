@@ -20,6 +20,9 @@ __all__ = ["ConnectionBudget", "PoolRelief", "RefusedConnection", "SlowReceiver"
 
 REFUSED_LINGER_S = 1.0  # a refused connection is closed this long after its answer at most
 REFUSAL_LOG_PERIOD_S = 10.0  # refusals are logged at most this often
+# An answer whose client has taken none of it for this long gives way when the pool is full
+# (PoolRelief): its connection is dropped, HTTP/1.1 and HTTP/2 alike.
+UNREAD_ANSWER_S = 2.0
 
 log = logging.getLogger("tensorgate.network")
 
@@ -107,8 +110,8 @@ class PoolRelief:
     pool, and every other request be refused (17 did, with 17 bytes). A front end that
     cannot get a buffer asks `acquire` to: bodies, HTTP and gRPC alike, that would need more
     than `limit_s` (the read timeout) to arrive at their rate so far are refused, longest
-    first, until the buffer fits. So are HTTP answers whose clients have
-    read none of them for a while (their connections dropped): they hold the pool too."""
+    first, until the buffer fits. So are answers, HTTP and gRPC, whose clients have read
+    none of them for UNREAD_ANSWER_S (their connections dropped): they hold the pool too."""
 
     def __init__(self, limit_s: float) -> None:
         self.limit_s = limit_s

@@ -315,10 +315,14 @@ class GrpcFrontEnd:
                 self._closed(connection)  # its handshake failed: our protocol never knew
 
     def _receivers(self) -> list[Any]:
-        """Calls and streams whose message may be arriving into a pooled buffer."""
-        return [stream.handler for connection in self.connections
-                for stream in connection.streams.values()
-                if isinstance(stream.handler, (_Call, StreamCall))]
+        """Calls and streams whose message may be arriving into a pooled buffer, and
+        connections whose answers wait for a client that may not read them."""
+        receivers: list[Any] = [connection for connection in self.connections
+                                if connection.unsent_bytes]
+        receivers += [stream.handler for connection in self.connections
+                      for stream in connection.streams.values()
+                      if isinstance(stream.handler, (_Call, StreamCall))]
+        return receivers
 
     def _made(self, connection: http2.Http2Connection) -> bool:
         """Whether the connection's protocol saw its handshake end: it has (or had, and

@@ -38,8 +38,8 @@ import httptools
 
 from tensorgate.dataplane import DataPlane
 from tensorgate.errors import InvalidArgumentError, PoolExhaustedError, TensorgateError
-from tensorgate.network import (ConnectionBudget, PoolRelief, RefusedConnection, arrival_eta,
-                               slow_message, stalled_message)
+from tensorgate.network import (UNREAD_ANSWER_S, ConnectionBudget, PoolRelief, RefusedConnection,
+                               arrival_eta, slow_message, stalled_message)
 from tensorgate.network.http_routes import API_GROUP, HttpRequest, StreamedResponse, route
 from tensorgate.protocol.infer_codec import json_error
 from tensorgate.protocol.restricted import Restrictions, refusal
@@ -64,7 +64,6 @@ _LINGER_S = 2.0               # a closing connection reads and drops what still 
 # 600 KB answers 11 % more server CPU (three writes, bench/ab_bench.py); 1 MiB is one write.
 _SEND_SLICE = 1 << 20
 # An answer its client has read nothing of for this long gives way when the pool is full
-_UNREAD_ANSWER_S = 2.0
 _REASONS = {200: "OK", 400: "Bad Request", 403: "Forbidden", 404: "Not Found",
             405: "Method Not Allowed",
             408: "Request Timeout", 413: "Content Too Large", 431: "Request Header Fields Too Large",
@@ -333,10 +332,10 @@ class _Connection(asyncio.BufferedProtocol):
     def body_eta(self, now_ns: int) -> float | None:
         """Seconds the body still needs at the rate it has come so far; None unless a body
         is arriving into its buffer, and has been for a second or more. An answer whose
-        client has read none of it for _UNREAD_ANSWER_S will never arrive: infinity."""
+        client has read none of it for UNREAD_ANSWER_S will never arrive: infinity."""
         if self._unsent:
             stalled = now_ns / 1e9 - self._last_sent
-            return float("inf") if stalled >= _UNREAD_ANSWER_S else None
+            return float("inf") if stalled >= UNREAD_ANSWER_S else None
         if not self._in_body or self._body_memory is None or self._task is not None:
             return None
         return arrival_eta(self._received, self._request.length,

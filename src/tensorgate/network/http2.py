@@ -34,6 +34,7 @@ from typing import Any, Protocol
 
 import hpack
 
+from tensorgate.network import UNREAD_ANSWER_S
 from tensorgate.tensor.copies import record_copy
 
 __all__ = ["Http2Connection", "Http2Stream", "StreamHandler", "encode_headers",
@@ -210,6 +211,8 @@ class Http2Connection(asyncio.BufferedProtocol):
         self._unacknowledged = 0
         self._blocked: dict[int, Http2Stream] = {}   # streams waiting for the connection window
         self._writing_paused = False
+        self.unsent_bytes = 0  # of every stream's answer: waiting in their pooled views
+        self._last_sent = 0.0  # time.monotonic() when DATA last went, or began to wait
         # inside a DATA frame whose payload arrives in pieces
         self._data_stream = 0
         self._data_left = 0            # payload bytes still to come (padding included)
@@ -249,10 +252,7 @@ class Http2Connection(asyncio.BufferedProtocol):
         streams, self.streams = self.streams, {}
         self._blocked.clear()
         for stream in streams.values():
-            # unsent answers hold pooled views: let them go now, not when the collector
-            # breaks this connection's reference cycles
-            stream.pending.clear()
-            stream.pending_bytes = 0
+            self._let_go(stream)
             self._cancel(stream)
         self._on_close(self)
 
@@ -725,11 +725,14 @@ class Http2Connection(asyncio.BufferedProtocol):
         """More of a begun response's body, and with `trailers` its end."""
         if self.streams.get(stream.id) is not stream or stream.local_closed:
             return  # reset meanwhile
+        if not self.unsent_bytes:
+            self._last_sent = time.monotonic()  # a stall is timed from when answers wait
         for part in body:
             view = memoryview(part).cast("B")
             if len(view):
                 stream.pending.append((view, self._alone(len(view))))
                 stream.pending_bytes += len(view)
+                self.unsent_bytes += len(view)
         if trailers is not None:
             stream.trailers = trailers
         self._flush(stream)
@@ -779,6 +782,8 @@ class Http2Connection(asyncio.BufferedProtocol):
             stream.head = b""
         frame_limit = self._peer_frame
         room = _SEND_SLICE
+        if stream.pending and stream.send_window > 0 and self._peer_window > 0:
+            self._last_sent = time.monotonic()
         while stream.pending and room > 0:
             size = min(stream.pending_bytes, frame_limit, stream.send_window, self._peer_window,
                        room)
@@ -789,6 +794,7 @@ class Http2Connection(asyncio.BufferedProtocol):
             stream.send_window -= size
             self._peer_window -= size
             stream.pending_bytes -= size
+            self.unsent_bytes -= size
             while size:
                 piece, alone = stream.pending[0]
                 if len(piece) <= size:
@@ -846,8 +852,35 @@ class Http2Connection(asyncio.BufferedProtocol):
         self._blocked.pop(stream_id, None)
         if stream is not None:
             stream.local_closed = stream.remote_closed = True
+            self._let_go(stream)
             self._cancel(stream)
         self._close_if_done()
+
+    def _let_go(self, stream: Http2Stream) -> None:
+        """A stream that is over lets its unsent answer's pooled views go now, not when the
+        collector breaks the cycle between it and its handler."""
+        self.unsent_bytes -= stream.pending_bytes
+        stream.pending.clear()
+        stream.pending_bytes = 0
+
+    # -- network.SlowReceiver: an answer the client does not read --------------------------
+
+    def body_eta(self, now_ns: int) -> float | None:
+        """Infinity once answers have waited UNREAD_ANSWER_S with none of their DATA taken
+        (the client reads nothing, or grants no window): they will never arrive."""
+        if self.unsent_bytes and now_ns / 1e9 - self._last_sent >= UNREAD_ANSWER_S:
+            return float("inf")
+        return None
+
+    def refuse_slow(self, eta_s: float, limit_s: float) -> int:
+        """Drop the connection, and its answers' views at once (the pool may be asked again
+        before the connection is lost): the bytes they held."""
+        held = self.unsent_bytes
+        for stream in self.streams.values():
+            self._let_go(stream)
+        if self.transport is not None:
+            self.transport.abort()
+        return held
 
     @staticmethod
     def _cancel(stream: Http2Stream) -> None:
