@@ -1,13 +1,16 @@
 """Two source trees of tensorgate, before and after a change, under the same HTTP load.
 
 Each round starts the server from one tree and then the other (alternating which goes first),
-drives `identity` with wrk at 8 connections in both request forms — binary tensor extension
-and V2 JSON — and reads the server's own CPU time from /proc: server CPU per request and QPS,
-medians over the rounds, and after/before. Every answer's size is checked by wrk's script.
+drives `identity` at 8 connections in each request form — HTTP with the binary tensor
+extension and with V2 JSON (wrk), gRPC ModelInfer (h2load, HTTP/2's default 16 KiB frames) —
+and reads the server's own CPU time from /proc: server CPU per request and QPS, medians over
+the rounds, and after/before. Every answer's size is checked (wrk's script; h2load's DATA
+total against one reference answer).
 
     git worktree add /tmp/tg-old <commit>
     .venv/bin/python bench/ab_bench.py --before /tmp/tg-old/src [--after src] [--rounds 3]
-    (apt-get install wrk)
+        [--wires binary,json,grpc]
+    (apt-get install wrk nghttp2-client)
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from typing import Any
 
 import numpy as np
 
@@ -30,10 +34,12 @@ sys.path.insert(0, str(HERE.parent / "src"))
 sys.path.insert(0, str(HERE))
 
 from compare_servers import free_port  # noqa: E402
-from compare_wire import OIP_BINARY, OIP_JSON, raw_request, wrk_load  # noqa: E402
+from compare_wire import (OIP_BINARY, OIP_JSON, grpc_infer_body, grpc_reference_answer,  # noqa: E402
+                          h2load_grpc, raw_request, wrk_load)
 from tensorgate.builtin.repository import write_default_repository  # noqa: E402
 
 LOADS = {"binary": OIP_BINARY, "json": OIP_JSON}
+WIRES = (*LOADS, "grpc")
 
 
 def server_cpu_s(pid: int) -> float:
@@ -41,19 +47,21 @@ def server_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def serve(src: pathlib.Path, models: pathlib.Path) -> tuple[subprocess.Popen[bytes], int]:
-    port = free_port()
+def serve(src: pathlib.Path, models: pathlib.Path
+          ) -> tuple[subprocess.Popen[bytes], int, int]:
+    """The server from `src`, ready: its process, HTTP port and gRPC port."""
+    port, grpc_port = free_port(), free_port()
     env = {**os.environ, "PYTHONPATH": str(src.resolve())}
     process = subprocess.Popen(
         [sys.executable, "-m", "tensorgate", "serve", "--model-repository", str(models),
-         "--http-port", str(port), "--grpc-port", str(free_port()),
+         "--http-port", str(port), "--grpc-port", str(grpc_port),
          "--metrics-port", str(free_port())],
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline:
         try:
             urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/health/ready", timeout=1)
-            return process, port
+            return process, port, grpc_port
         except OSError:
             if process.poll() is not None:
                 break
@@ -63,24 +71,34 @@ def serve(src: pathlib.Path, models: pathlib.Path) -> tuple[subprocess.Popen[byt
 
 
 def measure(src: pathlib.Path, models: pathlib.Path, work: pathlib.Path,
-            seconds: float) -> dict[str, tuple[float, float]]:
+            seconds: float, wires: list[str]) -> dict[str, tuple[float, float]]:
     """Per request form: (QPS, server CPU µs per request)."""
     x = np.random.default_rng(0).standard_normal((1, 3, 224, 224)).astype(np.float32)
-    process, port = serve(src, models)
+    process, port, grpc_port = serve(src, models)
     found = {}
     try:
-        for name, wire in LOADS.items():
-            path, headers, body = wire.build("/v2/models/{model}/infer", "identity", x)
-            raw = raw_request(port, path, headers, body)
-            smallest = wire.min_body(x.size)
-            wrk_load(port, raw, 8, 1, smallest, work)  # warm-up
+        for name in wires:
+            if name == "grpc":
+                body = grpc_infer_body("identity", x)
+                answer = grpc_reference_answer(grpc_port, body, x.nbytes)
+                def load(duration: float) -> dict[str, Any]:
+                    return h2load_grpc(grpc_port, body, answer, 8, duration, work)
+            else:
+                path, headers, request = LOADS[name].build("/v2/models/{model}/infer",
+                                                           "identity", x)
+                raw = raw_request(port, path, headers, request)
+                smallest = LOADS[name].min_body(x.size)
+                def load(duration: float) -> dict[str, Any]:
+                    return wrk_load(port, raw, 8, duration, smallest, work)
+            load(1)  # warm-up
             before = server_cpu_s(process.pid)
-            point = wrk_load(port, raw, 8, seconds, smallest, work)
+            point = load(seconds)
             cpu = server_cpu_s(process.pid) - before
-            if point["bad"] or point["errors"] or not point["requests"]:
+            requests = point["requests"]
+            if point["bad"] or point["errors"] or not requests:
                 raise RuntimeError(f"{src}, {name}: {point['bad']} bad answers, "
                                    f"{point['errors']} errors")
-            found[name] = (point["qps"], cpu / point["requests"] * 1e6)
+            found[name] = (point["qps"], cpu / requests * 1e6)
     finally:
         process.terminate()
         process.wait(timeout=30)
@@ -93,10 +111,17 @@ def main() -> None:
                         help="the src folder of the tree before the change")
     parser.add_argument("--after", type=pathlib.Path, default=HERE.parent / "src")
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--seconds", type=float, default=5.0, help="of wrk load per point")
+    parser.add_argument("--seconds", type=float, default=5.0, help="of load per point")
+    parser.add_argument("--wires", default=",".join(WIRES),
+                        help=f"request forms, comma-separated, of {', '.join(WIRES)}")
     args = parser.parse_args()
-    if shutil.which("wrk") is None:
-        parser.error("wrk is not installed (apt-get install wrk)")
+    wires = args.wires.split(",")
+    if unknown := set(wires) - set(WIRES):
+        parser.error(f"unknown request forms {sorted(unknown)}; choose from {WIRES}")
+    for tool, package, needed in (("wrk", "wrk", set(LOADS)), ("h2load", "nghttp2-client",
+                                                               {"grpc"})):
+        if needed & set(wires) and shutil.which(tool) is None:
+            parser.error(f"{tool} is not installed (apt-get install {package})")
     work = pathlib.Path(tempfile.mkdtemp(prefix="tg-ab-"))
     write_default_repository(work / "models")
     trees = {"before": args.before, "after": args.after}
@@ -106,15 +131,15 @@ def main() -> None:
             order = list(trees) if r % 2 == 0 else list(trees)[::-1]
             for tree in order:
                 for name, point in measure(trees[tree], work / "models", work,
-                                           args.seconds).items():
+                                           args.seconds, wires).items():
                     results[tree].setdefault(name, []).append(point)
                     print(f"round {r + 1} {tree} {name}: {point[0]:,.0f} QPS, "
                           f"{point[1]:,.0f} µs server CPU a request", flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    print("\n| identity, wrk 8 connections | before QPS | after QPS | before server µs/req "
+    print("\n| identity, 8 connections | before QPS | after QPS | before server µs/req "
           "| after server µs/req | after / before CPU |\n|---|---:|---:|---:|---:|---:|")
-    for name in LOADS:
+    for name in wires:
         qps = [statistics.median(p[0] for p in results[t][name]) for t in trees]
         cpu = [statistics.median(p[1] for p in results[t][name]) for t in trees]
         print(f"| {name} | {qps[0]:,.0f} | {qps[1]:,.0f} | {cpu[0]:,.0f} | {cpu[1]:,.0f} "
