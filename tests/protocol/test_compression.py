@@ -143,3 +143,35 @@ def test_input_is_fed_a_slice_at_a_time(monkeypatch: pytest.MonkeyPatch) -> None
     out = inflate(packed, "deflate", _LIMIT, "body", CopyLedger(), BufferPool(64 << 20).acquire)
     assert out is not None and bytes(out) == original
     assert max(fed) <= 256 << 10
+
+
+@settings(max_examples=200, deadline=None)
+@given(original=st.binary(max_size=3000), encoding=st.sampled_from(["gzip", "deflate"]),
+       cut=st.integers(0, 4000), flips=st.lists(st.tuples(st.integers(0, 4000),
+                                                           st.integers(1, 255)), max_size=4),
+       limit=st.integers(0, 5000))
+def test_hostile_bytes_are_refused_by_name_or_come_out_whole(
+        original: bytes, encoding: str, cut: int, flips: list[tuple[int, int]],
+        limit: int) -> None:
+    """Any cut and any flipped bytes of a compressed body: the result is the original
+    (within the limit), None (past it) or InvalidArgumentError naming the format; never
+    another error, and every pooled buffer goes back."""
+    whole = _packed(original, encoding)
+    packed = bytearray(whole[:cut])
+    for where, mask in flips:
+        if where < len(packed):
+            packed[where] ^= mask
+    intact = packed == whole
+    pool = BufferPool(1 << 20)
+    try:
+        out = inflate(bytes(packed), encoding, limit, "body", CopyLedger(), pool.acquire)
+    except InvalidArgumentError as error:
+        assert error.message.startswith(f"the {encoding} body ") and not intact
+    else:
+        if intact:
+            assert (out is None) == (len(original) > limit)
+            assert out is None or bytes(out) == original
+        else:
+            assert out is None or len(out) <= limit
+        del out
+    assert pool.statistics().bytes_in_use == 0
