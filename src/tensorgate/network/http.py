@@ -63,7 +63,6 @@ _LINGER_S = 2.0               # a closing connection reads and drops what still 
 # at most this outside the pool (the rest waits in its pooled views). 256 KiB cost identity's
 # 600 KB answers 11 % more server CPU (three writes, bench/ab_bench.py); 1 MiB is one write.
 _SEND_SLICE = 1 << 20
-# An answer its client has read nothing of for this long gives way when the pool is full
 _REASONS = {200: "OK", 400: "Bad Request", 403: "Forbidden", 404: "Not Found",
             405: "Method Not Allowed",
             408: "Request Timeout", 413: "Content Too Large", 431: "Request Header Fields Too Large",
