@@ -1,15 +1,15 @@
-"""Two source trees of tensorgate, before and after a change, under the same HTTP load.
+"""Two source trees of tensorgate, before and after a change, under the same load.
 
 Each round starts the server from one tree and then the other (alternating which goes first),
-drives `identity` at 8 connections in each request form — HTTP with the binary tensor
-extension and with V2 JSON (wrk), gRPC ModelInfer (h2load, HTTP/2's default 16 KiB frames) —
-and reads the server's own CPU time from /proc: server CPU per request and QPS, medians over
-the rounds, and after/before. Every answer's size is checked (wrk's script; h2load's DATA
+drives `identity` at 8 connections (--connections) in each request form — HTTP with the
+binary tensor extension and with V2 JSON (wrk), gRPC ModelInfer (h2load, HTTP/2's default
+16 KiB frames) — and reads the server's own CPU time from /proc: server CPU per request
+and QPS, medians over the rounds, and after/before. Every answer's size is checked (wrk's script; h2load's DATA
 total against one reference answer).
 
     git worktree add /tmp/tg-old <commit>
     .venv/bin/python bench/ab_bench.py --before /tmp/tg-old/src [--after src] [--rounds 3]
-        [--wires binary,json,grpc]
+        [--wires binary,json,grpc] [--connections 8]
     (apt-get install wrk nghttp2-client)
 """
 
@@ -71,7 +71,8 @@ def serve(src: pathlib.Path, models: pathlib.Path
 
 
 def measure(src: pathlib.Path, models: pathlib.Path, work: pathlib.Path,
-            seconds: float, wires: list[str]) -> dict[str, tuple[float, float]]:
+            seconds: float, wires: list[str], connections: int = 8
+            ) -> dict[str, tuple[float, float]]:
     """Per request form: (QPS, server CPU µs per request)."""
     x = np.random.default_rng(0).standard_normal((1, 3, 224, 224)).astype(np.float32)
     process, port, grpc_port = serve(src, models)
@@ -82,14 +83,14 @@ def measure(src: pathlib.Path, models: pathlib.Path, work: pathlib.Path,
                 body = grpc_infer_body("identity", x)
                 answer = grpc_reference_answer(grpc_port, body, x.nbytes)
                 def load(duration: float) -> dict[str, Any]:
-                    return h2load_grpc(grpc_port, body, answer, 8, duration, work)
+                    return h2load_grpc(grpc_port, body, answer, connections, duration, work)
             else:
                 path, headers, request = LOADS[name].build("/v2/models/{model}/infer",
                                                            "identity", x)
                 raw = raw_request(port, path, headers, request)
                 smallest = LOADS[name].min_body(x.size)
                 def load(duration: float) -> dict[str, Any]:
-                    return wrk_load(port, raw, 8, duration, smallest, work)
+                    return wrk_load(port, raw, connections, duration, smallest, work)
             load(1)  # warm-up
             before = server_cpu_s(process.pid)
             point = load(seconds)
@@ -112,6 +113,7 @@ def main() -> None:
     parser.add_argument("--after", type=pathlib.Path, default=HERE.parent / "src")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=5.0, help="of load per point")
+    parser.add_argument("--connections", type=int, default=8)
     parser.add_argument("--wires", default=",".join(WIRES),
                         help=f"request forms, comma-separated, of {', '.join(WIRES)}")
     args = parser.parse_args()
@@ -131,13 +133,14 @@ def main() -> None:
             order = list(trees) if r % 2 == 0 else list(trees)[::-1]
             for tree in order:
                 for name, point in measure(trees[tree], work / "models", work,
-                                           args.seconds, wires).items():
+                                           args.seconds, wires,
+                                           args.connections).items():
                     results[tree].setdefault(name, []).append(point)
                     print(f"round {r + 1} {tree} {name}: {point[0]:,.0f} QPS, "
                           f"{point[1]:,.0f} µs server CPU a request", flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    print("\n| identity, 8 connections | before QPS | after QPS | before server µs/req "
+    print(f"\n| identity, {args.connections} connections | before QPS | after QPS | before server µs/req "
           "| after server µs/req | after / before CPU |\n|---|---:|---:|---:|---:|---:|")
     for name in wires:
         qps = [statistics.median(p[0] for p in results[t][name]) for t in trees]
