@@ -173,6 +173,27 @@ def test_queue_full_is_503(server: RunningServer) -> None:
                for o in refused)
 
 
+def test_a_large_json_request_and_answer_go_in_slices_and_stay_exact(
+        server: RunningServer, client: httpclient.InferenceServerClient) -> None:
+    """150,000 values as V2 JSON both ways (a 750 KB body, a 600 KB array): parsed and
+    written a slice at a time (protocol/json_slices.py), every value as sent; and a large
+    body with a true among its numbers is refused as it was whole."""
+    value = (np.arange(150_000) % 7 - 3).astype(np.float32) / 4
+    result = client.infer("wide", [_input("INPUT__0", value, binary=False)],
+                          outputs=[httpclient.InferRequestedOutput("OUTPUT__0",
+                                                                   binary_data=False)])
+    assert result.as_numpy("OUTPUT__0").tobytes() == value.tobytes()
+    body = json.dumps({"inputs": [{"name": "INPUT__0", "shape": [150_001], "datatype": "FP32",
+                                   "data": [*value.tolist(), True]}]}).encode()
+    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as connection:
+        connection.sendall(b"POST /v2/models/wide/infer HTTP/1.1\r\nHost: x\r\n"
+                           b"Content-Length: %d\r\n\r\n%b" % (len(body), body))
+        head, answer = read_answer(connection)
+    assert head.startswith(b"HTTP/1.1 400"), head
+    assert json.loads(answer)["error"] == ("input 'INPUT__0': FP32 'data' must hold numbers; "
+                                           "it holds true/false among them")
+
+
 @pytest.mark.parametrize("algorithm", ["gzip", "deflate"])
 def test_compressed_requests_and_responses(client: httpclient.InferenceServerClient,
                                            algorithm: str) -> None:

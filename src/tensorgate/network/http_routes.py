@@ -9,6 +9,7 @@ decimal; a wrong method is 405.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import logging
@@ -22,8 +23,10 @@ from tensorgate.errors import InternalError, InvalidArgumentError, TensorgateErr
 from tensorgate.protocol.compression import inflate
 from tensorgate.protocol.generate_codec import (decode_generate_body, encode_generate_response,
                                                 sse_event)
-from tensorgate.protocol.infer_codec import (decode_infer_body, encode_infer_response,
-                                             forward_headers, json_error, parse_json)
+from tensorgate.protocol.infer_codec import (decode_infer_body, forward_headers, json_error,
+                                             parse_json)
+from tensorgate.protocol.json_slices import (LARGE_BYTES, Steps, decode_in_slices,
+                                             encode_in_slices)
 from tensorgate.tensor.buffer import ALIGNMENT, HostBuffer
 from tensorgate.tensor.copies import CopyLedger, record_copy
 
@@ -166,6 +169,17 @@ async def _unload(dp: DataPlane, request: HttpRequest, model: str) -> Any:
     return 200, _JSON, [b""]
 
 
+async def _in_slices(steps: Steps) -> Any:
+    """Run a protocol step generator (json_slices), letting the loop serve others between
+    its slices; its result."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value
+        await asyncio.sleep(0)
+
+
 def _decompressed(request: HttpRequest, limit: int) -> tuple[Any, int]:
     encoding = request.headers.get("content-encoding", "identity").lower()
     if encoding in ("identity", "") or not request.length:
@@ -187,7 +201,10 @@ async def _infer(dp: DataPlane, request: HttpRequest, model: str, version: str) 
     body, length = _decompressed(request, request.limit)
     if not length:
         raise InvalidArgumentError("the inference request has no body")
-    decoded = decode_infer_body(body, length, request.json_length, request.ledger, dp.shm)
+    if request.json_length is None and length >= LARGE_BYTES:  # a large all-JSON body
+        decoded = await _in_slices(decode_in_slices(body, length, request.ledger, dp.shm))
+    else:
+        decoded = decode_infer_body(body, length, request.json_length, request.ledger, dp.shm)
     # Binary inputs are views that hold the body's pooled buffer; JSON's are arrays of their
     # own: unless a view holds it, the body goes back to the pool while the request waits
     request.body = body = None
@@ -198,19 +215,20 @@ async def _infer(dp: DataPlane, request: HttpRequest, model: str, version: str) 
     parameters = dict(result.parameters) if result.parameters else None
     if decoded.parameters.get("tensorgate_report_copies"):
         parameters = {**(parameters or {}), "tensorgate_copied_bytes": request.ledger.bytes}
-    head, tail = encode_infer_response(result.model, result.version, result.id, outputs,
-                                       binary, parameters, in_shm)
+    heads, tail = await _in_slices(encode_in_slices(result.model, result.version, result.id,
+                                                    outputs, binary, parameters, in_shm))
+    head_length = sum(len(part) for part in heads)
     headers = _JSON if not tail else [("Content-Type", "application/octet-stream"),
-                                      ("Inference-Header-Content-Length", str(len(head)))]
+                                      ("Inference-Header-Content-Length", str(head_length))]
     encoding = _accepted_encoding(request.headers.get("accept-encoding", ""))
     if encoding is None:
-        return 200, headers, [head, *tail]
+        return 200, headers, [*heads, *tail]
     # Compressing reads every tensor byte into a new buffer: a copy, counted. The
     # Inference-Header-Content-Length stays the uncompressed JSON length, as Triton's does.
     packer = zlib.compressobj(wbits=16 + zlib.MAX_WBITS if encoding == "gzip" else zlib.MAX_WBITS)
-    packed = b"".join([packer.compress(head), *(packer.compress(t) for t in tail),
-                       packer.flush()])
-    record_copy(len(head) + sum(t.nbytes for t in tail), "encode", request.ledger)
+    packed = b"".join([*(packer.compress(h) for h in heads),
+                       *(packer.compress(t) for t in tail), packer.flush()])
+    record_copy(head_length + sum(t.nbytes for t in tail), "encode", request.ledger)
     return 200, [*headers, ("Content-Encoding", encoding)], [packed]
 
 

@@ -1,0 +1,221 @@
+"""A large V2 JSON request decoded, and a large JSON answer written, a slice at a time, so
+that the event loop serves other connections in between.
+
+Decoding a 12 MB JSON body (identity [4,3,224,224]) in one go held the loop, and the GIL, for
+about 50 ms and writing its answer for 12: every other client waited that long
+(bench/json_stall_bench.py: a small binary request's P99 went from 1 to 69 ms beside such a
+client). orjson's parse is one C call that keeps the GIL, so a worker thread would not help;
+instead each large flat `data` array's text is parsed in slices of about SLICE_BYTES by the
+same parser, with a yield to the loop between them.
+
+Nothing here decides what a body means. A flat array's text is found by its key (`"data":
+[` followed by no `[`, `]` or `"` before its closing `]`) and cut out; the rest, with a
+placeholder string in its place, must parse and hold each placeholder as exactly one input's
+`data`: then the original body is that document with the arrays put back, since an array
+that parses whole stands where a value stood. Any doubt — a cut that does not verify, a
+slice that does not parse, a true/false among the numbers — and the body is decoded whole, as
+before, so errors and edge cases are the plain path's own.
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+from collections.abc import Generator
+from typing import Any
+
+import numpy as np
+
+from tensorgate.protocol import json_text
+from tensorgate.protocol.infer_codec import (DecodedRequest, holds_bool, decode_infer_body,
+                                             encode_infer_response, json_data)
+from tensorgate.tensor.copies import CopyLedger
+from tensorgate.tensor.shm import SharedMemoryRegistry
+from tensorgate.tensor.view import TensorView
+
+__all__ = ["LARGE_BYTES", "SCAN_BYTES", "SLICE_BYTES", "Steps", "decode_in_slices", "encode_in_slices"]
+
+SLICE_BYTES = 256 << 10   # of array text parsed or written between two yields (~1 ms)
+SCAN_BYTES = 1 << 20      # of text looked through for an array's end (~0.5 ms)
+LARGE_BYTES = 512 << 10   # bodies (and answers' arrays) from this size go in slices
+
+# A generator that yields between slices and returns its result (drive it with `drive`)
+Steps = Generator[None, None, Any]
+
+_KEY = re.compile(rb'"data"\s*:\s*\[')
+_NONCE = secrets.token_hex(8)  # placeholders a client cannot write
+_OPEN, _CLOSE, _QUOTE, _COMMA = 0x5B, 0x5D, 0x22, 0x2C
+# the datatypes whose JSON `data` numpy makes an array of numbers (infer_codec's own checks
+# then judge them); a BYTES input's is left to the whole parse
+_NUMERIC = frozenset({"BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32",
+                      "INT64", "FP16", "FP32", "FP64"})
+
+
+def _placeholder(index: int) -> str:
+    return f"\x00tensorgate-{_NONCE}-{index}"
+
+
+def decode_in_slices(body: Any, body_length: int, ledger: CopyLedger,
+                     shm: SharedMemoryRegistry | None = None
+                     ) -> Generator[None, None, DecodedRequest]:
+    """decode_infer_body of an all-JSON body, its large flat arrays parsed a slice at a
+    time (a yield between slices)."""
+    memory = memoryview(body).cast("B")[:body_length]
+    spans = yield from _flat_spans(memory)
+    document = (yield from _parsed(memory, spans)) if spans else None
+    if document is None:
+        return decode_infer_body(body, body_length, None, ledger, shm)
+    return decode_infer_body(body, body_length, None, ledger, shm, parsed=document)
+
+
+def _flat_spans(memory: memoryview) -> Generator[None, None, list[tuple[int, int]]]:
+    """(start, end) of each large array after a `"data"` key that holds no `[`, `]` or
+    `"`: its `[` and one past its `]`. Candidates only: _parsed checks them."""
+    octets = np.frombuffer(memory, np.uint8)
+    spans = []
+    position = 0
+    while match := _KEY.search(memory, position):
+        start = match.end() - 1
+        end = position = start + 1
+        while end < len(octets):  # the first [, ] or " after the opening [
+            piece = octets[end:end + SCAN_BYTES]
+            found = np.flatnonzero((piece == _CLOSE) | (piece == _OPEN) | (piece == _QUOTE))
+            if found.size:
+                end += int(found[0])
+                break
+            end += len(piece)
+            yield
+        if end >= len(octets) or octets[end] != _CLOSE:
+            continue  # nested, or holds strings, or unclosed: left to the whole parse
+        position = end + 1
+        if end + 1 - start >= SLICE_BYTES:
+            spans.append((start, end + 1))
+    return spans
+
+
+def _parsed(memory: memoryview, spans: list[tuple[int, int]]
+            ) -> Generator[None, None, Any]:
+    """The body's document with each span's array parsed in slices, or None when anything
+    does not verify (the body is then decoded whole)."""
+    parts: list[bytes | memoryview] = []
+    last = 0
+    for index, (start, end) in enumerate(spans):
+        parts += [memory[last:start], json_text.dumps(_placeholder(index))]
+        last = end
+    parts.append(memory[last:])
+    try:
+        document = json_text.loads(b"".join(parts))
+    except (ValueError, RecursionError):
+        return None
+    holders = _holders(document, len(spans))
+    if holders is None:
+        return None
+    for (start, end), entry in zip(spans, holders):
+        if entry.get("datatype") not in _NUMERIC:
+            return None  # BYTES (whose refusal of numbers is the whole path's), or unknown
+        values = yield from _array(memory, start, end)
+        if values is None:
+            return None
+        entry["data"] = values
+    return document
+
+
+def _holders(document: Any, count: int) -> list[dict[str, Any]] | None:
+    """The inputs whose `data` is placeholder 0, 1, ... in turn; None unless each is found
+    exactly once."""
+    inputs = document.get("inputs") if isinstance(document, dict) else None
+    if not isinstance(inputs, list):
+        return None
+    found: dict[int, dict[str, Any]] = {}
+    for entry in inputs:
+        data = entry.get("data") if isinstance(entry, dict) else None
+        for index in range(count):
+            if data == _placeholder(index):
+                if index in found:
+                    return None
+                found[index] = entry
+    return [found[index] for index in range(count)] if len(found) == count else None
+
+
+def _array(memory: memoryview, start: int, end: int) -> Generator[None, None, Any]:
+    """The flat array memory[start:end] (its brackets included) parsed a slice at a time,
+    cut at commas: the values as one numpy array, as numpy makes one of the whole list; None
+    when a slice is not JSON or holds a true/false (the whole parse decides those)."""
+    octets = np.frombuffer(memory, np.uint8)
+    pieces = []
+    begin = start + 1
+    close = end - 1
+    while begin < close:
+        cut = min(begin + SLICE_BYTES, close)
+        while cut < close:  # on to the next comma, looked for a little at a time
+            commas = np.flatnonzero(octets[cut:min(cut + 4096, close)] == _COMMA)
+            if commas.size:
+                cut += int(commas[0])
+                break
+            cut = min(cut + 4096, close)
+        text = bytearray(cut - begin + 2)
+        text[0], text[-1] = _OPEN, _CLOSE
+        text[1:-1] = memory[begin:cut]
+        try:
+            values = json_text.loads(text)
+        except (ValueError, RecursionError):
+            return None
+        if not values or holds_bool(values):
+            return None  # an empty slice hides ",,"; true/false are the whole path's to name
+        pieces.append(np.asarray(values))
+        begin = cut + 1
+        yield
+    if not pieces or begin != close + 1:
+        return None  # no values, or a trailing comma
+    return pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
+
+
+def encode_in_slices(model: str, version: int, request_id: str,
+                     outputs: dict[str, TensorView], binary: dict[str, bool],
+                     parameters: dict[str, Any] | None = None,
+                     in_shm: dict[str, tuple[str, int, int]] | None = None
+                     ) -> Generator[None, None, tuple[list[Any], list[memoryview]]]:
+    """encode_infer_response's (header, tensor views), with the header as parts: each large
+    finite JSON array written a slice at a time (a yield between slices) where its
+    placeholder stood."""
+    arrays: dict[str, np.ndarray] = {}
+    for name, view in outputs.items():
+        if (view.nbytes >= LARGE_BYTES and not binary.get(name, False)
+                and not (in_shm and name in in_shm) and view.datatype.numpy is not None
+                and not view.datatype.is_bytes):
+            values = json_data(view)
+            if isinstance(values, np.ndarray) and json_text.finite(values):
+                arrays[name] = values  # NaN and infinities are json's to write, whole
+    stand_ins = {name: _placeholder(index) for index, name in enumerate(arrays)}
+    head, tail = encode_infer_response(model, version, request_id, outputs, binary,
+                                       parameters, in_shm, placeholders=stand_ins)
+    if not arrays:
+        return [head], tail
+    marks = [json_text.dumps(stand_in) for stand_in in stand_ins.values()]
+    if any(head.count(mark) != 1 for mark in marks):  # never, unless a model wrote one
+        head, tail = encode_infer_response(model, version, request_id, outputs, binary,
+                                           parameters, in_shm)
+        return [head], tail
+    parts: list[Any] = []
+    rest = memoryview(head)
+    step = max(1, SLICE_BYTES // 8)  # elements: about 8 bytes of text each, or fewer
+    for mark, values in zip(marks, arrays.values()):
+        at = bytes(rest).find(mark)
+        parts += [rest[:at], b"["]
+        for begin in range(0, values.size, step):
+            text = json_text.dumps(values[begin:begin + step])
+            parts += [b"," if begin else b"", memoryview(text)[1:-1]]
+            yield
+        parts.append(b"]")
+        rest = rest[at + len(mark):]
+    parts.append(rest)
+    return parts, tail
+
+
+def drive(steps: Steps) -> Any:
+    """Run `steps` to its end without yielding (for callers off the loop, and tests)."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value

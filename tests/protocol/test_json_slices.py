@@ -1,0 +1,143 @@
+"""A large JSON body decoded a slice at a time means exactly what it means decoded whole:
+the same arrays, or the same refusal; a large JSON answer written a slice at a time is the
+same bytes. Slices are made tiny here so that small generated bodies cut into many."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tensorgate.errors import TensorgateError
+from tensorgate.protocol import json_slices
+from tensorgate.protocol.infer_codec import decode_infer_body, encode_infer_response
+from tensorgate.protocol.json_slices import decode_in_slices, drive, encode_in_slices
+from tensorgate.tensor.copies import CopyLedger
+from tensorgate.tensor.view import TensorView
+
+
+@pytest.fixture(autouse=True)
+def tiny_slices(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(json_slices, "SLICE_BYTES", 16)
+    monkeypatch.setattr(json_slices, "SCAN_BYTES", 8)
+    monkeypatch.setattr(json_slices, "LARGE_BYTES", 64)
+
+
+def _outcome(decode: Any) -> tuple[Any, ...]:
+    try:
+        decoded = decode()
+    except TensorgateError as error:
+        return ("refused", type(error).__name__, error.message)
+    inputs = {name: (view.datatype.name, view.shape, repr(view.numpy().tolist())
+                     if view.datatype.is_bytes else view.numpy().tobytes())
+              for name, view in decoded.inputs.items()}
+    return ("decoded", decoded.id, inputs, decoded.outputs, dict(decoded.parameters))
+
+
+def _both(body: bytes) -> tuple[tuple[Any, ...], tuple[Any, ...], int]:
+    """Each way's outcome, and how many slices the sliced way took."""
+    steps = decode_in_slices(body, len(body), CopyLedger())
+    count = 0
+
+    def sliced() -> Any:
+        nonlocal count
+        while True:
+            try:
+                next(steps)
+                count += 1
+            except StopIteration as done:
+                return done.value
+    whole = _outcome(lambda: decode_infer_body(body, len(body), None, CopyLedger()))
+    return _outcome(sliced), whole, count
+
+
+_VALUES = st.one_of(st.integers(-300, 300), st.floats(allow_nan=True, allow_infinity=True,
+                                                       width=32),
+                    st.integers(-(1 << 70), 1 << 70), st.booleans(), st.none(),
+                    st.just("7"))
+_DATATYPES = st.sampled_from(["FP32", "FP64", "FP16", "INT8", "INT32", "INT64", "UINT8",
+                              "UINT64", "BOOL", "BYTES"])
+
+
+@st.composite
+def _bodies(draw: Any) -> bytes:
+    inputs = []
+    for index in range(draw(st.integers(1, 3))):
+        kind = draw(st.sampled_from(["numbers", "ints", "mixed", "nested"]))
+        count = draw(st.integers(0, 60))
+        if kind == "numbers":
+            data: Any = draw(st.lists(st.floats(-1e6, 1e6, width=32), min_size=count,
+                                      max_size=count))
+        elif kind == "ints":
+            data = draw(st.lists(st.integers(-1000, 1000), min_size=count, max_size=count))
+        elif kind == "mixed":
+            data = draw(st.lists(_VALUES, min_size=count, max_size=count))
+        else:
+            data = [[draw(st.integers(0, 9)) for _ in range(3)] for _ in range(count // 3)]
+            count = len(data) * 3
+        shape = [count + draw(st.sampled_from([0, 0, 0, 1]))]
+        inputs.append({"name": f"in{index}", "datatype": draw(_DATATYPES), "shape": shape,
+                       "data": data})
+    document = {"id": draw(st.sampled_from(["", "r1", '"data": [1,2]'])), "inputs": inputs}
+    text = json.dumps(document, separators=draw(st.sampled_from([(",", ":"), (", ", ": ")])))
+    for where, what in draw(st.lists(st.tuples(st.integers(0, 10_000),
+                                               st.sampled_from([",", "[", "]", "\"", " ", "",
+                                                                "1", "-", "true"])),
+                                     max_size=2)):
+        where %= len(text) + 1
+        text = text[:where] + what + text[where + (what == ""):]  # insert, or delete one
+    return text.encode()
+
+
+@settings(max_examples=800, deadline=None)
+@given(body=_bodies())
+def test_sliced_and_whole_decoding_mean_the_same(body: bytes) -> None:
+    sliced, whole, _ = _both(body)
+    assert sliced == whole
+
+
+def test_a_large_flat_array_is_parsed_in_many_slices() -> None:
+    """Not a vacuous equivalence: the arrays are cut, and yield between their slices."""
+    values = np.linspace(-3, 3, 500, dtype=np.float32)
+    body = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [500],
+                                   "data": values.tolist()}]}).encode()
+    sliced, whole, count = _both(body)
+    assert sliced == whole and sliced[0] == "decoded"
+    assert count > 100  # 500 numbers in slices of 16 bytes of text
+    assert np.frombuffer(sliced[2]["x"][2], np.float32).tolist() == values.tolist()
+
+
+def test_a_client_string_like_the_key_does_not_move_a_cut() -> None:
+    body = (b'{"id": "\\"data\\": [1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17]", "inputs": '
+            b'[{"name": "x", "datatype": "INT32", "shape": [20], "data": '
+            + json.dumps(list(range(20))).encode() + b'}]}')
+    sliced, whole, _ = _both(body)
+    assert sliced == whole and sliced[0] == "decoded"
+
+
+@settings(max_examples=200, deadline=None)
+@given(values=st.lists(st.floats(allow_nan=True, allow_infinity=True, width=32),
+                       min_size=0, max_size=300),
+       datatype=st.sampled_from(["FP32", "FP64", "INT32", "UINT8", "BOOL"]),
+       binary=st.booleans(), request_id=st.sampled_from(["", "id-1", "\x00tensorgate-0"]))
+def test_sliced_and_whole_answers_are_the_same_bytes(values: list[float], datatype: str,
+                                                     binary: bool, request_id: str) -> None:
+    target = {"FP32": np.float32, "FP64": np.float64, "INT32": np.int32, "UINT8": np.uint8,
+              "BOOL": np.bool_}[datatype]
+    floats = np.asarray(values, np.float64)
+    if target is not np.float32 and target is not np.float64:
+        floats = np.nan_to_num(floats, nan=0.0, posinf=1.0, neginf=-1.0).clip(0, 200)
+    array = floats.astype(target)
+    outputs = {"small": TensorView.from_numpy(np.arange(3, dtype=np.int64), name="small"),
+               "large": TensorView.from_numpy(array, name="large")}
+    flags = {"small": False, "large": binary}
+    parameters = {"note": "x", "ratio": math.pi}
+    heads, tail = drive(encode_in_slices("m", 1, request_id, outputs, flags, parameters))
+    head, whole_tail = encode_infer_response("m", 1, request_id, outputs, flags, parameters)
+    assert b"".join(bytes(part) for part in heads) == head
+    assert [bytes(t) for t in tail] == [bytes(t) for t in whole_tail]
