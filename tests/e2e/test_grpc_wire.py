@@ -21,7 +21,8 @@ from tritonclient.grpc import service_pb2 as pb
 from tritonclient.utils import InferenceServerException
 
 from tests.e2e import h2_client as h2
-from tests.e2e.conftest import RunningServer, scrape, start_server, stop_server, value
+from tests.e2e.conftest import (RunningServer, count_dropped, scrape, start_server, stop_server,
+                                value)
 
 INITIAL_WINDOW_SIZE, MAX_FRAME_SIZE = 4, 5
 
@@ -349,6 +350,16 @@ def test_a_message_announced_large_costs_only_what_arrives(server: RunningServer
     _assert_serving(server)
 
 
+def _non_reader(server: RunningServer, values: np.ndarray) -> h2.H2Client:
+    """A connection that grants the largest windows, calls `wide` with `values` and reads
+    nothing (yet): its 64 KiB receive buffer fills at once."""
+    client = h2.H2Client(_port(server), settings={INITIAL_WINDOW_SIZE: (1 << 31) - 1})
+    client.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 16)
+    client.send(h2.WINDOW_UPDATE, 0, 0, struct.pack(">I", (1 << 31) - 1 - 65_535))
+    client.call("ModelInfer", _wide_request(values))
+    return client
+
+
 def test_answers_a_client_grants_windows_for_but_does_not_read_wait_in_the_pool(
         e2e_repo, tmp_path) -> None:
     """Three connections grant the largest windows, ask for 12 MB answers and read none:
@@ -363,11 +374,7 @@ def test_answers_a_client_grants_windows_for_but_does_not_read_wait_in_the_pool(
     clients = []
     try:
         for _ in range(3):
-            client = h2.H2Client(_port(server), settings={INITIAL_WINDOW_SIZE: (1 << 31) - 1})
-            client.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 16)
-            client.send(h2.WINDOW_UPDATE, 0, 0, struct.pack(">I", (1 << 31) - 1 - 65_535))
-            client.call("ModelInfer", _wide_request(values))
-            clients.append(client)
+            clients.append(_non_reader(server, values))
         time.sleep(0.5)
         metrics = scrape(server)
         assert value(metrics, "tensorgate_pool_bytes", state="in_use") >= 3 * values.nbytes
@@ -408,11 +415,7 @@ def test_unread_answers_give_way_when_the_pool_is_full(e2e_repo, tmp_path) -> No
     stalled = []
     try:
         for _ in range(3):
-            client = h2.H2Client(_port(server), settings={INITIAL_WINDOW_SIZE: (1 << 31) - 1})
-            client.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 16)
-            client.send(h2.WINDOW_UPDATE, 0, 0, struct.pack(">I", (1 << 31) - 1 - 65_535))
-            client.call("ModelInfer", _wide_request(values))
-            stalled.append(client)
+            stalled.append(_non_reader(server, values))
         time.sleep(3.5)  # unread for 2 s or more, with room for a slow machine
         assert value(scrape(server), "tensorgate_pool_bytes", state="in_use") >= 3 * values.nbytes
         with grpcclient.InferenceServerClient(server.grpc_url) as reader:
@@ -420,18 +423,8 @@ def test_unread_answers_give_way_when_the_pool_is_full(e2e_repo, tmp_path) -> No
             item.set_data_from_numpy(values)
             assert reader.infer("wide", [item]).as_numpy("OUTPUT__0").tobytes() \
                 == values.tobytes()
-        dropped = 0
-        for client in stalled:  # dropped: what the kernel held, then the end
-            client.sock.settimeout(1.0)
-            try:
-                while client.sock.recv(1 << 20):
-                    pass
-                dropped += 1
-            except ConnectionResetError:
-                dropped += 1
-            except TimeoutError:
-                pass  # still held: one answer's room was all the call needed
-        assert dropped == 1
+        # one answer's room was all the call needed
+        assert count_dropped([client.sock for client in stalled]) == 1
         assert "unread answers refused" in server.log.read_text()
     finally:
         for client in stalled:

@@ -86,6 +86,12 @@ class _Handler:
         pass
 
 
+def _request_block(encoder: hpack.Encoder) -> bytes:
+    """A POST request's header block."""
+    return encoder.encode([(":method", "POST"), (":path", "/x"), (":scheme", "http"),
+                           (":authority", "a")])
+
+
 def _frames(data: bytes) -> list[tuple[int, int, int, bytes]]:
     out = []
     while len(data) >= 9:
@@ -107,8 +113,7 @@ def test_a_failing_stream_is_reset_alone(caplog: pytest.LogCaptureFixture) -> No
     transport = _Recorder()
     connection.connection_made(transport)
     encoder = hpack.Encoder()
-    block = encoder.encode([(":method", "POST"), (":path", "/x"), (":scheme", "http"),
-                            (":authority", "a")])
+    block = _request_block(encoder)
     incoming = (PREFACE + H2Client.frame(SETTINGS, 0, 0, b"")
                 + H2Client.frame(HEADERS, END_HEADERS, 1, block)
                 + H2Client.frame(HEADERS, END_HEADERS, 3, block)
@@ -323,8 +328,7 @@ def _answering(body_bytes: int) -> tuple[http2.Http2Connection, _Recorder, hpack
     transport = _Recorder()
     connection.connection_made(transport)
     encoder = hpack.Encoder()
-    block = encoder.encode([(":method", "POST"), (":path", "/x"), (":scheme", "http"),
-                            (":authority", "a")])
+    block = _request_block(encoder)
     _feed(connection, PREFACE + H2Client.frame(SETTINGS, 0, 0, b"")
           + H2Client.frame(HEADERS, END_HEADERS | END_STREAM, 1, block))
     connection.respond(connection.streams[1], encoder.encode([(":status", "200")]),
