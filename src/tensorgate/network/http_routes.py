@@ -23,10 +23,10 @@ from tensorgate.errors import InternalError, InvalidArgumentError, TensorgateErr
 from tensorgate.protocol.compression import inflate
 from tensorgate.protocol.generate_codec import (decode_generate_body, encode_generate_response,
                                                 sse_event)
-from tensorgate.protocol.infer_codec import (decode_infer_body, forward_headers, json_error,
-                                             parse_json)
+from tensorgate.protocol.infer_codec import (decode_infer_body, encode_infer_response,
+                                             forward_headers, json_error, parse_json)
 from tensorgate.protocol.json_slices import (LARGE_BYTES, Steps, decode_in_slices,
-                                             encode_in_slices)
+                                             encode_in_slices, large_json_outputs)
 from tensorgate.tensor.buffer import ALIGNMENT, HostBuffer
 from tensorgate.tensor.copies import CopyLedger, record_copy
 
@@ -215,8 +215,13 @@ async def _infer(dp: DataPlane, request: HttpRequest, model: str, version: str) 
     parameters = dict(result.parameters) if result.parameters else None
     if decoded.parameters.get("tensorgate_report_copies"):
         parameters = {**(parameters or {}), "tensorgate_copied_bytes": request.ledger.bytes}
-    heads, tail = await _in_slices(encode_in_slices(result.model, result.version, result.id,
-                                                    outputs, binary, parameters, in_shm))
+    if large_json_outputs(outputs, binary, in_shm):
+        heads, tail = await _in_slices(encode_in_slices(
+            result.model, result.version, result.id, outputs, binary, parameters, in_shm))
+    else:
+        head, tail = encode_infer_response(result.model, result.version, result.id, outputs,
+                                           binary, parameters, in_shm)
+        heads = [head]
     head_length = sum(len(part) for part in heads)
     headers = _JSON if not tail else [("Content-Type", "application/octet-stream"),
                                       ("Inference-Header-Content-Length", str(head_length))]

@@ -33,7 +33,8 @@ from tensorgate.tensor.copies import CopyLedger
 from tensorgate.tensor.shm import SharedMemoryRegistry
 from tensorgate.tensor.view import TensorView
 
-__all__ = ["LARGE_BYTES", "SCAN_BYTES", "SLICE_BYTES", "Steps", "decode_in_slices", "encode_in_slices"]
+__all__ = ["LARGE_BYTES", "SCAN_BYTES", "SLICE_BYTES", "Steps", "decode_in_slices",
+           "drive", "encode_in_slices", "large_json_outputs"]
 
 SLICE_BYTES = 256 << 10   # of array text parsed or written between two yields (~1 ms)
 SCAN_BYTES = 1 << 20      # of text looked through for an array's end (~0.5 ms)
@@ -170,6 +171,23 @@ def _array(memory: memoryview, start: int, end: int) -> Generator[None, None, An
     return pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
 
 
+def large_json_outputs(outputs: dict[str, TensorView], binary: dict[str, bool],
+                       in_shm: dict[str, tuple[str, int, int]] | None = None) -> bool:
+    """Whether an answer has an output that encode_in_slices would write in slices (else
+    encode_infer_response writes it as well, with nothing made for the slices)."""
+    for name, view in outputs.items():
+        if _large_json(name, view, binary, in_shm):
+            return True
+    return False
+
+
+def _large_json(name: str, view: TensorView, binary: dict[str, bool],
+                in_shm: dict[str, tuple[str, int, int]] | None) -> bool:
+    return (view.nbytes >= LARGE_BYTES and not binary.get(name, False)
+            and not (in_shm and name in in_shm) and view.datatype.numpy is not None
+            and not view.datatype.is_bytes)
+
+
 def encode_in_slices(model: str, version: int, request_id: str,
                      outputs: dict[str, TensorView], binary: dict[str, bool],
                      parameters: dict[str, Any] | None = None,
@@ -180,9 +198,7 @@ def encode_in_slices(model: str, version: int, request_id: str,
     placeholder stood."""
     arrays: dict[str, np.ndarray] = {}
     for name, view in outputs.items():
-        if (view.nbytes >= LARGE_BYTES and not binary.get(name, False)
-                and not (in_shm and name in in_shm) and view.datatype.numpy is not None
-                and not view.datatype.is_bytes):
+        if _large_json(name, view, binary, in_shm):
             values = json_data(view)
             if isinstance(values, np.ndarray) and json_text.finite(values):
                 arrays[name] = values  # NaN and infinities are json's to write, whole
