@@ -34,13 +34,14 @@ from tensorgate.tensor.shm import SharedMemoryRegistry
 from tensorgate.tensor.view import TensorView
 
 __all__ = ["LARGE_BYTES", "SCAN_BYTES", "SLICE_BYTES", "Steps", "decode_in_slices",
-           "drive", "encode_in_slices", "large_json_outputs"]
+           "encode_in_slices", "large_json_outputs"]
 
 SLICE_BYTES = 256 << 10   # of array text parsed or written between two yields (~1 ms)
 SCAN_BYTES = 1 << 20      # of text looked through for an array's end (~0.5 ms)
 LARGE_BYTES = 512 << 10   # bodies (and answers' arrays) from this size go in slices
 
-# A generator that yields between slices and returns its result (drive it with `drive`)
+# A generator that yields between slices and returns its result (network's front end runs it,
+# awaiting a turn of the loop at each yield)
 Steps = Generator[None, None, Any]
 
 _KEY = re.compile(rb'"data"\s*:\s*\[')
@@ -213,25 +214,18 @@ def encode_in_slices(model: str, version: int, request_id: str,
                                            parameters, in_shm)
         return [head], tail
     parts: list[Any] = []
-    rest = memoryview(head)
+    whole = memoryview(head)
+    done = 0  # of head, in parts already
     step = max(1, SLICE_BYTES // 8)  # elements: about 8 bytes of text each, or fewer
     for mark, values in zip(marks, arrays.values()):
-        at = bytes(rest).find(mark)
-        parts += [rest[:at], b"["]
+        at = head.find(mark, done)
+        parts += [whole[done:at], b"["]
         for begin in range(0, values.size, step):
             text = json_text.dumps(values[begin:begin + step])
             parts += [b"," if begin else b"", memoryview(text)[1:-1]]
             yield
         parts.append(b"]")
-        rest = rest[at + len(mark):]
-    parts.append(rest)
+        done = at + len(mark)
+    parts.append(whole[done:])
     return parts, tail
 
-
-def drive(steps: Steps) -> Any:
-    """Run `steps` to its end without yielding (for callers off the loop, and tests)."""
-    while True:
-        try:
-            next(steps)
-        except StopIteration as done:
-            return done.value
