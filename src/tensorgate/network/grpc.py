@@ -260,7 +260,7 @@ class GrpcFrontEnd:
             min(read_timeout_s, HANDSHAKE_TIMEOUT_S))
 
     def _open_stream(self, connection: http2.Http2Connection, stream: http2.Http2Stream,
-                     headers: list[tuple[str, str]]) -> http2.StreamHandler:
+                     headers: http2.Fields) -> http2.StreamHandler:
         try:
             call = read_call_headers(headers, self.header_forward)
             if self.restricted:
@@ -281,7 +281,7 @@ class GrpcFrontEnd:
             return _ANSWERED
         return _Call(self, connection, stream, call)
 
-    def _check_restricted(self, path: str, headers: list[tuple[str, str]]) -> None:
+    def _check_restricted(self, path: str, headers: http2.Fields) -> None:
         group = API_GROUP.get(path.rsplit("/", 1)[-1])
         needed = self.restricted.get(group) if group is not None else None
         if needed is None or group is None:

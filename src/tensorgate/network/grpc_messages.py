@@ -99,7 +99,7 @@ class CallHeaders:
         self.traceparent = traceparent
 
 
-def read_call_headers(headers: list[tuple[str, str]],
+def read_call_headers(headers: http2.Fields,
                       forward: re.Pattern[str] | None = None) -> CallHeaders:
     """Raises HttpRefusal for what is not a gRPC request, Failure for a gRPC request that
     cannot be served (unknown method excepted: the caller knows its methods). `forward`:
