@@ -837,30 +837,32 @@ class Http2Connection(asyncio.BufferedProtocol):
             out.append((stream.head, False))
             stream.head = b""
         frame_limit = self._peer_frame
+        total = min(stream.pending_bytes, stream.send_window, self._peer_window, _SEND_SLICE)
         room = _SEND_SLICE
-        if stream.pending and stream.send_window > 0 and self._peer_window > 0:
+        if total > 0:  # DATA frames of frame_limit bytes (one header for all), then the rest
             self._last_sent = time.monotonic()
-        while stream.pending and room > 0:
-            size = min(stream.pending_bytes, frame_limit, stream.send_window, self._peer_window,
-                       room)
-            if size <= 0:
-                break
-            room -= size
-            out.append((_frame(DATA, 0, stream.id, size), False))
-            stream.send_window -= size
-            self._peer_window -= size
-            stream.pending_bytes -= size
-            self.unsent_bytes -= size
-            while size:
-                piece, alone = stream.pending[0]
-                if len(piece) <= size:
-                    out.append((piece, alone))
-                    size -= len(piece)
-                    stream.pending.popleft()
-                else:
-                    out.append((piece[:size], alone))
-                    stream.pending[0] = (piece[size:], alone)
-                    size = 0
+            room -= total
+            stream.send_window -= total
+            self._peer_window -= total
+            stream.pending_bytes -= total
+            self.unsent_bytes -= total
+            pending = stream.pending
+            full = _frame(DATA, 0, stream.id, frame_limit) if total >= frame_limit else b""
+            while total:
+                size = frame_limit if total >= frame_limit else total
+                total -= size
+                out.append((full if size == frame_limit else _frame(DATA, 0, stream.id, size),
+                            False))
+                while size:
+                    piece, alone = pending[0]
+                    if len(piece) <= size:
+                        out.append((piece, alone))
+                        size -= len(piece)
+                        pending.popleft()
+                    else:
+                        out.append((piece[:size], alone))
+                        pending[0] = (piece[size:], alone)
+                        size = 0
         done = not stream.pending and stream.trailers is not None
         if done:
             assert stream.trailers is not None
@@ -1044,10 +1046,14 @@ class Http2Connection(asyncio.BufferedProtocol):
         if not transport.get_write_buffer_size():
             while index < len(buffers):
                 offered = min(len(buffers), index + _IOV_MAX)
+                chunk = buffers[index:offered]
                 try:
-                    sent = os.writev(self._fd, buffers[index:offered])
+                    sent = os.writev(self._fd, chunk)
                 except OSError:  # full (EAGAIN), or broken: the transport will say
                     break
+                if sent == sum(map(len, chunk)):  # all of it (the usual case: no walk)
+                    index = offered
+                    continue
                 while index < offered and sent >= len(buffers[index]):
                     sent -= len(buffers[index])
                     index += 1
