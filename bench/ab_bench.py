@@ -2,14 +2,14 @@
 
 Each round starts the server from one tree and then the other (alternating which goes first),
 drives `identity` at 8 connections (--connections) in each request form — HTTP with the
-binary tensor extension and with V2 JSON (wrk), gRPC ModelInfer (h2load, HTTP/2's default
+binary tensor extension and with V2 JSON, flat or nested (wrk), gRPC ModelInfer (h2load, HTTP/2's default
 16 KiB frames) — and reads the server's own CPU time from /proc: server CPU per request
 and QPS, medians over the rounds, and after/before. Every answer's size is checked (wrk's script; h2load's DATA
 total against one reference answer).
 
     git worktree add /tmp/tg-old <commit>
     .venv/bin/python bench/ab_bench.py --before /tmp/tg-old/src [--after src] [--rounds 3]
-        [--wires binary,json,grpc] [--connections 8]
+        [--wires binary,json,nested,grpc] [--connections 8]
     (apt-get install wrk nghttp2-client)
 """
 
@@ -34,11 +34,11 @@ sys.path.insert(0, str(HERE.parent / "src"))
 sys.path.insert(0, str(HERE))
 
 from compare_servers import free_port  # noqa: E402
-from compare_wire import (OIP_BINARY, OIP_JSON, grpc_infer_body, grpc_reference_answer,  # noqa: E402
-                          h2load_grpc, raw_request, wrk_load)
+from compare_wire import (OIP_BINARY, OIP_JSON, OIP_NESTED_JSON, grpc_infer_body,  # noqa: E402
+                          grpc_reference_answer, h2load_grpc, raw_request, wrk_load)
 from tensorgate.builtin.repository import write_default_repository  # noqa: E402
 
-LOADS = {"binary": OIP_BINARY, "json": OIP_JSON}
+LOADS = {"binary": OIP_BINARY, "json": OIP_JSON, "nested": OIP_NESTED_JSON}
 WIRES = (*LOADS, "grpc")
 
 

@@ -58,6 +58,15 @@ def _oip_json_request(path: str, model: str, x: np.ndarray) -> tuple[str, dict[s
     return path.format(model=model), {"Content-Type": "application/json"}, body.encode()
 
 
+def _oip_nested_json_request(path: str, model: str, x: np.ndarray
+                             ) -> tuple[str, dict[str, str], bytes]:
+    """`data` as nested lists in the tensor's shape, as a hand-written client's
+    `x.tolist()` sends it."""
+    body = json.dumps({"inputs": [{"name": "INPUT__0", "shape": list(x.shape), "datatype": "FP32",
+                                   "data": x.tolist()}]})
+    return path.format(model=model), {"Content-Type": "application/json"}, body.encode()
+
+
 def _oip_json_decode(headers: dict[str, str], body: bytes) -> np.ndarray:
     output = json.loads(body)["outputs"][0]
     return np.asarray(output["data"], dtype=np.float32).reshape(output["shape"])
@@ -78,6 +87,8 @@ OIP_BINARY = Wire("binary tensor extension", _oip_binary_request, _oip_binary_de
                   lambda n: 4 * n)
 OIP_JSON = Wire("V2 JSON (no binary extension)", _oip_json_request, _oip_json_decode,
                 lambda n: 2 * n)
+OIP_NESTED_JSON = Wire("V2 JSON, data nested in the tensor's shape", _oip_nested_json_request,
+                       _oip_json_decode, lambda n: 2 * n)
 BASE64_JSON = Wire("JSON with base64 tensor", _base64_request, _base64_decode,
                    lambda n: (4 * n * 4) // 3)
 

@@ -9,7 +9,7 @@ drives `identity` [1,3,224,224] with the binary extension at one connection (the
 client), first alone, then beside a second wrk at one connection sending `identity`
 [batch,3,224,224] as V2 JSON. Every answer's size is checked.
 
-    .venv/bin/python bench/json_stall_bench.py [--before /tmp/tg-old/src] [--peers triton]
+    .venv/bin/python bench/json_stall_bench.py [--before /tmp/tg-old/src] [--peers triton] [--nested]
     (apt-get install wrk)
 """
 
@@ -33,7 +33,8 @@ sys.path.insert(0, str(HERE))
 from ab_bench import serve  # noqa: E402
 from compare import start  # noqa: E402
 from compare_servers import servers  # noqa: E402
-from compare_wire import OIP_BINARY, OIP_JSON, raw_request, wrk_load  # noqa: E402
+from compare_wire import (OIP_BINARY, OIP_JSON, OIP_NESTED_JSON, raw_request,  # noqa: E402
+                          wrk_load)
 from tensorgate.builtin.repository import write_default_repository  # noqa: E402
 from tensorgate.pipeline.executor import default_intra_op_threads  # noqa: E402
 
@@ -41,7 +42,7 @@ _PATH = "/v2/models/{model}/infer"
 
 
 def measure(target: pathlib.Path | str, work: pathlib.Path, seconds: float,
-            batch: int) -> dict[str, Any]:
+            batch: int, nested: bool = False) -> dict[str, Any]:
     """The small client's figures alone and beside the JSON client, and the JSON client's;
     `target` a tensorgate source tree or a peer's name."""
     rng = np.random.default_rng(0)
@@ -58,7 +59,8 @@ def measure(target: pathlib.Path | str, work: pathlib.Path, seconds: float,
             process.wait(timeout=30)
     try:
         small = raw_request(port, *OIP_BINARY.build(_PATH, "identity", small_x))
-        large = raw_request(port, *OIP_JSON.build(_PATH, "identity", large_x))
+        wire = OIP_NESTED_JSON if nested else OIP_JSON
+        large = raw_request(port, *wire.build(_PATH, "identity", large_x))
         (work / "small").mkdir(exist_ok=True)
         (work / "large").mkdir(exist_ok=True)
         wrk_load(port, small, 1, 1, OIP_BINARY.min_body(small_x.size), work / "small")
@@ -93,6 +95,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--seconds", type=float, default=8.0)
     parser.add_argument("--batch", type=int, default=4, help="rows of the JSON request")
+    parser.add_argument("--nested", action="store_true",
+                        help="the JSON request's data nested in its shape (x.tolist())")
     parser.add_argument("--peers", default="", help="peers to measure too, comma-separated "
                                                     "(triton, mlserver)")
     args = parser.parse_args()
@@ -112,7 +116,7 @@ def main() -> None:
     try:
         for r in range(args.rounds):
             for tree in list(trees) if r % 2 == 0 else list(trees)[::-1]:
-                found = measure(trees[tree], work, args.seconds, args.batch)
+                found = measure(trees[tree], work, args.seconds, args.batch, args.nested)
                 runs[tree].append(found)
                 print(f"round {r + 1} {tree}: small P99 alone {found['alone']['p99_us']:,} µs, "
                       f"beside JSON {found['mixed']['p99_us']:,} µs (max "
@@ -122,7 +126,8 @@ def main() -> None:
         shutil.rmtree(work, ignore_errors=True)
     size = runs[next(iter(trees))][0]["json_bytes"] / 1e6
     print(f"\nidentity [1,3,224,224] binary at 1 connection, alone and beside one connection "
-          f"sending [{args.batch},3,224,224] as V2 JSON ({size:.1f} MB a request); medians of "
+          f"sending [{args.batch},3,224,224] as V2 JSON{' nested' if args.nested else ''} "
+          f"({size:.1f} MB a request); medians of "
           f"{args.rounds} rounds\n")
     print("| server | small P50 / P99 / max µs, alone | small P50 / P99 / max µs, beside JSON "
           "| JSON QPS | JSON P50 ms |\n|---|---:|---:|---:|---:|")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from typing import Any
 
 import numpy as np
@@ -71,7 +72,7 @@ _DATATYPES = st.sampled_from(["FP32", "FP64", "FP16", "INT8", "INT32", "INT64", 
 def _bodies(draw: Any) -> bytes:
     inputs = []
     for index in range(draw(st.integers(1, 3))):
-        kind = draw(st.sampled_from(["numbers", "ints", "mixed", "nested"]))
+        kind = draw(st.sampled_from(["numbers", "ints", "mixed", "nested", "deep", "uneven"]))
         count = draw(st.integers(0, 60))
         if kind == "numbers":
             data: Any = draw(st.lists(st.floats(-1e6, 1e6, width=32), min_size=count,
@@ -80,9 +81,20 @@ def _bodies(draw: Any) -> bytes:
             data = draw(st.lists(st.integers(-1000, 1000), min_size=count, max_size=count))
         elif kind == "mixed":
             data = draw(st.lists(_VALUES, min_size=count, max_size=count))
-        else:
+        elif kind == "nested":
             data = [[draw(st.integers(0, 9)) for _ in range(3)] for _ in range(count // 3)]
             count = len(data) * 3
+        else:  # evenly nested lists of 2 to 4 levels, then for "uneven" one list changed
+            dims = draw(st.lists(st.integers(1, 4), min_size=2, max_size=4))
+            flat = draw(st.lists(_VALUES if draw(st.booleans()) else st.integers(-9, 9),
+                                 min_size=math.prod(dims), max_size=math.prod(dims)))
+            data = np.array(flat, dtype=object).reshape(dims).tolist()
+            count = len(flat)
+            if kind == "uneven":
+                inner = data
+                for _ in range(draw(st.integers(0, len(dims) - 2))):
+                    inner = inner[0]
+                inner.append(draw(st.sampled_from([1, [1], [], [[1]], inner[0]])))
         shape = [count + draw(st.sampled_from([0, 0, 0, 1]))]
         inputs.append({"name": f"in{index}", "datatype": draw(_DATATYPES), "shape": shape,
                        "data": data})
@@ -113,6 +125,63 @@ def test_a_large_flat_array_is_parsed_in_many_slices() -> None:
     assert sliced == whole and sliced[0] == "decoded"
     assert count > 100  # 500 numbers in slices of 16 bytes of text
     assert np.frombuffer(sliced[2]["x"][2], np.float32).tolist() == values.tolist()
+
+
+def test_a_large_nested_array_is_parsed_in_many_slices() -> None:
+    """data as x.tolist() sends it: read in row-major order, in slices."""
+    values = np.linspace(-3, 3, 360, dtype=np.float32).reshape(4, 9, 10)
+    body = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [4, 9, 10],
+                                   "data": values.tolist()}]}).encode()
+    sliced, whole, count = _both(body)
+    assert sliced == whole and sliced[0] == "decoded"
+    assert count > 100
+    assert np.frombuffer(sliced[2]["x"][2], np.float32).tolist() == values.ravel().tolist()
+
+
+@pytest.mark.parametrize("data, outcome", [
+    ("[[1,2],[3,4]]", "decoded"), ("[ [[1,2], [3,4]] ,\n[[5,6],[7,8]] ]", "decoded"),
+    ("[[1,2],[3]]", "refused"), ("[[1,2],3,[4,5]]", "refused"), ("[[1,2],[3,[4]]]", "refused"),
+    ("[[[1,2]],[3,4]]", "refused"), ("[[1,2],[]]", "refused"), ("[" + "[],"*7 + "[]]", "decoded"),
+    ("[" + "[1,2],"*6 + "[1,2,3]]", "refused"),       # one list wider, in a run of its own
+    ("[[1,2],[3,4][5,6],[7,8]]", "refused"),           # no comma between two lists
+    ("[[1,2,3,4,5,6,7,8] [1,2,3,4,5,6,7,8]]", "refused"),  # ... where two runs meet
+    ("[[[1,2],[3,4]],[[5,6]],[[7,8],[9,10],[11,12]]]", "refused"),  # as long as [3,2,2]
+    ("[[[1,2],[3,4]] [[5,6],[7,8]]]", "refused"),      # nor between two lists above them
+    ("[[1,2],[3,4],,[5,6]]", "refused"), ("[[1,2],[3,4],]", "refused"),
+    ("[ 7[1,2],[3,4]]", "refused"), ("[[1,2],[3,4] 7]", "refused"),
+    ("[[1,2],[3,true]]", "refused")])
+def test_nested_lists_mean_what_they_mean_whole(data: str, outcome: str) -> None:
+    """Evenly nested lists are read in runs of innermost lists (tiny slices: a list or two
+    a run); anything else the whole parse names. `shape` is the count of numbers, so that
+    a reading that wrongly took uneven lists would decode where the plain path refuses."""
+    count = len(re.findall(r"\d+", data)) + ("true" in data)
+    body = ('{"inputs": [{"name": "x", "datatype": "INT32", "shape": [%d], "data": %s}]}'
+            % (count, data)).encode()
+    sliced, whole, _ = _both(body)
+    assert sliced == whole and sliced[0] == outcome
+
+
+def test_a_string_in_nested_lists_hides_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its comma would make the lists' skeleton even ([2, 1001]); they are not (1,000 and
+    1,001 values), which the plain path names, and so does the sliced one."""
+    monkeypatch.setattr(json_slices, "SLICE_BYTES", 4096)
+    body = json.dumps({"inputs": [{"name": "x", "datatype": "INT32", "shape": [2001],
+                                   "data": [["x,"] + [1] * 999, [1] * 1001]}]}).encode()
+    sliced, whole, _ = _both(body)
+    assert sliced == whole and "evenly nested" in sliced[2]
+
+
+@pytest.mark.parametrize("levels, outcome", [(32, "decoded"), (33, "decoded"),
+                                             (70, "refused")])
+def test_deep_nesting_means_what_it_means_whole(levels: int, outcome: str) -> None:
+    """Sliced up to 32 levels; deeper, decoded whole (numpy refuses over 64)."""
+    deep: Any = [1, 2]
+    for _ in range(levels - 1):
+        deep = [deep]
+    body = json.dumps({"inputs": [{"name": "x", "datatype": "INT32", "shape": [2],
+                                   "data": deep}]}).encode()
+    sliced, whole, _ = _both(body)
+    assert sliced == whole and sliced[0] == outcome
 
 
 def test_a_client_string_like_the_key_does_not_move_a_cut() -> None:

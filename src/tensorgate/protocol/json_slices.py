@@ -8,13 +8,17 @@ client). orjson's parse is one C call that keeps the GIL, so a worker thread wou
 instead each large flat `data` array's text is parsed in slices of about SLICE_BYTES by the
 same parser, with a yield to the loop between them.
 
-Nothing here decides what a body means. A flat array's text is found by its key (`"data":
-[` followed by no `[`, `]` or `"` before its closing `]`) and cut out; the rest, with a
-placeholder string in its place, must parse and hold each placeholder as exactly one input's
-`data`: then the original body is that document with the arrays put back, since an array
-that parses whole stands where a value stood. Any doubt — a cut that does not verify, a
-slice that does not parse, a true/false among the numbers — and the body is decoded whole, as
-before, so errors and edge cases are the plain path's own.
+Nothing here decides what a body means. An array's text is found by its key (`"data": [`,
+then no `"` before its matching `]`) and cut out; the rest, with a placeholder string in its
+place, must parse and hold each placeholder as exactly one input's `data`: then the original
+body is that document with the arrays put back, since an array that parses whole stands
+where a value stood. A nested array (`x.tolist()`, as hand-written clients send) is read as
+the plain path reads it, its values in row-major order, when it is evenly nested lists (the
+plain path refuses any other nesting): its brackets must be those of some shape's lists,
+and it is parsed in runs of whole innermost lists, the brackets above them made spaces,
+each run a table of one width, the same for all. Any doubt — a cut that does not verify,
+nesting that is not even, a slice that does not parse, a true/false among the numbers — and
+the body is decoded whole, as before, so errors and edge cases are the plain path's own.
 """
 
 from __future__ import annotations
@@ -60,19 +64,24 @@ def _placeholder(index: int) -> str:
 def decode_in_slices(body: Any, body_length: int, ledger: CopyLedger,
                      shm: SharedMemoryRegistry | None = None
                      ) -> Generator[None, None, DecodedRequest]:
-    """decode_infer_body of an all-JSON body, its large flat arrays parsed a slice at a
-    time (a yield between slices)."""
+    """decode_infer_body of an all-JSON body, its large arrays parsed a slice at a time (a
+    yield between slices)."""
     memory = memoryview(body).cast("B")[:body_length]
-    spans = yield from _flat_spans(memory)
+    spans = yield from _array_spans(memory)
     document = (yield from _parsed(memory, spans)) if spans else None
     if document is None:
         return decode_infer_body(body, body_length, None, ledger, shm)
     return decode_infer_body(body, body_length, None, ledger, shm, parsed=document)
 
 
-def _flat_spans(memory: memoryview) -> Generator[None, None, list[tuple[int, int]]]:
-    """(start, end) of each large array after a `"data"` key that holds no `[`, `]` or
-    `"`: its `[` and one past its `]`. Candidates only: _parsed checks them."""
+# an array's text in the body: its `[`, one past its `]`, and for a nested one its brackets
+# (Brackets; None for a flat one)
+Span = tuple[int, int, "Brackets | None"]
+
+
+def _array_spans(memory: memoryview) -> Generator[None, None, list[Span]]:
+    """Each large array after a `"data"` key that holds no `"`. Candidates only: _parsed
+    checks them."""
     octets = np.frombuffer(memory, np.uint8)
     spans = []
     position = 0
@@ -87,21 +96,134 @@ def _flat_spans(memory: memoryview) -> Generator[None, None, list[tuple[int, int
                 break
             end += len(piece)
             yield
-        if end >= len(octets) or octets[end] != _CLOSE:
-            continue  # nested, or holds strings, or unclosed: left to the whole parse
+        if end >= len(octets) or octets[end] == _QUOTE:
+            continue  # holds strings, or unclosed: left to the whole parse
+        brackets = None
+        if octets[end] == _OPEN:
+            brackets = yield from _nested_brackets(octets, start)
+            if brackets is None:
+                continue
+            end = int(brackets.at[-1])
         position = end + 1
         if end + 1 - start >= SLICE_BYTES:
-            spans.append((start, end + 1))
+            spans.append((start, end + 1, brackets))
     return spans
 
 
-def _parsed(memory: memoryview, spans: list[tuple[int, int]]
-            ) -> Generator[None, None, Any]:
+class Brackets:
+    """A nested array's brackets: where each is in the body (`at`, in order) and the depth
+    after it (`levels`: 1 after the array's own `[`, 0 after its `]`)."""
+
+    __slots__ = ("at", "levels", "opens")
+
+    def __init__(self, at: np.ndarray, levels: np.ndarray) -> None:
+        self.at, self.levels = at, levels
+        self.opens = np.diff(levels, prepend=0) > 0
+
+
+def _nested_brackets(octets: np.ndarray, start: int) -> Generator[None, None, Brackets | None]:
+    """The brackets of the array opened at `start`, up to its `]`; None if a `"` comes first
+    or it never closes. SCAN_BYTES of text a step (~0.5 ms a MiB)."""
+    depth = 0
+    found: list[np.ndarray] = []
+    levels: list[np.ndarray] = []
+    position = start
+    while position < len(octets):
+        piece = octets[position:position + SCAN_BYTES]
+        opens = np.flatnonzero(piece == _OPEN)
+        at = np.concatenate((opens, np.flatnonzero(piece == _CLOSE)))
+        order = np.argsort(at, kind="stable")
+        at = at[order]
+        level = depth + np.cumsum(np.where(order < len(opens), 1, -1))
+        closed = np.flatnonzero(level == 0)
+        taken = int(closed[0]) + 1 if closed.size else len(at)
+        scanned = int(at[taken - 1]) + 1 if closed.size else len(piece)
+        if (piece[:scanned] == _QUOTE).any():
+            return None
+        found.append(at[:taken] + position)
+        levels.append(level[:taken])
+        if closed.size:
+            return Brackets(np.concatenate(found), np.concatenate(levels))
+        depth = int(level[-1]) if level.size else depth
+        position += len(piece)
+        yield
+    return None
+
+
+_MAX_NESTING = 32  # numpy makes arrays of up to 64 dimensions; orjson parses 1,024 deep
+
+
+def _even_lists(brackets: Brackets) -> int | None:
+    """How deep the innermost lists are, if the brackets are those of evenly nested lists
+    of some shape (their widths are the slices' to check); None otherwise, or nested deeper
+    than _MAX_NESTING."""
+    skeleton = np.where(brackets.opens, _OPEN, _CLOSE).astype(np.uint8).tobytes()
+    dims = len(skeleton) - len(skeleton.lstrip(b"["))
+    if not 2 <= dims <= _MAX_NESTING:
+        return None
+    expected = b"[]"
+    for level in range(dims - 1, 0, -1):
+        # Evenly nested, the first list at this level opens at level - 1 and closes with the
+        # first run of as many `]` as there are levels from it down, and holds `dim` of the
+        # lists below. Read so, any skeleton gives some shape; comparing it with that shape's
+        # own skeleton decides.
+        run = dims - level + 1
+        close = skeleton.find(b"]" * run)
+        dim, rest = divmod(close + run - level - 1, len(expected))
+        if close < 0 or rest or dim < 1:
+            return None
+        expected = b"[" + expected * dim + b"]"
+    return dims if expected == skeleton else None
+
+
+def _nested_array(memory: memoryview, start: int, end: int, brackets: Brackets, dims: int
+                  ) -> Generator[None, None, Any]:
+    """The evenly nested array memory[start:end], parsed a run of innermost lists at a time:
+    its values flat in row-major order, as numpy makes an array of the whole and flattens
+    it; None when a run is not JSON, not a table of the width of the others, holds a
+    true/false, or two runs are not joined by one comma (the whole parse decides those)."""
+    at, levels, opens = brackets.at, brackets.levels, brackets.opens
+    firsts = at[opens & (levels == dims)]          # each innermost list's `[`
+    lasts = at[~opens & (levels == dims - 1)]      # and its `]`
+    above = at[(levels < dims) & (opens | (levels < dims - 1))]  # the brackets around them
+    pieces = []
+    width = -1
+    lists = len(firsts)
+    first = 0
+    while first < lists:
+        last = min(lists, int(np.searchsorted(lasts, firsts[first] + SLICE_BYTES)) + 1)
+        if first:  # between two runs: `],[` or `]],[[` ..., with spaces
+            between = bytes(memory[int(lasts[first - 1]) + 1:int(firsts[first])])
+            if between.translate(None, b" \t\n\r[]") != b",":
+                return None
+        begin = int(firsts[first]) if first else start + 1
+        stop = int(lasts[last - 1]) + 1 if last < lists else end - 1
+        text = bytearray(stop - begin + 2)
+        text[0], text[-1] = _OPEN, _CLOSE
+        text[1:-1] = memory[begin:stop]
+        inside = above[np.searchsorted(above, begin):np.searchsorted(above, stop)]
+        np.frombuffer(text, np.uint8)[inside - begin + 1] = 0x20  # brackets above: spaces
+        try:
+            values = json_text.loads(text)
+            table = np.asarray(values)
+        except (ValueError, RecursionError):
+            return None  # not JSON, or lists of different widths
+        if (table.ndim != 2 or table.shape[0] != last - first or not table.shape[1]
+                or width not in (-1, table.shape[1]) or holds_bool(values)):
+            return None
+        width = table.shape[1]
+        pieces.append(table.reshape(-1))
+        first = last
+        yield
+    return pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
+
+
+def _parsed(memory: memoryview, spans: list[Span]) -> Generator[None, None, Any]:
     """The body's document with each span's array parsed in slices, or None when anything
     does not verify (the body is then decoded whole)."""
     parts: list[bytes | memoryview] = []
     last = 0
-    for index, (start, end) in enumerate(spans):
+    for index, (start, end, _) in enumerate(spans):
         parts += [memory[last:start], json_text.dumps(_placeholder(index))]
         last = end
     parts.append(memory[last:])
@@ -112,10 +234,16 @@ def _parsed(memory: memoryview, spans: list[tuple[int, int]]
     holders = _holders(document, len(spans))
     if holders is None:
         return None
-    for (start, end), entry in zip(spans, holders):
+    for (start, end, brackets), entry in zip(spans, holders):
         if entry.get("datatype") not in _NUMERIC:
             return None  # BYTES (whose refusal of numbers is the whole path's), or unknown
-        values = yield from _array(memory, start, end)
+        if brackets is None:
+            values = yield from _array(memory, start, end)
+        else:
+            dims = _even_lists(brackets)
+            if dims is None:
+                return None
+            values = yield from _nested_array(memory, start, end, brackets, dims)
         if values is None:
             return None
         entry["data"] = values
