@@ -194,6 +194,28 @@ def test_a_large_json_request_and_answer_go_in_slices_and_stay_exact(
                                            "it holds true/false among them")
 
 
+def test_large_nested_json_data_is_read_in_row_major_order(server: RunningServer) -> None:
+    """`data` as x.tolist() sends it, nested (300 lists of 500): read in slices, in order;
+    lists of uneven widths are refused by name, as the whole parse refuses them."""
+    value = (np.arange(150_000) % 11 - 5).astype(np.float32) / 2
+    uneven = value.reshape(300, 500).tolist()
+    uneven[-1].append(uneven[-2].pop())
+    answers = []
+    for data in (value.reshape(300, 500).tolist(), uneven):
+        body = json.dumps({"inputs": [{"name": "INPUT__0", "shape": [150_000],
+                                       "datatype": "FP32", "data": data}]}).encode()
+        with socket.create_connection(("127.0.0.1", server.port), timeout=30) as connection:
+            connection.sendall(b"POST /v2/models/wide/infer HTTP/1.1\r\nHost: x\r\n"
+                               b"Content-Length: %d\r\n\r\n%b" % (len(body), body))
+            answers.append(read_answer(connection))
+    (head, answer), (refused_head, refusal) = answers
+    assert head.startswith(b"HTTP/1.1 200"), head
+    output = json.loads(answer)["outputs"][0]
+    assert np.asarray(output["data"], np.float32).tobytes() == value.tobytes()
+    assert refused_head.startswith(b"HTTP/1.1 400"), refused_head
+    assert "evenly nested" in json.loads(refusal)["error"]
+
+
 @pytest.mark.parametrize("algorithm", ["gzip", "deflate"])
 def test_compressed_requests_and_responses(client: httpclient.InferenceServerClient,
                                            algorithm: str) -> None:
