@@ -130,11 +130,8 @@ def _nested_brackets(octets: np.ndarray, start: int) -> Generator[None, None, Br
     position = start
     while position < len(octets):
         piece = octets[position:position + SCAN_BYTES]
-        opens = np.flatnonzero(piece == _OPEN)
-        at = np.concatenate((opens, np.flatnonzero(piece == _CLOSE)))
-        order = np.argsort(at, kind="stable")
-        at = at[order]
-        level = depth + np.cumsum(np.where(order < len(opens), 1, -1))
+        at = np.flatnonzero((piece == _OPEN) | (piece == _CLOSE))
+        level = depth + np.cumsum(np.where(piece[at] == _OPEN, 1, -1))
         closed = np.flatnonzero(level == 0)
         taken = int(closed[0]) + 1 if closed.size else len(at)
         scanned = int(at[taken - 1]) + 1 if closed.size else len(piece)
