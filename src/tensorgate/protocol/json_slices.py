@@ -123,7 +123,8 @@ class Brackets:
 
 def _nested_brackets(octets: np.ndarray, start: int) -> Generator[None, None, Brackets | None]:
     """The brackets of the array opened at `start`, up to its `]`; None if a `"` comes first
-    or it never closes. SCAN_BYTES of text a step (~0.5 ms a MiB)."""
+    or it never closes. SCAN_BYTES of text a step (~0.5 ms a MiB for an image's x.tolist();
+    ~9 where every other byte is a bracket, [[1],[2],...])."""
     depth = 0
     found: list[np.ndarray] = []
     levels: list[np.ndarray] = []
