@@ -2,10 +2,10 @@
 
 Each round starts the server from one tree and then the other (alternating which goes first),
 drives `identity` at 8 connections (--connections) in each request form — HTTP with the
-binary tensor extension and with V2 JSON, flat or nested (wrk), gRPC ModelInfer (h2load, HTTP/2's default
-16 KiB frames) — and reads the server's own CPU time from /proc: server CPU per request
-and QPS, medians over the rounds, and after/before. Every answer's size is checked (wrk's script; h2load's DATA
-total against one reference answer).
+binary tensor extension and with V2 JSON, flat or nested (wrk), gRPC ModelInfer (h2load,
+HTTP/2's default 16 KiB frames) — and reads the server's own CPU time from /proc: server
+CPU per request and QPS, medians over the rounds, and after/before. Every answer's size is
+checked (wrk's script; h2load's DATA total against one reference answer).
 
     git worktree add /tmp/tg-old <commit>
     .venv/bin/python bench/ab_bench.py --before /tmp/tg-old/src [--after src] [--rounds 3]

@@ -9,7 +9,8 @@ drives `identity` [1,3,224,224] with the binary extension at one connection (the
 client), first alone, then beside a second wrk at one connection sending `identity`
 [batch,3,224,224] as V2 JSON. Every answer's size is checked.
 
-    .venv/bin/python bench/json_stall_bench.py [--before /tmp/tg-old/src] [--peers triton] [--nested]
+    .venv/bin/python bench/json_stall_bench.py [--before /tmp/tg-old/src] [--peers triton]
+        [--nested]
     (apt-get install wrk)
 """
 
