@@ -13,6 +13,7 @@ import json
 import pathlib
 import re
 import subprocess
+import warnings
 
 import pytest
 
@@ -33,7 +34,8 @@ QUICK = ["--measurement-mode", "count_windows", "--measurement-request-count", "
 # and on the one before that day's changes alike) ends a sequence model's run with one error: the request it sends
 # at exit to end the sequence it had just begun found no such sequence. Not explained yet
 # (one connection, and in 30 runs with the server's sequence arrivals logged it did not
-# happen); that one line, naming the last sequence, is what a test may forgive.
+# happen); that one line, naming the last sequence, is what a test may forgive, and says so
+# in the run's warnings summary.
 _ENDED_AT_EXIT = re.compile(r"Thread \[\d+\] had error: sequence \d+ of model '\w+' is not "
                             r"active: the first request of a sequence must set "
                             r"'sequence_start'[^\n]*\n")
@@ -46,7 +48,11 @@ def _run(server: RunningServer, protocol: str, *args: str,
                               capture_output=True, text=True, timeout=120)
     out = finished.stdout + finished.stderr
     assert finished.returncode == 0, out
-    judged = forgive.sub("", out, count=1) if forgive is not None else out
+    match = forgive.search(out) if forgive is not None else None
+    judged = out.replace(match.group(0), "", 1) if match else out
+    if match:  # in the run's warnings summary: how often it happens shows in CI's logs
+        warnings.warn(f"perf_analyzer's known error at exit was forgiven: "
+                      f"{match.group(0).strip()}")
     assert not re.search(r"(?i)\berror\b|failed", judged), out
     return out
 
