@@ -536,7 +536,6 @@ class Http2Connection(asyncio.BufferedProtocol):
                             self._decoder.decode(block)])
         except hpack.HPACKError as error:  # the shared table is now unknown: fatal
             raise Http2Error(COMPRESSION_ERROR, f"undecodable header block: {error}") from None
-        entries = table.dynamic_entries
         if ((entries[0] if entries else None) is not newest or len(entries) != length
                 or table.maxsize != size):
             self._kept.clear()
@@ -838,10 +837,9 @@ class Http2Connection(asyncio.BufferedProtocol):
             stream.head = b""
         frame_limit = self._peer_frame
         total = min(stream.pending_bytes, stream.send_window, self._peer_window, _SEND_SLICE)
-        room = _SEND_SLICE
+        slice_full = total == _SEND_SLICE
         if total > 0:  # DATA frames of frame_limit bytes (one header for all), then the rest
             self._last_sent = time.monotonic()
-            room -= total
             stream.send_window -= total
             self._peer_window -= total
             stream.pending_bytes -= total
@@ -877,7 +875,7 @@ class Http2Connection(asyncio.BufferedProtocol):
         if done:
             self._local_end(stream)
             return False
-        return room <= 0 and bool(stream.pending) and not self._writing_paused
+        return slice_full and bool(stream.pending) and not self._writing_paused
 
     def _flush_blocked(self) -> None:
         for stream in list(self._blocked.values()):

@@ -74,9 +74,20 @@ def decode_in_slices(body: Any, body_length: int, ledger: CopyLedger,
     return decode_infer_body(body, body_length, None, ledger, shm, parsed=document)
 
 
+class Brackets:
+    """A nested array's brackets: where each is in the body (`at`, in order) and the depth
+    after it (`levels`: 1 after the array's own `[`, 0 after its `]`)."""
+
+    __slots__ = ("at", "levels", "opens")
+
+    def __init__(self, at: np.ndarray, levels: np.ndarray) -> None:
+        self.at, self.levels = at, levels
+        self.opens = np.diff(levels, prepend=0) > 0
+
+
 # an array's text in the body: its `[`, one past its `]`, and for a nested one its brackets
-# (Brackets; None for a flat one)
-Span = tuple[int, int, "Brackets | None"]
+# (None for a flat one)
+Span = tuple[int, int, Brackets | None]
 
 
 def _array_spans(memory: memoryview) -> Generator[None, None, list[Span]]:
@@ -108,17 +119,6 @@ def _array_spans(memory: memoryview) -> Generator[None, None, list[Span]]:
         if end + 1 - start >= SLICE_BYTES:
             spans.append((start, end + 1, brackets))
     return spans
-
-
-class Brackets:
-    """A nested array's brackets: where each is in the body (`at`, in order) and the depth
-    after it (`levels`: 1 after the array's own `[`, 0 after its `]`)."""
-
-    __slots__ = ("at", "levels", "opens")
-
-    def __init__(self, at: np.ndarray, levels: np.ndarray) -> None:
-        self.at, self.levels = at, levels
-        self.opens = np.diff(levels, prepend=0) > 0
 
 
 def _nested_brackets(octets: np.ndarray, start: int) -> Generator[None, None, Brackets | None]:
@@ -196,9 +196,7 @@ def _nested_array(memory: memoryview, start: int, end: int, brackets: Brackets, 
                 return None
         begin = int(firsts[first]) if first else start + 1
         stop = int(lasts[last - 1]) + 1 if last < lists else end - 1
-        text = bytearray(stop - begin + 2)
-        text[0], text[-1] = _OPEN, _CLOSE
-        text[1:-1] = memory[begin:stop]
+        text = _bracketed(memory, begin, stop)
         inside = above[np.searchsorted(above, begin):np.searchsorted(above, stop)]
         np.frombuffer(text, np.uint8)[inside - begin + 1] = 0x20  # brackets above: spaces
         try:
@@ -265,6 +263,14 @@ def _holders(document: Any, count: int) -> list[dict[str, Any]] | None:
     return [found[index] for index in range(count)] if len(found) == count else None
 
 
+def _bracketed(memory: memoryview, begin: int, stop: int) -> bytearray:
+    """memory[begin:stop] copied between a `[` and a `]`: a slice's text as a JSON array."""
+    text = bytearray(stop - begin + 2)
+    text[0], text[-1] = _OPEN, _CLOSE
+    text[1:-1] = memory[begin:stop]
+    return text
+
+
 def _array(memory: memoryview, start: int, end: int) -> Generator[None, None, Any]:
     """The flat array memory[start:end] (its brackets included) parsed a slice at a time,
     cut at commas: the values as one numpy array, as numpy makes one of the whole list; None
@@ -281,9 +287,7 @@ def _array(memory: memoryview, start: int, end: int) -> Generator[None, None, An
                 cut += int(commas[0])
                 break
             cut = min(cut + 4096, close)
-        text = bytearray(cut - begin + 2)
-        text[0], text[-1] = _OPEN, _CLOSE
-        text[1:-1] = memory[begin:cut]
+        text = _bracketed(memory, begin, cut)
         try:
             values = json_text.loads(text)
         except (ValueError, RecursionError):
