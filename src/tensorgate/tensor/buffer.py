@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-__all__ = ["ALIGNMENT", "HostBuffer", "aligned_storage", "allocate", "host_array",
-           "wrap_storage"]
+__all__ = ["ALIGNMENT", "HostBuffer", "aligned_storage", "allocate", "exporter_type",
+           "host_array", "wrap_storage"]
 
 ALIGNMENT = 64
 
@@ -53,7 +53,8 @@ def host_array(buffer: HostBuffer, dtype: Any, count: int = -1) -> np.ndarray:
 
 
 @functools.lru_cache(maxsize=None)
-def _exporter_type(capacity: int, pinned: bool) -> type[Any]:
+def exporter_type(capacity: int, pinned: bool) -> type[Any]:
+    """The HostBuffer type of `capacity` bytes (pinned or not), made once."""
     # ctypes caches every array type it makes, so capacities must come from a bounded set:
     # the pool's size classes, never a client-chosen length.
     base = ctypes.c_uint8 * capacity
@@ -86,7 +87,7 @@ def wrap_storage(storage: np.ndarray, *, pinned: bool = False) -> HostBuffer:
     """A new exporter over all of `storage` (1-D uint8, aligned, capacity from a bounded set)."""
     if storage.ctypes.data % ALIGNMENT:
         raise ValueError(f"storage at {storage.ctypes.data:#x} is not {ALIGNMENT}-byte aligned")
-    exporter: HostBuffer = _exporter_type(storage.nbytes, pinned).from_buffer(storage)
+    exporter: HostBuffer = exporter_type(storage.nbytes, pinned).from_buffer(storage)
     return exporter
 
 

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tensorgate.errors import PoolExhaustedError
-from tensorgate.tensor.buffer import HostBuffer, aligned_storage, wrap_storage
+from tensorgate.tensor.buffer import HostBuffer, aligned_storage, exporter_type, wrap_storage
 from tensorgate.tensor.pinned import cuda_available, pinned_storage
 
 __all__ = ["BUSY_IDLE_BYTES", "BufferPool", "PoolStatistics", "QUIET_IDLE_BYTES", "default_pool",
@@ -110,7 +110,8 @@ class BufferPool:
         capacity = size_class(nbytes)
         storage = None
         with self._lock:
-            self._drain()
+            if self._returned:
+                self._drain()
             free = self._idle.get(capacity)
             if free:
                 storage = free.pop()
@@ -125,11 +126,13 @@ class BufferPool:
         if storage is None:
             try:
                 storage = self._allocate(capacity)
+                buffer = wrap_storage(storage, pinned=self._pinned)  # checks its alignment
             except BaseException:
                 with self._lock:
                     self._in_use -= capacity
                 raise
-        buffer = wrap_storage(storage, pinned=self._pinned)
+        else:  # storage this pool made, checked then: a new exporter over it, nothing more
+            buffer = exporter_type(capacity, self._pinned).from_buffer(storage)
         ref = weakref.ref(buffer, self._on_release)
         self._live[id(ref)] = (ref, capacity, storage)
         return buffer
