@@ -290,7 +290,7 @@ class _Connection(asyncio.BufferedProtocol):
         request = self._request
         self._headers_done = True
         request.method = self._parser.get_method().decode()
-        request.path = httptools.parse_url(self._url).path.decode("latin-1")
+        request.path = url_path(self._url)
         self._keep_alive = self._parser.should_keep_alive()
         try:
             request.json_length = _int_header(request.headers, "inference-header-content-length")
@@ -645,6 +645,14 @@ def _close(transport: asyncio.Transport) -> None:
     transport.close()
     if transport.get_write_buffer_size():
         asyncio.get_running_loop().call_later(_LINGER_S, transport.abort)
+
+
+def url_path(url: bytes) -> str:
+    """The path of a request target. A bare path (most requests) is its own: parse_url,
+    which is what costs, only for one with a query, a fragment or a scheme."""
+    if url[:1] == b"/" and b"?" not in url and b"#" not in url:
+        return url.decode("latin-1")
+    return httptools.parse_url(url).path.decode("latin-1")
 
 
 def _int_header(headers: dict[str, str], name: str) -> int | None:

@@ -398,8 +398,27 @@ _MODEL_ACTIONS: dict[str, tuple[str, Handler]] = {
     "generate": ("POST", _generate), "generate_stream": ("POST", _generate_stream)}
 
 
+_ROUTED_KEPT = 256  # (method, path) pairs whose handler is kept: a client calls a few
+
+
+_routed: dict[tuple[str, str], tuple[Handler, tuple[str, ...]]] = {}
+
+
 def route(method: str, path: str) -> tuple[Handler, tuple[str, ...]] | tuple[int, str]:
-    """(handler, path arguments) or (HTTP code, error) for 404 and 405."""
+    """(handler, path arguments) or (HTTP code, error) for 404 and 405. A path routed to a
+    handler before is looked up: clients call the same few paths request after request."""
+    found = _routed.get((method, path))
+    if found is not None:
+        return found
+    routed = _route(method, path)
+    if not isinstance(routed[0], int):
+        if len(_routed) >= _ROUTED_KEPT:
+            _routed.clear()  # many distinct paths: start again rather than grow
+        _routed[(method, path)] = routed  # type: ignore[assignment]
+    return routed
+
+
+def _route(method: str, path: str) -> tuple[Handler, tuple[str, ...]] | tuple[int, str]:
     parts = path.strip("/").split("/")
     if not parts or parts[0] != "v2":
         return 404, f"no route for {path}"
