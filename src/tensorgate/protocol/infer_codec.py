@@ -217,6 +217,12 @@ def decode_infer_body(body: Any, body_length: int, header_length: int | None,
         return DecodedRequest("", {"": TensorView(body, "UINT8", [body_length])}, None, True,
                               None, raw_binary=True)
     json_length = body_length if header_length is None else header_length
+    key = None
+    if header_length is not None and parsed is None and json_length <= _KEPT_HEADER_BYTES:
+        key = bytes(memory[:json_length])
+        kept = _kept_headers.get(key)
+        if kept is not None and kept.body_length == body_length:
+            return kept.request(body, ledger)
     if parsed is None:
         parsed = parse_json(memory[:json_length], "the inference request header")
     header = json_object(parsed, "the inference request")
@@ -242,10 +248,57 @@ def decode_infer_body(body: Any, body_length: int, header_length: int | None,
     binary_default = parameters.get("binary_data_output", False)
     if not isinstance(binary_default, bool):
         raise _fail("request parameter 'binary_data_output' must be true or false")
-    return DecodedRequest(request_id, inputs, outputs, binary_default,
-                          request_timeout(parameters), parameters,
-                          priority=request_priority(parameters),
-                          sequence=request_sequence(parameters))
+    decoded = DecodedRequest(request_id, inputs, outputs, binary_default,
+                             request_timeout(parameters), parameters,
+                             priority=request_priority(parameters),
+                             sequence=request_sequence(parameters))
+    if key is not None and _keeps(decoded, header):
+        if len(_kept_headers) >= _KEPT_HEADERS:
+            _kept_headers.clear()  # many distinct headers (ids, say): start again, never grow
+        _kept_headers[key] = _KeptHeader(decoded, body_length)
+    return decoded
+
+
+# A binary request's JSON header, decoded once, is looked up by its bytes: clients send the
+# same header request after request (the same inputs' names, shapes and sizes), and parsing
+# and checking it again cost more than the rest of decoding. Kept only for headers of binary
+# inputs alone (no shared memory: a region's registration may change), at most this many.
+_KEPT_HEADERS = 64
+_KEPT_HEADER_BYTES = 4096
+
+
+class _KeptHeader:
+    """A decoded header: the request it makes of the next body of `body_length` bytes."""
+
+    __slots__ = ("body_length", "_decoded", "_inputs")
+
+    def __init__(self, decoded: DecodedRequest, body_length: int) -> None:
+        self.body_length = body_length
+        self._decoded = decoded
+        self._inputs = [(view.name, view.datatype, view.shape, view.offset, view.nbytes)
+                        for view in decoded.inputs.values()]
+
+    def request(self, body: Any, ledger: CopyLedger) -> DecodedRequest:
+        """The request over `body`: its own views (checked as any are) and parameters."""
+        d = self._decoded
+        inputs = {name: TensorView(body, dt, shape, offset, nbytes=nbytes, name=name,
+                                   ledger=ledger)
+                  for name, dt, shape, offset, nbytes in self._inputs}
+        return DecodedRequest(d.id, inputs, None if d.outputs is None else list(d.outputs),
+                              d.binary_default, d.timeout_us, dict(d.parameters),
+                              priority=d.priority, sequence=d.sequence)
+
+
+_kept_headers: dict[bytes, _KeptHeader] = {}
+
+
+def _keeps(decoded: DecodedRequest, header: dict[str, Any]) -> bool:
+    """Whether `decoded` may be made again from its header's bytes alone: every input binary
+    (not JSON data: its arrays are the request's own) and nothing in shared memory."""
+    return (all("data" not in raw for raw in header["inputs"])
+            and all(o.shm is None for o in decoded.outputs or ())
+            and all(shm_parameters(json_parameters(raw.get("parameters"), ""), "") is None
+                    for raw in header["inputs"]))
 
 
 def _decode_input(raw: dict[str, Any], body: Any, body_length: int, position: int,
