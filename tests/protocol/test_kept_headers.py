@@ -5,6 +5,7 @@ makes, over its own body; headers that cannot be made again from their bytes are
 from __future__ import annotations
 
 import json
+import weakref
 from typing import Any
 
 import numpy as np
@@ -58,6 +59,18 @@ def test_a_kept_header_views_each_request_s_own_body() -> None:
     b.outputs.append(b.outputs[0])
     c = decode_infer_body(second, len(second), length, CopyLedger())
     assert c.parameters == {} and len(c.outputs) == 1
+
+
+def test_a_kept_header_holds_no_body() -> None:
+    """A kept header that held its first request's views would hold that body's pooled
+    buffer as long as it is kept (a 12 MB one stayed in use: tests/e2e/test_http_client)."""
+    raw, length = _body(_header(), bytes(28))
+    body = np.frombuffer(raw, np.uint8).copy()  # an owner a weak reference can watch
+    gone = weakref.ref(body)
+    decoded = decode_infer_body(body, len(body), length, CopyLedger())
+    assert infer_codec._kept_headers and decoded.inputs["x"].nbytes == 24
+    del decoded, body
+    assert gone() is None
 
 
 def test_a_kept_header_over_a_body_of_another_length_is_decoded_and_refused_afresh() -> None:

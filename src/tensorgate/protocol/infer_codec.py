@@ -8,6 +8,7 @@ a response never joins header and tensor bytes.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -274,7 +275,8 @@ class _KeptHeader:
 
     def __init__(self, decoded: DecodedRequest, body_length: int) -> None:
         self.body_length = body_length
-        self._decoded = decoded
+        # what the request is, without its views: they hold its body's pooled buffer
+        self._decoded = dataclasses.replace(decoded, inputs={})
         self._inputs = [(view.name, view.datatype, view.shape, view.offset, view.nbytes)
                         for view in decoded.inputs.values()]
 
