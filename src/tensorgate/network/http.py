@@ -160,6 +160,7 @@ class _Connection(asyncio.BufferedProtocol):
     _complete: bool
     _begun: bool                 # a byte of this request has arrived
     _last_read: float            # time.monotonic() of the last bytes (or of the last answer)
+    _loop: asyncio.AbstractEventLoop
 
     def __init__(self, front: HttpFrontEnd) -> None:
         self.front = front
@@ -180,6 +181,7 @@ class _Connection(asyncio.BufferedProtocol):
     # -- asyncio protocol ------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._loop = asyncio.get_running_loop()
         self.transport = cast(asyncio.Transport, transport)  # asyncio's or uvloop's
         # paused as soon as the transport holds a byte, resumed once it holds none: answers
         # are written only while the socket takes them (_send)
@@ -416,7 +418,7 @@ class _Connection(asyncio.BufferedProtocol):
                     self._respond_error(403, reason)
                     return
         args = cast(tuple[str, ...], detail)  # a handler's path arguments, once not an error
-        self._task = asyncio.ensure_future(self._run(target, args, request))
+        self._task = self._loop.create_task(self._run(target, args, request))
 
     async def _run(self, fn: Callable[..., Any], args: tuple[str, ...],
                    request: HttpRequest) -> None:
