@@ -414,7 +414,7 @@ def route(method: str, path: str) -> tuple[Handler, tuple[str, ...]] | tuple[int
     if not isinstance(routed[0], int):
         if len(_routed) >= _ROUTED_KEPT:
             _routed.clear()  # many distinct paths: start again rather than grow
-        _routed[(method, path)] = routed  # type: ignore[assignment]
+        _routed[(method, path)] = routed
     return routed
 
 
