@@ -58,8 +58,9 @@ def work_item(spec: ModelSpec, request: InferenceRequest,
               loop: asyncio.AbstractEventLoop) -> WorkItem:
     """Check the request against the config and turn its views into tensors (no copies)."""
     given = request.inputs
+    names = spec.input_names
     for name in given:
-        if spec.input(name) is None:
+        if name not in names:
             raise InvalidArgumentError(f"model '{spec.name}' has no input '{name}'; inputs are: "
                                        f"{', '.join(i.name for i in spec.inputs)}")
     batching = spec.max_batch_size > 0
@@ -78,8 +79,8 @@ def work_item(spec: ModelSpec, request: InferenceRequest,
                                        f"{view.datatype.name}; expected {item_spec.datatype.name}")
         shape = view.shape
         item_shape = shape[1:] if batching else shape
-        expected = ([-1] if batching else []) + list(item_spec.dims)
         if (batching and (not shape or shape[0] < 1)) or not item_spec.accepts(item_shape):
+            expected = ([-1] if batching else []) + list(item_spec.dims)
             raise InvalidArgumentError(
                 f"input '{item_spec.name}' of model '{spec.name}' has shape "
                 f"[{','.join(map(str, shape))}]; expected [{','.join(map(str, expected))}]")
@@ -100,8 +101,9 @@ def work_item(spec: ModelSpec, request: InferenceRequest,
         # requests batch when these agree; a ragged input batches whatever its shape
         key.append(None if item_spec.ragged else item_shape)
     if request.outputs:
+        outputs = spec.output_set
         for name in request.outputs:
-            if name not in spec.output_names:
+            if name not in outputs:
                 raise InvalidArgumentError(f"model '{spec.name}' has no output '{name}'; outputs "
                                            f"are: {', '.join(spec.output_names)}")
         wanted = tuple(request.outputs)

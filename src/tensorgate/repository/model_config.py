@@ -165,6 +165,16 @@ class ModelSpec:
         return tuple(o.name for o in self.outputs)
 
     @cached_property
+    def input_names(self) -> frozenset[str]:
+        """The inputs a client may send (checked on every request)."""
+        return frozenset(spec.name for spec in self.inputs)
+
+    @cached_property
+    def output_set(self) -> frozenset[str]:
+        """`output_names` to look up in."""
+        return frozenset(self.output_names)
+
+    @cached_property
     def model_inputs(self) -> tuple[TensorSpec, ...]:
         """What the model receives: the inputs clients send, then a stateful model's control
         inputs and state inputs, or the batch inputs, which the server sets."""
