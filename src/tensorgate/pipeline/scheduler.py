@@ -265,6 +265,12 @@ class Scheduler:
             if total != target:
                 return None
             chosen = cut
+        if len(chosen) == sum(map(len, self._queues)):  # all that waits (light load)
+            for queue in self._queues:
+                queue.clear()
+            for item in chosen:
+                self._forget_deadline(item)
+            return chosen
         taken = {id(item) for item in chosen}
         for index, queue in enumerate(self._queues):
             if not queue:
