@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import functools
 import json
 import logging
 import re
@@ -312,6 +313,7 @@ async def _events(first: Answer | None, answers: AsyncGenerator[Answer, None],
         await answers.aclose()
 
 
+@functools.lru_cache(maxsize=64)  # a client sends the same Accept-Encoding every time
 def _accepted_encoding(accept: str) -> str | None:
     """gzip or deflate when the client accepts it (q > 0), else None (identity)."""
     offered = {}
