@@ -40,6 +40,7 @@ from tensorgate.dataplane import DataPlane
 from tensorgate.errors import InvalidArgumentError, PoolExhaustedError, TensorgateError
 from tensorgate.network import (UNREAD_ANSWER_S, ConnectionBudget, PoolRelief, RefusedConnection,
                                arrival_eta, slow_message, stalled_message)
+from tensorgate.network.eager import EagerRun
 from tensorgate.network.http_routes import API_GROUP, HttpRequest, StreamedResponse, route
 from tensorgate.protocol.infer_codec import json_error
 from tensorgate.protocol.restricted import Restrictions, refusal
@@ -168,7 +169,7 @@ class _Connection(asyncio.BufferedProtocol):
         self._window = memoryview(bytearray(_HEAD_WINDOW))
         self._hold = memoryview(bytearray(_HEAD_WINDOW))  # read while a request is served
         self._held = 0  # bytes of it that wait for the answer (reading paused meanwhile)
-        self._task: asyncio.Task[None] | None = None
+        self._task: EagerRun | None = None  # the request being served
         self._closing_when_idle = False
         self._lingering: asyncio.TimerHandle | None = None  # closing: input is dropped
         self._drained: asyncio.Future[None] | None = None  # set while the transport is full
@@ -418,7 +419,9 @@ class _Connection(asyncio.BufferedProtocol):
                     self._respond_error(403, reason)
                     return
         args = cast(tuple[str, ...], detail)  # a handler's path arguments, once not an error
-        self._task = self._loop.create_task(self._run(target, args, request))
+        # started here, not on the loop's next turn (network/eager.py)
+        run = self._task = EagerRun(self._run(target, args, request), self._loop)
+        run.start()
 
     async def _run(self, fn: Callable[..., Any], args: tuple[str, ...],
                    request: HttpRequest) -> None:
