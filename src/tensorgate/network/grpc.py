@@ -22,6 +22,7 @@ from tensorgate.dataplane import DataPlane
 from tensorgate.errors import InvalidArgumentError, TensorgateError
 from tensorgate.network import (ConnectionBudget, PoolRelief, RefusedConnection, http2,
                                stalled_message)
+from tensorgate.network.eager import EagerRun
 from tensorgate.network.grpc_messages import (CODES, OK_TRAILERS, RESPONSE_HEADERS, CallHeaders,
                                               Failure, HttpRefusal, MessageReader, error_block,
                                               inflate_message, read_call_headers)
@@ -97,7 +98,7 @@ class _Call:
                                     acquire=lambda n: front.relief.acquire(front.pool, n, self))
         # the message once whole: its bytes, encoding and copy ledger
         self._request: tuple[Any, str, CopyLedger] | None = None
-        self._task: asyncio.Task[None] | None = None
+        self._task: EagerRun | None = None  # the call being run
         self._answered = False
         self._began_ns = time.monotonic_ns()  # the call's headers came; its message whole:
         self._received_ns = 0                 # for traces
@@ -145,7 +146,10 @@ class _Call:
             self._fail("INTERNAL", "the call ended without a whole request message"
                        if self.reader.partial else "the call ended without a request message")
             return
-        self._task = asyncio.ensure_future(self._run())
+        # run at once, not on the loop's next turn (network/eager.py); an answer given
+        # inside end_received is one the connection expects (a refused call's, say)
+        run = self._task = EagerRun(self._run(), asyncio.get_running_loop())
+        run.start()
 
     def cancelled(self) -> None:
         self._answered = True
