@@ -15,6 +15,12 @@ def _run(test: Any) -> None:
     asyncio.run(test())
 
 
+async def _turns(count: int) -> None:
+    """Let the loop run `count` turns (what the run scheduled happens in them)."""
+    for _ in range(count):
+        await asyncio.sleep(0)
+
+
 def test_it_runs_until_it_first_waits_then_resumes_when_the_future_is_done() -> None:
     async def test() -> None:
         loop = asyncio.get_running_loop()
@@ -32,8 +38,7 @@ def test_it_runs_until_it_first_waits_then_resumes_when_the_future_is_done() -> 
         run.start()
         assert seen == ["started"] and not run.done()  # at once, no turn of the loop
         answer.set_result(7)
-        for _ in range(10):
-            await asyncio.sleep(0)
+        await _turns(10)
         assert seen == ["started", 7, "ended"] and run.done()
     _run(test)
 
@@ -64,8 +69,7 @@ def test_cancelling_it_cancels_what_it_awaits() -> None:
         run.start()
         assert run.cancel()
         assert answer.cancelled()  # the scheduler drops a cancelled request's item
-        await asyncio.sleep(0)
-        await asyncio.sleep(0)
+        await _turns(2)
         assert met == ["cancelled where it awaits"] and run.done()
     _run(test)
 
@@ -91,8 +95,7 @@ def test_cancelled_when_nothing_can_be_cancelled_it_meets_cancellation_next(when
         if when == "awaiting a done future":
             answer.set_result(1)  # its wake-up is scheduled, the future can no longer cancel
         assert run.cancel()
-        for _ in range(5):
-            await asyncio.sleep(0)
+        await _turns(5)
         assert met == ["cancelled"] and run.done()
     _run(test)
 

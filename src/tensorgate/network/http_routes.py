@@ -401,8 +401,6 @@ _MODEL_ACTIONS: dict[str, tuple[str, Handler]] = {
 
 
 _ROUTED_KEPT = 256  # (method, path) pairs whose handler is kept: a client calls a few
-
-
 _routed: dict[tuple[str, str], tuple[Handler, tuple[str, ...]]] = {}
 
 
