@@ -42,6 +42,7 @@ from tensorgate.network import (UNREAD_ANSWER_S, ConnectionBudget, PoolRelief, R
                                arrival_eta, slow_message, stalled_message)
 from tensorgate.network.eager import EagerRun
 from tensorgate.network.http_routes import API_GROUP, HttpRequest, StreamedResponse, route
+from tensorgate.network.socket_send import SocketSender
 from tensorgate.protocol.infer_codec import json_error
 from tensorgate.protocol.restricted import Restrictions, refusal
 from tensorgate.protocol.status import codes_for
@@ -175,6 +176,7 @@ class _Connection(asyncio.BufferedProtocol):
         self._drained: asyncio.Future[None] | None = None  # set while the transport is full
         self._unsent: list[Any] = []  # the answer's tensor bytes still to write, last first
         self._last_sent = 0.0  # time.monotonic() when the socket last took some of them
+        self._sender: SocketSender | None = None  # on a plain socket (not TLS)
         # answered, and the next request waits until the client has read enough of it
         self._next_when_drained = False
         self._new_request()
@@ -187,6 +189,7 @@ class _Connection(asyncio.BufferedProtocol):
         # paused as soon as the transport holds a byte, resumed once it holds none: answers
         # are written only while the socket takes them (_send)
         self.transport.set_write_buffer_limits(high=0)
+        self._sender = SocketSender.for_transport(self.transport)
         self.front.connections.add(self)
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -205,6 +208,7 @@ class _Connection(asyncio.BufferedProtocol):
         self._request.body = None
         self._chunked = None
         self._unsent = []
+        self._sender = None
         self.transport = None
 
     def pause_writing(self) -> None:
@@ -492,8 +496,12 @@ class _Connection(asyncio.BufferedProtocol):
             if len(part) > _SEND_SLICE:
                 unsent.append(part[_SEND_SLICE:])
                 part = part[:_SEND_SLICE]
-            transport.write(part)
-            if held := transport.get_write_buffer_size():
+            if self._sender is not None:  # never leaves the transport a pooled view
+                held = self._sender.send([part])
+            else:  # TLS: encrypted at once into the ssl layer's buffers
+                transport.write(part)
+                held = transport.get_write_buffer_size()
+            if held:
                 record_copy(held, "send", self._request.ledger)
         trace = self._request.trace
         if trace is not None:

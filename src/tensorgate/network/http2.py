@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import struct
 import time
 from collections import deque
@@ -36,6 +35,7 @@ from typing import Any, Protocol
 import hpack
 
 from tensorgate.network import UNREAD_ANSWER_S
+from tensorgate.network.socket_send import SocketSender, copies_what_it_keeps
 from tensorgate.tensor.copies import record_copy
 
 __all__ = ["Http2Connection", "Http2Stream", "StreamHandler", "encode_headers",
@@ -77,7 +77,6 @@ _WRITE_ALONE = 32 << 10            # a response part this large is never joined 
 # transport has drained (resume_writing). Without it a client that grants large windows and
 # does not read had every answer copied there whole.
 _SEND_SLICE = 1 << 20
-_IOV_MAX = 1024                    # buffers one writev takes (Linux's IOV_MAX)
 _STREAM_WINDOW = 16 << 20          # what each stream may send before we replenish
 _CONNECTION_WINDOW = 64 << 20      # and all streams together
 _MAX_STREAMS = 128                 # concurrent streams per connection
@@ -243,26 +242,22 @@ class Http2Connection(asyncio.BufferedProtocol):
         self._block_end_stream = False
         self.going_away = False
         self._last_read = time.monotonic()
-        # asyncio's transports join a writelines() into one bytes before sending until
-        # Python 3.12; uvloop's and 3.12's selector transport send the buffers vectored.
-        # On a plain socket under such a transport we send them vectored ourselves
-        # (os.writev on its descriptor while its buffer is empty, _writev): joined, a
-        # client's 16 KiB frames cost a copy of every answer (h2load identity, 3.11).
+        # On a plain socket we send vectored ourselves (network.socket_send): asyncio's
+        # transports join a writelines() into one bytes before Python 3.12 (a client's 16
+        # KiB frames cost a copy of every answer, h2load identity, 3.11), and uvloop's and
+        # 3.12's keep views of pooled answers they could not send. Over TLS, asyncio's
+        # before 3.12 join: a part large enough is then written by itself (_write_runs).
         self.joins_writes = True
-        self._fd = -1  # the socket's descriptor, when _writev sends
+        self._sender: SocketSender | None = None
         self.tls = False  # over TLS: every byte each way is also counted a `tls` copy
 
     # -- asyncio protocol ------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
-        self.joins_writes = getattr(type(transport), "writelines", None) \
-            is asyncio.WriteTransport.writelines
         self.tls = transport.get_extra_info("ssl_object") is not None
-        sock = transport.get_extra_info("socket")
-        if self.joins_writes and not self.tls and sock is not None and hasattr(os, "writev"):
-            self._fd = sock.fileno()
-            self.joins_writes = False
+        self._sender = SocketSender.for_transport(transport)  # type: ignore[arg-type]
+        self.joins_writes = self._sender is None and copies_what_it_keeps(transport)
         settings = b"".join(struct.pack(">HI", key, value) for key, value in (
             (ENABLE_PUSH, 0), (MAX_CONCURRENT_STREAMS, _MAX_STREAMS),
             (MAX_FRAME_SIZE, _FRAME_SIZE), (INITIAL_WINDOW_SIZE, _STREAM_WINDOW),
@@ -1024,49 +1019,16 @@ class Http2Connection(asyncio.BufferedProtocol):
         transport = self.transport
         if transport is None or transport.is_closing():
             return
+        if self._sender is not None:  # what the socket did not take is copied to the transport
+            if copied := self._sender.send([part for part, _ in parts]):
+                record_copy(copied, "send")
+            return
         if self.tls:  # encrypted, and the ciphertext copied out of the ssl module's buffer
             record_copy(sum(len(part) if isinstance(part, bytes) else part.nbytes
                             for part, _ in parts), "tls")
-            self._write_runs(transport, parts)
-            return
-        held = transport.get_write_buffer_size()
         self._write_runs(transport, parts)
-        # what the socket did not take was copied into the transport's buffer
-        if (copied := transport.get_write_buffer_size() - held) > 0:
-            record_copy(copied, "send")
-
-    def _writev(self, transport: asyncio.Transport, buffers: list[Any]) -> None:
-        """Send `buffers` vectored straight to the socket while the transport holds nothing
-        (so nothing is reordered), and hand it what the socket did not take (joined: a copy,
-        counted `send` by _write_parts). An error is left for the transport to meet on its
-        own write, as it would have met it on ours."""
-        index = 0
-        if not transport.get_write_buffer_size():
-            while index < len(buffers):
-                offered = min(len(buffers), index + _IOV_MAX)
-                chunk = buffers[index:offered]
-                try:
-                    sent = os.writev(self._fd, chunk)
-                except OSError:  # full (EAGAIN), or broken: the transport will say
-                    break
-                if sent == sum(map(len, chunk)):  # all of it (the usual case: no walk)
-                    index = offered
-                    continue
-                while index < offered and sent >= len(buffers[index]):
-                    sent -= len(buffers[index])
-                    index += 1
-                if index < offered:  # the socket took less than it was offered: full
-                    if sent:
-                        buffers[index] = memoryview(buffers[index])[sent:]
-                    break
-        rest = buffers[index:]
-        if rest:
-            transport.write(rest[0] if len(rest) == 1 else b"".join(rest))
 
     def _write_runs(self, transport: asyncio.Transport, parts: list[tuple[Any, bool]]) -> None:
-        if self._fd >= 0:
-            self._writev(transport, [part for part, _ in parts])
-            return
         if not self.joins_writes:
             transport.writelines([part for part, _ in parts])
             return
