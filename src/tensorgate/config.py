@@ -73,7 +73,7 @@ class ServerConfig:
     # Triton's --disable-auto-complete-config: a Python model's auto_complete_config is not
     # called (its config.pbtxt must then say everything)
     disable_auto_complete_config: bool = False
-    loop: LoopChoice = "asyncio"
+    loop: LoopChoice = "auto"
     placement: PlacementChoice = "auto"
     switch_interval_s: float = 0.0005
     drain_timeout_s: float = 10.0

@@ -1,6 +1,9 @@
-"""Which event loop runs the server. asyncio is the default: on the 2-core VMs uvloop's
-`call_soon_threadsafe` round trip measured 54 µs against asyncio's 21 µs (bench/RESULTS.md),
-and every inference crosses that way once."""
+"""Which event loop runs the server: uvloop where it is installed (`auto`, the default; it is
+a dependency but on Windows), else asyncio. A bare thread hand-off is slower on uvloop (54 µs
+against 21 with an idle worker, bench/RESULTS.md), but with its transports doing the rest of
+a request the server is faster on it: 8 identity connections cost 0.92 of asyncio's server
+CPU a request over HTTP and 0.90 over gRPC (bench/ab_bench.py, twenty-seventh session). That
+took its transports never holding a view of a pooled answer (network/socket_send.py)."""
 
 from __future__ import annotations
 
