@@ -39,7 +39,6 @@ def server(request: pytest.FixtureRequest,
     assert "Traceback" not in running.log.read_text()
 
 
-
 def test_it_runs_on_the_loop_asked_for_and_serves_both_protocols(server: RunningServer,
                                                                  request: pytest.FixtureRequest
                                                                  ) -> None:

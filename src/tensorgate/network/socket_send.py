@@ -6,8 +6,8 @@ pooled buffer an answer's tensor bytes live in, until they let them go: after `a
 loop turn or more later (uvloop frees a write request in its callback once the handle has
 closed). An unread answer dropped to make room in a full pool (network.PoolRelief) then
 freed nothing in time and the request it was dropped for was refused: on uvloop,
-tests/e2e/test_http_client.py::test_unread_answers_give_way_when_the_pool_is_full and
-test_grpc_wire.py's two unread-answer tests failed.
+`test_unread_answers_give_way_when_the_pool_is_full` of tests/e2e/test_http_client.py and of
+test_grpc_wire.py failed.
 
 So on a plain socket, while its transport holds nothing, we send with os.writev on the
 socket's descriptor (what a transport does first itself), vectored, and hand the transport
