@@ -6,7 +6,7 @@
 #
 # The device has Python 3.12, torch, numpy 2, no package registry and a 64 MiB carry limit.
 #   .device/wheels/       cp312 wheels tensorgate needs there: httptools, hpack (our HTTP/2),
-#                         orjson (JSON bodies),
+#                         orjson (JSON bodies), uvloop (the default loop, --loop auto),
 #                         tritonclient (the protobuf schemas), the grpcio/protobuf its
 #                         generated code asks for
 #                         and python-rapidjson (its grpc module imports it); ml_dtypes,
@@ -42,7 +42,7 @@ download() {
 download "$out/wheels" "httptools==$(version httptools)" "tritonclient==$(version tritonclient)" \
   "grpcio==$(version grpcio)" "protobuf==$(version protobuf)" \
   "python-rapidjson==$(version python-rapidjson)" "hpack==$(version hpack)" \
-  "orjson==$(version orjson)"
+  "orjson==$(version orjson)" "uvloop==$(version uvloop)"
 download "$out/stub-wheels" numpy==1.26.4
 (cd "$site" && tar --exclude='libpython3*' -cf - pytriton/tritonserver/bin \
    pytriton/tritonserver/backends "pytriton/tritonserver/python_backend_stubs/$py" \
