@@ -245,8 +245,9 @@ class Http2Connection(asyncio.BufferedProtocol):
         # On a plain socket we send vectored ourselves (network.socket_send): asyncio's
         # transports join a writelines() into one bytes before Python 3.12 (a client's 16
         # KiB frames cost a copy of every answer, h2load identity, 3.11), and uvloop's and
-        # 3.12's keep views of pooled answers they could not send. Over TLS, asyncio's
-        # before 3.12 join: a part large enough is then written by itself (_write_runs).
+        # 3.12's keep views of pooled answers they could not send. TLS transports (asyncio's
+        # from 3.11, uvloop's) send a writelines as it is; one that joins it (one without a
+        # socket; asyncio's TLS on 3.10) has a large part written by itself (_write_runs).
         self.joins_writes = True
         self._sender: SocketSender | None = None
         self.tls = False  # over TLS: every byte each way is also counted a `tls` copy
