@@ -49,7 +49,9 @@ def test_a_sequence_adds_up_from_start_to_end(server: RunningServer, protocol: s
         result = client.infer("accumulate", _inputs(module, 1.0), sequence_id=other,
                               sequence_end=True)
         assert float(result.as_numpy("TOTAL")[0, 0]) == 101.0
-        with pytest.raises(InferenceServerException, match=r"is not active: the first "
+        with pytest.raises(InferenceServerException, match=r"is not active: it ended \d+ ms "
+                                                           r"ago, at its request with "
+                                                           r"'sequence_end'; the first "
                                                            r"request of a sequence must set "
                                                            r"'sequence_start'"):
             client.infer("accumulate", _inputs(module, 1.0), sequence_id=sequence_id)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import pathlib
+import re
 
 import numpy as np
 import pytest
@@ -12,6 +13,7 @@ import torch
 
 from tensorgate import Engine, InferenceRequest, TensorView
 from tensorgate.errors import InvalidArgumentError, ModelConfigError
+from tensorgate.pipeline import sequences
 from tensorgate.pipeline.work import SequenceFlags
 from tests.pipeline import sequence_models as sm
 from tests.pipeline.conftest import run
@@ -134,11 +136,44 @@ def test_requests_outside_an_active_sequence_are_refused_with_what_to_do(
                                                        r"its control input 'CORRID' as UINT64: "
                                                        r"'sequence_id' must be an integer"):
             await engine.infer(_request("rows", 1, "text-id", start=True))
-        # after its end, a sequence is gone: its id needs a new start
+        # after its end, a sequence is gone: its id needs a new start, and the refusal says
+        # how it ended
         await engine.infer(_request("accumulate", 1, 5, start=True, end=True))
         with pytest.raises(InvalidArgumentError, match=r"^sequence 5 of model 'accumulate' is "
-                                                       r"not active"):
+                                                       r"not active: it ended \d+ ms ago, at "
+                                                       r"its request with 'sequence_end'; the "
+                                                       r"first request of a sequence must set "
+                                                       r"'sequence_start'$"):
             await engine.infer(_request("accumulate", 1, 5))
+        await engine.shutdown()
+    run(scenario())
+
+
+def test_only_the_latest_ended_sequences_are_remembered(seq_repo: pathlib.Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sequences, "ENDED_KEPT", 2)
+
+    async def scenario() -> None:
+        engine = Engine(seq_repo)
+        await engine.start(["accumulate"])
+        for sequence in (41, 42, 43):
+            await engine.infer(_request("accumulate", 1, sequence, start=True, end=True))
+        with pytest.raises(InvalidArgumentError, match=r"^sequence 41 of model 'accumulate' is "
+                                                       r"not active: the first request of a "
+                                                       r"sequence must set 'sequence_start' "
+                                                       r"\(a sequence ends"):
+            await engine.infer(_request("accumulate", 1, 41))
+        for sequence in (42, 43):
+            with pytest.raises(InvalidArgumentError, match=r"is not active: it ended "):
+                await engine.infer(_request("accumulate", 1, sequence))
+        # a string id longer than ENDED_ID_CHARS is not kept once its sequence ends
+        long_id = "x" * (sequences.ENDED_ID_CHARS + 1)
+        await engine.infer(_request("accumulate", 1, long_id, start=True, end=True))
+        await engine.infer(_request("accumulate", 1, "short", start=True, end=True))
+        with pytest.raises(InvalidArgumentError, match=r"is not active: the first request"):
+            await engine.infer(_request("accumulate", 1, long_id))
+        with pytest.raises(InvalidArgumentError, match=r"is not active: it ended "):
+            await engine.infer(_request("accumulate", 1, "short"))
         await engine.shutdown()
     run(scenario())
 
@@ -155,7 +190,8 @@ def test_requests_queued_behind_an_end_fail_unless_they_start_again(
         assert _value(await first) == 1
         assert _value(await ended) == 3
         with pytest.raises(InvalidArgumentError, match=r"^sequence 8 of model 'accumulate' is "
-                                                       r"not active"):
+                                                       r"not active: it ended \d+ ms ago, at "
+                                                       r"its request with 'sequence_end'"):
             await late
         assert _value(await again) == 8
         await engine.shutdown()
@@ -169,9 +205,14 @@ def test_a_sequence_idle_too_long_is_ended(seq_repo: pathlib.Path) -> None:
         await engine.infer(_request("accumulate_idle", 1, 3, start=True))
         assert _value(await engine.infer(_request("accumulate_idle", 1, 3))) == 2
         await asyncio.sleep(0.4)  # max_sequence_idle_microseconds is 0.1 s
-        with pytest.raises(InvalidArgumentError, match=r"is not active: .* or after 100 ms "
-                                                       r"without requests\)$"):
+        with pytest.raises(InvalidArgumentError) as refused:
             await engine.infer(_request("accumulate_idle", 1, 3))
+        ago = re.fullmatch(r"sequence 3 of model 'accumulate_idle' is not active: it ended "
+                           r"(\d+) ms ago, after 100 ms without requests "
+                           r"\(max_sequence_idle_microseconds\); the first request of a "
+                           r"sequence must set 'sequence_start'", refused.value.message)
+        assert ago is not None, refused.value.message
+        assert int(ago.group(1)) <= 400  # it went at its timeout, not at this request
         (stats, _), = engine.model_statistics()
         assert (stats.sequences_expired, stats.sequences_active) == (1, 0)
         await engine.shutdown()

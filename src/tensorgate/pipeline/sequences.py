@@ -62,6 +62,12 @@ log = logging.getLogger("tensorgate.sequences")
 # Requests held here, not yet handed to an instance's batcher (they wait for the request
 # before them in their sequence, or for a slot): bounded, as every queue is.
 MAX_WAITING = 4096
+# Sequences remembered once ended, so that a request still sent for one is told how and when
+# it ended (the idle timeout, or an end it did not expect) rather than only that it is not
+# active: the most recent this many, a small dict entry each, and only ids of at most
+# ENDED_ID_CHARS (a string id is as long as a client likes: these stay after their requests).
+ENDED_KEPT = 1024
+ENDED_ID_CHARS = 256
 
 _INTEGER_LIMITS = {"UINT64": (0, 2**64 - 1), "INT64": (0, 2**63 - 1),
                    "UINT32": (0, 2**32 - 1), "INT32": (0, 2**31 - 1)}
@@ -125,6 +131,8 @@ class SequenceScheduler:
         self._idle: OrderedDict[int | str, _Sequence] = OrderedDict()  # by when they went idle
         self._idle_ns = policy.idle_us * 1000
         self._idle_timer: asyncio.TimerHandle | None = None
+        # ended sequences, oldest first → (how they ended, time.monotonic_ns() then)
+        self._ended: OrderedDict[int | str, tuple[str, int]] = OrderedDict()
         self._waiting = 0
         self._closed: TensorgateError | None = None
         row = (1, 1) if batched else (1,)
@@ -183,6 +191,7 @@ class SequenceScheduler:
             if not flags.start:
                 raise self._not_started(flags.id)
             corrid = self._corrid_tensor(flags.id)
+            self._ended.pop(flags.id, None)
             sequence = self._sequences[flags.id] = _Sequence(flags.id, auto)
             sequence.corrid = corrid
             self._place(sequence)
@@ -278,6 +287,8 @@ class SequenceScheduler:
                       "(max_sequence_idle_microseconds)", self._spec.name, sequence.id,
                       self._idle_ns / 1e9)
             self._stats.sequences_expired += 1  # a metric, not a log line per sequence
+            self._remember_ended(sequence.id, f"after {self._idle_ns / 1e6:g} ms without "
+                                              "requests (max_sequence_idle_microseconds)")
             self._release(sequence)
 
     # -- requests --------------------------------------------------------------------------
@@ -391,6 +402,8 @@ class SequenceScheduler:
         """The sequence's request with `flags` is done running: end the sequence there, or
         run its next request."""
         if flags.end or sequence.auto:
+            if not sequence.auto:  # (an iterative sequence's id is the server's own)
+                self._remember_ended(sequence.id, "at its request with 'sequence_end'")
             # Requests queued after the end belong to a new sequence only if they start one.
             while sequence.waiting and not sequence.waiting[0].sequence.start:  # type: ignore[union-attr]
                 late = sequence.waiting.popleft()
@@ -400,6 +413,7 @@ class SequenceScheduler:
             if not sequence.waiting:
                 self._release(sequence)
                 return
+            self._ended.pop(sequence.id, None)  # a request starts the id's next sequence
         self._run_next(sequence)
 
     def _rerun(self, running: WorkItem) -> None:
@@ -440,11 +454,30 @@ class SequenceScheduler:
                 f"integer in [1, {high}], got {sequence_id!r}")
         return torch.full(self._row, sequence_id, dtype=control.datatype.torch)
 
+    def _remember_ended(self, sequence_id: int | str, how: str) -> None:
+        if isinstance(sequence_id, str) and len(sequence_id) > ENDED_ID_CHARS:
+            return
+        ended = self._ended
+        ended.pop(sequence_id, None)
+        ended[sequence_id] = (how, time.monotonic_ns())
+        if len(ended) > ENDED_KEPT:
+            ended.popitem(last=False)
+
     def _not_started(self, sequence_id: int | str) -> InvalidArgumentError:
+        """The refusal of a request for a sequence that is not active, saying how it ended
+        when it did so lately."""
+        name = self._spec.name
+        ended = self._ended.get(sequence_id)
+        if ended is None:
+            return InvalidArgumentError(
+                f"sequence {sequence_id!r} of model '{name}' is not active: the first request "
+                f"of a sequence must set 'sequence_start' (a sequence ends at 'sequence_end', "
+                f"or after {self._idle_ns / 1e6:g} ms without requests)")
+        how, when = ended
+        ago = (time.monotonic_ns() - when) / 1e6
         return InvalidArgumentError(
-            f"sequence {sequence_id!r} of model '{self._spec.name}' is not active: the first "
-            f"request of a sequence must set 'sequence_start' (a sequence ends at "
-            f"'sequence_end', or after {self._idle_ns / 1e6:g} ms without requests)")
+            f"sequence {sequence_id!r} of model '{name}' is not active: it ended {ago:.0f} ms "
+            f"ago, {how}; the first request of a sequence must set 'sequence_start'")
 
     def _arrange(self, items: list[WorkItem]) -> list[WorkItem]:
         """A direct batch: each request in its sequence's row; rows below the last that no
