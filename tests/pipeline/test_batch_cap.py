@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from tensorgate import Engine, InferenceRequest, TensorView
-from tensorgate.pipeline.batch_cap import MIN_COST_NS, PROBE_EVERY, BatchCap
+from tensorgate.pipeline.batch_cap import GATHER_BYTES, MIN_COST_NS, PROBE_EVERY, BatchCap
 from tests.pipeline import repo_builder as rb
 from tests.pipeline.conftest import run
 
@@ -83,6 +83,22 @@ def test_cheap_models_are_never_capped() -> None:
     assert cap.limit == 64
 
 
+def test_cheap_rows_on_a_cpu_are_kept_to_what_the_gather_bytes_hold() -> None:
+    row = 3 * 224 * 224 * 4  # identity's FP32 image, 602,112 bytes
+    cap = BatchCap(64, gather_bytes=GATHER_BYTES)
+    _record(cap, 1, 0.035)   # cheap: not capped by cost, but by what its gather copies
+    assert cap.rows_for_next_batch(row) == GATHER_BYTES // row == 3 and cap.limit == 3
+    assert cap.rows_for_next_batch(4096) == 64 and cap.limit == 64  # small rows: no bound
+    assert cap.rows_for_next_batch(2 * GATHER_BYTES) == 1  # larger than it: one request
+    gpu = BatchCap(64)       # no gather bound: on a GPU batching pays
+    _record(gpu, 1, 0.035)
+    assert gpu.rows_for_next_batch(row) == 64
+    dear = BatchCap(64, gather_bytes=GATHER_BYTES)
+    _record(dear, 1, 71.0)   # a row dearer than MIN_COST_NS: its cost decides, as before
+    _record(dear, 2, 50.0, times=12)
+    assert dear.rows_for_next_batch(row) in (7, 15) and dear.limit == 7
+
+
 @pytest.fixture(scope="module")
 def cost_repo(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
     root = tmp_path_factory.mktemp("cost_models")
@@ -94,6 +110,11 @@ def cost_repo(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
                   extra='parameters { key: "batch_cap" value { string_value: "off" } }')
     # 3 ms a batch whatever its rows: a row gets cheaper as batches grow
     rb.add_python(root, "flat", "dynamic_batching { }", delay_s=0.003, max_batch=16)
+    # cheap rows (microseconds), one of 602 KB and one of 4 KB
+    rb.add_torchscript(root, "wide", rb.Identity(), [3, 224, 224], [3, 224, 224],
+                       "dynamic_batching { }", max_batch=16)
+    rb.add_torchscript(root, "narrow", rb.Identity(), [1024], [1024], "dynamic_batching { }",
+                       max_batch=16)
     return root
 
 
@@ -148,3 +169,30 @@ def test_engine_lets_batches_grow_when_rows_get_cheaper(cost_repo: pathlib.Path)
 def test_batch_cap_off_keeps_the_configured_maximum(cost_repo: pathlib.Path) -> None:
     limit, batches, _ = _serve(cost_repo, "crowded_uncapped", 3)
     assert limit == 16 and max(batches) > 3
+
+
+def test_engine_keeps_cheap_wide_rows_to_the_gather_bytes(cost_repo: pathlib.Path) -> None:
+    async def waves(engine: Engine, model: str, shape: tuple[int, ...], clients: int) -> None:
+        for _ in range(3):
+            x = torch.arange(float(torch.Size(shape).numel())).reshape(1, *shape)
+            requests = [InferenceRequest(model, {"INPUT__0": TensorView.from_torch(
+                x, name="INPUT__0")}) for _ in range(clients)]
+            for result in await asyncio.gather(*(engine.infer(r) for r in requests)):
+                assert torch.equal(result.outputs["OUTPUT__0"].torch(), x)
+
+    async def scenario() -> dict[str, tuple[int, dict[int, int]]]:
+        engine = Engine(cost_repo, placement="none")
+        await engine.start(["wide", "narrow"])
+        seen = {}
+        for model, shape in (("wide", (3, 224, 224)), ("narrow", (1024,))):
+            await waves(engine, model, shape, 1)  # batch-1 costs: cheap rows
+            await waves(engine, model, shape, 32)
+            seen[model] = (_limit(engine, model), _batches(engine, model))
+        await engine.shutdown()
+        return seen
+
+    seen = run(scenario())
+    limit, batches = seen["wide"]
+    assert limit == GATHER_BYTES // (3 * 224 * 224 * 4) == 3 and max(batches) <= 3, batches
+    limit, batches = seen["narrow"]
+    assert limit == 16 and max(batches) > 3, batches  # 4 KB rows batch as they come

@@ -23,24 +23,33 @@ batch of up to max_batch_size whose rows all wait for all of it. ResNet-50 on th
 machine, 16 connections: the first batches took 14 rows (1.3 s each), and those alone put
 P99 at 1.4 s against 0.65 s with batches of one (bench/RESULTS.md).
 
-Models cheaper than MIN_COST_NS a row are left alone: there the work outside the executor
-(the loop's dispatch and delivery, two thread hand-offs per batch) weighs more than what the
-executor's time per row shows. Measured: identity (602 KB, ~35 µs a row) capped at one row
-lost 16 % of its HTTP throughput at 16 connections (3,755 → 3,155 requests/s).
+Models cheaper than MIN_COST_NS a row are not capped by their cost: there the work outside
+the executor (the loop's dispatch and delivery, two thread hand-offs per batch) weighs more
+than what the executor's time per row shows. Measured: identity (602 KB, ~35 µs a row) capped
+at one row lost 16 % of its HTTP throughput at 16 connections (3,755 → 3,155 requests/s).
+On a CPU their batches are instead kept to what the gather copies within GATHER_BYTES
+(`gather_bytes`; at least one request): for such a model the copy is most of what a larger
+batch adds, and once it leaves the caches it costs more than the hand-offs it saves.
+Measured (2026-12-03, 2 cores, identity over HTTP, wrk, medians of 2–4 runs): at 64
+connections 2,208 requests/s with batches of up to 64 rows (14 rows on average) against
+2,606 with 2; at 16 connections batches of 2 or 3 rows were as fast or faster than 64's.
+Small rows are not affected: 2 MiB holds 512 rows of 4 KB. On a GPU batching pays, and a
+cheap model's batches grow to max_batch_size as before.
 
 A request is never split: one whose own rows exceed the cap runs as a batch by itself.
 """
 
 from __future__ import annotations
 
-__all__ = ["BatchCap", "GROW_MARGIN", "MARGIN", "MIN_COST_NS", "PROBE_EVERY"]
+__all__ = ["BatchCap", "GATHER_BYTES", "GROW_MARGIN", "MARGIN", "MIN_COST_NS", "PROBE_EVERY"]
 
 MARGIN = 0.05       # a bucket within 5 % of the cheapest cost per row counts as as cheap
 # Batches grow past the largest size measured only when it is this much cheaper a row than
 # every smaller one: averages of a few batches under contention differ by 5–10 % for
 # nothing (ResNet-50 on 2 busy cores), while a GPU's rows get 30–50 % cheaper a step.
 GROW_MARGIN = 0.15
-MIN_COST_NS = 1_000_000  # below 1 ms a row, batching is not capped
+MIN_COST_NS = 1_000_000  # below 1 ms a row, batching is not capped by cost
+GATHER_BYTES = 2 << 20   # ... but on a CPU by the bytes its gather copies (see above)
 PROBE_EVERY = 16    # while capped, every 16th batch may take one bucket more
 _EAGER_PROBE = 2    # every 2nd while that bucket has too few samples to count, if cheap:
 _EAGER_PROBE_NS = 20_000_000  # a probe expected to take longer waits its PROBE_EVERY turn
@@ -51,10 +60,16 @@ _MIN_SAMPLES = 3    # batches a bucket needs before it counts
 class BatchCap:
     """The row limit of one model version's batches; used on the event loop only."""
 
-    __slots__ = ("_max_rows", "_cost", "_samples", "_limit", "_taken")
+    __slots__ = ("_max_rows", "_cost", "_samples", "_limit", "_taken", "_gather_bytes",
+                 "_cheap", "_row_bytes")
 
-    def __init__(self, max_rows: int) -> None:
+    def __init__(self, max_rows: int, gather_bytes: int | None = None) -> None:
+        """`gather_bytes`: what a batch of cheap rows may copy in its gather (None: no
+        bound, on a GPU)."""
         self._max_rows = max_rows
+        self._gather_bytes = gather_bytes
+        self._cheap = False  # rows measured under MIN_COST_NS
+        self._row_bytes = 0  # input bytes of a row of the latest batch asked for
         buckets = max(max_rows, 1).bit_length()
         self._cost = [0.0] * buckets  # ns per row, moving average
         self._samples = [0] * buckets
@@ -64,10 +79,16 @@ class BatchCap:
     @property
     def limit(self) -> int:
         """The most rows a batch takes now (max_batch_size when nothing is capped)."""
+        if self._cheap and self._gather_bytes and self._row_bytes:
+            return min(self._max_rows, max(1, self._gather_bytes // self._row_bytes))
         return self._limit
 
-    def rows_for_next_batch(self) -> int:
-        """The limit, or now and then (while capped) the next bucket's upper end."""
+    def rows_for_next_batch(self, row_bytes: int = 0) -> int:
+        """The limit, or now and then (while capped) the next bucket's upper end.
+        `row_bytes`: the input bytes of one row of the batch to be formed."""
+        self._row_bytes = row_bytes
+        if self._cheap:
+            return self.limit
         if self._limit >= self._max_rows:
             return self._max_rows
         self._taken += 1
@@ -108,7 +129,8 @@ class BatchCap:
         if not seen:
             return self._limit
         cheapest = min(self._cost[b] for b in seen)
-        if cheapest < MIN_COST_NS:
+        self._cheap = cheapest < MIN_COST_NS
+        if self._cheap:
             return self._max_rows
         if len(seen) < 2:
             return self._limit

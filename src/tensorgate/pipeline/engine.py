@@ -30,6 +30,7 @@ from tensorgate.errors import (InvalidArgumentError, NotFoundError, TensorgateEr
 from tensorgate import python_backend
 from tensorgate.model import Parameter
 from tensorgate.pipeline.auto_complete import complete_config
+from tensorgate.pipeline.batch_cap import GATHER_BYTES
 from tensorgate.pipeline.bls import BlsBridge, ModelControl
 from tensorgate.pipeline.ensemble import (EnsembleScheduler, check_step_models,
                                           decoupled_ensemble, ensemble_steps)
@@ -330,7 +331,9 @@ class Engine:
             scheduler = SequenceScheduler(spec, stats, loop, len(devices), source.directory)
             feeds = scheduler.instances
         else:
-            scheduler = Scheduler(spec, stats, loop, measured_cap=flag(spec, "batch_cap", True))
+            on_cpu = all(device.type == "cpu" for device in devices)
+            scheduler = Scheduler(spec, stats, loop, measured_cap=flag(spec, "batch_cap", True),
+                                  gather_bytes=GATHER_BYTES if on_cpu else None)
             feeds = [scheduler] * len(devices)
         postprocessor = build_postprocessor(spec, source.directory)
         claims = self._claims(spec, version, by_group)

@@ -55,6 +55,7 @@ class Scheduler:
 
     def __init__(self, spec: ModelSpec, stats: ModelStatistics,
                  loop: asyncio.AbstractEventLoop, *, measured_cap: bool = True,
+                 gather_bytes: int | None = None,
                  arrange: Callable[[list[WorkItem]], list[WorkItem]] | None = None,
                  rescheduled: Callable[[WorkItem], None] | None = None,
                  released: Callable[[WorkItem], None] | None = None) -> None:
@@ -62,7 +63,9 @@ class Scheduler:
         filler rows): how a direct sequence batcher keeps each sequence in its row.
         `rescheduled` takes back a request its model rescheduled, at once: the sequence
         batcher queues it again before the executor that ran it takes its next batch.
-        `released` gets each other request of a streaming batch as its execute returns."""
+        `released` gets each other request of a streaming batch as its execute returns.
+        `gather_bytes`: what a batch of a cheap model's rows may gather (batch_cap.py); None
+        where batching pays whatever it copies (a GPU)."""
         self._spec = spec
         self._arrange = arrange
         self._rescheduled = rescheduled
@@ -79,7 +82,8 @@ class Scheduler:
         self._preferred = policy.preferred_batch_sizes if policy is not None else ()
         self._policies = policy.queues if policy is not None else (QueuePolicy(),)
         self._preserve_order = policy.preserve_ordering if policy is not None else False
-        self._cap = BatchCap(self._max_rows) if measured_cap and self._max_rows > 1 else None
+        self._cap = (BatchCap(self._max_rows, gather_bytes)
+                     if measured_cap and self._max_rows > 1 else None)
         stats.batch_rows_limit = self._max_rows if self._cap is None else self._cap.limit
         # Queue 2i holds level i's requests in arrival order; queue 2i+1 those of them that
         # timed out under `timeout_action: DELAY`. Walking them in order is the order they
@@ -233,7 +237,8 @@ class Scheduler:
             next(queue for queue in self._queues if queue).popleft()
             self._forget_deadline(head)
             return [head]
-        limit = self._max_rows if self._cap is None else self._cap.rows_for_next_batch()
+        limit = (self._max_rows if self._cap is None else
+                 self._cap.rows_for_next_batch(_row_bytes(head)))
         chosen: list[WorkItem] = []
         rows = 0
         for item in chain.from_iterable(self._queues):
@@ -441,6 +446,14 @@ class Scheduler:
         self._stats.record_failure(now - item.enqueued_ns, reason)
         if not item.future.done():
             item.future.set_exception(error)
+
+
+def _row_bytes(item: WorkItem) -> int:
+    """The input bytes one row of `item` brings to a gather (a BYTES input's: references)."""
+    total = 0
+    for value in item.inputs.values():
+        total += value.nbytes
+    return total // max(item.rows, 1)
 
 
 def _stamp_compute(trace: Trace, batch: Batch) -> None:
