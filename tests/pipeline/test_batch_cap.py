@@ -196,3 +196,48 @@ def test_engine_keeps_cheap_wide_rows_to_the_gather_bytes(cost_repo: pathlib.Pat
     assert limit == GATHER_BYTES // (3 * 224 * 224 * 4) == 3 and max(batches) <= 3, batches
     limit, batches = seen["narrow"]
     assert limit == 16 and max(batches) > 3, batches  # 4 KB rows batch as they come
+
+
+_COUNTED = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        counted = np.full((1, 1), len(requests), np.int32)
+        return [pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("REQUESTS", counted)])
+                for _ in requests]
+"""
+
+
+def test_a_model_given_its_requests_one_by_one_has_no_gather_bound(
+        tmp_path: pathlib.Path) -> None:
+    """A Triton Python model's execute takes a batch's requests as they are (nothing is
+    gathered): cheap rows of 2.4 MB, past GATHER_BYTES, still batch."""
+    folder = rb.write_config(tmp_path, "counted", """
+        name: "counted"
+        backend: "python"
+        max_batch_size: 8
+        input [ { name: "X" data_type: TYPE_FP32 dims: [ 600000 ] } ]
+        output [ { name: "REQUESTS" data_type: TYPE_INT32 dims: [ 1 ] } ]
+        dynamic_batching { max_queue_delay_microseconds: 50000 }
+        """)
+    (folder / "1" / "model.py").write_text(_COUNTED)
+
+    async def scenario() -> tuple[list[int], int]:
+        engine = Engine(tmp_path, placement="none")
+        await engine.start(["counted"])
+        x = TensorView.from_torch(torch.zeros(1, 600_000), name="X")
+        requests = []
+        for clients in (1, 1, 1, 1, 8):  # batch-1 costs (cheap), then 8 at once
+            answers = await asyncio.gather(*(engine.infer(InferenceRequest(
+                "counted", {"X": x})) for _ in range(clients)))
+            requests = [int(a.outputs["REQUESTS"].torch()[0, 0]) for a in answers]
+        limit = _limit(engine, "counted")
+        await engine.shutdown()
+        return requests, limit
+
+    assert 600_000 * 4 > GATHER_BYTES
+    requests, limit = run(scenario())
+    assert limit == 8 and max(requests) > 1, (limit, requests)  # bounded, it would be one

@@ -34,7 +34,8 @@ Measured (2026-12-03, 2 cores, identity over HTTP, wrk, medians of 2–4 runs): 
 connections 2,208 requests/s with batches of up to 64 rows (14 rows on average) against
 2,606 with 2; at 16 connections batches of 2 or 3 rows were as fast or faster than 64's.
 Small rows are not affected: 2 MiB holds 512 rows of 4 KB. On a GPU batching pays, and a
-cheap model's batches grow to max_batch_size as before.
+cheap model's batches grow to max_batch_size as before; nor is a Triton Python model
+bounded, whose execute is given the requests one by one (nothing is gathered).
 
 A request is never split: one whose own rows exceed the cap runs as a batch by itself.
 """

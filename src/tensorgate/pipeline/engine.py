@@ -377,6 +377,9 @@ class Engine:
                                                   "needs a Triton Python model (class "
                                                   "TritonPythonModel), whose requests stream "
                                                   "through their response senders")
+        elif any(e.runner is not None and e.runner.requests is not None for e in executors):
+            for feed in dict.fromkeys(feeds):  # its execute takes the requests, ungathered
+                feed.takes_requests_one_by_one()
         for executor, feed, claim in zip(executors, feeds, claims):
             feed.add_executor(executor, claim=claim)
         log.info("model %s v%d ready on %s", spec.name, version,

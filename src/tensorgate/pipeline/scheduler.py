@@ -98,6 +98,12 @@ class Scheduler:
         self._timer: asyncio.TimerHandle | None = None
         self._closed: TensorgateError | None = None
 
+    def takes_requests_one_by_one(self) -> None:
+        """Its model is given a batch's requests one by one (a Triton Python model): nothing
+        is gathered, so a batch is not bounded by what a gather would copy."""
+        if self._cap is not None:
+            self._cap = BatchCap(self._max_rows)
+
     def batch_decoupled(self) -> None:
         """Batch a decoupled model's requests as its `dynamic_batching` says: its execute
         takes requests that each stream through a response sender of their own (a Triton
