@@ -78,6 +78,12 @@ class BatchCap:
         self._taken = 0
 
     @property
+    def bounds_gathers(self) -> bool:
+        """Whether batches of cheap rows are bounded by their gather (on a CPU): then
+        `rows_for_next_batch` needs the rows' bytes."""
+        return self._gather_bytes is not None
+
+    @property
     def limit(self) -> int:
         """The most rows a batch takes now (max_batch_size when nothing is capped)."""
         if self._cheap and self._gather_bytes and self._row_bytes:

@@ -243,8 +243,9 @@ class Scheduler:
             next(queue for queue in self._queues if queue).popleft()
             self._forget_deadline(head)
             return [head]
-        limit = (self._max_rows if self._cap is None else
-                 self._cap.rows_for_next_batch(_row_bytes(head)))
+        cap = self._cap
+        limit = (self._max_rows if cap is None else
+                 cap.rows_for_next_batch(_row_bytes(head) if cap.bounds_gathers else 0))
         chosen: list[WorkItem] = []
         rows = 0
         for item in chain.from_iterable(self._queues):
