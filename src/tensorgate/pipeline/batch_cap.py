@@ -94,10 +94,8 @@ class BatchCap:
         """The limit, or now and then (while capped) the next bucket's upper end.
         `row_bytes`: the input bytes of one row of the batch to be formed."""
         self._row_bytes = row_bytes
-        if self._cheap:
+        if self._cheap or self._limit >= self._max_rows:  # nothing to probe
             return self.limit
-        if self._limit >= self._max_rows:
-            return self._max_rows
         self._taken += 1
         probe = min(self._max_rows, 2 * self._limit + 1)
         if self._taken % self._probe_every(probe) == 0:
