@@ -36,7 +36,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader ||
 python3 -c "import torch, numpy, grpc; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'numpy', numpy.__version__, 'grpcio', grpc.__version__)"
 echo "== CUDA tests"
 timeout 150 python3 -m pytest -q -m cuda -p no:cacheprovider tests/pipeline tests/tensor \
-  tests/e2e/test_cuda_shared_memory.py 2>&1 | tail -15
+  tests/e2e/test_cuda_shared_memory.py tests/e2e/test_gpu_metrics.py 2>&1 | tail -15
 echo "== engine benchmark (cuda)"
 timeout 150 python3 bench/engine_bench.py --device "$device" --placement none --quick 2>&1 | tail -16
 cp bench/results/engine_bench_cuda.json "$OUT/" 2>/dev/null || true

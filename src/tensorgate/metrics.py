@@ -5,10 +5,11 @@ counters are cumulative, their latencies µs; the histograms are in seconds, Pro
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from tensorgate.custom_metrics import label_text, render_custom_metrics
+from tensorgate.gpu_metrics import GpuSample
 from tensorgate.host_metrics import HostSample
 from tensorgate.pipeline.response_cache import CacheStatistics
 from tensorgate.pipeline.stats import (LATENCY_BOUNDS_US, SUMMARY_STAGES, Histogram,
@@ -56,6 +57,13 @@ _HELP = {
     "nv_cpu_utilization": ("gauge", "CPU utilization rate [0.0 - 1.0]"),
     "nv_cpu_memory_total_bytes": ("gauge", "CPU total memory (RAM), in bytes"),
     "nv_cpu_memory_used_bytes": ("gauge", "CPU used memory (RAM), in bytes"),
+    "nv_gpu_utilization": ("gauge", "GPU utilization rate [0.0 - 1.0]"),
+    "nv_gpu_memory_total_bytes": ("gauge", "GPU total memory, in bytes"),
+    "nv_gpu_memory_used_bytes": ("gauge", "GPU used memory, in bytes"),
+    "nv_gpu_power_usage": ("gauge", "GPU power usage, in watts"),
+    "nv_gpu_power_limit": ("gauge", "GPU power management limit, in watts"),
+    "nv_energy_consumption": ("counter", "GPU energy consumed since the server started, in "
+                                         "joules"),
     "nv_pinned_memory_pool_total_bytes": ("gauge", "Pinned memory pool total memory size, in "
                                                    "bytes"),
     "nv_pinned_memory_pool_used_bytes": ("gauge", "Pinned memory pool used memory size, in "
@@ -153,12 +161,14 @@ def render_metrics(models: Iterable[tuple[ModelStatistics, int]],
                    cache: CacheStatistics | None = None,
                    traces: tuple[int, int, int] | None = None,
                    host: HostSample | None = None,
-                   latencies: LatencyMetrics = LatencyMetrics()) -> str:
+                   latencies: LatencyMetrics = LatencyMetrics(),
+                   gpus: Sequence[GpuSample] = ()) -> str:
     """`models`: each version's statistics and its pending-request count; `pool`: the host
     buffer pool's, when there is one to report; `connections`: (open, refused so far);
     `cache`: the response cache's, when the server has one; `traces`: (written, held,
     dropped), when the server traces; `host`: the last CPU sample, when it takes them;
-    `latencies`: which of Triton's latency metrics to write."""
+    `latencies`: which of Triton's latency metrics to write; `gpus`: the last GPU sample,
+    one per GPU, when the server takes them (a reading a GPU lacks is left out)."""
     rows: dict[str, list[str]] = {name: [] for name in _HELP}
     for stats, pending in models:
         labels = _labels(model=stats.name, version=str(stats.version))
@@ -223,6 +233,16 @@ def render_metrics(models: Iterable[tuple[ModelStatistics, int]],
         rows["nv_cpu_utilization"].append(f" {host.cpu_utilization}")
         rows["nv_cpu_memory_total_bytes"].append(f" {host.memory_total_bytes}")
         rows["nv_cpu_memory_used_bytes"].append(f" {host.memory_used_bytes}")
+    for gpu in gpus:
+        labels = _labels(gpu_uuid=gpu.uuid)
+        for name, reading in (("nv_gpu_utilization", gpu.utilization),
+                              ("nv_gpu_memory_total_bytes", gpu.memory_total_bytes),
+                              ("nv_gpu_memory_used_bytes", gpu.memory_used_bytes),
+                              ("nv_gpu_power_usage", gpu.power_watts),
+                              ("nv_gpu_power_limit", gpu.power_limit_watts),
+                              ("nv_energy_consumption", gpu.energy_joules)):
+            if reading is not None:
+                rows[name].append(f"{labels} {reading}")
     if pool is not None:
         # Triton's pinned pool is the host pool here when CUDA is present (0 without)
         pinned = pool.pinned

@@ -25,6 +25,7 @@ from tensorgate.builtin.repository import default_repository
 from tensorgate.config import ServerConfig
 from tensorgate.dataplane import DataPlane
 from tensorgate.errors import NotFoundError, TensorgateError
+from tensorgate.gpu_metrics import GpuSampler, NvmlError
 from tensorgate.host_metrics import HostSampler
 from tensorgate.network import ConnectionBudget, PoolRelief
 from tensorgate.network.grpc import GrpcFrontEnd
@@ -96,6 +97,7 @@ class Server:
         self._pool_trimmer: asyncio.Task[None] | None = None
         self._expirer: asyncio.Task[None] | None = None
         self._host_sampler: asyncio.Task[None] | None = None
+        self._gpu_sampler: asyncio.Task[None] | None = None
         self._poller: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -211,6 +213,8 @@ class Server:
             self._expirer.cancel()
         if self._host_sampler is not None:
             self._host_sampler.cancel()
+        if self._gpu_sampler is not None:
+            self._gpu_sampler.cancel()
         if self._poller is not None:
             self._poller.cancel()
         if self._http is not None:
@@ -233,14 +237,16 @@ class Server:
         assert engine is not None
         tracer = (self.tracer if config.trace_file is not None
                   or config.trace_mode == "opentelemetry" else None)
+        loop = asyncio.get_running_loop()
+        period_s = config.metrics_interval_ms / 1000
         host = HostSampler() if config.allow_cpu_metrics else None
         if host is not None:
-            await asyncio.get_running_loop().run_in_executor(None, host.sample)
-            self._host_sampler = asyncio.create_task(
-                _sample_host(host, config.metrics_interval_ms / 1000))
-        if config.allow_gpu_metrics and default_pool().statistics().pinned:
-            log.info("GPU metrics (nv_gpu_*) are not collected: tensorgate reads no "
-                     "NVML/DCGM; use dcgm-exporter beside it")
+            await loop.run_in_executor(None, host.sample)
+            self._host_sampler = asyncio.create_task(_sample_every(host.sample, period_s))
+        gpus = await loop.run_in_executor(None, _gpu_sampler) \
+            if config.allow_gpu_metrics else None
+        if gpus is not None:
+            self._gpu_sampler = asyncio.create_task(_sample_every(gpus.sample, period_s))
         latencies = LatencyMetrics(
             config.metrics_counter_latencies,
             parse_quantiles(config.metrics_summary_quantiles)
@@ -250,7 +256,8 @@ class Server:
             engine.model_statistics(), engine.pool_statistics(),
             (budget.open, budget.refused), engine.cache_statistics(),
             tracer.statistics() if tracer is not None else None,
-            host.last if host is not None else None, latencies), config.read_timeout_s)
+            host.last if host is not None else None, latencies,
+            gpus.last if gpus is not None else ()), config.read_timeout_s)
         self.metrics_port = await self._metrics.start(config.metrics_address,
                                                       config.metrics_port)
 
@@ -273,12 +280,26 @@ class Server:
         await self.stop()
 
 
-async def _sample_host(sampler: HostSampler, period_s: float) -> None:
-    """Triton's CPU metrics every `period_s`, read off the loop (/proc files)."""
+async def _sample_every(sample: Callable[[], object], period_s: float) -> None:
+    """Triton's CPU or GPU metrics every `period_s`, read off the loop (/proc files, NVML)."""
     loop = asyncio.get_running_loop()
     while True:
         await asyncio.sleep(period_s)
-        await loop.run_in_executor(None, sampler.sample)
+        await loop.run_in_executor(None, sample)
+
+
+def _gpu_sampler() -> GpuSampler | None:
+    """NVML's sampler with its first sample taken, or None, said once: at info where the
+    server has a GPU to watch, at debug on a machine without one."""
+    try:
+        sampler = GpuSampler()
+    except NvmlError as error:
+        (log.info if default_pool().statistics().pinned else log.debug)(
+            "GPU metrics (nv_gpu_*) are not collected: %s", error)
+        return None
+    sampler.sample()
+    log.info("GPU metrics (nv_gpu_*) from NVML for %s", ", ".join(sampler.uuids))
+    return sampler
 
 
 async def _trim_when_quiet(pool: BufferPool) -> None:
