@@ -93,11 +93,11 @@ def _parser() -> argparse.ArgumentParser:
                            help=f"Triton's: serve {name} at all (default true)")
     for name, what in (("metrics", "serve Prometheus metrics at all"),
                        ("cpu-metrics", "report nv_cpu_utilization and nv_cpu_memory_*"),
-                       ("gpu-metrics", "taken for Triton's sake: nv_gpu_* are not collected")):
+                       ("gpu-metrics", "report nv_gpu_* and nv_energy_consumption (through NVML)")):
         serve.add_argument(f"--allow-{name}", metavar="BOOL",
                            help=f"Triton's: {what} (default true)")
     serve.add_argument("--metrics-interval-ms", type=int,
-                       help="how often the CPU metrics are sampled (default 2000)")
+                       help="how often the CPU and GPU metrics are sampled (default 2000)")
     serve.add_argument("--metrics-config", action="append", metavar="SETTING=VALUE",
                        help="Triton's, repeated: summary_latencies=true (quantiles of each "
                             "stage's latency over the last 60 s), summary_quantiles="

@@ -48,8 +48,8 @@ class ServerConfig:
     grpc_address: str = ""
     metrics_address: str = ""
     # Triton's --allow-metrics (the metrics port at all), --allow-cpu-metrics (nv_cpu_*, read
-    # from /proc every metrics_interval_ms), --allow-gpu-metrics (taken; nv_gpu_* are not
-    # collected: no NVML/DCGM here)
+    # from /proc every metrics_interval_ms), --allow-gpu-metrics (nv_gpu_*, read through
+    # NVML as often, where the driver has it)
     allow_metrics: bool = True
     allow_cpu_metrics: bool = True
     allow_gpu_metrics: bool = True
