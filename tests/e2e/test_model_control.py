@@ -19,6 +19,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
+from tensorgate.builtin.repository import default_repository
 from tests.e2e.conftest import start_server, stop_server
 from tests.pipeline import repo_builder as rb
 
@@ -217,5 +218,43 @@ def test_a_load_may_override_the_config(tmp_path: pathlib.Path) -> None:
                 grpc_client.load_model("a", config=json.dumps(config))
             client.load_model("a")  # without a config: the repository's again
             assert client.get_model_config("a")["max_batch_size"] == 4
+    finally:
+        assert stop_server(server) == 0
+
+
+def _peak_rss_bytes(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no VmHWM in /proc/<pid>/status")
+
+
+def test_a_loads_config_cannot_make_the_server_allocate_gigabytes_of_zeros(
+        tmp_path: pathlib.Path) -> None:
+    """A client's load `config` whose inputs are gigabytes a row: the model loads without the
+    zero warm-up (4.8 GB of zeros for this one, at the client's word; 19 GB would have had the
+    server killed), the log says why, and the server's peak memory does not move."""
+    repo = tmp_path / "models"
+    shutil.copytree(default_repository() / "identity", repo / "identity")
+    server = start_server(repo, tmp_path / "server.log", "--model-control-mode", "explicit",
+                          "--load-model", "identity")
+    try:
+        with httpclient.InferenceServerClient(server.url, network_timeout=120) as client:
+            config = client.get_model_config("identity")
+            for tensor in config["input"] + config["output"]:
+                tensor["dims"] = ["3", "20000", "20000"]
+            peak = _peak_rss_bytes(server.process.pid)
+            client.load_model("identity", config=json.dumps(config))
+            assert client.get_model_config("identity")["input"][0]["dims"] == [3, 20000, 20000]
+            assert _peak_rss_bytes(server.process.pid) - peak < 256 << 20
+            assert ("model identity: no warm-up: it has no model_warmup, and zeros cannot "
+                    "stand in: input 'INPUT__0' would be 4,800,000,000 bytes of zeros, more "
+                    "than a warm-up input may be (1,073,741,824)") in server.log.read_text()
+            client.load_model("identity")  # its own config again: warmed and serving
+            item = httpclient.InferInput("INPUT__0", [1, 3, 224, 224], "FP32")
+            x = np.random.default_rng(0).standard_normal((1, 3, 224, 224)).astype(np.float32)
+            item.set_data_from_numpy(x)
+            assert np.array_equal(client.infer("identity", [item]).as_numpy("OUTPUT__0"), x)
     finally:
         assert stop_server(server) == 0

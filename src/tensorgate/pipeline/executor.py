@@ -44,7 +44,7 @@ from tensorgate.pipeline.postprocess import Postprocessor
 from tensorgate.pipeline.ragged import batch_input_values, flatten, one_request, scatter
 from tensorgate.pipeline.response_streams import CREDIT_POLL_S, Outbox, ResponseStream
 from tensorgate.pipeline.runner import (Runner, load_runner, name_outputs, sample_inputs,
-                                        warmup_inputs)
+                                        warmup_inputs, zeros_refused)
 from tensorgate.pipeline.torch_io import strings_array
 from tensorgate.pipeline.triton_python import RESCHEDULED, RequestInputs, TritonPythonRunner
 from tensorgate.pipeline.work import Batch, WorkItem
@@ -310,11 +310,13 @@ class ExecutorThread:
         else:
             # Batch 1 only: on CPU a warm-up at max_batch_size (64 × ResNet-50) costs seconds
             # of start-up for little; on a GPU, graph capture below runs every batch size.
-            zeros = warmup_inputs(s.spec, 1, s.device)
-            if zeros is None:
-                log.info("model %s: a BYTES input and no model_warmup, so no warm-up",
-                         s.spec.name)
+            refused = zeros_refused(s.spec, 1)
+            if refused is not None:
+                log.info("model %s: no warm-up: it has no model_warmup, and zeros cannot stand "
+                         "in: %s", s.spec.name, refused)
                 return
+            zeros = warmup_inputs(s.spec, 1, s.device)
+            assert zeros is not None
             self._warm_run(runner, dict(zeros), "at batch 1")
         if s.device.type == "cuda" and s.cuda_graphs and runner.module is not None:
             self._graphs = GraphSet.capture(runner.run, s.spec, s.device, self._stream,

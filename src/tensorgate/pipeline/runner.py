@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib.util
 import inspect
+import math
 import pathlib
 import sys
 import types
@@ -29,12 +30,13 @@ from tensorgate.model import NO_PARAMETERS, Model, ModelContext, RequestInfo
 from tensorgate.pipeline.ragged import one_request
 from tensorgate.pipeline.torch_io import Argument, as_strings, input_order, output_positions
 from tensorgate.pipeline.triton_python import TritonPythonRunner, install_module
-from tensorgate.repository.model_config import ModelConfigError, ModelSpec, WarmupSample
+from tensorgate.repository.model_config import (MAX_WARMUP_BYTES, ModelConfigError, ModelSpec,
+                                                 WarmupSample)
 from tensorgate.tensor.bytes_codec import decode_bytes_tensor
 from tensorgate.tensor.dtypes import DataType
 
 __all__ = ["Runner", "import_model_file", "load_runner", "name_outputs", "read_model_file",
-           "sample_inputs", "tensor_from_file", "warmup_inputs"]
+           "sample_inputs", "tensor_from_file", "warmup_inputs", "zeros_refused"]
 
 # torch 2.13 deprecates TorchScript, but existing Triton repositories are full of model.pt:
 # loading them is this server's job, not the user's mistake, so say nothing per load.
@@ -242,14 +244,31 @@ def load_runner(path: pathlib.Path, kind: str, spec: ModelSpec, context: ModelCo
     raise ModelConfigError(str(path), f"unknown artifact kind '{kind}'")
 
 
+def zeros_refused(spec: ModelSpec, rows: int) -> str | None:
+    """Why zeros cannot stand in for the model's inputs, `rows` deep: a BYTES input, whose
+    meaningful content we cannot invent, or one larger than a model_warmup sample may be
+    (MAX_WARMUP_BYTES). A config's dims are not bounded otherwise, and a client's load
+    `config` had a server allocate 4.9 GB of zeros for [3, 20000, 20000]: more would have
+    had it killed for memory."""
+    for item in spec.model_inputs:
+        if item.datatype.torch is None:
+            return f"input '{item.name}' is BYTES"
+        dims = [1 if d == -1 else d for d in (item.reshape or item.dims)]
+        nbytes = (rows if spec.max_batch_size else 1) * item.datatype.itemsize * math.prod(dims)
+        if nbytes > MAX_WARMUP_BYTES:
+            return (f"input '{item.name}' would be {nbytes:,} bytes of zeros, more than a "
+                    f"warm-up input may be ({MAX_WARMUP_BYTES:,})")
+    return None
+
+
 def warmup_inputs(spec: ModelSpec, rows: int,
                   device: torch.device) -> dict[str, torch.Tensor] | None:
     """Zero inputs of the configured shapes (variable dims as 1), `rows` deep when batching;
-    None when an input is BYTES, whose meaningful content we cannot invent."""
+    None where `zeros_refused` says why not."""
+    if zeros_refused(spec, rows) is not None:
+        return None
     inputs = {}
     for item in spec.model_inputs:
-        if item.datatype.torch is None:
-            return None
         dims = [1 if d == -1 else d for d in (item.reshape or item.dims)]
         shape: Sequence[int] = ([rows] + dims) if spec.max_batch_size else dims
         inputs[item.name] = torch.zeros(shape, dtype=item.datatype.torch, device=device)
