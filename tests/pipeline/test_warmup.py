@@ -15,6 +15,7 @@ from tensorgate import Engine, InferenceRequest, TensorView
 from tensorgate.errors import InternalError, ModelConfigError
 from tensorgate.repository.model_config import parse_model_config
 from tests.pipeline import repo_builder as rb
+from tests.pipeline import sequence_models as sm
 from tests.pipeline.conftest import run
 
 WARMED = '''
@@ -166,5 +167,29 @@ def test_a_sample_is_reshaped_as_requests_are(tmp_path: pathlib.Path) -> None:
         engine = Engine(tmp_path)
         await engine.load("flat")  # a [2, 2, 2] warm-up would fail in a Linear(4, 4)
         assert engine.is_ready("flat")
+        await engine.shutdown()
+    run(scenario())
+
+
+def test_zeros_for_an_input_a_sample_leaves_out_are_bounded_as_named_ones(
+        tmp_path: pathlib.Path) -> None:
+    """A stateful model's state input, which its samples do not name, is warmed with zeros:
+    no more of them than a named input may have (a config's state dims could ask for any)."""
+    folder = rb.write_config(tmp_path, "huge_state", sm.ACCUMULATE.format(
+        name="huge_state", strategy="oldest { }", idle_us=1_000_000, initial="", max_batch=2
+    ).replace('data_type: TYPE_FP32\n            dims: [1]', 'data_type: TYPE_FP32\n'
+              '            dims: [200000000]') + """
+        model_warmup [ { name: "w" batch_size: 2
+          inputs { key: "INPUT" value: { data_type: TYPE_FP32 dims: [1] zero_data: true } } } ]
+        """)
+    torch.jit.script(sm.Accumulate().eval()).save(str(folder / "1" / "model.pt"))
+
+    async def scenario() -> None:
+        engine = Engine(tmp_path)
+        with pytest.raises(ModelConfigError, match=r"model 'huge_state', warm-up sample 'w' "
+                                                   r"leaves out input 'TOTAL_IN', whose zeros "
+                                                   r"would be 1,600,000,000 bytes; a warm-up "
+                                                   r"input may be at most 1,073,741,824$"):
+            await engine.load("huge_state")
         await engine.shutdown()
     run(scenario())

@@ -296,6 +296,13 @@ def sample_inputs(spec: ModelSpec, sample: WarmupSample, folder: pathlib.Path,
             if spec.input(item.name) is not None:
                 continue  # an optional input the sample leaves out
             dims = [1 if d == -1 else d for d in item.dims]
+            nbytes = max(item.datatype.itemsize, 1) * math.prod(rows + dims)
+            if nbytes > MAX_WARMUP_BYTES:  # as the inputs a sample names are bounded
+                raise ModelConfigError(str(folder.parent), f"model '{spec.name}', warm-up "
+                                       f"sample '{sample.name}' leaves out input "
+                                       f"'{item.name}', whose zeros would be {nbytes:,} "
+                                       f"bytes; a warm-up input may be at most "
+                                       f"{MAX_WARMUP_BYTES:,}")
             if item.datatype.is_bytes:
                 inputs[item.name] = np.full(rows + dims, b"0", dtype=object)
             else:
