@@ -262,6 +262,51 @@ def test_direct_keeps_each_sequence_in_its_row_with_ready_false_fillers(
     run(scenario())
 
 
+def test_a_new_sequence_takes_the_lowest_free_slot(seq_repo: pathlib.Path) -> None:
+    """Direct: slots handed back are taken again lowest first, before slots never used, so
+    batches stay as short as the sequences allow."""
+    async def scenario() -> None:
+        engine = Engine(seq_repo)
+        await engine.start(["rows"])  # direct, 4 slots: a request's row is its slot
+
+        async def row(sequence: int, **flags: bool) -> int:
+            result = await engine.infer(_request("rows", 0, sequence, **flags))
+            return int(result.outputs["ROW"].torch()[0, 0])
+        assert [await row(s, start=True) for s in (21, 22, 23)] == [0, 1, 2]
+        await row(22, end=True)
+        await row(21, end=True)  # slots 1 and 0 are free again, 3 was never used
+        assert [await row(s, start=True) for s in (24, 25, 26)] == [0, 1, 3]
+        await engine.shutdown()
+    run(scenario())
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS in /proc/self/status")
+
+
+def test_slots_cost_memory_as_they_are_used_not_as_many_as_configured(
+        tmp_path: pathlib.Path) -> None:
+    """max_candidate_sequences is an int32 a config (a client's load `config` too) sets at
+    will: 30 million slots cost 1.2 GB when each had a list entry from the start."""
+    sm.add_accumulate(tmp_path, "many_slots", "oldest { max_candidate_sequences: 30000000 }")
+
+    async def scenario() -> None:
+        engine = Engine(tmp_path)
+        before = _rss_bytes()
+        await engine.start(["many_slots"])
+        assert _rss_bytes() - before < 200 << 20
+        (stats, _), = engine.model_statistics()
+        assert stats.sequence_slots == 30_000_000
+        assert _value(await engine.infer(_request("many_slots", 2, 1, start=True))) == 2
+        assert _value(await engine.infer(_request("many_slots", 3, 1, end=True))) == 5
+        await engine.shutdown()
+    run(scenario())
+
+
 def test_sequences_stay_on_their_instance(seq_repo: pathlib.Path) -> None:
     async def scenario() -> None:
         engine = Engine(seq_repo)
