@@ -10,12 +10,13 @@ host, which a graph does not replay), or the config says `cuda_graphs: false`.
 from __future__ import annotations
 
 import bisect
+import math
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from tensorgate.repository.model_config import ModelSpec
+from tensorgate.repository.model_config import MAX_WARMUP_BYTES, ModelSpec
 from tensorgate.tensor.copies import copy_into
 
 __all__ = ["GraphSet", "graph_batch_sizes", "map_tensors"]
@@ -24,7 +25,10 @@ _WARMUP_RUNS = 3  # runs on a side stream before capture, as torch's graph docs 
 
 
 def graph_batch_sizes(spec: ModelSpec) -> list[int]:
-    """Every size up to 8, then powers of two, the preferred sizes and the maximum."""
+    """Every size up to 8, then powers of two, the preferred sizes and the maximum: those
+    whose static inputs are at most MAX_WARMUP_BYTES each. A graph holds its inputs on the
+    device for as long as the model is loaded, and max_batch_size is an int32 a config (a
+    client's load `config` too) sets at will; a batch above the largest size runs eagerly."""
     top = spec.max_batch_size
     if top <= 1:
         return [1]
@@ -36,7 +40,9 @@ def graph_batch_sizes(spec: ModelSpec) -> list[int]:
     sizes.add(top)
     if spec.batching is not None:
         sizes.update(spec.batching.preferred_batch_sizes)
-    return sorted(sizes)
+    row = max((max(i.datatype.itemsize, 1) * math.prod(i.reshape or i.dims)
+               for i in spec.model_inputs), default=0)
+    return sorted(size for size in sizes if size == 1 or size * row <= MAX_WARMUP_BYTES)
 
 
 def map_tensors(value: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
