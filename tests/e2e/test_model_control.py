@@ -14,6 +14,8 @@ from collections.abc import Callable
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 import torch
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
@@ -258,3 +260,79 @@ def test_a_loads_config_cannot_make_the_server_allocate_gigabytes_of_zeros(
             assert np.array_equal(client.infer("identity", [item]).as_numpy("OUTPUT__0"), x)
     finally:
         assert stop_server(server) == 0
+
+
+@pytest.fixture(scope="module")
+def explicit_identity(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    root = tmp_path_factory.mktemp("fuzzed_loads")
+    shutil.copytree(default_repository() / "identity", root / "models" / "identity")
+    server = start_server(root / "models", root / "server.log", "--model-control-mode",
+                          "explicit", "--load-model", "identity")
+    yield server
+    assert stop_server(server) == 0, server.log.read_text()
+
+
+# Integer fields of a config, as paths into its JSON form, and values a hostile or careless
+# client may put there: the proto's limits and past them.
+_FIELDS = [("max_batch_size",), ("dynamic_batching", "max_queue_delay_microseconds"),
+           ("dynamic_batching", "preferred_batch_size", 0),
+           ("dynamic_batching", "priority_levels"),
+           ("dynamic_batching", "default_queue_policy", "max_queue_size"),
+           ("instance_group", 0, "count"), ("input", 0, "dims", 0), ("input", 0, "dims", 2),
+           ("output", 0, "dims", 1), ("version_policy", "latest", "num_versions"),
+           ("sequence_batching", "oldest", "max_candidate_sequences"),
+           ("sequence_batching", "max_sequence_idle_microseconds"),
+           ("model_warmup", 0, "batch_size"), ("model_warmup", 0, "count"),
+           ("model_warmup", 0, "inputs", "INPUT__0", "dims", 1)]
+_EXTREMES = st.sampled_from([0, 1, -1, 20_000, 30_000_000, 2**31 - 1, 2**31, 2**32 - 1,
+                             2**63 - 1, -2**63, 2**64])
+
+
+def _set(config: dict, path: tuple, value: object) -> None:  # type: ignore[type-arg]
+    """`value` at `path`, the objects on the way made where the config has none."""
+    for key in path[:-1]:
+        config = config.setdefault(key, {}) if isinstance(key, str) else config[key]
+    config[path[-1]] = value
+
+
+@settings(max_examples=60, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(changes=st.lists(st.tuples(st.sampled_from(_FIELDS),
+                                  _EXTREMES | st.integers(-2**65, 2**65)), min_size=1,
+                        max_size=3))
+def test_fuzzed_load_configs_load_or_are_refused_by_name_and_cost_no_memory(
+        explicit_identity, changes: list) -> None:  # type: ignore[no-untyped-def,type-arg]
+    """A load's `config` whose integers are the proto's extremes, or past them: the model
+    loads (the server bounding what such numbers would have it allocate) or the load is
+    refused naming the config, and the server serves on within its memory."""
+    server = explicit_identity
+    with httpclient.InferenceServerClient(server.url, network_timeout=60) as client:
+        config = client.get_model_config("identity")
+        if any(path[0] == "model_warmup" for path, _ in changes):  # else zeros at batch 1
+            config["model_warmup"] = [{"name": "w", "batch_size": 1, "count": 1, "inputs": {
+                "INPUT__0": {"data_type": "TYPE_FP32", "dims": [3, 224, 224],
+                             "zero_data": True}}}]
+        if any(path[0] == "sequence_batching" for path, _ in changes):
+            del config["dynamic_batching"]  # one scheduler or the other
+            config["sequence_batching"] = {"oldest": {}}
+        if any(path[:2] == ("dynamic_batching", "preferred_batch_size") for path, _ in changes):
+            config.setdefault("dynamic_batching", {})["preferred_batch_size"] = [1]
+        for path, value in changes:
+            _set(config, path, value)
+        before = _peak_rss_bytes(server.process.pid)
+        try:
+            client.load_model("identity", config=json.dumps(config))
+        except InferenceServerException as refused:
+            assert refused.status() == "400", refused.message()
+            assert "the load request's 'config' of model 'identity'" in refused.message() or \
+                "model 'identity'" in refused.message(), refused.message()
+        assert client.is_server_live()
+        assert _peak_rss_bytes(server.process.pid) - before < 512 << 20
+        client.load_model("identity")  # its own config again: serving as before
+        assert np.array_equal(_infer_identity(client), np.ones((1, 3, 224, 224), np.float32))
+
+
+def _infer_identity(client: httpclient.InferenceServerClient) -> np.ndarray:
+    item = httpclient.InferInput("INPUT__0", [1, 3, 224, 224], "FP32")
+    item.set_data_from_numpy(np.ones((1, 3, 224, 224), np.float32))
+    return client.infer("identity", [item]).as_numpy("OUTPUT__0")
