@@ -130,6 +130,13 @@ def test_responses_wait_for_the_clients_window(server: RunningServer) -> None:
     ("ModelInfer", [], b"\x0a\xff", 3, r"ModelInferRequest is malformed"),
     ("ModelInfer", [], b"\x3b", 3, r"field 7 has wire type 3"),
     ("ModelMetadata", [], b"\x0a\x04nope", 5, r"unknown model 'nope'"),
+    ("ModelInfer", [], pb.ModelInferRequest(model_name="identity", inputs=[
+        pb.ModelInferRequest.InferInputTensor(name=f"x{i}", datatype="FP32", shape=[1])
+        for i in range(5000)]).SerializeToString(), 3,
+     r"^the request names 5,000 inputs; at most 4,096 are accepted$"),
+    ("ModelInfer", [], pb.ModelInferRequest(model_name="identity", outputs=[
+        pb.ModelInferRequest.InferRequestedOutputTensor(name="OUTPUT__0")] * 5000
+    ).SerializeToString(), 3, r"^the request names 5,000 outputs; at most 4,096 are accepted$"),
 ])
 def test_errors_are_grpc_statuses(server: RunningServer, method: str,
                                   headers: list[tuple[str, str]], message: bytes, code: int,

@@ -127,6 +127,22 @@ def test_a_large_flat_array_is_parsed_in_many_slices() -> None:
     assert np.frombuffer(sliced[2]["x"][2], np.float32).tolist() == values.tolist()
 
 
+def test_a_body_of_many_small_arrays_gives_the_loop_turns_and_is_refused_by_count(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """20,000 one-number inputs (1.4 MB): each array's end is looked for near it, and the
+    loop gets a turn every few hundred, where each had 1 MiB looked through and none came
+    (16,000 of them held the loop 4.7 s); then the count refuses it, as whole."""
+    monkeypatch.setattr(json_slices, "SLICE_BYTES", 256 << 10)  # the real sizes
+    monkeypatch.setattr(json_slices, "SCAN_BYTES", 1 << 20)
+    monkeypatch.setattr(json_slices, "LARGE_BYTES", 512 << 10)
+    body = json.dumps({"inputs": [{"name": f"x{i}", "datatype": "FP32", "shape": [1],
+                                   "data": [1.0]} for i in range(20_000)]}).encode()
+    sliced, whole, count = _both(body)
+    assert sliced == whole == ("refused", "InvalidArgumentError", "the request names 20,000 "
+                               "inputs; at most 4,096 are accepted")
+    assert count >= 20_000 // 256
+
+
 def test_a_large_nested_array_is_parsed_in_many_slices() -> None:
     """data as x.tolist() sends it: read in row-major order, in slices."""
     values = np.linspace(-3, 3, 360, dtype=np.float32).reshape(4, 9, 10)

@@ -22,7 +22,7 @@ from tensorgate.model import NO_PARAMETERS, Parameter
 from tensorgate.protocol.infer_codec import (DecodedRequest, RequestedOutput,
                                              classification_count, request_priority,
                                              request_sequence,
-                                             request_timeout, shm_parameters)
+                                             request_timeout, shm_parameters, tensor_count)
 from tensorgate.tensor.copies import CopyLedger, record_copy
 from tensorgate.tensor.dtypes import datatype
 from tensorgate.tensor.shm import SharedMemoryRegistry
@@ -149,6 +149,8 @@ def decode_model_infer(request: pb.ModelInferRequest, ledger: CopyLedger,
                        raw_spans: list[tuple[int, int]] | None = None) -> DecodedRequest:
     """The data plane's request. Tensors come from `raw_spans` of `message` as views when
     given (split_model_infer), else from the message's own `raw_input_contents`."""
+    tensor_count(len(request.inputs), "inputs")
+    tensor_count(len(request.outputs), "outputs")
     # (owner, offset, length) of each input's bytes
     raw: list[tuple[Any, int, int]] = (
         [(data, 0, len(data)) for data in request.raw_input_contents] if raw_spans is None

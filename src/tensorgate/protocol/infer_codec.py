@@ -24,12 +24,26 @@ from tensorgate.tensor.dtypes import DataType, datatype
 from tensorgate.tensor.shm import SharedMemoryRegistry
 from tensorgate.tensor.view import TensorView, checked_shape
 
-__all__ = ["RESERVED_PARAMETERS", "DecodedRequest", "RequestedOutput", "classification_count",
+__all__ = ["MAX_TENSORS", "RESERVED_PARAMETERS", "DecodedRequest", "RequestedOutput", "classification_count",
            "decode_infer_body", "encode_infer_response", "forward_headers", "json_data",
            "holds_bool", "json_error", "json_object", "json_parameters", "json_tensor",
            "model_parameters",
            "parse_json",
-           "request_priority", "request_sequence", "request_timeout", "shm_parameters"]
+           "request_priority", "request_sequence", "request_timeout", "shm_parameters",
+           "tensor_count"]
+
+# Inputs, and outputs, one request may name. A model has its config's few; each named costs
+# ~18 µs of decoding on the event loop and ~1.3 KB held (views, arrays) before the model's
+# own checks refuse what it lacks: 200,000 one-number inputs in a 13 MB JSON body held the
+# loop for 3.5 s and 263 MB.
+MAX_TENSORS = 4096
+
+
+def tensor_count(count: int, what: str) -> None:
+    """Refuse a request that names more than MAX_TENSORS `what` ("inputs", "outputs")."""
+    if count > MAX_TENSORS:
+        raise InvalidArgumentError(f"the request names {count:,} {what}; at most "
+                                   f"{MAX_TENSORS:,} are accepted")
 
 
 @dataclass
@@ -234,6 +248,7 @@ def decode_infer_body(body: Any, body_length: int, header_length: int | None,
     raw_inputs = header.get("inputs")
     if not isinstance(raw_inputs, list) or not raw_inputs:
         raise _fail("the request needs an 'inputs' list with at least one input")
+    tensor_count(len(raw_inputs), "inputs")
     inputs: dict[str, TensorView] = {}
     position = json_length
     for index, raw in enumerate(raw_inputs):
@@ -429,6 +444,7 @@ def _decode_outputs(raw: Any) -> list[RequestedOutput] | None:
         return None
     if not isinstance(raw, list):
         raise _fail("'outputs' must be a list")
+    tensor_count(len(raw), "outputs")
     outputs = []
     for index, item in enumerate(raw):
         item = json_object(item, f"output {index}")
