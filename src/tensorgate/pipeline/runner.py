@@ -248,7 +248,7 @@ def zeros_refused(spec: ModelSpec, rows: int) -> str | None:
     """Why zeros cannot stand in for the model's inputs, `rows` deep: a BYTES input, whose
     meaningful content we cannot invent, or one larger than a model_warmup sample may be
     (MAX_WARMUP_BYTES). A config's dims are not bounded otherwise, and a client's load
-    `config` had a server allocate 4.9 GB of zeros for [3, 20000, 20000]: more would have
+    `config` had a server allocate 4.8 GB of zeros for [3, 20000, 20000]: more would have
     had it killed for memory."""
     for item in spec.model_inputs:
         if item.datatype.torch is None:

@@ -120,9 +120,10 @@ def _array_spans(memory: memoryview) -> Generator[None, None, list[Span]]:
         for begin, stop in _scans(end, len(octets)):  # the first [, ] or " after the [
             piece = octets[begin:stop]
             found = np.flatnonzero((piece == _CLOSE) | (piece == _OPEN) | (piece == _QUOTE))
-            end = begin + int(found[0]) if found.size else stop
             if found.size:
+                end = begin + int(found[0])
                 break
+            end = stop
             if stop - begin == SCAN_BYTES:
                 yield
         if end >= len(octets) or octets[end] == _QUOTE:
