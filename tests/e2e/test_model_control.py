@@ -284,8 +284,9 @@ _FIELDS = [("max_batch_size",), ("dynamic_batching", "max_queue_delay_microsecon
            ("sequence_batching", "max_sequence_idle_microseconds"),
            ("model_warmup", 0, "batch_size"), ("model_warmup", 0, "count"),
            ("model_warmup", 0, "inputs", "INPUT__0", "dims", 1)]
-_EXTREMES = st.sampled_from([0, 1, -1, 20_000, 30_000_000, 2**31 - 1, 2**31, 2**32 - 1,
-                             2**63 - 1, -2**63, 2**64])
+_EXTREMES_LIST = [0, 1, -1, 20_000, 30_000_000, 2**31 - 1, 2**31, 2**32 - 1, 2**63 - 1,
+                  -2**63, 2**64]
+_EXTREMES = st.sampled_from(_EXTREMES_LIST)
 
 
 def _set(config: dict, path: tuple, value: object) -> None:  # type: ignore[type-arg]
@@ -295,6 +296,16 @@ def _set(config: dict, path: tuple, value: object) -> None:  # type: ignore[type
     config[path[-1]] = value
 
 
+def test_each_integer_field_at_each_extreme_loads_or_is_refused_within_memory(
+        explicit_identity) -> None:  # type: ignore[no-untyped-def]
+    """Every field of _FIELDS at every value of _EXTREMES, one at a time: the sweep the fuzz
+    below samples from, so that no single case (30,000,000 sequence slots, say) is left to
+    chance."""
+    for path in _FIELDS:
+        for value in _EXTREMES_LIST:
+            _load_or_refused(explicit_identity, [(path, value)])
+
+
 @settings(max_examples=60, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(changes=st.lists(st.tuples(st.sampled_from(_FIELDS),
@@ -302,10 +313,15 @@ def _set(config: dict, path: tuple, value: object) -> None:  # type: ignore[type
                         max_size=3))
 def test_fuzzed_load_configs_load_or_are_refused_by_name_and_cost_no_memory(
         explicit_identity, changes: list) -> None:  # type: ignore[no-untyped-def,type-arg]
-    """A load's `config` whose integers are the proto's extremes, or past them: the model
-    loads (the server bounding what such numbers would have it allocate) or the load is
-    refused naming the config, and the server serves on within its memory."""
-    server = explicit_identity
+    """A load's `config` whose integers are the proto's extremes, or past them, several at
+    once."""
+    _load_or_refused(explicit_identity, changes)
+
+
+def _load_or_refused(server, changes: list) -> None:  # type: ignore[no-untyped-def,type-arg]
+    """The model loads with `changes` made to its config (the server bounding what such
+    numbers would have it allocate) or the load is refused naming the config; the server
+    serves on within its memory, and the model with its own config after."""
     with httpclient.InferenceServerClient(server.url, network_timeout=60) as client:
         config = client.get_model_config("identity")
         if any(path[0] == "model_warmup" for path, _ in changes):  # else zeros at batch 1
