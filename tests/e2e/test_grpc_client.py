@@ -65,6 +65,20 @@ def test_statistics_and_errors(client: grpcclient.InferenceServerClient) -> None
     assert client.is_server_ready()
 
 
+def test_a_long_error_message_is_cut_and_keeps_its_status(
+        client: grpcclient.InferenceServerClient) -> None:
+    """grpcio drops a response whose metadata passes 16 KiB: an unknown model's 20,000-
+    character name in the message had the client told RESOURCE_EXHAUSTED "Stream removed".
+    The message is cut, says so, and the status stands."""
+    with pytest.raises(InferenceServerException) as raised:
+        client.infer("m" * 20_000, [_input(np.zeros((1, 8), np.float32))])
+    assert raised.value.status() == "StatusCode.NOT_FOUND"
+    message = raised.value.message()
+    assert message.startswith("unknown model 'mmm") and len(message) < 4200
+    assert message.endswith(" more characters)")
+    assert client.is_server_ready()
+
+
 def test_asyncio_grpc_client(server: RunningServer) -> None:
     async def scenario() -> None:
         async with grpcaio.InferenceServerClient(server.grpc_url) as client:

@@ -39,6 +39,11 @@ RESPONSE_HEADERS = http2.encode_headers([(b":status", b"200"),
                                          (b"grpc-accept-encoding", ENCODINGS.encode())])
 OK_TRAILERS = http2.encode_headers([(b"grpc-status", b"0")])
 _TIMEOUT_UNITS = {"H": 3600e9, "M": 60e9, "S": 1e9, "m": 1e6, "u": 1e3, "n": 1.0}
+# grpc-message at most this long, encoded: grpcio drops a response whose metadata passes
+# 16 KiB (and may past 8), and its caller got RESOURCE_EXHAUSTED "Stream removed" instead of
+# the status: an unknown model's 20,000-character name did it, as would a model's long
+# exception text.
+_MESSAGE_BYTES = 4096
 # Bytes of ModelInfer's message held back before placing it: enough to find where the first
 # tensor starts in any ordinary request (tritonclient's header fields come first).
 _PLACEMENT_WINDOW = 64 << 10
@@ -62,11 +67,19 @@ class HttpRefusal(Exception):
 
 
 def trailers(code: int, message: str) -> bytes:
-    # grpc-message is percent-encoded UTF-8 (gRPC's PROTOCOL-HTTP2.md)
-    encoded = "".join(c if " " <= c <= "~" and c != "%" else
-                      "".join(f"%{b:02X}" for b in c.encode()) for c in message)
+    """The status trailers; grpc-message percent-encoded UTF-8 (gRPC's PROTOCOL-HTTP2.md),
+    cut to _MESSAGE_BYTES with a note of how much was left out."""
+    parts: list[str] = []
+    size = 0
+    for index, c in enumerate(message):
+        piece = c if " " <= c <= "~" and c != "%" else "".join(f"%{b:02X}" for b in c.encode())
+        if size + len(piece) > _MESSAGE_BYTES:
+            parts.append(f" ... ({len(message) - index:,} more characters)")
+            break
+        parts.append(piece)
+        size += len(piece)
     return http2.encode_headers([(b"grpc-status", str(code).encode()),
-                                 (b"grpc-message", encoded.encode())])
+                                 (b"grpc-message", "".join(parts).encode())])
 
 
 def error_block(code: int, message: str) -> bytes:
