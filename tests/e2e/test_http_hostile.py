@@ -169,6 +169,36 @@ def test_content_length_smaller_than_sent(server: RunningServer) -> None:
     still_serving(server)
 
 
+def test_a_client_that_expects_100_continue_is_told_to_send_its_body(
+        server: RunningServer) -> None:
+    """curl sends `Expect: 100-continue` before a body over 1 MiB and waits a second for the
+    interim answer (a 3 MB request took 1.06 s): it comes once the body has its buffer, and
+    a body refused by its headers gets the final answer instead."""
+    body, headers = binary_body(identity_header(48), TENSOR)
+    expecting = {**headers, "Expect": "100-continue"}
+    head = request(IDENTITY, b"", expecting, length=len(body))
+    with socket.create_connection(("127.0.0.1", server.port), timeout=5) as sock:
+        sock.sendall(head)
+        assert sock.recv(64) == b"HTTP/1.1 100 Continue\r\n\r\n"  # before any body byte
+        sock.sendall(body)
+        answer = b""
+        while b'"outputs"' not in answer or not answer.endswith(b"}"):
+            chunk = sock.recv(65536)
+            assert chunk, answer
+            answer += chunk
+    assert answer.startswith(b"HTTP/1.1 200 OK\r\n")
+    assert json.loads(answer.partition(b"\r\n\r\n")[2])["outputs"][0]["data"] == \
+        list(range(12))
+    # too large for --max-request-bytes: 413 at once, never 100
+    status, _, reply = exchange(server, request(IDENTITY, b"", expecting, length=2 << 20))
+    assert status == 413 and "exceeds the 1048576-byte limit" in error_of(reply)
+    # HTTP/1.0 knows no interim answers
+    status, _, _ = exchange(server, request(IDENTITY, body, expecting).replace(
+        b"HTTP/1.1", b"HTTP/1.0", 1))
+    assert status == 200
+    still_serving(server)
+
+
 def test_keep_alive_serves_many_requests_on_one_connection(server: RunningServer) -> None:
     body, headers = binary_body(identity_header(48), TENSOR)
     one = request(IDENTITY, body, headers)

@@ -308,6 +308,7 @@ class _Connection(asyncio.BufferedProtocol):
         if length_text is None:
             if request.headers.get("transfer-encoding", "").lower() == "chunked":
                 self._chunked = _ChunkedBody(self.front.pool, limit)
+                self._continue()
             return
         length = int(length_text)  # httptools has already checked it
         if length > limit:
@@ -321,6 +322,16 @@ class _Connection(asyncio.BufferedProtocol):
             buffer = memoryview(self._acquire(length + pad)).cast("B")
             self._body_memory = buffer[pad:pad + length]
             request.body = self._body_memory
+            self._continue()
+
+    def _continue(self) -> None:
+        """Tell a client that waits for it (`Expect: 100-continue`) to send its body, now that
+        the body has a buffer: curl waits a second for this before a body over 1 MiB, and
+        a 3 MB JSON request took 1.06 s instead of 0.04 (RFC 9110 §10.1.1). A request
+        refused by its headers (413, 503, 431) gets its final answer instead."""
+        if (self._request.headers.get("expect", "").lower() == "100-continue"
+                and self._parser.get_http_version() == "1.1" and self.transport is not None):
+            self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
 
     def _acquire(self, nbytes: int) -> Any:
         """The body's pooled buffer; a full pool first takes back those of bodies that arrive
