@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 import socket
 import struct
 import time
@@ -196,6 +197,46 @@ def test_a_client_that_expects_100_continue_is_told_to_send_its_body(
     status, _, _ = exchange(server, request(IDENTITY, body, expecting).replace(
         b"HTTP/1.1", b"HTTP/1.0", 1))
     assert status == 200
+    still_serving(server)
+
+
+def test_head_is_get_without_its_body_and_a_wrong_method_is_told_what_is_allowed(
+        server: RunningServer) -> None:
+    """Load balancers check health with HEAD (RFC 9110: a server MUST take GET and HEAD):
+    GET's status and headers, Content-Length included, and no body, so the keep-alive
+    connection carries on; a 405 says which methods the path takes (Allow)."""
+    get = b"GET /v2/models/identity HTTP/1.1\r\nHost: x\r\n\r\n"
+    status, headers, body = exchange(server, get)
+    assert status == 200 and len(body) == int(headers["content-length"]) > 0
+    with socket.create_connection(("127.0.0.1", server.port), timeout=5) as sock:
+        sock.sendall(get.replace(b"GET", b"HEAD", 1))
+        data = b""
+        while not data.endswith(b"\r\n\r\n"):
+            chunk = sock.recv(65536)
+            assert chunk, data
+            data += chunk
+        assert f"Content-Length: {len(body)}".encode() in data and b"Connection" not in data
+        sock.sendall(get)  # the same connection: nothing of a body came between
+        data = b""
+        while not data.endswith(body):
+            chunk = sock.recv(65536)
+            assert chunk, data
+            data += chunk
+    assert data.startswith(b"HTTP/1.1 200 OK")
+    for method, path, allow in (("DELETE", IDENTITY, "POST"),
+                                ("PUT", "/v2/logging", "GET, HEAD, POST"),
+                                ("POST", "/v2/health/ready", "GET, HEAD")):
+        status, headers, body = exchange(server, f"{method} {path} HTTP/1.1\r\nHost: x\r\n"
+                                                 f"Content-Length: 0\r\n\r\n".encode())
+        assert (status, headers["allow"]) == (405, allow), body
+    with socket.create_connection(("127.0.0.1", server.metrics_port), timeout=5) as sock:
+        sock.sendall(b"HEAD /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        data = b""
+        while chunk := sock.recv(65536):
+            data += chunk
+    head, _, rest = data.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200 OK") and rest == b""
+    assert int(re.search(rb"Content-Length: (\d+)", head).group(1)) > 0
     still_serving(server)
 
 

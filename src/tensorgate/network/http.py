@@ -420,9 +420,17 @@ class _Connection(asyncio.BufferedProtocol):
         request = self._request
         self._body_memory = None  # the request holds its body now, and lets it go once decoded
         request.received_ns = time.monotonic_ns()
-        target, detail = route(request.method, request.path)
+        # HEAD is GET without the body (RFC 9110 §9.3.2): load balancers' checks send it
+        target, detail = route("GET" if request.method == "HEAD" else request.method,
+                               request.path)
         if isinstance(target, int):
-            self._respond_error(target, str(detail))
+            headers = [("Content-Type", "application/json")]
+            if target == 405:  # with the methods that path takes (RFC 9110 §15.5.6)
+                headers.append(("Allow", ", ".join(
+                    m for m in ("GET", "HEAD", "POST")
+                    if not isinstance(route("GET" if m == "HEAD" else m, request.path)[0],
+                                      int))))
+            self._respond(target, headers, [json_error(str(detail))])
             return
         restricted = self.front.restricted
         if restricted:
@@ -479,6 +487,8 @@ class _Connection(asyncio.BufferedProtocol):
             head.append("Connection: close\r\n")
         head.append("\r\n")
         first = "".join(head).encode("latin-1")
+        if self._request.method == "HEAD":
+            parts = []  # its Content-Length is GET's
         if parts and isinstance(parts[0], bytes):
             transport.write(first + parts[0])  # the JSON header is small: one write
             rest = parts[1:]

@@ -1,4 +1,4 @@
-"""The metrics port: `GET /metrics` in Prometheus text; anything else is 404. One response
+"""The metrics port: `GET /metrics` in Prometheus text (HEAD: its headers); anything else is 404. One response
 per connection (Prometheus scrapes are rare and small). Bounded as the client ports are: a
 connection whose request has not arrived within the read timeout is closed, at most
 _MAX_OPEN are open at once (past that a new one is closed at once), and stopping closes
@@ -52,14 +52,16 @@ class _Scrape(asyncio.Protocol):
                 self._transport.close()
             return
         line = self._data.split(b"\r\n", 1)[0].split()
-        if len(line) >= 2 and line[0] == b"GET" and line[1].split(b"?")[0] == b"/metrics":
+        head = len(line) >= 2 and line[0] == b"HEAD"  # GET's answer without its body
+        if len(line) >= 2 and line[0] in (b"GET", b"HEAD") and \
+                line[1].split(b"?")[0] == b"/metrics":
             body = self._front.render().encode()
             status, kind = b"200 OK", b"text/plain; version=0.0.4; charset=utf-8"
         else:
             body, status, kind = b"not found: use GET /metrics\n", b"404 Not Found", b"text/plain"
         self._transport.write(b"HTTP/1.1 " + status + b"\r\nContent-Type: " + kind +
                               b"\r\nContent-Length: " + str(len(body)).encode() +
-                              b"\r\nConnection: close\r\n\r\n" + body)
+                              b"\r\nConnection: close\r\n\r\n" + (b"" if head else body))
         self._transport.close()
 
 
