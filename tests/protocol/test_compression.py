@@ -175,3 +175,30 @@ def test_hostile_bytes_are_refused_by_name_or_come_out_whole(
             assert out is None or len(out) <= limit
         del out
     assert pool.statistics().bytes_in_use == 0
+
+
+def _steps(steps) -> tuple[bytes, int]:  # type: ignore[no-untyped-def]
+    turns = 0
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value, turns
+        turns += 1
+
+
+@pytest.mark.parametrize("encoding", ["gzip", "deflate"])
+def test_an_answer_is_compressed_at_the_fastest_level_a_slice_at_a_time(encoding: str) -> None:
+    """Answers: zlib's fastest level (a 1.6 MB JSON answer took 151 ms at the default, 23 at
+    1), 256 KiB of input a step, the loop's turn between steps; the parts read as one body."""
+    values = np.random.default_rng(0).random(400_000).astype(np.float32)
+    parts = [b'{"head": 1}', memoryview(values.tobytes()), b"tail"]
+    packed, turns = _steps(compression.deflate_steps(parts, encoding))
+    whole = b"".join(bytes(p) for p in parts)
+    if encoding == "gzip":
+        assert gzip.decompress(packed) == whole
+        assert packed[8] == 4  # XFL: "compressor used fastest algorithm" (RFC 1952)
+    else:
+        assert zlib.decompress(packed) == whole
+        assert packed[1] >> 6 == 0  # FLEVEL 0: the fastest (RFC 1950)
+    assert turns == len(values.tobytes()) // (256 << 10)  # 1.6 MB view: 6 full slices, 7 steps

@@ -15,13 +15,12 @@ import functools
 import json
 import logging
 import re
-import zlib
 from collections.abc import AsyncGenerator, Callable
 from typing import TYPE_CHECKING, Any
 
 from tensorgate.dataplane import Answer, DataPlane, refuse_model_files
 from tensorgate.errors import InternalError, InvalidArgumentError, TensorgateError
-from tensorgate.protocol.compression import inflate
+from tensorgate.protocol.compression import deflate_steps, inflate
 from tensorgate.protocol.generate_codec import (decode_generate_body, encode_generate_response,
                                                 sse_event)
 from tensorgate.protocol.infer_codec import (decode_infer_body, encode_infer_response,
@@ -231,9 +230,7 @@ async def _infer(dp: DataPlane, request: HttpRequest, model: str, version: str) 
         return 200, headers, [*heads, *tail]
     # Compressing reads every tensor byte into a new buffer: a copy, counted. The
     # Inference-Header-Content-Length stays the uncompressed JSON length, as Triton's does.
-    packer = zlib.compressobj(wbits=16 + zlib.MAX_WBITS if encoding == "gzip" else zlib.MAX_WBITS)
-    packed = b"".join([*(packer.compress(h) for h in heads),
-                       *(packer.compress(t) for t in tail), packer.flush()])
+    packed = await _in_slices(deflate_steps([*heads, *tail], encoding))
     record_copy(head_length + sum(t.nbytes for t in tail), "encode", request.ledger)
     return 200, [*headers, ("Content-Encoding", encoding)], [packed]
 
