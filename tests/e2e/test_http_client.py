@@ -456,3 +456,31 @@ def _non_readers(server: RunningServer, request: bytes, count: int) -> list[sock
         connection.sendall(request)
         connections.append(connection)
     return connections
+
+
+def test_binary_tensors_are_compressed_only_where_they_shrink(server: RunningServer) -> None:
+    """aiohttp, so tritonclient.http.aio, accepts gzip on every call without being asked:
+    random FP32 went through zlib for a tenth less (17 ms a 602 KB identity call against
+    0.7). Tensors that sample as incompressible go as they are; others, and JSON, are
+    compressed as the client accepts."""
+    rng = np.random.default_rng(5)
+    for values, compressed in ((rng.standard_normal((2, 3, 4)).astype(np.float32), False),
+                               (np.zeros((2, 3, 4), np.float32), True)):
+        raw = binary_infer_request("identity", values).replace(
+            b"\r\n\r\n", b"\r\nAccept-Encoding: gzip, deflate\r\n\r\n", 1)
+        with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+            sock.sendall(raw)
+            head, body = read_answer(sock)
+        assert head.startswith(b"HTTP/1.1 200")
+        assert (b"Content-Encoding: gzip" in head) is compressed, head
+        body = gzip.decompress(body) if compressed else body
+        json_length = int(re.search(rb"Inference-Header-Content-Length: (\d+)", head).group(1))
+        assert body[json_length:] == values.tobytes()
+    # and the asyncio client gets its answer either way
+    async def scenario() -> None:
+        async with aioclient.InferenceServerClient(server.url) as client:
+            item = aioclient.InferInput("INPUT__0", [2, 3, 4], "FP32")
+            item.set_data_from_numpy(values)
+            result = await client.infer("identity", [item])
+            assert result.as_numpy("OUTPUT__0").tobytes() == values.tobytes()
+    asyncio.run(scenario())

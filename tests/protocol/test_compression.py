@@ -202,3 +202,14 @@ def test_an_answer_is_compressed_at_the_fastest_level_a_slice_at_a_time(encoding
         assert zlib.decompress(packed) == whole
         assert packed[1] >> 6 == 0  # FLEVEL 0: the fastest (RFC 1950)
     assert turns == len(values.tobytes()) // (256 << 10)  # 1.6 MB view: 6 full slices, 7 steps
+
+
+def test_binary_tensors_are_worth_compressing_only_where_samples_shrink() -> None:
+    rng = np.random.default_rng(1)
+    noise = memoryview(rng.standard_normal(150_528).astype(np.float32).tobytes())
+    gradient = memoryview(np.tile(np.arange(224, dtype=np.uint8), 3 * 224).tobytes())
+    assert not compression.worth_compressing([noise])  # FP32 noise: about 0.9 at best
+    assert compression.worth_compressing([memoryview(bytes(602_112))])
+    assert compression.worth_compressing([noise[:100], gradient])  # the largest decides
+    assert not compression.worth_compressing([memoryview(rng.bytes(1000))])  # a small one
+    assert compression.worth_compressing([])  # nothing binary: a JSON answer

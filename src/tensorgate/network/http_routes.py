@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from tensorgate.dataplane import Answer, DataPlane, refuse_model_files
 from tensorgate.errors import InternalError, InvalidArgumentError, TensorgateError
-from tensorgate.protocol.compression import deflate_steps, inflate
+from tensorgate.protocol.compression import deflate_steps, inflate, worth_compressing
 from tensorgate.protocol.generate_codec import (decode_generate_body, encode_generate_response,
                                                 sse_event)
 from tensorgate.protocol.infer_codec import (decode_infer_body, encode_infer_response,
@@ -226,7 +226,7 @@ async def _infer(dp: DataPlane, request: HttpRequest, model: str, version: str) 
     headers = _JSON if not tail else [("Content-Type", "application/octet-stream"),
                                       ("Inference-Header-Content-Length", str(head_length))]
     encoding = _accepted_encoding(request.headers.get("accept-encoding", ""))
-    if encoding is None:
+    if encoding is None or not worth_compressing(tail):
         return 200, headers, [*heads, *tail]
     # Compressing reads every tensor byte into a new buffer: a copy, counted. The
     # Inference-Header-Content-Length stays the uncompressed JSON length, as Triton's does.
