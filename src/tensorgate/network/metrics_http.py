@@ -1,8 +1,8 @@
-"""The metrics port: `GET /metrics` in Prometheus text (HEAD: its headers); anything else is 404. One response
-per connection (Prometheus scrapes are rare and small). Bounded as the client ports are: a
-connection whose request has not arrived within the read timeout is closed, at most
-_MAX_OPEN are open at once (past that a new one is closed at once), and stopping closes
-those open (from Python 3.12 the listener's close waits for them)."""
+"""The metrics port: `GET /metrics` in Prometheus text (HEAD: its headers); anything else
+is 404. One response per connection (Prometheus scrapes are rare and small). Bounded as the
+client ports are: a connection whose request has not arrived within the read timeout is
+closed, at most _MAX_OPEN are open at once (past that a new one is closed at once), and
+stopping closes those open (from Python 3.12 the listener's close waits for them)."""
 
 from __future__ import annotations
 

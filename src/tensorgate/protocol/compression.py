@@ -130,7 +130,7 @@ def worth_compressing(tensors: Sequence[Any]) -> bool:
     says no, the answer goes as it is."""
     if not tensors:
         return True
-    largest = memoryview(max(tensors, key=len)).cast("B")
+    largest = max((memoryview(t).cast("B") for t in tensors), key=len)
     if len(largest) <= 3 * _SAMPLE:
         return len(zlib.compress(largest, ANSWER_LEVEL)) < _WORTH * len(largest)
     middle = (len(largest) - _SAMPLE) // 2
