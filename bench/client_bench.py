@@ -50,10 +50,10 @@ def _timed(call: Callable[[], None], count: int) -> list[float]:
     return ms
 
 
-def tritonclient_http(port: int, count: int) -> list[float]:
-    import tritonclient.http as httpclient
-    client = httpclient.InferenceServerClient(f"127.0.0.1:{port}", network_timeout=60)
-    item = httpclient.InferInput("INPUT__0", list(X.shape), "FP32")
+def tritonclient_sync(module: Any, port: int, count: int) -> list[float]:
+    """tritonclient's synchronous client, HTTP or gRPC (`module`)."""
+    client = module.InferenceServerClient(f"127.0.0.1:{port}")
+    item = module.InferInput("INPUT__0", list(X.shape), "FP32")
     item.set_data_from_numpy(X)
 
     def call() -> None:
@@ -130,34 +130,22 @@ def curl_large_json(port: int, count: int, folder: pathlib.Path) -> list[float]:
     return ms
 
 
-def tritonclient_grpc(grpc_port: int, count: int) -> list[float]:
-    import tritonclient.grpc as grpcclient
-    client = grpcclient.InferenceServerClient(f"127.0.0.1:{grpc_port}")
-    item = grpcclient.InferInput("INPUT__0", list(X.shape), "FP32")
-    item.set_data_from_numpy(X)
-
-    def call() -> None:
-        assert np.array_equal(client.infer("identity", [item]).as_numpy("OUTPUT__0"), X)
-    try:
-        return _timed(call, count)
-    finally:
-        client.close()
-
-
 CLIENTS = ("tritonclient HTTP", "tritonclient HTTP asyncio", "JSON, Accept-Encoding gzip",
            "curl, 3 MB JSON body", "tritonclient gRPC")
 
 
 def measure(src: pathlib.Path, models: pathlib.Path, folder: pathlib.Path,
             count: int) -> dict[str, list[float]]:
+    import tritonclient.grpc as grpcclient
+    import tritonclient.http as httpclient
     process, port, grpc_port = serve(src, models)
     try:
         runs: dict[str, Callable[[], list[float]]] = {
-            CLIENTS[0]: lambda: tritonclient_http(port, count),
+            CLIENTS[0]: lambda: tritonclient_sync(httpclient, port, count),
             CLIENTS[1]: lambda: tritonclient_http_aio(port, count),
             CLIENTS[2]: lambda: json_accepting_gzip(port, count),
             CLIENTS[3]: lambda: curl_large_json(port, count, folder),
-            CLIENTS[4]: lambda: tritonclient_grpc(grpc_port, count)}
+            CLIENTS[4]: lambda: tritonclient_sync(grpcclient, grpc_port, count)}
         return {name: run() for name, run in runs.items()}
     finally:
         process.kill()
