@@ -59,6 +59,15 @@ def start_server(repo: pathlib.Path, log: pathlib.Path, *extra: str) -> RunningS
     raise RuntimeError(f"server did not start in {STARTUP_TIMEOUT_S} s:\n{log.read_text()}")
 
 
+def memory_bytes(field: str, pid: int | str = "self") -> int:
+    """A /proc/<pid>/status memory line in bytes: "VmRSS" (now), "VmHWM" (the peak)."""
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError(f"no {field} in /proc/{pid}/status")
+
+
 def scrape(server: RunningServer) -> str:
     """The server's /metrics text."""
     with urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics",

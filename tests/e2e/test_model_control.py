@@ -22,7 +22,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from tensorgate.builtin.repository import default_repository
-from tests.e2e.conftest import start_server, stop_server
+from tests.e2e.conftest import memory_bytes, start_server, stop_server
 from tests.pipeline import repo_builder as rb
 
 POLL_S = 0.2
@@ -224,14 +224,6 @@ def test_a_load_may_override_the_config(tmp_path: pathlib.Path) -> None:
         assert stop_server(server) == 0
 
 
-def _peak_rss_bytes(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as status:
-        for line in status:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    raise AssertionError("no VmHWM in /proc/<pid>/status")
-
-
 def test_a_loads_config_cannot_make_the_server_allocate_gigabytes_of_zeros(
         tmp_path: pathlib.Path) -> None:
     """A client's load `config` whose inputs are gigabytes a row: the model loads without the
@@ -246,10 +238,10 @@ def test_a_loads_config_cannot_make_the_server_allocate_gigabytes_of_zeros(
             config = client.get_model_config("identity")
             for tensor in config["input"] + config["output"]:
                 tensor["dims"] = ["3", "20000", "20000"]
-            peak = _peak_rss_bytes(server.process.pid)
+            peak = memory_bytes("VmHWM", server.process.pid)
             client.load_model("identity", config=json.dumps(config))
             assert client.get_model_config("identity")["input"][0]["dims"] == [3, 20000, 20000]
-            assert _peak_rss_bytes(server.process.pid) - peak < 256 << 20
+            assert memory_bytes("VmHWM", server.process.pid) - peak < 256 << 20
             assert ("model identity: no warm-up: it has no model_warmup, and zeros cannot "
                     "stand in: input 'INPUT__0' would be 4,800,000,000 bytes of zeros, more "
                     "than a warm-up input may be (1,073,741,824)") in server.log.read_text()
@@ -335,14 +327,14 @@ def _load_or_refused(server, changes: list) -> None:  # type: ignore[no-untyped-
             config.setdefault("dynamic_batching", {})["preferred_batch_size"] = [1]
         for path, value in changes:
             _set(config, path, value)
-        before = _peak_rss_bytes(server.process.pid)
+        before = memory_bytes("VmHWM", server.process.pid)
         try:
             client.load_model("identity", config=json.dumps(config))
         except InferenceServerException as refused:
             assert refused.status() == "400", refused.message()
             assert "model 'identity'" in refused.message(), refused.message()
         assert client.is_server_live()
-        assert _peak_rss_bytes(server.process.pid) - before < 512 << 20
+        assert memory_bytes("VmHWM", server.process.pid) - before < 512 << 20
         client.load_model("identity")  # its own config again: serving as before
         assert np.array_equal(_infer_identity(client), np.ones((1, 3, 224, 224), np.float32))
 

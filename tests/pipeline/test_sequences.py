@@ -15,6 +15,7 @@ from tensorgate import Engine, InferenceRequest, TensorView
 from tensorgate.errors import InvalidArgumentError, ModelConfigError
 from tensorgate.pipeline import sequences
 from tensorgate.pipeline.work import SequenceFlags
+from tests.e2e.conftest import memory_bytes
 from tests.pipeline import sequence_models as sm
 from tests.pipeline.conftest import run
 
@@ -280,14 +281,6 @@ def test_a_new_sequence_takes_the_lowest_free_slot(seq_repo: pathlib.Path) -> No
     run(scenario())
 
 
-def _rss_bytes() -> int:
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    raise AssertionError("no VmRSS in /proc/self/status")
-
-
 def test_slots_cost_memory_as_they_are_used_not_as_many_as_configured(
         tmp_path: pathlib.Path) -> None:
     """max_candidate_sequences is an int32 a config (a client's load `config` too) sets at
@@ -296,9 +289,9 @@ def test_slots_cost_memory_as_they_are_used_not_as_many_as_configured(
 
     async def scenario() -> None:
         engine = Engine(tmp_path)
-        before = _rss_bytes()
+        before = memory_bytes("VmRSS")
         await engine.start(["many_slots"])
-        assert _rss_bytes() - before < 200 << 20
+        assert memory_bytes("VmRSS") - before < 200 << 20
         (stats, _), = engine.model_statistics()
         assert stats.sequence_slots == 30_000_000
         assert _value(await engine.infer(_request("many_slots", 2, 1, start=True))) == 2

@@ -10,7 +10,6 @@ host, which a graph does not replay), or the config says `cuda_graphs: false`.
 from __future__ import annotations
 
 import bisect
-import math
 from collections.abc import Callable
 from typing import Any
 
@@ -40,8 +39,7 @@ def graph_batch_sizes(spec: ModelSpec) -> list[int]:
     sizes.add(top)
     if spec.batching is not None:
         sizes.update(spec.batching.preferred_batch_sizes)
-    row = max((max(i.datatype.itemsize, 1) * math.prod(i.reshape or i.dims)
-               for i in spec.model_inputs), default=0)
+    row = max((i.row_bytes() for i in spec.model_inputs), default=0)
     return sorted(size for size in sizes if size == 1 or size * row <= MAX_WARMUP_BYTES)
 
 

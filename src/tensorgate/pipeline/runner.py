@@ -253,8 +253,7 @@ def zeros_refused(spec: ModelSpec, rows: int) -> str | None:
     for item in spec.model_inputs:
         if item.datatype.torch is None:
             return f"input '{item.name}' is BYTES"
-        dims = [1 if d == -1 else d for d in (item.reshape or item.dims)]
-        nbytes = (rows if spec.max_batch_size else 1) * item.datatype.itemsize * math.prod(dims)
+        nbytes = (rows if spec.max_batch_size else 1) * item.row_bytes()
         if nbytes > MAX_WARMUP_BYTES:
             return (f"input '{item.name}' would be {nbytes:,} bytes of zeros, more than a "
                     f"warm-up input may be ({MAX_WARMUP_BYTES:,})")
@@ -296,7 +295,7 @@ def sample_inputs(spec: ModelSpec, sample: WarmupSample, folder: pathlib.Path,
             if spec.input(item.name) is not None:
                 continue  # an optional input the sample leaves out
             dims = [1 if d == -1 else d for d in item.dims]
-            nbytes = max(item.datatype.itemsize, 1) * math.prod(rows + dims)
+            nbytes = math.prod(rows) * item.row_bytes(reshaped=False)
             if nbytes > MAX_WARMUP_BYTES:  # as the inputs a sample names are bounded
                 raise ModelConfigError(str(folder.parent), f"model '{spec.name}', warm-up "
                                        f"sample '{sample.name}' leaves out input "

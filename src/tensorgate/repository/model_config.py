@@ -54,6 +54,12 @@ class TensorSpec:
     label_filename: str = ""
     ragged: bool = False  # allow_ragged_batch: batches whatever its shape, flat (ragged_config)
 
+    def row_bytes(self, reshaped: bool = True) -> int:
+        """Bytes of one row of it in zeros (variable dims as 1; a BYTES element as 1), in the
+        shape the model takes (`reshaped`) or the config's `dims`."""
+        dims = (self.reshape or self.dims) if reshaped else self.dims
+        return max(self.datatype.itemsize, 1) * math.prod(1 if d == -1 else d for d in dims)
+
     def accepts(self, shape: tuple[int, ...]) -> bool:
         """Whether a per-item shape (no batch dim) fits `dims`."""
         return len(shape) == len(self.dims) and all(
