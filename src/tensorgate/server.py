@@ -294,8 +294,8 @@ def _gpu_sampler() -> GpuSampler | None:
     try:
         sampler = GpuSampler()
     except NvmlError as error:
-        (log.info if default_pool().statistics().pinned else log.debug)(
-            "GPU metrics (nv_gpu_*) are not collected: %s", error)
+        log.log(logging.INFO if default_pool().statistics().pinned else logging.DEBUG,
+                "GPU metrics (nv_gpu_*) are not collected: %s", error)
         return None
     sampler.sample()
     log.info("GPU metrics (nv_gpu_*) from NVML for %s", ", ".join(sampler.uuids))
