@@ -155,7 +155,7 @@ local threads = {{}}
 function setup(thread) table.insert(threads, thread) end
 function init(args) bad = 0 end
 function response(status, headers, body)
-  if status ~= 200 or #body < {smallest} then bad = bad + 1 end
+  if ({status} ~= 0 and status ~= {status}) or #body < {smallest} then bad = bad + 1 end
 end
 function done(summary, latency, requests)
   local total = 0
@@ -185,10 +185,11 @@ def _latency_figures(us: np.ndarray) -> dict[str, int]:
 
 
 def wrk_load(port: int, raw: bytes, connections: int, seconds: float, smallest: int,
-             folder: pathlib.Path) -> dict[str, Any]:
+             folder: pathlib.Path, status: int = 200) -> dict[str, Any]:
     """Send `raw` (a prebuilt request) with wrk: `connections` keep-alive connections on one
-    thread for `seconds`. Answers that are not 200 or shorter than `smallest` bytes count as
-    bad; wrk's own CPU share is measured (it is a child of this process)."""
+    thread for `seconds`. Answers whose status is not `status` (0: any) or shorter than
+    `smallest` bytes count as bad; wrk's own CPU share is measured (it is a child of this
+    process)."""
     head, _, body = raw.partition(b"\r\n\r\n")
     lines = head.decode("latin-1").split("\r\n")[1:]
     path = raw.split(b" ", 2)[1].decode()
@@ -197,7 +198,8 @@ def wrk_load(port: int, raw: bytes, connections: int, seconds: float, smallest: 
                         if k not in ("Host", "Content-Length"))
     (folder / "wrk-body.bin").write_bytes(body)
     (folder / "wrk.lua").write_text(_WRK_SCRIPT.format(body=folder / "wrk-body.bin",
-                                                       headers=headers, smallest=smallest))
+                                                       headers=headers, smallest=smallest,
+                                                       status=status))
     before = _children_cpu_s()
     out = subprocess.run(["wrk", "-t", "1", "-c", str(connections), "-d",
                           f"{max(1, round(seconds))}s", "--timeout", "30s",

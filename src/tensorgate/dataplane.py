@@ -15,7 +15,8 @@ from tensorgate.pipeline.postprocess import topk_classify
 from tensorgate.pipeline.trace import Trace
 from tensorgate.pipeline.work import SequenceFlags
 from tensorgate.protocol.generate_codec import GenerateInput, generate_request
-from tensorgate.protocol.infer_codec import DecodedRequest, model_parameters
+from tensorgate.protocol.infer_codec import (MAX_JSON_VALUES, DecodedRequest,
+                                             json_values_bounded, model_parameters)
 from tensorgate.repository.model_config import ModelSpec
 from tensorgate.tensor.copies import CopyLedger
 from tensorgate.tensor.pinned import cuda_available
@@ -129,6 +130,8 @@ class DataPlane:
     async def load(self, name: str, config: str | None = None) -> None:
         """`config`: a JSON model config to load with instead of the repository's."""
         self._check_model_control("load")
+        if config is not None and len(config) > MAX_JSON_VALUES:  # else it cannot be over
+            json_values_bounded(config.encode(), "load parameter 'config'")
         await self.engine.load(name, config)
 
     async def unload(self, name: str, dependents: bool = False) -> None:

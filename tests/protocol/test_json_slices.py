@@ -16,7 +16,8 @@ from hypothesis import strategies as st
 
 from tensorgate.errors import TensorgateError
 from tensorgate.protocol import json_slices
-from tensorgate.protocol.infer_codec import decode_infer_body, encode_infer_response
+from tensorgate.protocol.infer_codec import (MAX_JSON_VALUES, decode_infer_body,
+                                             encode_infer_response)
 from tensorgate.protocol.json_slices import Steps, decode_in_slices, encode_in_slices
 from tensorgate.tensor.copies import CopyLedger
 from tensorgate.tensor.view import TensorView
@@ -52,11 +53,13 @@ def _run(steps: Steps, turns: list[int] | None = None) -> Any:
             turns.append(1)
 
 
-def _both(body: bytes) -> tuple[tuple[Any, ...], tuple[Any, ...], int]:
+def _both(body: bytes, header_length: int | None = None
+          ) -> tuple[tuple[Any, ...], tuple[Any, ...], int]:
     """Each way's outcome, and how many slices the sliced way took."""
     turns: list[int] = []
-    sliced = _outcome(lambda: _run(decode_in_slices(body, len(body), CopyLedger()), turns))
-    whole = _outcome(lambda: decode_infer_body(body, len(body), None, CopyLedger()))
+    sliced = _outcome(lambda: _run(decode_in_slices(body, len(body), CopyLedger(),
+                                                    header_length=header_length), turns))
+    whole = _outcome(lambda: decode_infer_body(body, len(body), header_length, CopyLedger()))
     return sliced, whole, len(turns)
 
 
@@ -68,9 +71,17 @@ _DATATYPES = st.sampled_from(["FP32", "FP64", "FP16", "INT8", "INT32", "INT64", 
                               "UINT64", "BOOL", "BYTES"])
 
 
+_TAIL = b"\x01\x02\x03\x04"  # a binary input's bytes after the JSON
+
+
 @st.composite
-def _bodies(draw: Any) -> bytes:
-    inputs = []
+def _bodies(draw: Any) -> tuple[bytes, int | None]:
+    """An all-JSON body, or JSON and a binary input's bytes (and the JSON's length)."""
+    inputs: list[dict[str, Any]] = []
+    binary = draw(st.booleans())
+    if binary:
+        inputs.append({"name": "raw", "datatype": "UINT8", "shape": [4],
+                       "parameters": {"binary_data_size": 4}})
     for index in range(draw(st.integers(1, 3))):
         kind = draw(st.sampled_from(["numbers", "ints", "mixed", "nested", "deep", "uneven"]))
         count = draw(st.integers(0, 60))
@@ -106,13 +117,13 @@ def _bodies(draw: Any) -> bytes:
                                      max_size=2)):
         where %= len(text) + 1
         text = text[:where] + what + text[where + (what == ""):]  # insert, or delete one
-    return text.encode()
+    return (text.encode() + _TAIL, len(text.encode())) if binary else (text.encode(), None)
 
 
 @settings(max_examples=800, deadline=None)
 @given(body=_bodies())
-def test_sliced_and_whole_decoding_mean_the_same(body: bytes) -> None:
-    sliced, whole, _ = _both(body)
+def test_sliced_and_whole_decoding_mean_the_same(body: tuple[bytes, int | None]) -> None:
+    sliced, whole, _ = _both(*body)
     assert sliced == whole
 
 
@@ -125,6 +136,68 @@ def test_a_large_flat_array_is_parsed_in_many_slices() -> None:
     assert sliced == whole and sliced[0] == "decoded"
     assert count > 100  # 500 numbers in slices of 16 bytes of text
     assert np.frombuffer(sliced[2]["x"][2], np.float32).tolist() == values.tolist()
+
+
+def test_a_bool_array_is_parsed_in_many_slices(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A BOOL input's true/false, flat or nested, are read in slices as numbers are; a
+    number among them is refused as whole. (Looked through at once for its end, so that
+    the turns counted are the slices'.)"""
+    monkeypatch.setattr(json_slices, "SCAN_BYTES", 1 << 20)
+    values = np.arange(480) % 3 == 0
+    for data in (values.tolist(), values.reshape(4, 12, 10).tolist()):
+        body = json.dumps({"inputs": [{"name": "x", "datatype": "BOOL", "shape": [480],
+                                       "data": data}]}).encode()
+        sliced, whole, count = _both(body)
+        assert sliced == whole and sliced[0] == "decoded"
+        assert count > 40
+        assert np.frombuffer(sliced[2]["x"][2], np.bool_).tolist() == values.tolist()
+    body = json.dumps({"inputs": [{"name": "x", "datatype": "BOOL", "shape": [481],
+                                   "data": values.tolist() + [1]}]}).encode()
+    sliced, whole, _ = _both(body)
+    assert sliced == whole and "must hold true or false" in sliced[2]
+
+
+def test_the_json_before_binary_tensors_is_parsed_in_slices() -> None:
+    """A request with a binary input and a large JSON one: the JSON's arrays in slices."""
+    values = np.linspace(-3, 3, 500, dtype=np.float32)
+    head = json.dumps({"inputs": [
+        {"name": "raw", "datatype": "UINT8", "shape": [4],
+         "parameters": {"binary_data_size": 4}},
+        {"name": "x", "datatype": "FP32", "shape": [500], "data": values.tolist()}]}).encode()
+    sliced, whole, count = _both(head + _TAIL, len(head))
+    assert sliced == whole and sliced[0] == "decoded"
+    assert count > 100
+    assert np.frombuffer(sliced[2]["x"][2], np.float32).tolist() == values.tolist()
+    assert sliced[2]["raw"][2] == _TAIL
+
+
+def _real_sizes(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(json_slices, "SLICE_BYTES", 256 << 10)
+    monkeypatch.setattr(json_slices, "SCAN_BYTES", 1 << 20)
+    monkeypatch.setattr(json_slices, "LARGE_BYTES", 512 << 10)
+
+
+def test_more_json_values_than_the_limit_are_refused_unless_numbers_in_data(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """What is parsed whole holds at most MAX_JSON_VALUES values (each a Python object);
+    the numbers of a `data` array read in slices are not among them."""
+    _real_sizes(monkeypatch)
+    many = MAX_JSON_VALUES + 1
+    refusal = ("refused", "InvalidArgumentError", "the inference request header holds more "
+               f"than {MAX_JSON_VALUES:,} JSON values and keys, each a Python object to "
+               "parse; send a large tensor's elements as numbers in its 'data' or with the "
+               "binary tensor extension")
+    small = {"name": "x", "datatype": "INT32", "shape": [1], "data": [1]}
+    strings = {**small, "datatype": "BYTES", "shape": [many], "data": [""] * many}
+    for junk in ({"inputs": [small], "junk": [{}] * many},
+                 {"inputs": [small], "parameters": {f"k{i}": 1 for i in range(many // 2)}},
+                 {"inputs": [strings]}):
+        body = json.dumps(junk, separators=(",", ":")).encode()
+        sliced, whole, _ = _both(body)
+        assert sliced == whole == refusal
+    body = json.dumps({"inputs": [{**small, "shape": [many], "data": [0] * many}]}).encode()
+    sliced, whole, _ = _both(body)
+    assert sliced[0] == "decoded" and whole == refusal
 
 
 def test_a_body_of_many_small_arrays_gives_the_loop_turns_and_is_refused_by_count(

@@ -108,3 +108,41 @@ def test_non_finite_floats_are_written_as_triton_writes_them() -> None:
 def test_an_integer_beyond_64_bits_is_still_written() -> None:
     assert json_text.dumps({"p": 2**70, "data": np.arange(2)}) == (
         b'{"p":1180591620717411303424,"data":[0,1]}')
+
+
+# strings made mostly of what marks_over must not count inside a string, and of escapes
+_MARKED_TEXT = st.text(alphabet=st.sampled_from('{}[],:"\\/ a\n\u00e9\U0001f600'), max_size=12)
+_MARKED = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | _MARKED_TEXT,
+    lambda inner: st.lists(inner, max_size=5) | st.dictionaries(_MARKED_TEXT, inner,
+                                                                 max_size=5),
+    max_leaves=30)
+
+
+def _marks(value: Any) -> int:
+    """The `{`, `[`, `,` and `:` that JSON text of `value` has outside its strings."""
+    if isinstance(value, list):
+        return 1 + max(len(value) - 1, 0) + sum(map(_marks, value))
+    if isinstance(value, dict):
+        return 1 + max(len(value) - 1, 0) + len(value) + sum(map(_marks, value.values()))
+    return 0
+
+
+@settings(max_examples=400, deadline=None)
+@given(value=_MARKED, ascii_only=st.booleans(), indent=st.sampled_from([None, 1]))
+def test_marks_are_counted_outside_strings_exactly(value: Any, ascii_only: bool,
+                                                   indent: int | None) -> None:
+    text = json.dumps(value, ensure_ascii=ascii_only, indent=indent).encode()
+    marks = _marks(value)
+    assert not json_text.marks_over(text, marks)
+    if marks:
+        assert json_text.marks_over(memoryview(text), marks - 1)
+
+
+def test_marks_are_counted_across_the_pieces_of_a_long_text() -> None:
+    """Strings and escapes that straddle the 4 MiB pieces the count reads at a time."""
+    for fill in range((4 << 20) - 8, (4 << 20) + 1):
+        value = ["a" * fill + '\\"{[,:' * 4, "\\" * 7 + "," * 5, [1, 2], {"k": "\\"}]
+        text = json.dumps(value).encode()
+        assert json_text.marks_over(text, _marks(value) - 1)
+        assert not json_text.marks_over(text, _marks(value))

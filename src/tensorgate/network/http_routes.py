@@ -201,8 +201,9 @@ async def _infer(dp: DataPlane, request: HttpRequest, model: str, version: str) 
     body, length = _decompressed(request, request.limit)
     if not length:
         raise InvalidArgumentError("the inference request has no body")
-    if request.json_length is None and length >= LARGE_BYTES:  # a large all-JSON body
-        decoded = await _in_slices(decode_in_slices(body, length, request.ledger, dp.shm))
+    if (length if request.json_length is None else request.json_length) >= LARGE_BYTES:
+        decoded = await _in_slices(decode_in_slices(body, length, request.ledger, dp.shm,
+                                                    request.json_length))
     else:
         decoded = decode_infer_body(body, length, request.json_length, request.ledger, dp.shm)
     # Binary inputs are views that hold the body's pooled buffer; JSON's are arrays of their

@@ -24,11 +24,11 @@ from tensorgate.tensor.dtypes import DataType, datatype
 from tensorgate.tensor.shm import SharedMemoryRegistry
 from tensorgate.tensor.view import TensorView, checked_shape
 
-__all__ = ["MAX_TENSORS", "RESERVED_PARAMETERS", "DecodedRequest", "RequestedOutput",
+__all__ = ["MAX_JSON_VALUES", "MAX_TENSORS", "RESERVED_PARAMETERS", "DecodedRequest", "RequestedOutput",
            "classification_count",
            "decode_infer_body", "encode_infer_response", "forward_headers", "json_data",
            "holds_bool", "json_error", "json_object", "json_parameters", "json_tensor",
-           "model_parameters",
+           "json_values_bounded", "model_parameters",
            "parse_json",
            "request_priority", "request_sequence", "request_timeout", "shm_parameters",
            "tensor_count"]
@@ -38,6 +38,13 @@ __all__ = ["MAX_TENSORS", "RESERVED_PARAMETERS", "DecodedRequest", "RequestedOut
 # own checks refuse what it lacks: 200,000 one-number inputs in a 13 MB JSON body held the
 # loop for 3.5 s and 263 MB.
 MAX_TENSORS = 4096
+
+# JSON values and keys read from one text (counted as json_text.marks_over does). Each is a
+# Python object made by one GIL-holding call on the event loop: 57 MB of `{},` parsed into
+# 1.7 GB in 2 s (5 s beside other clients), everyone else waiting. A million is ~90 MB and
+# ~70 ms; the numbers of large `data` arrays are read a slice at a time (json_slices) and
+# are not counted.
+MAX_JSON_VALUES = 1 << 20
 
 
 def tensor_count(count: int, what: str) -> None:
@@ -97,11 +104,26 @@ def _fail(message: str) -> InvalidArgumentError:
     return InvalidArgumentError(message)
 
 
-def parse_json(data: bytes | memoryview, what: str) -> Any:
+def json_values_bounded(data: bytes | bytearray | memoryview, what: str,
+                        hint: str = "") -> None:
+    """Refuse JSON text `what` that would parse into more than MAX_JSON_VALUES values;
+    `hint`, what the client can do instead."""
+    if json_text.marks_over(data, MAX_JSON_VALUES):
+        raise _fail(f"{what} holds more than {MAX_JSON_VALUES:,} JSON values and keys, each "
+                    f"a Python object to parse{'; ' if hint else ''}{hint}")
+
+
+_TENSORS_HINT = ("send a large tensor's elements as numbers in its 'data' or with the binary "
+                 "tensor extension")
+
+
+def parse_json(data: bytes | memoryview, what: str, hint: str = "") -> Any:
     """`data` parsed, or an InvalidArgumentError saying why `what` is not JSON (bad UTF-8,
     bad syntax, an integer of more than 4,300 digits, or nesting deeper than Python's
     recursion limit: a body of a few hundred KB of "[" raised RecursionError, answered as
-    an internal error)."""
+    an internal error) or holds too many values to parse (json_values_bounded, with
+    `hint`)."""
+    json_values_bounded(data, what, hint)
     try:
         return json_text.loads(data)
     except (UnicodeDecodeError, ValueError) as error:
@@ -240,7 +262,8 @@ def decode_infer_body(body: Any, body_length: int, header_length: int | None,
         if kept is not None and kept.body_length == body_length:
             return kept.request(body, ledger)
     if parsed is None:
-        parsed = parse_json(memory[:json_length], "the inference request header")
+        parsed = parse_json(memory[:json_length], "the inference request header",
+                            _TENSORS_HINT)
     header = json_object(parsed, "the inference request")
     parameters = json_parameters(header.get("parameters"), "the request")
     request_id = header.get("id", "")

@@ -19,6 +19,8 @@ and it is parsed in runs of whole innermost lists, the brackets above them made 
 each run a table of one width, the same for all. Any doubt — a cut that does not verify,
 nesting that is not even, a slice that does not parse, a true/false among the numbers — and
 the body is decoded whole, as before, so errors and edge cases are the plain path's own.
+Either way what is parsed whole is bounded (infer_codec.MAX_JSON_VALUES). A BOOL input's
+true/false are parsed in slices as numbers are; so is the JSON before a binary body's tensors.
 """
 
 from __future__ import annotations
@@ -31,8 +33,9 @@ from typing import Any
 import numpy as np
 
 from tensorgate.protocol import json_text
-from tensorgate.protocol.infer_codec import (DecodedRequest, holds_bool, decode_infer_body,
-                                             encode_infer_response, json_data)
+from tensorgate.protocol.infer_codec import (MAX_JSON_VALUES, DecodedRequest,
+                                             decode_infer_body, encode_infer_response,
+                                             holds_bool, json_data)
 from tensorgate.tensor.copies import CopyLedger
 from tensorgate.tensor.shm import SharedMemoryRegistry
 from tensorgate.tensor.view import TensorView
@@ -64,16 +67,20 @@ def _placeholder(index: int) -> str:
 
 
 def decode_in_slices(body: Any, body_length: int, ledger: CopyLedger,
-                     shm: SharedMemoryRegistry | None = None
+                     shm: SharedMemoryRegistry | None = None, header_length: int | None = None
                      ) -> Generator[None, None, DecodedRequest]:
-    """decode_infer_body of an all-JSON body, its large arrays parsed a slice at a time (a
-    yield between slices)."""
-    memory = memoryview(body).cast("B")[:body_length]
-    spans = yield from _array_spans(memory)
-    document = (yield from _parsed(memory, spans)) if spans else None
+    """decode_infer_body of a body whose JSON (all of it, or the `header_length` bytes
+    before binary tensors) has its large arrays parsed a slice at a time (a yield between
+    slices)."""
+    json_length = body_length if header_length is None else header_length
+    document = None
+    if 0 < json_length <= body_length:  # else decode_infer_body says what is wrong
+        memory = memoryview(body).cast("B")[:json_length]
+        spans = yield from _array_spans(memory)
+        document = (yield from _parsed(memory, spans)) if spans else None
     if document is None:
-        return decode_infer_body(body, body_length, None, ledger, shm)
-    return decode_infer_body(body, body_length, None, ledger, shm, parsed=document)
+        return decode_infer_body(body, body_length, header_length, ledger, shm)
+    return decode_infer_body(body, body_length, header_length, ledger, shm, parsed=document)
 
 
 class Brackets:
@@ -192,12 +199,13 @@ def _even_lists(brackets: Brackets) -> int | None:
     return dims if expected == skeleton else None
 
 
-def _nested_array(memory: memoryview, start: int, end: int, brackets: Brackets, dims: int
-                  ) -> Generator[None, None, Any]:
+def _nested_array(memory: memoryview, start: int, end: int, brackets: Brackets, dims: int,
+                  bools: bool) -> Generator[None, None, Any]:
     """The evenly nested array memory[start:end], parsed a run of innermost lists at a time:
     its values flat in row-major order, as numpy makes an array of the whole and flattens
     it; None when a run is not JSON, not a table of the width of the others, holds a
-    true/false, or two runs are not joined by one comma (the whole parse decides those)."""
+    true/false without `bools` (a BOOL input's), or two runs are not joined by one comma (the
+    whole parse decides those)."""
     at, levels, opens = brackets.at, brackets.levels, brackets.opens
     firsts = at[opens & (levels == dims)]          # each innermost list's `[`
     lasts = at[~opens & (levels == dims - 1)]      # and its `]`
@@ -223,7 +231,7 @@ def _nested_array(memory: memoryview, start: int, end: int, brackets: Brackets, 
         except (ValueError, RecursionError):
             return None  # not JSON, or lists of different widths
         if (table.ndim != 2 or table.shape[0] != last - first or not table.shape[1]
-                or width not in (-1, table.shape[1]) or holds_bool(values)):
+                or width not in (-1, table.shape[1]) or (holds_bool(values) and not bools)):
             return None
         width = table.shape[1]
         pieces.append(table.reshape(-1))
@@ -241,8 +249,11 @@ def _parsed(memory: memoryview, spans: list[Span]) -> Generator[None, None, Any]
         parts += [memory[last:start], json_text.dumps(_placeholder(index))]
         last = end
     parts.append(memory[last:])
+    skeleton = b"".join(parts)
+    if json_text.marks_over(skeleton, MAX_JSON_VALUES):
+        return None  # the whole path refuses it, before parsing it
     try:
-        document = json_text.loads(b"".join(parts))
+        document = json_text.loads(skeleton)
     except (ValueError, RecursionError):
         return None
     holders = _holders(document, len(spans))
@@ -252,12 +263,13 @@ def _parsed(memory: memoryview, spans: list[Span]) -> Generator[None, None, Any]
         if entry.get("datatype") not in _NUMERIC:
             return None  # BYTES (whose refusal of numbers is the whole path's), or unknown
         if brackets is None:
-            values = yield from _array(memory, start, end)
+            values = yield from _array(memory, start, end, entry["datatype"] == "BOOL")
         else:
             dims = _even_lists(brackets)
             if dims is None:
                 return None
-            values = yield from _nested_array(memory, start, end, brackets, dims)
+            values = yield from _nested_array(memory, start, end, brackets, dims,
+                                              entry["datatype"] == "BOOL")
         if values is None:
             return None
         entry["data"] = values
@@ -289,10 +301,12 @@ def _bracketed(memory: memoryview, begin: int, stop: int) -> bytearray:
     return text
 
 
-def _array(memory: memoryview, start: int, end: int) -> Generator[None, None, Any]:
+def _array(memory: memoryview, start: int, end: int, bools: bool
+           ) -> Generator[None, None, Any]:
     """The flat array memory[start:end] (its brackets included) parsed a slice at a time,
     cut at commas: the values as one numpy array, as numpy makes one of the whole list; None
-    when a slice is not JSON or holds a true/false (the whole parse decides those)."""
+    when a slice is not JSON or holds a true/false without `bools` (a BOOL input's; the whole
+    parse decides those)."""
     octets = np.frombuffer(memory, np.uint8)
     pieces = []
     begin = start + 1
@@ -310,7 +324,7 @@ def _array(memory: memoryview, start: int, end: int) -> Generator[None, None, An
             values = json_text.loads(text)
         except (ValueError, RecursionError):
             return None
-        if not values or holds_bool(values):
+        if not values or (holds_bool(values) and not bools):
             return None  # an empty slice hides ",,"; true/false are the whole path's to name
         pieces.append(np.asarray(values))
         begin = cut + 1
