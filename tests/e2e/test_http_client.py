@@ -133,6 +133,20 @@ def test_client_errors_are_named(client: httpclient.InferenceServerClient, call,
     assert client.is_server_ready()  # still serving
 
 
+def test_a_long_error_message_is_cut_and_says_so(
+        client: httpclient.InferenceServerClient) -> None:
+    """Messages name what the client sent: an input named with 500,000 characters came back
+    in full. Cut at 4,096 characters, as gRPC's are."""
+    name = "x" * 500_000
+    with pytest.raises(InferenceServerException) as raised:
+        client.infer("linear", [_input(name, np.ones((1, 8), np.float32))])
+    assert raised.value.status() == "400"
+    whole = f"model 'linear' has no input '{name}'; inputs are: INPUT__0"
+    assert raised.value.message() == \
+        f"{whole[:4096]} ... ({len(whole) - 4096:,} more characters)"
+    assert client.is_server_ready()
+
+
 def test_wrong_datatype(client: httpclient.InferenceServerClient) -> None:
     item = httpclient.InferInput("INPUT__0", [1, 8], "FP64")
     item.set_data_from_numpy(np.ones((1, 8), np.float64))

@@ -24,7 +24,7 @@ from tensorgate.tensor.dtypes import DataType, datatype
 from tensorgate.tensor.shm import SharedMemoryRegistry
 from tensorgate.tensor.view import TensorView, checked_shape
 
-__all__ = ["MAX_JSON_VALUES", "MAX_TENSORS", "RESERVED_PARAMETERS", "DecodedRequest", "RequestedOutput",
+__all__ = ["ERROR_CHARACTERS", "MAX_JSON_VALUES", "MAX_TENSORS", "RESERVED_PARAMETERS", "DecodedRequest", "RequestedOutput",
            "classification_count",
            "decode_infer_body", "encode_infer_response", "forward_headers", "json_data",
            "holds_bool", "json_error", "json_object", "json_parameters", "json_tensor",
@@ -536,5 +536,15 @@ def json_data(view: TensorView) -> np.ndarray | list[str]:
     return values if values.dtype.isnative else values.astype(values.dtype.newbyteorder("="))
 
 
+# Characters of an error message an HTTP answer carries. Messages name what the client sent,
+# and a 30 MB input name came back as a 30 MB error; gRPC's are cut at 4 KiB too (grpcio
+# drops larger trailers), so both front ends say the same.
+ERROR_CHARACTERS = 4096
+
+
 def json_error(message: str) -> bytes:
+    """Triton's error body; a message past ERROR_CHARACTERS cut, saying how much was."""
+    if len(message) > ERROR_CHARACTERS:
+        message = (f"{message[:ERROR_CHARACTERS]} ... "
+                   f"({len(message) - ERROR_CHARACTERS:,} more characters)")
     return json_text.dumps({"error": message})
