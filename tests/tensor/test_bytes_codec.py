@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from tensorgate.errors import BytesElementError
 from tensorgate.tensor import CopyLedger, TensorView
+from tensorgate.tensor.bytes_codec import check_bytes_tensor, decode_bytes_tensor
 
 
 def _layout(items: list[bytes]) -> bytes:
@@ -54,3 +55,73 @@ def test_random_bytes_decode_or_fail_cleanly(body: bytes, count: int) -> None:
     decoded = view.numpy()
     assert len(decoded) == count
     assert sum(len(item) + 4 for item in decoded) == len(body)
+
+
+@given(st.integers(0, 9), st.integers(64, 300), st.data())
+def test_many_elements_of_one_length_decode_as_the_layout_says(length: int, count: int,
+                                                                data: st.DataObject) -> None:
+    """Where numpy cuts them out (64 elements and more, one length): the same bytes, and a
+    layout one byte off anywhere is refused or decoded as the plain loop reads it."""
+    items = [bytes([i % 256]) * length for i in range(count)]
+    body = bytearray(b"HEAD" + _layout(items) + b"TAIL")
+    ledger = CopyLedger()
+    view = TensorView(body, "BYTES", [count], 4, nbytes=len(body) - 8, ledger=ledger)
+    assert view.numpy().tolist() == items and ledger.bytes == length * count
+    where = data.draw(st.integers(4, len(body) - 5))
+    body[where] ^= data.draw(st.integers(1, 255))
+    try:
+        view = TensorView(body, "BYTES", [count], 4, nbytes=len(body) - 8)
+    except BytesElementError:
+        return
+    decoded = view.numpy().tolist()
+    assert len(decoded) == count and _layout(decoded) == bytes(body[4:-4])
+
+
+@given(st.lists(st.binary(max_size=3), min_size=64, max_size=120), st.integers(0, 2))
+def test_many_elements_of_mixed_lengths_decode_or_fail_cleanly(items: list[bytes],
+                                                                extra: int) -> None:
+    """The loop that cuts out elements of mixed lengths, on layouts with `extra` bytes too
+    many: refused with _elements' own messages, or the same bytes."""
+    body = _layout(items) + b"x" * extra
+    try:
+        view = TensorView(body, "BYTES", [len(items)], name="many")
+    except BytesElementError as error:
+        assert extra and str(error).startswith("BYTES tensor 'many': ")
+        assert "bytes left over after the last of" in str(error)
+        return
+    assert not extra and view.numpy().tolist() == items
+
+
+def _reference(body: bytes, count: int) -> list[bytes] | None:
+    """The layout read one element at a time: the elements, or None if they do not fill
+    `body` exactly."""
+    items, at = [], 0
+    for _ in range(count):
+        if at + 4 > len(body):
+            return None
+        (size,) = struct.unpack_from("<I", body, at)
+        if at + 4 + size > len(body):
+            return None
+        items.append(body[at + 4:at + 4 + size])
+        at += 4 + size
+    return items if at == len(body) else None
+
+
+@given(st.lists(st.binary(max_size=3), min_size=60, max_size=90), st.integers(-8, 8),
+       st.binary(max_size=6))
+def test_decode_and_check_agree_with_a_plain_reading(items: list[bytes], shift: int,
+                                                     tail: bytes) -> None:
+    """decode_bytes_tensor and check_bytes_tensor called directly, on layouts given the
+    wrong count or extra bytes: both refuse exactly what a plain reading refuses."""
+    body = _layout(items) + tail
+    count = max(len(items) + shift, 0)
+    expected = _reference(body, count)
+    memory = memoryview(body)
+    for call in (lambda: check_bytes_tensor(memory, 0, len(body), count, "t"),
+                 lambda: decode_bytes_tensor(memory, 0, len(body), [count], "t").tolist()):
+        try:
+            got = call()
+        except BytesElementError:
+            assert expected is None
+            continue
+        assert expected is not None and got in (None, expected)

@@ -20,8 +20,8 @@ from tritonclient.grpc import service_pb2 as pb
 from tensorgate.errors import InvalidArgumentError, UnimplementedError
 from tensorgate.model import NO_PARAMETERS, Parameter
 from tensorgate.protocol.infer_codec import (DecodedRequest, RequestedOutput,
-                                             classification_count, request_priority,
-                                             request_sequence,
+                                             classification_count, counted_strings,
+                                             request_priority, request_sequence,
                                              request_timeout, shm_parameters, tensor_count)
 from tensorgate.tensor.copies import CopyLedger, record_copy
 from tensorgate.tensor.dtypes import datatype
@@ -159,12 +159,14 @@ def decode_model_infer(request: pb.ModelInferRequest, ledger: CopyLedger,
         raise InvalidArgumentError(f"raw_input_contents has {len(raw)} entries for "
                                    f"{len(request.inputs)} inputs; give one per input")
     inputs: dict[str, TensorView] = {}
+    strings = 0  # BYTES elements
     for index, item in enumerate(request.inputs):
         name = item.name
         if not name:
             raise InvalidArgumentError("every input needs a name")
         dt = datatype(item.datatype, name)
         shape = checked_shape(list(item.shape), name)
+        strings = counted_strings(strings, dt, shape)
         region = shm_parameters(_parameters(item), name)
         if region is not None:
             if shm is None:

@@ -9,6 +9,7 @@ a response never joins header and tensor bytes.
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -24,8 +25,8 @@ from tensorgate.tensor.dtypes import DataType, datatype
 from tensorgate.tensor.shm import SharedMemoryRegistry
 from tensorgate.tensor.view import TensorView, checked_shape
 
-__all__ = ["ERROR_CHARACTERS", "MAX_JSON_VALUES", "MAX_TENSORS", "RESERVED_PARAMETERS", "DecodedRequest", "RequestedOutput",
-           "classification_count",
+__all__ = ["ERROR_CHARACTERS", "MAX_BYTES_ELEMENTS", "MAX_JSON_VALUES", "MAX_TENSORS", "RESERVED_PARAMETERS", "DecodedRequest", "RequestedOutput",
+           "classification_count", "counted_strings",
            "decode_infer_body", "encode_infer_response", "forward_headers", "json_data",
            "holds_bool", "json_error", "json_object", "json_parameters", "json_tensor",
            "json_values_bounded", "model_parameters",
@@ -38,6 +39,26 @@ __all__ = ["ERROR_CHARACTERS", "MAX_JSON_VALUES", "MAX_TENSORS", "RESERVED_PARAM
 # own checks refuse what it lacks: 200,000 one-number inputs in a 13 MB JSON body held the
 # loop for 3.5 s and 263 MB.
 MAX_TENSORS = 4096
+
+# Elements of a request's BYTES inputs, all together. Each becomes a Python bytes object on
+# the event loop (checked when the request is decoded, cut out when it is batched): 13
+# million one-byte elements (a 61 MB body) held the loop for 10 s. A million of one length
+# take ~30 ms, of mixed lengths ~0.25 s.
+MAX_BYTES_ELEMENTS = 1 << 20
+
+
+def counted_strings(so_far: int, dt: DataType, shape: tuple[int, ...]) -> int:
+    """`so_far` BYTES elements plus those of an input of `dt` and `shape`; refused past
+    MAX_BYTES_ELEMENTS, before the input's bytes are looked at."""
+    if not dt.is_bytes:
+        return so_far
+    total = so_far + math.prod(shape)
+    if total > MAX_BYTES_ELEMENTS:
+        raise _fail(f"the request's BYTES inputs hold {total:,} elements; at most "
+                    f"{MAX_BYTES_ELEMENTS:,} are accepted (each becomes a Python bytes "
+                    "object)")
+    return total
+
 
 # JSON values and keys read from one text (counted as json_text.marks_over does). Each is a
 # Python object made by one GIL-holding call on the event loop: 57 MB of `{},` parsed into
@@ -275,9 +296,10 @@ def decode_infer_body(body: Any, body_length: int, header_length: int | None,
     tensor_count(len(raw_inputs), "inputs")
     inputs: dict[str, TensorView] = {}
     position = json_length
+    strings = 0  # BYTES elements
     for index, raw in enumerate(raw_inputs):
-        view, position = _decode_input(json_object(raw, f"input {index}"), body, body_length,
-                                       position, ledger, shm)
+        view, position, strings = _decode_input(json_object(raw, f"input {index}"), body,
+                                                body_length, position, strings, ledger, shm)
         if view.name in inputs:
             raise _fail(f"input '{view.name}' appears twice in the request")
         inputs[view.name] = view
@@ -343,8 +365,10 @@ def _keeps(decoded: DecodedRequest, header: dict[str, Any]) -> bool:
 
 
 def _decode_input(raw: dict[str, Any], body: Any, body_length: int, position: int,
-                  ledger: CopyLedger,
-                  shm: SharedMemoryRegistry | None) -> tuple[TensorView, int]:
+                  strings: int, ledger: CopyLedger,
+                  shm: SharedMemoryRegistry | None) -> tuple[TensorView, int, int]:
+    """The input's view, where the next binary input starts, and the BYTES elements of the
+    request so far."""
     name = raw.get("name")
     if not isinstance(name, str) or not name:
         raise _fail("every input needs a 'name' string")
@@ -356,6 +380,7 @@ def _decode_input(raw: dict[str, Any], body: Any, body_length: int, position: in
     if not isinstance(shape_value, list):
         raise _fail(f"input '{name}' needs a 'shape' list")
     shape = checked_shape(shape_value, name)
+    strings = counted_strings(strings, dt, shape)
     parameters = json_parameters(raw.get("parameters"), f"input '{name}'")
     region = shm_parameters(parameters, name)
     if region is not None:
@@ -363,7 +388,8 @@ def _decode_input(raw: dict[str, Any], body: Any, body_length: int, position: in
             raise _fail(f"input '{name}' names a shared-memory region and also carries data")
         if shm is None:
             raise UnimplementedError("shared memory is not available on this front end")
-        return shm.input_view(region[0], region[1], region[2], dt, shape, name, ledger), position
+        return (shm.input_view(region[0], region[1], region[2], dt, shape, name, ledger),
+                position, strings)
     size = parameters.get("binary_data_size")
     if size is not None:
         if "data" in raw:
@@ -374,10 +400,10 @@ def _decode_input(raw: dict[str, Any], body: Any, body_length: int, position: in
             raise _fail(f"input '{name}': binary_data_size {size} at byte {position} runs past "
                         f"the {body_length}-byte body")
         view = TensorView(body, dt, shape, position, nbytes=size, name=name, ledger=ledger)
-        return view, position + size
+        return view, position + size, strings
     if "data" not in raw:
         raise _fail(f"input '{name}' has neither 'data' nor binary_data_size")
-    return json_tensor(raw["data"], dt, shape, name, ledger), position
+    return json_tensor(raw["data"], dt, shape, name, ledger), position, strings
 
 
 def json_tensor(data: Any, dt: DataType, shape: tuple[int, ...], name: str,

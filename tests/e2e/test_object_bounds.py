@@ -1,6 +1,8 @@
-"""JSON that would parse into millions of Python objects is refused before it is parsed;
-JSON that is large because of its tensors' numbers, or a BOOL tensor's true/false, is
-served. Against a server with the default 64 MiB request limit."""
+"""Requests that would have the server make millions of Python objects on its event loop
+are refused before it makes them: JSON of millions of values, BYTES inputs of millions of
+elements. JSON that is large because of its tensors' numbers, or a BOOL tensor's
+true/false, is served, and so are BYTES inputs up to the bound. Against a server with the
+default 64 MiB request limit."""
 
 from __future__ import annotations
 
@@ -11,7 +13,9 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 import torch
+import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
 
 from tests.e2e.conftest import RunningServer, memory_bytes, start_server, stop_server
 from tests.pipeline import repo_builder as rb
@@ -19,6 +23,21 @@ from tests.pipeline import repo_builder as rb
 BOUND = " holds more than 1,048,576 JSON values and keys, each a Python object to parse"
 TENSORS_HINT = ("; send a large tensor's elements as numbers in its 'data' or with the binary "
                 "tensor extension")
+
+
+COUNT = """
+import numpy as np
+
+from tensorgate import Model
+
+
+class Count(Model):
+    \"\"\"How many strings came, and how many bytes they hold.\"\"\"
+
+    def forward(self, inputs):
+        texts = inputs["T"].reshape(-1)
+        return {"N": np.array([texts.size, sum(map(len, texts))], dtype=np.int64)}
+"""
 
 
 class Tally(torch.nn.Module):
@@ -41,6 +60,14 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
         output [ { name: "OUTPUT__0" data_type: TYPE_FP32 dims: [2] } ]
         """)
     torch.jit.script(Tally().eval()).save(str(folder / "1" / "model.pt"))
+    folder = rb.write_config(root / "models", "count", """
+        name: "count"
+        backend: "python"
+        max_batch_size: 0
+        input [ { name: "T" data_type: TYPE_STRING dims: [-1] } ]
+        output [ { name: "N" data_type: TYPE_INT64 dims: [2] } ]
+        """)
+    (folder / "1" / "model.py").write_text(COUNT)
     running = start_server(root / "models", root / "server.log",
                            "--model-control-mode", "explicit", "--load-model", "*")
     yield running
@@ -121,3 +148,42 @@ def test_a_large_bool_tensor_and_large_json_beside_binary_are_served(
             output = httpclient.InferRequestedOutput("OUTPUT__0", binary_data=False)
             answer = client.infer("tally", inputs, outputs=[output])
             assert answer.as_numpy("OUTPUT__0").tolist() == [666_667.0, 1_000_000.0]
+
+
+BYTES_BOUND = 1 << 20
+
+
+def _strings(count: int, mixed: bool) -> np.ndarray:
+    return np.array([b"ab"[:i % 3] if mixed else b"x" for i in range(count)], dtype=object)
+
+
+@pytest.mark.parametrize("mixed", [False, True])
+def test_bytes_inputs_up_to_the_bound_are_served(server: RunningServer, mixed: bool) -> None:
+    """A million strings of one length, or of mixed lengths, as binary over HTTP."""
+    texts = _strings(BYTES_BOUND, mixed)
+    item = httpclient.InferInput("T", [texts.size], "BYTES")
+    item.set_data_from_numpy(texts)
+    with httpclient.InferenceServerClient(server.url, network_timeout=60) as client:
+        answer = client.infer("count", [item]).as_numpy("N")
+    assert answer.tolist() == [texts.size, sum(map(len, texts))]
+
+
+@pytest.mark.parametrize("front_end", ["http", "grpc"])
+def test_bytes_inputs_past_the_bound_are_refused_before_they_are_read(
+        server: RunningServer, front_end: str) -> None:
+    """Split across two inputs so that only the request's total is over: a clear error
+    naming the count and the bound (13 million one-byte elements held the loop for 10 s)."""
+    module = httpclient if front_end == "http" else grpcclient
+    halves = [_strings(BYTES_BOUND // 2, False), _strings(BYTES_BOUND // 2 + 1, False)]
+    items = []
+    for name, texts in zip(("T", "U"), halves):
+        items.append(module.InferInput(name, [texts.size], "BYTES"))
+        items[-1].set_data_from_numpy(texts)
+    url = server.url if front_end == "http" else server.grpc_url
+    with module.InferenceServerClient(url) as client:
+        with pytest.raises(InferenceServerException) as raised:
+            client.infer("count", items)
+    assert raised.value.message() == (
+        f"the request's BYTES inputs hold {BYTES_BOUND + 1:,} elements; at most "
+        f"{BYTES_BOUND:,} are accepted (each becomes a Python bytes object)")
+    still_serving(server)
