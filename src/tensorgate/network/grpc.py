@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from tensorgate.dataplane import DataPlane
-from tensorgate.errors import InvalidArgumentError, TensorgateError
+from tensorgate.errors import TensorgateError
 from tensorgate.network import (ConnectionBudget, PoolRelief, RefusedConnection, http2,
                                stalled_message)
 from tensorgate.network.eager import EagerRun
@@ -29,6 +29,7 @@ from tensorgate.network.grpc_messages import (CODES, OK_TRAILERS, RESPONSE_HEADE
 from tensorgate.network.grpc_methods import API_GROUP, INFERENCE_SERVICE, UNARY, model_infer
 from tensorgate.network.grpc_stream import StreamCall
 from tensorgate.network.tls import HANDSHAKE_TIMEOUT_S, Handshakes
+from tensorgate.protocol.grpc_codec import parse_bounded
 from tensorgate.protocol.restricted import Restrictions, refusal
 from tensorgate.protocol.status import codes_for
 from tensorgate.tensor.copies import CopyLedger
@@ -195,11 +196,7 @@ class _Call:
                     traceparent=self.traceparent)
             else:
                 request_type, handler = UNARY[self.path]
-                try:
-                    request = request_type.FromString(bytes(message))
-                except Exception as error:  # protobuf's DecodeError
-                    raise InvalidArgumentError(f"{method} request is malformed: "
-                                               f"{error}") from None
+                request = parse_bounded(request_type, bytes(message))
                 parts = [(await handler(dp, request)).SerializeToString()]
         except asyncio.CancelledError:
             return

@@ -18,7 +18,7 @@ from typing import Any
 from tensorgate.errors import PoolExhaustedError, TensorgateError
 from tensorgate.network import arrival_eta, http2, slow_message
 from tensorgate.protocol.compression import inflate
-from tensorgate.protocol.grpc_codec import first_raw_input_offset
+from tensorgate.protocol.grpc_codec import scan_for_raw_input
 from tensorgate.protocol.infer_codec import forward_headers
 from tensorgate.protocol.status import codes_for
 from tensorgate.tensor.buffer import ALIGNMENT
@@ -160,7 +160,7 @@ class MessageReader:
 
     __slots__ = ("_pool", "_limit", "_place_messages", "_on_message", "_on_refused",
                  "_encoding", "_ledger", "_prefix", "_length", "_received", "_message",
-                 "_head", "_counted_from", "_copied", "_message_encoding", "_skipping",
+                 "_head", "_scanned", "_counted_from", "_copied", "_message_encoding", "_skipping",
                  "_acquire", "_began_ns")
 
     def __init__(self, pool: BufferPool, limit: int, encoding: str, place: bool,
@@ -182,6 +182,7 @@ class MessageReader:
         # where the message lands: a view of a pooled buffer when placed, else a bytearray
         self._message: Any = None
         self._head: bytearray | None = None  # bytes held back until the message is placed
+        self._scanned = 0  # of the head, looked through for its first tensor
         self._counted_from = 0          # message offset from which copied bytes count
         self._copied = 0                # counted bytes copied in, recorded once a message
         self._message_encoding = encoding
@@ -242,9 +243,11 @@ class MessageReader:
                 data = data[room:]
                 held = len(self._head)
                 try:
+                    offset, self._scanned = scan_for_raw_input(memoryview(self._head),
+                                                               self._scanned)
                     if (len(self._head) == self._length or len(self._head) >= _PLACEMENT_WINDOW
-                            or first_raw_input_offset(memoryview(self._head)) is not None):
-                        self._place()
+                            or offset is not None):
+                        self._place(offset)
                 except TensorgateError as error:  # malformed: no tensor can be placed
                     if self._on_refused is None:
                         raise
@@ -304,8 +307,9 @@ class MessageReader:
         self._message_encoding = self._encoding if flag else "identity"
         if self._place_messages and not flag:
             self._head = bytearray()
+            self._scanned = 0
             if length == 0:
-                self._place()
+                self._place(None)
         else:
             # grown as the message arrives, not made whole from its prefix: 20 streams that
             # each announced 64 MiB in 5 bytes cost 550 MB of zeroed memory
@@ -314,12 +318,11 @@ class MessageReader:
             if length == 0:
                 self._done()
 
-    def _place(self) -> None:
-        """Acquire the message's buffer so that its first tensor starts 64-byte aligned,
-        and move what has arrived so far into it."""
+    def _place(self, offset: int | None) -> None:
+        """Acquire the message's buffer so that its first tensor (at `offset`, if the head
+        has one) starts 64-byte aligned, and move what has arrived so far into it."""
         assert self._head is not None
         head, self._head = self._head, None
-        offset = first_raw_input_offset(memoryview(head))
         pad = (-offset) % ALIGNMENT if offset is not None else 0
         # Bytes before the first tensor are the message's small fields: not counted.
         self._counted_from = offset if offset is not None else self._length

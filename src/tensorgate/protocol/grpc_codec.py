@@ -17,7 +17,7 @@ import numpy as np
 from google.protobuf import json_format
 from tritonclient.grpc import service_pb2 as pb
 
-from tensorgate.errors import InvalidArgumentError, UnimplementedError
+from tensorgate.errors import InvalidArgumentError, ShapeError, UnimplementedError
 from tensorgate.model import NO_PARAMETERS, Parameter
 from tensorgate.protocol.infer_codec import (DecodedRequest, RequestedOutput,
                                              classification_count, counted_strings,
@@ -26,10 +26,11 @@ from tensorgate.protocol.infer_codec import (DecodedRequest, RequestedOutput,
 from tensorgate.tensor.copies import CopyLedger, record_copy
 from tensorgate.tensor.dtypes import datatype
 from tensorgate.tensor.shm import SharedMemoryRegistry
-from tensorgate.tensor.view import TensorView, checked_shape
+from tensorgate.tensor.view import MAX_DIMS, TensorView, checked_shape
 
-__all__ = ["decode_model_infer", "encode_model_infer_parts",
-           "first_raw_input_offset", "parameter_value", "set_parameter", "split_model_infer",
+__all__ = ["MAX_MESSAGE_PARTS", "decode_model_infer", "encode_model_infer_parts",
+           "first_raw_input_offset", "parameter_value", "parse_bounded", "scan_for_raw_input",
+           "set_parameter", "split_model_infer",
            "statistics_message", "stream_error_message", "stream_response_parts"]
 
 _RAW_INPUT_FIELD = 7    # ModelInferRequest.raw_input_contents
@@ -65,6 +66,8 @@ def _parameters(message: Any) -> dict[str, Any]:
 
 def _varint(data: memoryview, at: int, end: int) -> tuple[int, int]:
     """(value, next offset) of the varint at `at`; (-1, at) when it is cut off at `end`."""
+    if at < end and data[at] < 0x80:  # one byte: tags, and lengths under 128
+        return data[at], at + 1
     value = shift = 0
     while at < end:
         byte = data[at]
@@ -79,10 +82,10 @@ def _varint(data: memoryview, at: int, end: int) -> tuple[int, int]:
     return -1, at
 
 
-def _fields(data: memoryview, end: int) -> Iterator[tuple[int, int, int, bool]]:
-    """(field number, value start, value end, payload complete) for each top-level field
-    of a message cut off at `end`; stops at the first field whose header is incomplete."""
-    at = 0
+def _fields(data: memoryview, end: int, at: int = 0, message: str = "ModelInferRequest"
+            ) -> Iterator[tuple[int, int, int, bool]]:
+    """(field number, value start, value end, payload complete) for each field of a
+    `message` in data[at:end]; stops at the first field whose header is incomplete."""
     while at < end:
         tag, after = _varint(data, at, end)
         if tag < 0:
@@ -101,10 +104,10 @@ def _fields(data: memoryview, end: int) -> Iterator[tuple[int, int, int, bool]]:
         elif kind in (1, 5):
             start, stop = after, after + (8 if kind == 1 else 4)
         else:
-            raise InvalidArgumentError(f"ModelInferRequest is malformed: field {number} has "
-                                       f"wire type {kind}")
+            raise InvalidArgumentError(f"{message} is malformed: field {number} has wire type "
+                                       f"{kind}")
         if number == 0:
-            raise InvalidArgumentError("ModelInferRequest is malformed: field number 0")
+            raise InvalidArgumentError(f"{message} is malformed: field number 0")
         yield number, start, stop, stop <= end
         at = stop
 
@@ -113,10 +116,20 @@ def first_raw_input_offset(head: memoryview) -> int | None:
     """Where the first tensor's bytes start in a message whose first `len(head)` bytes
     have arrived, if that is known yet: the receiver places the message so that this
     offset is 64-byte aligned."""
-    for number, start, _, _ in _fields(head, len(head)):
+    return scan_for_raw_input(head)[0]
+
+
+def scan_for_raw_input(head: memoryview, at: int = 0) -> tuple[int | None, int]:
+    """first_raw_input_offset, looked for from `at` (a field's start), and where to look
+    from once more has arrived: the receiver asks after each piece, and a rescan from the
+    start each time cost 300 ms on a head of 64 KiB of tiny fields."""
+    for number, start, stop, complete in _fields(head, len(head), at):
         if number == _RAW_INPUT_FIELD:
-            return start
-    return None
+            return start, at
+        if not complete:
+            break
+        at = stop
+    return None, at
 
 
 def split_model_infer(message: memoryview) -> tuple[pb.ModelInferRequest, list[tuple[int, int]]]:
@@ -125,10 +138,12 @@ def split_model_infer(message: memoryview) -> tuple[pb.ModelInferRequest, list[t
     raw: list[tuple[int, int]] = []
     small: list[memoryview] = []
     field_start = 0
-    for number, start, stop, complete in _fields(message, len(message)):
+    for count, (number, start, stop, complete) in enumerate(_fields(message, len(message))):
         if not complete:
             raise InvalidArgumentError(f"ModelInferRequest is malformed: field {number} runs "
                                        f"past the end of the {len(message)}-byte message")
+        if count == MAX_MESSAGE_PARTS:
+            raise _too_many_parts("ModelInferRequest")
         if number == _RAW_INPUT_FIELD:
             raw.append((start, stop - start))
         else:
@@ -136,11 +151,58 @@ def split_model_infer(message: memoryview) -> tuple[pb.ModelInferRequest, list[t
         field_start = stop
     if field_start != len(message):
         raise InvalidArgumentError("ModelInferRequest is malformed: it ends inside a field")
+    return parse_bounded(pb.ModelInferRequest, b"".join(small)), raw
+
+
+# Fields, nested messages and map entries one gRPC request may hold, at every level (a
+# parameter is four: its entry, key, value and the value's field). upb parses a map in time
+# that grows with the square of its entries (protocolbuffers/upb#1335): 1.5 million request
+# parameters (26 MB) held the event loop for 11 s in-process, 400,000 for 0.6; and each part
+# read is a Python object. Room for the most tensors a request may name (MAX_TENSORS: 4,096
+# inputs of ~5 parts, 4,096 outputs, their raw contents), the count of 65,536 costs ~60 ms.
+MAX_MESSAGE_PARTS = 65_536
+_COUNTED_FROM = 16 << 10  # bytes from which a message's parts are counted before it is parsed
+_SHAPE = "inference.ModelInferRequest.InferInputTensor.shape"
+
+
+def parse_bounded(message_type: Any, data: bytes) -> Any:
+    """`message_type` parsed from `data`, refused unparsed when it holds more than
+    MAX_MESSAGE_PARTS fields and nested messages (counted on the wire, each nested message's
+    own fields too, only for messages big enough to hold that many)."""
+    name = message_type.DESCRIPTOR.name
+    if len(data) > _COUNTED_FROM:
+        _count_parts(message_type.DESCRIPTOR, memoryview(data), name)
     try:
-        request = pb.ModelInferRequest.FromString(b"".join(small))
+        return message_type.FromString(data)
     except Exception as error:  # protobuf's DecodeError; its module path varies
-        raise InvalidArgumentError(f"ModelInferRequest is malformed: {error}") from None
-    return request, raw
+        raise InvalidArgumentError(f"{name} is malformed: {error}") from None
+
+
+def _count_parts(descriptor: Any, data: memoryview, name: str) -> None:
+    """Raise unless the message in `data` has at most MAX_MESSAGE_PARTS fields, its nested
+    messages' (map entries among them) counted with its own; stops counting there."""
+    count = 0
+    spans = [(descriptor, 0, len(data))]
+    while spans:
+        kind, begin, end = spans.pop()
+        for number, start, stop, _ in _fields(data, end, begin, name):
+            count += 1
+            if count > MAX_MESSAGE_PARTS:
+                raise _too_many_parts(name)
+            field = kind.fields_by_number.get(number)
+            if field is None or stop > end:
+                continue
+            if field.message_type is not None:
+                spans.append((field.message_type, start, stop))
+            elif field.full_name == _SHAPE and stop - start > 10 * MAX_DIMS:
+                # packed dims, at most 10 bytes each: 20 MB of them parsed into 160 MB
+                raise InvalidArgumentError(f"{name} has an input shape of {stop - start:,} "
+                                           f"bytes, more than {MAX_DIMS} dims")
+
+
+def _too_many_parts(name: str) -> InvalidArgumentError:
+    return InvalidArgumentError(f"{name} holds more than {MAX_MESSAGE_PARTS:,} fields, nested "
+                                "messages and map entries; at most that many are parsed")
 
 
 def decode_model_infer(request: pb.ModelInferRequest, ledger: CopyLedger,
@@ -165,6 +227,9 @@ def decode_model_infer(request: pb.ModelInferRequest, ledger: CopyLedger,
         if not name:
             raise InvalidArgumentError("every input needs a name")
         dt = datatype(item.datatype, name)
+        if len(item.shape) > MAX_DIMS:  # before a Python int is made of each
+            raise ShapeError(name, list(item.shape[:4]) + ["..."],
+                             f"{len(item.shape)} dims; at most {MAX_DIMS} are allowed")
         shape = checked_shape(list(item.shape), name)
         strings = counted_strings(strings, dt, shape)
         region = shm_parameters(_parameters(item), name)

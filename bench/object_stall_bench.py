@@ -1,0 +1,205 @@
+"""Requests that would have the server make millions of Python objects: do they stall
+everyone else? For one or two source trees.
+
+A probe asks the server's /v2/health/live every 5 ms while one client sends one request, to
+a model that counts the strings of its BYTES input. Cases, each sent as prebuilt bytes (so
+that the client's own work does not stall the probe, which shares its process):
+- BYTES over HTTP (binary extension): a million one-byte elements; a million of mixed
+  lengths (0, 1 and 2 bytes); 13 million one-byte elements (a 61 MB body, under the
+  default 64 MiB limit). Each becomes a Python bytes object.
+- gRPC ModelInfer: 1.5 million request parameters (26 MB; upb parses a map in time that
+  grows with the square of its entries), 1.5 million parameters of one input, a million
+  requested outputs, an input shape of 20 million dims.
+Reported per tree and case: the request's time and status (HTTP status, or the gRPC code),
+the probe's worst wait while it ran, and how much the server's peak RSS grew.
+
+    git worktree add /tmp/tg-old <commit>
+    .venv/bin/python bench/object_stall_bench.py [--before /tmp/tg-old/src] [--rounds 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import pathlib
+import shutil
+import statistics
+import struct
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+from tritonclient.grpc import service_pb2 as pb
+
+HERE = pathlib.Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from ab_bench import serve  # noqa: E402
+
+_MODEL = '''
+import numpy as np
+
+from tensorgate import Model
+
+
+class Count(Model):
+    def forward(self, inputs):
+        return {"N": np.array([inputs["T"].size], dtype=np.int64)}
+'''
+_CONFIG = '''name: "count"
+backend: "python"
+max_batch_size: 0
+input [ { name: "T" data_type: TYPE_STRING dims: [-1] } ]
+output [ { name: "N" data_type: TYPE_INT64 dims: [1] } ]
+'''
+Send = Callable[[int, int], tuple[str, float]]  # (HTTP port, gRPC port) -> (status, s)
+
+
+def _bytes_body(count: int, mixed: bool) -> tuple[bytes, dict[str, str]]:
+    if mixed:
+        pieces = [struct.pack("<I", size) + b"ab"[:size] for size in (0, 1, 2)]
+        tensor = b"".join(pieces) * (count // 3) + b"".join(pieces[:count % 3])
+    else:
+        tensor = (struct.pack("<I", 1) + b"a") * count
+    head = json.dumps({"inputs": [{"name": "T", "datatype": "BYTES", "shape": [count],
+                                   "parameters": {"binary_data_size": len(tensor)}}]}).encode()
+    return head + tensor, {"Inference-Header-Content-Length": str(len(head))}
+
+
+def _http(count: int, mixed: bool) -> Send:
+    body, headers = _bytes_body(count, mixed)
+
+    def send(port: int, grpc_port: int) -> tuple[str, float]:
+        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
+        started = time.perf_counter()
+        connection.request("POST", "/v2/models/count/infer", body, headers)
+        answer = connection.getresponse()
+        answer.read()
+        return str(answer.status), time.perf_counter() - started
+    return send
+
+
+def _grpc(shape: str) -> Send:
+    request = pb.ModelInferRequest(model_name="count")
+    item = request.inputs.add(name="T", datatype="BYTES")
+    item.shape.extend([1])
+    request.raw_input_contents.append(struct.pack("<I", 1) + b"a")
+    if shape == "request parameters":
+        for i in range(1_500_000):
+            request.parameters[f"p{i}"].int64_param = i
+    elif shape == "input parameters":
+        for i in range(1_500_000):
+            item.parameters[f"p{i}"].bool_param = True
+    elif shape == "outputs":
+        for _ in range(1_000_000):
+            request.outputs.add(name="N")
+    else:
+        del item.shape[:]
+        item.shape.extend([1] * 20_000_000)
+    data = request.SerializeToString()
+
+    def send(port: int, grpc_port: int) -> tuple[str, float]:
+        limit = [("grpc.max_send_message_length", 1 << 30),
+                 ("grpc.max_receive_message_length", 1 << 30)]
+        with grpc.insecure_channel(f"127.0.0.1:{grpc_port}", options=limit) as channel:
+            call = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
+            started = time.perf_counter()
+            try:
+                call(data, timeout=300)
+                code = "OK"
+            except grpc.RpcError as error:
+                code = error.code().name
+            return code, time.perf_counter() - started
+    return send
+
+
+CASES: dict[str, Callable[[], Send]] = {
+    "HTTP BYTES, 1M one length": lambda: _http(1_000_000, False),
+    "HTTP BYTES, 1M mixed lengths": lambda: _http(1_000_000, True),
+    "HTTP BYTES, 13M one length": lambda: _http(13_000_000, False),
+    "gRPC, 1.5M request parameters": lambda: _grpc("request parameters"),
+    "gRPC, 1.5M input parameters": lambda: _grpc("input parameters"),
+    "gRPC, 1M outputs": lambda: _grpc("outputs"),
+    "gRPC, 20M dims": lambda: _grpc("dims"),
+}
+
+
+def _peak_rss_mb(pid: int) -> float:
+    for line in pathlib.Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def measure(src: pathlib.Path, models: pathlib.Path, send: Send) -> dict[str, Any]:
+    process, port, grpc_port = serve(src, models)
+    waits: list[float] = []
+    done = threading.Event()
+
+    def probe() -> None:
+        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
+        while not done.is_set():
+            started = time.perf_counter()
+            connection.request("GET", "/v2/health/live")
+            connection.getresponse().read()
+            waits.append(time.perf_counter() - started)
+            time.sleep(0.005)
+        connection.close()
+    try:
+        before = _peak_rss_mb(process.pid)
+        thread = threading.Thread(target=probe)
+        thread.start()
+        time.sleep(0.2)
+        status, seconds = send(port, grpc_port)
+        done.set()
+        thread.join()
+        grown = _peak_rss_mb(process.pid) - before
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+    return {"status": status, "seconds": seconds, "worst_wait_ms": max(waits) * 1e3,
+            "rss_growth_mb": grown}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--before", type=pathlib.Path, default=None,
+                        help="the src folder of a tree to compare with (before a change)")
+    parser.add_argument("--after", type=pathlib.Path, default=HERE.parent / "src")
+    parser.add_argument("--rounds", type=int, default=2)
+    args = parser.parse_args()
+    trees = {"tensorgate": args.after} if args.before is None \
+        else {"before": args.before, "after": args.after}
+    work = pathlib.Path(tempfile.mkdtemp(prefix="tg-bytes-"))
+    (work / "models" / "count" / "1").mkdir(parents=True)
+    (work / "models" / "count" / "config.pbtxt").write_text(_CONFIG)
+    (work / "models" / "count" / "1" / "model.py").write_text(_MODEL)
+    runs: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    try:
+        for case, build in CASES.items():
+            send = build()
+            for r in range(args.rounds):
+                for tree in list(trees) if r % 2 == 0 else list(trees)[::-1]:
+                    found = measure(trees[tree], work / "models", send)
+                    runs.setdefault((case, tree), []).append(found)
+                    print(f"{case}, round {r + 1}, {tree}: {found}", flush=True)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    print(f"\nOne request to a model counting its strings, a probe on /v2/health/live every "
+          f"5 ms; medians of {args.rounds} rounds\n")
+    print("| case | server | status | request s | probe's worst wait ms | peak RSS growth MB |\n"
+          "|---|---|---:|---:|---:|---:|")
+    for (case, tree), found in runs.items():
+        def median(key: str) -> float:
+            return statistics.median(f[key] for f in found)
+        print(f"| {case} | {tree} | {found[-1]['status']} | {median('seconds'):.2f} "
+              f"| {median('worst_wait_ms'):,.0f} | {median('rss_growth_mb'):,.0f} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,88 @@
+"""gRPC request messages are counted on the wire before protobuf parses them: past
+MAX_MESSAGE_PARTS fields, nested messages and map entries they are refused unparsed (upb
+parses a map in time that grows with the square of its entries), and so is an input shape
+too long to be one. The receiver's look for the first tensor goes on where it left off."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from tritonclient.grpc import service_pb2 as pb
+
+from tensorgate.errors import InvalidArgumentError
+from tensorgate.protocol.grpc_codec import (MAX_MESSAGE_PARTS, first_raw_input_offset,
+                                            parse_bounded, scan_for_raw_input,
+                                            split_model_infer)
+
+REFUSAL = (f"holds more than {MAX_MESSAGE_PARTS:,} fields, nested messages and map entries; "
+           "at most that many are parsed")
+
+
+def _request(parameters: int = 0, input_parameters: int = 0, outputs: int = 0
+             ) -> pb.ModelInferRequest:
+    request = pb.ModelInferRequest(model_name="m")
+    item = request.inputs.add(name="x", datatype="FP32", shape=[1])
+    for i in range(parameters):
+        request.parameters[f"p{i}"].int64_param = i
+    for i in range(input_parameters):
+        item.parameters[f"p{i}"].bool_param = True
+    for _ in range(outputs):
+        request.outputs.add(name="y")
+    request.raw_input_contents.append(b"\0" * 4)
+    return request
+
+
+@pytest.mark.parametrize("where", ["parameters", "input_parameters", "outputs"])
+def test_a_request_of_too_many_parts_is_refused_unparsed(where: str) -> None:
+    """Far over the bound: refused, naming it, without protobuf's parse (of a million
+    request parameters: 5-12 s here). Under it: parsed as it was."""
+    under = _request(**{where: MAX_MESSAGE_PARTS // 8})  # a parameter is 4 parts
+    request, spans = split_model_infer(memoryview(under.SerializeToString()))
+    assert request.parameters == under.parameters and request.outputs == under.outputs
+    assert request.inputs == under.inputs and len(spans) == 1
+    over = memoryview(_request(**{where: 1_000_000}).SerializeToString())
+    with pytest.raises(InvalidArgumentError, match=f"^ModelInferRequest {REFUSAL}$"):
+        split_model_infer(over)
+
+
+def test_any_request_message_is_counted_before_it_is_parsed() -> None:
+    """A parameter is 4 parts (its entry, key, value and the value's field), the model's
+    name one: MAX / 4 parameters are one part over, one fewer 3 under."""
+    load = pb.RepositoryModelLoadRequest(model_name="m")
+    for i in range(MAX_MESSAGE_PARTS // 4):
+        load.parameters[f"p{i}"].string_param = "x"
+    with pytest.raises(InvalidArgumentError, match=f"^RepositoryModelLoadRequest {REFUSAL}$"):
+        parse_bounded(pb.RepositoryModelLoadRequest, load.SerializeToString())
+    del load.parameters["p0"]
+    assert parse_bounded(pb.RepositoryModelLoadRequest, load.SerializeToString()) == load
+    with pytest.raises(InvalidArgumentError, match="^RepositoryModelLoadRequest is malformed"):
+        parse_bounded(pb.RepositoryModelLoadRequest, b"\x0a\x05ab")
+
+
+def test_an_input_shape_longer_than_64_dims_can_be_is_refused_unparsed() -> None:
+    """Packed dims, at most 10 bytes each: 20 million of them parsed into 160 MB."""
+    request = _request()
+    request.parameters["pad"].string_param = "x" * (20 << 10)  # counted from 16 KiB
+    request.inputs[0].shape.extend([1] * 641)
+    with pytest.raises(InvalidArgumentError, match="^ModelInferRequest has an input shape of "
+                                                   "642 bytes, more than 64 dims$"):
+        split_model_infer(memoryview(request.SerializeToString()))
+    del request.inputs[0].shape[:]
+    request.inputs[0].shape.extend([2**62] * 64)  # 64 dims of 9 bytes: left to checked_shape
+    split_model_infer(memoryview(request.SerializeToString()))
+
+
+@settings(max_examples=200, deadline=None)
+@given(fields=st.integers(0, 40), cuts=st.lists(st.integers(1, 400), max_size=8))
+def test_looking_for_the_first_tensor_piece_by_piece_finds_what_a_whole_look_finds(
+        fields: int, cuts: list[int]) -> None:
+    request = _request(parameters=fields)
+    message = memoryview(request.SerializeToString())
+    at, offset = 0, None
+    for end in sorted({min(c * 7, len(message)) for c in cuts} | {len(message)}):
+        offset, at = scan_for_raw_input(message[:end], at)
+        assert offset == first_raw_input_offset(message[:end])
+        if offset is not None:
+            break
+    assert offset == split_model_infer(message)[1][0][0]
