@@ -42,6 +42,19 @@ LOADS = {"binary": OIP_BINARY, "json": OIP_JSON, "nested": OIP_NESTED_JSON}
 WIRES = (*LOADS, "grpc")
 
 
+def add_tree_options(parser: argparse.ArgumentParser) -> None:
+    """--before (optional) and --after: the source trees a one-or-two-tree bench runs."""
+    parser.add_argument("--before", type=pathlib.Path, default=None,
+                        help="the src folder of a tree to compare with (before a change)")
+    parser.add_argument("--after", type=pathlib.Path, default=HERE.parent / "src")
+
+
+def trees_of(args: argparse.Namespace) -> dict[str, pathlib.Path]:
+    """The trees named by add_tree_options' arguments, by the name the tables give them."""
+    return {"tensorgate": args.after} if args.before is None \
+        else {"before": args.before, "after": args.after}
+
+
 def server_cpu_s(pid: int) -> float:
     fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")

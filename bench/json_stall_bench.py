@@ -36,7 +36,7 @@ HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "src"))
 sys.path.insert(0, str(HERE))
 
-from ab_bench import serve  # noqa: E402
+from ab_bench import add_tree_options, serve, trees_of  # noqa: E402
 from compare import start  # noqa: E402
 from compare_servers import servers  # noqa: E402
 from compare_wire import (OIP_BINARY, OIP_JSON, OIP_NESTED_JSON, raw_request,  # noqa: E402
@@ -53,7 +53,8 @@ def _hostile_body(x: np.ndarray, megabytes: int) -> tuple[str, dict[str, str], b
     return path, headers, body[:-1] + b',"junk":[' + junk + b']}'
 
 
-def _peak_rss_mb(pid: int) -> float:
+def peak_rss_mb(pid: int) -> float:
+    """A process's peak resident memory so far (VmHWM), MB."""
     for line in pathlib.Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmHWM:"):
             return int(line.split()[1]) / 1024
@@ -103,7 +104,7 @@ def measure(target: pathlib.Path | str, work: pathlib.Path, seconds: float,
         mixed = wrk_load(port, small, 1, seconds, OIP_BINARY.min_body(small_x.size),
                          work / "small")
         thread.join()
-        peak = _peak_rss_mb(pid) if pid is not None else float("nan")
+        peak = peak_rss_mb(pid) if pid is not None else float("nan")
     finally:
         stop()
     for name, point in (("small alone", alone), ("small beside JSON", mixed),
@@ -117,9 +118,7 @@ def measure(target: pathlib.Path | str, work: pathlib.Path, seconds: float,
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--before", type=pathlib.Path, default=None,
-                        help="the src folder of a tree to compare with (before a change)")
-    parser.add_argument("--after", type=pathlib.Path, default=HERE.parent / "src")
+    add_tree_options(parser)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--seconds", type=float, default=8.0)
     parser.add_argument("--batch", type=int, default=4, help="rows of the JSON request")
@@ -132,8 +131,7 @@ def main() -> None:
     args = parser.parse_args()
     if shutil.which("wrk") is None:
         parser.error("wrk is not installed (apt-get install wrk)")
-    trees: dict[str, pathlib.Path | str] = {"tensorgate": args.after} if args.before is None \
-        else {"before": args.before, "after": args.after}
+    trees: dict[str, pathlib.Path | str] = {**trees_of(args)}
     work = pathlib.Path(tempfile.mkdtemp(prefix="tg-stall-"))
     write_default_repository(work / "models")
     for name in filter(None, args.peers.split(",")):

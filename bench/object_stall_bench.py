@@ -39,7 +39,8 @@ from tritonclient.grpc import service_pb2 as pb
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from ab_bench import serve  # noqa: E402
+from ab_bench import add_tree_options, serve, trees_of  # noqa: E402
+from json_stall_bench import peak_rss_mb  # noqa: E402
 
 _MODEL = '''
 import numpy as np
@@ -129,13 +130,6 @@ CASES: dict[str, Callable[[], Send]] = {
 }
 
 
-def _peak_rss_mb(pid: int) -> float:
-    for line in pathlib.Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
-
-
 def measure(src: pathlib.Path, models: pathlib.Path, send: Send) -> dict[str, Any]:
     process, port, grpc_port = serve(src, models)
     waits: list[float] = []
@@ -151,14 +145,14 @@ def measure(src: pathlib.Path, models: pathlib.Path, send: Send) -> dict[str, An
             time.sleep(0.005)
         connection.close()
     try:
-        before = _peak_rss_mb(process.pid)
+        before = peak_rss_mb(process.pid)
         thread = threading.Thread(target=probe)
         thread.start()
         time.sleep(0.2)
         status, seconds = send(port, grpc_port)
         done.set()
         thread.join()
-        grown = _peak_rss_mb(process.pid) - before
+        grown = peak_rss_mb(process.pid) - before
     finally:
         process.terminate()
         process.wait(timeout=30)
@@ -168,14 +162,11 @@ def measure(src: pathlib.Path, models: pathlib.Path, send: Send) -> dict[str, An
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--before", type=pathlib.Path, default=None,
-                        help="the src folder of a tree to compare with (before a change)")
-    parser.add_argument("--after", type=pathlib.Path, default=HERE.parent / "src")
+    add_tree_options(parser)
     parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args()
-    trees = {"tensorgate": args.after} if args.before is None \
-        else {"before": args.before, "after": args.after}
-    work = pathlib.Path(tempfile.mkdtemp(prefix="tg-bytes-"))
+    trees = trees_of(args)
+    work = pathlib.Path(tempfile.mkdtemp(prefix="tg-objects-"))
     (work / "models" / "count" / "1").mkdir(parents=True)
     (work / "models" / "count" / "config.pbtxt").write_text(_CONFIG)
     (work / "models" / "count" / "1" / "model.py").write_text(_MODEL)

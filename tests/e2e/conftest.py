@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import tritonclient.http as httpclient
 
 from tests.pipeline import repo_builder as rb
 from tests.pipeline import sequence_models as sm
@@ -66,6 +67,16 @@ def memory_bytes(field: str, pid: int | str = "self") -> int:
             if line.startswith(field + ":"):
                 return int(line.split()[1]) * 1024
     raise AssertionError(f"no {field} in /proc/{pid}/status")
+
+
+def still_serving(server: RunningServer) -> None:
+    """`identity` ([-1, 3, 4] FP32) answers a request exactly: the server serves on."""
+    value = np.arange(12, dtype=np.float32).reshape(1, 3, 4)
+    item = httpclient.InferInput("INPUT__0", [1, 3, 4], "FP32")
+    item.set_data_from_numpy(value)
+    with httpclient.InferenceServerClient(server.url, network_timeout=30) as client:
+        assert client.infer("identity", [item]).as_numpy("OUTPUT__0").tobytes() == \
+            value.tobytes()
 
 
 def scrape(server: RunningServer) -> str:

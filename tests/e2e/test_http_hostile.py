@@ -13,11 +13,10 @@ import zlib
 
 import numpy as np
 import pytest
-import tritonclient.http as httpclient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.e2e.conftest import RunningServer
+from tests.e2e.conftest import RunningServer, still_serving
 
 IDENTITY = "/v2/models/identity/infer"
 
@@ -62,15 +61,6 @@ def binary_body(header: dict, tensor: bytes) -> tuple[bytes, dict[str, str]]:
 def identity_header(size: int, shape: list[int] | None = None, datatype: str = "FP32") -> dict:
     return {"inputs": [{"name": "INPUT__0", "shape": shape or [1, 3, 4], "datatype": datatype,
                         "parameters": {"binary_data_size": size}}]}
-
-
-def still_serving(server: RunningServer) -> None:
-    value = np.arange(12, dtype=np.float32).reshape(1, 3, 4)
-    item = httpclient.InferInput("INPUT__0", [1, 3, 4], "FP32")
-    item.set_data_from_numpy(value)
-    with httpclient.InferenceServerClient(server.url, network_timeout=30) as client:
-        assert client.infer("identity", [item]).as_numpy("OUTPUT__0").tobytes() == \
-            value.tobytes()
 
 
 def error_of(body: bytes) -> str:

@@ -17,7 +17,8 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from tests.e2e.conftest import RunningServer, memory_bytes, start_server, stop_server
+from tests.e2e.conftest import (RunningServer, memory_bytes, start_server, still_serving,
+                                stop_server)
 from tests.pipeline import repo_builder as rb
 
 BOUND = " holds more than 1,048,576 JSON values and keys, each a Python object to parse"
@@ -83,15 +84,6 @@ def post(server: RunningServer, path: str, body: bytes,
         return answer.status, json.loads(answer.read() or b"{}")
     finally:
         connection.close()
-
-
-def still_serving(server: RunningServer) -> None:
-    value = np.arange(12, dtype=np.float32).reshape(1, 3, 4)
-    item = httpclient.InferInput("INPUT__0", [1, 3, 4], "FP32")
-    item.set_data_from_numpy(value)
-    with httpclient.InferenceServerClient(server.url, network_timeout=30) as client:
-        assert client.infer("identity", [item]).as_numpy("OUTPUT__0").tolist() == \
-            value.tolist()
 
 
 JUNK = b"[" + b"{}," * 19_000_000 + b"{}]"  # 57 MB: parsed, 1.7 GB of dicts and 2 s

@@ -15,7 +15,8 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from tests.e2e.conftest import RunningServer, scrape, value
-from tests.e2e.test_http_hostile import error_of, exchange, request, still_serving
+from tests.e2e.conftest import still_serving
+from tests.e2e.test_http_hostile import error_of, exchange, request
 
 
 def _client(server: RunningServer, protocol: str) -> tuple[Any, Any]:
