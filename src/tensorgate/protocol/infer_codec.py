@@ -25,7 +25,8 @@ from tensorgate.tensor.dtypes import DataType, datatype
 from tensorgate.tensor.shm import SharedMemoryRegistry
 from tensorgate.tensor.view import TensorView, checked_shape
 
-__all__ = ["ERROR_CHARACTERS", "MAX_BYTES_ELEMENTS", "MAX_JSON_VALUES", "MAX_TENSORS", "RESERVED_PARAMETERS", "DecodedRequest", "RequestedOutput",
+__all__ = ["ERROR_CHARACTERS", "MAX_BYTES_ELEMENTS", "MAX_JSON_VALUES", "MAX_TENSORS",
+           "RESERVED_PARAMETERS", "DecodedRequest", "RequestedOutput",
            "classification_count", "counted_strings",
            "decode_infer_body", "encode_infer_response", "forward_headers", "json_data",
            "holds_bool", "json_error", "json_object", "json_parameters", "json_tensor",
