@@ -1,6 +1,6 @@
 """Requests that would have the server make millions of Python objects on its event loop
 are refused before it makes them: JSON of millions of values, BYTES inputs of millions of
-elements. JSON that is large because of its tensors' numbers, or a BOOL tensor's
+elements, gRPC messages of too many parts. JSON that is large because of its tensors' numbers, or a BOOL tensor's
 true/false, is served, and so are BYTES inputs up to the bound. Against a server with the
 default 64 MiB request limit."""
 
@@ -50,7 +50,7 @@ class Tally(torch.nn.Module):
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
-    root = tmp_path_factory.mktemp("json-bounds")
+    root = tmp_path_factory.mktemp("object-bounds")
     rb.add_torchscript(root / "models", "identity", rb.Identity(), [3, 4], [3, 4], max_batch=4)
     folder = rb.write_config(root / "models", "tally", """
         name: "tally"
