@@ -2,14 +2,15 @@
 
 Each round starts the server from one tree and then the other (alternating which goes first),
 drives `identity` at 8 connections (--connections) in each request form — HTTP with the
-binary tensor extension and with V2 JSON, flat or nested (wrk), gRPC ModelInfer (h2load,
-HTTP/2's default 16 KiB frames) — and reads the server's own CPU time from /proc: server
+binary tensor extension and with V2 JSON, flat or nested (wrk), gRPC ModelInfer with the
+tensor in raw_input_contents or in typed contents (h2load, HTTP/2's default 16 KiB frames)
+— and reads the server's own CPU time from /proc: server
 CPU per request and QPS, medians over the rounds, and after/before. Every answer's size is
 checked (wrk's script; h2load's DATA total against one reference answer).
 
     git worktree add /tmp/tg-old <commit>
     .venv/bin/python bench/ab_bench.py --before /tmp/tg-old/src [--after src] [--rounds 3]
-        [--wires binary,json,nested,grpc] [--connections 8]
+        [--wires binary,json,nested,grpc,grpc-contents] [--connections 8]
     (apt-get install wrk nghttp2-client)
 """
 
@@ -39,7 +40,7 @@ from compare_wire import (OIP_BINARY, OIP_JSON, OIP_NESTED_JSON, grpc_infer_body
 from tensorgate.builtin.repository import write_default_repository  # noqa: E402
 
 LOADS = {"binary": OIP_BINARY, "json": OIP_JSON, "nested": OIP_NESTED_JSON}
-WIRES = (*LOADS, "grpc")
+WIRES = (*LOADS, "grpc", "grpc-contents")
 
 
 def add_tree_options(parser: argparse.ArgumentParser) -> None:
@@ -92,8 +93,8 @@ def measure(src: pathlib.Path, models: pathlib.Path, work: pathlib.Path,
     found = {}
     try:
         for name in wires:
-            if name == "grpc":
-                body = grpc_infer_body("identity", x)
+            if name.startswith("grpc"):
+                body = grpc_infer_body("identity", x, contents=name == "grpc-contents")
                 answer = grpc_reference_answer(grpc_port, body, x.nbytes)
                 def load(duration: float) -> dict[str, Any]:
                     return h2load_grpc(grpc_port, body, answer, connections, duration, work)
@@ -133,8 +134,8 @@ def main() -> None:
     wires = args.wires.split(",")
     if unknown := set(wires) - set(WIRES):
         parser.error(f"unknown request forms {sorted(unknown)}; choose from {WIRES}")
-    for tool, package, needed in (("wrk", "wrk", set(LOADS)), ("h2load", "nghttp2-client",
-                                                               {"grpc"})):
+    for tool, package, needed in (("wrk", "wrk", set(LOADS)),
+                                  ("h2load", "nghttp2-client", {"grpc", "grpc-contents"})):
         if needed & set(wires) and shutil.which(tool) is None:
             parser.error(f"{tool} is not installed (apt-get install {package})")
     work = pathlib.Path(tempfile.mkdtemp(prefix="tg-ab-"))

@@ -307,16 +307,22 @@ def socket_load(port: int, raw: bytes, connections: int, seconds: float, smalles
             "client_cpu_share": cpu / elapsed, "client": f"socket client, {processes} process(es)"}
 
 
-def grpc_infer_body(model: str, x: np.ndarray, request_id: str = "") -> bytes:
+def grpc_infer_body(model: str, x: np.ndarray, request_id: str = "",
+                    contents: bool = False) -> bytes:
     """One gRPC ModelInfer call's HTTP/2 DATA: the 5-byte length prefix and the protobuf
-    message, the tensor in raw_input_contents (what tritonclient sends). The schema comes
-    from tritonclient, imported here only: peers' venvs never load this module's callers."""
+    message, the tensor in raw_input_contents (what tritonclient sends), or with `contents`
+    in the typed fp32_contents (what KServe's SDK and hand-written clients send). The schema
+    comes from tritonclient, imported here only: peers' venvs never load this module's
+    callers."""
     from tritonclient.grpc import service_pb2
 
     request = service_pb2.ModelInferRequest(model_name=model, id=request_id)
     tensor = request.inputs.add(name="INPUT__0", datatype="FP32")
     tensor.shape.extend(x.shape)
-    request.raw_input_contents.append(np.ascontiguousarray(x, dtype=np.float32).tobytes())
+    if contents:
+        tensor.contents.fp32_contents.extend(np.asarray(x, dtype=np.float32).ravel().tolist())
+    else:
+        request.raw_input_contents.append(np.ascontiguousarray(x, dtype=np.float32).tobytes())
     message = request.SerializeToString()
     return b"\x00" + len(message).to_bytes(4, "big") + message
 

@@ -19,6 +19,7 @@ from tritonclient.grpc import service_pb2 as pb
 
 from tensorgate.errors import InvalidArgumentError, ShapeError, UnimplementedError
 from tensorgate.model import NO_PARAMETERS, Parameter
+from tensorgate.protocol.grpc_contents import contents_array
 from tensorgate.protocol.infer_codec import (DecodedRequest, RequestedOutput,
                                              classification_count, counted_strings,
                                              request_priority, request_sequence,
@@ -281,7 +282,7 @@ def _from_contents(item: Any, name: str, shape: tuple[int, ...],
     if dt.is_bytes:
         array = np.array(list(values), dtype=object).reshape(shape)
     else:
-        array = np.array(values, dtype=dt.numpy).reshape(shape)
+        array = contents_array(item.contents, field, dt, item.name).reshape(shape)
         record_copy(array.nbytes, "decode", ledger)
     return TensorView.from_numpy(array, name=item.name, ledger=ledger)
 
