@@ -15,7 +15,9 @@ system shared memory allowed, and runs client processes side by side until the t
   unregister (tritonclient);
 - hostile: a malformed request line, a body over --max-request-bytes, a body cut short, a
   JSON tensor of the wrong shape, an unknown model over HTTP and gRPC, garbage on the gRPC
-  port; each must get its error (or a close), never a hang or a 5xx.
+  port, a JSON body of 1.6 MB of `{}` (past the JSON value bound), a gRPC request of 20,000
+  parameters (past the bound on a message's parts); each must get its error (or a close),
+  never a hang or a 5xx.
 
 Every few seconds: the server's RSS, open file descriptors, threads, the host pool's bytes
 in use and idle, and the connections it counts open. The table gives each after a warm-up
@@ -297,6 +299,7 @@ def hostile(ports: dict[str, int], deadline: float, out: Any) -> None:
                                           "datatype": "FP32", "data": [0.0] * 192}]}).encode()
     unknown = json.dumps({"inputs": [{"name": "X", "shape": [1], "datatype": "FP32",
                                       "data": [1.0]}]}).encode()
+    objects = b'{"inputs": [], "junk": [' + b"{}," * 550_000 + b"{}]}"  # 1.1M values
     cases: list[tuple[bytes, bytes, bool]] = [
         (b"GARBAGE / NOPE\r\n\r\n", b"HTTP/1.1 400", False),
         ((f"POST /v2/models/identity/infer HTTP/1.1\r\n{host}Content-Length: "
@@ -308,7 +311,13 @@ def hostile(ports: dict[str, int], deadline: float, out: Any) -> None:
          b"HTTP/1.1 400", False),
         ((f"POST /v2/models/nowhere/infer HTTP/1.1\r\n{host}Content-Length: "
           f"{len(unknown)}\r\n\r\n").encode() + unknown, b"HTTP/1.1 404", False),
+        ((f"POST /v2/models/identity/infer HTTP/1.1\r\n{host}Content-Length: "
+          f"{len(objects)}\r\n\r\n").encode() + objects, b"HTTP/1.1 400", False),
     ]
+    many = pb.ModelInferRequest(model_name="identity")
+    for i in range(20_000):
+        many.parameters[f"p{i}"].int64_param = i
+    many_parameters = many.SerializeToString()
     rng = np.random.default_rng(os.getpid())
     with grpc.insecure_channel(f"127.0.0.1:{ports['grpc']}") as channel:
         stub = pb_grpc.GRPCInferenceServiceStub(channel)
@@ -323,6 +332,13 @@ def hostile(ports: dict[str, int], deadline: float, out: Any) -> None:
                 counts["expected" if error.code() in (grpc.StatusCode.NOT_FOUND,
                                                       grpc.StatusCode.UNAVAILABLE,
                                                       grpc.StatusCode.INVALID_ARGUMENT)
+                       else "wrong"] += 1
+            try:
+                channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")(
+                    many_parameters, timeout=30)
+                counts["wrong"] += 1
+            except grpc.RpcError as error:
+                counts["expected" if error.code() == grpc.StatusCode.INVALID_ARGUMENT
                        else "wrong"] += 1
             garbage = bytes(rng.integers(0, 256, int(rng.integers(1, 4096)), np.uint8))
             _exchange(ports["grpc"], garbage, half_close=True)  # any close is right
