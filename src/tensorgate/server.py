@@ -166,7 +166,8 @@ class Server:
         failed = [f"{e['name']} ({e['reason']})" for e in self.engine.index()
                   if e["state"] != "READY"]
         listening = ", ".join(
-            f"{name} on {address}:{port}" if on else f"{name} off"
+            f"{name} on {f'[{address}]' if ':' in address else address}:{port}" if on
+            else f"{name} off"  # an IPv6 address in brackets, as a URL has it
             for name, on, address, port in (
                 ("HTTP", config.allow_http, config.http_address, self.http_port),
                 ("gRPC", config.allow_grpc, config.grpc_address, self.grpc_port),

@@ -28,12 +28,13 @@ STARTUP_TIMEOUT_S = 90
 
 class RunningServer:
     def __init__(self, process: subprocess.Popen[str], port: int, grpc_port: int,
-                 metrics_port: int, log: pathlib.Path) -> None:
+                 metrics_port: int, log: pathlib.Path, host: str = "127.0.0.1") -> None:
         self.metrics_port = metrics_port
         self.process = process
         self.port = port
-        self.url = f"127.0.0.1:{port}"
-        self.grpc_url = f"127.0.0.1:{grpc_port}"
+        self.host = host  # as a URL writes it: "127.0.0.1" or "[::1]"
+        self.url = f"{host}:{port}"
+        self.grpc_url = f"{host}:{grpc_port}"
         self.log = log
 
 
@@ -47,12 +48,12 @@ def start_server(repo: pathlib.Path, log: pathlib.Path, *extra: str) -> RunningS
             stdout=sink, stderr=subprocess.STDOUT, text=True, env=env)
     deadline = time.monotonic() + STARTUP_TIMEOUT_S
     while time.monotonic() < deadline:
-        match = re.search(r"HTTP (?:on 127\.0\.0\.1:(\d+)|off), "
-                          r"gRPC (?:on 127\.0\.0\.1:(\d+)|off), "
-                          r"metrics (?:on 127\.0\.0\.1:(\d+)|off)", log.read_text())
+        match = re.search(r"HTTP (?:on (127\.0\.0\.1|\[::1\]):(\d+)|off), "
+                          r"gRPC (?:on \S+:(\d+)|off), "
+                          r"metrics (?:on \S+:(\d+)|off)", log.read_text())
         if match and "ready:" in log.read_text():
-            return RunningServer(process, int(match.group(1) or 0), int(match.group(2) or 0),
-                                 int(match.group(3) or 0), log)
+            return RunningServer(process, int(match.group(2) or 0), int(match.group(3) or 0),
+                                 int(match.group(4) or 0), log, match.group(1) or "127.0.0.1")
         if process.poll() is not None:
             raise RuntimeError(f"server exited with {process.returncode}:\n{log.read_text()}")
         time.sleep(0.1)
@@ -81,7 +82,7 @@ def still_serving(server: RunningServer) -> None:
 
 def scrape(server: RunningServer) -> str:
     """The server's /metrics text."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics",
+    with urllib.request.urlopen(f"http://{server.host}:{server.metrics_port}/metrics",
                                 timeout=10) as response:
         assert response.status == 200
         assert response.headers["Content-Type"].startswith("text/plain")

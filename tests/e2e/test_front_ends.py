@@ -1,5 +1,6 @@
 """Triton's --allow-http / --allow-grpc and the per-protocol addresses: a protocol turned off
-is not listened for, the other serves, and the metrics port follows its own setting."""
+is not listened for, the other serves, and the metrics port follows its own setting; an
+IPv6 address serves all three."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
-from tests.e2e.conftest import start_server, stop_server
+from tests.e2e.conftest import scrape, start_server, stop_server
 from tests.pipeline import repo_builder as rb
 
 
@@ -85,5 +86,34 @@ def test_each_protocol_binds_its_own_address(repo: pathlib.Path, tmp_path: pathl
                 grpcclient.InferenceServerClient(server.grpc_url) as grpc:
             assert http.is_server_ready() and grpc.is_server_ready()
         assert "nv_inference_request_success" in _metrics(server.metrics_port)
+    finally:
+        assert stop_server(server) == 0, server.log.read_text()
+
+
+def _ipv6_loopback() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6) as probe:
+            probe.bind(("::1", 0))
+        return True
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not _ipv6_loopback(), reason="this machine has no IPv6 loopback")
+def test_an_ipv6_address_serves_http_grpc_and_metrics(repo: pathlib.Path,
+                                                       tmp_path: pathlib.Path) -> None:
+    """`--host ::1` (dual-stack clusters bind `::`): the start line writes the address as a
+    URL does, and tritonclient's HTTP and gRPC clients and a scrape reach it."""
+    server = start_server(repo, tmp_path / "server.log", "--host", "::1")
+    try:
+        assert server.host == "[::1]"
+        value = np.arange(4, dtype=np.float32).reshape(1, 4)
+        for module, url in ((httpclient, server.url), (grpcclient, server.grpc_url)):
+            item = module.InferInput("INPUT__0", [1, 4], "FP32")
+            item.set_data_from_numpy(value)
+            with module.InferenceServerClient(url) as client:
+                answer = client.infer("identity", [item]).as_numpy("OUTPUT__0")
+            assert answer.tolist() == value.tolist()
+        assert "nv_inference_request_success" in scrape(server)
     finally:
         assert stop_server(server) == 0, server.log.read_text()
