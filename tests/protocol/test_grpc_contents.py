@@ -62,3 +62,14 @@ def test_a_value_outside_the_datatype_is_refused(name: str, field: str, value: i
     with pytest.raises(InvalidArgumentError, match=rf"^input 'x': {name} holds \[{info.min}, "
                                                    rf"{info.max}\]; contents has {value}$"):
         contents_array(contents, field, datatype(name), "x")
+
+
+def test_unknown_fields_a_client_sent_beside_the_contents_are_skipped() -> None:
+    """protobuf keeps unknown fields and writes them again: one of each wire type (varint,
+    64-bit, length-delimited, 32-bit) before and after the packed floats."""
+    unknown = (bytes([9 << 3 | 0, 0x96, 0x01, 10 << 3 | 1]) + bytes(8)
+               + bytes([11 << 3 | 2, 3]) + b"abc" + bytes([12 << 3 | 5]) + bytes(4))
+    floats = pb.InferTensorContents(fp32_contents=[1.5, -2.5]).SerializeToString()
+    contents = pb.InferTensorContents.FromString(unknown + floats + unknown)
+    got = contents_array(contents, "fp32_contents", datatype("FP32"), "x")
+    assert got.tolist() == [1.5, -2.5]

@@ -53,17 +53,29 @@ def contents_array(contents: Any, field: str, dt: DataType, tensor: str) -> np.n
 
 
 def _packed_field(message: bytes, number: int) -> bytes:
-    """The payload of field `number` (length-delimited) in a serialized message whose fields
-    are all length-delimited, as InferTensorContents' repeated fields serialize; b"" if
-    it is absent."""
-    at = 0
-    while at < len(message):
-        tag, at = _varint(message, at)
-        length, at = _varint(message, at)
-        if tag == number << 3 | 2:
-            return message[at:at + length]
-        at += length
-    return b""
+    """The payload of length-delimited field `number` in a serialized message (the last, as
+    protobuf merges a repeated field's runs: InferTensorContents serializes each in one);
+    b"" if it is absent. Other fields, unknown ones a client sent among them, are skipped
+    by their wire type."""
+    found, at = b"", 0
+    try:
+        while at < len(message):
+            tag, at = _varint(message, at)
+            kind = tag & 7
+            if kind == 0:
+                _, at = _varint(message, at)
+            elif kind in (1, 5):
+                at += 8 if kind == 1 else 4
+            elif kind == 2:
+                length, at = _varint(message, at)
+                if tag >> 3 == number:
+                    found = message[at:at + length]
+                at += length
+            else:
+                raise ValueError(kind)
+    except (IndexError, ValueError):  # protobuf wrote it: not seen, but never a crash
+        raise InvalidArgumentError("InferTensorContents is malformed") from None
+    return found
 
 
 def _varint(data: bytes, at: int) -> tuple[int, int]:
