@@ -41,7 +41,8 @@ from tensorgate.pipeline.model_options import (cpu_affinity, flag, int_parameter
 from tensorgate.pipeline.placement import LIGHT_FORWARD_NS, pin_current_thread, plan_placement
 from tensorgate.pipeline.postprocess import build_postprocessor
 from tensorgate.pipeline.rate_limiter import Claim, RateLimiter
-from tensorgate.pipeline.requests import InferenceRequest, InferenceResult, work_item
+from tensorgate.pipeline.requests import (InferenceRequest, InferenceResult, strings_aside,
+                                         work_item)
 from tensorgate.pipeline.response_cache import CacheStatistics, ResponseCache
 from tensorgate.pipeline.scheduler import Scheduler
 from tensorgate.pipeline.served_config import served_spec
@@ -619,7 +620,8 @@ class Engine:
                                        times, request.ledger)
             looked_up = time.monotonic_ns() - started
         try:
-            item = work_item(loaded.spec, request, asyncio.get_running_loop())
+            item = work_item(loaded.spec, request, asyncio.get_running_loop(),
+                             await strings_aside(request))
             if trace is not None:
                 trace.stamp("QUEUE_START", item.enqueued_ns)
             loaded.scheduler.submit(item)
@@ -666,7 +668,8 @@ class Engine:
             trace.begin(loaded.spec.name, loaded.version, request.id, request.inputs,
                         request.ledger)
         try:
-            item = work_item(loaded.spec, request, asyncio.get_running_loop())
+            item = work_item(loaded.spec, request, asyncio.get_running_loop(),
+                             await strings_aside(request))
         except BaseException:
             if trace is not None:
                 trace.stamp("REQUEST_END")

@@ -12,6 +12,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from tensorgate.errors import InvalidArgumentError
 from tensorgate.model import NO_PARAMETERS, Parameter
 from tensorgate.pipeline.stats import StageTimes
@@ -21,7 +23,7 @@ from tensorgate.repository.model_config import ModelSpec, QueuePolicy
 from tensorgate.tensor.copies import CopyLedger
 from tensorgate.tensor.view import TensorView
 
-__all__ = ["InferenceRequest", "InferenceResult", "work_item"]
+__all__ = ["STRINGS_ASIDE", "InferenceRequest", "InferenceResult", "strings_aside", "work_item"]
 
 
 @dataclass
@@ -54,9 +56,42 @@ class InferenceResult:
     parameters: Mapping[str, Parameter] = field(default_factory=lambda: NO_PARAMETERS)
 
 
-def work_item(spec: ModelSpec, request: InferenceRequest,
-              loop: asyncio.AbstractEventLoop) -> WorkItem:
-    """Check the request against the config and turn its views into tensors (no copies)."""
+# BYTES elements from which a request's strings are cut into bytes objects in the loop's
+# default executor rather than on the loop: a million of mixed lengths take ~180 ms, and
+# every other client waited that long (bench/object_stall_bench.py).
+STRINGS_ASIDE = 1 << 16
+
+
+async def strings_aside(request: InferenceRequest) -> dict[str, np.ndarray] | None:
+    """The request's large BYTES inputs as object arrays of bytes, cut out in the loop's
+    default executor (the loop serves others meanwhile, the two sharing the GIL in turns);
+    None when it has none. Not for a request in a sequence: a stateful model takes its
+    requests in the order they came, and a later one could pass while this one waits."""
+    if request.sequence is not None:
+        return None
+    large = {name: view for name, view in request.inputs.items()
+             if view.datatype.is_bytes and _elements(view) >= STRINGS_ASIDE}
+    if not large:
+        return None
+    return await asyncio.get_running_loop().run_in_executor(None, _cut_out, large)
+
+
+def _elements(view: TensorView) -> int:
+    count = 1
+    for dim in view.shape:
+        count *= dim
+    return count
+
+
+def _cut_out(views: Mapping[str, TensorView]) -> dict[str, np.ndarray]:
+    return {name: view.numpy() for name, view in views.items()}
+
+
+def work_item(spec: ModelSpec, request: InferenceRequest, loop: asyncio.AbstractEventLoop,
+              strings: Mapping[str, np.ndarray] | None = None) -> WorkItem:
+    """Check the request against the config and turn its views into tensors (no copies);
+    `strings`: BYTES inputs already cut into bytes objects (engine does large ones off the
+    loop)."""
     given = request.inputs
     names = spec.input_names
     for name in given:
@@ -94,7 +129,13 @@ def work_item(spec: ModelSpec, request: InferenceRequest,
                                        f"batch of {these_rows}, other inputs {rows}; they must "
                                        "agree")
         rows = these_rows
-        value = view.numpy() if view.datatype.is_bytes else view.torch()
+        value: Any
+        if not view.datatype.is_bytes:
+            value = view.torch()
+        elif strings is not None and item_spec.name in strings:
+            value = strings[item_spec.name]
+        else:
+            value = view.numpy()
         if item_spec.reshape is not None:
             value = value.reshape(([these_rows] if batching else []) + list(item_spec.reshape))
         inputs[item_spec.name] = value
