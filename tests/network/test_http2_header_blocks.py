@@ -194,3 +194,19 @@ def test_every_stream_gets_what_a_fresh_decoder_reads(steps: list[tuple[str, Any
         assert b"undecodable header block" in bytes(transport.written)
     else:
         assert seen == expected and not transport.closed
+
+
+def test_nothing_after_an_undecodable_block_is_read_even_in_later_reads() -> None:
+    """The error closes the connection; blocks that still arrive (here in later reads, the
+    receive buffer being smaller than what was sent) open no streams: their fields would be
+    read against a table the error left unknown. Hypothesis found it: 5 of 6 streams opened
+    where a fresh decoder stops at the fourth block."""
+    encoder = hpack.Encoder()
+    encoder.header_table_size = 0
+    fields = [(":method", "POST"), ("x-big", "y" * 5000)]
+    blocks = [encoder.encode(fields, huffman=False) for _ in range(3)] + [b"\xbe"]
+    blocks += [encoder.encode(fields, huffman=False) for _ in range(2)]
+    assert _reference(blocks) == 3
+    connection, transport, seen, _ = _connection()
+    _send(connection, blocks)
+    assert len(seen) == 3 and transport.closed

@@ -241,6 +241,9 @@ class Http2Connection(asyncio.BufferedProtocol):
         self._block = bytearray()
         self._block_end_stream = False
         self.going_away = False
+        # a connection error was answered (GOAWAY, close): what still arrives is not read, as
+        # its header blocks would be decoded against a table the error left unknown
+        self._failed_connection = False
         self._last_read = time.monotonic()
         # On a plain socket we send vectored ourselves (network.socket_send): asyncio's
         # transports join a writelines() into one bytes before Python 3.12 (a client's 16
@@ -337,6 +340,8 @@ class Http2Connection(asyncio.BufferedProtocol):
         return target if target is not None and len(target) >= _DIRECT_READ else None
 
     def buffer_updated(self, nbytes: int) -> None:
+        if self._failed_connection:
+            return
         self._last_read = time.monotonic()
         if self.tls:  # decrypted into place, after the ssl module copied it once
             record_copy(nbytes, "tls")
@@ -360,6 +365,7 @@ class Http2Connection(asyncio.BufferedProtocol):
             self._parse()
         except Http2Error as error:
             log.info("HTTP/2 connection error %d: %s", error.code, error)
+            self._failed_connection = True
             self._go_away(error.code, str(error))
             if self.transport is not None:
                 self.transport.close()
