@@ -310,13 +310,11 @@ class ExecutorThread:
         else:
             # Batch 1 only: on CPU a warm-up at max_batch_size (64 × ResNet-50) costs seconds
             # of start-up for little; on a GPU, graph capture below runs every batch size.
-            refused = zeros_refused(s.spec, 1)
-            if refused is not None:
-                log.info("model %s: no warm-up: it has no model_warmup, and zeros cannot stand "
-                         "in: %s", s.spec.name, refused)
-                return
             zeros = warmup_inputs(s.spec, 1, s.device)
-            assert zeros is not None
+            if zeros is None:
+                log.info("model %s: no warm-up: it has no model_warmup, and zeros cannot stand "
+                         "in: %s", s.spec.name, zeros_refused(s.spec, 1))
+                return
             self._warm_run(runner, dict(zeros), "at batch 1")
         if s.device.type == "cuda" and s.cuda_graphs and runner.module is not None:
             self._graphs = GraphSet.capture(runner.run, s.spec, s.device, self._stream,

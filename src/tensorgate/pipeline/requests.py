@@ -67,21 +67,19 @@ async def strings_aside(request: InferenceRequest) -> dict[str, np.ndarray] | No
     default executor (the loop serves others meanwhile, the two sharing the GIL in turns);
     None when it has none. Not for a request in a sequence: a stateful model takes its
     requests in the order they came, and a later one could pass while this one waits."""
-    if request.sequence is not None or not any(_large(view) for view in request.inputs.values()):
+    if request.sequence is not None:
+        return None
+    for view in request.inputs.values():
+        if _large(view):
+            break
+    else:
         return None  # most requests: nothing made
     large = {name: view for name, view in request.inputs.items() if _large(view)}
     return await asyncio.get_running_loop().run_in_executor(None, _cut_out, large)
 
 
 def _large(view: TensorView) -> bool:
-    return view.datatype.is_bytes and _elements(view) >= STRINGS_ASIDE
-
-
-def _elements(view: TensorView) -> int:
-    count = 1
-    for dim in view.shape:
-        count *= dim
-    return count
+    return view.datatype.is_bytes and view.count >= STRINGS_ASIDE
 
 
 def _cut_out(views: Mapping[str, TensorView]) -> dict[str, np.ndarray]:

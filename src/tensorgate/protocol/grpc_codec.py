@@ -170,13 +170,14 @@ def parse_bounded(message_type: Any, data: bytes) -> Any:
     """`message_type` parsed from `data`, refused unparsed when it holds more than
     MAX_MESSAGE_PARTS fields and nested messages (counted on the wire, each nested message's
     own fields too, only for messages big enough to hold that many)."""
-    name = message_type.DESCRIPTOR.name
     if len(data) > _COUNTED_FROM:
-        _count_parts(message_type.DESCRIPTOR, memoryview(data), name)
+        descriptor = message_type.DESCRIPTOR
+        _count_parts(descriptor, memoryview(data), descriptor.name)
     try:
         return message_type.FromString(data)
     except Exception as error:  # protobuf's DecodeError; its module path varies
-        raise InvalidArgumentError(f"{name} is malformed: {error}") from None
+        raise InvalidArgumentError(f"{message_type.DESCRIPTOR.name} is malformed: "
+                                   f"{error}") from None
 
 
 def _count_parts(descriptor: Any, data: memoryview, name: str) -> None:

@@ -262,14 +262,14 @@ def _parsed(memory: memoryview, spans: list[Span]) -> Generator[None, None, Any]
     for (start, end, brackets), entry in zip(spans, holders):
         if entry.get("datatype") not in _NUMERIC:
             return None  # BYTES (whose refusal of numbers is the whole path's), or unknown
+        bools = entry["datatype"] == "BOOL"
         if brackets is None:
-            values = yield from _array(memory, start, end, entry["datatype"] == "BOOL")
+            values = yield from _array(memory, start, end, bools)
         else:
             dims = _even_lists(brackets)
             if dims is None:
                 return None
-            values = yield from _nested_array(memory, start, end, brackets, dims,
-                                              entry["datatype"] == "BOOL")
+            values = yield from _nested_array(memory, start, end, brackets, dims, bools)
         if values is None:
             return None
         entry["data"] = values

@@ -146,6 +146,11 @@ class TensorView:
         return self._shape
 
     @property
+    def count(self) -> int:
+        """Elements: the product of `shape`."""
+        return self._count
+
+    @property
     def nbytes(self) -> int:
         return self._nbytes
 
