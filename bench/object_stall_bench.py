@@ -10,6 +10,9 @@ that the client's own work does not stall the probe, which shares its process):
 - gRPC ModelInfer: 1.5 million request parameters (26 MB; upb parses a map in time that
   grows with the square of its entries), 1.5 million parameters of one input, a million
   requested outputs, an input shape of 20 million dims.
+- gRPC typed contents, to a model that sums an INT64 input: 60 million one-byte varints
+  (60 MB, 480 MB as a tensor), 5 million of full width (10 bytes each, negative); and 60 MB
+  in raw_input_contents, for what the transport alone costs.
 Reported per tree and case: the request's time and status (HTTP status, or the gRPC code),
 the probe's worst wait while it ran, and how much the server's peak RSS grew.
 
@@ -51,6 +54,22 @@ from tensorgate import Model
 class Count(Model):
     def forward(self, inputs):
         return {"N": np.array([inputs["T"].size], dtype=np.int64)}
+'''
+_SUM = '''
+import torch
+
+from tensorgate import Model
+
+
+class Sum(Model):
+    def forward(self, inputs):
+        return {"N": inputs["X"].sum().reshape(1)}
+'''
+_SUM_CONFIG = '''name: "sum"
+backend: "python"
+max_batch_size: 0
+input [ { name: "X" data_type: TYPE_INT64 dims: [-1] } ]
+output [ { name: "N" data_type: TYPE_INT64 dims: [1] } ]
 '''
 _CONFIG = '''name: "count"
 backend: "python"
@@ -102,8 +121,36 @@ def _grpc(shape: str) -> Send:
     else:
         del item.shape[:]
         item.shape.extend([1] * 20_000_000)
-    data = request.SerializeToString()
+    return _grpc_send(request.SerializeToString())
 
+
+def _contents(count: int, full: bool | str) -> Send:
+    request = pb.ModelInferRequest(model_name="sum")
+    item = request.inputs.add(name="X", datatype="INT64", shape=[count])
+    if full == "raw":  # the same bytes, 8 to a value: what the transport alone costs
+        request.raw_input_contents.append(bytes(count))
+        del item.shape[:]
+        item.shape.append(count // 8)
+        return _grpc_send(request.SerializeToString())
+    if full:
+        item.contents.int64_contents.extend([-1] * count)
+        return _grpc_send(request.SerializeToString())
+    # written by hand, as protobuf would (its extend of 60 million ints takes a minute)
+    run = b"\x1a" + _varint(count) + b"\x01" * count  # int64_contents, packed
+    tensor = item.SerializeToString() + b"\x2a" + _varint(len(run)) + run  # contents
+    head = pb.ModelInferRequest(model_name="sum").SerializeToString()
+    return _grpc_send(head + b"\x2a" + _varint(len(tensor)) + tensor)  # inputs
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value >= 0x80:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    return bytes(out + bytes([value]))
+
+
+def _grpc_send(data: bytes) -> Send:
     def send(port: int, grpc_port: int) -> tuple[str, float]:
         limit = [("grpc.max_send_message_length", 1 << 30),
                  ("grpc.max_receive_message_length", 1 << 30)]
@@ -127,6 +174,9 @@ CASES: dict[str, Callable[[], Send]] = {
     "gRPC, 1.5M input parameters": lambda: _grpc("input parameters"),
     "gRPC, 1M outputs": lambda: _grpc("outputs"),
     "gRPC, 20M dims": lambda: _grpc("dims"),
+    "gRPC INT64 contents, 60M one-byte": lambda: _contents(60_000_000, False),
+    "gRPC INT64 contents, 5M ten-byte": lambda: _contents(5_000_000, True),
+    "gRPC INT64 raw contents, 60 MB": lambda: _contents(60_000_000, "raw"),
 }
 
 
@@ -164,15 +214,22 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_tree_options(parser)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--cases", default="",
+                        help="run only the cases whose names contain this text")
     args = parser.parse_args()
     trees = trees_of(args)
     work = pathlib.Path(tempfile.mkdtemp(prefix="tg-objects-"))
     (work / "models" / "count" / "1").mkdir(parents=True)
     (work / "models" / "count" / "config.pbtxt").write_text(_CONFIG)
     (work / "models" / "count" / "1" / "model.py").write_text(_MODEL)
+    (work / "models" / "sum" / "1").mkdir(parents=True)
+    (work / "models" / "sum" / "config.pbtxt").write_text(_SUM_CONFIG)
+    (work / "models" / "sum" / "1" / "model.py").write_text(_SUM)
     runs: dict[tuple[str, str], list[dict[str, Any]]] = {}
     try:
         for case, build in CASES.items():
+            if args.cases not in case:
+                continue
             send = build()
             for r in range(args.rounds):
                 for tree in list(trees) if r % 2 == 0 else list(trees)[::-1]:
@@ -181,8 +238,8 @@ def main() -> None:
                     print(f"{case}, round {r + 1}, {tree}: {found}", flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    print(f"\nOne request to a model counting its strings, a probe on /v2/health/live every "
-          f"5 ms; medians of {args.rounds} rounds\n")
+    print(f"\nOne request to a model counting its strings (summing its values), a probe on "
+          f"/v2/health/live every 5 ms; medians of {args.rounds} rounds\n")
     print("| case | server | status | request s | probe's worst wait ms | peak RSS growth MB |\n"
           "|---|---|---:|---:|---:|---:|")
     for (case, tree), found in runs.items():

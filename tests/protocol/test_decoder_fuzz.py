@@ -66,13 +66,13 @@ def test_grpc_decoder(inputs: list, raw: bool, fp32: list[float]) -> None:
     # The server's path: the tensors stay in the received message, as views.
     message = bytearray(request.SerializeToString())
     small, spans = split_model_infer(memoryview(message))
-    assert [bytes(message[o:o + n]) for o, n in spans] == list(request.raw_input_contents)
+    assert [bytes(message[o:o + n]) for o, n in spans.raw] == list(request.raw_input_contents)
     assert small.inputs == request.inputs and not small.raw_input_contents
-    from_spans = decode_model_infer(small, CopyLedger(), message=message, raw_spans=spans)
-    for view, (offset, length) in zip(from_spans.inputs.values(), spans):
+    from_spans = decode_model_infer(small, CopyLedger(), message=message, spans=spans)
+    for view, (offset, length) in zip(from_spans.inputs.values(), spans.raw):
         assert (view.offset, view.nbytes) == (offset, length)
-    if spans:
-        assert first_raw_input_offset(memoryview(message)) == spans[0][0]
+    if spans.raw:
+        assert first_raw_input_offset(memoryview(message)) == spans.raw[0][0]
 
 
 @settings(max_examples=500, deadline=None)
@@ -84,7 +84,7 @@ def test_grpc_message_splitter_on_any_bytes(message: bytes) -> None:
     except TensorgateError as error:
         assert error.message.startswith("ModelInferRequest is malformed")
         return
-    for offset, length in spans:
+    for offset, length in spans.raw:
         assert 0 <= offset and offset + length <= len(message)
     first_raw_input_offset(memoryview(message)[:len(message) // 2])  # never raises more
 

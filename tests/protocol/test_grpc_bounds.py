@@ -40,7 +40,7 @@ def test_a_request_of_too_many_parts_is_refused_unparsed(where: str) -> None:
     under = _request(**{where: MAX_MESSAGE_PARTS // 8})  # a parameter is 4 parts
     request, spans = split_model_infer(memoryview(under.SerializeToString()))
     assert request.parameters == under.parameters and request.outputs == under.outputs
-    assert request.inputs == under.inputs and len(spans) == 1
+    assert request.inputs == under.inputs and len(spans.raw) == 1
     over = memoryview(_request(**{where: 1_000_000}).SerializeToString())
     with pytest.raises(InvalidArgumentError, match=f"^ModelInferRequest {REFUSAL}$"):
         split_model_infer(over)
@@ -85,4 +85,4 @@ def test_looking_for_the_first_tensor_piece_by_piece_finds_what_a_whole_look_fin
         assert offset == first_raw_input_offset(message[:end])
         if offset is not None:
             break
-    assert offset == split_model_infer(message)[1][0][0]
+    assert offset == split_model_infer(message)[1].raw[0][0]

@@ -1,16 +1,21 @@
 """A gRPC input's typed contents read from their packed wire bytes make the array numpy made
-of the repeated field, bit for bit; a value outside the datatype's range is refused."""
+of the repeated field, bit for bit; a value outside the datatype's range is refused. A large
+input's contents, taken out of the request before protobuf parses it and read from the
+client's own wire bytes, decode as protobuf's parse of the whole request would, in every form
+protobuf accepts; malformed ones are refused naming what is wrong."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import event, given, settings
 from hypothesis import strategies as st
 from tritonclient.grpc import service_pb2 as pb
 
 from tensorgate.errors import InvalidArgumentError
-from tensorgate.protocol.grpc_contents import contents_array
+from tensorgate.protocol.grpc_codec import decode_model_infer, split_model_infer
+from tensorgate.protocol.grpc_contents import CONTENTS_APART, contents_array
+from tensorgate.tensor import CopyLedger
 from tensorgate.tensor.dtypes import datatype
 
 INT32, INT64 = st.integers(-2**31, 2**31 - 1), st.integers(-2**63, 2**63 - 1)
@@ -46,7 +51,7 @@ def test_contents_read_from_their_wire_bytes_are_what_numpy_made(data: st.DataOb
                 getattr(contents, other).extend(more)
     dt = datatype(name)
     expected = np.array(getattr(contents, field), dtype=dt.numpy)
-    got = contents_array(contents, field, dt, "x")
+    got = contents_array(contents, field, dt, "x", (len(sent),))
     assert got.dtype == expected.dtype and got.tobytes() == expected.tobytes()
 
 
@@ -61,7 +66,7 @@ def test_a_value_outside_the_datatype_is_refused(name: str, field: str, value: i
     info = np.iinfo(datatype(name).numpy)
     with pytest.raises(InvalidArgumentError, match=rf"^input 'x': {name} holds \[{info.min}, "
                                                    rf"{info.max}\]; contents has {value}$"):
-        contents_array(contents, field, datatype(name), "x")
+        contents_array(contents, field, datatype(name), "x", (3,))
 
 
 def test_unknown_fields_a_client_sent_beside_the_contents_are_skipped() -> None:
@@ -71,5 +76,165 @@ def test_unknown_fields_a_client_sent_beside_the_contents_are_skipped() -> None:
                + bytes([11 << 3 | 2, 3]) + b"abc" + bytes([12 << 3 | 5]) + bytes(4))
     floats = pb.InferTensorContents(fp32_contents=[1.5, -2.5]).SerializeToString()
     contents = pb.InferTensorContents.FromString(unknown + floats + unknown)
-    got = contents_array(contents, "fp32_contents", datatype("FP32"), "x")
+    got = contents_array(contents, "fp32_contents", datatype("FP32"), "x", (2,))
     assert got.tolist() == [1.5, -2.5]
+
+
+# --- contents taken out of a large input before protobuf parses the request ---------------
+
+def _decoded(message: bytes) -> dict[str, np.ndarray]:
+    """The inputs as the server decodes them: the message split, contents read from it."""
+    small, spans = split_model_infer(memoryview(bytearray(message)))
+    decoded = decode_model_infer(small, CopyLedger(), message=bytearray(message), spans=spans)
+    return {name: view.numpy() for name, view in decoded.inputs.items()}
+
+
+def _parsed(message: bytes) -> dict[str, np.ndarray]:
+    """The inputs as protobuf's parse of the whole message gives them."""
+    decoded = decode_model_infer(pb.ModelInferRequest.FromString(message), CopyLedger())
+    return {name: view.numpy() for name, view in decoded.inputs.items()}
+
+
+def _same(got: dict[str, np.ndarray], expected: dict[str, np.ndarray]) -> None:
+    assert list(got) == list(expected)
+    for name, array in expected.items():
+        assert got[name].dtype == array.dtype and got[name].shape == array.shape
+        assert got[name].tobytes() == array.tobytes(), name
+
+
+@settings(max_examples=150, deadline=None)
+@given(data=st.data(), names=st.lists(st.sampled_from(sorted(CASES)), min_size=1, max_size=3),
+       tagged=st.booleans())
+def test_contents_taken_out_of_large_inputs_decode_as_protobufs_parse(
+        data: st.DataObject, names: list[str], tagged: bool) -> None:
+    """Inputs of every numeric datatype, small and large (over CONTENTS_APART, taken out),
+    with parameters around their contents: the same arrays as from protobuf's parse, and
+    the request's other fields as they were."""
+    request = pb.ModelInferRequest(model_name="m", id="r")
+    request.parameters["p"].int64_param = 7
+    for index, name in enumerate(names):
+        field, values = CASES[name]
+        size = data.draw(st.sampled_from([0, 3, 1500]))  # 1500: taken out, for any datatype
+        sent = (data.draw(st.lists(values, min_size=1, max_size=20)) * size)[:size]
+        item = request.inputs.add(name=f"in{index}", datatype=name)
+        item.shape.extend([1, len(sent)])
+        if tagged:
+            item.parameters["tag"].string_param = "t" * index
+        getattr(item.contents, field).extend(sent)
+    request.outputs.add(name="out")
+    message = request.SerializeToString()
+    small, spans = split_model_infer(memoryview(bytearray(message)))
+    large = [i for i, item in enumerate(request.inputs) if item.ByteSize() >= CONTENTS_APART]
+    assert sorted(spans.contents or {}) == large
+    event(f"taken out: {len(large)}")
+    for index, item in enumerate(request.inputs):
+        kept = pb.ModelInferRequest.InferInputTensor()
+        kept.CopyFrom(item)
+        if index in large:
+            kept.ClearField("contents")
+        assert small.inputs[index] == kept
+    assert (small.parameters, small.outputs, small.id) == (request.parameters, request.outputs,
+                                                           "r")
+    _same(_decoded(message), _parsed(message))
+
+
+def _input(contents: bytes, datatype_: str = "INT64", count: int = 3) -> bytes:
+    """A request whose one input has these serialized contents, padded by a parameter so
+    that they are taken out."""
+    item = pb.ModelInferRequest.InferInputTensor(name="x", datatype=datatype_, shape=[count])
+    item.parameters["pad"].string_param = "p" * CONTENTS_APART
+    tensor = item.SerializeToString() + _field(5, contents)  # InferInputTensor.contents
+    return pb.ModelInferRequest(model_name="m").SerializeToString() + _field(5, tensor)
+
+
+def _field(number: int, payload: bytes) -> bytes:
+    """A length-delimited field (tag and length one byte each where they fit)."""
+    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value >= 0x80:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    return bytes(out + bytes([value]))
+
+
+@pytest.mark.parametrize("contents, expected", [
+    # int64_contents in two packed runs: protobuf joins them
+    (_field(3, _varint(1) + _varint(300)) + _field(3, _varint(2**63 - 1)), [1, 300, 2**63 - 1]),
+    # elements sent unpacked, each with its own tag (protobuf reads these)
+    (b"".join(bytes([3 << 3]) + _varint(v) for v in (5, 6, 7)), [5, 6, 7]),
+    # packed and unpacked in one field
+    (_field(3, _varint(5)) + bytes([3 << 3]) + _varint(6) + _field(3, _varint(7)), [5, 6, 7]),
+    # unknown fields of each wire type around the packed run
+    (bytes([9 << 3, 1, 10 << 3 | 1]) + bytes(8) + _field(3, _varint(1) + _varint(2) +
+     _varint(3)) + bytes([12 << 3 | 5]) + bytes(4) + _field(11, b"abc"), [1, 2, 3]),
+])
+def test_contents_on_the_wire_in_any_form_protobuf_reads(contents: bytes,
+                                                         expected: list[int]) -> None:
+    message = _input(contents)
+    assert split_model_infer(memoryview(bytearray(message)))[1].contents is not None
+    assert _decoded(message)["x"].tolist() == expected
+    _same(_decoded(message), _parsed(message))
+
+
+@pytest.mark.parametrize("contents, error", [
+    (_field(3, _varint(1) + b"\x80"), "InferTensorContents is malformed: its last varint runs "
+                                      "past the end of its field"),
+    (_field(3, _varint(1) + b"\xff" * 10 + b"\x01" + _varint(2)), "InferTensorContents is "
+                                                                 "malformed: a varint is "
+                                                                 "longer than 10 bytes"),
+    (_field(6, bytes(13)), "InferTensorContents is malformed: fp32_contents has 13 bytes, not "
+                           "a whole number of 4-byte values"),
+    (_field(3, _varint(1)) + bytes([3 << 3 | 2, 9, 1]), "InferTensorContents is malformed: "
+                                                          "field 3 runs past the end of the "
+                                                          "6-byte message"),
+    (_field(3, _varint(1) + _varint(2)), r"input 'x': contents has 2 elements; shape \[3\] "
+                                         "needs 3"),
+    (_field(6, bytes(16)), r"input 'x': contents has 4 elements; shape \[3\] needs 3"),
+])
+def test_malformed_contents_are_refused_naming_what_is_wrong(contents: bytes,
+                                                            error: str) -> None:
+    datatype_ = "FP32" if contents[0] == 6 << 3 | 2 else "INT64"
+    with pytest.raises(InvalidArgumentError, match=f"^{error}$"):
+        _decoded(_input(contents, datatype_))
+
+
+def test_varints_of_every_length_across_the_pieces_they_are_read_in() -> None:
+    """Over 4 MiB of packed varints of 1 to 10 bytes (read a piece at a time, each piece
+    ending where a varint does), shifted by 0 to 9 bytes so that a piece's end falls on every
+    byte of a varint: what protobuf parses, element for element."""
+    rng = np.random.default_rng(5)
+    values = rng.integers(0, 2**63, 900_000, dtype=np.int64) >> rng.integers(0, 63, 900_000)
+    values[::7] *= -1  # negative: ten bytes each
+    packed = pb.InferTensorContents(int64_contents=values.tolist()).SerializeToString()
+    assert packed[0] == 3 << 3 | 2 and len(packed) > 4 << 20
+    run = packed[len(_field(3, b"")) + len(_varint(len(packed))) - 1:]  # the varints alone
+    assert _field(3, run) == packed
+    for shift in range(10):
+        got = _decoded(_input(_field(3, bytes(shift) + run), count=shift + values.size))["x"]
+        assert got.dtype == np.int64 and not got[:shift].any()
+        assert got[shift:].tobytes() == values.tobytes(), shift
+
+
+def test_fp32_contents_are_a_view_of_the_message_where_aligned_else_copied_once() -> None:
+    """Packed FP32 is the tensor's bytes: read in place when they lie 4-byte aligned in the
+    received message; otherwise, and when sent in two runs, copied once and counted."""
+    values = np.arange(1000, dtype=np.float32)
+    for runs in (1, 2):
+        halves = [values] if runs == 1 else [values[:300], values[300:]]
+        message = _input(b"".join(_field(6, h.tobytes()) for h in halves), "FP32", 1000)
+        payload = message.index(values.tobytes() if runs == 1 else values[:300].tobytes())
+        storage = np.zeros(len(message) + 8, np.uint8)
+        aligned = (-(storage.ctypes.data + payload)) % 4  # where the floats start 4-aligned
+        for start in (aligned, aligned + 1):
+            received = storage[start:start + len(message)]
+            received[:] = np.frombuffer(message, np.uint8)
+            small, spans = split_model_infer(memoryview(received))
+            ledger = CopyLedger()
+            got = decode_model_infer(small, ledger, message=received, spans=spans).inputs["x"]
+            assert got.numpy().tobytes() == values.tobytes()
+            in_place = runs == 1 and start == aligned
+            assert np.shares_memory(got.numpy(), received) == in_place
+            assert (ledger.bytes, ledger.calls) == ((0, 0) if in_place else (4000, 1))

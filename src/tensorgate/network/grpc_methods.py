@@ -14,8 +14,9 @@ from tritonclient.grpc import service_pb2 as pb
 from tensorgate.dataplane import Answer, DataPlane, parse_version, refuse_model_files
 from tensorgate.errors import InvalidArgumentError, NotFoundError
 from tensorgate.network import http2
-from tensorgate.protocol.grpc_codec import (decode_model_infer, encode_model_infer_parts,
-                                            split_model_infer, statistics_message)
+from tensorgate.protocol.grpc_codec import (TensorSpans, decode_model_infer,
+                                            encode_model_infer_parts, split_model_infer,
+                                            statistics_message)
 from tensorgate.protocol.infer_codec import DecodedRequest
 from tensorgate.tensor.copies import CopyLedger
 
@@ -29,11 +30,11 @@ _HEALTH_SERVICE = "grpc.health.v1.Health"
 
 
 def _decode(dp: DataPlane, message: Any, ledger: CopyLedger, deadline_ns: int | None,
-            request: pb.ModelInferRequest | None, spans: list[tuple[int, int]] | None,
+            request: pb.ModelInferRequest | None, spans: TensorSpans | None,
             forwarded: dict[str, str] | None) -> tuple[pb.ModelInferRequest, DecodedRequest]:
     if request is None:
         request, spans = split_model_infer(memoryview(message))
-    decoded = decode_model_infer(request, ledger, dp.shm, message=message, raw_spans=spans)
+    decoded = decode_model_infer(request, ledger, dp.shm, message=message, spans=spans)
     decoded.forwarded = forwarded
     if deadline_ns is not None and decoded.timeout_us is None:
         # at least 1 µs: an expired deadline must time out in the queue (0 would mean none)
@@ -55,7 +56,7 @@ def _encode(answer: Answer, decoded: DecodedRequest, connection: http2.Http2Conn
 async def model_infer(dp: DataPlane, connection: http2.Http2Connection, message: Any,
                       ledger: CopyLedger, deadline_ns: int | None,
                       request: pb.ModelInferRequest | None = None,
-                      spans: list[tuple[int, int]] | None = None,
+                      spans: TensorSpans | None = None,
                       forwarded: dict[str, str] | None = None,
                       received: tuple[int, int] = (0, 0), traceparent: str | None = None
                       ) -> tuple[list[Any], Trace | None]:
@@ -88,7 +89,7 @@ def _trace(dp: DataPlane, model: str, received: tuple[int, int],
 
 async def model_infer_responses(dp: DataPlane, connection: http2.Http2Connection,
                                 message: Any, ledger: CopyLedger, deadline_ns: int | None,
-                                request: pb.ModelInferRequest, spans: list[tuple[int, int]],
+                                request: pb.ModelInferRequest, spans: TensorSpans,
                                 forwarded: dict[str, str] | None = None,
                                 received: tuple[int, int] = (0, 0),
                                 traceparent: str | None = None

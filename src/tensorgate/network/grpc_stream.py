@@ -35,8 +35,8 @@ from tensorgate.network import PoolRelief, http2, stalled_message
 from tensorgate.network.grpc_messages import (CODES, OK_TRAILERS, RESPONSE_HEADERS, CallHeaders,
                                               Failure, MessageReader, inflate_message, trailers)
 from tensorgate.network.grpc_methods import model_infer, model_infer_responses
-from tensorgate.protocol.grpc_codec import (split_model_infer, stream_error_message,
-                                            stream_response_parts)
+from tensorgate.protocol.grpc_codec import (TensorSpans, split_model_infer,
+                                            stream_error_message, stream_response_parts)
 from tensorgate.tensor.copies import CopyLedger
 from tensorgate.tensor.pool import BufferPool
 
@@ -222,7 +222,7 @@ class StreamCall:
             trace.finish()
 
     async def _respond_each(self, message: Any, ledger: CopyLedger, request: Any,
-                            spans: list[tuple[int, int]], received_ns: int) -> None:
+                            spans: TensorSpans, received_ns: int) -> None:
         """A decoupled model's responses, each sent as it comes; the next is taken only
         while the client's window leaves room."""
         responses = model_infer_responses(self.dataplane, self.connection, message, ledger,

@@ -10,7 +10,8 @@ tag, a length and a view of the output tensor: `encode_model_infer_parts` never 
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -19,21 +20,24 @@ from tritonclient.grpc import service_pb2 as pb
 
 from tensorgate.errors import InvalidArgumentError, ShapeError, UnimplementedError
 from tensorgate.model import NO_PARAMETERS, Parameter
-from tensorgate.protocol.grpc_contents import contents_array
+from tensorgate.protocol.grpc_contents import (CONTENTS_APART, contents_array, split_contents,
+                                               wire_contents_array)
 from tensorgate.protocol.infer_codec import (DecodedRequest, RequestedOutput,
                                              classification_count, counted_strings,
                                              request_priority, request_sequence,
                                              request_timeout, shm_parameters, tensor_count)
+from tensorgate.protocol.protobuf_wire import fields
 from tensorgate.tensor.copies import CopyLedger, record_copy
 from tensorgate.tensor.dtypes import datatype
 from tensorgate.tensor.shm import SharedMemoryRegistry
 from tensorgate.tensor.view import MAX_DIMS, TensorView, checked_shape
 
-__all__ = ["MAX_MESSAGE_PARTS", "decode_model_infer", "encode_model_infer_parts",
+__all__ = ["MAX_MESSAGE_PARTS", "TensorSpans", "decode_model_infer", "encode_model_infer_parts",
            "first_raw_input_offset", "parameter_value", "parse_bounded", "scan_for_raw_input",
-           "set_parameter", "split_model_infer",
-           "statistics_message", "stream_error_message", "stream_response_parts"]
+           "set_parameter", "split_model_infer", "statistics_message", "stream_error_message",
+           "stream_response_parts"]
 
+_INPUTS_FIELD = 5       # ModelInferRequest.inputs
 _RAW_INPUT_FIELD = 7    # ModelInferRequest.raw_input_contents
 _RAW_OUTPUT_TAG = b"\x32"  # ModelInferResponse.raw_output_contents: field 6, length-delimited
 _STREAM_RESPONSE_TAG = b"\x12"  # ModelStreamInferResponse.infer_response: field 2, likewise
@@ -65,54 +69,6 @@ def _parameters(message: Any) -> dict[str, Any]:
     return {k: parameter_value(v) for k, v in message.parameters.items()}
 
 
-def _varint(data: memoryview, at: int, end: int) -> tuple[int, int]:
-    """(value, next offset) of the varint at `at`; (-1, at) when it is cut off at `end`."""
-    if at < end and data[at] < 0x80:  # one byte: tags, and lengths under 128
-        return data[at], at + 1
-    value = shift = 0
-    while at < end:
-        byte = data[at]
-        at += 1
-        value |= (byte & 0x7F) << shift
-        if not byte & 0x80:
-            return value, at
-        shift += 7
-        if shift > 63:
-            raise InvalidArgumentError("ModelInferRequest is malformed: a varint is longer "
-                                       "than 10 bytes")
-    return -1, at
-
-
-def _fields(data: memoryview, end: int, at: int = 0, message: str = "ModelInferRequest"
-            ) -> Iterator[tuple[int, int, int, bool]]:
-    """(field number, value start, value end, payload complete) for each field of a
-    `message` in data[at:end]; stops at the first field whose header is incomplete."""
-    while at < end:
-        tag, after = _varint(data, at, end)
-        if tag < 0:
-            return
-        kind, number = tag & 7, tag >> 3
-        if kind == 0:
-            value, stop = _varint(data, after, end)
-            if value < 0:
-                return
-            start = after
-        elif kind == 2:
-            length, start = _varint(data, after, end)
-            if length < 0:
-                return
-            stop = start + length
-        elif kind in (1, 5):
-            start, stop = after, after + (8 if kind == 1 else 4)
-        else:
-            raise InvalidArgumentError(f"{message} is malformed: field {number} has wire type "
-                                       f"{kind}")
-        if number == 0:
-            raise InvalidArgumentError(f"{message} is malformed: field number 0")
-        yield number, start, stop, stop <= end
-        at = stop
-
-
 def first_raw_input_offset(head: memoryview) -> int | None:
     """Where the first tensor's bytes start in a message whose first `len(head)` bytes
     have arrived, if that is known yet: the receiver places the message so that this
@@ -124,7 +80,7 @@ def scan_for_raw_input(head: memoryview, at: int = 0) -> tuple[int | None, int]:
     """first_raw_input_offset, looked for from `at` (a field's start), and where to look
     from once more has arrived: the receiver asks after each 512 bytes, and a rescan from
     the start each time cost 86 ms on a head of 64 KiB of tiny fields (1.3 ms now)."""
-    for number, start, stop, complete in _fields(head, len(head), at):
+    for number, _, start, stop, complete in fields(head, len(head), at):
         if number == _RAW_INPUT_FIELD:
             return start, at
         if not complete:
@@ -133,26 +89,44 @@ def scan_for_raw_input(head: memoryview, at: int = 0) -> tuple[int | None, int]:
     return None, at
 
 
-def split_model_infer(message: memoryview) -> tuple[pb.ModelInferRequest, list[tuple[int, int]]]:
-    """The request without its tensors (parsed by protobuf from the small fields) and the
-    (offset, length) of each `raw_input_contents` entry in `message`."""
-    raw: list[tuple[int, int]] = []
-    small: list[memoryview] = []
-    field_start = 0
-    for count, (number, start, stop, complete) in enumerate(_fields(message, len(message))):
+@dataclass(slots=True)
+class TensorSpans:
+    """Where a ModelInferRequest's tensors lie in its message, as (offset, length): each
+    raw_input_contents entry, and the typed contents taken out of large inputs by input."""
+
+    raw: list[tuple[int, int]]
+    contents: dict[int, tuple[int, int]] | None = None
+
+
+def split_model_infer(message: memoryview) -> tuple[pb.ModelInferRequest, TensorSpans]:
+    """The request without its tensors (parsed by protobuf from the small fields) and where
+    each `raw_input_contents` entry and each large input's typed contents are in `message`.
+    Its parts are counted first (parse_bounded), so that what walks it here walks a bounded
+    number of fields."""
+    if len(message) > _COUNTED_FROM:
+        _count_parts(pb.ModelInferRequest.DESCRIPTOR, message, "ModelInferRequest")
+    spans = TensorSpans([])
+    small: list[Any] = []
+    field_start = inputs = 0
+    for number, _, start, stop, complete in fields(message, len(message)):
         if not complete:
             raise InvalidArgumentError(f"ModelInferRequest is malformed: field {number} runs "
                                        f"past the end of the {len(message)}-byte message")
-        if count == MAX_MESSAGE_PARTS:
-            raise _too_many_parts("ModelInferRequest")
         if number == _RAW_INPUT_FIELD:
-            raw.append((start, stop - start))
+            spans.raw.append((start, stop - start))
+        elif (number == _INPUTS_FIELD and stop - start >= CONTENTS_APART
+              and (apart := split_contents(message, start, stop)) is not None):
+            small.append(apart[0])
+            if spans.contents is None:
+                spans.contents = {}
+            spans.contents[inputs] = apart[1]
         else:
             small.append(message[field_start:stop])
+        inputs += number == _INPUTS_FIELD
         field_start = stop
     if field_start != len(message):
         raise InvalidArgumentError("ModelInferRequest is malformed: it ends inside a field")
-    return parse_bounded(pb.ModelInferRequest, b"".join(small)), raw
+    return _parsed(pb.ModelInferRequest, b"".join(small)), spans
 
 
 # Fields, nested messages and map entries one gRPC request may hold, at every level (a
@@ -173,6 +147,10 @@ def parse_bounded(message_type: Any, data: bytes) -> Any:
     if len(data) > _COUNTED_FROM:
         descriptor = message_type.DESCRIPTOR
         _count_parts(descriptor, memoryview(data), descriptor.name)
+    return _parsed(message_type, data)
+
+
+def _parsed(message_type: Any, data: bytes) -> Any:
     try:
         return message_type.FromString(data)
     except Exception as error:  # protobuf's DecodeError; its module path varies
@@ -187,7 +165,7 @@ def _count_parts(descriptor: Any, data: memoryview, name: str) -> None:
     spans = [(descriptor, 0, len(data))]
     while spans:
         kind, begin, end = spans.pop()
-        for number, start, stop, _ in _fields(data, end, begin, name):
+        for number, _, start, stop, _ in fields(data, end, begin, name):
             count += 1
             if count > MAX_MESSAGE_PARTS:
                 raise _too_many_parts(name)
@@ -210,15 +188,16 @@ def _too_many_parts(name: str) -> InvalidArgumentError:
 def decode_model_infer(request: pb.ModelInferRequest, ledger: CopyLedger,
                        shm: SharedMemoryRegistry | None = None, *,
                        message: Any = None,
-                       raw_spans: list[tuple[int, int]] | None = None) -> DecodedRequest:
-    """The data plane's request. Tensors come from `raw_spans` of `message` as views when
-    given (split_model_infer), else from the message's own `raw_input_contents`."""
+                       spans: TensorSpans | None = None) -> DecodedRequest:
+    """The data plane's request. Tensors come from `spans` of `message` as views when given
+    (split_model_infer), else from the message's own `raw_input_contents`."""
     tensor_count(len(request.inputs), "inputs")
     tensor_count(len(request.outputs), "outputs")
     # (owner, offset, length) of each input's bytes
     raw: list[tuple[Any, int, int]] = (
-        [(data, 0, len(data)) for data in request.raw_input_contents] if raw_spans is None
-        else [(message, offset, length) for offset, length in raw_spans])
+        [(data, 0, len(data)) for data in request.raw_input_contents] if spans is None
+        else [(message, offset, length) for offset, length in spans.raw])
+    contents = None if spans is None else spans.contents
     if raw and len(raw) != len(request.inputs):
         raise InvalidArgumentError(f"raw_input_contents has {len(raw)} entries for "
                                    f"{len(request.inputs)} inputs; give one per input")
@@ -246,7 +225,10 @@ def decode_model_infer(request: pb.ModelInferRequest, ledger: CopyLedger,
             owner, offset, length = raw[index]
             view = TensorView(owner, dt, shape, offset, nbytes=length, name=name, ledger=ledger)
         else:
-            view = _from_contents(item, dt.name, shape, ledger)
+            wire = contents.get(index) if contents else None
+            view = _from_contents(item, dt.name, shape, ledger,
+                                  None if wire is None else
+                                  memoryview(message)[wire[0]:wire[0] + wire[1]])
         if name in inputs:
             raise InvalidArgumentError(f"input '{name}' appears twice in the request")
         inputs[name] = view
@@ -266,25 +248,36 @@ def decode_model_infer(request: pb.ModelInferRequest, ledger: CopyLedger,
                           sequence=request_sequence(parameters))
 
 
-def _from_contents(item: Any, name: str, shape: tuple[int, ...],
-                   ledger: CopyLedger) -> TensorView:
+def _from_contents(item: Any, name: str, shape: tuple[int, ...], ledger: CopyLedger,
+                   wire: memoryview | None) -> TensorView:
+    """The input's typed contents: from `wire`, its serialized contents taken out of the
+    message (split_model_infer), when given; else from the parsed message."""
     field = _CONTENTS.get(name)
     if field is None:
         raise InvalidArgumentError(f"input '{item.name}': {name} must be sent in "
                                    "raw_input_contents")
-    values = getattr(item.contents, field)
+    dt = datatype(name)
+    if wire is not None and not dt.is_bytes:
+        read = wire_contents_array(wire, field, dt, item.name, shape)
+        if read is not None:
+            array, copied = read
+            if copied:
+                record_copy(array.nbytes, "decode", ledger)
+            return TensorView.from_numpy(array, name=item.name, ledger=ledger)
+    contents = item.contents if wire is None else parse_bounded(pb.InferTensorContents,
+                                                                bytes(wire))
+    if not dt.is_bytes:
+        array = contents_array(contents, field, dt, item.name, shape)
+        record_copy(array.nbytes, "decode", ledger)
+        return TensorView.from_numpy(array, name=item.name, ledger=ledger)
+    values = contents.bytes_contents
     count = 1
     for dim in shape:
         count *= dim
     if len(values) != count:
         raise InvalidArgumentError(f"input '{item.name}': contents has {len(values)} elements; "
                                    f"shape [{','.join(map(str, shape))}] needs {count}")
-    dt = datatype(name)
-    if dt.is_bytes:
-        array = np.array(list(values), dtype=object).reshape(shape)
-    else:
-        array = contents_array(item.contents, field, dt, item.name).reshape(shape)
-        record_copy(array.nbytes, "decode", ledger)
+    array = np.array(list(values), dtype=object).reshape(shape)
     return TensorView.from_numpy(array, name=item.name, ledger=ledger)
 
 

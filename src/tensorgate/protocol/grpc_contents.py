@@ -1,13 +1,17 @@
-"""A gRPC input's typed `contents` (InferTensorContents) as a numpy array, read from the
-packed wire bytes protobuf writes for it rather than element by element.
+"""A gRPC input's typed `contents` (InferTensorContents) as a numpy array, read from its
+packed wire bytes rather than element by element.
 
 Clients that do not use raw_input_contents (KServe's SDK, hand-written ones) send tensors
 here. numpy made an array of protobuf's repeated field at ~30 ns an element, one Python
-object each, on the event loop: 5 ms for one [1,3,224,224] FP32 image, 2 s for a 64 MB
-message of one-byte int64 varints. Serialized again (C, one copy), a packed FP32 or FP64
-field is the tensor's little-endian bytes, and a varint field decodes with a few numpy
-passes. What the array holds is what numpy made of the field before, except that a value
-outside the datatype's range is refused (numpy raised OverflowError: an internal error).
+object each, on the event loop. Read from the wire instead, a packed FP32 or FP64 field is
+the tensor's little-endian bytes (a view of the received message), and a varint field
+decodes with a few numpy passes a piece. `split_contents` takes a large input's contents out
+of the message before protobuf parses it, so that protobuf neither copies them nor unpacks
+varints into 8 bytes each (60 million one-byte varints: 0.7 s and 480 MB in upb, then as
+long again to serialize them for reading); only contents protobuf itself would have to
+merge (an element sent unpacked, BYTES) are still parsed by it. What the array holds is what
+numpy made of the field, except that a value outside the datatype's range is refused (numpy
+raised OverflowError: an internal error).
 """
 
 from __future__ import annotations
@@ -17,9 +21,10 @@ from typing import Any
 import numpy as np
 
 from tensorgate.errors import InvalidArgumentError
+from tensorgate.protocol.protobuf_wire import LENGTH_DELIMITED, fields
 from tensorgate.tensor.dtypes import DataType
 
-__all__ = ["contents_array"]
+__all__ = ["contents_array", "split_contents", "wire_contents_array"]
 
 # field name → (field number, how its packed bytes read: a numpy dtype, or "varint")
 _FIELDS = {"bool_contents": (1, "varint"), "int_contents": (2, "varint"),
@@ -27,78 +32,164 @@ _FIELDS = {"bool_contents": (1, "varint"), "int_contents": (2, "varint"),
            "uint64_contents": (5, "varint"), "fp32_contents": (6, "<f4"),
            "fp64_contents": (7, "<f8")}
 _SIGNED = frozenset({"int_contents", "int64_contents"})  # two's complement in 64 bits
+_CONTENTS = "InferTensorContents"
+_CONTENTS_FIELD = 5  # InferInputTensor.contents
+# Inputs at least this long are looked into for their contents: an input without them
+# (name, datatype, shape, a few parameters) is well under it, so tritonclient's requests,
+# whose tensors are in raw_input_contents, are not walked twice.
+CONTENTS_APART = 1024
+# Packed varints decoded this many bytes at a time: the index arrays stay ~100 MB at most.
+_PIECE = 4 << 20
 
 
-def contents_array(contents: Any, field: str, dt: DataType, tensor: str) -> np.ndarray:
-    """The flat array of `contents`' numeric `field` as `dt`'s dtype."""
+def split_contents(message: memoryview, start: int, stop: int
+                   ) -> tuple[bytes, tuple[int, int]] | None:
+    """For the InferInputTensor in message[start:stop], that input's field again without its
+    contents (tag, length, other fields) and the contents' (offset, length) in `message`;
+    None when it has no contents, or more than one to merge, or is malformed (protobuf then
+    parses it whole, and says what is wrong)."""
+    found = None
+    at = start
+    for number, kind, value_start, value_stop, complete in fields(message, stop, start,
+                                                                 "InferInputTensor"):
+        if not complete:
+            return None
+        if number == _CONTENTS_FIELD:
+            if kind != LENGTH_DELIMITED or found is not None:
+                return None
+            found = at, value_start, value_stop
+        at = value_stop
+    if found is None or at != stop:
+        return None
+    field_start, value_start, value_stop = found
+    rest = (field_start - start) + (stop - value_stop)
+    head = bytearray(b"\x2a")  # ModelInferRequest.inputs: field 5, length-delimited
+    while rest >= 0x80:
+        head.append((rest & 0x7F) | 0x80)
+        rest >>= 7
+    head.append(rest)
+    return (bytes(head) + message[start:field_start] + message[value_stop:stop],
+            (value_start, value_stop - value_start))
+
+
+def contents_array(contents: Any, field: str, dt: DataType, tensor: str,
+                   shape: tuple[int, ...]) -> np.ndarray:
+    """The array of parsed `contents`' numeric `field` as `dt`'s dtype, in `shape`."""
+    data = memoryview(contents.SerializeToString())
+    array = wire_contents_array(data, field, dt, tensor, shape)
+    assert array is not None  # protobuf writes each repeated field packed, in one run
+    return array[0]
+
+
+def wire_contents_array(data: memoryview, field: str, dt: DataType, tensor: str,
+                        shape: tuple[int, ...]) -> tuple[np.ndarray, bool] | None:
+    """The array of the serialized contents `data`'s numeric `field` as `dt`'s dtype, in
+    `shape`, and whether it was copied (False: a view of `data`); None when an element of
+    the field was sent unpacked (protobuf parses those)."""
     number, kind = _FIELDS[field]
-    packed = _packed_field(contents.SerializeToString(), number)
+    runs = _packed_runs(data, number)
+    if runs is None:
+        return None
+    count = 1
+    for dim in shape:
+        count *= dim
+    packed: Any = runs[0] if len(runs) == 1 else b"".join(runs)
     if kind != "varint":
-        return np.frombuffer(packed, kind).astype(dt.numpy, copy=False)
-    values = _varints(packed)
+        itemsize = np.dtype(kind).itemsize
+        if len(packed) % itemsize:
+            raise InvalidArgumentError(f"{_CONTENTS} is malformed: {field} has {len(packed)} "
+                                       f"bytes, not a whole number of {itemsize}-byte values")
+        _check_count(len(packed) // itemsize, count, tensor, shape)
+        flat = np.frombuffer(packed, kind)
+        array = flat.astype(dt.numpy, copy=False)
+        return array.reshape(shape), array is not flat or len(runs) > 1
+    octets = np.frombuffer(packed, np.uint8)
+    if octets.size and octets[-1] >= 0x80:
+        raise InvalidArgumentError(f"{_CONTENTS} is malformed: its last varint runs past the "
+                                   "end of its field")
+    _check_count(int(np.count_nonzero(octets < 0x80)), count, tensor, shape)
+    values = _varints(octets, count)
     if field == "bool_contents":
         flags: np.ndarray = values != 0
-        return flags
+        return flags.reshape(shape), True
     if field in _SIGNED:
         values = values.view(np.int64)
     target = np.dtype(dt.numpy)
-    if values.size and target.kind in "iu":
+    if values.size and target.kind in "iu" and target.itemsize < 8:  # 64 bits hold any
         info = np.iinfo(target)
         low, high = values.min(), values.max()
         if low < info.min or high > info.max:
             raise InvalidArgumentError(f"input '{tensor}': {dt.name} holds [{info.min}, "
                                        f"{info.max}]; contents has "
                                        f"{low if low < info.min else high}")
-    return values.astype(target, copy=False)
+    return values.astype(target, copy=False).reshape(shape), True
 
 
-def _packed_field(message: bytes, number: int) -> bytes:
-    """The payload of length-delimited field `number` in a serialized message (the last, as
-    protobuf merges a repeated field's runs: InferTensorContents serializes each in one);
-    b"" if it is absent. Other fields, unknown ones a client sent among them, are skipped
-    by their wire type."""
-    found, at = b"", 0
-    try:
-        while at < len(message):
-            tag, at = _varint(message, at)
-            kind = tag & 7
-            if kind == 0:
-                _, at = _varint(message, at)
-            elif kind in (1, 5):
-                at += 8 if kind == 1 else 4
-            elif kind == 2:
-                length, at = _varint(message, at)
-                if tag >> 3 == number:
-                    found = message[at:at + length]
-                at += length
-            else:
-                raise ValueError(kind)
-    except (IndexError, ValueError):  # protobuf wrote it: not seen, but never a crash
-        raise InvalidArgumentError("InferTensorContents is malformed") from None
-    return found
+def _check_count(found: int, count: int, tensor: str, shape: tuple[int, ...]) -> None:
+    if found != count:
+        raise InvalidArgumentError(f"input '{tensor}': contents has {found} elements; shape "
+                                   f"[{','.join(map(str, shape))}] needs {count}")
 
 
-def _varint(data: bytes, at: int) -> tuple[int, int]:
-    value = shift = 0
-    while True:
-        byte = data[at]
-        at += 1
-        value |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return value, at
-        shift += 7
+def _packed_runs(data: memoryview, number: int) -> list[memoryview] | None:
+    """The payloads of field `number`'s packed runs in the serialized message `data`, in
+    order (protobuf joins a repeated field's runs); None if an element came unpacked. Other
+    fields, unknown ones a client sent among them, are skipped by their wire type."""
+    runs: list[memoryview] = []
+    at = 0
+    for found, kind, start, stop, complete in fields(data, len(data), 0, _CONTENTS):
+        if not complete:
+            raise InvalidArgumentError(f"{_CONTENTS} is malformed: field {found} runs past "
+                                       f"the end of the {len(data)}-byte message")
+        if found == number:
+            if kind != LENGTH_DELIMITED:
+                return None
+            runs.append(data[start:stop])
+        at = stop
+    if at != len(data):
+        raise InvalidArgumentError(f"{_CONTENTS} is malformed: it ends inside a field")
+    return runs or [data[:0]]
 
 
-def _varints(packed: bytes) -> np.ndarray:
-    """The packed varints' values as uint64 (each element ends at a byte under 0x80; its
-    bytes hold 7 bits each, least significant first; a 10th byte's one bit is bit 63)."""
-    octets = np.frombuffer(packed, np.uint8)
-    if not octets.size:
-        return np.empty(0, np.uint64)
-    ends = np.flatnonzero(octets < 0x80)
+def _varints(octets: np.ndarray, count: int) -> np.ndarray:
+    """The `count` packed varints in `octets`, whose last byte ends one, as uint64 (each ends
+    at a byte under 0x80; its bytes hold 7 bits each, least significant first; a 10th byte's
+    one bit is bit 63)."""
+    values = np.empty(count, np.uint64)
+    done = at = 0
+    while at < octets.size:
+        stop = min(at + _PIECE, octets.size)
+        if octets[stop - 1] >= 0x80:  # on to the end of the varint the piece cut
+            ends = np.flatnonzero(octets[stop:stop + 10] < 0x80)
+            if not ends.size:
+                raise InvalidArgumentError(f"{_CONTENTS} is malformed: a varint is longer "
+                                           "than 10 bytes")
+            stop += int(ends[0]) + 1
+        done += _piece_varints(octets[at:stop], values[done:])
+        at = stop
+    return values
+
+
+def _piece_varints(octets: np.ndarray, out: np.ndarray) -> int:
+    """Decode the varints in `octets` (whole ones) into the start of `out`; how many."""
+    more = octets >= 0x80
+    if not more.any():  # one byte each: small integers, bools
+        out[:octets.size] = octets
+        return octets.size
+    ends = np.flatnonzero(~more)
     starts = np.empty_like(ends)
     starts[0] = 0
     starts[1:] = ends[:-1] + 1
-    place = np.arange(octets.size) - np.repeat(starts, ends - starts + 1)
-    bits = (octets & 0x7F).astype(np.uint64) << (7 * place).astype(np.uint64)
-    return np.bitwise_or.reduceat(bits, starts)
+    lengths = ends - starts + 1
+    longest = int(lengths.max())
+    if longest > 10:
+        raise InvalidArgumentError(f"{_CONTENTS} is malformed: a varint is longer than 10 "
+                                   "bytes")
+    values = out[:ends.size]
+    np.bitwise_and(octets[starts], 0x7F, out=values, casting="unsafe")
+    longer = np.arange(ends.size)
+    for place in range(1, longest):
+        longer = longer[lengths[longer] > place]
+        bits = (octets[starts[longer] + place] & 0x7F).astype(np.uint64)
+        values[longer] |= bits << np.uint64(7 * place)
+    return ends.size

@@ -1,0 +1,64 @@
+"""Protocol Buffers' wire format, read where protobuf would cost more than the reading: the
+split of a ModelInferRequest from its tensors, the count of a message's parts before it is
+parsed, an input's typed contents read as arrays. Every length is checked against the bytes
+there are; a varint longer than 10 bytes is refused (it would grow a Python int without end).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from tensorgate.errors import InvalidArgumentError
+
+__all__ = ["LENGTH_DELIMITED", "VARINT", "fields", "varint"]
+
+VARINT, LENGTH_DELIMITED = 0, 2  # the wire types read by kind here; 1 and 5 are fixed 8 and 4
+
+
+def varint(data: memoryview, at: int, end: int, message: str = "ModelInferRequest"
+           ) -> tuple[int, int]:
+    """(value, next offset) of the varint at `at`; (-1, at) when it is cut off at `end`."""
+    if at < end and data[at] < 0x80:  # one byte: tags, and lengths under 128
+        return data[at], at + 1
+    value = shift = 0
+    while at < end:
+        byte = data[at]
+        at += 1
+        value |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return value, at
+        shift += 7
+        if shift > 63:
+            raise InvalidArgumentError(f"{message} is malformed: a varint is longer than 10 "
+                                       "bytes")
+    return -1, at
+
+
+def fields(data: memoryview, end: int, at: int = 0, message: str = "ModelInferRequest"
+           ) -> Iterator[tuple[int, int, int, int, bool]]:
+    """(field number, wire type, value start, value end, payload complete) for each field of
+    a `message` in data[at:end]; stops at the first field whose header is incomplete."""
+    while at < end:
+        tag, after = varint(data, at, end, message)
+        if tag < 0:
+            return
+        kind, number = tag & 7, tag >> 3
+        if kind == VARINT:
+            value, stop = varint(data, after, end, message)
+            if value < 0:
+                return
+            start = after
+        elif kind == LENGTH_DELIMITED:
+            length, start = varint(data, after, end, message)
+            if length < 0:
+                return
+            stop = start + length
+        elif kind in (1, 5):
+            start, stop = after, after + (8 if kind == 1 else 4)
+        else:
+            raise InvalidArgumentError(f"{message} is malformed: field {number} has wire type "
+                                       f"{kind}")
+        if number == 0:
+            raise InvalidArgumentError(f"{message} is malformed: field number 0")
+        yield number, kind, start, stop, stop <= end
+        at = stop

@@ -1,0 +1,180 @@
+"""gRPC inputs sent in typed `contents` (what KServe's SDK and hand-written clients send),
+through grpcio over a real socket: served exactly for every numeric datatype, in any form
+protobuf accepts; malformed contents refused naming what is wrong, the server serving on; and
+a message of 60 million one-byte varints (INT64, 480 MB decoded) served without protobuf
+unpacking it first: that took 7 s on the loop and +2.8 GB in-process before."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import grpc
+import numpy as np
+import pytest
+from tritonclient.grpc import service_pb2 as pb
+
+from tests.e2e.conftest import RunningServer, memory_bytes, start_server, stop_server
+from tests.pipeline import repo_builder as rb
+
+ECHO = """
+from tensorgate import Model
+
+
+class Echo(Model):
+    def forward(self, inputs):
+        return {"Y": inputs["X"]}
+"""
+
+TALLY = """
+import torch
+
+from tensorgate import Model
+
+
+class Tally(Model):
+    \"\"\"How many values came, and their sum.\"\"\"
+
+    def forward(self, inputs):
+        values = inputs["X"]
+        return {"N": torch.stack([torch.tensor(values.numel()), values.sum()])}
+"""
+
+# datatype → (config type, contents field, values to send)
+RNG = np.random.default_rng(3)
+CASES = {
+    "BOOL": ("TYPE_BOOL", "bool_contents", RNG.integers(0, 2, 5000).astype(bool)),
+    "INT8": ("TYPE_INT8", "int_contents", RNG.integers(-128, 128, 5000).astype(np.int8)),
+    "INT32": ("TYPE_INT32", "int_contents",
+              RNG.integers(-2**31, 2**31, 5000).astype(np.int32)),
+    "INT64": ("TYPE_INT64", "int64_contents",
+              RNG.integers(-2**63, 2**63 - 1, 5000, dtype=np.int64) >> RNG.integers(0, 63, 5000)),
+    "UINT16": ("TYPE_UINT16", "uint_contents", RNG.integers(0, 2**16, 5000).astype(np.uint16)),
+    "UINT64": ("TYPE_UINT64", "uint64_contents",
+               RNG.integers(0, 2**64 - 1, 5000, dtype=np.uint64)),
+    "FP32": ("TYPE_FP32", "fp32_contents", RNG.standard_normal(5000).astype(np.float32)),
+    "FP64": ("TYPE_FP64", "fp64_contents", RNG.standard_normal(5000)),
+}
+
+
+def _model(root, name: str, config_type: str, source: str, output: str, out_type: str) -> None:
+    folder = rb.write_config(root, name, f"""
+        name: "{name}"
+        backend: "python"
+        max_batch_size: 0
+        input [ {{ name: "X" data_type: {config_type} dims: [-1] }} ]
+        output [ {{ name: "{output}" data_type: {out_type} dims: [-1] }} ]
+        """)
+    (folder / "1" / "model.py").write_text(source)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    root = tmp_path_factory.mktemp("grpc-contents")
+    for name, (config_type, _, _) in CASES.items():
+        _model(root / "models", f"echo_{name.lower()}", config_type, ECHO, "Y", config_type)
+    _model(root / "models", "tally", "TYPE_INT64", TALLY, "N", "TYPE_INT64")
+    running = start_server(root / "models", root / "server.log",
+                           "--model-control-mode", "explicit", "--load-model", "*")
+    yield running
+    assert stop_server(running) == 0, (root / "server.log").read_text()
+
+
+def _call(server: RunningServer, message: bytes) -> pb.ModelInferResponse:
+    """ModelInfer with these request bytes, as they are: grpcio frames them, no more."""
+    options = [("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)]
+    with grpc.insecure_channel(server.grpc_url, options=options) as channel:
+        infer = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer",
+                                    request_serializer=lambda data: data,
+                                    response_deserializer=pb.ModelInferResponse.FromString)
+        answer: pb.ModelInferResponse = infer(message, timeout=120)
+        return answer
+
+
+def _request(model: str, datatype: str, count: int) -> pb.ModelInferRequest:
+    request = pb.ModelInferRequest(model_name=model)
+    request.inputs.add(name="X", datatype=datatype, shape=[count])
+    return request
+
+
+def _field(number: int, payload: bytes) -> bytes:
+    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value >= 0x80:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    return bytes(out + bytes([value]))
+
+
+def _still_serving(server: RunningServer) -> None:
+    request = _request("echo_fp32", "FP32", 3)
+    request.inputs[0].contents.fp32_contents.extend([1.5, 2.5, -3.0])
+    answer = _call(server, request.SerializeToString())
+    assert np.frombuffer(answer.raw_output_contents[0], "<f4").tolist() == [1.5, 2.5, -3.0]
+
+
+@pytest.mark.parametrize("datatype", sorted(CASES))
+@pytest.mark.parametrize("count", [3, 5000])
+def test_typed_contents_are_served_exactly(server: RunningServer, datatype: str,
+                                           count: int) -> None:
+    """3 elements (parsed by protobuf with the request) and 5,000 (taken out and read from
+    the wire): the model gets the values sent, bit for bit."""
+    _, field, values = CASES[datatype]
+    values = values[:count]
+    request = _request(f"echo_{datatype.lower()}", datatype, count)
+    getattr(request.inputs[0].contents, field).extend(values.tolist())
+    answer = _call(server, request.SerializeToString())
+    assert answer.outputs[0].datatype == datatype and list(answer.outputs[0].shape) == [count]
+    assert answer.raw_output_contents[0] == values.astype(values.dtype.newbyteorder("<")).tobytes()
+
+
+def test_contents_in_two_runs_and_unpacked_elements_are_read_as_protobuf_reads_them(
+        server: RunningServer) -> None:
+    """int64_contents in two packed runs, then three elements unpacked; an unknown field."""
+    item = pb.ModelInferRequest.InferInputTensor(name="X", datatype="INT64", shape=[1205])
+    item.parameters["pad"].string_param = "p" * 2000
+    runs = (_field(3, b"".join(_varint(v) for v in range(600)))
+            + _field(9, b"unknown") + _field(3, b"".join(_varint(v) for v in range(600, 1202)))
+            + b"".join(bytes([3 << 3]) + _varint(v) for v in (7, 8, 9)))
+    message = (pb.ModelInferRequest(model_name="tally").SerializeToString()
+               + _field(5, item.SerializeToString() + _field(5, runs)))
+    answer = _call(server, message)
+    assert np.frombuffer(answer.raw_output_contents[0], "<i8").tolist() == [
+        1205, sum(range(1202)) + 7 + 8 + 9]
+
+
+@pytest.mark.parametrize("contents, error", [
+    (_field(3, _varint(1) + b"\x80"), "InferTensorContents is malformed: its last varint runs "
+                                      "past the end of its field"),
+    (_field(3, b"\x01\x02"), "input 'X': contents has 2 elements; shape [3] needs 3"),
+    (_field(3, b"\x01\x02\x03\x04"), "input 'X': contents has 4 elements; shape [3] needs 3"),
+])
+def test_malformed_contents_are_refused_and_the_server_serves_on(
+        server: RunningServer, contents: bytes, error: str) -> None:
+    item = pb.ModelInferRequest.InferInputTensor(name="X", datatype="INT64", shape=[3])
+    item.parameters["pad"].string_param = "p" * 2000
+    message = (pb.ModelInferRequest(model_name="tally").SerializeToString()
+               + _field(5, item.SerializeToString() + _field(5, contents)))
+    with pytest.raises(grpc.RpcError) as raised:
+        _call(server, message)
+    assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert raised.value.details() == error
+    _still_serving(server)
+
+
+def test_sixty_million_varints_are_decoded_without_protobufs_copy(
+        server: RunningServer) -> None:
+    """60 MB of one-byte INT64 varints, under the default 64 MiB limit: 480 MB as a tensor.
+    Parsed by protobuf (8 bytes a varint), serialized again and decoded, the same request
+    grew the process by 2.8 GB in-process; now by the tensor and a few pieces."""
+    count = 60_000_000
+    item = pb.ModelInferRequest.InferInputTensor(name="X", datatype="INT64", shape=[count])
+    message = (pb.ModelInferRequest(model_name="tally").SerializeToString()
+               + _field(5, item.SerializeToString() + _field(5, _field(3, bytes([1]) * count))))
+    peak = memory_bytes("VmHWM", server.process.pid)
+    answer = _call(server, message)
+    assert np.frombuffer(answer.raw_output_contents[0], "<i8").tolist() == [count, count]
+    assert memory_bytes("VmHWM", server.process.pid) - peak < 1200 << 20
+    _still_serving(server)
