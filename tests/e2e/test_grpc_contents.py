@@ -11,6 +11,7 @@ from collections.abc import Iterator
 import grpc
 import numpy as np
 import pytest
+import torch
 from tritonclient.grpc import service_pb2 as pb
 
 from tests.e2e.conftest import RunningServer, memory_bytes, start_server, stop_server
@@ -37,6 +38,31 @@ class Tally(Model):
     def forward(self, inputs):
         values = inputs["X"]
         return {"N": torch.stack([torch.tensor(values.numel()), values.sum()])}
+"""
+
+class CountUp(torch.nn.Module):
+    """Stateful: which request of its sequence this is, and how many values it sent."""
+
+    def forward(self, x: torch.Tensor, start: torch.Tensor, ready: torch.Tensor,
+                seen: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        seen = seen + ready.to(torch.int64)
+        return seen, torch.full_like(seen, x.shape[1]), seen
+
+
+COUNT_UP = """
+name: "count_up"
+platform: "pytorch_libtorch"
+max_batch_size: 1
+input [ { name: "X" data_type: TYPE_INT64 dims: [-1] } ]
+output [ { name: "SEEN" data_type: TYPE_INT64 dims: [1] },
+         { name: "SIZE" data_type: TYPE_INT64 dims: [1] } ]
+sequence_batching {
+  control_input [
+    { name: "START" control [ { kind: CONTROL_SEQUENCE_START int32_false_true: [0, 1] } ] },
+    { name: "READY" control [ { kind: CONTROL_SEQUENCE_READY int32_false_true: [0, 1] } ] }
+  ]
+  state [ { input_name: "SEEN_IN" output_name: "SEEN_OUT" data_type: TYPE_INT64 dims: [1] } ]
+}
 """
 
 # datatype → (config type, contents field, values to send)
@@ -73,6 +99,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     for name, (config_type, _, _) in CASES.items():
         _model(root / "models", f"echo_{name.lower()}", config_type, ECHO, "Y", config_type)
     _model(root / "models", "tally", "TYPE_INT64", TALLY, "N", "TYPE_INT64")
+    folder = rb.write_config(root / "models", "count_up", COUNT_UP)
+    torch.jit.script(CountUp().eval()).save(str(folder / "1" / "model.pt"))
     running = start_server(root / "models", root / "server.log",
                            "--model-control-mode", "explicit", "--load-model", "*")
     yield running
@@ -178,3 +206,33 @@ def test_sixty_million_varints_are_decoded_without_protobufs_copy(
     assert np.frombuffer(answer.raw_output_contents[0], "<i8").tolist() == [count, count]
     assert memory_bytes("VmHWM", server.process.pid) - peak < 1200 << 20
     _still_serving(server)
+
+
+def test_a_sequence_s_requests_on_a_stream_run_in_order_whatever_their_contents(
+        server: RunningServer) -> None:
+    """A stream's requests run side by side; large typed contents are decoded a piece at a
+    time, the loop serving others between pieces. A sequence's next request must not pass
+    one still decoding: its first (30 million varints) and second (one) both run, in order."""
+    def step(values: bytes, count: int, **flags: bool) -> bytes:
+        item = pb.ModelInferRequest.InferInputTensor(name="X", datatype="INT64",
+                                                     shape=[1, count])
+        item.parameters["pad"].string_param = "p" * 2000  # taken out even when short
+        request = pb.ModelInferRequest(model_name="count_up")
+        request.parameters["sequence_id"].int64_param = 77
+        for flag, on in flags.items():
+            request.parameters[flag].bool_param = on
+        return request.SerializeToString() + _field(5, item.SerializeToString()
+                                                    + _field(5, _field(3, values)))
+
+    requests = [step(bytes([1]) * 30_000_000, 30_000_000, sequence_start=True),
+                step(bytes([1]), 1, sequence_end=True)]
+    with grpc.insecure_channel(server.grpc_url) as channel:
+        call = channel.stream_stream("/inference.GRPCInferenceService/ModelStreamInfer",
+                                     request_serializer=lambda data: data,
+                                     response_deserializer=pb.ModelStreamInferResponse.FromString)
+        answers = list(call(iter(requests), timeout=60))
+    assert [a.error_message for a in answers] == ["", ""]
+    got = sorted((np.frombuffer(a.infer_response.raw_output_contents[0], "<i8")[0],
+                  np.frombuffer(a.infer_response.raw_output_contents[1], "<i8")[0])
+                 for a in answers)
+    assert got == [(1, 30_000_000), (2, 1)]

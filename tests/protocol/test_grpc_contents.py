@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 from tritonclient.grpc import service_pb2 as pb
 
 from tensorgate.errors import InvalidArgumentError
-from tensorgate.protocol.grpc_codec import decode_model_infer, split_model_infer
+from tensorgate.protocol.grpc_codec import (decode_model_infer, decode_model_infer_steps,
+                                            split_model_infer)
 from tensorgate.protocol.grpc_contents import CONTENTS_APART, contents_array
 from tensorgate.tensor import CopyLedger
 from tensorgate.tensor.dtypes import datatype
@@ -238,3 +239,28 @@ def test_fp32_contents_are_a_view_of_the_message_where_aligned_else_copied_once(
             in_place = runs == 1 and start == aligned
             assert np.shares_memory(got.numpy(), received) == in_place
             assert (ledger.bytes, ledger.calls) == ((0, 0) if in_place else (4000, 1))
+
+
+def test_varint_contents_decode_in_steps_that_let_the_loop_turn() -> None:
+    """3 million varints (3 MB) are decoded a piece at a time, a yield after each (the front
+    end awaits a turn of the loop there); FP32 contents, a view, and raw tensors in none."""
+    def yields(message: bytes) -> tuple[int, np.ndarray]:
+        received = bytearray(message)
+        small, spans = split_model_infer(memoryview(received))
+        steps = decode_model_infer_steps(small, CopyLedger(), message=received, spans=spans)
+        count = 0
+        while True:
+            try:
+                next(steps)
+            except StopIteration as done:
+                return count, done.value.inputs["x"].numpy()
+            count += 1
+
+    count = 3_000_000
+    found, array = yields(_input(_field(3, bytes([5]) * count), count=count))
+    assert found >= 3_000_000 // (512 << 10) and array.tolist() == [5] * count
+    floats = np.arange(4000, dtype=np.float32)
+    assert yields(_input(_field(6, floats.tobytes()), "FP32", 4000))[0] == 0
+    raw = pb.ModelInferRequest(model_name="m", raw_input_contents=[floats.tobytes()])
+    raw.inputs.add(name="x", datatype="FP32", shape=[4000])
+    assert yields(raw.SerializeToString())[0] == 0

@@ -18,7 +18,8 @@ from tensorgate.errors import TensorgateError
 from tensorgate.protocol import json_slices
 from tensorgate.protocol.infer_codec import (MAX_JSON_VALUES, decode_infer_body,
                                              encode_infer_response)
-from tensorgate.protocol.json_slices import Steps, decode_in_slices, encode_in_slices
+from tensorgate.protocol.json_slices import decode_in_slices, encode_in_slices
+from tensorgate.protocol.steps import Steps
 from tensorgate.tensor.copies import CopyLedger
 from tensorgate.tensor.view import TensorView
 

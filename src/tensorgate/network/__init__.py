@@ -7,16 +7,17 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Protocol, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from tensorgate.errors import PoolExhaustedError
 
 if TYPE_CHECKING:
+    from tensorgate.protocol.steps import Steps
     from tensorgate.tensor.buffer import HostBuffer
     from tensorgate.tensor.pool import BufferPool
 
 __all__ = ["ConnectionBudget", "PoolRelief", "RefusedConnection", "SlowReceiver",
-           "arrival_eta", "slow_message", "stalled_message"]
+           "arrival_eta", "in_steps", "slow_message", "stalled_message"]
 
 REFUSED_LINGER_S = 1.0  # a refused connection is closed this long after its answer at most
 REFUSAL_LOG_PERIOD_S = 10.0  # refusals are logged at most this often
@@ -25,6 +26,17 @@ REFUSAL_LOG_PERIOD_S = 10.0  # refusals are logged at most this often
 UNREAD_ANSWER_S = 2.0
 
 log = logging.getLogger("tensorgate.network")
+
+
+async def in_steps(steps: Steps) -> Any:
+    """Run protocol work done in steps (protocol.steps), letting the loop serve others
+    between them; its result."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value
+        await asyncio.sleep(0)
 
 
 class ConnectionBudget:

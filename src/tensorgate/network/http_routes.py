@@ -9,7 +9,6 @@ decimal; a wrong method is 405.
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import functools
 import json
@@ -20,13 +19,14 @@ from typing import TYPE_CHECKING, Any
 
 from tensorgate.dataplane import Answer, DataPlane, refuse_model_files
 from tensorgate.errors import InternalError, InvalidArgumentError, TensorgateError
+from tensorgate.network import in_steps
 from tensorgate.protocol.compression import deflate_steps, inflate, worth_compressing
 from tensorgate.protocol.generate_codec import (decode_generate_body, encode_generate_response,
                                                 sse_event)
 from tensorgate.protocol.infer_codec import (decode_infer_body, encode_infer_response,
                                              forward_headers, json_error, parse_json)
-from tensorgate.protocol.json_slices import (LARGE_BYTES, Steps, decode_in_slices,
-                                             encode_in_slices, large_json_outputs)
+from tensorgate.protocol.json_slices import (LARGE_BYTES, decode_in_slices, encode_in_slices,
+                                             large_json_outputs)
 from tensorgate.tensor.buffer import ALIGNMENT, HostBuffer
 from tensorgate.tensor.copies import CopyLedger, record_copy
 
@@ -169,17 +169,6 @@ async def _unload(dp: DataPlane, request: HttpRequest, model: str) -> Any:
     return 200, _JSON, [b""]
 
 
-async def _in_slices(steps: Steps) -> Any:
-    """Run a protocol step generator (json_slices), letting the loop serve others between
-    its slices; its result."""
-    while True:
-        try:
-            next(steps)
-        except StopIteration as done:
-            return done.value
-        await asyncio.sleep(0)
-
-
 def _decompressed(request: HttpRequest, limit: int) -> tuple[Any, int]:
     encoding = request.headers.get("content-encoding", "identity").lower()
     if encoding in ("identity", "") or not request.length:
@@ -202,7 +191,7 @@ async def _infer(dp: DataPlane, request: HttpRequest, model: str, version: str) 
     if not length:
         raise InvalidArgumentError("the inference request has no body")
     if (length if request.json_length is None else request.json_length) >= LARGE_BYTES:
-        decoded = await _in_slices(decode_in_slices(body, length, request.ledger, dp.shm,
+        decoded = await in_steps(decode_in_slices(body, length, request.ledger, dp.shm,
                                                     request.json_length))
     else:
         decoded = decode_infer_body(body, length, request.json_length, request.ledger, dp.shm)
@@ -217,7 +206,7 @@ async def _infer(dp: DataPlane, request: HttpRequest, model: str, version: str) 
     if decoded.parameters.get("tensorgate_report_copies"):
         parameters = {**(parameters or {}), "tensorgate_copied_bytes": request.ledger.bytes}
     if large_json_outputs(outputs, binary, in_shm):
-        heads, tail = await _in_slices(encode_in_slices(
+        heads, tail = await in_steps(encode_in_slices(
             result.model, result.version, result.id, outputs, binary, parameters, in_shm))
     else:
         head, tail = encode_infer_response(result.model, result.version, result.id, outputs,
@@ -231,7 +220,7 @@ async def _infer(dp: DataPlane, request: HttpRequest, model: str, version: str) 
         return 200, headers, [*heads, *tail]
     # Compressing reads every tensor byte into a new buffer: a copy, counted. The
     # Inference-Header-Content-Length stays the uncompressed JSON length, as Triton's does.
-    packed = await _in_slices(deflate_steps([*heads, *tail], encoding))
+    packed = await in_steps(deflate_steps([*heads, *tail], encoding))
     record_copy(head_length + sum(t.nbytes for t in tail), "encode", request.ledger)
     return 200, [*headers, ("Content-Encoding", encoding)], [packed]
 

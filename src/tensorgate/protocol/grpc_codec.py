@@ -10,7 +10,7 @@ tag, a length and a view of the output tensor: `encode_model_infer_parts` never 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Generator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,21 +21,22 @@ from tritonclient.grpc import service_pb2 as pb
 from tensorgate.errors import InvalidArgumentError, ShapeError, UnimplementedError
 from tensorgate.model import NO_PARAMETERS, Parameter
 from tensorgate.protocol.grpc_contents import (CONTENTS_APART, contents_array, split_contents,
-                                               wire_contents_array)
+                                               wire_contents_steps)
 from tensorgate.protocol.infer_codec import (DecodedRequest, RequestedOutput,
                                              classification_count, counted_strings,
                                              request_priority, request_sequence,
                                              request_timeout, shm_parameters, tensor_count)
 from tensorgate.protocol.protobuf_wire import fields
+from tensorgate.protocol.steps import run_through
 from tensorgate.tensor.copies import CopyLedger, record_copy
 from tensorgate.tensor.dtypes import datatype
 from tensorgate.tensor.shm import SharedMemoryRegistry
 from tensorgate.tensor.view import MAX_DIMS, TensorView, checked_shape
 
-__all__ = ["MAX_MESSAGE_PARTS", "TensorSpans", "decode_model_infer", "encode_model_infer_parts",
-           "first_raw_input_offset", "parameter_value", "parse_bounded", "scan_for_raw_input",
-           "set_parameter", "split_model_infer", "statistics_message", "stream_error_message",
-           "stream_response_parts"]
+__all__ = ["MAX_MESSAGE_PARTS", "TensorSpans", "decode_model_infer", "decode_model_infer_steps",
+           "encode_model_infer_parts", "first_raw_input_offset", "parameter_value",
+           "parse_bounded", "scan_for_raw_input", "set_parameter", "split_model_infer",
+           "statistics_message", "stream_error_message", "stream_response_parts"]
 
 _INPUTS_FIELD = 5       # ModelInferRequest.inputs
 _RAW_INPUT_FIELD = 7    # ModelInferRequest.raw_input_contents
@@ -191,6 +192,18 @@ def decode_model_infer(request: pb.ModelInferRequest, ledger: CopyLedger,
                        spans: TensorSpans | None = None) -> DecodedRequest:
     """The data plane's request. Tensors come from `spans` of `message` as views when given
     (split_model_infer), else from the message's own `raw_input_contents`."""
+    decoded: DecodedRequest = run_through(decode_model_infer_steps(request, ledger, shm,
+                                                                   message=message,
+                                                                   spans=spans))
+    return decoded
+
+
+def decode_model_infer_steps(request: pb.ModelInferRequest, ledger: CopyLedger,
+                             shm: SharedMemoryRegistry | None = None, *,
+                             message: Any = None, spans: TensorSpans | None = None
+                             ) -> Generator[None, None, DecodedRequest]:
+    """decode_model_infer in steps (protocol.steps): typed contents taken out of the message
+    are decoded a piece at a time."""
     tensor_count(len(request.inputs), "inputs")
     tensor_count(len(request.outputs), "outputs")
     # (owner, offset, length) of each input's bytes
@@ -226,9 +239,9 @@ def decode_model_infer(request: pb.ModelInferRequest, ledger: CopyLedger,
             view = TensorView(owner, dt, shape, offset, nbytes=length, name=name, ledger=ledger)
         else:
             wire = contents.get(index) if contents else None
-            view = _from_contents(item, dt.name, shape, ledger,
-                                  None if wire is None else
-                                  memoryview(message)[wire[0]:wire[0] + wire[1]])
+            view = yield from _from_contents(item, dt.name, shape, ledger,
+                                             None if wire is None else
+                                             memoryview(message)[wire[0]:wire[0] + wire[1]])
         if name in inputs:
             raise InvalidArgumentError(f"input '{name}' appears twice in the request")
         inputs[name] = view
@@ -249,7 +262,7 @@ def decode_model_infer(request: pb.ModelInferRequest, ledger: CopyLedger,
 
 
 def _from_contents(item: Any, name: str, shape: tuple[int, ...], ledger: CopyLedger,
-                   wire: memoryview | None) -> TensorView:
+                   wire: memoryview | None) -> Generator[None, None, TensorView]:
     """The input's typed contents: from `wire`, its serialized contents taken out of the
     message (split_model_infer), when given; else from the parsed message."""
     field = _CONTENTS.get(name)
@@ -258,7 +271,7 @@ def _from_contents(item: Any, name: str, shape: tuple[int, ...], ledger: CopyLed
                                    "raw_input_contents")
     dt = datatype(name)
     if wire is not None and not dt.is_bytes:
-        read = wire_contents_array(wire, field, dt, item.name, shape)
+        read = yield from wire_contents_steps(wire, field, dt, item.name, shape)
         if read is not None:
             array, copied = read
             if copied:

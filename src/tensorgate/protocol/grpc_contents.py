@@ -16,15 +16,17 @@ raised OverflowError: an internal error).
 
 from __future__ import annotations
 
+from collections.abc import Generator
 from typing import Any
 
 import numpy as np
 
 from tensorgate.errors import InvalidArgumentError
 from tensorgate.protocol.protobuf_wire import LENGTH_DELIMITED, fields
+from tensorgate.protocol.steps import run_through
 from tensorgate.tensor.dtypes import DataType
 
-__all__ = ["contents_array", "split_contents", "wire_contents_array"]
+__all__ = ["CONTENTS_APART", "contents_array", "split_contents", "wire_contents_steps"]
 
 # field name → (field number, how its packed bytes read: a numpy dtype, or "varint")
 _FIELDS = {"bool_contents": (1, "varint"), "int_contents": (2, "varint"),
@@ -38,8 +40,10 @@ _CONTENTS_FIELD = 5  # InferInputTensor.contents
 # (name, datatype, shape, a few parameters) is well under it, so tritonclient's requests,
 # whose tensors are in raw_input_contents, are not walked twice.
 CONTENTS_APART = 1024
-# Packed varints decoded this many bytes at a time: the index arrays stay ~100 MB at most.
-_PIECE = 4 << 20
+# Packed varints decoded this many bytes at a time, a yield after each (~1-4 ms): the loop
+# serves others between pieces, and the index arrays stay a few MB.
+_PIECE = 512 << 10
+_COUNTED = 4 << 20  # packed varint bytes counted between two yields (~1 ms)
 
 
 def split_contents(message: memoryview, start: int, stop: int
@@ -76,16 +80,18 @@ def contents_array(contents: Any, field: str, dt: DataType, tensor: str,
                    shape: tuple[int, ...]) -> np.ndarray:
     """The array of parsed `contents`' numeric `field` as `dt`'s dtype, in `shape`."""
     data = memoryview(contents.SerializeToString())
-    array = wire_contents_array(data, field, dt, tensor, shape)
+    array = run_through(wire_contents_steps(data, field, dt, tensor, shape))
     assert array is not None  # protobuf writes each repeated field packed, in one run
     return array[0]
 
 
-def wire_contents_array(data: memoryview, field: str, dt: DataType, tensor: str,
-                        shape: tuple[int, ...]) -> tuple[np.ndarray, bool] | None:
+def wire_contents_steps(data: memoryview, field: str, dt: DataType, tensor: str,
+                        shape: tuple[int, ...]
+                        ) -> Generator[None, None, tuple[np.ndarray, bool] | None]:
     """The array of the serialized contents `data`'s numeric `field` as `dt`'s dtype, in
     `shape`, and whether it was copied (False: a view of `data`); None when an element of
-    the field was sent unpacked (protobuf parses those)."""
+    the field was sent unpacked (protobuf parses those). Varints are decoded a piece at a
+    time, with a yield after each (protocol.steps)."""
     number, kind = _FIELDS[field]
     runs = _packed_runs(data, number)
     if runs is None:
@@ -107,22 +113,26 @@ def wire_contents_array(data: memoryview, field: str, dt: DataType, tensor: str,
     if octets.size and octets[-1] >= 0x80:
         raise InvalidArgumentError(f"{_CONTENTS} is malformed: its last varint runs past the "
                                    "end of its field")
-    _check_count(int(np.count_nonzero(octets < 0x80)), count, tensor, shape)
-    values = _varints(octets, count)
-    if field == "bool_contents":
-        flags: np.ndarray = values != 0
-        return flags.reshape(shape), True
-    if field in _SIGNED:
-        values = values.view(np.int64)
-    target = np.dtype(dt.numpy)
-    if values.size and target.kind in "iu" and target.itemsize < 8:  # 64 bits hold any
-        info = np.iinfo(target)
-        low, high = values.min(), values.max()
-        if low < info.min or high > info.max:
-            raise InvalidArgumentError(f"input '{tensor}': {dt.name} holds [{info.min}, "
-                                       f"{info.max}]; contents has "
-                                       f"{low if low < info.min else high}")
-    return values.astype(target, copy=False).reshape(shape), True
+    found = 0
+    for at in range(0, octets.size, _COUNTED):
+        found += int(np.count_nonzero(octets[at:at + _COUNTED] < 0x80))
+        yield
+    _check_count(found, count, tensor, shape)
+    values = np.empty(count, bool if field == "bool_contents" else dt.numpy)
+    reader = _PieceReader(values, field in _SIGNED, dt, tensor)
+    at = 0
+    while at < octets.size:
+        stop = min(at + _PIECE, octets.size)
+        if octets[stop - 1] >= 0x80:  # on to the end of the varint the piece cut
+            ends = np.flatnonzero(octets[stop:stop + 10] < 0x80)
+            if not ends.size:
+                raise InvalidArgumentError(f"{_CONTENTS} is malformed: a varint is longer "
+                                           "than 10 bytes")
+            stop += int(ends[0]) + 1
+        reader.read(octets[at:stop])
+        at = stop
+        yield
+    return values.reshape(shape), True
 
 
 def _check_count(found: int, count: int, tensor: str, shape: tuple[int, ...]) -> None:
@@ -151,32 +161,51 @@ def _packed_runs(data: memoryview, number: int) -> list[memoryview] | None:
     return runs or [data[:0]]
 
 
-def _varints(octets: np.ndarray, count: int) -> np.ndarray:
-    """The `count` packed varints in `octets`, whose last byte ends one, as uint64 (each ends
-    at a byte under 0x80; its bytes hold 7 bits each, least significant first; a 10th byte's
-    one bit is bit 63)."""
-    values = np.empty(count, np.uint64)
-    done = at = 0
-    while at < octets.size:
-        stop = min(at + _PIECE, octets.size)
-        if octets[stop - 1] >= 0x80:  # on to the end of the varint the piece cut
-            ends = np.flatnonzero(octets[stop:stop + 10] < 0x80)
-            if not ends.size:
-                raise InvalidArgumentError(f"{_CONTENTS} is malformed: a varint is longer "
-                                           "than 10 bytes")
-            stop += int(ends[0]) + 1
-        done += _piece_varints(octets[at:stop], values[done:])
-        at = stop
-    return values
+class _PieceReader:
+    """Decodes pieces of packed varints (whole ones) into `values` one after another:
+    straight into it for 64-bit integers, else through a piece-sized uint64 array, checked
+    against the datatype's range (BOOL: nonzero is true)."""
+
+    def __init__(self, values: np.ndarray, signed: bool, dt: DataType, tensor: str) -> None:
+        self._values = values
+        self._done = 0
+        self._signed = signed
+        self._dt = dt
+        self._tensor = tensor
+        self._direct = values.dtype.itemsize == 8  # int64_contents, uint64_contents
+        kind = values.dtype.kind
+        self._limits = np.iinfo(values.dtype) if kind in "iu" and not self._direct else None
+
+    def read(self, octets: np.ndarray) -> None:
+        out = self._values[self._done:]
+        more = octets >= 0x80
+        if not more.any():  # one byte each (0-127, in every datatype's range): bools, small ints
+            out[:octets.size] = octets if out.dtype != bool else octets != 0
+            self._done += octets.size
+            return
+        ends = np.flatnonzero(~more)
+        values = out[:ends.size].view(np.uint64) if self._direct else np.empty(ends.size,
+                                                                                np.uint64)
+        _decode(octets, ends, values)
+        if not self._direct:
+            checked = values.view(np.int64) if self._signed else values
+            if self._limits is not None:
+                self._check(checked, self._limits)
+            out[:ends.size] = checked if out.dtype != bool else checked != 0
+        self._done += ends.size
+
+    def _check(self, values: np.ndarray, limits: Any) -> None:
+        low, high = values.min(), values.max()
+        if low < limits.min or high > limits.max:
+            raise InvalidArgumentError(f"input '{self._tensor}': {self._dt.name} holds "
+                                       f"[{limits.min}, {limits.max}]; contents has "
+                                       f"{low if low < limits.min else high}")
 
 
-def _piece_varints(octets: np.ndarray, out: np.ndarray) -> int:
-    """Decode the varints in `octets` (whole ones) into the start of `out`; how many."""
-    more = octets >= 0x80
-    if not more.any():  # one byte each: small integers, bools
-        out[:octets.size] = octets
-        return octets.size
-    ends = np.flatnonzero(~more)
+def _decode(octets: np.ndarray, ends: np.ndarray, values: np.ndarray) -> None:
+    """The varints ending at `ends` in `octets` into uint64 `values` (each ends at a byte
+    under 0x80; its bytes hold 7 bits each, least significant first; a 10th byte's one bit
+    is bit 63)."""
     starts = np.empty_like(ends)
     starts[0] = 0
     starts[1:] = ends[:-1] + 1
@@ -185,11 +214,9 @@ def _piece_varints(octets: np.ndarray, out: np.ndarray) -> int:
     if longest > 10:
         raise InvalidArgumentError(f"{_CONTENTS} is malformed: a varint is longer than 10 "
                                    "bytes")
-    values = out[:ends.size]
     np.bitwise_and(octets[starts], 0x7F, out=values, casting="unsafe")
     longer = np.arange(ends.size)
     for place in range(1, longest):
         longer = longer[lengths[longer] > place]
         bits = (octets[starts[longer] + place] & 0x7F).astype(np.uint64)
         values[longer] |= bits << np.uint64(7 * place)
-    return ends.size

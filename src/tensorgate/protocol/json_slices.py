@@ -40,7 +40,7 @@ from tensorgate.tensor.copies import CopyLedger
 from tensorgate.tensor.shm import SharedMemoryRegistry
 from tensorgate.tensor.view import TensorView
 
-__all__ = ["LARGE_BYTES", "SCAN_BYTES", "SLICE_BYTES", "Steps", "decode_in_slices",
+__all__ = ["LARGE_BYTES", "SCAN_BYTES", "SLICE_BYTES", "decode_in_slices",
            "encode_in_slices", "large_json_outputs"]
 
 SLICE_BYTES = 256 << 10   # of array text parsed or written between two yields (~1 ms)
@@ -48,10 +48,6 @@ SCAN_BYTES = 1 << 20      # of text looked through for an array's end (~0.5 ms)
 _FIRST_SCAN = 256         # looked through first: most arrays end near where they begin
 _KEYS_A_STEP = 256        # `"data"` keys looked at between two yields
 LARGE_BYTES = 512 << 10   # bodies (and answers' arrays) from this size go in slices
-
-# A generator that yields between slices and returns its result (network's front end runs it,
-# awaiting a turn of the loop at each yield)
-Steps = Generator[None, None, Any]
 
 _KEY = re.compile(rb'"data"\s*:\s*\[')
 _NONCE = secrets.token_hex(8)  # placeholders a client cannot write
