@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from tritonclient.grpc import service_pb2 as pb
 
 from tensorgate.errors import TensorgateError
-from tensorgate.protocol.grpc_codec import (decode_model_infer, first_raw_input_offset,
+from tensorgate.protocol.grpc_codec import (decode_model_infer, first_tensor_offset,
                                             split_model_infer)
 from tensorgate.protocol import json_text
 from tensorgate.protocol.generate_codec import (GenerateInput, decode_generate_body,
@@ -72,7 +72,7 @@ def test_grpc_decoder(inputs: list, raw: bool, fp32: list[float]) -> None:
     for view, (offset, length) in zip(from_spans.inputs.values(), spans.raw):
         assert (view.offset, view.nbytes) == (offset, length)
     if spans.raw:
-        assert first_raw_input_offset(memoryview(message)) == spans.raw[0][0]
+        assert first_tensor_offset(memoryview(message)) == spans.raw[0][0]
 
 
 @settings(max_examples=500, deadline=None)
@@ -86,7 +86,7 @@ def test_grpc_message_splitter_on_any_bytes(message: bytes) -> None:
         return
     for offset, length in spans.raw:
         assert 0 <= offset and offset + length <= len(message)
-    first_raw_input_offset(memoryview(message)[:len(message) // 2])  # never raises more
+    first_tensor_offset(memoryview(message)[:len(message) // 2])  # never raises more
 
 
 json_values = st.recursive(st.none() | st.booleans() | st.integers(-2**70, 2**70)

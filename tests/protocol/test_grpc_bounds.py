@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 from tritonclient.grpc import service_pb2 as pb
 
 from tensorgate.errors import InvalidArgumentError
-from tensorgate.protocol.grpc_codec import (MAX_MESSAGE_PARTS, first_raw_input_offset,
-                                            parse_bounded, scan_for_raw_input,
+from tensorgate.protocol.grpc_codec import (MAX_MESSAGE_PARTS, first_tensor_offset,
+                                            parse_bounded, scan_for_tensor,
                                             split_model_infer)
 
 REFUSAL = (f"holds more than {MAX_MESSAGE_PARTS:,} fields, nested messages and map entries; "
@@ -44,6 +44,30 @@ def test_a_request_of_too_many_parts_is_refused_unparsed(where: str) -> None:
     over = memoryview(_request(**{where: 1_000_000}).SerializeToString())
     with pytest.raises(InvalidArgumentError, match=f"^ModelInferRequest {REFUSAL}$"):
         split_model_infer(over)
+
+
+@pytest.mark.parametrize("where", ["before", "after"])
+def test_an_input_whose_contents_are_taken_out_is_counted_too(where: str) -> None:
+    """Its fields are walked to take its contents out: 70,000 unknown fields around them
+    are refused as the count would have (walking them all is Python time on the loop)."""
+    values = pb.InferTensorContents(fp32_contents=[1.0] * 400).SerializeToString()
+    junk = bytes([9 << 3, 1]) * 70_000  # field 9, a varint: unknown to InferInputTensor
+    item = pb.ModelInferRequest.InferInputTensor(name="x", datatype="FP32", shape=[400])
+    inner = item.SerializeToString()
+    contents = b"\x2a" + _varint(len(values)) + values
+    inner += junk + contents if where == "before" else contents + junk
+    message = (pb.ModelInferRequest(model_name="m").SerializeToString()
+               + b"\x2a" + _varint(len(inner)) + inner)
+    with pytest.raises(InvalidArgumentError, match=f"^ModelInferRequest {REFUSAL}$"):
+        split_model_infer(memoryview(message))
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value >= 0x80:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    return bytes(out + bytes([value]))
 
 
 def test_any_request_message_is_counted_before_it_is_parsed() -> None:
@@ -81,8 +105,8 @@ def test_looking_for_the_first_tensor_piece_by_piece_finds_what_a_whole_look_fin
     message = memoryview(request.SerializeToString())
     at, offset = 0, None
     for end in sorted({min(c * 7, len(message)) for c in cuts} | {len(message)}):
-        offset, at = scan_for_raw_input(message[:end], at)
-        assert offset == first_raw_input_offset(message[:end])
+        offset, at = scan_for_tensor(message[:end], at)
+        assert offset == first_tensor_offset(message[:end])
         if offset is not None:
             break
     assert offset == split_model_infer(message)[1].raw[0][0]

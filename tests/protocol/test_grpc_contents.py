@@ -14,6 +14,7 @@ from tritonclient.grpc import service_pb2 as pb
 
 from tensorgate.errors import InvalidArgumentError
 from tensorgate.protocol.grpc_codec import (decode_model_infer, decode_model_infer_steps,
+                                            first_tensor_offset, scan_for_tensor,
                                             split_model_infer)
 from tensorgate.protocol.grpc_contents import CONTENTS_APART, contents_array
 from tensorgate.tensor import CopyLedger
@@ -264,3 +265,34 @@ def test_varint_contents_decode_in_steps_that_let_the_loop_turn() -> None:
     raw = pb.ModelInferRequest(model_name="m", raw_input_contents=[floats.tobytes()])
     raw.inputs.add(name="x", datatype="FP32", shape=[4000])
     assert yields(raw.SerializeToString())[0] == 0
+
+
+@settings(max_examples=100, deadline=None)
+@given(cuts=st.lists(st.integers(1, 3000), max_size=10), padding=st.integers(0, 3000),
+       raw=st.booleans())
+def test_the_first_tensor_is_a_large_inputs_packed_values_found_piece_by_piece(
+        cuts: list[int], padding: int, raw: bool) -> None:
+    """The receiver aligns the first tensor: the values of the first input's typed contents
+    when the input is large (taken out), found as soon as their header has arrived and the
+    same however the message arrives; else the first raw_input_contents entry."""
+    values = np.arange(600, dtype=np.float32)
+    request = pb.ModelInferRequest(model_name="m")
+    item = request.inputs.add(name="x", datatype="FP32", shape=[600])
+    item.parameters["pad"].string_param = "p" * padding
+    if raw:
+        request.raw_input_contents.append(values.tobytes())
+    else:
+        item.contents.fp32_contents.extend(values.tolist())
+    message = memoryview(request.SerializeToString())
+    expected = bytes(message).rindex(values.tobytes())
+    at, offset = 0, None
+    for end in sorted({min(c, len(message)) for c in cuts} | {len(message)}):
+        offset, at = scan_for_tensor(message[:end], at)
+        assert offset == first_tensor_offset(message[:end])
+        assert offset in (None, expected)
+        if offset is not None:
+            assert end > (expected - 8 if raw else expected - 4)  # its header had arrived
+            break
+    assert offset == expected
+    spans = split_model_infer(message)[1]
+    assert (spans.raw[0][0] if raw else spans.contents[0][0] + 3) == expected  # tag, length

@@ -18,7 +18,7 @@ from typing import Any
 from tensorgate.errors import PoolExhaustedError, TensorgateError
 from tensorgate.network import arrival_eta, http2, slow_message
 from tensorgate.protocol.compression import inflate
-from tensorgate.protocol.grpc_codec import scan_for_raw_input
+from tensorgate.protocol.grpc_codec import scan_for_tensor
 from tensorgate.protocol.infer_codec import forward_headers
 from tensorgate.protocol.status import codes_for
 from tensorgate.tensor.buffer import ALIGNMENT
@@ -243,7 +243,7 @@ class MessageReader:
                 data = data[room:]
                 held = len(self._head)
                 try:
-                    offset, self._scanned = scan_for_raw_input(memoryview(self._head),
+                    offset, self._scanned = scan_for_tensor(memoryview(self._head),
                                                                self._scanned)
                     if (len(self._head) == self._length or len(self._head) >= _PLACEMENT_WINDOW
                             or offset is not None):

@@ -20,7 +20,8 @@ from tritonclient.grpc import service_pb2 as pb
 
 from tensorgate.errors import InvalidArgumentError, ShapeError, UnimplementedError
 from tensorgate.model import NO_PARAMETERS, Parameter
-from tensorgate.protocol.grpc_contents import (CONTENTS_APART, contents_array, split_contents,
+from tensorgate.protocol.grpc_contents import (CONTENTS_APART, contents_array,
+                                               contents_values_offset, split_contents,
                                                wire_contents_steps)
 from tensorgate.protocol.infer_codec import (DecodedRequest, RequestedOutput,
                                              classification_count, counted_strings,
@@ -34,8 +35,8 @@ from tensorgate.tensor.shm import SharedMemoryRegistry
 from tensorgate.tensor.view import MAX_DIMS, TensorView, checked_shape
 
 __all__ = ["MAX_MESSAGE_PARTS", "TensorSpans", "decode_model_infer", "decode_model_infer_steps",
-           "encode_model_infer_parts", "first_raw_input_offset", "parameter_value",
-           "parse_bounded", "scan_for_raw_input", "set_parameter", "split_model_infer",
+           "encode_model_infer_parts", "first_tensor_offset", "parameter_value",
+           "parse_bounded", "scan_for_tensor", "set_parameter", "split_model_infer",
            "statistics_message", "stream_error_message", "stream_response_parts"]
 
 _INPUTS_FIELD = 5       # ModelInferRequest.inputs
@@ -70,20 +71,25 @@ def _parameters(message: Any) -> dict[str, Any]:
     return {k: parameter_value(v) for k, v in message.parameters.items()}
 
 
-def first_raw_input_offset(head: memoryview) -> int | None:
+def first_tensor_offset(head: memoryview) -> int | None:
     """Where the first tensor's bytes start in a message whose first `len(head)` bytes
-    have arrived, if that is known yet: the receiver places the message so that this
-    offset is 64-byte aligned."""
-    return scan_for_raw_input(head)[0]
+    have arrived, if that is known yet: the first raw_input_contents entry, or the values
+    of a large input's typed contents (split_model_infer takes them out) when that input
+    comes first. The receiver places the message so that this offset is 64-byte aligned."""
+    return scan_for_tensor(head)[0]
 
 
-def scan_for_raw_input(head: memoryview, at: int = 0) -> tuple[int | None, int]:
-    """first_raw_input_offset, looked for from `at` (a field's start), and where to look
-    from once more has arrived: the receiver asks after each 512 bytes, and a rescan from
-    the start each time cost 86 ms on a head of 64 KiB of tiny fields (1.3 ms now)."""
+def scan_for_tensor(head: memoryview, at: int = 0) -> tuple[int | None, int]:
+    """first_tensor_offset, looked for from `at` (a field's start), and where to look from
+    once more has arrived: the receiver asks after each 512 bytes, and a rescan from the
+    start each time cost 86 ms on a head of 64 KiB of tiny fields (1.3 ms now)."""
     for number, _, start, stop, complete in fields(head, len(head), at):
         if number == _RAW_INPUT_FIELD:
             return start, at
+        if number == _INPUTS_FIELD and stop - start >= CONTENTS_APART:
+            offset = contents_values_offset(head, start, stop)
+            if offset is not None or not complete:
+                return offset, at
         if not complete:
             break
         at = stop
@@ -102,32 +108,37 @@ class TensorSpans:
 def split_model_infer(message: memoryview) -> tuple[pb.ModelInferRequest, TensorSpans]:
     """The request without its tensors (parsed by protobuf from the small fields) and where
     each `raw_input_contents` entry and each large input's typed contents are in `message`.
-    Its parts are counted first (parse_bounded), so that what walks it here walks a bounded
-    number of fields."""
-    if len(message) > _COUNTED_FROM:
-        _count_parts(pb.ModelInferRequest.DESCRIPTOR, message, "ModelInferRequest")
+    What it walks counts towards MAX_MESSAGE_PARTS as parse_bounded's count would."""
     spans = TensorSpans([])
     small: list[Any] = []
     field_start = inputs = 0
+    walked = 0  # fields walked, top-level and inside large inputs
     for number, _, start, stop, complete in fields(message, len(message)):
         if not complete:
             raise InvalidArgumentError(f"ModelInferRequest is malformed: field {number} runs "
                                        f"past the end of the {len(message)}-byte message")
+        walked += 1
         if number == _RAW_INPUT_FIELD:
             spans.raw.append((start, stop - start))
-        elif (number == _INPUTS_FIELD and stop - start >= CONTENTS_APART
-              and (apart := split_contents(message, start, stop)) is not None):
-            small.append(apart[0])
-            if spans.contents is None:
-                spans.contents = {}
-            spans.contents[inputs] = apart[1]
+        elif number == _INPUTS_FIELD and stop - start >= CONTENTS_APART:
+            apart, inside = split_contents(message, start, stop, MAX_MESSAGE_PARTS - walked)
+            walked += inside
+            if apart is not None:
+                small.append(apart[0])
+                if spans.contents is None:
+                    spans.contents = {}
+                spans.contents[inputs] = apart[1]
+            else:
+                small.append(message[field_start:stop])
         else:
             small.append(message[field_start:stop])
+        if walked > MAX_MESSAGE_PARTS:
+            raise _too_many_parts("ModelInferRequest")
         inputs += number == _INPUTS_FIELD
         field_start = stop
     if field_start != len(message):
         raise InvalidArgumentError("ModelInferRequest is malformed: it ends inside a field")
-    return _parsed(pb.ModelInferRequest, b"".join(small)), spans
+    return parse_bounded(pb.ModelInferRequest, b"".join(small)), spans
 
 
 # Fields, nested messages and map entries one gRPC request may hold, at every level (a

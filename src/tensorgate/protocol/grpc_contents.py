@@ -26,7 +26,8 @@ from tensorgate.protocol.protobuf_wire import LENGTH_DELIMITED, fields
 from tensorgate.protocol.steps import run_through
 from tensorgate.tensor.dtypes import DataType
 
-__all__ = ["CONTENTS_APART", "contents_array", "split_contents", "wire_contents_steps"]
+__all__ = ["CONTENTS_APART", "contents_array", "contents_values_offset", "split_contents",
+           "wire_contents_steps"]
 
 # field name → (field number, how its packed bytes read: a numpy dtype, or "varint")
 _FIELDS = {"bool_contents": (1, "varint"), "int_contents": (2, "varint"),
@@ -40,31 +41,37 @@ _CONTENTS_FIELD = 5  # InferInputTensor.contents
 # (name, datatype, shape, a few parameters) is well under it, so tritonclient's requests,
 # whose tensors are in raw_input_contents, are not walked twice.
 CONTENTS_APART = 1024
+# An input's fields looked through for its contents while its message arrives: name,
+# datatype, shape and a few parameters come before them.
+_FIELDS_BEFORE = 64
 # Packed varints decoded this many bytes at a time, a yield after each (~1-4 ms): the loop
 # serves others between pieces, and the index arrays stay a few MB.
 _PIECE = 512 << 10
 _COUNTED = 4 << 20  # packed varint bytes counted between two yields (~1 ms)
 
 
-def split_contents(message: memoryview, start: int, stop: int
-                   ) -> tuple[bytes, tuple[int, int]] | None:
+def split_contents(message: memoryview, start: int, stop: int, most: int
+                   ) -> tuple[tuple[bytes, tuple[int, int]] | None, int]:
     """For the InferInputTensor in message[start:stop], that input's field again without its
     contents (tag, length, other fields) and the contents' (offset, length) in `message`;
     None when it has no contents, or more than one to merge, or is malformed (protobuf then
-    parses it whole, and says what is wrong)."""
+    parses it whole, and says what is wrong). With it, how many of its fields were walked:
+    at most `most` + 1 (past `most`, it stops: None)."""
     found = None
     at = start
+    walked = 0
     for number, kind, value_start, value_stop, complete in fields(message, stop, start,
                                                                  "InferInputTensor"):
-        if not complete:
-            return None
+        walked += 1
+        if not complete or walked > most:
+            return None, walked
         if number == _CONTENTS_FIELD:
             if kind != LENGTH_DELIMITED or found is not None:
-                return None
+                return None, walked
             found = at, value_start, value_stop
         at = value_stop
     if found is None or at != stop:
-        return None
+        return None, walked
     field_start, value_start, value_stop = found
     rest = (field_start - start) + (stop - value_stop)
     head = bytearray(b"\x2a")  # ModelInferRequest.inputs: field 5, length-delimited
@@ -73,7 +80,26 @@ def split_contents(message: memoryview, start: int, stop: int
         rest >>= 7
     head.append(rest)
     return (bytes(head) + message[start:field_start] + message[value_stop:stop],
-            (value_start, value_stop - value_start))
+            (value_start, value_stop - value_start)), walked
+
+
+def contents_values_offset(head: memoryview, start: int, stop: int) -> int | None:
+    """Where the values of the typed contents start, in the InferInputTensor in
+    head[start:stop] (`head`: the part of a message that has arrived): the first
+    length-delimited field of its contents (a packed run, as protobuf writes them); None if
+    that is not known yet, or the contents start otherwise, or it has none, or more than
+    _FIELDS_BEFORE fields come before them (the receiver asks again after each 512 bytes)."""
+    end = min(stop, len(head))
+    for walked, (number, kind, value_start, value_stop, complete) in enumerate(
+            fields(head, end, start, "InferInputTensor")):
+        if number == _CONTENTS_FIELD and kind == LENGTH_DELIMITED:
+            for _, inner, values_start, _, _ in fields(head, min(value_stop, end), value_start,
+                                                       _CONTENTS):
+                return values_start if inner == LENGTH_DELIMITED else None
+            return None
+        if not complete or walked == _FIELDS_BEFORE:
+            return None
+    return None
 
 
 def contents_array(contents: Any, field: str, dt: DataType, tensor: str,
