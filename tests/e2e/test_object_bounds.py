@@ -1,20 +1,24 @@
 """Requests that would have the server make millions of Python objects on its event loop
 are refused before it makes them: JSON of millions of values, BYTES inputs of millions of
-elements, gRPC messages of too many parts. JSON that is large because of its tensors' numbers, or a BOOL tensor's
-true/false, is served, and so are BYTES inputs up to the bound. Against a server with the
-default 64 MiB request limit."""
+elements, gRPC messages of too many parts. JSON that is large because of its tensors'
+numbers, or a BOOL tensor's true/false, is served, and so are BYTES inputs up to the bound
+(a malformed one refused naming the element). Against a server with the default 64 MiB
+request limit."""
 
 from __future__ import annotations
 
 import http.client
 import json
+import struct
 from collections.abc import Iterator
 
+import grpc
 import numpy as np
 import pytest
 import torch
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+from tritonclient.grpc import service_pb2 as pb
 from tritonclient.utils import InferenceServerException
 
 from tests.e2e.conftest import (RunningServer, memory_bytes, start_server, still_serving,
@@ -196,3 +200,34 @@ def test_a_grpc_request_of_too_many_parts_is_refused_before_it_is_parsed(
             "ModelInferRequest holds more than 65,536 fields, nested messages and map "
             "entries; at most that many are parsed")
         assert client.infer("count", [item]).as_numpy("N").tolist() == [1, 1]
+
+
+@pytest.mark.parametrize("front_end", ["http", "grpc"])
+def test_a_large_malformed_bytes_input_is_refused_naming_the_element(
+        server: RunningServer, front_end: str) -> None:
+    """A million elements of mixed lengths whose last claims more bytes than remain: checked
+    as it is cut out, off the event loop, with the error a check at decode gave."""
+    texts = _strings(BYTES_BOUND, True)
+    layout = bytearray(b"".join(struct.pack("<I", len(t)) + t for t in texts))
+    layout[-4:] = struct.pack("<I", 7)  # the last element is empty: its prefix ends it
+    expected = (f"BYTES tensor 'T': element {BYTES_BOUND - 1} of {BYTES_BOUND} declares 7 "
+                f"bytes at byte {len(layout)}, but only 0 remain")
+    if front_end == "http":
+        head = json.dumps({"inputs": [{"name": "T", "datatype": "BYTES", "shape": [texts.size],
+                                       "parameters": {"binary_data_size": len(layout)}}]})
+        status, answer = post(server, "/v2/models/count/infer", head.encode() + layout,
+                              {"Inference-Header-Content-Length": str(len(head))})
+        assert (status, answer) == (400, {"error": expected})
+    else:
+        request = pb.ModelInferRequest(model_name="count")
+        request.inputs.add(name="T", datatype="BYTES", shape=[texts.size])
+        request.raw_input_contents.append(bytes(layout))
+        with grpc.insecure_channel(server.grpc_url) as channel:
+            infer = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer",
+                                        request_serializer=lambda data: data,
+                                        response_deserializer=pb.ModelInferResponse.FromString)
+            with pytest.raises(grpc.RpcError) as raised:
+                infer(request.SerializeToString(), timeout=60)
+        assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert raised.value.details() == expected
+    still_serving(server)

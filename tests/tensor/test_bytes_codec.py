@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import re
 import struct
 
 import numpy as np
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from tensorgate.errors import BytesElementError
 from tensorgate.tensor import CopyLedger, TensorView
-from tensorgate.tensor.bytes_codec import check_bytes_tensor, decode_bytes_tensor
+from tensorgate.tensor.bytes_codec import (BYTES_CHECKED_WHEN_DECODED, check_bytes_tensor,
+                                           decode_bytes_tensor)
 
 
 def _layout(items: list[bytes]) -> bytes:
@@ -125,3 +128,40 @@ def test_decode_and_check_agree_with_a_plain_reading(items: list[bytes], shift: 
             assert expected is None
             continue
         assert expected is not None and got in (None, expected)
+
+
+def _mixed(count: int) -> bytearray:
+    """`count` elements of 0, 1 and 2 bytes: the layout only a walk of it can check."""
+    return bytearray(_layout([b"ab"[:i % 3] for i in range(count)]))
+
+
+@pytest.mark.parametrize("fault", ["overrun", "left over", "short"])
+def test_a_large_bytes_view_is_checked_when_decoded_with_the_same_error(fault: str) -> None:
+    """From BYTES_CHECKED_WHEN_DECODED elements the view is made unchecked and numpy()
+    (which the pipeline runs off the event loop) raises what the check would have; below
+    it, and when the bytes cannot hold the count's length prefixes, the view is refused."""
+    count = BYTES_CHECKED_WHEN_DECODED
+    body = _mixed(count)
+    if fault == "overrun":  # the last element claims more bytes than remain
+        body[-4:] = struct.pack("<I", 9)  # (the last is empty: its prefix ends the body)
+    elif fault == "left over":
+        body += b"!"
+    else:
+        body = body[:4 * count - 1]
+    with pytest.raises(BytesElementError) as checked:
+        check_bytes_tensor(memoryview(body), 0, len(body), count, "t")
+    if fault == "short":
+        with pytest.raises(BytesElementError, match=re.escape(str(checked.value))):
+            TensorView(body, "BYTES", [count], name="t")
+        return
+    view = TensorView(body, "BYTES", [count], name="t")
+    with pytest.raises(BytesElementError, match=f"^{re.escape(str(checked.value))}$"):
+        view.numpy()
+    with pytest.raises(BytesElementError):  # one element fewer: checked when made
+        TensorView(_mixed(count - 1) + b"!", "BYTES", [count - 1], name="t")
+
+
+def test_a_large_bytes_view_decodes_what_was_sent() -> None:
+    count = BYTES_CHECKED_WHEN_DECODED + 5
+    view = TensorView(_mixed(count), "BYTES", [count], name="t")
+    assert view.numpy().tolist() == [b"ab"[:i % 3] for i in range(count)]

@@ -20,6 +20,7 @@ from tensorgate.pipeline.stats import StageTimes
 from tensorgate.pipeline.trace import Trace
 from tensorgate.pipeline.work import SequenceFlags, WorkItem
 from tensorgate.repository.model_config import ModelSpec, QueuePolicy
+from tensorgate.tensor.bytes_codec import BYTES_CHECKED_WHEN_DECODED
 from tensorgate.tensor.copies import CopyLedger
 from tensorgate.tensor.view import TensorView
 
@@ -58,8 +59,9 @@ class InferenceResult:
 
 # BYTES elements from which a request's strings are cut into bytes objects in the loop's
 # default executor rather than on the loop: a million of mixed lengths take ~180 ms, and
-# every other client waited that long (bench/object_stall_bench.py).
-STRINGS_ASIDE = 1 << 16
+# every other client waited that long (bench/object_stall_bench.py). Views of as many are
+# checked only there, when decoded (tensor/view.py).
+STRINGS_ASIDE = BYTES_CHECKED_WHEN_DECODED
 
 
 async def strings_aside(request: InferenceRequest) -> dict[str, np.ndarray] | None:

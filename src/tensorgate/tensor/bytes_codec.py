@@ -15,8 +15,13 @@ from tensorgate.errors import BytesElementError
 from tensorgate.tensor.buffer import HostBuffer
 from tensorgate.tensor.copies import CopyLedger, record_copy
 
-__all__ = ["check_bytes_tensor", "decode_bytes_tensor", "encode_bytes_tensor"]
+__all__ = ["BYTES_CHECKED_WHEN_DECODED", "check_bytes_tensor", "decode_bytes_tensor",
+           "encode_bytes_tensor"]
 
+# BYTES tensors of this many elements or more are checked when decoded, not when a view of
+# them is made (tensor/view.py): decoding checks them anyway, and is done off the event loop
+# (pipeline/requests.py strings_aside).
+BYTES_CHECKED_WHEN_DECODED = 1 << 16
 _PREFIX = struct.Struct("<I")
 _VECTOR_COUNT = 64  # elements from which one length for all is looked for with numpy
 
