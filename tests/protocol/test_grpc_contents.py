@@ -12,7 +12,7 @@ from hypothesis import event, given, settings
 from hypothesis import strategies as st
 from tritonclient.grpc import service_pb2 as pb
 
-from tensorgate.errors import InvalidArgumentError
+from tensorgate.errors import InvalidArgumentError, TensorgateError
 from tensorgate.protocol.grpc_codec import (decode_model_infer, decode_model_infer_steps,
                                             first_tensor_offset, scan_for_tensor,
                                             split_model_infer)
@@ -296,3 +296,57 @@ def test_the_first_tensor_is_a_large_inputs_packed_values_found_piece_by_piece(
     assert offset == expected
     spans = split_model_infer(message)[1]
     assert (spans.raw[0][0] if raw else spans.contents[0][0] + 3) == expected  # tag, length
+
+
+_VALID = {name: (lambda field=field, n=n: _contents_message(field, n))
+          for name, (field, n) in {"INT64": ("int64_contents", 400),
+                                   "FP32": ("fp32_contents", 400),
+                                   "INT8": ("int_contents", 1200),
+                                   "BOOL": ("bool_contents", 1200)}.items()}
+
+
+def _contents_message(field: str, count: int) -> tuple[bytes, str]:
+    datatype_ = {"int64_contents": "INT64", "fp32_contents": "FP32", "int_contents": "INT8",
+                 "bool_contents": "BOOL"}[field]
+    request = pb.ModelInferRequest(model_name="m")
+    item = request.inputs.add(name="x", datatype=datatype_, shape=[count])
+    values = {"int64_contents": [-(i * 7919) for i in range(count)],
+              "fp32_contents": [i / 3 for i in range(count)],
+              "int_contents": [i % 200 - 100 for i in range(count)],
+              "bool_contents": [i % 2 == 0 for i in range(count)]}[field]
+    getattr(item.contents, field).extend(values)
+    return request.SerializeToString(), datatype_
+
+
+@settings(max_examples=300, deadline=None)
+@given(name=st.sampled_from(sorted(_VALID)), data=st.data())
+def test_hostile_bytes_in_taken_out_contents_decode_or_are_refused(name: str,
+                                                                   data: st.DataObject) -> None:
+    """A valid large-contents request with bytes overwritten, cut or inserted anywhere:
+    decoded into an array of the shape the request gives, or refused with a TensorgateError;
+    never another exception, never a read outside the message. Its first tensor, looked for
+    as it arrives, is inside what has arrived or not known yet."""
+    message = bytearray(_VALID[name]()[0])
+    for _ in range(data.draw(st.integers(1, 4))):
+        at = data.draw(st.integers(0, len(message) - 1))
+        edit = data.draw(st.sampled_from(["set", "cut", "insert"]))
+        if edit == "set":
+            message[at] = data.draw(st.integers(0, 255))
+        elif edit == "cut":
+            del message[at:at + data.draw(st.integers(1, 16))]
+        else:
+            message[at:at] = data.draw(st.binary(min_size=1, max_size=12))
+    for end in (len(message) // 3, len(message) // 2, len(message)):  # as the receiver asks
+        try:
+            offset = first_tensor_offset(memoryview(message)[:end])
+        except TensorgateError:
+            continue
+        assert offset is None or 0 <= offset <= end
+    try:
+        small, spans = split_model_infer(memoryview(message))
+        decoded = decode_model_infer(small, CopyLedger(), message=message, spans=spans)
+    except TensorgateError:
+        return
+    for view in decoded.inputs.values():
+        array = view.numpy()
+        assert array.shape == view.shape and array.size == view.count
