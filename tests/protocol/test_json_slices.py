@@ -303,3 +303,46 @@ def test_sliced_and_whole_answers_are_the_same_bytes(values: list[float], dataty
     head, whole_tail = encode_infer_response("m", 1, request_id, outputs, flags, parameters)
     assert b"".join(bytes(part) for part in heads) == head
     assert [bytes(t) for t in tail] == [bytes(t) for t in whole_tail]
+
+
+@pytest.mark.parametrize("with_array", [False, True])
+def test_a_body_over_the_value_bound_is_counted_in_steps_and_refused_as_whole(
+        monkeypatch: pytest.MonkeyPatch, with_array: bool) -> None:
+    """12 MB of `{}` beside a small input, or beside a large `data` array cut out: refused
+    as the whole path refuses it, the count giving the loop a turn each MiB (it was one
+    call: ~73 ms on the loop for 57 MB, the skeleton joined first when an array was cut)."""
+    _real_sizes(monkeypatch)
+    data = [0.5] * (300_000 if with_array else 1)
+    body = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [len(data)],
+                                   "data": data}], "junk": [{}] * 4_000_000},
+                      separators=(",", ":")).encode()
+    sliced, whole, count = _both(body)
+    assert sliced == whole and sliced[:2] == ("refused", "InvalidArgumentError")
+    assert "holds more than 1,048,576 JSON values and keys" in sliced[2]
+    assert count >= 2
+
+
+def test_a_data_key_across_two_windows_of_its_search_is_found(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The key is looked for 4 MiB at a time, windows overlapping: one that straddles two
+    is found, and its array cut out and parsed in slices, as one well inside a window is
+    (as many turns, or one or two more where the windows part it), not whole (fewer)."""
+    _real_sizes(monkeypatch)
+    values = np.arange(200_000, dtype=np.float32)
+    input_head = b'","inputs":[{"name":"x","datatype":"FP32","shape":[200000],'
+    key = b'"data":['
+
+    def body(pad: int) -> bytes:
+        return (b'{"pad":"' + b"p" * pad + input_head + key
+                + b",".join(b"%d" % v for v in range(200_000)) + b"]}]}")
+
+    straddling = (4 << 20) - len(b'{"pad":"') - len(input_head) - len(key) + 3
+    turns = []
+    for pad in (straddling, straddling - 1000):
+        text = body(pad)
+        assert (text.index(key) < 4 << 20 < text.index(key) + len(key)) == (pad == straddling)
+        sliced, whole, count = _both(text)
+        assert sliced == whole and sliced[0] == "decoded"
+        assert np.frombuffer(sliced[2]["x"][2], np.float32).tolist() == values.tolist()
+        turns.append(count)
+    assert turns[1] <= turns[0] <= turns[1] + 2

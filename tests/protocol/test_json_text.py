@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tensorgate.protocol import json_text
+from tensorgate.protocol.steps import run_through
 
 INT64 = st.integers(min_value=-(2**63), max_value=2**64 - 1)
 VALUES = st.recursive(
@@ -140,9 +141,26 @@ def test_marks_are_counted_outside_strings_exactly(value: Any, ascii_only: bool,
 
 
 def test_marks_are_counted_across_the_pieces_of_a_long_text() -> None:
-    """Strings and escapes that straddle the 4 MiB pieces the count reads at a time."""
+    """Strings and escapes that straddle the pieces the count reads at a time (1 MiB each:
+    4 MiB is one of their ends)."""
     for fill in range((4 << 20) - 8, (4 << 20) + 1):
         value = ["a" * fill + '\\"{[,:' * 4, "\\" * 7 + "," * 5, [1, 2], {"k": "\\"}]
         text = json.dumps(value).encode()
         assert json_text.marks_over(text, _marks(value) - 1)
         assert not json_text.marks_over(text, _marks(value))
+
+
+@settings(max_examples=300, deadline=None)
+@given(value=_MARKED, cuts=st.lists(st.integers(0, 1 << 16), max_size=4))
+def test_marks_are_counted_over_texts_as_over_their_join(value: Any, cuts: list[int]) -> None:
+    """json_slices counts a body's parts around the arrays it cut out, in steps, without
+    joining them: the same count as the joined text's, wherever the cuts fall between
+    characters (a cut never parts a backslash from what it escapes)."""
+    text = json.dumps(value).encode()
+    marks = _marks(value)
+    ends = sorted({min(c, len(text)) for c in cuts})
+    ends = [e for e in ends if not text[:e].endswith(b"\\")]
+    parts = [text[a:b] for a, b in zip([0, *ends], [*ends, len(text)])]
+    assert not run_through(json_text.marks_over_steps(parts, marks))
+    if marks:
+        assert run_through(json_text.marks_over_steps(parts, marks - 1))

@@ -28,12 +28,11 @@ from tensorgate.tensor.view import TensorView, checked_shape
 __all__ = ["ERROR_CHARACTERS", "MAX_BYTES_ELEMENTS", "MAX_JSON_VALUES", "MAX_TENSORS",
            "RESERVED_PARAMETERS", "DecodedRequest", "RequestedOutput",
            "classification_count", "counted_strings",
-           "decode_infer_body", "encode_infer_response", "forward_headers", "json_data",
-           "holds_bool", "json_error", "json_object", "json_parameters", "json_tensor",
-           "json_values_bounded", "model_parameters",
-           "parse_json",
-           "request_priority", "request_sequence", "request_timeout", "shm_parameters",
-           "tensor_count"]
+           "decode_infer_body", "encode_infer_response", "forward_headers",
+           "header_values_refused", "json_data", "holds_bool", "json_error", "json_object",
+           "json_parameters", "json_tensor", "json_values_bounded", "model_parameters",
+           "parse_header", "parse_json", "request_priority", "request_sequence",
+           "request_timeout", "shm_parameters", "tensor_count", "too_many_json_values"]
 
 # Inputs, and outputs, one request may name. A model has its config's few; each named costs
 # ~18 µs of decoding on the event loop and ~1.3 KB held (views, arrays) before the model's
@@ -131,21 +130,40 @@ def json_values_bounded(data: bytes | bytearray | memoryview, what: str,
     """Refuse JSON text `what` that would parse into more than MAX_JSON_VALUES values;
     `hint`, what the client can do instead."""
     if json_text.marks_over(data, MAX_JSON_VALUES):
-        raise _fail(f"{what} holds more than {MAX_JSON_VALUES:,} JSON values and keys, each "
-                    f"a Python object to parse{'; ' if hint else ''}{hint}")
+        raise too_many_json_values(what, hint)
+
+
+def too_many_json_values(what: str, hint: str = "") -> InvalidArgumentError:
+    return _fail(f"{what} holds more than {MAX_JSON_VALUES:,} JSON values and keys, each a "
+                 f"Python object to parse{'; ' if hint else ''}{hint}")
 
 
 _TENSORS_HINT = ("send a large tensor's elements as numbers in its 'data' or with the binary "
                  "tensor extension")
+_HEADER = "the inference request header"
 
 
-def parse_json(data: bytes | memoryview, what: str, hint: str = "") -> Any:
+def header_values_refused() -> InvalidArgumentError:
+    """The error for an inference request header past MAX_JSON_VALUES (json_slices counts
+    a large one in steps)."""
+    return too_many_json_values(_HEADER, _TENSORS_HINT)
+
+
+def parse_header(data: bytes | memoryview, counted: bool = False) -> Any:
+    """An inference request's JSON (all of its body, or the header before binary tensors)
+    parsed as parse_json parses it; `counted`: its values are bounded already."""
+    return parse_json(data, _HEADER, _TENSORS_HINT, counted)
+
+
+def parse_json(data: bytes | memoryview, what: str, hint: str = "",
+               counted: bool = False) -> Any:
     """`data` parsed, or an InvalidArgumentError saying why `what` is not JSON (bad UTF-8,
     bad syntax, an integer of more than 4,300 digits, or nesting deeper than Python's
     recursion limit: a body of a few hundred KB of "[" raised RecursionError, answered as
     an internal error) or holds too many values to parse (json_values_bounded, with
-    `hint`)."""
-    json_values_bounded(data, what, hint)
+    `hint`; not counted again when the caller has: `counted`)."""
+    if not counted:
+        json_values_bounded(data, what, hint)
     try:
         return json_text.loads(data)
     except (UnicodeDecodeError, ValueError) as error:
@@ -284,8 +302,7 @@ def decode_infer_body(body: Any, body_length: int, header_length: int | None,
         if kept is not None and kept.body_length == body_length:
             return kept.request(body, ledger)
     if parsed is None:
-        parsed = parse_json(memory[:json_length], "the inference request header",
-                            _TENSORS_HINT)
+        parsed = parse_header(memory[:json_length])
     header = json_object(parsed, "the inference request")
     parameters = json_parameters(header.get("parameters"), "the request")
     request_id = header.get("id", "")

@@ -35,7 +35,8 @@ import numpy as np
 from tensorgate.protocol import json_text
 from tensorgate.protocol.infer_codec import (MAX_JSON_VALUES, DecodedRequest,
                                              decode_infer_body, encode_infer_response,
-                                             holds_bool, json_data)
+                                             header_values_refused, holds_bool, json_data,
+                                             parse_header)
 from tensorgate.tensor.copies import CopyLedger
 from tensorgate.tensor.shm import SharedMemoryRegistry
 from tensorgate.tensor.view import TensorView
@@ -50,6 +51,8 @@ _KEYS_A_STEP = 256        # `"data"` keys looked at between two yields
 LARGE_BYTES = 512 << 10   # bodies (and answers' arrays) from this size go in slices
 
 _KEY = re.compile(rb'"data"\s*:\s*\[')
+_KEY_WINDOW = 4 << 20  # bytes searched for _KEY between two yields (~1 ms)
+_KEY_OVERLAP = 64  # bytes two windows of that search share
 _NONCE = secrets.token_hex(8)  # placeholders a client cannot write
 _OPEN, _CLOSE, _QUOTE, _COMMA = 0x5B, 0x5D, 0x22, 0x2C
 # the datatypes whose JSON `data` numpy makes an array of numbers (infer_codec's own checks
@@ -74,6 +77,10 @@ def decode_in_slices(body: Any, body_length: int, ledger: CopyLedger,
         memory = memoryview(body).cast("B")[:json_length]
         spans = yield from _array_spans(memory)
         document = (yield from _parsed(memory, spans)) if spans else None
+        if document is None:  # parsed whole, its values counted here in steps
+            if (yield from json_text.marks_over_steps([memory], MAX_JSON_VALUES)):
+                raise header_values_refused()
+            document = parse_header(memory, counted=True)
     if document is None:
         return decode_infer_body(body, body_length, header_length, ledger, shm)
     return decode_infer_body(body, body_length, header_length, ledger, shm, parsed=document)
@@ -114,7 +121,7 @@ def _array_spans(memory: memoryview) -> Generator[None, None, list[Span]]:
     spans = []
     position = 0
     keys = 0
-    while match := _KEY.search(memory, position):
+    while match := (yield from _next_key(memory, position)):
         keys += 1
         if keys % _KEYS_A_STEP == 0:
             yield  # a body of many small arrays: the loop's turn now and then
@@ -141,6 +148,22 @@ def _array_spans(memory: memoryview) -> Generator[None, None, list[Span]]:
         if end + 1 - start >= SLICE_BYTES:
             spans.append((start, end + 1, brackets))
     return spans
+
+
+def _next_key(memory: memoryview, position: int
+              ) -> Generator[None, None, re.Match[bytes] | None]:
+    """The next `"data": [` from `position`, looked for _KEY_WINDOW bytes at a time (a yield
+    between: one search through 57 MB without a key held the loop 14 ms). Windows overlap by
+    _KEY_OVERLAP bytes; a key spread wider across two (whitespace around its colon) is not
+    found, and its array is parsed with the rest of the body, as any array not cut out is."""
+    while position < len(memory):
+        stop = min(position + _KEY_WINDOW, len(memory))
+        match = _KEY.search(memory, position, stop)
+        if match is not None or stop == len(memory):
+            return match
+        position = stop - _KEY_OVERLAP
+        yield
+    return None
 
 
 def _nested_brackets(octets: np.ndarray, start: int) -> Generator[None, None, Brackets | None]:
@@ -245,9 +268,11 @@ def _parsed(memory: memoryview, spans: list[Span]) -> Generator[None, None, Any]
         parts += [memory[last:start], json_text.dumps(_placeholder(index))]
         last = end
     parts.append(memory[last:])
+    # what the skeleton holds besides its arrays, counted in steps before it is joined (a
+    # copy); past the bound the request is refused as a parse of the whole body would be
+    if (yield from json_text.marks_over_steps(parts, MAX_JSON_VALUES)):
+        raise header_values_refused()
     skeleton = b"".join(parts)
-    if json_text.marks_over(skeleton, MAX_JSON_VALUES):
-        return None  # the whole path refuses it, before parsing it
     try:
         document = json_text.loads(skeleton)
     except (ValueError, RecursionError):

@@ -12,20 +12,22 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator, Sequence
 from typing import Any
 
 import numpy as np
 import orjson
 
-__all__ = ["dumps", "finite", "loads", "marks_over"]
+from tensorgate.protocol.steps import run_through
+
+__all__ = ["dumps", "finite", "loads", "marks_over", "marks_over_steps"]
 
 _NUMPY = orjson.OPT_SERIALIZE_NUMPY
 # `{`, `[`, `,` and `:`: the marks marks_over counts
 _MARKS = np.zeros(256, np.bool_)
 _MARKS[[0x7B, 0x5B, 0x2C, 0x3A]] = True
 _QUOTE, _BACKSLASH = 0x22, 0x5C
-_STEP = 4 << 20  # bytes of text looked at a time by the exact count (bounds its temporaries)
+_STEP = 1 << 20  # bytes of text looked at a time (bounds its temporaries, and a step's time)
 
 
 def loads(data: bytes | bytearray | memoryview) -> Any:
@@ -44,20 +46,29 @@ def marks_over(data: bytes | bytearray | memoryview, limit: int) -> bool:
     strings: about one for each value and key a parse of it makes (a container's elements
     are its commas and one, a key has its colon), each a Python object. A count of the marks
     anywhere decides most texts (~60 ms for 57 MB); a text it puts over `limit` is counted
-    again for its strings. Both read 4 MiB at a time and stop once past `limit`, so a text
+    again for its strings. Both read 1 MiB at a time and stop once past `limit`, so a text
     dense with marks is refused within its first pieces."""
-    if len(data) <= limit:
+    over: bool = run_through(marks_over_steps([data], limit))
+    return over
+
+
+def marks_over_steps(texts: Sequence[bytes | bytearray | memoryview], limit: int
+                     ) -> Generator[None, None, bool]:
+    """marks_over of `texts` joined, in steps (protocol.steps): a yield after each MiB.
+    Each text must end outside a string, or between a string's characters (not after a
+    backslash that escapes the next text's first)."""
+    if sum(len(text) for text in texts) <= limit:
         return False  # each mark is a byte
-    octets = np.frombuffer(data, np.uint8)
     count = 0
-    for piece in _pieces(octets):
+    for piece in _all_pieces(texts):
         count += int(np.count_nonzero(_MARKS[piece]))
         if count > limit:
             break
+        yield
     else:
         return False
     count, in_string = 0, False
-    for piece in _pieces(octets):
+    for piece in _all_pieces(texts):
         if np.any(piece == _BACKSLASH):
             # An escaped quote is a backslash and a quote once the escaped backslashes,
             # which pair from the left of a run, are gone; what is left of a run then
@@ -78,7 +89,13 @@ def marks_over(data: bytes | bytearray | memoryview, limit: int) -> bool:
             in_string ^= bool(quotes.size & 1)
         if count > limit:
             return True
+        yield
     return False
+
+
+def _all_pieces(texts: Sequence[bytes | bytearray | memoryview]) -> Iterator[np.ndarray]:
+    for text in texts:
+        yield from _pieces(np.frombuffer(text, np.uint8))
 
 
 def _pieces(octets: np.ndarray) -> Iterator[np.ndarray]:
