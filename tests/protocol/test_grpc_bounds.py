@@ -11,9 +11,10 @@ from hypothesis import strategies as st
 from tritonclient.grpc import service_pb2 as pb
 
 from tensorgate.errors import InvalidArgumentError
-from tensorgate.protocol.grpc_codec import (MAX_MESSAGE_PARTS, first_tensor_offset,
-                                            parse_bounded, scan_for_tensor,
-                                            split_model_infer)
+from tensorgate.protocol.grpc_codec import (MAX_MESSAGE_PARTS, decode_model_infer,
+                                            first_tensor_offset, parse_bounded,
+                                            scan_for_tensor, split_model_infer)
+from tensorgate.tensor import CopyLedger
 
 REFUSAL = (f"holds more than {MAX_MESSAGE_PARTS:,} fields, nested messages and map entries; "
            "at most that many are parsed")
@@ -60,6 +61,26 @@ def test_an_input_whose_contents_are_taken_out_is_counted_too(where: str) -> Non
                + b"\x2a" + _varint(len(inner)) + inner)
     with pytest.raises(InvalidArgumentError, match=f"^ModelInferRequest {REFUSAL}$"):
         split_model_infer(memoryview(message))
+
+
+@pytest.mark.parametrize("inputs, junk", [(1, 70_000), (4, 20_000)])
+def test_fields_walked_in_taken_out_contents_spend_the_requests_count(inputs: int,
+                                                                       junk: int) -> None:
+    """Unknown fields beside the packed values are walked to find them: 70,000 in one
+    input's contents, or 20,000 in each of four (each under the bound, together over), are
+    refused as one message's parts (10 MB of them took 1.4 s to walk, and were served)."""
+    values = pb.InferTensorContents(fp32_contents=[1.0] * 4).SerializeToString()
+    contents = values + bytes([9 << 3, 1]) * junk
+    message = pb.ModelInferRequest(model_name="m").SerializeToString()
+    for index in range(inputs):
+        item = pb.ModelInferRequest.InferInputTensor(name=f"x{index}", datatype="FP32",
+                                                     shape=[4]).SerializeToString()
+        item += b"\x2a" + _varint(len(contents)) + contents
+        message += b"\x2a" + _varint(len(item)) + item
+    received = bytearray(message)
+    with pytest.raises(InvalidArgumentError, match=f"^ModelInferRequest {REFUSAL}$"):
+        small, spans = split_model_infer(memoryview(received))
+        decode_model_infer(small, CopyLedger(), message=received, spans=spans)
 
 
 def _varint(value: int) -> bytes:

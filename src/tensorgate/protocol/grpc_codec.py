@@ -27,7 +27,8 @@ from tensorgate.protocol.infer_codec import (DecodedRequest, RequestedOutput,
                                              classification_count, counted_strings,
                                              request_priority, request_sequence,
                                              request_timeout, shm_parameters, tensor_count)
-from tensorgate.protocol.protobuf_wire import fields
+from tensorgate.protocol.protobuf_wire import (MAX_MESSAGE_PARTS, PartsBudget, fields,
+                                               too_many_parts)
 from tensorgate.protocol.steps import run_through
 from tensorgate.tensor.copies import CopyLedger, record_copy
 from tensorgate.tensor.dtypes import datatype
@@ -103,37 +104,32 @@ class TensorSpans:
 
     raw: list[tuple[int, int]]
     contents: dict[int, tuple[int, int]] | None = None
+    budget: PartsBudget | None = None  # of the fields walked in Python, the message's
 
 
 def split_model_infer(message: memoryview) -> tuple[pb.ModelInferRequest, TensorSpans]:
     """The request without its tensors (parsed by protobuf from the small fields) and where
     each `raw_input_contents` entry and each large input's typed contents are in `message`.
-    What it walks counts towards MAX_MESSAGE_PARTS as parse_bounded's count would."""
-    spans = TensorSpans([])
+    What it walks, and then what the decode walks of the contents, spends one PartsBudget."""
+    budget = PartsBudget("ModelInferRequest")
+    spans = TensorSpans([], budget=budget)
     small: list[Any] = []
     field_start = inputs = 0
-    walked = 0  # fields walked, top-level and inside large inputs
     for number, _, start, stop, complete in fields(message, len(message)):
         if not complete:
             raise InvalidArgumentError(f"ModelInferRequest is malformed: field {number} runs "
                                        f"past the end of the {len(message)}-byte message")
-        walked += 1
+        budget.spend()
         if number == _RAW_INPUT_FIELD:
             spans.raw.append((start, stop - start))
-        elif number == _INPUTS_FIELD and stop - start >= CONTENTS_APART:
-            apart, inside = split_contents(message, start, stop, MAX_MESSAGE_PARTS - walked)
-            walked += inside
-            if apart is not None:
-                small.append(apart[0])
-                if spans.contents is None:
-                    spans.contents = {}
-                spans.contents[inputs] = apart[1]
-            else:
-                small.append(message[field_start:stop])
+        elif (number == _INPUTS_FIELD and stop - start >= CONTENTS_APART
+              and (apart := split_contents(message, start, stop, budget)) is not None):
+            small.append(apart[0])
+            if spans.contents is None:
+                spans.contents = {}
+            spans.contents[inputs] = apart[1]
         else:
             small.append(message[field_start:stop])
-        if walked > MAX_MESSAGE_PARTS:
-            raise _too_many_parts("ModelInferRequest")
         inputs += number == _INPUTS_FIELD
         field_start = stop
     if field_start != len(message):
@@ -141,13 +137,6 @@ def split_model_infer(message: memoryview) -> tuple[pb.ModelInferRequest, Tensor
     return parse_bounded(pb.ModelInferRequest, b"".join(small)), spans
 
 
-# Fields, nested messages and map entries one gRPC request may hold, at every level (a
-# parameter is four: its entry, key, value and the value's field). upb parses a map in time
-# that grows with the square of its entries (protocolbuffers/upb#1335): 1.5 million request
-# parameters (26 MB) held the event loop for 11 s in-process, 400,000 for 0.6; and each part
-# read is a Python object. Room for the most tensors a request may name (MAX_TENSORS: 4,096
-# inputs of ~5 parts, 4,096 outputs, their raw contents); counting 65,536 takes ~30 ms.
-MAX_MESSAGE_PARTS = 65_536
 _COUNTED_FROM = 16 << 10  # bytes from which a message's parts are counted before it is parsed
 _SHAPE = "inference.ModelInferRequest.InferInputTensor.shape"
 
@@ -180,7 +169,7 @@ def _count_parts(descriptor: Any, data: memoryview, name: str) -> None:
         for number, _, start, stop, _ in fields(data, end, begin, name):
             count += 1
             if count > MAX_MESSAGE_PARTS:
-                raise _too_many_parts(name)
+                raise too_many_parts(name)
             field = kind.fields_by_number.get(number)
             if field is None or stop > end:
                 continue
@@ -190,11 +179,6 @@ def _count_parts(descriptor: Any, data: memoryview, name: str) -> None:
                 # packed dims, at most 10 bytes each: 20 MB of them parsed into 160 MB
                 raise InvalidArgumentError(f"{name} has an input shape of {stop - start:,} "
                                            f"bytes, more than {MAX_DIMS} dims")
-
-
-def _too_many_parts(name: str) -> InvalidArgumentError:
-    return InvalidArgumentError(f"{name} holds more than {MAX_MESSAGE_PARTS:,} fields, nested "
-                                "messages and map entries; at most that many are parsed")
 
 
 def decode_model_infer(request: pb.ModelInferRequest, ledger: CopyLedger,
@@ -250,9 +234,11 @@ def decode_model_infer_steps(request: pb.ModelInferRequest, ledger: CopyLedger,
             view = TensorView(owner, dt, shape, offset, nbytes=length, name=name, ledger=ledger)
         else:
             wire = contents.get(index) if contents else None
-            view = yield from _from_contents(item, dt.name, shape, ledger,
-                                             None if wire is None else
-                                             memoryview(message)[wire[0]:wire[0] + wire[1]])
+            view = yield from _from_contents(
+                item, dt.name, shape, ledger,
+                None if wire is None else memoryview(message)[wire[0]:wire[0] + wire[1]],
+                spans.budget if spans is not None and spans.budget is not None
+                else PartsBudget("ModelInferRequest"))
         if name in inputs:
             raise InvalidArgumentError(f"input '{name}' appears twice in the request")
         inputs[name] = view
@@ -273,16 +259,18 @@ def decode_model_infer_steps(request: pb.ModelInferRequest, ledger: CopyLedger,
 
 
 def _from_contents(item: Any, name: str, shape: tuple[int, ...], ledger: CopyLedger,
-                   wire: memoryview | None) -> Generator[None, None, TensorView]:
+                   wire: memoryview | None, budget: PartsBudget
+                   ) -> Generator[None, None, TensorView]:
     """The input's typed contents: from `wire`, its serialized contents taken out of the
-    message (split_model_infer), when given; else from the parsed message."""
+    message (split_model_infer), when given, its fields walked on the request's `budget`;
+    else from the parsed message."""
     field = _CONTENTS.get(name)
     if field is None:
         raise InvalidArgumentError(f"input '{item.name}': {name} must be sent in "
                                    "raw_input_contents")
     dt = datatype(name)
     if wire is not None and not dt.is_bytes:
-        read = yield from wire_contents_steps(wire, field, dt, item.name, shape)
+        read = yield from wire_contents_steps(wire, field, dt, item.name, shape, budget)
         if read is not None:
             array, copied = read
             if copied:

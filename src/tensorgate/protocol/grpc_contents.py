@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from tensorgate.errors import InvalidArgumentError
-from tensorgate.protocol.protobuf_wire import LENGTH_DELIMITED, fields
+from tensorgate.protocol.protobuf_wire import LENGTH_DELIMITED, PartsBudget, fields
 from tensorgate.protocol.steps import run_through
 from tensorgate.tensor.dtypes import DataType
 
@@ -50,28 +50,26 @@ _PIECE = 512 << 10
 _COUNTED = 4 << 20  # packed varint bytes counted between two yields (~1 ms)
 
 
-def split_contents(message: memoryview, start: int, stop: int, most: int
-                   ) -> tuple[tuple[bytes, tuple[int, int]] | None, int]:
+def split_contents(message: memoryview, start: int, stop: int, budget: PartsBudget
+                   ) -> tuple[bytes, tuple[int, int]] | None:
     """For the InferInputTensor in message[start:stop], that input's field again without its
     contents (tag, length, other fields) and the contents' (offset, length) in `message`;
     None when it has no contents, or more than one to merge, or is malformed (protobuf then
-    parses it whole, and says what is wrong). With it, how many of its fields were walked:
-    at most `most` + 1 (past `most`, it stops: None)."""
+    parses it whole, and says what is wrong). Each field walked spends one of `budget`."""
     found = None
     at = start
-    walked = 0
     for number, kind, value_start, value_stop, complete in fields(message, stop, start,
                                                                  "InferInputTensor"):
-        walked += 1
-        if not complete or walked > most:
-            return None, walked
+        budget.spend()
+        if not complete:
+            return None
         if number == _CONTENTS_FIELD:
             if kind != LENGTH_DELIMITED or found is not None:
-                return None, walked
+                return None
             found = at, value_start, value_stop
         at = value_stop
     if found is None or at != stop:
-        return None, walked
+        return None
     field_start, value_start, value_stop = found
     rest = (field_start - start) + (stop - value_stop)
     head = bytearray(b"\x2a")  # ModelInferRequest.inputs: field 5, length-delimited
@@ -80,7 +78,7 @@ def split_contents(message: memoryview, start: int, stop: int, most: int
         rest >>= 7
     head.append(rest)
     return (bytes(head) + message[start:field_start] + message[value_stop:stop],
-            (value_start, value_stop - value_start)), walked
+            (value_start, value_stop - value_start))
 
 
 def contents_values_offset(head: memoryview, start: int, stop: int) -> int | None:
@@ -106,20 +104,22 @@ def contents_array(contents: Any, field: str, dt: DataType, tensor: str,
                    shape: tuple[int, ...]) -> np.ndarray:
     """The array of parsed `contents`' numeric `field` as `dt`'s dtype, in `shape`."""
     data = memoryview(contents.SerializeToString())
-    array = run_through(wire_contents_steps(data, field, dt, tensor, shape))
+    array = run_through(wire_contents_steps(data, field, dt, tensor, shape,
+                                            PartsBudget(_CONTENTS)))
     assert array is not None  # protobuf writes each repeated field packed, in one run
     return array[0]
 
 
 def wire_contents_steps(data: memoryview, field: str, dt: DataType, tensor: str,
-                        shape: tuple[int, ...]
+                        shape: tuple[int, ...], budget: PartsBudget
                         ) -> Generator[None, None, tuple[np.ndarray, bool] | None]:
     """The array of the serialized contents `data`'s numeric `field` as `dt`'s dtype, in
     `shape`, and whether it was copied (False: a view of `data`); None when an element of
-    the field was sent unpacked (protobuf parses those). Varints are decoded a piece at a
-    time, with a yield after each (protocol.steps)."""
+    the field was sent unpacked (protobuf parses those). Each of its fields walked spends one
+    of `budget` (unknown ones a client sent: 10 MB of them took 1.4 s to walk, unbounded).
+    Varints are decoded a piece at a time, with a yield after each (protocol.steps)."""
     number, kind = _FIELDS[field]
-    runs = _packed_runs(data, number)
+    runs = _packed_runs(data, number, budget)
     if runs is None:
         return None
     count = 1
@@ -167,13 +167,15 @@ def _check_count(found: int, count: int, tensor: str, shape: tuple[int, ...]) ->
                                    f"[{','.join(map(str, shape))}] needs {count}")
 
 
-def _packed_runs(data: memoryview, number: int) -> list[memoryview] | None:
+def _packed_runs(data: memoryview, number: int, budget: PartsBudget
+                 ) -> list[memoryview] | None:
     """The payloads of field `number`'s packed runs in the serialized message `data`, in
     order (protobuf joins a repeated field's runs); None if an element came unpacked. Other
     fields, unknown ones a client sent among them, are skipped by their wire type."""
     runs: list[memoryview] = []
     at = 0
     for found, kind, start, stop, complete in fields(data, len(data), 0, _CONTENTS):
+        budget.spend()
         if not complete:
             raise InvalidArgumentError(f"{_CONTENTS} is malformed: field {found} runs past "
                                        f"the end of the {len(data)}-byte message")
