@@ -244,7 +244,7 @@ class MessageReader:
                 held = len(self._head)
                 try:
                     offset, self._scanned = scan_for_tensor(memoryview(self._head),
-                                                               self._scanned)
+                                                            self._scanned)
                     if (len(self._head) == self._length or len(self._head) >= _PLACEMENT_WINDOW
                             or offset is not None):
                         self._place(offset)

@@ -17,8 +17,8 @@ from tensorgate.network import http2, in_steps
 from tensorgate.protocol.grpc_codec import (TensorSpans, decode_model_infer_steps,
                                             encode_model_infer_parts, split_model_infer,
                                             statistics_message)
-from tensorgate.protocol.steps import run_through
 from tensorgate.protocol.infer_codec import DecodedRequest
+from tensorgate.protocol.steps import run_through
 from tensorgate.tensor.copies import CopyLedger
 
 if TYPE_CHECKING:

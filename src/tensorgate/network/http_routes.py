@@ -192,7 +192,7 @@ async def _infer(dp: DataPlane, request: HttpRequest, model: str, version: str) 
         raise InvalidArgumentError("the inference request has no body")
     if (length if request.json_length is None else request.json_length) >= LARGE_BYTES:
         decoded = await in_steps(decode_in_slices(body, length, request.ledger, dp.shm,
-                                                    request.json_length))
+                                                  request.json_length))
     else:
         decoded = decode_infer_body(body, length, request.json_length, request.ledger, dp.shm)
     # Binary inputs are views that hold the body's pooled buffer; JSON's are arrays of their

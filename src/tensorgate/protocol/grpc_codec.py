@@ -10,8 +10,8 @@ tag, a length and a view of the output tensor: `encode_model_infer_parts` never 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Generator, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -97,22 +97,24 @@ def scan_for_tensor(head: memoryview, at: int = 0) -> tuple[int | None, int]:
     return None, at
 
 
-@dataclass(slots=True)
+@dataclasses.dataclass(slots=True)
 class TensorSpans:
     """Where a ModelInferRequest's tensors lie in its message, as (offset, length): each
     raw_input_contents entry, and the typed contents taken out of large inputs by input."""
 
     raw: list[tuple[int, int]]
     contents: dict[int, tuple[int, int]] | None = None
-    budget: PartsBudget | None = None  # of the fields walked in Python, the message's
+    # of the fields walked in Python, the message's: split_model_infer's, then the decode's
+    budget: PartsBudget = dataclasses.field(
+        default_factory=lambda: PartsBudget("ModelInferRequest"))
 
 
 def split_model_infer(message: memoryview) -> tuple[pb.ModelInferRequest, TensorSpans]:
     """The request without its tensors (parsed by protobuf from the small fields) and where
     each `raw_input_contents` entry and each large input's typed contents are in `message`.
     What it walks, and then what the decode walks of the contents, spends one PartsBudget."""
-    budget = PartsBudget("ModelInferRequest")
-    spans = TensorSpans([], budget=budget)
+    spans = TensorSpans([])
+    budget = spans.budget
     small: list[Any] = []
     field_start = inputs = 0
     for number, _, start, stop, complete in fields(message, len(message)):
@@ -237,8 +239,7 @@ def decode_model_infer_steps(request: pb.ModelInferRequest, ledger: CopyLedger,
             view = yield from _from_contents(
                 item, dt.name, shape, ledger,
                 None if wire is None else memoryview(message)[wire[0]:wire[0] + wire[1]],
-                spans.budget if spans is not None and spans.budget is not None
-                else PartsBudget("ModelInferRequest"))
+                spans.budget if spans is not None else PartsBudget("ModelInferRequest"))
         if name in inputs:
             raise InvalidArgumentError(f"input '{name}' appears twice in the request")
         inputs[name] = view

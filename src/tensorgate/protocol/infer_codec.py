@@ -32,7 +32,7 @@ __all__ = ["ERROR_CHARACTERS", "MAX_BYTES_ELEMENTS", "MAX_JSON_VALUES", "MAX_TEN
            "header_values_refused", "json_data", "holds_bool", "json_error", "json_object",
            "json_parameters", "json_tensor", "json_values_bounded", "model_parameters",
            "parse_header", "parse_json", "request_priority", "request_sequence",
-           "request_timeout", "shm_parameters", "tensor_count", "too_many_json_values"]
+           "request_timeout", "shm_parameters", "tensor_count"]
 
 # Inputs, and outputs, one request may name. A model has its config's few; each named costs
 # ~18 µs of decoding on the event loop and ~1.3 KB held (views, arrays) before the model's
@@ -130,10 +130,10 @@ def json_values_bounded(data: bytes | bytearray | memoryview, what: str,
     """Refuse JSON text `what` that would parse into more than MAX_JSON_VALUES values;
     `hint`, what the client can do instead."""
     if json_text.marks_over(data, MAX_JSON_VALUES):
-        raise too_many_json_values(what, hint)
+        raise _too_many_json_values(what, hint)
 
 
-def too_many_json_values(what: str, hint: str = "") -> InvalidArgumentError:
+def _too_many_json_values(what: str, hint: str = "") -> InvalidArgumentError:
     return _fail(f"{what} holds more than {MAX_JSON_VALUES:,} JSON values and keys, each a "
                  f"Python object to parse{'; ' if hint else ''}{hint}")
 
@@ -146,7 +146,7 @@ _HEADER = "the inference request header"
 def header_values_refused() -> InvalidArgumentError:
     """The error for an inference request header past MAX_JSON_VALUES (json_slices counts
     a large one in steps)."""
-    return too_many_json_values(_HEADER, _TENSORS_HINT)
+    return _too_many_json_values(_HEADER, _TENSORS_HINT)
 
 
 def parse_header(data: bytes | memoryview, counted: bool = False) -> Any:
