@@ -45,6 +45,16 @@ class Count(Model):
 """
 
 
+ECHO_TEXT = """
+from tensorgate import Model
+
+
+class EchoText(Model):
+    def forward(self, inputs):
+        return {"U": inputs["T"]}
+"""
+
+
 class Tally(torch.nn.Module):
     """How many flags are set, and the sum of the values."""
 
@@ -73,6 +83,14 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
         output [ { name: "N" data_type: TYPE_INT64 dims: [2] } ]
         """)
     (folder / "1" / "model.py").write_text(COUNT)
+    folder = rb.write_config(root / "models", "echo_text", """
+        name: "echo_text"
+        backend: "python"
+        max_batch_size: 0
+        input [ { name: "T" data_type: TYPE_STRING dims: [-1] } ]
+        output [ { name: "U" data_type: TYPE_STRING dims: [-1] } ]
+        """)
+    (folder / "1" / "model.py").write_text(ECHO_TEXT)
     running = start_server(root / "models", root / "server.log",
                            "--model-control-mode", "explicit", "--load-model", "*")
     yield running
@@ -231,3 +249,18 @@ def test_a_large_malformed_bytes_input_is_refused_naming_the_element(
         assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert raised.value.details() == expected
     still_serving(server)
+
+
+def test_a_large_text_answer_as_json_is_written_whole_and_exact(
+        server: RunningServer) -> None:
+    """100,000 strings (some not UTF-8) answered as JSON: written 8,192 a step, the loop
+    serving others between; the client reads what a whole write gives (bytes that are not
+    UTF-8 replaced)."""
+    texts = np.array([b"w%d" % i if i % 7 else b"\xff%d" % i for i in range(100_000)],
+                     dtype=object)
+    item = httpclient.InferInput("T", [texts.size], "BYTES")
+    item.set_data_from_numpy(texts)
+    output = httpclient.InferRequestedOutput("U", binary_data=False)
+    with httpclient.InferenceServerClient(server.url, network_timeout=60) as client:
+        answer = client.infer("echo_text", [item], outputs=[output]).as_numpy("U")
+    assert answer.tolist() == [t.decode("utf-8", "replace") for t in texts]

@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 
 from tensorgate.errors import BytesElementError
 from tensorgate.tensor import CopyLedger, TensorView
-from tensorgate.tensor.bytes_codec import (BYTES_CHECKED_WHEN_DECODED, check_bytes_tensor,
-                                           decode_bytes_tensor)
+from tensorgate.tensor.bytes_codec import (BYTES_CHECKED_WHEN_DECODED, bytes_pieces,
+                                           check_bytes_tensor, decode_bytes_tensor)
 
 
 def _layout(items: list[bytes]) -> bytes:
@@ -165,3 +165,21 @@ def test_a_large_bytes_view_decodes_what_was_sent() -> None:
     count = BYTES_CHECKED_WHEN_DECODED + 5
     view = TensorView(_mixed(count), "BYTES", [count], name="t")
     assert view.numpy().tolist() == [b"ab"[:i % 3] for i in range(count)]
+
+
+@given(st.binary(max_size=120), st.integers(0, 12), st.integers(1, 5))
+def test_pieces_are_the_decode_cut_up_or_its_error(body: bytes, count: int, step: int) -> None:
+    """bytes_pieces (a large answer written a piece at a time): the decode's elements in
+    pieces of `step`, or, for any bytes that do not hold `count` elements exactly, the
+    error the check gives."""
+    memory = memoryview(body)
+    try:
+        check_bytes_tensor(memory, 0, len(body), count, "t")
+    except BytesElementError as error:
+        with pytest.raises(BytesElementError, match=f"^{re.escape(str(error))}$"):
+            list(bytes_pieces(memory, 0, len(body), count, step, "t"))
+        return
+    pieces = list(bytes_pieces(memory, 0, len(body), count, step, "t"))
+    assert all(len(piece) == step for piece in pieces[:-1])
+    assert [item for piece in pieces for item in piece] == \
+        decode_bytes_tensor(memory, 0, len(body), [count], "t").tolist()

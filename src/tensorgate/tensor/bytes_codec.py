@@ -15,8 +15,8 @@ from tensorgate.errors import BytesElementError
 from tensorgate.tensor.buffer import HostBuffer
 from tensorgate.tensor.copies import CopyLedger, record_copy
 
-__all__ = ["BYTES_CHECKED_WHEN_DECODED", "check_bytes_tensor", "decode_bytes_tensor",
-           "encode_bytes_tensor"]
+__all__ = ["BYTES_CHECKED_WHEN_DECODED", "bytes_pieces", "check_bytes_tensor",
+           "decode_bytes_tensor", "encode_bytes_tensor"]
 
 # BYTES tensors of this many elements or more are checked when decoded, not when a view of
 # them is made (tensor/view.py): decoding checks them anyway, and is done off the event loop
@@ -118,6 +118,37 @@ def decode_bytes_tensor(memory: memoryview, offset: int, nbytes: int, shape: Seq
     out[:] = items
     record_copy(nbytes - 4 * count, "decode", ledger)
     return out.reshape(shape)
+
+
+def bytes_pieces(memory: memoryview, offset: int, nbytes: int, count: int, step: int,
+                 tensor: str) -> Iterator[list[bytes]]:
+    """The `count` elements of the BYTES layout at `offset`, `step` at a time, as bytes:
+    for writing a large tensor a piece at a time (json_slices). Each element is checked to
+    end inside the `nbytes` (BytesElementError, as _elements says it), and so is the end."""
+    position, end = offset, offset + nbytes
+    unpack = _PREFIX.unpack_from
+    done = 0
+    while done < count:
+        piece: list[bytes] = []
+        append = piece.append
+        for _ in range(min(step, count - done)):
+            if position + 4 > end:
+                break
+            (size,) = unpack(memory, position)
+            position += 4
+            if position + size > end:
+                break
+            append(memory[position:position + size].tobytes())
+            position += size
+        else:
+            done += len(piece)
+            yield piece
+            continue
+        for _ in _elements(memory, offset, nbytes, count, tensor):  # says what is wrong
+            pass
+    if position != end:
+        raise BytesElementError(
+            tensor, f"{end - position} bytes left over after the last of {count} elements")
 
 
 def _element_bytes(item: object) -> bytes:
