@@ -264,3 +264,28 @@ def test_a_large_text_answer_as_json_is_written_whole_and_exact(
     with httpclient.InferenceServerClient(server.url, network_timeout=60) as client:
         answer = client.infer("echo_text", [item], outputs=[output]).as_numpy("U")
     assert answer.tolist() == [t.decode("utf-8", "replace") for t in texts]
+
+
+def test_strings_in_grpc_typed_contents_are_served_up_to_the_bytes_bound(
+        server: RunningServer) -> None:
+    """200,000 strings in bytes_contents (as KServe's SDK and hand-written clients send
+    them): served, where protobuf's counted parse refused past 65,536 parts; one more than
+    the shape says is refused naming it."""
+    texts = [b"ab"[:i % 3] for i in range(200_000)]
+    request = pb.ModelInferRequest(model_name="count")
+    item = request.inputs.add(name="T", datatype="BYTES", shape=[len(texts)])
+    item.contents.bytes_contents.extend(texts)
+    with grpc.insecure_channel(server.grpc_url) as channel:
+        infer = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer",
+                                    request_serializer=lambda data: data,
+                                    response_deserializer=pb.ModelInferResponse.FromString)
+        answer = infer(request.SerializeToString(), timeout=60)
+        assert np.frombuffer(answer.raw_output_contents[0], "<i8").tolist() == [
+            len(texts), sum(map(len, texts))]
+        item.contents.bytes_contents.append(b"x")
+        with pytest.raises(grpc.RpcError) as raised:
+            infer(request.SerializeToString(), timeout=60)
+    assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert raised.value.details() == ("input 'T': contents has more than 200000 elements; "
+                                      "shape [200000] needs 200000")
+    still_serving(server)

@@ -302,18 +302,20 @@ _VALID = {name: (lambda field=field, n=n: _contents_message(field, n))
           for name, (field, n) in {"INT64": ("int64_contents", 400),
                                    "FP32": ("fp32_contents", 400),
                                    "INT8": ("int_contents", 1200),
-                                   "BOOL": ("bool_contents", 1200)}.items()}
+                                   "BOOL": ("bool_contents", 1200),
+                                   "BYTES": ("bytes_contents", 300)}.items()}
 
 
 def _contents_message(field: str, count: int) -> tuple[bytes, str]:
     datatype_ = {"int64_contents": "INT64", "fp32_contents": "FP32", "int_contents": "INT8",
-                 "bool_contents": "BOOL"}[field]
+                 "bool_contents": "BOOL", "bytes_contents": "BYTES"}[field]
     request = pb.ModelInferRequest(model_name="m")
     item = request.inputs.add(name="x", datatype=datatype_, shape=[count])
     values = {"int64_contents": [-(i * 7919) for i in range(count)],
               "fp32_contents": [i / 3 for i in range(count)],
               "int_contents": [i % 200 - 100 for i in range(count)],
-              "bool_contents": [i % 2 == 0 for i in range(count)]}[field]
+              "bool_contents": [i % 2 == 0 for i in range(count)],
+              "bytes_contents": [b"s%d" % i for i in range(count)]}[field]
     getattr(item.contents, field).extend(values)
     return request.SerializeToString(), datatype_
 
@@ -350,3 +352,46 @@ def test_hostile_bytes_in_taken_out_contents_decode_or_are_refused(name: str,
     for view in decoded.inputs.values():
         array = view.numpy()
         assert array.shape == view.shape and array.size == view.count
+
+
+@settings(max_examples=100, deadline=None)
+@given(strings=st.lists(st.binary(max_size=300), min_size=1, max_size=30),
+       count=st.integers(1, 60), unknown=st.booleans())
+def test_bytes_contents_taken_out_decode_as_protobufs_parse(strings: list[bytes], count: int,
+                                                            unknown: bool) -> None:
+    """A large input's bytes_contents are read a field at a time into the BYTES layout: the
+    same strings as protobuf's parse gives, with unknown fields (a bytes_contents sent as a
+    varint among them: protobuf keeps it as unknown) skipped."""
+    values = [strings[i % len(strings)] for i in range(count)]
+    contents = b"".join(_field(8, value) for value in values)
+    if unknown:
+        contents = bytes([8 << 3, 5]) + contents + _field(11, b"x") + bytes([9 << 3, 1])
+    message = _input(contents, "BYTES", count)  # padded: taken out
+    assert split_model_infer(memoryview(bytearray(message)))[1].contents is not None
+    got, expected = _decoded(message), _parsed(message)
+    assert got["x"].tolist() == expected["x"].tolist() == values
+
+
+def test_more_bytes_contents_than_protobufs_counted_parse_took_are_read() -> None:
+    """100,000 strings: refused before as more than 65,536 parts; the shape bounds them now
+    (a million at most in a request, infer_codec.MAX_BYTES_ELEMENTS)."""
+    values = [b"ab"[:i % 3] for i in range(100_000)]
+    message = _input(b"".join(_field(8, value) for value in values), "BYTES", len(values))
+    assert _decoded(message)["x"].tolist() == values
+
+
+@pytest.mark.parametrize("sent, error", [
+    (4, r"input 'x': contents has more than 3 elements; shape \[3\] needs 3"),
+    (2, r"input 'x': contents has 2 elements; shape \[3\] needs 3"),
+])
+def test_bytes_contents_that_do_not_fill_the_shape_are_refused(sent: int, error: str) -> None:
+    message = _input(b"".join(_field(8, b"s%d" % i) for i in range(sent)), "BYTES", 3)
+    with pytest.raises(InvalidArgumentError, match=f"^{error}$"):
+        _decoded(message)
+
+
+def test_unknown_fields_among_bytes_contents_spend_the_requests_count() -> None:
+    contents = _field(8, b"a") + bytes([9 << 3, 1]) * 70_000
+    with pytest.raises(InvalidArgumentError, match="^ModelInferRequest holds more than 65,536 "
+                                                   "fields"):
+        _decoded(_input(contents, "BYTES", 1))

@@ -22,7 +22,7 @@ from tensorgate.errors import InvalidArgumentError, ShapeError, UnimplementedErr
 from tensorgate.model import NO_PARAMETERS, Parameter
 from tensorgate.protocol.grpc_contents import (CONTENTS_APART, contents_array,
                                                contents_values_offset, split_contents,
-                                               wire_contents_steps)
+                                               wire_contents_steps, wire_strings_steps)
 from tensorgate.protocol.infer_codec import (DecodedRequest, RequestedOutput,
                                              classification_count, counted_strings,
                                              request_priority, request_sequence,
@@ -270,7 +270,11 @@ def _from_contents(item: Any, name: str, shape: tuple[int, ...], ledger: CopyLed
         raise InvalidArgumentError(f"input '{item.name}': {name} must be sent in "
                                    "raw_input_contents")
     dt = datatype(name)
-    if wire is not None and not dt.is_bytes:
+    if wire is not None and dt.is_bytes:
+        layout = yield from wire_strings_steps(wire, item.name, shape, budget)
+        record_copy(len(layout), "decode", ledger)
+        return TensorView(layout, dt, shape, name=item.name, ledger=ledger)
+    if wire is not None:
         read = yield from wire_contents_steps(wire, field, dt, item.name, shape, budget)
         if read is not None:
             array, copied = read

@@ -8,14 +8,16 @@ the tensor's little-endian bytes (a view of the received message), and a varint 
 decodes with a few numpy passes a piece. `split_contents` takes a large input's contents out
 of the message before protobuf parses it, so that protobuf neither copies them nor unpacks
 varints into 8 bytes each (60 million one-byte varints: 0.7 s and 480 MB in upb, then as
-long again to serialize them for reading); only contents protobuf itself would have to
-merge (an element sent unpacked, BYTES) are still parsed by it. What the array holds is what
-numpy made of the field, except that a value outside the datatype's range is refused (numpy
-raised OverflowError: an internal error).
+long again to serialize them for reading); only numeric contents protobuf itself would have
+to merge (an element sent unpacked) are still parsed by it. BYTES contents are read a field
+at a time, in steps, up to the shape's count. What the array holds is what numpy made of the
+field, except that a value outside the datatype's range is refused (numpy raised
+OverflowError: an internal error).
 """
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Generator
 from typing import Any
 
@@ -27,7 +29,7 @@ from tensorgate.protocol.steps import run_through
 from tensorgate.tensor.dtypes import DataType
 
 __all__ = ["CONTENTS_APART", "contents_array", "contents_values_offset", "split_contents",
-           "wire_contents_steps"]
+           "wire_contents_steps", "wire_strings_steps"]
 
 # field name → (field number, how its packed bytes read: a numpy dtype, or "varint")
 _FIELDS = {"bool_contents": (1, "varint"), "int_contents": (2, "varint"),
@@ -48,6 +50,9 @@ _FIELDS_BEFORE = 64
 # serves others between pieces, and the index arrays stay a few MB.
 _PIECE = 512 << 10
 _COUNTED = 4 << 20  # packed varint bytes counted between two yields (~1 ms)
+_BYTES_FIELD = 8  # InferTensorContents.bytes_contents: one field an element
+_LENGTH = struct.Struct("<I")  # a BYTES element's length in the tensor layout
+_STRINGS_A_STEP = 8192  # bytes_contents elements read between two yields (~4 ms)
 
 
 def split_contents(message: memoryview, start: int, stop: int, budget: PartsBudget
@@ -159,6 +164,44 @@ def wire_contents_steps(data: memoryview, field: str, dt: DataType, tensor: str,
         at = stop
         yield
     return values.reshape(shape), True
+
+
+def wire_strings_steps(data: memoryview, tensor: str, shape: tuple[int, ...],
+                       budget: PartsBudget) -> Generator[None, None, bytearray]:
+    """The serialized contents `data`'s `bytes_contents` in the BYTES layout (each a 4-byte
+    length, then its bytes), read a field at a time with a yield every _STRINGS_A_STEP; its
+    elements must number the shape's count. They are bounded by the shape (which
+    infer_codec.MAX_BYTES_ELEMENTS bounds), not by `budget`, which its other fields spend:
+    a request's strings may number a million, where protobuf's counted parse refused more
+    than 65,536. (An object array of them, encoded into the layout, held the loop 225 ms a
+    million in its last step.)"""
+    count = 1
+    for dim in shape:
+        count *= dim
+    layout = bytearray()
+    pack = _LENGTH.pack
+    found = at = 0
+    for number, kind, start, stop, complete in fields(data, len(data), 0, _CONTENTS):
+        if not complete:
+            raise InvalidArgumentError(f"{_CONTENTS} is malformed: field {number} runs past "
+                                       f"the end of the {len(data)}-byte message")
+        at = stop
+        if number != _BYTES_FIELD or kind != LENGTH_DELIMITED:
+            budget.spend()
+            continue
+        if found == count:
+            raise InvalidArgumentError(f"input '{tensor}': contents has more than {count} "
+                                       f"elements; shape [{','.join(map(str, shape))}] needs "
+                                       f"{count}")
+        layout += pack(stop - start)
+        layout += data[start:stop]
+        found += 1
+        if found % _STRINGS_A_STEP == 0:
+            yield
+    if at != len(data):
+        raise InvalidArgumentError(f"{_CONTENTS} is malformed: it ends inside a field")
+    _check_count(found, count, tensor, shape)
+    return layout
 
 
 def _check_count(found: int, count: int, tensor: str, shape: tuple[int, ...]) -> None:
