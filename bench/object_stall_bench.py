@@ -44,6 +44,7 @@ sys.path.insert(0, str(HERE))
 
 from ab_bench import add_tree_options, serve, trees_of  # noqa: E402
 from json_stall_bench import peak_rss_mb  # noqa: E402
+from tensorgate.protocol.protobuf_wire import varint_bytes  # noqa: E402
 
 _MODEL = '''
 import numpy as np
@@ -136,18 +137,10 @@ def _contents(count: int, full: bool | str) -> Send:
         item.contents.int64_contents.extend([-1] * count)
         return _grpc_send(request.SerializeToString())
     # written by hand, as protobuf would (its extend of 60 million ints takes a minute)
-    run = b"\x1a" + _varint(count) + b"\x01" * count  # int64_contents, packed
-    tensor = item.SerializeToString() + b"\x2a" + _varint(len(run)) + run  # contents
+    run = b"\x1a" + varint_bytes(count) + b"\x01" * count  # int64_contents, packed
+    tensor = item.SerializeToString() + b"\x2a" + varint_bytes(len(run)) + run  # contents
     head = pb.ModelInferRequest(model_name="sum").SerializeToString()
-    return _grpc_send(head + b"\x2a" + _varint(len(tensor)) + tensor)  # inputs
-
-
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while value >= 0x80:
-        out.append(value & 0x7F | 0x80)
-        value >>= 7
-    return bytes(out + bytes([value]))
+    return _grpc_send(head + b"\x2a" + varint_bytes(len(tensor)) + tensor)  # inputs
 
 
 def _grpc_send(data: bytes) -> Send:

@@ -14,8 +14,10 @@ import pytest
 import torch
 from tritonclient.grpc import service_pb2 as pb
 
+from tensorgate.protocol.protobuf_wire import varint_bytes
 from tests.e2e.conftest import RunningServer, memory_bytes, start_server, stop_server
 from tests.pipeline import repo_builder as rb
+from tests.protocol.wire_bytes import field
 
 ECHO = """
 from tensorgate import Model
@@ -124,18 +126,6 @@ def _request(model: str, datatype: str, count: int) -> pb.ModelInferRequest:
     return request
 
 
-def _field(number: int, payload: bytes) -> bytes:
-    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
-
-
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while value >= 0x80:
-        out.append(value & 0x7F | 0x80)
-        value >>= 7
-    return bytes(out + bytes([value]))
-
-
 def _still_serving(server: RunningServer) -> None:
     request = _request("echo_fp32", "FP32", 3)
     request.inputs[0].contents.fp32_contents.extend([1.5, 2.5, -3.0])
@@ -163,28 +153,28 @@ def test_contents_in_two_runs_and_unpacked_elements_are_read_as_protobuf_reads_t
     """int64_contents in two packed runs, then three elements unpacked; an unknown field."""
     item = pb.ModelInferRequest.InferInputTensor(name="X", datatype="INT64", shape=[1205])
     item.parameters["pad"].string_param = "p" * 2000
-    runs = (_field(3, b"".join(_varint(v) for v in range(600)))
-            + _field(9, b"unknown") + _field(3, b"".join(_varint(v) for v in range(600, 1202)))
-            + b"".join(bytes([3 << 3]) + _varint(v) for v in (7, 8, 9)))
+    runs = (field(3, b"".join(varint_bytes(v) for v in range(600)))
+            + field(9, b"unknown") + field(3, b"".join(varint_bytes(v) for v in range(600, 1202)))
+            + b"".join(bytes([3 << 3]) + varint_bytes(v) for v in (7, 8, 9)))
     message = (pb.ModelInferRequest(model_name="tally").SerializeToString()
-               + _field(5, item.SerializeToString() + _field(5, runs)))
+               + field(5, item.SerializeToString() + field(5, runs)))
     answer = _call(server, message)
     assert np.frombuffer(answer.raw_output_contents[0], "<i8").tolist() == [
         1205, sum(range(1202)) + 7 + 8 + 9]
 
 
 @pytest.mark.parametrize("contents, error", [
-    (_field(3, _varint(1) + b"\x80"), "InferTensorContents is malformed: its last varint runs "
+    (field(3, varint_bytes(1) + b"\x80"), "InferTensorContents is malformed: its last varint runs "
                                       "past the end of its field"),
-    (_field(3, b"\x01\x02"), "input 'X': contents has 2 elements; shape [3] needs 3"),
-    (_field(3, b"\x01\x02\x03\x04"), "input 'X': contents has 4 elements; shape [3] needs 3"),
+    (field(3, b"\x01\x02"), "input 'X': contents has 2 elements; shape [3] needs 3"),
+    (field(3, b"\x01\x02\x03\x04"), "input 'X': contents has 4 elements; shape [3] needs 3"),
 ])
 def test_malformed_contents_are_refused_and_the_server_serves_on(
         server: RunningServer, contents: bytes, error: str) -> None:
     item = pb.ModelInferRequest.InferInputTensor(name="X", datatype="INT64", shape=[3])
     item.parameters["pad"].string_param = "p" * 2000
     message = (pb.ModelInferRequest(model_name="tally").SerializeToString()
-               + _field(5, item.SerializeToString() + _field(5, contents)))
+               + field(5, item.SerializeToString() + field(5, contents)))
     with pytest.raises(grpc.RpcError) as raised:
         _call(server, message)
     assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
@@ -200,7 +190,7 @@ def test_sixty_million_varints_are_decoded_without_protobufs_copy(
     count = 60_000_000
     item = pb.ModelInferRequest.InferInputTensor(name="X", datatype="INT64", shape=[count])
     message = (pb.ModelInferRequest(model_name="tally").SerializeToString()
-               + _field(5, item.SerializeToString() + _field(5, _field(3, bytes([1]) * count))))
+               + field(5, item.SerializeToString() + field(5, field(3, bytes([1]) * count))))
     peak = memory_bytes("VmHWM", server.process.pid)
     answer = _call(server, message)
     assert np.frombuffer(answer.raw_output_contents[0], "<i8").tolist() == [count, count]
@@ -221,8 +211,8 @@ def test_a_sequence_s_requests_on_a_stream_run_in_order_whatever_their_contents(
         request.parameters["sequence_id"].int64_param = 77
         for flag, on in flags.items():
             request.parameters[flag].bool_param = on
-        return request.SerializeToString() + _field(5, item.SerializeToString()
-                                                    + _field(5, _field(3, values)))
+        return request.SerializeToString() + field(5, item.SerializeToString()
+                                                    + field(5, field(3, values)))
 
     requests = [step(bytes([1]) * 30_000_000, 30_000_000, sequence_start=True),
                 step(bytes([1]), 1, sequence_end=True)]

@@ -14,6 +14,7 @@ from tensorgate.errors import InvalidArgumentError
 from tensorgate.protocol.grpc_codec import (MAX_MESSAGE_PARTS, decode_model_infer,
                                             first_tensor_offset, parse_bounded,
                                             scan_for_tensor, split_model_infer)
+from tensorgate.protocol.protobuf_wire import varint_bytes
 from tensorgate.tensor import CopyLedger
 
 REFUSAL = (f"holds more than {MAX_MESSAGE_PARTS:,} fields, nested messages and map entries; "
@@ -55,10 +56,10 @@ def test_an_input_whose_contents_are_taken_out_is_counted_too(where: str) -> Non
     junk = bytes([9 << 3, 1]) * 70_000  # field 9, a varint: unknown to InferInputTensor
     item = pb.ModelInferRequest.InferInputTensor(name="x", datatype="FP32", shape=[400])
     inner = item.SerializeToString()
-    contents = b"\x2a" + _varint(len(values)) + values
+    contents = b"\x2a" + varint_bytes(len(values)) + values
     inner += junk + contents if where == "before" else contents + junk
     message = (pb.ModelInferRequest(model_name="m").SerializeToString()
-               + b"\x2a" + _varint(len(inner)) + inner)
+               + b"\x2a" + varint_bytes(len(inner)) + inner)
     with pytest.raises(InvalidArgumentError, match=f"^ModelInferRequest {REFUSAL}$"):
         split_model_infer(memoryview(message))
 
@@ -75,20 +76,12 @@ def test_fields_walked_in_taken_out_contents_spend_the_requests_count(inputs: in
     for index in range(inputs):
         item = pb.ModelInferRequest.InferInputTensor(name=f"x{index}", datatype="FP32",
                                                      shape=[4]).SerializeToString()
-        item += b"\x2a" + _varint(len(contents)) + contents
-        message += b"\x2a" + _varint(len(item)) + item
+        item += b"\x2a" + varint_bytes(len(contents)) + contents
+        message += b"\x2a" + varint_bytes(len(item)) + item
     received = bytearray(message)
     with pytest.raises(InvalidArgumentError, match=f"^ModelInferRequest {REFUSAL}$"):
         small, spans = split_model_infer(memoryview(received))
         decode_model_infer(small, CopyLedger(), message=received, spans=spans)
-
-
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while value >= 0x80:
-        out.append(value & 0x7F | 0x80)
-        value >>= 7
-    return bytes(out + bytes([value]))
 
 
 def test_any_request_message_is_counted_before_it_is_parsed() -> None:

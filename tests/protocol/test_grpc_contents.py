@@ -17,8 +17,10 @@ from tensorgate.protocol.grpc_codec import (decode_model_infer, decode_model_inf
                                             first_tensor_offset, scan_for_tensor,
                                             split_model_infer)
 from tensorgate.protocol.grpc_contents import CONTENTS_APART, contents_array
+from tensorgate.protocol.protobuf_wire import varint_bytes
 from tensorgate.tensor import CopyLedger
 from tensorgate.tensor.dtypes import datatype
+from tests.protocol.wire_bytes import field
 
 INT32, INT64 = st.integers(-2**31, 2**31 - 1), st.integers(-2**63, 2**63 - 1)
 UINT32, UINT64 = st.integers(0, 2**32 - 1), st.integers(0, 2**64 - 1)
@@ -145,33 +147,20 @@ def _input(contents: bytes, datatype_: str = "INT64", count: int = 3) -> bytes:
     that they are taken out."""
     item = pb.ModelInferRequest.InferInputTensor(name="x", datatype=datatype_, shape=[count])
     item.parameters["pad"].string_param = "p" * CONTENTS_APART
-    tensor = item.SerializeToString() + _field(5, contents)  # InferInputTensor.contents
-    return pb.ModelInferRequest(model_name="m").SerializeToString() + _field(5, tensor)
-
-
-def _field(number: int, payload: bytes) -> bytes:
-    """A length-delimited field (tag and length one byte each where they fit)."""
-    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
-
-
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while value >= 0x80:
-        out.append(value & 0x7F | 0x80)
-        value >>= 7
-    return bytes(out + bytes([value]))
+    tensor = item.SerializeToString() + field(5, contents)  # InferInputTensor.contents
+    return pb.ModelInferRequest(model_name="m").SerializeToString() + field(5, tensor)
 
 
 @pytest.mark.parametrize("contents, expected", [
     # int64_contents in two packed runs: protobuf joins them
-    (_field(3, _varint(1) + _varint(300)) + _field(3, _varint(2**63 - 1)), [1, 300, 2**63 - 1]),
+    (field(3, varint_bytes(1) + varint_bytes(300)) + field(3, varint_bytes(2**63 - 1)), [1, 300, 2**63 - 1]),
     # elements sent unpacked, each with its own tag (protobuf reads these)
-    (b"".join(bytes([3 << 3]) + _varint(v) for v in (5, 6, 7)), [5, 6, 7]),
+    (b"".join(bytes([3 << 3]) + varint_bytes(v) for v in (5, 6, 7)), [5, 6, 7]),
     # packed and unpacked in one field
-    (_field(3, _varint(5)) + bytes([3 << 3]) + _varint(6) + _field(3, _varint(7)), [5, 6, 7]),
+    (field(3, varint_bytes(5)) + bytes([3 << 3]) + varint_bytes(6) + field(3, varint_bytes(7)), [5, 6, 7]),
     # unknown fields of each wire type around the packed run
-    (bytes([9 << 3, 1, 10 << 3 | 1]) + bytes(8) + _field(3, _varint(1) + _varint(2) +
-     _varint(3)) + bytes([12 << 3 | 5]) + bytes(4) + _field(11, b"abc"), [1, 2, 3]),
+    (bytes([9 << 3, 1, 10 << 3 | 1]) + bytes(8) + field(3, varint_bytes(1) + varint_bytes(2) +
+     varint_bytes(3)) + bytes([12 << 3 | 5]) + bytes(4) + field(11, b"abc"), [1, 2, 3]),
 ])
 def test_contents_on_the_wire_in_any_form_protobuf_reads(contents: bytes,
                                                          expected: list[int]) -> None:
@@ -182,19 +171,19 @@ def test_contents_on_the_wire_in_any_form_protobuf_reads(contents: bytes,
 
 
 @pytest.mark.parametrize("contents, error", [
-    (_field(3, _varint(1) + b"\x80"), "InferTensorContents is malformed: its last varint runs "
+    (field(3, varint_bytes(1) + b"\x80"), "InferTensorContents is malformed: its last varint runs "
                                       "past the end of its field"),
-    (_field(3, _varint(1) + b"\xff" * 10 + b"\x01" + _varint(2)), "InferTensorContents is "
+    (field(3, varint_bytes(1) + b"\xff" * 10 + b"\x01" + varint_bytes(2)), "InferTensorContents is "
                                                                  "malformed: a varint is "
                                                                  "longer than 10 bytes"),
-    (_field(6, bytes(13)), "InferTensorContents is malformed: fp32_contents has 13 bytes, not "
+    (field(6, bytes(13)), "InferTensorContents is malformed: fp32_contents has 13 bytes, not "
                            "a whole number of 4-byte values"),
-    (_field(3, _varint(1)) + bytes([3 << 3 | 2, 9, 1]), "InferTensorContents is malformed: "
+    (field(3, varint_bytes(1)) + bytes([3 << 3 | 2, 9, 1]), "InferTensorContents is malformed: "
                                                           "field 3 runs past the end of the "
                                                           "6-byte message"),
-    (_field(3, _varint(1) + _varint(2)), r"input 'x': contents has 2 elements; shape \[3\] "
+    (field(3, varint_bytes(1) + varint_bytes(2)), r"input 'x': contents has 2 elements; shape \[3\] "
                                          "needs 3"),
-    (_field(6, bytes(16)), r"input 'x': contents has 4 elements; shape \[3\] needs 3"),
+    (field(6, bytes(16)), r"input 'x': contents has 4 elements; shape \[3\] needs 3"),
 ])
 def test_malformed_contents_are_refused_naming_what_is_wrong(contents: bytes,
                                                             error: str) -> None:
@@ -212,10 +201,10 @@ def test_varints_of_every_length_across_the_pieces_they_are_read_in() -> None:
     values[::7] *= -1  # negative: ten bytes each
     packed = pb.InferTensorContents(int64_contents=values.tolist()).SerializeToString()
     assert packed[0] == 3 << 3 | 2 and len(packed) > 4 << 20
-    run = packed[len(_field(3, b"")) + len(_varint(len(packed))) - 1:]  # the varints alone
-    assert _field(3, run) == packed
+    run = packed[len(field(3, b"")) + len(varint_bytes(len(packed))) - 1:]  # the varints alone
+    assert field(3, run) == packed
     for shift in range(10):
-        got = _decoded(_input(_field(3, bytes(shift) + run), count=shift + values.size))["x"]
+        got = _decoded(_input(field(3, bytes(shift) + run), count=shift + values.size))["x"]
         assert got.dtype == np.int64 and not got[:shift].any()
         assert got[shift:].tobytes() == values.tobytes(), shift
 
@@ -226,7 +215,7 @@ def test_fp32_contents_are_a_view_of_the_message_where_aligned_else_copied_once(
     values = np.arange(1000, dtype=np.float32)
     for runs in (1, 2):
         halves = [values] if runs == 1 else [values[:300], values[300:]]
-        message = _input(b"".join(_field(6, h.tobytes()) for h in halves), "FP32", 1000)
+        message = _input(b"".join(field(6, h.tobytes()) for h in halves), "FP32", 1000)
         payload = message.index(values.tobytes() if runs == 1 else values[:300].tobytes())
         storage = np.zeros(len(message) + 8, np.uint8)
         aligned = (-(storage.ctypes.data + payload)) % 4  # where the floats start 4-aligned
@@ -258,10 +247,10 @@ def test_varint_contents_decode_in_steps_that_let_the_loop_turn() -> None:
             count += 1
 
     count = 3_000_000
-    found, array = yields(_input(_field(3, bytes([5]) * count), count=count))
+    found, array = yields(_input(field(3, bytes([5]) * count), count=count))
     assert found >= 3_000_000 // (512 << 10) and array.tolist() == [5] * count
     floats = np.arange(4000, dtype=np.float32)
-    assert yields(_input(_field(6, floats.tobytes()), "FP32", 4000))[0] == 0
+    assert yields(_input(field(6, floats.tobytes()), "FP32", 4000))[0] == 0
     raw = pb.ModelInferRequest(model_name="m", raw_input_contents=[floats.tobytes()])
     raw.inputs.add(name="x", datatype="FP32", shape=[4000])
     assert yields(raw.SerializeToString())[0] == 0
@@ -363,9 +352,9 @@ def test_bytes_contents_taken_out_decode_as_protobufs_parse(strings: list[bytes]
     same strings as protobuf's parse gives, with unknown fields (a bytes_contents sent as a
     varint among them: protobuf keeps it as unknown) skipped."""
     values = [strings[i % len(strings)] for i in range(count)]
-    contents = b"".join(_field(8, value) for value in values)
+    contents = b"".join(field(8, value) for value in values)
     if unknown:
-        contents = bytes([8 << 3, 5]) + contents + _field(11, b"x") + bytes([9 << 3, 1])
+        contents = bytes([8 << 3, 5]) + contents + field(11, b"x") + bytes([9 << 3, 1])
     message = _input(contents, "BYTES", count)  # padded: taken out
     assert split_model_infer(memoryview(bytearray(message)))[1].contents is not None
     got, expected = _decoded(message), _parsed(message)
@@ -376,7 +365,7 @@ def test_more_bytes_contents_than_protobufs_counted_parse_took_are_read() -> Non
     """100,000 strings: refused before as more than 65,536 parts; the shape bounds them now
     (a million at most in a request, infer_codec.MAX_BYTES_ELEMENTS)."""
     values = [b"ab"[:i % 3] for i in range(100_000)]
-    message = _input(b"".join(_field(8, value) for value in values), "BYTES", len(values))
+    message = _input(b"".join(field(8, value) for value in values), "BYTES", len(values))
     assert _decoded(message)["x"].tolist() == values
 
 
@@ -385,13 +374,13 @@ def test_more_bytes_contents_than_protobufs_counted_parse_took_are_read() -> Non
     (2, r"input 'x': contents has 2 elements; shape \[3\] needs 3"),
 ])
 def test_bytes_contents_that_do_not_fill_the_shape_are_refused(sent: int, error: str) -> None:
-    message = _input(b"".join(_field(8, b"s%d" % i) for i in range(sent)), "BYTES", 3)
+    message = _input(b"".join(field(8, b"s%d" % i) for i in range(sent)), "BYTES", 3)
     with pytest.raises(InvalidArgumentError, match=f"^{error}$"):
         _decoded(message)
 
 
 def test_unknown_fields_among_bytes_contents_spend_the_requests_count() -> None:
-    contents = _field(8, b"a") + bytes([9 << 3, 1]) * 70_000
+    contents = field(8, b"a") + bytes([9 << 3, 1]) * 70_000
     with pytest.raises(InvalidArgumentError, match="^ModelInferRequest holds more than 65,536 "
                                                    "fields"):
         _decoded(_input(contents, "BYTES", 1))

@@ -28,7 +28,7 @@ from tensorgate.protocol.infer_codec import (DecodedRequest, RequestedOutput,
                                              request_priority, request_sequence,
                                              request_timeout, shm_parameters, tensor_count)
 from tensorgate.protocol.protobuf_wire import (MAX_MESSAGE_PARTS, PartsBudget, fields,
-                                               too_many_parts)
+                                               too_many_parts, varint_bytes)
 from tensorgate.protocol.steps import run_through
 from tensorgate.tensor.copies import CopyLedger, record_copy
 from tensorgate.tensor.dtypes import datatype
@@ -299,12 +299,7 @@ def _from_contents(item: Any, name: str, shape: tuple[int, ...], ledger: CopyLed
 
 
 def _length_prefix(value: int, tag: bytes = _RAW_OUTPUT_TAG) -> bytes:
-    out = bytearray(tag)
-    while value >= 0x80:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
+    return tag + varint_bytes(value)
 
 
 def encode_model_infer_parts(model: str, version: int, request_id: str,

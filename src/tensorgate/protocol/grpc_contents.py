@@ -24,7 +24,8 @@ from typing import Any
 import numpy as np
 
 from tensorgate.errors import InvalidArgumentError
-from tensorgate.protocol.protobuf_wire import LENGTH_DELIMITED, PartsBudget, fields
+from tensorgate.protocol.protobuf_wire import (LENGTH_DELIMITED, PartsBudget, fields,
+                                               varint_bytes)
 from tensorgate.protocol.steps import run_through
 from tensorgate.tensor.dtypes import DataType
 
@@ -77,12 +78,8 @@ def split_contents(message: memoryview, start: int, stop: int, budget: PartsBudg
         return None
     field_start, value_start, value_stop = found
     rest = (field_start - start) + (stop - value_stop)
-    head = bytearray(b"\x2a")  # ModelInferRequest.inputs: field 5, length-delimited
-    while rest >= 0x80:
-        head.append((rest & 0x7F) | 0x80)
-        rest >>= 7
-    head.append(rest)
-    return (bytes(head) + message[start:field_start] + message[value_stop:stop],
+    head = b"\x2a" + varint_bytes(rest)  # ModelInferRequest.inputs: field 5, length-delimited
+    return (head + message[start:field_start] + message[value_stop:stop],
             (value_start, value_stop - value_start))
 
 

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from tensorgate.errors import InvalidArgumentError
 
 __all__ = ["LENGTH_DELIMITED", "MAX_MESSAGE_PARTS", "VARINT", "PartsBudget", "fields",
-           "too_many_parts", "varint"]
+           "too_many_parts", "varint", "varint_bytes"]
 
 VARINT, LENGTH_DELIMITED = 0, 2  # the wire types read by kind here; 1 and 5 are fixed 8 and 4
 
@@ -63,6 +63,16 @@ def varint(data: memoryview, at: int, end: int, message: str = "ModelInferReques
             raise InvalidArgumentError(f"{message} is malformed: a varint is longer than 10 "
                                        "bytes")
     return -1, at
+
+
+def varint_bytes(value: int) -> bytes:
+    """`value` (not negative) written as a varint: 7 bits a byte, least significant first."""
+    out = bytearray()
+    while value >= 0x80:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
 
 
 def fields(data: memoryview, end: int, at: int = 0, message: str = "ModelInferRequest"
