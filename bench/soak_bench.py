@@ -16,8 +16,9 @@ system shared memory allowed, and runs client processes side by side until the t
 - hostile: a malformed request line, a body over --max-request-bytes, a body cut short, a
   JSON tensor of the wrong shape, an unknown model over HTTP and gRPC, garbage on the gRPC
   port, a JSON body of 1.6 MB of `{}` (past the JSON value bound), a gRPC request of 20,000
-  parameters (past the bound on a message's parts); each must get its error (or a close),
-  never a hang or a 5xx.
+  parameters (past the bound on a message's parts), an image in typed contents (served
+  exactly) and typed contents among 70,000 unknown fields (past the bound); each must get
+  its error (or a close), never a hang or a 5xx.
 
 Every few seconds: the server's RSS, open file descriptors, threads, the host pool's bytes
 in use and idle, and the connections it counts open. The table gives each after a warm-up
@@ -53,6 +54,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
 from compare_wire import OIP_BINARY, Connection, raw_request  # noqa: E402
 from tensorgate.builtin.repository import write_default_repository  # noqa: E402
+from tensorgate.protocol.protobuf_wire import varint_bytes  # noqa: E402
 
 RESULTS = pathlib.Path(__file__).parent / "results"
 MAX_REQUEST_BYTES = 4 << 20
@@ -318,6 +320,17 @@ def hostile(ports: dict[str, int], deadline: float, out: Any) -> None:
     for i in range(20_000):
         many.parameters[f"p{i}"].int64_param = i
     many_parameters = many.SerializeToString()
+    image = np.random.default_rng(1).standard_normal((1, 3, 224, 224)).astype(np.float32)
+    typed = pb.ModelInferRequest(model_name="identity")
+    typed.inputs.add(name="INPUT__0", datatype="FP32", shape=[1, 3, 224, 224])
+    typed.inputs[0].contents.fp32_contents.extend(image.ravel().tolist())
+    typed_image = typed.SerializeToString()  # taken out of the message, read in place
+    junk = typed.inputs[0].contents.SerializeToString() + bytes([9 << 3, 1]) * 70_000
+    item = pb.ModelInferRequest.InferInputTensor(name="INPUT__0", datatype="FP32",
+                                                 shape=[1, 3, 224, 224]).SerializeToString()
+    item += b"\x2a" + varint_bytes(len(junk)) + junk  # contents among 70,000 unknown fields
+    typed_junk = (pb.ModelInferRequest(model_name="identity").SerializeToString()
+                  + b"\x2a" + varint_bytes(len(item)) + item)
     rng = np.random.default_rng(os.getpid())
     with grpc.insecure_channel(f"127.0.0.1:{ports['grpc']}") as channel:
         stub = pb_grpc.GRPCInferenceServiceStub(channel)
@@ -336,6 +349,17 @@ def hostile(ports: dict[str, int], deadline: float, out: Any) -> None:
             try:
                 channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")(
                     many_parameters, timeout=30)
+                counts["wrong"] += 1
+            except grpc.RpcError as error:
+                counts["expected" if error.code() == grpc.StatusCode.INVALID_ARGUMENT
+                       else "wrong"] += 1
+            call = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer",
+                                       response_deserializer=pb.ModelInferResponse.FromString)
+            answer = call(typed_image, timeout=30)
+            counts["expected" if answer.raw_output_contents[0] == image.tobytes()
+                   else "wrong"] += 1
+            try:
+                call(typed_junk, timeout=30)
                 counts["wrong"] += 1
             except grpc.RpcError as error:
                 counts["expected" if error.code() == grpc.StatusCode.INVALID_ARGUMENT
