@@ -215,6 +215,9 @@ def request_sequence(parameters: dict[str, Any]) -> tuple[int | str, bool, bool]
     if not isinstance(sequence_id, str) and not _is_count(sequence_id):
         raise _fail(f"request parameter 'sequence_id' must be a non-negative integer or a "
                     f"string, got {sequence_id!r}")
+    if isinstance(sequence_id, str) and _not_unicode([sequence_id]) >= 0:
+        raise _fail("request parameter 'sequence_id' is not valid Unicode (a lone surrogate, "
+                    "\\ud800-\\udfff): a model may take it as UTF-8")
     flags = []
     for name in ("sequence_start", "sequence_end"):
         value = parameters.get(name, False)
@@ -227,6 +230,17 @@ def request_sequence(parameters: dict[str, Any]) -> tuple[int | str, bool, bool]
                         "non-zero 'sequence_id' naming the sequence")
         return None
     return sequence_id, flags[0], flags[1]
+
+
+def _not_unicode(texts: list[str]) -> int:
+    """The index of the first text that UTF-8 cannot encode (JSON's \\ud800 escapes, which
+    the standard library's parse lets through and orjson refuses), else -1."""
+    for index, text in enumerate(texts):
+        try:
+            text.encode()
+        except UnicodeEncodeError:
+            return index
+    return -1
 
 
 # Request parameters the server acts on itself (Triton's parameters extension reserves them,
@@ -442,7 +456,11 @@ def json_tensor(data: Any, dt: DataType, shape: tuple[int, ...], name: str,
         texts = values.tolist()
         if not all(isinstance(v, str) for v in texts):
             raise _fail(f"input '{name}': BYTES 'data' must hold strings")
-        items = np.array([v.encode() for v in texts], dtype=object).reshape(shape)
+        try:
+            items = np.array([v.encode() for v in texts], dtype=object).reshape(shape)
+        except UnicodeEncodeError:
+            raise _fail(f"input '{name}': BYTES 'data' element {_not_unicode(texts)} is not "
+                        "valid Unicode (a lone surrogate, \\ud800-\\udfff)") from None
         return TensorView.from_numpy(items, name=name, ledger=ledger)
     record_copy(values.nbytes, "decode", ledger)
     return TensorView.from_numpy(values.reshape(shape), name=name, ledger=ledger)
