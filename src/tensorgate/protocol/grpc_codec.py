@@ -3,7 +3,8 @@
 A ModelInferRequest is not parsed whole by protobuf, which would copy every tensor into a
 `bytes` of its own: `split_model_infer` walks the message's top-level fields, hands protobuf
 only the small ones, and `raw_input_contents` become views of the received message (no
-copy). Typed `contents` are decoded by numpy and counted. A response is its small fields,
+copy). A large input's typed `contents` are taken out too and read from the message's bytes
+(protocol/grpc_contents.py), a piece at a time. A response is its small fields,
 serialized by protobuf, followed by one `raw_output_contents` field per output written as a
 tag, a length and a view of the output tensor: `encode_model_infer_parts` never joins them.
 """
@@ -20,7 +21,7 @@ from tritonclient.grpc import service_pb2 as pb
 
 from tensorgate.errors import InvalidArgumentError, ShapeError, UnimplementedError
 from tensorgate.model import NO_PARAMETERS, Parameter
-from tensorgate.protocol.grpc_contents import (CONTENTS_APART, contents_array,
+from tensorgate.protocol.grpc_contents import (CONTENTS_APART, check_count, contents_array,
                                                contents_values_offset, split_contents,
                                                wire_contents_steps, wire_strings_steps)
 from tensorgate.protocol.infer_codec import (DecodedRequest, RequestedOutput,
@@ -100,36 +101,46 @@ def scan_for_tensor(head: memoryview, at: int = 0) -> tuple[int | None, int]:
 @dataclasses.dataclass(slots=True)
 class TensorSpans:
     """Where a ModelInferRequest's tensors lie in its message, as (offset, length): each
-    raw_input_contents entry, and the typed contents taken out of large inputs by input."""
+    raw_input_contents entry, and the typed contents taken out of large inputs by input;
+    with those, what is left of the message's count of fields to walk in Python."""
 
     raw: list[tuple[int, int]]
     contents: dict[int, tuple[int, int]] | None = None
-    # of the fields walked in Python, the message's: split_model_infer's, then the decode's
-    budget: PartsBudget = dataclasses.field(
-        default_factory=lambda: PartsBudget("ModelInferRequest"))
+    budget: PartsBudget | None = None
 
 
 def split_model_infer(message: memoryview) -> tuple[pb.ModelInferRequest, TensorSpans]:
     """The request without its tensors (parsed by protobuf from the small fields) and where
     each `raw_input_contents` entry and each large input's typed contents are in `message`.
-    What it walks, and then what the decode walks of the contents, spends one PartsBudget."""
+    Its top-level fields, and those of inputs looked into, count towards MAX_MESSAGE_PARTS;
+    once an input is looked into, the count goes on in a PartsBudget that the decode of its
+    contents spends too (an ordinary request makes none)."""
     spans = TensorSpans([])
-    budget = spans.budget
     small: list[Any] = []
-    field_start = inputs = 0
-    for number, _, start, stop, complete in fields(message, len(message)):
-        if not complete:
+    field_start = inputs = walked = 0
+    for number, _, start, stop, complete in fields(message, len(message)):  # the hot path:
+        if not complete:  # whole_fields' checks, without its generator in between
             raise InvalidArgumentError(f"ModelInferRequest is malformed: field {number} runs "
                                        f"past the end of the {len(message)}-byte message")
-        budget.spend()
+        if spans.budget is None:
+            walked += 1
+            if walked > MAX_MESSAGE_PARTS:
+                raise too_many_parts("ModelInferRequest")
+        else:
+            spans.budget.spend()
         if number == _RAW_INPUT_FIELD:
             spans.raw.append((start, stop - start))
-        elif (number == _INPUTS_FIELD and stop - start >= CONTENTS_APART
-              and (apart := split_contents(message, start, stop, budget)) is not None):
-            small.append(apart[0])
-            if spans.contents is None:
-                spans.contents = {}
-            spans.contents[inputs] = apart[1]
+        elif number == _INPUTS_FIELD and stop - start >= CONTENTS_APART:
+            if spans.budget is None:
+                spans.budget = PartsBudget("ModelInferRequest", MAX_MESSAGE_PARTS - walked)
+            apart = split_contents(message, start, stop, spans.budget)
+            if apart is None:
+                small.append(message[field_start:stop])
+            else:
+                small.append(apart[0])
+                if spans.contents is None:
+                    spans.contents = {}
+                spans.contents[inputs] = apart[1]
         else:
             small.append(message[field_start:stop])
         inputs += number == _INPUTS_FIELD
@@ -239,7 +250,7 @@ def decode_model_infer_steps(request: pb.ModelInferRequest, ledger: CopyLedger,
             view = yield from _from_contents(
                 item, dt.name, shape, ledger,
                 None if wire is None else memoryview(message)[wire[0]:wire[0] + wire[1]],
-                spans.budget if spans is not None else PartsBudget("ModelInferRequest"))
+                None if spans is None else spans.budget)
         if name in inputs:
             raise InvalidArgumentError(f"input '{name}' appears twice in the request")
         inputs[name] = view
@@ -260,7 +271,7 @@ def decode_model_infer_steps(request: pb.ModelInferRequest, ledger: CopyLedger,
 
 
 def _from_contents(item: Any, name: str, shape: tuple[int, ...], ledger: CopyLedger,
-                   wire: memoryview | None, budget: PartsBudget
+                   wire: memoryview | None, budget: PartsBudget | None
                    ) -> Generator[None, None, TensorView]:
     """The input's typed contents: from `wire`, its serialized contents taken out of the
     message (split_model_infer), when given, its fields walked on the request's `budget`;
@@ -270,11 +281,12 @@ def _from_contents(item: Any, name: str, shape: tuple[int, ...], ledger: CopyLed
         raise InvalidArgumentError(f"input '{item.name}': {name} must be sent in "
                                    "raw_input_contents")
     dt = datatype(name)
-    if wire is not None and dt.is_bytes:
-        layout = yield from wire_strings_steps(wire, item.name, shape, budget)
-        record_copy(len(layout), "decode", ledger)
-        return TensorView(layout, dt, shape, name=item.name, ledger=ledger)
     if wire is not None:
+        assert budget is not None  # made by split_model_infer when it took contents out
+        if dt.is_bytes:
+            layout = yield from wire_strings_steps(wire, item.name, shape, budget)
+            record_copy(len(layout), "decode", ledger)
+            return TensorView(layout, dt, shape, name=item.name, ledger=ledger)
         read = yield from wire_contents_steps(wire, field, dt, item.name, shape, budget)
         if read is not None:
             array, copied = read
@@ -288,12 +300,7 @@ def _from_contents(item: Any, name: str, shape: tuple[int, ...], ledger: CopyLed
         record_copy(array.nbytes, "decode", ledger)
         return TensorView.from_numpy(array, name=item.name, ledger=ledger)
     values = contents.bytes_contents
-    count = 1
-    for dim in shape:
-        count *= dim
-    if len(values) != count:
-        raise InvalidArgumentError(f"input '{item.name}': contents has {len(values)} elements; "
-                                   f"shape [{','.join(map(str, shape))}] needs {count}")
+    check_count(len(values), item.name, shape)
     array = np.array(list(values), dtype=object).reshape(shape)
     return TensorView.from_numpy(array, name=item.name, ledger=ledger)
 

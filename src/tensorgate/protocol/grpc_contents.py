@@ -17,6 +17,7 @@ OverflowError: an internal error).
 
 from __future__ import annotations
 
+import math
 import struct
 from collections.abc import Generator
 from typing import Any
@@ -25,12 +26,12 @@ import numpy as np
 
 from tensorgate.errors import InvalidArgumentError
 from tensorgate.protocol.protobuf_wire import (LENGTH_DELIMITED, PartsBudget, fields,
-                                               varint_bytes)
+                                               varint_bytes, whole_fields)
 from tensorgate.protocol.steps import run_through
 from tensorgate.tensor.dtypes import DataType
 
-__all__ = ["CONTENTS_APART", "contents_array", "contents_values_offset", "split_contents",
-           "wire_contents_steps", "wire_strings_steps"]
+__all__ = ["CONTENTS_APART", "check_count", "contents_array", "contents_values_offset",
+           "split_contents", "wire_contents_steps", "wire_strings_steps"]
 
 # field name → (field number, how its packed bytes read: a numpy dtype, or "varint")
 _FIELDS = {"bool_contents": (1, "varint"), "int_contents": (2, "varint"),
@@ -124,16 +125,14 @@ def wire_contents_steps(data: memoryview, field: str, dt: DataType, tensor: str,
     runs = _packed_runs(data, number, budget)
     if runs is None:
         return None
-    count = 1
-    for dim in shape:
-        count *= dim
+    count = math.prod(shape)
     packed: Any = runs[0] if len(runs) == 1 else b"".join(runs)
     if kind != "varint":
         itemsize = np.dtype(kind).itemsize
         if len(packed) % itemsize:
             raise InvalidArgumentError(f"{_CONTENTS} is malformed: {field} has {len(packed)} "
                                        f"bytes, not a whole number of {itemsize}-byte values")
-        _check_count(len(packed) // itemsize, count, tensor, shape)
+        check_count(len(packed) // itemsize, tensor, shape)
         flat = np.frombuffer(packed, kind)
         array = flat.astype(dt.numpy, copy=False)
         return array.reshape(shape), array is not flat or len(runs) > 1
@@ -145,7 +144,7 @@ def wire_contents_steps(data: memoryview, field: str, dt: DataType, tensor: str,
     for at in range(0, octets.size, _COUNTED):
         found += int(np.count_nonzero(octets[at:at + _COUNTED] < 0x80))
         yield
-    _check_count(found, count, tensor, shape)
+    check_count(found, tensor, shape)
     values = np.empty(count, bool if field == "bool_contents" else dt.numpy)
     reader = _PieceReader(values, field in _SIGNED, dt, tensor)
     at = 0
@@ -172,17 +171,11 @@ def wire_strings_steps(data: memoryview, tensor: str, shape: tuple[int, ...],
     a request's strings may number a million, where protobuf's counted parse refused more
     than 65,536. (An object array of them, encoded into the layout, held the loop 225 ms a
     million in its last step.)"""
-    count = 1
-    for dim in shape:
-        count *= dim
+    count = math.prod(shape)
     layout = bytearray()
     pack = _LENGTH.pack
-    found = at = 0
-    for number, kind, start, stop, complete in fields(data, len(data), 0, _CONTENTS):
-        if not complete:
-            raise InvalidArgumentError(f"{_CONTENTS} is malformed: field {number} runs past "
-                                       f"the end of the {len(data)}-byte message")
-        at = stop
+    found = 0
+    for number, kind, start, stop in whole_fields(data, _CONTENTS):
         if number != _BYTES_FIELD or kind != LENGTH_DELIMITED:
             budget.spend()
             continue
@@ -195,16 +188,15 @@ def wire_strings_steps(data: memoryview, tensor: str, shape: tuple[int, ...],
         found += 1
         if found % _STRINGS_A_STEP == 0:
             yield
-    if at != len(data):
-        raise InvalidArgumentError(f"{_CONTENTS} is malformed: it ends inside a field")
-    _check_count(found, count, tensor, shape)
+    check_count(found, tensor, shape)
     return layout
 
 
-def _check_count(found: int, count: int, tensor: str, shape: tuple[int, ...]) -> None:
-    if found != count:
+def check_count(found: int, tensor: str, shape: tuple[int, ...]) -> None:
+    """Refuse contents of `found` elements for an input of `shape` that needs another count."""
+    if found != math.prod(shape):
         raise InvalidArgumentError(f"input '{tensor}': contents has {found} elements; shape "
-                                   f"[{','.join(map(str, shape))}] needs {count}")
+                                   f"[{','.join(map(str, shape))}] needs {math.prod(shape)}")
 
 
 def _packed_runs(data: memoryview, number: int, budget: PartsBudget
@@ -213,19 +205,12 @@ def _packed_runs(data: memoryview, number: int, budget: PartsBudget
     order (protobuf joins a repeated field's runs); None if an element came unpacked. Other
     fields, unknown ones a client sent among them, are skipped by their wire type."""
     runs: list[memoryview] = []
-    at = 0
-    for found, kind, start, stop, complete in fields(data, len(data), 0, _CONTENTS):
+    for found, kind, start, stop in whole_fields(data, _CONTENTS):
         budget.spend()
-        if not complete:
-            raise InvalidArgumentError(f"{_CONTENTS} is malformed: field {found} runs past "
-                                       f"the end of the {len(data)}-byte message")
         if found == number:
             if kind != LENGTH_DELIMITED:
                 return None
             runs.append(data[start:stop])
-        at = stop
-    if at != len(data):
-        raise InvalidArgumentError(f"{_CONTENTS} is malformed: it ends inside a field")
     return runs or [data[:0]]
 
 

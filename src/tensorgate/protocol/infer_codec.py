@@ -30,7 +30,8 @@ __all__ = ["ERROR_CHARACTERS", "MAX_BYTES_ELEMENTS", "MAX_JSON_VALUES", "MAX_TEN
            "classification_count", "counted_strings",
            "decode_infer_body", "encode_infer_response", "forward_headers",
            "header_values_refused", "json_data", "holds_bool", "json_error", "json_object",
-           "json_parameters", "json_tensor", "json_values_bounded", "model_parameters",
+           "json_parameters", "json_strings", "json_tensor", "json_values_bounded",
+           "model_parameters",
            "parse_header", "parse_json", "request_priority", "request_sequence",
            "request_timeout", "shm_parameters", "tensor_count"]
 
@@ -215,7 +216,7 @@ def request_sequence(parameters: dict[str, Any]) -> tuple[int | str, bool, bool]
     if not isinstance(sequence_id, str) and not _is_count(sequence_id):
         raise _fail(f"request parameter 'sequence_id' must be a non-negative integer or a "
                     f"string, got {sequence_id!r}")
-    if isinstance(sequence_id, str) and _not_unicode([sequence_id]) >= 0:
+    if isinstance(sequence_id, str) and not _encodes(sequence_id):
         raise _fail("request parameter 'sequence_id' is not valid Unicode (a lone surrogate, "
                     "\\ud800-\\udfff): a model may take it as UTF-8")
     flags = []
@@ -232,15 +233,14 @@ def request_sequence(parameters: dict[str, Any]) -> tuple[int | str, bool, bool]
     return sequence_id, flags[0], flags[1]
 
 
-def _not_unicode(texts: list[str]) -> int:
-    """The index of the first text that UTF-8 cannot encode (JSON's \\ud800 escapes, which
-    the standard library's parse lets through and orjson refuses), else -1."""
-    for index, text in enumerate(texts):
-        try:
-            text.encode()
-        except UnicodeEncodeError:
-            return index
-    return -1
+def _encodes(text: str) -> bool:
+    """Whether UTF-8 can encode `text`: not if it holds a lone surrogate (JSON's \\ud800
+    escapes, which the standard library's parse lets through and orjson refuses)."""
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 # Request parameters the server acts on itself (Triton's parameters extension reserves them,
@@ -459,8 +459,9 @@ def json_tensor(data: Any, dt: DataType, shape: tuple[int, ...], name: str,
         try:
             items = np.array([v.encode() for v in texts], dtype=object).reshape(shape)
         except UnicodeEncodeError:
-            raise _fail(f"input '{name}': BYTES 'data' element {_not_unicode(texts)} is not "
-                        "valid Unicode (a lone surrogate, \\ud800-\\udfff)") from None
+            bad = next(index for index, text in enumerate(texts) if not _encodes(text))
+            raise _fail(f"input '{name}': BYTES 'data' element {bad} is not valid Unicode "
+                        "(a lone surrogate, \\ud800-\\udfff)") from None
         return TensorView.from_numpy(items, name=name, ledger=ledger)
     record_copy(values.nbytes, "decode", ledger)
     return TensorView.from_numpy(values.reshape(shape), name=name, ledger=ledger)
@@ -585,12 +586,17 @@ def encode_infer_response(model: str, version: int, request_id: str,
     return json_text.dumps(response, all_finite=all_finite), tail
 
 
+def json_strings(items: list[bytes]) -> list[str]:
+    """BYTES elements as JSON writes them: UTF-8, what is not replaced by U+FFFD."""
+    return [item.decode("utf-8", "replace") for item in items]
+
+
 def json_data(view: TensorView) -> np.ndarray | list[str]:
     """An output's `data`: its elements flat, as json_text.dumps writes them without making
     a Python object of each (C-contiguous, native byte order); BYTES as strings."""
     dt = view.datatype
     if dt.is_bytes:
-        return [item.decode("utf-8", "replace") for item in view.numpy().reshape(-1).tolist()]
+        return json_strings(view.numpy().reshape(-1).tolist())
     if dt.numpy is None:
         raise _fail(f"output '{view.name}' is {dt.name}, which cannot travel as JSON; request "
                     "it with binary_data")

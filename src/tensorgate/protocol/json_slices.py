@@ -36,7 +36,7 @@ from tensorgate.protocol import json_text
 from tensorgate.protocol.infer_codec import (MAX_JSON_VALUES, DecodedRequest,
                                              decode_infer_body, encode_infer_response,
                                              header_values_refused, holds_bool, json_data,
-                                             parse_header)
+                                             json_strings, parse_header)
 from tensorgate.tensor.bytes_codec import bytes_pieces
 from tensorgate.tensor.copies import CopyLedger
 from tensorgate.tensor.shm import SharedMemoryRegistry
@@ -414,12 +414,11 @@ def encode_in_slices(model: str, version: int, request_id: str,
         at = head.find(mark, done)
         parts += [whole[done:at], b"["]
         if isinstance(array, TensorView):
-            first = True
-            for piece in bytes_pieces(array.memoryview(), 0, array.nbytes, array.count,
-                                      _STRINGS_A_STEP, array.name):
-                text = json_text.dumps([item.decode("utf-8", "replace") for item in piece])
-                parts += [b"" if first else b",", memoryview(text)[1:-1]]
-                first = False
+            pieces = bytes_pieces(array.memoryview(), 0, array.nbytes, array.count,
+                                  _STRINGS_A_STEP, array.name)
+            for index, piece in enumerate(pieces):
+                text = json_text.dumps(json_strings(piece))
+                parts += [b"," if index else b"", memoryview(text)[1:-1]]
                 yield
         else:
             for begin in range(0, array.size, step):

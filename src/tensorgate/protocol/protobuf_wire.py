@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from tensorgate.errors import InvalidArgumentError
 
 __all__ = ["LENGTH_DELIMITED", "MAX_MESSAGE_PARTS", "VARINT", "PartsBudget", "fields",
-           "too_many_parts", "varint", "varint_bytes"]
+           "too_many_parts", "varint", "varint_bytes", "whole_fields"]
 
 VARINT, LENGTH_DELIMITED = 0, 2  # the wire types read by kind here; 1 and 5 are fixed 8 and 4
 
@@ -36,9 +36,9 @@ class PartsBudget:
 
     __slots__ = ("left", "name")
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, left: int = MAX_MESSAGE_PARTS) -> None:
         self.name = name
-        self.left = MAX_MESSAGE_PARTS
+        self.left = left
 
     def spend(self, count: int = 1) -> None:
         self.left -= count
@@ -103,3 +103,18 @@ def fields(data: memoryview, end: int, at: int = 0, message: str = "ModelInferRe
             raise InvalidArgumentError(f"{message} is malformed: field number 0")
         yield number, kind, start, stop, stop <= end
         at = stop
+
+
+def whole_fields(data: memoryview, message: str) -> Iterator[tuple[int, int, int, int]]:
+    """(field number, wire type, value start, value end) for each field of a `message` that
+    `data` must hold whole: a field that runs past its end, or an end inside a field's
+    header, is malformed."""
+    at = 0
+    for number, kind, start, stop, complete in fields(data, len(data), 0, message):
+        if not complete:
+            raise InvalidArgumentError(f"{message} is malformed: field {number} runs past the "
+                                       f"end of the {len(data)}-byte message")
+        yield number, kind, start, stop
+        at = stop
+    if at != len(data):
+        raise InvalidArgumentError(f"{message} is malformed: it ends inside a field")

@@ -124,7 +124,8 @@ def bytes_pieces(memory: memoryview, offset: int, nbytes: int, count: int, step:
                  tensor: str) -> Iterator[list[bytes]]:
     """The `count` elements of the BYTES layout at `offset`, `step` at a time, as bytes:
     for writing a large tensor a piece at a time (json_slices). Each element is checked to
-    end inside the `nbytes` (BytesElementError, as _elements says it), and so is the end."""
+    end inside the `nbytes`, and so is the last; on a fault check_bytes_tensor says what is
+    wrong."""
     position, end = offset, offset + nbytes
     unpack = _PREFIX.unpack_from
     done = 0
@@ -144,11 +145,9 @@ def bytes_pieces(memory: memoryview, offset: int, nbytes: int, count: int, step:
             done += len(piece)
             yield piece
             continue
-        for _ in _elements(memory, offset, nbytes, count, tensor):  # says what is wrong
-            pass
-    if position != end:
-        raise BytesElementError(
-            tensor, f"{end - position} bytes left over after the last of {count} elements")
+        break
+    if done != count or position != end:
+        check_bytes_tensor(memory, offset, nbytes, count, tensor)  # raises, saying why
 
 
 def _element_bytes(item: object) -> bytes:
