@@ -266,6 +266,29 @@ def test_a_large_text_answer_as_json_is_written_whole_and_exact(
     assert answer.tolist() == [t.decode("utf-8", "replace") for t in texts]
 
 
+def test_strings_as_json_data_are_read_in_slices_and_exact(server: RunningServer) -> None:
+    """200,000 strings in JSON `data` (quotes, backslashes, brackets, commas and characters
+    of 2-4 bytes among them): parsed into the BYTES layout a slice at a time
+    (protocol/json_strings.py), each element as sent; a lone surrogate among them is
+    refused naming the element, as the whole parse refuses it."""
+    texts = np.array([f'w{i}"\\,]["é😀'.encode() if i % 5 else b"," for i in range(200_000)],
+                     dtype=object)
+    item = httpclient.InferInput("T", [texts.size], "BYTES")
+    item.set_data_from_numpy(texts, binary_data=False)
+    output = httpclient.InferRequestedOutput("U", binary_data=True)
+    with httpclient.InferenceServerClient(server.url, network_timeout=60) as client:
+        answer = client.infer("echo_text", [item], outputs=[output]).as_numpy("U")
+    assert answer.tolist() == texts.tolist()
+    data = ["w"] * 199_999 + ["\ud800"]
+    body = json.dumps({"inputs": [{"name": "T", "datatype": "BYTES", "shape": [200_000],
+                                   "data": data}]}).encode()
+    status, answer = post(server, "/v2/models/echo_text/infer", body)
+    assert status == 400, answer
+    assert answer["error"] == ("input 'T': BYTES 'data' element 199999 is not "
+                               "valid Unicode (a lone surrogate, \\ud800-\\udfff)")
+    still_serving(server)
+
+
 def test_strings_in_grpc_typed_contents_are_served_up_to_the_bytes_bound(
         server: RunningServer) -> None:
     """200,000 strings in bytes_contents (as KServe's SDK and hand-written clients send

@@ -26,7 +26,7 @@ from tensorgate.tensor.shm import SharedMemoryRegistry
 from tensorgate.tensor.view import TensorView, checked_shape
 
 __all__ = ["ERROR_CHARACTERS", "MAX_BYTES_ELEMENTS", "MAX_JSON_VALUES", "MAX_TENSORS",
-           "RESERVED_PARAMETERS", "DecodedRequest", "RequestedOutput",
+           "RESERVED_PARAMETERS", "DecodedRequest", "EncodedStrings", "RequestedOutput",
            "classification_count", "counted_strings",
            "decode_infer_body", "encode_infer_response", "forward_headers",
            "header_values_refused", "json_data", "holds_bool", "json_error", "json_object",
@@ -120,6 +120,15 @@ class DecodedRequest:
     sequence: tuple[int | str, bool, bool] | None = None
     # headers the server forwards to the model as parameters (--*-header-forward-pattern)
     forwarded: dict[str, str] | None = None
+
+
+@dataclass(frozen=True)
+class EncodedStrings:
+    """A BYTES input's JSON `data` already in the BYTES layout (json_strings parses a large
+    array of strings so, a slice at a time): `nbytes` of `buffer`, `count` elements."""
+    buffer: Any
+    nbytes: int
+    count: int
 
 
 def _fail(message: str) -> InvalidArgumentError:
@@ -443,6 +452,11 @@ def json_tensor(data: Any, dt: DataType, shape: tuple[int, ...], name: str,
     count = 1
     for dim in shape:
         count *= dim
+    if isinstance(data, EncodedStrings) and dt.is_bytes:
+        if data.count != count:
+            raise _data_count(name, data.count, shape, count)
+        record_copy(data.nbytes, "encode", ledger)
+        return TensorView(data.buffer, dt, shape, nbytes=data.nbytes, name=name, ledger=ledger)
     if dt.is_bytes:
         values = np.array(data, dtype=object).reshape(-1) if data != [] else np.empty(0, object)
     elif dt.numpy is None:
@@ -450,8 +464,7 @@ def json_tensor(data: Any, dt: DataType, shape: tuple[int, ...], name: str,
     else:
         values = _json_numbers(data, np.dtype(dt.numpy), dt.name, name)
     if values.size != count:
-        raise _fail(f"input '{name}': 'data' has {values.size} elements; shape "
-                    f"[{','.join(map(str, shape))}] needs {count}")
+        raise _data_count(name, values.size, shape, count)
     if dt.is_bytes:
         texts = values.tolist()
         if not all(isinstance(v, str) for v in texts):
@@ -465,6 +478,12 @@ def json_tensor(data: Any, dt: DataType, shape: tuple[int, ...], name: str,
         return TensorView.from_numpy(items, name=name, ledger=ledger)
     record_copy(values.nbytes, "decode", ledger)
     return TensorView.from_numpy(values.reshape(shape), name=name, ledger=ledger)
+
+
+def _data_count(name: str, found: int, shape: tuple[int, ...], count: int
+                ) -> InvalidArgumentError:
+    return _fail(f"input '{name}': 'data' has {found} elements; shape "
+                 f"[{','.join(map(str, shape))}] needs {count}")
 
 
 # What each kind of datatype takes from JSON, by the numpy kind of the array JSON's values

@@ -9,7 +9,8 @@ instead each large flat `data` array's text is parsed in slices of about SLICE_B
 same parser, with a yield to the loop between them.
 
 Nothing here decides what a body means. An array's text is found by its key (`"data": [`,
-then no `"` before its matching `]`) and cut out; the rest, with a placeholder string in its
+then no `"` before its matching `]`, or for a BYTES input's strings json_strings' scan for
+the `]` outside them) and cut out; the rest, with a placeholder string in its
 place, must parse and hold each placeholder as exactly one input's `data`: then the original
 body is that document with the arrays put back, since an array that parses whole stands
 where a value stood. A nested array (`x.tolist()`, as hand-written clients send) is read as
@@ -20,11 +21,13 @@ each run a table of one width, the same for all. Any doubt — a cut that does n
 nesting that is not even, a slice that does not parse, a true/false among the numbers — and
 the body is decoded whole, as before, so errors and edge cases are the plain path's own.
 Either way what is parsed whole is bounded (infer_codec.MAX_JSON_VALUES). A BOOL input's
-true/false are parsed in slices as numbers are; so is the JSON before a binary body's tensors.
+true/false are parsed in slices as numbers are; so is the JSON before a binary body's tensors;
+a BYTES input's flat array of strings is parsed into the BYTES layout (json_strings).
 """
 
 from __future__ import annotations
 
+import math
 import re
 import secrets
 from collections.abc import Generator
@@ -33,12 +36,15 @@ from typing import Any
 import numpy as np
 
 from tensorgate.protocol import json_text
-from tensorgate.protocol.infer_codec import (MAX_JSON_VALUES, DecodedRequest,
-                                             decode_infer_body, encode_infer_response,
-                                             header_values_refused, holds_bool, json_data,
-                                             json_strings, parse_header)
+from tensorgate.protocol.infer_codec import (MAX_BYTES_ELEMENTS, MAX_JSON_VALUES,
+                                             DecodedRequest, decode_infer_body,
+                                             encode_infer_response, header_values_refused,
+                                             holds_bool, json_data, json_strings, parse_header)
+from tensorgate.protocol.json_strings import (STRINGS_A_STEP, Strings, string_array,
+                                              strings_layout)
 from tensorgate.tensor.bytes_codec import bytes_pieces
 from tensorgate.tensor.copies import CopyLedger
+from tensorgate.tensor.pool import default_pool
 from tensorgate.tensor.shm import SharedMemoryRegistry
 from tensorgate.tensor.view import TensorView
 
@@ -61,7 +67,7 @@ _KEY_OVERLAP = 64  # bytes two windows of that search share
 _NONCE = secrets.token_hex(8)  # placeholders a client cannot write
 _OPEN, _CLOSE, _QUOTE, _COMMA = 0x5B, 0x5D, 0x22, 0x2C
 # the datatypes whose JSON `data` numpy makes an array of numbers (infer_codec's own checks
-# then judge them); a BYTES input's is left to the whole parse
+# then judge them); a BYTES input's numbers are left to the whole parse
 _NUMERIC = frozenset({"BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32",
                       "INT64", "FP16", "FP32", "FP64"})
 
@@ -102,9 +108,9 @@ class Brackets:
         self.opens = np.diff(levels, prepend=0) > 0
 
 
-# an array's text in the body: its `[`, one past its `]`, and for a nested one its brackets
-# (None for a flat one)
-Span = tuple[int, int, Brackets | None]
+# an array's text in the body: its `[`, one past its `]`, and for a nested one its
+# brackets, for one of strings where they close (None for a flat one of numbers)
+Span = tuple[int, int, Brackets | Strings | None]
 
 
 def _scans(start: int, stop: int) -> Generator[tuple[int, int], None, None]:
@@ -141,17 +147,23 @@ def _array_spans(memory: memoryview) -> Generator[None, None, list[Span]]:
             end = stop
             if stop - begin == SCAN_BYTES:
                 yield
-        if end >= len(octets) or octets[end] == _QUOTE:
-            continue  # holds strings, or unclosed: left to the whole parse
-        brackets = None
-        if octets[end] == _OPEN:
-            brackets = yield from _nested_brackets(octets, start)
-            if brackets is None:
+        if end >= len(octets):
+            continue  # unclosed: left to the whole parse
+        kind: Brackets | Strings | None = None
+        if octets[end] == _QUOTE:
+            kind = yield from string_array(octets, start, MAX_BYTES_ELEMENTS)
+            if kind is None:
                 continue
-            end = int(brackets.at[-1])
+            end = kind.end
+        elif octets[end] == _OPEN:
+            kind = yield from _nested_brackets(octets, start)
+            if kind is None:
+                continue
+            end = int(kind.at[-1])
         position = end + 1
-        if end + 1 - start >= SLICE_BYTES:
-            spans.append((start, end + 1, brackets))
+        if end + 1 - start >= SLICE_BYTES or (
+                isinstance(kind, Strings) and len(kind.closes) > STRINGS_A_STEP):
+            spans.append((start, end + 1, kind))
     return spans
 
 
@@ -246,7 +258,7 @@ def _nested_array(memory: memoryview, start: int, end: int, brackets: Brackets, 
                 return None
         begin = int(firsts[first]) if first else start + 1
         stop = int(lasts[last - 1]) + 1 if last < lists else end - 1
-        text = _bracketed(memory, begin, stop)
+        text = json_text.bracketed(memory, begin, stop)
         inside = above[np.searchsorted(above, begin):np.searchsorted(above, stop)]
         np.frombuffer(text, np.uint8)[inside - begin + 1] = 0x20  # brackets above: spaces
         try:
@@ -285,7 +297,19 @@ def _parsed(memory: memoryview, spans: list[Span]) -> Generator[None, None, Any]
     holders = _holders(document, len(spans))
     if holders is None:
         return None
+    strings = 0
     for (start, end, brackets), entry in zip(spans, holders):
+        if isinstance(brackets, Strings):
+            strings += len(brackets.closes)
+            if (entry.get("datatype") != "BYTES" or strings > MAX_BYTES_ELEMENTS
+                    or _count(entry.get("shape")) != len(brackets.closes)):
+                return None  # the whole path's to refuse
+            laid_out = yield from strings_layout(memory, start, brackets,
+                                                 default_pool().acquire)
+            if laid_out is None:
+                return None
+            entry["data"] = laid_out
+            continue
         if entry.get("datatype") not in _NUMERIC:
             return None  # BYTES (whose refusal of numbers is the whole path's), or unknown
         bools = entry["datatype"] == "BOOL"
@@ -300,6 +324,13 @@ def _parsed(memory: memoryview, spans: list[Span]) -> Generator[None, None, Any]
             return None
         entry["data"] = values
     return document
+
+
+def _count(shape: Any) -> int | None:
+    """The elements of a JSON `shape`, if it is a list of non-negative integers."""
+    if not isinstance(shape, list) or not all(type(dim) is int and dim >= 0 for dim in shape):
+        return None
+    return math.prod(shape)
 
 
 def _holders(document: Any, count: int) -> list[dict[str, Any]] | None:
@@ -317,14 +348,6 @@ def _holders(document: Any, count: int) -> list[dict[str, Any]] | None:
                     return None
                 found[index] = entry
     return [found[index] for index in range(count)] if len(found) == count else None
-
-
-def _bracketed(memory: memoryview, begin: int, stop: int) -> bytearray:
-    """memory[begin:stop] copied between a `[` and a `]`: a slice's text as a JSON array."""
-    text = bytearray(stop - begin + 2)
-    text[0], text[-1] = _OPEN, _CLOSE
-    text[1:-1] = memory[begin:stop]
-    return text
 
 
 def _array(memory: memoryview, start: int, end: int, bools: bool
@@ -345,7 +368,7 @@ def _array(memory: memoryview, start: int, end: int, bools: bool
                 cut += int(commas[0])
                 break
             cut = min(cut + 4096, close)
-        text = _bracketed(memory, begin, cut)
+        text = json_text.bracketed(memory, begin, cut)
         try:
             values = json_text.loads(text)
         except (ValueError, RecursionError):

@@ -20,7 +20,7 @@ import orjson
 
 from tensorgate.protocol.steps import run_through
 
-__all__ = ["dumps", "finite", "loads", "marks_over", "marks_over_steps"]
+__all__ = ["bracketed", "dumps", "finite", "loads", "marks_over", "marks_over_steps"]
 
 _NUMPY = orjson.OPT_SERIALIZE_NUMPY
 # `{`, `[`, `,` and `:`: the marks marks_over counts
@@ -107,6 +107,14 @@ def _pieces(octets: np.ndarray) -> Iterator[np.ndarray]:
             end += 1
         yield octets[start:end]
         start = end
+
+
+def bracketed(memory: memoryview, begin: int, stop: int) -> bytearray:
+    """memory[begin:stop] copied between a `[` and a `]`: a slice's text as a JSON array."""
+    text = bytearray(stop - begin + 2)
+    text[0], text[-1] = 0x5B, 0x5D
+    text[1:-1] = memory[begin:stop]
+    return text
 
 
 def dumps(value: Any, *, all_finite: bool = True) -> bytes:

@@ -16,7 +16,7 @@ from tensorgate.tensor.buffer import HostBuffer
 from tensorgate.tensor.copies import CopyLedger, record_copy
 
 __all__ = ["BYTES_CHECKED_WHEN_DECODED", "bytes_pieces", "check_bytes_tensor",
-           "decode_bytes_tensor", "encode_bytes_tensor"]
+           "decode_bytes_tensor", "encode_bytes_tensor", "write_bytes_items"]
 
 # BYTES tensors of this many elements or more are checked when decoded, not when a view of
 # them is made (tensor/view.py): decoding checks them anyway, and is done off the event loop
@@ -169,11 +169,19 @@ def encode_bytes_tensor(array: np.ndarray,
     items = [_element_bytes(item) for item in array.reshape(-1).tolist()]
     nbytes = 4 * len(items) + sum(len(item) for item in items)
     buffer = acquire(nbytes)
-    memory = memoryview(buffer).cast("B")
-    position = 0
+    write_bytes_items(items, memoryview(buffer).cast("B"), 0)
+    return buffer, nbytes
+
+
+def write_bytes_items(items: Sequence[bytes], memory: memoryview, position: int) -> int:
+    """Write `items` in the BYTES layout into `memory` from `position`; where they end.
+    Raises ValueError, writing nothing, when they do not fit."""
+    if position + 4 * len(items) + sum(map(len, items)) > len(memory):
+        raise ValueError(f"{len(items)} BYTES elements do not fit in the "
+                         f"{len(memory) - position} bytes left")
     for item in items:
         _PREFIX.pack_into(memory, position, len(item))
         position += 4
         memory[position:position + len(item)] = item
         position += len(item)
-    return buffer, nbytes
+    return position
