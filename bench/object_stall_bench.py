@@ -8,7 +8,8 @@ that the client's own work does not stall the probe, which shares its process):
   lengths (0, 1 and 2 bytes); 13 million one-byte elements (a 61 MB body, under the
   default 64 MiB limit). Each becomes a Python bytes object.
 - BYTES over HTTP as JSON `data`: a million token-like strings ("w0", "w1", ...; 9 MB), a
-  million of mixed lengths.
+  million of mixed lengths, 160,000 empty strings (469 KiB: a body under the size from
+  which JSON is parsed in slices whatever it holds).
 - gRPC ModelInfer: 1.5 million request parameters (26 MB; upb parses a map in time that
   grows with the square of its entries), 1.5 million parameters of one input, a million
   requested outputs, an input shape of 20 million dims.
@@ -94,15 +95,16 @@ def _bytes_body(count: int, mixed: bool) -> tuple[bytes, dict[str, str]]:
     return head + tensor, {"Inference-Header-Content-Length": str(len(head))}
 
 
-def _json_body(count: int, mixed: bool) -> tuple[bytes, dict[str, str]]:
+def _json_body(count: int, mixed: bool | str) -> tuple[bytes, dict[str, str]]:
     """The strings as V2 JSON `data`, as a client sends BYTES without the binary extension:
-    token-like ("w0", "w1", ...), or mixed lengths (0, 1 and 2 bytes)."""
-    data = [("ab"[:i % 3] if mixed else f"w{i}") for i in range(count)]
+    token-like ("w0", "w1", ...), mixed lengths (0, 1 and 2 bytes), or all empty."""
+    data = [("" if mixed == "empty" else "ab"[:i % 3] if mixed else f"w{i}")
+            for i in range(count)]
     return json.dumps({"inputs": [{"name": "T", "datatype": "BYTES", "shape": [count],
-                                   "data": data}]}).encode(), {}
+                                   "data": data}]}, separators=(",", ":")).encode(), {}
 
 
-def _http(count: int, mixed: bool, as_json: bool = False) -> Send:
+def _http(count: int, mixed: bool | str, as_json: bool = False) -> Send:
     body, headers = (_json_body if as_json else _bytes_body)(count, mixed)
 
     def send(port: int, grpc_port: int) -> tuple[str, float]:
@@ -175,6 +177,7 @@ CASES: dict[str, Callable[[], Send]] = {
     "HTTP BYTES, 13M one length": lambda: _http(13_000_000, False),
     "HTTP JSON BYTES, 1M tokens": lambda: _http(1_000_000, False, as_json=True),
     "HTTP JSON BYTES, 1M mixed lengths": lambda: _http(1_000_000, True, as_json=True),
+    "HTTP JSON BYTES, 160K empty (469 KiB)": lambda: _http(160_000, "empty", as_json=True),
     "gRPC, 1.5M request parameters": lambda: _grpc("request parameters"),
     "gRPC, 1.5M input parameters": lambda: _grpc("input parameters"),
     "gRPC, 1M outputs": lambda: _grpc("outputs"),

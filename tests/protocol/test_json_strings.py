@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from tensorgate.errors import TensorgateError
 from tensorgate.protocol import json_slices, json_strings
 from tensorgate.protocol.infer_codec import decode_infer_body
-from tensorgate.protocol.json_slices import decode_in_slices
+from tensorgate.protocol.json_slices import decode_in_slices, worth_slicing
 from tensorgate.protocol.json_strings import string_array
 from tensorgate.protocol.steps import Steps
 from tensorgate.tensor.copies import CopyLedger
@@ -165,3 +165,19 @@ def test_a_bad_string_array_is_refused_as_whole(data: list[Any], shape: list[int
                                    "data": data}]}).encode()
     sliced, whole, _ = _both(body)
     assert sliced == whole and sliced[0] == "refused" and refusal in sliced[2]
+
+
+def test_a_body_under_the_large_size_is_sliced_when_it_holds_many_strings() -> None:
+    """160,000 empty strings are 469 KiB of JSON, under json_slices.LARGE_BYTES: worth
+    slicing (decoded whole they held the loop 39 ms); as many numbers are not, nor is a
+    binary body whose tensor bytes are quotes."""
+    strings = json.dumps({"inputs": [{"name": "t", "datatype": "BYTES", "shape": [160_000],
+                                      "data": [""] * 160_000}]},
+                         separators=(",", ":")).encode()
+    numbers = strings.replace(b'""', b"0")
+    assert len(strings) < json_slices.LARGE_BYTES
+    assert worth_slicing(strings, len(strings), None)
+    assert not worth_slicing(numbers, len(numbers), None)
+    head = json.dumps({"inputs": [{"name": "t", "datatype": "UINT8", "shape": [100_000],
+                                   "parameters": {"binary_data_size": 100_000}}]}).encode()
+    assert not worth_slicing(head + b'"' * 100_000, len(head) + 100_000, len(head))

@@ -25,8 +25,8 @@ from tensorgate.protocol.generate_codec import (decode_generate_body, encode_gen
                                                 sse_event)
 from tensorgate.protocol.infer_codec import (decode_infer_body, encode_infer_response,
                                              forward_headers, json_error, parse_json)
-from tensorgate.protocol.json_slices import (LARGE_BYTES, decode_in_slices, encode_in_slices,
-                                             large_json_outputs)
+from tensorgate.protocol.json_slices import (decode_in_slices, encode_in_slices,
+                                             large_json_outputs, worth_slicing)
 from tensorgate.tensor.buffer import ALIGNMENT, HostBuffer
 from tensorgate.tensor.copies import CopyLedger, record_copy
 
@@ -190,7 +190,7 @@ async def _infer(dp: DataPlane, request: HttpRequest, model: str, version: str) 
     body, length = _decompressed(request, request.limit)
     if not length:
         raise InvalidArgumentError("the inference request has no body")
-    if (length if request.json_length is None else request.json_length) >= LARGE_BYTES:
+    if worth_slicing(body, length, request.json_length):
         decoded = await in_steps(decode_in_slices(body, length, request.ledger, dp.shm,
                                                   request.json_length))
     else:
