@@ -9,7 +9,8 @@ that the client's own work does not stall the probe, which shares its process):
   default 64 MiB limit). Each becomes a Python bytes object.
 - BYTES over HTTP as JSON `data`: a million token-like strings ("w0", "w1", ...; 9 MB), a
   million of mixed lengths, 160,000 empty strings (469 KiB: a body under the size from
-  which JSON is parsed in slices whatever it holds).
+  which JSON is parsed in slices whatever it holds); a small request with a parameter of
+  1.1 million commas and 20 MB of escaped backslashes (its JSON counted outside strings).
 - gRPC ModelInfer: 1.5 million request parameters (26 MB; upb parses a map in time that
   grows with the square of its entries), 1.5 million parameters of one input, a million
   requested outputs, an input shape of 20 million dims.
@@ -104,8 +105,20 @@ def _json_body(count: int, mixed: bool | str) -> tuple[bytes, dict[str, str]]:
                                    "data": data}]}, separators=(",", ":")).encode(), {}
 
 
-def _http(count: int, mixed: bool | str, as_json: bool = False) -> Send:
-    body, headers = (_json_body if as_json else _bytes_body)(count, mixed)
+def _escapes_body(count: int, mixed: bool | str) -> tuple[bytes, dict[str, str]]:
+    """A small request whose parameter is a string of 1.1 million commas (so the quick count
+    of JSON marks is over the bound, and they are counted again outside strings) and then
+    `count` backslashes, each written as two."""
+    note = "," * 1_100_000 + "\\" * count
+    return json.dumps({"inputs": [{"name": "T", "datatype": "BYTES", "shape": [1],
+                                   "data": ["x"]}], "parameters": {"note": note}},
+                      separators=(",", ":")).encode(), {}
+
+
+def _http(count: int, mixed: bool | str, as_json: bool | str = False) -> Send:
+    builder = (_escapes_body if as_json == "escapes" else _json_body if as_json
+               else _bytes_body)
+    body, headers = builder(count, mixed)
 
     def send(port: int, grpc_port: int) -> tuple[str, float]:
         connection = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
@@ -178,6 +191,7 @@ CASES: dict[str, Callable[[], Send]] = {
     "HTTP JSON BYTES, 1M tokens": lambda: _http(1_000_000, False, as_json=True),
     "HTTP JSON BYTES, 1M mixed lengths": lambda: _http(1_000_000, True, as_json=True),
     "HTTP JSON BYTES, 160K empty (469 KiB)": lambda: _http(160_000, "empty", as_json=True),
+    "HTTP JSON, 20 MB of backslashes": lambda: _http(10_000_000, False, as_json="escapes"),
     "gRPC, 1.5M request parameters": lambda: _grpc("request parameters"),
     "gRPC, 1.5M input parameters": lambda: _grpc("input parameters"),
     "gRPC, 1M outputs": lambda: _grpc("outputs"),

@@ -150,6 +150,27 @@ def test_marks_are_counted_across_the_pieces_of_a_long_text() -> None:
         assert not json_text.marks_over(text, _marks(value))
 
 
+@pytest.mark.parametrize("shift", [0, 1, 2, 3])
+def test_a_long_run_of_backslashes_is_counted_a_piece_at_a_time(shift: int) -> None:
+    """Runs of backslashes longer than a piece (1 MiB), even and odd, each before a quote
+    and marks: counted exactly, and the count outside strings (the commas inside the first
+    put the quick count over) yields a turn for each MiB of them."""
+    value = ["," * (1 << 20), "a" * shift + "\\" * (3 << 19) + '"{,', "\\" * (5 << 18) + ",",
+             [1, 2]]
+    text = json.dumps(value).encode()  # each backslash written as two: runs of 3 and 2.5 MiB
+    assert json_text.marks_over(text, _marks(value) - 1)
+    assert not json_text.marks_over(text, _marks(value))
+    steps = json_text.marks_over_steps([text], _marks(value))
+    turns = 0
+    try:
+        while True:
+            next(steps)
+            turns += 1
+    except StopIteration as done:
+        assert done.value is False
+    assert turns >= len(text) // (1 << 20)
+
+
 @settings(max_examples=300, deadline=None)
 @given(value=_MARKED, cuts=st.lists(st.integers(0, 1 << 16), max_size=4))
 def test_marks_are_counted_over_texts_as_over_their_join(value: Any, cuts: list[int]) -> None:
