@@ -391,23 +391,3 @@ def test_fuzzed_shared_memory_registrations_get_clear_errors(server: RunningServ
         assert status in (400, 503), (status, answer)
         assert error_of(answer)
     still_serving(server)
-
-
-@pytest.mark.parametrize("body, message", [
-    (b'{"inputs": [{"name": "text_input", "datatype": "BYTES", "shape": [2, 1], '
-     b'"data": ["ok", "\\ud800!"]}]}',
-     "input 'text_input': BYTES 'data' element 1 is not valid Unicode (a lone surrogate, "
-     "\\ud800-\\udfff)"),
-    (b'{"parameters": {"sequence_id": "s\\udc00"}, "inputs": [{"name": "text_input", '
-     b'"datatype": "BYTES", "shape": [1, 1], "data": ["ok"]}]}',
-     "request parameter 'sequence_id' is not valid Unicode (a lone surrogate, "
-     "\\ud800-\\udfff): a model may take it as UTF-8"),
-])
-def test_a_lone_surrogate_in_json_text_is_refused_by_name(server: RunningServer, body: bytes,
-                                                          message: str) -> None:
-    """JSON's \\ud800 escapes parse (the standard library lets them through) into text that
-    UTF-8 cannot encode: a BYTES element was encoded and raised, answered as an internal
-    error (500); now a 400 naming it, as Triton's parser refuses them."""
-    status, _, answer = exchange(server, request("/v2/models/shout/infer", body))
-    assert (status, error_of(answer)) == (400, message)
-    still_serving(server)

@@ -270,7 +270,7 @@ def test_strings_as_json_data_are_read_in_slices_and_exact(server: RunningServer
     """200,000 strings in JSON `data` (quotes, backslashes, brackets, commas and characters
     of 2-4 bytes among them): parsed into the BYTES layout a slice at a time
     (protocol/json_strings.py), each element as sent; a lone surrogate among them is
-    refused naming the element, as the whole parse refuses it."""
+    refused naming where it is, as the whole parse refuses it."""
     texts = np.array([f'w{i}"\\,]["é😀'.encode() if i % 5 else b"," for i in range(200_000)],
                      dtype=object)
     item = httpclient.InferInput("T", [texts.size], "BYTES")
@@ -284,8 +284,9 @@ def test_strings_as_json_data_are_read_in_slices_and_exact(server: RunningServer
                                    "data": data}]}).encode()
     status, answer = post(server, "/v2/models/echo_text/infer", body)
     assert status == 400, answer
-    assert answer["error"] == ("input 'T': BYTES 'data' element 199999 is not "
-                               "valid Unicode (a lone surrogate, \\ud800-\\udfff)")
+    assert answer["error"] == ("the inference request header is not valid JSON: the string "
+                               "at inputs[0].data[199999] holds a lone surrogate (\\ud800), "
+                               "which is not valid Unicode")
     still_serving(server)
 
 

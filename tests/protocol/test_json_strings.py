@@ -155,7 +155,7 @@ def test_many_strings_are_laid_out_in_many_steps(monkeypatch: pytest.MonkeyPatch
 
 
 @pytest.mark.parametrize(("data", "shape", "refusal"), [
-    (["ok"] * 40 + ["\ud800"], [41], "element 40 is not valid Unicode"),
+    (["ok"] * 40 + ["\ud800"], [41], "the string at inputs[0].data[40] holds a lone surrogate"),
     (["ok"] * 40 + [7], [41], "BYTES 'data' must hold strings"),
     (["ok"] * 40, [41], "'data' has 40 elements; shape [41] needs 41"),
 ])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from typing import Any
 
 import numpy as np
@@ -64,7 +65,8 @@ def test_refuses_what_json_refuses_with_its_message(data: bytes) -> None:
 @pytest.mark.parametrize("text, value", [
     (b"[NaN, Infinity, -Infinity]", [math.nan, math.inf, -math.inf]),  # Triton parses them
     (b'\xef\xbb\xbf{"a": 1}', {"a": 1}),
-    (b'["\\ud800"]', ["\ud800"]),
+    # a pair, escaped, after a BOM (json's to read): one character, not a lone surrogate
+    (b'\xef\xbb\xbf["\\ud83d\\ude00"]', ["\U0001f600"]),
     (b"[" * 2000 + b"]" * 2000, None),  # deeper than orjson goes: json's RecursionError
 ])
 def test_what_orjson_refuses_json_reads(text: bytes, value: Any) -> None:
@@ -73,6 +75,62 @@ def test_what_orjson_refuses_json_reads(text: bytes, value: Any) -> None:
             json_text.loads(text)
     else:
         assert _same(json_text.loads(text), value)
+
+
+@pytest.mark.parametrize("text, message", [
+    (b'["\\ud800"]', "the string at [0] holds a lone surrogate (\\ud800)"),
+    (b'{"inputs": [{"data": ["ok", "a\\udfff"]}]}',
+     "the string at inputs[0].data[1] holds a lone surrogate (\\udfff)"),
+    (b'{"p": {"k\\udc00": 1}}', "the key p.k\\udc00 holds a lone surrogate (\\udc00)"),
+    (b'"\xed\xa0\x80"', "the string at the top holds a lone surrogate (\\ud800)"),
+    (b'[NaN, "\\ud83d"]', "the string at [1] holds a lone surrogate (\\ud83d)"),
+])
+def test_a_lone_surrogate_is_refused_naming_where_it_is(text: bytes, message: str) -> None:
+    """`json` lets \\ud800 escapes (and a surrogate's UTF-8 bytes) through into text UTF-8
+    cannot encode; rapidjson refuses them, and so does the server, saying where."""
+    with pytest.raises(ValueError, match=rf"^{re.escape(message)}, which is not valid Unicode$"):
+        json_text.loads(text)
+
+
+_WITH_SURROGATES = st.recursive(
+    st.text(st.characters(categories=["Cs", "Ll", "So"]), max_size=4),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(
+        st.text(st.characters(categories=["Cs", "Ll"]), max_size=3), inner, max_size=4),
+    max_leaves=12)
+
+
+def _all_encode(value: Any) -> bool:
+    if isinstance(value, str):
+        return _encodes(value)
+    if isinstance(value, list):
+        return all(map(_all_encode, value))
+    if isinstance(value, dict):
+        return all(_encodes(key) and _all_encode(item) for key, item in value.items())
+    return True
+
+
+def _encodes(text: str) -> bool:
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+@settings(max_examples=300, deadline=None)
+@given(value=_WITH_SURROGATES, ascii_only=st.booleans())
+def test_text_is_refused_exactly_when_it_holds_a_lone_surrogate(value: Any,
+                                                                 ascii_only: bool) -> None:
+    """Escaped or as (surrogate-passing) UTF-8 bytes: what json reads is read when all of
+    its strings can be encoded, and refused when one cannot (a high surrogate then a low one,
+    escaped, are one character)."""
+    text = json.dumps(value, ensure_ascii=ascii_only).encode("utf-8", "surrogatepass")
+    read = json.loads(text)
+    if _all_encode(read):
+        assert json_text.loads(text) == read
+    else:
+        with pytest.raises(ValueError, match="holds a lone surrogate"):
+            json_text.loads(text)
 
 
 @pytest.mark.parametrize("dtype", ["float16", "float32", "float64", "int8", "int16", "int32",

@@ -25,7 +25,8 @@ from tensorgate.tensor.dtypes import DataType, datatype
 from tensorgate.tensor.shm import SharedMemoryRegistry
 from tensorgate.tensor.view import TensorView, checked_shape
 
-__all__ = ["ERROR_CHARACTERS", "MAX_BYTES_ELEMENTS", "MAX_JSON_VALUES", "MAX_TENSORS",
+__all__ = ["ERROR_CHARACTERS", "MAX_BYTES_ELEMENTS", "MAX_JSON_VALUES",
+           "MAX_SEQUENCE_ID_CHARACTERS", "MAX_TENSORS",
            "RESERVED_PARAMETERS", "DecodedRequest", "EncodedStrings", "RequestedOutput",
            "classification_count", "counted_strings",
            "decode_infer_body", "encode_infer_response", "forward_headers",
@@ -215,6 +216,11 @@ def request_priority(parameters: dict[str, Any]) -> int:
     return int(value)
 
 
+# A string sequence_id is held, with the sequence's state, until the sequence ends or idles
+# out: bounded, generously (Triton's clients send UUIDs and session names)
+MAX_SEQUENCE_ID_CHARACTERS = 1024
+
+
 def request_sequence(parameters: dict[str, Any]) -> tuple[int | str, bool, bool] | None:
     """The request's sequence parameters (Triton's sequence extension), checked: None when it
     belongs to no sequence (`sequence_id` absent, 0 or "")."""
@@ -225,9 +231,10 @@ def request_sequence(parameters: dict[str, Any]) -> tuple[int | str, bool, bool]
     if not isinstance(sequence_id, str) and not _is_count(sequence_id):
         raise _fail(f"request parameter 'sequence_id' must be a non-negative integer or a "
                     f"string, got {sequence_id!r}")
-    if isinstance(sequence_id, str) and not _encodes(sequence_id):
-        raise _fail("request parameter 'sequence_id' is not valid Unicode (a lone surrogate, "
-                    "\\ud800-\\udfff): a model may take it as UTF-8")
+    if isinstance(sequence_id, str) and len(sequence_id) > MAX_SEQUENCE_ID_CHARACTERS:
+        raise _fail(f"request parameter 'sequence_id' is a string of {len(sequence_id):,} "
+                    f"characters; at most {MAX_SEQUENCE_ID_CHARACTERS:,} are accepted (the "
+                    "server holds it for as long as the sequence lives)")
     flags = []
     for name in ("sequence_start", "sequence_end"):
         value = parameters.get(name, False)
@@ -240,16 +247,6 @@ def request_sequence(parameters: dict[str, Any]) -> tuple[int | str, bool, bool]
                         "non-zero 'sequence_id' naming the sequence")
         return None
     return sequence_id, flags[0], flags[1]
-
-
-def _encodes(text: str) -> bool:
-    """Whether UTF-8 can encode `text`: not if it holds a lone surrogate (JSON's \\ud800
-    escapes, which the standard library's parse lets through and orjson refuses)."""
-    try:
-        text.encode()
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 # Request parameters the server acts on itself (Triton's parameters extension reserves them,
@@ -469,12 +466,8 @@ def json_tensor(data: Any, dt: DataType, shape: tuple[int, ...], name: str,
         texts = values.tolist()
         if not all(isinstance(v, str) for v in texts):
             raise _fail(f"input '{name}': BYTES 'data' must hold strings")
-        try:
-            items = np.array([v.encode() for v in texts], dtype=object).reshape(shape)
-        except UnicodeEncodeError:
-            bad = next(index for index, text in enumerate(texts) if not _encodes(text))
-            raise _fail(f"input '{name}': BYTES 'data' element {bad} is not valid Unicode "
-                        "(a lone surrogate, \\ud800-\\udfff)") from None
+        # json_text refuses lone surrogates: every string encodes
+        items = np.array([v.encode() for v in texts], dtype=object).reshape(shape)
         return TensorView.from_numpy(items, name=name, ledger=ledger)
     record_copy(values.nbytes, "decode", ledger)
     return TensorView.from_numpy(values.reshape(shape), name=name, ledger=ledger)

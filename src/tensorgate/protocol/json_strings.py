@@ -8,8 +8,8 @@ end, and where each string closes, are found with numpy a window at a time: a qu
 string's own when the run of backslashes before it is even, and such quotes alternate
 opening and closing. The array is cut after closing quotes into slices of at most
 STRINGS_A_STEP strings and SLICE_BYTES of text, each parsed by the same parser; a slice
-that does not parse, or holds anything but strings, or a string that is not valid Unicode,
-leaves the whole body to the plain parse, whose errors are the ones a client sees.
+that does not parse (a lone surrogate does not), or holds anything but strings, leaves the
+whole body to the plain parse, whose errors are the ones a client sees.
 """
 
 from __future__ import annotations
@@ -118,8 +118,8 @@ def strings_layout(memory: memoryview, start: int, strings: Strings,
                    acquire: Callable[[int], HostBuffer]
                    ) -> Generator[None, None, EncodedStrings | None]:
     """The array memory[start:strings.end + 1] parsed a slice at a time into the BYTES
-    layout (in a buffer from `acquire`); None when a slice does not parse, holds anything
-    but strings, or a string that is not valid Unicode (the plain parse decides those)."""
+    layout (in a buffer from `acquire`); None when a slice does not parse or holds anything
+    but strings (the plain parse decides those)."""
     closes, end = strings.closes, strings.end
     count = len(closes)
     # Each string's UTF-8 is no longer than its JSON text, and its two quotes and comma are
@@ -144,8 +144,8 @@ def strings_layout(memory: memoryview, start: int, strings: Strings,
         try:
             items = [value.encode() for value in json_text.loads(text)]
             written = write_bytes_items(items, out, written)
-        except (ValueError, RecursionError, AttributeError, UnicodeEncodeError):
-            return None  # not JSON, a value not a string (no encode), or a lone surrogate
+        except (ValueError, RecursionError, AttributeError):
+            return None  # not JSON (or a lone surrogate), a value not a string (no encode)
         if len(items) != last - first:
             return None
         begin, first = stop, last

@@ -4,14 +4,20 @@ orjson parses a tensor's `data` 4–5× faster than `json` and writes it straigh
 array ~19× faster (a [1,3,224,224] FP32 output: 3 ms instead of 63), and a small inference
 header in a quarter of the time. What orjson refuses is handed to the standard library, so
 the server still accepts what Triton's rapidjson does and `json` did: NaN, Infinity and
--Infinity (in and out), lone surrogates, a byte order mark; a body neither accepts fails with
-`json`'s own message. One difference, rapidjson's: an integer beyond 64 bits reads as a float.
+-Infinity (in and out), a byte order mark; a body neither accepts fails with `json`'s own
+message. One difference, rapidjson's: an integer beyond 64 bits reads as a float.
+
+A lone surrogate (a `\ud800` escape without its pair, or its UTF-8 bytes, which `json`
+lets through) is refused naming where it is, as rapidjson refuses it: such text cannot be
+encoded as UTF-8, and every place that later encoded client text (a BYTES element, a cache
+key, a sequence id, a model's own `.encode()`) failed there, answered as an internal error.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Generator, Iterator, Sequence
 from typing import Any
 
@@ -31,14 +37,50 @@ _STEP = 1 << 20  # bytes of text looked at a time (bounds its temporaries, and a
 
 
 def loads(data: bytes | bytearray | memoryview) -> Any:
-    """`data` parsed; raises ValueError (bad syntax, bad UTF-8) or RecursionError (nesting
-    deeper than Python's recursion limit) as `json.loads` does."""
+    """`data` parsed; raises ValueError (bad syntax, bad UTF-8, a lone surrogate) or
+    RecursionError (nesting deeper than Python's recursion limit) as `json.loads` does."""
     try:
         return orjson.loads(data)
     except orjson.JSONDecodeError:
         # what orjson refuses: Triton's NaN and Infinity, a BOM, lone surrogates, nesting
         # past 1,024, or bad JSON (parsed twice, so the error is json's own)
-        return json.loads(bytes(data))
+        value = json.loads(bytes(data))
+    if _MAY_HOLD_SURROGATE.search(data):  # else no string of it can hold one
+        where = _lone_surrogate(value)
+        if where is not None:
+            raise ValueError(where)
+    return value
+
+
+# an escape of a surrogate (or an escaped backslash before "ud8..."), or a surrogate's UTF-8
+_MAY_HOLD_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]|\xed[\xa0-\xbf]")
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _lone_surrogate(value: Any) -> str | None:
+    """Where the first lone surrogate in `value` is, said for an error message (`inputs[0]
+    .data[3]`); None if it holds none. Walked without recursion: `value` may nest as deep
+    as the parse allowed."""
+    stack: list[tuple[str, Any]] = [("", value)]
+    while stack:
+        path, item = stack.pop()
+        if isinstance(item, str):
+            found = _SURROGATE.search(item)
+            if found:
+                return (f"the string at {path or 'the top'} holds a lone surrogate "
+                        f"({ascii(found.group())[1:-1]}), which is not valid Unicode")
+        elif isinstance(item, list):
+            stack.extend((f"{path}[{index}]", entry)
+                         for index, entry in reversed(list(enumerate(item))))
+        elif isinstance(item, dict):
+            for key, entry in reversed(list(item.items())):
+                named = f"{path}.{ascii(key)[1:-1]}" if path else ascii(key)[1:-1]
+                found = _SURROGATE.search(key)
+                if found:
+                    return (f"the key {named} holds a lone surrogate "
+                            f"({ascii(found.group())[1:-1]}), which is not valid Unicode")
+                stack.append((named, entry))
+    return None
 
 
 def marks_over(data: bytes | bytearray | memoryview, limit: int) -> bool:
