@@ -15,8 +15,9 @@ that the client's own work does not stall the probe, which shares its process):
   grows with the square of its entries), 1.5 million parameters of one input, a million
   requested outputs, an input shape of 20 million dims.
 - gRPC typed contents, to a model that sums an INT64 input: 60 million one-byte varints
-  (60 MB, 480 MB as a tensor), 5 million of full width (10 bytes each, negative); and 60 MB
-  in raw_input_contents, for what the transport alone costs.
+  (60 MB, 480 MB as a tensor), 5 million of full width (10 bytes each, negative); 60 MB in
+  raw_input_contents, for what the transport alone costs; and the 60 million varints in a
+  request of a sequence, on a stream (ModelStreamInfer), to the same sum in a sequence.
 Reported per tree and case: the request's time and status (HTTP status, or the gRPC code),
 the probe's worst wait while it ran, and how much the server's peak RSS grew.
 
@@ -75,6 +76,14 @@ backend: "python"
 max_batch_size: 0
 input [ { name: "X" data_type: TYPE_INT64 dims: [-1] } ]
 output [ { name: "N" data_type: TYPE_INT64 dims: [1] } ]
+'''
+# the same, in a sequence (its requests keep their order: decoded in steps all the same)
+_SUM_SEQUENCE_CONFIG = '''name: "sum_sequence"
+backend: "python"
+max_batch_size: 1
+input [ { name: "X" data_type: TYPE_INT64 dims: [-1] } ]
+output [ { name: "N" data_type: TYPE_INT64 dims: [1] } ]
+sequence_batching { }
 '''
 _CONFIG = '''name: "count"
 backend: "python"
@@ -153,6 +162,17 @@ def _grpc(shape: str) -> Send:
 def _contents(count: int, full: bool | str) -> Send:
     request = pb.ModelInferRequest(model_name="sum")
     item = request.inputs.add(name="X", datatype="INT64", shape=[count])
+    if full == "sequence":  # one request that starts and ends a sequence, on a stream
+        request.model_name = "sum_sequence"
+        item.shape[:] = [1, count]
+        request.parameters["sequence_id"].int64_param = 7
+        request.parameters["sequence_start"].bool_param = True
+        request.parameters["sequence_end"].bool_param = True
+        run = b"\x1a" + varint_bytes(count) + b"\x01" * count
+        tensor = item.SerializeToString() + b"\x2a" + varint_bytes(len(run)) + run
+        del request.inputs[:]
+        head = request.SerializeToString()
+        return _grpc_send(head + b"\x2a" + varint_bytes(len(tensor)) + tensor, stream=True)
     if full == "raw":  # the same bytes, 8 to a value: what the transport alone costs
         request.raw_input_contents.append(bytes(count))
         del item.shape[:]
@@ -168,16 +188,23 @@ def _contents(count: int, full: bool | str) -> Send:
     return _grpc_send(head + b"\x2a" + varint_bytes(len(tensor)) + tensor)  # inputs
 
 
-def _grpc_send(data: bytes) -> Send:
+def _grpc_send(data: bytes, stream: bool = False) -> Send:
     def send(port: int, grpc_port: int) -> tuple[str, float]:
         limit = [("grpc.max_send_message_length", 1 << 30),
                  ("grpc.max_receive_message_length", 1 << 30)]
         with grpc.insecure_channel(f"127.0.0.1:{grpc_port}", options=limit) as channel:
-            call = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
             started = time.perf_counter()
             try:
-                call(data, timeout=300)
-                code = "OK"
+                if stream:
+                    call = channel.stream_stream(
+                        "/inference.GRPCInferenceService/ModelStreamInfer",
+                        response_deserializer=pb.ModelStreamInferResponse.FromString)
+                    answers = list(call(iter([data]), timeout=300))
+                    code = answers[0].error_message or "OK" if answers else "no answer"
+                else:
+                    channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")(
+                        data, timeout=300)
+                    code = "OK"
             except grpc.RpcError as error:
                 code = error.code().name
             return code, time.perf_counter() - started
@@ -199,6 +226,8 @@ CASES: dict[str, Callable[[], Send]] = {
     "gRPC INT64 contents, 60M one-byte": lambda: _contents(60_000_000, False),
     "gRPC INT64 contents, 5M ten-byte": lambda: _contents(5_000_000, True),
     "gRPC INT64 raw contents, 60 MB": lambda: _contents(60_000_000, "raw"),
+    "gRPC INT64 contents in a sequence, 60M one-byte": lambda: _contents(60_000_000,
+                                                                         "sequence"),
 }
 
 
@@ -247,6 +276,9 @@ def main() -> None:
     (work / "models" / "sum" / "1").mkdir(parents=True)
     (work / "models" / "sum" / "config.pbtxt").write_text(_SUM_CONFIG)
     (work / "models" / "sum" / "1" / "model.py").write_text(_SUM)
+    (work / "models" / "sum_sequence" / "1").mkdir(parents=True)
+    (work / "models" / "sum_sequence" / "config.pbtxt").write_text(_SUM_SEQUENCE_CONFIG)
+    (work / "models" / "sum_sequence" / "1" / "model.py").write_text(_SUM)
     runs: dict[tuple[str, str], list[dict[str, Any]]] = {}
     try:
         for case, build in CASES.items():

@@ -14,6 +14,7 @@ from tritonclient.grpc import service_pb2 as pb
 from tensorgate.dataplane import Answer, DataPlane, parse_version, refuse_model_files
 from tensorgate.errors import InvalidArgumentError, NotFoundError
 from tensorgate.network import http2, in_steps
+from tensorgate.network.in_order import InOrder
 from tensorgate.protocol.grpc_codec import (TensorSpans, decode_model_infer_steps,
                                             encode_model_infer_parts, split_model_infer,
                                             statistics_message)
@@ -32,17 +33,24 @@ _HEALTH_SERVICE = "grpc.health.v1.Health"
 
 async def _decode(dp: DataPlane, message: Any, ledger: CopyLedger, deadline_ns: int | None,
                   request: pb.ModelInferRequest | None, spans: TensorSpans | None,
-                  forwarded: dict[str, str] | None
+                  forwarded: dict[str, str] | None, in_order: InOrder
                   ) -> tuple[pb.ModelInferRequest, DecodedRequest]:
     if request is None or spans is None:
         request, spans = split_model_infer(memoryview(message))
     steps = decode_model_infer_steps(request, ledger, dp.shm, message=message, spans=spans)
     # Typed contents taken out of the message are decoded a piece at a time, the loop
-    # serving others between pieces (60 MB of varints: 0.5 s); anything else in one go. Not
-    # a request in a sequence: its stream's next request could pass it while it waits.
-    decoded: DecodedRequest = (
-        run_through(steps) if spans.contents is None or "sequence_id" in request.parameters
-        else await in_steps(steps))
+    # serving others between pieces (60 MB of varints: 0.5 s); anything else in one go. A
+    # request in a sequence keeps its place among its connection's: the next must not pass
+    # it while it waits.
+    turn = in_order.turn() if "sequence_id" in request.parameters else None
+    try:
+        decoded: DecodedRequest = (run_through(steps) if spans.contents is None
+                                   else await in_steps(steps))
+        if turn is not None:
+            await turn.wait()
+    finally:
+        if turn is not None:
+            turn.end()  # the caller goes into the pipeline before it next waits
     decoded.forwarded = forwarded
     if deadline_ns is not None and decoded.timeout_us is None:
         # at least 1 µs: an expired deadline must time out in the queue (0 would mean none)
@@ -74,7 +82,7 @@ async def model_infer(dp: DataPlane, connection: http2.Http2Connection, message:
     call's metadata to pass to the model as parameters; `received`: when its message began
     to arrive and when it was whole (ns); `traceparent`: the caller's W3C trace context."""
     request, decoded = await _decode(dp, message, ledger, deadline_ns, request, spans,
-                                     forwarded)
+                                     forwarded, connection.in_order)
     trace = _trace(dp, request.model_name, received, traceparent)
     try:
         answer = await dp.infer(request.model_name, request.model_version, decoded, ledger,
@@ -107,7 +115,7 @@ async def model_infer_responses(dp: DataPlane, connection: http2.Http2Connection
     `triton_enable_empty_final_response` each says it is not the last, and an empty one
     that says it is follows them (the model's last response is known only after it)."""
     request, decoded = await _decode(dp, message, ledger, deadline_ns, request, spans,
-                                     forwarded)
+                                     forwarded, connection.in_order)
     flagged = bool(decoded.parameters.get("triton_enable_empty_final_response"))
     trace = _trace(dp, request.model_name, received, traceparent)
     answers = dp.infer_stream(request.model_name, request.model_version, decoded, ledger,

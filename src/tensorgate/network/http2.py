@@ -35,6 +35,7 @@ from typing import Any, Protocol
 import hpack
 
 from tensorgate.network import UNREAD_ANSWER_S
+from tensorgate.network.in_order import InOrder
 from tensorgate.network.socket_send import SocketSender, copies_what_it_keeps
 from tensorgate.tensor.copies import record_copy
 
@@ -205,6 +206,8 @@ class Http2Connection(asyncio.BufferedProtocol):
                  on_close: Callable[[Http2Connection], None]) -> None:
         self._open_stream = open_stream
         self._on_close = on_close
+        # the order in which this connection's requests of sequences reach the pipeline
+        self.in_order = InOrder()
         self.transport: asyncio.Transport | None = None
         self._buffer = bytearray(_IDLE_BUFFER)
         self._view = memoryview(self._buffer)
