@@ -88,6 +88,12 @@ def test_explicit_mode_loads_only_the_named_models(tmp_path: pathlib.Path) -> No
             assert client.is_model_ready("a") and not client.is_model_ready("b")
             index = {e["name"]: e["state"] for e in client.get_model_repository_index()}
             assert index == {"a": "READY", "b": "UNAVAILABLE"}
+            # a name the repository does not hold is refused and listed nowhere: a client
+            # loading a million made-up names grew the index (and the server) by a million
+            for name in ("nowhere", "not here"):
+                with pytest.raises(InferenceServerException, match=r"^\[404\] no model"):
+                    client.load_model(name)
+            assert {e["name"] for e in client.get_model_repository_index()} == {"a", "b"}
             client.load_model("b")
             assert np.array_equal(_infer(client, "b"), np.full((1, 4), 3.0, np.float32))
             client.unload_model("a")

@@ -186,6 +186,8 @@ class Engine:
         except Exception as error:
             if versions:  # the versions loaded before one failed are not served: stop them
                 await self._retire(versions.values(), drain_timeout_s=0.0)
+            if isinstance(error, NotFoundError) and not self._holds(name):
+                raise  # a name the repository does not hold: nothing to list as failed
             if isinstance(error, TensorgateError):
                 self._failed[name] = error.message
                 raise
@@ -198,6 +200,15 @@ class Engine:
         self._labels.update(labels)
         if old:
             await self._retire(old.values(), drain_timeout_s=30.0)
+
+    def _holds(self, name: str) -> bool:
+        """Whether the repository holds a model `name` (or one was served by that name)."""
+        if name in self._models or name in self._failed:
+            return True
+        try:
+            return name in discover_models(self.repository)
+        except TensorgateError:
+            return False
 
     async def unload(self, name: str, drain_timeout_s: float = 30.0,
                      dependents: bool = False) -> None:
