@@ -17,8 +17,10 @@ system shared memory allowed, and runs client processes side by side until the t
   JSON tensor of the wrong shape, an unknown model over HTTP and gRPC, garbage on the gRPC
   port, a JSON body of 1.6 MB of `{}` (past the JSON value bound), a gRPC request of 20,000
   parameters (past the bound on a message's parts), an image in typed contents (served
-  exactly) and typed contents among 70,000 unknown fields (past the bound); each must get
-  its error (or a close), never a hang or a 5xx.
+  exactly) and typed contents among 70,000 unknown fields (past the bound), 20,000 strings
+  of quotes, backslashes and brackets as JSON data to a text echo (served exactly) and the
+  same with a lone surrogate among them (refused); each must get its error (or a close),
+  never a hang or a 5xx.
 
 Every few seconds: the server's RSS, open file descriptors, threads, the host pool's bytes
 in use and idle, and the connections it counts open. The table gives each after a warm-up
@@ -99,6 +101,23 @@ class TritonPythonModel:
         sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 '''
 
+ECHO_TEXT = '''
+from tensorgate import Model
+
+
+class EchoText(Model):
+    def forward(self, inputs):
+        return {"U": inputs["T"]}
+'''
+
+ECHO_TEXT_CONFIG = """\
+name: "echo_text"
+backend: "python"
+max_batch_size: 0
+input [ { name: "T" data_type: TYPE_STRING dims: [ -1 ] } ]
+output [ { name: "U" data_type: TYPE_STRING dims: [ -1 ] } ]
+"""
+
 STREAM_CONFIG = """\
 name: "{name}"
 backend: "python"
@@ -119,6 +138,9 @@ def write_repository(root: pathlib.Path) -> None:
         (root / name / "1").mkdir(parents=True, exist_ok=True)
         (root / name / "config.pbtxt").write_text(STREAM_CONFIG.format(name=name, extra=extra))
         (root / name / "1" / "model.py").write_text(textwrap.dedent(code))
+    (root / "echo_text" / "1").mkdir(parents=True, exist_ok=True)
+    (root / "echo_text" / "config.pbtxt").write_text(ECHO_TEXT_CONFIG)
+    (root / "echo_text" / "1" / "model.py").write_text(ECHO_TEXT)
 
 
 # -- clients (each in its own process; counts: ok, expected errors, wrong answers) ---------
@@ -302,7 +324,18 @@ def hostile(ports: dict[str, int], deadline: float, out: Any) -> None:
     unknown = json.dumps({"inputs": [{"name": "X", "shape": [1], "datatype": "FP32",
                                       "data": [1.0]}]}).encode()
     objects = b'{"inputs": [], "junk": [' + b"{}," * 550_000 + b"{}]}"  # 1.1M values
+    # 20,000 strings as JSON data, each with quotes, backslashes, brackets and commas:
+    # parsed into the BYTES layout a slice at a time, answered exactly
+    texts = [f'w{i}"\\,]["\u00e9' for i in range(20_000)]
+    strings = json.dumps({"inputs": [{"name": "T", "shape": [len(texts)],
+                                      "datatype": "BYTES", "data": texts}]}).encode()
+    answer_texts = json.dumps(texts, separators=(",", ":"), ensure_ascii=False).encode()
+    surrogate = strings.replace(b"w19999", b"\\ud800", 1)  # refused, naming where
+    strings_request = (f"POST /v2/models/echo_text/infer HTTP/1.1\r\n{host}Content-Length: "
+                       f"{len(strings)}\r\n\r\n").encode() + strings
     cases: list[tuple[bytes, bytes, bool]] = [
+        ((f"POST /v2/models/echo_text/infer HTTP/1.1\r\n{host}Content-Length: "
+          f"{len(surrogate)}\r\n\r\n").encode() + surrogate, b"HTTP/1.1 400", False),
         (b"GARBAGE / NOPE\r\n\r\n", b"HTTP/1.1 400", False),
         ((f"POST /v2/models/identity/infer HTTP/1.1\r\n{host}Content-Length: "
           f"{MAX_REQUEST_BYTES + 1}\r\n\r\n").encode(), b"HTTP/1.1 413", False),
@@ -338,6 +371,9 @@ def hostile(ports: dict[str, int], deadline: float, out: Any) -> None:
             for data, want, half_close in cases:
                 answer = _exchange(port, data, half_close)
                 counts["expected" if answer.startswith(want) else "wrong"] += 1
+            answer = _exchange(port, strings_request)
+            counts["expected" if answer.startswith(b"HTTP/1.1 200")
+                   and answer_texts in answer else "wrong"] += 1
             try:
                 stub.ModelInfer(pb.ModelInferRequest(model_name="nowhere"), timeout=30)
                 counts["wrong"] += 1
