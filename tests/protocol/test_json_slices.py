@@ -323,21 +323,22 @@ def test_a_body_over_the_value_bound_is_counted_in_steps_and_refused_as_whole(
     assert count >= 2
 
 
+@pytest.mark.parametrize("key", [b'"data":[', b'"data"' + b" " * 300 + b": \n ["])
 def test_a_data_key_across_two_windows_of_its_search_is_found(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch: pytest.MonkeyPatch, key: bytes) -> None:
     """The key is looked for 4 MiB at a time, windows overlapping: one that straddles two
-    is found, and its array cut out and parsed in slices, as one well inside a window is
-    (as many turns, or one or two more where the windows part it), not whole (fewer)."""
+    (its name, or the whitespace after it: windows once overlapped by 64 bytes) is
+    found, and its array cut out and parsed in slices, as one well inside a window is (as
+    many turns, or one or two more where the windows part it), not whole (fewer)."""
     _real_sizes(monkeypatch)
     values = np.arange(200_000, dtype=np.float32)
     input_head = b'","inputs":[{"name":"x","datatype":"FP32","shape":[200000],'
-    key = b'"data":['
 
     def body(pad: int) -> bytes:
         return (b'{"pad":"' + b"p" * pad + input_head + key
                 + b",".join(b"%d" % v for v in range(200_000)) + b"]}]}")
 
-    straddling = (4 << 20) - len(b'{"pad":"') - len(input_head) - len(key) + 3
+    straddling = (4 << 20) - len(b'{"pad":"') - len(input_head) - len(key) // 2
     turns = []
     for pad in (straddling, straddling - 1000):
         text = body(pad)

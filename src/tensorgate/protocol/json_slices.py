@@ -61,9 +61,9 @@ LARGE_BYTES = 512 << 10   # bodies (and answers' arrays) from this size go in sl
 _STRINGS_SLICED = 16_384
 _STRINGS_A_STEP = 8192
 
-_KEY = re.compile(rb'"data"\s*:\s*\[')
-_KEY_WINDOW = 4 << 20  # bytes searched for _KEY between two yields (~1 ms)
-_KEY_OVERLAP = 64  # bytes two windows of that search share
+_NAME = re.compile(rb'"data"')
+_AFTER_NAME = re.compile(rb'\s*:\s*\[')  # what makes the name a key, of an array
+_KEY_WINDOW = 4 << 20  # bytes searched for _NAME (or looked at after it) between two yields
 _NONCE = secrets.token_hex(8)  # placeholders a client cannot write
 _OPEN, _CLOSE, _QUOTE, _COMMA = 0x5B, 0x5D, 0x22, 0x2C
 # the datatypes whose JSON `data` numpy makes an array of numbers (infer_codec's own checks
@@ -146,11 +146,10 @@ def _array_spans(memory: memoryview) -> Generator[None, None, list[Span]]:
     spans = []
     position = 0
     keys = 0
-    while match := (yield from _next_key(memory, position)):
+    while (start := (yield from _next_key(memory, position))) is not None:
         keys += 1
         if keys % _KEYS_A_STEP == 0:
             yield  # a body of many small arrays: the loop's turn now and then
-        start = match.end() - 1
         end = position = start + 1
         for begin, stop in _scans(end, len(octets)):  # the first [, ] or " after the [
             piece = octets[begin:stop]
@@ -181,19 +180,30 @@ def _array_spans(memory: memoryview) -> Generator[None, None, list[Span]]:
     return spans
 
 
-def _next_key(memory: memoryview, position: int
-              ) -> Generator[None, None, re.Match[bytes] | None]:
-    """The next `"data": [` from `position`, looked for _KEY_WINDOW bytes at a time (a yield
-    between: one search through 57 MB without a key held the loop 14 ms). Windows overlap by
-    _KEY_OVERLAP bytes; a key spread wider across two (whitespace around its colon) is not
-    found, and its array is parsed with the rest of the body, as any array not cut out is."""
+def _next_key(memory: memoryview, position: int) -> Generator[None, None, int | None]:
+    """Where the `[` of the next `"data": [` from `position` is: the name looked for
+    _KEY_WINDOW bytes at a time (a yield between: one search through 57 MB without a key
+    held the loop 14 ms), windows overlapping by all but one of its bytes; then what follows
+    it, up to _KEY_WINDOW bytes of whitespace (a key spread wider is not found, and its array
+    is parsed with the rest of the body, as any array not cut out is)."""
+    names = 0
     while position < len(memory):
         stop = min(position + _KEY_WINDOW, len(memory))
-        match = _KEY.search(memory, position, stop)
-        if match is not None or stop == len(memory):
-            return match
-        position = stop - _KEY_OVERLAP
-        yield
+        name = _NAME.search(memory, position, stop)
+        if name is None:
+            if stop == len(memory):
+                return None
+            position = stop - (len(_NAME.pattern) - 1)
+            yield
+            continue
+        after = _AFTER_NAME.match(memory, name.end(), min(name.end() + _KEY_WINDOW,
+                                                          len(memory)))
+        if after is not None:
+            return after.end() - 1
+        position = name.end()  # "data" as a value, or a key of something else
+        names += 1
+        if names % _KEYS_A_STEP == 0:
+            yield
     return None
 
 
