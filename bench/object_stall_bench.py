@@ -10,7 +10,8 @@ that the client's own work does not stall the probe, which shares its process):
 - BYTES over HTTP as JSON `data`: a million token-like strings ("w0", "w1", ...; 9 MB), a
   million of mixed lengths, 160,000 empty strings (469 KiB: a body under the size from
   which JSON is parsed in slices whatever it holds); a small request with a parameter of
-  1.1 million commas and 20 MB of escaped backslashes (its JSON counted outside strings).
+  1.1 million commas and 20 MB of escaped backslashes (its JSON counted outside strings);
+  16,000 BYTES inputs of one string each (past the bound on inputs).
 - gRPC ModelInfer: 1.5 million request parameters (26 MB; upb parses a map in time that
   grows with the square of its entries), 1.5 million parameters of one input, a million
   requested outputs, an input shape of 20 million dims.
@@ -124,9 +125,16 @@ def _escapes_body(count: int, mixed: bool | str) -> tuple[bytes, dict[str, str]]
                       separators=(",", ":")).encode(), {}
 
 
+def _inputs_body(count: int, mixed: bool | str) -> tuple[bytes, dict[str, str]]:
+    """`count` BYTES inputs of one string each (past the bound on inputs: refused, after
+    each array is looked at for its end)."""
+    return json.dumps({"inputs": [{"name": f"T{i}", "datatype": "BYTES", "shape": [1],
+                                   "data": ["a"]} for i in range(count)]}).encode(), {}
+
+
 def _http(count: int, mixed: bool | str, as_json: bool | str = False) -> Send:
-    builder = (_escapes_body if as_json == "escapes" else _json_body if as_json
-               else _bytes_body)
+    builder = (_escapes_body if as_json == "escapes" else _inputs_body if as_json == "inputs"
+               else _json_body if as_json else _bytes_body)
     body, headers = builder(count, mixed)
 
     def send(port: int, grpc_port: int) -> tuple[str, float]:
@@ -219,6 +227,8 @@ CASES: dict[str, Callable[[], Send]] = {
     "HTTP JSON BYTES, 1M mixed lengths": lambda: _http(1_000_000, True, as_json=True),
     "HTTP JSON BYTES, 160K empty (469 KiB)": lambda: _http(160_000, "empty", as_json=True),
     "HTTP JSON, 20 MB of backslashes": lambda: _http(10_000_000, False, as_json="escapes"),
+    "HTTP JSON BYTES, 16,000 inputs of one string": lambda: _http(16_000, False,
+                                                                  as_json="inputs"),
     "gRPC, 1.5M request parameters": lambda: _grpc("request parameters"),
     "gRPC, 1.5M input parameters": lambda: _grpc("input parameters"),
     "gRPC, 1M outputs": lambda: _grpc("outputs"),
