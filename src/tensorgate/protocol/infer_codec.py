@@ -65,8 +65,8 @@ def counted_strings(so_far: int, dt: DataType, shape: tuple[int, ...]) -> int:
 # JSON values and keys read from one text (counted as json_text.marks_over does). Each is a
 # Python object made by one GIL-holding call on the event loop: 57 MB of `{},` parsed into
 # 1.7 GB in 2 s (5 s beside other clients), everyone else waiting. A million is ~90 MB and
-# ~70 ms; the numbers of large `data` arrays are read a slice at a time (json_slices) and
-# are not counted.
+# ~70 ms; the numbers of `data` arrays of 16 KiB or more are read a slice at a time
+# (json_slices) and are not counted.
 MAX_JSON_VALUES = 1 << 20
 
 

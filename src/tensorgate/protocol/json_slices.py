@@ -56,6 +56,10 @@ SCAN_BYTES = 1 << 20      # of text looked through for an array's end (~0.5 ms)
 _FIRST_SCAN = 256         # looked through first: most arrays end near where they begin
 _KEYS_A_STEP = 256        # `"data"` keys looked at between two yields
 LARGE_BYTES = 512 << 10   # bodies (and answers' arrays) from this size go in slices
+# Arrays of SLICE_BYTES // _SPAN_PARTS (16 KiB) or more are cut out and parsed on their own:
+# left in the rest of the body, 24 arrays of 235 KB (a million values in all, under the
+# value bound) were parsed in one go with it, 64 ms
+_SPAN_PARTS = 16
 # A BYTES output of this many strings is written as JSON in slices of _STRINGS_A_STEP: a
 # million took the loop 290 ms in one go (decoded, made str, written)
 _STRINGS_SLICED = 16_384
@@ -178,7 +182,7 @@ def _array_spans(memory: memoryview) -> Generator[None, None, list[Span]]:
                 continue
             end = int(kind.at[-1])
         position = end + 1
-        if end + 1 - start >= SLICE_BYTES or (
+        if end + 1 - start >= SLICE_BYTES // _SPAN_PARTS or (
                 isinstance(kind, Strings) and len(kind.closes) > STRINGS_A_STEP):
             spans.append((start, end + 1, kind))
     return spans
@@ -376,14 +380,15 @@ def _holders(document: Any, count: int) -> list[dict[str, Any]] | None:
     inputs = document.get("inputs") if isinstance(document, dict) else None
     if not isinstance(inputs, list):
         return None
+    indices = {_placeholder(index): index for index in range(count)}
     found: dict[int, dict[str, Any]] = {}
     for entry in inputs:
         data = entry.get("data") if isinstance(entry, dict) else None
-        for index in range(count):
-            if data == _placeholder(index):
-                if index in found:
-                    return None
-                found[index] = entry
+        index = indices.get(data) if isinstance(data, str) else None
+        if index is not None:
+            if index in found:
+                return None
+            found[index] = entry
     return [found[index] for index in range(count)] if len(found) == count else None
 
 
