@@ -11,7 +11,9 @@ that the client's own work does not stall the probe, which shares its process):
   million of mixed lengths, 160,000 empty strings (469 KiB: a body under the size from
   which JSON is parsed in slices whatever it holds); a small request with a parameter of
   1.1 million commas and 20 MB of escaped backslashes (its JSON counted outside strings);
-  16,000 BYTES inputs of one string each (past the bound on inputs).
+  16,000 BYTES inputs of one string each (past the bound on inputs); 24 FP32 inputs of
+  40,000 numbers each (960,000 values, under the value bound; refused by the model's
+  inputs once decoded).
 - gRPC ModelInfer: 1.5 million request parameters (26 MB; upb parses a map in time that
   grows with the square of its entries), 1.5 million parameters of one input, a million
   requested outputs, an input shape of 20 million dims.
@@ -43,6 +45,7 @@ from collections.abc import Callable
 from typing import Any
 
 import grpc
+import numpy as np
 from tritonclient.grpc import service_pb2 as pb
 
 HERE = pathlib.Path(__file__).resolve().parent
@@ -132,9 +135,18 @@ def _inputs_body(count: int, mixed: bool | str) -> tuple[bytes, dict[str, str]]:
                                    "data": ["a"]} for i in range(count)]}).encode(), {}
 
 
+def _arrays_body(count: int, mixed: bool | str) -> tuple[bytes, dict[str, str]]:
+    """`count` FP32 inputs of 40,000 numbers each (235 KB of JSON apiece): decoded, then
+    refused (the model has no such inputs)."""
+    values = [round(v, 3) for v in np.random.default_rng(0).random(40_000).tolist()]
+    return json.dumps({"inputs": [{"name": f"X{i}", "datatype": "FP32", "shape": [40_000],
+                                   "data": values} for i in range(count)]},
+                      separators=(",", ":")).encode(), {}
+
+
 def _http(count: int, mixed: bool | str, as_json: bool | str = False) -> Send:
-    builder = (_escapes_body if as_json == "escapes" else _inputs_body if as_json == "inputs"
-               else _json_body if as_json else _bytes_body)
+    builder = {"escapes": _escapes_body, "inputs": _inputs_body, "arrays": _arrays_body,
+               True: _json_body, False: _bytes_body}[as_json]
     body, headers = builder(count, mixed)
 
     def send(port: int, grpc_port: int) -> tuple[str, float]:
@@ -229,6 +241,7 @@ CASES: dict[str, Callable[[], Send]] = {
     "HTTP JSON, 20 MB of backslashes": lambda: _http(10_000_000, False, as_json="escapes"),
     "HTTP JSON BYTES, 16,000 inputs of one string": lambda: _http(16_000, False,
                                                                   as_json="inputs"),
+    "HTTP JSON, 24 FP32 arrays of 235 KB": lambda: _http(24, False, as_json="arrays"),
     "gRPC, 1.5M request parameters": lambda: _grpc("request parameters"),
     "gRPC, 1.5M input parameters": lambda: _grpc("input parameters"),
     "gRPC, 1M outputs": lambda: _grpc("outputs"),
