@@ -231,6 +231,35 @@ def test_a_sequence_s_requests_on_a_stream_run_in_order_whatever_their_contents(
     assert got == [(1, 30_000_000), (2, 1)]
 
 
+def test_a_sequence_s_compressed_requests_on_a_stream_run_in_order(
+        server: RunningServer) -> None:
+    """Compressed messages are decompressed a piece at a time too: a sequence's request
+    keeps the place it took as it arrived, so its next (small, decompressed at once) does
+    not pass it. Both in gzip: the first 30 million raw zero bytes (INT64, 3.75 million
+    values), the second one value."""
+    def step(values: np.ndarray, **flags: bool) -> bytes:
+        request = pb.ModelInferRequest(model_name="count_up")
+        request.inputs.add(name="X", datatype="INT64", shape=[1, values.size])
+        request.raw_input_contents.append(values.astype("<i8").tobytes())
+        request.parameters["sequence_id"].int64_param = 78
+        for flag, on in flags.items():
+            request.parameters[flag].bool_param = on
+        return request.SerializeToString()
+
+    requests = [step(np.zeros(3_750_000, np.int64), sequence_start=True),
+                step(np.ones(1, np.int64), sequence_end=True)]
+    with grpc.insecure_channel(server.grpc_url) as channel:
+        call = channel.stream_stream("/inference.GRPCInferenceService/ModelStreamInfer",
+                                     request_serializer=lambda data: data,
+                                     response_deserializer=pb.ModelStreamInferResponse.FromString)
+        answers = list(call(iter(requests), timeout=60, compression=grpc.Compression.Gzip))
+    assert [a.error_message for a in answers] == ["", ""]
+    got = sorted((np.frombuffer(a.infer_response.raw_output_contents[0], "<i8")[0],
+                  np.frombuffer(a.infer_response.raw_output_contents[1], "<i8")[0])
+                 for a in answers)
+    assert got == [(1, 3_750_000), (2, 1)]
+
+
 def test_fp32_contents_are_received_like_raw_tensors_without_a_copy(
         server: RunningServer) -> None:
     """The receiver places the message so that the packed floats start 64-byte aligned, as

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from tensorgate.errors import InvalidArgumentError, PoolExhaustedError
 from tensorgate.protocol import compression
-from tensorgate.protocol.compression import inflate
+from tensorgate.protocol.compression import inflate, inflate_steps
 from tensorgate.tensor.copies import CopyLedger
 from tensorgate.tensor.pool import BufferPool
 
@@ -56,6 +56,24 @@ def test_a_gzip_body_is_decompressed_into_one_buffer_of_its_stated_size() -> Non
     assert out is not None and bytes(out) == original
     assert pool.statistics().misses == 1
     assert ledger.bytes == 2 * len(original)
+
+
+def test_decompression_yields_a_turn_to_the_loop_each_mib() -> None:
+    """In steps (protocol.steps), the same bytes: 12 MB of gzipped random floats took 43 ms
+    in one go, the loop waiting."""
+    original = np.random.default_rng(5).standard_normal(6 << 18).astype(np.float32).tobytes()
+    steps = inflate_steps(gzip.compress(original, 1), "gzip", 64 << 20, "body", CopyLedger(),
+                          BufferPool(64 << 20).acquire)
+    turns = 0
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            out = done.value
+            break
+        turns += 1
+    assert out is not None and bytes(out) == original
+    assert turns >= len(original) // (1 << 20) - 1
 
 
 def test_a_false_size_in_the_gzip_trailer_is_refused_and_its_buffer_given_back() -> None:

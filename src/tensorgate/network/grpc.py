@@ -21,7 +21,7 @@ from typing import Any
 from tensorgate.dataplane import DataPlane
 from tensorgate.errors import TensorgateError
 from tensorgate.network import (ConnectionBudget, PoolRelief, RefusedConnection, http2,
-                               stalled_message)
+                               in_steps, stalled_message)
 from tensorgate.network.eager import EagerRun
 from tensorgate.network.grpc_messages import (CODES, OK_TRAILERS, RESPONSE_HEADERS, CallHeaders,
                                               Failure, HttpRefusal, MessageReader, error_block,
@@ -32,6 +32,7 @@ from tensorgate.network.tls import HANDSHAKE_TIMEOUT_S, Handshakes
 from tensorgate.protocol.grpc_codec import parse_bounded
 from tensorgate.protocol.restricted import Restrictions, refusal
 from tensorgate.protocol.status import codes_for
+from tensorgate.protocol.steps import run_through
 from tensorgate.tensor.copies import CopyLedger
 from tensorgate.tensor.pool import BufferPool
 
@@ -185,15 +186,23 @@ class _Call:
         method = self.path.rsplit("/", 1)[-1]
         dp = self.front.dataplane
         trace = None
+        turn = None
         try:
             if encoding != "identity":
-                message = inflate_message(message, encoding, self.front.max_message_bytes,
-                                          ledger, self.reader.acquire)
+                inflating = inflate_message(message, encoding, self.front.max_message_bytes,
+                                            ledger, self.reader.acquire)
+                if self.path == _MODEL_INFER:
+                    # a request of a sequence may be inside: its place among the
+                    # connection's is kept while it decompresses in steps
+                    turn = self.connection.in_order.turn()
+                    message = await in_steps(inflating)
+                else:
+                    message = run_through(inflating)
             if self.path == _MODEL_INFER:
                 parts, trace = await model_infer(
                     dp, self.connection, message, ledger, self.deadline_ns,
                     forwarded=self.forwarded, received=(self._began_ns, self._received_ns),
-                    traceparent=self.traceparent)
+                    traceparent=self.traceparent, turn=turn)
             else:
                 request_type, handler = UNARY[self.path]
                 request = parse_bounded(request_type, bytes(message))
@@ -212,6 +221,8 @@ class _Call:
             return
         finally:
             message = None
+            if turn is not None:
+                turn.end()
         self._answered = True
         if trace is not None:
             trace.stamp("GRPC_SEND_START")

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from typing import Any
 
 from tensorgate.errors import PoolExhaustedError, TensorgateError
 from tensorgate.network import arrival_eta, http2, slow_message
-from tensorgate.protocol.compression import inflate
+from tensorgate.protocol.compression import inflate_steps
 from tensorgate.protocol.grpc_codec import scan_for_tensor
 from tensorgate.protocol.infer_codec import forward_headers
 from tensorgate.protocol.status import codes_for
@@ -132,10 +132,10 @@ def read_call_headers(headers: http2.Fields,
 
 
 def inflate_message(message: Any, encoding: str, limit: int, ledger: CopyLedger,
-                    acquire: Callable[[int], Any]) -> memoryview:
-    """The message decompressed into a pooled buffer from `acquire` (raises
-    PoolExhaustedError, UNAVAILABLE, when the pool has no room)."""
-    data = inflate(message, encoding, limit, "message", ledger, acquire)
+                    acquire: Callable[[int], Any]) -> Generator[None, None, memoryview]:
+    """The message decompressed into a pooled buffer from `acquire`, in steps
+    (protocol.steps; raises PoolExhaustedError, UNAVAILABLE, when the pool has no room)."""
+    data = yield from inflate_steps(message, encoding, limit, "message", ledger, acquire)
     if data is None:
         raise Failure("RESOURCE_EXHAUSTED", f"the decompressed message exceeds the {limit}-byte "
                                             "limit (--max-request-bytes)")

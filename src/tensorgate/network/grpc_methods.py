@@ -14,7 +14,7 @@ from tritonclient.grpc import service_pb2 as pb
 from tensorgate.dataplane import Answer, DataPlane, parse_version, refuse_model_files
 from tensorgate.errors import InvalidArgumentError, NotFoundError
 from tensorgate.network import http2, in_steps
-from tensorgate.network.in_order import InOrder
+from tensorgate.network.in_order import InOrder, Turn
 from tensorgate.protocol.grpc_codec import (TensorSpans, decode_model_infer_steps,
                                             encode_model_infer_parts, split_model_infer,
                                             statistics_message)
@@ -33,7 +33,7 @@ _HEALTH_SERVICE = "grpc.health.v1.Health"
 
 async def _decode(dp: DataPlane, message: Any, ledger: CopyLedger, deadline_ns: int | None,
                   request: pb.ModelInferRequest | None, spans: TensorSpans | None,
-                  forwarded: dict[str, str] | None, in_order: InOrder
+                  forwarded: dict[str, str] | None, in_order: InOrder, turn: Turn | None
                   ) -> tuple[pb.ModelInferRequest, DecodedRequest]:
     if request is None or spans is None:
         request, spans = split_model_infer(memoryview(message))
@@ -41,8 +41,14 @@ async def _decode(dp: DataPlane, message: Any, ledger: CopyLedger, deadline_ns: 
     # Typed contents taken out of the message are decoded a piece at a time, the loop
     # serving others between pieces (60 MB of varints: 0.5 s); anything else in one go. A
     # request in a sequence keeps its place among its connection's: the next must not pass
-    # it while it waits.
-    turn = in_order.turn() if "sequence_id" in request.parameters else None
+    # it while it waits. (`turn`: the place taken as it arrived, by a request that waited
+    # before it could be read, decompressing; not a sequence's, it gives its place up.)
+    if "sequence_id" not in request.parameters:
+        if turn is not None:
+            turn.end()
+        turn = None
+    elif turn is None:
+        turn = in_order.turn()
     try:
         decoded: DecodedRequest = (run_through(steps) if spans.contents is None
                                    else await in_steps(steps))
@@ -74,15 +80,16 @@ async def model_infer(dp: DataPlane, connection: http2.Http2Connection, message:
                       request: pb.ModelInferRequest | None = None,
                       spans: TensorSpans | None = None,
                       forwarded: dict[str, str] | None = None,
-                      received: tuple[int, int] = (0, 0), traceparent: str | None = None
-                      ) -> tuple[list[Any], Trace | None]:
+                      received: tuple[int, int] = (0, 0), traceparent: str | None = None,
+                      turn: Turn | None = None) -> tuple[list[Any], Trace | None]:
     """Run one ModelInferRequest (its bytes, split already where `request` is given);
     returns the ModelInferResponse as parts to send one after another, and the request's
     trace if it is traced (the caller stamps its sending and finishes it). `forwarded`: the
     call's metadata to pass to the model as parameters; `received`: when its message began
-    to arrive and when it was whole (ns); `traceparent`: the caller's W3C trace context."""
+    to arrive and when it was whole (ns); `traceparent`: the caller's W3C trace context;
+    `turn`: its place among the connection's requests, if it took one as it arrived."""
     request, decoded = await _decode(dp, message, ledger, deadline_ns, request, spans,
-                                     forwarded, connection.in_order)
+                                     forwarded, connection.in_order, turn)
     trace = _trace(dp, request.model_name, received, traceparent)
     try:
         answer = await dp.infer(request.model_name, request.model_version, decoded, ledger,
@@ -109,13 +116,13 @@ async def model_infer_responses(dp: DataPlane, connection: http2.Http2Connection
                                 request: pb.ModelInferRequest, spans: TensorSpans,
                                 forwarded: dict[str, str] | None = None,
                                 received: tuple[int, int] = (0, 0),
-                                traceparent: str | None = None
+                                traceparent: str | None = None, turn: Turn | None = None
                                 ) -> AsyncGenerator[list[Any], None]:
     """A decoupled model's ModelInferResponses to one request, as parts, as they come. With
     `triton_enable_empty_final_response` each says it is not the last, and an empty one
     that says it is follows them (the model's last response is known only after it)."""
     request, decoded = await _decode(dp, message, ledger, deadline_ns, request, spans,
-                                     forwarded, connection.in_order)
+                                     forwarded, connection.in_order, turn)
     flagged = bool(decoded.parameters.get("triton_enable_empty_final_response"))
     trace = _trace(dp, request.model_name, received, traceparent)
     answers = dp.infer_stream(request.model_name, request.model_version, decoded, ledger,

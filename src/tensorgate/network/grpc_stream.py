@@ -31,10 +31,11 @@ from typing import Any
 
 from tensorgate.dataplane import DataPlane
 from tensorgate.errors import TensorgateError
-from tensorgate.network import PoolRelief, http2, stalled_message
+from tensorgate.network import PoolRelief, http2, in_steps, stalled_message
 from tensorgate.network.grpc_messages import (CODES, OK_TRAILERS, RESPONSE_HEADERS, CallHeaders,
                                               Failure, MessageReader, inflate_message, trailers)
 from tensorgate.network.grpc_methods import model_infer, model_infer_responses
+from tensorgate.network.in_order import Turn
 from tensorgate.protocol.grpc_codec import (TensorSpans, split_model_infer,
                                             stream_error_message, stream_response_parts)
 from tensorgate.tensor.copies import CopyLedger
@@ -193,17 +194,22 @@ class StreamCall:
         message has no start of its own to trace: the wait for it is the client's)."""
         request = None
         trace = None
+        turn = None
         try:
             if encoding != "identity":
-                message = inflate_message(message, encoding, self._limit, ledger,
-                                          self.reader.acquire)
+                # a request of a sequence may be inside: its place among the connection's is
+                # kept while it decompresses in steps
+                turn = self.connection.in_order.turn()
+                message = await in_steps(inflate_message(message, encoding, self._limit,
+                                                         ledger, self.reader.acquire))
             request, spans = split_model_infer(memoryview(message))
             if self.dataplane.is_decoupled(request.model_name, request.model_version):
-                await self._respond_each(message, ledger, request, spans, received_ns)
+                await self._respond_each(message, ledger, request, spans, received_ns, turn)
                 return
             parts, trace = await model_infer(
                 self.dataplane, self.connection, message, ledger, self.deadline_ns,
-                request, spans, self.forwarded, (received_ns, received_ns), self.traceparent)
+                request, spans, self.forwarded, (received_ns, received_ns), self.traceparent,
+                turn)
             body = stream_response_parts(parts)
         except asyncio.CancelledError:
             return
@@ -214,6 +220,8 @@ class StreamCall:
             body = [self._error(f"internal error: {type(error).__name__}: {error}", request)]
         finally:
             message = None
+            if turn is not None:
+                turn.end()
         if trace is not None:
             trace.stamp("GRPC_SEND_START")
         self._answer(body)
@@ -222,12 +230,12 @@ class StreamCall:
             trace.finish()
 
     async def _respond_each(self, message: Any, ledger: CopyLedger, request: Any,
-                            spans: TensorSpans, received_ns: int) -> None:
+                            spans: TensorSpans, received_ns: int, turn: Turn | None) -> None:
         """A decoupled model's responses, each sent as it comes; the next is taken only
         while the client's window leaves room."""
         responses = model_infer_responses(self.dataplane, self.connection, message, ledger,
                                           self.deadline_ns, request, spans, self.forwarded,
-                                          (received_ns, received_ns), self.traceparent)
+                                          (received_ns, received_ns), self.traceparent, turn)
         try:
             async for parts in responses:
                 self._answer(stream_response_parts(parts))

@@ -14,19 +14,20 @@ import functools
 import json
 import logging
 import re
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Callable, Generator
 from typing import TYPE_CHECKING, Any
 
 from tensorgate.dataplane import Answer, DataPlane, refuse_model_files
 from tensorgate.errors import InternalError, InvalidArgumentError, TensorgateError
 from tensorgate.network import in_steps
-from tensorgate.protocol.compression import deflate_steps, inflate, worth_compressing
+from tensorgate.protocol.compression import deflate_steps, inflate_steps, worth_compressing
 from tensorgate.protocol.generate_codec import (decode_generate_body, encode_generate_response,
                                                 sse_event)
 from tensorgate.protocol.infer_codec import (decode_infer_body, encode_infer_response,
                                              forward_headers, json_error, parse_json)
 from tensorgate.protocol.json_slices import (decode_in_slices, encode_in_slices,
                                              large_json_outputs, worth_slicing)
+from tensorgate.protocol.steps import run_through
 from tensorgate.tensor.buffer import ALIGNMENT, HostBuffer
 from tensorgate.tensor.copies import CopyLedger, record_copy
 
@@ -169,17 +170,25 @@ async def _unload(dp: DataPlane, request: HttpRequest, model: str) -> Any:
     return 200, _JSON, [b""]
 
 
-def _decompressed(request: HttpRequest, limit: int) -> tuple[Any, int]:
+def _encoding(request: HttpRequest) -> str | None:
+    """The body's Content-Encoding when it must be decompressed (gzip or deflate); None for
+    a body as it is."""
     encoding = request.headers.get("content-encoding", "identity").lower()
     if encoding in ("identity", "") or not request.length:
-        return request.body, request.length
+        return None
     if encoding not in ("gzip", "deflate"):
         raise InvalidArgumentError(f"Content-Encoding '{encoding}' is not supported; use gzip, "
                                    "deflate or none")
+    return encoding
+
+
+def _decompressed(request: HttpRequest, limit: int, encoding: str
+                  ) -> Generator[None, None, tuple[Any, int]]:
+    """The body decompressed, in steps (protocol.steps), and its length."""
     # binary tensors after a JSON header of known length land aligned, as a received body's
     pad = (-(request.json_length or 0)) % ALIGNMENT
-    data = inflate(memoryview(request.body)[:request.length], encoding, limit, "body",
-                   request.ledger, request.acquire, pad)
+    data = yield from inflate_steps(memoryview(request.body)[:request.length], encoding, limit,
+                                    "body", request.ledger, request.acquire, pad)
     if data is None:
         raise InvalidArgumentError(f"the decompressed body exceeds the {limit}-byte limit "
                                    "(--max-request-bytes)")
@@ -187,7 +196,9 @@ def _decompressed(request: HttpRequest, limit: int) -> tuple[Any, int]:
 
 
 async def _infer(dp: DataPlane, request: HttpRequest, model: str, version: str) -> Any:
-    body, length = _decompressed(request, request.limit)
+    encoding = _encoding(request)
+    body, length = (await in_steps(_decompressed(request, request.limit, encoding))
+                    if encoding else (request.body, request.length))
     if not length:
         raise InvalidArgumentError("the inference request has no body")
     if worth_slicing(body, length, request.json_length):
@@ -229,7 +240,10 @@ def _generate_answers(dp: DataPlane, request: HttpRequest, model: str,
                       version: str) -> AsyncGenerator[Answer, None]:
     """The responses to a generate request: one from a model that is not decoupled, any
     number from one that is (dp.infer_stream takes both)."""
-    body, length = _decompressed(request, request.limit)
+    encoding = _encoding(request)
+    # generate's bodies (text) are decompressed in one go
+    body, length = (run_through(_decompressed(request, request.limit, encoding)) if encoding
+                    else (request.body, request.length))
     decoded = dp.generate_request(model, version, decode_generate_body(body, length),
                                   request.ledger)
     decoded.forwarded = forward_headers(request.headers.items(), request.forward)

@@ -18,10 +18,11 @@ from collections.abc import Callable, Generator, Sequence
 from typing import Any
 
 from tensorgate.errors import InvalidArgumentError
+from tensorgate.protocol.steps import run_through
 from tensorgate.tensor.buffer import HostBuffer
 from tensorgate.tensor.copies import CopyLedger, record_copy
 
-__all__ = ["ANSWER_LEVEL", "deflate_steps", "inflate", "worth_compressing"]
+__all__ = ["ANSWER_LEVEL", "deflate_steps", "inflate", "inflate_steps", "worth_compressing"]
 
 _CHUNK = 1 << 20  # output a call
 _INPUT = 256 << 10  # input a call: what zlib leaves unread of it is copied each call
@@ -45,10 +46,21 @@ _SAMPLE = 1024
 
 def inflate(data: Any, encoding: str, limit: int, what: str, ledger: CopyLedger,
             acquire: Callable[[int], HostBuffer], pad: int = 0) -> memoryview | None:
+    """inflate_steps in one go."""
+    result: memoryview | None = run_through(inflate_steps(data, encoding, limit, what,
+                                                          ledger, acquire, pad))
+    return result
+
+
+def inflate_steps(data: Any, encoding: str, limit: int, what: str, ledger: CopyLedger,
+                  acquire: Callable[[int], HostBuffer], pad: int = 0
+                  ) -> Generator[None, None, memoryview | None]:
     """`data` decompressed from gzip or deflate (a zlib stream) into a buffer from
     `acquire`, starting `pad` bytes in (so that what follows a JSON header of known length
     lands aligned); None when it would exceed `limit` bytes (each front end answers that in
-    its own way). `acquire` raises when the pool has no room: the request is refused."""
+    its own way). `acquire` raises when the pool has no room: the request is refused. A
+    yield after each _CHUNK of output (protocol.steps): 12 MB of gzipped random floats took
+    43 ms to decompress, all of it on the loop."""
     wbits = 16 + zlib.MAX_WBITS if encoding == "gzip" else zlib.MAX_WBITS
     inflater = zlib.decompressobj(wbits)
     most = limit + 1  # one byte more than allowed tells that there is more
@@ -77,6 +89,7 @@ def inflate(data: Any, encoding: str, limit: int, what: str, ledger: CopyLedger,
         pending = inflater.unconsumed_tail
         if len(chunk) < asked and not pending and read == len(source):
             break  # every input byte is read and zlib holds no more output
+        yield
     if length > limit:
         return None
     if not inflater.eof:  # its bytes ended before the compressed stream did
