@@ -9,7 +9,8 @@ that the client's own work does not stall the probe, which shares its process):
   default 64 MiB limit). Each becomes a Python bytes object.
 - BYTES over HTTP as JSON `data`: a million token-like strings ("w0", "w1", ...; 9 MB), a
   million of mixed lengths, 160,000 empty strings (469 KiB: a body under the size from
-  which JSON is parsed in slices whatever it holds); a small request with a parameter of
+  which JSON is parsed in slices whatever it holds), 300,000 as x.tolist() sends a
+  [300000, 1] tensor (lists of one); a small request with a parameter of
   1.1 million commas and 20 MB of escaped backslashes (its JSON counted outside strings);
   16,000 BYTES inputs of one string each (past the bound on inputs); 24 FP32 inputs of
   40,000 numbers each (960,000 values, under the value bound; refused by the model's
@@ -113,8 +114,10 @@ def _bytes_body(count: int, mixed: bool) -> tuple[bytes, dict[str, str]]:
 def _json_body(count: int, mixed: bool | str) -> tuple[bytes, dict[str, str]]:
     """The strings as V2 JSON `data`, as a client sends BYTES without the binary extension:
     token-like ("w0", "w1", ...), mixed lengths (0, 1 and 2 bytes), or all empty."""
-    data = [("" if mixed == "empty" else "ab"[:i % 3] if mixed else f"w{i}")
-            for i in range(count)]
+    data: list[Any] = [("" if mixed == "empty" else "ab"[:i % 3] if mixed else f"w{i}")
+                       for i in range(count)]
+    if mixed == "nested":  # as x.tolist() sends a [count, 1] tensor
+        data = [[f"w{i}"] for i in range(count)]
     return json.dumps({"inputs": [{"name": "T", "datatype": "BYTES", "shape": [count],
                                    "data": data}]}, separators=(",", ":")).encode(), {}
 
@@ -250,6 +253,7 @@ CASES: dict[str, Callable[[], Send]] = {
     "HTTP JSON BYTES, 1M tokens": lambda: _http(1_000_000, False, as_json=True),
     "HTTP JSON BYTES, 1M mixed lengths": lambda: _http(1_000_000, True, as_json=True),
     "HTTP JSON BYTES, 160K empty (469 KiB)": lambda: _http(160_000, "empty", as_json=True),
+    "HTTP JSON BYTES, 300K nested [N,1]": lambda: _http(300_000, "nested", as_json=True),
     "HTTP JSON, 20 MB of backslashes": lambda: _http(10_000_000, False, as_json="escapes"),
     "HTTP JSON BYTES, 16,000 inputs of one string": lambda: _http(16_000, False,
                                                                   as_json="inputs"),

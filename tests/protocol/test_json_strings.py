@@ -6,6 +6,7 @@ or a slice ends. Windows and slices are made tiny so that small bodies cut into 
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 import numpy as np
@@ -106,6 +107,66 @@ def _bodies(draw: Any) -> bytes:
 def test_strings_sliced_and_whole_mean_the_same(body: bytes) -> None:
     sliced, whole, _ = _both(body)
     assert sliced == whole
+
+
+@st.composite
+def _nested_bodies(draw: Any) -> bytes:
+    """A BYTES input's strings as `x.tolist()` sends them, evenly nested lists of 2 to 4
+    levels, or made uneven: a list longer than the others, a string (or an empty list) at
+    a level above the innermost, an empty innermost list."""
+    dims = draw(st.lists(st.integers(1, 4), min_size=2, max_size=4))
+    flat = draw(st.lists(_string(), min_size=math.prod(dims), max_size=math.prod(dims)))
+    data = np.array(flat + [""], dtype=object)[:-1].reshape(dims).tolist()
+    change = draw(st.sampled_from(["none", "none", "none", "longer", "above", "empty"]))
+    if change != "none":
+        inner = data
+        for _ in range(draw(st.integers(0, len(dims) - 2))):
+            inner = inner[-1]
+        inner.append({"longer": inner[0], "above": "x", "empty": []}[change]
+                     if change != "longer" or isinstance(inner[0], list) else "y")
+    shape = [len(flat) + draw(st.sampled_from([0, 0, 0, 1]))]
+    return json.dumps({"inputs": [{"name": "s", "datatype": "BYTES", "shape": shape,
+                                   "data": data}]},
+                      ensure_ascii=draw(st.booleans())).encode("utf-8", "surrogatepass")
+
+
+@settings(max_examples=800, deadline=None)
+@given(body=_nested_bodies())
+def test_nested_strings_sliced_and_whole_mean_the_same(body: bytes) -> None:
+    sliced, whole, _ = _both(body)
+    assert sliced == whole
+
+
+@pytest.mark.parametrize("data", [
+    [["a"], ["b", "c", "d"]],          # as many strings in all as two lists of two
+    [["a", "b"], ["c"], ["d", "e", "f"]],
+    [[["a", "b"], ["c", "d"]], [["e"], ["f", "g", "h"]]],
+    [["a", "b"], "c", ["d"]],
+    [[], ["a", "b"]],
+])
+def test_uneven_nested_strings_are_refused_as_whole(data: list[Any]) -> None:
+    """Lists of the same total but not one width, strings above the innermost lists, an
+    empty list: numpy makes no shape of them, and the whole path refuses them."""
+    count = len(json.dumps(data).split('"')) // 2
+    body = json.dumps({"inputs": [{"name": "t", "datatype": "BYTES", "shape": [count],
+                                   "data": data}]}).encode()
+    sliced, whole, _ = _both(body)
+    assert sliced == whole and sliced[0] == "refused"
+
+
+def test_nested_strings_are_laid_out_in_row_major_order_in_many_steps(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """[100, 3] strings as x.tolist() sends them: sliced (many turns), in row-major order."""
+    monkeypatch.setattr(json_strings, "SCAN_BYTES", 1 << 20)
+    monkeypatch.setattr(json_slices, "SCAN_BYTES", 1 << 20)
+    values = np.array([f"r{row}c{col} [\"]" for row in range(100) for col in range(3)],
+                      dtype=object).reshape(100, 3)
+    body = json.dumps({"inputs": [{"name": "t", "datatype": "BYTES", "shape": [300],
+                                   "data": values.tolist()}]}).encode()
+    sliced, whole, turns = _both(body)
+    assert sliced == whole and sliced[0] == "decoded"
+    assert turns >= 90
+    assert sliced[1]["t"][2] == repr([v.encode() for v in values.reshape(-1)])
 
 
 @pytest.mark.parametrize("window", [1, 2, 3, 5, 64])

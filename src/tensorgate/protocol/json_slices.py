@@ -9,8 +9,8 @@ instead each large flat `data` array's text is parsed in slices of about SLICE_B
 same parser, with a yield to the loop between them.
 
 Nothing here decides what a body means. An array's text is found by its key (`"data": [`,
-then no `"` before its matching `]`, or for a BYTES input's strings json_strings' scan for
-the `]` outside them) and cut out; the rest, with a placeholder string in its
+then no `"` before its matching `]`, or for a BYTES input's strings, flat or nested,
+json_strings' scan for the `]` outside them) and cut out; the rest, with a placeholder string in its
 place, must parse and hold each placeholder as exactly one input's `data`: then the original
 body is that document with the arrays put back, since an array that parses whole stands
 where a value stood. A nested array (`x.tolist()`, as hand-written clients send) is read as
@@ -22,7 +22,8 @@ nesting that is not even, a slice that does not parse, a true/false among the nu
 the body is decoded whole, as before, so errors and edge cases are the plain path's own.
 Either way what is parsed whole is bounded (infer_codec.MAX_JSON_VALUES). A BOOL input's
 true/false are parsed in slices as numbers are; so is the JSON before a binary body's tensors;
-a BYTES input's flat array of strings is parsed into the BYTES layout (json_strings).
+a BYTES input's strings, flat or evenly nested, are parsed into the BYTES layout
+(json_strings).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from tensorgate.protocol.infer_codec import (MAX_BYTES_ELEMENTS, MAX_JSON_VALUES
                                              DecodedRequest, decode_infer_body,
                                              encode_infer_response, header_values_refused,
                                              holds_bool, json_data, json_strings, parse_header)
+from tensorgate.protocol.json_nesting import Brackets, even_lists
 from tensorgate.protocol.json_strings import (STRINGS_A_STEP, Strings, string_array,
                                               strings_layout)
 from tensorgate.tensor.bytes_codec import bytes_pieces
@@ -119,17 +121,6 @@ def decode_in_slices(body: Any, body_length: int, ledger: CopyLedger,
     return decode_infer_body(body, body_length, header_length, ledger, shm, parsed=document)
 
 
-class Brackets:
-    """A nested array's brackets: where each is in the body (`at`, in order) and the depth
-    after it (`levels`: 1 after the array's own `[`, 0 after its `]`)."""
-
-    __slots__ = ("at", "levels", "opens")
-
-    def __init__(self, at: np.ndarray, levels: np.ndarray) -> None:
-        self.at, self.levels = at, levels
-        self.opens = np.diff(levels, prepend=0) > 0
-
-
 # an array's text in the body: its `[`, one past its `]`, and for a nested one its
 # brackets, for one of strings where they close (None for a flat one of numbers)
 Span = tuple[int, int, Brackets | Strings | None]
@@ -178,9 +169,13 @@ def _array_spans(memory: memoryview) -> Generator[None, None, list[Span]]:
             end = kind.end
         elif octets[end] == _OPEN:
             kind = yield from _nested_brackets(octets, start)
-            if kind is None:
-                continue
-            end = int(kind.at[-1])
+            if kind is None:  # a quote among them: lists of strings, perhaps
+                kind = yield from string_array(octets, start, MAX_BYTES_ELEMENTS)
+                if kind is None:
+                    continue
+                end = kind.end
+            else:
+                end = int(kind.at[-1])
         position = end + 1
         if end + 1 - start >= SLICE_BYTES // _SPAN_PARTS or (
                 isinstance(kind, Strings) and len(kind.closes) > STRINGS_A_STEP):
@@ -248,32 +243,6 @@ def _nested_brackets(octets: np.ndarray, start: int) -> Generator[None, None, Br
         if len(piece) == SCAN_BYTES:
             yield
     return None
-
-
-_MAX_NESTING = 32  # numpy makes arrays of up to 64 dimensions; orjson parses 1,024 deep
-
-
-def _even_lists(brackets: Brackets) -> int | None:
-    """How deep the innermost lists are, if the brackets are those of evenly nested lists
-    of some shape (their widths are the slices' to check); None otherwise, or nested deeper
-    than _MAX_NESTING."""
-    skeleton = np.where(brackets.opens, _OPEN, _CLOSE).astype(np.uint8).tobytes()
-    dims = len(skeleton) - len(skeleton.lstrip(b"["))
-    if not 2 <= dims <= _MAX_NESTING:
-        return None
-    expected = b"[]"
-    for level in range(dims - 1, 0, -1):
-        # Evenly nested, the first list at this level opens at level - 1 and closes with the
-        # first run of as many `]` as there are levels from it down, and holds `dim` of the
-        # lists below. Read so, any skeleton gives some shape; comparing it with that shape's
-        # own skeleton decides.
-        run = dims - level + 1
-        close = skeleton.find(b"]" * run)
-        dim, rest = divmod(close + run - level - 1, len(expected))
-        if close < 0 or rest or dim < 1:
-            return None
-        expected = b"[" + expected * dim + b"]"
-    return dims if expected == skeleton else None
 
 
 def _nested_array(memory: memoryview, start: int, end: int, brackets: Brackets, dims: int,
@@ -357,7 +326,7 @@ def _parsed(memory: memoryview, spans: list[Span]) -> Generator[None, None, Any]
         if brackets is None:
             values = yield from _array(memory, start, end, bools)
         else:
-            dims = _even_lists(brackets)
+            dims = even_lists(brackets)
             if dims is None:
                 return None
             values = yield from _nested_array(memory, start, end, brackets, dims, bools)
