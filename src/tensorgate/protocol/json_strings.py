@@ -119,6 +119,10 @@ def _small(octets: np.ndarray, start: int) -> bool:
     """Whether the array opened at `start` ends within its first _FIRST_SCAN bytes (or a
     slice, if smaller) with no backslash among them: too small to slice."""
     small = octets[start + 1:start + 1 + min(_FIRST_SCAN, SLICE_BYTES)].tobytes()
+    end = small.find(b"]")
+    if (end >= 0 and small.count(b'"', 0, end) % 2 == 0 and small.find(b"\\", 0, end) < 0
+            and small.find(b"[", 0, end) < 0):
+        return True  # flat, and its `]` is the first (most arrays: no more to look at)
     if b"\\" in small:
         return False
     text = _STRING.sub(b"", small)  # no escapes: each string is a quote to the next
