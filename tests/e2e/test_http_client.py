@@ -190,8 +190,8 @@ def test_queue_full_is_503(server: RunningServer) -> None:
 def test_a_large_json_request_and_answer_go_in_slices_and_stay_exact(
         server: RunningServer, client: httpclient.InferenceServerClient) -> None:
     """150,000 values as V2 JSON both ways (a 750 KB body, a 600 KB array): parsed and
-    written a slice at a time (protocol/json_slices.py), every value as sent; and a large
-    body with a true among its numbers is refused as it was whole."""
+    written a slice at a time (protocol/json_slices.py, json_answers.py), every value as
+    sent; and a large body with a true among its numbers is refused as it was whole."""
     value = (np.arange(150_000) % 7 - 3).astype(np.float32) / 4
     result = client.infer("wide", [_input("INPUT__0", value, binary=False)],
                           outputs=[httpclient.InferRequestedOutput("OUTPUT__0",

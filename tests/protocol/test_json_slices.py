@@ -16,10 +16,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tensorgate.errors import BytesElementError, TensorgateError
-from tensorgate.protocol import json_slices
+from tensorgate.protocol import json_answers, json_slices
 from tensorgate.protocol.infer_codec import (MAX_JSON_VALUES, decode_infer_body,
                                              encode_infer_response)
-from tensorgate.protocol.json_slices import decode_in_slices, encode_in_slices
+from tensorgate.protocol.json_answers import encode_in_slices
+from tensorgate.protocol.json_slices import decode_in_slices
 from tensorgate.protocol.steps import Steps
 from tensorgate.tensor.copies import CopyLedger
 from tensorgate.tensor.view import TensorView
@@ -30,6 +31,8 @@ def tiny_slices(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(json_slices, "SLICE_BYTES", 16)
     monkeypatch.setattr(json_slices, "SCAN_BYTES", 8)
     monkeypatch.setattr(json_slices, "LARGE_BYTES", 64)
+    monkeypatch.setattr(json_answers, "SLICE_BYTES", 16)
+    monkeypatch.setattr(json_answers, "LARGE_BYTES", 64)
 
 
 def _outcome(decode: Any) -> tuple[Any, ...]:

@@ -25,8 +25,8 @@ from tensorgate.protocol.generate_codec import (decode_generate_body, encode_gen
                                                 sse_event)
 from tensorgate.protocol.infer_codec import (decode_infer_body, encode_infer_response,
                                              forward_headers, json_error, parse_json)
-from tensorgate.protocol.json_slices import (decode_in_slices, encode_in_slices,
-                                             large_json_outputs, worth_slicing)
+from tensorgate.protocol.json_answers import encode_in_slices, large_json_outputs
+from tensorgate.protocol.json_slices import decode_in_slices, worth_slicing
 from tensorgate.protocol.steps import run_through
 from tensorgate.tensor.buffer import ALIGNMENT, HostBuffer
 from tensorgate.tensor.copies import CopyLedger, record_copy

@@ -569,7 +569,7 @@ def encode_infer_response(model: str, version: int, request_id: str,
     """(JSON header, tensor bytes to write after it) for an inference response; outputs
     already written to shared memory carry only their name, datatype and shape, as
     Triton's do (the C++ client, perf_analyzer's, reads `parameters` as binary data's).
-    An output in `placeholders` has that string as its `data` (json_slices writes it)."""
+    An output in `placeholders` has that string as its `data` (json_answers writes it)."""
     entries = []
     tail: list[memoryview] = []
     all_finite = True

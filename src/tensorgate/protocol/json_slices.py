@@ -1,5 +1,5 @@
-"""A large V2 JSON request decoded, and a large JSON answer written, a slice at a time, so
-that the event loop serves other connections in between.
+"""A large V2 JSON request decoded a slice at a time, so that the event loop serves other
+connections in between (json_answers writes large answers so).
 
 Decoding a 12 MB JSON body (identity [4,3,224,224]) in one go held the loop, and the GIL, for
 about 50 ms and writing its answer for 12: every other client waited that long
@@ -39,33 +39,25 @@ import numpy as np
 from tensorgate.protocol import json_text
 from tensorgate.protocol.infer_codec import (MAX_BYTES_ELEMENTS, MAX_JSON_VALUES,
                                              DecodedRequest, decode_infer_body,
-                                             encode_infer_response, header_values_refused,
-                                             holds_bool, json_data, json_strings, parse_header)
+                                             header_values_refused, holds_bool, parse_header)
 from tensorgate.protocol.json_nesting import Brackets, even_lists
 from tensorgate.protocol.json_strings import (STRINGS_A_STEP, Strings, string_array,
                                               strings_layout)
-from tensorgate.tensor.bytes_codec import bytes_pieces
 from tensorgate.tensor.copies import CopyLedger
 from tensorgate.tensor.pool import default_pool
 from tensorgate.tensor.shm import SharedMemoryRegistry
-from tensorgate.tensor.view import TensorView
 
-__all__ = ["LARGE_BYTES", "SCAN_BYTES", "SLICE_BYTES", "decode_in_slices",
-           "encode_in_slices", "large_json_outputs", "worth_slicing"]
+__all__ = ["LARGE_BYTES", "SCAN_BYTES", "SLICE_BYTES", "decode_in_slices", "worth_slicing"]
 
-SLICE_BYTES = 256 << 10   # of array text parsed or written between two yields (~1 ms)
+SLICE_BYTES = 256 << 10   # of array text parsed between two yields (~1 ms)
 SCAN_BYTES = 1 << 20      # of text looked through for an array's end (~0.5 ms)
 _FIRST_SCAN = 256         # looked through first: most arrays end near where they begin
 _KEYS_A_STEP = 256        # `"data"` keys looked at between two yields
-LARGE_BYTES = 512 << 10   # bodies (and answers' arrays) from this size go in slices
+LARGE_BYTES = 512 << 10   # bodies from this size go in slices
 # Arrays of SLICE_BYTES // _SPAN_PARTS (16 KiB) or more are cut out and parsed on their own:
 # left in the rest of the body, 24 arrays of 235 KB (a million values in all, under the
 # value bound) were parsed in one go with it, 64 ms
 _SPAN_PARTS = 16
-# A BYTES output of this many strings is written as JSON in slices of _STRINGS_A_STEP: a
-# million took the loop 290 ms in one go (decoded, made str, written)
-_STRINGS_SLICED = 16_384
-_STRINGS_A_STEP = 8192
 
 _KEY = re.compile(rb'"data"\s*:\s*\[')
 _KEY_WINDOW = 4 << 20  # bytes searched for _KEY between two yields (~1 ms)
@@ -392,75 +384,3 @@ def _array(memory: memoryview, start: int, end: int, bools: bool
     if not pieces or begin != close + 1:
         return None  # no values, or a trailing comma
     return pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
-
-
-def large_json_outputs(outputs: dict[str, TensorView], binary: dict[str, bool],
-                       in_shm: dict[str, tuple[str, int, int]] | None = None) -> bool:
-    """Whether an answer has an output that encode_in_slices would write in slices (else
-    encode_infer_response writes it as well, with nothing made for the slices)."""
-    for name, view in outputs.items():
-        if _large_json(name, view, binary, in_shm):
-            return True
-    return False
-
-
-def _large_json(name: str, view: TensorView, binary: dict[str, bool],
-                in_shm: dict[str, tuple[str, int, int]] | None) -> bool:
-    if binary.get(name, False) or (in_shm and name in in_shm):
-        return False
-    if view.datatype.is_bytes:
-        return view.count >= _STRINGS_SLICED
-    return view.nbytes >= LARGE_BYTES and view.datatype.numpy is not None
-
-
-def encode_in_slices(model: str, version: int, request_id: str,
-                     outputs: dict[str, TensorView], binary: dict[str, bool],
-                     parameters: dict[str, Any] | None = None,
-                     in_shm: dict[str, tuple[str, int, int]] | None = None
-                     ) -> Generator[None, None, tuple[list[Any], list[memoryview]]]:
-    """encode_infer_response's (header, tensor views), with the header as parts: each large
-    finite JSON array written a slice at a time (a yield between slices) where its
-    placeholder stood."""
-    arrays: dict[str, np.ndarray | TensorView] = {}
-    for name, view in outputs.items():
-        if _large_json(name, view, binary, in_shm):
-            if view.datatype.is_bytes:
-                arrays[name] = view  # its strings decoded a piece at a time
-                continue
-            values = json_data(view)
-            if isinstance(values, np.ndarray) and json_text.finite(values):
-                arrays[name] = values  # NaN and infinities are json's to write, whole
-    stand_ins = {name: _placeholder(index) for index, name in enumerate(arrays)}
-    head, tail = encode_infer_response(model, version, request_id, outputs, binary,
-                                       parameters, in_shm, placeholders=stand_ins)
-    if not arrays:
-        return [head], tail
-    marks = [json_text.dumps(stand_in) for stand_in in stand_ins.values()]
-    if any(head.count(mark) != 1 for mark in marks):  # never, unless a model wrote one
-        head, tail = encode_infer_response(model, version, request_id, outputs, binary,
-                                           parameters, in_shm)
-        return [head], tail
-    parts: list[Any] = []
-    whole = memoryview(head)
-    done = 0  # of head, in parts already
-    step = max(1, SLICE_BYTES // 8)  # elements: about 8 bytes of text each, or fewer
-    for mark, array in zip(marks, arrays.values()):
-        at = head.find(mark, done)
-        parts += [whole[done:at], b"["]
-        if isinstance(array, TensorView):
-            pieces = bytes_pieces(array.memoryview(), 0, array.nbytes, array.count,
-                                  _STRINGS_A_STEP, array.name)
-            for index, piece in enumerate(pieces):
-                text = json_text.dumps(json_strings(piece))
-                parts += [b"," if index else b"", memoryview(text)[1:-1]]
-                yield
-        else:
-            for begin in range(0, array.size, step):
-                text = json_text.dumps(array[begin:begin + step])
-                parts += [b"," if begin else b"", memoryview(text)[1:-1]]
-                yield
-        parts.append(b"]")
-        done = at + len(mark)
-    parts.append(whole[done:])
-    return parts, tail
-
