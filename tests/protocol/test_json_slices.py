@@ -15,14 +15,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tensorgate.errors import BytesElementError, TensorgateError
+from tensorgate.errors import BytesElementError
 from tensorgate.protocol import json_answers, json_slices
-from tensorgate.protocol.infer_codec import (MAX_JSON_VALUES, decode_infer_body,
-                                             encode_infer_response)
+from tensorgate.protocol.infer_codec import (MAX_JSON_VALUES, encode_infer_response)
 from tensorgate.protocol.json_answers import encode_in_slices
-from tensorgate.protocol.json_slices import decode_in_slices
-from tensorgate.protocol.steps import Steps
-from tensorgate.tensor.copies import CopyLedger
+from tests.protocol.sliced_and_whole import both, run_steps
 from tensorgate.tensor.view import TensorView
 
 
@@ -33,39 +30,6 @@ def tiny_slices(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(json_slices, "LARGE_BYTES", 64)
     monkeypatch.setattr(json_answers, "SLICE_BYTES", 16)
     monkeypatch.setattr(json_answers, "LARGE_BYTES", 64)
-
-
-def _outcome(decode: Any) -> tuple[Any, ...]:
-    try:
-        decoded = decode()
-    except TensorgateError as error:
-        return ("refused", type(error).__name__, error.message)
-    inputs = {name: (view.datatype.name, view.shape, repr(view.numpy().tolist())
-                     if view.datatype.is_bytes else view.numpy().tobytes())
-              for name, view in decoded.inputs.items()}
-    return ("decoded", decoded.id, inputs, decoded.outputs, dict(decoded.parameters))
-
-
-def _run(steps: Steps, turns: list[int] | None = None) -> Any:
-    """Run json_slices' steps to their end, as the front end does without its awaits;
-    each yield counted in `turns`."""
-    while True:
-        try:
-            next(steps)
-        except StopIteration as done:
-            return done.value
-        if turns is not None:
-            turns.append(1)
-
-
-def _both(body: bytes, header_length: int | None = None
-          ) -> tuple[tuple[Any, ...], tuple[Any, ...], int]:
-    """Each way's outcome, and how many slices the sliced way took."""
-    turns: list[int] = []
-    sliced = _outcome(lambda: _run(decode_in_slices(body, len(body), CopyLedger(),
-                                                    header_length=header_length), turns))
-    whole = _outcome(lambda: decode_infer_body(body, len(body), header_length, CopyLedger()))
-    return sliced, whole, len(turns)
 
 
 _VALUES = st.one_of(st.integers(-300, 300), st.floats(allow_nan=True, allow_infinity=True,
@@ -128,7 +92,7 @@ def _bodies(draw: Any) -> tuple[bytes, int | None]:
 @settings(max_examples=800, deadline=None)
 @given(body=_bodies())
 def test_sliced_and_whole_decoding_mean_the_same(body: tuple[bytes, int | None]) -> None:
-    sliced, whole, _ = _both(*body)
+    sliced, whole, _ = both(*body)
     assert sliced == whole
 
 
@@ -137,7 +101,7 @@ def test_a_large_flat_array_is_parsed_in_many_slices() -> None:
     values = np.linspace(-3, 3, 500, dtype=np.float32)
     body = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [500],
                                    "data": values.tolist()}]}).encode()
-    sliced, whole, count = _both(body)
+    sliced, whole, count = both(body)
     assert sliced == whole and sliced[0] == "decoded"
     assert count > 100  # 500 numbers in slices of 16 bytes of text
     assert np.frombuffer(sliced[2]["x"][2], np.float32).tolist() == values.tolist()
@@ -152,13 +116,13 @@ def test_a_bool_array_is_parsed_in_many_slices(monkeypatch: pytest.MonkeyPatch) 
     for data in (values.tolist(), values.reshape(4, 12, 10).tolist()):
         body = json.dumps({"inputs": [{"name": "x", "datatype": "BOOL", "shape": [480],
                                        "data": data}]}).encode()
-        sliced, whole, count = _both(body)
+        sliced, whole, count = both(body)
         assert sliced == whole and sliced[0] == "decoded"
         assert count > 40
         assert np.frombuffer(sliced[2]["x"][2], np.bool_).tolist() == values.tolist()
     body = json.dumps({"inputs": [{"name": "x", "datatype": "BOOL", "shape": [481],
                                    "data": values.tolist() + [1]}]}).encode()
-    sliced, whole, _ = _both(body)
+    sliced, whole, _ = both(body)
     assert sliced == whole and "must hold true or false" in sliced[2]
 
 
@@ -169,7 +133,7 @@ def test_the_json_before_binary_tensors_is_parsed_in_slices() -> None:
         {"name": "raw", "datatype": "UINT8", "shape": [4],
          "parameters": {"binary_data_size": 4}},
         {"name": "x", "datatype": "FP32", "shape": [500], "data": values.tolist()}]}).encode()
-    sliced, whole, count = _both(head + _TAIL, len(head))
+    sliced, whole, count = both(head + _TAIL, len(head))
     assert sliced == whole and sliced[0] == "decoded"
     assert count > 100
     assert np.frombuffer(sliced[2]["x"][2], np.float32).tolist() == values.tolist()
@@ -198,10 +162,10 @@ def test_more_json_values_than_the_limit_are_refused_unless_numbers_in_data(
                  {"inputs": [small], "parameters": {f"k{i}": 1 for i in range(many // 2)}},
                  {"inputs": [strings]}):
         body = json.dumps(junk, separators=(",", ":")).encode()
-        sliced, whole, _ = _both(body)
+        sliced, whole, _ = both(body)
         assert sliced == whole == refusal
     body = json.dumps({"inputs": [{**small, "shape": [many], "data": [0] * many}]}).encode()
-    sliced, whole, _ = _both(body)
+    sliced, whole, _ = both(body)
     assert sliced[0] == "decoded" and whole == refusal
 
 
@@ -215,7 +179,7 @@ def test_a_body_of_many_small_arrays_gives_the_loop_turns_and_is_refused_by_coun
     monkeypatch.setattr(json_slices, "LARGE_BYTES", 512 << 10)
     body = json.dumps({"inputs": [{"name": f"x{i}", "datatype": "FP32", "shape": [1],
                                    "data": [1.0]} for i in range(20_000)]}).encode()
-    sliced, whole, count = _both(body)
+    sliced, whole, count = both(body)
     assert sliced == whole == ("refused", "InvalidArgumentError", "the request names 20,000 "
                                "inputs; at most 4,096 are accepted")
     assert count >= 20_000 // 256
@@ -226,7 +190,7 @@ def test_a_large_nested_array_is_parsed_in_many_slices() -> None:
     values = np.linspace(-3, 3, 360, dtype=np.float32).reshape(4, 9, 10)
     body = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [4, 9, 10],
                                    "data": values.tolist()}]}).encode()
-    sliced, whole, count = _both(body)
+    sliced, whole, count = both(body)
     assert sliced == whole and sliced[0] == "decoded"
     assert count > 100
     assert np.frombuffer(sliced[2]["x"][2], np.float32).tolist() == values.ravel().tolist()
@@ -251,7 +215,7 @@ def test_nested_lists_mean_what_they_mean_whole(data: str, outcome: str) -> None
     count = len(re.findall(r"\d+", data)) + ("true" in data)
     body = ('{"inputs": [{"name": "x", "datatype": "INT32", "shape": [%d], "data": %s}]}'
             % (count, data)).encode()
-    sliced, whole, _ = _both(body)
+    sliced, whole, _ = both(body)
     assert sliced == whole and sliced[0] == outcome
 
 
@@ -261,7 +225,7 @@ def test_a_string_in_nested_lists_hides_nothing(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setattr(json_slices, "SLICE_BYTES", 4096)
     body = json.dumps({"inputs": [{"name": "x", "datatype": "INT32", "shape": [2001],
                                    "data": [["x,"] + [1] * 999, [1] * 1001]}]}).encode()
-    sliced, whole, _ = _both(body)
+    sliced, whole, _ = both(body)
     assert sliced == whole and "evenly nested" in sliced[2]
 
 
@@ -274,7 +238,7 @@ def test_deep_nesting_means_what_it_means_whole(levels: int, outcome: str) -> No
         deep = [deep]
     body = json.dumps({"inputs": [{"name": "x", "datatype": "INT32", "shape": [2],
                                    "data": deep}]}).encode()
-    sliced, whole, _ = _both(body)
+    sliced, whole, _ = both(body)
     assert sliced == whole and sliced[0] == outcome
 
 
@@ -282,7 +246,7 @@ def test_a_client_string_like_the_key_does_not_move_a_cut() -> None:
     body = (b'{"id": "\\"data\\": [1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17]", "inputs": '
             b'[{"name": "x", "datatype": "INT32", "shape": [20], "data": '
             + json.dumps(list(range(20))).encode() + b'}]}')
-    sliced, whole, _ = _both(body)
+    sliced, whole, _ = both(body)
     assert sliced == whole and sliced[0] == "decoded"
 
 
@@ -303,7 +267,7 @@ def test_sliced_and_whole_answers_are_the_same_bytes(values: list[float], dataty
                "large": TensorView.from_numpy(array, name="large")}
     flags = {"small": False, "large": binary}
     parameters = {"note": "x", "ratio": math.pi}
-    heads, tail = _run(encode_in_slices("m", 1, request_id, outputs, flags, parameters))
+    heads, tail = run_steps(encode_in_slices("m", 1, request_id, outputs, flags, parameters))
     head, whole_tail = encode_infer_response("m", 1, request_id, outputs, flags, parameters)
     assert b"".join(bytes(part) for part in heads) == head
     assert [bytes(t) for t in tail] == [bytes(t) for t in whole_tail]
@@ -320,7 +284,7 @@ def test_a_body_over_the_value_bound_is_counted_in_steps_and_refused_as_whole(
     body = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [len(data)],
                                    "data": data}], "junk": [{}] * 4_000_000},
                       separators=(",", ":")).encode()
-    sliced, whole, count = _both(body)
+    sliced, whole, count = both(body)
     assert sliced == whole and sliced[:2] == ("refused", "InvalidArgumentError")
     assert "holds more than 1,048,576 JSON values and keys" in sliced[2]
     assert count >= 2
@@ -346,7 +310,7 @@ def test_a_data_key_across_two_windows_of_its_search_is_found(
     for pad in (straddling, straddling - 1000):
         text = body(pad)
         assert (text.index(key) < 4 << 20 < text.index(key) + len(key)) == (pad == straddling)
-        sliced, whole, count = _both(text)
+        sliced, whole, count = both(text)
         assert sliced == whole and sliced[0] == "decoded"
         assert np.frombuffer(sliced[2]["x"][2], np.float32).tolist() == values.tolist()
         turns.append(count)
@@ -367,7 +331,7 @@ def test_a_large_bytes_answer_written_in_slices_is_the_same_bytes(
                "small": TensorView.from_numpy(np.arange(3, dtype=np.int64), name="small")}
     flags = {"text": binary, "small": False}
     turns: list[int] = []
-    heads, tail = _run(encode_in_slices("m", 1, "r", outputs, flags), turns)
+    heads, tail = run_steps(encode_in_slices("m", 1, "r", outputs, flags), turns)
     head, whole_tail = encode_infer_response("m", 1, "r", outputs, flags)
     assert b"".join(bytes(part) for part in heads) == head
     assert [bytes(t) for t in tail] == [bytes(t) for t in whole_tail]
@@ -383,4 +347,4 @@ def test_a_malformed_bytes_answer_is_refused_as_whole_refuses_it() -> None:
     with pytest.raises(BytesElementError) as whole:
         encode_infer_response("m", 1, "", {"text": view}, {"text": False})
     with pytest.raises(BytesElementError, match=f"^{re.escape(str(whole.value))}$"):
-        _run(encode_in_slices("m", 1, "", {"text": view}, {"text": False}))
+        run_steps(encode_in_slices("m", 1, "", {"text": view}, {"text": False}))

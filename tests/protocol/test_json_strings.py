@@ -14,13 +14,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tensorgate.errors import TensorgateError
 from tensorgate.protocol import json_slices, json_strings
-from tensorgate.protocol.infer_codec import decode_infer_body
-from tensorgate.protocol.json_slices import decode_in_slices, worth_slicing
+from tensorgate.protocol.json_slices import worth_slicing
 from tensorgate.protocol.json_strings import string_array
-from tensorgate.protocol.steps import Steps
-from tensorgate.tensor.copies import CopyLedger
+from tests.protocol.sliced_and_whole import both
 
 
 @pytest.fixture(autouse=True)
@@ -30,33 +27,6 @@ def tiny_slices(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(json_strings, "SCAN_BYTES", 5)
     monkeypatch.setattr(json_strings, "SLICE_BYTES", 12)
     monkeypatch.setattr(json_strings, "STRINGS_A_STEP", 3)
-
-
-def _outcome(decode: Any) -> tuple[Any, ...]:
-    try:
-        decoded = decode()
-    except TensorgateError as error:
-        return ("refused", type(error).__name__, error.message)
-    return ("decoded", {name: (view.datatype.name, view.shape,
-                               repr(view.numpy().tolist()) if view.datatype.is_bytes
-                               else view.numpy().tobytes())
-                        for name, view in decoded.inputs.items()})
-
-
-def _run(steps: Steps, turns: list[int]) -> Any:
-    while True:
-        try:
-            next(steps)
-        except StopIteration as done:
-            return done.value
-        turns.append(1)
-
-
-def _both(body: bytes) -> tuple[tuple[Any, ...], tuple[Any, ...], int]:
-    turns: list[int] = []
-    sliced = _outcome(lambda: _run(decode_in_slices(body, len(body), CopyLedger()), turns))
-    whole = _outcome(lambda: decode_infer_body(body, len(body), None, CopyLedger()))
-    return sliced, whole, len(turns)
 
 
 # what makes a string's text hard to cut: escaped quotes and backslashes in runs, the
@@ -105,7 +75,7 @@ def _bodies(draw: Any) -> bytes:
 @settings(max_examples=1500, deadline=None)
 @given(body=_bodies())
 def test_strings_sliced_and_whole_mean_the_same(body: bytes) -> None:
-    sliced, whole, _ = _both(body)
+    sliced, whole, _ = both(body)
     assert sliced == whole
 
 
@@ -133,7 +103,7 @@ def _nested_bodies(draw: Any) -> bytes:
 @settings(max_examples=800, deadline=None)
 @given(body=_nested_bodies())
 def test_nested_strings_sliced_and_whole_mean_the_same(body: bytes) -> None:
-    sliced, whole, _ = _both(body)
+    sliced, whole, _ = both(body)
     assert sliced == whole
 
 
@@ -150,7 +120,7 @@ def test_uneven_nested_strings_are_refused_as_whole(data: list[Any]) -> None:
     count = len(json.dumps(data).split('"')) // 2
     body = json.dumps({"inputs": [{"name": "t", "datatype": "BYTES", "shape": [count],
                                    "data": data}]}).encode()
-    sliced, whole, _ = _both(body)
+    sliced, whole, _ = both(body)
     assert sliced == whole and sliced[0] == "refused"
 
 
@@ -163,10 +133,10 @@ def test_nested_strings_are_laid_out_in_row_major_order_in_many_steps(
                       dtype=object).reshape(100, 3)
     body = json.dumps({"inputs": [{"name": "t", "datatype": "BYTES", "shape": [300],
                                    "data": values.tolist()}]}).encode()
-    sliced, whole, turns = _both(body)
+    sliced, whole, turns = both(body)
     assert sliced == whole and sliced[0] == "decoded"
     assert turns >= 90
-    assert sliced[1]["t"][2] == repr([v.encode() for v in values.reshape(-1)])
+    assert sliced[2]["t"][2] == repr([v.encode() for v in values.reshape(-1)])
 
 
 @pytest.mark.parametrize("window", [1, 2, 3, 5, 64])
@@ -207,11 +177,11 @@ def test_many_strings_are_laid_out_in_many_steps(monkeypatch: pytest.MonkeyPatch
     values = [f"token {index} \"quoted\" \\ é" for index in range(300)]
     body = json.dumps({"inputs": [{"name": "t", "datatype": "BYTES", "shape": [3, 100],
                                    "data": values}]}).encode()
-    sliced, whole, turns = _both(body)
+    sliced, whole, turns = both(body)
     assert sliced == whole and sliced[0] == "decoded"
     assert turns >= 100  # 300 strings, 3 a step
-    assert sliced[1]["t"][1] == (3, 100)
-    assert sliced[1]["t"][2] == repr(np.array([v.encode() for v in values], dtype=object)
+    assert sliced[2]["t"][1] == (3, 100)
+    assert sliced[2]["t"][2] == repr(np.array([v.encode() for v in values], dtype=object)
                                      .reshape(3, 100).tolist())
 
 
@@ -224,7 +194,7 @@ def test_a_bad_string_array_is_refused_as_whole(data: list[Any], shape: list[int
                                                 refusal: str) -> None:
     body = json.dumps({"inputs": [{"name": "t", "datatype": "BYTES", "shape": shape,
                                    "data": data}]}).encode()
-    sliced, whole, _ = _both(body)
+    sliced, whole, _ = both(body)
     assert sliced == whole and sliced[0] == "refused" and refusal in sliced[2]
 
 
