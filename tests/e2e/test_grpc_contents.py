@@ -219,16 +219,23 @@ def test_a_sequence_s_requests_on_a_stream_run_in_order_whatever_their_contents(
 
     requests = [step(bytes([1]) * 30_000_000, 30_000_000, sequence_start=True),
                 step(bytes([1]), 1, sequence_end=True)]
+    assert _count_up_on_a_stream(server, requests) == [(1, 30_000_000), (2, 1)]
+
+
+def _count_up_on_a_stream(server: RunningServer, requests: list[bytes],
+                          compression: grpc.Compression | None = None
+                          ) -> list[tuple[int, int]]:
+    """Each answer of count_up to `requests` sent on one stream, as (which request of its
+    sequence it was, how many values it sent), sorted; every answer without an error."""
     with grpc.insecure_channel(server.grpc_url) as channel:
         call = channel.stream_stream("/inference.GRPCInferenceService/ModelStreamInfer",
                                      request_serializer=lambda data: data,
                                      response_deserializer=pb.ModelStreamInferResponse.FromString)
-        answers = list(call(iter(requests), timeout=60))
-    assert [a.error_message for a in answers] == ["", ""]
-    got = sorted((np.frombuffer(a.infer_response.raw_output_contents[0], "<i8")[0],
-                  np.frombuffer(a.infer_response.raw_output_contents[1], "<i8")[0])
-                 for a in answers)
-    assert got == [(1, 30_000_000), (2, 1)]
+        answers = list(call(iter(requests), timeout=60, compression=compression))
+    assert [a.error_message for a in answers] == [""] * len(requests)
+    return sorted((int(np.frombuffer(a.infer_response.raw_output_contents[0], "<i8")[0]),
+                   int(np.frombuffer(a.infer_response.raw_output_contents[1], "<i8")[0]))
+                  for a in answers)
 
 
 def test_a_sequence_s_compressed_requests_on_a_stream_run_in_order(
@@ -248,16 +255,8 @@ def test_a_sequence_s_compressed_requests_on_a_stream_run_in_order(
 
     requests = [step(np.zeros(3_750_000, np.int64), sequence_start=True),
                 step(np.ones(1, np.int64), sequence_end=True)]
-    with grpc.insecure_channel(server.grpc_url) as channel:
-        call = channel.stream_stream("/inference.GRPCInferenceService/ModelStreamInfer",
-                                     request_serializer=lambda data: data,
-                                     response_deserializer=pb.ModelStreamInferResponse.FromString)
-        answers = list(call(iter(requests), timeout=60, compression=grpc.Compression.Gzip))
-    assert [a.error_message for a in answers] == ["", ""]
-    got = sorted((np.frombuffer(a.infer_response.raw_output_contents[0], "<i8")[0],
-                  np.frombuffer(a.infer_response.raw_output_contents[1], "<i8")[0])
-                 for a in answers)
-    assert got == [(1, 3_750_000), (2, 1)]
+    assert _count_up_on_a_stream(server, requests, grpc.Compression.Gzip) == [
+        (1, 3_750_000), (2, 1)]
 
 
 def test_fp32_contents_are_received_like_raw_tensors_without_a_copy(

@@ -161,10 +161,6 @@ def parse_bounded(message_type: Any, data: bytes) -> Any:
     if len(data) > _COUNTED_FROM:
         descriptor = message_type.DESCRIPTOR
         _count_parts(descriptor, memoryview(data), descriptor.name)
-    return _parsed(message_type, data)
-
-
-def _parsed(message_type: Any, data: bytes) -> Any:
     try:
         return message_type.FromString(data)
     except Exception as error:  # protobuf's DecodeError; its module path varies

@@ -449,7 +449,7 @@ def json_tensor(data: Any, dt: DataType, shape: tuple[int, ...], name: str,
     count = 1
     for dim in shape:
         count *= dim
-    if isinstance(data, EncodedStrings) and dt.is_bytes:
+    if isinstance(data, EncodedStrings):  # json_slices makes them for BYTES inputs only
         if data.count != count:
             raise _data_count(name, data.count, shape, count)
         record_copy(data.nbytes, "encode", ledger)

@@ -300,14 +300,13 @@ def _parsed(memory: memoryview, spans: list[Span]) -> Generator[None, None, Any]
     if holders is None:
         return None
     strings = 0
-    for (start, end, brackets), entry in zip(spans, holders):
-        if isinstance(brackets, Strings):
-            strings += len(brackets.closes)
+    for (start, end, kind), entry in zip(spans, holders):
+        if isinstance(kind, Strings):
+            strings += len(kind.closes)
             if (entry.get("datatype") != "BYTES" or strings > MAX_BYTES_ELEMENTS
-                    or _count(entry.get("shape")) != len(brackets.closes)):
+                    or _count(entry.get("shape")) != len(kind.closes)):
                 return None  # the whole path's to refuse
-            laid_out = yield from strings_layout(memory, start, brackets,
-                                                 default_pool().acquire)
+            laid_out = yield from strings_layout(memory, start, kind, default_pool().acquire)
             if laid_out is None:
                 return None
             entry["data"] = laid_out
@@ -315,13 +314,13 @@ def _parsed(memory: memoryview, spans: list[Span]) -> Generator[None, None, Any]
         if entry.get("datatype") not in _NUMERIC:
             return None  # BYTES (whose refusal of numbers is the whole path's), or unknown
         bools = entry["datatype"] == "BOOL"
-        if brackets is None:
+        if kind is None:
             values = yield from _array(memory, start, end, bools)
         else:
-            dims = even_lists(brackets)
+            dims = even_lists(kind)
             if dims is None:
                 return None
-            values = yield from _nested_array(memory, start, end, brackets, dims, bools)
+            values = yield from _nested_array(memory, start, end, kind, dims, bools)
         if values is None:
             return None
         entry["data"] = values

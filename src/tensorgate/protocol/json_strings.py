@@ -18,6 +18,7 @@ plain parse, whose errors are the ones a client sees.
 from __future__ import annotations
 
 import re
+import struct
 from collections.abc import Callable, Generator
 
 import numpy as np
@@ -233,8 +234,10 @@ def strings_layout(memory: memoryview, start: int, strings: Strings,
         try:
             items = [value.encode() for value in json_text.loads(text)]
             written = write_bytes_items(items, out, written)
-        except (ValueError, RecursionError, AttributeError):
-            return None  # not JSON (or a lone surrogate), a value not a string (no encode)
+        except (ValueError, RecursionError, AttributeError, struct.error):
+            # not JSON (or a lone surrogate), a value not a string (no encode), or more than
+            # the layout's room (never: it is the most the text can make)
+            return None
         if len(items) != last - first:
             return None
         begin, first = stop, last

@@ -123,7 +123,7 @@ def decode_bytes_tensor(memory: memoryview, offset: int, nbytes: int, shape: Seq
 def bytes_pieces(memory: memoryview, offset: int, nbytes: int, count: int, step: int,
                  tensor: str) -> Iterator[list[bytes]]:
     """The `count` elements of the BYTES layout at `offset`, `step` at a time, as bytes:
-    for writing a large tensor a piece at a time (json_slices). Each element is checked to
+    for writing a large tensor a piece at a time (json_answers). Each element is checked to
     end inside the `nbytes`, and so is the last; on a fault check_bytes_tensor says what is
     wrong."""
     position, end = offset, offset + nbytes
@@ -175,10 +175,7 @@ def encode_bytes_tensor(array: np.ndarray,
 
 def write_bytes_items(items: Sequence[bytes], memory: memoryview, position: int) -> int:
     """Write `items` in the BYTES layout into `memory` from `position`; where they end.
-    Raises ValueError, writing nothing, when they do not fit."""
-    if position + 4 * len(items) + sum(map(len, items)) > len(memory):
-        raise ValueError(f"{len(items)} BYTES elements do not fit in the "
-                         f"{len(memory) - position} bytes left")
+    Raises struct.error or ValueError when they do not fit, part written."""
     for item in items:
         _PREFIX.pack_into(memory, position, len(item))
         position += 4
