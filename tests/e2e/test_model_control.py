@@ -102,6 +102,48 @@ def test_explicit_mode_loads_only_the_named_models(tmp_path: pathlib.Path) -> No
         assert stop_server(server) == 0
 
 
+# tritonclient's HTTP client quotes names into URLs: a space is %20, "+" %2B, "%" %25
+ODD_NAMES = ("my model", "modèle+50%")
+
+
+def test_names_that_urls_must_quote_are_reached_over_http_as_over_grpc(
+        tmp_path: pathlib.Path) -> None:
+    repo = _repo(tmp_path / "models", *ODD_NAMES)
+    server = start_server(repo, tmp_path / "server.log", "--model-control-mode", "explicit")
+    try:
+        with httpclient.InferenceServerClient(server.url) as client:
+            for name in ODD_NAMES:
+                assert not client.is_model_ready(name)
+                client.load_model(name)
+                assert client.is_model_ready(name)
+                assert client.get_model_metadata(name)["name"] == name
+                assert client.get_model_config(name)["name"] == name
+                assert np.array_equal(_infer(client, name), np.full((1, 4), 3.0, np.float32))
+                stats = client.get_inference_statistics(name)["model_stats"]
+                assert [(s["name"], s["inference_count"]) for s in stats] == [(name, 1)]
+            with grpcclient.InferenceServerClient(server.grpc_url) as grpc:
+                assert all(grpc.is_model_ready(name) for name in ODD_NAMES)
+            client.unload_model(ODD_NAMES[0])
+            assert not client.is_model_ready(ODD_NAMES[0])
+            assert client.is_model_ready(ODD_NAMES[1])
+            with pytest.raises(InferenceServerException, match=r"^\[404\] no route for"):
+                client.load_model("a/b")  # quote keeps "/": a path, not a name
+        connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+        connection.request("POST", "/v2/repository/models/a%2Fb/load")  # a name's "/"
+        answer = connection.getresponse()
+        assert answer.status == 404 and b"no model 'a/b'" in answer.read()
+        connection.request("GET", "/v2/models/caf%E9/ready")  # Latin-1, not UTF-8
+        answer = connection.getresponse()
+        assert answer.status == 400
+        assert json.loads(answer.read()) == {
+            "error": "the path segment 'caf%E9' is not percent-encoded UTF-8"}
+        connection.close()
+        still = httpclient.InferenceServerClient(server.url)
+        assert still.is_model_ready(ODD_NAMES[1])
+    finally:
+        assert stop_server(server) == 0
+
+
 def test_unload_dependents_over_http_and_grpc(tmp_path: pathlib.Path) -> None:
     repo = _repo(tmp_path / "models", "a", "b")
     for name, step in (("ens_a", "a"), ("ens_b", "b")):

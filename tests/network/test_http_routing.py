@@ -3,6 +3,8 @@ and routes looked up once routed (both on every request, so both shortcuts)."""
 
 from __future__ import annotations
 
+import urllib.parse
+
 import httptools
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -49,3 +51,22 @@ def test_what_routing_keeps_is_bounded() -> None:
         handler, args = route("POST", f"/v2/models/m{n}/infer")
         assert args == (f"m{n}", "")
         assert len(http_routes._routed) <= http_routes._ROUTED_KEPT
+
+
+@settings(max_examples=300, deadline=None)
+@given(name=st.text(min_size=1, max_size=20).filter(
+    lambda n: "/" not in n and n.strip("/") == n and not any(
+        0xD800 <= ord(c) <= 0xDFFF for c in n)))
+def test_a_name_quoted_as_tritonclient_quotes_it_is_routed_as_itself(name: str) -> None:
+    quoted = urllib.parse.quote(name)
+    assert route("POST", f"/v2/models/{quoted}/versions/2/infer")[1] == (name, "2")
+    assert route("POST", f"/v2/systemsharedmemory/region/{quoted}/register")[1] == (name,)
+
+
+def test_a_segment_that_is_not_percent_encoded_utf8_is_refused_by_name() -> None:
+    assert route("GET", "/v2/models/caf%E9/ready") == (
+        400, "the path segment 'caf%E9' is not percent-encoded UTF-8")
+    assert route("GET", "/v2/models/%ED%A0%80/ready")[0] == 400  # a surrogate's bytes
+    assert route("GET", "/v2/models/100%/ready")[1] == ("100%", "")  # not an escape: kept
+    assert route("GET", "/v2/models/a%2Fb/ready")[1] == ("a/b", "")  # a name's, not a split
+    assert route("GET", "/v2%2Fhealth/live")[0] == 404

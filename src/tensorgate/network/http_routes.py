@@ -14,6 +14,7 @@ import functools
 import json
 import logging
 import re
+import urllib.parse
 from collections.abc import AsyncGenerator, Callable, Generator
 from typing import TYPE_CHECKING, Any
 
@@ -419,8 +420,27 @@ def route(method: str, path: str) -> tuple[Handler, tuple[str, ...]] | tuple[int
     return routed
 
 
-def _route(method: str, path: str) -> tuple[Handler, tuple[str, ...]] | tuple[int, str]:
+def _segments(path: str) -> list[str] | str:
+    """The path's segments, each percent-decoded as UTF-8 (RFC 3986 §2.1), or what is wrong.
+    tritonclient quotes model and region names in URLs (a space is %20, "+" is %2B), so a
+    name is only reachable if it is decoded; it is decoded after the split, so %2F is part
+    of a name (which then names no model), never a separator."""
     parts = path.strip("/").split("/")
+    if "%" not in path:
+        return parts
+    decoded = []
+    for part in parts:
+        try:
+            decoded.append(urllib.parse.unquote(part, errors="strict") if "%" in part else part)
+        except UnicodeDecodeError:
+            return f"the path segment '{part}' is not percent-encoded UTF-8"
+    return decoded
+
+
+def _route(method: str, path: str) -> tuple[Handler, tuple[str, ...]] | tuple[int, str]:
+    parts = _segments(path)
+    if isinstance(parts, str):
+        return 400, parts
     if not parts or parts[0] != "v2":
         return 404, f"no route for {path}"
     rest = parts[1:]
