@@ -24,7 +24,8 @@ from tensorgate.network import in_steps
 from tensorgate.protocol.compression import deflate_steps, inflate_steps, worth_compressing
 from tensorgate.protocol.generate_codec import (decode_generate_body, encode_generate_response,
                                                 sse_event)
-from tensorgate.protocol.infer_codec import (decode_infer_body, encode_infer_response,
+from tensorgate.protocol.infer_codec import (TENSORS_A_STEP, decode_infer_body,
+                                             decode_infer_steps, encode_infer_response,
                                              forward_headers, json_error, parse_json)
 from tensorgate.protocol.json_answers import encode_in_slices, large_json_outputs
 from tensorgate.protocol.json_slices import decode_in_slices, worth_slicing
@@ -196,6 +197,11 @@ def _decompressed(request: HttpRequest, limit: int, encoding: str
     return data, len(data)
 
 
+# JSON of more bytes than this may name more tensors than a step decodes, and is decoded in
+# steps (an input takes ~40 bytes of JSON at least; an output, `{"name":"a"}`, 12 and ~3 µs)
+_STEPPED_JSON = 40 * TENSORS_A_STEP
+
+
 async def _infer(dp: DataPlane, request: HttpRequest, model: str, version: str) -> Any:
     encoding = _encoding(request)
     body, length = (await in_steps(_decompressed(request, request.limit, encoding))
@@ -205,6 +211,9 @@ async def _infer(dp: DataPlane, request: HttpRequest, model: str, version: str) 
     if worth_slicing(body, length, request.json_length):
         decoded = await in_steps(decode_in_slices(body, length, request.ledger, dp.shm,
                                                   request.json_length))
+    elif (length if request.json_length is None else request.json_length) > _STEPPED_JSON:
+        decoded = await in_steps(decode_infer_steps(body, length, request.json_length,
+                                                    request.ledger, dp.shm))
     else:
         decoded = decode_infer_body(body, length, request.json_length, request.ledger, dp.shm)
     # Binary inputs are views that hold the body's pooled buffer; JSON's are arrays of their

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Generator, Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
@@ -20,6 +20,7 @@ import numpy as np
 
 from tensorgate.errors import InvalidArgumentError, UnimplementedError
 from tensorgate.protocol import json_text
+from tensorgate.protocol.steps import run_through
 from tensorgate.tensor.copies import CopyLedger, record_copy
 from tensorgate.tensor.dtypes import DataType, datatype
 from tensorgate.tensor.shm import SharedMemoryRegistry
@@ -27,9 +28,10 @@ from tensorgate.tensor.view import TensorView, checked_shape
 
 __all__ = ["ERROR_CHARACTERS", "MAX_BYTES_ELEMENTS", "MAX_JSON_VALUES",
            "MAX_SEQUENCE_ID_CHARACTERS", "MAX_TENSORS",
-           "RESERVED_PARAMETERS", "DecodedRequest", "EncodedStrings", "RequestedOutput",
-           "classification_count", "counted_strings",
-           "decode_infer_body", "encode_infer_response", "forward_headers",
+           "RESERVED_PARAMETERS", "TENSORS_A_STEP", "DecodedRequest", "EncodedStrings",
+           "RequestedOutput", "classification_count", "counted_strings",
+           "decode_infer_body", "decode_infer_steps", "encode_infer_response",
+           "forward_headers",
            "header_values_refused", "json_data", "holds_bool", "json_error", "json_object",
            "json_parameters", "json_strings", "json_tensor", "json_values_bounded",
            "model_parameters",
@@ -307,20 +309,35 @@ def decode_infer_body(body: Any, body_length: int, header_length: int | None,
     a raw binary request (the caller shapes its single input from the model's config).
     `parsed`: the JSON already parsed (json_slices: large `data` arrays as numpy arrays).
     """
+    if header_length and parsed is None and header_length <= min(body_length,
+                                                                 _KEPT_HEADER_BYTES):
+        kept = _kept_headers.get(bytes(memoryview(body)[:header_length]))
+        if kept is not None and kept.body_length == body_length:
+            return kept.request(body, ledger)
+    decoded: DecodedRequest = run_through(decode_infer_steps(body, body_length, header_length,
+                                                             ledger, shm, parsed))
+    return decoded
+
+
+# Inputs, or outputs, decoded between two yields of decode_infer_steps: a JSON input costs
+# ~7 µs, a binary one ~3 (a body of 4,096 JSON inputs held the loop for 38 ms in one step)
+TENSORS_A_STEP = 256
+
+
+def decode_infer_steps(body: Any, body_length: int, header_length: int | None,
+                       ledger: CopyLedger, shm: SharedMemoryRegistry | None = None,
+                       parsed: Any = None) -> Generator[None, None, DecodedRequest]:
+    """decode_infer_body in steps (protocol.steps): a yield after each TENSORS_A_STEP inputs
+    or outputs. Headers seen before are not looked up here (decode_infer_body does)."""
     if header_length is not None and header_length > body_length:
         raise _fail(f"Inference-Header-Content-Length {header_length} exceeds the "
                     f"{body_length}-byte body")
-    memory = memoryview(body)
     if header_length == 0:
         return DecodedRequest("", {"": TensorView(body, "UINT8", [body_length])}, None, True,
                               None, raw_binary=True)
+    memory = memoryview(body)
     json_length = body_length if header_length is None else header_length
-    key = None
-    if header_length is not None and parsed is None and json_length <= _KEPT_HEADER_BYTES:
-        key = bytes(memory[:json_length])
-        kept = _kept_headers.get(key)
-        if kept is not None and kept.body_length == body_length:
-            return kept.request(body, ledger)
+    keep = bool(header_length) and parsed is None and json_length <= _KEPT_HEADER_BYTES
     if parsed is None:
         parsed = parse_header(memory[:json_length])
     header = json_object(parsed, "the inference request")
@@ -336,6 +353,8 @@ def decode_infer_body(body: Any, body_length: int, header_length: int | None,
     position = json_length
     strings = 0  # BYTES elements
     for index, raw in enumerate(raw_inputs):
+        if index and not index % TENSORS_A_STEP:
+            yield
         view, position, strings = _decode_input(json_object(raw, f"input {index}"), body,
                                                 body_length, position, strings, ledger, shm)
         if view.name in inputs:
@@ -344,7 +363,7 @@ def decode_infer_body(body: Any, body_length: int, header_length: int | None,
     if position != body_length:
         raise _fail(f"the body has {body_length - position} bytes after the last binary input; "
                     "binary_data_size values must add up to the binary part")
-    outputs = _decode_outputs(header.get("outputs"))
+    outputs = yield from _decode_outputs(header.get("outputs"))
     binary_default = parameters.get("binary_data_output", False)
     if not isinstance(binary_default, bool):
         raise _fail("request parameter 'binary_data_output' must be true or false")
@@ -352,10 +371,10 @@ def decode_infer_body(body: Any, body_length: int, header_length: int | None,
                              request_timeout(parameters), parameters,
                              priority=request_priority(parameters),
                              sequence=request_sequence(parameters))
-    if key is not None and _keeps(decoded, header):
+    if keep and _keeps(decoded, header):
         if len(_kept_headers) >= _KEPT_HEADERS:
             _kept_headers.clear()  # many distinct headers (ids, say): start again, never grow
-        _kept_headers[key] = _KeptHeader(decoded, body_length)
+        _kept_headers[bytes(memory[:json_length])] = _KeptHeader(decoded, body_length)
     return decoded
 
 
@@ -538,7 +557,7 @@ def _json_kind(values: np.ndarray) -> str:
     return "values of other types (null, objects or numbers beyond 64 bits)"
 
 
-def _decode_outputs(raw: Any) -> list[RequestedOutput] | None:
+def _decode_outputs(raw: Any) -> Generator[None, None, list[RequestedOutput] | None]:
     if raw is None:
         return None
     if not isinstance(raw, list):
@@ -546,6 +565,8 @@ def _decode_outputs(raw: Any) -> list[RequestedOutput] | None:
     tensor_count(len(raw), "outputs")
     outputs = []
     for index, item in enumerate(raw):
+        if index and not index % TENSORS_A_STEP:
+            yield
         item = json_object(item, f"output {index}")
         name = item.get("name")
         if not isinstance(name, str) or not name:

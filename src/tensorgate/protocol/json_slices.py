@@ -38,7 +38,7 @@ import numpy as np
 
 from tensorgate.protocol import json_text
 from tensorgate.protocol.infer_codec import (MAX_BYTES_ELEMENTS, MAX_JSON_VALUES,
-                                             DecodedRequest, decode_infer_body,
+                                             DecodedRequest, decode_infer_steps,
                                              header_values_refused, holds_bool, parse_header)
 from tensorgate.protocol.json_nesting import Brackets, even_lists
 from tensorgate.protocol.json_strings import (STRINGS_A_STEP, Strings, string_array,
@@ -108,9 +108,9 @@ def decode_in_slices(body: Any, body_length: int, ledger: CopyLedger,
             if (yield from json_text.marks_over_steps([memory], MAX_JSON_VALUES)):
                 raise header_values_refused()
             document = parse_header(memory, counted=True)
-    if document is None:
-        return decode_infer_body(body, body_length, header_length, ledger, shm)
-    return decode_infer_body(body, body_length, header_length, ledger, shm, parsed=document)
+    decoded: DecodedRequest = yield from decode_infer_steps(body, body_length, header_length,
+                                                            ledger, shm, parsed=document)
+    return decoded
 
 
 # an array's text in the body: its `[`, one past its `]`, and for a nested one its
