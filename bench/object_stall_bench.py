@@ -148,6 +148,20 @@ def _arrays_body(count: int, mixed: bool | str) -> tuple[bytes, dict[str, str]]:
                       separators=(",", ":")).encode(), {}
 
 
+def _tensors_body(count: int, wire: bool | str) -> tuple[bytes, dict[str, str]]:
+    """`count` FP32 inputs of one number each and as many outputs (MAX_TENSORS: decoded,
+    then refused, the model has no such inputs), as JSON or binary."""
+    binary = wire == "binary"
+    header = json.dumps({"inputs": [
+        {"name": f"X{i}", "datatype": "FP32", "shape": [1],
+         **({"parameters": {"binary_data_size": 4}} if binary else {"data": [1.5]})}
+        for i in range(count)], "outputs": [{"name": f"Y{i}"} for i in range(count)]},
+        separators=(",", ":")).encode()
+    if not binary:
+        return header, {}
+    return header + bytes(4 * count), {"Inference-Header-Content-Length": str(len(header))}
+
+
 def _gzip_body(count: int, mixed: bool | str) -> tuple[bytes, dict[str, str]]:
     """`count` random INT64 values for the sum model, binary, the body gzipped (level 1:
     random values barely shrink, so the server decompresses about as much as it reads)."""
@@ -161,7 +175,8 @@ def _gzip_body(count: int, mixed: bool | str) -> tuple[bytes, dict[str, str]]:
 def _http(count: int, mixed: bool | str, as_json: bool | str = False,
           model: str = "count") -> Send:
     builder = {"escapes": _escapes_body, "inputs": _inputs_body, "arrays": _arrays_body,
-               "gzip": _gzip_body, True: _json_body, False: _bytes_body}[as_json]
+               "gzip": _gzip_body, "tensors": _tensors_body, True: _json_body,
+               False: _bytes_body}[as_json]
     body, headers = builder(count, mixed)
 
     def send(port: int, grpc_port: int) -> tuple[str, float]:
@@ -188,6 +203,15 @@ def _grpc(shape: str) -> Send:
     elif shape == "outputs":
         for _ in range(1_000_000):
             request.outputs.add(name="N")
+    elif shape == "empty outputs":  # under MAX_MESSAGE_PARTS: walked, parsed, then refused
+        for _ in range(65_000):
+            request.outputs.add()
+    elif shape == "tensors":  # MAX_TENSORS of each: decoded, then refused by the model
+        del request.inputs[:], request.raw_input_contents[:]
+        for i in range(4096):
+            request.inputs.add(name=f"X{i}", datatype="FP32", shape=[1])
+            request.raw_input_contents.append(bytes(4))
+            request.outputs.add(name=f"Y{i}")
     else:
         del item.shape[:]
         item.shape.extend([1] * 20_000_000)
@@ -258,11 +282,15 @@ CASES: dict[str, Callable[[], Send]] = {
     "HTTP JSON BYTES, 16,000 inputs of one string": lambda: _http(16_000, False,
                                                                   as_json="inputs"),
     "HTTP JSON, 24 FP32 arrays of 235 KB": lambda: _http(24, False, as_json="arrays"),
+    "HTTP JSON, 4,096 inputs and outputs": lambda: _http(4096, "json", as_json="tensors"),
+    "HTTP binary, 4,096 inputs and outputs": lambda: _http(4096, "binary", as_json="tensors"),
     "HTTP gzip, 48 MB of random INT64": lambda: _http(6_000_000, False, as_json="gzip",
                                                       model="sum"),
     "gRPC, 1.5M request parameters": lambda: _grpc("request parameters"),
     "gRPC, 1.5M input parameters": lambda: _grpc("input parameters"),
     "gRPC, 1M outputs": lambda: _grpc("outputs"),
+    "gRPC, 65,000 empty outputs": lambda: _grpc("empty outputs"),
+    "gRPC, 4,096 inputs and outputs": lambda: _grpc("tensors"),
     "gRPC, 20M dims": lambda: _grpc("dims"),
     "gRPC INT64 contents, 60M one-byte": lambda: _contents(60_000_000, False),
     "gRPC INT64 contents, 5M ten-byte": lambda: _contents(5_000_000, True),

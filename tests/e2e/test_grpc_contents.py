@@ -259,6 +259,26 @@ def test_a_sequence_s_compressed_requests_on_a_stream_run_in_order(
         (1, 3_750_000), (2, 1)]
 
 
+def test_a_sequence_s_request_of_many_fields_keeps_its_place_on_a_stream(
+        server: RunningServer) -> None:
+    """A message of many fields is split a step of fields at a time (65,000 held the loop
+    for 155 ms); the sequence's request after it, split at once, must not pass it. The first
+    carries 6,000 parameters (24,000 parts: a few dozen steps), both answered in order."""
+    def step(count: int, padding: int, **flags: bool) -> bytes:
+        request = pb.ModelInferRequest(model_name="count_up")
+        request.inputs.add(name="X", datatype="INT64", shape=[1, count])
+        request.raw_input_contents.append(np.ones(count, "<i8").tobytes())
+        request.parameters["sequence_id"].int64_param = 79
+        for flag, on in flags.items():
+            request.parameters[flag].bool_param = on
+        for k in range(padding):
+            request.parameters[f"pad{k}"].int64_param = k
+        return request.SerializeToString()
+
+    requests = [step(3, 6000, sequence_start=True), step(1, 0, sequence_end=True)]
+    assert _count_up_on_a_stream(server, requests) == [(1, 3), (2, 1)]
+
+
 def test_fp32_contents_are_received_like_raw_tensors_without_a_copy(
         server: RunningServer) -> None:
     """The receiver places the message so that the packed floats start 64-byte aligned, as

@@ -29,10 +29,9 @@ from tensorgate.network.grpc_messages import (CODES, OK_TRAILERS, RESPONSE_HEADE
 from tensorgate.network.grpc_methods import API_GROUP, INFERENCE_SERVICE, UNARY, model_infer
 from tensorgate.network.grpc_stream import StreamCall
 from tensorgate.network.tls import HANDSHAKE_TIMEOUT_S, Handshakes
-from tensorgate.protocol.grpc_codec import parse_bounded
+from tensorgate.protocol.grpc_codec import parse_bounded_steps
 from tensorgate.protocol.restricted import Restrictions, refusal
 from tensorgate.protocol.status import codes_for
-from tensorgate.protocol.steps import run_through
 from tensorgate.tensor.copies import CopyLedger
 from tensorgate.tensor.pool import BufferPool
 
@@ -195,9 +194,7 @@ class _Call:
                     # a request of a sequence may be inside: its place among the
                     # connection's is kept while it decompresses in steps
                     turn = self.connection.in_order.turn()
-                    message = await in_steps(inflating)
-                else:
-                    message = run_through(inflating)
+                message = await in_steps(inflating)
             if self.path == _MODEL_INFER:
                 parts, trace = await model_infer(
                     dp, self.connection, message, ledger, self.deadline_ns,
@@ -205,7 +202,7 @@ class _Call:
                     traceparent=self.traceparent, turn=turn)
             else:
                 request_type, handler = UNARY[self.path]
-                request = parse_bounded(request_type, bytes(message))
+                request = await in_steps(parse_bounded_steps(request_type, bytes(message)))
                 parts = [(await handler(dp, request)).SerializeToString()]
         except asyncio.CancelledError:
             return

@@ -16,19 +16,42 @@ from tensorgate.errors import InvalidArgumentError, NotFoundError
 from tensorgate.network import http2, in_steps
 from tensorgate.network.in_order import InOrder, Turn
 from tensorgate.protocol.grpc_codec import (TensorSpans, decode_model_infer_steps,
-                                            encode_model_infer_parts, split_model_infer,
+                                            encode_model_infer_parts, split_model_infer_steps,
                                             statistics_message)
-from tensorgate.protocol.infer_codec import DecodedRequest
+from tensorgate.protocol.infer_codec import TENSORS_A_STEP, DecodedRequest
 from tensorgate.protocol.steps import run_through
 from tensorgate.tensor.copies import CopyLedger
 
 if TYPE_CHECKING:
     from tensorgate.pipeline.trace import Trace
 
-__all__ = ["API_GROUP", "INFERENCE_SERVICE", "UNARY", "model_infer", "model_infer_responses"]
+__all__ = ["API_GROUP", "INFERENCE_SERVICE", "UNARY", "model_infer", "model_infer_responses",
+           "split_request"]
 
 INFERENCE_SERVICE = "inference.GRPCInferenceService"
 _HEALTH_SERVICE = "grpc.health.v1.Health"
+
+
+async def split_request(message: Any, in_order: InOrder, turn: Turn | None
+                        ) -> tuple[pb.ModelInferRequest, TensorSpans, Turn | None]:
+    """split_model_infer of a request message, in steps when it has many fields (a hostile
+    65,000 held the loop for 155 ms); and its turn: `turn`, or one taken before the first
+    wait, since it may be a sequence's and the next request must not pass it (ended here if
+    the split fails; else the caller's to end)."""
+    steps = split_model_infer_steps(memoryview(message))
+    try:
+        next(steps)
+    except StopIteration as done:  # a few fields, split in one go: the ordinary request
+        request, spans = done.value
+        return request, spans, turn
+    taken = in_order.turn() if turn is None else None
+    try:
+        request, spans = await in_steps(steps)
+    except BaseException:
+        if taken is not None:
+            taken.end()
+        raise
+    return request, spans, turn or taken
 
 
 async def _decode(dp: DataPlane, message: Any, ledger: CopyLedger, deadline_ns: int | None,
@@ -36,10 +59,11 @@ async def _decode(dp: DataPlane, message: Any, ledger: CopyLedger, deadline_ns: 
                   forwarded: dict[str, str] | None, in_order: InOrder, turn: Turn | None
                   ) -> tuple[pb.ModelInferRequest, DecodedRequest]:
     if request is None or spans is None:
-        request, spans = split_model_infer(memoryview(message))
+        request, spans, turn = await split_request(message, in_order, turn)
     steps = decode_model_infer_steps(request, ledger, dp.shm, message=message, spans=spans)
     # Typed contents taken out of the message are decoded a piece at a time, the loop
-    # serving others between pieces (60 MB of varints: 0.5 s); anything else in one go. A
+    # serving others between pieces (60 MB of varints: 0.5 s), and many tensors a step's
+    # worth at a time; anything else in one go. A
     # request in a sequence keeps its place among its connection's: the next must not pass
     # it while it waits. (`turn`: the place taken as it arrived, by a request that waited
     # before it could be read, decompressing; not a sequence's, it gives its place up.)
@@ -50,8 +74,10 @@ async def _decode(dp: DataPlane, message: Any, ledger: CopyLedger, deadline_ns: 
     elif turn is None:
         turn = in_order.turn()
     try:
-        decoded: DecodedRequest = (run_through(steps) if spans.contents is None
-                                   else await in_steps(steps))
+        decoded: DecodedRequest = (
+            run_through(steps) if spans.contents is None and max(
+                len(request.inputs), len(request.outputs)) <= TENSORS_A_STEP
+            else await in_steps(steps))
         if turn is not None:
             await turn.wait()
     finally:

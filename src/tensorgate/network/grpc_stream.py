@@ -34,10 +34,10 @@ from tensorgate.errors import TensorgateError
 from tensorgate.network import PoolRelief, http2, in_steps, stalled_message
 from tensorgate.network.grpc_messages import (CODES, OK_TRAILERS, RESPONSE_HEADERS, CallHeaders,
                                               Failure, MessageReader, inflate_message, trailers)
-from tensorgate.network.grpc_methods import model_infer, model_infer_responses
+from tensorgate.network.grpc_methods import model_infer, model_infer_responses, split_request
 from tensorgate.network.in_order import Turn
-from tensorgate.protocol.grpc_codec import (TensorSpans, split_model_infer,
-                                            stream_error_message, stream_response_parts)
+from tensorgate.protocol.grpc_codec import (TensorSpans, stream_error_message,
+                                            stream_response_parts)
 from tensorgate.tensor.copies import CopyLedger
 from tensorgate.tensor.pool import BufferPool
 
@@ -202,7 +202,8 @@ class StreamCall:
                 turn = self.connection.in_order.turn()
                 message = await in_steps(inflate_message(message, encoding, self._limit,
                                                          ledger, self.reader.acquire))
-            request, spans = split_model_infer(memoryview(message))
+            request, spans, turn = await split_request(message, self.connection.in_order,
+                                                       turn)
             if self.dataplane.is_decoupled(request.model_name, request.model_version):
                 await self._respond_each(message, ledger, request, spans, received_ns, turn)
                 return
