@@ -162,6 +162,18 @@ def _tensors_body(count: int, wire: bool | str) -> tuple[bytes, dict[str, str]]:
     return header + bytes(4 * count), {"Inference-Header-Content-Length": str(len(header))}
 
 
+def _decoy_body(count: int, lone: bool | str) -> tuple[bytes, dict[str, str]]:
+    """`count` FP32 inputs of 250 numbers (1.3 KB each, too small to be cut out), a NaN
+    (so orjson refuses the text and json parses it) and a parameter whose text may hold a
+    surrogate's escape: an escaped backslash before "ud800" (a decoy), or a lone one."""
+    values = [1.5] * 250
+    header = json.dumps({"inputs": [{"name": f"X{i}", "datatype": "FP32", "shape": [250],
+                                     "data": values} for i in range(count)],
+                         "parameters": {"note": "\ud800" if lone == "lone" else "\\ud800"}},
+                        separators=(",", ":")).replace('"data":[1.5', '"data":[NaN', 1)
+    return header.encode(), {}
+
+
 def _gzip_body(count: int, mixed: bool | str) -> tuple[bytes, dict[str, str]]:
     """`count` random INT64 values for the sum model, binary, the body gzipped (level 1:
     random values barely shrink, so the server decompresses about as much as it reads)."""
@@ -175,7 +187,8 @@ def _gzip_body(count: int, mixed: bool | str) -> tuple[bytes, dict[str, str]]:
 def _http(count: int, mixed: bool | str, as_json: bool | str = False,
           model: str = "count") -> Send:
     builder = {"escapes": _escapes_body, "inputs": _inputs_body, "arrays": _arrays_body,
-               "gzip": _gzip_body, "tensors": _tensors_body, True: _json_body,
+               "gzip": _gzip_body, "tensors": _tensors_body, "decoy": _decoy_body,
+               True: _json_body,
                False: _bytes_body}[as_json]
     body, headers = builder(count, mixed)
 
@@ -284,6 +297,10 @@ CASES: dict[str, Callable[[], Send]] = {
     "HTTP JSON, 24 FP32 arrays of 235 KB": lambda: _http(24, False, as_json="arrays"),
     "HTTP JSON, 4,096 inputs and outputs": lambda: _http(4096, "json", as_json="tensors"),
     "HTTP binary, 4,096 inputs and outputs": lambda: _http(4096, "binary", as_json="tensors"),
+    "HTTP JSON, 1M numbers with a NaN and a surrogate decoy": lambda: _http(
+        4000, "decoy", as_json="decoy"),
+    "HTTP JSON, 1M numbers with a NaN and a lone surrogate": lambda: _http(
+        4000, "lone", as_json="decoy"),
     "HTTP gzip, 48 MB of random INT64": lambda: _http(6_000_000, False, as_json="gzip",
                                                       model="sum"),
     "gRPC, 1.5M request parameters": lambda: _grpc("request parameters"),

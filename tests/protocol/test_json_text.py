@@ -133,6 +133,52 @@ def test_text_is_refused_exactly_when_it_holds_a_lone_surrogate(value: Any,
             json_text.loads(text)
 
 
+def _first_in_order(value: Any, path: str = "") -> str | None:
+    """The message for the first lone surrogate in document order, found the plain way."""
+    if isinstance(value, str):
+        for char in value:
+            if not _encodes(char):
+                return f"the string at {path or 'the top'} holds a lone surrogate " \
+                       f"({ascii(char)[1:-1]})"
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            found = _first_in_order(item, f"{path}[{index}]")
+            if found:
+                return found
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            named = f"{path}.{ascii(key)[1:-1]}" if path else ascii(key)[1:-1]
+            for char in key:
+                if not _encodes(char):
+                    return f"the key {named} holds a lone surrogate ({ascii(char)[1:-1]})"
+            found = _first_in_order(item, named)
+            if found:
+                return found
+    return None
+
+
+@settings(max_examples=300, deadline=None)
+@given(value=_WITH_SURROGATES, big=st.booleans(), deep=st.booleans())
+def test_the_first_lone_surrogate_in_the_text_is_the_one_named(value: Any, big: bool,
+                                                              deep: bool) -> None:
+    """Found by halving, orjson telling which halves hold one, or, where orjson will not
+    write a value (an integer past 64 bits, 300 nested lists), a level at a time: the
+    first in document order either way, named by its path."""
+    if big:
+        value = [2**70, value]
+    if deep:
+        for _ in range(300):
+            value = [value]
+    text = json.dumps(value).encode("utf-8", "surrogatepass")
+    expected = _first_in_order(json.loads(text))
+    if expected is None:
+        json_text.loads(text)
+    else:
+        with pytest.raises(ValueError) as refused:
+            json_text.loads(text)
+        assert str(refused.value) == f"{expected}, which is not valid Unicode"
+
+
 @pytest.mark.parametrize("dtype", ["float16", "float32", "float64", "int8", "int16", "int32",
                                    "int64", "uint8", "uint16", "uint32", "uint64", "bool"])
 def test_arrays_are_written_so_they_read_back_exactly(dtype: str) -> None:
