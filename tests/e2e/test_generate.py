@@ -6,6 +6,7 @@ HTTP/1.1 with the standard library, as curl or an LLM client would."""
 
 from __future__ import annotations
 
+import gzip
 import http.client
 import json
 import socket
@@ -54,6 +55,25 @@ def test_generate_answers_one_flat_object(server: RunningServer) -> None:
     assert status == 200
     assert answer == {"model_name": "shout", "model_version": "1",
                       "text_output": "HELLO WORLD", "length": 11}
+
+
+@pytest.mark.parametrize("path", ["generate", "generate_stream"])
+def test_a_compressed_generate_body_is_read_as_it_is_plain(server: RunningServer,
+                                                            path: str) -> None:
+    """Decompressed a piece at a time, as infer's bodies (this server takes 1 MiB at most:
+    one piece here)."""
+    text = "hello " * 150_000
+    connection = _connect(server)
+    try:
+        connection.request("POST", f"/v2/models/shout/{path}",
+                           gzip.compress(json.dumps({"text_input": text}).encode(), 1),
+                           {"Content-Type": "application/json", "Content-Encoding": "gzip"})
+        response = connection.getresponse()
+        assert response.status == 200, response.read()
+        answer = json.loads(response.read()) if path == "generate" else _events(response)[0]
+    finally:
+        connection.close()
+    assert answer["text_output"] == text.upper() and answer["length"] == len(text)
 
 
 def test_generate_fits_numbers_to_the_input_dims(server: RunningServer) -> None:
