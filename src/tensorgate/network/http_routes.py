@@ -256,7 +256,13 @@ async def _generate_answers(dp: DataPlane, request: HttpRequest, model: str,
     decoded = dp.generate_request(model, version, decode_generate_body(body, length),
                                   request.ledger)
     decoded.forwarded = forward_headers(request.headers.items(), request.forward)
-    return dp.infer_stream(model, version, decoded, request.ledger, _trace(dp, request, model))
+    answers = dp.infer_stream(model, version, decoded, request.ledger,
+                              _trace(dp, request, model))
+    try:
+        async for answer in answers:
+            yield answer
+    finally:
+        await answers.aclose()
 
 
 def _trace(dp: DataPlane, request: HttpRequest, model: str) -> Trace | None:
@@ -272,7 +278,7 @@ def _trace(dp: DataPlane, request: HttpRequest, model: str) -> Trace | None:
 async def _generate(dp: DataPlane, request: HttpRequest, model: str, version: str) -> Any:
     """Triton's generate extension: one JSON object in, one out (protocol/generate_codec.py).
     A decoupled model may answer it only with exactly one response."""
-    answers = await _generate_answers(dp, request, model, version)
+    answers = _generate_answers(dp, request, model, version)
     answer: bytes | None = None
     try:
         async for result, outputs, _, _ in answers:
@@ -297,7 +303,7 @@ async def _generate_stream(dp: DataPlane, request: HttpRequest, model: str,
     """Each response as one Server-Sent Event, as the model makes it. The first is awaited
     before answering, so that a request that fails before it gets an HTTP error status; an
     error after it comes as an event `{"error": ...}` and ends the stream."""
-    answers = await _generate_answers(dp, request, model, version)
+    answers = _generate_answers(dp, request, model, version)
     try:
         first = await anext(answers, None)
     except BaseException:
