@@ -185,6 +185,30 @@ def test_a_body_of_many_small_arrays_gives_the_loop_turns_and_is_refused_by_coun
     assert count >= 20_000 // 256
 
 
+def test_many_small_arrays_are_cut_out_when_together_they_are_large(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """2,000 inputs of 200 numbers (1.3 KB each, a NaN among them): left in the rest of the
+    body they were parsed in one go with it (4,000 such held the loop 75 ms, 125 with a NaN,
+    which sends the parse to json); cut out, they are parsed a step's bytes at a time. More
+    inputs than MAX_TENSORS are refused before their arrays are parsed, as whole."""
+    _real_sizes(monkeypatch)
+    values = [0.5] * 200
+    body = json.dumps({"inputs": [{"name": f"x{i}", "datatype": "FP32", "shape": [200],
+                                   "data": values} for i in range(2000)]},
+                      separators=(",", ":")).replace("0.5", "NaN", 1).encode()
+    sliced, whole, turns = both(body)
+    assert sliced == whole and sliced[0] == "decoded" and len(sliced[2]) == 2000
+    assert turns >= len(body) // json_slices.SLICE_BYTES
+    assert len(run_steps(json_slices._array_spans(memoryview(body)))) == 2000  # each cut out
+    few = body[:body.index(b',{"name":"x150"')] + b"]}"  # 195 KB of them: left in the rest
+    assert run_steps(json_slices._array_spans(memoryview(few))) == []
+    body = json.dumps({"inputs": [{"name": f"x{i}", "datatype": "FP32", "shape": [60],
+                                   "data": values[:60]} for i in range(5000)]}).encode()
+    sliced, whole, turns = both(body)
+    assert sliced == whole == ("refused", "InvalidArgumentError", "the request names 5,000 "
+                               "inputs; at most 4,096 are accepted")
+
+
 def test_a_large_nested_array_is_parsed_in_many_slices() -> None:
     """data as x.tolist() sends it: read in row-major order, in slices."""
     values = np.linspace(-3, 3, 360, dtype=np.float32).reshape(4, 9, 10)

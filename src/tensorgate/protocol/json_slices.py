@@ -39,7 +39,8 @@ import numpy as np
 from tensorgate.protocol import json_text
 from tensorgate.protocol.infer_codec import (MAX_BYTES_ELEMENTS, MAX_JSON_VALUES,
                                              DecodedRequest, decode_infer_steps,
-                                             header_values_refused, holds_bool, parse_header)
+                                             header_values_refused, holds_bool, parse_header,
+                                             tensor_count)
 from tensorgate.protocol.json_nesting import Brackets, even_lists
 from tensorgate.protocol.json_strings import (STRINGS_A_STEP, Strings, string_array,
                                               strings_layout)
@@ -135,6 +136,8 @@ def _array_spans(memory: memoryview) -> Generator[None, None, list[Span]]:
     checks them."""
     octets = np.frombuffer(memory, np.uint8)
     spans = []
+    small: list[Span] = []  # cut out too when together they are more than a step's parse
+    small_bytes = 0
     position = 0
     keys = 0
     while (start := (yield from _next_key(memory, position))) is not None:
@@ -172,7 +175,12 @@ def _array_spans(memory: memoryview) -> Generator[None, None, list[Span]]:
         if end + 1 - start >= SLICE_BYTES // _SPAN_PARTS or (
                 isinstance(kind, Strings) and len(kind.closes) > STRINGS_A_STEP):
             spans.append((start, end + 1, kind))
-    return spans
+        else:
+            small.append((start, end + 1, kind))
+            small_bytes += end + 1 - start
+    if small_bytes < SLICE_BYTES:
+        return spans
+    return sorted(spans + small, key=lambda span: span[0])
 
 
 def _next_key(memory: memoryview, position: int) -> Generator[None, None, int | None]:
@@ -299,8 +307,14 @@ def _parsed(memory: memoryview, spans: list[Span]) -> Generator[None, None, Any]
     holders = _holders(document, len(spans))
     if holders is None:
         return None
+    tensor_count(len(document["inputs"]), "inputs")  # refused before its arrays are parsed
     strings = 0
+    parsed = 0  # bytes of arrays parsed since the last yield
     for (start, end, kind), entry in zip(spans, holders):
+        parsed += end - start
+        if parsed >= SLICE_BYTES:
+            parsed = 0
+            yield
         if isinstance(kind, Strings):
             strings += len(kind.closes)
             if (entry.get("datatype") != "BYTES" or strings > MAX_BYTES_ELEMENTS
@@ -379,7 +393,8 @@ def _array(memory: memoryview, start: int, end: int, bools: bool
             return None  # an empty slice hides ",,"; true/false are the whole path's to name
         pieces.append(np.asarray(values))
         begin = cut + 1
-        yield
+        if begin < close:  # a whole slice parsed; after the last the caller yields
+            yield
     if not pieces or begin != close + 1:
         return None  # no values, or a trailing comma
     return pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
