@@ -63,10 +63,10 @@ async def _decode(dp: DataPlane, message: Any, ledger: CopyLedger, deadline_ns: 
     steps = decode_model_infer_steps(request, ledger, dp.shm, message=message, spans=spans)
     # Typed contents taken out of the message are decoded a piece at a time, the loop
     # serving others between pieces (60 MB of varints: 0.5 s), and many tensors a step's
-    # worth at a time; anything else in one go. A
-    # request in a sequence keeps its place among its connection's: the next must not pass
-    # it while it waits. (`turn`: the place taken as it arrived, by a request that waited
-    # before it could be read, decompressing; not a sequence's, it gives its place up.)
+    # worth at a time; anything else in one go. A request in a sequence keeps its place
+    # among its connection's: the next must not pass it while it waits. (`turn`: the place
+    # taken as it arrived, by a request that waited before it could be read, decompressing
+    # or split in steps; not a sequence's, it gives its place up.)
     if "sequence_id" not in request.parameters:
         if turn is not None:
             turn.end()
