@@ -16,7 +16,8 @@ from tensorgate.protocol.grpc_codec import (MAX_MESSAGE_PARTS, PARTS_A_STEP,
                                             first_tensor_offset, parse_bounded_steps,
                                             scan_for_tensor, split_model_infer,
                                             split_model_infer_steps)
-from tensorgate.protocol.protobuf_wire import varint_bytes
+from tensorgate.protocol.grpc_contents import split_contents_steps
+from tensorgate.protocol.protobuf_wire import PartsBudget, varint_bytes
 from tensorgate.protocol.steps import run_through
 from tensorgate.tensor import CopyLedger
 from tests.protocol.sliced_and_whole import run_steps
@@ -66,6 +67,26 @@ def test_an_input_whose_contents_are_taken_out_is_counted_too(where: str) -> Non
                + b"\x2a" + varint_bytes(len(inner)) + inner)
     with pytest.raises(InvalidArgumentError, match=f"^ModelInferRequest {REFUSAL}$"):
         split_model_infer(memoryview(message))
+
+
+def test_an_input_looked_into_for_its_contents_is_walked_in_steps() -> None:
+    """30,000 unknown fields of one input around its contents (under the bound) are walked
+    a step of fields at a time, as the message's own are (65,000 held the loop 20 ms)."""
+    values = pb.InferTensorContents(fp32_contents=[1.0] * 400).SerializeToString()
+    item = pb.ModelInferRequest.InferInputTensor(name="x", datatype="FP32", shape=[400])
+    inner = (item.SerializeToString() + bytes([9 << 3, 1]) * 30_000
+             + b"\x2a" + varint_bytes(len(values)) + values)
+    head = pb.ModelInferRequest(model_name="m").SerializeToString() + b"\x2a" + \
+        varint_bytes(len(inner))
+    message = memoryview(head + inner)
+    turns: list[int] = []
+    field, (offset, length) = run_steps(split_contents_steps(
+        message, len(head), len(message), PartsBudget("ModelInferRequest", 40_000)), turns)
+    assert len(turns) == 30_003 // PARTS_A_STEP  # its name, datatype, shape, junk, contents
+    assert bytes(message[offset:offset + length]) == values
+    taken = pb.ModelInferRequest.FromString(field).inputs[0]  # its unknown fields kept
+    assert (taken.name, taken.datatype, list(taken.shape), taken.HasField("contents")) == (
+        "x", "FP32", [400], False)
 
 
 @pytest.mark.parametrize("inputs, junk", [(1, 70_000), (4, 20_000)])

@@ -5,8 +5,8 @@ Clients that do not use raw_input_contents (KServe's SDK, hand-written ones) sen
 here. numpy made an array of protobuf's repeated field at ~30 ns an element, one Python
 object each, on the event loop. Read from the wire instead, a packed FP32 or FP64 field is
 the tensor's little-endian bytes (a view of the received message), and a varint field
-decodes with a few numpy passes a piece. `split_contents` takes a large input's contents out
-of the message before protobuf parses it, so that protobuf neither copies them nor unpacks
+decodes with a few numpy passes a piece. `split_contents_steps` takes a large input's
+contents out of the message before protobuf parses it, so that protobuf neither copies them nor unpacks
 varints into 8 bytes each (60 million one-byte varints: 0.7 s and 480 MB in upb, then as
 long again to serialize them for reading); only numeric contents protobuf itself would have
 to merge (an element sent unpacked) are still parsed by it. BYTES contents are read a field
@@ -25,13 +25,13 @@ from typing import Any
 import numpy as np
 
 from tensorgate.errors import InvalidArgumentError
-from tensorgate.protocol.protobuf_wire import (LENGTH_DELIMITED, PartsBudget, fields,
-                                               varint_bytes, whole_fields)
+from tensorgate.protocol.protobuf_wire import (LENGTH_DELIMITED, PARTS_A_STEP, PartsBudget,
+                                               fields, varint_bytes, whole_fields)
 from tensorgate.protocol.steps import run_through
 from tensorgate.tensor.dtypes import DataType
 
 __all__ = ["CONTENTS_APART", "check_count", "contents_array", "contents_values_offset",
-           "split_contents", "wire_contents_steps", "wire_strings_steps"]
+           "split_contents_steps", "wire_contents_steps", "wire_strings_steps"]
 
 # field name → (field number, how its packed bytes read: a numpy dtype, or "varint")
 _FIELDS = {"bool_contents": (1, "varint"), "int_contents": (2, "varint"),
@@ -57,17 +57,22 @@ _LENGTH = struct.Struct("<I")  # a BYTES element's length in the tensor layout
 _STRINGS_A_STEP = 8192  # bytes_contents elements read between two yields (~4 ms)
 
 
-def split_contents(message: memoryview, start: int, stop: int, budget: PartsBudget
-                   ) -> tuple[bytes, tuple[int, int]] | None:
+def split_contents_steps(message: memoryview, start: int, stop: int, budget: PartsBudget
+                         ) -> Generator[None, None, tuple[bytes, tuple[int, int]] | None]:
     """For the InferInputTensor in message[start:stop], that input's field again without its
     contents (tag, length, other fields) and the contents' (offset, length) in `message`;
     None when it has no contents, or more than one to merge, or is malformed (protobuf then
-    parses it whole, and says what is wrong). Each field walked spends one of `budget`."""
+    parses it whole, and says what is wrong). Each field walked spends one of `budget`; a
+    yield after each PARTS_A_STEP (65,000 parameters of one input held the loop 20 ms)."""
     found = None
     at = start
+    walked = 0
     for number, kind, value_start, value_stop, complete in fields(message, stop, start,
                                                                  "InferInputTensor"):
         budget.spend()
+        walked += 1
+        if not walked % PARTS_A_STEP:
+            yield
         if not complete:
             return None
         if number == _CONTENTS_FIELD:

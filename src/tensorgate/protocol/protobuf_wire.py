@@ -10,8 +10,8 @@ from collections.abc import Iterator
 
 from tensorgate.errors import InvalidArgumentError
 
-__all__ = ["LENGTH_DELIMITED", "MAX_MESSAGE_PARTS", "VARINT", "PartsBudget", "fields",
-           "too_many_parts", "varint", "varint_bytes", "whole_fields"]
+__all__ = ["LENGTH_DELIMITED", "MAX_MESSAGE_PARTS", "PARTS_A_STEP", "VARINT", "PartsBudget",
+           "fields", "too_many_parts", "varint", "varint_bytes", "whole_fields"]
 
 VARINT, LENGTH_DELIMITED = 0, 2  # the wire types read by kind here; 1 and 5 are fixed 8 and 4
 
@@ -23,6 +23,10 @@ VARINT, LENGTH_DELIMITED = 0, 2  # the wire types read by kind here; 1 and 5 are
 # request may name (MAX_TENSORS: 4,096 inputs of ~5 parts, 4,096 outputs, their raw
 # contents); counting 65,536 takes ~30 ms.
 MAX_MESSAGE_PARTS = 65_536
+
+# Fields walked in Python between two yields: ~1-2.5 µs each (a message of 65,000 empty
+# outputs, 131 KB, held the loop for 155 ms in one step)
+PARTS_A_STEP = 1024
 
 
 def too_many_parts(name: str) -> InvalidArgumentError:
