@@ -361,6 +361,41 @@ def test_bytes_contents_taken_out_decode_as_protobufs_parse(strings: list[bytes]
     assert got["x"].tolist() == expected["x"].tolist() == values
 
 
+# lengths about where a string's length takes one, two and three bytes
+_LENGTHS = st.integers(0, 130) | st.integers(16_380, 16_390)
+
+
+@settings(max_examples=60, deadline=None)
+@given(lengths=st.lists(_LENGTHS, min_size=1, max_size=300),
+       unknown=st.lists(st.integers(0, 299), max_size=3), padded=st.booleans())
+def test_runs_of_bytes_contents_lay_out_as_protobufs_parse(lengths: list[int],
+                                                          unknown: list[int],
+                                                          padded: bool) -> None:
+    """Runs of strings whose lengths take one or two bytes are found in a tight loop and,
+    from 64 of them, laid out by numpy; a string of 16 KiB or more, an unknown field or a
+    non-canonical length (two bytes for a short one) ends a run. Whatever the mix, the
+    layout holds protobuf's strings."""
+    values = [bytes([i % 251]) * n for i, n in enumerate(lengths)]
+    pieces = [field(8, value) for value in values]
+    if padded and values and len(values[0]) < 128:  # 0x80 0x00 is a length too
+        pieces[0] = bytes([8 << 3 | 2, 0x80 | len(values[0]), 0x00]) + values[0]
+    for at in sorted(set(unknown), reverse=True):
+        pieces.insert(min(at, len(pieces)), bytes([9 << 3, 1]))  # field 9, a varint
+    message = _input(b"".join(pieces), "BYTES", len(values))
+    got, expected = _decoded(message), _parsed(message)
+    assert got["x"].tolist() == expected["x"].tolist() == values
+
+
+@pytest.mark.parametrize("count", [63, 64, 500])
+@pytest.mark.parametrize("low, high", [(0, 128), (120, 300), (16_000, 16_384)])
+def test_a_run_of_strings_each_way_it_is_laid_out(count: int, low: int, high: int) -> None:
+    """Under 64 strings a run is laid out one string at a time, from 64 by numpy: lengths
+    of one byte, across one and two, and two (their high byte written too)."""
+    values = [bytes([i % 251]) * (low + i * 7919 % (high - low)) for i in range(count)]
+    message = _input(b"".join(field(8, value) for value in values), "BYTES", count)
+    assert _decoded(message)["x"].tolist() == values
+
+
 def test_more_bytes_contents_than_protobufs_counted_parse_took_are_read() -> None:
     """100,000 strings: refused before as more than 65,536 parts; the shape bounds them now
     (a million at most in a request, infer_codec.MAX_BYTES_ELEMENTS)."""
