@@ -260,6 +260,19 @@ def _contents(count: int, full: bool | str) -> Send:
     return _grpc_send(head + b"\x2a" + varint_bytes(len(tensor)) + tensor)  # inputs
 
 
+def _strings(count: int, mixed: bool | str) -> Send:
+    """`count` strings as typed bytes_contents (KServe's SDK sends BYTES so), to the count
+    model: tokens, or lengths of 0-300 bytes."""
+    request = pb.ModelInferRequest(model_name="count")
+    item = request.inputs.add(name="T", datatype="BYTES", shape=[count])
+    if mixed:
+        lengths = np.random.default_rng(0).integers(0, 300, count)
+        item.contents.bytes_contents.extend(b"s" * int(n) for n in lengths)
+    else:
+        item.contents.bytes_contents.extend(b"tok%d" % i for i in range(count))
+    return _grpc_send(request.SerializeToString())
+
+
 def _grpc_send(data: bytes, stream: bool = False) -> Send:
     def send(port: int, grpc_port: int) -> tuple[str, float]:
         limit = [("grpc.max_send_message_length", 1 << 30),
@@ -309,6 +322,8 @@ CASES: dict[str, Callable[[], Send]] = {
     "gRPC, 65,000 empty outputs": lambda: _grpc("empty outputs"),
     "gRPC, 4,096 inputs and outputs": lambda: _grpc("tensors"),
     "gRPC, 20M dims": lambda: _grpc("dims"),
+    "gRPC BYTES contents, 1M tokens": lambda: _strings(1_000_000, False),
+    "gRPC BYTES contents, 300K of 0-300 bytes": lambda: _strings(300_000, True),
     "gRPC INT64 contents, 60M one-byte": lambda: _contents(60_000_000, False),
     "gRPC INT64 contents, 5M ten-byte": lambda: _contents(5_000_000, True),
     "gRPC INT64 raw contents, 60 MB": lambda: _contents(60_000_000, "raw"),

@@ -387,11 +387,15 @@ def test_runs_of_bytes_contents_lay_out_as_protobufs_parse(lengths: list[int],
 
 
 @pytest.mark.parametrize("count", [63, 64, 500])
-@pytest.mark.parametrize("low, high", [(0, 128), (120, 300), (16_000, 16_384)])
-def test_a_run_of_strings_each_way_it_is_laid_out(count: int, low: int, high: int) -> None:
-    """Under 64 strings a run is laid out one string at a time, from 64 by numpy: lengths
-    of one byte, across one and two, and two (their high byte written too)."""
-    values = [bytes([i % 251]) * (low + i * 7919 % (high - low)) for i in range(count)]
+@pytest.mark.parametrize("low, high, long_every", [
+    (0, 40, 0), (0, 40, 40), (0, 128, 0), (120, 300, 0), (16_000, 16_384, 0)])
+def test_a_run_of_strings_each_way_it_is_laid_out(count: int, low: int, high: int,
+                                                  long_every: int) -> None:
+    """Under 64 strings a run is laid out one string at a time, from 64 of 32 bytes or less
+    on average by numpy: lengths of one byte, across one and two, and two (their high byte
+    written too; by numpy, every 40th string of 300 bytes among short ones)."""
+    values = [bytes([i % 251]) * (300 if long_every and i % long_every == 7 else
+                                  low + i * 7919 % (high - low)) for i in range(count)]
     message = _input(b"".join(field(8, value) for value in values), "BYTES", count)
     assert _decoded(message)["x"].tolist() == values
 
