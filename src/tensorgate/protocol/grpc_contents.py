@@ -6,13 +6,13 @@ here. numpy made an array of protobuf's repeated field at ~30 ns an element, one
 object each, on the event loop. Read from the wire instead, a packed FP32 or FP64 field is
 the tensor's little-endian bytes (a view of the received message), and a varint field
 decodes with a few numpy passes a piece. `split_contents_steps` takes a large input's
-contents out of the message before protobuf parses it, so that protobuf neither copies them nor unpacks
-varints into 8 bytes each (60 million one-byte varints: 0.7 s and 480 MB in upb, then as
-long again to serialize them for reading); only numeric contents protobuf itself would have
-to merge (an element sent unpacked) are still parsed by it. BYTES contents are read a field
-at a time, in steps, up to the shape's count. What the array holds is what numpy made of the
-field, except that a value outside the datatype's range is refused (numpy raised
-OverflowError: an internal error).
+contents out of the message before protobuf parses it, so that protobuf neither copies them
+nor unpacks varints into 8 bytes each (60 million one-byte varints: 0.7 s and 480 MB in
+upb, then as long again to serialize them for reading); only numeric contents protobuf
+itself would have to merge (an element sent unpacked) are still parsed by it. BYTES
+contents are read in runs of short strings, in steps, up to the shape's count. What the
+array holds is what numpy made of the field, except that a value outside the datatype's
+range is refused (numpy raised OverflowError: an internal error).
 """
 
 from __future__ import annotations
