@@ -189,28 +189,26 @@ def wire_strings_steps(data: memoryview, tensor: str, shape: tuple[int, ...],
         begin = at
         starts, lengths, at = _strings_run(data, at, end,
                                            min(_STRINGS_A_STEP, count - found + 1))
+        if not starts:  # a field of another kind, or a string of 16 KiB or more
+            number, kind, start, stop = next(whole_fields(data, _CONTENTS, at))
+            at = stop
+            if number == _BYTES_FIELD and kind == LENGTH_DELIMITED:
+                starts, lengths = [start], [stop - start]
+            else:
+                budget.spend()
+                others += 1
         if starts:
             found += len(starts)
             if found > count:
-                raise _too_many(tensor, shape, count)
+                raise InvalidArgumentError(f"input '{tensor}': contents has more than {count} "
+                                           f"elements; shape [{','.join(map(str, shape))}] "
+                                           f"needs {count}")
             if len(starts) >= _NUMPY_RUN and sum(lengths) <= _NUMPY_LENGTH * len(starts):
                 layout += _laid_out(array, begin, at, starts, lengths).data
             else:
                 for start, length in zip(starts, lengths):
                     layout += pack(length)
                     layout += data[start:start + length]
-        else:  # a field of another kind, or a string of 16 KiB or more
-            number, kind, start, stop = _one_field(data, at)
-            at = stop
-            if number != _BYTES_FIELD or kind != LENGTH_DELIMITED:
-                budget.spend()
-                others += 1
-            else:
-                if found == count:
-                    raise _too_many(tensor, shape, count)
-                layout += pack(stop - start)
-                layout += data[start:stop]
-                found += 1
         if found - stepped >= _STRINGS_A_STEP or others >= PARTS_A_STEP:
             stepped, others = found, 0
             yield
@@ -272,22 +270,6 @@ def _mask(size: int, starts: np.ndarray, sizes: np.ndarray) -> np.ndarray:
     edges[starts] = 1
     edges[starts + sizes] -= 1  # an empty span's start is its end: 0 there
     return np.cumsum(edges[:-1], dtype=np.int8) > 0
-
-
-def _one_field(data: memoryview, at: int) -> tuple[int, int, int, int]:
-    """(field number, wire type, value start, value end) of the contents' field at `at`,
-    which must be whole (whole_fields' errors)."""
-    for number, kind, start, stop, complete in fields(data, len(data), at, _CONTENTS):
-        if not complete:
-            raise InvalidArgumentError(f"{_CONTENTS} is malformed: field {number} runs past "
-                                       f"the end of the {len(data)}-byte message")
-        return number, kind, start, stop
-    raise InvalidArgumentError(f"{_CONTENTS} is malformed: it ends inside a field")
-
-
-def _too_many(tensor: str, shape: tuple[int, ...], count: int) -> InvalidArgumentError:
-    return InvalidArgumentError(f"input '{tensor}': contents has more than {count} elements; "
-                                f"shape [{','.join(map(str, shape))}] needs {count}")
 
 
 def check_count(found: int, tensor: str, shape: tuple[int, ...]) -> None:

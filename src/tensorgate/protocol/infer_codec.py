@@ -309,8 +309,8 @@ def decode_infer_body(body: Any, body_length: int, header_length: int | None,
     a raw binary request (the caller shapes its single input from the model's config).
     `parsed`: the JSON already parsed (json_slices: large `data` arrays as numpy arrays).
     """
-    if header_length and parsed is None and header_length <= min(body_length,
-                                                                 _KEPT_HEADER_BYTES):
+    if header_length and header_length <= _KEPT_HEADER_BYTES and \
+            header_length <= body_length and parsed is None:
         kept = _kept_headers.get(bytes(memoryview(body)[:header_length]))
         if kept is not None and kept.body_length == body_length:
             return kept.request(body, ledger)

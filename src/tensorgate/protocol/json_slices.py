@@ -137,8 +137,8 @@ def _array_spans(memory: memoryview) -> Generator[None, None, list[Span]]:
     """Each large array after a `"data"` key that holds no `"`. Candidates only: _parsed
     checks them."""
     octets = np.frombuffer(memory, np.uint8)
-    spans = []
-    small: list[Span] = []  # cut out too when together they are more than a step's parse
+    spans: list[Span] = []
+    large: list[Span] = []  # the smaller go too when together they are a step's parse
     small_bytes = 0
     position = 0
     keys = 0
@@ -174,15 +174,13 @@ def _array_spans(memory: memoryview) -> Generator[None, None, list[Span]]:
             else:
                 end = int(kind.at[-1])
         position = end + 1
+        spans.append((start, end + 1, kind))
         if end + 1 - start >= SLICE_BYTES // _SPAN_PARTS or (
                 isinstance(kind, Strings) and len(kind.closes) > STRINGS_A_STEP):
-            spans.append((start, end + 1, kind))
+            large.append(spans[-1])
         else:
-            small.append((start, end + 1, kind))
             small_bytes += end + 1 - start
-    if small_bytes < SLICE_BYTES:
-        return spans
-    return sorted(spans + small, key=lambda span: span[0])
+    return spans if small_bytes >= SLICE_BYTES else large
 
 
 def _next_key(memory: memoryview, position: int) -> Generator[None, None, int | None]:

@@ -109,12 +109,12 @@ def fields(data: memoryview, end: int, at: int = 0, message: str = "ModelInferRe
         at = stop
 
 
-def whole_fields(data: memoryview, message: str) -> Iterator[tuple[int, int, int, int]]:
+def whole_fields(data: memoryview, message: str, at: int = 0
+                 ) -> Iterator[tuple[int, int, int, int]]:
     """(field number, wire type, value start, value end) for each field of a `message` that
-    `data` must hold whole: a field that runs past its end, or an end inside a field's
+    data[at:] must hold whole: a field that runs past its end, or an end inside a field's
     header, is malformed."""
-    at = 0
-    for number, kind, start, stop, complete in fields(data, len(data), 0, message):
+    for number, kind, start, stop, complete in fields(data, len(data), at, message):
         if not complete:
             raise InvalidArgumentError(f"{message} is malformed: field {number} runs past the "
                                        f"end of the {len(data)}-byte message")
