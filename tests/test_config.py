@@ -3,6 +3,9 @@ validation that says what to change."""
 
 from __future__ import annotations
 
+import os
+import pathlib
+
 import pytest
 
 from tensorgate.config import ServerConfig
@@ -52,7 +55,26 @@ def test_cli_takes_tritons_model_control_flags() -> None:
          "--load-model", "a", "--load-model", "b"]))
     args.pop("command")
     config = ServerConfig.from_env({}, **args)
-    assert str(config.model_repository) == "/models" and config.load_models == ("a", "b")
+    assert config.model_repository == (pathlib.Path("/models"),)
+    assert config.load_models == ("a", "b")
+
+
+def test_model_repository_may_be_given_more_than_once(tmp_path: pathlib.Path) -> None:
+    """Triton's --model-repository repeated, or os.pathsep-joined in the variable; one folder
+    named twice (however written) would put every model of it in two repositories."""
+    from tensorgate.cli import _parser
+    args = vars(_parser().parse_args(["serve", "--model-repository", "/a",
+                                      "--model-store", "/b"]))
+    args.pop("command")
+    assert ServerConfig.from_env({}, **args).model_repository == (
+        pathlib.Path("/a"), pathlib.Path("/b"))
+    from_env = ServerConfig.from_env({"TENSORGATE_MODEL_REPOSITORY": f"/a,1{os.pathsep}/b"})
+    assert from_env.model_repository == (pathlib.Path("/a,1"), pathlib.Path("/b"))
+    assert ServerConfig(model_repository=tmp_path).model_repository == (tmp_path,)  # one path
+    assert ServerConfig().model_repository == ()
+    with pytest.raises(ValueError, match=r"^model_repository names '.*models' and "
+                                         r"'.*models/sub/\.\.', the same folder: every model"):
+        ServerConfig(model_repository=(tmp_path / "models", tmp_path / "models" / "sub" / ".."))
 
 
 def test_header_forward_patterns_are_regular_expressions() -> None:

@@ -62,7 +62,9 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     serve = commands.add_parser("serve", help="serve a model repository over HTTP and gRPC")
     serve.add_argument("--model-repository", "--model-store", type=pathlib.Path,
-                       help="Triton-layout repository (default: the built-in one)")
+                       action="append",
+                       help="a Triton-layout repository (default: the built-in one); repeat "
+                            "it to serve several, whose model names must not repeat")
     serve.add_argument("--model-control-mode", choices=["none", "explicit", "poll"],
                        help="none (default): serve every model, refuse load/unload; "
                             "explicit: load --load-model models, allow load/unload; poll: "

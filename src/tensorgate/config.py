@@ -34,7 +34,10 @@ FALSE_WORDS = ("0", "false", "no", "off")
 class ServerConfig:
     """Everything `tensorgate serve` can be told. Binds 127.0.0.1 unless told otherwise."""
 
-    model_repository: pathlib.Path | None = None  # None: the embedded default repository
+    # Triton's --model-repository, given once or more: their models share one namespace
+    # (empty: the embedded default repository). A string: one path, or several joined by
+    # os.pathsep (TENSORGATE_MODEL_REPOSITORY=/models:/more-models).
+    model_repository: tuple[pathlib.Path, ...] = ()
     host: str = "127.0.0.1"
     http_port: int = 8000
     grpc_port: int = 8001
@@ -159,8 +162,7 @@ class ServerConfig:
     trace_bsp_max_export_batch_size: int = 0
 
     def __post_init__(self) -> None:
-        if self.model_repository is not None:
-            object.__setattr__(self, "model_repository", pathlib.Path(self.model_repository))
+        object.__setattr__(self, "model_repository", _repositories(self.model_repository))
         object.__setattr__(self, "load_models", tuple(self.load_models))
         if self.model_control_mode not in ("none", "explicit", "poll"):
             raise ValueError(f"model_control_mode must be none, explicit or poll, got "
@@ -280,6 +282,22 @@ class ServerConfig:
         return cls.from_mapping(values)
 
 
+def _repositories(given: Any) -> tuple[pathlib.Path, ...]:
+    """model_repository as paths, each named once."""
+    if isinstance(given, str):
+        given = given.split(os.pathsep)
+    elif isinstance(given, os.PathLike):
+        given = [given]
+    paths = tuple(pathlib.Path(p) for p in given if str(p))
+    seen: dict[pathlib.Path, pathlib.Path] = {}
+    for path in paths:
+        same = seen.setdefault(path.resolve(), path)
+        if same is not path:
+            raise ValueError(f"model_repository names '{same}' and '{path}', the same folder: "
+                             "every model of it would be in two repositories")
+    return paths
+
+
 def _check_address(name: str, address: str) -> None:
     try:
         ipaddress.ip_address(address)
@@ -305,6 +323,8 @@ def _coerce(key: str, annotation: Any, value: Any) -> Any:
             return int(value)
         if text == "float":
             return float(value)
+        if key == "model_repository":
+            return value  # paths: split by os.pathsep, not commas (_repositories)
         if text.startswith("tuple"):
             return tuple(part.strip() for part in value.split(",") if part.strip())
     except ValueError:

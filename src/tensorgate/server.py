@@ -13,7 +13,6 @@ import asyncio
 import contextlib
 import functools
 import logging
-import pathlib
 import re
 import signal
 import ssl
@@ -41,7 +40,7 @@ from tensorgate.network.loop import run_loop
 from tensorgate.pipeline.engine import Engine
 from tensorgate.pipeline.rate_limiter import RateLimiter, parse_resource_counts
 from tensorgate.pipeline.summary import parse_quantiles
-from tensorgate.repository.layout import model_fingerprints
+from tensorgate.repository.layout import ModelRepositories
 from tensorgate.tensor.pool import QUIET_IDLE_BYTES, BufferPool, default_pool
 
 __all__ = ["Server", "StartupError", "run"]
@@ -105,10 +104,10 @@ class Server:
         # Threads hand the GIL over every 0.5 ms instead of CPython's 5 ms: the executor
         # waits less behind a busy loop (resnet50 P99 ratio 1.39 → 1.13, bench/RESULTS.md).
         sys.setswitchinterval(config.switch_interval_s)
-        repository = config.model_repository or default_repository()
+        repositories = ModelRepositories.of(config.model_repository or default_repository())
         tls = _grpc_tls(config) if config.allow_grpc else None  # before loading any model
         default_pool().set_limit(config.host_pool_bytes)
-        self.engine = Engine(repository, placement=config.placement,
+        self.engine = Engine(repositories.paths, placement=config.placement,
                              response_cache_bytes=config.response_cache_bytes,
                              auto_complete=not config.disable_auto_complete_config,
                              model_control=config.model_control_mode == "explicit",
@@ -134,7 +133,7 @@ class Server:
                                       parse_restrictions(config.grpc_restricted_api,
                                                          GRPC_PREFIX), tls, relief)
         polling = config.model_control_mode == "poll"
-        seen = await _fingerprints(repository) if polling else None  # before loading
+        seen = await _fingerprints(repositories) if polling else None  # before loading
         explicit = config.model_control_mode == "explicit"
         if explicit and config.load_models != ("*",):
             await self.engine.start(config.load_models)
@@ -172,7 +171,9 @@ class Server:
                 ("HTTP", config.allow_http, config.http_address, self.http_port),
                 ("gRPC", config.allow_grpc, config.grpc_address, self.grpc_port),
                 ("metrics", config.allow_metrics, config.metrics_address, self.metrics_port)))
-        print(f"tensorgate {self.version}: {listening}; repository {repository}", flush=True)
+        print(f"tensorgate {self.version}: {listening}; "
+              f"repositor{'ies' if len(repositories.paths) > 1 else 'y'} {repositories}",
+              flush=True)
         print(f"ready: {', '.join(ready) or 'no models'}", flush=True)
         if failed:
             print(f"not ready: {'; '.join(failed)}", flush=True)
@@ -356,25 +357,26 @@ def _fit_open_files(connections: int) -> int:
     return connections
 
 
-async def _fingerprints(repository: pathlib.Path) -> dict[str, tuple[object, ...]] | None:
-    """The repository's models as fingerprints, read on a worker thread (file system calls
-    never run on the loop); None when the repository cannot be read."""
+async def _fingerprints(repositories: ModelRepositories
+                        ) -> dict[str, tuple[object, ...]] | None:
+    """The repositories' models as fingerprints, read on a worker thread (file system calls
+    never run on the loop); None when a repository cannot be read."""
     try:
-        return await asyncio.to_thread(model_fingerprints, repository)
+        return await asyncio.to_thread(repositories.fingerprints)
     except (TensorgateError, OSError) as error:
-        log.warning("repository poll: cannot read %s: %s", repository, error)
+        log.warning("repository poll: cannot read %s: %s", repositories, error)
         return None
 
 
 async def _follow_repository(engine: Engine, seen: dict[str, tuple[object, ...]],
                              period_s: float) -> None:
-    """--model-control-mode poll: every `period_s`, load models added to the repository,
+    """--model-control-mode poll: every `period_s`, load models added to a repository,
     reload those whose files changed, unload those removed. A reload that fails leaves the
     served versions serving (the index reports the failure); the model is tried again
     when its files change again."""
     while True:
         await asyncio.sleep(period_s)
-        current = await _fingerprints(engine.repository)
+        current = await _fingerprints(engine.repositories)
         if current is None:
             continue  # an unreadable repository is not an empty one: unload nothing
         for name in sorted(set(seen) - set(current)):

@@ -205,6 +205,44 @@ def test_poll_mode_follows_added_changed_and_removed_models(tmp_path: pathlib.Pa
         assert stop_server(server) == 0
 
 
+def test_several_repositories_serve_one_namespace_and_are_all_polled(
+        tmp_path: pathlib.Path) -> None:
+    """--model-repository twice, as Triton takes it: the models of both are served; a name
+    both hold is served from neither (the index says why, naming both folders) until one of
+    them goes; a poll follows each repository's changes."""
+    one, two = _repo(tmp_path / "one", "a", "both"), _repo(tmp_path / "two", "b", "both")
+    spare = _repo(tmp_path / "spare", "c")
+    server = start_server(one, tmp_path / "server.log", "--model-repository", str(two),
+                          "--model-control-mode", "poll", "--repository-poll-secs", str(POLL_S))
+    try:
+        assert f"repositories {one}, {two}\n" in server.log.read_text()
+        with httpclient.InferenceServerClient(server.url) as client:
+            assert _infer(client, "a")[0, 0] == 3.0
+            index = {e["name"]: e for e in client.get_model_repository_index()}
+            assert {name: e["state"] for name, e in index.items()} == {
+                "a": "READY", "b": "READY", "both": "UNAVAILABLE"}
+            assert index["both"]["reason"] == (
+                f"model 'both' is not unique across the model repositories: it is in "
+                f"'{one / 'both'}', '{two / 'both'}'; remove or rename all but one")
+            with pytest.raises(InferenceServerException, match="'both'"):
+                _infer(client, "both")
+            shutil.rmtree(two / "both")
+            _until(lambda: client.is_model_ready("both"), "model both was loaded from one")
+            assert _infer(client, "both")[0, 0] == 3.0
+            shutil.copytree(spare / "c", two / "c")
+            _until(lambda: client.is_model_ready("c"), "model c was loaded from two")
+            shutil.rmtree(one / "a")
+            _until(lambda: not client.is_model_ready("a"), "model a was unloaded")
+        with grpcclient.InferenceServerClient(server.grpc_url) as client:
+            assert {m.name for m in client.get_model_repository_index().models} == {
+                "b", "both", "c"}
+            item = grpcclient.InferInput("INPUT__0", [1, 4], "FP32")
+            item.set_data_from_numpy(np.ones((1, 4), np.float32))
+            assert client.infer("b", [item]).as_numpy("OUTPUT__0")[0, 0] == 3.0
+    finally:
+        assert stop_server(server) == 0
+
+
 def test_a_load_may_override_the_config(tmp_path: pathlib.Path) -> None:
     """Triton's load `config` parameter (Model Analyzer's way to try configs): the model
     loads with the given JSON config instead of its config.pbtxt, until a load without one."""

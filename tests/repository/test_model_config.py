@@ -9,8 +9,9 @@ import re
 import pytest
 from tritonclient.grpc import model_config_pb2 as pb
 
-from tensorgate.errors import ModelConfigError, NotFoundError
-from tensorgate.repository.layout import artifact_path, discover_models, load_source
+from tensorgate.errors import InvalidArgumentError, ModelConfigError, NotFoundError
+from tensorgate.repository.layout import (ModelRepositories, artifact_path, discover_models,
+                                         load_source)
 from tensorgate.repository.model_config import QueuePolicy, parse_model_config
 
 FULL = """
@@ -155,6 +156,43 @@ def test_layout_versions_and_artifacts(tmp_path: pathlib.Path) -> None:
     assert c.versions == (2,) and artifact_path(c, 2)[1] == "pt2"
     with pytest.raises(NotFoundError, match=r"^no model '\.\.' in repository"):
         load_source(tmp_path, "..")
+
+
+def test_several_repositories_are_one_namespace(tmp_path: pathlib.Path) -> None:
+    """Triton's --model-repository repeated: the names of all of them, each model from the
+    one that holds it; a name two hold is neither's, by an error naming both folders; a
+    folder that is not a model (no config, no model.py) holds nothing."""
+    first, second, third = tmp_path / "one", tmp_path / "two", tmp_path / "three"
+    _model(first, "a", 'name: "a"', {"1": "model.pt"})
+    _model(first, "both", 'name: "both"', {"1": "model.pt"})
+    _model(second, "b", 'name: "b"', {"2": "model.pt"})
+    _model(second, "both", 'name: "both"', {"1": "model.pt"})
+    (second / "a").mkdir()  # not a model: "a" is still first's alone
+    third.mkdir()
+    repositories = ModelRepositories.of([first, second, third])
+    assert str(repositories) == f"{first}, {second}, {third}"
+    assert repositories.names() == ["a", "b", "both"]
+    assert (repositories.holder("a"), repositories.holder("b")) == (first, second)
+    assert load_source(repositories.holder("b"), "b").directory == second / "b"
+    with pytest.raises(InvalidArgumentError, match=(
+            rf"^model 'both' is not unique across the model repositories: it is in "
+            rf"'{re.escape(str(first / 'both'))}', '{re.escape(str(second / 'both'))}'; "
+            r"remove or rename all but one$")):
+        repositories.holder("both")
+    for name in ("c", "..", ".", "", "a/1", "../one/a"):
+        with pytest.raises(NotFoundError, match=(
+                rf"^no model '{re.escape(name)}' in any of the repositories "
+                rf"'{re.escape(str(first))}', '{re.escape(str(second))}', ")):
+            repositories.holder(name)
+    with pytest.raises(NotFoundError, match=r"^no model 'b' in repository '.*one'$"):
+        ModelRepositories.of(first).holder("b")
+    with pytest.raises(NotFoundError, match=r"^model repository '.*four' is not a directory"):
+        ModelRepositories.of([first, tmp_path / "four"]).names()
+    prints = repositories.fingerprints()
+    assert set(prints) == {"a", "b", "both"}
+    both = {entry[0] for entry in prints["both"]}  # type: ignore[index]
+    assert str(first / "both" / "config.pbtxt") in both
+    assert str(second / "both" / "config.pbtxt") in both
 
 
 def test_missing_artifact_and_versions(tmp_path: pathlib.Path) -> None:

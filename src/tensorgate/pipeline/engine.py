@@ -50,7 +50,8 @@ from tensorgate.pipeline.sequences import SequenceScheduler
 from tensorgate.pipeline.stats import ModelStatistics, StageTimes
 from tensorgate.pipeline.trace import Trace
 from tensorgate.pipeline.work import WorkItem
-from tensorgate.repository.layout import ModelSource, artifact_path, discover_models, load_source
+from tensorgate.repository.layout import (ModelRepositories, ModelSource, artifact_path,
+                                         load_source)
 from tensorgate.repository.model_config import ModelConfigError, ModelSpec
 from tensorgate.tensor.pinned import cuda_available
 from tensorgate.tensor.pool import BufferPool, PoolStatistics, default_pool
@@ -86,15 +87,17 @@ class _Version:
 
 
 class Engine:
-    """Loads models from a Triton-layout repository and runs inference on them."""
+    """Loads models from Triton-layout repositories and runs inference on them."""
 
-    def __init__(self, repository: str | pathlib.Path, *, pool: BufferPool | None = None,
+    def __init__(self, repository: str | pathlib.Path | Iterable[str | pathlib.Path], *,
+                 pool: BufferPool | None = None,
                  intra_op_threads: int | None = None, postprocess_workers: int = 2,
                  device: str = "auto", placement: str = "none",
                  response_cache_bytes: int = 0, auto_complete: bool = True,
                  model_control: bool = False, latency_summaries: bool = False,
                  rate_limiter: RateLimiter | None = None) -> None:
-        """`placement="auto"` pins the thread that calls `start` (the loop's) to the first CPU
+        """`repository`: one folder or several, whose models share one namespace.
+        `placement="auto"` pins the thread that calls `start` (the loop's) to the first CPU
         and places executors by cost (see pipeline/placement.py); "none" pins nothing.
         `response_cache_bytes` > 0: models with `response_cache { enable: true }` answer
         repeated requests from a cache of that size (pipeline/response_cache.py).
@@ -105,7 +108,7 @@ class Engine:
         (--metrics-config summary_latencies=true; pipeline/summary.py). `rate_limiter`:
         instances run only while they hold their instance group's rate_limiter resources
         (--rate-limit execution_count; pipeline/rate_limiter.py)."""
-        self.repository = pathlib.Path(repository)
+        self.repositories = ModelRepositories.of(repository)
         self._complete = complete_config if auto_complete else None
         self._model_control = model_control
         self._summaries = latency_summaries
@@ -128,8 +131,9 @@ class Engine:
     # -- lifecycle -------------------------------------------------------------------------
 
     async def start(self, models: Iterable[str] | None = None) -> None:
-        """Load `models` (default: every model in the repository), then freeze the GC heap."""
-        names = list(models) if models is not None else discover_models(self.repository)
+        """Load `models` (default: every model of the repositories), then freeze the GC
+        heap."""
+        names = list(models) if models is not None else self.repositories.names()
         # Triton Python models' BLS requests come here (pipeline/bls.py)
         self._bls = BlsBridge(self.infer, self.infer_stream, asyncio.get_running_loop(),
                               ModelControl(self._model_control, self.load, self.unload,
@@ -157,10 +161,11 @@ class Engine:
         if self._closing:
             raise UnavailableError("the engine is shutting down; no models can be loaded")
         versions: dict[int, _Version] = {}
+        source: ModelSource | None = None
         try:
             # off the loop: completing a Python model's config runs its model.py
             source = await asyncio.get_running_loop().run_in_executor(
-                None, load_source, self.repository, name, config, self._complete)
+                None, self._source, name, config)
             if source.spec.ignored:
                 log.warning("model %s: served without its config's %s (not acted on here)",
                             name, ", ".join(source.spec.ignored))
@@ -182,7 +187,7 @@ class Engine:
                     versions[number] = await self._load_version(source, number)
             # read here, off the loop, not by the first classification request on it
             labels = await asyncio.get_running_loop().run_in_executor(
-                None, _label_files, self.repository, source.spec)
+                None, _label_files, source.directory, source.spec)
         except Exception as error:
             if versions:  # the versions loaded before one failed are not served: stop them
                 await self._retire(versions.values(), drain_timeout_s=0.0)
@@ -192,7 +197,8 @@ class Engine:
                 self._failed[name] = error.message
                 raise
             self._failed[name] = f"{type(error).__name__}: {error}"
-            raise ModelConfigError(str(self.repository / name), self._failed[name]) from error
+            raise ModelConfigError(str(source.directory) if source else name,
+                                   self._failed[name]) from error
         old = self._models.get(name)
         self._models[name] = versions
         self._failed.pop(name, None)
@@ -201,12 +207,16 @@ class Engine:
         if old:
             await self._retire(old.values(), drain_timeout_s=30.0)
 
+    def _source(self, name: str, config: str | None = None) -> ModelSource:
+        """Model `name`'s config and versions, from the repository that holds it."""
+        return load_source(self.repositories.holder(name), name, config, self._complete)
+
     def _holds(self, name: str) -> bool:
-        """Whether the repository holds a model `name` (or one was served by that name)."""
+        """Whether a repository holds a model `name` (or one was served by that name)."""
         if name in self._models or name in self._failed:
             return True
         try:
-            return name in discover_models(self.repository)
+            return name in self.repositories.names()
         except TensorgateError:
             return False
 
@@ -268,7 +278,7 @@ class Engine:
 
     def _is_ensemble(self, name: str) -> bool:
         try:
-            return load_source(self.repository, name).spec.platform == "ensemble"
+            return load_source(self.repositories.holder(name), name).spec.platform == "ensemble"
         except TensorgateError:
             return False  # its load will say what is wrong
 
@@ -542,11 +552,11 @@ class Engine:
         return not self._closing
 
     def index(self) -> list[dict[str, str]]:
-        """Triton's repository index: every model in the repository and its state."""
+        """Triton's repository index: every model of the repositories and its state."""
         entries = []
         names = set(self._models) | set(self._failed)
         try:
-            names |= set(discover_models(self.repository))
+            names |= set(self.repositories.names())
         except TensorgateError:
             pass
         for name in sorted(names):
@@ -739,11 +749,12 @@ def _step_request(model: str, version: int | None, inputs: dict[str, TensorView]
                             item.priority, item.sequence, item.parameters, trace)
 
 
-def _label_files(repository: pathlib.Path, spec: ModelSpec) -> dict[tuple[str, str], list[str]]:
-    """Each output's `label_filename` lines (a file that is not there: no labels)."""
+def _label_files(directory: pathlib.Path, spec: ModelSpec) -> dict[tuple[str, str], list[str]]:
+    """Each output's `label_filename` lines, from the model's `directory` (a file that is not
+    there: no labels)."""
     found = {}
     for output in spec.outputs:
-        path = repository / spec.name / output.label_filename
+        path = directory / output.label_filename
         if output.label_filename and path.is_file():
             found[(spec.name, output.name)] = path.read_text(encoding="utf-8").splitlines()
     return found

@@ -3,6 +3,10 @@
     <repo>/<model>/config.pbtxt
     <repo>/<model>/<version>/model.pt | model.pt2 | model.py
 
+A server may serve several repositories (Triton's --model-repository, repeated): their
+models share one namespace, so a name that two of them hold is served from neither, as in
+Triton ("not unique across all model repositories"), until one of them is removed.
+
 Version directories are decimal numbers not starting with 0; anything else is ignored, as
 Triton does. The version policy of the config picks which versions are served. A Python
 model (`model.py`) may come without config.pbtxt, as in Triton: its `auto_complete_config`
@@ -13,18 +17,19 @@ from __future__ import annotations
 
 import os
 import pathlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from tritonclient.grpc import model_config_pb2 as pb
 
-from tensorgate.errors import NotFoundError
+from tensorgate.errors import InvalidArgumentError, NotFoundError
 from tensorgate.repository.model_config import (ModelConfigError, ModelSpec, check_file_name,
                                                 model_config_from_json, model_spec,
                                                 read_model_config, version_policy)
 
-__all__ = ["ARTIFACT_KINDS", "CompleteConfig", "ModelSource", "artifact_file", "artifact_path",
-           "discover_models", "load_source", "model_fingerprints", "select_versions"]
+__all__ = ["ARTIFACT_KINDS", "CompleteConfig", "ModelRepositories", "ModelSource",
+           "artifact_file", "artifact_path", "discover_models", "load_source",
+           "model_fingerprints", "select_versions"]
 
 MAX_FINGERPRINT_FILES = 10_000  # per model: a scan of a runaway directory stays bounded
 
@@ -53,8 +58,7 @@ def discover_models(repository: pathlib.Path) -> list[str]:
     one, sorted."""
     if not repository.is_dir():
         raise NotFoundError(f"model repository '{repository}' is not a directory")
-    return sorted(p.name for p in repository.iterdir()
-                  if p.is_dir() and ((p / "config.pbtxt").is_file() or _python_model(p)))
+    return sorted(p.name for p in repository.iterdir() if _model_folder(p))
 
 
 def _python_model(directory: pathlib.Path) -> bool:
@@ -84,6 +88,66 @@ def model_fingerprints(repository: pathlib.Path) -> dict[str, tuple[object, ...]
                 break
         prints[name] = tuple(sorted(entries))
     return prints
+
+
+@dataclass(frozen=True)
+class ModelRepositories:
+    """The repositories a server serves from, in the order given: one namespace of model
+    names. Every method reads the file system: call them off the event loop."""
+
+    paths: tuple[pathlib.Path, ...]
+
+    @classmethod
+    def of(cls, given: str | os.PathLike[str] | Iterable[str | os.PathLike[str]]
+           ) -> ModelRepositories:
+        """From one path or several."""
+        if isinstance(given, (str, os.PathLike)):
+            given = [given]
+        paths = tuple(pathlib.Path(p) for p in given)
+        if not paths:
+            raise ValueError("no model repository given")
+        return cls(paths)
+
+    def __str__(self) -> str:
+        return ", ".join(map(str, self.paths))
+
+    def names(self) -> list[str]:
+        """Every model name any repository holds (a name held twice once), sorted."""
+        return sorted({name for path in self.paths for name in discover_models(path)})
+
+    def holder(self, name: str) -> pathlib.Path:
+        """The repository that holds model `name`; NotFoundError when none does, and an
+        InvalidArgumentError naming each of its folders when more than one does."""
+        if "/" in name or name in ("", ".", ".."):  # never a path out of a repository
+            holders = []
+        else:
+            holders = [path for path in self.paths if _model_folder(path / name)]
+        if len(holders) == 1:
+            return holders[0]
+        if holders:
+            raise InvalidArgumentError(
+                f"model '{name}' is not unique across the model repositories: it is in "
+                + ", ".join(f"'{path / name}'" for path in holders)
+                + "; remove or rename all but one")
+        if len(self.paths) == 1:
+            raise NotFoundError(f"no model '{name}' in repository '{self.paths[0]}'")
+        raise NotFoundError(f"no model '{name}' in any of the repositories "
+                            + ", ".join(f"'{path}'" for path in self.paths))
+
+    def fingerprints(self) -> dict[str, tuple[object, ...]]:
+        """model_fingerprints of every repository together: a model's name held by two
+        has both folders' files, so removing either one changes it."""
+        prints: dict[str, tuple[object, ...]] = {}
+        for path in self.paths:
+            for name, entries in model_fingerprints(path).items():
+                prints[name] = prints.get(name, ()) + entries
+        return prints
+
+
+def _model_folder(directory: pathlib.Path) -> bool:
+    """Whether `directory` is a model's folder, as discover_models counts them."""
+    return directory.is_dir() and ((directory / "config.pbtxt").is_file()
+                                   or _python_model(directory))
 
 
 def _numeric_versions(directory: pathlib.Path) -> list[int]:
