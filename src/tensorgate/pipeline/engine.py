@@ -29,6 +29,7 @@ from tensorgate.errors import (InvalidArgumentError, NotFoundError, TensorgateEr
                                UnavailableError)
 from tensorgate import python_backend
 from tensorgate.model import Parameter
+from tensorgate.pipeline.aoti_check import check_aoti_package, is_aoti_package
 from tensorgate.pipeline.auto_complete import complete_config
 from tensorgate.pipeline.batch_cap import GATHER_BYTES
 from tensorgate.pipeline.bls import BlsBridge, ModelControl
@@ -347,6 +348,8 @@ class Engine:
                                 summaries=self._summaries)
         by_group = self._group_devices(spec)
         devices = [device for group in by_group for device in group]
+        if kind == "pt2" and await loop.run_in_executor(None, is_aoti_package, artifact):
+            await loop.run_in_executor(None, check_aoti_package, artifact, spec, devices[0])
         spec = served_spec(spec, artifact.name, by_group)
         scheduler: Scheduler | SequenceScheduler
         if spec.sequence is not None:  # each instance batches its own sequences

@@ -1,0 +1,186 @@
+"""Whether an AOTInductor package can serve what its config lets in, checked before it loads.
+
+An AOTInductor package runs its compiled code on whatever tensors it is given: its own
+checks of sizes, strides and dtypes run only in a process started with
+AOTI_RUNTIME_CHECK_INPUTS=1 (PyTorch's default is off). Unchecked, code compiled for one
+shape reads another as if it were that one. Measured here: a Linear+ReLU package compiled for
+exactly 2 rows, given 3, answered 3 rows from kernels sized for 2; one compiled for 1 row,
+served with max_batch_size 8, failed every batch the batcher gathered (its answer kept 1 row);
+a config's dims [9] where the package takes [8] failed its warm-up in the words of an op
+deep inside ("mat1 and mat2 shapes cannot be multiplied"). Given fewer rows than its fixed
+size, compiled code's fixed loops would read past the input.
+
+So before a package serves, a child process with the checks on (aoti_child.py) is given
+zeros shaped as the config says, 1 row and 2 (contiguous: run where taken), then
+max_batch_size rows (a stride-0 view: sizes are checked before strides, so nothing is
+computed or allocated). A refusal that names a dimension the config fixes, a dtype, a stride
+(a channels-last export) or the number of inputs fails the load, saying what to change; the
+batch sizes the refusals name are held against max_batch_size. The server's own copy then
+runs unchecked, as PyTorch runs it: the checks cost nothing per batch.
+
+Inductor compiles a dynamic batch dim for 2 rows or more (0/1 specialization) even where the
+export said `Dim("batch", min=1)`, whose program takes 1 row; its code is sized by the row
+count, so such a package serves a batch of 1 as PyTorch runs it by default. A package whose
+batch dim starts above 2, or is fixed at more than one row, cannot serve a batch of 1 and is
+refused. A dim the config leaves variable (-1) is not checked beyond one size.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import pathlib
+import re
+import subprocess
+import sys
+import zipfile
+from dataclasses import dataclass
+
+import torch
+
+from tensorgate.pipeline.runner import warmup_inputs, zeros_refused
+from tensorgate.pipeline.torch_io import input_order
+from tensorgate.repository.model_config import ModelConfigError, ModelSpec
+
+__all__ = ["check_aoti_package", "is_aoti_package"]
+
+log = logging.getLogger("tensorgate.engine")
+
+CHECK_TIMEOUT_S = 300.0  # the child imports torch and loads the package: seconds, not minutes
+_CHECKS_ON = "AOTI_RUNTIME_CHECK_INPUTS"
+_CHILD = pathlib.Path(__file__).with_name("aoti_child.py")  # run as a file: torch, no more
+_ANSWER = "aoti-check: "  # each of the child's answers, JSON, follows this (aoti_child.py)
+# what the generated checks say when they refuse a size (torch/_inductor's cpp wrapper)
+_SIZE = re.compile(r"input_handles\[(\d+)\]: (dim value is too small|dim value is too large|"
+                   r"unmatched dim value) at (\d+), expected(?: it)?(?: to be)?:? (?:>= |<= )?"
+                   r"(\d+)")
+
+
+def is_aoti_package(path: pathlib.Path) -> bool:
+    """Whether a model.pt2 is an AOTInductor package (not a torch.export program)."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            return any("/data/aotinductor/" in name for name in archive.namelist())
+    except (OSError, zipfile.BadZipFile):
+        return False
+
+
+@dataclass(frozen=True)
+class _Input:
+    name: str
+    dtype: str              # torch's name: "float32"
+    shape: list[int]        # as the model takes it, variable dims as 1
+    variable: list[bool]    # per dim: the config leaves it free (or it is the batch dim)
+
+
+def check_aoti_package(path: pathlib.Path, spec: ModelSpec, device: torch.device) -> None:
+    """Refuse (ModelConfigError) a package on `device` that cannot serve what `spec` lets
+    in. Runs a child process: call it off the event loop."""
+    inputs = warmup_inputs(spec, 1, torch.device("meta"))  # shapes and dtypes, no memory
+    if inputs is None:
+        log.warning("%s: the AOTInductor package's input ranges are not checked: %s", path,
+                    zeros_refused(spec, 1))
+        return
+    batched = spec.max_batch_size > 0
+    given = [_described(name, inputs[name], spec, batched)
+             for name in input_order(spec, None, str(path))]
+    # 1 row and 2 (contiguous zeros: run if taken), max_batch_size rows (a stride-0 view)
+    tries = [(1, False)] + ([(2, False)] if batched else [])  # (rows, a stride-0 view)
+    if spec.max_batch_size > 2:
+        tries.append((spec.max_batch_size, True))
+    warned: set[str] = set()
+    for (rows, view), answer in zip(tries, _ask_child(path, device, batched, given, tries)):
+        if answer is not None:
+            _judge(str(path), spec, given, answer, rows, view, warned)
+
+
+def _described(name: str, zeros: torch.Tensor, spec: ModelSpec, batched: bool) -> _Input:
+    config = next((t for t in spec.model_inputs if t.name == name), None)
+    dims = list(config.reshape or config.dims) if config is not None else []
+    variable = ([True] if batched else []) + [d == -1 for d in dims]
+    if config is None or len(variable) != zeros.dim():  # computed by the server: not checked
+        variable = [True] * zeros.dim()
+    return _Input(name, str(zeros.dtype).removeprefix("torch."), list(zeros.shape), variable)
+
+
+def _judge(where: str, spec: ModelSpec, given: list[_Input], error: str, rows: int,
+           view: bool, warned: set[str]) -> None:
+    """Refuse the load for the package's refusal of `rows` rows, unless it is one the
+    server never asks of it. A stride-0 `view` is refused anyway: only its sizes count."""
+    size = _SIZE.search(error)
+    if size is None:  # a dtype, a stride, the number of inputs, the device: the config's fault
+        if view:
+            return
+        raise ModelConfigError(where, "the AOTInductor package refuses zeros shaped as the "
+                                      f"config says ({_shapes(given)}): {_first_line(error)}")
+    index, kind, dim, bound = int(size[1]), size[2], int(size[3]), int(size[4])
+    if spec.max_batch_size > 0 and dim == 0:  # the batch dim
+        if rows > spec.max_batch_size:
+            return  # never asked of it
+        if kind == "dim value is too small" and rows == 1 and bound <= 2:
+            return  # inductor's 0/1 specialization: see the module docstring
+        if kind == "dim value is too large" or (kind == "unmatched dim value" and bound == 1):
+            compiled = "exactly 1 row" if bound == 1 else f"at most {bound} rows"
+            raise ModelConfigError(where, f"the AOTInductor package was compiled for batches "
+                                          f"of {compiled}, and max_batch_size is "
+                                          f"{spec.max_batch_size}: set max_batch_size to "
+                                          f"{bound}{' or less' if bound > 1 else ''}, or "
+                                          f"export it with a dynamic batch dim, "
+                                          f"{_dynamic(spec)}")
+        compiled = (f"at least {bound} rows" if kind == "dim value is too small"
+                    else f"exactly {bound} rows")
+        raise ModelConfigError(where, f"the AOTInductor package was compiled for batches of "
+                                      f"{compiled}, and the batcher makes batches of any size "
+                                      f"from 1 to max_batch_size {spec.max_batch_size}: export "
+                                      f"it with a dynamic batch dim, {_dynamic(spec)}, or "
+                                      "serve it with max_batch_size 0 and the batch in its dims")
+    if view:
+        return
+    item = given[index] if index < len(given) else None
+    if item is not None and dim < len(item.variable) and item.variable[dim]:
+        if item.name not in warned:
+            warned.add(item.name)
+            log.warning("%s: dim %d of input '%s' is variable in the config, and the package "
+                        "bounds it (%s); sizes outside are not checked here", where, dim,
+                        item.name, _first_line(error))
+        return
+    raise ModelConfigError(where, "the AOTInductor package refuses zeros shaped as the config "
+                                  f"says ({_shapes(given)}): {_first_line(error)}")
+
+
+def _dynamic(spec: ModelSpec) -> str:
+    return f"torch.export.Dim('batch', min=1, max={spec.max_batch_size})"
+
+
+def _shapes(given: list[_Input]) -> str:
+    return ", ".join(f"'{i.name}' {i.dtype} {i.shape}" for i in given)
+
+
+def _first_line(text: str) -> str:
+    return text.strip().splitlines()[0] if text.strip() else "(no message)"
+
+
+def _ask_child(path: pathlib.Path, device: torch.device, batched: bool, given: list[_Input],
+               tries: list[tuple[int, bool]]) -> list[str | None]:
+    """Each try's refusal (None: it ran), from a child process with the checks on; a try
+    the child died in after the first (its checks passed, and it ran on a stride-0 view)
+    is left out."""
+    request = json.dumps({"path": str(path), "device": str(device),
+                          "batched": batched,
+                          "tries": [{"rows": rows, "view": view} for rows, view in tries],
+                          "inputs": [{"dtype": i.dtype, "shape": i.shape} for i in given]})
+    try:
+        done = subprocess.run([sys.executable, str(_CHILD), request],
+                              capture_output=True, text=True, timeout=CHECK_TIMEOUT_S,
+                              env=dict(os.environ, **{_CHECKS_ON: "1"}))
+    except subprocess.TimeoutExpired:
+        raise ModelConfigError(str(path), f"checking the AOTInductor package's input ranges "
+                                          f"took over {CHECK_TIMEOUT_S:g} s") from None
+    answers: list[str | None] = [json.loads(line[len(_ANSWER):])
+                                 for line in done.stdout.splitlines() if line.startswith(_ANSWER)]
+    if answers:
+        return answers
+    tail = (done.stderr.strip().splitlines() or ["(nothing on stderr)"])[-1]
+    raise ModelConfigError(str(path), f"the AOTInductor package could not be loaded to check "
+                                      f"its input ranges (exit {done.returncode}): {tail}")

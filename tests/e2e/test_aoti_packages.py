@@ -1,0 +1,169 @@
+"""AOTInductor packages (model.pt2 from torch._inductor.aoti_compile_and_package) served
+through tritonclient, and refused at load where their compiled shapes cannot serve what the
+config lets in (pipeline/aoti_check.py): unchecked, their code runs on any shape given."""
+
+from __future__ import annotations
+
+import pathlib
+import shutil
+import warnings
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+import torch
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from tensorgate.pipeline.aoti_check import _Input, _judge
+from tensorgate.repository.model_config import ModelConfigError, parse_model_config
+from tests.e2e.conftest import start_server, stop_server
+from tests.pipeline import repo_builder as rb
+
+pytestmark = pytest.mark.skipif(shutil.which("g++") is None and shutil.which("c++") is None,
+                                reason="AOTInductor compiles C++: needs g++")
+
+
+def _package(folder: pathlib.Path, module: torch.nn.Module, dynamic: bool) -> pathlib.Path:
+    """Compile `module` (inputs [rows, 8]) for rows in [1, 8] (inductor makes it [2, 8]), or
+    for exactly 1 row."""
+    shapes = {"input": {0: torch.export.Dim("batch", min=1, max=8)}} if dynamic else None
+    program = torch.export.export(module, (torch.randn(2 if dynamic else 1, 8),),
+                                  dynamic_shapes=shapes)
+    folder.mkdir(parents=True, exist_ok=True)
+    with warnings.catch_warnings():  # torch's own deprecations, inside the compile
+        warnings.simplefilter("ignore", FutureWarning)
+        return pathlib.Path(torch._inductor.aoti_compile_and_package(
+            program, package_path=str(folder / "model.pt2")))
+
+
+def _config(repo: pathlib.Path, name: str, package: pathlib.Path, max_batch: int = 8,
+            dims: str = "[8]", dtype: str = "TYPE_FP32") -> None:
+    folder = rb.write_config(repo, name, f"""
+        name: "{name}"
+        platform: "torch_aoti"
+        max_batch_size: {max_batch}
+        input [ {{ name: "x" data_type: {dtype} dims: {dims} }} ]
+        output [ {{ name: "y" data_type: TYPE_FP32 dims: [4] }} ]
+        dynamic_batching {{ max_queue_delay_microseconds: 20000 }}
+        """)
+    shutil.copy(package, folder / "1" / "model.pt2")
+
+
+@pytest.fixture(scope="module")
+def packages(tmp_path_factory: pytest.TempPathFactory) -> dict[str, pathlib.Path]:
+    root = tmp_path_factory.mktemp("aoti")
+    module = rb.linear_module().eval()
+    return {"dynamic": _package(root / "dynamic", module, dynamic=True),
+            "static": _package(root / "static", module, dynamic=False)}
+
+
+def test_packages_serve_batches_within_their_compiled_range_and_others_are_refused(
+        tmp_path: pathlib.Path, packages: dict[str, pathlib.Path]) -> None:
+    repo = tmp_path / "models"
+    _config(repo, "dynamic", packages["dynamic"])
+    _config(repo, "static_one", packages["static"], max_batch=1)
+    _config(repo, "static_batched", packages["static"])
+    _config(repo, "too_many_rows", packages["dynamic"], max_batch=16)
+    _config(repo, "wrong_dims", packages["dynamic"], dims="[9]")
+    _config(repo, "wrong_dtype", packages["dynamic"], dtype="TYPE_FP64")
+    direct = rb.linear_module().eval()
+    server = start_server(repo, tmp_path / "server.log")
+    try:
+        with httpclient.InferenceServerClient(server.url) as client:
+            reasons = {e["name"]: e["reason"] for e in client.get_model_repository_index()
+                       if e["state"] != "READY"}
+            where = {name: str(repo / name / "1" / "model.pt2") for name in reasons}
+            assert reasons == {
+                "static_batched": f"{where['static_batched']}: the AOTInductor package was "
+                                  "compiled for batches of exactly 1 row, and max_batch_size "
+                                  "is 8: set max_batch_size to 1, or export it with a dynamic "
+                                  "batch dim, torch.export.Dim('batch', min=1, max=8)",
+                "too_many_rows": f"{where['too_many_rows']}: the AOTInductor package was "
+                                 "compiled for batches of at most 8 rows, and max_batch_size "
+                                 "is 16: set max_batch_size to 8 or less, or export it with a "
+                                 "dynamic batch dim, torch.export.Dim('batch', min=1, max=16)",
+                "wrong_dims": f"{where['wrong_dims']}: the AOTInductor package refuses zeros "
+                              "shaped as the config says ('x' float32 [1, 9]): "
+                              "input_handles[0]: unmatched dim value at 1, expected: 8, but "
+                              "got: 9",
+                "wrong_dtype": f"{where['wrong_dtype']}: the AOTInductor package refuses zeros "
+                               "shaped as the config says ('x' float64 [1, 8]): "
+                               "input_handles[0]: unmatched dtype, expected: 6(at::kFloat), "
+                               "but got: 7"}
+
+            def infer(model: str, x: np.ndarray) -> np.ndarray:
+                with httpclient.InferenceServerClient(server.url) as own:
+                    item = httpclient.InferInput("x", list(x.shape), "FP32")
+                    item.set_data_from_numpy(x)
+                    return own.infer(model, [item]).as_numpy("y")
+
+            rows = [np.random.default_rng(i).standard_normal((1 + i % 3, 8)).astype(np.float32)
+                    for i in range(12)]
+            with ThreadPoolExecutor(6) as pool:  # a batch of 1 row and batches gathered
+                answers = list(pool.map(lambda x: infer("dynamic", x), rows))
+            for x, y in zip(rows, answers):
+                np.testing.assert_allclose(y, direct(torch.from_numpy(x)).detach().numpy(),
+                                           rtol=1e-5, atol=1e-5)
+            stats = client.get_inference_statistics("dynamic")["model_stats"][0]
+            sizes = {b["batch_size"] for b in stats["batch_stats"]}
+            assert 1 in sizes and max(sizes) > 3, sizes  # one row alone, and gathered rows
+            one = rows[0][:1]
+            np.testing.assert_allclose(infer("static_one", one),
+                                       direct(torch.from_numpy(one)).detach().numpy(),
+                                       rtol=1e-5, atol=1e-5)
+            with pytest.raises(InferenceServerException, match="max_batch_size"):
+                infer("static_one", rows[1])  # 2 rows: more than its config lets in
+        with grpcclient.InferenceServerClient(server.grpc_url) as client:
+            item = grpcclient.InferInput("x", [1, 8], "FP32")
+            item.set_data_from_numpy(one)
+            np.testing.assert_allclose(client.infer("dynamic", [item]).as_numpy("y"),
+                                       direct(torch.from_numpy(one)).detach().numpy(),
+                                       rtol=1e-5, atol=1e-5)
+    finally:
+        assert stop_server(server) == 0
+
+
+SPEC = parse_model_config('name: "m" platform: "torch_aoti" max_batch_size: 8 '
+                          'input [ { name: "x" data_type: TYPE_FP32 dims: [ -1, 3 ] } ] '
+                          'output [ { name: "y" data_type: TYPE_FP32 dims: [ 4 ] } ]',
+                          "m/config.pbtxt")
+GIVEN = [_Input("x", "float32", [1, 1, 3], [True, True, False])]
+
+
+def _judged(error: str, rows: int = 1, view: bool = False) -> None:
+    _judge("p", SPEC, GIVEN, error, rows, view, set())
+
+
+def test_each_refusal_of_the_generated_checks_is_judged_by_what_it_names() -> None:
+    """The generated checks' words (torch 2.13's cpp wrapper) for cases the test above does
+    not compile: a batch dim from 2 rows is inductor's 0/1 specialization (served); from 4,
+    or fixed at 2, a batch of 1 is outside it; a dim the config leaves variable is only
+    warned of; a stride (a channels-last export) fails the load, but not a view's."""
+    _judged("input_handles[0]: dim value is too small at 0, expected it to be >= 2, but got: 1")
+    with pytest.raises(ModelConfigError, match=r"^p: the AOTInductor package was compiled for "
+                                               r"batches of at least 4 rows, and the batcher"):
+        _judged("input_handles[0]: dim value is too small at 0, expected it to be >= 4, "
+                "but got: 1")
+    with pytest.raises(ModelConfigError, match=r"compiled for batches of exactly 2 rows, and "
+                                               r"the batcher makes batches of any size from 1 "
+                                               r"to max_batch_size 8"):
+        _judged("input_handles[0]: unmatched dim value at 0, expected: 2, but got: 1")
+    _judged("input_handles[0]: dim value is too small at 1, expected it to be >= 2, but "
+            "got: 1")  # a variable dim: warned of
+    stride = "input_handles[0]: unmatched stride value at 1, expected: 1, but got: 3\n"
+    with pytest.raises(ModelConfigError, match=r"refuses zeros shaped as the config says "
+                                               r"\('x' float32 \[1, 1, 3\]\): input_handles"
+                                               r"\[0\]: unmatched stride value at 1"):
+        _judged(stride, rows=2)
+    _judged(stride, rows=8, view=True)  # a view's strides are wrong by design
+    with pytest.raises(ModelConfigError, match=r"refuses zeros .*unmatched dim value at 2"):
+        _judged("input_handles[0]: unmatched dim value at 2, expected: 4, but got: 3", rows=2)
+    _judged("input_handles[0]: unmatched dim value at 2, expected: 4, but got: 3", rows=8,
+            view=True)  # only a view's batch dim counts
+    with pytest.raises(ModelConfigError, match=r"compiled for batches of at most 6 rows, and "
+                                               r"max_batch_size is 8: set max_batch_size to 6 "
+                                               r"or less"):
+        _judged("input_handles[0]: dim value is too large at 0, expected to be <= 6, but "
+                "got: 8", rows=8, view=True)
