@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import os
 import re
 import signal
 import ssl
@@ -144,12 +145,22 @@ class Server:
             await self.engine.shutdown(0.0)
             raise StartupError("models failed to load (--exit-on-error): " + "; ".join(
                 f"{name}: {reason}" for name, reason in sorted(unavailable.items())))
-        if self._http is not None:
-            self.http_port = await self._http.start(config.http_address, config.http_port)
-        if self._grpc is not None:
-            self.grpc_port = await self._grpc.start(config.grpc_address, config.grpc_port)
-        if config.allow_metrics:
-            await self._start_metrics(budget)
+        binding = "HTTP", config.http_address, config.http_port, "--http-port"
+        try:  # a port another process holds is a line saying so, not a traceback
+            if self._http is not None:
+                self.http_port = await self._http.start(config.http_address, config.http_port)
+            binding = "gRPC", config.grpc_address, config.grpc_port, "--grpc-port"
+            if self._grpc is not None:
+                self.grpc_port = await self._grpc.start(config.grpc_address, config.grpc_port)
+            binding = "metrics", config.metrics_address, config.metrics_port, "--metrics-port"
+            if config.allow_metrics:
+                await self._start_metrics(budget)
+        except OSError as error:
+            await self.engine.shutdown(0.0)
+            what, address, port, flag = binding
+            raise StartupError(f"cannot listen for {what} on {address} port {port}: "
+                               f"{os.strerror(error.errno) if error.errno else error} "
+                               f"(change {flag}, or stop what holds it)") from None
         dataplane.started = True
         if not default_pool().statistics().pinned:
             self._pool_trimmer = asyncio.create_task(_trim_when_quiet(default_pool()))

@@ -6,6 +6,7 @@ settings."""
 from __future__ import annotations
 
 import pathlib
+import socket
 import subprocess
 import sys
 
@@ -87,6 +88,25 @@ def test_exit_on_error_stops_the_server_naming_the_model(tmp_path: pathlib.Path)
         start_server(_repo(tmp_path), log, "--exit-on-error=true")
     text = log.read_text()
     assert "models failed to load (--exit-on-error): broken:" in text
+    assert "Traceback" not in text
+
+
+@pytest.mark.parametrize("flag", ["--http-port", "--grpc-port", "--metrics-port"])
+def test_a_port_already_held_stops_the_start_with_a_line_naming_it(
+        tmp_path: pathlib.Path, flag: str) -> None:
+    repo = tmp_path / "models"
+    rb.add_torchscript(repo, "identity", rb.Identity(), [4], [4])
+    log = tmp_path / "server.log"
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        with pytest.raises(RuntimeError, match="server exited with 1"):
+            start_server(repo, log, flag, str(port))
+    what = {"--http-port": "HTTP", "--grpc-port": "gRPC", "--metrics-port": "metrics"}[flag]
+    text = log.read_text()
+    assert (f"cannot listen for {what} on 127.0.0.1 port {port}: Address already in use "
+            f"(change {flag}, or stop what holds it)") in text
     assert "Traceback" not in text
 
 
