@@ -85,8 +85,9 @@ def check_aoti_package(path: pathlib.Path, spec: ModelSpec, device: torch.device
     batched = spec.max_batch_size > 0
     given = [_described(name, inputs[name], spec, batched)
              for name in input_order(spec, None, str(path))]
-    # 1 row and 2 (contiguous zeros: run if taken), max_batch_size rows (a stride-0 view)
-    tries = [(1, False)] + ([(2, False)] if batched else [])  # (rows, a stride-0 view)
+    # (rows, as a stride-0 view): 1 row and 2 of contiguous zeros, run where taken; then
+    # max_batch_size rows, whose sizes are checked and nothing run
+    tries = [(1, False)] + ([(2, False)] if batched else [])
     if spec.max_batch_size > 2:
         tries.append((spec.max_batch_size, True))
     warned: set[str] = set()
