@@ -125,8 +125,11 @@ def _save(repo: pathlib.Path, name: str, module: torch.nn.Module, inputs: list[s
     folder = rb.write_config(repo, name, _config(name, inputs, outputs).replace(
         "pytorch_libtorch", "torch_aoti" if exported else "pytorch_libtorch"))
     if exported:
-        example = (torch.ones(1, 2), torch.ones(1, 2))
-        torch.export.save(torch.export.export(module, example), str(folder / "1" / "model.pt2"))
+        example = (torch.ones(2, 2), torch.ones(2, 2))
+        batch = torch.export.Dim("batch", min=1, max=4)  # max_batch_size 4: any batch of it
+        torch.export.save(torch.export.export(module, example,
+                                              dynamic_shapes=({0: batch}, {0: batch})),
+                          str(folder / "1" / "model.pt2"))
     else:
         torch.jit.script(module.eval()).save(str(folder / "1" / "model.pt"))
 

@@ -17,6 +17,7 @@ import inspect
 import math
 import pathlib
 import sys
+import threading
 import types
 import warnings
 from collections.abc import Callable, Mapping, Sequence
@@ -148,9 +149,16 @@ def _load_torchscript(path: pathlib.Path, spec: ModelSpec, device: torch.device)
                   shareable=True, output_positions=positions)
 
 
+# torch.export.load keeps the deserializer it is using in a global while it runs, and a
+# second load meanwhile fails ("_CURRENT_DESERIALIZER is already set"): two exported models
+# of one repository, loaded by their executors at once, failed one of them at every start.
+_EXPORT_LOAD = threading.Lock()
+
+
 def _load_pt2(path: pathlib.Path, spec: ModelSpec, device: torch.device) -> Runner:
     try:
-        program = torch.export.load(str(path))
+        with _EXPORT_LOAD:
+            program = torch.export.load(str(path))
     except Exception as export_error:  # not an ExportedProgram: try an AOTInductor package
         try:
             from torch._inductor import aoti_load_package
@@ -160,9 +168,63 @@ def _load_pt2(path: pathlib.Path, spec: ModelSpec, device: torch.device) -> Runn
                                               f"AOTInductor package: {export_error}") from None
         return Runner(_positional(compiled, spec, None, path), None, None,
                       output_positions=output_positions(spec))
+    _check_batch_range(program, spec, path)
     module = program.module().to(device)
     return Runner(_positional(module, spec, _python_arguments(module.forward), path), None,
                   module, output_positions=output_positions(spec))
+
+
+def _check_batch_range(program: Any, spec: ModelSpec, path: pathlib.Path) -> None:
+    """Refuse a program whose batch dim cannot take every batch the batcher makes (1 to
+    max_batch_size rows): its guards would fail whole gathered batches under load, though
+    each request alone passed ("Guard failed: input.size()[0] <= 4" for a batch of 6, every
+    request of it answered with that). A lower bound of 2 is torch's 0/1 specialization
+    (Dim.AUTO / Dim.DYNAMIC), and its program takes 1 row."""
+    if spec.max_batch_size == 0:
+        return
+    rows = _first_batch_dim(program)
+    if rows is None:
+        return
+    low, high = rows
+    fix = (f"export it with torch.export.Dim('batch', min=1, max={spec.max_batch_size}) for "
+           f"its batch dim")
+    if low == high and low != 1:
+        raise ModelConfigError(str(path), f"the exported program takes batches of exactly "
+                                          f"{low} rows, and the batcher makes batches of any "
+                                          f"size from 1 to max_batch_size "
+                                          f"{spec.max_batch_size}: {fix}")
+    if high is not None and high < spec.max_batch_size:
+        raise ModelConfigError(str(path), f"the exported program takes batches of at most "
+                                          f"{high} row{'s' if high > 1 else ''}, and "
+                                          f"max_batch_size is {spec.max_batch_size}: set "
+                                          f"max_batch_size to {high}"
+                                          f"{' or less' if high > 1 else ''}, or {fix}")
+    if low > 2:
+        raise ModelConfigError(str(path), f"the exported program takes batches of at least "
+                                          f"{low} rows, and the batcher makes batches from 1 "
+                                          f"row: {fix}")
+
+
+def _first_batch_dim(program: Any) -> tuple[int, int | None] | None:
+    """(fewest, most) rows the program's first input takes in its dim 0 (most None: no
+    bound); None where it has no such input."""
+    placeholders = {node.name: node for node in program.graph.nodes
+                    if node.op == "placeholder"}
+    for item in program.graph_signature.input_specs:
+        if item.kind.name != "USER_INPUT":
+            continue
+        value = placeholders[item.arg.name].meta.get("val")
+        if not isinstance(value, torch.Tensor) or value.dim() == 0:
+            return None
+        first = value.shape[0]
+        if not isinstance(first, torch.SymInt):
+            return int(first), int(first)
+        bounds = program.range_constraints.get(first.node.expr)
+        if bounds is None:
+            return None
+        upper = bounds.upper  # a sympy Integer, or torch's int_oo (which calls itself finite)
+        return int(bounds.lower), (int(upper) if upper.is_Integer else None)
+    return None
 
 
 def _python_arguments(function: Callable[..., Any]) -> list[Argument] | None:
