@@ -10,6 +10,7 @@ stride checks at the latest, which come after its size checks, so nothing is com
 
 import json
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -17,12 +18,24 @@ import torch
 ANSWER = "aoti-check: "
 
 
+def _loaded(path: str) -> Callable[[list[torch.Tensor]], Any]:
+    """The package's runner, called with its inputs in order: torch's C++ loader itself,
+    which spares importing torch._inductor (0.9 s of the child's 3.1 here), else the way
+    `aoti_load_package` goes."""
+    try:
+        loader = torch._C._aoti.AOTIModelPackageLoader(path, "model", False, 1, -1)
+        return lambda inputs: loader.boxed_run(inputs)
+    except Exception:  # another torch, another model name: the public way
+        from torch._inductor import aoti_load_package
+        package = aoti_load_package(path)
+        return lambda inputs: package(*inputs)
+
+
 def main(request: dict[str, Any]) -> None:
-    from torch._inductor import aoti_load_package
     device = torch.device(request["device"])
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    package = aoti_load_package(request["path"])
+    run = _loaded(request["path"])
     for attempt in request["tries"]:
         inputs = []
         for item in request["inputs"]:
@@ -36,7 +49,7 @@ def main(request: dict[str, Any]) -> None:
         answer = None
         try:
             with torch.inference_mode():
-                package(*inputs)
+                run(inputs)
         except Exception as error:  # the refusal is the answer
             answer = str(error) or type(error).__name__
         print(ANSWER + json.dumps(answer), flush=True)
