@@ -219,3 +219,44 @@ def test_exported_programs_load_side_by_side_and_must_take_every_batch(
         torch.testing.assert_close(out, direct(one), rtol=1e-5, atol=1e-6)
         await engine.shutdown()
     run(scenario())
+
+
+class _OneRow(torch.nn.Module):
+    """Traced from one row, its output's shape is a constant: [1, 4] for any batch."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ones(1, 4) * x.mean()
+
+
+def test_a_model_whose_outputs_do_not_follow_the_batch_fails_its_load(
+        tmp_path: pathlib.Path) -> None:
+    """Caught at load by a batch of 2 rows, not batch by batch under load (where every
+    request of a gathered batch got a 500); unbatched, the same model serves."""
+    traced = torch.jit.trace(_OneRow().eval(), (torch.randn(1, 8),))
+    for name, max_batch, dims in (("batched", 8, "[8]"), ("unbatched", 0, "[1, 8]")):
+        folder = rb.write_config(tmp_path, name, f"""
+            name: "{name}"
+            platform: "pytorch_libtorch"
+            max_batch_size: {max_batch}
+            input [ {{ name: "INPUT__0" data_type: TYPE_FP32 dims: {dims} }} ]
+            output [ {{ name: "OUTPUT__0" data_type: TYPE_FP32 dims: {dims.replace("8", "4")} }} ]
+            """)
+        traced.save(str(folder / "1" / "model.pt"))
+
+    async def scenario() -> None:
+        engine = Engine(tmp_path)
+        await engine.start()
+        states = {e["name"]: (e["state"], e["reason"]) for e in engine.index()}
+        assert states == {
+            "batched": ("UNAVAILABLE", f"{tmp_path / 'batched' / '1' / 'model.pt'}: a batch of "
+                        "2 rows (zeros) answered 1 row in output 'OUTPUT__0' (shape [1, 4]); "
+                        "with max_batch_size 8 the first dim of every output must be the "
+                        "batch's rows. A model traced (torch.jit.trace) from one row may have "
+                        "fixed it: trace it from 2 rows, or serve it with max_batch_size 0 and "
+                        "the batch in its dims"),
+            "unbatched": ("READY", "")}
+        x = torch.ones(1, 8)
+        out = (await _infer_all(engine, [_request("unbatched", x)]))[0]
+        torch.testing.assert_close(out, torch.ones(1, 4))
+        await engine.shutdown()
+    run(scenario())

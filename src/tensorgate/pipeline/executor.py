@@ -316,20 +316,54 @@ class ExecutorThread:
                          "in: %s", s.spec.name, zeros_refused(s.spec, 1))
                 return
             self._warm_run(runner, dict(zeros), "at batch 1")
+            self._check_batch_rows(runner)
         if s.device.type == "cuda" and s.cuda_graphs and runner.module is not None:
             self._graphs = GraphSet.capture(runner.run, s.spec, s.device, self._stream,
                                             graph_batch_sizes(s.spec))
 
-    def _warm_run(self, runner: Runner, inputs: dict[str, Any], what: str) -> None:
+    def _warm_run(self, runner: Runner, inputs: dict[str, Any], what: str) -> Any:
+        """The model's raw result for `inputs` (None for a decoupled model)."""
         try:
             result = runner.run(inputs)
             if isinstance(result, Iterator):  # a decoupled model: make its first response
                 next(result, None)
                 if hasattr(result, "close"):
                     result.close()
+                return None
+            return result
         except Exception as error:
             raise InternalError(f"model '{self.settings.spec.name}' failed its warm-up "
                                 f"{what} with {type(error).__name__}: {error}") from error
+
+    def _check_batch_rows(self, runner: Runner) -> None:
+        """A TorchScript or exported model that batches answers a row per row it is given:
+        2 rows of zeros, 2 rows in each output tensor, or the load fails here and not every
+        batch the batcher gathers under load (a model traced from one row may have made
+        that shape a constant). Sequence, decoupled and batch-input models are left out:
+        their rows are not the requests'."""
+        s = self.settings
+        spec = s.spec
+        if (spec.max_batch_size < 2 or s.kind not in ("torchscript", "pt2")
+                or spec.sequence is not None or spec.decoupled or spec.batch_inputs
+                or spec.batch_outputs):
+            return
+        zeros = warmup_inputs(spec, 2, s.device)
+        if zeros is None:
+            return
+        raw = self._warm_run(runner, dict(zeros), "at batch 2")
+        for name, value in self._named(raw).items():
+            if isinstance(value, torch.Tensor) and (value.dim() == 0 or value.shape[0] != 2):
+                found = 0 if value.dim() == 0 else value.shape[0]
+                rows = ("no batch dim" if value.dim() == 0
+                        else f"{found} row{'s' if found != 1 else ''}")
+                raise ModelConfigError(str(s.artifact), f"a batch of 2 rows (zeros) answered "
+                                       f"{rows} in output '{name}' (shape "
+                                       f"{list(value.shape)}); with max_batch_size "
+                                       f"{spec.max_batch_size} the first dim of every output "
+                                       "must be the batch's rows. A model traced "
+                                       "(torch.jit.trace) from one row may have fixed it: "
+                                       "trace it from 2 rows, or serve it with max_batch_size "
+                                       "0 and the batch in its dims")
 
     def _on_stream(self) -> Any:
         if self._stream is None:
@@ -633,18 +667,24 @@ class ExecutorThread:
             moved[name] = value
         return moved
 
+    def _named(self, raw: Any) -> dict[str, Any]:
+        """A raw result post-processed (the model's postprocess, then the config's) and
+        named by the config's outputs."""
+        runner = self._runner
+        if runner is not None and runner.postprocess is not None:
+            raw = runner.postprocess(raw)
+        postprocessor = self.settings.postprocessor
+        if postprocessor is not None:
+            raw = postprocessor(list(raw) if isinstance(raw, (list, tuple)) else [raw])
+        return name_outputs(raw, self.settings.spec, runner.output_positions if runner else None)
+
     def _finish(self, batch: Batch, raw: Any) -> None:
         """Post-process, bring outputs to the host and split them per request."""
         started = batch.output_started_ns = time.monotonic_ns()
         s = self.settings
         spec = s.spec
-        runner = self._runner
         try:
-            if runner is not None and runner.postprocess is not None:
-                raw = runner.postprocess(raw)
-            if s.postprocessor is not None:
-                raw = s.postprocessor(list(raw) if isinstance(raw, (list, tuple)) else [raw])
-            outputs = name_outputs(raw, spec, runner.output_positions if runner else None)
+            outputs = self._named(raw)
             rows = [item.rows for item in batch.items]
             batching = spec.max_batch_size > 0
             for out in spec.model_outputs:
