@@ -353,9 +353,8 @@ class ExecutorThread:
         raw = self._warm_run(runner, dict(zeros), "at batch 2")
         for name, value in self._named(raw).items():
             if isinstance(value, torch.Tensor) and (value.dim() == 0 or value.shape[0] != 2):
-                found = 0 if value.dim() == 0 else value.shape[0]
-                rows = ("no batch dim" if value.dim() == 0
-                        else f"{found} row{'s' if found != 1 else ''}")
+                rows = ("no batch dim" if value.dim() == 0 else
+                        f"{value.shape[0]} row{'s' if value.shape[0] != 1 else ''}")
                 raise ModelConfigError(str(s.artifact), f"a batch of 2 rows (zeros) answered "
                                        f"{rows} in output '{name}' (shape "
                                        f"{list(value.shape)}); with max_batch_size "

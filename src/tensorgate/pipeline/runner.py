@@ -213,7 +213,8 @@ def _first_batch_dim(program: Any) -> tuple[int, int | None] | None:
     for item in program.graph_signature.input_specs:
         if item.kind.name != "USER_INPUT":
             continue
-        value = placeholders[item.arg.name].meta.get("val")
+        node = placeholders.get(getattr(item.arg, "name", ""))
+        value = None if node is None else node.meta.get("val")
         if not isinstance(value, torch.Tensor) or value.dim() == 0:
             return None
         first = value.shape[0]
