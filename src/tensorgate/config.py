@@ -16,6 +16,7 @@ from tensorgate.log_settings import LOG_FORMATS
 from tensorgate.pipeline.rate_limiter import parse_resource_counts
 from tensorgate.pipeline.summary import DEFAULT_QUANTILES, parse_quantiles
 from tensorgate.protocol.restricted import parse_restrictions
+from tensorgate.repository.layout import ModelRepositories
 from tensorgate.trace_config import resolve_trace
 
 __all__ = ["ServerConfig"]
@@ -288,14 +289,13 @@ def _repositories(given: Any) -> tuple[pathlib.Path, ...]:
         given = given.split(os.pathsep)
     elif isinstance(given, os.PathLike):
         given = [given]
-    paths = tuple(pathlib.Path(p) for p in given if str(p))
-    seen: dict[pathlib.Path, pathlib.Path] = {}
-    for path in paths:
-        same = seen.setdefault(path.resolve(), path)
-        if same is not path:
-            raise ValueError(f"model_repository names '{same}' and '{path}', the same folder: "
-                             "every model of it would be in two repositories")
-    return paths
+    paths = [p for p in given if str(p)]
+    if not paths:
+        return ()  # the embedded default repository
+    try:
+        return ModelRepositories.of(paths).paths
+    except ValueError as error:
+        raise ValueError(f"model_repository names {error}") from None
 
 
 def _check_address(name: str, address: str) -> None:

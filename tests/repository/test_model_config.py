@@ -186,6 +186,8 @@ def test_several_repositories_are_one_namespace(tmp_path: pathlib.Path) -> None:
             repositories.holder(name)
     with pytest.raises(NotFoundError, match=r"^no model 'b' in repository '.*one'$"):
         ModelRepositories.of(first).holder("b")
+    with pytest.raises(ValueError, match=r"^'.*one' and '.*one/\.\./one', the same folder"):
+        ModelRepositories.of([first, first / ".." / "one"])
     with pytest.raises(NotFoundError, match=r"^model repository '.*four' is not a directory"):
         ModelRepositories.of([first, tmp_path / "four"]).names()
     prints = repositories.fingerprints()

@@ -75,8 +75,8 @@ async def _decode(dp: DataPlane, message: Any, ledger: CopyLedger, deadline_ns: 
         turn = in_order.turn()
     try:
         decoded: DecodedRequest = (
-            run_through(steps) if spans.contents is None and max(
-                len(request.inputs), len(request.outputs)) <= TENSORS_A_STEP
+            run_through(steps) if spans.contents is None
+            and len(request.inputs) <= TENSORS_A_STEP and len(request.outputs) <= TENSORS_A_STEP
             else await in_steps(steps))
         if turn is not None:
             await turn.wait()

@@ -15,7 +15,7 @@ import json
 import logging
 import re
 import urllib.parse
-from collections.abc import AsyncGenerator, Callable, Generator
+from collections.abc import AsyncGenerator, Callable
 from typing import TYPE_CHECKING, Any
 
 from tensorgate.dataplane import Answer, DataPlane, refuse_model_files
@@ -171,28 +171,28 @@ async def _unload(dp: DataPlane, request: HttpRequest, model: str) -> Any:
     return 200, _JSON, [b""]
 
 
-def _encoding(request: HttpRequest) -> str | None:
-    """The body's Content-Encoding when it must be decompressed (gzip or deflate); None for
-    a body as it is."""
+def _compressed(request: HttpRequest) -> bool:
+    """Whether the body must be decompressed (Content-Encoding gzip or deflate)."""
     encoding = request.headers.get("content-encoding", "identity").lower()
     if encoding in ("identity", "") or not request.length:
-        return None
+        return False
     if encoding not in ("gzip", "deflate"):
         raise InvalidArgumentError(f"Content-Encoding '{encoding}' is not supported; use gzip, "
                                    "deflate or none")
-    return encoding
+    return True
 
 
-def _decompressed(request: HttpRequest, limit: int, encoding: str
-                  ) -> Generator[None, None, tuple[Any, int]]:
-    """The body decompressed, in steps (protocol.steps), and its length."""
+async def _decompressed(request: HttpRequest) -> tuple[Any, int]:
+    """The body decompressed a piece at a time (protocol.steps), and its length."""
     # binary tensors after a JSON header of known length land aligned, as a received body's
     pad = (-(request.json_length or 0)) % ALIGNMENT
-    data = yield from inflate_steps(memoryview(request.body)[:request.length], encoding, limit,
-                                    "body", request.ledger, request.acquire, pad)
+    data = await in_steps(inflate_steps(memoryview(request.body)[:request.length],
+                                        request.headers["content-encoding"].lower(),
+                                        request.limit, "body", request.ledger,
+                                        request.acquire, pad))
     if data is None:
-        raise InvalidArgumentError(f"the decompressed body exceeds the {limit}-byte limit "
-                                   "(--max-request-bytes)")
+        raise InvalidArgumentError(f"the decompressed body exceeds the {request.limit}-byte "
+                                   "limit (--max-request-bytes)")
     return data, len(data)
 
 
@@ -202,9 +202,9 @@ _STEPPED_JSON = 40 * TENSORS_A_STEP
 
 
 async def _infer(dp: DataPlane, request: HttpRequest, model: str, version: str) -> Any:
-    encoding = _encoding(request)
-    body, length = (await in_steps(_decompressed(request, request.limit, encoding))
-                    if encoding else (request.body, request.length))
+    body, length = request.body, request.length
+    if _compressed(request):  # (checked first: no coroutine for a plain body)
+        body, length = await _decompressed(request)
     if not length:
         raise InvalidArgumentError("the inference request has no body")
     if worth_slicing(body, length, request.json_length):
@@ -250,9 +250,9 @@ async def _generate_answers(dp: DataPlane, request: HttpRequest, model: str,
     """The responses to a generate request: one from a model that is not decoupled, any
     number from one that is (dp.infer_stream takes both). A compressed body is
     decompressed a piece at a time, as infer's (48 MB in one go held the loop 110 ms)."""
-    encoding = _encoding(request)
-    body, length = (await in_steps(_decompressed(request, request.limit, encoding))
-                    if encoding else (request.body, request.length))
+    body, length = request.body, request.length
+    if _compressed(request):
+        body, length = await _decompressed(request)
     decoded = dp.generate_request(model, version, decode_generate_body(body, length),
                                   request.ledger)
     decoded.forwarded = forward_headers(request.headers.items(), request.forward)

@@ -100,12 +100,19 @@ class ModelRepositories:
     @classmethod
     def of(cls, given: str | os.PathLike[str] | Iterable[str | os.PathLike[str]]
            ) -> ModelRepositories:
-        """From one path or several."""
+        """From one path or several; ValueError for none, or one folder named twice (every
+        model of it would be in two repositories)."""
         if isinstance(given, (str, os.PathLike)):
             given = [given]
         paths = tuple(pathlib.Path(p) for p in given)
         if not paths:
             raise ValueError("no model repository given")
+        seen: dict[pathlib.Path, pathlib.Path] = {}
+        for path in paths:
+            same = seen.setdefault(path.resolve(), path)
+            if same is not path:
+                raise ValueError(f"'{same}' and '{path}', the same folder: every model of it "
+                                 "would be in two repositories")
         return cls(paths)
 
     def __str__(self) -> str:
@@ -118,10 +125,8 @@ class ModelRepositories:
     def holder(self, name: str) -> pathlib.Path:
         """The repository that holds model `name`; NotFoundError when none does, and an
         InvalidArgumentError naming each of its folders when more than one does."""
-        if "/" in name or name in ("", ".", ".."):  # never a path out of a repository
-            holders = []
-        else:
-            holders = [path for path in self.paths if _model_folder(path / name)]
+        holders = [] if _not_a_name(name) else [path for path in self.paths
+                                                 if _model_folder(path / name)]
         if len(holders) == 1:
             return holders[0]
         if holders:
@@ -142,6 +147,11 @@ class ModelRepositories:
             for name, entries in model_fingerprints(path).items():
                 prints[name] = prints.get(name, ()) + entries
         return prints
+
+
+def _not_a_name(name: str) -> bool:
+    """Whether `name` would lead anywhere but to a folder of a repository."""
+    return "/" in name or name in ("", ".", "..")
 
 
 def _model_folder(directory: pathlib.Path) -> bool:
@@ -174,7 +184,7 @@ def load_source(repository: pathlib.Path, name: str, config: str | None = None,
     directory = repository / name
     file = directory / "config.pbtxt"
     unconfigured = config is None and not file.is_file()  # a Python model's code says it
-    if "/" in name or name in ("", ".", "..") or not directory.is_dir() or (
+    if _not_a_name(name) or not directory.is_dir() or (
             unconfigured and not _python_model(directory)):
         raise NotFoundError(f"no model '{name}' in repository '{repository}'")
     if config is not None:
