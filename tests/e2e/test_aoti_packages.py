@@ -8,6 +8,7 @@ import pathlib
 import shutil
 import warnings
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import numpy as np
 import pytest
@@ -16,7 +17,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from tensorgate.pipeline.aoti_check import _Input, _judge
+from tensorgate.pipeline.aoti_check import _bounded, _Input, _judge
 from tensorgate.repository.model_config import ModelConfigError, parse_model_config
 from tests.e2e.conftest import start_server, stop_server
 from tests.pipeline import repo_builder as rb
@@ -125,6 +126,87 @@ def test_packages_serve_batches_within_their_compiled_range_and_others_are_refus
         assert stop_server(server) == 0
 
 
+class _Sequences(torch.nn.Module):
+    """x: [rows, sequence, 8], z: [rows, 4, 8] -> [rows, 4]."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(5)
+        self.linear = torch.nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        return self.linear(x).sum(1) + self.linear(z).sum(1)
+
+
+def test_variable_dims_are_held_to_the_sizes_the_package_was_compiled_for(
+        tmp_path: pathlib.Path) -> None:
+    """A dim the config leaves variable takes only the sizes the package's code was compiled
+    for: x's sequence dim 1 to 16 (exported so), z's exactly 4 (exported static). Unchecked,
+    the package answered z of 1 row by reading 3 more past it, and x of 17 as if it were
+    16; now such requests are refused naming the range, and the load warns of z."""
+    module = _Sequences().eval()
+    batch = torch.export.Dim("batch", min=1, max=8)
+    program = torch.export.export(
+        module, (torch.randn(2, 5, 8), torch.randn(2, 4, 8)),
+        dynamic_shapes={"x": {0: batch, 1: torch.export.Dim("sequence", min=1, max=16)},
+                        "z": {0: batch}})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        package = torch._inductor.aoti_compile_and_package(
+            program, package_path=str(tmp_path / "model.pt2"))
+    repo = tmp_path / "models"
+    folder = rb.write_config(repo, "sequences", """
+        name: "sequences"
+        platform: "torch_aoti"
+        max_batch_size: 8
+        input [ { name: "x" data_type: TYPE_FP32 dims: [-1, 8] },
+                { name: "z" data_type: TYPE_FP32 dims: [-1, 8] } ]
+        output [ { name: "y" data_type: TYPE_FP32 dims: [4] } ]
+        """)
+    shutil.copy(package, folder / "1" / "model.pt2")
+    server = start_server(repo, tmp_path / "server.log")
+    try:
+        assert (f"{folder / '1' / 'model.pt2'}: config dims [-1, 8] leave dim 1 of input 'z' "
+                "variable, and the AOTInductor package was compiled for exactly 4 there: "
+                "requests of another size are refused (give 4 in its dims)"
+                ) in server.log.read_text()
+        rng = np.random.default_rng(3)
+
+        def inputs(protocol: Any, length: int, z_length: int = 4
+                   ) -> tuple[list[Any], np.ndarray]:
+            """The request's inputs, and what the module itself answers them with."""
+            x = rng.standard_normal((2, length, 8)).astype(np.float32)
+            z = rng.standard_normal((2, z_length, 8)).astype(np.float32)
+            given = [protocol.InferInput("x", list(x.shape), "FP32"),
+                     protocol.InferInput("z", list(z.shape), "FP32")]
+            given[0].set_data_from_numpy(x)
+            given[1].set_data_from_numpy(z)
+            if z_length != 4:
+                return given, np.empty(0)
+            return given, module(torch.from_numpy(x), torch.from_numpy(z)).detach().numpy()
+
+        for protocol, url in ((httpclient, server.url), (grpcclient, server.grpc_url)):
+            with protocol.InferenceServerClient(url) as client:
+                for length in (1, 2, 16):
+                    given, expected = inputs(protocol, length)
+                    np.testing.assert_allclose(client.infer("sequences", given).as_numpy("y"),
+                                               expected, rtol=1e-5, atol=1e-5)
+                for length, z_length, refusal in (
+                        (17, 4, "input 'x' of model 'sequences' has shape [2,17,8]; the model "
+                                "takes 1 to 16 in dim 1"),
+                        (3, 1, "input 'z' of model 'sequences' has shape [2,1,8]; the model "
+                               "takes exactly 4 in dim 1"),
+                        (3, 5, "input 'z' of model 'sequences' has shape [2,5,8]; the model "
+                               "takes exactly 4 in dim 1")):
+                    with pytest.raises(InferenceServerException) as refused:
+                        client.infer("sequences", inputs(protocol, length, z_length)[0])
+                    assert refusal + " (the sizes its code was compiled for)" in str(
+                        refused.value), refused.value
+                    assert "400" in str(refused.value) or "INVALID_ARG" in str(refused.value)
+    finally:
+        assert stop_server(server) == 0
+
+
 SPEC = parse_model_config('name: "m" platform: "torch_aoti" max_batch_size: 8 '
                           'input [ { name: "x" data_type: TYPE_FP32 dims: [ -1, 3 ] } ] '
                           'output [ { name: "y" data_type: TYPE_FP32 dims: [ 4 ] } ]',
@@ -140,7 +222,8 @@ def test_each_refusal_of_the_generated_checks_is_judged_by_what_it_names() -> No
     """The generated checks' words (torch 2.13's cpp wrapper) for cases the test above does
     not compile: a batch dim from 2 rows is inductor's 0/1 specialization (served); from 4,
     or fixed at 2, a batch of 1 is outside it; a dim the config leaves variable is only
-    warned of; a stride (a channels-last export) fails the load, but not a view's."""
+    warned of (where its range was not learned first); a stride (a channels-last export)
+    fails the load; a view's device refusal does not."""
     _judged("input_handles[0]: dim value is too small at 0, expected it to be >= 2, but got: 1")
     with pytest.raises(ModelConfigError, match=r"^p: the AOTInductor package was compiled for "
                                                r"batches of at least 4 rows, and the batcher"):
@@ -157,7 +240,8 @@ def test_each_refusal_of_the_generated_checks_is_judged_by_what_it_names() -> No
                                                r"\('x' float32 \[1, 1, 3\]\): input_handles"
                                                r"\[0\]: unmatched stride value at 1"):
         _judged(stride, rows=2)
-    _judged(stride, rows=8, view=True)  # a view's strides are wrong by design
+    _judged("input_handles[0]: unmatched device type, expected: 00(cpu), but got: 14\n",
+            rows=8, view=True)  # a view is a meta tensor: refused for its device by design
     with pytest.raises(ModelConfigError, match=r"refuses zeros .*unmatched dim value at 2"):
         _judged("input_handles[0]: unmatched dim value at 2, expected: 4, but got: 3", rows=2)
     _judged("input_handles[0]: unmatched dim value at 2, expected: 4, but got: 3", rows=8,
@@ -167,3 +251,22 @@ def test_each_refusal_of_the_generated_checks_is_judged_by_what_it_names() -> No
                                                r"or less"):
         _judged("input_handles[0]: dim value is too large at 0, expected to be <= 6, but "
                 "got: 8", rows=8, view=True)
+
+
+def test_ranges_the_child_learns_bound_only_the_dims_they_narrow() -> None:
+    """A dim the package takes from 1 with no end stays free; one it bounds is held to its
+    range; an input none of whose dims is narrowed is the config's own TensorSpec."""
+    spec = parse_model_config('name: "m" platform: "torch_aoti" max_batch_size: 8 '
+                              'input [ { name: "x" data_type: TYPE_FP32 dims: [ -1, -1, 3 ] }, '
+                              '{ name: "w" data_type: TYPE_FP32 dims: [ -1 ] } ] '
+                              'output [ { name: "y" data_type: TYPE_FP32 dims: [ 4 ] } ]',
+                              "m/config.pbtxt")
+    given = [_Input("x", "float32", [1, 1, 1, 3], [True, True, True, False], (1, 2)),
+             _Input("w", "float32", [1, 1], [True, True], (1,))]
+    free = [{"dim": 1, "low": 1, "high": None}]
+    assert _bounded("p", spec, given, [free + [{"dim": 2, "low": 1, "high": None}],
+                                       free]) is spec
+    narrowed = _bounded("p", spec, given, [free + [{"dim": 2, "low": 2, "high": 64}], free])
+    assert narrowed.input("x").bounds == ((0, None), (2, 64), (3, 3))
+    assert narrowed.input("w") is spec.input("w")
+    assert narrowed.input("x").outside_bounds((5, 65, 3)) == (1, "2 to 64")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import pathlib
 import re
+from dataclasses import replace
 
 import pytest
 from tritonclient.grpc import model_config_pb2 as pb
@@ -298,3 +299,23 @@ def test_instance_counts_are_bounded() -> None:
                                                r"most 256 are served \(each is a thread\)"):
         parse_model_config(base + "instance_group [ { count: 150 kind: KIND_GPU "
                                   "gpus: [ 0, 1 ] } ]")
+
+
+def test_an_input_s_bounds_refuse_sizes_outside_them_and_give_the_least_for_zeros() -> None:
+    """`bounds` (learned from a compiled model at load) narrow what a variable dim takes;
+    a dim left (0, None) is as free as its -1, and zeros take each dim's least size."""
+    spec = parse_model_config('name: "m" max_batch_size: 4 input [ { name: "x" '
+                              'data_type: TYPE_FP32 dims: [ -1, -1, -1, 8 ] } ] output [ { '
+                              'name: "y" data_type: TYPE_FP32 dims: [ 1 ] } ]', "m")
+    free = spec.inputs[0]
+    assert free.outside_bounds((0, 99, 1, 8)) is None and free.least_dims() == [1, 1, 1, 8]
+    bounded = replace(free, bounds=((2, 16), (0, None), (4, 4), (8, 8)))
+    assert bounded.least_dims() == [2, 1, 4, 8]
+    assert bounded.row_bytes() == 4 * 2 * 1 * 4 * 8
+    assert bounded.outside_bounds((2, 0, 4, 8)) is None
+    assert bounded.outside_bounds((16, 10**9, 4, 8)) is None
+    assert bounded.outside_bounds((1, 1, 4, 8)) == (0, "2 to 16")
+    assert bounded.outside_bounds((17, 1, 4, 8)) == (0, "2 to 16")
+    assert bounded.outside_bounds((3, 1, 5, 8)) == (2, "exactly 4")
+    assert replace(free, bounds=((3, None), (0, None), (0, None), (8, 8))).outside_bounds(
+        (2, 1, 1, 8)) == (0, "3 or more")

@@ -12,8 +12,8 @@ size, compiled code's fixed loops would read past the input.
 
 So before a package serves, a child process with the checks on (aoti_child.py) is given
 zeros shaped as the config says, 1 row and 2 (contiguous: run where taken), then
-max_batch_size rows (a stride-0 view: sizes are checked before strides, so nothing is
-computed or allocated). A refusal that names a dimension the config fixes, a dtype, a stride
+max_batch_size rows (a meta tensor: its sizes and strides are checked before its device, so
+nothing is computed or allocated). A refusal that names a dimension the config fixes, a dtype, a stride
 (a channels-last export) or the number of inputs fails the load, saying what to change; the
 batch sizes the refusals name are held against max_batch_size. The server's own copy then
 runs unchecked, as PyTorch runs it: the checks cost nothing per batch.
@@ -22,7 +22,16 @@ Inductor compiles a dynamic batch dim for 2 rows or more (0/1 specialization) ev
 export said `Dim("batch", min=1)`, whose program takes 1 row; its code is sized by the row
 count, so such a package serves a batch of 1 as PyTorch runs it by default. A package whose
 batch dim starts above 2, or is fixed at more than one row, cannot serve a batch of 1 and is
-refused. A dim the config leaves variable (-1) is not checked beyond one size.
+refused.
+
+A dim the config leaves variable (-1) is only as free as the package's code: a package
+compiled with a sequence dim of at most 64 was exported to take no more, and one compiled for
+exactly 16 answered a request of 1 with 16 rows, 15 of them read past the input (measured
+here; unchecked, what lies past it may be another request's bytes). So the child first learns
+each such dim's range from the checks' refusals, and the input's TensorSpec carries it
+(`bounds`): a request outside it is refused with the range, and the warm-up's zeros take the
+least size in it. An input with a `reshape` is not probed (its config dims are not the
+package's).
 """
 
 from __future__ import annotations
@@ -31,14 +40,15 @@ import json
 import logging
 import os
 import pathlib
-import re
 import subprocess
 import sys
 import zipfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 
 import torch
 
+from tensorgate.pipeline.aoti_child import ANSWER, BOUNDS, SIZE
 from tensorgate.pipeline.runner import warmup_inputs, zeros_refused
 from tensorgate.pipeline.torch_io import input_order
 from tensorgate.repository.model_config import ModelConfigError, ModelSpec
@@ -50,11 +60,6 @@ log = logging.getLogger("tensorgate.engine")
 CHECK_TIMEOUT_S = 300.0  # the child imports torch and loads the package: seconds, not minutes
 _CHECKS_ON = "AOTI_RUNTIME_CHECK_INPUTS"
 _CHILD = pathlib.Path(__file__).with_name("aoti_child.py")  # run as a file: torch, no more
-_ANSWER = "aoti-check: "  # each of the child's answers, JSON, follows this (aoti_child.py)
-# what the generated checks say when they refuse a size (torch/_inductor's cpp wrapper)
-_SIZE = re.compile(r"input_handles\[(\d+)\]: (dim value is too small|dim value is too large|"
-                   r"unmatched dim value) at (\d+), expected(?: it)?(?: to be)?:? (?:>= |<= )?"
-                   r"(\d+)")
 
 
 def is_aoti_package(path: pathlib.Path) -> bool:
@@ -72,28 +77,34 @@ class _Input:
     dtype: str              # torch's name: "float32"
     shape: list[int]        # as the model takes it, variable dims as 1
     variable: list[bool]    # per dim: the config leaves it free (or it is the batch dim)
+    # the variable dims of a client's input (no reshape) whose range the child learns
+    probe: tuple[int, ...] = ()
 
 
-def check_aoti_package(path: pathlib.Path, spec: ModelSpec, device: torch.device) -> None:
+def check_aoti_package(path: pathlib.Path, spec: ModelSpec, device: torch.device
+                       ) -> ModelSpec:
     """Refuse (ModelConfigError) a package on `device` that cannot serve what `spec` lets
-    in. Runs a child process: call it off the event loop."""
+    in; else `spec`, its inputs bounded where the package's code bounds a variable dim.
+    Runs a child process: call it off the event loop."""
     inputs = warmup_inputs(spec, 1, torch.device("meta"))  # shapes and dtypes, no memory
     if inputs is None:
         log.warning("%s: the AOTInductor package's input ranges are not checked: %s", path,
                     zeros_refused(spec, 1))
-        return
+        return spec
     batched = spec.max_batch_size > 0
     given = [_described(name, inputs[name], spec, batched)
              for name in input_order(spec, None, str(path))]
-    # (rows, as a stride-0 view): 1 row and 2 of contiguous zeros, run where taken; then
-    # max_batch_size rows, whose sizes are checked and nothing run
+    # (rows, as a view): 1 row and 2 of zeros, run where taken; then max_batch_size rows
+    # as a meta tensor, whose sizes are checked and nothing run
     tries = [(1, False)] + ([(2, False)] if batched else [])
     if spec.max_batch_size > 2:
         tries.append((spec.max_batch_size, True))
+    ranges, answers = _ask_child(path, device, min(spec.max_batch_size, 2), given, tries)
     warned: set[str] = set()
-    for (rows, view), answer in zip(tries, _ask_child(path, device, batched, given, tries)):
+    for (rows, view), answer in zip(tries, answers):
         if answer is not None:
             _judge(str(path), spec, given, answer, rows, view, warned)
+    return spec if ranges is None else _bounded(str(path), spec, given, ranges)
 
 
 def _described(name: str, zeros: torch.Tensor, spec: ModelSpec, batched: bool) -> _Input:
@@ -102,14 +113,52 @@ def _described(name: str, zeros: torch.Tensor, spec: ModelSpec, batched: bool) -
     variable = ([True] if batched else []) + [d == -1 for d in dims]
     if config is None or len(variable) != zeros.dim():  # computed by the server: not checked
         variable = [True] * zeros.dim()
-    return _Input(name, str(zeros.dtype).removeprefix("torch."), list(zeros.shape), variable)
+    probe: tuple[int, ...] = ()
+    if spec.input(name) is not None and config is not None and config.reshape is None:
+        probe = tuple(d for d, free in enumerate(variable) if free and not (batched and d == 0))
+    return _Input(name, str(zeros.dtype).removeprefix("torch."), list(zeros.shape), variable,
+                  probe)
+
+
+def _bounded(where: str, spec: ModelSpec, given: list[_Input],
+             ranges: list[list[dict[str, Any]]]) -> ModelSpec:
+    """`spec` with each client input's `bounds` where the package's code bounds one of its
+    variable dims (a range it starts above 1 or ends at all)."""
+    bounded = {}
+    batch = 1 if spec.max_batch_size > 0 else 0
+    for item, found in zip(given, ranges):
+        config = spec.input(item.name)
+        if config is None:
+            continue
+        bounds: list[tuple[int, int | None]] = [(d, d) for d in config.dims]
+        for dim in found:
+            low, high = dim["low"], dim["high"]
+            if low <= 1 and high is None:
+                bounds[dim["dim"] - batch] = (0, None)  # as free as the config says
+                continue
+            bounds[dim["dim"] - batch] = (low, high)
+            bounded[item.name] = config
+            if low == high:
+                log.warning("%s: config dims %s leave dim %d of input '%s' variable, and the "
+                            "AOTInductor package was compiled for exactly %d there: requests "
+                            "of another size are refused (give %d in its dims)", where,
+                            list(config.dims), dim["dim"], item.name, low, low)
+            else:
+                log.info("%s: input '%s' takes %s in dim %d (the AOTInductor package's "
+                         "compiled range): requests outside it are refused", where, item.name,
+                         f"{low} or more" if high is None else f"{low} to {high}", dim["dim"])
+        if item.name in bounded:
+            bounded[item.name] = replace(config, bounds=tuple(bounds))
+    if not bounded:
+        return spec
+    return replace(spec, inputs=tuple(bounded.get(i.name, i) for i in spec.inputs))
 
 
 def _judge(where: str, spec: ModelSpec, given: list[_Input], error: str, rows: int,
            view: bool, warned: set[str]) -> None:
     """Refuse the load for the package's refusal of `rows` rows, unless it is one the
-    server never asks of it. A stride-0 `view` is refused anyway: only its sizes count."""
-    size = _SIZE.search(error)
+    server never asks of it. A meta `view` is refused anyway: only its sizes count."""
+    size = SIZE.search(error)
     if size is None:  # a dtype, a stride, the number of inputs, the device: the config's fault
         if view:
             return
@@ -162,15 +211,17 @@ def _first_line(text: str) -> str:
     return text.strip().splitlines()[0] if text.strip() else "(no message)"
 
 
-def _ask_child(path: pathlib.Path, device: torch.device, batched: bool, given: list[_Input],
-               tries: list[tuple[int, bool]]) -> list[str | None]:
-    """Each try's refusal (None: it ran), from a child process with the checks on; a try
-    the child died in after the first (its checks passed, and it ran on a stride-0 view)
-    is left out."""
+def _ask_child(path: pathlib.Path, device: torch.device, probe_rows: int, given: list[_Input],
+               tries: list[tuple[int, bool]]
+               ) -> tuple[list[list[dict[str, Any]]] | None, list[str | None]]:
+    """The ranges of the dims `given` asks about (None: not learned), and each try's
+    refusal (None: it ran), from a child process with the checks on; `probe_rows`: the
+    batch the child's probes use (0: not batched)."""
     request = json.dumps({"path": str(path), "device": str(device),
-                          "batched": batched,
+                          "batched": probe_rows > 0, "rows": probe_rows,
                           "tries": [{"rows": rows, "view": view} for rows, view in tries],
-                          "inputs": [{"dtype": i.dtype, "shape": i.shape} for i in given]})
+                          "inputs": [{"dtype": i.dtype, "shape": i.shape, "probe": i.probe}
+                                     for i in given]})
     try:
         done = subprocess.run([sys.executable, str(_CHILD), request],
                               capture_output=True, text=True, timeout=CHECK_TIMEOUT_S,
@@ -178,10 +229,13 @@ def _ask_child(path: pathlib.Path, device: torch.device, batched: bool, given: l
     except subprocess.TimeoutExpired:
         raise ModelConfigError(str(path), f"checking the AOTInductor package's input ranges "
                                           f"took over {CHECK_TIMEOUT_S:g} s") from None
-    answers: list[str | None] = [json.loads(line[len(_ANSWER):])
-                                 for line in done.stdout.splitlines() if line.startswith(_ANSWER)]
+    lines = done.stdout.splitlines()
+    answers: list[str | None] = [json.loads(line[len(ANSWER):])
+                                 for line in lines if line.startswith(ANSWER)]
     if answers:
-        return answers
+        ranges = next((json.loads(line[len(BOUNDS):]) for line in lines
+                       if line.startswith(BOUNDS)), None)
+        return ranges, answers
     tail = (done.stderr.strip().splitlines() or ["(nothing on stderr)"])[-1]
     raise ModelConfigError(str(path), f"the AOTInductor package could not be loaded to check "
                                       f"its input ranges (exit {done.returncode}): {tail}")

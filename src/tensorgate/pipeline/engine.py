@@ -349,7 +349,8 @@ class Engine:
         by_group = self._group_devices(spec)
         devices = [device for group in by_group for device in group]
         if kind == "pt2" and await loop.run_in_executor(None, is_aoti_package, artifact):
-            await loop.run_in_executor(None, check_aoti_package, artifact, spec, devices[0])
+            spec = await loop.run_in_executor(None, check_aoti_package, artifact, spec,
+                                              devices[0])
         spec = served_spec(spec, artifact.name, by_group)
         scheduler: Scheduler | SequenceScheduler
         if spec.sequence is not None:  # each instance batches its own sequences

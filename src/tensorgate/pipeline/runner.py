@@ -325,13 +325,14 @@ def zeros_refused(spec: ModelSpec, rows: int) -> str | None:
 
 def warmup_inputs(spec: ModelSpec, rows: int,
                   device: torch.device) -> dict[str, torch.Tensor] | None:
-    """Zero inputs of the configured shapes (variable dims as 1), `rows` deep when batching;
-    None where `zeros_refused` says why not."""
+    """Zero inputs of the configured shapes (variable dims at their least: 1, or where the
+    model's code is bounded, its bound), `rows` deep when batching; None where
+    `zeros_refused` says why not."""
     if zeros_refused(spec, rows) is not None:
         return None
     inputs = {}
     for item in spec.model_inputs:
-        dims = [1 if d == -1 else d for d in (item.reshape or item.dims)]
+        dims = item.least_dims()
         shape: Sequence[int] = ([rows] + dims) if spec.max_batch_size else dims
         inputs[item.name] = torch.zeros(shape, dtype=item.datatype.torch, device=device)
     return _on_device(one_request(spec, inputs), device)

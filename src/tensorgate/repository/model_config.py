@@ -53,17 +53,37 @@ class TensorSpec:
     optional: bool = False
     label_filename: str = ""
     ragged: bool = False  # allow_ragged_batch: batches whatever its shape, flat (ragged_config)
+    # Per dim of `dims`, the (fewest, most) it may be where the model's compiled code is
+    # bounded (most None: no bound), learned at load (aoti_check.py); None: not bounded
+    bounds: tuple[tuple[int, int | None], ...] | None = None
 
     def row_bytes(self, reshaped: bool = True) -> int:
-        """Bytes of one row of it in zeros (variable dims as 1; a BYTES element as 1), in the
-        shape the model takes (`reshaped`) or the config's `dims`."""
-        dims = (self.reshape or self.dims) if reshaped else self.dims
-        return max(self.datatype.itemsize, 1) * math.prod(1 if d == -1 else d for d in dims)
+        """Bytes of one row of it in zeros (variable dims at their least; a BYTES element as
+        1), in the shape the model takes (`reshaped`) or the config's `dims`."""
+        dims = (self.least_dims() if reshaped or self.reshape is None
+                else [1 if d == -1 else d for d in self.dims])
+        return max(self.datatype.itemsize, 1) * math.prod(dims)
 
     def accepts(self, shape: tuple[int, ...]) -> bool:
         """Whether a per-item shape (no batch dim) fits `dims`."""
         return len(shape) == len(self.dims) and all(
             want == -1 or want == got for want, got in zip(self.dims, shape))
+
+    def outside_bounds(self, shape: tuple[int, ...]) -> tuple[int, str] | None:
+        """The first dim of a per-item shape (one `accepts` takes) outside `bounds`, and
+        what that dim takes ("2 to 64"); None where the shape is inside them."""
+        for dim, (size, (fewest, most)) in enumerate(zip(shape, self.bounds or ())):
+            if size < fewest or (most is not None and size > most):
+                return dim, (f"exactly {fewest}" if fewest == most else
+                             f"{fewest} or more" if most is None else f"{fewest} to {most}")
+        return None
+
+    def least_dims(self) -> list[int]:
+        """The dims the model takes (`reshape`, else `dims`) with each variable one at its
+        smallest: 1, or the least of its bounds."""
+        dims = self.reshape or self.dims
+        fewest = [low for low, _ in self.bounds] if self.bounds else [1] * len(dims)
+        return [max(low, 1) if d == -1 else d for d, low in zip(dims, fewest)]
 
 
 @dataclass(frozen=True, slots=True)
