@@ -17,7 +17,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from tensorgate.pipeline.aoti_check import _bounded, _Input, _judge
+from tensorgate.pipeline.aoti_check import _Input, _judge
 from tensorgate.repository.model_config import ModelConfigError, parse_model_config
 from tests.e2e.conftest import start_server, stop_server
 from tests.pipeline import repo_builder as rb
@@ -167,7 +167,7 @@ def test_variable_dims_are_held_to_the_sizes_the_package_was_compiled_for(
     server = start_server(repo, tmp_path / "server.log")
     try:
         assert (f"{folder / '1' / 'model.pt2'}: config dims [-1, 8] leave dim 1 of input 'z' "
-                "variable, and the AOTInductor package was compiled for exactly 4 there: "
+                "variable, and the AOTInductor package takes exactly 4 there: "
                 "requests of another size are refused (give 4 in its dims)"
                 ) in server.log.read_text()
         rng = np.random.default_rng(3)
@@ -200,7 +200,7 @@ def test_variable_dims_are_held_to_the_sizes_the_package_was_compiled_for(
                                "takes exactly 4 in dim 1")):
                     with pytest.raises(InferenceServerException) as refused:
                         client.infer("sequences", inputs(protocol, length, z_length)[0])
-                    assert refusal + " (the sizes its code was compiled for)" in str(
+                    assert refusal + " (the sizes it was exported for)" in str(
                         refused.value), refused.value
                     assert "400" in str(refused.value) or "INVALID_ARG" in str(refused.value)
     finally:
@@ -251,22 +251,3 @@ def test_each_refusal_of_the_generated_checks_is_judged_by_what_it_names() -> No
                                                r"or less"):
         _judged("input_handles[0]: dim value is too large at 0, expected to be <= 6, but "
                 "got: 8", rows=8, view=True)
-
-
-def test_ranges_the_child_learns_bound_only_the_dims_they_narrow() -> None:
-    """A dim the package takes from 1 with no end stays free; one it bounds is held to its
-    range; an input none of whose dims is narrowed is the config's own TensorSpec."""
-    spec = parse_model_config('name: "m" platform: "torch_aoti" max_batch_size: 8 '
-                              'input [ { name: "x" data_type: TYPE_FP32 dims: [ -1, -1, 3 ] }, '
-                              '{ name: "w" data_type: TYPE_FP32 dims: [ -1 ] } ] '
-                              'output [ { name: "y" data_type: TYPE_FP32 dims: [ 4 ] } ]',
-                              "m/config.pbtxt")
-    given = [_Input("x", "float32", [1, 1, 1, 3], [True, True, True, False], (1, 2)),
-             _Input("w", "float32", [1, 1], [True, True], (1,))]
-    free = [{"dim": 1, "low": 1, "high": None}]
-    assert _bounded("p", spec, given, [free + [{"dim": 2, "low": 1, "high": None}],
-                                       free]) is spec
-    narrowed = _bounded("p", spec, given, [free + [{"dim": 2, "low": 2, "high": 64}], free])
-    assert narrowed.input("x").bounds == ((0, None), (2, 64), (3, 3))
-    assert narrowed.input("w") is spec.input("w")
-    assert narrowed.input("x").outside_bounds((5, 65, 3)) == (1, "2 to 64")

@@ -28,10 +28,8 @@ A dim the config leaves variable (-1) is only as free as the package's code: a p
 compiled with a sequence dim of at most 64 was exported to take no more, and one compiled for
 exactly 16 answered a request of 1 with 16 rows, 15 of them read past the input (measured
 here; unchecked, what lies past it may be another request's bytes). So the child first learns
-each such dim's range from the checks' refusals, and the input's TensorSpec carries it
-(`bounds`): a request outside it is refused with the range, and the warm-up's zeros take the
-least size in it. An input with a `reshape` is not probed (its config dims are not the
-package's).
+each such dim's range from the checks' refusals, and input_bounds.py holds requests to it.
+An input with a `reshape` is not probed (its config dims are not the package's).
 """
 
 from __future__ import annotations
@@ -43,12 +41,13 @@ import pathlib
 import subprocess
 import sys
 import zipfile
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from tensorgate.pipeline.aoti_child import ANSWER, BOUNDS, SIZE
+from tensorgate.pipeline.input_bounds import bounded_spec
 from tensorgate.pipeline.runner import warmup_inputs, zeros_refused
 from tensorgate.pipeline.torch_io import input_order
 from tensorgate.repository.model_config import ModelConfigError, ModelSpec
@@ -104,7 +103,11 @@ def check_aoti_package(path: pathlib.Path, spec: ModelSpec, device: torch.device
     for (rows, view), answer in zip(tries, answers):
         if answer is not None:
             _judge(str(path), spec, given, answer, rows, view, warned)
-    return spec if ranges is None else _bounded(str(path), spec, given, ranges)
+    if ranges is None:
+        return spec
+    return bounded_spec(str(path), spec, "the AOTInductor package",
+                        {item.name: [(dim["dim"], dim["low"], dim["high"]) for dim in found]
+                         for item, found in zip(given, ranges)})
 
 
 def _described(name: str, zeros: torch.Tensor, spec: ModelSpec, batched: bool) -> _Input:
@@ -118,40 +121,6 @@ def _described(name: str, zeros: torch.Tensor, spec: ModelSpec, batched: bool) -
         probe = tuple(d for d, free in enumerate(variable) if free and not (batched and d == 0))
     return _Input(name, str(zeros.dtype).removeprefix("torch."), list(zeros.shape), variable,
                   probe)
-
-
-def _bounded(where: str, spec: ModelSpec, given: list[_Input],
-             ranges: list[list[dict[str, Any]]]) -> ModelSpec:
-    """`spec` with each client input's `bounds` where the package's code bounds one of its
-    variable dims (a range it starts above 1 or ends at all)."""
-    bounded = {}
-    batch = 1 if spec.max_batch_size > 0 else 0
-    for item, found in zip(given, ranges):
-        config = spec.input(item.name)
-        if config is None:
-            continue
-        bounds: list[tuple[int, int | None]] = [(d, d) for d in config.dims]
-        for dim in found:
-            low, high = dim["low"], dim["high"]
-            if low <= 1 and high is None:
-                bounds[dim["dim"] - batch] = (0, None)  # as free as the config says
-                continue
-            bounds[dim["dim"] - batch] = (low, high)
-            bounded[item.name] = config
-            if low == high:
-                log.warning("%s: config dims %s leave dim %d of input '%s' variable, and the "
-                            "AOTInductor package was compiled for exactly %d there: requests "
-                            "of another size are refused (give %d in its dims)", where,
-                            list(config.dims), dim["dim"], item.name, low, low)
-            else:
-                log.info("%s: input '%s' takes %s in dim %d (the AOTInductor package's "
-                         "compiled range): requests outside it are refused", where, item.name,
-                         f"{low} or more" if high is None else f"{low} to {high}", dim["dim"])
-        if item.name in bounded:
-            bounded[item.name] = replace(config, bounds=tuple(bounds))
-    if not bounded:
-        return spec
-    return replace(spec, inputs=tuple(bounded.get(i.name, i) for i in spec.inputs))
 
 
 def _judge(where: str, spec: ModelSpec, given: list[_Input], error: str, rows: int,

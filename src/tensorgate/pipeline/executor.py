@@ -27,7 +27,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -39,6 +39,7 @@ from tensorgate.pipeline import heap
 from tensorgate.pipeline.batching import gather_rows, split_rows
 from tensorgate.pipeline.cuda_graphs import GraphSet, graph_batch_sizes, map_tensors
 from tensorgate.pipeline.generations import Generation, Generations
+from tensorgate.pipeline.input_bounds import bounded_spec
 from tensorgate.pipeline.placement import (LIGHT_FORWARD_NS, Placement, pin_current_thread)
 from tensorgate.pipeline.postprocess import Postprocessor
 from tensorgate.pipeline.ragged import batch_input_values, flatten, one_request, scatter
@@ -233,6 +234,10 @@ class ExecutorThread:
                 self._runner = s.shared_runner
             else:
                 self._runner = load_runner(s.artifact, s.kind, s.spec, context)
+                if self._runner.ranges:  # the engine serves the spec its first instance has
+                    self.settings = s = replace(s, spec=bounded_spec(
+                        str(s.artifact), s.spec, "the exported program", self._runner.ranges,
+                        quiet=s.instance > 0))
                 if self._runner.requests is not None and (s.spec.batch_inputs
                                                           or s.spec.batch_outputs):
                     raise ModelConfigError(str(s.artifact), "a Triton Python model takes its "

@@ -126,7 +126,7 @@ def work_item(spec: ModelSpec, request: InferenceRequest, loop: asyncio.Abstract
                 raise InvalidArgumentError(
                     f"input '{item_spec.name}' of model '{spec.name}' has shape "
                     f"[{','.join(map(str, shape))}]; the model takes {outside[1]} in dim "
-                    f"{outside[0] + batching} (the sizes its code was compiled for)")
+                    f"{outside[0] + batching} (the sizes it was exported for)")
         these_rows = shape[0] if batching else 1
         if batching and these_rows > spec.max_batch_size:
             raise InvalidArgumentError(f"input '{item_spec.name}' of model '{spec.name}' has a "

@@ -28,6 +28,8 @@ import torch
 
 from tensorgate.errors import InternalError
 from tensorgate.model import NO_PARAMETERS, Model, ModelContext, RequestInfo
+from tensorgate.pipeline.input_bounds import (Range, program_ranges, size_range,
+                                              user_input_values)
 from tensorgate.pipeline.ragged import one_request
 from tensorgate.pipeline.torch_io import Argument, as_strings, input_order, output_positions
 from tensorgate.pipeline.triton_python import TritonPythonRunner, install_module
@@ -94,6 +96,8 @@ class Runner:
         # True when two threads may run `run` at once without the GIL and without touching
         # shared state: a TorchScript module in eval mode. A Python model may keep state.
         self.shareable = shareable
+        # A torch.export program's ranges of its inputs' dims, by input (input_bounds.py)
+        self.ranges: dict[str, list[Range]] = {}
 
 
 def _positional(call: Callable[..., Any], spec: ModelSpec, arguments: Sequence[Argument] | None,
@@ -170,8 +174,11 @@ def _load_pt2(path: pathlib.Path, spec: ModelSpec, device: torch.device) -> Runn
                       output_positions=output_positions(spec))
     _check_batch_range(program, spec, path)
     module = program.module().to(device)
-    return Runner(_positional(module, spec, _python_arguments(module.forward), path), None,
-                  module, output_positions=output_positions(spec))
+    arguments = _python_arguments(module.forward)
+    runner = Runner(_positional(module, spec, arguments, path), None, module,
+                    output_positions=output_positions(spec))
+    runner.ranges = program_ranges(program, input_order(spec, arguments, str(path)))
+    return runner
 
 
 def _check_batch_range(program: Any, spec: ModelSpec, path: pathlib.Path) -> None:
@@ -208,24 +215,10 @@ def _check_batch_range(program: Any, spec: ModelSpec, path: pathlib.Path) -> Non
 def _first_batch_dim(program: Any) -> tuple[int, int | None] | None:
     """(fewest, most) rows the program's first input takes in its dim 0 (most None: no
     bound); None where it has no such input."""
-    placeholders = {node.name: node for node in program.graph.nodes
-                    if node.op == "placeholder"}
-    for item in program.graph_signature.input_specs:
-        if item.kind.name != "USER_INPUT":
-            continue
-        node = placeholders.get(getattr(item.arg, "name", ""))
-        value = None if node is None else node.meta.get("val")
-        if not isinstance(value, torch.Tensor) or value.dim() == 0:
-            return None
-        first = value.shape[0]
-        if not isinstance(first, torch.SymInt):
-            return int(first), int(first)
-        bounds = program.range_constraints.get(first.node.expr)
-        if bounds is None:
-            return None
-        upper = bounds.upper  # a sympy Integer, or torch's int_oo (which calls itself finite)
-        return int(bounds.lower), (int(upper) if upper.is_Integer else None)
-    return None
+    values = user_input_values(program)
+    if not values or not isinstance(values[0], torch.Tensor) or values[0].dim() == 0:
+        return None
+    return size_range(program, values[0].shape[0])
 
 
 def _python_arguments(function: Callable[..., Any]) -> list[Argument] | None:

@@ -1,0 +1,116 @@
+"""The sizes a compiled model's variable dims take, held against every request.
+
+A config's -1 says a dim may be any size; a model compiled ahead of time may take fewer. An
+AOTInductor package runs its code on whatever it is given (aoti_check.py: one compiled for
+exactly 16 answered a request of 1 with 16 rows read past the input), and a torch.export
+program's guards fail a request outside its range with a 500 ("Guard failed: x.size()[1] <=
+16"), or its warm-up, whose zeros took 1 where the program starts at 4, so that it never
+loaded. `bounded_spec` puts what the model takes into the inputs' TensorSpec (`bounds`): a
+request outside is refused with the range (pipeline/requests.py), and the warm-up's zeros take
+each dim's least size.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from typing import Any
+
+import torch
+
+from tensorgate.repository.model_config import ModelSpec
+
+__all__ = ["Range", "bounded_spec", "program_ranges", "user_input_values"]
+
+log = logging.getLogger("tensorgate.engine")
+
+# (dim of the model's input, counting the batch dim; fewest; most, None: no bound)
+Range = tuple[int, int, int | None]
+
+
+def bounded_spec(where: str, spec: ModelSpec, model: str,
+                 ranges: Mapping[str, Sequence[Range]], *, quiet: bool = False) -> ModelSpec:
+    """`spec` with each input's `bounds` where `ranges` narrow a dim its config leaves
+    variable (a range that starts above 1 or ends at all); `model` names what takes them in
+    the load's log lines ("the AOTInductor package"), which `quiet` leaves out. An input with
+    a `reshape` is left as it is: its config dims are not the model's."""
+    batch = 1 if spec.max_batch_size > 0 else 0
+    bounded = {}
+    for name, found in ranges.items():
+        config = spec.input(name)
+        if config is None or config.reshape is not None:
+            continue
+        bounds: list[tuple[int, int | None]] = [(0, None) if d == -1 else (d, d)
+                                                for d in config.dims]
+        for dim, low, high in found:
+            if not 0 <= dim - batch < len(bounds) or config.dims[dim - batch] != -1:
+                continue  # the batch dim, or one the config fixes (and requests are held to)
+            if low <= 1 and high is None:
+                continue  # as free as the config says
+            bounds[dim - batch] = (low, high)
+            bounded[name] = config
+            if quiet:
+                continue
+            if low == high:
+                log.warning("%s: config dims %s leave dim %d of input '%s' variable, and %s "
+                            "takes exactly %d there: requests of another size are refused "
+                            "(give %d in its dims)", where, list(config.dims), dim, name, model,
+                            low, low)
+            else:
+                log.info("%s: input '%s' takes %s in dim %d (%s's range): requests outside "
+                         "it are refused", where, name,
+                         f"{low} or more" if high is None else f"{low} to {high}", dim, model)
+        if name in bounded:
+            bounded[name] = replace(config, bounds=tuple(bounds))
+    if not bounded:
+        return spec
+    return replace(spec, inputs=tuple(bounded.get(i.name, i) for i in spec.inputs))
+
+
+def user_input_values(program: Any) -> list[Any]:
+    """A torch.export program's user inputs in order, as its graph holds them (fake tensors
+    with symbolic sizes; None where an input's placeholder or value is not found)."""
+    placeholders = {node.name: node for node in program.graph.nodes
+                    if node.op == "placeholder"}
+    values = []
+    for item in program.graph_signature.input_specs:
+        if item.kind.name != "USER_INPUT":
+            continue
+        node = placeholders.get(getattr(item.arg, "name", ""))
+        values.append(None if node is None else node.meta.get("val"))
+    return values
+
+
+def size_range(program: Any, size: Any) -> tuple[int, int | None] | None:
+    """(fewest, most) a size of a program's input takes (most None: no bound); None where
+    its range is not known."""
+    if not isinstance(size, torch.SymInt):
+        return int(size), int(size)
+    bounds = program.range_constraints.get(size.node.expr)
+    if bounds is None:
+        return None
+    upper = bounds.upper  # a sympy Integer, or torch's int_oo (which calls itself finite)
+    return int(bounds.lower), (int(upper) if upper.is_Integer else None)
+
+
+def program_ranges(program: Any, names: Sequence[str]) -> dict[str, list[Range]]:
+    """Per input name (`names`: the program's user inputs in order), the range of each of
+    its dims. A range from 2 is torch's 0/1 specialization (Dim.AUTO, Dim.DYNAMIC): the
+    program takes 1. Empty where the inputs are not one tensor each."""
+    values = user_input_values(program)
+    if len(values) != len(names) or not all(isinstance(v, torch.Tensor) for v in values):
+        return {}
+    ranges: dict[str, list[Range]] = {}
+    for name, value in zip(names, values):
+        found = []
+        for dim, size in enumerate(value.shape):
+            taken = size_range(program, size)
+            if taken is None:
+                continue
+            low, high = taken
+            if isinstance(size, torch.SymInt) and low == 2:
+                low = 1
+            found.append((dim, low, high))
+        ranges[name] = found
+    return ranges

@@ -1,0 +1,49 @@
+"""What a compiled model's ranges make of its config's inputs (pipeline/input_bounds.py)."""
+
+from __future__ import annotations
+
+import torch
+
+from tensorgate.pipeline.input_bounds import bounded_spec, program_ranges
+from tensorgate.repository.model_config import parse_model_config
+
+SPEC = parse_model_config('name: "m" max_batch_size: 8 input [ '
+                          '{ name: "x" data_type: TYPE_FP32 dims: [ -1, -1, 3 ] }, '
+                          '{ name: "w" data_type: TYPE_FP32 dims: [ -1 ] }, '
+                          '{ name: "r" data_type: TYPE_FP32 dims: [ -1 ] reshape: { '
+                          'shape: [ -1, 1 ] } } ] '
+                          'output [ { name: "y" data_type: TYPE_FP32 dims: [ 4 ] } ]',
+                          "m/config.pbtxt")
+
+
+def test_ranges_bound_only_the_variable_dims_they_narrow() -> None:
+    """A dim taken from 1 with no end stays free; one the range narrows is held to it; the
+    batch dim and dims the config fixes are left to the batcher and `accepts`; an input
+    none of whose dims is narrowed, or one with a reshape, is the config's TensorSpec."""
+    free = [(0, 1, 8), (1, 1, None)]
+    assert bounded_spec("p", SPEC, "it", {"x": free + [(2, 1, None), (3, 3, 3)],
+                                          "w": free}) is SPEC
+    narrowed = bounded_spec("p", SPEC, "it", {"x": free + [(2, 2, 64), (3, 3, 3)],
+                                              "w": free, "r": [(1, 4, 4)], "gone": free})
+    assert narrowed.input("x").bounds == ((0, None), (2, 64), (3, 3))
+    assert narrowed.input("x").outside_bounds((5, 65, 3)) == (1, "2 to 64")
+    assert narrowed.input("w") is SPEC.input("w") and narrowed.input("r") is SPEC.input("r")
+    assert bounded_spec("p", SPEC, "it", {"w": [(1, 4, 4)]}).input("w").bounds == ((4, 4),)
+
+
+class _Two(torch.nn.Module):
+    def forward(self, x: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        return x.sum(1) + z.sum(1)
+
+
+def test_a_program_s_ranges_are_read_from_its_range_constraints() -> None:
+    """Each user input's dims: a symbol's range (from 2: the program takes 1, torch's 0/1
+    specialization), a static size as itself."""
+    program = torch.export.export(
+        _Two(), (torch.randn(2, 5), torch.randn(2, 3)),
+        dynamic_shapes={"x": {0: torch.export.Dim.DYNAMIC,
+                              1: torch.export.Dim("sequence", min=4, max=32)},
+                        "z": {0: torch.export.Dim.DYNAMIC}})
+    ranges = program_ranges(program, ["x", "z"])
+    assert ranges == {"x": [(0, 1, None), (1, 4, 32)], "z": [(0, 1, None), (1, 3, 3)]}
+    assert program_ranges(program, ["x"]) == {}  # names that do not fit: nothing learned
