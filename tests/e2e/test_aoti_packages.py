@@ -127,29 +127,32 @@ def test_packages_serve_batches_within_their_compiled_range_and_others_are_refus
 
 
 class _Sequences(torch.nn.Module):
-    """x: [rows, sequence, 8], z: [rows, 4, 8] -> [rows, 4]."""
+    """x: [rows, sequence, 8], z: [rows, 4, 8], mask: [rows, sequence] -> [rows, 4]."""
 
     def __init__(self) -> None:
         super().__init__()
         torch.manual_seed(5)
         self.linear = torch.nn.Linear(8, 4)
 
-    def forward(self, x: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
-        return self.linear(x).sum(1) + self.linear(z).sum(1)
+    def forward(self, x: torch.Tensor, z: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return (self.linear(x) * mask.unsqueeze(-1)).sum(1) + self.linear(z).sum(1)
 
 
 def test_variable_dims_are_held_to_the_sizes_the_package_was_compiled_for(
         tmp_path: pathlib.Path) -> None:
     """A dim the config leaves variable takes only the sizes the package's code was compiled
-    for: x's sequence dim 1 to 16 (exported so), z's exactly 4 (exported static). Unchecked,
-    the package answered z of 1 row by reading 3 more past it, and x of 17 as if it were
-    16; now such requests are refused naming the range, and the load warns of z."""
+    for: x's sequence dim 1 to 16 (exported so), z's exactly 4 (exported static), and
+    mask's the size of x's (one symbol). Unchecked, the package answered z of 1 row by
+    reading 3 more past it, x of 17 as if it were 16, and a mask shorter than x by reading
+    past the mask; now such requests are refused naming the range or the other input, and
+    the load says what each input takes."""
     module = _Sequences().eval()
     batch = torch.export.Dim("batch", min=1, max=8)
+    sequence = torch.export.Dim("sequence", min=1, max=16)
     program = torch.export.export(
-        module, (torch.randn(2, 5, 8), torch.randn(2, 4, 8)),
-        dynamic_shapes={"x": {0: batch, 1: torch.export.Dim("sequence", min=1, max=16)},
-                        "z": {0: batch}})
+        module, (torch.randn(2, 5, 8), torch.randn(2, 4, 8), torch.ones(2, 5)),
+        dynamic_shapes={"x": {0: batch, 1: sequence}, "z": {0: batch},
+                        "mask": {0: batch, 1: sequence}})
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
         package = torch._inductor.aoti_compile_and_package(
@@ -160,30 +163,38 @@ def test_variable_dims_are_held_to_the_sizes_the_package_was_compiled_for(
         platform: "torch_aoti"
         max_batch_size: 8
         input [ { name: "x" data_type: TYPE_FP32 dims: [-1, 8] },
-                { name: "z" data_type: TYPE_FP32 dims: [-1, 8] } ]
+                { name: "z" data_type: TYPE_FP32 dims: [-1, 8] },
+                { name: "mask" data_type: TYPE_FP32 dims: [-1] } ]
         output [ { name: "y" data_type: TYPE_FP32 dims: [4] } ]
         """)
     shutil.copy(package, folder / "1" / "model.pt2")
     server = start_server(repo, tmp_path / "server.log")
     try:
-        assert (f"{folder / '1' / 'model.pt2'}: config dims [-1, 8] leave dim 1 of input 'z' "
-                "variable, and the AOTInductor package takes exactly 4 there: "
-                "requests of another size are refused (give 4 in its dims)"
-                ) in server.log.read_text()
+        where = folder / "1" / "model.pt2"
+        said = server.log.read_text()
+        for line in (f"{where}: config dims [-1, 8] leave dim 1 of input 'z' variable, and the "
+                     "AOTInductor package takes exactly 4 there: requests of another size are "
+                     "refused (give 4 in its dims)",
+                     f"{where}: dim 1 of input 'x' and dim 1 of input 'mask' take one size in "
+                     "the AOTInductor package: requests where they differ are refused",
+                     f"{where}: input 'x' takes 1 to 16 in dim 1 (the AOTInductor package's "
+                     "range): requests outside it are refused"):
+            assert line in said, said
         rng = np.random.default_rng(3)
 
-        def inputs(protocol: Any, length: int, z_length: int = 4
+        def inputs(protocol: Any, length: int, z_length: int = 4, mask_length: int = -1
                    ) -> tuple[list[Any], np.ndarray]:
             """The request's inputs, and what the module itself answers them with."""
             x = rng.standard_normal((2, length, 8)).astype(np.float32)
             z = rng.standard_normal((2, z_length, 8)).astype(np.float32)
-            given = [protocol.InferInput("x", list(x.shape), "FP32"),
-                     protocol.InferInput("z", list(z.shape), "FP32")]
-            given[0].set_data_from_numpy(x)
-            given[1].set_data_from_numpy(z)
-            if z_length != 4:
+            mask = rng.random((2, length if mask_length < 0 else mask_length), np.float32)
+            given = []
+            for name, value in (("x", x), ("z", z), ("mask", mask)):
+                given.append(protocol.InferInput(name, list(value.shape), "FP32"))
+                given[-1].set_data_from_numpy(value)
+            if z_length != 4 or mask.shape[1] != length:
                 return given, np.empty(0)
-            return given, module(torch.from_numpy(x), torch.from_numpy(z)).detach().numpy()
+            return given, module(*map(torch.from_numpy, (x, z, mask))).detach().numpy()
 
         for protocol, url in ((httpclient, server.url), (grpcclient, server.grpc_url)):
             with protocol.InferenceServerClient(url) as client:
@@ -191,15 +202,18 @@ def test_variable_dims_are_held_to_the_sizes_the_package_was_compiled_for(
                     given, expected = inputs(protocol, length)
                     np.testing.assert_allclose(client.infer("sequences", given).as_numpy("y"),
                                                expected, rtol=1e-5, atol=1e-5)
-                for length, z_length, refusal in (
-                        (17, 4, "input 'x' of model 'sequences' has shape [2,17,8]; the model "
-                                "takes 1 to 16 in dim 1"),
-                        (3, 1, "input 'z' of model 'sequences' has shape [2,1,8]; the model "
-                               "takes exactly 4 in dim 1"),
-                        (3, 5, "input 'z' of model 'sequences' has shape [2,5,8]; the model "
-                               "takes exactly 4 in dim 1")):
+                for length, z_length, mask_length, refusal in (
+                        (17, 4, -1, "input 'x' of model 'sequences' has shape [2,17,8]; the "
+                                    "model takes 1 to 16 in dim 1"),
+                        (3, 1, -1, "input 'z' of model 'sequences' has shape [2,1,8]; the "
+                                   "model takes exactly 4 in dim 1"),
+                        (3, 5, -1, "input 'z' of model 'sequences' has shape [2,5,8]; the "
+                                   "model takes exactly 4 in dim 1"),
+                        (5, 4, 3, "input 'mask' of model 'sequences' has 3 in dim 1, and "
+                                  "input 'x' 5 in dim 1; the model takes one size in both")):
                     with pytest.raises(InferenceServerException) as refused:
-                        client.infer("sequences", inputs(protocol, length, z_length)[0])
+                        client.infer("sequences",
+                                     inputs(protocol, length, z_length, mask_length)[0])
                     assert refusal + " (the sizes it was exported for)" in str(
                         refused.value), refused.value
                     assert "400" in str(refused.value) or "INVALID_ARG" in str(refused.value)

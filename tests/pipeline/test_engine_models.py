@@ -263,46 +263,50 @@ def test_a_model_whose_outputs_do_not_follow_the_batch_fails_its_load(
 
 
 class _Sequences(torch.nn.Module):
-    """x: [rows, sequence, 8], z: [rows, 4, 8] -> [rows, 4]."""
+    """x: [rows, sequence, 8], z: [rows, 4, 8], mask: [rows, sequence] -> [rows, 4]."""
 
     def __init__(self) -> None:
         super().__init__()
         torch.manual_seed(7)
         self.linear = torch.nn.Linear(8, 4)
 
-    def forward(self, x: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
-        return self.linear(x).sum(1) + self.linear(z).sum(1)
+    def forward(self, x: torch.Tensor, z: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return (self.linear(x) * mask.unsqueeze(-1)).sum(1) + self.linear(z).sum(1)
 
 
 def test_an_exported_program_s_variable_dims_take_its_ranges_and_others_are_refused(
         tmp_path: pathlib.Path, caplog: pytest.LogCaptureFixture) -> None:
     """A dim the config leaves -1 takes what the program was exported for: x's sequence 4
-    to 32, z's exactly 4. Before, the program never loaded (its warm-up's zeros had 1 in
-    the sequence dim: "Guard failed: x.size()[1] >= 4"), and a request outside its range
-    was a 500 naming a guard; now the warm-up takes the least size, and such a request is
-    refused (400) with the range."""
+    to 32, z's exactly 4, mask's x's. Before, the program never loaded (its warm-up's zeros
+    had 1 in the sequence dim: "Guard failed: x.size()[1] >= 4"), and a request outside its
+    range was a 500 naming a guard; now the warm-up takes the least size, and such a
+    request is refused (400) with the range or the other input."""
     module = _Sequences().eval()
     batch = torch.export.Dim("batch", min=1, max=8)
+    sequence = torch.export.Dim("sequence", min=4, max=32)
     program = torch.export.export(
-        module, (torch.randn(2, 5, 8), torch.randn(2, 4, 8)),
-        dynamic_shapes={"x": {0: batch, 1: torch.export.Dim("sequence", min=4, max=32)},
-                        "z": {0: batch}})
+        module, (torch.randn(2, 5, 8), torch.randn(2, 4, 8), torch.ones(2, 5)),
+        dynamic_shapes={"x": {0: batch, 1: sequence}, "z": {0: batch},
+                        "mask": {0: batch, 1: sequence}})
     folder = rb.write_config(tmp_path, "sequences", """
         name: "sequences"
         platform: "torch_export"
         max_batch_size: 8
         input [ { name: "x" data_type: TYPE_FP32 dims: [-1, 8] },
-                { name: "z" data_type: TYPE_FP32 dims: [-1, 8] } ]
+                { name: "z" data_type: TYPE_FP32 dims: [-1, 8] },
+                { name: "mask" data_type: TYPE_FP32 dims: [-1] } ]
         output [ { name: "y" data_type: TYPE_FP32 dims: [4] } ]
         instance_group [ { count: 2 } ]
         """)
     torch.export.save(program, str(folder / "1" / "model.pt2"))
 
-    def request(length: int, z_length: int = 4) -> tuple[InferenceRequest, torch.Tensor]:
-        x, z = torch.randn(2, length, 8), torch.randn(2, z_length, 8)
-        return (InferenceRequest("sequences", {"x": TensorView.from_torch(x, name="x"),
-                                               "z": TensorView.from_torch(z, name="z")}),
-                module(x, z) if z_length == 4 else torch.empty(0))
+    def request(length: int, z_length: int = 4, mask_length: int = -1
+                ) -> tuple[InferenceRequest, torch.Tensor]:
+        given = {"x": torch.randn(2, length, 8), "z": torch.randn(2, z_length, 8),
+                 "mask": torch.rand(2, length if mask_length < 0 else mask_length)}
+        expected = (module(**given) if z_length == 4 and mask_length < 0 else torch.empty(0))
+        return (InferenceRequest("sequences", {name: TensorView.from_torch(value, name=name)
+                                               for name, value in given.items()}), expected)
 
     async def scenario() -> None:
         engine = Engine(tmp_path)
@@ -313,24 +317,30 @@ def test_an_exported_program_s_variable_dims_take_its_ranges_and_others_are_refu
             result = await engine.infer(given)
             torch.testing.assert_close(result.outputs["y"].torch(), expected,
                                        rtol=1e-5, atol=1e-5)
-        for length, z_length, refusal in (
-                (3, 4, "input 'x' of model 'sequences' has shape [2,3,8]; the model takes 4 to "
-                       "32 in dim 1 (the sizes it was exported for)"),
-                (33, 4, "input 'x' of model 'sequences' has shape [2,33,8]; the model takes 4 "
-                        "to 32 in dim 1 (the sizes it was exported for)"),
-                (4, 5, "input 'z' of model 'sequences' has shape [2,5,8]; the model takes "
-                       "exactly 4 in dim 1 (the sizes it was exported for)")):
+        for length, z_length, mask_length, refusal in (
+                (3, 4, -1, "input 'x' of model 'sequences' has shape [2,3,8]; the model takes "
+                           "4 to 32 in dim 1"),
+                (33, 4, -1, "input 'x' of model 'sequences' has shape [2,33,8]; the model "
+                            "takes 4 to 32 in dim 1"),
+                (4, 5, -1, "input 'z' of model 'sequences' has shape [2,5,8]; the model "
+                           "takes exactly 4 in dim 1"),
+                (6, 4, 5, "input 'mask' of model 'sequences' has 5 in dim 1, and input 'x' 6 "
+                          "in dim 1; the model takes one size in both")):
             with pytest.raises(TensorgateError) as refused:
-                await engine.infer(request(length, z_length)[0])
-            assert (refused.value.status.name, str(refused.value)) == ("INVALID_ARGUMENT",
-                                                                       refusal)
+                await engine.infer(request(length, z_length, mask_length)[0])
+            assert (refused.value.status.name, str(refused.value)) == (
+                "INVALID_ARGUMENT", refusal + " (the sizes it was exported for)")
         await engine.shutdown()
     with caplog.at_level("INFO", logger="tensorgate.engine"):
         run(scenario())
     where = folder / "1" / "model.pt2"
     said = [r.getMessage() for r in caplog.records if str(where) in r.getMessage()]
-    assert said == [f"{where}: input 'x' takes 4 to 32 in dim 1 (the exported program's "
+    assert said == [f"{where}: dim 1 of input 'x' and dim 1 of input 'mask' take one size in "
+                    "the exported program: requests where they differ are refused",
+                    f"{where}: input 'x' takes 4 to 32 in dim 1 (the exported program's "
                     "range): requests outside it are refused",
                     f"{where}: config dims [-1, 8] leave dim 1 of input 'z' variable, and the "
                     "exported program takes exactly 4 there: requests of another size are "
-                    "refused (give 4 in its dims)"]  # once, whatever the instances
+                    "refused (give 4 in its dims)",
+                    f"{where}: input 'mask' takes 4 to 32 in dim 1 (the exported program's "
+                    "range): requests outside it are refused"]  # once, whatever the instances

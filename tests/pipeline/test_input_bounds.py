@@ -1,10 +1,10 @@
-"""What a compiled model's ranges make of its config's inputs (pipeline/input_bounds.py)."""
+"""What a compiled model's shapes make of its config's inputs (pipeline/input_bounds.py)."""
 
 from __future__ import annotations
 
 import torch
 
-from tensorgate.pipeline.input_bounds import bounded_spec, program_ranges
+from tensorgate.pipeline.input_bounds import CompiledShapes, bounded_spec, program_shapes
 from tensorgate.repository.model_config import parse_model_config
 
 SPEC = parse_model_config('name: "m" max_batch_size: 8 input [ '
@@ -21,29 +21,46 @@ def test_ranges_bound_only_the_variable_dims_they_narrow() -> None:
     batch dim and dims the config fixes are left to the batcher and `accepts`; an input
     none of whose dims is narrowed, or one with a reshape, is the config's TensorSpec."""
     free = [(0, 1, 8), (1, 1, None)]
-    assert bounded_spec("p", SPEC, "it", {"x": free + [(2, 1, None), (3, 3, 3)],
-                                          "w": free}) is SPEC
-    narrowed = bounded_spec("p", SPEC, "it", {"x": free + [(2, 2, 64), (3, 3, 3)],
-                                              "w": free, "r": [(1, 4, 4)], "gone": free})
+    assert bounded_spec("p", SPEC, "it", CompiledShapes(
+        {"x": free + [(2, 1, None), (3, 3, 3)], "w": free})) is SPEC
+    narrowed = bounded_spec("p", SPEC, "it", CompiledShapes(
+        {"x": free + [(2, 2, 64), (3, 3, 3)], "w": free, "r": [(1, 4, 4)], "gone": free}))
     assert narrowed.input("x").bounds == ((0, None), (2, 64), (3, 3))
     assert narrowed.input("x").outside_bounds((5, 65, 3)) == (1, "2 to 64")
     assert narrowed.input("w") is SPEC.input("w") and narrowed.input("r") is SPEC.input("r")
-    assert bounded_spec("p", SPEC, "it", {"w": [(1, 4, 4)]}).input("w").bounds == ((4, 4),)
+    assert narrowed.tied_dims == ()
+    assert bounded_spec("p", SPEC, "it", CompiledShapes(
+        {"w": [(1, 4, 4)]})).input("w").bounds == ((4, 4),)
+
+
+def test_ties_keep_the_variable_dims_of_inputs_clients_send() -> None:
+    """A tie holds a request's sizes together only among dims the config leaves variable
+    (not the batch dim, a fixed dim, a reshaped input's or an unknown input's)."""
+    tied = bounded_spec("p", SPEC, "it", CompiledShapes({}, [
+        [("x", 1), ("w", 1), ("r", 1), ("gone", 1)], [("x", 0), ("w", 0)],
+        [("x", 3), ("w", 1)], [("x", 2), ("x", 1), ("w", 1)]]))
+    assert tied.tied_dims == ((("x", 1), ("w", 1)), (("x", 2), ("x", 1), ("w", 1)))
+    assert tied.inputs == SPEC.inputs
 
 
 class _Two(torch.nn.Module):
-    def forward(self, x: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
-        return x.sum(1) + z.sum(1)
+    def forward(self, x: torch.Tensor, z: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return x.sum(1) + z.sum(1) + (w * x[:, :1]).sum(1)
 
 
-def test_a_program_s_ranges_are_read_from_its_range_constraints() -> None:
+def test_a_program_s_shapes_are_read_from_its_range_constraints_and_symbols() -> None:
     """Each user input's dims: a symbol's range (from 2: the program takes 1, torch's 0/1
-    specialization), a static size as itself."""
+    specialization), a static size as itself; dims of one symbol are tied."""
+    sequence = torch.export.Dim("sequence", min=4, max=32)
     program = torch.export.export(
-        _Two(), (torch.randn(2, 5), torch.randn(2, 3)),
-        dynamic_shapes={"x": {0: torch.export.Dim.DYNAMIC,
-                              1: torch.export.Dim("sequence", min=4, max=32)},
-                        "z": {0: torch.export.Dim.DYNAMIC}})
-    ranges = program_ranges(program, ["x", "z"])
-    assert ranges == {"x": [(0, 1, None), (1, 4, 32)], "z": [(0, 1, None), (1, 3, 3)]}
-    assert program_ranges(program, ["x"]) == {}  # names that do not fit: nothing learned
+        _Two(), (torch.randn(2, 5), torch.randn(2, 3), torch.randn(2, 5)),
+        dynamic_shapes={"x": {0: torch.export.Dim.DYNAMIC, 1: sequence},
+                        "z": {0: torch.export.Dim.DYNAMIC},
+                        "w": {0: torch.export.Dim.DYNAMIC, 1: sequence}})
+    shapes = program_shapes(program, ["x", "z", "w"])
+    assert shapes is not None
+    assert shapes.ranges == {"x": [(0, 1, None), (1, 4, 32)], "z": [(0, 1, None), (1, 3, 3)],
+                             "w": [(0, 1, None), (1, 4, 32)]}
+    assert sorted(map(sorted, shapes.ties)) == [[("w", 0), ("x", 0), ("z", 0)],
+                                                [("w", 1), ("x", 1)]]
+    assert program_shapes(program, ["x"]) is None  # names that do not fit: nothing learned

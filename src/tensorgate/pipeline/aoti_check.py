@@ -47,7 +47,7 @@ from typing import Any
 import torch
 
 from tensorgate.pipeline.aoti_child import ANSWER, BOUNDS, SIZE
-from tensorgate.pipeline.input_bounds import bounded_spec
+from tensorgate.pipeline.input_bounds import CompiledShapes, bounded_spec
 from tensorgate.pipeline.runner import warmup_inputs, zeros_refused
 from tensorgate.pipeline.torch_io import input_order
 from tensorgate.repository.model_config import ModelConfigError, ModelSpec
@@ -98,16 +98,17 @@ def check_aoti_package(path: pathlib.Path, spec: ModelSpec, device: torch.device
     tries = [(1, False)] + ([(2, False)] if batched else [])
     if spec.max_batch_size > 2:
         tries.append((spec.max_batch_size, True))
-    ranges, answers = _ask_child(path, device, min(spec.max_batch_size, 2), given, tries)
+    shapes, answers = _ask_child(path, device, min(spec.max_batch_size, 2), given, tries)
     warned: set[str] = set()
     for (rows, view), answer in zip(tries, answers):
         if answer is not None:
             _judge(str(path), spec, given, answer, rows, view, warned)
-    if ranges is None:
+    if shapes is None:
         return spec
-    return bounded_spec(str(path), spec, "the AOTInductor package",
-                        {item.name: [(dim["dim"], dim["low"], dim["high"]) for dim in found]
-                         for item, found in zip(given, ranges)})
+    return bounded_spec(str(path), spec, "the AOTInductor package", CompiledShapes(
+        {item.name: [(dim["dim"], dim["low"], dim["high"]) for dim in found]
+         for item, found in zip(given, shapes["ranges"])},
+        [[(given[index].name, dim) for index, dim in group] for group in shapes["ties"]]))
 
 
 def _described(name: str, zeros: torch.Tensor, spec: ModelSpec, batched: bool) -> _Input:
@@ -117,7 +118,8 @@ def _described(name: str, zeros: torch.Tensor, spec: ModelSpec, batched: bool) -
     if config is None or len(variable) != zeros.dim():  # computed by the server: not checked
         variable = [True] * zeros.dim()
     probe: tuple[int, ...] = ()
-    if spec.input(name) is not None and config is not None and config.reshape is None:
+    if (spec.input(name) is not None and config is not None and config.reshape is None
+            and not config.ragged):
         probe = tuple(d for d, free in enumerate(variable) if free and not (batched and d == 0))
     return _Input(name, str(zeros.dtype).removeprefix("torch."), list(zeros.shape), variable,
                   probe)
@@ -182,8 +184,9 @@ def _first_line(text: str) -> str:
 
 def _ask_child(path: pathlib.Path, device: torch.device, probe_rows: int, given: list[_Input],
                tries: list[tuple[int, bool]]
-               ) -> tuple[list[list[dict[str, Any]]] | None, list[str | None]]:
-    """The ranges of the dims `given` asks about (None: not learned), and each try's
+               ) -> tuple[dict[str, Any] | None, list[str | None]]:
+    """The ranges of the dims `given` asks about and their ties (None: not learned; see
+    aoti_child.py), and each try's
     refusal (None: it ran), from a child process with the checks on; `probe_rows`: the
     batch the child's probes use (0: not batched)."""
     request = json.dumps({"path": str(path), "device": str(device),
@@ -202,9 +205,9 @@ def _ask_child(path: pathlib.Path, device: torch.device, probe_rows: int, given:
     answers: list[str | None] = [json.loads(line[len(ANSWER):])
                                  for line in lines if line.startswith(ANSWER)]
     if answers:
-        ranges = next((json.loads(line[len(BOUNDS):]) for line in lines
+        shapes = next((json.loads(line[len(BOUNDS):]) for line in lines
                        if line.startswith(BOUNDS)), None)
-        return ranges, answers
+        return shapes, answers
     tail = (done.stderr.strip().splitlines() or ["(nothing on stderr)"])[-1]
     raise ModelConfigError(str(path), f"the AOTInductor package could not be loaded to check "
                                       f"its input ranges (exit {done.returncode}): {tail}")

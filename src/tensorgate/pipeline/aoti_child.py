@@ -31,6 +31,9 @@ SIZE = re.compile(r"input_handles\[(\d+)\]: (dim value is too small|dim value is
                   r"unmatched dim value) at (\d+), expected(?: it)?(?: to be)?:? (?:>= |<= )?"
                   r"(\d+)")
 TOO_SMALL = "dim value is too small"
+# what the generated code's assert_size_stride says of an input whose size is not the one
+# its symbol took from an earlier input (given==expected)
+UNEQUAL = re.compile(r"expected size (\d+)==(\d+), stride \S+ at dim=(\d+)")
 BIG = 2**31 - 1  # past any bound an export gives a dim; a meta tensor of it holds nothing
 
 
@@ -109,13 +112,59 @@ def _probed(run: Callable[[list[torch.Tensor]], Any], request: dict[str, Any],
     return ranges, shapes
 
 
+def _ties(run: Callable[[list[torch.Tensor]], Any], request: dict[str, Any],
+          ranges: list[list[dict[str, Any]]], shapes: list[list[int]],
+          device: torch.device) -> list[list[list[int]]]:
+    """Groups ([input, dim] each) of probed dims the package's code takes as one size: it
+    reads the size from the first input that has it, and with the checks on holds the
+    others to it (assert_size_stride). Each probed dim that can is given a size of its own;
+    a refusal says the size given and the one expected, so the dim given the first joins
+    the dim of the second, until the package runs (on zeros this small). Empty where a
+    refusal names sizes no probed dim has (a relation other than equality)."""
+    dtypes = [getattr(torch, item["dtype"]) for item in request["inputs"]]
+    sizes = [list(shape) for shape in shapes]
+    owner: dict[int, tuple[int, int]] = {}  # a probed dim's own size -> (input, dim)
+    for index, found in enumerate(ranges):
+        for item in found:
+            size = sizes[index][item["dim"]]
+            while size in owner:
+                size += 1
+            if item["high"] is None or size <= item["high"]:
+                sizes[index][item["dim"]] = size
+                owner[size] = (index, item["dim"])
+    joined: dict[tuple[int, int], tuple[int, int]] = {}
+    for _ in range(len(owner) + 1):
+        error = _refusal(run, [torch.zeros(size, dtype=dtype, device=device)
+                               for size, dtype in zip(sizes, dtypes)])
+        if error is None:
+            break
+        unequal = [(int(given), int(expected), int(dim))
+                   for given, expected, dim in UNEQUAL.findall(error) if given != expected]
+        if not unequal:
+            return []
+        given, expected, dim = unequal[0]
+        if given not in owner or expected not in owner or owner[given][1] != dim:
+            return []
+        index, dim = owner.pop(given)
+        sizes[index][dim] = expected
+        joined[(index, dim)] = owner[expected]
+    else:
+        return []
+    groups: dict[tuple[int, int], list[list[int]]] = {}
+    for member, first in joined.items():
+        groups.setdefault(first, [list(first)]).append(list(member))
+    return list(groups.values())
+
+
 def main(request: dict[str, Any]) -> None:
     device = torch.device(request["device"])
     if device.type == "cuda":
         torch.cuda.set_device(device)
     run = _loaded(request["path"])
     probed = _probed(run, request, device)
-    print(BOUNDS + json.dumps(None if probed is None else probed[0]), flush=True)
+    print(BOUNDS + json.dumps(None if probed is None else
+                              {"ranges": probed[0],
+                               "ties": _ties(run, request, *probed, device)}), flush=True)
     for attempt in request["tries"]:
         inputs = []
         for index, item in enumerate(request["inputs"]):

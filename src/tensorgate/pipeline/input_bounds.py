@@ -14,14 +14,15 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 
 from tensorgate.repository.model_config import ModelSpec
 
-__all__ = ["Range", "bounded_spec", "program_ranges", "user_input_values"]
+__all__ = ["CompiledShapes", "Range", "bounded_spec", "program_shapes", "size_range",
+           "user_input_values"]
 
 log = logging.getLogger("tensorgate.engine")
 
@@ -29,22 +30,48 @@ log = logging.getLogger("tensorgate.engine")
 Range = tuple[int, int, int | None]
 
 
-def bounded_spec(where: str, spec: ModelSpec, model: str,
-                 ranges: Mapping[str, Sequence[Range]], *, quiet: bool = False) -> ModelSpec:
-    """`spec` with each input's `bounds` where `ranges` narrow a dim its config leaves
-    variable (a range that starts above 1 or ends at all); `model` names what takes them in
-    the load's log lines ("the AOTInductor package"), which `quiet` leaves out. An input with
-    a `reshape` is left as it is: its config dims are not the model's."""
+@dataclass(frozen=True)
+class CompiledShapes:
+    """What a compiled model takes: per input, each dim's range; and the groups of dims
+    (input, dim counting the batch dim) it takes as one size (ids and mask of one length)."""
+
+    ranges: Mapping[str, Sequence[Range]]
+    ties: Sequence[Sequence[tuple[str, int]]] = ()
+
+
+def bounded_spec(where: str, spec: ModelSpec, model: str, shapes: CompiledShapes, *,
+                 quiet: bool = False) -> ModelSpec:
+    """`spec` with each input's `bounds` where `shapes` narrow a dim its config leaves
+    variable (a range that starts above 1 or ends at all), and the ties among such dims as
+    its `tied_dims`; `model` names what takes them in the load's log lines ("the AOTInductor
+    package"), which `quiet` leaves out. An input with a `reshape` is left as it is: its
+    config dims are not the model's."""
     batch = 1 if spec.max_batch_size > 0 else 0
-    bounded = {}
-    for name, found in ranges.items():
+
+    def variable(name: str, dim: int) -> bool:
         config = spec.input(name)
-        if config is None or config.reshape is not None:
+        return (config is not None and config.reshape is None and not config.ragged
+                and 0 <= dim - batch < len(config.dims) and config.dims[dim - batch] == -1)
+
+    ties = []
+    for group in shapes.ties:
+        members = tuple((name, dim) for name, dim in group if variable(name, dim))
+        if len(members) < 2:
+            continue
+        ties.append(members)
+        if not quiet:
+            log.info("%s: %s take one size in %s: requests where they differ are refused",
+                     where, " and ".join(f"dim {dim} of input '{name}'"
+                                         for name, dim in members), model)
+    bounded = {}
+    for name, found in shapes.ranges.items():
+        config = spec.input(name)
+        if config is None:
             continue
         bounds: list[tuple[int, int | None]] = [(0, None) if d == -1 else (d, d)
                                                 for d in config.dims]
         for dim, low, high in found:
-            if not 0 <= dim - batch < len(bounds) or config.dims[dim - batch] != -1:
+            if not variable(name, dim):
                 continue  # the batch dim, or one the config fixes (and requests are held to)
             if low <= 1 and high is None:
                 continue  # as free as the config says
@@ -63,9 +90,10 @@ def bounded_spec(where: str, spec: ModelSpec, model: str,
                          f"{low} or more" if high is None else f"{low} to {high}", dim, model)
         if name in bounded:
             bounded[name] = replace(config, bounds=tuple(bounds))
-    if not bounded:
+    if not bounded and not ties:
         return spec
-    return replace(spec, inputs=tuple(bounded.get(i.name, i) for i in spec.inputs))
+    return replace(spec, inputs=tuple(bounded.get(i.name, i) for i in spec.inputs),
+                   tied_dims=tuple(ties))
 
 
 def user_input_values(program: Any) -> list[Any]:
@@ -94,17 +122,21 @@ def size_range(program: Any, size: Any) -> tuple[int, int | None] | None:
     return int(bounds.lower), (int(upper) if upper.is_Integer else None)
 
 
-def program_ranges(program: Any, names: Sequence[str]) -> dict[str, list[Range]]:
-    """Per input name (`names`: the program's user inputs in order), the range of each of
-    its dims. A range from 2 is torch's 0/1 specialization (Dim.AUTO, Dim.DYNAMIC): the
-    program takes 1. Empty where the inputs are not one tensor each."""
+def program_shapes(program: Any, names: Sequence[str]) -> CompiledShapes | None:
+    """A torch.export program's shapes (`names`: its user inputs in order): the range of
+    each dim, and the dims one symbol sizes. A range from 2 is torch's 0/1 specialization
+    (Dim.AUTO, Dim.DYNAMIC): the program takes 1. None where the inputs are not one tensor
+    each."""
     values = user_input_values(program)
     if len(values) != len(names) or not all(isinstance(v, torch.Tensor) for v in values):
-        return {}
+        return None
     ranges: dict[str, list[Range]] = {}
+    symbols: dict[Any, list[tuple[str, int]]] = {}
     for name, value in zip(names, values):
         found = []
         for dim, size in enumerate(value.shape):
+            if isinstance(size, torch.SymInt) and size.node.expr.is_Symbol:
+                symbols.setdefault(size.node.expr, []).append((name, dim))
             taken = size_range(program, size)
             if taken is None:
                 continue
@@ -113,4 +145,4 @@ def program_ranges(program: Any, names: Sequence[str]) -> dict[str, list[Range]]
                 low = 1
             found.append((dim, low, high))
         ranges[name] = found
-    return ranges
+    return CompiledShapes(ranges, [dims for dims in symbols.values() if len(dims) > 1])

@@ -149,6 +149,8 @@ def work_item(spec: ModelSpec, request: InferenceRequest, loop: asyncio.Abstract
         inputs[item_spec.name] = value
         # requests batch when these agree; a ragged input batches whatever its shape
         key.append(None if item_spec.ragged else item_shape)
+    if spec.tied_dims:
+        _check_ties(spec, given)
     if request.outputs:
         outputs = spec.output_set
         for name in request.outputs:
@@ -167,6 +169,20 @@ def work_item(spec: ModelSpec, request: InferenceRequest, loop: asyncio.Abstract
                     now + timeout_us * 1000 if timeout_us else 0, request.ledger, level,
                     request.sequence, request.priority, request.id, request.parameters,
                     request.trace)
+
+
+def _check_ties(spec: ModelSpec, given: Mapping[str, TensorView]) -> None:
+    """Dims the model takes as one size agree (its compiled code reads the size of the
+    first: another would be read past, or short)."""
+    for group in spec.tied_dims:
+        sizes = [(name, dim, given[name].shape[dim]) for name, dim in group if name in given]
+        for name, dim, size in sizes[1:]:
+            first, first_dim, first_size = sizes[0]
+            if size != first_size:
+                raise InvalidArgumentError(
+                    f"input '{name}' of model '{spec.name}' has {size} in dim {dim}, and "
+                    f"input '{first}' {first_size} in dim {first_dim}; the model takes one "
+                    "size in both (the sizes it was exported for)")
 
 
 def _timeout_us(policy: QueuePolicy | None, requested: int | None) -> int:

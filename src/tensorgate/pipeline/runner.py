@@ -28,7 +28,7 @@ import torch
 
 from tensorgate.errors import InternalError
 from tensorgate.model import NO_PARAMETERS, Model, ModelContext, RequestInfo
-from tensorgate.pipeline.input_bounds import (Range, program_ranges, size_range,
+from tensorgate.pipeline.input_bounds import (CompiledShapes, program_shapes, size_range,
                                               user_input_values)
 from tensorgate.pipeline.ragged import one_request
 from tensorgate.pipeline.torch_io import Argument, as_strings, input_order, output_positions
@@ -96,8 +96,8 @@ class Runner:
         # True when two threads may run `run` at once without the GIL and without touching
         # shared state: a TorchScript module in eval mode. A Python model may keep state.
         self.shareable = shareable
-        # A torch.export program's ranges of its inputs' dims, by input (input_bounds.py)
-        self.ranges: dict[str, list[Range]] = {}
+        # What a torch.export program's inputs take (input_bounds.py)
+        self.shapes: CompiledShapes | None = None
 
 
 def _positional(call: Callable[..., Any], spec: ModelSpec, arguments: Sequence[Argument] | None,
@@ -177,7 +177,7 @@ def _load_pt2(path: pathlib.Path, spec: ModelSpec, device: torch.device) -> Runn
     arguments = _python_arguments(module.forward)
     runner = Runner(_positional(module, spec, arguments, path), None, module,
                     output_positions=output_positions(spec))
-    runner.ranges = program_ranges(program, input_order(spec, arguments, str(path)))
+    runner.shapes = program_shapes(program, input_order(spec, arguments, str(path)))
     return runner
 
 

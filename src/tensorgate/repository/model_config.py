@@ -176,6 +176,9 @@ class ModelSpec:
     response_cache: bool = False  # response_cache { enable: true } (pipeline/response_cache)
     batch_inputs: tuple[BatchInput, ...] = ()  # ragged batching (repository/ragged_config)
     batch_outputs: tuple[BatchOutput, ...] = ()
+    # groups of (input, dim counting the batch dim) a compiled model takes as one size,
+    # learned at load (pipeline/input_bounds.py): a request's must agree
+    tied_dims: tuple[tuple[tuple[str, int], ...], ...] = ()
     config: pb.ModelConfig = field(default_factory=pb.ModelConfig, repr=False, compare=False)
 
     def input(self, name: str) -> TensorSpec | None:
