@@ -13,9 +13,9 @@ size, compiled code's fixed loops would read past the input.
 So before a package serves, a child process with the checks on (aoti_child.py) is given
 zeros shaped as the config says, 1 row and 2 (contiguous: run where taken), then
 max_batch_size rows (a meta tensor: its sizes and strides are checked before its device, so
-nothing is computed or allocated). A refusal that names a dimension the config fixes, a dtype, a stride
-(a channels-last export) or the number of inputs fails the load, saying what to change; the
-batch sizes the refusals name are held against max_batch_size. The server's own copy then
+nothing is computed or allocated). A refusal that names a dimension the config fixes, a
+dtype, a stride (a channels-last export) or the number of inputs fails the load, saying what
+to change; the batch sizes the refusals name are held against max_batch_size. The server's own copy then
 runs unchecked, as PyTorch runs it: the checks cost nothing per batch.
 
 Inductor compiles a dynamic batch dim for 2 rows or more (0/1 specialization) even where the
@@ -27,9 +27,11 @@ refused.
 A dim the config leaves variable (-1) is only as free as the package's code: a package
 compiled with a sequence dim of at most 64 was exported to take no more, and one compiled for
 exactly 16 answered a request of 1 with 16 rows, 15 of them read past the input (measured
-here; unchecked, what lies past it may be another request's bytes). So the child first learns
-each such dim's range from the checks' refusals, and input_bounds.py holds requests to it.
-An input with a `reshape` is not probed (its config dims are not the package's).
+here; unchecked, what lies past it may be another request's bytes). Dims of one symbol
+(input_ids and a mask of one length) are read at the first's size: a shorter mask was read
+past. So the child first learns each such dim's range from the checks' refusals, and which
+dims are one size, and input_bounds.py holds requests to them. An input with a `reshape`, or
+a ragged one, is not probed (its config dims are not the package's).
 """
 
 from __future__ import annotations
@@ -186,9 +188,8 @@ def _ask_child(path: pathlib.Path, device: torch.device, probe_rows: int, given:
                tries: list[tuple[int, bool]]
                ) -> tuple[dict[str, Any] | None, list[str | None]]:
     """The ranges of the dims `given` asks about and their ties (None: not learned; see
-    aoti_child.py), and each try's
-    refusal (None: it ran), from a child process with the checks on; `probe_rows`: the
-    batch the child's probes use (0: not batched)."""
+    aoti_child.py), and each try's refusal (None: it ran), from a child process with the
+    checks on; `probe_rows`: the batch the child's probes use (0: not batched)."""
     request = json.dumps({"path": str(path), "device": str(device),
                           "batched": probe_rows > 0, "rows": probe_rows,
                           "tries": [{"rows": rows, "view": view} for rows, view in tries],

@@ -234,7 +234,7 @@ class ExecutorThread:
                 self._runner = s.shared_runner
             else:
                 self._runner = load_runner(s.artifact, s.kind, s.spec, context)
-                if self._runner.shapes is not None:  # the engine serves the spec its first instance has
+                if self._runner.shapes is not None:  # the engine serves its first's spec
                     self.settings = s = replace(s, spec=bounded_spec(
                         str(s.artifact), s.spec, "the exported program", self._runner.shapes,
                         quiet=s.instance > 0))

@@ -5,9 +5,11 @@ AOTInductor package runs its code on whatever it is given (aoti_check.py: one co
 exactly 16 answered a request of 1 with 16 rows read past the input), and a torch.export
 program's guards fail a request outside its range with a 500 ("Guard failed: x.size()[1] <=
 16"), or its warm-up, whose zeros took 1 where the program starts at 4, so that it never
-loaded. `bounded_spec` puts what the model takes into the inputs' TensorSpec (`bounds`): a
-request outside is refused with the range (pipeline/requests.py), and the warm-up's zeros take
-each dim's least size.
+loaded. And dims one symbol sizes (input_ids and a mask) are one size to the model: a
+package reads the first's for both. `bounded_spec` puts what the model takes into the inputs'
+TensorSpec (`bounds`) and the spec's `tied_dims`: a request outside is refused with the range
+or the other input (pipeline/requests.py), and the warm-up's zeros take each dim's least
+size.
 """
 
 from __future__ import annotations

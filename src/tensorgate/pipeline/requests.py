@@ -126,7 +126,7 @@ def work_item(spec: ModelSpec, request: InferenceRequest, loop: asyncio.Abstract
                 raise InvalidArgumentError(
                     f"input '{item_spec.name}' of model '{spec.name}' has shape "
                     f"[{','.join(map(str, shape))}]; the model takes {outside[1]} in dim "
-                    f"{outside[0] + batching} (the sizes it was exported for)")
+                    f"{outside[0] + int(batching)} (the sizes it was exported for)")
         these_rows = shape[0] if batching else 1
         if batching and these_rows > spec.max_batch_size:
             raise InvalidArgumentError(f"input '{item_spec.name}' of model '{spec.name}' has a "
@@ -176,8 +176,10 @@ def _check_ties(spec: ModelSpec, given: Mapping[str, TensorView]) -> None:
     first: another would be read past, or short)."""
     for group in spec.tied_dims:
         sizes = [(name, dim, given[name].shape[dim]) for name, dim in group if name in given]
+        if not sizes:
+            continue
+        first, first_dim, first_size = sizes[0]
         for name, dim, size in sizes[1:]:
-            first, first_dim, first_size = sizes[0]
             if size != first_size:
                 raise InvalidArgumentError(
                     f"input '{name}' of model '{spec.name}' has {size} in dim {dim}, and "
