@@ -126,18 +126,6 @@ def test_packages_serve_batches_within_their_compiled_range_and_others_are_refus
         assert stop_server(server) == 0
 
 
-class _Sequences(torch.nn.Module):
-    """x: [rows, sequence, 8], z: [rows, 4, 8], mask: [rows, sequence] -> [rows, 4]."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        torch.manual_seed(5)
-        self.linear = torch.nn.Linear(8, 4)
-
-    def forward(self, x: torch.Tensor, z: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        return (self.linear(x) * mask.unsqueeze(-1)).sum(1) + self.linear(z).sum(1)
-
-
 def test_variable_dims_are_held_to_the_sizes_the_package_was_compiled_for(
         tmp_path: pathlib.Path) -> None:
     """A dim the config leaves variable takes only the sizes the package's code was compiled
@@ -146,7 +134,7 @@ def test_variable_dims_are_held_to_the_sizes_the_package_was_compiled_for(
     reading 3 more past it, x of 17 as if it were 16, and a mask shorter than x by reading
     past the mask; now such requests are refused naming the range or the other input, and
     the load says what each input takes."""
-    module = _Sequences().eval()
+    module = rb.Sequences().eval()
     batch = torch.export.Dim("batch", min=1, max=8)
     sequence = torch.export.Dim("sequence", min=1, max=16)
     program = torch.export.export(

@@ -22,6 +22,19 @@ def linear_module() -> torch.nn.Module:
     return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
 
 
+class Sequences(torch.nn.Module):
+    """x: [rows, sequence, 8], z: [rows, 4, 8], mask: [rows, sequence] -> [rows, 4]: inputs
+    with a variable dim, a fixed one, and one of another input's size (input_bounds.py)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(LINEAR_SEED)
+        self.linear = torch.nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor, z: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return (self.linear(x) * mask.unsqueeze(-1)).sum(1) + self.linear(z).sum(1)
+
+
 class Identity(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x

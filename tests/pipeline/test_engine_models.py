@@ -262,18 +262,6 @@ def test_a_model_whose_outputs_do_not_follow_the_batch_fails_its_load(
     run(scenario())
 
 
-class _Sequences(torch.nn.Module):
-    """x: [rows, sequence, 8], z: [rows, 4, 8], mask: [rows, sequence] -> [rows, 4]."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        torch.manual_seed(7)
-        self.linear = torch.nn.Linear(8, 4)
-
-    def forward(self, x: torch.Tensor, z: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        return (self.linear(x) * mask.unsqueeze(-1)).sum(1) + self.linear(z).sum(1)
-
-
 def test_an_exported_program_s_variable_dims_take_its_ranges_and_others_are_refused(
         tmp_path: pathlib.Path, caplog: pytest.LogCaptureFixture) -> None:
     """A dim the config leaves -1 takes what the program was exported for: x's sequence 4
@@ -281,7 +269,7 @@ def test_an_exported_program_s_variable_dims_take_its_ranges_and_others_are_refu
     had 1 in the sequence dim: "Guard failed: x.size()[1] >= 4"), and a request outside its
     range was a 500 naming a guard; now the warm-up takes the least size, and such a
     request is refused (400) with the range or the other input."""
-    module = _Sequences().eval()
+    module = rb.Sequences().eval()
     batch = torch.export.Dim("batch", min=1, max=8)
     sequence = torch.export.Dim("sequence", min=4, max=32)
     program = torch.export.export(
