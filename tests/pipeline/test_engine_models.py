@@ -231,15 +231,23 @@ class _OneRow(torch.nn.Module):
 def test_a_model_whose_outputs_do_not_follow_the_batch_fails_its_load(
         tmp_path: pathlib.Path) -> None:
     """Caught at load by a batch of 2 rows, not batch by batch under load (where every
-    request of a gathered batch got a 500); unbatched, the same model serves."""
+    request of a gathered batch got a 500): of zeros, or with model_warmup samples, a
+    sample of 2 rows or more, else the first sample twice; unbatched, the same model
+    serves."""
     traced = torch.jit.trace(_OneRow().eval(), (torch.randn(1, 8),))
-    for name, max_batch, dims in (("batched", 8, "[8]"), ("unbatched", 0, "[1, 8]")):
+    sample = ('model_warmup [ {{ name: "w" batch_size: {} inputs {{ key: "INPUT__0" value: '
+              '{{ data_type: TYPE_FP32 dims: [8] random_data: true }} }} }} ]')
+    for name, max_batch, dims, warmup in (("batched", 8, "[8]", ""),
+                                          ("unbatched", 0, "[1, 8]", ""),
+                                          ("sample_of_one", 8, "[8]", sample.format(1)),
+                                          ("sample_of_three", 8, "[8]", sample.format(3))):
         folder = rb.write_config(tmp_path, name, f"""
             name: "{name}"
             platform: "pytorch_libtorch"
             max_batch_size: {max_batch}
             input [ {{ name: "INPUT__0" data_type: TYPE_FP32 dims: {dims} }} ]
             output [ {{ name: "OUTPUT__0" data_type: TYPE_FP32 dims: {dims.replace("8", "4")} }} ]
+            {warmup}
             """)
         traced.save(str(folder / "1" / "model.pt"))
 
@@ -247,13 +255,19 @@ def test_a_model_whose_outputs_do_not_follow_the_batch_fails_its_load(
         engine = Engine(tmp_path)
         await engine.start()
         states = {e["name"]: (e["state"], e["reason"]) for e in engine.index()}
+        rest = ("answered 1 row in output 'OUTPUT__0' (shape [1, 4]); with max_batch_size 8 "
+                "the first dim of every output must be the batch's rows. A model traced "
+                "(torch.jit.trace) from one row may have fixed it: trace it from 2 rows, or "
+                "serve it with max_batch_size 0 and the batch in its dims")
         assert states == {
             "batched": ("UNAVAILABLE", f"{tmp_path / 'batched' / '1' / 'model.pt'}: a batch of "
-                        "2 rows (zeros) answered 1 row in output 'OUTPUT__0' (shape [1, 4]); "
-                        "with max_batch_size 8 the first dim of every output must be the "
-                        "batch's rows. A model traced (torch.jit.trace) from one row may have "
-                        "fixed it: trace it from 2 rows, or serve it with max_batch_size 0 and "
-                        "the batch in its dims"),
+                                       f"2 rows (zeros) {rest}"),
+            "sample_of_one": ("UNAVAILABLE", f"{tmp_path / 'sample_of_one' / '1' / 'model.pt'}"
+                                             ": a batch of 2 rows (warm-up sample 'w' twice) "
+                                             f"{rest}"),
+            "sample_of_three": ("UNAVAILABLE", f"{tmp_path / 'sample_of_three' / '1'}"
+                                               "/model.pt: a batch of 3 rows (warm-up sample "
+                                               f"'w') {rest}"),
             "unbatched": ("READY", "")}
         x = torch.ones(1, 8)
         out = (await _infer_all(engine, [_request("unbatched", x)]))[0]

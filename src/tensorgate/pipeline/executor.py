@@ -303,11 +303,25 @@ class ExecutorThread:
         runner = self._runner
         assert runner is not None
         if s.spec.warmup:  # the config's model_warmup samples, each `count` times
+            rows_checked = not self._checks_rows()
             for sample in s.spec.warmup:
                 inputs = sample_inputs(s.spec, sample, s.directory.parent / "warmup", s.device)
-                for _ in range(sample.count):
-                    self._warm_run(runner, inputs, f"sample '{sample.name}' (batch "
-                                                   f"{sample.batch_size})")
+                for count in range(sample.count):
+                    raw = self._warm_run(runner, inputs, f"sample '{sample.name}' (batch "
+                                                         f"{sample.batch_size})")
+                    if count == 0 and sample.batch_size >= 2 and not rows_checked:
+                        self._check_rows(raw, sample.batch_size,
+                                         f"warm-up sample '{sample.name}'")
+                        rows_checked = True
+            if not rows_checked:  # every sample a batch of 1: the first, twice over
+                first = s.spec.warmup[0]
+                twice = {name: (torch.cat([value, value]) if isinstance(value, torch.Tensor)
+                                else np.concatenate([value, value]))
+                         for name, value in sample_inputs(
+                             s.spec, first, s.directory.parent / "warmup", s.device).items()}
+                self._check_rows(self._warm_run(runner, twice, f"sample '{first.name}' "
+                                                               "twice (batch 2)"),
+                                 2, f"warm-up sample '{first.name}' twice")
         elif runner.requests is not None:
             # Triton runs a Python model only on requests and its config's model_warmup: one
             # may not take zeros (a tokenizer, image bytes), and a failed warm-up fails the load
@@ -340,30 +354,39 @@ class ExecutorThread:
             raise InternalError(f"model '{self.settings.spec.name}' failed its warm-up "
                                 f"{what} with {type(error).__name__}: {error}") from error
 
-    def _check_batch_rows(self, runner: Runner) -> None:
-        """A TorchScript or exported model that batches answers a row per row it is given:
-        2 rows of zeros, 2 rows in each output tensor, or the load fails here and not every
-        batch the batcher gathers under load (a model traced from one row may have made
-        that shape a constant). Sequence, decoupled and batch-input models are left out:
+    def _checks_rows(self) -> bool:
+        """Whether the rows of the model's answers are held to the batch's at load: for a
+        TorchScript or exported model that batches (a model traced from one row may have
+        made an output's shape a constant: every batch the batcher gathered then failed
+        under load, in split_rows). Sequence, decoupled and batch-input models are left out:
         their rows are not the requests'."""
         s = self.settings
         spec = s.spec
-        if (spec.max_batch_size < 2 or s.kind not in ("torchscript", "pt2")
-                or spec.sequence is not None or spec.decoupled or spec.batch_inputs
-                or spec.batch_outputs):
+        return not (spec.max_batch_size < 2 or s.kind not in ("torchscript", "pt2")
+                    or spec.sequence is not None or spec.decoupled or spec.batch_inputs
+                    or spec.batch_outputs)
+
+    def _check_batch_rows(self, runner: Runner) -> None:
+        """2 rows of zeros answer 2 rows in each output tensor, or the load fails here
+        (`_checks_rows`)."""
+        if not self._checks_rows():
             return
-        zeros = warmup_inputs(spec, 2, s.device)
-        if zeros is None:
-            return
-        raw = self._warm_run(runner, dict(zeros), "at batch 2")
+        zeros = warmup_inputs(self.settings.spec, 2, self.settings.device)
+        if zeros is not None:
+            self._check_rows(self._warm_run(runner, dict(zeros), "at batch 2"), 2, "zeros")
+
+    def _check_rows(self, raw: Any, rows: int, given: str) -> None:
+        """Each output tensor of the model's answer `raw` to `rows` rows (`given`: of what)
+        has that many rows, or the load fails saying which."""
+        s = self.settings
         for name, value in self._named(raw).items():
-            if isinstance(value, torch.Tensor) and (value.dim() == 0 or value.shape[0] != 2):
-                rows = ("no batch dim" if value.dim() == 0 else
-                        f"{value.shape[0]} row{'s' if value.shape[0] != 1 else ''}")
-                raise ModelConfigError(str(s.artifact), f"a batch of 2 rows (zeros) answered "
-                                       f"{rows} in output '{name}' (shape "
+            if isinstance(value, torch.Tensor) and (value.dim() == 0 or value.shape[0] != rows):
+                answered = ("no batch dim" if value.dim() == 0 else
+                            f"{value.shape[0]} row{'s' if value.shape[0] != 1 else ''}")
+                raise ModelConfigError(str(s.artifact), f"a batch of {rows} rows ({given}) "
+                                       f"answered {answered} in output '{name}' (shape "
                                        f"{list(value.shape)}); with max_batch_size "
-                                       f"{spec.max_batch_size} the first dim of every output "
+                                       f"{s.spec.max_batch_size} the first dim of every output "
                                        "must be the batch's rows. A model traced "
                                        "(torch.jit.trace) from one row may have fixed it: "
                                        "trace it from 2 rows, or serve it with max_batch_size "
