@@ -7,6 +7,7 @@ from __future__ import annotations
 import pathlib
 import shutil
 import warnings
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -15,11 +16,13 @@ import pytest
 import torch
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from tritonclient.utils import InferenceServerException
 
 from tensorgate.pipeline.aoti_check import _Input, _judge
 from tensorgate.repository.model_config import ModelConfigError, parse_model_config
-from tests.e2e.conftest import start_server, stop_server
+from tests.e2e.conftest import RunningServer, start_server, stop_server
 from tests.pipeline import repo_builder as rb
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None and shutil.which("c++") is None,
@@ -126,27 +129,24 @@ def test_packages_serve_batches_within_their_compiled_range_and_others_are_refus
         assert stop_server(server) == 0
 
 
-def test_variable_dims_are_held_to_the_sizes_the_package_was_compiled_for(
-        tmp_path: pathlib.Path) -> None:
-    """A dim the config leaves variable takes only the sizes the package's code was compiled
-    for: x's sequence dim 1 to 16 (exported so), z's exactly 4 (exported static), and
-    mask's the size of x's (one symbol). Unchecked, the package answered z of 1 row by
-    reading 3 more past it, x of 17 as if it were 16, and a mask shorter than x by reading
-    past the mask; now such requests are refused naming the range or the other input, and
-    the load says what each input takes."""
-    module = rb.Sequences().eval()
+@pytest.fixture(scope="module")
+def sequences_server(tmp_path_factory: pytest.TempPathFactory
+                     ) -> Iterator[tuple[RunningServer, pathlib.Path]]:
+    """A server of rb.Sequences compiled with x's sequence dim 1 to 16 (exported so), z's
+    exactly 4 (exported static), and mask's the size of x's (one symbol), every non-batch
+    dim -1 in its config; and the package's path."""
+    root = tmp_path_factory.mktemp("sequences")
     batch = torch.export.Dim("batch", min=1, max=8)
     sequence = torch.export.Dim("sequence", min=1, max=16)
     program = torch.export.export(
-        module, (torch.randn(2, 5, 8), torch.randn(2, 4, 8), torch.ones(2, 5)),
+        rb.Sequences().eval(), (torch.randn(2, 5, 8), torch.randn(2, 4, 8), torch.ones(2, 5)),
         dynamic_shapes={"x": {0: batch, 1: sequence}, "z": {0: batch},
                         "mask": {0: batch, 1: sequence}})
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
         package = torch._inductor.aoti_compile_and_package(
-            program, package_path=str(tmp_path / "model.pt2"))
-    repo = tmp_path / "models"
-    folder = rb.write_config(repo, "sequences", """
+            program, package_path=str(root / "model.pt2"))
+    folder = rb.write_config(root / "models", "sequences", """
         name: "sequences"
         platform: "torch_aoti"
         max_batch_size: 8
@@ -154,59 +154,126 @@ def test_variable_dims_are_held_to_the_sizes_the_package_was_compiled_for(
                 { name: "z" data_type: TYPE_FP32 dims: [-1, 8] },
                 { name: "mask" data_type: TYPE_FP32 dims: [-1] } ]
         output [ { name: "y" data_type: TYPE_FP32 dims: [4] } ]
+        dynamic_batching { max_queue_delay_microseconds: 2000 }
         """)
     shutil.copy(package, folder / "1" / "model.pt2")
-    server = start_server(repo, tmp_path / "server.log")
+    server = start_server(root / "models", root / "server.log")
     try:
-        where = folder / "1" / "model.pt2"
-        said = server.log.read_text()
-        for line in (f"{where}: config dims [-1, 8] leave dim 1 of input 'z' variable, and the "
-                     "AOTInductor package takes exactly 4 there: requests of another size are "
-                     "refused (give 4 in its dims)",
-                     f"{where}: dim 1 of input 'x' and dim 1 of input 'mask' take one size in "
-                     "the AOTInductor package: requests where they differ are refused",
-                     f"{where}: input 'x' takes 1 to 16 in dim 1 (the AOTInductor package's "
-                     "range): requests outside it are refused"):
-            assert line in said, said
-        rng = np.random.default_rng(3)
-
-        def inputs(protocol: Any, length: int, z_length: int = 4, mask_length: int = -1
-                   ) -> tuple[list[Any], np.ndarray]:
-            """The request's inputs, and what the module itself answers them with."""
-            x = rng.standard_normal((2, length, 8)).astype(np.float32)
-            z = rng.standard_normal((2, z_length, 8)).astype(np.float32)
-            mask = rng.random((2, length if mask_length < 0 else mask_length), np.float32)
-            given = []
-            for name, value in (("x", x), ("z", z), ("mask", mask)):
-                given.append(protocol.InferInput(name, list(value.shape), "FP32"))
-                given[-1].set_data_from_numpy(value)
-            if z_length != 4 or mask.shape[1] != length:
-                return given, np.empty(0)
-            return given, module(*map(torch.from_numpy, (x, z, mask))).detach().numpy()
-
-        for protocol, url in ((httpclient, server.url), (grpcclient, server.grpc_url)):
-            with protocol.InferenceServerClient(url) as client:
-                for length in (1, 2, 16):
-                    given, expected = inputs(protocol, length)
-                    np.testing.assert_allclose(client.infer("sequences", given).as_numpy("y"),
-                                               expected, rtol=1e-5, atol=1e-5)
-                for length, z_length, mask_length, refusal in (
-                        (17, 4, -1, "input 'x' of model 'sequences' has shape [2,17,8]; the "
-                                    "model takes 1 to 16 in dim 1"),
-                        (3, 1, -1, "input 'z' of model 'sequences' has shape [2,1,8]; the "
-                                   "model takes exactly 4 in dim 1"),
-                        (3, 5, -1, "input 'z' of model 'sequences' has shape [2,5,8]; the "
-                                   "model takes exactly 4 in dim 1"),
-                        (5, 4, 3, "input 'mask' of model 'sequences' has 3 in dim 1, and "
-                                  "input 'x' 5 in dim 1; the model takes one size in both")):
-                    with pytest.raises(InferenceServerException) as refused:
-                        client.infer("sequences",
-                                     inputs(protocol, length, z_length, mask_length)[0])
-                    assert refusal + " (the sizes it was exported for)" in str(
-                        refused.value), refused.value
-                    assert "400" in str(refused.value) or "INVALID_ARG" in str(refused.value)
+        yield server, folder / "1" / "model.pt2"
     finally:
         assert stop_server(server) == 0
+
+
+def test_variable_dims_are_held_to_the_sizes_the_package_was_compiled_for(
+        sequences_server: tuple[RunningServer, pathlib.Path]) -> None:
+    """A dim the config leaves variable takes only the sizes the package's code was compiled
+    for (sequences_server). Unchecked, the package answered z of 1 row by reading 3 more
+    past it, x of 17 as if it were 16, and a mask shorter than x by reading past the mask;
+    now such requests are refused naming the range or the other input, and the load says
+    what each input takes."""
+    module = rb.Sequences().eval()
+    server, where = sequences_server
+    said = server.log.read_text()
+    for line in (f"{where}: config dims [-1, 8] leave dim 1 of input 'z' variable, and the "
+                 "AOTInductor package takes exactly 4 there: requests of another size are "
+                 "refused (give 4 in its dims)",
+                 f"{where}: dim 1 of input 'x' and dim 1 of input 'mask' take one size in "
+                 "the AOTInductor package: requests where they differ are refused",
+                 f"{where}: input 'x' takes 1 to 16 in dim 1 (the AOTInductor package's "
+                 "range): requests outside it are refused"):
+        assert line in said, said
+    rng = np.random.default_rng(3)
+
+    def inputs(protocol: Any, length: int, z_length: int = 4, mask_length: int = -1
+               ) -> tuple[list[Any], np.ndarray]:
+        """The request's inputs, and what the module itself answers them with."""
+        x = rng.standard_normal((2, length, 8)).astype(np.float32)
+        z = rng.standard_normal((2, z_length, 8)).astype(np.float32)
+        mask = rng.random((2, length if mask_length < 0 else mask_length), np.float32)
+        given = []
+        for name, value in (("x", x), ("z", z), ("mask", mask)):
+            given.append(protocol.InferInput(name, list(value.shape), "FP32"))
+            given[-1].set_data_from_numpy(value)
+        if z_length != 4 or mask.shape[1] != length:
+            return given, np.empty(0)
+        return given, module(*map(torch.from_numpy, (x, z, mask))).detach().numpy()
+
+    for protocol, url in ((httpclient, server.url), (grpcclient, server.grpc_url)):
+        with protocol.InferenceServerClient(url) as client:
+            for length in (1, 2, 16):
+                given, expected = inputs(protocol, length)
+                np.testing.assert_allclose(client.infer("sequences", given).as_numpy("y"),
+                                           expected, rtol=1e-5, atol=1e-5)
+            for length, z_length, mask_length, refusal in (
+                    (17, 4, -1, "input 'x' of model 'sequences' has shape [2,17,8]; the "
+                                "model takes 1 to 16 in dim 1"),
+                    (3, 1, -1, "input 'z' of model 'sequences' has shape [2,1,8]; the "
+                               "model takes exactly 4 in dim 1"),
+                    (3, 5, -1, "input 'z' of model 'sequences' has shape [2,5,8]; the "
+                               "model takes exactly 4 in dim 1"),
+                    (5, 4, 3, "input 'mask' of model 'sequences' has 3 in dim 1, and "
+                              "input 'x' 5 in dim 1; the model takes one size in both")):
+                with pytest.raises(InferenceServerException) as refused:
+                    client.infer("sequences",
+                                 inputs(protocol, length, z_length, mask_length)[0])
+                assert refusal + " (the sizes it was exported for)" in str(
+                    refused.value), refused.value
+                assert "400" in str(refused.value) or "INVALID_ARG" in str(refused.value)
+
+
+@settings(max_examples=10, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.tuples(st.integers(1, 3), st.integers(0, 24), st.integers(0, 6),
+                          st.one_of(st.none(), st.integers(0, 24))), min_size=1, max_size=12))
+def test_any_shapes_sent_at_once_are_answered_as_the_module_does_or_refused(
+        sequences_server: tuple[RunningServer, pathlib.Path],
+        cases: list[tuple[int, int, int, int | None]]) -> None:
+    """Requests of any sizes at once (gathered into batches where they agree), over HTTP:
+    each is answered as the module itself answers it, or refused with a 400 naming the
+    range or the other input it misses — never an answer read from memory past an input
+    (the served copy runs unchecked), never a 500, and the server serves on."""
+    module = rb.Sequences().eval()
+    server, _ = sequences_server
+    rng = np.random.default_rng(len(cases))
+
+    def send(case: tuple[int, int, int, int | None]) -> tuple[dict[str, np.ndarray], Any]:
+        rows, length, z_length, mask_length = case
+        sent = {"x": rng.standard_normal((rows, length, 8)).astype(np.float32),
+                 "z": rng.standard_normal((rows, z_length, 8)).astype(np.float32),
+                 "mask": rng.random((rows, length if mask_length is None else mask_length),
+                                    np.float32)}
+        inputs = []
+        for name, value in sent.items():
+            inputs.append(httpclient.InferInput(name, list(value.shape), "FP32"))
+            inputs[-1].set_data_from_numpy(value)
+        with httpclient.InferenceServerClient(server.url) as client:
+            try:
+                return sent, client.infer("sequences", inputs).as_numpy("y")
+            except InferenceServerException as error:
+                return sent, error
+
+    with ThreadPoolExecutor(6) as pool:
+        answers = list(pool.map(send, cases))
+    for sent, answer in answers:
+        length, z_length, mask_length = (sent["x"].shape[1], sent["z"].shape[1],
+                                         sent["mask"].shape[1])
+        if 1 <= length <= 16 and z_length == 4 and mask_length == length:
+            assert isinstance(answer, np.ndarray), answer
+            expected = module(**{k: torch.from_numpy(v) for k, v in sent.items()})
+            np.testing.assert_allclose(answer, expected.detach().numpy(), rtol=1e-5, atol=1e-5)
+            continue
+        assert isinstance(answer, InferenceServerException), answer
+        assert answer.status() == "400", answer
+        said = str(answer)
+        if not 1 <= length <= 16:  # the inputs are checked in config order
+            assert "input 'x'" in said and "takes 1 to 16 in dim 1" in said, said
+        elif z_length != 4:
+            assert "input 'z'" in said and "takes exactly 4 in dim 1" in said, said
+        elif not 1 <= mask_length <= 16:
+            assert "input 'mask'" in said and "takes 1 to 16 in dim 1" in said, said
+        else:
+            assert (f"input 'mask' of model 'sequences' has {mask_length} in dim 1, and input "
+                    f"'x' {length} in dim 1" in said), said
 
 
 SPEC = parse_model_config('name: "m" platform: "torch_aoti" max_batch_size: 8 '

@@ -17,12 +17,13 @@ SPEC = parse_model_config('name: "m" max_batch_size: 8 input [ '
 
 
 def test_ranges_bound_only_the_variable_dims_they_narrow() -> None:
-    """A dim taken from 1 with no end stays free; one the range narrows is held to it; the
-    batch dim and dims the config fixes are left to the batcher and `accepts`; an input
-    none of whose dims is narrowed, or one with a reshape, is the config's TensorSpec."""
-    free = [(0, 1, 8), (1, 1, None)]
+    """A dim taken from 0 with no end stays free; one the range narrows is held to it (from
+    1: an empty dim is refused); the batch dim and dims the config fixes are left to the
+    batcher and `accepts`; an input none of whose dims is narrowed, or one with a reshape,
+    is the config's TensorSpec."""
+    free = [(0, 1, 8), (1, 0, None)]
     assert bounded_spec("p", SPEC, "it", CompiledShapes(
-        {"x": free + [(2, 1, None), (3, 3, 3)], "w": free})) is SPEC
+        {"x": free + [(2, 0, None), (3, 3, 3)], "w": free})) is SPEC
     narrowed = bounded_spec("p", SPEC, "it", CompiledShapes(
         {"x": free + [(2, 2, 64), (3, 3, 3)], "w": free, "r": [(1, 4, 4)], "gone": free}))
     assert narrowed.input("x").bounds == ((0, None), (2, 64), (3, 3))
@@ -31,6 +32,9 @@ def test_ranges_bound_only_the_variable_dims_they_narrow() -> None:
     assert narrowed.tied_dims == ()
     assert bounded_spec("p", SPEC, "it", CompiledShapes(
         {"w": [(1, 4, 4)]})).input("w").bounds == ((4, 4),)
+    from_one = bounded_spec("p", SPEC, "it", CompiledShapes({"w": [(1, 1, None)]})).input("w")
+    assert from_one.bounds == ((1, None),) and from_one.outside_bounds((0,)) == (0, "1 or more")
+    assert from_one.outside_bounds((10**6,)) is None
 
 
 def test_ties_keep_the_variable_dims_of_inputs_clients_send() -> None:

@@ -44,7 +44,9 @@ class CompiledShapes:
 def bounded_spec(where: str, spec: ModelSpec, model: str, shapes: CompiledShapes, *,
                  quiet: bool = False) -> ModelSpec:
     """`spec` with each input's `bounds` where `shapes` narrow a dim its config leaves
-    variable (a range that starts above 1 or ends at all), and the ties among such dims as
+    variable (a range that starts above 0 or ends at all: a compiled model's code was not
+    made for a size it was not exported for, and an empty dim in one of them, unchecked, was
+    one of the requests that crashed the server), and the ties among such dims as
     its `tied_dims`; `model` names what takes them in the load's log lines ("the AOTInductor
     package"), which `quiet` leaves out. An input with a `reshape` is left as it is: its
     config dims are not the model's."""
@@ -75,12 +77,12 @@ def bounded_spec(where: str, spec: ModelSpec, model: str, shapes: CompiledShapes
         for dim, low, high in found:
             if not variable(name, dim):
                 continue  # the batch dim, or one the config fixes (and requests are held to)
-            if low <= 1 and high is None:
+            if low <= 0 and high is None:
                 continue  # as free as the config says
             bounds[dim - batch] = (low, high)
             bounded[name] = config
-            if quiet:
-                continue
+            if quiet or (low == 1 and high is None):
+                continue  # no size a client would send is refused but 0: not worth a line
             if low == high:
                 log.warning("%s: config dims %s leave dim %d of input '%s' variable, and %s "
                             "takes exactly %d there: requests of another size are refused "
