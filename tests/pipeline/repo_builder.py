@@ -35,6 +35,51 @@ class Sequences(torch.nn.Module):
         return (self.linear(x) * mask.unsqueeze(-1)).sum(1) + self.linear(z).sum(1)
 
 
+def export_sequences(low: int, high: int) -> torch.export.ExportedProgram:
+    """Sequences exported with x's sequence dim (and mask's: one symbol) from `low` to
+    `high`, z's fixed at 4."""
+    batch = torch.export.Dim("batch", min=1, max=8)
+    sequence = torch.export.Dim("sequence", min=low, max=high)
+    return torch.export.export(
+        Sequences().eval(), (torch.randn(2, 5, 8), torch.randn(2, 4, 8), torch.ones(2, 5)),
+        dynamic_shapes={"x": {0: batch, 1: sequence}, "z": {0: batch},
+                        "mask": {0: batch, 1: sequence}})
+
+
+def write_sequences_config(repo: pathlib.Path, platform: str, extra: str) -> pathlib.Path:
+    """Model "sequences" (Sequences) with every non-batch dim -1: its folder."""
+    return write_config(repo, "sequences", f"""
+        name: "sequences"
+        platform: "{platform}"
+        max_batch_size: 8
+        input [ {{ name: "x" data_type: TYPE_FP32 dims: [-1, 8] }},
+                {{ name: "z" data_type: TYPE_FP32 dims: [-1, 8] }},
+                {{ name: "mask" data_type: TYPE_FP32 dims: [-1] }} ]
+        output [ {{ name: "y" data_type: TYPE_FP32 dims: [4] }} ]
+        {extra}
+        """)
+
+
+def sequences_refusal(length: int, z_length: int, mask_length: int, low: int, high: int
+                      ) -> list[str] | None:
+    """The parts of the message a request to export_sequences(low, high) with these
+    sequence lengths is refused with, or None where the model takes it. The inputs are
+    checked in config order, then the dims they must share."""
+    def outside(size: int) -> bool:
+        return not low <= size <= high
+    ranged = f"the model takes {low} to {high} in dim 1 (the sizes it was exported for)"
+    if outside(length):
+        return ["input 'x'", ranged]
+    if z_length != 4:
+        return ["input 'z'", "the model takes exactly 4 in dim 1"]
+    if outside(mask_length):
+        return ["input 'mask'", ranged]
+    if mask_length != length:
+        return [f"input 'mask' of model 'sequences' has {mask_length} in dim 1, and input 'x' "
+                f"{length} in dim 1; the model takes one size in both"]
+    return None
+
+
 class Identity(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x
