@@ -54,7 +54,8 @@ class TensorSpec:
     label_filename: str = ""
     ragged: bool = False  # allow_ragged_batch: batches whatever its shape, flat (ragged_config)
     # Per dim of `dims`, the (fewest, most) it may be where the model's compiled code is
-    # bounded (most None: no bound), learned at load (aoti_check.py); None: not bounded
+    # bounded (most None: no bound), learned at load (pipeline/input_bounds.py); None: not
+    # bounded
     bounds: tuple[tuple[int, int | None], ...] | None = None
 
     def row_bytes(self, reshaped: bool = True) -> int:
