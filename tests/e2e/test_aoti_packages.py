@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tritonclient.utils import InferenceServerException
 
-from tensorgate.pipeline.aoti_check import _Input, _judge
+from tensorgate.pipeline.aoti_check import _described, _Input, _judge
 from tensorgate.repository.model_config import ModelConfigError, parse_model_config
 from tests.e2e.conftest import RunningServer, start_server, stop_server
 from tests.pipeline import repo_builder as rb
@@ -297,3 +297,22 @@ def test_each_refusal_of_the_generated_checks_is_judged_by_what_it_names() -> No
                                                r"or less"):
         _judged("input_handles[0]: dim value is too large at 0, expected to be <= 6, but "
                 "got: 8", rows=8, view=True)
+
+
+def test_the_dims_probed_are_the_variable_ones_of_an_input_as_the_model_takes_it() -> None:
+    """The batch dim is the batcher's and a fixed dim the config's; a reshaped input's
+    dims are its reshape's; a ragged one (taken flat) and a server-made one are not
+    probed."""
+    spec = parse_model_config(
+        'name: "m" platform: "torch_aoti" max_batch_size: 8 input [ '
+        '{ name: "x" data_type: TYPE_FP32 dims: [ -1, 3 ] }, '
+        '{ name: "flat" data_type: TYPE_FP32 dims: [ -1 ] reshape: { shape: [ 2, -1 ] } }, '
+        '{ name: "r" data_type: TYPE_FP32 dims: [ -1 ] allow_ragged_batch: true } ] '
+        'batch_input [ { kind: BATCH_ELEMENT_COUNT target_name: "n" data_type: TYPE_FP32 '
+        'source_input: "r" } ] '
+        'output [ { name: "y" data_type: TYPE_FP32 dims: [ 4 ] } ]', "m/config.pbtxt")
+    zeros = torch.zeros
+    assert _described("x", zeros(1, 1, 3), spec, True).probe == (1,)
+    assert _described("flat", zeros(1, 2, 1), spec, True).probe == (2,)
+    assert _described("r", zeros(1, 1), spec, True).probe == ()
+    assert _described("n", zeros(1, 1), spec, True).probe == ()

@@ -378,3 +378,49 @@ def test_any_shapes_are_answered_as_the_module_answers_or_refused_by_the_range_t
             assert result.status.name == "INVALID_ARGUMENT", result
             assert all(part in str(result) for part in refusal), (refusal, result)
     run(scenario())
+
+
+def test_a_reshaped_input_is_held_to_the_model_s_shape_of_it(tmp_path: pathlib.Path) -> None:
+    """x sent flat ([rows, sequence * 8]) and reshaped to the program's [rows, sequence, 8]:
+    its range and its tie to mask hold in the model's shape of it; elements that make no
+    such shape are refused by name (before, a RuntimeError of torch's: a 500)."""
+    folder = rb.write_config(tmp_path, "flat", """
+        name: "flat"
+        platform: "torch_export"
+        max_batch_size: 8
+        input [ { name: "x" data_type: TYPE_FP32 dims: [-1] reshape: { shape: [-1, 8] } },
+                { name: "z" data_type: TYPE_FP32 dims: [-1, 8] },
+                { name: "mask" data_type: TYPE_FP32 dims: [-1] } ]
+        output [ { name: "y" data_type: TYPE_FP32 dims: [4] } ]
+        """)
+    torch.export.save(rb.export_sequences(4, 32), str(folder / "1" / "model.pt2"))
+    module = rb.Sequences().eval()
+
+    def request(x: torch.Tensor, mask_length: int) -> InferenceRequest:
+        inputs = {"x": x, "z": torch.randn(1, 4, 8), "mask": torch.ones(1, mask_length)}
+        return InferenceRequest("flat", {name: TensorView.from_torch(value, name=name)
+                                         for name, value in inputs.items()})
+
+    async def scenario() -> None:
+        engine = Engine(tmp_path)
+        await engine.start()
+        x = torch.randn(1, 5, 8)
+        given = request(x.reshape(1, 40), 5)
+        result = await engine.infer(given)
+        torch.testing.assert_close(result.outputs["y"].torch(), module(
+            x, given.inputs["z"].torch(), torch.ones(1, 5)), rtol=1e-5, atol=1e-5)
+        for sent, mask_length, refusal in (
+                (264, 33, "input 'x' of model 'flat' has shape [1,264], which the model takes "
+                          "as [1,33,8]; the model takes 4 to 32 in dim 1 of that (the sizes it "
+                          "was exported for)"),
+                (48, 5, "input 'mask' of model 'flat' has 5 in dim 1, and input 'x' 6 in dim 1 "
+                        "(as the model takes it, reshaped); the model takes one size in both "
+                        "(the sizes it was exported for)"),
+                (41, 5, "input 'x' of model 'flat' has shape [1,41], whose elements do not make "
+                        "the shape [1,-1,8] the model takes it in (its config's reshape)")):
+            with pytest.raises(TensorgateError) as refused:
+                await engine.infer(request(torch.randn(1, sent), mask_length))
+            assert (refused.value.status.name, str(refused.value)) == ("INVALID_ARGUMENT",
+                                                                       refusal)
+        await engine.shutdown()
+    run(scenario())

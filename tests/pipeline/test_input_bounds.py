@@ -19,8 +19,8 @@ SPEC = parse_model_config('name: "m" max_batch_size: 8 input [ '
 def test_ranges_bound_only_the_variable_dims_they_narrow() -> None:
     """A dim taken from 0 with no end stays free; one the range narrows is held to it (from
     1: an empty dim is refused); the batch dim and dims the config fixes are left to the
-    batcher and `accepts`; an input none of whose dims is narrowed, or one with a reshape,
-    is the config's TensorSpec."""
+    batcher and `accepts`; an input none of whose dims is narrowed is the config's
+    TensorSpec; a reshaped input's dims are its reshape's."""
     free = [(0, 1, 8), (1, 0, None)]
     assert bounded_spec("p", SPEC, "it", CompiledShapes(
         {"x": free + [(2, 0, None), (3, 3, 3)], "w": free})) is SPEC
@@ -28,7 +28,8 @@ def test_ranges_bound_only_the_variable_dims_they_narrow() -> None:
         {"x": free + [(2, 2, 64), (3, 3, 3)], "w": free, "r": [(1, 4, 4)], "gone": free}))
     assert narrowed.input("x").bounds == ((0, None), (2, 64), (3, 3))
     assert narrowed.input("x").outside_bounds((5, 65, 3)) == (1, "2 to 64")
-    assert narrowed.input("w") is SPEC.input("w") and narrowed.input("r") is SPEC.input("r")
+    assert narrowed.input("w") is SPEC.input("w")
+    assert narrowed.input("r").bounds == ((4, 4), (1, 1))  # reshape [-1, 1]
     assert narrowed.tied_dims == ()
     assert bounded_spec("p", SPEC, "it", CompiledShapes(
         {"w": [(1, 4, 4)]})).input("w").bounds == ((4, 4),)
@@ -38,12 +39,13 @@ def test_ranges_bound_only_the_variable_dims_they_narrow() -> None:
 
 
 def test_ties_keep_the_variable_dims_of_inputs_clients_send() -> None:
-    """A tie holds a request's sizes together only among dims the config leaves variable
-    (not the batch dim, a fixed dim, a reshaped input's or an unknown input's)."""
+    """A tie holds a request's sizes together only among dims the model's shape of each
+    input leaves variable (not the batch dim, a fixed dim or an unknown input's)."""
     tied = bounded_spec("p", SPEC, "it", CompiledShapes({}, [
-        [("x", 1), ("w", 1), ("r", 1), ("gone", 1)], [("x", 0), ("w", 0)],
+        [("x", 1), ("w", 1), ("r", 1), ("r", 2), ("gone", 1)], [("x", 0), ("w", 0)],
         [("x", 3), ("w", 1)], [("x", 2), ("x", 1), ("w", 1)]]))
-    assert tied.tied_dims == ((("x", 1), ("w", 1)), (("x", 2), ("x", 1), ("w", 1)))
+    assert tied.tied_dims == ((("x", 1), ("w", 1), ("r", 1)),
+                              (("x", 2), ("x", 1), ("w", 1)))
     assert tied.inputs == SPEC.inputs
 
 

@@ -30,8 +30,8 @@ exactly 16 answered a request of 1 with 16 rows, 15 of them read past the input 
 here; unchecked, what lies past it may be another request's bytes). Dims of one symbol
 (input_ids and a mask of one length) are read at the first's size: a shorter mask was read
 past. So the child first learns each such dim's range from the checks' refusals, and which
-dims are one size, and input_bounds.py holds requests to them. An input with a `reshape`, or
-a ragged one, is not probed (its config dims are not the package's).
+dims are one size, and input_bounds.py holds requests to them (an input's dims as the model
+takes it: reshaped, where its config says so). A ragged input is not probed.
 """
 
 from __future__ import annotations
@@ -78,7 +78,8 @@ class _Input:
     dtype: str              # torch's name: "float32"
     shape: list[int]        # as the model takes it, variable dims as 1
     variable: list[bool]    # per dim: the config leaves it free (or it is the batch dim)
-    # the variable dims of a client's input (no reshape) whose range the child learns
+    # the variable dims of a client's input (as the model takes it) whose range the child
+    # learns
     probe: tuple[int, ...] = ()
 
 
@@ -120,8 +121,7 @@ def _described(name: str, zeros: torch.Tensor, spec: ModelSpec, batched: bool) -
     if config is None or len(variable) != zeros.dim():  # computed by the server: not checked
         variable = [True] * zeros.dim()
     probe: tuple[int, ...] = ()
-    if (spec.input(name) is not None and config is not None and config.reshape is None
-            and not config.ragged):
+    if spec.input(name) is not None and config is not None and not config.ragged:
         probe = tuple(d for d, free in enumerate(variable) if free and not (batched and d == 0))
     return _Input(name, str(zeros.dtype).removeprefix("torch."), list(zeros.shape), variable,
                   probe)

@@ -48,14 +48,17 @@ def bounded_spec(where: str, spec: ModelSpec, model: str, shapes: CompiledShapes
     made for a size it was not exported for, and an empty dim in one of them, unchecked, was
     one of the requests that crashed the server), and the ties among such dims as
     its `tied_dims`; `model` names what takes them in the load's log lines ("the AOTInductor
-    package"), which `quiet` leaves out. An input with a `reshape` is left as it is: its
-    config dims are not the model's."""
+    package"), which `quiet` leaves out. Dims are the model's: an input's `reshape`, where
+    its config has one, else its `dims`. A ragged input is left as it is (the model takes
+    it flat)."""
     batch = 1 if spec.max_batch_size > 0 else 0
 
     def variable(name: str, dim: int) -> bool:
         config = spec.input(name)
-        return (config is not None and config.reshape is None and not config.ragged
-                and 0 <= dim - batch < len(config.dims) and config.dims[dim - batch] == -1)
+        if config is None or config.ragged:
+            return False
+        dims = config.reshape or config.dims  # as the model takes the input
+        return 0 <= dim - batch < len(dims) and dims[dim - batch] == -1
 
     ties = []
     for group in shapes.ties:
@@ -72,8 +75,9 @@ def bounded_spec(where: str, spec: ModelSpec, model: str, shapes: CompiledShapes
         config = spec.input(name)
         if config is None:
             continue
+        dims = config.reshape or config.dims
         bounds: list[tuple[int, int | None]] = [(0, None) if d == -1 else (d, d)
-                                                for d in config.dims]
+                                                for d in dims]
         for dim, low, high in found:
             if not variable(name, dim):
                 continue  # the batch dim, or one the config fixes (and requests are held to)
@@ -84,10 +88,11 @@ def bounded_spec(where: str, spec: ModelSpec, model: str, shapes: CompiledShapes
             if quiet or (low == 1 and high is None):
                 continue  # no size a client would send is refused but 0: not worth a line
             if low == high:
-                log.warning("%s: config dims %s leave dim %d of input '%s' variable, and %s "
+                log.warning("%s: config %s %s leave dim %d of input '%s' variable, and %s "
                             "takes exactly %d there: requests of another size are refused "
-                            "(give %d in its dims)", where, list(config.dims), dim, name, model,
-                            low, low)
+                            "(give %d in its %s)", where,
+                            "reshape" if config.reshape else "dims", list(dims), dim, name,
+                            model, low, low, "reshape" if config.reshape else "dims")
             else:
                 log.info("%s: input '%s' takes %s in dim %d (%s's range): requests outside "
                          "it are refused", where, name,

@@ -19,7 +19,7 @@ from tensorgate.model import NO_PARAMETERS, Parameter
 from tensorgate.pipeline.stats import StageTimes
 from tensorgate.pipeline.trace import Trace
 from tensorgate.pipeline.work import SequenceFlags, WorkItem
-from tensorgate.repository.model_config import ModelSpec, QueuePolicy
+from tensorgate.repository.model_config import ModelSpec, QueuePolicy, TensorSpec
 from tensorgate.tensor.bytes_codec import BYTES_CHECKED_WHEN_DECODED
 from tensorgate.tensor.copies import CopyLedger
 from tensorgate.tensor.view import TensorView
@@ -120,13 +120,6 @@ def work_item(spec: ModelSpec, request: InferenceRequest, loop: asyncio.Abstract
             raise InvalidArgumentError(
                 f"input '{item_spec.name}' of model '{spec.name}' has shape "
                 f"[{','.join(map(str, shape))}]; expected [{','.join(map(str, expected))}]")
-        if item_spec.bounds is not None:
-            outside = item_spec.outside_bounds(item_shape)
-            if outside is not None:
-                raise InvalidArgumentError(
-                    f"input '{item_spec.name}' of model '{spec.name}' has shape "
-                    f"[{','.join(map(str, shape))}]; the model takes {outside[1]} in dim "
-                    f"{outside[0] + int(batching)} (the sizes it was exported for)")
         these_rows = shape[0] if batching else 1
         if batching and these_rows > spec.max_batch_size:
             raise InvalidArgumentError(f"input '{item_spec.name}' of model '{spec.name}' has a "
@@ -145,12 +138,22 @@ def work_item(spec: ModelSpec, request: InferenceRequest, loop: asyncio.Abstract
         else:
             value = view.numpy()
         if item_spec.reshape is not None:
-            value = value.reshape(([these_rows] if batching else []) + list(item_spec.reshape))
+            taken = ([these_rows] if batching else []) + list(item_spec.reshape)
+            try:
+                value = value.reshape(taken)
+            except (RuntimeError, ValueError):  # torch's, numpy's: not that many elements
+                raise InvalidArgumentError(
+                    f"input '{item_spec.name}' of model '{spec.name}' has shape "
+                    f"[{','.join(map(str, shape))}], whose elements do not make the shape "
+                    f"[{','.join(map(str, taken))}] the model takes it in (its config's "
+                    "reshape)") from None
+        if item_spec.bounds is not None:
+            _check_bounds(spec, item_spec, shape, tuple(value.shape), batching)
         inputs[item_spec.name] = value
         # requests batch when these agree; a ragged input batches whatever its shape
         key.append(None if item_spec.ragged else item_shape)
     if spec.tied_dims:
-        _check_ties(spec, given)
+        _check_ties(spec, inputs)
     if request.outputs:
         outputs = spec.output_set
         for name in request.outputs:
@@ -171,20 +174,43 @@ def work_item(spec: ModelSpec, request: InferenceRequest, loop: asyncio.Abstract
                     request.trace)
 
 
-def _check_ties(spec: ModelSpec, given: Mapping[str, TensorView]) -> None:
-    """Dims the model takes as one size agree (its compiled code reads the size of the
-    first: another would be read past, or short)."""
+def _check_bounds(spec: ModelSpec, item: TensorSpec, sent: tuple[int, ...],
+                  taken: tuple[int, ...], batching: bool) -> None:
+    """An input's shape as the model takes it (`taken`: reshaped, if its config says so) is
+    inside the bounds its compiled code was made for."""
+    outside = item.outside_bounds(taken[1:] if batching else taken)
+    if outside is None:
+        return
+    dim, sizes = outside[0] + int(batching), outside[1]
+    shown = f"[{','.join(map(str, sent))}]"
+    if item.reshape is not None:
+        shown += f", which the model takes as [{','.join(map(str, taken))}]"
+    raise InvalidArgumentError(f"input '{item.name}' of model '{spec.name}' has shape {shown}; "
+                               f"the model takes {sizes} in dim {dim}"
+                               f"{' of that' if item.reshape is not None else ''} (the sizes "
+                               "it was exported for)")
+
+
+def _check_ties(spec: ModelSpec, inputs: Mapping[str, Any]) -> None:
+    """Dims the model takes as one size agree, in `inputs` as the model takes them (its
+    compiled code reads the size of the first: another would be read past, or short)."""
     for group in spec.tied_dims:
-        sizes = [(name, dim, given[name].shape[dim]) for name, dim in group if name in given]
+        sizes = [(name, dim, inputs[name].shape[dim]) for name, dim in group if name in inputs]
         if not sizes:
             continue
         first, first_dim, first_size = sizes[0]
         for name, dim, size in sizes[1:]:
             if size != first_size:
                 raise InvalidArgumentError(
-                    f"input '{name}' of model '{spec.name}' has {size} in dim {dim}, and "
-                    f"input '{first}' {first_size} in dim {first_dim}; the model takes one "
-                    "size in both (the sizes it was exported for)")
+                    f"input '{name}' of model '{spec.name}' has {size} in dim {dim}"
+                    f"{_as_taken(spec, name)}, and input '{first}' {first_size} in dim "
+                    f"{first_dim}{_as_taken(spec, first)}; the model takes one size in both "
+                    "(the sizes it was exported for)")
+
+
+def _as_taken(spec: ModelSpec, name: str) -> str:
+    item = spec.input(name)
+    return "" if item is None or item.reshape is None else " (as the model takes it, reshaped)"
 
 
 def _timeout_us(policy: QueuePolicy | None, requested: int | None) -> int:

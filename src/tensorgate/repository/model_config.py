@@ -53,9 +53,9 @@ class TensorSpec:
     optional: bool = False
     label_filename: str = ""
     ragged: bool = False  # allow_ragged_batch: batches whatever its shape, flat (ragged_config)
-    # Per dim of `dims`, the (fewest, most) it may be where the model's compiled code is
-    # bounded (most None: no bound), learned at load (pipeline/input_bounds.py); None: not
-    # bounded
+    # Per dim of the model's shape of it (`reshape`, else `dims`), the (fewest, most) it
+    # may be where the model's compiled code is bounded (most None: no bound), learned at
+    # load (pipeline/input_bounds.py); None: not bounded
     bounds: tuple[tuple[int, int | None], ...] | None = None
 
     def row_bytes(self, reshaped: bool = True) -> int:
@@ -71,8 +71,8 @@ class TensorSpec:
             want == -1 or want == got for want, got in zip(self.dims, shape))
 
     def outside_bounds(self, shape: tuple[int, ...]) -> tuple[int, str] | None:
-        """The first dim of a per-item shape (one `accepts` takes) outside `bounds`, and
-        what that dim takes ("2 to 64"); None where the shape is inside them."""
+        """The first dim of a per-item shape as the model takes it (reshaped) outside
+        `bounds`, and what that dim takes ("2 to 64"); None where it is inside them."""
         for dim, (size, (fewest, most)) in enumerate(zip(shape, self.bounds or ())):
             if size < fewest or (most is not None and size > most):
                 return dim, (f"exactly {fewest}" if fewest == most else
