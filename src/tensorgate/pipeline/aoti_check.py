@@ -15,8 +15,8 @@ zeros shaped as the config says, 1 row and 2 (contiguous: run where taken), then
 max_batch_size rows (a meta tensor: its sizes and strides are checked before its device, so
 nothing is computed or allocated). A refusal that names a dimension the config fixes, a
 dtype, a stride (a channels-last export) or the number of inputs fails the load, saying what
-to change; the batch sizes the refusals name are held against max_batch_size. The server's own copy then
-runs unchecked, as PyTorch runs it: the checks cost nothing per batch.
+to change; the batch sizes the refusals name are held against max_batch_size. The server's
+own copy then runs unchecked, as PyTorch runs it: the checks cost nothing per batch.
 
 Inductor compiles a dynamic batch dim for 2 rows or more (0/1 specialization) even where the
 export said `Dim("batch", min=1)`, whose program takes 1 row; its code is sized by the row

@@ -60,11 +60,11 @@ def _refusal(run: Callable[[list[torch.Tensor]], Any], inputs: list[torch.Tensor
 
 
 def _probed(run: Callable[[list[torch.Tensor]], Any], request: dict[str, Any],
-            device: torch.device) -> tuple[list[list[dict[str, Any]]], list[list[int]]] | None:
+            dtypes: list[torch.dtype], device: torch.device
+            ) -> tuple[list[list[dict[str, Any]]], list[list[int]]] | None:
     """Per input, the range of each dim it asks about, and the least shapes the checks take
     (batch: `rows`); None where the checks refuse something other than a size."""
     items = request["inputs"]
-    dtypes = [getattr(torch, item["dtype"]) for item in items]
     shapes = [([request["rows"], *item["shape"][1:]] if request["batched"] else
                list(item["shape"])) for item in items]
 
@@ -112,7 +112,7 @@ def _probed(run: Callable[[list[torch.Tensor]], Any], request: dict[str, Any],
     return ranges, shapes
 
 
-def _ties(run: Callable[[list[torch.Tensor]], Any], request: dict[str, Any],
+def _ties(run: Callable[[list[torch.Tensor]], Any], dtypes: list[torch.dtype],
           ranges: list[list[dict[str, Any]]], shapes: list[list[int]],
           device: torch.device) -> list[list[list[int]]]:
     """Groups ([input, dim] each) of probed dims the package's code takes as one size: it
@@ -121,7 +121,6 @@ def _ties(run: Callable[[list[torch.Tensor]], Any], request: dict[str, Any],
     a refusal says the size given and the one expected, so the dim given the first joins
     the dim of the second, until the package runs (on zeros this small). Empty where a
     refusal names sizes no probed dim has (a relation other than equality)."""
-    dtypes = [getattr(torch, item["dtype"]) for item in request["inputs"]]
     sizes = [list(shape) for shape in shapes]
     owner: dict[int, tuple[int, int]] = {}  # a probed dim's own size -> (input, dim)
     for index, found in enumerate(ranges):
@@ -161,14 +160,14 @@ def main(request: dict[str, Any]) -> None:
     if device.type == "cuda":
         torch.cuda.set_device(device)
     run = _loaded(request["path"])
-    probed = _probed(run, request, device)
+    dtypes = [getattr(torch, item["dtype"]) for item in request["inputs"]]
+    probed = _probed(run, request, dtypes, device)
     print(BOUNDS + json.dumps(None if probed is None else
                               {"ranges": probed[0],
-                               "ties": _ties(run, request, *probed, device)}), flush=True)
+                               "ties": _ties(run, dtypes, *probed, device)}), flush=True)
     for attempt in request["tries"]:
         inputs = []
-        for index, item in enumerate(request["inputs"]):
-            dtype = getattr(torch, item["dtype"])
+        for index, (item, dtype) in enumerate(zip(request["inputs"], dtypes)):
             shape = list(item["shape"])
             if probed is not None:
                 for dim in item["probe"]:

@@ -304,8 +304,10 @@ class ExecutorThread:
         assert runner is not None
         if s.spec.warmup:  # the config's model_warmup samples, each `count` times
             rows_checked = not self._checks_rows()
+            first: dict[str, Any] = {}
             for sample in s.spec.warmup:
                 inputs = sample_inputs(s.spec, sample, s.directory.parent / "warmup", s.device)
+                first = first or inputs
                 for count in range(sample.count):
                     raw = self._warm_run(runner, inputs, f"sample '{sample.name}' (batch "
                                                          f"{sample.batch_size})")
@@ -314,14 +316,13 @@ class ExecutorThread:
                                          f"warm-up sample '{sample.name}'")
                         rows_checked = True
             if not rows_checked:  # every sample a batch of 1: the first, twice over
-                first = s.spec.warmup[0]
-                twice = {name: (torch.cat([value, value]) if isinstance(value, torch.Tensor)
-                                else np.concatenate([value, value]))
-                         for name, value in sample_inputs(
-                             s.spec, first, s.directory.parent / "warmup", s.device).items()}
-                self._check_rows(self._warm_run(runner, twice, f"sample '{first.name}' "
-                                                               "twice (batch 2)"),
-                                 2, f"warm-up sample '{first.name}' twice")
+                name = s.spec.warmup[0].name
+                twice = {key: (torch.cat([value, value]) if isinstance(value, torch.Tensor)
+                               else np.concatenate([value, value]))
+                         for key, value in first.items()}
+                self._check_rows(self._warm_run(runner, twice, f"sample '{name}' twice "
+                                                               "(batch 2)"),
+                                 2, f"warm-up sample '{name}' twice")
         elif runner.requests is not None:
             # Triton runs a Python model only on requests and its config's model_warmup: one
             # may not take zeros (a tokenizer, image bytes), and a failed warm-up fails the load

@@ -46,8 +46,8 @@ def bounded_spec(where: str, spec: ModelSpec, model: str, shapes: CompiledShapes
     """`spec` with each input's `bounds` where `shapes` narrow a dim its config leaves
     variable (a range that starts above 0 or ends at all: a compiled model's code was not
     made for a size it was not exported for, and an empty dim in one of them, unchecked, was
-    one of the requests that crashed the server), and the ties among such dims as
-    its `tied_dims`; `model` names what takes them in the load's log lines ("the AOTInductor
+    one of the requests that crashed the server), and the ties among such dims as its
+    `tied_dims`; `model` names what takes them in the load's log lines ("the AOTInductor
     package"), which `quiet` leaves out. Dims are the model's: an input's `reshape`, where
     its config has one, else its `dims`. A ragged input is left as it is (the model takes
     it flat)."""
@@ -76,28 +76,29 @@ def bounded_spec(where: str, spec: ModelSpec, model: str, shapes: CompiledShapes
         if config is None:
             continue
         dims = config.reshape or config.dims
+        field = "reshape" if config.reshape else "dims"
         bounds: list[tuple[int, int | None]] = [(0, None) if d == -1 else (d, d)
                                                 for d in dims]
+        narrowed = False
         for dim, low, high in found:
             if not variable(name, dim):
                 continue  # the batch dim, or one the config fixes (and requests are held to)
             if low <= 0 and high is None:
                 continue  # as free as the config says
             bounds[dim - batch] = (low, high)
-            bounded[name] = config
+            narrowed = True
             if quiet or (low == 1 and high is None):
                 continue  # no size a client would send is refused but 0: not worth a line
             if low == high:
                 log.warning("%s: config %s %s leave dim %d of input '%s' variable, and %s "
                             "takes exactly %d there: requests of another size are refused "
-                            "(give %d in its %s)", where,
-                            "reshape" if config.reshape else "dims", list(dims), dim, name,
-                            model, low, low, "reshape" if config.reshape else "dims")
+                            "(give %d in its %s)", where, field, list(dims), dim, name, model,
+                            low, low, field)
             else:
                 log.info("%s: input '%s' takes %s in dim %d (%s's range): requests outside "
                          "it are refused", where, name,
                          f"{low} or more" if high is None else f"{low} to {high}", dim, model)
-        if name in bounded:
+        if narrowed:
             bounded[name] = replace(config, bounds=tuple(bounds))
     if not bounded and not ties:
         return spec
