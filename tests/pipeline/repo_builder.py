@@ -80,6 +80,65 @@ def sequences_refusal(length: int, z_length: int, mask_length: int, low: int, hi
     return None
 
 
+class Sized(torch.nn.Module):
+    """x: [rows, s, 8], edges: [rows, s + 1], pairs: [rows, 2*s] -> [rows, 4]: inputs a
+    model sizes from one s other than as equals (input_bounds.py)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(LINEAR_SEED)
+        self.linear = torch.nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor, edges: torch.Tensor, pairs: torch.Tensor
+                ) -> torch.Tensor:
+        return self.linear(x).sum(1) * (edges.sum(1, keepdim=True) + pairs.sum(1, keepdim=True))
+
+
+def export_sized() -> torch.export.ExportedProgram:
+    """Sized exported with s from 1 to 16 (edges s + 1, pairs 2*s: `Dim` arithmetic)."""
+    batch = torch.export.Dim("batch", min=1, max=8)
+    length = torch.export.Dim("length", min=1, max=16)
+    return torch.export.export(
+        Sized().eval(), (torch.randn(2, 5, 8), torch.randn(2, 6), torch.randn(2, 10)),
+        dynamic_shapes={"x": {0: batch, 1: length}, "edges": {0: batch, 1: length + 1},
+                        "pairs": {0: batch, 1: 2 * length}})
+
+
+def write_sized_config(repo: pathlib.Path, name: str, platform: str, edges: str = "[-1]"
+                       ) -> pathlib.Path:
+    """Model `name` (Sized) with x [-1, 8], edges `edges`, pairs [-1]: its folder."""
+    return write_config(repo, name, f"""
+        name: "{name}"
+        platform: "{platform}"
+        max_batch_size: 8
+        input [ {{ name: "x" data_type: TYPE_FP32 dims: [-1, 8] }},
+                {{ name: "edges" data_type: TYPE_FP32 dims: {edges} }},
+                {{ name: "pairs" data_type: TYPE_FP32 dims: [-1] }} ]
+        output [ {{ name: "y" data_type: TYPE_FP32 dims: [4] }} ]
+        dynamic_batching {{ max_queue_delay_microseconds: 2000 }}
+        """)
+
+
+def sized_refusal(length: int, edges: int, pairs: int, rows: int = 1) -> str | None:
+    """The message a request to export_sized()'s model "sized" with these lengths (and
+    rows) is refused with (ranges first, input by input, then the sizes s makes), or None
+    where it is taken."""
+    for name, size, low, high in (("x", length, 1, 16), ("edges", edges, 2, 17),
+                                  ("pairs", pairs, 2, 32)):
+        if not low <= size <= high:
+            return (f"input '{name}' of model 'sized' has shape "
+                    f"[{rows},{size}{',8' if name == 'x' else ''}]; the model takes {low} to "
+                    f"{high} in dim 1 (the sizes it was exported for)")
+    for name, size, taken, formula in (("edges", edges, length + 1, "s + 1"),
+                                       ("pairs", pairs, 2 * length, "2*s")):
+        if size != taken:
+            return (f"input '{name}' of model 'sized' has {size} in dim 1, and input 'x' "
+                    f"{length} in dim 1; the model takes {taken} there: it sizes dim 1 of "
+                    f"'x' as s and dim 1 of '{name}' as {formula}, for one s (the sizes it "
+                    "was exported for)")
+    return None
+
+
 class Identity(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x

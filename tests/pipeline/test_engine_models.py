@@ -424,3 +424,38 @@ def test_a_reshaped_input_is_held_to_the_model_s_shape_of_it(tmp_path: pathlib.P
                                                                        refusal)
         await engine.shutdown()
     run(scenario())
+
+
+def test_dims_an_exported_program_sizes_from_one_symbol_are_held_to_how(
+        tmp_path: pathlib.Path) -> None:
+    """Dims exported as s + 1 and 2*s (rb.Sized): the program loads, and a request whose
+    sizes disagree is refused naming the size the model takes there and how it sizes both.
+    Before, only dims of s itself were tied and ranges were read as the symbol's: the
+    warm-up's zeros took 1 in each dim, the guard "edges.size()[1] == 1 + x.size()[1]"
+    failed it, and the program never loaded."""
+    rb.write_sized_config(tmp_path, "sized", "torch_export")
+    torch.export.save(rb.export_sized(), str(tmp_path / "sized" / "1" / "model.pt2"))
+    module = rb.Sized().eval()
+
+    def request(length: int, edges: int, pairs: int) -> tuple[InferenceRequest, dict]:
+        sent = {"x": torch.randn(1, length, 8), "edges": torch.rand(1, edges),
+                "pairs": torch.rand(1, pairs)}
+        return InferenceRequest("sized", {name: TensorView.from_torch(value, name=name)
+                                          for name, value in sent.items()}), sent
+
+    async def scenario() -> None:
+        engine = Engine(tmp_path)
+        await engine.start()
+        assert [(e["name"], e["state"]) for e in engine.index()] == [("sized", "READY")]
+        for length in (1, 2, 16):
+            given, sent = request(length, length + 1, 2 * length)
+            result = await engine.infer(given)
+            torch.testing.assert_close(result.outputs["y"].torch(), module(**sent),
+                                       rtol=1e-5, atol=1e-5)
+        for lengths in ((5, 5, 10), (5, 6, 11), (5, 6, 9), (1, 1, 2), (17, 18, 34)):
+            with pytest.raises(TensorgateError) as refused:
+                await engine.infer(request(*lengths)[0])
+            assert (refused.value.status.name, str(refused.value)) == (
+                "INVALID_ARGUMENT", rb.sized_refusal(*lengths))
+        await engine.shutdown()
+    run(scenario())

@@ -5,8 +5,9 @@ AOTInductor package runs its code on whatever it is given (aoti_check.py: one co
 exactly 16 answered a request of 1 with 16 rows read past the input), and a torch.export
 program's guards fail a request outside its range with a 500 ("Guard failed: x.size()[1] <=
 16"), or its warm-up, whose zeros took 1 where the program starts at 4, so that it never
-loaded. And dims one symbol sizes (input_ids and a mask) are one size to the model: a
-package reads the first's for both. `bounded_spec` puts what the model takes into the inputs'
+loaded. And dims one symbol sizes are sized together: input_ids and a mask of one length,
+edges of one more (s + 1), pairs (2*s); a package reads the first's size and sizes the others
+from it, so a shorter one was read past. `bounded_spec` puts what the model takes into the inputs'
 TensorSpec (`bounds`) and the spec's `tied_dims`: a request outside is refused with the range
 or the other input (pipeline/requests.py), and the warm-up's zeros take each dim's least
 size.
@@ -21,7 +22,7 @@ from typing import Any
 
 import torch
 
-from tensorgate.repository.model_config import ModelSpec
+from tensorgate.repository.model_config import ModelSpec, TiedDim
 
 __all__ = ["CompiledShapes", "Range", "bounded_spec", "program_shapes", "size_range",
            "user_input_values"]
@@ -34,11 +35,11 @@ Range = tuple[int, int, int | None]
 
 @dataclass(frozen=True)
 class CompiledShapes:
-    """What a compiled model takes: per input, each dim's range; and the groups of dims
-    (input, dim counting the batch dim) it takes as one size (ids and mask of one length)."""
+    """What a compiled model takes: per input, each dim's range; and the groups of dims it
+    sizes from one size s (TiedDim, or (input, dim) for a dim of size s itself)."""
 
     ranges: Mapping[str, Sequence[Range]]
-    ties: Sequence[Sequence[tuple[str, int]]] = ()
+    ties: Sequence[Sequence[TiedDim | tuple[str, int]]] = ()
 
 
 def bounded_spec(where: str, spec: ModelSpec, model: str, shapes: CompiledShapes, *,
@@ -62,14 +63,20 @@ def bounded_spec(where: str, spec: ModelSpec, model: str, shapes: CompiledShapes
 
     ties = []
     for group in shapes.ties:
-        members = tuple((name, dim) for name, dim in group if variable(name, dim))
+        members = tuple(TiedDim(*member) for member in group if variable(*member[:2]))
         if len(members) < 2:
             continue
         ties.append(members)
-        if not quiet:
+        if quiet:
+            continue
+        if all(m.scale == 1 and m.offset == 0 for m in members):
             log.info("%s: %s take one size in %s: requests where they differ are refused",
-                     where, " and ".join(f"dim {dim} of input '{name}'"
-                                         for name, dim in members), model)
+                     where, _listed([f"dim {m.dim} of input '{m.input}'" for m in members]),
+                     model)
+        else:
+            log.info("%s: %s sizes %s from one s: requests where they disagree are refused",
+                     where, model, _listed([f"dim {m.dim} of input '{m.input}' as "
+                                            f"{m.formula()}" for m in members]))
     bounded = {}
     for name, found in shapes.ranges.items():
         config = spec.input(name)
@@ -106,6 +113,10 @@ def bounded_spec(where: str, spec: ModelSpec, model: str, shapes: CompiledShapes
                    tied_dims=tuple(ties))
 
 
+def _listed(items: list[str]) -> str:
+    return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} and {items[-1]}"
+
+
 def user_input_values(program: Any) -> list[Any]:
     """A torch.export program's user inputs in order, as its graph holds them (fake tensors
     with symbolic sizes; None where an input's placeholder or value is not found)."""
@@ -134,25 +145,55 @@ def size_range(program: Any, size: Any) -> tuple[int, int | None] | None:
 
 def program_shapes(program: Any, names: Sequence[str]) -> CompiledShapes | None:
     """A torch.export program's shapes (`names`: its user inputs in order): the range of
-    each dim, and the dims one symbol sizes. A range from 2 is torch's 0/1 specialization
-    (Dim.AUTO, Dim.DYNAMIC): the program takes 1. None where the inputs are not one tensor
-    each."""
+    each dim, and the dims one symbol sizes (s itself, or a*s + b: `Dim` arithmetic). A
+    symbol's range from 2 is torch's 0/1 specialization (Dim.AUTO, Dim.DYNAMIC): the
+    program takes 1, and a dim it sizes takes a*1 + b. None where the inputs are not one
+    tensor each."""
     values = user_input_values(program)
     if len(values) != len(names) or not all(isinstance(v, torch.Tensor) for v in values):
         return None
     ranges: dict[str, list[Range]] = {}
-    symbols: dict[Any, list[tuple[str, int]]] = {}
+    symbols: dict[Any, list[TiedDim]] = {}
     for name, value in zip(names, values):
         found = []
         for dim, size in enumerate(value.shape):
-            if isinstance(size, torch.SymInt) and size.node.expr.is_Symbol:
-                symbols.setdefault(size.node.expr, []).append((name, dim))
-            taken = size_range(program, size)
-            if taken is None:
-                continue
-            low, high = taken
-            if isinstance(size, torch.SymInt) and low == 2:
-                low = 1
-            found.append((dim, low, high))
+            linear = _linear(size)
+            if linear is not None:
+                symbol, scale, offset = linear
+                symbols.setdefault(symbol, []).append(TiedDim(name, dim, scale, offset))
+                taken = _symbol_range(program, symbol)
+                if taken is not None:
+                    low, high = taken
+                    taken = (scale * low + offset,
+                             None if high is None else scale * high + offset)
+            else:
+                taken = size_range(program, size)
+            if taken is not None:
+                found.append((dim, *taken))
         ranges[name] = found
     return CompiledShapes(ranges, [dims for dims in symbols.values() if len(dims) > 1])
+
+
+def _linear(size: Any) -> tuple[Any, int, int] | None:
+    """(symbol, a, b) for a size that is a*symbol + b with a whole a > 0 and b; else None."""
+    if not isinstance(size, torch.SymInt):
+        return None
+    expr = size.node.expr
+    if len(expr.free_symbols) != 1:
+        return None
+    (symbol,) = expr.free_symbols
+    scale, offset = expr.coeff(symbol, 1), expr.subs(symbol, 0)
+    if not (scale.is_Integer and offset.is_Integer and scale > 0) or \
+            (expr - scale * symbol - offset).expand() != 0:
+        return None
+    return symbol, int(scale), int(offset)
+
+
+def _symbol_range(program: Any, symbol: Any) -> tuple[int, int | None] | None:
+    """(fewest, most) a symbol of a program takes, 2 read as 1 (see program_shapes)."""
+    bounds = program.range_constraints.get(symbol)
+    if bounds is None:
+        return None
+    upper = bounds.upper  # a sympy Integer, or torch's int_oo (which calls itself finite)
+    low = int(bounds.lower)
+    return (1 if low == 2 else low), (int(upper) if upper.is_Integer else None)

@@ -192,20 +192,34 @@ def _check_bounds(spec: ModelSpec, item: TensorSpec, sent: tuple[int, ...],
 
 
 def _check_ties(spec: ModelSpec, inputs: Mapping[str, Any]) -> None:
-    """Dims the model takes as one size agree, in `inputs` as the model takes them (its
-    compiled code reads the size of the first: another would be read past, or short)."""
+    """Dims the model sizes from one size agree, in `inputs` as the model takes them (its
+    compiled code reads the size from the first: another's would be read past, or short)."""
     for group in spec.tied_dims:
-        sizes = [(name, dim, inputs[name].shape[dim]) for name, dim in group if name in inputs]
-        if not sizes:
+        present = [(tied, inputs[tied.input].shape[tied.dim]) for tied in group
+                   if tied.input in inputs]
+        if not present:
             continue
-        first, first_dim, first_size = sizes[0]
-        for name, dim, size in sizes[1:]:
-            if size != first_size:
-                raise InvalidArgumentError(
-                    f"input '{name}' of model '{spec.name}' has {size} in dim {dim}"
-                    f"{_as_taken(spec, name)}, and input '{first}' {first_size} in dim "
-                    f"{first_dim}{_as_taken(spec, first)}; the model takes one size in both "
-                    "(the sizes it was exported for)")
+        first, first_size = present[0]
+        s = first.symbol(first_size)
+        if s is None:
+            raise InvalidArgumentError(
+                f"input '{first.input}' of model '{spec.name}' has {first_size} in dim "
+                f"{first.dim}{_as_taken(spec, first.input)}; the model sizes that dim as "
+                f"{first.formula()}, for a whole s (the sizes it was exported for)")
+        for tied, size in present[1:]:
+            if size == tied.scale * s + tied.offset:
+                continue
+            said = (f"input '{tied.input}' of model '{spec.name}' has {size} in dim "
+                    f"{tied.dim}{_as_taken(spec, tied.input)}, and input '{first.input}' "
+                    f"{first_size} in dim {first.dim}{_as_taken(spec, first.input)}")
+            if all(t.scale == 1 and t.offset == 0 for t in group):
+                raise InvalidArgumentError(f"{said}; the model takes one size in both (the "
+                                           "sizes it was exported for)")
+            raise InvalidArgumentError(
+                f"{said}; the model takes {tied.scale * s + tied.offset} there: it sizes dim "
+                f"{first.dim} of '{first.input}' as {first.formula()} and dim {tied.dim} of "
+                f"'{tied.input}' as {tied.formula()}, for one s (the sizes it was exported "
+                "for)")
 
 
 def _as_taken(spec: ModelSpec, name: str) -> str:

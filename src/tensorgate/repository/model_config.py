@@ -12,7 +12,7 @@ import math
 import pathlib
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from google.protobuf import json_format, text_format
 from google.protobuf.descriptor import FieldDescriptor
@@ -26,7 +26,7 @@ from tensorgate.repository.sequence_config import SequencePolicy, sequence_polic
 from tensorgate.tensor.dtypes import DataType, datatype_from_config
 
 __all__ = ["BatchingPolicy", "InstanceGroup", "ModelConfigError", "ModelSpec", "QueuePolicy",
-           "SequencePolicy", "TensorSpec", "WarmupInput", "WarmupSample", "check_file_name",
+           "SequencePolicy", "TensorSpec", "TiedDim", "WarmupInput", "WarmupSample", "check_file_name",
            "config_json", "model_config_from_json", "model_spec", "parse_model_config",
            "read_model_config", "version_policy"]
 
@@ -85,6 +85,29 @@ class TensorSpec:
         dims = self.reshape or self.dims
         fewest = [low for low, _ in self.bounds] if self.bounds else [1] * len(dims)
         return [max(low, 1) if d == -1 else d for d, low in zip(dims, fewest)]
+
+
+class TiedDim(NamedTuple):
+    """A dim of an input (counting the batch dim, as the model takes the input) that a
+    compiled model sizes as `scale` * s + `offset`, s one size for the dims of its group:
+    an attention mask of the ids' length (s), edges of one more (s + 1), pairs (2*s)."""
+
+    input: str
+    dim: int
+    scale: int = 1
+    offset: int = 0
+
+    def symbol(self, size: int) -> int | None:
+        """The s a size of this dim stands for; None where no whole s gives it."""
+        s, rest = divmod(size - self.offset, self.scale)
+        return None if rest or s < 0 else s
+
+    def formula(self) -> str:
+        """How the model sizes this dim: "s", "s + 1", "2*s - 3"."""
+        term = "s" if self.scale == 1 else f"{self.scale}*s"
+        if not self.offset:
+            return term
+        return f"{term} {'+' if self.offset > 0 else '-'} {abs(self.offset)}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,9 +200,9 @@ class ModelSpec:
     response_cache: bool = False  # response_cache { enable: true } (pipeline/response_cache)
     batch_inputs: tuple[BatchInput, ...] = ()  # ragged batching (repository/ragged_config)
     batch_outputs: tuple[BatchOutput, ...] = ()
-    # groups of (input, dim counting the batch dim) a compiled model takes as one size,
-    # learned at load (pipeline/input_bounds.py): a request's must agree
-    tied_dims: tuple[tuple[tuple[str, int], ...], ...] = ()
+    # groups of dims a compiled model sizes from one size s, learned at load
+    # (pipeline/input_bounds.py): a request's must agree
+    tied_dims: tuple[tuple[TiedDim, ...], ...] = ()
     config: pb.ModelConfig = field(default_factory=pb.ModelConfig, repr=False, compare=False)
 
     def input(self, name: str) -> TensorSpec | None:
