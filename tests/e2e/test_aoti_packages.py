@@ -316,3 +316,151 @@ def test_the_dims_probed_are_the_variable_ones_of_an_input_as_the_model_takes_it
     assert _described("flat", zeros(1, 2, 1), spec, True).probe == (2,)
     assert _described("r", zeros(1, 1), spec, True).probe == ()
     assert _described("n", zeros(1, 1), spec, True).probe == ()
+
+
+class _Product(torch.nn.Module):
+    """x [rows, s], w [rows, t], y [rows, s*t]: a dim sized from two others."""
+
+    def forward(self, x: torch.Tensor, w: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        grid = y.view(y.shape[0], x.shape[1], w.shape[1]) * x.unsqueeze(-1) * w.unsqueeze(1)
+        return grid.sum((1, 2)).unsqueeze(1)
+
+
+@pytest.fixture(scope="module")
+def sized_server(tmp_path_factory: pytest.TempPathFactory
+                 ) -> Iterator[tuple[RunningServer, pathlib.Path]]:
+    """A server of rb.Sized compiled with s from 1 to 16, edges s + 1 and pairs 2*s: as
+    "sized" with every non-batch dim -1, and as "sized_fixed" with edges' dims [6] (s is
+    then 5: a relation to a dim the config fixes); and of _Product as "product"; and the
+    root of its repository."""
+    root = tmp_path_factory.mktemp("sized")
+    auto = torch.export.Dim.AUTO
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        package = torch._inductor.aoti_compile_and_package(
+            rb.export_sized(), package_path=str(root / "model.pt2"))
+        product = torch._inductor.aoti_compile_and_package(
+            torch.export.export(_Product(), (torch.randn(2, 3), torch.randn(2, 5),
+                                             torch.randn(2, 15)),
+                                dynamic_shapes={name: {0: auto, 1: auto}
+                                                for name in ("x", "w", "y")}),
+            package_path=str(root / "product.pt2"))
+    for name, edges in (("sized", "[-1]"), ("sized_fixed", "[6]")):
+        folder = rb.write_sized_config(root / "models", name, "torch_aoti", edges)
+        shutil.copy(package, folder / "1" / "model.pt2")
+    folder = rb.write_config(root / "models", "product", """
+        name: "product"
+        platform: "torch_aoti"
+        max_batch_size: 8
+        input [ { name: "x" data_type: TYPE_FP32 dims: [-1] },
+                { name: "w" data_type: TYPE_FP32 dims: [-1] },
+                { name: "y" data_type: TYPE_FP32 dims: [-1] } ]
+        output [ { name: "out" data_type: TYPE_FP32 dims: [1] } ]
+        """)
+    shutil.copy(product, folder / "1" / "model.pt2")
+    server = start_server(root / "models", root / "server.log")
+    try:
+        yield server, root / "models"
+    finally:
+        assert stop_server(server) == 0
+
+
+def _sized_inputs(protocol: Any, rng: np.random.Generator, length: int, edges: int,
+                  pairs: int, rows: int = 1) -> tuple[list[Any], dict[str, np.ndarray]]:
+    sent = {"x": rng.standard_normal((rows, length, 8)).astype(np.float32),
+            "edges": rng.random((rows, edges), np.float32),
+            "pairs": rng.random((rows, pairs), np.float32)}
+    given = []
+    for name, value in sent.items():
+        given.append(protocol.InferInput(name, list(value.shape), "FP32"))
+        given[-1].set_data_from_numpy(value)
+    return given, sent
+
+
+def test_dims_sized_from_one_another_are_held_to_how_the_package_sizes_them(
+        sized_server: tuple[RunningServer, pathlib.Path]) -> None:
+    """edges must be one longer than x and pairs twice as long: the package reads x's length
+    and sizes the others from it. Before, only equal sizes were learned: edges of x's length
+    was answered from a sum read one element past edges, and pairs of 11 where 10 were
+    taken answered as if it were 10. Now such requests are refused naming the size the
+    model takes and why. A package that sizes a dim from two others (y of x's length times
+    w's) is refused at load, where before it served with y unchecked (a y of 4 for x of 3
+    and w of 5 was answered, 11 elements read past it); one that sizes a variable dim from a dim the
+    config fixes was and is refused at load (its try at the config's sizes fails)."""
+    module = rb.Sized().eval()
+    server, repo = sized_server
+    said = server.log.read_text()
+    where = repo / "sized" / "1" / "model.pt2"
+    for line in (f"{where}: the AOTInductor package sizes dim 1 of input 'x' as s, dim 1 of "
+                 "input 'edges' as s + 1 and dim 1 of input 'pairs' as 2*s from one s: "
+                 "requests where they disagree are refused",
+                 f"{where}: input 'edges' takes 2 to 17 in dim 1 (the AOTInductor package's "
+                 "range): requests outside it are refused"):
+        assert line in said, said
+    rng = np.random.default_rng(5)
+    for protocol, url in ((httpclient, server.url), (grpcclient, server.grpc_url)):
+        with protocol.InferenceServerClient(url) as client:
+            for length in (1, 2, 16):
+                given, sent = _sized_inputs(protocol, rng, length, length + 1, 2 * length, 2)
+                expected = module(**{k: torch.from_numpy(v) for k, v in sent.items()})
+                np.testing.assert_allclose(client.infer("sized", given).as_numpy("y"),
+                                           expected.detach().numpy(), rtol=1e-4, atol=1e-4)
+            for lengths in ((5, 5, 10), (5, 7, 10), (5, 6, 11), (5, 6, 2), (3, 18, 6)):
+                with pytest.raises(InferenceServerException) as refused:
+                    client.infer("sized", _sized_inputs(protocol, rng, *lengths)[0])
+                assert rb.sized_refusal(*lengths) in str(refused.value), refused.value
+                assert "400" in str(refused.value) or "INVALID_ARG" in str(refused.value)
+        with httpclient.InferenceServerClient(server.url) as client:
+            state = {m["name"]: m for m in client.get_model_repository_index()}
+    assert state["sized"]["state"] == "READY"
+    assert state["sized_fixed"]["state"] == "UNAVAILABLE"
+    assert state["sized_fixed"]["reason"] == (
+        f"{repo / 'sized_fixed' / '1' / 'model.pt2'}: the AOTInductor package refuses zeros "
+        "shaped as the config says ('x' float32 [1, 1, 8], 'edges' float32 [1, 6], 'pairs' "
+        "float32 [1, 1]): expected size 2==2, stride 6==3 at dim=0; expected size 6==3, "
+        "stride 1==1 at dim=1")
+    assert state["product"]["state"] == "UNAVAILABLE"
+    assert state["product"]["reason"] == (
+        f"{repo / 'product' / '1' / 'model.pt2'}: the AOTInductor package sizes the "
+        "variable dims of its inputs (dim 1 of 'x', dim 1 of 'w', dim 1 of 'y') from one "
+        "another in a way not learned here (dim 1 of 'y' is sized from dim 1 of 'x' and from "
+        "dim 1 of 'w'), so a request's sizes could not be checked, and unchecked sizes are "
+        "read past: give those dims fixed sizes in the config")
+
+
+@settings(max_examples=10, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.tuples(st.integers(1, 3), st.integers(0, 18), st.integers(0, 3),
+                          st.integers(-2, 2)), min_size=1, max_size=12))
+def test_any_sized_lengths_sent_at_once_are_answered_as_the_module_does_or_refused(
+        sized_server: tuple[RunningServer, pathlib.Path],
+        cases: list[tuple[int, int, int, int]]) -> None:
+    """Requests of any lengths at once (edges near s + 1, pairs near 2*s), over HTTP: each
+    is answered as the module answers it, or refused with the 400 sized_refusal says."""
+    module = rb.Sized().eval()
+    server, _ = sized_server
+    rng = np.random.default_rng(len(cases))
+
+    def send(case: tuple[int, int, int, int]) -> tuple[dict[str, np.ndarray], Any]:
+        rows, length, edges_off, pairs_off = case
+        given, sent = _sized_inputs(httpclient, rng, length, max(length + 1 - edges_off, 0),
+                                    max(2 * length + pairs_off, 0), rows)
+        with httpclient.InferenceServerClient(server.url) as client:
+            try:
+                return sent, client.infer("sized", given).as_numpy("y")
+            except InferenceServerException as error:
+                return sent, error
+
+    with ThreadPoolExecutor(6) as pool:
+        answers = list(pool.map(send, cases))
+    for sent, answer in answers:
+        refusal = rb.sized_refusal(sent["x"].shape[1], sent["edges"].shape[1],
+                                   sent["pairs"].shape[1], sent["x"].shape[0])
+        if refusal is None:
+            assert isinstance(answer, np.ndarray), answer
+            expected = module(**{k: torch.from_numpy(v) for k, v in sent.items()})
+            np.testing.assert_allclose(answer, expected.detach().numpy(), rtol=1e-4, atol=1e-4)
+            continue
+        assert isinstance(answer, InferenceServerException), answer
+        assert answer.status() == "400", answer
+        assert refusal in str(answer), (refusal, answer)

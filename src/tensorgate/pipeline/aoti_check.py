@@ -28,10 +28,12 @@ A dim the config leaves variable (-1) is only as free as the package's code: a p
 compiled with a sequence dim of at most 64 was exported to take no more, and one compiled for
 exactly 16 answered a request of 1 with 16 rows, 15 of them read past the input (measured
 here; unchecked, what lies past it may be another request's bytes). Dims of one symbol
-(input_ids and a mask of one length) are read at the first's size: a shorter mask was read
-past. So the child first learns each such dim's range from the checks' refusals, and which
-dims are one size, and input_bounds.py holds requests to them (an input's dims as the model
-takes it: reshaped, where its config says so). A ragged input is not probed.
+(input_ids and a mask of one length, edges of one more) are sized from the first's size: a
+shorter mask was read past. So the child first learns each such dim's range from the checks'
+refusals, and how dims are sized from one another (a*s + b), and input_bounds.py holds
+requests to them (an input's dims as the model takes it: reshaped, where its config says
+so). A package whose dims are related otherwise (a product of two) is refused: its sizes
+could not be checked. A ragged input is not probed.
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ from tensorgate.pipeline.aoti_child import ANSWER, BOUNDS, SIZE
 from tensorgate.pipeline.input_bounds import CompiledShapes, bounded_spec
 from tensorgate.pipeline.runner import warmup_inputs, zeros_refused
 from tensorgate.pipeline.torch_io import input_order
-from tensorgate.repository.model_config import ModelConfigError, ModelSpec
+from tensorgate.repository.model_config import ModelConfigError, ModelSpec, TiedDim
 
 __all__ = ["check_aoti_package", "is_aoti_package"]
 
@@ -108,10 +110,19 @@ def check_aoti_package(path: pathlib.Path, spec: ModelSpec, device: torch.device
             _judge(str(path), spec, given, answer, rows, view, warned)
     if shapes is None:
         return spec
+    if isinstance(shapes["ties"], str):
+        probed = [f"dim {dim} of '{item.name}'" for item in given for dim in item.probe]
+        raise ModelConfigError(str(path), "the AOTInductor package sizes the variable dims of "
+                                          f"its inputs ({', '.join(probed)}) from one another "
+                                          f"in a way not learned here ({shapes['ties']}), so "
+                                          "a request's sizes could not be checked, and "
+                                          "unchecked sizes are read past: give those dims "
+                                          "fixed sizes in the config")
     return bounded_spec(str(path), spec, "the AOTInductor package", CompiledShapes(
         {item.name: [(dim["dim"], dim["low"], dim["high"]) for dim in found]
          for item, found in zip(given, shapes["ranges"])},
-        [[(given[index].name, dim) for index, dim in group] for group in shapes["ties"]]))
+        [[TiedDim(given[index].name, dim, a, b) for index, dim, a, b in group]
+         for group in shapes["ties"]]))
 
 
 def _described(name: str, zeros: torch.Tensor, spec: ModelSpec, batched: bool) -> _Input:
@@ -193,8 +204,8 @@ def _ask_child(path: pathlib.Path, device: torch.device, probe_rows: int, given:
     request = json.dumps({"path": str(path), "device": str(device),
                           "batched": probe_rows > 0, "rows": probe_rows,
                           "tries": [{"rows": rows, "view": view} for rows, view in tries],
-                          "inputs": [{"dtype": i.dtype, "shape": i.shape, "probe": i.probe}
-                                     for i in given]})
+                          "inputs": [{"name": i.name, "dtype": i.dtype, "shape": i.shape,
+                                      "probe": i.probe} for i in given]})
     try:
         done = subprocess.run([sys.executable, str(_CHILD), request],
                               capture_output=True, text=True, timeout=CHECK_TIMEOUT_S,

@@ -3,17 +3,19 @@
 it is asked about, then prints, per try, what it said.
 
 Run as a file, not a module of the package, so that it imports torch and nothing more.
-Argument: JSON {"path", "device", "batched", "rows", "inputs": [{"dtype", "shape",
+Argument: JSON {"path", "device", "batched", "rows", "inputs": [{"name", "dtype", "shape",
 "probe"}], "tries": [{"rows", "view"}]} (shapes of one row where batched; "probe": the dims
 of that input to learn the range of; "rows": the batch the probes use). It prints one line
-`aoti-bounds: <JSON>` (per input, {"dim", "low", "high"} per probed dim, high null where
-unbounded; null where the checks refused something else: the tries then say what), then a
-line `aoti-check: <JSON>` per try, null where the package ran, else its refusal.
+`aoti-bounds: <JSON>`: {"ranges": per input, {"dim", "low", "high"} per probed dim, high
+null where unbounded; "ties": groups of [input, dim, a, b] sized a*s + b from one s, or
+where the sizes are related in a way not learned, how that showed} (null where the checks refused
+something else: the tries then say what), then a line `aoti-check: <JSON>` per try, null
+where the package ran, else its refusal.
 
 The probes and a try with "view" pass meta tensors: the generated checks take each input's
 dtype, sizes and strides, then its device, so a meta tensor of sizes they take is refused
 for its device, and nothing is computed or allocated whatever the sizes. The tries that run
-give the probed dims the least size the checks took.
+give the probed dims the least size the checks took (tied ones sized from it).
 """
 
 import json
@@ -33,7 +35,7 @@ SIZE = re.compile(r"input_handles\[(\d+)\]: (dim value is too small|dim value is
 TOO_SMALL = "dim value is too small"
 # what the generated code's assert_size_stride says of an input whose size is not the one
 # its symbol took from an earlier input (given==expected)
-UNEQUAL = re.compile(r"expected size (\d+)==(\d+), stride \S+ at dim=(\d+)")
+UNEQUAL = re.compile(r"expected size (\d+)==(\d+), stride (\d+)==(\d+) at dim=(\d+)")
 BIG = 2**31 - 1  # past any bound an export gives a dim; a meta tensor of it holds nothing
 
 
@@ -112,47 +114,182 @@ def _probed(run: Callable[[list[torch.Tensor]], Any], request: dict[str, Any],
     return ranges, shapes
 
 
-def _ties(run: Callable[[list[torch.Tensor]], Any], dtypes: list[torch.dtype],
-          ranges: list[list[dict[str, Any]]], shapes: list[list[int]],
-          device: torch.device) -> list[list[list[int]]]:
-    """Groups ([input, dim] each) of probed dims the package's code takes as one size: it
-    reads the size from the first input that has it, and with the checks on holds the
-    others to it (assert_size_stride). Each probed dim that can is given a size of its own;
-    a refusal says the size given and the one expected, so the dim given the first joins
-    the dim of the second, until the package runs (on zeros this small). Empty where a
-    refusal names sizes no probed dim has (a relation other than equality)."""
-    sizes = [list(shape) for shape in shapes]
-    owner: dict[int, tuple[int, int]] = {}  # a probed dim's own size -> (input, dim)
-    for index, found in enumerate(ranges):
-        for item in found:
-            size = sizes[index][item["dim"]]
-            while size in owner:
+Sizes = list[list[int]]
+Dim = tuple[int, int]  # (input, dim)
+
+
+class _Unlearned(Exception):
+    """The package relates its probed dims in a way not learned here; says how it showed."""
+
+
+class _Ties:
+    """Learns how the package's code sizes its probed dims from one another.
+
+    The code reads a size from the first input that has it, and with the checks on holds
+    the others to what it makes of it (assert_size_stride: "expected size given==expected
+    ... at dim=d"). So: give each probed dim a size of its own and put the refused ones to
+    what was expected until the package runs (`settled`); then move each dim that stayed as
+    given to two other sizes: the dims that follow it are its group, a and b read from how
+    far they moved (`followers`). Last, every group is run at its least s and at a larger
+    one."""
+
+    def __init__(self, run: Callable[[list[torch.Tensor]], Any], request: dict[str, Any],
+                 dtypes: list[torch.dtype], ranges: list[list[dict[str, Any]]],
+                 least: Sizes, device: torch.device) -> None:
+        self.run, self.dtypes, self.device, self.least = run, dtypes, device, least
+        self.names = [item["name"] for item in request["inputs"]]
+        # (input, dim) -> (least the checks take, most)
+        self.probed: dict[Dim, tuple[int, int | None]] = {
+            (index, item["dim"]): (least[index][item["dim"]], item["high"])
+            for index, found in enumerate(ranges) for item in found}
+
+    def learn(self) -> tuple[list[list[list[int]]], Sizes]:
+        """Groups of [input, dim, a, b] (the dim is a*s + b; the first of a group is s
+        itself), and sizes of every input it ran on with each group at its least s (the
+        tries take them); raises _Unlearned."""
+        start = [list(shape) for shape in self.least]
+        used: set[int] = set()
+        for (index, dim), (size, high) in self.probed.items():
+            while size in used and (high is None or size < high):
                 size += 1
-            if item["high"] is None or size <= item["high"]:
-                sizes[index][item["dim"]] = size
-                owner[size] = (index, item["dim"])
-    joined: dict[tuple[int, int], tuple[int, int]] = {}
-    for _ in range(len(owner) + 1):
-        error = _refusal(run, [torch.zeros(size, dtype=dtype, device=device)
-                               for size, dtype in zip(sizes, dtypes)])
-        if error is None:
-            break
-        unequal = [(int(given), int(expected), int(dim))
-                   for given, expected, dim in UNEQUAL.findall(error) if given != expected]
-        if not unequal:
-            return []
-        given, expected, dim = unequal[0]
-        if given not in owner or expected not in owner or owner[given][1] != dim:
-            return []
-        index, dim = owner.pop(given)
-        sizes[index][dim] = expected
-        joined[(index, dim)] = owner[expected]
-    else:
-        return []
-    groups: dict[tuple[int, int], list[list[int]]] = {}
-    for member, first in joined.items():
-        groups.setdefault(first, [list(first)]).append(list(member))
-    return list(groups.values())
+            start[index][dim] = size
+            used.add(size)
+        base = self.settled(start, 0)
+        follows: dict[Dim, tuple[Dim, int, int]] = {}  # -> (the dim it follows, a, b)
+        for root in self.probed:
+            if root in follows:
+                continue
+            for member, (a, b) in self.followers(base, root).items():
+                if member in follows:
+                    raise _Unlearned(f"{self.named(member)} is sized from "
+                                     f"{self.named(follows[member][0])} and from "
+                                     f"{self.named(root)}")
+                if a <= 0:
+                    raise _Unlearned(f"{self.named(member)} shrinks as {self.named(root)} "
+                                     "grows")
+                follows[member] = (root, a, b)
+        groups: dict[Dim, list[list[int]]] = {}
+        for member, (root, a, b) in follows.items():
+            groups.setdefault(root, [[*root, 1, 0]]).append([*member, a, b])
+        tried = []
+        for more in (0, 7):  # each group's least s, then up to 7 more
+            sizes = [list(shape) for shape in base]
+            for root, (least, high) in self.probed.items():
+                if root in follows:
+                    continue
+                s = least + more if high is None else min(least + more, high)
+                sizes[root[0]][root[1]] = s
+                for (index, dim), (followed, a, b) in follows.items():
+                    if followed == root:
+                        sizes[index][dim] = a * s + b
+            error = _refusal(self.run, self.zeros(sizes))
+            if error is not None:
+                raise _Unlearned(f"it refused the sizes learned, {sizes}: {_line(error)}")
+            tried.append(sizes)
+        return list(groups.values()), tried[0]
+
+    def named(self, dim: Dim) -> str:
+        return f"dim {dim[1]} of '{self.names[dim[0]]}'"
+
+    def zeros(self, sizes: Sizes) -> list[torch.Tensor]:
+        return [torch.zeros(size, dtype=dtype, device=self.device)
+                for size, dtype in zip(sizes, self.dtypes)]
+
+    def settled(self, sizes: Sizes, first: int) -> Sizes:
+        """`sizes` with each probed dim the package refuses put to the size it expected,
+        until it runs; raises _Unlearned where it refuses something else (a size out of a
+        range, a dim not probed). The asserts go in input order, so the refused input is the
+        first from `first` (those before it ran as they are) whose sizes and strides are the
+        ones the refusal names, and once one is put right the next refused is after it."""
+        sizes = [list(shape) for shape in sizes]
+        for _ in range(len(self.probed) + 1):
+            error = _refusal(self.run, self.zeros(sizes))
+            if error is None:
+                return sizes
+            said = [tuple(map(int, found)) for found in UNEQUAL.findall(error)]
+            unequal = [(dim, expected) for given, expected, _, _, dim in said
+                       if given != expected]
+
+            def named(index: int) -> bool:
+                strides = torch.empty(sizes[index], device="meta").stride()
+                return all(dim < len(sizes[index]) and sizes[index][dim] == given
+                           and strides[dim] == stride for given, _, stride, _, dim in said)
+            refused = next((index for index in range(first, len(sizes)) if named(index)), None)
+            if refused is None or not unequal or \
+                    not all((refused, dim) in self.probed for dim, _ in unequal):
+                raise _Unlearned(f"it refused sizes {sizes}: {_line(error)}")
+            for dim, expected in unequal:
+                sizes[refused][dim] = expected
+            first = refused + 1
+        raise _Unlearned(f"it kept refusing sizes, last {sizes}")
+
+    def followers(self, base: Sizes, moving: Dim) -> dict[Dim, tuple[int, int]]:
+        """The probed dims that follow `moving`, each with (a, b): it is a*n + b where
+        `moving` is n; learned by moving it one way to two sizes no other probed dim has.
+        {} where its range is one size. Raises _Unlearned where the package does not keep
+        it where it was moved (it is sized from a dim not probed), a follower moves
+        unevenly, or it moves to no size the package takes with the others put right."""
+        index, dim = moving
+        least, high = self.probed[moving]
+        taken = {base[i][d] for i, d in self.probed if (i, d) != moving}
+        refusal = None
+        for step in (1, -1):
+            sizes, points = [base[index][dim]], [base]
+            size = base[index][dim]
+            while len(points) < 3:
+                size += step
+                if size < least or (high is not None and size > high) or \
+                        abs(size - sizes[0]) > 2 * len(self.probed) + 2:
+                    break
+                if size in taken:
+                    continue
+                moved = [list(shape) for shape in base]
+                moved[index][dim] = size
+                try:
+                    settled = self.settled(moved, index)
+                except _Unlearned as error:
+                    refusal = error
+                    break
+                if settled[index][dim] != size:
+                    raise _Unlearned(f"{self.named(moving)} is sized from a dim not variable "
+                                     f"in the config: given {size}, it expected "
+                                     f"{settled[index][dim]}")
+                sizes.append(size)
+                points.append(settled)
+            if len(points) == 1:
+                continue
+            found = {}
+            for member in self.probed:
+                went = [point[member[0]][member[1]] for point in points]
+                if member == moving or len(set(went)) == 1:
+                    continue
+                a, rest = divmod(went[1] - went[0], sizes[1] - sizes[0])
+                if rest or (len(went) > 2 and went[2] - went[0] != a * (sizes[2] - sizes[0])):
+                    raise _Unlearned(f"{self.named(member)} took {went} where "
+                                     f"{self.named(moving)} took {sizes}")
+                found[member] = (a, went[0] - a * sizes[0])
+            return found
+        if refusal is not None:
+            raise refusal
+        return {}
+
+
+def _line(text: str) -> str:
+    return text.strip().splitlines()[0] if text.strip() else "(no message)"
+
+
+def _lower_followers(ranges: list[list[dict[str, Any]]], groups: list[list[list[int]]],
+                     least: Sizes) -> None:
+    """A dim a*s + b of a group whose s takes 1 where the checks said 2 (inductor's 0/1
+    specialization, see _probed) takes a*1 + b where the checks said a*2 + b."""
+    def found(index: int, dim: int) -> dict[str, Any]:
+        return next(item for item in ranges[index] if item["dim"] == dim)
+    for (index, dim, _, _), *followers in groups:
+        low, checked = found(index, dim)["low"], least[index][dim]
+        for other, other_dim, a, b in followers:
+            item = found(other, other_dim)
+            if low < checked and item["low"] == a * checked + b:
+                item["low"] = a * low + b
 
 
 def main(request: dict[str, Any]) -> None:
@@ -162,16 +299,23 @@ def main(request: dict[str, Any]) -> None:
     run = _loaded(request["path"])
     dtypes = [getattr(torch, item["dtype"]) for item in request["inputs"]]
     probed = _probed(run, request, dtypes, device)
+    ties: Any = None
+    tried = None if probed is None else probed[1]
+    if probed is not None:
+        try:
+            ties, tried = _Ties(run, request, dtypes, probed[0], probed[1], device).learn()
+            _lower_followers(probed[0], ties, probed[1])
+        except _Unlearned as error:
+            ties = str(error)
     print(BOUNDS + json.dumps(None if probed is None else
-                              {"ranges": probed[0],
-                               "ties": _ties(run, dtypes, *probed, device)}), flush=True)
+                              {"ranges": probed[0], "ties": ties}), flush=True)
     for attempt in request["tries"]:
         inputs = []
         for index, (item, dtype) in enumerate(zip(request["inputs"], dtypes)):
             shape = list(item["shape"])
-            if probed is not None:
+            if tried is not None:
                 for dim in item["probe"]:
-                    shape[dim] = probed[1][index][dim]
+                    shape[dim] = tried[index][dim]
             if request["batched"]:
                 shape[0] = attempt["rows"]
             if attempt["view"]:
