@@ -459,3 +459,48 @@ def test_dims_an_exported_program_sizes_from_one_symbol_are_held_to_how(
                 "INVALID_ARGUMENT", rb.sized_refusal(*lengths))
         await engine.shutdown()
     run(scenario())
+
+
+class _PairsFirst(torch.nn.Module):
+    def forward(self, pairs: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        return pairs.sum(1, keepdim=True) + x.sum(1, keepdim=True)
+
+
+def test_a_size_no_whole_s_gives_is_refused_where_the_first_tied_dim_is_sized_from_s(
+        tmp_path: pathlib.Path) -> None:
+    """pairs (2*s) comes first: an odd length stands for no s, and is refused so; an x that
+    is not half of pairs is refused with the size pairs makes it."""
+    length = torch.export.Dim("length", min=1, max=16)
+    program = torch.export.export(_PairsFirst(), (torch.randn(1, 10), torch.randn(1, 5)),
+                                  dynamic_shapes={"pairs": {1: 2 * length}, "x": {1: length}})
+    rb.write_config(tmp_path, "pf", """
+        name: "pf"
+        platform: "torch_export"
+        max_batch_size: 0
+        input [ { name: "pairs" data_type: TYPE_FP32 dims: [1, -1] },
+                { name: "x" data_type: TYPE_FP32 dims: [1, -1] } ]
+        output [ { name: "y" data_type: TYPE_FP32 dims: [1, 1] } ]
+        """)
+    torch.export.save(program, str(tmp_path / "pf" / "1" / "model.pt2"))
+
+    def request(pairs: int, x: int) -> InferenceRequest:
+        return InferenceRequest("pf", {"pairs": TensorView.from_torch(torch.ones(1, pairs)),
+                                       "x": TensorView.from_torch(torch.ones(1, x))})
+
+    async def scenario() -> None:
+        engine = Engine(tmp_path)
+        await engine.start()
+        result = await engine.infer(request(8, 4))
+        assert result.outputs["y"].torch().tolist() == [[12.0]]
+        for pairs, x, refusal in (
+                (7, 4, "input 'pairs' of model 'pf' has 7 in dim 1; the model sizes that dim "
+                       "as 2*s, for a whole s"),
+                (8, 3, "input 'x' of model 'pf' has 3 in dim 1, and input 'pairs' 8 in dim 1; "
+                       "the model takes 4 there: it sizes dim 1 of 'pairs' as 2*s and dim 1 of "
+                       "'x' as s, for one s")):
+            with pytest.raises(TensorgateError) as refused:
+                await engine.infer(request(pairs, x))
+            assert (refused.value.status.name, str(refused.value)) == (
+                "INVALID_ARGUMENT", refusal + " (the sizes it was exported for)")
+        await engine.shutdown()
+    run(scenario())

@@ -19,7 +19,7 @@ from tensorgate.model import NO_PARAMETERS, Parameter
 from tensorgate.pipeline.stats import StageTimes
 from tensorgate.pipeline.trace import Trace
 from tensorgate.pipeline.work import SequenceFlags, WorkItem
-from tensorgate.repository.model_config import ModelSpec, QueuePolicy, TensorSpec
+from tensorgate.repository.model_config import ModelSpec, QueuePolicy, TensorSpec, TiedDim
 from tensorgate.tensor.bytes_codec import BYTES_CHECKED_WHEN_DECODED
 from tensorgate.tensor.copies import CopyLedger
 from tensorgate.tensor.view import TensorView
@@ -195,31 +195,38 @@ def _check_ties(spec: ModelSpec, inputs: Mapping[str, Any]) -> None:
     """Dims the model sizes from one size agree, in `inputs` as the model takes them (its
     compiled code reads the size from the first: another's would be read past, or short)."""
     for group in spec.tied_dims:
-        present = [(tied, inputs[tied.input].shape[tied.dim]) for tied in group
-                   if tied.input in inputs]
-        if not present:
-            continue
-        first, first_size = present[0]
-        s = first.symbol(first_size)
-        if s is None:
-            raise InvalidArgumentError(
-                f"input '{first.input}' of model '{spec.name}' has {first_size} in dim "
-                f"{first.dim}{_as_taken(spec, first.input)}; the model sizes that dim as "
-                f"{first.formula()}, for a whole s (the sizes it was exported for)")
-        for tied, size in present[1:]:
-            if size == tied.scale * s + tied.offset:
+        first, first_size, s = None, 0, 0
+        for tied in group:
+            name, dim, scale, offset = tied
+            value = inputs.get(name)
+            if value is None:
                 continue
-            said = (f"input '{tied.input}' of model '{spec.name}' has {size} in dim "
-                    f"{tied.dim}{_as_taken(spec, tied.input)}, and input '{first.input}' "
-                    f"{first_size} in dim {first.dim}{_as_taken(spec, first.input)}")
-            if all(t.scale == 1 and t.offset == 0 for t in group):
-                raise InvalidArgumentError(f"{said}; the model takes one size in both (the "
-                                           "sizes it was exported for)")
-            raise InvalidArgumentError(
-                f"{said}; the model takes {tied.scale * s + tied.offset} there: it sizes dim "
-                f"{first.dim} of '{first.input}' as {first.formula()} and dim {tied.dim} of "
-                f"'{tied.input}' as {tied.formula()}, for one s (the sizes it was exported "
-                "for)")
+            size = value.shape[dim]
+            if first is None:
+                first, first_size = tied, size
+                known = size if scale == 1 and not offset else tied.symbol(size)
+                if known is None:
+                    raise InvalidArgumentError(
+                        f"input '{name}' of model '{spec.name}' has {size} in dim {dim}"
+                        f"{_as_taken(spec, name)}; the model sizes that dim as "
+                        f"{tied.formula()}, for a whole s (the sizes it was exported for)")
+                s = known
+            elif size != scale * s + offset:
+                raise _untied(spec, group, first, first_size, tied, size, scale * s + offset)
+
+
+def _untied(spec: ModelSpec, group: tuple[TiedDim, ...], first: TiedDim, first_size: int,
+            tied: TiedDim, size: int, taken: int) -> InvalidArgumentError:
+    said = (f"input '{tied.input}' of model '{spec.name}' has {size} in dim {tied.dim}"
+            f"{_as_taken(spec, tied.input)}, and input '{first.input}' {first_size} in dim "
+            f"{first.dim}{_as_taken(spec, first.input)}")
+    if all(t.scale == 1 and t.offset == 0 for t in group):
+        return InvalidArgumentError(f"{said}; the model takes one size in both (the sizes it "
+                                    "was exported for)")
+    return InvalidArgumentError(f"{said}; the model takes {taken} there: it sizes dim "
+                                f"{first.dim} of '{first.input}' as {first.formula()} and dim "
+                                f"{tied.dim} of '{tied.input}' as {tied.formula()}, for one s "
+                                "(the sizes it was exported for)")
 
 
 def _as_taken(spec: ModelSpec, name: str) -> str:
