@@ -385,8 +385,9 @@ def test_dims_sized_from_one_another_are_held_to_how_the_package_sizes_them(
     taken answered as if it were 10. Now such requests are refused naming the size the
     model takes and why. A package that sizes a dim from two others (y of x's length times
     w's) is refused at load, where before it served with y unchecked (a y of 4 for x of 3
-    and w of 5 was answered, 11 elements read past it); one that sizes a variable dim from a dim the
-    config fixes was and is refused at load (its try at the config's sizes fails)."""
+    and w of 5 was answered, 11 elements read past it); one that sizes a variable dim from
+    a dim the config fixes was and is refused at load (its try at the config's sizes
+    fails)."""
     module = rb.Sized().eval()
     server, repo = sized_server
     said = server.log.read_text()

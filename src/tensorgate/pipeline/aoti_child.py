@@ -7,8 +7,8 @@ Argument: JSON {"path", "device", "batched", "rows", "inputs": [{"name", "dtype"
 "probe"}], "tries": [{"rows", "view"}]} (shapes of one row where batched; "probe": the dims
 of that input to learn the range of; "rows": the batch the probes use). It prints one line
 `aoti-bounds: <JSON>`: {"ranges": per input, {"dim", "low", "high"} per probed dim, high
-null where unbounded; "ties": groups of [input, dim, a, b] sized a*s + b from one s, or
-where the sizes are related in a way not learned, how that showed} (null where the checks refused
+null where unbounded; "ties": groups of [input, dim, a, b] sized a*s + b from one s, or how
+it showed that the sizes are related in a way not learned} (null where the checks refused
 something else: the tries then say what), then a line `aoti-check: <JSON>` per try, null
 where the package ran, else its refusal.
 
@@ -228,7 +228,8 @@ class _Ties:
         `moving` is n; learned by moving it one way to two sizes no other probed dim has.
         {} where its range is one size. Raises _Unlearned where the package does not keep
         it where it was moved (it is sized from a dim not probed), a follower moves
-        unevenly, or it moves to no size the package takes with the others put right."""
+        unevenly, or it cannot be moved to a size of its own that the package takes with
+        the others put right."""
         index, dim = moving
         least, high = self.probed[moving]
         taken = {base[i][d] for i, d in self.probed if (i, d) != moving}
@@ -271,7 +272,9 @@ class _Ties:
             return found
         if refusal is not None:
             raise refusal
-        return {}
+        if high is not None and high == least:
+            return {}  # one size: nothing can follow it
+        raise _Unlearned(f"{self.named(moving)} could not be moved to a size no other dim has")
 
 
 def _line(text: str) -> str:
@@ -301,7 +304,9 @@ def main(request: dict[str, Any]) -> None:
     probed = _probed(run, request, dtypes, device)
     ties: Any = None
     tried = None if probed is None else probed[1]
-    if probed is not None:
+    if probed is not None and not any(item["probe"] for item in request["inputs"]):
+        ties = []  # no variable dim: nothing to learn, nothing run
+    elif probed is not None:
         try:
             ties, tried = _Ties(run, request, dtypes, probed[0], probed[1], device).learn()
             _lower_followers(probed[0], ties, probed[1])

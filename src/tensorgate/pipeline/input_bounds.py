@@ -6,11 +6,11 @@ exactly 16 answered a request of 1 with 16 rows read past the input), and a torc
 program's guards fail a request outside its range with a 500 ("Guard failed: x.size()[1] <=
 16"), or its warm-up, whose zeros took 1 where the program starts at 4, so that it never
 loaded. And dims one symbol sizes are sized together: input_ids and a mask of one length,
-edges of one more (s + 1), pairs (2*s); a package reads the first's size and sizes the others
-from it, so a shorter one was read past. `bounded_spec` puts what the model takes into the inputs'
-TensorSpec (`bounds`) and the spec's `tied_dims`: a request outside is refused with the range
-or the other input (pipeline/requests.py), and the warm-up's zeros take each dim's least
-size.
+edges of one more (s + 1), pairs (2*s); a package reads the first's size and sizes the
+others from it, so a shorter one was read past. `bounded_spec` puts what the model takes
+into the inputs' TensorSpec (`bounds`) and the spec's `tied_dims`: a request outside is
+refused with the range or the other input (pipeline/requests.py), and the warm-up's zeros
+take each dim's least size.
 """
 
 from __future__ import annotations

@@ -217,6 +217,8 @@ def _check_ties(spec: ModelSpec, inputs: Mapping[str, Any]) -> None:
 
 def _untied(spec: ModelSpec, group: tuple[TiedDim, ...], first: TiedDim, first_size: int,
             tied: TiedDim, size: int, taken: int) -> InvalidArgumentError:
+    """The refusal of a request whose `tied` dim is `size`, where `first`'s size makes it
+    `taken`."""
     said = (f"input '{tied.input}' of model '{spec.name}' has {size} in dim {tied.dim}"
             f"{_as_taken(spec, tied.input)}, and input '{first.input}' {first_size} in dim "
             f"{first.dim}{_as_taken(spec, first.input)}")

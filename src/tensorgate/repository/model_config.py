@@ -26,9 +26,9 @@ from tensorgate.repository.sequence_config import SequencePolicy, sequence_polic
 from tensorgate.tensor.dtypes import DataType, datatype_from_config
 
 __all__ = ["BatchingPolicy", "InstanceGroup", "ModelConfigError", "ModelSpec", "QueuePolicy",
-           "SequencePolicy", "TensorSpec", "TiedDim", "WarmupInput", "WarmupSample", "check_file_name",
-           "config_json", "model_config_from_json", "model_spec", "parse_model_config",
-           "read_model_config", "version_policy"]
+           "SequencePolicy", "TensorSpec", "TiedDim", "WarmupInput", "WarmupSample",
+           "check_file_name", "config_json", "model_config_from_json", "model_spec",
+           "parse_model_config", "read_model_config", "version_policy"]
 
 # Fields that change how Triton runs a model, not what it computes: served without them,
 # and a load says so (ModelSpec.ignored).
