@@ -331,8 +331,8 @@ def sized_server(tmp_path_factory: pytest.TempPathFactory
                  ) -> Iterator[tuple[RunningServer, pathlib.Path]]:
     """A server of rb.Sized compiled with s from 1 to 16, edges s + 1 and pairs 2*s: as
     "sized" with every non-batch dim -1, and as "sized_fixed" with edges' dims [6] (s is
-    then 5: a relation to a dim the config fixes); and of _Product as "product"; and the
-    root of its repository."""
+    then 5: a relation to a dim the config fixes); of _Product as "product"; of
+    rb.PairsFirst as "pairs_first"; and the root of its repository."""
     root = tmp_path_factory.mktemp("sized")
     auto = torch.export.Dim.AUTO
     with warnings.catch_warnings():
@@ -345,6 +345,8 @@ def sized_server(tmp_path_factory: pytest.TempPathFactory
                                 dynamic_shapes={name: {0: auto, 1: auto}
                                                 for name in ("x", "w", "y")}),
             package_path=str(root / "product.pt2"))
+        pairs_first = torch._inductor.aoti_compile_and_package(
+            rb.export_pairs_first(batched=True), package_path=str(root / "pairs_first.pt2"))
     for name, edges in (("sized", "[-1]"), ("sized_fixed", "[6]")):
         folder = rb.write_sized_config(root / "models", name, "torch_aoti", edges)
         shutil.copy(package, folder / "1" / "model.pt2")
@@ -358,6 +360,15 @@ def sized_server(tmp_path_factory: pytest.TempPathFactory
         output [ { name: "out" data_type: TYPE_FP32 dims: [1] } ]
         """)
     shutil.copy(product, folder / "1" / "model.pt2")
+    folder = rb.write_config(root / "models", "pairs_first", """
+        name: "pairs_first"
+        platform: "torch_aoti"
+        max_batch_size: 8
+        input [ { name: "pairs" data_type: TYPE_FP32 dims: [-1] },
+                { name: "x" data_type: TYPE_FP32 dims: [-1] } ]
+        output [ { name: "y" data_type: TYPE_FP32 dims: [1] } ]
+        """)
+    shutil.copy(pairs_first, folder / "1" / "model.pt2")
     server = start_server(root / "models", root / "server.log")
     try:
         yield server, root / "models"
@@ -465,3 +476,36 @@ def test_any_sized_lengths_sent_at_once_are_answered_as_the_module_does_or_refus
         assert isinstance(answer, InferenceServerException), answer
         assert answer.status() == "400", answer
         assert refusal in str(answer), (refusal, answer)
+
+
+def test_a_first_dim_the_package_reads_as_2s_takes_even_sizes_and_sizes_the_next(
+        sized_server: tuple[RunningServer, pathlib.Path]) -> None:
+    """pairs [rows, 2*s] comes first, x [rows, s] after: the package reads s from pairs and
+    puts pairs back from an odd size, so the check learns pairs as 2*s and x as s. Before,
+    its least sizes (pairs 4, x 2) agreed, no tie was learned, and x of 4 beside pairs of 10
+    was answered, one element read past x."""
+    server, repo = sized_server
+    where = repo / "pairs_first" / "1" / "model.pt2"
+    assert (f"{where}: the AOTInductor package sizes dim 1 of input 'pairs' as 2*s and dim 1 "
+            "of input 'x' as s from one s: requests where they disagree are refused"
+            ) in server.log.read_text()
+    with grpcclient.InferenceServerClient(server.grpc_url) as client:
+        def infer(pairs: int, x: int) -> Any:
+            given = []
+            for name, length in (("pairs", pairs), ("x", x)):
+                given.append(grpcclient.InferInput(name, [2, length], "FP32"))
+                given[-1].set_data_from_numpy(np.ones((2, length), np.float32))
+            return client.infer("pairs_first", given).as_numpy("y")
+
+        assert infer(10, 5).tolist() == [[15.0], [15.0]]
+        assert infer(32, 16).tolist() == [[48.0], [48.0]]
+        for pairs, x, refusal in (
+                (9, 4, "input 'pairs' of model 'pairs_first' has 9 in dim 1; the model sizes "
+                       "that dim as 2*s, for a whole s"),
+                (10, 4, "input 'x' of model 'pairs_first' has 4 in dim 1, and input 'pairs' 10 "
+                        "in dim 1; the model takes 5 there: it sizes dim 1 of 'pairs' as 2*s "
+                        "and dim 1 of 'x' as s, for one s")):
+            with pytest.raises(InferenceServerException) as refused:
+                infer(pairs, x)
+            assert refused.value.status() == "StatusCode.INVALID_ARGUMENT"
+            assert refusal + " (the sizes it was exported for)" in str(refused.value)

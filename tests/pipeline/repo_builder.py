@@ -104,6 +104,23 @@ def export_sized() -> torch.export.ExportedProgram:
                         "pairs": {0: batch, 1: 2 * length}})
 
 
+class PairsFirst(torch.nn.Module):
+    """pairs: [rows, 2*s], x: [rows, s] -> [rows, 1]: the first input sized 2*s."""
+
+    def forward(self, pairs: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        return pairs.sum(1, keepdim=True) + x.sum(1, keepdim=True)
+
+
+def export_pairs_first(batched: bool) -> torch.export.ExportedProgram:
+    """PairsFirst with s from 1 to 16; a batch dim from 1 to 8 where `batched`, else 1."""
+    length = torch.export.Dim("length", min=1, max=16)
+    batch = {0: torch.export.Dim("batch", min=1, max=8)} if batched else {}
+    return torch.export.export(PairsFirst(), (torch.randn(2 if batched else 1, 10),
+                                              torch.randn(2 if batched else 1, 5)),
+                               dynamic_shapes={"pairs": {**batch, 1: 2 * length},
+                                               "x": {**batch, 1: length}})
+
+
 def write_sized_config(repo: pathlib.Path, name: str, platform: str, edges: str = "[-1]"
                        ) -> pathlib.Path:
     """Model `name` (Sized) with x [-1, 8], edges `edges`, pairs [-1]: its folder."""

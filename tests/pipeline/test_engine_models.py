@@ -461,18 +461,11 @@ def test_dims_an_exported_program_sizes_from_one_symbol_are_held_to_how(
     run(scenario())
 
 
-class _PairsFirst(torch.nn.Module):
-    def forward(self, pairs: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        return pairs.sum(1, keepdim=True) + x.sum(1, keepdim=True)
-
-
 def test_a_size_no_whole_s_gives_is_refused_where_the_first_tied_dim_is_sized_from_s(
         tmp_path: pathlib.Path) -> None:
     """pairs (2*s) comes first: an odd length stands for no s, and is refused so; an x that
     is not half of pairs is refused with the size pairs makes it."""
-    length = torch.export.Dim("length", min=1, max=16)
-    program = torch.export.export(_PairsFirst(), (torch.randn(1, 10), torch.randn(1, 5)),
-                                  dynamic_shapes={"pairs": {1: 2 * length}, "x": {1: length}})
+    program = rb.export_pairs_first(batched=False)
     rb.write_config(tmp_path, "pf", """
         name: "pf"
         platform: "torch_export"

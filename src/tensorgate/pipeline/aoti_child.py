@@ -129,9 +129,9 @@ class _Ties:
     the others to what it makes of it (assert_size_stride: "expected size given==expected
     ... at dim=d"). So: give each probed dim a size of its own and put the refused ones to
     what was expected until the package runs (`settled`); then move each dim that stayed as
-    given to two other sizes: the dims that follow it are its group, a and b read from how
-    far they moved (`followers`). Last, every group is run at its least s and at a larger
-    one."""
+    given until the package keeps it at two more sizes: the dims that follow it are its
+    group, how each is sized from s read from how far they moved (`followers`). Last, every
+    group is run at its least s and at a larger one."""
 
     def __init__(self, run: Callable[[list[torch.Tensor]], Any], request: dict[str, Any],
                  dtypes: list[torch.dtype], ranges: list[list[dict[str, Any]]],
@@ -144,9 +144,10 @@ class _Ties:
             for index, found in enumerate(ranges) for item in found}
 
     def learn(self) -> tuple[list[list[list[int]]], Sizes]:
-        """Groups of [input, dim, a, b] (the dim is a*s + b; the first of a group is s
-        itself), and sizes of every input it ran on with each group at its least s (the
-        tries take them); raises _Unlearned."""
+        """Groups of [input, dim, a, b] (the dim is a*s + b; the first of a group sizes s,
+        and is alone in it where it takes only some sizes, 2*s), and sizes of every input
+        it ran on with each group at its least s (the tries take them); raises
+        _Unlearned."""
         start = [list(shape) for shape in self.least]
         used: set[int] = set()
         for (index, dim), (size, high) in self.probed.items():
@@ -155,38 +156,45 @@ class _Ties:
             start[index][dim] = size
             used.add(size)
         base = self.settled(start, 0)
-        follows: dict[Dim, tuple[Dim, int, int]] = {}  # -> (the dim it follows, a, b)
+        roots: dict[Dim, tuple[int, int]] = {}  # a dim no other sizes -> its (a, b)
+        follows: dict[Dim, tuple[Dim, int, int]] = {}  # -> (the root it follows, a, b)
         for root in self.probed:
             if root in follows:
                 continue
-            for member, (a, b) in self.followers(base, root).items():
+            a, b, found = self.followers(base, root)
+            roots[root] = (a, b)
+            for member, (c, d) in found.items():
                 if member in follows:
                     raise _Unlearned(f"{self.named(member)} is sized from "
                                      f"{self.named(follows[member][0])} and from "
                                      f"{self.named(root)}")
-                if a <= 0:
+                if c <= 0:
                     raise _Unlearned(f"{self.named(member)} shrinks as {self.named(root)} "
                                      "grows")
-                follows[member] = (root, a, b)
-        groups: dict[Dim, list[list[int]]] = {}
-        for member, (root, a, b) in follows.items():
-            groups.setdefault(root, [[*root, 1, 0]]).append([*member, a, b])
+                follows[member] = (root, c, d)
+        groups = []
+        for root, (a, b) in roots.items():
+            group = [[*root, a, b]] + [[*member, c, d] for member, (followed, c, d)
+                                       in follows.items() if followed == root]
+            if len(group) > 1 or a > 1:  # a dim of s alone needs no check of its own
+                groups.append(group)
         tried = []
         for more in (0, 7):  # each group's least s, then up to 7 more
             sizes = [list(shape) for shape in base]
-            for root, (least, high) in self.probed.items():
-                if root in follows:
-                    continue
-                s = least + more if high is None else min(least + more, high)
-                sizes[root[0]][root[1]] = s
-                for (index, dim), (followed, a, b) in follows.items():
+            for root, (a, b) in roots.items():
+                least, high = self.probed[root]
+                s = -(-(least - b) // a) + more
+                if high is not None:
+                    s = min(s, (high - b) // a)
+                sizes[root[0]][root[1]] = a * s + b
+                for (index, dim), (followed, c, d) in follows.items():
                     if followed == root:
-                        sizes[index][dim] = a * s + b
+                        sizes[index][dim] = c * s + d
             error = _refusal(self.run, self.zeros(sizes))
             if error is not None:
                 raise _Unlearned(f"it refused the sizes learned, {sizes}: {_line(error)}")
             tried.append(sizes)
-        return list(groups.values()), tried[0]
+        return groups, tried[0]
 
     def named(self, dim: Dim) -> str:
         return f"dim {dim[1]} of '{self.names[dim[0]]}'"
@@ -223,26 +231,29 @@ class _Ties:
             first = refused + 1
         raise _Unlearned(f"it kept refusing sizes, last {sizes}")
 
-    def followers(self, base: Sizes, moving: Dim) -> dict[Dim, tuple[int, int]]:
-        """The probed dims that follow `moving`, each with (a, b): it is a*n + b where
-        `moving` is n; learned by moving it one way to two sizes no other probed dim has.
-        {} where its range is one size. Raises _Unlearned where the package does not keep
-        it where it was moved (it is sized from a dim not probed), a follower moves
-        unevenly, or it cannot be moved to a size of its own that the package takes with
-        the others put right."""
+    def followers(self, base: Sizes, moving: Dim
+                  ) -> tuple[int, int, dict[Dim, tuple[int, int]]]:
+        """(a, b, followers): the sizes the package keeps `moving` at are a*s + b (a dim
+        its code reads as 2*s is put back from an odd size), and the probed dims that
+        follow it, each with (c, d): it is c*s + d. Learned by moving it one way to sizes
+        no other probed dim has until three are kept. (1, 0, {}) where its range is one
+        size. Raises _Unlearned where the package keeps it at no size it is moved to (it is
+        sized from a dim not probed), sizes are kept unevenly, a follower moves unevenly,
+        or it cannot be moved to a size of its own the package takes with the others put
+        right."""
         index, dim = moving
         least, high = self.probed[moving]
+        first = base[index][dim]
         taken = {base[i][d] for i, d in self.probed if (i, d) != moving}
-        refusal = None
+        refusal, put_back = None, None
         for step in (1, -1):
-            sizes, points = [base[index][dim]], [base]
-            size = base[index][dim]
-            while len(points) < 3:
+            kept, gaps, clean, size = [(first, base)], [], True, first
+            while len(kept) < 3 and abs(size - first) < 64 + 2 * len(self.probed):
                 size += step
-                if size < least or (high is not None and size > high) or \
-                        abs(size - sizes[0]) > 2 * len(self.probed) + 2:
+                if size < least or (high is not None and size > high):
                     break
                 if size in taken:
+                    clean = False  # a size between two kept ones not tried
                     continue
                 moved = [list(shape) for shape in base]
                 moved[index][dim] = size
@@ -252,28 +263,38 @@ class _Ties:
                     refusal = error
                     break
                 if settled[index][dim] != size:
-                    raise _Unlearned(f"{self.named(moving)} is sized from a dim not variable "
-                                     f"in the config: given {size}, it expected "
-                                     f"{settled[index][dim]}")
-                sizes.append(size)
-                points.append(settled)
-            if len(points) == 1:
+                    put_back = (size, settled[index][dim])
+                    continue
+                if clean:
+                    gaps.append(abs(size - kept[-1][0]))
+                clean = True
+                kept.append((size, settled))
+            if len(kept) == 1 or not gaps:
                 continue
+            a = gaps[0]
+            sizes = [n for n, _ in kept]
+            if any(gap != a for gap in gaps) or any((n - first) % a for n in sizes):
+                raise _Unlearned(f"{self.named(moving)} was kept at {sizes} only")
+            b = first % a
+            ss = [(n - b) // a for n in sizes]
             found = {}
             for member in self.probed:
-                went = [point[member[0]][member[1]] for point in points]
+                went = [point[member[0]][member[1]] for _, point in kept]
                 if member == moving or len(set(went)) == 1:
                     continue
-                a, rest = divmod(went[1] - went[0], sizes[1] - sizes[0])
-                if rest or (len(went) > 2 and went[2] - went[0] != a * (sizes[2] - sizes[0])):
+                c, rest = divmod(went[1] - went[0], ss[1] - ss[0])
+                if rest or any(w - went[0] != c * (t - ss[0]) for w, t in zip(went, ss)):
                     raise _Unlearned(f"{self.named(member)} took {went} where "
                                      f"{self.named(moving)} took {sizes}")
-                found[member] = (a, went[0] - a * sizes[0])
-            return found
+                found[member] = (c, went[0] - c * ss[0])
+            return a, b, found
         if refusal is not None:
             raise refusal
+        if put_back is not None:
+            raise _Unlearned(f"{self.named(moving)} is sized from a dim not variable in the "
+                             f"config: given {put_back[0]}, it expected {put_back[1]}")
         if high is not None and high == least:
-            return {}  # one size: nothing can follow it
+            return 1, 0, {}  # one size: nothing can follow it
         raise _Unlearned(f"{self.named(moving)} could not be moved to a size no other dim has")
 
 
@@ -283,16 +304,18 @@ def _line(text: str) -> str:
 
 def _lower_followers(ranges: list[list[dict[str, Any]]], groups: list[list[list[int]]],
                      least: Sizes) -> None:
-    """A dim a*s + b of a group whose s takes 1 where the checks said 2 (inductor's 0/1
-    specialization, see _probed) takes a*1 + b where the checks said a*2 + b."""
+    """A dim c*s + d of a group whose root takes a size the checks refused (inductor's 0/1
+    specialization, see _probed: s of 1 where they said 2) takes c*s + d of that s too."""
     def found(index: int, dim: int) -> dict[str, Any]:
         return next(item for item in ranges[index] if item["dim"] == dim)
-    for (index, dim, _, _), *followers in groups:
-        low, checked = found(index, dim)["low"], least[index][dim]
-        for other, other_dim, a, b in followers:
+    for (index, dim, a, b), *followers in groups:
+        low, checked = divmod(found(index, dim)["low"] - b, a), divmod(least[index][dim] - b, a)
+        if low[1] or checked[1] or low[0] >= checked[0]:
+            continue
+        for other, other_dim, c, d in followers:
             item = found(other, other_dim)
-            if low < checked and item["low"] == a * checked + b:
-                item["low"] = a * low + b
+            if item["low"] == c * checked[0] + d:
+                item["low"] = c * low[0] + d
 
 
 def main(request: dict[str, Any]) -> None:

@@ -64,8 +64,8 @@ def bounded_spec(where: str, spec: ModelSpec, model: str, shapes: CompiledShapes
     ties = []
     for group in shapes.ties:
         members = tuple(TiedDim(*member) for member in group if variable(*member[:2]))
-        if len(members) < 2:
-            continue
+        if len(members) < 2 and not any(m.scale > 1 for m in members):
+            continue  # a dim of s alone takes any size
         ties.append(members)
         if quiet:
             continue
@@ -171,7 +171,8 @@ def program_shapes(program: Any, names: Sequence[str]) -> CompiledShapes | None:
             if taken is not None:
                 found.append((dim, *taken))
         ranges[name] = found
-    return CompiledShapes(ranges, [dims for dims in symbols.values() if len(dims) > 1])
+    return CompiledShapes(ranges, [dims for dims in symbols.values()
+                                   if len(dims) > 1 or dims[0].scale > 1])
 
 
 def _linear(size: Any) -> tuple[Any, int, int] | None:
