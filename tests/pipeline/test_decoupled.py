@@ -29,6 +29,15 @@ def decoupled_repo(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
     return root
 
 
+def _lingering(prefix: str) -> list[str]:
+    """Executor threads named `prefix`... still alive after each was given 5 s to exit (a
+    failed load's thread reports itself stopped just before it returns)."""
+    threads = [t for t in threading.enumerate() if t.name.startswith(prefix)]
+    for thread in threads:
+        thread.join(timeout=5)
+    return [t.name for t in threads if t.is_alive()]
+
+
 def _request(model: str, first: float) -> InferenceRequest:
     value = torch.full((1, 4), float(first))
     return InferenceRequest(model, {"INPUT__0": TensorView.from_torch(value, name="INPUT__0")})
@@ -98,7 +107,7 @@ def test_decoupled_needs_a_python_model(decoupled_repo: pathlib.Path) -> None:
             await engine.load("scripted")
         await engine.shutdown()
     run(scenario())
-    assert not [t for t in threading.enumerate() if t.name.startswith("tg-exec-scripted")]
+    assert _lingering("tg-exec-scripted") == []
 
 
 def test_a_sequence_batched_decoupled_model_must_be_a_triton_python_model(
@@ -124,5 +133,4 @@ def test_a_sequence_batched_decoupled_model_must_be_a_triton_python_model(
             await engine.load("sequence_counter")
         await engine.shutdown()
     run(scenario())
-    assert not [t for t in threading.enumerate()
-                if t.name.startswith("tg-exec-sequence_counter")]
+    assert _lingering("tg-exec-sequence_counter") == []
