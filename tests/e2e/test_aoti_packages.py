@@ -326,13 +326,35 @@ class _Product(torch.nn.Module):
         return grid.sum((1, 2)).unsqueeze(1)
 
 
+class _TwoGroups(torch.nn.Module):
+    """ids, mask, types [rows, s], edges [rows, s + 1]; kv [rows, t, 8], w [rows, t]: two
+    groups, their inputs interleaved, whose least sizes collide (edges and w both 3)."""
+
+    def forward(self, ids: torch.Tensor, kv: torch.Tensor, mask: torch.Tensor,
+                edges: torch.Tensor, w: torch.Tensor, types: torch.Tensor) -> torch.Tensor:
+        return (ids.sum(1, keepdim=True) + mask.sum(1, keepdim=True) + types.sum(1, keepdim=True)
+                + edges.sum(1, keepdim=True) + kv.sum((1, 2)).unsqueeze(1) + w.sum(1, keepdim=True))
+
+
+def _export_two_groups() -> torch.export.ExportedProgram:
+    batch = torch.export.Dim("batch", min=1, max=8)
+    s, t = torch.export.Dim("s", min=1, max=64), torch.export.Dim("t", min=1, max=32)
+    return torch.export.export(
+        _TwoGroups(), (torch.randn(2, 5), torch.randn(2, 7, 8), torch.randn(2, 5),
+                       torch.randn(2, 6), torch.randn(2, 7), torch.randn(2, 5)),
+        dynamic_shapes={"ids": {0: batch, 1: s}, "kv": {0: batch, 1: t},
+                        "mask": {0: batch, 1: s}, "edges": {0: batch, 1: s + 1},
+                        "w": {0: batch, 1: t}, "types": {0: batch, 1: s}})
+
+
 @pytest.fixture(scope="module")
 def sized_server(tmp_path_factory: pytest.TempPathFactory
                  ) -> Iterator[tuple[RunningServer, pathlib.Path]]:
     """A server of rb.Sized compiled with s from 1 to 16, edges s + 1 and pairs 2*s: as
     "sized" with every non-batch dim -1, and as "sized_fixed" with edges' dims [6] (s is
     then 5: a relation to a dim the config fixes); of _Product as "product"; of
-    rb.PairsFirst as "pairs_first"; and the root of its repository."""
+    rb.PairsFirst as "pairs_first"; of _TwoGroups as "two_groups"; and the root of its
+    repository."""
     root = tmp_path_factory.mktemp("sized")
     auto = torch.export.Dim.AUTO
     with warnings.catch_warnings():
@@ -347,6 +369,8 @@ def sized_server(tmp_path_factory: pytest.TempPathFactory
             package_path=str(root / "product.pt2"))
         pairs_first = torch._inductor.aoti_compile_and_package(
             rb.export_pairs_first(batched=True), package_path=str(root / "pairs_first.pt2"))
+        two_groups = torch._inductor.aoti_compile_and_package(
+            _export_two_groups(), package_path=str(root / "two_groups.pt2"))
     for name, edges in (("sized", "[-1]"), ("sized_fixed", "[6]")):
         folder = rb.write_sized_config(root / "models", name, "torch_aoti", edges)
         shutil.copy(package, folder / "1" / "model.pt2")
@@ -369,6 +393,19 @@ def sized_server(tmp_path_factory: pytest.TempPathFactory
         output [ { name: "y" data_type: TYPE_FP32 dims: [1] } ]
         """)
     shutil.copy(pairs_first, folder / "1" / "model.pt2")
+    folder = rb.write_config(root / "models", "two_groups", """
+        name: "two_groups"
+        platform: "torch_aoti"
+        max_batch_size: 8
+        input [ { name: "ids" data_type: TYPE_FP32 dims: [-1] },
+                { name: "kv" data_type: TYPE_FP32 dims: [-1, 8] },
+                { name: "mask" data_type: TYPE_FP32 dims: [-1] },
+                { name: "edges" data_type: TYPE_FP32 dims: [-1] },
+                { name: "w" data_type: TYPE_FP32 dims: [-1] },
+                { name: "types" data_type: TYPE_FP32 dims: [-1] } ]
+        output [ { name: "y" data_type: TYPE_FP32 dims: [1] } ]
+        """)
+    shutil.copy(two_groups, folder / "1" / "model.pt2")
     server = start_server(root / "models", root / "server.log")
     try:
         yield server, root / "models"
@@ -509,3 +546,41 @@ def test_a_first_dim_the_package_reads_as_2s_takes_even_sizes_and_sizes_the_next
                 infer(pairs, x)
             assert refused.value.status() == "StatusCode.INVALID_ARGUMENT"
             assert refusal + " (the sizes it was exported for)" in str(refused.value)
+
+
+def test_two_groups_whose_sizes_collide_are_each_learned(
+        sized_server: tuple[RunningServer, pathlib.Path]) -> None:
+    """ids, mask, types and edges (s + 1) are one group, kv and w another, their inputs
+    interleaved: at the least sizes edges and w are both [2, 3], and a refusal of one names
+    no input. Each group is learned, and a request off either is refused by it. (A first
+    version of this change, which took the refused input to be the first of that shape,
+    refused the load.)"""
+    server, repo = sized_server
+    where = repo / "two_groups" / "1" / "model.pt2"
+    said = server.log.read_text()
+    for line in (f"{where}: the AOTInductor package sizes dim 1 of input 'ids' as s, dim 1 of "
+                 "input 'mask' as s, dim 1 of input 'edges' as s + 1 and dim 1 of input "
+                 "'types' as s from one s: requests where they disagree are refused",
+                 f"{where}: dim 1 of input 'kv' and dim 1 of input 'w' take one size in the "
+                 "AOTInductor package: requests where they differ are refused"):
+        assert line in said, said
+    with httpclient.InferenceServerClient(server.url) as client:
+        def infer(s: int, t: int, edges: int = -1, w: int = -1) -> Any:
+            shapes = {"ids": [1, s], "kv": [1, t, 8], "mask": [1, s],
+                      "edges": [1, s + 1 if edges < 0 else edges], "w": [1, t if w < 0 else w],
+                      "types": [1, s]}
+            given = []
+            for name, shape in shapes.items():
+                given.append(httpclient.InferInput(name, shape, "FP32"))
+                given[-1].set_data_from_numpy(np.ones(shape, np.float32))
+            return client.infer("two_groups", given).as_numpy("y")
+
+        assert infer(5, 3).tolist() == [[5 * 3 + 6 + 3 * 8 + 3]]
+        for args, refusal in (
+                ((5, 3, 5), "input 'edges' of model 'two_groups' has 5 in dim 1, and input "
+                            "'ids' 5 in dim 1; the model takes 6 there"),
+                ((5, 3, 6, 4), "input 'w' of model 'two_groups' has 4 in dim 1, and input "
+                               "'kv' 3 in dim 1; the model takes one size in both")):
+            with pytest.raises(InferenceServerException) as refused:
+                infer(*args)
+            assert refused.value.status() == "400" and refusal in str(refused.value)

@@ -37,6 +37,7 @@ TOO_SMALL = "dim value is too small"
 # its symbol took from an earlier input (given==expected)
 UNEQUAL = re.compile(r"expected size (\d+)==(\d+), stride (\d+)==(\d+) at dim=(\d+)")
 BIG = 2**31 - 1  # past any bound an export gives a dim; a meta tensor of it holds nothing
+MAX_RUNS = 2000  # of a package learning its ties: each on zeros of a few elements (ms)
 
 
 def _loaded(path: str) -> Callable[[list[torch.Tensor]], Any]:
@@ -137,6 +138,7 @@ class _Ties:
                  dtypes: list[torch.dtype], ranges: list[list[dict[str, Any]]],
                  least: Sizes, device: torch.device) -> None:
         self.run, self.dtypes, self.device, self.least = run, dtypes, device, least
+        self.runs = 0  # of the package, by `settled`
         self.names = [item["name"] for item in request["inputs"]]
         # (input, dim) -> (least the checks take, most)
         self.probed: dict[Dim, tuple[int, int | None]] = {
@@ -155,7 +157,7 @@ class _Ties:
                 size += 1
             start[index][dim] = size
             used.add(size)
-        base = self.settled(start, 0)
+        base = self.settled(start)
         roots: dict[Dim, tuple[int, int]] = {}  # a dim no other sizes -> its (a, b)
         follows: dict[Dim, tuple[Dim, int, int]] = {}  # -> (the root it follows, a, b)
         for root in self.probed:
@@ -194,6 +196,16 @@ class _Ties:
             if error is not None:
                 raise _Unlearned(f"it refused the sizes learned, {sizes}: {_line(error)}")
             tried.append(sizes)
+        for (index, dim), _ in follows.items():  # each one refused, by name, when it is off
+            off = [list(shape) for shape in tried[0]]
+            off[index][dim] += 1
+            said = UNEQUAL.findall(_refusal(self.run, self.zeros(off)) or "")
+            if not any(int(dim_) == dim and (int(given), int(expected)) ==
+                       (off[index][dim], tried[0][index][dim])
+                       for given, expected, _, _, dim_ in said):
+                raise _Unlearned(f"{self.named((index, dim))} was not refused alone at "
+                                 f"{off[index][dim]} where the others took "
+                                 f"{tried[0][index][dim]}")
         return groups, tried[0]
 
     def named(self, dim: Dim) -> str:
@@ -203,33 +215,39 @@ class _Ties:
         return [torch.zeros(size, dtype=dtype, device=self.device)
                 for size, dtype in zip(sizes, self.dtypes)]
 
-    def settled(self, sizes: Sizes, first: int) -> Sizes:
+    def settled(self, sizes: Sizes, put_right: frozenset[int] = frozenset()) -> Sizes:
         """`sizes` with each probed dim the package refuses put to the size it expected,
         until it runs; raises _Unlearned where it refuses something else (a size out of a
-        range, a dim not probed). The asserts go in input order, so the refused input is the
-        first from `first` (those before it ran as they are) whose sizes and strides are the
-        ones the refusal names, and once one is put right the next refused is after it."""
-        sizes = [list(shape) for shape in sizes]
-        for _ in range(len(self.probed) + 1):
-            error = _refusal(self.run, self.zeros(sizes))
-            if error is None:
-                return sizes
-            said = [tuple(map(int, found)) for found in UNEQUAL.findall(error)]
-            unequal = [(dim, expected) for given, expected, _, _, dim in said
-                       if given != expected]
+        range, a dim not probed). The refusal names no input: the one refused is an input
+        not yet put right (one put right passes) whose sizes and strides are the ones it
+        names; where several are (two dims of one size and shape, in different groups),
+        each is tried in turn."""
+        self.runs += 1
+        if self.runs > MAX_RUNS:
+            raise _Unlearned(f"no sizes it takes were found in {MAX_RUNS} runs")
+        error = _refusal(self.run, self.zeros(sizes))
+        if error is None:
+            return sizes
+        said = [tuple(map(int, found)) for found in UNEQUAL.findall(error)]
+        unequal = [(dim, expected) for given, expected, _, _, dim in said if given != expected]
 
-            def named(index: int) -> bool:
-                strides = torch.empty(sizes[index], device="meta").stride()
-                return all(dim < len(sizes[index]) and sizes[index][dim] == given
-                           and strides[dim] == stride for given, _, stride, _, dim in said)
-            refused = next((index for index in range(first, len(sizes)) if named(index)), None)
-            if refused is None or not unequal or \
-                    not all((refused, dim) in self.probed for dim, _ in unequal):
-                raise _Unlearned(f"it refused sizes {sizes}: {_line(error)}")
+        def named(index: int) -> bool:
+            strides = torch.empty(sizes[index], device="meta").stride()
+            return all(dim < len(sizes[index]) and sizes[index][dim] == given
+                       and strides[dim] == stride for given, _, stride, _, dim in said)
+        refused = [index for index in range(len(sizes)) if index not in put_right
+                   and named(index) and all((index, dim) in self.probed for dim, _ in unequal)]
+        if not refused or not unequal:
+            raise _Unlearned(f"it refused sizes {sizes}: {_line(error)}")
+        for index in refused:
+            fixed = [list(shape) for shape in sizes]
             for dim, expected in unequal:
-                sizes[refused][dim] = expected
-            first = refused + 1
-        raise _Unlearned(f"it kept refusing sizes, last {sizes}")
+                fixed[index][dim] = expected
+            try:
+                return self.settled(fixed, put_right | {index})
+            except _Unlearned as failed:
+                unlearned = failed
+        raise unlearned
 
     def followers(self, base: Sizes, moving: Dim
                   ) -> tuple[int, int, dict[Dim, tuple[int, int]]]:
@@ -258,7 +276,7 @@ class _Ties:
                 moved = [list(shape) for shape in base]
                 moved[index][dim] = size
                 try:
-                    settled = self.settled(moved, index)
+                    settled = self.settled(moved)
                 except _Unlearned as error:
                     refusal = error
                     break
