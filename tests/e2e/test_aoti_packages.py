@@ -7,7 +7,7 @@ from __future__ import annotations
 import pathlib
 import shutil
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -218,39 +218,50 @@ def test_any_shapes_sent_at_once_are_answered_as_the_module_does_or_refused(
     each is answered as the module itself answers it, or refused with a 400 naming the
     range or the other input it misses — never an answer read from memory past an input
     (the served copy runs unchecked), never a 500, and the server serves on."""
-    module = rb.Sequences().eval()
     server, _ = sequences_server
     rng = np.random.default_rng(len(cases))
+    sent = [{"x": rng.standard_normal((rows, length, 8)).astype(np.float32),
+             "z": rng.standard_normal((rows, z_length, 8)).astype(np.float32),
+             "mask": rng.random((rows, length if mask_length is None else mask_length),
+                                np.float32)}
+            for rows, length, z_length, mask_length in cases]
+    _answered_as_the_module_or_refused(
+        server, "sequences", rb.Sequences().eval(), sent, 1e-5,
+        lambda given: rb.sequences_refusal(given["x"].shape[1], given["z"].shape[1],
+                                           given["mask"].shape[1], 1, 16))
 
-    def send(case: tuple[int, int, int, int | None]) -> tuple[dict[str, np.ndarray], Any]:
-        rows, length, z_length, mask_length = case
-        sent = {"x": rng.standard_normal((rows, length, 8)).astype(np.float32),
-                "z": rng.standard_normal((rows, z_length, 8)).astype(np.float32),
-                "mask": rng.random((rows, length if mask_length is None else mask_length),
-                                   np.float32)}
-        inputs = []
-        for name, value in sent.items():
-            inputs.append(httpclient.InferInput(name, list(value.shape), "FP32"))
-            inputs[-1].set_data_from_numpy(value)
+
+def _answered_as_the_module_or_refused(
+        server: RunningServer, model: str, module: torch.nn.Module,
+        sent: list[dict[str, np.ndarray]], tolerance: float,
+        refusal: Callable[[dict[str, np.ndarray]], list[str] | None]) -> None:
+    """Sends each of `sent` to `model` at once over HTTP (some gathered into one batch):
+    each must be answered ("y") as `module` answers it, or, where `refusal` gives the parts
+    of a message, refused with a 400 holding them."""
+    def send(inputs: dict[str, np.ndarray]) -> Any:
+        given = []
+        for name, value in inputs.items():
+            given.append(httpclient.InferInput(name, list(value.shape), "FP32"))
+            given[-1].set_data_from_numpy(value)
         with httpclient.InferenceServerClient(server.url) as client:
             try:
-                return sent, client.infer("sequences", inputs).as_numpy("y")
+                return client.infer(model, given).as_numpy("y")
             except InferenceServerException as error:
-                return sent, error
+                return error
 
     with ThreadPoolExecutor(6) as pool:
-        answers = list(pool.map(send, cases))
-    for sent, answer in answers:
-        refusal = rb.sequences_refusal(sent["x"].shape[1], sent["z"].shape[1],
-                                       sent["mask"].shape[1], 1, 16)
-        if refusal is None:
+        answers = list(pool.map(send, sent))
+    for inputs, answer in zip(sent, answers):
+        parts = refusal(inputs)
+        if parts is None:
             assert isinstance(answer, np.ndarray), answer
-            expected = module(**{k: torch.from_numpy(v) for k, v in sent.items()})
-            np.testing.assert_allclose(answer, expected.detach().numpy(), rtol=1e-5, atol=1e-5)
+            expected = module(**{k: torch.from_numpy(v) for k, v in inputs.items()})
+            np.testing.assert_allclose(answer, expected.detach().numpy(), rtol=tolerance,
+                                       atol=tolerance)
             continue
         assert isinstance(answer, InferenceServerException), answer
         assert answer.status() == "400", answer
-        assert all(part in str(answer) for part in refusal), (refusal, answer)
+        assert all(part in str(answer) for part in parts), (parts, answer)
 
 
 SPEC = parse_model_config('name: "m" platform: "torch_aoti" max_batch_size: 8 '
@@ -486,33 +497,17 @@ def test_any_sized_lengths_sent_at_once_are_answered_as_the_module_does_or_refus
         cases: list[tuple[int, int, int, int]]) -> None:
     """Requests of any lengths at once (edges near s + 1, pairs near 2*s), over HTTP: each
     is answered as the module answers it, or refused with the 400 sized_refusal says."""
-    module = rb.Sized().eval()
     server, _ = sized_server
     rng = np.random.default_rng(len(cases))
+    sent = [_sized_inputs(httpclient, rng, length, max(length + 1 - edges_off, 0),
+                          max(2 * length + pairs_off, 0), rows)[1]
+            for rows, length, edges_off, pairs_off in cases]
 
-    def send(case: tuple[int, int, int, int]) -> tuple[dict[str, np.ndarray], Any]:
-        rows, length, edges_off, pairs_off = case
-        given, sent = _sized_inputs(httpclient, rng, length, max(length + 1 - edges_off, 0),
-                                    max(2 * length + pairs_off, 0), rows)
-        with httpclient.InferenceServerClient(server.url) as client:
-            try:
-                return sent, client.infer("sized", given).as_numpy("y")
-            except InferenceServerException as error:
-                return sent, error
-
-    with ThreadPoolExecutor(6) as pool:
-        answers = list(pool.map(send, cases))
-    for sent, answer in answers:
-        refusal = rb.sized_refusal(sent["x"].shape[1], sent["edges"].shape[1],
-                                   sent["pairs"].shape[1], sent["x"].shape[0])
-        if refusal is None:
-            assert isinstance(answer, np.ndarray), answer
-            expected = module(**{k: torch.from_numpy(v) for k, v in sent.items()})
-            np.testing.assert_allclose(answer, expected.detach().numpy(), rtol=1e-4, atol=1e-4)
-            continue
-        assert isinstance(answer, InferenceServerException), answer
-        assert answer.status() == "400", answer
-        assert refusal in str(answer), (refusal, answer)
+    def refusal(given: dict[str, np.ndarray]) -> list[str] | None:
+        said = rb.sized_refusal(given["x"].shape[1], given["edges"].shape[1],
+                                given["pairs"].shape[1], given["x"].shape[0])
+        return None if said is None else [said]
+    _answered_as_the_module_or_refused(server, "sized", rb.Sized().eval(), sent, 1e-4, refusal)
 
 
 def test_a_first_dim_the_package_reads_as_2s_takes_even_sizes_and_sizes_the_next(
