@@ -358,6 +358,22 @@ def _export_two_groups() -> torch.export.ExportedProgram:
                         "w": {0: batch, 1: t}, "types": {0: batch, 1: s}})
 
 
+def _serve_package(models: pathlib.Path, name: str, package: pathlib.Path,
+                   inputs: dict[str, str], output: str = "y") -> None:
+    """`package` as model `name` in `models`: FP32 inputs of these dims, batches of up to
+    8, one FP32 output of [1]."""
+    listed = ", ".join(f'{{ name: "{input_name}" data_type: TYPE_FP32 dims: {dims} }}'
+                       for input_name, dims in inputs.items())
+    folder = rb.write_config(models, name, f"""
+        name: "{name}"
+        platform: "torch_aoti"
+        max_batch_size: 8
+        input [ {listed} ]
+        output [ {{ name: "{output}" data_type: TYPE_FP32 dims: [1] }} ]
+        """)
+    shutil.copy(package, folder / "1" / "model.pt2")
+
+
 @pytest.fixture(scope="module")
 def sized_server(tmp_path_factory: pytest.TempPathFactory
                  ) -> Iterator[tuple[RunningServer, pathlib.Path]]:
@@ -385,38 +401,12 @@ def sized_server(tmp_path_factory: pytest.TempPathFactory
     for name, edges in (("sized", "[-1]"), ("sized_fixed", "[6]")):
         folder = rb.write_sized_config(root / "models", name, "torch_aoti", edges)
         shutil.copy(package, folder / "1" / "model.pt2")
-    folder = rb.write_config(root / "models", "product", """
-        name: "product"
-        platform: "torch_aoti"
-        max_batch_size: 8
-        input [ { name: "x" data_type: TYPE_FP32 dims: [-1] },
-                { name: "w" data_type: TYPE_FP32 dims: [-1] },
-                { name: "y" data_type: TYPE_FP32 dims: [-1] } ]
-        output [ { name: "out" data_type: TYPE_FP32 dims: [1] } ]
-        """)
-    shutil.copy(product, folder / "1" / "model.pt2")
-    folder = rb.write_config(root / "models", "pairs_first", """
-        name: "pairs_first"
-        platform: "torch_aoti"
-        max_batch_size: 8
-        input [ { name: "pairs" data_type: TYPE_FP32 dims: [-1] },
-                { name: "x" data_type: TYPE_FP32 dims: [-1] } ]
-        output [ { name: "y" data_type: TYPE_FP32 dims: [1] } ]
-        """)
-    shutil.copy(pairs_first, folder / "1" / "model.pt2")
-    folder = rb.write_config(root / "models", "two_groups", """
-        name: "two_groups"
-        platform: "torch_aoti"
-        max_batch_size: 8
-        input [ { name: "ids" data_type: TYPE_FP32 dims: [-1] },
-                { name: "kv" data_type: TYPE_FP32 dims: [-1, 8] },
-                { name: "mask" data_type: TYPE_FP32 dims: [-1] },
-                { name: "edges" data_type: TYPE_FP32 dims: [-1] },
-                { name: "w" data_type: TYPE_FP32 dims: [-1] },
-                { name: "types" data_type: TYPE_FP32 dims: [-1] } ]
-        output [ { name: "y" data_type: TYPE_FP32 dims: [1] } ]
-        """)
-    shutil.copy(two_groups, folder / "1" / "model.pt2")
+    _serve_package(root / "models", "product", product,
+                   {"x": "[-1]", "w": "[-1]", "y": "[-1]"}, output="out")
+    _serve_package(root / "models", "pairs_first", pairs_first, {"pairs": "[-1]", "x": "[-1]"})
+    _serve_package(root / "models", "two_groups", two_groups,
+                   {"ids": "[-1]", "kv": "[-1, 8]", "mask": "[-1]", "edges": "[-1]",
+                    "w": "[-1]", "types": "[-1]"})
     server = start_server(root / "models", root / "server.log")
     try:
         yield server, root / "models"
