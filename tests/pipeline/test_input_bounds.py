@@ -50,6 +50,9 @@ def test_ties_keep_the_variable_dims_of_inputs_clients_send() -> None:
     scaled = bounded_spec("p", SPEC, "it", CompiledShapes({}, [
         [TiedDim("x", 1), TiedDim("w", 1, 2, -1), TiedDim("x", 0, 3, 0)]]))
     assert scaled.tied_dims == ((TiedDim("x", 1), TiedDim("w", 1, 2, -1)),)
+    alone = bounded_spec("p", SPEC, "it", CompiledShapes({}, [
+        [TiedDim("w", 1, 2, 0)], [TiedDim("x", 1, 1, 3)], [TiedDim("x", 2, 2), ("x", 0)]]))
+    assert alone.tied_dims == ((TiedDim("w", 1, 2, 0),), (TiedDim("x", 2, 2),))  # even only
 
 
 def test_a_tied_dim_says_how_it_is_sized_and_which_sizes_it_takes() -> None:
