@@ -343,8 +343,8 @@ class _TwoGroups(torch.nn.Module):
 
     def forward(self, ids: torch.Tensor, kv: torch.Tensor, mask: torch.Tensor,
                 edges: torch.Tensor, w: torch.Tensor, types: torch.Tensor) -> torch.Tensor:
-        return (ids.sum(1, keepdim=True) + mask.sum(1, keepdim=True) + types.sum(1, keepdim=True)
-                + edges.sum(1, keepdim=True) + kv.sum((1, 2)).unsqueeze(1) + w.sum(1, keepdim=True))
+        return sum((part.sum(1, keepdim=True) for part in (ids, mask, types, edges, w)),
+                   kv.sum((1, 2)).unsqueeze(1))
 
 
 def _export_two_groups() -> torch.export.ExportedProgram:
@@ -416,6 +416,7 @@ def sized_server(tmp_path_factory: pytest.TempPathFactory
 
 def _sized_inputs(protocol: Any, rng: np.random.Generator, length: int, edges: int,
                   pairs: int, rows: int = 1) -> tuple[list[Any], dict[str, np.ndarray]]:
+    """A request to "sized" of these lengths: its `protocol` inputs, and the arrays sent."""
     sent = {"x": rng.standard_normal((rows, length, 8)).astype(np.float32),
             "edges": rng.random((rows, edges), np.float32),
             "pairs": rng.random((rows, pairs), np.float32)}
