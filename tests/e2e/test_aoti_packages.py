@@ -374,14 +374,31 @@ def _serve_package(models: pathlib.Path, name: str, package: pathlib.Path,
     shutil.copy(package, folder / "1" / "model.pt2")
 
 
+class _RaggedSum(torch.nn.Module):
+    """Each request's sum from the flat input and where each request ends (ENDS), with
+    tensor ops only (an AOTInductor package runs no Python loop); and the input doubled."""
+
+    def forward(self, x: torch.Tensor, ends: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        owner = torch.searchsorted(ends.to(torch.int64), torch.arange(x.shape[0]), right=True)
+        sums = torch.zeros(ends.shape[0], dtype=x.dtype).index_add(0, owner, x)
+        return sums.unsqueeze(1), x * 2
+
+
+def _export_ragged_sum() -> torch.export.ExportedProgram:
+    return torch.export.export(
+        _RaggedSum(), (torch.randn(12), torch.tensor([3, 7, 12], dtype=torch.int32)),
+        dynamic_shapes={"x": {0: torch.export.Dim("elements", min=1, max=4096)},
+                        "ends": {0: torch.export.Dim("requests", min=1, max=8)}})
+
+
 @pytest.fixture(scope="module")
 def sized_server(tmp_path_factory: pytest.TempPathFactory
                  ) -> Iterator[tuple[RunningServer, pathlib.Path]]:
     """A server of rb.Sized compiled with s from 1 to 16, edges s + 1 and pairs 2*s: as
     "sized" with every non-batch dim -1, and as "sized_fixed" with edges' dims [6] (s is
     then 5: a relation to a dim the config fixes); of _Product as "product"; of
-    rb.PairsFirst as "pairs_first"; of _TwoGroups as "two_groups"; and the root of its
-    repository."""
+    rb.PairsFirst as "pairs_first"; of _TwoGroups as "two_groups"; of _RaggedSum as
+    "ragged" (ragged batching); and the root of its repository."""
     root = tmp_path_factory.mktemp("sized")
     auto = torch.export.Dim.AUTO
     with warnings.catch_warnings():
@@ -398,6 +415,8 @@ def sized_server(tmp_path_factory: pytest.TempPathFactory
             rb.export_pairs_first(batched=True), package_path=str(root / "pairs_first.pt2"))
         two_groups = torch._inductor.aoti_compile_and_package(
             _export_two_groups(), package_path=str(root / "two_groups.pt2"))
+        ragged = torch._inductor.aoti_compile_and_package(
+            _export_ragged_sum(), package_path=str(root / "ragged.pt2"))
     for name, edges in (("sized", "[-1]"), ("sized_fixed", "[6]")):
         folder = rb.write_sized_config(root / "models", name, "torch_aoti", edges)
         shutil.copy(package, folder / "1" / "model.pt2")
@@ -407,6 +426,21 @@ def sized_server(tmp_path_factory: pytest.TempPathFactory
     _serve_package(root / "models", "two_groups", two_groups,
                    {"ids": "[-1]", "kv": "[-1, 8]", "mask": "[-1]", "edges": "[-1]",
                     "w": "[-1]", "types": "[-1]"})
+    folder = rb.write_config(root / "models", "ragged", """
+        name: "ragged"
+        platform: "torch_aoti"
+        max_batch_size: 8
+        input [ { name: "INPUT" data_type: TYPE_FP32 dims: [-1] allow_ragged_batch: true } ]
+        output [ { name: "SUM" data_type: TYPE_FP32 dims: [1] },
+                 { name: "OUT" data_type: TYPE_FP32 dims: [-1] } ]
+        batch_input { kind: BATCH_ACCUMULATED_ELEMENT_COUNT target_name: "ENDS"
+                      data_type: TYPE_INT32 source_input: "INPUT" }
+        batch_output { kind: BATCH_SCATTER_WITH_INPUT_SHAPE target_name: "OUT"
+                       source_input: "INPUT" }
+        dynamic_batching { max_queue_delay_microseconds: 100000 }
+        parameters { key: "batch_cap" value { string_value: "off" } }
+        """)
+    shutil.copy(ragged, folder / "1" / "model.pt2")
     server = start_server(root / "models", root / "server.log")
     try:
         yield server, root / "models"
@@ -570,3 +604,29 @@ def test_two_groups_whose_sizes_collide_are_each_learned(
             with pytest.raises(InferenceServerException) as refused:
                 infer(*args)
             assert refused.value.status() == "400" and refusal in str(refused.value)
+
+
+def test_a_ragged_package_loads_and_each_request_gets_its_own_answer(
+        sized_server: tuple[RunningServer, pathlib.Path]) -> None:
+    """A package that takes requests' elements end to end and where each ends (ENDS, a
+    batch input the server makes): its load's tries now pass the ends the server would
+    make, where zeros made it index past its input ("index out of bounds", the load
+    refused); and the ends count requests, not rows, so its 0/1 specialization there is
+    not a batch size it refuses. Requests of 3, 4 and 5 elements at once, and an empty
+    one, each get their own sum and their own elements doubled."""
+    server, _ = sized_server
+
+    def infer(length: int) -> tuple[list[list[float]], np.ndarray]:
+        item = httpclient.InferInput("INPUT", [1, length], "FP32")
+        item.set_data_from_numpy(np.arange(1, length + 1, dtype=np.float32)[None])
+        with httpclient.InferenceServerClient(server.url) as client:  # one a thread
+            result = client.infer("ragged", [item])
+        return result.as_numpy("SUM").tolist(), result.as_numpy("OUT")
+
+    with ThreadPoolExecutor(3) as pool:
+        answers = dict(zip((3, 4, 5), pool.map(infer, (3, 4, 5))))
+    answers[0] = infer(0)
+    for length, (total, doubled) in answers.items():
+        assert total == [[length * (length + 1) / 2]]
+        np.testing.assert_array_equal(doubled, 2 * np.arange(1, length + 1,
+                                                             dtype=np.float32)[None])

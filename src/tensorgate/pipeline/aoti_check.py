@@ -103,7 +103,9 @@ def check_aoti_package(path: pathlib.Path, spec: ModelSpec, device: torch.device
     tries = [(1, False)] + ([(2, False)] if batched else [])
     if spec.max_batch_size > 2:
         tries.append((spec.max_batch_size, True))
-    shapes, answers = _ask_child(path, device, min(spec.max_batch_size, 2), given, tries)
+    made = {rows: _batch_input_values(spec, rows) for rows, view in tries if not view}
+    shapes, answers = _ask_child(path, device, min(spec.max_batch_size, 2), given,
+                                 [(rows, view, made.get(rows, {})) for rows, view in tries])
     warned: set[str] = set()
     for (rows, view), answer in zip(tries, answers):
         if answer is not None:
@@ -123,6 +125,16 @@ def check_aoti_package(path: pathlib.Path, spec: ModelSpec, device: torch.device
          for item, found in zip(given, shapes["ranges"])},
         [[TiedDim(given[index].name, dim, a, b) for index, dim, a, b in group]
          for group in shapes["ties"]]))
+
+
+def _batch_input_values(spec: ModelSpec, rows: int) -> dict[str, dict[str, Any]]:
+    """The batch inputs a ragged model gets with one request of `rows` rows of zeros, as the
+    server makes them ({"shape", "values"} by name): their values mean something (where
+    each request ends), and zeros there made a package index past its input."""
+    targets = {item.target for item in spec.batch_inputs}
+    inputs = warmup_inputs(spec, rows, torch.device("cpu")) if targets else None
+    return {name: {"shape": list(value.shape), "values": value.flatten().tolist()}
+            for name, value in (inputs or {}).items() if name in targets}
 
 
 def _described(name: str, zeros: torch.Tensor, spec: ModelSpec, batched: bool) -> _Input:
@@ -149,7 +161,14 @@ def _judge(where: str, spec: ModelSpec, given: list[_Input], error: str, rows: i
         raise ModelConfigError(where, "the AOTInductor package refuses zeros shaped as the "
                                       f"config says ({_shapes(given)}): {_first_line(error)}")
     index, kind, dim, bound = int(size[1]), size[2], int(size[3]), int(size[4])
-    if spec.max_batch_size > 0 and dim == 0:  # the batch dim
+    name = given[index].name if index < len(given) else ""
+    config = spec.input(name)
+    if (config is not None and config.ragged) or \
+            any(item.target == name for item in spec.batch_inputs):
+        # counts, not rows: a ragged input's elements end to end, a batch input's requests
+        if kind == "dim value is too small" and bound <= 2:
+            return  # inductor's 0/1 specialization: its code takes 1
+    elif spec.max_batch_size > 0 and dim == 0:  # the batch dim
         if rows > spec.max_batch_size:
             return  # never asked of it
         if kind == "dim value is too small" and rows == 1 and bound <= 2:
@@ -196,14 +215,19 @@ def _first_line(text: str) -> str:
 
 
 def _ask_child(path: pathlib.Path, device: torch.device, probe_rows: int, given: list[_Input],
-               tries: list[tuple[int, bool]]
+               tries: list[tuple[int, bool, dict[str, dict[str, Any]]]]
                ) -> tuple[dict[str, Any] | None, list[str | None]]:
     """The ranges of the dims `given` asks about and their ties (None: not learned; see
     aoti_child.py), and each try's refusal (None: it ran), from a child process with the
-    checks on; `probe_rows`: the batch the child's probes use (0: not batched)."""
+    checks on; `probe_rows`: the batch the child's probes use (0: not batched); each try:
+    rows, as a view, and the inputs the server makes for it, by name."""
+    order = {item.name: index for index, item in enumerate(given)}
     request = json.dumps({"path": str(path), "device": str(device),
                           "batched": probe_rows > 0, "rows": probe_rows,
-                          "tries": [{"rows": rows, "view": view} for rows, view in tries],
+                          "tries": [{"rows": rows, "view": view,
+                                     "made": {str(order[name]): value
+                                              for name, value in made.items() if name in order}}
+                                    for rows, view, made in tries],
                           "inputs": [{"name": i.name, "dtype": i.dtype, "shape": i.shape,
                                       "probe": i.probe} for i in given]})
     try:

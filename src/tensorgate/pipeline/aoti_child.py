@@ -4,8 +4,9 @@ it is asked about, then prints, per try, what it said.
 
 Run as a file, not a module of the package, so that it imports torch and nothing more.
 Argument: JSON {"path", "device", "batched", "rows", "inputs": [{"name", "dtype", "shape",
-"probe"}], "tries": [{"rows", "view"}]} (shapes of one row where batched; "probe": the dims
-of that input to learn the range of; "rows": the batch the probes use). It prints one line
+"probe"}], "tries": [{"rows", "view", "made"}]} (shapes of one row where batched; "probe":
+the dims of that input to learn the range of; "rows": the batch the probes use; "made": by
+input index, {"shape", "values"} of a batch input the server makes for that try). It prints one line
 `aoti-bounds: <JSON>`: {"ranges": per input, {"dim", "low", "high"} per probed dim, high
 null where unbounded; "ties": groups of [input, dim, a, b] sized a*s + b from one s, or how
 it showed that the sizes are related in a way not learned} (null where the checks refused
@@ -364,8 +365,12 @@ def main(request: dict[str, Any]) -> None:
                     shape[dim] = tried[index][dim]
             if request["batched"]:
                 shape[0] = attempt["rows"]
+            made = attempt.get("made", {}).get(str(index))
             if attempt["view"]:
                 inputs.append(torch.empty(shape, dtype=dtype, device="meta"))
+            elif made is not None:  # a batch input, as the server makes it
+                inputs.append(torch.tensor(made["values"], dtype=dtype,
+                                           device=device).reshape(made["shape"]))
             else:
                 inputs.append(torch.zeros(shape, dtype=dtype, device=device))
         print(ANSWER + json.dumps(_refusal(run, inputs)), flush=True)
