@@ -6,8 +6,8 @@ Run as a file, not a module of the package, so that it imports torch and nothing
 Argument: JSON {"path", "device", "batched", "rows", "inputs": [{"name", "dtype", "shape",
 "probe"}], "tries": [{"rows", "view", "made"}]} (shapes of one row where batched; "probe":
 the dims of that input to learn the range of; "rows": the batch the probes use; "made": by
-input index, {"shape", "values"} of a batch input the server makes for that try). It prints one line
-`aoti-bounds: <JSON>`: {"ranges": per input, {"dim", "low", "high"} per probed dim, high
+input index, {"shape", "values"} of a batch input the server makes for that try). It
+prints one line `aoti-bounds: <JSON>`: {"ranges": per input, {"dim", "low", "high"} per probed dim, high
 null where unbounded; "ties": groups of [input, dim, a, b] sized a*s + b from one s, or how
 it showed that the sizes are related in a way not learned} (null where the checks refused
 something else: the tries then say what), then a line `aoti-check: <JSON>` per try, null
