@@ -7,11 +7,11 @@ Argument: JSON {"path", "device", "batched", "rows", "inputs": [{"name", "dtype"
 "probe"}], "tries": [{"rows", "view", "made"}]} (shapes of one row where batched; "probe":
 the dims of that input to learn the range of; "rows": the batch the probes use; "made": by
 input index, {"shape", "values"} of a batch input the server makes for that try). It
-prints one line `aoti-bounds: <JSON>`: {"ranges": per input, {"dim", "low", "high"} per probed dim, high
-null where unbounded; "ties": groups of [input, dim, a, b] sized a*s + b from one s, or how
-it showed that the sizes are related in a way not learned} (null where the checks refused
-something else: the tries then say what), then a line `aoti-check: <JSON>` per try, null
-where the package ran, else its refusal.
+prints one line `aoti-bounds: <JSON>`: {"ranges": per input, {"dim", "low", "high"} per
+probed dim, high null where unbounded; "ties": groups of [input, dim, a, b] sized a*s + b
+from one s, or how it showed that the sizes are related in a way not learned} (null where
+the checks refused something else: the tries then say what), then a line `aoti-check:
+<JSON>` per try, null where the package ran, else its refusal.
 
 The probes and a try with "view" pass meta tensors: the generated checks take each input's
 dtype, sizes and strides, then its device, so a meta tensor of sizes they take is refused
