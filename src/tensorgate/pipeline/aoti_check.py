@@ -50,7 +50,7 @@ from typing import Any
 
 import torch
 
-from tensorgate.pipeline.aoti_child import ANSWER, BOUNDS, SIZE
+from tensorgate.pipeline.aoti_child import ANSWER, BOUNDS, SIZE, TOO_SMALL, first_line
 from tensorgate.pipeline.input_bounds import CompiledShapes, bounded_spec
 from tensorgate.pipeline.runner import warmup_inputs, zeros_refused
 from tensorgate.pipeline.torch_io import input_order
@@ -159,19 +159,19 @@ def _judge(where: str, spec: ModelSpec, given: list[_Input], error: str, rows: i
         if view:
             return
         raise ModelConfigError(where, "the AOTInductor package refuses zeros shaped as the "
-                                      f"config says ({_shapes(given)}): {_first_line(error)}")
+                                      f"config says ({_shapes(given)}): {first_line(error)}")
     index, kind, dim, bound = int(size[1]), size[2], int(size[3]), int(size[4])
     name = given[index].name if index < len(given) else ""
     config = spec.input(name)
     if (config is not None and config.ragged) or \
             any(item.target == name for item in spec.batch_inputs):
         # counts, not rows: a ragged input's elements end to end, a batch input's requests
-        if kind == "dim value is too small" and bound <= 2:
+        if kind == TOO_SMALL and bound <= 2:
             return  # inductor's 0/1 specialization: its code takes 1
     elif spec.max_batch_size > 0 and dim == 0:  # the batch dim
         if rows > spec.max_batch_size:
             return  # never asked of it
-        if kind == "dim value is too small" and rows == 1 and bound <= 2:
+        if kind == TOO_SMALL and rows == 1 and bound <= 2:
             return  # inductor's 0/1 specialization: see the module docstring
         if kind == "dim value is too large" or (kind == "unmatched dim value" and bound == 1):
             compiled = "exactly 1 row" if bound == 1 else f"at most {bound} rows"
@@ -181,7 +181,7 @@ def _judge(where: str, spec: ModelSpec, given: list[_Input], error: str, rows: i
                                           f"{bound}{' or less' if bound > 1 else ''}, or "
                                           f"export it with a dynamic batch dim, "
                                           f"{_dynamic(spec)}")
-        compiled = (f"at least {bound} rows" if kind == "dim value is too small"
+        compiled = (f"at least {bound} rows" if kind == TOO_SMALL
                     else f"exactly {bound} rows")
         raise ModelConfigError(where, f"the AOTInductor package was compiled for batches of "
                                       f"{compiled}, and the batcher makes batches of any size "
@@ -196,10 +196,10 @@ def _judge(where: str, spec: ModelSpec, given: list[_Input], error: str, rows: i
             warned.add(item.name)
             log.warning("%s: dim %d of input '%s' is variable in the config, and the package "
                         "bounds it (%s); sizes outside are not checked here", where, dim,
-                        item.name, _first_line(error))
+                        item.name, first_line(error))
         return
     raise ModelConfigError(where, "the AOTInductor package refuses zeros shaped as the config "
-                                  f"says ({_shapes(given)}): {_first_line(error)}")
+                                  f"says ({_shapes(given)}): {first_line(error)}")
 
 
 def _dynamic(spec: ModelSpec) -> str:
@@ -208,10 +208,6 @@ def _dynamic(spec: ModelSpec) -> str:
 
 def _shapes(given: list[_Input]) -> str:
     return ", ".join(f"'{i.name}' {i.dtype} {i.shape}" for i in given)
-
-
-def _first_line(text: str) -> str:
-    return text.strip().splitlines()[0] if text.strip() else "(no message)"
 
 
 def _ask_child(path: pathlib.Path, device: torch.device, probe_rows: int, given: list[_Input],

@@ -175,12 +175,9 @@ class _Ties:
                     raise _Unlearned(f"{self.named(member)} shrinks as {self.named(root)} "
                                      "grows")
                 follows[member] = (root, c, d)
-        groups = []
-        for root, (a, b) in roots.items():
-            group = [[*root, a, b]] + [[*member, c, d] for member, (followed, c, d)
-                                       in follows.items() if followed == root]
-            if len(group) > 1 or a > 1:  # a dim of s alone needs no check of its own
-                groups.append(group)
+        groups = [[[*root, a, b]] + [[*member, c, d] for member, (followed, c, d)
+                                     in follows.items() if followed == root]
+                  for root, (a, b) in roots.items()]  # bounded_spec keeps those that count
         tried = []
         for more in (0, 7):  # each group's least s, then up to 7 more
             sizes = [list(shape) for shape in base]
@@ -195,7 +192,7 @@ class _Ties:
                         sizes[index][dim] = c * s + d
             error = _refusal(self.run, self.zeros(sizes))
             if error is not None:
-                raise _Unlearned(f"it refused the sizes learned, {sizes}: {_line(error)}")
+                raise _Unlearned(f"it refused the sizes learned, {sizes}: {first_line(error)}")
             tried.append(sizes)
         for (index, dim), _ in follows.items():  # each one refused, by name, when it is off
             off = [list(shape) for shape in tried[0]]
@@ -239,7 +236,7 @@ class _Ties:
         refused = [index for index in range(len(sizes)) if index not in put_right
                    and named(index) and all((index, dim) in self.probed for dim, _ in unequal)]
         if not refused or not unequal:
-            raise _Unlearned(f"it refused sizes {sizes}: {_line(error)}")
+            raise _Unlearned(f"it refused sizes {sizes}: {first_line(error)}")
         for index in refused:
             fixed = [list(shape) for shape in sizes]
             for dim, expected in unequal:
@@ -317,7 +314,7 @@ class _Ties:
         raise _Unlearned(f"{self.named(moving)} could not be moved to a size no other dim has")
 
 
-def _line(text: str) -> str:
+def first_line(text: str) -> str:
     return text.strip().splitlines()[0] if text.strip() else "(no message)"
 
 

@@ -65,11 +65,11 @@ def bounded_spec(where: str, spec: ModelSpec, model: str, shapes: CompiledShapes
     for group in shapes.ties:
         members = tuple(TiedDim(*member) for member in group if variable(*member[:2]))
         if len(members) < 2 and not any(m.scale > 1 for m in members):
-            continue  # a dim of s alone takes any size
+            continue  # a dim of s (or s + b) alone takes any size its range does
         ties.append(members)
         if quiet:
             continue
-        if all(m.scale == 1 and m.offset == 0 for m in members):
+        if all(m.plain for m in members):
             log.info("%s: %s take one size in %s: requests where they differ are refused",
                      where, _listed([f"dim {m.dim} of input '{m.input}'" for m in members]),
                      model)
@@ -136,7 +136,12 @@ def size_range(program: Any, size: Any) -> tuple[int, int | None] | None:
     its range is not known."""
     if not isinstance(size, torch.SymInt):
         return int(size), int(size)
-    bounds = program.range_constraints.get(size.node.expr)
+    return _expr_range(program, size.node.expr)
+
+
+def _expr_range(program: Any, expr: Any) -> tuple[int, int | None] | None:
+    """(fewest, most) a size expression or symbol takes in a program's range constraints."""
+    bounds = program.range_constraints.get(expr)
     if bounds is None:
         return None
     upper = bounds.upper  # a sympy Integer, or torch's int_oo (which calls itself finite)
@@ -161,9 +166,10 @@ def program_shapes(program: Any, names: Sequence[str]) -> CompiledShapes | None:
             if linear is not None:
                 symbol, scale, offset = linear
                 symbols.setdefault(symbol, []).append(TiedDim(name, dim, scale, offset))
-                taken = _symbol_range(program, symbol)
+                taken = _expr_range(program, symbol)
                 if taken is not None:
                     low, high = taken
+                    low = 1 if low == 2 else low  # the 0/1 specialization (see above)
                     taken = (scale * low + offset,
                              None if high is None else scale * high + offset)
             else:
@@ -171,8 +177,7 @@ def program_shapes(program: Any, names: Sequence[str]) -> CompiledShapes | None:
             if taken is not None:
                 found.append((dim, *taken))
         ranges[name] = found
-    return CompiledShapes(ranges, [dims for dims in symbols.values()
-                                   if len(dims) > 1 or dims[0].scale > 1])
+    return CompiledShapes(ranges, list(symbols.values()))  # bounded_spec keeps what counts
 
 
 def _linear(size: Any) -> tuple[Any, int, int] | None:
@@ -189,12 +194,3 @@ def _linear(size: Any) -> tuple[Any, int, int] | None:
         return None
     return symbol, int(scale), int(offset)
 
-
-def _symbol_range(program: Any, symbol: Any) -> tuple[int, int | None] | None:
-    """(fewest, most) a symbol of a program takes, 2 read as 1 (see program_shapes)."""
-    bounds = program.range_constraints.get(symbol)
-    if bounds is None:
-        return None
-    upper = bounds.upper  # a sympy Integer, or torch's int_oo (which calls itself finite)
-    low = int(bounds.lower)
-    return (1 if low == 2 else low), (int(upper) if upper.is_Integer else None)

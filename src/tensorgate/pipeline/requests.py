@@ -204,6 +204,7 @@ def _check_ties(spec: ModelSpec, inputs: Mapping[str, Any]) -> None:
             size = value.shape[dim]
             if first is None:
                 first, first_size = tied, size
+                # (s itself tested on the fields unpacked: `plain` costs a call a request)
                 known = size if scale == 1 and not offset else tied.symbol(size)
                 if known is None:
                     raise InvalidArgumentError(
@@ -222,7 +223,7 @@ def _untied(spec: ModelSpec, group: tuple[TiedDim, ...], first: TiedDim, first_s
     said = (f"input '{tied.input}' of model '{spec.name}' has {size} in dim {tied.dim}"
             f"{_as_taken(spec, tied.input)}, and input '{first.input}' {first_size} in dim "
             f"{first.dim}{_as_taken(spec, first.input)}")
-    if all(t.scale == 1 and t.offset == 0 for t in group):
+    if all(t.plain for t in group):
         return InvalidArgumentError(f"{said}; the model takes one size in both (the sizes it "
                                     "was exported for)")
     return InvalidArgumentError(f"{said}; the model takes {taken} there: it sizes dim "

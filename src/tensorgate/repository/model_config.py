@@ -97,6 +97,11 @@ class TiedDim(NamedTuple):
     scale: int = 1
     offset: int = 0
 
+    @property
+    def plain(self) -> bool:
+        """Whether the dim is s itself."""
+        return self.scale == 1 and self.offset == 0
+
     def symbol(self, size: int) -> int | None:
         """The s a size of this dim stands for; None where no whole s gives it."""
         s, rest = divmod(size - self.offset, self.scale)
