@@ -8,7 +8,8 @@ from typing import Any
 
 import numpy as np
 
-from tensorgate.errors import InvalidArgumentError, NotFoundError, UnavailableError
+from tensorgate.errors import (InvalidArgumentError, NotFoundError, UnavailableError,
+                              UnimplementedError)
 from tensorgate.log_settings import LogSettings
 from tensorgate.pipeline.engine import Engine, InferenceRequest, InferenceResult
 from tensorgate.pipeline.postprocess import topk_classify
@@ -56,6 +57,17 @@ def refuse_model_files(parameters: Iterable[str]) -> None:
                                    "with a load is not supported (they would be code the "
                                    "server runs); put them in the model repository and load "
                                    "again ('config' alone may override the config)")
+
+
+def _one_repository(repository: str) -> None:
+    """A request may name its repository (/v2/repository/{name}/..., gRPC repository_name);
+    the server serves one, so a name is refused as Triton refuses it, not read as that one
+    (a client that meant another server's repository must not act on this one's models)."""
+    if repository:
+        raise UnimplementedError(f"repository '{repository}': naming a repository is not "
+                                 "supported: the server serves one model repository; leave "
+                                 "the name out (POST /v2/repository/index, "
+                                 "/v2/repository/models/{model}/load)")
 
 
 class DataPlane:
@@ -123,19 +135,24 @@ class DataPlane:
 
     # -- repository ------------------------------------------------------------------------
 
-    def repository_index(self, ready_only: bool = False) -> list[dict[str, str]]:
+    def repository_index(self, ready_only: bool = False,
+                         repository: str = "") -> list[dict[str, str]]:
+        """`repository`: the name a request gave its repository, which must be none."""
+        _one_repository(repository)
         index = self.engine.index()
         return [e for e in index if e["state"] == "READY"] if ready_only else index
 
-    async def load(self, name: str, config: str | None = None) -> None:
+    async def load(self, name: str, config: str | None = None, repository: str = "") -> None:
         """`config`: a JSON model config to load with instead of the repository's."""
+        _one_repository(repository)
         self._check_model_control("load")
         if config is not None and len(config) > MAX_JSON_VALUES:  # else it cannot be over
             json_values_bounded(config.encode(), "load parameter 'config'")
         await self.engine.load(name, config)
 
-    async def unload(self, name: str, dependents: bool = False) -> None:
+    async def unload(self, name: str, dependents: bool = False, repository: str = "") -> None:
         """`dependents`: Triton's unload_dependents (an ensemble's step models too)."""
+        _one_repository(repository)
         self._check_model_control("unload")
         await self.engine.unload(name, dependents=dependents)
 

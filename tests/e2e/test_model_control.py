@@ -17,9 +17,11 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
+import grpc
 import torch
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 from tensorgate.builtin.repository import default_repository
@@ -178,6 +180,52 @@ def test_unload_dependents_over_http_and_grpc(tmp_path: pathlib.Path) -> None:
             client.load_model("ens_b")
             client.unload_model("ens_b", unload_dependents=True)
             assert not client.is_model_ready("ens_b") and not client.is_model_ready("b")
+    finally:
+        assert stop_server(server) == 0
+
+
+def test_a_named_repository_is_refused_and_acts_on_nothing(tmp_path: pathlib.Path) -> None:
+    """/v2/repository/{name}/... and gRPC's repository_name: one repository is served, so a
+    name is refused (501 / UNIMPLEMENTED, as Triton does), not read as this server's."""
+    server = start_server(_repo(tmp_path / "models", "a"), tmp_path / "server.log",
+                          "--model-control-mode", "explicit", "--load-model", "a")
+    refusal = ("repository 'other': naming a repository is not supported: the server serves "
+               "one model repository; leave the name out (POST /v2/repository/index, "
+               "/v2/repository/models/{model}/load)")
+    try:
+        connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+        for path in ("/v2/repository/other/index", "/v2/repository/other/models/a/unload",
+                     "/v2/repository/other/models/b/load"):
+            connection.request("POST", path, b"{}")
+            answer = connection.getresponse()
+            assert (answer.status, json.loads(answer.read())) == (501, {"error": refusal}), path
+        connection.request("POST", "/v2/repository/models/a/index", b"{}")  # not an index
+        answer = connection.getresponse()
+        assert (answer.status, answer.read()) == (
+            404, b'{"error":"no route for /v2/repository/models/a/index"}')
+        connection.request("POST", "/v2/repository/index", b"{}")
+        answer = connection.getresponse()
+        assert answer.status == 200
+        assert [m["name"] for m in json.loads(answer.read())] == ["a"]
+        connection.close()
+        channel = grpc.insecure_channel(server.grpc_url)
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        calls = ((stub.RepositoryIndex, service_pb2.RepositoryIndexRequest(
+                      repository_name="other")),
+                 (stub.RepositoryModelUnload, service_pb2.RepositoryModelUnloadRequest(
+                      repository_name="other", model_name="a")),
+                 (stub.RepositoryModelLoad, service_pb2.RepositoryModelLoadRequest(
+                      repository_name="other", model_name="b")))
+        for call, message in calls:
+            with pytest.raises(grpc.RpcError) as refused:
+                call(message, timeout=30)
+            assert (refused.value.code(), refused.value.details()) == (
+                grpc.StatusCode.UNIMPLEMENTED, refusal)
+        index = stub.RepositoryIndex(service_pb2.RepositoryIndexRequest(), timeout=30)
+        assert [(m.name, m.state) for m in index.models] == [("a", "READY")]
+        channel.close()
+        with httpclient.InferenceServerClient(server.url) as client:
+            assert np.array_equal(_infer(client, "a"), np.full((1, 4), 3.0, np.float32))
     finally:
         assert stop_server(server) == 0
 

@@ -280,7 +280,8 @@ async def _cuda_shm_status(dp: DataPlane, request: Any) -> Any:
 async def _repository_index(dp: DataPlane, request: Any) -> Any:
     index = pb.RepositoryIndexResponse.ModelIndex
     return pb.RepositoryIndexResponse(models=[index(**e) for e in
-                                              dp.repository_index(request.ready)])
+                                              dp.repository_index(request.ready,
+                                                                  request.repository_name)])
 
 
 async def _repository_load(dp: DataPlane, request: Any) -> Any:
@@ -292,7 +293,7 @@ async def _repository_load(dp: DataPlane, request: Any) -> Any:
             raise InvalidArgumentError("load parameter 'config' must be a string: the model "
                                        "config as JSON text")
         config = value.string_param
-    await dp.load(request.model_name, config)
+    await dp.load(request.model_name, config, request.repository_name)
     return pb.RepositoryModelLoadResponse()
 
 
@@ -303,7 +304,7 @@ async def _repository_unload(dp: DataPlane, request: Any) -> Any:
         if value.WhichOneof("parameter_choice") != "bool_param":
             raise InvalidArgumentError("unload parameter 'unload_dependents' must be a bool")
         dependents = value.bool_param
-    await dp.unload(request.model_name, dependents)
+    await dp.unload(request.model_name, dependents, request.repository_name)
     return pb.RepositoryModelUnloadResponse()
 
 

@@ -142,12 +142,12 @@ async def _trace_settings(dp: DataPlane, request: HttpRequest, model: str = "") 
     return _json(dp.trace_settings(model, _body_json(request)))
 
 
-async def _index(dp: DataPlane, request: HttpRequest) -> Any:
+async def _index(dp: DataPlane, request: HttpRequest, repository: str) -> Any:
     ready = _body_json(request).get("ready", False)
-    return _json(dp.repository_index(bool(ready)))
+    return _json(dp.repository_index(bool(ready), repository))
 
 
-async def _load(dp: DataPlane, request: HttpRequest, model: str) -> Any:
+async def _load(dp: DataPlane, request: HttpRequest, model: str, repository: str) -> Any:
     parameters = _body_json(request).get("parameters") or {}
     if not isinstance(parameters, dict):
         raise InvalidArgumentError("'parameters' of a load request must be a JSON object")
@@ -156,18 +156,18 @@ async def _load(dp: DataPlane, request: HttpRequest, model: str) -> Any:
     if config is not None and not isinstance(config, str):
         raise InvalidArgumentError("load parameter 'config' must be a string: the model "
                                    "config as JSON text")
-    await dp.load(model, config)
+    await dp.load(model, config, repository)
     return 200, _JSON, [b""]
 
 
-async def _unload(dp: DataPlane, request: HttpRequest, model: str) -> Any:
+async def _unload(dp: DataPlane, request: HttpRequest, model: str, repository: str) -> Any:
     parameters = _body_json(request).get("parameters") or {}
     if not isinstance(parameters, dict):
         raise InvalidArgumentError("'parameters' of an unload request must be a JSON object")
     dependents = parameters.get("unload_dependents", False)
     if not isinstance(dependents, bool):
         raise InvalidArgumentError("unload parameter 'unload_dependents' must be true or false")
-    await dp.unload(model, dependents)
+    await dp.unload(model, dependents, repository)
     return 200, _JSON, [b""]
 
 
@@ -463,17 +463,18 @@ def _route(method: str, path: str) -> tuple[Handler, tuple[str, ...]] | tuple[in
         return (_server_metadata, ()) if get else (405, "use GET")
     if rest[0] == "health" and len(rest) == 2 and rest[1] in ("live", "ready"):
         return ((_live if rest[1] == "live" else _ready), ()) if get else (405, "use GET")
-    if rest[0] == "repository":
+    if rest[0] == "repository":  # [/{repository}]/index, [/{repository}]/models/{m}/load
         body = rest[1:]
-        if len(body) >= 3 and body[-3] == "models" or body == ["index"] or \
-                (len(body) == 2 and body[1] == "index"):
-            if not post:
-                return 405, "use POST"
-            if body[-1] == "index":
-                return _index, ()
-            if body[-1] in ("load", "unload") and len(body) in (3, 4):
-                return (_load if body[-1] == "load" else _unload), (body[-2],)
-        return 404, f"no route for {path}"
+        index = body[-1:] == ["index"] and len(body) <= 2
+        control = len(body) in (3, 4) and body[-3] == "models" and body[-1] in ("load", "unload")
+        if not (index or control):
+            return 404, f"no route for {path}"
+        if not post:
+            return 405, "use POST"
+        repository = body[0] if len(body) in (2, 4) else ""
+        if index:
+            return _index, (repository,)
+        return (_load if body[-1] == "load" else _unload), (body[-2], repository)
     if rest == ["logging"]:
         return (_log_settings, ()) if get or post else (405, "use GET or POST")
     if rest == ["trace", "setting"]:
