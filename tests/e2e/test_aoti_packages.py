@@ -312,8 +312,9 @@ def test_each_refusal_of_the_generated_checks_is_judged_by_what_it_names() -> No
 
 def test_the_dims_probed_are_the_variable_ones_of_an_input_as_the_model_takes_it() -> None:
     """The batch dim is the batcher's and a fixed dim the config's; a reshaped input's
-    dims are its reshape's; a ragged one (taken flat) and a server-made one are not
-    probed."""
+    dims are its reshape's; a ragged one is taken flat, its dim 0 probed; a server-made
+    one's count is bounded (its range alone), and made by the child as the server makes
+    it."""
     spec = parse_model_config(
         'name: "m" platform: "torch_aoti" max_batch_size: 8 input [ '
         '{ name: "x" data_type: TYPE_FP32 dims: [ -1, 3 ] }, '
@@ -323,10 +324,23 @@ def test_the_dims_probed_are_the_variable_ones_of_an_input_as_the_model_takes_it
         'source_input: "r" } ] '
         'output [ { name: "y" data_type: TYPE_FP32 dims: [ 4 ] } ]', "m/config.pbtxt")
     zeros = torch.zeros
-    assert _described("x", zeros(1, 1, 3), spec, True).probe == (1,)
-    assert _described("flat", zeros(1, 2, 1), spec, True).probe == (2,)
-    assert _described("r", zeros(1, 1), spec, True).probe == ()
-    assert _described("n", zeros(1, 1), spec, True).probe == ()
+    order = ("x", "flat", "r", "n")
+    assert _described("x", zeros(1, 1, 3), spec, True, order).probe == (1,)
+    assert _described("flat", zeros(1, 2, 1), spec, True, order).probe == (2,)
+    ragged = _described("r", zeros(1), spec, True, order)
+    assert (ragged.probe, ragged.bound, ragged.ragged, ragged.made) == ((0,), (), True, None)
+    count = _described("n", zeros(1), spec, True, order)
+    assert (count.probe, count.bound, count.ragged, count.made) == (
+        (), (0,), False, {"kind": "BATCH_ELEMENT_COUNT", "source": 2, "ragged": True})
+    # a ragged source of two dims a request: the child cannot share its elements out into
+    # requests for any size, so the flat dim's range alone is learned
+    rows = parse_model_config(
+        'name: "m" platform: "torch_aoti" max_batch_size: 8 input [ '
+        '{ name: "r" data_type: TYPE_FP32 dims: [ -1, 3 ] allow_ragged_batch: true } ] '
+        'batch_input [ { kind: BATCH_ITEM_SHAPE target_name: "s" data_type: TYPE_INT32 '
+        'source_input: "r" } ] '
+        'output [ { name: "y" data_type: TYPE_FP32 dims: [ 1 ] } ]', "m/config.pbtxt")
+    assert _described("r", zeros(3), rows, True, ("r", "s")).bound == (0,)
 
 
 class _Product(torch.nn.Module):
@@ -398,7 +412,8 @@ def sized_server(tmp_path_factory: pytest.TempPathFactory
     "sized" with every non-batch dim -1, and as "sized_fixed" with edges' dims [6] (s is
     then 5: a relation to a dim the config fixes); of _Product as "product"; of
     rb.PairsFirst as "pairs_first"; of _TwoGroups as "two_groups"; of _RaggedSum as
-    "ragged" (ragged batching); and the root of its repository."""
+    "ragged" (ragged batching); of rb.RaggedPairs as "ragged_pairs"; and the root of its
+    repository."""
     root = tmp_path_factory.mktemp("sized")
     auto = torch.export.Dim.AUTO
     with warnings.catch_warnings():
@@ -417,6 +432,8 @@ def sized_server(tmp_path_factory: pytest.TempPathFactory
             _export_two_groups(), package_path=str(root / "two_groups.pt2"))
         ragged = torch._inductor.aoti_compile_and_package(
             _export_ragged_sum(), package_path=str(root / "ragged.pt2"))
+        ragged_pairs = torch._inductor.aoti_compile_and_package(
+            rb.export_ragged(pairs=True), package_path=str(root / "ragged_pairs.pt2"))
     for name, edges in (("sized", "[-1]"), ("sized_fixed", "[6]")):
         folder = rb.write_sized_config(root / "models", name, "torch_aoti", edges)
         shutil.copy(package, folder / "1" / "model.pt2")
@@ -441,6 +458,8 @@ def sized_server(tmp_path_factory: pytest.TempPathFactory
         parameters { key: "batch_cap" value { string_value: "off" } }
         """)
     shutil.copy(ragged, folder / "1" / "model.pt2")
+    folder = rb.write_ragged_config(root / "models", "ragged_pairs", "torch_aoti", "w")
+    shutil.copy(ragged_pairs, folder / "1" / "model.pt2")
     server = start_server(root / "models", root / "server.log")
     try:
         yield server, root / "models"
@@ -630,3 +649,51 @@ def test_a_ragged_package_loads_and_each_request_gets_its_own_answer(
         assert total == [[length * (length + 1) / 2]]
         np.testing.assert_array_equal(doubled, 2 * np.arange(1, length + 1,
                                                              dtype=np.float32)[None])
+
+
+def test_a_ragged_packages_ranges_and_ties_hold_each_batch_and_request(
+        sized_server: tuple[RunningServer, pathlib.Path]) -> None:
+    """rb.RaggedPairs as a package: ragged x of 2*n and w of n (n to 1,000), ENDS of 1 to 3
+    requests. The load learns the tie by running the package with the ENDS the server
+    would make for each size it tries. Before, nothing of it was checked: x of 5 beside w
+    of 2 was answered as if x were 4, x of 6 beside w of 2 failed its batch ("index out of
+    bounds"), and five requests ran as one batch, past the 3 requests ENDS was compiled
+    for. Now each is refused by name, and five requests make two batches."""
+    server, _ = sized_server
+    said = server.log.read_text()
+    assert ("the AOTInductor package takes the elements of ragged inputs 'x' and 'w' from "
+            "one n (2*n, n): requests where they disagree are refused") in said
+    assert ("the AOTInductor package takes at most 3 requests in a batch (its batch inputs' "
+            "range), fewer than max_batch_size 8: batches are formed within it") in said
+
+    def infer(x: int, w: int) -> float:
+        inputs = []
+        for name, length, value in (("x", x, 1.0), ("w", w, 3.0)):
+            item = httpclient.InferInput(name, [1, length], "FP32")
+            item.set_data_from_numpy(np.full((1, length), value, np.float32))
+            inputs.append(item)
+        with httpclient.InferenceServerClient(server.url) as client:  # one a thread
+            return float(client.infer("ragged_pairs", inputs).as_numpy("SUM")[0, 0])
+
+    with httpclient.InferenceServerClient(server.url) as client:
+        before = client.get_inference_statistics("ragged_pairs")["model_stats"][0]
+        with ThreadPoolExecutor(5) as pool:
+            answers = list(pool.map(infer, *zip(*((2 * n, n) for n in range(1, 6)))))
+        after = client.get_inference_statistics("ragged_pairs")["model_stats"][0]
+    assert answers == [6.0 * n for n in range(1, 6)]
+    assert int(after["inference_count"]) - int(before["inference_count"]) == 5
+    assert int(after["execution_count"]) - int(before["execution_count"]) >= 2
+    for (x, w), refusal in (
+            ((6, 2), "input 'w' of model 'ragged_pairs' has 2 elements, and input 'x' 6; the "
+                     "model takes 3 there: it takes n elements of 'w' where it takes 2*n of "
+                     "'x', for one n (the sizes it was exported for)"),
+            ((5, 2), "input 'x' of model 'ragged_pairs' has 5 elements; the model takes 2*n "
+                     "of them, for a whole n (the sizes it was exported for)"),
+            ((2002, 1001), "input 'x' of model 'ragged_pairs' has 2002 elements; the model "
+                           "takes at most 2000 from a request (the sizes it was exported "
+                           "for)")):
+        with pytest.raises(InferenceServerException) as refused:
+            infer(x, w)
+        assert refused.value.status() == "400" and refusal in str(refused.value)
+    assert infer(2000, 1000) == 6000.0
+

@@ -121,6 +121,59 @@ def export_pairs_first(batched: bool) -> torch.export.ExportedProgram:
                                                "x": {**batch, 1: length}})
 
 
+class RaggedWeighted(torch.nn.Module):
+    """Ragged x and w of one length (their elements end to end), ENDS where each request
+    ends: each request's sum of x * w, with tensor ops only (a package runs no Python
+    loop)."""
+
+    def forward(self, x: torch.Tensor, w: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
+        owner = torch.searchsorted(ends.to(torch.int64), torch.arange(x.shape[0]), right=True)
+        return torch.zeros(ends.shape[0], dtype=x.dtype).index_add(0, owner,
+                                                                   x * w).unsqueeze(1)
+
+
+class RaggedPairs(torch.nn.Module):
+    """Ragged x of 2*n (pairs) and w of n, ENDS where each request's w ends: each request's
+    sum of its pairs' sums times w."""
+
+    def forward(self, x: torch.Tensor, w: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
+        owner = torch.searchsorted(ends.to(torch.int64), torch.arange(w.shape[0]), right=True)
+        pairs = x.view(-1, 2).sum(1) * w
+        return torch.zeros(ends.shape[0], dtype=x.dtype).index_add(0, owner, pairs).unsqueeze(1)
+
+
+def export_ragged(pairs: bool) -> torch.export.ExportedProgram:
+    """RaggedPairs (`pairs`: x 2*n with n to 1000, ENDS of 1 to 3 requests) or
+    RaggedWeighted (x and w of one n to 4096, ENDS of 1 to 8)."""
+    n = torch.export.Dim("n", min=1, max=1000 if pairs else 4096)
+    ends = torch.tensor([3, 7, 12], dtype=torch.int32)
+    return torch.export.export(
+        RaggedPairs() if pairs else RaggedWeighted(),
+        (torch.randn(24 if pairs else 12), torch.randn(12), ends),
+        dynamic_shapes={"x": {0: 2 * n if pairs else n}, "w": {0: n},
+                        "ends": {0: torch.export.Dim("requests", min=1,
+                                                     max=3 if pairs else 8)}})
+
+
+def write_ragged_config(repo: pathlib.Path, name: str, platform: str, source: str
+                        ) -> pathlib.Path:
+    """Model `name` (RaggedWeighted or RaggedPairs) with ragged x and w and ENDS (as
+    BATCH_ACCUMULATED_ELEMENT_COUNT of `source`): its folder. Batches form at once (no
+    batch_cap's slow start) within 0.2 s."""
+    return write_config(repo, name, f"""
+        name: "{name}"
+        platform: "{platform}"
+        max_batch_size: 8
+        input [ {{ name: "x" data_type: TYPE_FP32 dims: [-1] allow_ragged_batch: true }},
+                {{ name: "w" data_type: TYPE_FP32 dims: [-1] allow_ragged_batch: true }} ]
+        output [ {{ name: "SUM" data_type: TYPE_FP32 dims: [1] }} ]
+        batch_input {{ kind: BATCH_ACCUMULATED_ELEMENT_COUNT target_name: "ends"
+                       data_type: TYPE_INT32 source_input: "{source}" }}
+        dynamic_batching {{ max_queue_delay_microseconds: 200000 }}
+        parameters {{ key: "batch_cap" value {{ string_value: "off" }} }}
+        """)
+
+
 def write_sized_config(repo: pathlib.Path, name: str, platform: str, edges: str = "[-1]"
                        ) -> pathlib.Path:
     """Model `name` (Sized) with x [-1, 8], edges `edges`, pairs [-1]: its folder."""

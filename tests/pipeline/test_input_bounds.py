@@ -2,10 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
+import re
+
+import pytest
 import torch
 
+from tensorgate import InferenceRequest, TensorView
+from tensorgate.errors import InvalidArgumentError
 from tensorgate.pipeline.input_bounds import CompiledShapes, bounded_spec, program_shapes
-from tensorgate.repository.model_config import TiedDim, parse_model_config
+from tensorgate.pipeline.ragged import BatchRoom
+from tensorgate.pipeline.requests import work_item
+from tensorgate.repository.model_config import (ModelConfigError, RaggedLimits, TiedDim,
+                                                parse_model_config)
 
 SPEC = parse_model_config('name: "m" max_batch_size: 8 input [ '
                           '{ name: "x" data_type: TYPE_FP32 dims: [ -1, -1, 3 ] }, '
@@ -105,3 +115,88 @@ def test_dims_a_program_sizes_from_a_symbol_are_tied_with_how() -> None:
                              "pairs": [(0, 2, 2), (1, 2, 32)]}
     assert [sorted(group) for group in shapes.ties] == [
         [TiedDim("edges", 1, 1, 1), TiedDim("pairs", 1, 2, 0), TiedDim("x", 1, 1, 0)]]
+
+
+RAGGED = parse_model_config(
+    'name: "r" max_batch_size: 8 input [ '
+    '{ name: "x" data_type: TYPE_FP32 dims: [ -1 ] allow_ragged_batch: true }, '
+    '{ name: "w" data_type: TYPE_FP32 dims: [ -1 ] allow_ragged_batch: true }, '
+    '{ name: "k" data_type: TYPE_FP32 dims: [ 2, 3 ] } ] '
+    'output [ { name: "y" data_type: TYPE_FP32 dims: [ 1 ] } ] '
+    + " ".join(f'batch_input {{ kind: {kind} target_name: "{target}" data_type: TYPE_INT32 '
+               f'source_input: "{source}" }}' for kind, target, source in (
+                   ("BATCH_ACCUMULATED_ELEMENT_COUNT_WITH_ZERO", "ends", "x"),
+                   ("BATCH_MAX_ELEMENT_COUNT_AS_SHAPE", "longest", "w"),
+                   ("BATCH_ITEM_SHAPE_FLATTEN", "shapes", "k"))),
+    "r/config.pbtxt")
+
+
+def test_a_ragged_models_ranges_bound_its_batches_and_requests() -> None:
+    """A ragged input's flat dim bounds a batch's elements of it (and a request's); a batch
+    input's dim 0 bounds what it counts: requests (ENDS with its zero: one fewer), the
+    longest request (AS_SHAPE), rows (an item shape a row, flat: 2 numbers each); a batched
+    input's dim 0, rows. Ties among the flat dims are kept as (input, a); one with an
+    offset cannot hold for a batch of several requests, and the model is refused."""
+    limits = bounded_spec("p", RAGGED, "it", CompiledShapes(
+        {"x": [(0, 1, 4096)], "w": [(0, 1, 4096)], "ends": [(0, 2, 5)],
+         "longest": [(0, 1, 100)], "shapes": [(0, 2, 14)], "k": [(0, 1, 8), (1, 2, 2)]},
+        [[("x", 0, 1, 0), ("w", 0, 1, 0)], [("ends", 0, 1, 0)]])).ragged_limits
+    assert limits == RaggedLimits((("x", 4096), ("w", 4096)), (("x", 4096), ("w", 100)),
+                                  4, 7, ((("x", 1), ("w", 1)),))
+    scaled = bounded_spec("p", RAGGED, "it", CompiledShapes(
+        {"x": [(0, 2, 2000)]}, [[("x", 0, 2, 0)]])).ragged_limits
+    assert scaled == RaggedLimits((("x", 2000),), (("x", 2000),), None, None,
+                                  ((("x", 2),),))  # alone, still 2*n: whole n only
+    assert bounded_spec("p", RAGGED, "it", CompiledShapes(
+        {"x": [(0, 0, None)]})).ragged_limits is None
+    with pytest.raises(ModelConfigError, match=re.escape(
+            "p: it sizes the flat dims of its ragged inputs 'x' and 'w' as s and s + 1 of one "
+            "s: a batch holds its requests' elements end to end, so the '+1' of 'w' would "
+            "not hold for batches of several requests; export it with the ragged inputs "
+            "sized a*s, or turn off allow_ragged_batch")):
+        bounded_spec("p", RAGGED, "it", CompiledShapes(
+            {}, [[("x", 0, 1, 0), ("w", 0, 1, 1)]]))
+
+
+def test_a_batch_has_room_for_requests_while_every_limit_holds() -> None:
+    limits = RaggedLimits((("x", 10),), (("x", 10),), requests=3, rows=4)
+    room = BatchRoom(limits)
+    assert room.take({"x": torch.zeros(1, 4)}, 1) and room.take({"x": torch.zeros(1, 6)}, 1)
+    assert not room.take({"x": torch.zeros(1, 1)}, 1)  # 11 elements
+    assert room.take({"x": torch.zeros(1, 0)}, 1)  # an empty one fits
+    assert not room.take({"x": torch.zeros(1, 0)}, 1)  # a fourth request
+    rows = BatchRoom(limits)
+    assert rows.take({"x": torch.zeros(3, 1)}, 3) and not rows.take({"x": torch.zeros(2, 1)}, 2)
+
+
+def test_a_request_no_batch_could_take_is_refused_alone() -> None:
+    """requests.py holds each request to RaggedLimits before it is queued: rows, elements
+    of a request, and the ties among ragged inputs."""
+    spec = dataclasses.replace(RAGGED, ragged_limits=RaggedLimits(
+        (("x", 10),), (("x", 10), ("w", 4)), rows=2, ties=((("x", 2), ("w", 1)),)))
+    loop = asyncio.new_event_loop()
+
+    def refusal(x: int, w: int, rows: int = 1) -> str:
+        views = {"x": torch.zeros(rows, x), "w": torch.zeros(rows, w), "k": torch.zeros(rows, 2, 3)}
+        try:
+            work_item(spec, InferenceRequest("r", {name: TensorView.from_torch(value, name=name)
+                                                   for name, value in views.items()}), loop)
+        except InvalidArgumentError as error:
+            return str(error)
+        return ""
+
+    try:
+        assert refusal(8, 4) == "" and refusal(0, 0) == ""
+        assert refusal(2, 1, rows=3) == ("model 'r' takes at most 2 rows in a batch (the sizes "
+                                         "it was exported for); the request has 3")
+        assert refusal(12, 6) == ("input 'x' of model 'r' has 12 elements; the model takes at "
+                                  "most 10 from a request (the sizes it was exported for)")
+        assert refusal(10, 5) == ("input 'w' of model 'r' has 5 elements; the model takes at "
+                                  "most 4 from a request (the sizes it was exported for)")
+        assert refusal(3, 1) == ("input 'x' of model 'r' has 3 elements; the model takes 2*n "
+                                 "of them, for a whole n (the sizes it was exported for)")
+        assert refusal(4, 3) == ("input 'w' of model 'r' has 3 elements, and input 'x' 4; the "
+                                 "model takes 2 there: it takes n elements of 'w' where it "
+                                 "takes 2*n of 'x', for one n (the sizes it was exported for)")
+    finally:
+        loop.close()

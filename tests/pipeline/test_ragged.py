@@ -14,7 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tensorgate import Engine, InferenceRequest, TensorView
-from tensorgate.errors import InternalError, ModelConfigError
+from tensorgate.errors import InternalError, InvalidArgumentError, ModelConfigError
+from tensorgate.pipeline.aoti_child import made_batch_input
 from tensorgate.pipeline.ragged import batch_input_values, flatten, scatter
 from tensorgate.repository.model_config import ModelSpec, parse_model_config
 from tests.pipeline import repo_builder as rb
@@ -179,3 +180,99 @@ def test_flat_batch_and_scatter_give_each_request_back_its_own(
     parts = scatter(flat, (-1,), [t.shape for t in tensors], "m", "OUT")
     for part, tensor in zip(parts, tensors):
         torch.testing.assert_close(part, tensor)
+
+
+def _add_ragged_program(repo: pathlib.Path, name: str, pairs: bool) -> None:
+    folder = rb.write_ragged_config(repo, name, "torch_aoti", "w" if pairs else "x")
+    torch.export.save(rb.export_ragged(pairs), str(folder / "1" / "model.pt2"))
+
+
+def _ragged_request(model: str, x: torch.Tensor, w: torch.Tensor) -> InferenceRequest:
+    return InferenceRequest(model, {"x": TensorView.from_torch(x[None], name="x"),
+                                    "w": TensorView.from_torch(w[None], name="w")})
+
+
+def test_an_exported_programs_ragged_ranges_and_ties_hold_each_batch_and_request(
+        tmp_path: pathlib.Path) -> None:
+    """A program's ragged inputs take their elements end to end up to the range it was
+    exported for, x and w of one n (or x of 2*n), and its ENDS up to 3 requests. Before,
+    the batcher gathered past them and the guards failed every request of the batch
+    ("Guard failed: x.size()[0] <= 4096" for two requests of 3,000, each within it), one
+    request of x 5 and w 4 failed the one batched beside it, and the Pairs program never
+    loaded (its warm-up gave x 1 element). Now batches are formed within the ranges, and a
+    request that no batch could take is refused alone, by name."""
+    _add_ragged_program(tmp_path, "weighted", pairs=False)
+    _add_ragged_program(tmp_path, "pairs", pairs=True)
+
+    async def scenario() -> None:
+        engine = Engine(tmp_path)
+        await engine.start()
+        try:
+            executions = {"weighted": 0, "pairs": 0}
+
+            async def batch(model: str, *requests: tuple[torch.Tensor, torch.Tensor]
+                            ) -> tuple[list[object], int]:
+                answers = await asyncio.gather(
+                    *(engine.infer(_ragged_request(model, x, w)) for x, w in requests),
+                    return_exceptions=True)
+                count = engine.statistics(model)[0]["execution_count"]
+                ran, executions[model] = count - executions[model], count
+                return [a if isinstance(a, BaseException) else a.outputs["SUM"].torch().item()
+                        for a in answers], ran
+
+            big = torch.full((3000,), 0.5)
+            assert await batch("weighted", (big, big * 4), (big, big * 2)) == (
+                [3000.0, 1500.0], 2)  # 6,000 elements: two batches
+            answers, ran = await batch("weighted", (torch.ones(5), torch.ones(4)),
+                                       (torch.ones(3), torch.full((3,), 2.0)))
+            assert ran == 1 and answers[1] == 6.0
+            assert isinstance(answers[0], InvalidArgumentError) and str(answers[0]) == (
+                "input 'w' of model 'weighted' has 4 elements, and input 'x' 5; the model "
+                "takes as many of both (the sizes it was exported for)")
+            answers, ran = await batch("weighted", (torch.ones(5000), torch.ones(5000)))
+            assert ran == 0 and str(answers[0]) == (
+                "input 'x' of model 'weighted' has 5000 elements; the model takes at most "
+                "4096 from a request (the sizes it was exported for)")
+            # ENDS takes 3 requests at most: five make two batches, each request its own
+            answers, ran = await batch("pairs", *((torch.ones(2 * n), torch.full((n,), 3.0))
+                                                  for n in range(1, 6)))
+            assert (answers, ran) == ([6.0, 12.0, 18.0, 24.0, 30.0], 2)
+            for (x, w), refusal in (
+                    ((6, 2), "input 'w' of model 'pairs' has 2 elements, and input 'x' 6; the "
+                             "model takes 3 there: it takes n elements of 'w' where it takes "
+                             "2*n of 'x', for one n (the sizes it was exported for)"),
+                    ((5, 2), "input 'x' of model 'pairs' has 5 elements; the model takes 2*n "
+                             "of them, for a whole n (the sizes it was exported for)"),
+                    ((2002, 1001), "input 'x' of model 'pairs' has 2002 elements; the model "
+                                   "takes at most 2000 from a request (the sizes it was "
+                                   "exported for)")):
+                answers, ran = await batch("pairs", (torch.ones(x), torch.ones(w)))
+                assert ran == 0 and isinstance(answers[0], InvalidArgumentError)
+                assert str(answers[0]) == refusal
+            assert (await batch("pairs", (torch.ones(4), torch.ones(2))))[0] == [4.0]
+        finally:
+            await engine.shutdown()
+    run(scenario())
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.sampled_from(KINDS), st.integers(0, 50), st.integers(1, 4), st.booleans())
+def test_the_load_makes_batch_inputs_as_the_server_makes_them(
+        kind: str, total: int, requests: int, ragged: bool) -> None:
+    """aoti_child's runs that learn a ragged package's ties make its batch inputs for
+    sizes the server never saw: they must be what the server makes for some requests of
+    those sizes (zeros there indexed past the input, and the load was refused)."""
+    spec = _spec(_config(_batch_input(kind, "B", "TYPE_INT32"), max_batch=8,
+                         dims="[ -1 ]" if ragged else "[ 3 ]"))
+    made = made_batch_input({"kind": kind, "ragged": ragged},
+                            [total] if ragged else [requests, 3], requests, torch.int32,
+                            torch.device("cpu"))
+    if ragged:  # the child shares the elements out in order, the first ones one more
+        counts = [total // requests + (k < total % requests) for k in range(requests)]
+        sources = [torch.zeros(1, count) for count in counts]
+    else:
+        sources = [torch.zeros(1, 3)] * requests
+    expected = batch_input_values(spec, [{"INPUT": source} for source in sources])["B"]
+    assert made.dtype == expected.dtype and made.shape == expected.shape
+    if kind != "BATCH_MAX_ELEMENT_COUNT_AS_SHAPE":  # (only its shape says anything)
+        assert made.tolist() == expected.tolist()

@@ -33,7 +33,10 @@ shorter mask was read past. So the child first learns each such dim's range from
 refusals, and how dims are sized from one another (a*s + b), and input_bounds.py holds
 requests to them (an input's dims as the model takes it: reshaped, where its config says
 so). A package whose dims are related otherwise (a product of two) is refused: its sizes
-could not be checked. A ragged input is not probed.
+could not be checked. A ragged input's flat dim (its requests' elements end to end) is
+learned as any other, its ties by runs given the batch inputs the server would make for
+each size tried; a batch input's count, its range alone: they bound the batches the
+scheduler forms (input_bounds.py, RaggedLimits).
 """
 
 from __future__ import annotations
@@ -80,9 +83,12 @@ class _Input:
     dtype: str              # torch's name: "float32"
     shape: list[int]        # as the model takes it, variable dims as 1
     variable: list[bool]    # per dim: the config leaves it free (or it is the batch dim)
-    # the variable dims of a client's input (as the model takes it) whose range the child
-    # learns
+    # the variable dims of a client's input (as the model takes it) whose range and ties
+    # the child learns: a ragged input's flat dim too
     probe: tuple[int, ...] = ()
+    bound: tuple[int, ...] = ()  # dims whose range alone it learns (a batch input's count)
+    ragged: bool = False
+    made: dict[str, Any] | None = None  # a batch input: how the server makes it (the child)
 
 
 def check_aoti_package(path: pathlib.Path, spec: ModelSpec, device: torch.device
@@ -96,8 +102,14 @@ def check_aoti_package(path: pathlib.Path, spec: ModelSpec, device: torch.device
                     zeros_refused(spec, 1))
         return spec
     batched = spec.max_batch_size > 0
-    given = [_described(name, inputs[name], spec, batched)
-             for name in input_order(spec, None, str(path))]
+    order = input_order(spec, None, str(path))
+    given = [_described(name, inputs[name], spec, batched, order) for name in order]
+    if len(spec.ragged_inputs) > 1 and not _makeable(spec):
+        log.warning("%s: how the AOTInductor package sizes its ragged inputs %s from one "
+                    "another is not learned (a batch input's ragged source has more than one "
+                    "dim a request, whose elements cannot be shared out into requests of any "
+                    "size): a request whose ragged inputs disagree is not refused", path,
+                    ", ".join(f"'{name}'" for name in order if name in spec.ragged_inputs))
     # (rows, as a view): 1 row and 2 of zeros, run where taken; then max_batch_size rows
     # as a meta tensor, whose sizes are checked and nothing run
     tries = [(1, False)] + ([(2, False)] if batched else [])
@@ -137,17 +149,37 @@ def _batch_input_values(spec: ModelSpec, rows: int) -> dict[str, dict[str, Any]]
             for name, value in (inputs or {}).items() if name in targets}
 
 
-def _described(name: str, zeros: torch.Tensor, spec: ModelSpec, batched: bool) -> _Input:
+def _described(name: str, zeros: torch.Tensor, spec: ModelSpec, batched: bool,
+               order: tuple[str, ...]) -> _Input:
     config = next((t for t in spec.model_inputs if t.name == name), None)
     dims = list(config.reshape or config.dims) if config is not None else []
     variable = ([True] if batched else []) + [d == -1 for d in dims]
     if config is None or len(variable) != zeros.dim():  # computed by the server: not checked
         variable = [True] * zeros.dim()
     probe: tuple[int, ...] = ()
-    if spec.input(name) is not None and config is not None and not config.ragged:
+    bound: tuple[int, ...] = ()
+    made = None
+    batch_input = next((b for b in spec.batch_inputs if b.target == name), None)
+    if config is not None and config.ragged:
+        # its elements end to end: ties are learned only where the child can make the batch
+        # inputs for any count of them (a source of one dim per request: see `_makeable`)
+        probe, bound = ((0,), ()) if _makeable(spec) else ((), (0,))
+    elif spec.input(name) is not None and config is not None:
         probe = tuple(d for d, free in enumerate(variable) if free and not (batched and d == 0))
+    elif batch_input is not None:
+        bound = (0,)
+        source = spec.input(batch_input.source)
+        made = {"kind": batch_input.kind, "source": order.index(batch_input.source),
+                "ragged": source is not None and source.ragged}
     return _Input(name, str(zeros.dtype).removeprefix("torch."), list(zeros.shape), variable,
-                  probe)
+                  probe, bound, config is not None and config.ragged, made)
+
+
+def _makeable(spec: ModelSpec) -> bool:
+    """Whether each batch input whose source is ragged can be made for any count of its
+    source's elements shared out between requests: a source of one dim per request."""
+    return all(source is None or not source.ragged or len(source.dims) == 1
+               for source in (spec.input(b.source) for b in spec.batch_inputs))
 
 
 def _judge(where: str, spec: ModelSpec, given: list[_Input], error: str, rows: int,
@@ -225,7 +257,8 @@ def _ask_child(path: pathlib.Path, device: torch.device, probe_rows: int, given:
                                               for name, value in made.items() if name in order}}
                                     for rows, view, made in tries],
                           "inputs": [{"name": i.name, "dtype": i.dtype, "shape": i.shape,
-                                      "probe": i.probe} for i in given]})
+                                      "probe": i.probe, "bound": i.bound, "ragged": i.ragged,
+                                      "made": i.made} for i in given]})
     try:
         done = subprocess.run([sys.executable, str(_CHILD), request],
                               capture_output=True, text=True, timeout=CHECK_TIMEOUT_S,

@@ -4,9 +4,13 @@ it is asked about, then prints, per try, what it said.
 
 Run as a file, not a module of the package, so that it imports torch and nothing more.
 Argument: JSON {"path", "device", "batched", "rows", "inputs": [{"name", "dtype", "shape",
-"probe"}], "tries": [{"rows", "view", "made"}]} (shapes of one row where batched; "probe":
-the dims of that input to learn the range of; "rows": the batch the probes use; "made": by
-input index, {"shape", "values"} of a batch input the server makes for that try). It
+"probe", "bound", "ragged", "made"}], "tries": [{"rows", "view", "made"}]} (shapes of one
+row where batched; "probe": the dims of that input to learn the range and ties of, "bound":
+the range only (a batch input's count); "ragged": taken flat, its elements end to end;
+"made": for a batch input, {"kind", "source" (an input index), "ragged" (the source's)},
+how the server makes it, which the runs that learn ties make it by; "rows": the batch the
+probes use, and the requests of those runs; a try's "made": by input index, {"shape",
+"values"} of a batch input the server makes for that try). It
 prints one line `aoti-bounds: <JSON>`: {"ranges": per input, {"dim", "low", "high"} per
 probed dim, high null where unbounded; "ties": groups of [input, dim, a, b] sized a*s + b
 from one s, or how it showed that the sizes are related in a way not learned} (null where
@@ -19,7 +23,9 @@ for its device, and nothing is computed or allocated whatever the sizes. The tri
 give the probed dims the least size the checks took (tied ones sized from it).
 """
 
+import itertools
 import json
+import math
 import re
 import sys
 from collections.abc import Callable
@@ -98,7 +104,7 @@ def _probed(run: Callable[[list[torch.Tensor]], Any], request: dict[str, Any],
         if f"input_handles[{index}]: unmatched device type" not in (error or ""):
             return None  # a dtype, a stride, the number of inputs: the tries say what
         found = []
-        for dim in item["probe"]:
+        for dim in [*item["probe"], *item.get("bound", ())]:
             error = _refusal(run, meta(index, [BIG if d == dim else n
                                                for d, n in enumerate(shapes[index])]))
             size = refused_size(error, index)
@@ -140,11 +146,16 @@ class _Ties:
                  least: Sizes, device: torch.device) -> None:
         self.run, self.dtypes, self.device, self.least = run, dtypes, device, least
         self.runs = 0  # of the package, by `settled`
-        self.names = [item["name"] for item in request["inputs"]]
-        # (input, dim) -> (least the checks take, most)
+        items = request["inputs"]
+        self.names = [item["name"] for item in items]
+        self.requests = max(request["rows"], 1)  # each run's, one row each
+        # batch inputs, made for each run from the sizes of their source (ragged batching)
+        self.made = {index: item["made"] for index, item in enumerate(items) if item.get("made")}
+        # (input, dim) -> (least the checks take, most); range-only dims ("bound") left out
         self.probed: dict[Dim, tuple[int, int | None]] = {
-            (index, item["dim"]): (least[index][item["dim"]], item["high"])
-            for index, found in enumerate(ranges) for item in found}
+            (index, found_dim["dim"]): (least[index][found_dim["dim"]], found_dim["high"])
+            for index, found in enumerate(ranges) for found_dim in found
+            if found_dim["dim"] in items[index]["probe"]}
 
     def learn(self) -> tuple[list[list[list[int]]], Sizes]:
         """Groups of [input, dim, a, b] (the dim is a*s + b; the first of a group sizes s,
@@ -210,8 +221,12 @@ class _Ties:
         return f"dim {dim[1]} of '{self.names[dim[0]]}'"
 
     def zeros(self, sizes: Sizes) -> list[torch.Tensor]:
-        return [torch.zeros(size, dtype=dtype, device=self.device)
-                for size, dtype in zip(sizes, self.dtypes)]
+        """Zeros of `sizes`; a batch input as the server makes it for `requests` requests
+        whose source input is of those sizes (zeros there indexed past the input)."""
+        return [made_batch_input(self.made[index], sizes[self.made[index]["source"]],
+                                 self.requests, dtype, self.device) if index in self.made
+                else torch.zeros(size, dtype=dtype, device=self.device)
+                for index, (size, dtype) in enumerate(zip(sizes, self.dtypes))]
 
     def settled(self, sizes: Sizes, put_right: frozenset[int] = frozenset()) -> Sizes:
         """`sizes` with each probed dim the package refuses put to the size it expected,
@@ -314,6 +329,37 @@ class _Ties:
         raise _Unlearned(f"{self.named(moving)} could not be moved to a size no other dim has")
 
 
+def made_batch_input(made: dict[str, Any], source: list[int], requests: int,
+                     dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A batch input as the server makes it (pipeline/ragged.py) for `requests` requests of
+    one row each whose `source` input, as the model takes it, is of that shape: a ragged
+    source's elements (flat) shared out between them, else one row each. `made`: {"kind",
+    "ragged"} (the source's)."""
+    kind = made["kind"]
+    if made["ragged"]:
+        total = source[0]
+        counts = [total // requests + (1 if k < total % requests else 0)
+                  for k in range(requests)]
+        items = [[count] for count in counts]
+    else:
+        counts = [math.prod(source[1:])] * source[0]
+        items = [list(source[1:])] * source[0]
+    if kind == "BATCH_MAX_ELEMENT_COUNT_AS_SHAPE":
+        return torch.zeros(max(counts), dtype=dtype, device=device)
+    values: Any
+    if kind == "BATCH_ELEMENT_COUNT":
+        values = counts
+    elif kind.startswith("BATCH_ACCUMULATED_ELEMENT_COUNT"):
+        values = list(itertools.accumulate(counts))
+        if kind.endswith("WITH_ZERO"):
+            values = [0, *values]
+    elif kind == "BATCH_ITEM_SHAPE":
+        values = items
+    else:  # BATCH_ITEM_SHAPE_FLATTEN
+        values = [n for item in items for n in item]
+    return torch.tensor(values, dtype=dtype, device=device)
+
+
 def first_line(text: str) -> str:
     return text.strip().splitlines()[0] if text.strip() else "(no message)"
 
@@ -357,7 +403,7 @@ def main(request: dict[str, Any]) -> None:
         inputs = []
         for index, (item, dtype) in enumerate(zip(request["inputs"], dtypes)):
             shape = list(item["shape"])
-            if tried is not None:
+            if tried is not None and not item.get("ragged"):  # (ragged: as made for)
                 for dim in item["probe"]:
                     shape[dim] = tried[index][dim]
             if request["batched"]:

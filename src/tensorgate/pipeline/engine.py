@@ -387,6 +387,8 @@ class Engine:
             await self._abandon_load(executors, claims)
             raise errors[0]
         spec = executors[0].settings.spec  # an exported program's ranges (input_bounds.py)
+        for feed in dict.fromkeys(feeds):
+            feed.hold_ragged(spec.ragged_limits)
         if spec.decoupled and all(e.runner is not None and e.runner.requests is not None
                                   for e in executors):
             if "streams_per_instance" in spec.parameters:

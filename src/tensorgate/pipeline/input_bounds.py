@@ -10,7 +10,9 @@ edges of one more (s + 1), pairs (2*s); a package reads the first's size and siz
 others from it, so a shorter one was read past. `bounded_spec` puts what the model takes
 into the inputs' TensorSpec (`bounds`) and the spec's `tied_dims`: a request outside is
 refused with the range or the other input (pipeline/requests.py), and the warm-up's zeros
-take each dim's least size.
+take each dim's least size. A ragged model's flat dims and batch inputs bound its batches
+instead (`RaggedLimits`): the batcher gathered two requests of 3,000 elements for a program
+that takes 4,096, and its guards failed both.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from typing import Any
 
 import torch
 
-from tensorgate.repository.model_config import ModelSpec, TiedDim
+from tensorgate.repository.model_config import ModelConfigError, ModelSpec, RaggedLimits, TiedDim
 
 __all__ = ["CompiledShapes", "Range", "bounded_spec", "program_shapes", "size_range",
            "user_input_values"]
@@ -107,10 +109,96 @@ def bounded_spec(where: str, spec: ModelSpec, model: str, shapes: CompiledShapes
                          f"{low} or more" if high is None else f"{low} to {high}", dim, model)
         if narrowed:
             bounded[name] = replace(config, bounds=tuple(bounds))
-    if not bounded and not ties:
+    ragged = _ragged_limits(where, spec, model, shapes, quiet)
+    if not bounded and not ties and ragged is None:
         return spec
     return replace(spec, inputs=tuple(bounded.get(i.name, i) for i in spec.inputs),
-                   tied_dims=tuple(ties))
+                   tied_dims=tuple(ties), ragged_limits=ragged)
+
+
+_COUNTS_REQUESTS = {"BATCH_ELEMENT_COUNT": 0, "BATCH_ACCUMULATED_ELEMENT_COUNT": 0,
+                    "BATCH_ACCUMULATED_ELEMENT_COUNT_WITH_ZERO": 1}  # kind -> its extra
+
+
+def _ragged_limits(where: str, spec: ModelSpec, model: str, shapes: CompiledShapes,
+                   quiet: bool) -> RaggedLimits | None:
+    """What a batch of a ragged model may hold (RaggedLimits), from the range of each
+    ragged input's flat dim and each batch input's dim 0 in `shapes`, and the ties among
+    ragged inputs' flat dims; None where nothing bounds a batch. A batch's flat dim is its
+    requests' elements end to end, so a tie a*s + b with b ≠ 0 cannot hold for batches of
+    several requests: such a model is refused."""
+    if not spec.ragged_inputs:
+        return None
+
+    def most(name: str) -> int | None:
+        return next((high for dim, _, high in shapes.ranges.get(name, ()) if dim == 0), None)
+
+    elements = {item.name: high for item in spec.inputs
+                if item.ragged and (high := most(item.name)) is not None}
+    per_request = dict(elements)
+    requests: int | None = None
+    rows: int | None = None
+    for batch_input in spec.batch_inputs:
+        high = most(batch_input.target)
+        if high is None:
+            continue
+        kind, source = batch_input.kind, spec.input(batch_input.source)
+        if kind in _COUNTS_REQUESTS:
+            high -= _COUNTS_REQUESTS[kind]
+            requests = high if requests is None else min(requests, high)
+        elif kind == "BATCH_MAX_ELEMENT_COUNT_AS_SHAPE":  # as long as the longest request
+            per_request[batch_input.source] = min(per_request.get(batch_input.source, high),
+                                                  high)
+        else:  # an item's shape per row, as one row of numbers or flat
+            if kind == "BATCH_ITEM_SHAPE_FLATTEN" and source is not None:
+                high //= max(len(source.dims), 1)
+            rows = high if rows is None else min(rows, high)
+    if spec.max_batch_size > 0:  # a batched input's dim 0 is the batch's rows
+        for item in spec.inputs:
+            high = None if item.ragged else most(item.name)
+            if high is not None:
+                rows = high if rows is None else min(rows, high)
+    ties = []
+    for group in shapes.ties:
+        members = [TiedDim(*member) for member in group]
+        members = [m for m in members if m.input in spec.ragged_inputs and m.dim == 0]
+        if len(members) < 2 and not any(m.scale > 1 for m in members):
+            continue  # a flat dim of s alone takes any count its range does
+        offset = next((m for m in members if m.offset), None)
+        if offset is not None:
+            raise ModelConfigError(where, f"{model} sizes the flat dims of its ragged inputs "
+                                          f"{_listed([repr(m.input) for m in members])} as "
+                                          f"{_listed([m.formula() for m in members])} of one "
+                                          "s: a batch holds its requests' elements end to end, "
+                                          f"so the '{offset.offset:+d}' of '{offset.input}' "
+                                          "would not hold for batches of several requests; "
+                                          "export it with the ragged inputs sized a*s, or "
+                                          "turn off allow_ragged_batch")
+        ties.append(tuple((m.input, m.scale) for m in members))
+    fewest_rows = [bound for bound in (requests, rows) if bound is not None]
+    if fewest_rows and min(fewest_rows) < 1:
+        raise ModelConfigError(where, f"{model} takes no request in a batch: its batch "
+                                      "inputs' ranges leave room for none")
+    if not elements and not ties and requests is None and rows is None and \
+            per_request == elements:
+        return None
+    if not quiet:
+        for name, high in elements.items():
+            log.info("%s: %s takes at most %d elements of ragged input '%s' in a batch: "
+                     "batches are formed within it, and a request of more is refused", where,
+                     model, high, name)
+        for bound, what in ((requests, "requests"), (rows, "rows")):
+            if bound is not None and bound < spec.max_batch_size:
+                log.info("%s: %s takes at most %d %s in a batch (its batch inputs' range), "
+                         "fewer than max_batch_size %d: batches are formed within it", where,
+                         model, bound, what, spec.max_batch_size)
+        for tie in ties:
+            log.info("%s: %s takes the elements of ragged inputs %s from one n (%s): "
+                     "requests where they disagree are refused", where, model,
+                     _listed([repr(name) for name, _ in tie]),
+                     ", ".join("n" if a == 1 else f"{a}*n" for _, a in tie))
+    return RaggedLimits(tuple(elements.items()), tuple(per_request.items()), requests, rows,
+                        tuple(ties))
 
 
 def _listed(items: list[str]) -> str:

@@ -1,9 +1,11 @@
 """Ragged batching, batch side: pure functions over one batch's requests.
 
 `flatten` gives a ragged input as the model takes it, every request's elements end to end in
-one 1-D tensor (`one_request`: a batch of one, views only); `batch_input_values` computes the config's batch inputs from the requests'
-source shapes (each shape with its batch dim, as Triton counts); `scatter` cuts a batch
-output back per request. repository/ragged_config.py says what the config may ask.
+one 1-D tensor (`one_request`: a batch of one, views only); `batch_input_values` computes
+the config's batch inputs from the requests' source shapes (each shape with its batch dim,
+as Triton counts); `scatter` cuts a batch output back per request; `BatchRoom` keeps a batch
+being formed within what the model's compiled code takes (RaggedLimits, learned at load).
+repository/ragged_config.py says what the config may ask.
 """
 
 from __future__ import annotations
@@ -16,9 +18,9 @@ from typing import Any
 import torch
 
 from tensorgate.errors import InternalError
-from tensorgate.repository.model_config import ModelSpec
+from tensorgate.repository.model_config import ModelSpec, RaggedLimits
 
-__all__ = ["batch_input_values", "flatten", "one_request", "scatter"]
+__all__ = ["BatchRoom", "batch_input_values", "flatten", "one_request", "scatter"]
 
 
 def flatten(value: Any) -> Any:
@@ -90,3 +92,32 @@ def scatter(value: Any, dims: Sequence[int], shapes: Sequence[Sequence[int]], mo
         parts.append(flat[start:end].reshape(part))
         start = end
     return parts
+
+
+class BatchRoom:
+    """What one batch being formed still has room for, under `RaggedLimits`."""
+
+    __slots__ = ("_limits", "_elements", "_requests", "_rows")
+
+    def __init__(self, limits: RaggedLimits) -> None:
+        self._limits = limits
+        self._elements = [0] * len(limits.elements)
+        self._requests = 0
+        self._rows = 0
+
+    def take(self, inputs: Mapping[str, Any], rows: int) -> bool:
+        """Count a request (its `inputs` by name) in, if the batch has room for it."""
+        limits = self._limits
+        if limits.requests is not None and self._requests + 1 > limits.requests:
+            return False
+        if limits.rows is not None and self._rows + rows > limits.rows:
+            return False
+        counts = [math.prod(inputs[name].shape) if name in inputs else 0
+                  for name, _ in limits.elements]
+        if any(held + count > most for held, count, (_, most)
+               in zip(self._elements, counts, limits.elements)):
+            return False
+        self._elements = [held + count for held, count in zip(self._elements, counts)]
+        self._requests += 1
+        self._rows += rows
+        return True

@@ -7,6 +7,7 @@ size) and turns its views into tensors without copying; the scheduler takes it f
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -19,7 +20,8 @@ from tensorgate.model import NO_PARAMETERS, Parameter
 from tensorgate.pipeline.stats import StageTimes
 from tensorgate.pipeline.trace import Trace
 from tensorgate.pipeline.work import SequenceFlags, WorkItem
-from tensorgate.repository.model_config import ModelSpec, QueuePolicy, TensorSpec, TiedDim
+from tensorgate.repository.model_config import (ModelSpec, QueuePolicy, RaggedLimits, TensorSpec,
+                                                TiedDim)
 from tensorgate.tensor.bytes_codec import BYTES_CHECKED_WHEN_DECODED
 from tensorgate.tensor.copies import CopyLedger
 from tensorgate.tensor.view import TensorView
@@ -154,6 +156,8 @@ def work_item(spec: ModelSpec, request: InferenceRequest, loop: asyncio.Abstract
         key.append(None if item_spec.ragged else item_shape)
     if spec.tied_dims:
         _check_ties(spec, inputs)
+    if spec.ragged_limits is not None:
+        _check_ragged(spec, spec.ragged_limits, inputs, max(rows, 1))
     if request.outputs:
         outputs = spec.output_set
         for name in request.outputs:
@@ -230,6 +234,56 @@ def _untied(spec: ModelSpec, group: tuple[TiedDim, ...], first: TiedDim, first_s
                                 f"{first.dim} of '{first.input}' as {first.formula()} and dim "
                                 f"{tied.dim} of '{tied.input}' as {tied.formula()}, for one s "
                                 "(the sizes it was exported for)")
+
+
+def _check_ragged(spec: ModelSpec, limits: RaggedLimits, inputs: Mapping[str, Any],
+                  rows: int) -> None:
+    """A request fits a batch of its own within what the ragged model's code takes, and
+    its ragged inputs' elements are sized from one n as the model sizes them (each batch
+    of such requests then is: the scheduler keeps batches within the rest)."""
+    if limits.rows is not None and rows > limits.rows:
+        raise InvalidArgumentError(f"model '{spec.name}' takes at most {limits.rows} rows in "
+                                   f"a batch (the sizes it was exported for); the request has "
+                                   f"{rows}")
+    counts = {}
+    for name, most in limits.request_elements:
+        value = inputs.get(name)
+        if value is None:
+            continue
+        count = counts[name] = math.prod(value.shape)
+        if count > most:
+            raise InvalidArgumentError(f"input '{name}' of model '{spec.name}' has {count} "
+                                       f"elements; the model takes at most {most} from a "
+                                       "request (the sizes it was exported for)")
+    for group in limits.ties:
+        first, first_count, n = "", 0, 0
+        for name, scale in group:
+            count = counts.get(name, -1)
+            if count < 0:
+                value = inputs.get(name)
+                if value is None:
+                    continue
+                count = math.prod(value.shape)
+            if not first:
+                first, first_count = name, count
+                n, rest = divmod(count, scale)
+                if rest:
+                    raise InvalidArgumentError(
+                        f"input '{name}' of model '{spec.name}' has {count} elements; the "
+                        f"model takes {scale}*n of them, for a whole n (the sizes it was "
+                        "exported for)")
+            elif count != scale * n:
+                said = (f"input '{name}' of model '{spec.name}' has {count} elements, and "
+                        f"input '{first}' {first_count}")
+                if all(a == 1 for _, a in group):
+                    raise InvalidArgumentError(f"{said}; the model takes as many of both (the "
+                                               "sizes it was exported for)")
+                formula = {a: "n" if a == 1 else f"{a}*n" for _, a in group}
+                raise InvalidArgumentError(
+                    f"{said}; the model takes {scale * n} there: it takes {formula[scale]} "
+                    f"elements of '{name}' where it takes "
+                    f"{formula[dict(group)[first]]} of '{first}', for one n (the sizes it was "
+                    "exported for)")
 
 
 def _as_taken(spec: ModelSpec, name: str) -> str:

@@ -187,7 +187,7 @@ def _check_batch_range(program: Any, spec: ModelSpec, path: pathlib.Path) -> Non
     each request alone passed ("Guard failed: input.size()[0] <= 4" for a batch of 6, every
     request of it answered with that). A lower bound of 2 is torch's 0/1 specialization
     (Dim.AUTO / Dim.DYNAMIC), and its program takes 1 row."""
-    if spec.max_batch_size == 0:
+    if spec.max_batch_size == 0 or spec.ragged_inputs:  # ragged: RaggedLimits bound batches
         return
     rows = _first_batch_dim(program)
     if rows is None:
@@ -325,10 +325,26 @@ def warmup_inputs(spec: ModelSpec, rows: int,
         return None
     inputs = {}
     for item in spec.model_inputs:
-        dims = item.least_dims()
+        dims = _tied_ragged_row(spec, item.name) or item.least_dims()
         shape: Sequence[int] = ([rows] + dims) if spec.max_batch_size else dims
         inputs[item.name] = torch.zeros(shape, dtype=item.datatype.torch, device=device)
     return _on_device(one_request(spec, inputs), device)
+
+
+def _tied_ragged_row(spec: ModelSpec, name: str) -> list[int] | None:
+    """A warm-up row of a ragged input the model sizes a*n from one n with others
+    (RaggedLimits.ties): a*2 elements, or a*1 where its range ends below. Not n = 1: for a
+    dim derived from another (2*n), export's 0/1 specialization refuses n = 1 (measured: the
+    program's guard "x.size()[0] // 2 != 1", the package's check "x >= 4")."""
+    limits = spec.ragged_limits
+    if limits is None or not limits.ties:
+        return None
+    most = dict(limits.elements)
+    for group in limits.ties:
+        if any(member == name for member, _ in group):
+            n = 2 if all(a * 2 <= most.get(member, a * 2) for member, a in group) else 1
+            return [dict(group)[name] * n]
+    return None
 
 
 def _on_device(inputs: dict[str, Any], device: torch.device) -> dict[str, Any]:

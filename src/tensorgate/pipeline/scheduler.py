@@ -35,11 +35,12 @@ from typing import Protocol
 
 from tensorgate.errors import DeadlineExceededError, TensorgateError, UnavailableError
 from tensorgate.pipeline.batch_cap import BatchCap
+from tensorgate.pipeline.ragged import BatchRoom
 from tensorgate.pipeline.rate_limiter import Claim
 from tensorgate.pipeline.stats import ModelStatistics
 from tensorgate.pipeline.trace import Trace
 from tensorgate.pipeline.work import Batch, WorkItem
-from tensorgate.repository.model_config import ModelSpec, QueuePolicy
+from tensorgate.repository.model_config import ModelSpec, QueuePolicy, RaggedLimits
 
 __all__ = ["Scheduler"]
 
@@ -84,6 +85,7 @@ class Scheduler:
         self._preserve_order = policy.preserve_ordering if policy is not None else False
         self._cap = (BatchCap(self._max_rows, gather_bytes)
                      if measured_cap and self._max_rows > 1 else None)
+        self._ragged = spec.ragged_limits
         stats.batch_rows_limit = self._max_rows if self._cap is None else self._cap.limit
         # Queue 2i holds level i's requests in arrival order; queue 2i+1 those of them that
         # timed out under `timeout_action: DELAY`. Walking them in order is the order they
@@ -103,6 +105,11 @@ class Scheduler:
         is gathered, so a batch is not bounded by what a gather would copy."""
         if self._cap is not None:
             self._cap = BatchCap(self._max_rows)
+
+    def hold_ragged(self, limits: RaggedLimits | None) -> None:
+        """Form batches within `limits`: what a ragged model's compiled code takes, learned
+        as it loaded (an exported program's, after this was made)."""
+        self._ragged = limits
 
     def batch_decoupled(self) -> None:
         """Batch a decoupled model's requests as its `dynamic_batching` says: its execute
@@ -248,6 +255,7 @@ class Scheduler:
                  cap.rows_for_next_batch(_row_bytes(head) if cap.bounds_gathers else 0))
         chosen: list[WorkItem] = []
         rows = 0
+        room = BatchRoom(self._ragged) if self._ragged is not None else None
         for item in chain.from_iterable(self._queues):
             if item.future.done():
                 continue
@@ -256,6 +264,9 @@ class Scheduler:
                     break
                 continue
             if chosen and rows + item.rows > limit:  # a request is never split
+                break
+            # (a request alone always fits: requests.py refuses one that does not)
+            if room is not None and not room.take(item.inputs, item.rows) and chosen:
                 break
             chosen.append(item)
             rows += item.rows

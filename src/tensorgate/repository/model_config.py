@@ -26,7 +26,7 @@ from tensorgate.repository.sequence_config import SequencePolicy, sequence_polic
 from tensorgate.tensor.dtypes import DataType, datatype_from_config
 
 __all__ = ["BatchingPolicy", "InstanceGroup", "ModelConfigError", "ModelSpec", "QueuePolicy",
-           "SequencePolicy", "TensorSpec", "TiedDim", "WarmupInput", "WarmupSample",
+           "RaggedLimits", "SequencePolicy", "TensorSpec", "TiedDim", "WarmupInput", "WarmupSample",
            "check_file_name", "config_json", "model_config_from_json", "model_spec",
            "parse_model_config", "read_model_config", "version_policy"]
 
@@ -113,6 +113,25 @@ class TiedDim(NamedTuple):
         if not self.offset:
             return term
         return f"{term} {'+' if self.offset > 0 else '-'} {abs(self.offset)}"
+
+
+@dataclass(frozen=True, slots=True)
+class RaggedLimits:
+    """What a batch of a ragged model's requests may hold, where its compiled code takes
+    fewer than any (pipeline/input_bounds.py): a ragged input's elements end to end, and
+    the requests a batch input counts. A batch past them fails every request in it (an
+    exported program's guards) or is read past (an AOTInductor package)."""
+
+    # (ragged input, the most elements of it one batch may hold)
+    elements: tuple[tuple[str, int], ...] = ()
+    # (ragged input, the most one request may bring: a batch of it alone holds them all, and
+    # a BATCH_MAX_ELEMENT_COUNT_AS_SHAPE input is as long as its longest request)
+    request_elements: tuple[tuple[str, int], ...] = ()
+    requests: int | None = None  # the most requests one batch may hold (a batch input counts)
+    rows: int | None = None  # the most rows (a BATCH_ITEM_SHAPE input has one per row)
+    # groups of (ragged input, a): the model sizes each a*n from one n, so each request's
+    # elements of them must be too (a batch's sums then are)
+    ties: tuple[tuple[tuple[str, int], ...], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,6 +227,7 @@ class ModelSpec:
     # groups of dims a compiled model sizes from one size s, learned at load
     # (pipeline/input_bounds.py): a request's must agree
     tied_dims: tuple[tuple[TiedDim, ...], ...] = ()
+    ragged_limits: RaggedLimits | None = None  # learned at load, as tied_dims
     config: pb.ModelConfig = field(default_factory=pb.ModelConfig, repr=False, compare=False)
 
     def input(self, name: str) -> TensorSpec | None:
