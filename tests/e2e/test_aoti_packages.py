@@ -663,8 +663,8 @@ def test_a_ragged_packages_ranges_and_ties_hold_each_batch_and_request(
     said = server.log.read_text()
     assert ("the AOTInductor package takes the elements of ragged inputs 'x' and 'w' from "
             "one n (2*n, n): requests where they disagree are refused") in said
-    assert ("the AOTInductor package takes at most 3 requests in a batch (its batch inputs' "
-            "range), fewer than max_batch_size 8: batches are formed within it") in said
+    assert ("the AOTInductor package takes at most 3 requests in a batch (the range it was "
+            "exported for), fewer than max_batch_size 8: batches are formed within it") in said
 
     def infer(x: int, w: int) -> float:
         inputs = []

@@ -189,9 +189,9 @@ def _ragged_limits(where: str, spec: ModelSpec, model: str, shapes: CompiledShap
                      model, high, name)
         for bound, what in ((requests, "requests"), (rows, "rows")):
             if bound is not None and bound < spec.max_batch_size:
-                log.info("%s: %s takes at most %d %s in a batch (its batch inputs' range), "
-                         "fewer than max_batch_size %d: batches are formed within it", where,
-                         model, bound, what, spec.max_batch_size)
+                log.info("%s: %s takes at most %d %s in a batch (the range it was exported "
+                         "for), fewer than max_batch_size %d: batches are formed within it",
+                         where, model, bound, what, spec.max_batch_size)
         for tie in ties:
             log.info("%s: %s takes the elements of ragged inputs %s from one n (%s): "
                      "requests where they disagree are refused", where, model,

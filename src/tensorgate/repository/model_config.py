@@ -26,8 +26,8 @@ from tensorgate.repository.sequence_config import SequencePolicy, sequence_polic
 from tensorgate.tensor.dtypes import DataType, datatype_from_config
 
 __all__ = ["BatchingPolicy", "InstanceGroup", "ModelConfigError", "ModelSpec", "QueuePolicy",
-           "RaggedLimits", "SequencePolicy", "TensorSpec", "TiedDim", "WarmupInput", "WarmupSample",
-           "check_file_name", "config_json", "model_config_from_json", "model_spec",
+           "RaggedLimits", "SequencePolicy", "TensorSpec", "TiedDim", "WarmupInput",
+           "WarmupSample", "check_file_name", "config_json", "model_config_from_json", "model_spec",
            "parse_model_config", "read_model_config", "version_policy"]
 
 # Fields that change how Triton runs a model, not what it computes: served without them,
@@ -128,7 +128,8 @@ class RaggedLimits:
     # a BATCH_MAX_ELEMENT_COUNT_AS_SHAPE input is as long as its longest request)
     request_elements: tuple[tuple[str, int], ...] = ()
     requests: int | None = None  # the most requests one batch may hold (a batch input counts)
-    rows: int | None = None  # the most rows (a BATCH_ITEM_SHAPE input has one per row)
+    # the most rows: a batched input's dim 0 has one a row, as a BATCH_ITEM_SHAPE input has
+    rows: int | None = None
     # groups of (ragged input, a): the model sizes each a*n from one n, so each request's
     # elements of them must be too (a batch's sums then are)
     ties: tuple[tuple[tuple[str, int], ...], ...] = ()
