@@ -497,3 +497,59 @@ def test_a_size_no_whole_s_gives_is_refused_where_the_first_tied_dim_is_sized_fr
                 "INVALID_ARGUMENT", refusal + " (the sizes it was exported for)")
         await engine.shutdown()
     run(scenario())
+
+
+class _Sliced(torch.nn.Module):
+    """edges [rows, s + 1] sliced to s, times x [rows, s]: export keeps s from 1 in its range
+    constraints, and its guard refuses s = 1 ("-1 + edges.size()[1] != 1")."""
+
+    def forward(self, x: torch.Tensor, edges: torch.Tensor) -> torch.Tensor:
+        return (edges[:, 1:] * x).sum(1, keepdim=True)
+
+
+def test_a_program_whose_guard_refuses_its_least_sizes_loads_from_the_next(
+        tmp_path: pathlib.Path) -> None:
+    """Before, the warm-up's zeros at the least sizes the range constraints give failed the
+    guard, and the program never loaded. Now the least sizes go up a step of s until it
+    runs (x from 2, edges from 3), requests are held to them, and the rest are answered as
+    the module answers."""
+    s, rows = torch.export.Dim("s", min=1, max=16), torch.export.Dim("rows", min=1, max=8)
+    program = torch.export.export(_Sliced(), (torch.randn(2, 5), torch.randn(2, 6)),
+                                  dynamic_shapes={"x": {0: rows, 1: s},
+                                                  "edges": {0: rows, 1: s + 1}})
+    rb.write_config(tmp_path, "sliced", """
+        name: "sliced"
+        platform: "torch_export"
+        max_batch_size: 8
+        input [ { name: "x" data_type: TYPE_FP32 dims: [-1] },
+                { name: "edges" data_type: TYPE_FP32 dims: [-1] } ]
+        output [ { name: "y" data_type: TYPE_FP32 dims: [1] } ]
+        """)
+    torch.export.save(program, str(tmp_path / "sliced" / "1" / "model.pt2"))
+
+    def request(length: int, edges: int) -> tuple[InferenceRequest, dict]:
+        sent = {"x": torch.randn(1, length), "edges": torch.randn(1, edges)}
+        return InferenceRequest("sliced", {name: TensorView.from_torch(value, name=name)
+                                           for name, value in sent.items()}), sent
+
+    async def scenario() -> None:
+        engine = Engine(tmp_path)
+        await engine.start()
+        try:
+            assert [(e["name"], e["state"]) for e in engine.index()] == [("sliced", "READY")]
+            for length in (2, 7, 16):
+                given, sent = request(length, length + 1)
+                result = await engine.infer(given)
+                torch.testing.assert_close(result.outputs["y"].torch(), _Sliced()(**sent))
+            for lengths, refusal in (
+                    ((1, 2), "input 'x' of model 'sliced' has shape [1,1]; the model takes 2 "
+                             "to 16 in dim 1"),
+                    ((2, 2), "input 'edges' of model 'sliced' has shape [1,2]; the model takes "
+                             "3 to 17 in dim 1")):
+                with pytest.raises(TensorgateError) as refused:
+                    await engine.infer(request(*lengths)[0])
+                assert (refused.value.status.name, str(refused.value)) == (
+                    "INVALID_ARGUMENT", refusal + " (the sizes it was exported for)")
+        finally:
+            await engine.shutdown()
+    run(scenario())

@@ -11,7 +11,8 @@ import torch
 
 from tensorgate import InferenceRequest, TensorView
 from tensorgate.errors import InvalidArgumentError
-from tensorgate.pipeline.input_bounds import CompiledShapes, bounded_spec, program_shapes
+from tensorgate.pipeline.input_bounds import (CompiledShapes, bounded_spec, program_shapes,
+                                              raised_least)
 from tensorgate.pipeline.ragged import BatchRoom
 from tensorgate.pipeline.requests import work_item
 from tensorgate.repository.model_config import (ModelConfigError, RaggedLimits, TiedDim,
@@ -200,3 +201,29 @@ def test_a_request_no_batch_could_take_is_refused_alone() -> None:
                                  "takes 2*n of 'x', for one n (the sizes it was exported for)")
     finally:
         loop.close()
+
+
+def test_a_guard_that_refuses_the_least_sizes_raises_them_a_step() -> None:
+    """raised_least: the dims a failed guard names go one step up — a tied dim's whole group
+    by one s, another dim by one — in the program's words mapped to the config's names;
+    nothing for a guard naming the batch dim, a fixed dim, a ragged or unknown input, or a
+    step past the most."""
+    spec = bounded_spec("p", SPEC, "it", CompiledShapes(
+        {"x": [(1, 1, 16)], "w": [(1, 2, 17)], "r": [(1, 1, 8)]},
+        [[("x", 1, 1, 0), ("w", 1, 1, 1)]]), quiet=True)
+    shapes = CompiledShapes({}, (), {"x_arg": "x", "r": "r"})
+    raised = raised_least(spec, shapes, "Guard failed: -1 + w.size()[1] != 1")
+    assert raised is not None
+    up, how = raised
+    assert (up.input("x").bounds[0], up.input("w").bounds) == ((2, 16), ((3, 17),))
+    assert how == "dim 1 of input 'x' from 2 and dim 1 of input 'w' from 3"
+    alone = raised_least(spec, shapes, "Guard failed: r.size()[1] != 1")
+    assert alone is not None and alone[0].input("r").bounds == ((2, 8), (1, 1))
+    assert raised_least(spec, shapes, "Guard failed: x_arg.size()[1] > 1") is not None
+    for guard in ("Guard failed: x.size()[0] != 1",  # the batch dim
+                  "Guard failed: x.size()[3] == 3",  # fixed
+                  "Guard failed: nothing.size()[1] > 1", "Guard failed: x.size()[9] > 1",
+                  "Guard failed: a bool"):
+        assert raised_least(spec, shapes, guard) is None, guard
+    top = bounded_spec("p", SPEC, "it", CompiledShapes({"w": [(1, 4, 4)]}), quiet=True)
+    assert raised_least(top, shapes, "Guard failed: w.size()[1] != 4") is None

@@ -39,7 +39,7 @@ from tensorgate.pipeline import heap
 from tensorgate.pipeline.batching import gather_rows, split_rows
 from tensorgate.pipeline.cuda_graphs import GraphSet, graph_batch_sizes, map_tensors
 from tensorgate.pipeline.generations import Generation, Generations
-from tensorgate.pipeline.input_bounds import bounded_spec
+from tensorgate.pipeline.input_bounds import bounded_spec, raised_least
 from tensorgate.pipeline.placement import (LIGHT_FORWARD_NS, Placement, pin_current_thread)
 from tensorgate.pipeline.postprocess import Postprocessor
 from tensorgate.pipeline.ragged import batch_input_values, flatten, one_request, scatter
@@ -84,6 +84,9 @@ class PostprocessPool:
 
 
 _NO_STREAM = contextlib.nullcontext()  # (reusable: it holds nothing)
+# steps a program's least sizes may go up at its warm-up (`_warm_at_least`): a guard that
+# refuses s = 1 needs one; each is a run of the program on zeros of a few elements
+MAX_LEAST_RAISES = 8
 
 
 @dataclass(frozen=True)
@@ -335,11 +338,38 @@ class ExecutorThread:
                 log.info("model %s: no warm-up: it has no model_warmup, and zeros cannot stand "
                          "in: %s", s.spec.name, zeros_refused(s.spec, 1))
                 return
-            self._warm_run(runner, dict(zeros), "at batch 1")
+            self._warm_at_least(runner, zeros)
+            s = self.settings  # its least sizes may have gone up
             self._check_batch_rows(runner)
         if s.device.type == "cuda" and s.cuda_graphs and runner.module is not None:
             self._graphs = GraphSet.capture(runner.run, s.spec, s.device, self._stream,
                                             graph_batch_sizes(s.spec))
+
+    def _warm_at_least(self, runner: Runner, zeros: dict[str, Any]) -> None:
+        """Warm up at batch 1 on zeros of the least sizes; where an exported program's guard
+        refuses them though its range takes them, one step up (`raised_least`), and the
+        requests are held to what ran."""
+        for _ in range(MAX_LEAST_RAISES):
+            try:
+                self._warm_run(runner, dict(zeros), "at batch 1")
+                return
+            except InternalError as error:
+                s = self.settings
+                said = str(error.__cause__)
+                raised = (raised_least(s.spec, runner.shapes, said)
+                          if runner.shapes is not None and said.startswith("Guard failed")
+                          else None)
+                if raised is None:
+                    raise
+                spec, how = raised
+                log.info("model %s: the exported program refused zeros of its least sizes "
+                         "(%s), which its range constraints take: the least sizes go one up, "
+                         "and requests are held to them: %s", spec.name, said, how)
+                self.settings = s = replace(s, spec=spec)
+                found = warmup_inputs(spec, 1, s.device)
+                assert found is not None  # as it was: only sizes changed
+                zeros = found
+        self._warm_run(runner, dict(zeros), "at batch 1")
 
     def _warm_run(self, runner: Runner, inputs: dict[str, Any], what: str) -> Any:
         """The model's raw result for `inputs` (None for a decoupled model)."""

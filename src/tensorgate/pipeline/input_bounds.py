@@ -18,16 +18,17 @@ that takes 4,096, and its guards failed both.
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
 
 from tensorgate.repository.model_config import ModelConfigError, ModelSpec, RaggedLimits, TiedDim
 
-__all__ = ["CompiledShapes", "Range", "bounded_spec", "program_shapes", "size_range",
-           "user_input_values"]
+__all__ = ["CompiledShapes", "Range", "bounded_spec", "program_shapes", "raised_least",
+           "size_range", "user_input_values"]
 
 log = logging.getLogger("tensorgate.engine")
 
@@ -42,6 +43,8 @@ class CompiledShapes:
 
     ranges: Mapping[str, Sequence[Range]]
     ties: Sequence[Sequence[TiedDim | tuple[str, int]]] = ()
+    # a program's names of its inputs (its guards' words) -> the config's
+    names: Mapping[str, str] = field(default_factory=dict)
 
 
 def bounded_spec(where: str, spec: ModelSpec, model: str, shapes: CompiledShapes, *,
@@ -201,6 +204,55 @@ def _ragged_limits(where: str, spec: ModelSpec, model: str, shapes: CompiledShap
                         tuple(ties))
 
 
+_GUARD_SIZE = re.compile(r"\b(\w+)\.size\(\)\[(\d+)\]")
+
+
+def raised_least(spec: ModelSpec, shapes: CompiledShapes, guard: str
+                 ) -> tuple[ModelSpec, str] | None:
+    """`spec` with the least size of each variable dim a program's failed `guard` names
+    ("Guard failed: -1 + edges.size()[1] != 1") one step up: s + 1 for a dim of a tied
+    group, the whole group with it; and what was raised, in words. None where it names
+    none, or one that cannot go up (past its most; the batch dim, which the batcher makes
+    1; a ragged input's).
+
+    A program's guards may hold more than its range constraints say: slicing edges of s + 1
+    (`edges[:, 1:]`) made the program refuse s = 1 though its range says 1 to 16, so its
+    warm-up at the least sizes failed and it never loaded. Raised until the warm-up runs,
+    the least size is what requests are held to."""
+    batch = 1 if spec.max_batch_size > 0 else 0
+    bounds = {item.name: list(item.bounds or [(0, None) if d == -1 else (d, d)
+                                              for d in (item.reshape or item.dims)])
+              for item in spec.inputs if not item.ragged}
+    ties = {(m.input, m.dim): group for group in spec.tied_dims for m in group}
+    raised: dict[tuple[str, int], int] = {}
+    for own, dim_text in _GUARD_SIZE.findall(guard):
+        name, dim = shapes.names.get(own, own), int(dim_text)
+        if name not in bounds or not 0 <= dim - batch < len(bounds[name]):
+            return None
+        low, high = bounds[name][dim - batch]
+        if low == high:
+            return None  # fixed: nothing to raise
+        group = ties.get((name, dim))
+        if group is None:
+            raised[name, dim] = max(low, 1) + 1
+            continue
+        member = next(m for m in group if (m.input, m.dim) == (name, dim))
+        s = (member.symbol(max(low, 1)) or 0) + 1
+        for tied in group:
+            raised[tied.input, tied.dim] = tied.scale * s + tied.offset
+    if not raised:
+        return None
+    for (name, dim), low in raised.items():
+        high = bounds[name][dim - batch][1]
+        if high is not None and low > high:
+            return None
+        bounds[name][dim - batch] = (low, high)
+    return replace(spec, inputs=tuple(
+        replace(item, bounds=tuple(bounds[item.name]))
+        if any(name == item.name for name, _ in raised) else item for item in spec.inputs)), \
+        _listed([f"dim {dim} of input '{name}' from {low}" for (name, dim), low in raised.items()])
+
+
 def _listed(items: list[str]) -> str:
     return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} and {items[-1]}"
 
@@ -245,6 +297,8 @@ def program_shapes(program: Any, names: Sequence[str]) -> CompiledShapes | None:
     values = user_input_values(program)
     if len(values) != len(names) or not all(isinstance(v, torch.Tensor) for v in values):
         return None
+    own = [getattr(item.arg, "name", "") for item in program.graph_signature.input_specs
+           if item.kind.name == "USER_INPUT"]
     ranges: dict[str, list[Range]] = {}
     symbols: dict[Any, list[TiedDim]] = {}
     for name, value in zip(names, values):
@@ -265,7 +319,8 @@ def program_shapes(program: Any, names: Sequence[str]) -> CompiledShapes | None:
             if taken is not None:
                 found.append((dim, *taken))
         ranges[name] = found
-    return CompiledShapes(ranges, list(symbols.values()))  # bounded_spec keeps what counts
+    return CompiledShapes(ranges, list(symbols.values()),  # bounded_spec keeps what counts
+                          dict(zip(own, names)))
 
 
 def _linear(size: Any) -> tuple[Any, int, int] | None:
