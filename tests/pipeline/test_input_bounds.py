@@ -227,3 +227,25 @@ def test_a_guard_that_refuses_the_least_sizes_raises_them_a_step() -> None:
         assert raised_least(spec, shapes, guard) is None, guard
     top = bounded_spec("p", SPEC, "it", CompiledShapes({"w": [(1, 4, 4)]}), quiet=True)
     assert raised_least(top, shapes, "Guard failed: w.size()[1] != 4") is None
+
+
+def test_a_guard_that_refuses_a_ragged_input_raises_its_fewest_elements_a_request() -> None:
+    """A ragged input's flat dim is its batch's elements end to end: the guard raises the
+    fewest elements one request may bring (RaggedLimits.least), a tie group's by one n, the
+    warm-up's n = 1 to n = 2; past the most, nothing."""
+    tied = dataclasses.replace(RAGGED, ragged_limits=RaggedLimits(
+        (("x", 2000), ("w", 1000)), (("x", 2000), ("w", 1000)), 3, None,
+        ((("x", 2), ("w", 1)),)))
+    shapes = CompiledShapes({})
+    raised = raised_least(tied, shapes, "Guard failed: x.size()[0] // 2 != 1")
+    assert raised is not None
+    spec, how = raised
+    assert spec.ragged_limits is not None and spec.ragged_limits.least == (("x", 4), ("w", 2))
+    assert how == ("ragged input 'x' from 4 elements a request and ragged input 'w' from 2 "
+                   "elements a request")
+    again = raised_least(spec, shapes, "Guard failed: x.size()[0] // 2 != 2")
+    assert again is not None and again[0].ragged_limits.least == (("x", 6), ("w", 3))
+    alone = raised_least(RAGGED, shapes, "Guard failed: w.size()[0] != 1")
+    assert alone is not None and alone[0].ragged_limits == RaggedLimits(least=(("w", 2),))
+    full = dataclasses.replace(RAGGED, ragged_limits=RaggedLimits((("w", 1),), (("w", 1),)))
+    assert raised_least(full, shapes, "Guard failed: w.size()[0] != 1") is None

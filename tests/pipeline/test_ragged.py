@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import pathlib
+from collections.abc import Iterator
 from typing import Tuple
 
 import pytest
@@ -200,7 +201,9 @@ def test_an_exported_programs_ragged_ranges_and_ties_hold_each_batch_and_request
     ("Guard failed: x.size()[0] <= 4096" for two requests of 3,000, each within it), one
     request of x 5 and w 4 failed the one batched beside it, and the Pairs program never
     loaded (its warm-up gave x 1 element). Now batches are formed within the ranges, and a
-    request that no batch could take is refused alone, by name."""
+    request that no batch could take is refused alone, by name: n = 1 too, which the
+    program's guard refuses though its range takes it ("x.size()[0] // 2 != 1": learned at
+    its warm-up), so that a batch of one request of n = 1 cannot fail."""
     _add_ragged_program(tmp_path, "weighted", pairs=False)
     _add_ragged_program(tmp_path, "pairs", pairs=True)
 
@@ -235,8 +238,8 @@ def test_an_exported_programs_ragged_ranges_and_ties_hold_each_batch_and_request
                 "4096 from a request (the sizes it was exported for)")
             # ENDS takes 3 requests at most: five make two batches, each request its own
             answers, ran = await batch("pairs", *((torch.ones(2 * n), torch.full((n,), 3.0))
-                                                  for n in range(1, 6)))
-            assert (answers, ran) == ([6.0, 12.0, 18.0, 24.0, 30.0], 2)
+                                                  for n in range(2, 7)))
+            assert (answers, ran) == ([12.0, 18.0, 24.0, 30.0, 36.0], 2)
             for (x, w), refusal in (
                     ((6, 2), "input 'w' of model 'pairs' has 2 elements, and input 'x' 6; the "
                              "model takes 3 there: it takes n elements of 'w' where it takes "
@@ -245,7 +248,10 @@ def test_an_exported_programs_ragged_ranges_and_ties_hold_each_batch_and_request
                              "of them, for a whole n (the sizes it was exported for)"),
                     ((2002, 1001), "input 'x' of model 'pairs' has 2002 elements; the model "
                                    "takes at most 2000 from a request (the sizes it was "
-                                   "exported for)")):
+                                   "exported for)"),
+                    ((2, 1), "input 'x' of model 'pairs' has 2 elements; the model takes at "
+                             "least 4 from a request (the sizes it was exported for: fewer "
+                             "failed its guard)")):
                 answers, ran = await batch("pairs", (torch.ones(x), torch.ones(w)))
                 assert ran == 0 and isinstance(answers[0], InvalidArgumentError)
                 assert str(answers[0]) == refusal
@@ -276,3 +282,71 @@ def test_the_load_makes_batch_inputs_as_the_server_makes_them(
     assert made.dtype == expected.dtype and made.shape == expected.shape
     if kind != "BATCH_MAX_ELEMENT_COUNT_AS_SHAPE":  # (only its shape says anything)
         assert made.tolist() == expected.tolist()
+
+
+def _pairs_refusal(x: int, w: int) -> str | None:
+    """What the RaggedPairs program's limits refuse a request of x and w elements with;
+    None where it is answered."""
+    where = "of model 'pairs' has"
+    if x > 2000:
+        return (f"input 'x' {where} {x} elements; the model takes at most 2000 from a request "
+                "(the sizes it was exported for)")
+    if w > 1000:
+        return (f"input 'w' {where} {w} elements; the model takes at most 1000 from a request "
+                "(the sizes it was exported for)")
+    for name, count, fewest in (("x", x, 4), ("w", w, 2)):
+        if count < fewest:  # n = 1 failed the program's guard at its warm-up
+            return (f"input '{name}' {where} {count} elements; the model takes at least "
+                    f"{fewest} from a request (the sizes it was exported for: fewer failed "
+                    "its guard)")
+    if x % 2:
+        return (f"input 'x' {where} {x} elements; the model takes 2*n of them, for a whole n "
+                "(the sizes it was exported for)")
+    if w != x // 2:
+        return (f"input 'w' {where} {w} elements, and input 'x' {x}; the model takes {x // 2} "
+                "there: it takes n elements of 'w' where it takes 2*n of 'x', for one n (the "
+                "sizes it was exported for)")
+    return None
+
+
+@pytest.fixture(scope="module")
+def pairs_engine(tmp_path_factory: pytest.TempPathFactory
+                 ) -> Iterator[tuple[Engine, asyncio.AbstractEventLoop]]:
+    """The RaggedPairs program served by an Engine, and the loop it runs on."""
+    root = tmp_path_factory.mktemp("pairs")
+    _add_ragged_program(root, "pairs", pairs=True)
+    loop = asyncio.new_event_loop()
+    engine = Engine(root)
+    loop.run_until_complete(engine.start())
+    yield engine, loop
+    loop.run_until_complete(engine.shutdown())
+    loop.close()
+
+
+@settings(max_examples=15, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 1003), st.integers(0, 600)), min_size=1,
+                max_size=7))
+def test_any_ragged_requests_at_once_are_answered_alone_right_or_refused_by_name(
+        pairs_engine: tuple[Engine, asyncio.AbstractEventLoop],
+        sizes: list[tuple[int, int]]) -> None:
+    """Requests of any lengths at once, mostly near the tie (x of 2*n beside w of n,
+    sometimes one off) and past the range: each gets what it would alone — its own sum,
+    whatever batch it rode in (ENDS takes 3 requests, x 2,000 elements) — or its own
+    refusal; none fails another."""
+    engine, loop = pairs_engine
+    requests = [(2 * n + (k % 3 == 2), n + (k % 5 == 4)) for k, (n, _) in enumerate(sizes)]
+    requests += [(2 * w, w) for _, w in sizes[:2]]
+
+    async def at_once() -> list[object]:
+        return await asyncio.gather(
+            *(engine.infer(_ragged_request("pairs", torch.ones(x), torch.full((w,), 2.0)))
+              for x, w in requests), return_exceptions=True)
+
+    answers = loop.run_until_complete(at_once())
+    for (x, w), answer in zip(requests, answers):
+        refusal = _pairs_refusal(x, w)
+        if refusal is None:
+            assert not isinstance(answer, BaseException), (x, w, answer)
+            assert answer.outputs["SUM"].torch().item() == 4.0 * w
+        else:
+            assert isinstance(answer, InvalidArgumentError) and str(answer) == refusal

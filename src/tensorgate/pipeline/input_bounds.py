@@ -211,9 +211,10 @@ def raised_least(spec: ModelSpec, shapes: CompiledShapes, guard: str
                  ) -> tuple[ModelSpec, str] | None:
     """`spec` with the least size of each variable dim a program's failed `guard` names
     ("Guard failed: -1 + edges.size()[1] != 1") one step up: s + 1 for a dim of a tied
-    group, the whole group with it; and what was raised, in words. None where it names
+    group, the whole group with it; a ragged input's fewest elements a request (RaggedLimits
+    `least`, its tie group's by one n); and what was raised, in words. None where it names
     none, or one that cannot go up (past its most; the batch dim, which the batcher makes
-    1; a ragged input's).
+    1).
 
     A program's guards may hold more than its range constraints say: slicing edges of s + 1
     (`edges[:, 1:]`) made the program refuse s = 1 though its range says 1 to 16, so its
@@ -225,8 +226,21 @@ def raised_least(spec: ModelSpec, shapes: CompiledShapes, guard: str
               for item in spec.inputs if not item.ragged}
     ties = {(m.input, m.dim): group for group in spec.tied_dims for m in group}
     raised: dict[tuple[str, int], int] = {}
+    limits = spec.ragged_limits or RaggedLimits()
+    least = dict(limits.least)
     for own, dim_text in _GUARD_SIZE.findall(guard):
         name, dim = shapes.names.get(own, own), int(dim_text)
+        if name in spec.ragged_inputs and dim == 0:  # its elements end to end: a's of n
+            flat = next((g for g in limits.ties if any(m == name for m, _ in g)),
+                        ((name, 1),))
+            scale = dict(flat)[name]
+            n = least.get(name, scale) // scale + 1
+            most = dict(limits.elements)
+            for member, a in flat:
+                if a * n > most.get(member, a * n):
+                    return None
+                least[member] = a * n
+            continue
         if name not in bounds or not 0 <= dim - batch < len(bounds[name]):
             return None
         low, high = bounds[name][dim - batch]
@@ -240,17 +254,22 @@ def raised_least(spec: ModelSpec, shapes: CompiledShapes, guard: str
         s = (member.symbol(max(low, 1)) or 0) + 1
         for tied in group:
             raised[tied.input, tied.dim] = tied.scale * s + tied.offset
-    if not raised:
+    fewer = {name: count for name, count in least.items() if (name, count) not in limits.least}
+    if not raised and not fewer:
         return None
     for (name, dim), low in raised.items():
         high = bounds[name][dim - batch][1]
         if high is not None and low > high:
             return None
         bounds[name][dim - batch] = (low, high)
-    return replace(spec, inputs=tuple(
-        replace(item, bounds=tuple(bounds[item.name]))
-        if any(name == item.name for name, _ in raised) else item for item in spec.inputs)), \
-        _listed([f"dim {dim} of input '{name}' from {low}" for (name, dim), low in raised.items()])
+    inputs = tuple(replace(item, bounds=tuple(bounds[item.name]))
+                   if any(name == item.name for name, _ in raised) else item
+                   for item in spec.inputs)
+    how = [f"dim {dim} of input '{name}' from {low}" for (name, dim), low in raised.items()]
+    how += [f"ragged input '{name}' from {count} elements a request"
+            for name, count in fewer.items()]
+    return replace(spec, inputs=inputs, ragged_limits=replace(
+        limits, least=tuple(least.items())) if fewer else spec.ragged_limits), _listed(how)
 
 
 def _listed(items: list[str]) -> str:

@@ -255,6 +255,13 @@ def _check_ragged(spec: ModelSpec, limits: RaggedLimits, inputs: Mapping[str, An
             raise InvalidArgumentError(f"input '{name}' of model '{spec.name}' has {count} "
                                        f"elements; the model takes at most {most} from a "
                                        "request (the sizes it was exported for)")
+    for name, fewest in limits.least:
+        value = inputs.get(name)
+        if value is not None and math.prod(value.shape) < fewest:
+            raise InvalidArgumentError(f"input '{name}' of model '{spec.name}' has "
+                                       f"{math.prod(value.shape)} elements; the model takes at "
+                                       f"least {fewest} from a request (the sizes it was "
+                                       "exported for: fewer failed its guard)")
     for group in limits.ties:
         first, first_count, n = "", 0, 0
         for name, scale in group:

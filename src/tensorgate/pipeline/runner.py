@@ -325,26 +325,24 @@ def warmup_inputs(spec: ModelSpec, rows: int,
         return None
     inputs = {}
     for item in spec.model_inputs:
-        dims = _tied_ragged_row(spec, item.name) or item.least_dims()
+        dims = _ragged_row(spec, item.name) or item.least_dims()
         shape: Sequence[int] = ([rows] + dims) if spec.max_batch_size else dims
         inputs[item.name] = torch.zeros(shape, dtype=item.datatype.torch, device=device)
     return _on_device(one_request(spec, inputs), device)
 
 
-def _tied_ragged_row(spec: ModelSpec, name: str) -> list[int] | None:
-    """A warm-up row of a ragged input the model sizes a*n from one n with others
-    (RaggedLimits.ties): a*2 elements, or a*1 where its range ends below. Not n = 1: for a
-    dim derived from another (2*n), export's 0/1 specialization refuses n = 1 (measured: the
-    program's guard "x.size()[0] // 2 != 1", the package's check "x >= 4")."""
+def _ragged_row(spec: ModelSpec, name: str) -> list[int] | None:
+    """A warm-up row of a ragged input held by RaggedLimits: the fewest elements learned
+    (`least`), else a*1 where the model sizes it a*n from one n with others; None where
+    neither holds it."""
     limits = spec.ragged_limits
-    if limits is None or not limits.ties:
+    if limits is None:
         return None
-    most = dict(limits.elements)
-    for group in limits.ties:
-        if any(member == name for member, _ in group):
-            n = 2 if all(a * 2 <= most.get(member, a * 2) for member, a in group) else 1
-            return [dict(group)[name] * n]
-    return None
+    least = dict(limits.least).get(name)
+    if least is not None:
+        return [least]
+    scale = next((a for group in limits.ties for member, a in group if member == name), None)
+    return None if scale is None else [scale]
 
 
 def _on_device(inputs: dict[str, Any], device: torch.device) -> dict[str, Any]:

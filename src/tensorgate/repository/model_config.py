@@ -133,6 +133,11 @@ class RaggedLimits:
     # groups of (ragged input, a): the model sizes each a*n from one n, so each request's
     # elements of them must be too (a batch's sums then are)
     ties: tuple[tuple[tuple[str, int], ...], ...] = ()
+    # (ragged input, the fewest elements one request may bring), where an exported
+    # program's guard refused fewer at its warm-up (a batch of one request holds only its
+    # own): learned there (input_bounds.raised_least), not from its range, which an empty
+    # request passes
+    least: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
