@@ -697,3 +697,37 @@ def test_a_ragged_packages_ranges_and_ties_hold_each_batch_and_request(
         assert refused.value.status() == "400" and refusal in str(refused.value)
     assert infer(2000, 1000) == 6000.0
 
+
+
+@settings(max_examples=8, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.integers(0, 1003), min_size=1, max_size=6))
+def test_any_ragged_requests_at_once_to_a_package_are_answered_right_or_refused(
+        sized_server: tuple[RunningServer, pathlib.Path], lengths: list[int]) -> None:
+    """rb.RaggedPairs as a package, requests at once over HTTP of w of n and x of 2*n, one
+    off in some (x odd, w one more), past the range in others: each is answered as the
+    module answers it alone, whatever batch it rode in, or refused by name."""
+    server, _ = sized_server
+    requests = [(2 * n + (k % 3 == 2), n + (k % 4 == 3)) for k, n in enumerate(lengths)]
+
+    def infer(sizes: tuple[int, int]) -> float | InferenceServerException:
+        inputs = []
+        for name, length, value in zip(("x", "w"), sizes, (1.0, 2.0)):
+            item = httpclient.InferInput(name, [1, length], "FP32")
+            item.set_data_from_numpy(np.full((1, length), value, np.float32))
+            inputs.append(item)
+        try:
+            with httpclient.InferenceServerClient(server.url) as client:  # one a thread
+                return float(client.infer("ragged_pairs", inputs).as_numpy("SUM")[0, 0])
+        except InferenceServerException as refused:
+            return refused
+
+    with ThreadPoolExecutor(len(requests)) as pool:
+        answers = list(pool.map(infer, requests))
+    for (x, w), answer in zip(requests, answers):
+        refusal = rb.ragged_pairs_refusal("ragged_pairs", x, w, guarded=False)
+        if refusal is None:
+            assert answer == 4.0 * w, (x, w, answer)
+        else:
+            assert isinstance(answer, InferenceServerException), (x, w, answer)
+            assert answer.status() == "400" and refusal in str(answer)

@@ -155,6 +155,33 @@ def export_ragged(pairs: bool) -> torch.export.ExportedProgram:
                                                      max=3 if pairs else 8)}})
 
 
+def ragged_pairs_refusal(model: str, x: int, w: int, guarded: bool) -> str | None:
+    """What RaggedPairs served as `model` refuses a request of x and w elements with; None
+    where it is answered (4*w for x of ones and w of twos). `guarded`: the exported
+    program, whose guard refuses n = 1 (learned at its warm-up); its package takes n = 1."""
+    where = f"of model '{model}' has"
+    exported = "(the sizes it was exported for)"
+    if x > 2000:
+        return (f"input 'x' {where} {x} elements; the model takes at most 2000 from a request "
+                f"{exported}")
+    if w > 1000:
+        return (f"input 'w' {where} {w} elements; the model takes at most 1000 from a request "
+                f"{exported}")
+    for name, count, fewest in (("x", x, 4), ("w", w, 2)) if guarded else ():
+        if count < fewest:
+            return (f"input '{name}' {where} {count} elements; the model takes at least "
+                    f"{fewest} from a request (the sizes it was exported for: fewer failed "
+                    "its guard)")
+    if x % 2:
+        return (f"input 'x' {where} {x} elements; the model takes 2*n of them, for a whole n "
+                f"{exported}")
+    if w != x // 2:
+        return (f"input 'w' {where} {w} elements, and input 'x' {x}; the model takes {x // 2} "
+                f"there: it takes n elements of 'w' where it takes 2*n of 'x', for one n "
+                f"{exported}")
+    return None
+
+
 def write_ragged_config(repo: pathlib.Path, name: str, platform: str, source: str
                         ) -> pathlib.Path:
     """Model `name` (RaggedWeighted or RaggedPairs) with ragged x and w and ENDS (as

@@ -284,31 +284,6 @@ def test_the_load_makes_batch_inputs_as_the_server_makes_them(
         assert made.tolist() == expected.tolist()
 
 
-def _pairs_refusal(x: int, w: int) -> str | None:
-    """What the RaggedPairs program's limits refuse a request of x and w elements with;
-    None where it is answered."""
-    where = "of model 'pairs' has"
-    if x > 2000:
-        return (f"input 'x' {where} {x} elements; the model takes at most 2000 from a request "
-                "(the sizes it was exported for)")
-    if w > 1000:
-        return (f"input 'w' {where} {w} elements; the model takes at most 1000 from a request "
-                "(the sizes it was exported for)")
-    for name, count, fewest in (("x", x, 4), ("w", w, 2)):
-        if count < fewest:  # n = 1 failed the program's guard at its warm-up
-            return (f"input '{name}' {where} {count} elements; the model takes at least "
-                    f"{fewest} from a request (the sizes it was exported for: fewer failed "
-                    "its guard)")
-    if x % 2:
-        return (f"input 'x' {where} {x} elements; the model takes 2*n of them, for a whole n "
-                "(the sizes it was exported for)")
-    if w != x // 2:
-        return (f"input 'w' {where} {w} elements, and input 'x' {x}; the model takes {x // 2} "
-                "there: it takes n elements of 'w' where it takes 2*n of 'x', for one n (the "
-                "sizes it was exported for)")
-    return None
-
-
 @pytest.fixture(scope="module")
 def pairs_engine(tmp_path_factory: pytest.TempPathFactory
                  ) -> Iterator[tuple[Engine, asyncio.AbstractEventLoop]]:
@@ -344,7 +319,7 @@ def test_any_ragged_requests_at_once_are_answered_alone_right_or_refused_by_name
 
     answers = loop.run_until_complete(at_once())
     for (x, w), answer in zip(requests, answers):
-        refusal = _pairs_refusal(x, w)
+        refusal = rb.ragged_pairs_refusal("pairs", x, w, guarded=True)
         if refusal is None:
             assert not isinstance(answer, BaseException), (x, w, answer)
             assert answer.outputs["SUM"].torch().item() == 4.0 * w
