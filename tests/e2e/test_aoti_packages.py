@@ -683,15 +683,9 @@ def test_a_ragged_packages_ranges_and_ties_hold_each_batch_and_request(
     assert answers == [6.0 * n for n in range(1, 6)]
     assert int(after["inference_count"]) - int(before["inference_count"]) == 5
     assert int(after["execution_count"]) - int(before["execution_count"]) >= 2
-    for (x, w), refusal in (
-            ((6, 2), "input 'w' of model 'ragged_pairs' has 2 elements, and input 'x' 6; the "
-                     "model takes 3 there: it takes n elements of 'w' where it takes 2*n of "
-                     "'x', for one n (the sizes it was exported for)"),
-            ((5, 2), "input 'x' of model 'ragged_pairs' has 5 elements; the model takes 2*n "
-                     "of them, for a whole n (the sizes it was exported for)"),
-            ((2002, 1001), "input 'x' of model 'ragged_pairs' has 2002 elements; the model "
-                           "takes at most 2000 from a request (the sizes it was exported "
-                           "for)")):
+    for x, w in ((6, 2), (5, 2), (2002, 1001)):  # the words: tests/pipeline/test_ragged.py
+        refusal = rb.ragged_pairs_refusal("ragged_pairs", x, w, guarded=False)
+        assert refusal is not None
         with pytest.raises(InferenceServerException) as refused:
             infer(x, w)
         assert refused.value.status() == "400" and refusal in str(refused.value)
