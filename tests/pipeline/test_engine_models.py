@@ -553,3 +553,47 @@ def test_a_program_whose_guard_refuses_its_least_sizes_loads_from_the_next(
         finally:
             await engine.shutdown()
     run(scenario())
+
+
+class _Quads(torch.nn.Module):
+    """x [rows, 4*k] read as k quads: exported with Dim.AUTO, its guards refuse a dim 1 that
+    is no multiple of 4 and k = 1, in words that name the batch dim too ("x.size()[1] *
+    x.size()[0] % (4 * x.size()[0]) == 0")."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.view(x.shape[0], -1, 4).sum((1, 2)).unsqueeze(1)
+
+
+def test_a_guard_that_names_the_batch_dim_raises_the_others(tmp_path: pathlib.Path) -> None:
+    """The batch dim a guard names is left to the batcher; dim 1 goes up until the warm-up
+    runs (8: a multiple of 4, and k = 1 refused), where before the program never loaded."""
+    auto = torch.export.Dim.AUTO
+    program = torch.export.export(_Quads(), (torch.randn(2, 8),),
+                                  dynamic_shapes={"x": {0: auto, 1: auto}})
+    rb.write_config(tmp_path, "quads", """
+        name: "quads"
+        platform: "torch_export"
+        max_batch_size: 8
+        input [ { name: "x" data_type: TYPE_FP32 dims: [-1] } ]
+        output [ { name: "y" data_type: TYPE_FP32 dims: [1] } ]
+        """)
+    torch.export.save(program, str(tmp_path / "quads" / "1" / "model.pt2"))
+
+    async def scenario() -> None:
+        engine = Engine(tmp_path)
+        await engine.start()
+        try:
+            assert [(e["name"], e["state"]) for e in engine.index()] == [("quads", "READY")]
+            for length in (8, 12, 64):
+                result = await engine.infer(InferenceRequest("quads", {
+                    "x": TensorView.from_torch(torch.ones(2, length))}))
+                assert result.outputs["y"].torch().tolist() == [[float(length)]] * 2
+            with pytest.raises(TensorgateError) as refused:
+                await engine.infer(InferenceRequest("quads", {
+                    "x": TensorView.from_torch(torch.ones(1, 4))}))
+            assert str(refused.value) == ("input 'x' of model 'quads' has shape [1,4]; the "
+                                          "model takes 8 or more in dim 1 (the sizes it was "
+                                          "exported for)")
+        finally:
+            await engine.shutdown()
+    run(scenario())
