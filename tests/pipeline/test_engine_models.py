@@ -566,7 +566,8 @@ class _Quads(torch.nn.Module):
 
 def test_a_guard_that_names_the_batch_dim_raises_the_others(tmp_path: pathlib.Path) -> None:
     """The batch dim a guard names is left to the batcher; dim 1 goes up until the warm-up
-    runs (8: a multiple of 4, and k = 1 refused), where before the program never loaded."""
+    runs (8: a multiple of 4, and k = 1 refused), where before the program never loaded. A
+    size its range takes and its guard does not is the request's fault: a 400."""
     auto = torch.export.Dim.AUTO
     program = torch.export.export(_Quads(), (torch.randn(2, 8),),
                                   dynamic_shapes={"x": {0: auto, 1: auto}})
@@ -594,6 +595,20 @@ def test_a_guard_that_names_the_batch_dim_raises_the_others(tmp_path: pathlib.Pa
             assert str(refused.value) == ("input 'x' of model 'quads' has shape [1,4]; the "
                                           "model takes 8 or more in dim 1 (the sizes it was "
                                           "exported for)")
+            # 10 is in its range, and no multiple of 4: the guard refuses it, each request
+            # of such a batch (they batch only with requests of their own dims) with a 400
+            refusals = await asyncio.gather(*(engine.infer(InferenceRequest("quads", {
+                "x": TensorView.from_torch(torch.ones(1, 10))})) for _ in range(2)),
+                                            return_exceptions=True)
+            for refusal in refusals:
+                assert isinstance(refusal, TensorgateError)
+                assert (refusal.status.name, str(refusal)) == ("INVALID_ARGUMENT", (
+                    "model 'quads' refused the request's sizes, which its ranges take: its "
+                    "exported program's guard failed: x.size()[1] * x.size()[0] % (4 * "
+                    "x.size()[0]) == 0 (the sizes it was exported for)"))
+            result = await engine.infer(InferenceRequest("quads", {
+                "x": TensorView.from_torch(torch.ones(1, 16))}))
+            assert result.outputs["y"].torch().tolist() == [[16.0]]
         finally:
             await engine.shutdown()
     run(scenario())

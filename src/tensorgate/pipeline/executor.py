@@ -23,6 +23,7 @@ import contextlib
 import logging
 import os
 import queue
+import re
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -33,7 +34,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from tensorgate.errors import InternalError, TensorgateError
+from tensorgate.errors import InternalError, InvalidArgumentError, TensorgateError
 from tensorgate.model import NO_PARAMETERS, ModelContext, RequestInfo
 from tensorgate.pipeline import heap
 from tensorgate.pipeline.batching import gather_rows, split_rows
@@ -462,7 +463,8 @@ class ExecutorThread:
             batch.infer_ns = time.monotonic_ns() - gathered
             self.batches_run += 1
         except Exception as error:  # the model's fault fails this batch only
-            batch.error = _model_error(s.spec.name, error)
+            batch.error = (_refused_sizes(s.spec, runner, error)
+                           or _model_error(s.spec.name, error))
             inputs = raw = None
             self._report(self._on_done_and_idle, batch)
             return
@@ -834,6 +836,28 @@ def _settle(future: asyncio.Future[None], error: BaseException | None) -> None:
         future.set_result(None)
     else:
         future.set_exception(error)
+
+
+_GUARD_DIM = re.compile(r"\.size\(\)\[(\d+)\]")
+
+
+def _refused_sizes(spec: ModelSpec, runner: Runner, error: BaseException
+                   ) -> InvalidArgumentError | None:
+    """An exported program's failed guard over a dim other than the batch dim, as the
+    request's fault (a 400, not a 500): its batch holds only requests whose dims agree (no
+    ragged input), in rows the program takes from 1 (runner._check_batch_range), so the
+    guard refused the sizes each request brought — ones its ranges take but its code does
+    not (x.view(B, -1, 4): a dim 1 of 10). None for anything else."""
+    said = str(error)
+    if runner.shapes is None or spec.ragged_inputs or not isinstance(error, AssertionError) \
+            or not said.startswith("Guard failed"):
+        return None
+    batch = spec.max_batch_size > 0
+    if not any(int(dim) > 0 or not batch for dim in _GUARD_DIM.findall(said)):
+        return None  # the batch dim alone: the batcher's doing, not a request's
+    return InvalidArgumentError(f"model '{spec.name}' refused the request's sizes, which its "
+                                f"ranges take: its exported program's {said[0].lower()}"
+                                f"{said[1:]} (the sizes it was exported for)")
 
 
 def _model_error(model: str, error: BaseException) -> TensorgateError:
