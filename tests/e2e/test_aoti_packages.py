@@ -343,14 +343,6 @@ def test_the_dims_probed_are_the_variable_ones_of_an_input_as_the_model_takes_it
     assert _described("r", zeros(3), rows, True, ("r", "s")).bound == (0,)
 
 
-class _Product(torch.nn.Module):
-    """x [rows, s], w [rows, t], y [rows, s*t]: a dim sized from two others."""
-
-    def forward(self, x: torch.Tensor, w: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        grid = y.view(y.shape[0], x.shape[1], w.shape[1]) * x.unsqueeze(-1) * w.unsqueeze(1)
-        return grid.sum((1, 2)).unsqueeze(1)
-
-
 class _TwoGroups(torch.nn.Module):
     """ids, mask, types [rows, s], edges [rows, s + 1]; kv [rows, t, 8], w [rows, t]: two
     groups, their inputs interleaved, whose least sizes collide (edges and w both 3)."""
@@ -410,22 +402,17 @@ def sized_server(tmp_path_factory: pytest.TempPathFactory
                  ) -> Iterator[tuple[RunningServer, pathlib.Path]]:
     """A server of rb.Sized compiled with s from 1 to 16, edges s + 1 and pairs 2*s: as
     "sized" with every non-batch dim -1, and as "sized_fixed" with edges' dims [6] (s is
-    then 5: a relation to a dim the config fixes); of _Product as "product"; of
+    then 5: a relation to a dim the config fixes); of rb.Product as "product"; of
     rb.PairsFirst as "pairs_first"; of _TwoGroups as "two_groups"; of _RaggedSum as
     "ragged" (ragged batching); of rb.RaggedPairs as "ragged_pairs"; and the root of its
     repository."""
     root = tmp_path_factory.mktemp("sized")
-    auto = torch.export.Dim.AUTO
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
         package = torch._inductor.aoti_compile_and_package(
             rb.export_sized(), package_path=str(root / "model.pt2"))
         product = torch._inductor.aoti_compile_and_package(
-            torch.export.export(_Product(), (torch.randn(2, 3), torch.randn(2, 5),
-                                             torch.randn(2, 15)),
-                                dynamic_shapes={name: {0: auto, 1: auto}
-                                                for name in ("x", "w", "y")}),
-            package_path=str(root / "product.pt2"))
+            rb.export_product(), package_path=str(root / "product.pt2"))
         pairs_first = torch._inductor.aoti_compile_and_package(
             rb.export_pairs_first(batched=True), package_path=str(root / "pairs_first.pt2"))
         two_groups = torch._inductor.aoti_compile_and_package(

@@ -121,6 +121,23 @@ def export_pairs_first(batched: bool) -> torch.export.ExportedProgram:
                                                "x": {**batch, 1: length}})
 
 
+class Product(torch.nn.Module):
+    """x [rows, s], w [rows, t], y [rows, s*t]: a dim sized from two others."""
+
+    def forward(self, x: torch.Tensor, w: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        grid = y.view(y.shape[0], x.shape[1], w.shape[1]) * x.unsqueeze(-1) * w.unsqueeze(1)
+        return grid.sum((1, 2)).unsqueeze(1)
+
+
+def export_product() -> torch.export.ExportedProgram:
+    """Product with every dim Dim.AUTO (y's dim 1 the product s*t)."""
+    auto = torch.export.Dim.AUTO
+    return torch.export.export(Product(), (torch.randn(2, 3), torch.randn(2, 5),
+                                           torch.randn(2, 15)),
+                               dynamic_shapes={name: {0: auto, 1: auto}
+                                               for name in ("x", "w", "y")})
+
+
 class RaggedWeighted(torch.nn.Module):
     """Ragged x and w of one length (their elements end to end), ENDS where each request
     ends: each request's sum of x * w, with tensor ops only (a package runs no Python

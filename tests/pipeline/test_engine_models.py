@@ -612,3 +612,51 @@ def test_a_guard_that_names_the_batch_dim_raises_the_others(tmp_path: pathlib.Pa
         finally:
             await engine.shutdown()
     run(scenario())
+
+
+def test_a_program_with_a_dim_sized_from_two_others_loads_and_holds_them(
+        tmp_path: pathlib.Path) -> None:
+    """rb.Product (y of s*t beside x of s and w of t, Dim.AUTO): s and t start at 2 (its
+    guard "y >= 4" keeps them there, so the 0/1 reading is not made), the warm-up's zeros
+    agree (x 2, w 2, y 4), and a y that is not x times w is refused quoting the guard.
+    Before, the warm-up gave x 1, w 1, y 4, and the program never loaded."""
+    rb.write_config(tmp_path, "product", """
+        name: "product"
+        platform: "torch_export"
+        max_batch_size: 8
+        input [ { name: "x" data_type: TYPE_FP32 dims: [-1] },
+                { name: "w" data_type: TYPE_FP32 dims: [-1] },
+                { name: "y" data_type: TYPE_FP32 dims: [-1] } ]
+        output [ { name: "out" data_type: TYPE_FP32 dims: [1] } ]
+        """)
+    torch.export.save(rb.export_product(), str(tmp_path / "product" / "1" / "model.pt2"))
+
+    def request(x: int, w: int, y: int) -> tuple[InferenceRequest, dict]:
+        sent = {"x": torch.randn(1, x), "w": torch.randn(1, w), "y": torch.randn(1, y)}
+        return InferenceRequest("product", {name: TensorView.from_torch(value, name=name)
+                                            for name, value in sent.items()}), sent
+
+    async def scenario() -> None:
+        engine = Engine(tmp_path)
+        await engine.start()
+        try:
+            assert [(e["name"], e["state"]) for e in engine.index()] == [("product", "READY")]
+            for sizes in ((2, 2, 4), (3, 5, 15)):
+                given, sent = request(*sizes)
+                result = await engine.infer(given)
+                torch.testing.assert_close(result.outputs["out"].torch(),
+                                           rb.Product()(**sent), rtol=1e-5, atol=1e-5)
+            for sizes, refusal in (
+                    ((1, 3, 3), "input 'x' of model 'product' has shape [1,1]; the model takes "
+                                "2 or more in dim 1 (the sizes it was exported for)"),
+                    ((3, 5, 14), "model 'product' refused the request's sizes, which its "
+                                 "ranges take: its exported program's guard failed: "
+                                 "y.size()[0] * y.size()[1] == y.size()[0] * w.size()[1] * "
+                                 "x.size()[1] (the sizes it was exported for)")):
+                with pytest.raises(TensorgateError) as refused:
+                    await engine.infer(request(*sizes)[0])
+                assert (refused.value.status.name, str(refused.value)) == (
+                    "INVALID_ARGUMENT", refusal)
+        finally:
+            await engine.shutdown()
+    run(scenario())

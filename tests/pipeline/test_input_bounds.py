@@ -12,8 +12,8 @@ import torch
 from tensorgate import InferenceRequest, TensorView
 from tensorgate.errors import InvalidArgumentError
 from tensorgate.pipeline.executor import _refused_sizes
-from tensorgate.pipeline.input_bounds import (CompiledShapes, bounded_spec, program_shapes,
-                                              raised_least)
+from tensorgate.pipeline.input_bounds import (CompiledShapes, bounded_spec, lows_raised,
+                                              program_shapes, raised_least)
 from tensorgate.pipeline.ragged import BatchRoom
 from tensorgate.pipeline.requests import work_item
 from tensorgate.pipeline.runner import Runner
@@ -214,13 +214,14 @@ def test_a_guard_that_refuses_the_least_sizes_raises_them_a_step() -> None:
         {"x": [(1, 1, 16)], "w": [(1, 2, 17)], "r": [(1, 1, 8)]},
         [[("x", 1, 1, 0), ("w", 1, 1, 1)]]), quiet=True)
     shapes = CompiledShapes({}, (), {"x_arg": "x", "r": "r"})
-    raised = raised_least(spec, shapes, "Guard failed: -1 + w.size()[1] != 1")
-    assert raised is not None
-    up, how = raised
+    up = raised_least(spec, shapes, "Guard failed: -1 + w.size()[1] != 1")
+    assert up is not None
     assert (up.input("x").bounds[0], up.input("w").bounds) == ((2, 16), ((3, 17),))
-    assert how == "dim 1 of input 'x' from 2 and dim 1 of input 'w' from 3"
+    assert lows_raised(spec, up) == "dim 1 of input 'x' from 2 and dim 1 of input 'w' from 3"
     alone = raised_least(spec, shapes, "Guard failed: r.size()[1] != 1")
-    assert alone is not None and alone[0].input("r").bounds == ((2, 8), (1, 1))
+    assert alone is not None and alone.input("r").bounds == ((2, 8), (1, 1))
+    assert lows_raised(SPEC, alone) == "dim 1 of input 'x' from 1, dim 1 of input 'w' from " \
+        "2 and dim 1 of input 'r' from 2"  # against the config's: the ranges' lows too
     assert raised_least(spec, shapes, "Guard failed: x_arg.size()[1] > 1") is not None
     for guard in ("Guard failed: x.size()[0] != 1",  # the batch dim
                   "Guard failed: x.size()[3] == 3",  # fixed
@@ -239,16 +240,18 @@ def test_a_guard_that_refuses_a_ragged_input_raises_its_fewest_elements_a_reques
         (("x", 2000), ("w", 1000)), (("x", 2000), ("w", 1000)), 3, None,
         ((("x", 2), ("w", 1)),)))
     shapes = CompiledShapes({})
-    raised = raised_least(tied, shapes, "Guard failed: x.size()[0] // 2 != 1")
-    assert raised is not None
-    spec, how = raised
+    spec = raised_least(tied, shapes, "Guard failed: x.size()[0] // 2 != 1")
+    assert spec is not None
     assert spec.ragged_limits is not None and spec.ragged_limits.least == (("x", 4), ("w", 2))
-    assert how == ("ragged input 'x' from 4 elements a request and ragged input 'w' from 2 "
-                   "elements a request")
+    assert lows_raised(tied, spec) == ("ragged input 'x' from 4 elements a request and "
+                                       "ragged input 'w' from 2 elements a request")
     again = raised_least(spec, shapes, "Guard failed: x.size()[0] // 2 != 2")
-    assert again is not None and again[0].ragged_limits.least == (("x", 6), ("w", 3))
+    assert again is not None and again.ragged_limits.least == (("x", 6), ("w", 3))
+    assert lows_raised(spec, again) == ("ragged input 'x' from 6 elements a request and "
+                                        "ragged input 'w' from 3 elements a request")
     alone = raised_least(RAGGED, shapes, "Guard failed: w.size()[0] != 1")
-    assert alone is not None and alone[0].ragged_limits == RaggedLimits(least=(("w", 2),))
+    assert alone is not None and alone.ragged_limits == RaggedLimits(least=(("w", 2),))
+    assert lows_raised(RAGGED, RAGGED) == "nothing"
     full = dataclasses.replace(RAGGED, ragged_limits=RaggedLimits((("w", 1),), (("w", 1),)))
     assert raised_least(full, shapes, "Guard failed: w.size()[0] != 1") is None
 

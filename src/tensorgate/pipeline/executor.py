@@ -40,7 +40,7 @@ from tensorgate.pipeline import heap
 from tensorgate.pipeline.batching import gather_rows, split_rows
 from tensorgate.pipeline.cuda_graphs import GraphSet, graph_batch_sizes, map_tensors
 from tensorgate.pipeline.generations import Generation, Generations
-from tensorgate.pipeline.input_bounds import bounded_spec, raised_least
+from tensorgate.pipeline.input_bounds import bounded_spec, lows_raised, raised_least
 from tensorgate.pipeline.placement import (LIGHT_FORWARD_NS, Placement, pin_current_thread)
 from tensorgate.pipeline.postprocess import Postprocessor
 from tensorgate.pipeline.ragged import batch_input_values, flatten, one_request, scatter
@@ -348,29 +348,33 @@ class ExecutorThread:
 
     def _warm_at_least(self, runner: Runner, zeros: dict[str, Any]) -> None:
         """Warm up at batch 1 on zeros of the least sizes; where an exported program's guard
-        refuses them though its range takes them, one step up (`raised_least`), and the
-        requests are held to what ran."""
+        refuses them though its range takes them, one step up (`raised_least`) at a time,
+        and the requests are held to what ran."""
+        before, refused = self.settings.spec, ""
         for _ in range(MAX_LEAST_RAISES):
             try:
                 self._warm_run(runner, dict(zeros), "at batch 1")
-                return
+                break
             except InternalError as error:
                 s = self.settings
                 said = str(error.__cause__)
-                raised = (raised_least(s.spec, runner.shapes, said)
-                          if runner.shapes is not None and said.startswith("Guard failed")
-                          else None)
-                if raised is None:
+                spec = (raised_least(s.spec, runner.shapes, said)
+                        if runner.shapes is not None and said.startswith("Guard failed")
+                        else None)
+                if spec is None:
                     raise
-                spec, how = raised
-                log.info("model %s: the exported program refused zeros of its least sizes "
-                         "(%s), which its range constraints take: the least sizes go one up, "
-                         "and requests are held to them: %s", spec.name, said, how)
+                refused = refused or said
                 self.settings = s = replace(s, spec=spec)
                 found = warmup_inputs(spec, 1, s.device)
                 assert found is not None  # as it was: only sizes changed
                 zeros = found
-        self._warm_run(runner, dict(zeros), "at batch 1")
+        else:
+            self._warm_run(runner, dict(zeros), "at batch 1")
+        if refused:
+            log.info("model %s: the exported program refused zeros of its least sizes (%s), "
+                     "which its range constraints take; the least sizes went up until it ran, "
+                     "and requests are held to them: %s", before.name, refused,
+                     lows_raised(before, self.settings.spec))
 
     def _warm_run(self, runner: Runner, inputs: dict[str, Any], what: str) -> Any:
         """The model's raw result for `inputs` (None for a decoupled model)."""

@@ -25,10 +25,11 @@ from typing import Any
 
 import torch
 
-from tensorgate.repository.model_config import ModelConfigError, ModelSpec, RaggedLimits, TiedDim
+from tensorgate.repository.model_config import (ModelConfigError, ModelSpec, RaggedLimits,
+                                                TensorSpec, TiedDim)
 
-__all__ = ["CompiledShapes", "Range", "bounded_spec", "program_shapes", "raised_least",
-           "size_range", "user_input_values"]
+__all__ = ["CompiledShapes", "Range", "bounded_spec", "lows_raised", "program_shapes",
+           "raised_least", "size_range", "user_input_values"]
 
 log = logging.getLogger("tensorgate.engine")
 
@@ -207,12 +208,11 @@ def _ragged_limits(where: str, spec: ModelSpec, model: str, shapes: CompiledShap
 _GUARD_SIZE = re.compile(r"\b(\w+)\.size\(\)\[(\d+)\]")
 
 
-def raised_least(spec: ModelSpec, shapes: CompiledShapes, guard: str
-                 ) -> tuple[ModelSpec, str] | None:
+def raised_least(spec: ModelSpec, shapes: CompiledShapes, guard: str) -> ModelSpec | None:
     """`spec` with the least size of each variable dim a program's failed `guard` names
     ("Guard failed: -1 + edges.size()[1] != 1") one step up: s + 1 for a dim of a tied
     group, the whole group with it; a ragged input's fewest elements a request (RaggedLimits
-    `least`, its tie group's by one n); and what was raised, in words. The batch dim is
+    `least`, its tie group's by one n). The batch dim is
     left as it is (the batcher makes batches of 1: `x.view(B, -1, 4)` made the guard
     "x.size()[1] * x.size()[0] % (4 * x.size()[0]) == 0", whose dim 1 goes up). None where
     it names no other dim, or one that cannot go up (fixed, past its most, unknown).
@@ -222,9 +222,7 @@ def raised_least(spec: ModelSpec, shapes: CompiledShapes, guard: str
     warm-up at the least sizes failed and it never loaded. Raised until the warm-up runs,
     the least size is what requests are held to."""
     batch = 1 if spec.max_batch_size > 0 else 0
-    bounds = {item.name: list(item.bounds or [(0, None) if d == -1 else (d, d)
-                                              for d in (item.reshape or item.dims)])
-              for item in spec.inputs if not item.ragged}
+    bounds = {item.name: list(_bounds(item)) for item in spec.inputs if not item.ragged}
     ties = {(m.input, m.dim): group for group in spec.tied_dims for m in group}
     raised: dict[tuple[str, int], int] = {}
     limits = spec.ragged_limits or RaggedLimits()
@@ -268,11 +266,31 @@ def raised_least(spec: ModelSpec, shapes: CompiledShapes, guard: str
     inputs = tuple(replace(item, bounds=tuple(bounds[item.name]))
                    if any(name == item.name for name, _ in raised) else item
                    for item in spec.inputs)
-    how = [f"dim {dim} of input '{name}' from {low}" for (name, dim), low in raised.items()]
-    how += [f"ragged input '{name}' from {count} elements a request"
-            for name, count in fewer.items()]
     return replace(spec, inputs=inputs, ragged_limits=replace(
-        limits, least=tuple(least.items())) if fewer else spec.ragged_limits), _listed(how)
+        limits, least=tuple(least.items())) if fewer else spec.ragged_limits)
+
+
+def lows_raised(before: ModelSpec, after: ModelSpec) -> str:
+    """The least sizes `after` holds requests to that `before` did not, in words: "dim 1 of
+    input 'x' from 2 and ragged input 'w' from 2 elements a request"."""
+    batch = 1 if before.max_batch_size > 0 else 0
+    said = []
+    for old, new in zip(before.inputs, after.inputs):
+        for dim, (was, now) in enumerate(zip(_bounds(old), _bounds(new))):
+            if now[0] > was[0]:
+                said.append(f"dim {dim + batch} of input '{new.name}' from {now[0]}")
+    was_least = dict(before.ragged_limits.least if before.ragged_limits else ())
+    for name, count in (after.ragged_limits.least if after.ragged_limits else ()):
+        if was_least.get(name) != count:
+            said.append(f"ragged input '{name}' from {count} elements a request")
+    return _listed(said) if said else "nothing"
+
+
+def _bounds(item: TensorSpec) -> tuple[tuple[int, int | None], ...]:
+    """An input's bounds per dim of the model's shape of it, its config's where none are
+    learned (-1: any size)."""
+    return item.bounds or tuple((0, None) if d == -1 else (d, d)
+                                for d in (item.reshape or item.dims))
 
 
 def _listed(items: list[str]) -> str:
@@ -323,6 +341,11 @@ def program_shapes(program: Any, names: Sequence[str]) -> CompiledShapes | None:
            if item.kind.name == "USER_INPUT"]
     ranges: dict[str, list[Range]] = {}
     symbols: dict[Any, list[TiedDim]] = {}
+    # symbols a dim is sized from with another (y of s*t): the 0/1 reading does not hold for
+    # them (a guard "y >= 4" keeps s and t from 2), and the warm-up's zeros must agree
+    producing = {symbol for value in values for size in value.shape
+                 if isinstance(size, torch.SymInt) and _linear(size) is None
+                 for symbol in size.node.expr.free_symbols}
     for name, value in zip(names, values):
         found = []
         for dim, size in enumerate(value.shape):
@@ -333,7 +356,8 @@ def program_shapes(program: Any, names: Sequence[str]) -> CompiledShapes | None:
                 taken = _expr_range(program, symbol)
                 if taken is not None:
                     low, high = taken
-                    low = 1 if low == 2 else low  # the 0/1 specialization (see above)
+                    if low == 2 and symbol not in producing:
+                        low = 1  # the 0/1 specialization (see above)
                     taken = (scale * low + offset,
                              None if high is None else scale * high + offset)
             else:
