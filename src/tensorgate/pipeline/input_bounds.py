@@ -212,10 +212,10 @@ def raised_least(spec: ModelSpec, shapes: CompiledShapes, guard: str) -> ModelSp
     """`spec` with the least size of each variable dim a program's failed `guard` names
     ("Guard failed: -1 + edges.size()[1] != 1") one step up: s + 1 for a dim of a tied
     group, the whole group with it; a ragged input's fewest elements a request (RaggedLimits
-    `least`, its tie group's by one n). The batch dim is
-    left as it is (the batcher makes batches of 1: `x.view(B, -1, 4)` made the guard
-    "x.size()[1] * x.size()[0] % (4 * x.size()[0]) == 0", whose dim 1 goes up). None where
-    it names no other dim, or one that cannot go up (fixed, past its most, unknown).
+    `least`, its tie group's by one n). The batch dim is left as it is (the batcher makes
+    batches of 1: `x.view(B, -1, 4)` made the guard "x.size()[1] * x.size()[0] % (4 *
+    x.size()[0]) == 0", whose dim 1 goes up). None where it names no other dim, or one that
+    cannot go up (fixed, past its most, unknown).
 
     A program's guards may hold more than its range constraints say: slicing edges of s + 1
     (`edges[:, 1:]`) made the program refuse s = 1 though its range says 1 to 16, so its
