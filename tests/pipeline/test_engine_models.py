@@ -499,6 +499,30 @@ def test_a_size_no_whole_s_gives_is_refused_where_the_first_tied_dim_is_sized_fr
     run(scenario())
 
 
+def _save_program(repo: pathlib.Path, name: str, program: torch.export.ExportedProgram,
+                  inputs: tuple[str, ...], output: str = "y") -> None:
+    """`program` as model `name`: FP32 inputs of dims [-1], batches of up to 8, one FP32
+    output of [1]."""
+    listed = ", ".join(f'{{ name: "{item}" data_type: TYPE_FP32 dims: [-1] }}'
+                       for item in inputs)
+    rb.write_config(repo, name, f"""
+        name: "{name}"
+        platform: "torch_export"
+        max_batch_size: 8
+        input [ {listed} ]
+        output [ {{ name: "{output}" data_type: TYPE_FP32 dims: [1] }} ]
+        """)
+    torch.export.save(program, str(repo / name / "1" / "model.pt2"))
+
+
+def _random_request(model: str, **lengths: int) -> tuple[InferenceRequest, dict]:
+    """A request to `model` of one row of random numbers an input, of these lengths; and
+    the tensors sent, by name."""
+    sent = {name: torch.randn(1, length) for name, length in lengths.items()}
+    return InferenceRequest(model, {name: TensorView.from_torch(value, name=name)
+                                    for name, value in sent.items()}), sent
+
+
 class _Sliced(torch.nn.Module):
     """edges [rows, s + 1] sliced to s, times x [rows, s]: export keeps s from 1 in its range
     constraints, and its guard refuses s = 1 ("-1 + edges.size()[1] != 1")."""
@@ -517,20 +541,10 @@ def test_a_program_whose_guard_refuses_its_least_sizes_loads_from_the_next(
     program = torch.export.export(_Sliced(), (torch.randn(2, 5), torch.randn(2, 6)),
                                   dynamic_shapes={"x": {0: rows, 1: s},
                                                   "edges": {0: rows, 1: s + 1}})
-    rb.write_config(tmp_path, "sliced", """
-        name: "sliced"
-        platform: "torch_export"
-        max_batch_size: 8
-        input [ { name: "x" data_type: TYPE_FP32 dims: [-1] },
-                { name: "edges" data_type: TYPE_FP32 dims: [-1] } ]
-        output [ { name: "y" data_type: TYPE_FP32 dims: [1] } ]
-        """)
-    torch.export.save(program, str(tmp_path / "sliced" / "1" / "model.pt2"))
+    _save_program(tmp_path, "sliced", program, ("x", "edges"))
 
     def request(length: int, edges: int) -> tuple[InferenceRequest, dict]:
-        sent = {"x": torch.randn(1, length), "edges": torch.randn(1, edges)}
-        return InferenceRequest("sliced", {name: TensorView.from_torch(value, name=name)
-                                           for name, value in sent.items()}), sent
+        return _random_request("sliced", x=length, edges=edges)
 
     async def scenario() -> None:
         engine = Engine(tmp_path)
@@ -571,14 +585,7 @@ def test_a_guard_that_names_the_batch_dim_raises_the_others(tmp_path: pathlib.Pa
     auto = torch.export.Dim.AUTO
     program = torch.export.export(_Quads(), (torch.randn(2, 8),),
                                   dynamic_shapes={"x": {0: auto, 1: auto}})
-    rb.write_config(tmp_path, "quads", """
-        name: "quads"
-        platform: "torch_export"
-        max_batch_size: 8
-        input [ { name: "x" data_type: TYPE_FP32 dims: [-1] } ]
-        output [ { name: "y" data_type: TYPE_FP32 dims: [1] } ]
-        """)
-    torch.export.save(program, str(tmp_path / "quads" / "1" / "model.pt2"))
+    _save_program(tmp_path, "quads", program, ("x",))
 
     async def scenario() -> None:
         engine = Engine(tmp_path)
@@ -620,21 +627,10 @@ def test_a_program_with_a_dim_sized_from_two_others_loads_and_holds_them(
     guard "y >= 4" keeps them there, so the 0/1 reading is not made), the warm-up's zeros
     agree (x 2, w 2, y 4), and a y that is not x times w is refused quoting the guard.
     Before, the warm-up gave x 1, w 1, y 4, and the program never loaded."""
-    rb.write_config(tmp_path, "product", """
-        name: "product"
-        platform: "torch_export"
-        max_batch_size: 8
-        input [ { name: "x" data_type: TYPE_FP32 dims: [-1] },
-                { name: "w" data_type: TYPE_FP32 dims: [-1] },
-                { name: "y" data_type: TYPE_FP32 dims: [-1] } ]
-        output [ { name: "out" data_type: TYPE_FP32 dims: [1] } ]
-        """)
-    torch.export.save(rb.export_product(), str(tmp_path / "product" / "1" / "model.pt2"))
+    _save_program(tmp_path, "product", rb.export_product(), ("x", "w", "y"), output="out")
 
     def request(x: int, w: int, y: int) -> tuple[InferenceRequest, dict]:
-        sent = {"x": torch.randn(1, x), "w": torch.randn(1, w), "y": torch.randn(1, y)}
-        return InferenceRequest("product", {name: TensorView.from_torch(value, name=name)
-                                            for name, value in sent.items()}), sent
+        return _random_request("product", x=x, w=w, y=y)
 
     async def scenario() -> None:
         engine = Engine(tmp_path)
