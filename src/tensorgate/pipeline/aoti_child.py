@@ -335,17 +335,26 @@ def made_batch_input(made: dict[str, Any], source: list[int], requests: int,
     one row each whose `source` input, as the model takes it, is of that shape: a ragged
     source's elements (flat) shared out between them, else one row each. `made`: {"kind",
     "ragged"} (the source's)."""
-    kind = made["kind"]
     if made["ragged"]:
         total = source[0]
         counts = [total // requests + (1 if k < total % requests else 0)
                   for k in range(requests)]
-        items = [[count] for count in counts]
+        rows = [[count] for count in counts]
     else:
         counts = [math.prod(source[1:])] * source[0]
-        items = [list(source[1:])] * source[0]
+        rows = [list(source[1:])] * source[0]
+    return batch_input_tensor(made["kind"], counts, rows, dtype, device)
+
+
+def batch_input_tensor(kind: str, counts: list[int], rows: list[list[int]] | None,
+                       dtype: torch.dtype | None, device: torch.device | None = None
+                       ) -> torch.Tensor:
+    """A batch input of `kind` for requests of `counts` elements each of its source, whose
+    rows' shapes (without the batch dim) are `rows` (None: not needed, a count's kind). The
+    server's batches (pipeline/ragged.py) and this child's runs make them here alike: the
+    child imports torch alone, so it is the one to hold it."""
     if kind == "BATCH_MAX_ELEMENT_COUNT_AS_SHAPE":
-        return torch.zeros(max(counts), dtype=dtype, device=device)
+        return torch.zeros(max(counts), dtype=dtype, device=device)  # only its shape counts
     values: Any
     if kind == "BATCH_ELEMENT_COUNT":
         values = counts
@@ -353,10 +362,10 @@ def made_batch_input(made: dict[str, Any], source: list[int], requests: int,
         values = list(itertools.accumulate(counts))
         if kind.endswith("WITH_ZERO"):
             values = [0, *values]
-    elif kind == "BATCH_ITEM_SHAPE":
-        values = items
-    else:  # BATCH_ITEM_SHAPE_FLATTEN
-        values = [n for item in items for n in item]
+    else:  # BATCH_ITEM_SHAPE(_FLATTEN): each row's shape, as a row of numbers or flat
+        assert rows is not None
+        value = torch.tensor(rows, dtype=dtype, device=device)
+        return value.reshape(-1) if kind == "BATCH_ITEM_SHAPE_FLATTEN" else value
     return torch.tensor(values, dtype=dtype, device=device)
 
 

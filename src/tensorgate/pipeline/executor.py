@@ -23,7 +23,6 @@ import contextlib
 import logging
 import os
 import queue
-import re
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -40,7 +39,8 @@ from tensorgate.pipeline import heap
 from tensorgate.pipeline.batching import gather_rows, split_rows
 from tensorgate.pipeline.cuda_graphs import GraphSet, graph_batch_sizes, map_tensors
 from tensorgate.pipeline.generations import Generation, Generations
-from tensorgate.pipeline.input_bounds import bounded_spec, lows_raised, raised_least
+from tensorgate.pipeline.input_bounds import (bounded_spec, guard_dims, lows_raised,
+                                              raised_least)
 from tensorgate.pipeline.placement import (LIGHT_FORWARD_NS, Placement, pin_current_thread)
 from tensorgate.pipeline.postprocess import Postprocessor
 from tensorgate.pipeline.ragged import batch_input_values, flatten, one_request, scatter
@@ -351,7 +351,7 @@ class ExecutorThread:
         refuses them though its range takes them, one step up (`raised_least`) at a time,
         and the requests are held to what ran."""
         before, refused = self.settings.spec, ""
-        for _ in range(MAX_LEAST_RAISES):
+        for step in range(MAX_LEAST_RAISES + 1):
             try:
                 self._warm_run(runner, dict(zeros), "at batch 1")
                 break
@@ -359,8 +359,7 @@ class ExecutorThread:
                 s = self.settings
                 said = str(error.__cause__)
                 spec = (raised_least(s.spec, runner.shapes, said)
-                        if runner.shapes is not None and said.startswith("Guard failed")
-                        else None)
+                        if runner.shapes is not None and step < MAX_LEAST_RAISES else None)
                 if spec is None:
                     raise
                 refused = refused or said
@@ -368,8 +367,6 @@ class ExecutorThread:
                 found = warmup_inputs(spec, 1, s.device)
                 assert found is not None  # as it was: only sizes changed
                 zeros = found
-        else:
-            self._warm_run(runner, dict(zeros), "at batch 1")
         if refused:
             log.info("model %s: the exported program refused zeros of its least sizes (%s), "
                      "which its range constraints take; the least sizes went up until it ran, "
@@ -842,9 +839,6 @@ def _settle(future: asyncio.Future[None], error: BaseException | None) -> None:
         future.set_exception(error)
 
 
-_GUARD_DIM = re.compile(r"\.size\(\)\[(\d+)\]")
-
-
 def _refused_sizes(spec: ModelSpec, runner: Runner, error: BaseException
                    ) -> InvalidArgumentError | None:
     """An exported program's failed guard over a dim other than the batch dim, as the
@@ -853,11 +847,11 @@ def _refused_sizes(spec: ModelSpec, runner: Runner, error: BaseException
     guard refused the sizes each request brought — ones its ranges take but its code does
     not (x.view(B, -1, 4): a dim 1 of 10). None for anything else."""
     said = str(error)
-    if runner.shapes is None or spec.ragged_inputs or not isinstance(error, AssertionError) \
-            or not said.startswith("Guard failed"):
+    named = guard_dims(said) if isinstance(error, AssertionError) else None
+    if runner.shapes is None or spec.ragged_inputs or named is None:
         return None
     batch = spec.max_batch_size > 0
-    if not any(int(dim) > 0 or not batch for dim in _GUARD_DIM.findall(said)):
+    if not any(dim > 0 or not batch for _, dim in named):
         return None  # the batch dim alone: the batcher's doing, not a request's
     return InvalidArgumentError(f"model '{spec.name}' refused the request's sizes, which its "
                                 f"ranges take: its exported program's {said[0].lower()}"

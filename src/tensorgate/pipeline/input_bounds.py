@@ -28,8 +28,8 @@ import torch
 from tensorgate.repository.model_config import (ModelConfigError, ModelSpec, RaggedLimits,
                                                 TensorSpec, TiedDim)
 
-__all__ = ["CompiledShapes", "Range", "bounded_spec", "lows_raised", "program_shapes",
-           "raised_least", "size_range", "user_input_values"]
+__all__ = ["CompiledShapes", "Range", "bounded_spec", "guard_dims", "lows_raised",
+           "program_shapes", "raised_least", "size_range", "user_input_values"]
 
 log = logging.getLogger("tensorgate.engine")
 
@@ -183,9 +183,8 @@ def _ragged_limits(where: str, spec: ModelSpec, model: str, shapes: CompiledShap
     if fewest_rows and min(fewest_rows) < 1:
         raise ModelConfigError(where, f"{model} takes no request in a batch: its batch "
                                       "inputs' ranges leave room for none")
-    if not elements and not ties and requests is None and rows is None and \
-            per_request == elements:
-        return None
+    if not per_request and not ties and requests is None and rows is None:
+        return None  # (per_request holds every bounded element count)
     if not quiet:
         for name, high in elements.items():
             log.info("%s: %s takes at most %d elements of ragged input '%s' in a batch: "
@@ -208,6 +207,15 @@ def _ragged_limits(where: str, spec: ModelSpec, model: str, shapes: CompiledShap
 _GUARD_SIZE = re.compile(r"\b(\w+)\.size\(\)\[(\d+)\]")
 
 
+def guard_dims(said: str) -> list[tuple[str, int]] | None:
+    """The (input, dim) sizes an exported program's failed guard names, in the program's
+    names of its inputs ("Guard failed: -1 + edges.size()[1] != 1": edges, 1); None where
+    `said` is no failed guard."""
+    if not said.startswith("Guard failed"):
+        return None
+    return [(own, int(dim)) for own, dim in _GUARD_SIZE.findall(said)]
+
+
 def raised_least(spec: ModelSpec, shapes: CompiledShapes, guard: str) -> ModelSpec | None:
     """`spec` with the least size of each variable dim a program's failed `guard` names
     ("Guard failed: -1 + edges.size()[1] != 1") one step up: s + 1 for a dim of a tied
@@ -227,18 +235,18 @@ def raised_least(spec: ModelSpec, shapes: CompiledShapes, guard: str) -> ModelSp
     raised: dict[tuple[str, int], int] = {}
     limits = spec.ragged_limits or RaggedLimits()
     least = dict(limits.least)
-    for own, dim_text in _GUARD_SIZE.findall(guard):
-        name, dim = shapes.names.get(own, own), int(dim_text)
+    for own, dim in guard_dims(guard) or ():
+        name = shapes.names.get(own, own)
         if name in spec.ragged_inputs and dim == 0:  # its elements end to end: a's of n
             flat = next((g for g in limits.ties if any(m == name for m, _ in g)),
                         ((name, 1),))
             scale = dict(flat)[name]
             n = least.get(name, scale) // scale + 1
             most = dict(limits.elements)
-            for member, a in flat:
-                if a * n > most.get(member, a * n):
+            for ragged, a in flat:
+                if a * n > most.get(ragged, a * n):
                     return None
-                least[member] = a * n
+                least[ragged] = a * n
             continue
         if batch and dim == 0 and name in bounds:
             continue  # the batcher's, which the program takes from 1 (_check_batch_range)

@@ -10,7 +10,6 @@ repository/ragged_config.py says what the config may ask.
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -18,6 +17,7 @@ from typing import Any
 import torch
 
 from tensorgate.errors import InternalError
+from tensorgate.pipeline.aoti_child import batch_input_tensor
 from tensorgate.repository.model_config import ModelSpec, RaggedLimits
 
 __all__ = ["BatchRoom", "batch_input_values", "flatten", "one_request", "scatter"]
@@ -48,22 +48,10 @@ def batch_input_values(spec: ModelSpec,
         shapes = [tuple(int(d) for d in request[batch_input.source].shape)
                   for request in requests]
         counts = [math.prod(shape) for shape in shapes]
-        kind = batch_input.kind
-        dtype = batch_input.datatype.torch
-        if kind == "BATCH_ELEMENT_COUNT":
-            value = torch.tensor(counts, dtype=dtype)
-        elif kind == "BATCH_ACCUMULATED_ELEMENT_COUNT":
-            value = torch.tensor(list(itertools.accumulate(counts)), dtype=dtype)
-        elif kind == "BATCH_ACCUMULATED_ELEMENT_COUNT_WITH_ZERO":
-            value = torch.tensor([0, *itertools.accumulate(counts)], dtype=dtype)
-        elif kind == "BATCH_MAX_ELEMENT_COUNT_AS_SHAPE":
-            value = torch.zeros(max(counts), dtype=dtype)  # only its shape says anything
-        else:  # BATCH_ITEM_SHAPE(_FLATTEN): each batch row's shape without the batch dim
-            rows = [list(shape[1:]) for shape in shapes for _ in range(shape[0])]
-            value = torch.tensor(rows, dtype=dtype).reshape(len(rows), len(shapes[0]) - 1)
-            if kind == "BATCH_ITEM_SHAPE_FLATTEN":
-                value = value.reshape(-1)
-        values[batch_input.target] = value
+        rows = ([list(shape[1:]) for shape in shapes for _ in range(shape[0])]
+                if batch_input.kind.startswith("BATCH_ITEM_SHAPE") else None)
+        values[batch_input.target] = batch_input_tensor(batch_input.kind, counts, rows,
+                                                        batch_input.datatype.torch)
     return values
 
 

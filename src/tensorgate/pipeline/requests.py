@@ -245,32 +245,25 @@ def _check_ragged(spec: ModelSpec, limits: RaggedLimits, inputs: Mapping[str, An
         raise InvalidArgumentError(f"model '{spec.name}' takes at most {limits.rows} rows in "
                                    f"a batch (the sizes it was exported for); the request has "
                                    f"{rows}")
-    counts = {}
-    for name, most in limits.request_elements:
-        value = inputs.get(name)
-        if value is None:
-            continue
-        count = counts[name] = math.prod(value.shape)
+    counts = {name: math.prod(value.shape) for name, value in inputs.items()}
+    for name, most in limits.request_elements:  # (an AS_SHAPE source need not be ragged)
+        count = counts.get(name, 0)
         if count > most:
             raise InvalidArgumentError(f"input '{name}' of model '{spec.name}' has {count} "
                                        f"elements; the model takes at most {most} from a "
                                        "request (the sizes it was exported for)")
     for name, fewest in limits.least:
-        value = inputs.get(name)
-        if value is not None and math.prod(value.shape) < fewest:
+        if name in counts and counts[name] < fewest:
             raise InvalidArgumentError(f"input '{name}' of model '{spec.name}' has "
-                                       f"{math.prod(value.shape)} elements; the model takes at "
-                                       f"least {fewest} from a request (the sizes it was "
-                                       "exported for: fewer failed its guard)")
+                                       f"{counts[name]} elements; the model takes at least "
+                                       f"{fewest} from a request (the sizes it was exported "
+                                       "for: fewer failed its guard)")
     for group in limits.ties:
         first, first_count, n = "", 0, 0
         for name, scale in group:
-            count = counts.get(name, -1)
-            if count < 0:
-                value = inputs.get(name)
-                if value is None:
-                    continue
-                count = math.prod(value.shape)
+            if name not in counts:
+                continue
+            count = counts[name]
             if not first:
                 first, first_count = name, count
                 n, rest = divmod(count, scale)
