@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # One call on the GPU device: the CUDA tests, the engine benchmark on cuda, then issue 5's
 # comparison on the GPU (tensorgate and Triton's Python backend over HTTP, the CUDA-graph
-# floor in process), each as a short table. About 6 minutes.
+# floor in process), each as a short table, then AOTInductor packages compiled for CUDA
+# (last: their compiles may take minutes). About 7 minutes; the whole log is $OUT/gpu_check.log.
 #
-# Here, first:  bash bench/peers/pack_device.sh     (fills .device/, about 50 MB)
-# Then:         run(command="bash bench/gpu_check.sh", carry=[".device"], timeout_s=560)
+# Here, first:  bash bench/peers/pack_device.sh     (fills .device/, about 60 MB)
+# Then:         run(command="bash bench/gpu_check.sh", carry=[".device"], timeout_s=590)
 # Back here:    cp the returned compare-cuda.json to bench/results/, then
 #               .venv/bin/python bench/compare.py --render-only --device cuda
 #               (writes the GPU block of bench/RESULTS.md and the plots)
@@ -19,6 +20,7 @@ OUT="${OUT:-/tmp/tg-gpu-check}"
 device="${GPU_CHECK_DEVICE:-cuda}"
 carried="${DEVICE_DIR:-.device}"
 mkdir -p "$OUT"
+exec > >(tee "$OUT/gpu_check.log") 2>&1
 pip_target() { python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
                  --upgrade --target "$1" "${@:2}"; }
 if compgen -G "$carried/wheels/*.whl" > /dev/null; then
@@ -35,12 +37,15 @@ fi
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
 python3 -c "import torch, numpy, grpc; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'numpy', numpy.__version__, 'grpcio', grpc.__version__)"
 echo "== CUDA tests"
-timeout 150 python3 -m pytest -q -m cuda -p no:cacheprovider tests/pipeline tests/tensor \
-  tests/e2e/test_cuda_shared_memory.py tests/e2e/test_gpu_metrics.py 2>&1 | tail -15
+timeout 120 python3 -m pytest -q -m cuda -p no:cacheprovider -p no:logging tests/pipeline \
+  tests/tensor tests/e2e/test_cuda_shared_memory.py tests/e2e/test_gpu_metrics.py 2>&1 | tee "$OUT/cuda_tests.log" | tail -15
 echo "== engine benchmark (cuda)"
-timeout 150 python3 bench/engine_bench.py --device "$device" --placement none --quick 2>&1 | tail -16
+timeout 90 python3 bench/engine_bench.py --device "$device" --placement none --quick 2>&1 | tail -16
 cp bench/results/engine_bench_cuda.json "$OUT/" 2>/dev/null || true
 echo "== compare ($device): tensorgate and Triton over HTTP"
-timeout 330 python3 bench/compare.py --device "$device" --servers tensorgate,triton --no-results-md \
+timeout 300 python3 bench/compare.py --device "$device" --servers tensorgate,triton --no-results-md \
   ${GPU_CHECK_DEVICE:+--quick} --json "$OUT/compare-$device.json" 2>&1 | grep -v "^plot:"
+echo "== AOTInductor packages compiled for $device"
+timeout 120 python3 -m pytest -q -p no:cacheprovider -p no:logging tests/e2e/test_aoti_cuda.py \
+  2>&1 | tee "$OUT/aoti_cuda.log" | tail -15
 ls "$OUT"

@@ -2,15 +2,17 @@
 # Pack what the GPU device lacks into .device/ (git-ignored; carried by the device tool):
 #
 #   bash bench/peers/pack_device.sh          (needs `make bench-peers` for the Triton venv)
-#   then, with a device:  run(command="bash bench/gpu_check.sh", carry=[".device"], timeout_s=560)
+#   then, with a device:  run(command="bash bench/gpu_check.sh", carry=[".device"], timeout_s=590)
 #
 # The device has Python 3.12, torch, numpy 2, no package registry and a 64 MiB carry limit.
 #   .device/wheels/       cp312 wheels tensorgate needs there: httptools, hpack (our HTTP/2),
 #                         orjson (JSON bodies), uvloop (the default loop, --loop auto),
 #                         tritonclient (the protobuf schemas), the grpcio/protobuf its
 #                         generated code asks for
-#                         and python-rapidjson (its grpc module imports it); ml_dtypes,
-#                         packaging and urllib3 are on the device already
+#                         and python-rapidjson (its grpc module imports it); its HTTP
+#                         client's geventhttpclient, gevent, greenlet, zope.event,
+#                         zope.interface and brotli (the e2e tests' conftest imports it);
+#                         ml_dtypes, packaging, certifi and urllib3 are on the device already
 #   .device/stub-wheels/  numpy 1.26 for Triton's Python-backend stub only (under numpy 2 it
 #                         answers HTTP 200 with empty outputs)
 #   .device/triton.tar.xz the nvidia-pytriton wheel's tritonserver: bin/, backends/, the 3.12
@@ -42,7 +44,10 @@ download() {
 download "$out/wheels" "httptools==$(version httptools)" "tritonclient==$(version tritonclient)" \
   "grpcio==$(version grpcio)" "protobuf==$(version protobuf)" \
   "python-rapidjson==$(version python-rapidjson)" "hpack==$(version hpack)" \
-  "orjson==$(version orjson)" "uvloop==$(version uvloop)"
+  "orjson==$(version orjson)" "uvloop==$(version uvloop)" \
+  "geventhttpclient==$(version geventhttpclient)" "gevent==$(version gevent)" \
+  "greenlet==$(version greenlet)" "zope.event==$(version zope.event)" \
+  "zope.interface==$(version zope.interface)" "brotli==$(version brotli)"
 download "$out/stub-wheels" numpy==1.26.4
 (cd "$site" && tar --exclude='libpython3*' -cf - pytriton/tritonserver/bin \
    pytriton/tritonserver/backends "pytriton/tritonserver/python_backend_stubs/$py" \

@@ -353,12 +353,12 @@ class _TwoGroups(torch.nn.Module):
                    kv.sum((1, 2)).unsqueeze(1))
 
 
-def _export_two_groups() -> torch.export.ExportedProgram:
+def _export_two_groups(device: str = "cpu") -> torch.export.ExportedProgram:
     batch = torch.export.Dim("batch", min=1, max=8)
     s, t = torch.export.Dim("s", min=1, max=64), torch.export.Dim("t", min=1, max=32)
+    shapes = ((2, 5), (2, 7, 8), (2, 5), (2, 6), (2, 7), (2, 5))
     return torch.export.export(
-        _TwoGroups(), (torch.randn(2, 5), torch.randn(2, 7, 8), torch.randn(2, 5),
-                       torch.randn(2, 6), torch.randn(2, 7), torch.randn(2, 5)),
+        _TwoGroups(), tuple(torch.randn(shape, device=device) for shape in shapes),
         dynamic_shapes={"ids": {0: batch, 1: s}, "kv": {0: batch, 1: t},
                         "mask": {0: batch, 1: s}, "edges": {0: batch, 1: s + 1},
                         "w": {0: batch, 1: t}, "types": {0: batch, 1: s}})

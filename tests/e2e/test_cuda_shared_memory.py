@@ -3,9 +3,8 @@ its CUDA IPC handle (made here by torch, the same cudaIpcMemHandle_t that triton
 cuda_shared_memory utilities send), is the request's input and receives its output; a
 region that claims more than its allocation is refused. Skipped without a CUDA device.
 
-Only tritonclient's gRPC client is imported up front: the GPU machine (bench/gpu_check.sh)
-lacks the gevent that its HTTP client needs, and a failed import there would stop the whole
-CUDA test run; the HTTP case is skipped where it cannot be imported."""
+Only tritonclient's gRPC client is imported up front: the HTTP case is skipped where its
+client (gevent) cannot be imported."""
 
 from __future__ import annotations
 
