@@ -86,7 +86,11 @@ class Server:
         if self.bundle_version:
             return self.bundle_version
         package = self.package
-        script = f"import importlib.metadata as m; print(m.version({package!r}))"
+        module = package.replace("nvidia-pytriton", "pytriton").replace("-", "_")
+        # the installed distribution's version, else the module's own (run from a source
+        # tree, as on the GPU machine, where PYTHONPATH names src/)
+        script = (f"import importlib.metadata as m\ntry: print(m.version({package!r}))\n"
+                  f"except m.PackageNotFoundError: import {module}; print({module}.__version__)")
         out = subprocess.run([str(self.python), "-c", script], capture_output=True, text=True)
         return out.stdout.strip() or "?"
 

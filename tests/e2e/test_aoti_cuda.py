@@ -28,8 +28,9 @@ pytestmark = [pytest.mark.cuda,
 
 
 def _compile(program: torch.export.ExportedProgram, path: pathlib.Path) -> pathlib.Path:
-    with warnings.catch_warnings():  # torch's own deprecations, inside the compile
+    with warnings.catch_warnings():  # torch's own deprecations and advice, inside the compile
         warnings.simplefilter("ignore", FutureWarning)
+        warnings.filterwarnings("ignore", "TensorFloat32 tensor cores", UserWarning)
         return pathlib.Path(torch._inductor.aoti_compile_and_package(
             program, package_path=str(path)))
 

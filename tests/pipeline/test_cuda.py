@@ -51,18 +51,24 @@ def test_graph_replay_equals_eager() -> None:
 
 
 def test_engine_on_gpu_equals_cpu(tmp_path: pathlib.Path) -> None:
-    for name, extra in (("graphs", ""),
-                        ("eager", 'parameters { key: "cuda_graphs" value { string_value: "false" } }')):
+    """KIND_GPU instances with and without CUDA graphs, and one of no instance group on an
+    Engine told device="cuda" (the first GPU: a device without an index once failed its
+    load, "Expected a torch.device with a specified index")."""
+    gpu = "instance_group [ { kind: KIND_GPU } ]"
+    for name, extra in (("graphs", gpu),
+                        ("eager", gpu + '\nparameters { key: "cuda_graphs" value { '
+                                        'string_value: "false" } }'),
+                        ("unplaced", "")):
         rb.add_torchscript(tmp_path, name, rb.linear_module(), [8], [4],
                            "dynamic_batching { max_queue_delay_microseconds: 5000 }",
-                           extra=f'instance_group [ {{ kind: KIND_GPU }} ]\n{extra}')
+                           extra=extra)
     direct = rb.linear_module().eval()
     inputs = [torch.randn(1 + i % 3, 8) for i in range(8)]
 
     async def scenario() -> None:
-        engine = Engine(tmp_path)
+        engine = Engine(tmp_path, device="cuda")
         await engine.start()
-        for model in ("graphs", "eager"):
+        for model in ("graphs", "eager", "unplaced"):
             results = await asyncio.gather(*(engine.infer(InferenceRequest(
                 model, {"INPUT__0": TensorView.from_torch(x, name="INPUT__0")})) for x in inputs))
             for x, result in zip(inputs, results):

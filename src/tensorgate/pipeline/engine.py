@@ -519,7 +519,8 @@ class Engine:
 
     def _auto_device(self) -> torch.device:
         if self._device != "auto":
-            return torch.device(self._device)
+            device = torch.device(self._device)  # "cuda" is the first GPU, as in "auto"
+            return torch.device("cuda", 0) if device == torch.device("cuda") else device
         return torch.device("cuda", 0) if cuda_available() else torch.device("cpu")
 
     # -- queries ---------------------------------------------------------------------------
