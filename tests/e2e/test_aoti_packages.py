@@ -4,8 +4,11 @@ config lets in (pipeline/aoti_check.py): unchecked, their code runs on any shape
 
 from __future__ import annotations
 
+import os
 import pathlib
 import shutil
+import subprocess
+import sys
 import warnings
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -20,7 +23,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tritonclient.utils import InferenceServerException
 
-from tensorgate.pipeline.aoti_check import _described, _Input, _judge
+from tensorgate.pipeline.aoti_check import _described, _exit, _Input, _judge, _last_words
 from tensorgate.repository.model_config import ModelConfigError, parse_model_config
 from tests.e2e.conftest import RunningServer, start_server, stop_server
 from tests.pipeline import repo_builder as rb
@@ -269,6 +272,22 @@ SPEC = parse_model_config('name: "m" platform: "torch_aoti" max_batch_size: 8 '
                           'output [ { name: "y" data_type: TYPE_FP32 dims: [ 4 ] } ]',
                           "m/config.pbtxt")
 GIVEN = [_Input("x", "float32", [1, 1, 3], [True, True, False])]
+
+
+def test_a_child_that_crashes_is_reported_with_where_it_crashed() -> None:
+    """A package that crashes the checking child (on the GPU machine's torch 2.11 each one
+    did, 'exit -11: (nothing on stderr)') is refused with the signal and the child's frame
+    from faulthandler's dump, which the child's environment turns on: here a real crash,
+    a read of address 0 in a child started as _ask_child starts it."""
+    crash = subprocess.run([sys.executable, "-c", "import ctypes\nctypes.string_at(0)"],
+                           capture_output=True, text=True, timeout=60,
+                           env=dict(os.environ, PYTHONFAULTHANDLER="1"))
+    assert crash.returncode < 0
+    assert _exit(crash.returncode) == "killed by SIGSEGV"
+    assert _last_words(crash.stderr).startswith('crashed at File "/'), crash.stderr
+    assert "ctypes" in _last_words(crash.stderr), crash.stderr
+    assert _exit(3) == "exit 3" and _last_words("") == "(nothing on stderr)"
+    assert _last_words("one\nRuntimeError: two\n") == "RuntimeError: two"
 
 
 def _judged(error: str, rows: int = 1, view: bool = False) -> None:

@@ -45,6 +45,7 @@ import json
 import logging
 import os
 import pathlib
+import signal
 import subprocess
 import sys
 import zipfile
@@ -262,7 +263,8 @@ def _ask_child(path: pathlib.Path, device: torch.device, probe_rows: int, given:
     try:
         done = subprocess.run([sys.executable, str(_CHILD), request],
                               capture_output=True, text=True, timeout=CHECK_TIMEOUT_S,
-                              env=dict(os.environ, **{_CHECKS_ON: "1"}))
+                              env=dict(os.environ, **{_CHECKS_ON: "1"},
+                                       PYTHONFAULTHANDLER="1"))  # a crash names its frame
     except subprocess.TimeoutExpired:
         raise ModelConfigError(str(path), f"checking the AOTInductor package's input ranges "
                                           f"took over {CHECK_TIMEOUT_S:g} s") from None
@@ -273,6 +275,25 @@ def _ask_child(path: pathlib.Path, device: torch.device, probe_rows: int, given:
         shapes = next((json.loads(line[len(BOUNDS):]) for line in lines
                        if line.startswith(BOUNDS)), None)
         return shapes, answers
-    tail = (done.stderr.strip().splitlines() or ["(nothing on stderr)"])[-1]
     raise ModelConfigError(str(path), f"the AOTInductor package could not be loaded to check "
-                                      f"its input ranges (exit {done.returncode}): {tail}")
+                                      f"its input ranges ({_exit(done.returncode)}): "
+                                      f"{_last_words(done.stderr)}")
+
+
+def _exit(code: int) -> str:
+    if code >= 0:
+        return f"exit {code}"
+    try:
+        return f"killed by {signal.Signals(-code).name}"
+    except ValueError:
+        return f"killed by signal {-code}"
+
+
+def _last_words(stderr: str) -> str:
+    """What a failed child said last; for a crash (faulthandler's dump, innermost frame
+    first), where in the child it was: the frame under 'most recent call first'."""
+    lines = stderr.strip().splitlines()
+    for index, line in enumerate(lines):
+        if "most recent call first" in line and index + 1 < len(lines):
+            return f"crashed at {lines[index + 1].strip()}"
+    return lines[-1] if lines else "(nothing on stderr)"

@@ -33,6 +33,7 @@ from typing import Any
 
 import torch
 
+DIRECT_LOADER_TORCH = (2, 13)  # the torch whose C++ package loader _loaded calls itself
 ANSWER = "aoti-check: "
 BOUNDS = "aoti-bounds: "
 # what the generated checks say when they refuse a size (torch/_inductor's cpp wrapper)
@@ -48,16 +49,19 @@ MAX_RUNS = 2000  # of a package learning its ties: each on zeros of a few elemen
 
 
 def _loaded(path: str) -> Callable[[list[torch.Tensor]], Any]:
-    """The package's runner, called with its inputs in order: torch's C++ loader itself,
-    which spares importing torch._inductor (0.9 s of the child's 3.1 here), else the way
-    `aoti_load_package` goes."""
-    try:
-        loader = torch._C._aoti.AOTIModelPackageLoader(path, "model", False, 1, -1)
-        return lambda inputs: loader.boxed_run(inputs)
-    except Exception:  # another torch, another model name: the public way
-        from torch._inductor import aoti_load_package
-        package = aoti_load_package(path)
-        return lambda inputs: package(*inputs)
+    """The package's runner, called with its inputs in order: on the torch tensorgate is
+    tested with, torch's C++ loader itself, which spares importing torch._inductor (0.9 s
+    of the child's 3.1 here); else the way `aoti_load_package` goes. (torch 2.11 on the GPU
+    machine crashed in that loader, SIGSEGV, for every package, the CPU's too.)"""
+    if tuple(int(part) for part in torch.__version__.split(".")[:2]) == DIRECT_LOADER_TORCH:
+        try:
+            loader = torch._C._aoti.AOTIModelPackageLoader(path, "model", False, 1, -1)
+            return lambda inputs: loader.boxed_run(inputs)
+        except Exception:  # another model name: the public way
+            pass
+    from torch._inductor import aoti_load_package
+    package = aoti_load_package(path)
+    return lambda inputs: package(*inputs)
 
 
 def _refusal(run: Callable[[list[torch.Tensor]], Any], inputs: list[torch.Tensor]) -> str | None:
