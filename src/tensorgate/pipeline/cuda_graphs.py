@@ -10,6 +10,8 @@ host, which a graph does not replay), or the config says `cuda_graphs: false`.
 from __future__ import annotations
 
 import bisect
+import threading
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -21,6 +23,11 @@ from tensorgate.tensor.copies import copy_into
 __all__ = ["GraphSet", "graph_batch_sizes", "map_tensors"]
 
 _WARMUP_RUNS = 3  # runs on a side stream before capture, as torch's graph docs require
+# One instance captures at a time in the process: two instances' captures at once (models
+# loading together, on one GPU) failed both on an H200, cuBLAS "CUBLAS_STATUS_EXECUTION_FAILED"
+# in one and "operation not permitted when stream is capturing" (bench/RESULTS.md), with
+# either capture mode. The other threads' runs go on meanwhile: the mode is thread_local.
+_CAPTURING = threading.Lock()
 
 
 def graph_batch_sizes(spec: ModelSpec) -> list[int]:
@@ -70,6 +77,12 @@ class GraphSet:
                for i in spec.model_inputs) or any(o.datatype.is_bytes
                                                   for o in spec.model_outputs):
             return None
+        with _CAPTURING:
+            return cls._capture(run, spec, device, stream, sizes)
+
+    @classmethod
+    def _capture(cls, run: Callable[[dict[str, torch.Tensor]], Any], spec: ModelSpec,
+                 device: torch.device, stream: Any, sizes: list[int]) -> GraphSet:
         batched = spec.max_batch_size > 0
         memory_pool = torch.cuda.graph_pool_handle()
         graphs = {}
@@ -84,7 +97,12 @@ class GraphSet:
                     run(static)
             stream.wait_stream(side)
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=memory_pool, stream=stream):
+            # thread_local: other threads' calls (another model's runs) are not refused
+            # while this one captures, as the default mode ("global") refuses them
+            with warnings.catch_warnings(), torch.cuda.graph(
+                    graph, pool=memory_pool, stream=stream, capture_error_mode="thread_local"):
+                # a model that launches nothing (an identity) captures an empty graph
+                warnings.filterwarnings("ignore", "The CUDA Graph is empty", UserWarning)
                 out = run(static)
             graphs[rows] = (graph, static, out)
         stream.synchronize()
