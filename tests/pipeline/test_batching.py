@@ -7,7 +7,7 @@ import torch
 
 from tensorgate.errors import InternalError
 from tensorgate.pipeline.batching import gather_rows, split_rows
-from tensorgate.tensor.copies import CopyLedger
+from tensorgate.tensor.copies import CopyLedger, process_copies
 from tensorgate.tensor.pool import BufferPool
 
 ROW = (3, 224, 224)
@@ -26,6 +26,29 @@ def test_gather_stacks_rows_and_counts_each_copy_to_its_request() -> None:
     assert [float(batch[i, 0, 0, 0]) for i in range(4)] == [0.0, 1.0, 1.0, 2.0]
     assert [ledger.bytes for ledger in ledgers] == [p.numel() * 4 for p in parts]
     assert batch.data_ptr() % 64 == 0
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[
+    pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(),
+                                         reason="needs a CUDA device")])])
+def test_gather_onto_a_device_takes_no_host_staging(device: str) -> None:
+    """For a model on a GPU the rows go straight to a tensor on its device, each copy counted
+    once, as a device copy, to its request; the pool is not asked for a staging buffer.
+    (Here on the CPU too: the same copies into a fresh tensor on the device named.)"""
+    pool = BufferPool(1 << 30)
+    parts = _requests([1, 2, 1])
+    ledgers = [CopyLedger() for _ in parts]
+    before = process_copies().by_reason
+    batch = gather_rows(parts, ledgers, pool, torch.device(device))
+    after = process_copies().by_reason
+    assert batch.device.type == device and batch.shape == (4, *ROW)
+    torch.testing.assert_close(batch.cpu(), torch.cat(parts))
+    assert [(ledger.bytes, ledger.calls) for ledger in ledgers] == [
+        (p.numel() * 4, 1) for p in parts]
+    moved = sum(p.numel() * 4 for p in parts)
+    assert after["device"][0] - before.get("device", (0, 0))[0] == moved
+    assert after.get("batch") == before.get("batch")  # no host staging copy
+    assert pool.statistics().misses == pool.statistics().hits == 0
 
 
 def test_one_request_passes_through_uncopied() -> None:

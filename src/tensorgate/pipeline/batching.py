@@ -1,7 +1,11 @@
 """Batch and unbatch: pure functions that check the batch-size invariant.
 
 `gather_rows` stacks per-request inputs along dim 0 into one pooled staging buffer through
-the counted copy function (a single request passes through untouched: no copy).
+the counted copy function (a single request passes through untouched: no copy), or, for a
+model on a GPU, straight into one tensor on its device: each request's rows go from the
+(pinned) buffer they arrived in to the device, asynchronously on the current stream, where
+a host staging buffer cost a second copy of every byte and a quarter of the executor's time
+(bench/RESULTS.md, "Where a GPU server's time goes").
 `split_rows` cuts a batched output back into per-request views (slices: no copy).
 """
 
@@ -21,8 +25,10 @@ __all__ = ["gather_rows", "split_rows"]
 
 
 def gather_rows(parts: Sequence[Any], ledgers: Sequence[CopyLedger | None],
-                pool: BufferPool) -> Any:
-    """Concatenate `parts` (tensors, or numpy object arrays for BYTES) along dim 0."""
+                pool: BufferPool, device: torch.device | None = None) -> Any:
+    """Concatenate `parts` (tensors, or numpy object arrays for BYTES) along dim 0: in a
+    pooled host buffer, or in a tensor on `device` when one is given (the copies are then
+    asynchronous on the current stream: the parts must outlive its work)."""
     if len(parts) == 1:
         return parts[0]
     first = parts[0]
@@ -34,7 +40,15 @@ def gather_rows(parts: Sequence[Any], ledgers: Sequence[CopyLedger | None],
     for dim in first.shape[1:]:
         count *= int(dim)
     if count == 0:
-        return torch.empty(shape, dtype=first.dtype)
+        return torch.empty(shape, dtype=first.dtype, device=device)
+    if device is not None:
+        batch = torch.empty(shape, dtype=first.dtype, device=device)
+        start = 0
+        for part, ledger in zip(parts, ledgers):
+            end = start + int(part.shape[0])
+            copy_into(batch[start:end], part, "device", ledger, non_blocking=True)
+            start = end
+        return batch
     # Capacity for the next power of two of rows: batch sizes then share a few size classes,
     # so the pool reuses staging buffers instead of faulting in fresh pages for each size
     # (pages beyond `rows` are never written, so never resident).

@@ -704,13 +704,15 @@ class ExecutorThread:
         if len(items) == 1:  # the common batch of one: its own tensors (views), no copy
             return one_request(spec, items[0].inputs)
         ledgers = [item.ledger for item in items]
+        device = self.settings.device
+        on_device = None if device.type == "cpu" else device  # no host staging for a GPU
         gathered = {}
         for name in self._gathered:
             if name in items[0].inputs:
                 parts = [item.inputs[name] for item in items]
                 if name in spec.ragged_inputs:  # every request's elements end to end, 1-D
                     parts = [flatten(part) for part in parts]
-                gathered[name] = gather_rows(parts, ledgers, self._pool)
+                gathered[name] = gather_rows(parts, ledgers, self._pool, on_device)
         if spec.batch_inputs:
             gathered.update(batch_input_values(spec, [item.inputs for item in items]))
         return gathered
@@ -721,7 +723,7 @@ class ExecutorThread:
             return inputs
         moved = {}
         for name, value in inputs.items():
-            if isinstance(value, torch.Tensor):
+            if isinstance(value, torch.Tensor) and value.device != device:  # (gathered: there)
                 target = torch.empty(value.shape, dtype=value.dtype, device=device)
                 copy_into(target, value, "device", batch.items[0].ledger, non_blocking=True)
                 value = target
