@@ -1,11 +1,18 @@
 #!/usr/bin/env bash
-# One call on the GPU device: the CUDA tests, the engine benchmark on cuda, then issue 5's
-# comparison on the GPU (tensorgate and Triton's Python backend over HTTP, the CUDA-graph
-# floor in process), each as a short table, then AOTInductor packages compiled for CUDA
-# (last: their compiles may take minutes). About 7 minutes; the whole log is $OUT/gpu_check.log.
+# One call on the GPU device, in steps (GPU_CHECK_STEPS, all by default):
+#   tests    the CUDA tests (pipeline, pool, CUDA shared memory, GPU metrics)
+#   engine   the engine benchmark on cuda
+#   compare  issue 5's comparison on the GPU: tensorgate and Triton's Python backend over
+#            HTTP, the CUDA-graph floor in process (needs .device/triton.tar.xz)
+#   aoti     AOTInductor packages compiled for CUDA (tests/e2e/test_aoti_cuda.py)
+#   profile  py-spy stacks of the server under load, with its per-batch statistics
+#            (bench/gpu_profile.py; the stacks come back as $OUT/profiles.tar.gz)
+# each as a short table. All steps: about 5 minutes; the whole log is $OUT/gpu_check.log.
 #
-# Here, first:  bash bench/peers/pack_device.sh     (fills .device/, about 60 MB)
+# Here, first:  bash bench/peers/pack_device.sh     (fills .device/, about 63 MB;
+#               TRITON=no leaves Triton out, 21 MB, for a run without `compare`)
 # Then:         run(command="bash bench/gpu_check.sh", carry=[".device"], timeout_s=590)
+#               or run(command="GPU_CHECK_STEPS='tests aoti' bash bench/gpu_check.sh", ...)
 # Back here:    cp the returned compare-cuda.json to bench/results/, then
 #               .venv/bin/python bench/compare.py --render-only --device cuda
 #               (writes the GPU block of bench/RESULTS.md and the plots)
@@ -19,33 +26,51 @@ export PYTHONUNBUFFERED=1
 OUT="${OUT:-/tmp/tg-gpu-check}"
 device="${GPU_CHECK_DEVICE:-cuda}"
 carried="${DEVICE_DIR:-.device}"
+steps=" ${GPU_CHECK_STEPS:-tests engine compare aoti profile} "
+step() { [[ "$steps" == *" $1 "* ]]; }
 mkdir -p "$OUT"
 exec > >(tee "$OUT/gpu_check.log") 2>&1
 pip_target() { python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
                  --upgrade --target "$1" "${@:2}"; }
 if compgen -G "$carried/wheels/*.whl" > /dev/null; then
   pip_target /tmp/site "$carried"/wheels/*.whl || exit 1
-  export PYTHONPATH="/tmp/site:$PWD/src:$PWD"
+  export PYTHONPATH="/tmp/site:$PWD/src:$PWD" PATH="/tmp/site/bin:$PATH"
 else
   export PYTHONPATH="$PWD/src:$PWD"
 fi
-if [ -f "$carried/triton.tar.xz" ]; then
+if [ -f "$carried/triton.tar.xz" ] && step compare; then
   mkdir -p /tmp/triton && tar -xJf "$carried/triton.tar.xz" -C /tmp/triton || exit 1
   pip_target /tmp/triton/site "$carried"/stub-wheels/*.whl || exit 1
   export TENSORGATE_TRITON_BUNDLE=/tmp/triton
 fi
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
-python3 -c "import torch, numpy, grpc; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'numpy', numpy.__version__, 'grpcio', grpc.__version__)"
-echo "== CUDA tests"
-timeout 120 python3 -m pytest -q -m cuda -p no:cacheprovider -p no:logging tests/pipeline \
-  tests/tensor tests/e2e/test_cuda_shared_memory.py tests/e2e/test_gpu_metrics.py 2>&1 | tee "$OUT/cuda_tests.log" | tail -15
-echo "== engine benchmark (cuda)"
-timeout 90 python3 bench/engine_bench.py --device "$device" --placement none --quick 2>&1 | tail -16
-cp bench/results/engine_bench_cuda.json "$OUT/" 2>/dev/null || true
-echo "== compare ($device): tensorgate and Triton over HTTP"
-timeout 300 python3 bench/compare.py --device "$device" --servers tensorgate,triton --no-results-md \
-  ${GPU_CHECK_DEVICE:+--quick} --json "$OUT/compare-$device.json" 2>&1 | grep -v "^plot:"
-echo "== AOTInductor packages compiled for $device"
-timeout 120 python3 -m pytest -q -p no:cacheprovider -p no:logging tests/e2e/test_aoti_cuda.py \
-  2>&1 | tee "$OUT/aoti_cuda.log" | tail -15
+python3 -c "import torch, numpy, grpc, uvloop; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'numpy', numpy.__version__, 'grpcio', grpc.__version__, 'uvloop', uvloop.__version__)"
+if step tests; then
+  echo "== CUDA tests"
+  timeout 120 python3 -m pytest -q -m cuda -p no:cacheprovider -p no:logging tests/pipeline \
+    tests/tensor tests/e2e/test_cuda_shared_memory.py tests/e2e/test_gpu_metrics.py 2>&1 \
+    | tee "$OUT/cuda_tests.log" | tail -15
+fi
+if step engine; then
+  echo "== engine benchmark ($device)"
+  timeout 90 python3 bench/engine_bench.py --device "$device" --placement none --quick 2>&1 \
+    | tail -16
+  cp "bench/results/engine_bench_$device.json" "$OUT/" 2>/dev/null || true
+fi
+if step compare; then
+  echo "== compare ($device): tensorgate and Triton over HTTP"
+  timeout 300 python3 bench/compare.py --device "$device" --servers tensorgate,triton \
+    --no-results-md ${GPU_CHECK_DEVICE:+--quick} --json "$OUT/compare-$device.json" 2>&1 \
+    | grep -v "^plot:"
+fi
+if step aoti; then
+  echo "== AOTInductor packages compiled for $device"
+  timeout 150 python3 -m pytest -q -p no:cacheprovider -p no:logging tests/e2e/test_aoti_cuda.py \
+    2>&1 | tee "$OUT/aoti_cuda.log" | tail -15
+fi
+if step profile; then
+  echo "== where the server's time goes ($device), py-spy"
+  timeout 90 python3 bench/gpu_profile.py --out /tmp/tg-profiles --seconds 5 2>&1 | tail -12
+  tar -czf "$OUT/profiles.tar.gz" -C /tmp tg-profiles 2>/dev/null || true
+fi
 ls "$OUT"

@@ -1,0 +1,127 @@
+"""Where a tensorgate server's time goes: py-spy samples of the server (every thread, idle
+included) while a socket client loads identity and resnet50 over HTTP at 1 and 16
+connections, with the server's own per-batch statistics for each run.
+
+    python3 bench/gpu_profile.py --out DIR [--seconds 5] [--py-spy PATH]
+
+Run by bench/gpu_check.sh on the GPU machine (its `profile` step), where the comparison
+showed where tensorgate misses issue 5's GPU goals; it runs on the CPU too. Each run's
+stacks are DIR/{model}-{connections}.txt (py-spy's raw format: one collapsed stack and its
+sample count a line), read afterwards with any flame-graph tool."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from typing import Any
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "src"))
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+
+from compare_wire import socket_load  # noqa: E402
+from server_bench import OUTPUT_BYTES, binary_request  # noqa: E402
+
+from tensorgate.builtin.repository import write_default_repository  # noqa: E402
+
+_PHASES = ("queue", "compute_input", "compute_infer", "compute_output")
+
+
+def _stats(port: int, model: str) -> dict[str, Any]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/models/{model}/stats",
+                                timeout=10) as answer:
+        stats: dict[str, Any] = json.load(answer)["model_stats"][0]
+    return stats
+
+
+def _per_batch(before: dict[str, Any], after: dict[str, Any]) -> dict[str, float]:
+    """Microseconds per batch run of each phase between two statistics, and rows per run."""
+    runs = after["execution_count"] - before["execution_count"]
+    rows = after["inference_count"] - before["inference_count"]
+    figures = {"runs": runs, "rows_per_run": rows / max(runs, 1)}
+    for phase in _PHASES:
+        ns = (after["inference_stats"][phase]["ns"] - before["inference_stats"][phase]["ns"])
+        # per request as Triton counts it; times rows over runs gives per batch run
+        figures[phase] = ns / max(rows, 1) / 1e3
+    return figures
+
+
+def _start(repo: pathlib.Path, log: pathlib.Path) -> tuple[subprocess.Popen[bytes], int, float]:
+    """The server on `repo`, its output in `log` (read, never a pipe left to fill): the
+    process, its HTTP port and its start-up seconds."""
+    started = time.perf_counter()
+    with log.open("wb") as sink:
+        process = subprocess.Popen([sys.executable, "-m", "tensorgate", "serve",
+                                    "--model-repository", str(repo), "--http-port", "0",
+                                    "--grpc-port", "0", "--metrics-port", "0"],
+                                   stdout=sink, stderr=subprocess.STDOUT)
+    while time.perf_counter() - started < 120 and process.poll() is None:
+        said = log.read_text(errors="replace")
+        port = re.search(r"HTTP on 127\.0\.0\.1:(\d+)", said)
+        if port and re.search(r"^ready:", said, re.M):
+            return process, int(port.group(1)), time.perf_counter() - started
+        time.sleep(0.1)
+    process.kill()
+    raise RuntimeError(f"the server did not start:\n{log.read_text(errors='replace')[-3000:]}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=pathlib.Path, required=True)
+    parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--py-spy", default=shutil.which("py-spy"))
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    repo = write_default_repository(pathlib.Path(tempfile.gettempdir()) / "tensorgate-profile")
+    log = args.out / "server.log"
+    process, port, startup = _start(repo, log)
+    print(f"server up in {startup:.1f} s; py-spy: {args.py_spy or 'missing, no stacks'}")
+    print(f"{'model':9} {'conns':>5} {'QPS':>8} {'P50 ms':>8} {'P99 ms':>8} {'rows/run':>8} "
+          + " ".join(f"{p + ' µs':>16}" for p in _PHASES) + "  (per request)")
+    try:
+        for model in ("identity", "resnet50"):
+            try:
+                _stats(port, model)
+            except urllib.error.HTTPError as error:  # not loaded: the server's log says why
+                print(f"{model}: no statistics ({error}); the server's log:\n"
+                      f"{log.read_text(errors='replace')[-3000:]}")
+                continue
+            raw = binary_request(model, port)
+            for connections in (1, 16):
+                before = _stats(port, model)
+                spy = None
+                if args.py_spy:
+                    spy = subprocess.Popen(
+                        [args.py_spy, "record", "--pid", str(process.pid), "--idle",
+                         "--threads", "--nonblocking", "--rate", "200", "--format", "raw",
+                         "--duration", str(int(args.seconds)),
+                         "--output", str(args.out / f"{model}-{connections}.txt")],
+                        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                    time.sleep(0.3)  # attached before the load starts
+                load = socket_load(port, raw, connections, args.seconds - 0.6,
+                                   OUTPUT_BYTES[model])
+                if spy is not None:
+                    _, errors = spy.communicate(timeout=args.seconds + 30)
+                    if spy.returncode != 0:
+                        print(f"py-spy failed ({spy.returncode}): {errors.strip()[-300:]}")
+                figures = _per_batch(before, _stats(port, model))
+                print(f"{model:9} {connections:>5} {load['qps']:>8,.0f} {load['p50_us'] / 1e3:>8.2f} "
+                      f"{load['p99_us'] / 1e3:>8.2f} {figures['rows_per_run']:>8.2f} "
+                      + " ".join(f"{figures[p]:>16,.1f}" for p in _PHASES)
+                      + f"  bad {load['bad']}, errors {load['errors']}")
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=60)
+
+
+if __name__ == "__main__":
+    main()
