@@ -18,7 +18,7 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from tests.e2e.conftest import RunningServer, start_server, stop_server
-from tests.e2e.test_aoti_packages import _export_two_groups
+from tests.e2e.test_aoti_packages import _export_two_groups, check_two_groups
 from tests.pipeline import repo_builder as rb
 
 pytestmark = [pytest.mark.cuda,
@@ -121,34 +121,6 @@ def test_a_cuda_packages_tied_dims_are_learned_and_held(
     kernels on the GPU: the two groups of tied dims are logged, a request off either is a
     400 naming the inputs, and one on both is answered."""
     running, models = server
-    where = models / "two_groups" / "1" / "model.pt2"
-    said = running.log.read_text()
-    for line in (f"{where}: the AOTInductor package sizes dim 1 of input 'ids' as s, dim 1 of "
-                 "input 'mask' as s, dim 1 of input 'edges' as s + 1 and dim 1 of input "
-                 "'types' as s from one s: requests where they disagree are refused",
-                 f"{where}: dim 1 of input 'kv' and dim 1 of input 'w' take one size in the "
-                 "AOTInductor package: requests where they differ are refused"):
-        assert line in said, said
-
-    def infer(s: int, t: int, edges: int = -1, w: int = -1) -> np.ndarray:
-        shapes = {"ids": [1, s], "kv": [1, t, 8], "mask": [1, s],
-                  "edges": [1, s + 1 if edges < 0 else edges], "w": [1, t if w < 0 else w],
-                  "types": [1, s]}
-        given = []
-        for name, shape in shapes.items():
-            given.append(grpcclient.InferInput(name, shape, "FP32"))
-            given[-1].set_data_from_numpy(np.ones(shape, np.float32))
-        with grpcclient.InferenceServerClient(running.grpc_url) as client:
-            return client.infer("two_groups", given).as_numpy("y")
-
-    assert infer(5, 3).tolist() == [[5 * 3 + 6 + 3 * 8 + 3]]
-    assert infer(1, 1).tolist() == [[1 * 3 + 2 + 1 * 8 + 1]]  # the least sizes
-    for args, refusal in (
-            ((5, 3, 5), "input 'edges' of model 'two_groups' has 5 in dim 1, and input "
-                        "'ids' 5 in dim 1; the model takes 6 there"),
-            ((5, 3, 6, 4), "input 'w' of model 'two_groups' has 4 in dim 1, and input "
-                           "'kv' 3 in dim 1; the model takes one size in both")):
-        with pytest.raises(InferenceServerException) as refused:
-            infer(*args)
-        assert refused.value.status() == "StatusCode.INVALID_ARGUMENT", refused.value
-        assert refusal in str(refused.value)
+    with grpcclient.InferenceServerClient(running.grpc_url) as client:
+        check_two_groups(running.log.read_text(), models / "two_groups" / "1" / "model.pt2",
+                         grpcclient, client, "StatusCode.INVALID_ARGUMENT")

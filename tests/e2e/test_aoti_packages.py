@@ -601,34 +601,43 @@ def test_two_groups_whose_sizes_collide_are_each_learned(
     version of this change, which took the refused input to be the first of that shape,
     refused the load.)"""
     server, repo = sized_server
-    where = repo / "two_groups" / "1" / "model.pt2"
-    said = server.log.read_text()
+    with httpclient.InferenceServerClient(server.url) as client:
+        check_two_groups(server.log.read_text(), repo / "two_groups" / "1" / "model.pt2",
+                         httpclient, client, "400")
+
+
+def check_two_groups(said: str, where: pathlib.Path, protocol: Any, client: Any,
+                     status: str) -> None:
+    """A server serving _TwoGroups' package as "two_groups" (`said`: its log) logged both
+    groups; a request on both is answered, at the least sizes too, and one off either is
+    refused (`status`) naming the inputs; through `client` of tritonclient's `protocol`."""
     for line in (f"{where}: the AOTInductor package sizes dim 1 of input 'ids' as s, dim 1 of "
                  "input 'mask' as s, dim 1 of input 'edges' as s + 1 and dim 1 of input "
                  "'types' as s from one s: requests where they disagree are refused",
                  f"{where}: dim 1 of input 'kv' and dim 1 of input 'w' take one size in the "
                  "AOTInductor package: requests where they differ are refused"):
         assert line in said, said
-    with httpclient.InferenceServerClient(server.url) as client:
-        def infer(s: int, t: int, edges: int = -1, w: int = -1) -> Any:
-            shapes = {"ids": [1, s], "kv": [1, t, 8], "mask": [1, s],
-                      "edges": [1, s + 1 if edges < 0 else edges], "w": [1, t if w < 0 else w],
-                      "types": [1, s]}
-            given = []
-            for name, shape in shapes.items():
-                given.append(httpclient.InferInput(name, shape, "FP32"))
-                given[-1].set_data_from_numpy(np.ones(shape, np.float32))
-            return client.infer("two_groups", given).as_numpy("y")
 
-        assert infer(5, 3).tolist() == [[5 * 3 + 6 + 3 * 8 + 3]]
-        for args, refusal in (
-                ((5, 3, 5), "input 'edges' of model 'two_groups' has 5 in dim 1, and input "
-                            "'ids' 5 in dim 1; the model takes 6 there"),
-                ((5, 3, 6, 4), "input 'w' of model 'two_groups' has 4 in dim 1, and input "
-                               "'kv' 3 in dim 1; the model takes one size in both")):
-            with pytest.raises(InferenceServerException) as refused:
-                infer(*args)
-            assert refused.value.status() == "400" and refusal in str(refused.value)
+    def infer(s: int, t: int, edges: int = -1, w: int = -1) -> Any:
+        shapes = {"ids": [1, s], "kv": [1, t, 8], "mask": [1, s],
+                  "edges": [1, s + 1 if edges < 0 else edges], "w": [1, t if w < 0 else w],
+                  "types": [1, s]}
+        given = []
+        for name, shape in shapes.items():
+            given.append(protocol.InferInput(name, shape, "FP32"))
+            given[-1].set_data_from_numpy(np.ones(shape, np.float32))
+        return client.infer("two_groups", given).as_numpy("y")
+
+    assert infer(5, 3).tolist() == [[5 * 3 + 6 + 3 * 8 + 3]]
+    assert infer(1, 1).tolist() == [[1 * 3 + 2 + 1 * 8 + 1]]  # the least sizes
+    for args, refusal in (
+            ((5, 3, 5), "input 'edges' of model 'two_groups' has 5 in dim 1, and input "
+                        "'ids' 5 in dim 1; the model takes 6 there"),
+            ((5, 3, 6, 4), "input 'w' of model 'two_groups' has 4 in dim 1, and input "
+                           "'kv' 3 in dim 1; the model takes one size in both")):
+        with pytest.raises(InferenceServerException) as refused:
+            infer(*args)
+        assert refused.value.status() == status and refusal in str(refused.value)
 
 
 def test_a_ragged_package_loads_and_each_request_gets_its_own_answer(
