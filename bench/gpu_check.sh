@@ -6,7 +6,8 @@
 #            HTTP, the CUDA-graph floor in process (needs .device/triton.tar.xz)
 #   aoti     AOTInductor packages compiled for CUDA (tests/e2e/test_aoti_cuda.py)
 #   profile  py-spy stacks of the server under load, with its per-batch statistics
-#            (bench/gpu_profile.py; the stacks come back as $OUT/profiles.tar.gz)
+#            (bench/gpu_profile.py; the stacks come back as $OUT/profiles.tar.gz); beside
+#            an earlier commit's, in turn, when packed with BASELINE=REV (about 2.5 min)
 # each as a short table. All steps: about 5 minutes; the whole log is $OUT/gpu_check.log.
 #
 # Here, first:  bash bench/peers/pack_device.sh     (fills .device/, about 63 MB;
@@ -70,7 +71,12 @@ if step aoti; then
 fi
 if step profile; then
   echo "== where the server's time goes ($device), py-spy"
-  timeout 90 python3 bench/gpu_profile.py --out /tmp/tg-profiles --seconds 5 2>&1 | tail -12
+  if [ -d "$carried/baseline/src" ]; then  # BASELINE=REV pack_device.sh: before and after
+    timeout 200 python3 bench/gpu_profile.py --out /tmp/tg-profiles --seconds 5 --rounds 2 \
+      --baseline-src "$carried/baseline/src" 2>&1 | tail -30
+  else
+    timeout 90 python3 bench/gpu_profile.py --out /tmp/tg-profiles --seconds 5 2>&1 | tail -12
+  fi
   tar -czf "$OUT/profiles.tar.gz" -C /tmp tg-profiles 2>/dev/null || true
 fi
 ls "$OUT"

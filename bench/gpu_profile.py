@@ -3,16 +3,21 @@ included) while a socket client loads identity and resnet50 over HTTP at 1 and 1
 connections, with the server's own per-batch statistics for each run.
 
     python3 bench/gpu_profile.py --out DIR [--seconds 5] [--py-spy PATH]
+                                 [--baseline-src OLD/src --rounds 2]
 
 Run by bench/gpu_check.sh on the GPU machine (its `profile` step), where the comparison
 showed where tensorgate misses issue 5's GPU goals; it runs on the CPU too. Each run's
-stacks are DIR/{model}-{connections}.txt (py-spy's raw format: one collapsed stack and its
-sample count a line), read afterwards with any flame-graph tool."""
+stacks are DIR/{server}-{model}-{connections}.txt (py-spy's raw format: one collapsed stack
+and its sample count a line), read afterwards with any flame-graph tool. With
+--baseline-src (an earlier commit's src/, packed by `BASELINE=REV pack_device.sh`), that
+server is measured too, in turn with this tree's, and the ratios printed: a change's
+before and after in one run."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import pathlib
 import re
 import shutil
@@ -55,15 +60,20 @@ def _per_batch(before: dict[str, Any], after: dict[str, Any]) -> dict[str, float
     return figures
 
 
-def _start(repo: pathlib.Path, log: pathlib.Path) -> tuple[subprocess.Popen[bytes], int, float]:
-    """The server on `repo`, its output in `log` (read, never a pipe left to fill): the
-    process, its HTTP port and its start-up seconds."""
+def _start(repo: pathlib.Path, log: pathlib.Path, source: pathlib.Path | None
+           ) -> tuple[subprocess.Popen[bytes], int, float]:
+    """The server on `repo` (its package from `source` when given), its output in `log`
+    (read, never a pipe left to fill): the process, its HTTP port and its start-up seconds."""
+    environment = dict(os.environ)
+    if source is not None:
+        environment["PYTHONPATH"] = os.pathsep.join(
+            [str(source), *filter(None, [environment.get("PYTHONPATH")])])
     started = time.perf_counter()
     with log.open("wb") as sink:
         process = subprocess.Popen([sys.executable, "-m", "tensorgate", "serve",
                                     "--model-repository", str(repo), "--http-port", "0",
                                     "--grpc-port", "0", "--metrics-port", "0"],
-                                   stdout=sink, stderr=subprocess.STDOUT)
+                                   stdout=sink, stderr=subprocess.STDOUT, env=environment)
     while time.perf_counter() - started < 120 and process.poll() is None:
         said = log.read_text(errors="replace")
         port = re.search(r"HTTP on 127\.0\.0\.1:(\d+)", said)
@@ -74,19 +84,13 @@ def _start(repo: pathlib.Path, log: pathlib.Path) -> tuple[subprocess.Popen[byte
     raise RuntimeError(f"the server did not start:\n{log.read_text(errors='replace')[-3000:]}")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=pathlib.Path, required=True)
-    parser.add_argument("--seconds", type=float, default=5.0)
-    parser.add_argument("--py-spy", default=shutil.which("py-spy"))
-    args = parser.parse_args()
-    args.out.mkdir(parents=True, exist_ok=True)
-    repo = write_default_repository(pathlib.Path(tempfile.gettempdir()) / "tensorgate-profile")
-    log = args.out / "server.log"
-    process, port, startup = _start(repo, log)
-    print(f"server up in {startup:.1f} s; py-spy: {args.py_spy or 'missing, no stacks'}")
-    print(f"{'model':9} {'conns':>5} {'QPS':>8} {'P50 ms':>8} {'P99 ms':>8} {'rows/run':>8} "
-          + " ".join(f"{p + ' µs':>16}" for p in _PHASES) + "  (per request)")
+def _measure(label: str, source: pathlib.Path | None, repo: pathlib.Path, args: Any,
+             rows: dict[tuple[str, str, int], list[dict[str, float]]]) -> None:
+    """One server (tensorgate from `source`, else this tree's), every row of the table;
+    py-spy's stacks in args.out/{label}-{model}-{connections}.txt."""
+    log = args.out / f"{label}-server.log"
+    process, port, startup = _start(repo, log, source)
+    print(f"{label}: server up in {startup:.1f} s")
     try:
         for model in ("identity", "resnet50"):
             try:
@@ -104,7 +108,7 @@ def main() -> None:
                         [args.py_spy, "record", "--pid", str(process.pid), "--idle",
                          "--threads", "--nonblocking", "--rate", "200", "--format", "raw",
                          "--duration", str(int(args.seconds)),
-                         "--output", str(args.out / f"{model}-{connections}.txt")],
+                         "--output", str(args.out / f"{label}-{model}-{connections}.txt")],
                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
                     time.sleep(0.3)  # attached before the load starts
                 load = socket_load(port, raw, connections, args.seconds - 0.6,
@@ -113,14 +117,55 @@ def main() -> None:
                     _, errors = spy.communicate(timeout=args.seconds + 30)
                     if spy.returncode != 0:
                         print(f"py-spy failed ({spy.returncode}): {errors.strip()[-300:]}")
-                figures = _per_batch(before, _stats(port, model))
-                print(f"{model:9} {connections:>5} {load['qps']:>8,.0f} {load['p50_us'] / 1e3:>8.2f} "
-                      f"{load['p99_us'] / 1e3:>8.2f} {figures['rows_per_run']:>8.2f} "
+                figures = {**_per_batch(before, _stats(port, model)), "qps": load["qps"],
+                           "p50_ms": load["p50_us"] / 1e3, "p99_ms": load["p99_us"] / 1e3}
+                rows.setdefault((label, model, connections), []).append(figures)
+                print(f"{label:9} {model:9} {connections:>5} {figures['qps']:>8,.0f} "
+                      f"{figures['p50_ms']:>8.2f} {figures['p99_ms']:>8.2f} "
+                      f"{figures['rows_per_run']:>8.2f} "
                       + " ".join(f"{figures[p]:>16,.1f}" for p in _PHASES)
                       + f"  bad {load['bad']}, errors {load['errors']}")
     finally:
         process.send_signal(signal.SIGTERM)
         process.wait(timeout=60)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=pathlib.Path, required=True)
+    parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--py-spy", default=shutil.which("py-spy"))
+    parser.add_argument("--baseline-src", type=pathlib.Path, default=None,
+                        help="a folder holding another tensorgate package (an earlier "
+                             "commit's src/): measured too, in turn, with ratios")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="times each server is measured, in alternating order")
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    repo = write_default_repository(pathlib.Path(tempfile.gettempdir()) / "tensorgate-profile")
+    variants: list[tuple[str, pathlib.Path | None]] = [("this", None)]
+    if args.baseline_src is not None:
+        variants.insert(0, ("baseline", args.baseline_src.resolve()))
+    print(f"py-spy: {args.py_spy or 'missing, no stacks'}; per request as Triton counts it")
+    print(f"{'server':9} {'model':9} {'conns':>5} {'QPS':>8} {'P50 ms':>8} {'P99 ms':>8} "
+          f"{'rows/run':>8} " + " ".join(f"{p + ' µs':>16}" for p in _PHASES))
+    rows: dict[tuple[str, str, int], list[dict[str, float]]] = {}
+    for round_index in range(args.rounds):
+        order = variants if round_index % 2 == 0 else variants[::-1]
+        for label, source in order:
+            _measure(label, source, repo, args, rows)
+    if len(variants) == 2:
+        print("this / baseline, mean over rounds:")
+        for (label, model, connections), this in rows.items():
+            base = rows.get(("baseline", model, connections))
+            if label != "this" or not base:
+                continue
+            ratio = {key: (sum(r[key] for r in this) / len(this))
+                     / max(sum(r[key] for r in base) / len(base), 1e-9)
+                     for key in ("qps", "p50_ms", "p99_ms", "compute_input")}
+            print(f"  {model:9} {connections:>3} connections: QPS {ratio['qps']:.2f}×, "
+                  f"P50 {ratio['p50_ms']:.2f}×, P99 {ratio['p99_ms']:.2f}×, "
+                  f"compute_input {ratio['compute_input']:.2f}×")
 
 
 if __name__ == "__main__":

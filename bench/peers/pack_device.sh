@@ -20,6 +20,8 @@
 #                         stub and the bundled libraries minus the grafted libpython 3.13
 #                         (25 MB with xz instead of the wheel's 53 MB). TRITON=no leaves it
 #                         and the stub's wheels out (18 MB in all; no `compare` step then)
+#   .device/baseline/src/ with BASELINE=REV, that commit's tensorgate package (1 MB): the
+#                         profile step measures it beside this tree's, ratios in one run
 #
 # PY=3.11 DEVICE_DIR=/tmp/rehearsal bash bench/peers/pack_device.sh packs for this machine's
 # Python instead, to rehearse bench/gpu_check.sh here (see there) before spending device time.
@@ -51,6 +53,10 @@ download "$out/wheels" "httptools==$(version httptools)" "tritonclient==$(versio
   "geventhttpclient==$(version geventhttpclient)" "gevent==$(version gevent)" \
   "greenlet==$(version greenlet)" "zope.event==$(version zope.event)" \
   "zope.interface==$(version zope.interface)" "brotli==$(version brotli)" py-spy==0.4.3
+if [ -n "${BASELINE:-}" ]; then
+  mkdir -p "$out/baseline" && git -C "$root" archive "$BASELINE" src/tensorgate \
+    | tar -x -C "$out/baseline"
+fi
 [ "$triton" = yes ] || { du -shc "$out"/*; exit 0; }
 download "$out/stub-wheels" numpy==1.26.4
 (cd "$site" && tar --exclude='libpython3*' -cf - pytriton/tritonserver/bin \
