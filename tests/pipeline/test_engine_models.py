@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import pathlib
+import re
 
 import numpy as np
 import pytest
@@ -43,6 +44,23 @@ def test_torchscript_equals_direct_call_and_batches(repo: pathlib.Path) -> None:
         assert max(b["batch_size"] for b in stats["batch_stats"]) > 1
         await engine.shutdown()
     run(scenario())
+
+
+def test_the_ready_line_says_what_the_load_took(repo: pathlib.Path,
+                                               caplog: pytest.LogCaptureFixture) -> None:
+    """Start-up time is read in the log first (on the H200 a server took 12 s to be ready,
+    and nothing said where): each model's ready line gives its load and warm-up seconds
+    (and its CUDA graphs' on a GPU)."""
+    async def scenario() -> None:
+        engine = Engine(repo)
+        await engine.start(["linear"])
+        await engine.shutdown()
+    with caplog.at_level("INFO", logger="tensorgate.engine"):
+        run(scenario())
+    said = [r.getMessage() for r in caplog.records if "model linear v1 ready on" in r.getMessage()]
+    assert len(said) == 1, said
+    assert re.fullmatch(r"model linear v1 ready on cpu \(.+\); load \d+\.\d\d s, warm-up "
+                        r"\d+\.\d\d s", said[0]), said
 
 
 def test_torch_export_and_python_models(repo: pathlib.Path) -> None:

@@ -411,8 +411,9 @@ class Engine:
                 feed.takes_requests_one_by_one()
         for executor, feed, claim in zip(executors, feeds, claims):
             feed.add_executor(executor, claim=claim)
-        log.info("model %s v%d ready on %s", spec.name, version,
-                 ", ".join(f"{e.settings.device} ({e.cpus})" for e in executors))
+        log.info("model %s v%d ready on %s%s", spec.name, version,
+                 ", ".join(f"{e.settings.device} ({e.cpus})" for e in executors),
+                 _setup_text(executors))
         if isinstance(scheduler, Scheduler) and self._wants_spare(spec, executors):
             await self._add_spare(spec, version, scheduler, executors)
         return _Version(spec, version, scheduler, executors, stats,
@@ -772,3 +773,14 @@ def _step_models(versions: Iterable[_Version]) -> set[str]:
     """The models that these versions' ensemble steps call."""
     return {model for v in versions if isinstance(v.scheduler, EnsembleScheduler)
             for model in v.scheduler.models}
+
+
+def _setup_text(executors: list[ExecutorThread]) -> str:
+    """What a load took, by step, the slowest instance's (start-up time is read here first:
+    where it goes on a GPU, the CUDA graphs, or on a CPU)."""
+    steps: dict[str, float] = {}
+    for executor in executors:
+        for step, seconds in executor.setup_s.items():
+            steps[step] = max(steps.get(step, 0.0), seconds)
+    return ("; " + ", ".join(f"{step} {seconds:.2f} s" for step, seconds in steps.items())
+            if steps else "")

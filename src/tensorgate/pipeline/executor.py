@@ -145,6 +145,8 @@ class ExecutorThread:
         self._stream: Any = None
         self.cpus = "any"  # where it ended up, for the start-up log
         self.forward_ns: int | None = None  # batch-1 forward, measured at start on CPU
+        # seconds its load took, by step ("load", "warm-up", "CUDA graphs"), for the log
+        self.setup_s: dict[str, float] = {}
         # A model not run before its first request (a Triton Python model): its first
         # batch-1 execute times, until there are enough to place the thread by
         self._costs: list[int] | None = None
@@ -237,7 +239,9 @@ class ExecutorThread:
             if s.shared_runner is not None:  # loaded and warmed by its first instance
                 self._runner = s.shared_runner
             else:
+                started = time.perf_counter()
                 self._runner = load_runner(s.artifact, s.kind, s.spec, context)
+                self.setup_s["load"] = time.perf_counter() - started
                 if self._runner.shapes is not None:  # the engine serves its first's spec
                     self.settings = s = replace(s, spec=bounded_spec(
                         str(s.artifact), s.spec, "the exported program", self._runner.shapes,
@@ -247,7 +251,10 @@ class ExecutorThread:
                     raise ModelConfigError(str(s.artifact), "a Triton Python model takes its "
                                            "requests one by one, so 'batch_input' and "
                                            "'batch_output' do not apply to it")
+                started = time.perf_counter()
                 self._warm_up()
+                self.setup_s["warm-up"] = (time.perf_counter() - started
+                                           - self.setup_s.get("CUDA graphs", 0.0))
             if s.placement is not None and s.device.type == "cpu" and s.shared_runner is None:
                 self.forward_ns = self._forward_cost()
             if s.cpu_affinity:
@@ -343,8 +350,10 @@ class ExecutorThread:
             s = self.settings  # its least sizes may have gone up
             self._check_batch_rows(runner)
         if s.device.type == "cuda" and s.cuda_graphs and runner.module is not None:
+            started = time.perf_counter()
             self._graphs = GraphSet.capture(runner.run, s.spec, s.device, self._stream,
                                             graph_batch_sizes(s.spec))
+            self.setup_s["CUDA graphs"] = time.perf_counter() - started
 
     def _warm_at_least(self, runner: Runner, zeros: dict[str, Any]) -> None:
         """Warm up at batch 1 on zeros of the least sizes; where an exported program's guard
