@@ -8,6 +8,8 @@ import pathlib
 
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from tensorgate import Engine, InferenceRequest, TensorView
 from tensorgate.errors import (DeadlineExceededError, InternalError, InvalidArgumentError,
@@ -105,6 +107,36 @@ def test_model_that_raises_fails_only_its_batch(repo: pathlib.Path) -> None:
         assert torch.equal(ok.outputs["OUTPUT__0"].torch(), torch.full((1, 4), 2.0))
         stats = engine.statistics("failing")[0]["inference_stats"]
         assert stats["fail"]["count"] == 1 and stats["success"]["count"] == 1
+        await engine.shutdown()
+    run(scenario())
+
+
+@settings(max_examples=10, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.tuples(st.booleans(), st.integers(1, 2)), min_size=2, max_size=6))
+def test_a_request_that_fails_the_model_fails_alone(repo: pathlib.Path,
+                                                    sent: list[tuple[bool, int]]) -> None:
+    """Requests sent at once are batched; those with a negative input make the model raise.
+    Each of those fails with the model's error and every other one is answered as if it had
+    come alone: the failed batch's requests were run again one by one (before, the whole
+    batch failed with the bad request's error)."""
+    async def scenario() -> None:
+        engine = await _started(repo, "failing")
+        values = [torch.full((rows, 4), -1.0 if bad else float(i + 1))
+                  for i, (bad, rows) in enumerate(sent)]
+        answers = await asyncio.gather(*(engine.infer(_request("failing", value))
+                                         for value in values), return_exceptions=True)
+        for (bad, _), value, answer in zip(sent, values, answers):
+            if bad:
+                assert isinstance(answer, InternalError), answer
+                assert "negative input" in str(answer)
+            else:
+                assert not isinstance(answer, BaseException), answer
+                assert torch.equal(answer.outputs["OUTPUT__0"].torch(), value + 1)
+        stats = engine.statistics("failing")[0]
+        counts = stats["inference_stats"]
+        assert counts["fail"]["count"] == sum(bad for bad, _ in sent)
+        assert counts["success"]["count"] == sum(not bad for bad, _ in sent)
         await engine.shutdown()
     run(scenario())
 

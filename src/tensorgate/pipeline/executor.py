@@ -461,21 +461,16 @@ class ExecutorThread:
             with self._no_grad(), self._on_stream():
                 inputs = self._gather(batch)
                 gathered = time.monotonic_ns()
-                if self._graphs is not None and self._graphs.covers(inputs, batch.rows):
-                    raw = self._graphs.replay(inputs, batch.rows, batch.items[0].ledger)
-                else:
-                    raw = _run(runner, self._to_device(inputs, batch), batch)
-                if self._stream is not None:
-                    # Outputs come home before the next batch can overwrite a graph's buffers.
-                    raw = map_tensors(raw, lambda t: self._to_host(t, batch.items[0].ledger))
-                    self._stream.synchronize()
+                raw = self._forward(batch, inputs)
             batch.input_ns = gathered - started
             batch.infer_ns = time.monotonic_ns() - gathered
             self.batches_run += 1
         except Exception as error:  # the model's fault fails this batch only
-            batch.error = (_refused_sizes(s.spec, runner, error)
-                           or _model_error(s.spec.name, error))
             inputs = raw = None
+            if not self._each_alone(batch, error):
+                batch.error = (_refused_sizes(s.spec, runner, error)
+                               or _model_error(s.spec.name, error))
+            batch.infer_ns = time.monotonic_ns() - started
             self._report(self._on_done_and_idle, batch)
             return
         inputs = None
@@ -487,6 +482,51 @@ class ExecutorThread:
             self._finish(batch, raw)
             raw = None
             self._report(self._on_done_and_idle, batch)  # one wake-up of the loop, not two
+
+    def _forward(self, batch: Batch, inputs: dict[str, Any]) -> Any:
+        """`inputs` (gathered) through the model, by a CUDA graph where one covers them; its
+        raw result on the host."""
+        runner = self._runner
+        assert runner is not None
+        if self._graphs is not None and self._graphs.covers(inputs, batch.rows):
+            raw = self._graphs.replay(inputs, batch.rows, batch.items[0].ledger)
+        else:
+            raw = _run(runner, self._to_device(inputs, batch), batch)
+        if self._stream is not None:
+            # Outputs come home before the next batch can overwrite a graph's buffers.
+            raw = map_tensors(raw, lambda t: self._to_host(t, batch.items[0].ledger))
+            self._stream.synchronize()
+        return raw
+
+    def _each_alone(self, batch: Batch, error: Exception) -> bool:
+        """A failed batch of several requests, each run again alone, so that a request that
+        fails the model fails alone and its batch-mates are answered (a bad request must not
+        cost the requests it was batched with; Triton fails the whole batch). Each gets its
+        own answer or error (`item.error`). Not for sequences (a model's state would see a
+        request twice) nor batches holding fillers. False where not tried."""
+        s = self.settings
+        runner = self._runner
+        assert runner is not None
+        items = batch.items
+        if len(items) < 2 or s.spec.sequence is not None or any(i.filler for i in items):
+            return False
+        log.debug("model %s: a batch of %d requests failed (%s); each runs alone",
+                  s.spec.name, len(items), type(error).__name__)
+        for item in items:
+            alone = Batch([item], batch.dispatched_ns)
+            try:
+                with self._no_grad(), self._on_stream():
+                    raw = self._forward(alone, self._gather(alone))
+                self._finish(alone, raw)  # (its post-processing here: a failure's path)
+                raw = None
+                if alone.error is not None:
+                    item.error = alone.error
+            except Exception as own:  # this request's own failure
+                item.results = {}
+                item.error = (_refused_sizes(s.spec, runner, own)
+                              or _model_error(s.spec.name, own))
+        self.batches_run += 1
+        return True
 
     def _start_generation(self, batch: Batch, runner: Runner) -> None:
         """A decoupled tensorgate Model's request: its forward's generator joins those this
