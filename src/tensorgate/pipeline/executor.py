@@ -512,6 +512,7 @@ class ExecutorThread:
             return False
         log.debug("model %s: a batch of %d requests failed (%s); each runs alone",
                   s.spec.name, len(items), type(error).__name__)
+        batch.run_alone = True
         for item in items:
             alone = Batch([item], batch.dispatched_ns)
             try:

@@ -399,7 +399,7 @@ class Scheduler:
         self._stats.record_batch(batch.rows, batch.input_ns, batch.infer_ns, batch.output_ns,
                                  None if self._arrange is None else
                                  sum(item.rows for item in batch.items if not item.filler))
-        if self._cap is not None and self._cap.record(
+        if self._cap is not None and not batch.run_alone and self._cap.record(
                 batch.rows, batch.input_ns + batch.infer_ns + batch.output_ns):
             self._stats.batch_rows_limit = self._cap.limit
             log.debug("model %s: batches now take up to %d rows (measured cost per row; "

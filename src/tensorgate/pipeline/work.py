@@ -93,7 +93,8 @@ class Batch:
     """Work items run in one model execution."""
 
     __slots__ = ("items", "rows", "error", "dispatched_ns", "input_ns", "infer_ns", "output_ns",
-                 "started_ns", "output_started_ns", "infos", "streaming", "streams_open")
+                 "started_ns", "output_started_ns", "infos", "streaming", "streams_open",
+                 "run_alone")
 
     def __init__(self, items: list[WorkItem], dispatched_ns: int) -> None:
         self.items = items
@@ -111,6 +112,9 @@ class Batch:
         # over once `streams_open` (counted down on the loop) is 0.
         self.streaming = False
         self.streams_open = 0
+        # it failed as a batch and its requests ran again one by one (executor._each_alone):
+        # its time is no batch's cost (pipeline/batch_cap.py learns from the others)
+        self.run_alone = False
 
     def requests(self) -> list[RequestInfo]:
         """Its requests as a Python model's `preprocess` sees them, in row order (kept, for
