@@ -23,6 +23,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tritonclient.utils import InferenceServerException
 
+from tensorgate.pipeline import aoti_child
 from tensorgate.pipeline.aoti_check import _described, _exit, _Input, _judge, _last_words
 from tensorgate.repository.model_config import ModelConfigError, parse_model_config
 from tests.e2e.conftest import RunningServer, start_server, stop_server
@@ -272,6 +273,28 @@ SPEC = parse_model_config('name: "m" platform: "torch_aoti" max_batch_size: 8 '
                           'output [ { name: "y" data_type: TYPE_FP32 dims: [ 4 ] } ]',
                           "m/config.pbtxt")
 GIVEN = [_Input("x", "float32", [1, 1, 3], [True, True, False])]
+
+
+def test_both_ways_of_loading_a_package_answer_and_refuse_alike(
+        packages: dict[str, pathlib.Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The checking child calls torch's C++ package loader itself only on torch 2.13, and
+    `aoti_load_package` elsewhere (torch 2.11's loader crashed when called so): both give
+    the same answer for real rows, and the same refusal, in the checks' words, for a batch
+    beyond the compiled range passed as meta tensors (what the probes pass)."""
+    monkeypatch.setenv("AOTI_RUNTIME_CHECK_INPUTS", "1")
+    rows = torch.randn(3, 8)
+    answers, refusals = [], []
+    for direct in (aoti_child.DIRECT_LOADER_TORCH, (0, 0)):
+        monkeypatch.setattr(aoti_child, "DIRECT_LOADER_TORCH", direct)
+        run = aoti_child._loaded(str(packages["dynamic"]))
+        with torch.inference_mode():
+            answers.append(run([rows]))
+        refusals.append(aoti_child._refusal(run, [torch.empty(9, 8, device="meta")]))
+    flat = [answer[0] if isinstance(answer, (list, tuple)) else answer for answer in answers]
+    torch.testing.assert_close(flat[0], flat[1])
+    torch.testing.assert_close(flat[0], rb.linear_module().eval()(rows), rtol=1e-5, atol=1e-5)
+    assert refusals[0] is not None and "dim value is too large" in refusals[0], refusals
+    assert refusals[0] == refusals[1], refusals
 
 
 def test_a_child_that_crashes_is_reported_with_where_it_crashed() -> None:
