@@ -8,7 +8,10 @@
 #   profile  py-spy stacks of the server under load, with its per-batch statistics
 #            (bench/gpu_profile.py; the stacks come back as $OUT/profiles.tar.gz); beside
 #            an earlier commit's, in turn, when packed with BASELINE=REV (about 2.5 min)
-# each as a short table. All steps: about 5 minutes; the whole log is $OUT/gpu_check.log.
+# each as a short table; the whole log is $OUT/gpu_check.log. On an H200: tests 30 s, engine
+# 60 s, compare 220 s, aoti 120 s, profile 50 s (150 s with a baseline), plus 20 s to unpack:
+# with a baseline, more than one call's 10 minutes, so two calls ('tests aoti profile', then
+# 'engine compare').
 #
 # Here, first:  bash bench/peers/pack_device.sh     (fills .device/, about 63 MB;
 #               TRITON=no leaves Triton out, 21 MB, for a run without `compare`)
