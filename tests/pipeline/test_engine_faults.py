@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from tensorgate import Engine, InferenceRequest, TensorView
 from tensorgate.errors import (DeadlineExceededError, InternalError, InvalidArgumentError,
                                NotFoundError, UnavailableError)
+from tests.pipeline import repo_builder as rb
 from tests.pipeline.conftest import run
 
 
@@ -24,6 +25,17 @@ def _request(model: str, value: torch.Tensor, **kw) -> InferenceRequest:
 
 def _ones(model: str = "slow", **kw) -> InferenceRequest:
     return _request(model, torch.ones(1, 4), **kw)
+
+
+@pytest.fixture(scope="module")
+def gathering(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
+    """A repository of rb.Failing as "failing" that gathers what comes within 50 ms into one
+    batch from the first (no batch cap: it starts at one row)."""
+    root = tmp_path_factory.mktemp("gathering")
+    rb.add_torchscript(root, "failing", rb.Failing(), [4], [4],
+                       "dynamic_batching { max_queue_delay_microseconds: 50000 }",
+                       extra='parameters { key: "batch_cap" value { string_value: "off" } }')
+    return root
 
 
 async def _started(repo: pathlib.Path, *models: str) -> Engine:
@@ -98,6 +110,26 @@ def test_cancelled_request_is_dropped(repo: pathlib.Path) -> None:
     run(scenario())
 
 
+def test_a_failed_batch_run_alone_is_said_once_as_a_warning(
+        gathering: pathlib.Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A model that fails batches is still served request by request, at a batch's cost
+    each: the first time says so as a warning, naming the model and its error."""
+    async def scenario() -> None:
+        engine = await _started(gathering, "failing")
+        for _ in range(2):  # two batches, each of a bad request and a good one
+            await asyncio.gather(engine.infer(_request("failing", -torch.ones(1, 4))),
+                                 engine.infer(_request("failing", torch.ones(1, 4))),
+                                 return_exceptions=True)
+        await engine.shutdown()
+    with caplog.at_level("DEBUG", logger="tensorgate.executor"):
+        run(scenario())
+    said = [r for r in caplog.records if "each runs alone" in r.getMessage()]
+    assert [r.levelname for r in said] == ["WARNING", "DEBUG"], [r.getMessage() for r in caplog.records]
+    first = said[0].getMessage()
+    assert first.startswith("model failing: a batch of 2 requests failed (model 'failing' "
+                            "raised RuntimeError: negative input); each runs alone"), first
+
+
 def test_model_that_raises_fails_only_its_batch(repo: pathlib.Path) -> None:
     async def scenario() -> None:
         engine = await _started(repo, "failing")
@@ -114,14 +146,14 @@ def test_model_that_raises_fails_only_its_batch(repo: pathlib.Path) -> None:
 @settings(max_examples=10, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.lists(st.tuples(st.booleans(), st.integers(1, 2)), min_size=2, max_size=6))
-def test_a_request_that_fails_the_model_fails_alone(repo: pathlib.Path,
+def test_a_request_that_fails_the_model_fails_alone(gathering: pathlib.Path,
                                                     sent: list[tuple[bool, int]]) -> None:
     """Requests sent at once are batched; those with a negative input make the model raise.
     Each of those fails with the model's error and every other one is answered as if it had
     come alone: the failed batch's requests were run again one by one (before, the whole
     batch failed with the bad request's error)."""
     async def scenario() -> None:
-        engine = await _started(repo, "failing")
+        engine = await _started(gathering, "failing")
         values = [torch.full((rows, 4), -1.0 if bad else float(i + 1))
                   for i, (bad, rows) in enumerate(sent)]
         answers = await asyncio.gather(*(engine.infer(_request("failing", value))
@@ -135,6 +167,7 @@ def test_a_request_that_fails_the_model_fails_alone(repo: pathlib.Path,
                 assert torch.equal(answer.outputs["OUTPUT__0"].torch(), value + 1)
         stats = engine.statistics("failing")[0]
         counts = stats["inference_stats"]
+        assert max(b["batch_size"] for b in stats["batch_stats"]) > 1, stats  # were batched
         assert counts["fail"]["count"] == sum(bad for bad, _ in sent)
         assert counts["success"]["count"] == sum(not bad for bad, _ in sent)
         await engine.shutdown()

@@ -147,6 +147,7 @@ class ExecutorThread:
         self.forward_ns: int | None = None  # batch-1 forward, measured at start on CPU
         # seconds its load took, by step ("load", "warm-up", "CUDA graphs"), for the log
         self.setup_s: dict[str, float] = {}
+        self._split_said = False  # a failed batch's requests ran alone: logged once, loudly
         # A model not run before its first request (a Triton Python model): its first
         # batch-1 execute times, until there are enough to place the thread by
         self._costs: list[int] | None = None
@@ -510,8 +511,13 @@ class ExecutorThread:
         items = batch.items
         if len(items) < 2 or s.spec.sequence is not None or any(i.filler for i in items):
             return False
-        log.debug("model %s: a batch of %d requests failed (%s); each runs alone",
-                  s.spec.name, len(items), type(error).__name__)
+        # the first time loudly: a model that fails every batch of several requests (and
+        # runs each alone) is served, at a batch's cost per request
+        log.log(logging.DEBUG if self._split_said else logging.WARNING,
+                "model %s: a batch of %d requests failed (%s); each runs alone, so that "
+                "only the requests that fail it fail (said once; later ones at debug level)",
+                s.spec.name, len(items), _model_error(s.spec.name, error).message[:300])
+        self._split_said = True
         batch.run_alone = True
         for item in items:
             alone = Batch([item], batch.dispatched_ns)
