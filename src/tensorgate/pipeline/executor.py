@@ -511,13 +511,16 @@ class ExecutorThread:
         items = batch.items
         if len(items) < 2 or s.spec.sequence is not None or any(i.filler for i in items):
             return False
-        # the first time loudly: a model that fails every batch of several requests (and
-        # runs each alone) is served, at a batch's cost per request
-        log.log(logging.DEBUG if self._split_said else logging.WARNING,
-                "model %s: a batch of %d requests failed (%s); each runs alone, so that "
-                "only the requests that fail it fail (said once; later ones at debug level)",
-                s.spec.name, len(items), _model_error(s.spec.name, error).message[:300])
-        self._split_said = True
+        if not self._split_said:  # loudly once: a model that fails every batch of several
+            # requests (and runs each alone) is served, at a batch's cost per request
+            log.warning("model %s: a batch of %d requests failed (%s); each runs alone, so "
+                        "that only the requests that fail it fail (said once; later ones at "
+                        "debug level)", s.spec.name, len(items),
+                        _model_error(s.spec.name, error).message[:300])
+            self._split_said = True
+        else:  # (the requests' own failures are logged as they fail)
+            log.debug("model %s: a batch of %d requests failed (%s); each runs alone",
+                      s.spec.name, len(items), type(error).__name__)
         batch.run_alone = True
         for item in items:
             alone = Batch([item], batch.dispatched_ns)
