@@ -19,7 +19,6 @@ import argparse
 import json
 import os
 import pathlib
-import re
 import shutil
 import signal
 import subprocess
@@ -34,7 +33,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
 from compare_wire import socket_load  # noqa: E402
-from server_bench import OUTPUT_BYTES, binary_request  # noqa: E402
+from server_bench import OUTPUT_BYTES, binary_request, serve_logged  # noqa: E402
 
 from tensorgate.builtin.repository import write_default_repository  # noqa: E402
 
@@ -62,26 +61,14 @@ def _per_batch(before: dict[str, Any], after: dict[str, Any]) -> dict[str, float
 
 def _start(repo: pathlib.Path, log: pathlib.Path, source: pathlib.Path | None
            ) -> tuple[subprocess.Popen[bytes], int, float]:
-    """The server on `repo` (its package from `source` when given), its output in `log`
-    (read, never a pipe left to fill): the process, its HTTP port and its start-up seconds."""
+    """The server on `repo`, its package from `source` when given: the process, its HTTP
+    port and its start-up seconds."""
     environment = dict(os.environ)
     if source is not None:
         environment["PYTHONPATH"] = os.pathsep.join(
             [str(source), *filter(None, [environment.get("PYTHONPATH")])])
-    started = time.perf_counter()
-    with log.open("wb") as sink:
-        process = subprocess.Popen([sys.executable, "-m", "tensorgate", "serve",
-                                    "--model-repository", str(repo), "--http-port", "0",
-                                    "--grpc-port", "0", "--metrics-port", "0"],
-                                   stdout=sink, stderr=subprocess.STDOUT, env=environment)
-    while time.perf_counter() - started < 120 and process.poll() is None:
-        said = log.read_text(errors="replace")
-        port = re.search(r"HTTP on 127\.0\.0\.1:(\d+)", said)
-        if port and re.search(r"^ready:", said, re.M):
-            return process, int(port.group(1)), time.perf_counter() - started
-        time.sleep(0.1)
-    process.kill()
-    raise RuntimeError(f"the server did not start:\n{log.read_text(errors='replace')[-3000:]}")
+    process, ports, startup = serve_logged(repo, log, env=environment, timeout_s=120)
+    return process, ports["http"], startup
 
 
 def _measure(label: str, source: pathlib.Path | None, repo: pathlib.Path, args: Any,

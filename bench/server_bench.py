@@ -187,21 +187,36 @@ async def engine_floor(repo: pathlib.Path, model: str, n: int) -> dict[str, floa
     return {"p50_us": float(np.percentile(a, 50)), "p99_us": float(np.percentile(a, 99)), "n": n}
 
 
-def start_server(repo: pathlib.Path) -> tuple[subprocess.Popen[str], int, int, float]:
+def serve_logged(repo: pathlib.Path, log: pathlib.Path, *extra: str,
+                 env: dict[str, str] | None = None, timeout_s: float = 180.0
+                 ) -> tuple[subprocess.Popen[bytes], dict[str, int], float]:
+    """`tensorgate serve` on `repo` (ports chosen by the system, `extra` flags, `env` for
+    the process), its output in `log`, which is read, never a pipe left to fill: the
+    process, its ports by name ("http", "grpc", "metrics") and its start-up seconds."""
     started = time.perf_counter()
-    process = subprocess.Popen([sys.executable, "-m", "tensorgate", "serve", "--model-repository",
-                                str(repo), "--http-port", "0", "--grpc-port", "0",
-                                "--metrics-port", "0"], stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, text=True)
-    assert process.stdout is not None
-    port = grpc_port = 0
-    for line in process.stdout:
-        match = re.search(r"HTTP on 127\.0\.0\.1:(\d+), gRPC on 127\.0\.0\.1:(\d+)", line)
-        if match:
-            port, grpc_port = int(match.group(1)), int(match.group(2))
-        if line.startswith("ready:"):
-            return process, port, grpc_port, time.perf_counter() - started
-    raise RuntimeError("the server did not start")
+    with log.open("wb") as sink:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "tensorgate", "serve", "--model-repository", str(repo),
+             "--http-port", "0", "--grpc-port", "0", "--metrics-port", "0", *extra],
+            stdout=sink, stderr=subprocess.STDOUT, env=env)
+    while time.perf_counter() - started < timeout_s:
+        text = log.read_text(errors="replace")
+        match = re.search(r"HTTP on 127\.0\.0\.1:(\d+), gRPC on 127\.0\.0\.1:(\d+), "
+                          r"metrics on 127\.0\.0\.1:(\d+)", text)
+        if match and re.search(r"^ready:", text, re.M):
+            ports = dict(zip(("http", "grpc", "metrics"), map(int, match.groups())))
+            return process, ports, time.perf_counter() - started
+        if process.poll() is not None:
+            raise RuntimeError(f"the server exited:\n{text[-3000:]}")
+        time.sleep(0.1)
+    process.kill()
+    raise RuntimeError(f"the server did not start:\n{log.read_text(errors='replace')[-3000:]}")
+
+
+def start_server(repo: pathlib.Path) -> tuple[subprocess.Popen[bytes], int, int, float]:
+    log = pathlib.Path(tempfile.gettempdir()) / f"tensorgate-bench-{os.getpid()}.log"
+    process, ports, startup = serve_logged(repo, log)
+    return process, ports["http"], ports["grpc"], startup
 
 
 def main() -> None:

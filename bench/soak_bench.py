@@ -55,6 +55,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
 from compare_wire import OIP_BINARY, Connection, raw_request  # noqa: E402
+from server_bench import serve_logged  # noqa: E402
 from tensorgate.builtin.repository import write_default_repository  # noqa: E402
 from tensorgate.protocol.protobuf_wire import varint_bytes  # noqa: E402
 
@@ -415,24 +416,9 @@ CLIENTS = {"http-binary": http_binary, "http-json": http_json, "grpc-unary": grp
 
 def start_server(repo: pathlib.Path, log: pathlib.Path) -> tuple[subprocess.Popen[bytes],
                                                                   dict[str, int]]:
-    sink = log.open("wb")
-    process = subprocess.Popen(
-        [sys.executable, "-m", "tensorgate", "serve", "--model-repository", str(repo),
-         "--http-port", "0", "--grpc-port", "0", "--metrics-port", "0",
-         "--allow-shared-memory", "--max-request-bytes", str(MAX_REQUEST_BYTES)],
-        stdout=sink, stderr=subprocess.STDOUT)
-    started = time.monotonic()
-    while time.monotonic() - started < 180:
-        text = log.read_text(errors="replace")
-        match = re.search(r"HTTP on 127\.0\.0\.1:(\d+), gRPC on 127\.0\.0\.1:(\d+), "
-                          r"metrics on 127\.0\.0\.1:(\d+)", text)
-        if match and "ready:" in text:
-            return process, dict(zip(("http", "grpc", "metrics"), map(int, match.groups())))
-        if process.poll() is not None:
-            raise RuntimeError(f"the server exited:\n{text}")
-        time.sleep(0.2)
-    process.kill()
-    raise RuntimeError("the server did not start")
+    process, ports, _ = serve_logged(repo, log, "--allow-shared-memory",
+                                     "--max-request-bytes", str(MAX_REQUEST_BYTES))
+    return process, ports
 
 
 def sample(pid: int, metrics_port: int) -> dict[str, float]:

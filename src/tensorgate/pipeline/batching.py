@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from tensorgate.errors import InternalError
-from tensorgate.tensor.copies import CopyLedger, copy_into
+from tensorgate.tensor.copies import CopyLedger, CopyReason, copy_into
 from tensorgate.tensor.pool import BufferPool
 
 __all__ = ["gather_rows", "split_rows"]
@@ -43,23 +43,20 @@ def gather_rows(parts: Sequence[Any], ledgers: Sequence[CopyLedger | None],
         return torch.empty(shape, dtype=first.dtype, device=device)
     if device is not None:
         batch = torch.empty(shape, dtype=first.dtype, device=device)
-        start = 0
-        for part, ledger in zip(parts, ledgers):
-            end = start + int(part.shape[0])
-            copy_into(batch[start:end], part, "device", ledger, non_blocking=True)
-            start = end
-        return batch
-    # Capacity for the next power of two of rows: batch sizes then share a few size classes,
-    # so the pool reuses staging buffers instead of faulting in fresh pages for each size
-    # (pages beyond `rows` are never written, so never resident).
-    buffer = pool.acquire((count // rows) * (1 << (rows - 1).bit_length()) * first.element_size())
-    staging = torch.frombuffer(buffer, dtype=first.dtype, count=count).view(shape)
+    else:
+        # Capacity for the next power of two of rows: batch sizes then share a few size
+        # classes, so the pool reuses staging buffers instead of faulting in fresh pages for
+        # each size (pages beyond `rows` are never written, so never resident).
+        buffer = pool.acquire((count // rows) * (1 << (rows - 1).bit_length())
+                              * first.element_size())
+        batch = torch.frombuffer(buffer, dtype=first.dtype, count=count).view(shape)
+    reason: CopyReason = "batch" if device is None else "device"
     start = 0
     for part, ledger in zip(parts, ledgers):
         end = start + int(part.shape[0])
-        copy_into(staging[start:end], part, "batch", ledger)
+        copy_into(batch[start:end], part, reason, ledger, non_blocking=device is not None)
         start = end
-    return staging
+    return batch
 
 
 def split_rows(output: Any, rows: Sequence[int], model: str, output_name: str) -> list[Any]:
