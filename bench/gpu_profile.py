@@ -4,6 +4,7 @@ connections, with the server's own per-batch statistics for each run.
 
     python3 bench/gpu_profile.py --out DIR [--seconds 5] [--py-spy PATH]
                                  [--baseline-src OLD/src --rounds 2]
+    python3 bench/gpu_profile.py --summarize DIR/this-resnet50-16.txt ...
 
 Run by bench/gpu_check.sh on the GPU machine (its `profile` step), where the comparison
 showed where tensorgate misses issue 5's GPU goals; it runs on the CPU too. Each run's
@@ -19,6 +20,7 @@ import argparse
 import json
 import os
 import pathlib
+import re
 import shutil
 import signal
 import subprocess
@@ -117,9 +119,34 @@ def _measure(label: str, source: pathlib.Path | None, repo: pathlib.Path, args: 
         process.wait(timeout=60)
 
 
+def summarize(path: pathlib.Path, top: int = 6) -> str:
+    """py-spy's raw stacks (`path`) per thread (numbered names collapsed: one line for a
+    pool): its samples, the frames it was in last (leaf) and anywhere (inclusive) most
+    often, each as a share of its samples — the figures bench/RESULTS.md quotes."""
+    threads: dict[str, dict[str, Any]] = {}
+    for line in path.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        frames = stack.split(";")
+        name = re.sub(r"\d+$", "N", frames[0].partition(": ")[2] or frames[0])
+        seen = threads.setdefault(name, {"n": 0, "leaf": {}, "in": {}})
+        seen["n"] += int(count)
+        seen["leaf"][frames[-1]] = seen["leaf"].get(frames[-1], 0) + int(count)
+        for frame in set(frames[1:]):
+            seen["in"][frame] = seen["in"].get(frame, 0) + int(count)
+    said = [f"{path.name}:"]
+    for name, seen in sorted(threads.items(), key=lambda item: -item[1]["n"]):
+        said.append(f"  {name}: {seen['n']} samples")
+        for kind in ("leaf", "in"):
+            # (frames in nearly every sample, the thread's own start, say nothing)
+            best = sorted(((c, f) for f, c in seen[kind].items() if c < 0.98 * seen["n"]),
+                          reverse=True)[:top if kind == "leaf" else 2 * top]
+            said += [f"    {kind:4} {100 * c / seen['n']:5.1f}%  {f}" for c, f in best]
+    return "\n".join(said)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=pathlib.Path, required=True)
+    parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("/tmp/tg-profiles"))
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--py-spy", default=shutil.which("py-spy"))
     parser.add_argument("--baseline-src", type=pathlib.Path, default=None,
@@ -127,7 +154,13 @@ def main() -> None:
                              "commit's src/): measured too, in turn, with ratios")
     parser.add_argument("--rounds", type=int, default=1,
                         help="times each server is measured, in alternating order")
+    parser.add_argument("--summarize", type=pathlib.Path, nargs="+", default=None,
+                        help="print what these stacks files (from an earlier run) say, "
+                             "per thread, and measure nothing")
     args = parser.parse_args()
+    if args.summarize:
+        print("\n".join(summarize(path) for path in args.summarize))
+        return
     args.out.mkdir(parents=True, exist_ok=True)
     repo = write_default_repository(pathlib.Path(tempfile.gettempdir()) / "tensorgate-profile")
     variants: list[tuple[str, pathlib.Path | None]] = [("this", None)]
