@@ -6,10 +6,12 @@
 #            HTTP, the CUDA-graph floor in process (needs .device/triton.tar.xz)
 #   aoti     AOTInductor packages compiled for CUDA (tests/e2e/test_aoti_cuda.py)
 #   profile  py-spy stacks of the server under load, with its per-batch statistics
-#            (bench/gpu_profile.py; the stacks come back as $OUT/profiles.tar.gz); beside
-#            an earlier commit's, in turn, when packed with BASELINE=REV (about 2.5 min)
+#            (bench/gpu_profile.py; the stacks come back as $OUT/profiles.tar.gz), and the
+#            same tree with two instances a model on the GPU; beside an earlier commit's,
+#            in turn, when packed with BASELINE=REV (about 2 min)
 # each as a short table; the whole log is $OUT/gpu_check.log. On an H200: tests 30 s, engine
-# 60 s, compare 220 s, aoti 120 s, profile 50 s (150 s with a baseline), plus 20 s to unpack:
+# 60 s, compare 220 s, aoti 120 s, profile 50 s a server (three with a baseline: 150 s; the
+# two-instance server is new since), plus 20 s to unpack:
 # with a baseline, more than one call's 10 minutes, so two calls ('tests aoti profile', then
 # 'engine compare').
 #
@@ -74,12 +76,11 @@ if step aoti; then
 fi
 if step profile; then
   echo "== where the server's time goes ($device), py-spy"
-  if [ -d "$carried/baseline/src" ]; then  # BASELINE=REV pack_device.sh: before and after
-    timeout 200 python3 bench/gpu_profile.py --out /tmp/tg-profiles --seconds 5 --rounds 2 \
-      --baseline-src "$carried/baseline/src" 2>&1 | tail -30
-  else
-    timeout 90 python3 bench/gpu_profile.py --out /tmp/tg-profiles --seconds 5 2>&1 | tail -12
-  fi
+  baseline=()  # BASELINE=REV pack_device.sh: that commit's server too, before and after
+  [ -d "$carried/baseline/src" ] && baseline=(--baseline-src "$carried/baseline/src")
+  # and this tree with two instances of identity and resnet50 on the GPU, beside one
+  timeout 240 python3 bench/gpu_profile.py --out /tmp/tg-profiles --seconds 5 --instances 2 \
+    "${baseline[@]}" 2>&1 | tail -30
   tar -czf "$OUT/profiles.tar.gz" -C /tmp tg-profiles 2>/dev/null || true
 fi
 ls "$OUT"

@@ -3,7 +3,7 @@ included) while a socket client loads identity and resnet50 over HTTP at 1 and 1
 connections, with the server's own per-batch statistics for each run.
 
     python3 bench/gpu_profile.py --out DIR [--seconds 5] [--py-spy PATH]
-                                 [--baseline-src OLD/src --rounds 2]
+                                 [--baseline-src OLD/src] [--instances 2] [--rounds 2]
     python3 bench/gpu_profile.py --summarize DIR/this-resnet50-16.txt ...
 
 Run by bench/gpu_check.sh on the GPU machine (its `profile` step), where the comparison
@@ -12,7 +12,12 @@ stacks are DIR/{server}-{model}-{connections}.txt (py-spy's raw format: one coll
 and its sample count a line), read afterwards with any flame-graph tool. With
 --baseline-src (an earlier commit's src/, packed by `BASELINE=REV pack_device.sh`), that
 server is measured too, in turn with this tree's, and the ratios printed: a change's
-before and after in one run."""
+before and after in one run. With --instances N, this tree is measured a second way too,
+identity and resnet50 configured with `instance_group [{ count: N kind: KIND_AUTO }]` (N
+executor threads, each with its own CUDA stream and graphs, on one GPU: Triton's usual
+advice), and its ratios printed beside the default's: whether a second instance fills the
+GPU while the first gathers and scatters on the host. Each server's start-up is printed
+with what its models' loads took, by step (load, warm-up, CUDA graphs)."""
 
 from __future__ import annotations
 
@@ -73,13 +78,33 @@ def _start(repo: pathlib.Path, log: pathlib.Path, source: pathlib.Path | None
     return process, ports["http"], startup
 
 
+def _instances_repository(repo: pathlib.Path, count: int) -> pathlib.Path:
+    """A copy of `repo` whose identity and resnet50 run `count` instances each, on the
+    GPU where there is one (KIND_AUTO)."""
+    copy = repo.with_name(f"{repo.name}-x{count}")
+    shutil.rmtree(copy, ignore_errors=True)
+    shutil.copytree(repo, copy)
+    for model in ("identity", "resnet50"):
+        config = copy / model / "config.pbtxt"
+        config.write_text(config.read_text()
+                          + f"instance_group [ {{ count: {count} kind: KIND_AUTO }} ]\n")
+    return copy
+
+
+def _load_steps(log: pathlib.Path) -> str:
+    """What each model's load took, by step, from the server's ready lines."""
+    found = re.findall(r"model (\S+) v\d+ ready on [^\n]*?; (load [^\n]*)",
+                       log.read_text(errors="replace"))
+    return "; ".join(f"{model}: {steps}" for model, steps in found) or "no load steps logged"
+
+
 def _measure(label: str, source: pathlib.Path | None, repo: pathlib.Path, args: Any,
              rows: dict[tuple[str, str, int], list[dict[str, float]]]) -> None:
     """One server (tensorgate from `source`, else this tree's), every row of the table;
     py-spy's stacks in args.out/{label}-{model}-{connections}.txt."""
     log = args.out / f"{label}-server.log"
     process, port, startup = _start(repo, log, source)
-    print(f"{label}: server up in {startup:.1f} s")
+    print(f"{label}: server up in {startup:.1f} s ({_load_steps(log)})")
     try:
         for model in ("identity", "resnet50"):
             try:
@@ -152,6 +177,9 @@ def main() -> None:
     parser.add_argument("--baseline-src", type=pathlib.Path, default=None,
                         help="a folder holding another tensorgate package (an earlier "
                              "commit's src/): measured too, in turn, with ratios")
+    parser.add_argument("--instances", type=int, default=0,
+                        help="also this tree with identity and resnet50 at this many "
+                             "instances each (KIND_AUTO), with ratios")
     parser.add_argument("--rounds", type=int, default=1,
                         help="times each server is measured, in alternating order")
     parser.add_argument("--summarize", type=pathlib.Path, nargs="+", default=None,
@@ -163,24 +191,30 @@ def main() -> None:
         return
     args.out.mkdir(parents=True, exist_ok=True)
     repo = write_default_repository(pathlib.Path(tempfile.gettempdir()) / "tensorgate-profile")
-    variants: list[tuple[str, pathlib.Path | None]] = [("this", None)]
+    variants: list[tuple[str, pathlib.Path | None, pathlib.Path]] = [("this", None, repo)]
     if args.baseline_src is not None:
-        variants.insert(0, ("baseline", args.baseline_src.resolve()))
+        variants.insert(0, ("baseline", args.baseline_src.resolve(), repo))
+    if args.instances > 1:
+        variants.append((f"x{args.instances}", None,
+                         _instances_repository(repo, args.instances)))
     print(f"py-spy: {args.py_spy or 'missing, no stacks'}; per request as Triton counts it")
     print(f"{'server':9} {'model':9} {'conns':>5} {'QPS':>8} {'P50 ms':>8} {'P99 ms':>8} "
           f"{'rows/run':>8} " + " ".join(f"{p + ' µs':>16}" for p in _PHASES))
     rows: dict[tuple[str, str, int], list[dict[str, float]]] = {}
     for round_index in range(args.rounds):
         order = variants if round_index % 2 == 0 else variants[::-1]
-        for label, source in order:
-            _measure(label, source, repo, args, rows)
-    if len(variants) == 2:
-        print("this / baseline, mean over rounds:")
-        for (label, model, connections), this in rows.items():
-            base = rows.get(("baseline", model, connections))
-            if label != "this" or not base:
+        for label, source, served in order:
+            _measure(label, source, served, args, rows)
+    for label, against in (("this", "baseline"), (f"x{args.instances}", "this")):
+        if not any(key[0] == label for key in rows) or not any(key[0] == against
+                                                               for key in rows):
+            continue
+        print(f"{label} / {against}, mean over rounds:")
+        for (measured, model, connections), these in rows.items():
+            base = rows.get((against, model, connections))
+            if measured != label or not base:
                 continue
-            ratio = {key: (sum(r[key] for r in this) / len(this))
+            ratio = {key: (sum(r[key] for r in these) / len(these))
                      / max(sum(r[key] for r in base) / len(base), 1e-9)
                      for key in ("qps", "p50_ms", "p99_ms", "compute_input")}
             print(f"  {model:9} {connections:>3} connections: QPS {ratio['qps']:.2f}×, "
