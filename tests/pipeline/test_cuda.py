@@ -129,3 +129,52 @@ def test_interleaved_generators_on_gpu(tmp_path: pathlib.Path) -> None:
             assert got == [[float(n * k)] * 4 for k in range(n)]
         await engine.shutdown()
     run(scenario())
+
+
+class _ComplexSecond(torch.nn.Module):
+    """A 1 MB row home first, then an output torch has no protocol type for."""
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return x.repeat(1, 256), torch.complex(x, x)
+
+
+def test_a_model_failing_in_its_outputs_fails_alone_on_gpu(tmp_path: pathlib.Path) -> None:
+    """Each batch of `failing` fails after its first output's copy home began (its second is
+    complex): its requests get an error naming the dtype, and `echo`'s answers, whose pooled
+    buffers are the size of that first output, are never written by such a copy (the stream
+    is idle before a failed batch lets go of its buffers)."""
+    gpu = "instance_group [ { kind: KIND_GPU } ]\ndynamic_batching { }"
+    folder = rb.write_config(tmp_path, "failing", f"""
+        name: "failing"
+        platform: "pytorch_libtorch"
+        max_batch_size: 8
+        input [ {{ name: "INPUT__0" data_type: TYPE_FP32 dims: [1024] }} ]
+        output [ {{ name: "OUTPUT__0" data_type: TYPE_FP32 dims: [262144] }},
+                 {{ name: "OUTPUT__1" data_type: TYPE_FP32 dims: [1024] }} ]
+        {gpu}
+        """)
+    torch.jit.script(_ComplexSecond().eval()).save(str(folder / "1" / "model.pt"))
+    rb.add_torchscript(tmp_path, "echo", rb.Identity(), [262144], [262144], gpu)
+
+    async def echo(engine: Engine, seed: int) -> None:
+        x = torch.full((1, 262144), float(seed))
+        result = await engine.infer(InferenceRequest("echo", {
+            "INPUT__0": TensorView.from_torch(x, name="INPUT__0")}))
+        torch.testing.assert_close(result.outputs["OUTPUT__0"].torch(), x, rtol=0, atol=0)
+
+    async def failing(engine: Engine) -> None:
+        x = torch.randn(1, 1024)
+        with pytest.raises(Exception, match="complex"):
+            await engine.infer(InferenceRequest("failing", {
+                "INPUT__0": TensorView.from_torch(x, name="INPUT__0")}))
+
+    async def scenario() -> None:
+        engine = Engine(tmp_path)
+        await engine.start()
+        try:
+            for _ in range(4):
+                await asyncio.gather(*(echo(engine, seed) for seed in range(32)),
+                                     *(failing(engine) for _ in range(32)))
+        finally:
+            await engine.shutdown()
+    run(scenario())

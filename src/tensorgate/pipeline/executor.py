@@ -489,14 +489,21 @@ class ExecutorThread:
         raw result on the host."""
         runner = self._runner
         assert runner is not None
-        if self._graphs is not None and self._graphs.covers(inputs, batch.rows):
-            raw = self._graphs.replay(inputs, batch.rows, batch.items[0].ledger)
-        else:
-            raw = _run(runner, self._to_device(inputs, batch), batch)
-        if self._stream is not None:
-            # Outputs come home before the next batch can overwrite a graph's buffers.
-            raw = map_tensors(raw, lambda t: self._to_host(t, batch.items[0].ledger))
-            self._stream.synchronize()
+        try:
+            if self._graphs is not None and self._graphs.covers(inputs, batch.rows):
+                raw = self._graphs.replay(inputs, batch.rows, batch.items[0].ledger)
+            else:
+                raw = _run(runner, self._to_device(inputs, batch), batch)
+            if self._stream is not None:
+                raw = map_tensors(raw, lambda t: self._to_host(t, batch.items[0].ledger))
+        finally:
+            if self._stream is not None:
+                # Outputs come home before the next batch can overwrite a graph's buffers;
+                # and a failure (an output torch has no protocol type, after an earlier
+                # output's copy home began) lets go of its pooled buffers only once no copy
+                # into or out of them is left on the stream: one still writing a freed
+                # buffer would write into another request's bytes.
+                self._stream.synchronize()
         return raw
 
     def _each_alone(self, batch: Batch, error: Exception) -> bool:
