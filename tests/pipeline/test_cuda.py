@@ -178,3 +178,31 @@ def test_a_model_failing_in_its_outputs_fails_alone_on_gpu(tmp_path: pathlib.Pat
         finally:
             await engine.shutdown()
     run(scenario())
+
+
+def test_unloading_while_another_model_captures(tmp_path: pathlib.Path) -> None:
+    """An instance's teardown (a device-wide synchronize, empty_cache) waits for another's
+    capture to end: `late` loads (a ResNet-50's graphs, a few seconds of capture) while
+    `early` unloads, and both are whole: `late` answers as the network does."""
+    gpu = "instance_group [ { kind: KIND_GPU } ]\ndynamic_batching { }"
+    rb.add_torchscript(tmp_path, "early", rb.linear_module(), [8], [4], gpu)
+    folder = rb.write_config(tmp_path, "late", RESNET_CONFIG.replace(
+        'name: "resnet50"', 'name: "late" platform: "pytorch_libtorch"') + gpu)
+    network = resnet50().eval()
+    torch.jit.script(network).save(str(folder / "1" / "model.pt"))
+    x = torch.randn(1, 3, 224, 224)
+
+    async def scenario() -> None:
+        engine = Engine(tmp_path)
+        await engine.start(["early"])
+        try:
+            await asyncio.gather(engine.load("late"), engine.unload("early"))
+            result = await engine.infer(InferenceRequest("late", {
+                "INPUT__0": TensorView.from_torch(x, name="INPUT__0")}))
+            with torch.inference_mode():  # (on the GPU too: TF32 convolutions there)
+                expected = network.to("cuda")(x.to("cuda")).cpu()
+            torch.testing.assert_close(result.outputs["OUTPUT__0"].torch(), expected,
+                                       rtol=1e-3, atol=1e-3)
+        finally:
+            await engine.shutdown()
+    run(scenario())

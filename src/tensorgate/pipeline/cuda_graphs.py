@@ -20,14 +20,16 @@ import torch
 from tensorgate.repository.model_config import MAX_WARMUP_BYTES, ModelSpec
 from tensorgate.tensor.copies import copy_into
 
-__all__ = ["GraphSet", "graph_batch_sizes", "map_tensors"]
+__all__ = ["CAPTURING", "GraphSet", "graph_batch_sizes", "map_tensors"]
 
 _WARMUP_RUNS = 3  # runs on a side stream before capture, as torch's graph docs require
 # One instance captures at a time in the process: two instances' captures at once (models
 # loading together, on one GPU) failed both on an H200, cuBLAS "CUBLAS_STATUS_EXECUTION_FAILED"
 # in one and "operation not permitted when stream is capturing" (bench/RESULTS.md), with
 # either capture mode. The other threads' runs go on meanwhile: the mode is thread_local.
-_CAPTURING = threading.Lock()
+# An instance's teardown holds it too: its device-wide synchronize and empty_cache (cudaFree
+# synchronizes the device) would reach into another instance's capture.
+CAPTURING = threading.Lock()
 
 
 def graph_batch_sizes(spec: ModelSpec) -> list[int]:
@@ -77,7 +79,7 @@ class GraphSet:
                for i in spec.model_inputs) or any(o.datatype.is_bytes
                                                   for o in spec.model_outputs):
             return None
-        with _CAPTURING:
+        with CAPTURING:
             return cls._capture(run, spec, device, stream, sizes)
 
     @classmethod

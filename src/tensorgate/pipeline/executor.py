@@ -37,7 +37,7 @@ from tensorgate.errors import InternalError, InvalidArgumentError, TensorgateErr
 from tensorgate.model import NO_PARAMETERS, ModelContext, RequestInfo
 from tensorgate.pipeline import heap
 from tensorgate.pipeline.batching import gather_rows, split_rows
-from tensorgate.pipeline.cuda_graphs import GraphSet, graph_batch_sizes, map_tensors
+from tensorgate.pipeline.cuda_graphs import CAPTURING, GraphSet, graph_batch_sizes, map_tensors
 from tensorgate.pipeline.generations import Generation, Generations
 from tensorgate.pipeline.input_bounds import (bounded_spec, guard_dims, lows_raised,
                                               raised_least)
@@ -858,16 +858,19 @@ class ExecutorThread:
         return host
 
     def _teardown(self) -> None:
-        self._graphs = None
         runner, self._runner = self._runner, None
         if runner is not None and runner.requests is not None:
             try:
                 runner.requests.close()  # a Triton Python model's finalize()
             except Exception:
                 log.exception("model %s: finalize() raised", self.settings.spec.name)
+        del runner  # (its weights: empty_cache below gives back what nothing else holds)
         if self.settings.device.type == "cuda":
-            torch.cuda.synchronize(self.settings.device)
-            torch.cuda.empty_cache()
+            with CAPTURING:  # not while another instance captures its graphs (cuda_graphs)
+                self._graphs = None
+                torch.cuda.synchronize(self.settings.device)
+                torch.cuda.empty_cache()
+        self._graphs = None
 
 
 def _run(runner: Runner, inputs: dict[str, Any], batch: Batch) -> Any:
