@@ -115,3 +115,21 @@ def test_no_placement_no_spare(placement_repo: pathlib.Path) -> None:
         assert len(engine._models["heavy"][1].executors) == 1
         await engine.shutdown()
     run(scenario())
+
+
+def test_instances_sharing_a_light_model_join_the_loop_as_the_first(
+        tmp_path: pathlib.Path, two_cpus: list[int]) -> None:
+    """The instances that run the first's copy of a TorchScript model are placed by the
+    forward the first measured: a light one's all on the loop's core."""
+    rb.add_torchscript(tmp_path, "light_pair", rb.Identity(), [4], [4], max_batch=0,
+                       extra="instance_group [ { count: 2 kind: KIND_CPU } ]")
+
+    async def scenario() -> None:
+        engine = Engine(tmp_path, placement="auto")
+        await engine.start()
+        first, second = engine._models["light_pair"][1].executors
+        assert second.runner is first.runner
+        for executor in (first, second):
+            assert executor.cpus.startswith(f"cpu {two_cpus[0]} (the loop's"), executor.cpus
+        await engine.shutdown()
+    run(scenario())

@@ -363,11 +363,12 @@ class Engine:
             feeds = [scheduler] * len(devices)
         postprocessor = build_postprocessor(spec, source.directory)
         claims = self._claims(spec, version, by_group)
-        executors = []
-        for index, (device, feed) in enumerate(zip(devices, feeds)):
+
+        def instance(index: int, first: ExecutorThread | None = None) -> ExecutorThread:
+            """Instance `index`; with `first`, running the model `first` loaded."""
             settings = ExecutorSettings(
                 spec=spec, version=version, artifact=artifact, kind=kind,
-                directory=source.directory / str(version), device=device,
+                directory=source.directory / str(version), device=devices[index],
                 intra_op_threads=int_parameter(spec, ("INTRA_OP_THREAD_COUNT", "NUM_THREADS"),
                                                 self._threads),
                 cpu_affinity=cpu_affinity(spec), placement=self._placement,
@@ -375,12 +376,28 @@ class Engine:
                 postprocessor=postprocessor, instance=index,
                 inference_mode=flag(spec, "INFERENCE_MODE", True),
                 jit_optimize=not flag(spec, "DISABLE_OPTIMIZED_EXECUTION", False),
-                streams_per_instance=streams_per_instance(spec))
-            executors.append(ExecutorThread(
+                streams_per_instance=streams_per_instance(spec),
+                shared_runner=first.runner if first is not None else None)
+            executor = ExecutorThread(
                 f"tg-exec-{spec.name}-v{version}-{index}", settings, loop, self._pool,
-                self._postprocess, feed.on_batch_done, feed.on_idle, feed.on_stream_end))
-        for executor in executors:
+                self._postprocess, feeds[index].on_batch_done, feeds[index].on_idle,
+                feeds[index].on_stream_end)
+            if first is not None:
+                executor.forward_ns = first.forward_ns  # placed as the first measured it
             executor.start()
+            return executor
+
+        executors = []
+        if _shares_weights(spec, kind, devices):
+            executors.append(instance(0))  # loads and warms the model the others run
+            try:
+                await executors[0].ready
+            except Exception:
+                await self._abandon_load(executors, claims)
+                raise
+            executors += [instance(index, executors[0]) for index in range(1, len(devices))]
+        else:  # each its own copy, loaded at once
+            executors += [instance(index) for index in range(len(devices))]
         results = await asyncio.gather(*(e.ready for e in executors), return_exceptions=True)
         errors = [r for r in results if isinstance(r, BaseException)]
         if errors:
@@ -773,6 +790,17 @@ def _step_models(versions: Iterable[_Version]) -> set[str]:
     """The models that these versions' ensemble steps call."""
     return {model for v in versions if isinstance(v.scheduler, EnsembleScheduler)
             for model in v.scheduler.models}
+
+
+def _shares_weights(spec: ModelSpec, kind: str, devices: list[torch.device]) -> bool:
+    """Whether a version's instances run one copy of its model: TorchScript (whose forward
+    runs on several threads at once without the GIL) on CPU instances, where N copies of the
+    weights cost N times the memory for nothing a copy gives a CPU (Triton's PyTorch backend
+    loads one an instance). Not a sequence model's, whose instances each keep their own
+    sequences, possibly in the module's own state; not on GPUs (a copy a device, and CUDA
+    graphs an instance)."""
+    return (kind == "torchscript" and spec.sequence is None and not spec.decoupled
+            and len(devices) > 1 and all(device.type == "cpu" for device in devices))
 
 
 def _setup_text(executors: list[ExecutorThread]) -> str:

@@ -1,0 +1,79 @@
+"""Instances of a TorchScript model on CPU run one copy of its weights (the first instance
+loads it, the others run it at once beside it); a Python model's instances each load their
+own, as do a sequence model's."""
+
+from __future__ import annotations
+
+import asyncio
+import pathlib
+import threading
+
+import pytest
+import torch
+
+from tensorgate import Engine, InferenceRequest, TensorView
+from tests.pipeline import repo_builder as rb
+from tests.pipeline.conftest import run
+
+
+def _instances(count: int) -> str:
+    return f"instance_group [ {{ count: {count} kind: KIND_CPU }} ]"
+
+
+def _request(model: str, seed: int) -> InferenceRequest:
+    x = torch.randn(64, 256, generator=torch.Generator().manual_seed(seed))
+    return InferenceRequest(model, {"INPUT__0": TensorView.from_torch(x, name="INPUT__0")})
+
+
+def test_torchscript_instances_run_one_copy_of_the_weights(tmp_path: pathlib.Path) -> None:
+    rb.add_torchscript(tmp_path, "heavy", rb.Heavy(), [64, 256], [64, 256], max_batch=0,
+                       extra=_instances(3))
+    direct = torch.jit.script(rb.Heavy().eval())
+
+    async def scenario() -> None:
+        engine = Engine(tmp_path, placement="none")
+        await engine.start()
+        try:
+            executors = engine._models["heavy"][1].executors
+            assert len(executors) == 3
+            assert all(e.runner is executors[0].runner for e in executors)
+            results = await asyncio.gather(*(engine.infer(_request("heavy", seed))
+                                             for seed in range(12)))
+            # the shared module ran on more than one instance's thread, answering alike
+            assert sum(e.batches_run > 0 for e in executors) >= 2
+            assert sum(e.batches_run for e in executors) == 12
+            for seed, result in enumerate(results):
+                x = _request("heavy", seed).inputs["INPUT__0"].torch()
+                torch.testing.assert_close(result.outputs["OUTPUT__0"].torch(), direct(x))
+        finally:
+            await engine.shutdown()
+    run(scenario())
+
+
+def test_python_model_instances_each_load_their_own(tmp_path: pathlib.Path) -> None:
+    rb.add_python(tmp_path, "scaled", extra=_instances(2))
+
+    async def scenario() -> None:
+        engine = Engine(tmp_path, placement="none")
+        await engine.start()
+        try:
+            first, second = engine._models["scaled"][1].executors
+            assert first.runner is not second.runner
+        finally:
+            await engine.shutdown()
+    run(scenario())
+
+
+def test_a_first_instance_that_fails_fails_the_load_and_starts_no_other(
+        tmp_path: pathlib.Path) -> None:
+    rb.add_torchscript(tmp_path, "broken", rb.Identity(), [4], [4], extra=_instances(3))
+    (tmp_path / "broken" / "1" / "model.pt").write_bytes(b"not a TorchScript archive")
+
+    async def scenario() -> None:
+        engine = Engine(tmp_path, placement="none")
+        with pytest.raises(Exception, match="broken"):
+            await engine.load("broken")
+        assert "broken" not in engine._models
+        await engine.shutdown()
+    run(scenario())
+    assert not [t for t in threading.enumerate() if t.name.startswith("tg-exec-broken")]
