@@ -24,7 +24,6 @@ import statistics
 import sys
 import tempfile
 import time
-from typing import Any
 
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "src"))
