@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from tensorgate import Engine, InferenceRequest, TensorView
+from tensorgate.errors import InternalError
 from tensorgate.builtin.nets import resnet50
 from tensorgate.pipeline.cuda_graphs import GraphSet, graph_batch_sizes
 from tensorgate.repository.model_config import parse_model_config
@@ -138,11 +139,11 @@ class _ComplexSecond(torch.nn.Module):
         return x.repeat(1, 256), torch.complex(x, x)
 
 
-def test_a_model_failing_in_its_outputs_fails_alone_on_gpu(tmp_path: pathlib.Path) -> None:
-    """Each batch of `failing` fails after its first output's copy home began (its second is
-    complex): its requests get an error naming the dtype, and `echo`'s answers, whose pooled
-    buffers are the size of that first output, are never written by such a copy (the stream
-    is idle before a failed batch lets go of its buffers)."""
+def test_a_model_failing_in_its_outputs_on_gpu_fails_alone(tmp_path: pathlib.Path) -> None:
+    """Each batch of `failing` comes home (a 1 MB row, then a complex output) and fails: its
+    requests get the model's error naming the output and dtype, as on a CPU (a 500, not the
+    400 of a client's fault), each run alone once too, while `echo`'s answers, whose pooled
+    buffers are the size of that first output, come back intact."""
     gpu = "instance_group [ { kind: KIND_GPU } ]\ndynamic_batching { }"
     folder = rb.write_config(tmp_path, "failing", f"""
         name: "failing"
@@ -164,7 +165,9 @@ def test_a_model_failing_in_its_outputs_fails_alone_on_gpu(tmp_path: pathlib.Pat
 
     async def failing(engine: Engine) -> None:
         x = torch.randn(1, 1024)
-        with pytest.raises(Exception, match="complex"):
+        with pytest.raises(InternalError, match=r"^model 'failing' output 'OUTPUT__1' is "
+                                                r"torch\.complex64, which no protocol "
+                                                r"datatype holds; its config says FP32$"):
             await engine.infer(InferenceRequest("failing", {
                 "INPUT__0": TensorView.from_torch(x, name="INPUT__0")}))
 

@@ -278,3 +278,29 @@ def test_a_load_that_fails_part_way_stops_what_it_started(tmp_path: pathlib.Path
         assert executors() == []
         await engine.shutdown()
     run(scenario())
+
+
+class _ComplexOutput(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.complex(x, x)
+
+
+def test_an_output_no_datatype_holds_is_the_models_fault(tmp_path: pathlib.Path) -> None:
+    """A model answering with a dtype the protocol has no datatype for (complex64) fails its
+    requests as an internal error naming the model and output (it was a 400, "tensor
+    'OUTPUT__0': no protocol datatype", as if the client had sent it); the engine serves on."""
+    rb.add_torchscript(tmp_path, "complex", _ComplexOutput(), [4], [4])
+    rb.add_torchscript(tmp_path, "identity", rb.Identity(), [4], [4])
+
+    async def scenario() -> None:
+        engine = await _started(tmp_path, "complex", "identity")
+        try:
+            with pytest.raises(InternalError, match=r"^model 'complex' output 'OUTPUT__0' is "
+                                                    r"torch\.complex64, which no protocol "
+                                                    r"datatype holds; its config says FP32$"):
+                await engine.infer(_ones("complex"))
+            result = await engine.infer(_ones("identity"))
+            assert result.outputs["OUTPUT__0"].torch().tolist() == [[1.0] * 4]
+        finally:
+            await engine.shutdown()
+    run(scenario())

@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from tensorgate.errors import InternalError, InvalidArgumentError, TensorgateError
+from tensorgate.errors import DatatypeError, InternalError, InvalidArgumentError, TensorgateError
 from tensorgate.model import NO_PARAMETERS, ModelContext, RequestInfo
 from tensorgate.pipeline import heap
 from tensorgate.pipeline.batching import gather_rows, split_rows
@@ -852,8 +852,13 @@ class ExecutorThread:
         the current stream when `non_blocking` (the caller synchronizes)."""
         if value.device.type == "cpu":
             return value
-        host = TensorView(self._pool.acquire(value.numel() * value.element_size()),
-                          datatype_of_torch(value.dtype), value.shape).torch()
+        count = value.numel()
+        if not count:
+            return torch.empty(value.shape, dtype=value.dtype)
+        # (in its own dtype: one the protocol has no datatype for is refused by name in
+        # _finish, as on a CPU)
+        host = torch.frombuffer(self._pool.acquire(count * value.element_size()),
+                                dtype=value.dtype, count=count).view(value.shape)
         copy_into(host, value, "device", ledger, non_blocking=non_blocking)
         return host
 
@@ -961,13 +966,18 @@ def _reshaped(value: Any, shape: list[int], model: str, name: str, ledger: Any) 
 
 
 def _check_output(model: str, name: str, value: Any, expected: Any) -> None:
-    if isinstance(value, torch.Tensor):
-        found = datatype_of_torch(value.dtype, name)
-    elif isinstance(value, np.ndarray):
-        found = datatype_of_numpy(value.dtype, name)
-    else:
-        raise InternalError(f"model '{model}' output '{name}' is a {type(value).__name__}; "
-                            "expected a torch tensor or a numpy array")
+    try:
+        if isinstance(value, torch.Tensor):
+            found = datatype_of_torch(value.dtype, name)
+        elif isinstance(value, np.ndarray):
+            found = datatype_of_numpy(value.dtype, name)
+        else:
+            raise InternalError(f"model '{model}' output '{name}' is a "
+                                f"{type(value).__name__}; expected a torch tensor or a numpy "
+                                "array")
+    except DatatypeError:  # the model's fault, not the request's (a 400 said it was)
+        raise InternalError(f"model '{model}' output '{name}' is {value.dtype}, which no "
+                            f"protocol datatype holds; its config says {expected.name}") from None
     if found is not expected:
         raise InternalError(f"model '{model}' output '{name}' is {found.name}; its config "
                             f"says {expected.name}")
