@@ -499,10 +499,10 @@ class ExecutorThread:
         finally:
             if self._stream is not None:
                 # Outputs come home before the next batch can overwrite a graph's buffers;
-                # and a failure (an output torch has no protocol type, after an earlier
-                # output's copy home began) lets go of its pooled buffers only once no copy
-                # into or out of them is left on the stream: one still writing a freed
-                # buffer would write into another request's bytes.
+                # and a failure (the pool out of room for an output, after an earlier one's
+                # copy home began) lets go of its pooled buffers only once no copy into or
+                # out of them is left on the stream: one still writing a freed buffer would
+                # write into another request's bytes.
                 self._stream.synchronize()
         return raw
 
