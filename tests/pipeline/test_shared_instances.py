@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import pathlib
+import re
 import threading
 
 import pytest
@@ -25,7 +26,8 @@ def _request(model: str, seed: int) -> InferenceRequest:
     return InferenceRequest(model, {"INPUT__0": TensorView.from_torch(x, name="INPUT__0")})
 
 
-def test_torchscript_instances_run_one_copy_of_the_weights(tmp_path: pathlib.Path) -> None:
+def test_torchscript_instances_run_one_copy_of_the_weights(
+        tmp_path: pathlib.Path, caplog: pytest.LogCaptureFixture) -> None:
     rb.add_torchscript(tmp_path, "heavy", rb.Heavy(), [64, 256], [64, 256], max_batch=0,
                        extra=_instances(3))
     direct = torch.jit.script(rb.Heavy().eval())
@@ -47,7 +49,13 @@ def test_torchscript_instances_run_one_copy_of_the_weights(tmp_path: pathlib.Pat
                 torch.testing.assert_close(result.outputs["OUTPUT__0"].torch(), direct(x))
         finally:
             await engine.shutdown()
-    run(scenario())
+    with caplog.at_level("INFO", logger="tensorgate.engine"):
+        run(scenario())
+    said = [r.getMessage() for r in caplog.records if "model heavy v1 ready on" in r.getMessage()]
+    assert len(said) == 1, said
+    assert re.fullmatch(r"model heavy v1 ready on (cpu \(any\), ){2}cpu \(any\); the last 2 "
+                        r"run the first's copy of the model; load \d+\.\d\d s, warm-up "
+                        r"\d+\.\d\d s", said[0]), said
 
 
 def test_python_model_instances_each_load_their_own(tmp_path: pathlib.Path) -> None:

@@ -428,8 +428,10 @@ class Engine:
                 feed.takes_requests_one_by_one()
         for executor, feed, claim in zip(executors, feeds, claims):
             feed.add_executor(executor, claim=claim)
-        log.info("model %s v%d ready on %s%s", spec.name, version,
+        shared = sum(e.settings.shared_runner is not None for e in executors)
+        log.info("model %s v%d ready on %s%s%s", spec.name, version,
                  ", ".join(f"{e.settings.device} ({e.cpus})" for e in executors),
+                 f"; the last {shared} run the first's copy of the model" if shared else "",
                  _setup_text(executors))
         if isinstance(scheduler, Scheduler) and self._wants_spare(spec, executors):
             await self._add_spare(spec, version, scheduler, executors)
