@@ -5,15 +5,17 @@
 #   compare  issue 5's comparison on the GPU: tensorgate and Triton's Python backend over
 #            HTTP, the CUDA-graph floor in process (needs .device/triton.tar.xz)
 #   aoti     AOTInductor packages compiled for CUDA (tests/e2e/test_aoti_cuda.py)
+#   startup  where a TorchScript model's start-up goes on the device, step by step and per
+#            graph size, with TorchScript's fuser and optimiser on and off (gpu_startup.py)
 #   profile  py-spy stacks of the server under load, with its per-batch statistics
 #            (bench/gpu_profile.py; the stacks come back as $OUT/profiles.tar.gz), and the
 #            same tree with two instances a model on the GPU; beside an earlier commit's,
 #            in turn, when packed with BASELINE=REV (about 2 min)
 # each as a short table; the whole log is $OUT/gpu_check.log. On an H200: tests 30 s, engine
 # 60 s, compare 220 s, aoti 120 s, profile 50 s a server (three with a baseline: 150 s; the
-# two-instance server is new since), plus 20 s to unpack:
-# with a baseline, more than one call's 10 minutes, so two calls ('tests aoti profile', then
-# 'engine compare').
+# two-instance server is new since), startup (new) perhaps 40 s, plus 20 s to unpack:
+# with a baseline, more than one call's 10 minutes, so two calls ('tests aoti startup
+# profile', then 'engine compare').
 #
 # Here, first:  bash bench/peers/pack_device.sh     (fills .device/, about 63 MB;
 #               TRITON=no leaves Triton out, 21 MB, for a run without `compare`)
@@ -32,7 +34,7 @@ export PYTHONUNBUFFERED=1
 OUT="${OUT:-/tmp/tg-gpu-check}"
 device="${GPU_CHECK_DEVICE:-cuda}"
 carried="${DEVICE_DIR:-.device}"
-steps=" ${GPU_CHECK_STEPS:-tests engine compare aoti profile} "
+steps=" ${GPU_CHECK_STEPS:-tests engine compare aoti startup profile} "
 step() { [[ "$steps" == *" $1 "* ]]; }
 mkdir -p "$OUT"
 exec > >(tee "$OUT/gpu_check.log") 2>&1
@@ -73,6 +75,11 @@ if step aoti; then
   echo "== AOTInductor packages compiled for $device"
   timeout 150 python3 -m pytest -q -p no:cacheprovider -p no:logging tests/e2e/test_aoti_cuda.py \
     2>&1 | tee "$OUT/aoti_cuda.log" | tail -15
+fi
+if step startup; then
+  echo "== where a model's start-up goes ($device)"
+  timeout 240 python3 bench/gpu_startup.py --device "$device" ${GPU_CHECK_DEVICE:+--model identity} \
+    2>&1 | tail -14
 fi
 if step profile; then
   echo "== where the server's time goes ($device), py-spy"
