@@ -1,6 +1,6 @@
 """Instances of a TorchScript model on CPU run one copy of its weights (the first instance
-loads it, the others run it at once beside it); a Python model's instances each load their
-own, as do a sequence model's."""
+loads it, the others run it at once beside it), unless its forward assigns attributes
+(state two threads must not share); a Python model's instances each load their own."""
 
 from __future__ import annotations
 
@@ -85,3 +85,39 @@ def test_a_first_instance_that_fails_fails_the_load_and_starts_no_other(
         await engine.shutdown()
     run(scenario())
     assert not [t for t in threading.enumerate() if t.name.startswith("tg-exec-broken")]
+
+
+class _Caching(torch.nn.Module):
+    """Keeps a tensor across calls by assigning an attribute (a cache grown on demand)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("offsets", torch.zeros(1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] > self.offsets.shape[0]:
+            self.offsets = torch.zeros(x.shape[0])
+        return x + self.offsets[: x.shape[0]].unsqueeze(1)
+
+
+def test_a_module_that_assigns_attributes_is_loaded_per_instance(
+        tmp_path: pathlib.Path, caplog: pytest.LogCaptureFixture) -> None:
+    rb.add_torchscript(tmp_path, "caching", _Caching(), [4], [4], extra=_instances(2))
+
+    async def scenario() -> None:
+        engine = Engine(tmp_path, placement="none")
+        await engine.start()
+        try:
+            first, second = engine._models["caching"][1].executors
+            assert first.runner is not second.runner
+            x = torch.ones(3, 4)
+            result = await engine.infer(InferenceRequest("caching", {
+                "INPUT__0": TensorView.from_torch(x, name="INPUT__0")}))
+            torch.testing.assert_close(result.outputs["OUTPUT__0"].torch(), x)
+        finally:
+            await engine.shutdown()
+    with caplog.at_level("INFO", logger="tensorgate.engine"):
+        run(scenario())
+    assert any(r.getMessage() == "model caching v1: each instance loads its own copy: its "
+               "forward assigns attributes, state two threads must not share"
+               for r in caplog.records)

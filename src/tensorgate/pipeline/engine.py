@@ -395,7 +395,13 @@ class Engine:
             except Exception:
                 await self._abandon_load(executors, claims)
                 raise
-            executors += [instance(index, executors[0]) for index in range(1, len(devices))]
+            loaded = executors[0].runner
+            first = executors[0] if loaded is not None and loaded.shareable else None
+            if first is None:
+                log.info("model %s v%d: each instance loads its own copy: its forward "
+                         "assigns attributes, state two threads must not share",
+                         spec.name, version)
+            executors += [instance(index, first) for index in range(1, len(devices))]
         else:  # each its own copy, loaded at once
             executors += [instance(index) for index in range(len(devices))]
         results = await asyncio.gather(*(e.ready for e in executors), return_exceptions=True)
@@ -795,12 +801,13 @@ def _step_models(versions: Iterable[_Version]) -> set[str]:
 
 
 def _shares_weights(spec: ModelSpec, kind: str, devices: list[torch.device]) -> bool:
-    """Whether a version's instances run one copy of its model: TorchScript (whose forward
-    runs on several threads at once without the GIL) on CPU instances, where N copies of the
-    weights cost N times the memory for nothing a copy gives a CPU (Triton's PyTorch backend
-    loads one an instance). Not a sequence model's, whose instances each keep their own
-    sequences, possibly in the module's own state; not on GPUs (a copy a device, and CUDA
-    graphs an instance)."""
+    """Whether a version's instances may run one copy of its model: TorchScript (whose
+    forward runs on several threads at once without the GIL) on CPU instances, where N
+    copies of the weights cost N times the memory for nothing a copy gives a CPU (Triton's
+    PyTorch backend loads one an instance); they do once the first has loaded it, unless
+    its forward assigns attributes (runner.shareable). Not a sequence model's, whose
+    instances each keep their own sequences, possibly in the module's own state; not on
+    GPUs (a copy a device, and CUDA graphs an instance)."""
     return (kind == "torchscript" and spec.sequence is None and not spec.decoupled
             and len(devices) > 1 and all(device.type == "cpu" for device in devices))
 

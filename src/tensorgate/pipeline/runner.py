@@ -94,7 +94,8 @@ class Runner:
         self.postprocess = postprocess
         self.module = module  # for CUDA-graph capture and device moves; None for Python models
         # True when two threads may run `run` at once without the GIL and without touching
-        # shared state: a TorchScript module in eval mode. A Python model may keep state.
+        # shared state: a TorchScript module in eval mode whose forward assigns no attribute
+        # (_sets_attributes). A Python model may keep state.
         self.shareable = shareable
         # What a torch.export program's inputs take (input_bounds.py)
         self.shapes: CompiledShapes | None = None
@@ -143,14 +144,31 @@ def _load_torchscript(path: pathlib.Path, spec: ModelSpec, device: torch.device)
     # The module's forward, called as a method: nn.Module.__call__'s hook checks in front of
     # it cost 5 µs a batch on a cold cache, and a TorchScript module has no Python hooks
     forward = module.forward
+    shareable = not _sets_attributes(module)
     if len(arguments) == 1 and arguments[0].type.kind() == "DictType":
         def by_dict(inputs: dict[str, torch.Tensor]) -> Any:
             return forward(inputs)  # forward(self, inputs: Dict[str, Tensor]): names as keys
-        return Runner(by_dict, None, module, shareable=True, output_positions=positions)
+        return Runner(by_dict, None, module, shareable=shareable, output_positions=positions)
     names = [Argument(a.name, a.has_default_value(), str(a.type) == "List[str]")
              for a in arguments]
     return Runner(_positional(forward, spec, names, path, strings=True), None, module,
-                  shareable=True, output_positions=positions)
+                  shareable=shareable, output_positions=positions)
+
+
+def _sets_attributes(module: Any) -> bool:
+    """Whether a TorchScript module's forward, the methods it calls inlined, assigns an
+    attribute (`self.cache = ...`): state kept across calls, which two threads running the
+    module at once would race on (a slot written twice at once can free its old value
+    twice), so its instances each keep their own copy. An attribute tensor changed in place
+    is not looked for: BatchNorm's forward holds one such change in a branch only training
+    takes, and every scripted network would look stateful. Unknown (a graph that cannot be
+    read): stateful."""
+    try:
+        graph = module.forward.graph.copy()
+        torch._C._jit_pass_inline(graph)
+        return bool(graph.findAllNodes("prim::SetAttr", True))
+    except Exception:  # noqa: BLE001 - a module we cannot read is not shared
+        return True
 
 
 # torch.export.load keeps the deserializer it is using in a global while it runs, and a
