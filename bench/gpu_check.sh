@@ -87,7 +87,7 @@ if step profile; then
   [ -d "$carried/baseline/src" ] && baseline=(--baseline-src "$carried/baseline/src")
   # and this tree with two instances of identity and resnet50 on the GPU, beside one
   timeout 240 python3 bench/gpu_profile.py --out /tmp/tg-profiles --seconds 5 --instances 2 \
-    "${baseline[@]}" 2>&1 | tail -30
+    "${baseline[@]}" 2>&1 | tail -40
   tar -czf "$OUT/profiles.tar.gz" -C /tmp tg-profiles 2>/dev/null || true
 fi
 ls "$OUT"

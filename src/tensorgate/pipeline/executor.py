@@ -875,7 +875,6 @@ class ExecutorThread:
                 self._graphs = None
                 torch.cuda.synchronize(self.settings.device)
                 torch.cuda.empty_cache()
-        self._graphs = None
 
 
 def _run(runner: Runner, inputs: dict[str, Any], batch: Batch) -> Any:
