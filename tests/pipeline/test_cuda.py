@@ -142,8 +142,8 @@ class _ComplexSecond(torch.nn.Module):
 def test_a_model_failing_in_its_outputs_on_gpu_fails_alone(tmp_path: pathlib.Path) -> None:
     """Each batch of `failing` comes home (a 1 MB row, then a complex output) and fails: its
     requests get the model's error naming the output and dtype, as on a CPU (a 500, not the
-    400 of a client's fault), each run alone once too, while `echo`'s answers, whose pooled
-    buffers are the size of that first output, come back intact."""
+    400 of a client's fault), while `echo`'s answers, whose pooled buffers are the size of
+    that first output, come back intact."""
     gpu = "instance_group [ { kind: KIND_GPU } ]\ndynamic_batching { }"
     folder = rb.write_config(tmp_path, "failing", f"""
         name: "failing"
