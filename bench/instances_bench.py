@@ -1,16 +1,18 @@
 """Instances of a CPU TorchScript model: memory, start-up and throughput as the count grows.
 
 The built-in resnet50 (102 MB of FP32 weights) alone in a repository, served with
-`instance_group [{ count: N kind: KIND_CPU }]` for each N of --counts: the server's start-up
-(launch to ready), its RSS and PSS after load and again after N connections drove it for
---seconds (wrk where installed, else the socket client; every answer's size checked), and
+`instance_group [{ count: N kind: KIND_CPU }]` for each N of --counts (0: none, the
+server's own choice: one instance and, heavy on a CPU, a spare): the server's start-up
+(launch to ready), its RSS and PSS after load and again after N connections (or
+--connections) drove it for --seconds (wrk where installed, else the socket client; every
+answer's size checked), and
 the QPS they got. With --before, a second source tree is measured too, in turn (rounds
 alternate which goes first), with after/before ratios. Writes
 bench/results/instances_bench.json.
 
     git worktree add /tmp/tg-old <commit>
     .venv/bin/python bench/instances_bench.py [--before /tmp/tg-old/src] [--counts 1,2,4]
-        [--seconds 6] [--rounds 1]
+        [--seconds 6] [--rounds 1] [--connections N]
 """
 
 from __future__ import annotations
@@ -38,19 +40,20 @@ from tensorgate.builtin.repository import write_default_repository  # noqa: E402
 
 
 def _repository(work: pathlib.Path, count: int) -> pathlib.Path:
-    """resnet50 alone, at `count` CPU instances."""
+    """resnet50 alone, at `count` CPU instances (0: no instance_group, the server's choice)."""
     built = write_default_repository(pathlib.Path(tempfile.gettempdir())
                                      / "tensorgate-bench-repo")
     root = work / f"x{count}"
     shutil.copytree(built / "resnet50", root / "resnet50")
-    config = root / "resnet50" / "config.pbtxt"
-    config.write_text(config.read_text()
-                      + f"instance_group [ {{ count: {count} kind: KIND_CPU }} ]\n")
+    if count:
+        config = root / "resnet50" / "config.pbtxt"
+        config.write_text(config.read_text()
+                          + f"instance_group [ {{ count: {count} kind: KIND_CPU }} ]\n")
     return root
 
 
 def _measure(src: pathlib.Path, models: pathlib.Path, count: int, seconds: float,
-             work: pathlib.Path) -> dict[str, float]:
+             work: pathlib.Path, connections: int) -> dict[str, float]:
     started = time.perf_counter()
     process, port, _ = serve(src, models)
     startup = time.perf_counter() - started
@@ -58,9 +61,9 @@ def _measure(src: pathlib.Path, models: pathlib.Path, count: int, seconds: float
         loaded = memory_tree(process.pid)
         raw = binary_request("resnet50", port)
         if shutil.which("wrk"):
-            point = wrk_load(port, raw, count, seconds, OUTPUT_BYTES["resnet50"], work)
+            point = wrk_load(port, raw, connections, seconds, OUTPUT_BYTES["resnet50"], work)
         else:
-            point = socket_load(port, raw, count, seconds, OUTPUT_BYTES["resnet50"])
+            point = socket_load(port, raw, connections, seconds, OUTPUT_BYTES["resnet50"])
         if point["bad"] or point["errors"]:
             raise RuntimeError(f"{src}, {count} instances: {point['bad']} bad answers, "
                                f"{point['errors']} errors")
@@ -79,6 +82,8 @@ def main() -> None:
     parser.add_argument("--counts", default="1,2,4")
     parser.add_argument("--seconds", type=float, default=6.0)
     parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--connections", type=int, default=0,
+                        help="connections driving each server (default: N, its instances)")
     parser.add_argument("--json", type=pathlib.Path,
                         default=HERE / "results" / "instances_bench.json")
     args = parser.parse_args()
@@ -95,13 +100,15 @@ def main() -> None:
             for count in counts:
                 for name, src in order:
                     found[name].setdefault(count, []).append(
-                        _measure(src, repositories[count], count, args.seconds, work))
+                        _measure(src, repositories[count], count, args.seconds, work,
+                                 args.connections or max(count, 1)))
     finally:
         shutil.rmtree(work, ignore_errors=True)
     keys = ("startup_s", "rss_loaded_mb", "pss_loaded_mb", "rss_served_mb", "qps", "p99_ms")
     medians = {name: {count: {key: statistics.median(r[key] for r in runs) for key in keys}
                       for count, runs in by_count.items()} for name, by_count in found.items()}
-    print(f"resnet50 (TorchScript) at N CPU instances, N connections, {args.seconds:g} s, "
+    print(f"resnet50 (TorchScript) at N CPU instances, "
+          f"{args.connections or 'N'} connections, {args.seconds:g} s, "
           f"medians of {args.rounds} round(s); {platform.node()}")
     print(f"{'tree':10} {'N':>2} {'start-up s':>10} {'RSS loaded MB':>13} {'PSS loaded MB':>13} "
           f"{'RSS served MB':>13} {'QPS':>7} {'P99 ms':>8}")

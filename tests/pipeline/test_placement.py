@@ -133,3 +133,35 @@ def test_instances_sharing_a_light_model_join_the_loop_as_the_first(
             assert executor.cpus.startswith(f"cpu {two_cpus[0]} (the loop's"), executor.cpus
         await engine.shutdown()
     run(scenario())
+
+
+def test_a_configured_heavy_models_last_instance_is_a_spare_on_the_loops_core(
+        tmp_path: pathlib.Path, two_cpus: list[int], caplog: pytest.LogCaptureFixture) -> None:
+    """instance_group count 2 of a heavy model: the first on the other core, the second on
+    the loop's, taking batches only while the first is busy (with both on the other core,
+    ResNet-50 served half the requests a second of the defaults' instance and spare)."""
+    rb.add_torchscript(tmp_path, "heavy_pair", rb.Heavy(), [64, 256], [64, 256], max_batch=0,
+                       extra="instance_group [ { count: 2 kind: KIND_CPU } ]")
+    direct = torch.jit.script(rb.Heavy().eval())
+
+    async def scenario() -> None:
+        engine = Engine(tmp_path, placement="auto")
+        await engine.start()
+        first, second = engine._models["heavy_pair"][1].executors
+        assert (first.cpus, second.cpus) == (f"cpu {two_cpus[1]}", f"cpu {two_cpus[0]}")
+        assert second.runner is first.runner
+        for seed in range(4):  # one at a time: always the first instance
+            await engine.infer(_request("heavy_pair", seed))
+        assert (first.batches_run, second.batches_run) == (4, 0)
+        results = await asyncio.gather(*(engine.infer(_request("heavy_pair", s))
+                                         for s in range(6)))
+        assert second.batches_run > 0 and first.batches_run + second.batches_run == 10
+        for seed, result in enumerate(results):
+            x = _request("heavy_pair", seed).inputs["INPUT__0"].torch()
+            torch.testing.assert_close(result.outputs["OUTPUT__0"].torch(), direct(x))
+        await engine.shutdown()
+    with caplog.at_level("INFO", logger="tensorgate.engine"):
+        run(scenario())
+    assert any(r.getMessage().startswith(
+        f"model heavy_pair v1 ready on cpu (cpu {two_cpus[1]}), cpu (cpu {two_cpus[0]}, a "
+        "spare); the last 1 run the first's copy of the model") for r in caplog.records)

@@ -364,8 +364,10 @@ class Engine:
         postprocessor = build_postprocessor(spec, source.directory)
         claims = self._claims(spec, version, by_group)
 
-        def instance(index: int, first: ExecutorThread | None = None) -> ExecutorThread:
-            """Instance `index`; with `first`, running the model `first` loaded."""
+        def instance(index: int, first: ExecutorThread | None = None,
+                     on_loop_cores: bool = False) -> ExecutorThread:
+            """Instance `index`; with `first`, running the model `first` loaded; with
+            `on_loop_cores`, there, as a spare (only when the others are busy)."""
             settings = ExecutorSettings(
                 spec=spec, version=version, artifact=artifact, kind=kind,
                 directory=source.directory / str(version), device=devices[index],
@@ -378,6 +380,12 @@ class Engine:
                 jit_optimize=not flag(spec, "DISABLE_OPTIMIZED_EXECUTION", False),
                 streams_per_instance=streams_per_instance(spec),
                 shared_runner=first.runner if first is not None else None)
+            if on_loop_cores:
+                assert self._placement is not None
+                loop_cpus = self._placement.loop_cpus
+                settings = replace(settings, cpu_affinity=loop_cpus,
+                                   intra_op_threads=len(loop_cpus))
+                spares.add(index)
             executor = ExecutorThread(
                 f"tg-exec-{spec.name}-v{version}-{index}", settings, loop, self._pool,
                 self._postprocess, feeds[index].on_batch_done, feeds[index].on_idle,
@@ -388,6 +396,7 @@ class Engine:
             return executor
 
         executors = []
+        spares: set[int] = set()  # instances that run only when the others are busy
         if _shares_weights(spec, kind, devices):
             executors.append(instance(0))  # loads and warms the model the others run
             try:
@@ -401,7 +410,14 @@ class Engine:
                 log.info("model %s v%d: each instance loads its own copy: its forward "
                          "assigns attributes, state two threads must not share",
                          spec.name, version)
-            executors += [instance(index, first) for index in range(1, len(devices))]
+            # The last of a heavy model's instances runs on the loop's cores as a spare, as
+            # the one the server adds when left to its defaults: with all on the other
+            # cores, instance_group count 2 served ResNet-50 on 2 cores at half the
+            # defaults' rate (13 against 26 requests/s, bench/RESULTS.md)
+            last = len(devices) - 1
+            on_loop = first is not None and self._loop_cores_help(spec, first)
+            executors += [instance(index, first, on_loop and index == last)
+                          for index in range(1, len(devices))]
         else:  # each its own copy, loaded at once
             executors += [instance(index) for index in range(len(devices))]
         results = await asyncio.gather(*(e.ready for e in executors), return_exceptions=True)
@@ -432,11 +448,12 @@ class Engine:
         elif any(e.runner is not None and e.runner.requests is not None for e in executors):
             for feed in dict.fromkeys(feeds):  # its execute takes the requests, ungathered
                 feed.takes_requests_one_by_one()
-        for executor, feed, claim in zip(executors, feeds, claims):
-            feed.add_executor(executor, claim=claim)
+        for index, (executor, feed, claim) in enumerate(zip(executors, feeds, claims)):
+            feed.add_executor(executor, spare=index in spares, claim=claim)
         shared = sum(e.settings.shared_runner is not None for e in executors)
         log.info("model %s v%d ready on %s%s%s", spec.name, version,
-                 ", ".join(f"{e.settings.device} ({e.cpus})" for e in executors),
+                 ", ".join(f"{e.settings.device} ({e.cpus}{', a spare' * (i in spares)})"
+                           for i, e in enumerate(executors)),
                  f"; the last {shared} run the first's copy of the model" if shared else "",
                  _setup_text(executors))
         if isinstance(scheduler, Scheduler) and self._wants_spare(spec, executors):
@@ -489,9 +506,16 @@ class Engine:
         (1 thread against 15 would only add a tail), so it needs at least 1/SPARE_SLOWDOWN of
         the first's intra-op threads.
         """
-        if self._placement is None or spec.instance_groups or "cpu_affinity" in spec.parameters:
+        if spec.instance_groups:
             return False
-        first = executors[0]  # without instance_group there is exactly one
+        return self._loop_cores_help(spec, executors[0])  # (without instance_group: one)
+
+    def _loop_cores_help(self, spec: ModelSpec, first: ExecutorThread) -> bool:
+        """Whether an instance running `first`'s copy of a model on the loop's cores, as a
+        spare, would add throughput: a heavy CPU model, placed by the server (no
+        cpu_affinity), and not much slower there (SPARE_SLOWDOWN)."""
+        if self._placement is None or "cpu_affinity" in spec.parameters:
+            return False
         return (first.settings.device.type == "cpu" and first.runner is not None
                 and first.runner.shareable and first.forward_ns is not None
                 and first.forward_ns >= LIGHT_FORWARD_NS
