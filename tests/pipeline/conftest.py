@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import pathlib
-from collections.abc import Coroutine
+from collections.abc import AsyncIterator, Coroutine
 from typing import Any
 
 import pytest
 
+from tensorgate import Engine
 from tests.pipeline import repo_builder as rb
 
 BATCHING = "dynamic_batching { max_queue_delay_microseconds: 20000 }"
@@ -17,6 +19,19 @@ BATCHING = "dynamic_batching { max_queue_delay_microseconds: 20000 }"
 def run(coro: Coroutine[Any, Any, Any], timeout: float = 60.0) -> Any:
     """Run `coro` on a fresh loop, failing the test if it takes longer than `timeout`."""
     return asyncio.run(asyncio.wait_for(coro, timeout))
+
+
+@contextlib.asynccontextmanager
+async def serving(repo: pathlib.Path, models: list[str] | None = None,
+                  **options: Any) -> AsyncIterator[Engine]:
+    """An Engine on `repo` (Engine's `options`), started with `models` (default: all), shut
+    down on the way out however the test leaves."""
+    engine = Engine(repo, **options)
+    await engine.start(models)
+    try:
+        yield engine
+    finally:
+        await engine.shutdown()
 
 
 @pytest.fixture(scope="session")

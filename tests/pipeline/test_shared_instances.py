@@ -14,7 +14,7 @@ import torch
 
 from tensorgate import Engine, InferenceRequest, TensorView
 from tests.pipeline import repo_builder as rb
-from tests.pipeline.conftest import run
+from tests.pipeline.conftest import run, serving
 
 
 def _instances(count: int) -> str:
@@ -33,9 +33,7 @@ def test_torchscript_instances_run_one_copy_of_the_weights(
     direct = torch.jit.script(rb.Heavy().eval())
 
     async def scenario() -> None:
-        engine = Engine(tmp_path, placement="none")
-        await engine.start()
-        try:
+        async with serving(tmp_path, placement="none") as engine:
             executors = engine._models["heavy"][1].executors
             assert len(executors) == 3
             assert all(e.runner is executors[0].runner for e in executors)
@@ -47,8 +45,6 @@ def test_torchscript_instances_run_one_copy_of_the_weights(
             for seed, result in enumerate(results):
                 x = _request("heavy", seed).inputs["INPUT__0"].torch()
                 torch.testing.assert_close(result.outputs["OUTPUT__0"].torch(), direct(x))
-        finally:
-            await engine.shutdown()
     with caplog.at_level("INFO", logger="tensorgate.engine"):
         run(scenario())
     said = [r.getMessage() for r in caplog.records if "model heavy v1 ready on" in r.getMessage()]
@@ -62,13 +58,9 @@ def test_python_model_instances_each_load_their_own(tmp_path: pathlib.Path) -> N
     rb.add_python(tmp_path, "scaled", extra=_instances(2))
 
     async def scenario() -> None:
-        engine = Engine(tmp_path, placement="none")
-        await engine.start()
-        try:
+        async with serving(tmp_path, placement="none") as engine:
             first, second = engine._models["scaled"][1].executors
             assert first.runner is not second.runner
-        finally:
-            await engine.shutdown()
     run(scenario())
 
 
@@ -105,17 +97,13 @@ def test_a_module_that_assigns_attributes_is_loaded_per_instance(
     rb.add_torchscript(tmp_path, "caching", _Caching(), [4], [4], extra=_instances(2))
 
     async def scenario() -> None:
-        engine = Engine(tmp_path, placement="none")
-        await engine.start()
-        try:
+        async with serving(tmp_path, placement="none") as engine:
             first, second = engine._models["caching"][1].executors
             assert first.runner is not second.runner
             x = torch.ones(3, 4)
             result = await engine.infer(InferenceRequest("caching", {
                 "INPUT__0": TensorView.from_torch(x, name="INPUT__0")}))
             torch.testing.assert_close(result.outputs["OUTPUT__0"].torch(), x)
-        finally:
-            await engine.shutdown()
     with caplog.at_level("INFO", logger="tensorgate.engine"):
         run(scenario())
     assert any(r.getMessage() == "model caching v1: each instance loads its own copy: its "
