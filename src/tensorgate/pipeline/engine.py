@@ -39,6 +39,7 @@ from tensorgate.pipeline.executor import (ExecutorSettings, ExecutorThread, Post
                                           default_intra_op_threads)
 from tensorgate.pipeline.model_options import (cpu_affinity, flag, int_parameter, not_acted_on,
                                                streams_per_instance)
+from tensorgate.pipeline.loop_load import LoopLoad
 from tensorgate.pipeline.placement import LIGHT_FORWARD_NS, pin_current_thread, plan_placement
 from tensorgate.pipeline.postprocess import build_postprocessor
 from tensorgate.pipeline.rate_limiter import Claim, RateLimiter
@@ -117,6 +118,7 @@ class Engine:
         self._cache = ResponseCache(response_cache_bytes) if response_cache_bytes > 0 else None
         self._pool = pool or default_pool()
         self._placement = plan_placement(placement)
+        self._loop_load = LoopLoad()  # whether spares on the loop's core may run
         compute = len(self._placement.compute_cpus) if self._placement else None
         self._threads = intra_op_threads or compute or default_intra_op_threads()
         self._device = device
@@ -449,7 +451,8 @@ class Engine:
             for feed in dict.fromkeys(feeds):  # its execute takes the requests, ungathered
                 feed.takes_requests_one_by_one()
         for index, (executor, feed, claim) in enumerate(zip(executors, feeds, claims)):
-            feed.add_executor(executor, spare=index in spares, claim=claim)
+            feed.add_executor(executor, spare=index in spares, claim=claim,
+                              spare_when=self._loop_load.leaves_room)
         shared = sum(e.settings.shared_runner is not None for e in executors)
         log.info("model %s v%d ready on %s%s%s", spec.name, version,
                  ", ".join(f"{e.settings.device} ({e.cpus}{', a spare' * (i in spares)})"
@@ -542,7 +545,7 @@ class Engine:
             log.warning("model %s v%d: no spare instance: %s", spec.name, version, error)
             return
         executors.append(spare)
-        scheduler.add_executor(spare, spare=True)
+        scheduler.add_executor(spare, spare=True, spare_when=self._loop_load.leaves_room)
         log.info("model %s v%d: a spare instance on %s for batches that arrive while the "
                  "first is busy", spec.name, version, spare.cpus)
 

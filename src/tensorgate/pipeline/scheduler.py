@@ -93,6 +93,7 @@ class Scheduler:
         self._queues: list[deque[WorkItem]] = [deque() for _ in range(2 * len(self._policies))]
         self._idle: list[_Executor] = []  # a stack: the last to finish runs next (warm caches)
         self._spares: set[_Executor] = set()  # taken only when no other executor is idle
+        self._spares_may_run: Callable[[], bool] | None = None  # and only while this says so
         # executors that run only while they hold rate limiter resources (their claims)
         self._claims: dict[_Executor, Claim] = {}
         self._running: set[Batch] = set()
@@ -132,11 +133,14 @@ class Scheduler:
         return any(self._queues) or bool(self._running)
 
     def add_executor(self, executor: _Executor, *, spare: bool = False,
-                     claim: Claim | None = None) -> None:
-        """Give batches to `executor`; a `spare` one only runs when every other is busy;
-        one with a rate limiter `claim` only while it holds the claim's resources."""
+                     claim: Claim | None = None,
+                     spare_when: Callable[[], bool] | None = None) -> None:
+        """Give batches to `executor`; a `spare` one only runs when every other is busy (and
+        `spare_when()` says it may: the loop's core has room, loop_load.py); one with a rate
+        limiter `claim` only while it holds the claim's resources."""
         if spare:
             self._spares.add(executor)
+            self._spares_may_run = spare_when
         if claim is not None:
             self._claims[executor] = claim
         self.on_idle(executor)
@@ -216,6 +220,9 @@ class Scheduler:
             at = self._runnable() if self._claims else -1
             if at is None:
                 break  # woken when a claim's resources come back
+            if (self._idle[at] in self._spares and self._spares_may_run is not None
+                    and not self._spares_may_run()):
+                break  # its core is the loop's, busy now: the others take the batch
             items = self._take(now, head)
             if items is None:
                 break

@@ -1,0 +1,111 @@
+"""A light model beside a heavy one on a CPU: what the heavy model's spare on the loop's core
+costs the light model, and gives the heavy one.
+
+One server holds the built-in identity (light: it runs on the loop's core) and resnet50,
+either left to its defaults (one instance and a spare on the loop's core) or at
+`instance_group [{ count: 1 }]` (no spare). identity is driven at --light-connections and
+resnet50 at --heavy-connections at once (wrk, every answer's size checked), for --seconds;
+rounds alternate the order. With --before, another source tree is measured too, in turn.
+
+    git worktree add /tmp/tg-old <commit>
+    .venv/bin/python bench/spare_bench.py [--before /tmp/tg-old/src] [--rounds 2]
+        [--seconds 8] [--light-connections 8] [--heavy-connections 4]
+    (apt-get install wrk)
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+import shutil
+import statistics
+import sys
+import tempfile
+import threading
+from typing import Any
+
+HERE = pathlib.Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "src"))
+sys.path.insert(0, str(HERE))
+
+from ab_bench import add_tree_options, serve, trees_of  # noqa: E402
+from compare_wire import wrk_load  # noqa: E402
+from server_bench import OUTPUT_BYTES, binary_request  # noqa: E402
+
+from tensorgate.builtin.repository import write_default_repository  # noqa: E402
+
+SETUPS = {"spare": "", "no spare": "instance_group [ { count: 1 kind: KIND_CPU } ]\n"}
+
+
+def _repository(work: pathlib.Path, extra: str) -> pathlib.Path:
+    built = write_default_repository(pathlib.Path(tempfile.gettempdir())
+                                     / "tensorgate-bench-repo")
+    root = pathlib.Path(tempfile.mkdtemp(dir=work))
+    for name in ("identity", "resnet50"):
+        shutil.copytree(built / name, root / name)
+    config = root / "resnet50" / "config.pbtxt"
+    config.write_text(config.read_text() + extra)
+    return root
+
+
+def _measure(src: pathlib.Path, models: pathlib.Path, args: argparse.Namespace,
+             work: pathlib.Path) -> dict[str, dict[str, Any]]:
+    process, port, _ = serve(src, models)
+    found: dict[str, dict[str, Any]] = {}
+    try:
+        def drive(model: str, connections: int) -> None:
+            found[model] = wrk_load(port, binary_request(model, port), connections,
+                                    args.seconds, OUTPUT_BYTES[model],
+                                    pathlib.Path(tempfile.mkdtemp(dir=work)))
+        drivers = [threading.Thread(target=drive, args=("identity", args.light_connections)),
+                   threading.Thread(target=drive, args=("resnet50", args.heavy_connections))]
+        for driver in drivers:
+            driver.start()
+        for driver in drivers:
+            driver.join()
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+    for model, point in found.items():
+        if point["bad"] or point["errors"]:
+            raise RuntimeError(f"{src} {model}: {point['bad']} bad answers, "
+                               f"{point['errors']} errors")
+    return found
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_tree_options(parser)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--seconds", type=float, default=8.0)
+    parser.add_argument("--light-connections", type=int, default=8)
+    parser.add_argument("--heavy-connections", type=int, default=4)
+    args = parser.parse_args()
+    trees = trees_of(args)
+    work = pathlib.Path(tempfile.mkdtemp(prefix="tg-spare-"))
+    runs: dict[tuple[str, str], list[dict[str, dict[str, Any]]]] = {}
+    try:
+        repositories = {setup: _repository(work, extra) for setup, extra in SETUPS.items()}
+        for round_index in range(args.rounds):
+            order = [(tree, setup) for tree in trees for setup in SETUPS]
+            for tree, setup in (order if round_index % 2 == 0 else order[::-1]):
+                runs.setdefault((tree, setup), []).append(
+                    _measure(trees[tree], repositories[setup], args, work))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    print(f"identity at {args.light_connections} connections beside resnet50 at "
+          f"{args.heavy_connections}, {args.seconds:g} s, medians of {args.rounds} round(s)")
+    print(f"{'tree':10} {'resnet50':9} {'identity QPS':>12} {'P50 ms':>7} {'P99 ms':>7} "
+          f"{'resnet50 QPS':>12} {'P50 ms':>7} {'P99 ms':>7}")
+    for (tree, setup), found in runs.items():
+        def median(model: str, key: str, scale: float = 1.0) -> float:
+            return statistics.median(r[model][key] for r in found) / scale
+        print(f"{tree:10} {setup:9} {median('identity', 'qps'):>12,.0f} "
+              f"{median('identity', 'p50_us', 1e3):>7.1f} "
+              f"{median('identity', 'p99_us', 1e3):>7.1f} {median('resnet50', 'qps'):>12.1f} "
+              f"{median('resnet50', 'p50_us', 1e3):>7.0f} "
+              f"{median('resnet50', 'p99_us', 1e3):>7.0f}")
+
+
+if __name__ == "__main__":
+    main()
