@@ -22,6 +22,7 @@ eager runs at each size in place of captures, as a rehearsal.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import pathlib
@@ -72,7 +73,7 @@ def _child(variant: str, device_name: str, model: str) -> dict[str, Any]:
     context = ModelContext(model, 1, repo / model / "1", device, spec.max_batch_size, {}, 0)
     sizes: dict[int, float] = {}
     with torch.inference_mode(), (torch.cuda.stream(stream) if stream is not None
-                                  else _nothing()):
+                                  else contextlib.nullcontext()):
         started = time.perf_counter()
         runner = load_runner(repo / model / "1" / "model.pt", "torchscript", spec, context)
         steps["load"] = time.perf_counter() - started
@@ -97,14 +98,6 @@ def _child(variant: str, device_name: str, model: str) -> dict[str, Any]:
     steps["CUDA graphs"] = sum(sizes.values())
     steps["total"] = time.perf_counter() - began
     return {"variant": variant, "torch": torch.__version__, "steps": steps, "sizes": sizes}
-
-
-class _nothing:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *_: Any) -> None:
-        return None
 
 
 def main() -> None:

@@ -365,6 +365,7 @@ class Engine:
             feeds = [scheduler] * len(devices)
         postprocessor = build_postprocessor(spec, source.directory)
         claims = self._claims(spec, version, by_group)
+        spares: set[int] = set()  # instances that run only when the others are busy
 
         def instance(index: int, first: ExecutorThread | None = None,
                      on_loop_cores: bool = False) -> ExecutorThread:
@@ -383,10 +384,7 @@ class Engine:
                 streams_per_instance=streams_per_instance(spec),
                 shared_runner=first.runner if first is not None else None)
             if on_loop_cores:
-                assert self._placement is not None
-                loop_cpus = self._placement.loop_cpus
-                settings = replace(settings, cpu_affinity=loop_cpus,
-                                   intra_op_threads=len(loop_cpus))
+                settings = self._on_loop_cores(settings)
                 spares.add(index)
             executor = ExecutorThread(
                 f"tg-exec-{spec.name}-v{version}-{index}", settings, loop, self._pool,
@@ -398,7 +396,6 @@ class Engine:
             return executor
 
         executors = []
-        spares: set[int] = set()  # instances that run only when the others are busy
         if _shares_weights(spec, kind, devices):
             executors.append(instance(0))  # loads and warms the model the others run
             try:
@@ -455,7 +452,7 @@ class Engine:
                               spare_when=self._loop_load.leaves_room)
         shared = sum(e.settings.shared_runner is not None for e in executors)
         log.info("model %s v%d ready on %s%s%s", spec.name, version,
-                 ", ".join(f"{e.settings.device} ({e.cpus}{', a spare' * (i in spares)})"
+                 ", ".join(f"{e.settings.device} ({e.cpus}{', a spare' if i in spares else ''})"
                            for i, e in enumerate(executors)),
                  f"; the last {shared} run the first's copy of the model" if shared else "",
                  _setup_text(executors))
@@ -513,6 +510,12 @@ class Engine:
             return False
         return self._loop_cores_help(spec, executors[0])  # (without instance_group: one)
 
+    def _on_loop_cores(self, settings: ExecutorSettings) -> ExecutorSettings:
+        """`settings` for an instance pinned to the loop's cores, a thread a core."""
+        assert self._placement is not None
+        loop_cpus = self._placement.loop_cpus
+        return replace(settings, cpu_affinity=loop_cpus, intra_op_threads=len(loop_cpus))
+
     def _loop_cores_help(self, spec: ModelSpec, first: ExecutorThread) -> bool:
         """Whether an instance running `first`'s copy of a model on the loop's cores, as a
         spare, would add throughput: a heavy CPU model, placed by the server (no
@@ -529,11 +532,8 @@ class Engine:
                          executors: list[ExecutorThread]) -> None:
         """Run the first instance's model (the same weights, no second copy) on the loop's
         cores, for batches that arrive while the first instance is busy."""
-        assert self._placement is not None
         first = executors[0]
-        loop_cpus = self._placement.loop_cpus
-        settings = replace(first.settings, cpu_affinity=loop_cpus,
-                           intra_op_threads=len(loop_cpus), shared_runner=first.runner)
+        settings = replace(self._on_loop_cores(first.settings), shared_runner=first.runner)
         spare = ExecutorThread(f"tg-exec-{spec.name}-v{version}-spare", settings,
                                asyncio.get_running_loop(), self._pool, self._postprocess,
                                scheduler.on_batch_done, scheduler.on_idle,

@@ -469,8 +469,7 @@ class ExecutorThread:
         except Exception as error:  # the model's fault fails this batch only
             inputs = raw = None
             if not self._each_alone(batch, error):
-                batch.error = (_refused_sizes(s.spec, runner, error)
-                               or _model_error(s.spec.name, error))
+                batch.error = self._failure(error)
             batch.infer_ns = time.monotonic_ns() - started
             self._report(self._on_done_and_idle, batch)
             return
@@ -513,8 +512,6 @@ class ExecutorThread:
         own answer or error (`item.error`). Not for sequences (a model's state would see a
         request twice) nor batches holding fillers. False where not tried."""
         s = self.settings
-        runner = self._runner
-        assert runner is not None
         items = batch.items
         if len(items) < 2 or s.spec.sequence is not None or any(i.filler for i in items):
             return False
@@ -540,10 +537,17 @@ class ExecutorThread:
                     item.error = alone.error
             except Exception as own:  # this request's own failure
                 item.results = {}
-                item.error = (_refused_sizes(s.spec, runner, own)
-                              or _model_error(s.spec.name, own))
+                item.error = self._failure(own)
         self.batches_run += 1
         return True
+
+    def _failure(self, error: Exception) -> TensorgateError:
+        """What a run that raised `error` answers: sizes the model refused (a 400 naming
+        them), else the model's error."""
+        runner = self._runner
+        assert runner is not None
+        spec = self.settings.spec
+        return _refused_sizes(spec, runner, error) or _model_error(spec.name, error)
 
     def _start_generation(self, batch: Batch, runner: Runner) -> None:
         """A decoupled tensorgate Model's request: its forward's generator joins those this

@@ -29,11 +29,11 @@ class LoopLoad:
 
     def share(self) -> float:
         """The last whole window's share (0.0 until one has passed)."""
-        now, cpu = time.monotonic(), time.thread_time()
-        if self._at is None:
-            self._at, self._cpu = now, cpu
-        elif now - self._at >= self._window_s:
-            self._share = (cpu - self._cpu) / (now - self._at)
+        now = time.monotonic()
+        if self._at is None or now - self._at >= self._window_s:
+            cpu = time.thread_time()  # (a system call: only once a window)
+            if self._at is not None:
+                self._share = (cpu - self._cpu) / (now - self._at)
             self._at, self._cpu = now, cpu
         return self._share
 
