@@ -85,13 +85,22 @@ def _json(value: Any) -> tuple[int, list[tuple[str, str]], list[bytes]]:
     return 200, _JSON, [json.dumps(value, separators=(",", ":")).encode()]
 
 
+# Health answers carry the Open Inference Protocol's bodies: tritonclient reads the status
+# alone, KServe's SDK (`is_server_live`, `is_server_ready`) the JSON, and an empty body
+# labelled JSON failed to parse there.
+_LIVE = [b'{"live":true}']
+_READY = [b'{"ready":true}']
+
+
 async def _live(dp: DataPlane, request: HttpRequest) -> Any:
-    return 200, _JSON, [b""] if dp.live() else [json_error("server is not live")]
+    if dp.live():
+        return 200, _JSON, _LIVE
+    return 503, _JSON, [json_error("server is not live")]
 
 
 async def _ready(dp: DataPlane, request: HttpRequest) -> Any:
     if dp.ready():
-        return 200, _JSON, [b""]
+        return 200, _JSON, _READY
     return 503, _JSON, [json_error("server is not ready")]
 
 
@@ -105,7 +114,7 @@ async def _model_metadata(dp: DataPlane, request: HttpRequest, model: str, versi
 
 async def _model_ready(dp: DataPlane, request: HttpRequest, model: str, version: str) -> Any:
     if dp.model_ready(model, version):
-        return 200, _JSON, [b""]
+        return _json({"name": model, "ready": True})
     return 503, _JSON, [json_error(f"model '{model}' version '{version or 'latest'}' is not "
                                    "ready")]
 
