@@ -64,8 +64,8 @@ def _answer(result: Any) -> Any:
     outputs = {}
     for output in result.outputs:
         array = output.as_numpy()
-        values = ([item.decode() if isinstance(item, bytes) else item
-                   for item in array.reshape(-1).tolist()])
+        values = [item.decode() if isinstance(item, bytes) else item
+                  for item in array.reshape(-1).tolist()]
         outputs[output.name] = {"datatype": output.datatype, "shape": list(array.shape),
                                 "values": values}
     return {"id": result.id, "model_name": result.model_name, "outputs": outputs}
