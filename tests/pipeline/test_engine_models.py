@@ -296,6 +296,66 @@ def test_a_model_whose_outputs_do_not_follow_the_batch_fails_its_load(
     run(scenario())
 
 
+def test_a_model_file_of_the_wrong_kind_fails_its_load_saying_what_it_is(
+        tmp_path: pathlib.Path) -> None:
+    """torch.save's files (a pickled module, a state_dict) where TorchScript belongs read to
+    torch.jit.load as "corrupted"; the load's reason says what the file is and what to save
+    instead, without unpickling it. A program or a TorchScript module under the other
+    name is told to change name. The good one beside them serves."""
+    module = rb.linear_module().eval()
+    files = {
+        "pickled": ("model.pt", lambda path: torch.save(module, path)),
+        "weights": ("model.pt", lambda path: torch.save(module.state_dict(), path)),
+        "program_as_pt": ("model.pt", lambda path: torch.export.save(
+            torch.export.export(module, (torch.zeros(2, 8),)), path)),
+        "script_as_pt2": ("model.pt2", lambda path: torch.jit.script(module).save(str(path))),
+        "pickled_as_pt2": ("model.pt2", lambda path: torch.save(module, path)),
+        "good": ("model.pt", lambda path: torch.jit.script(module).save(str(path)))}
+    for name, (file_name, save) in files.items():
+        platform = "pytorch_libtorch" if file_name == "model.pt" else "torch_aoti"
+        folder = rb.write_config(tmp_path, name, f"""
+            name: "{name}"
+            platform: "{platform}"
+            max_batch_size: 0
+            input [ {{ name: "INPUT__0" data_type: TYPE_FP32 dims: [2, 8] }} ]
+            output [ {{ name: "OUTPUT__0" data_type: TYPE_FP32 dims: [2, 4] }} ]
+            """)
+        save(folder / "1" / file_name)
+
+    async def scenario() -> None:
+        engine = Engine(tmp_path)
+        await engine.start()
+        states = {e["name"]: (e["state"], e["reason"]) for e in engine.index()}
+        await engine.shutdown()
+        instead = ("not a model tensorgate loads (it does not unpickle models: that runs "
+                   "whatever code the file names). Save TorchScript as model.pt "
+                   "(torch.jit.script(module).save(path), or torch.jit.trace), a torch.export "
+                   "program as model.pt2 (torch.export.save), or load the weights in a "
+                   "model.py (ModelContext.load_weights)")
+
+        def where(name: str) -> str:
+            return str(tmp_path / name / "1" / files[name][0])
+        assert states == {
+            "pickled": ("UNAVAILABLE", f"{where('pickled')}: model.pt is a pickled "
+                                       "torch.nn.modules.container.Sequential written by "
+                                       f"torch.save, {instead}"),
+            "weights": ("UNAVAILABLE", f"{where('weights')}: model.pt is a dict (a state_dict "
+                                       "or a training checkpoint: weights without the code "
+                                       f"that runs them) written by torch.save, {instead}"),
+            "program_as_pt": ("UNAVAILABLE", f"{where('program_as_pt')}: model.pt is a "
+                                             "torch.export program (torch.export.save): name "
+                                             "it model.pt2 (a model.pt is TorchScript)"),
+            "script_as_pt2": ("UNAVAILABLE", f"{where('script_as_pt2')}: model.pt2 is "
+                                             "TorchScript (torch.jit.save): name it model.pt "
+                                             "(a model.pt2 is a torch.export program or an "
+                                             "AOTInductor package)"),
+            "pickled_as_pt2": ("UNAVAILABLE", f"{where('pickled_as_pt2')}: model.pt2 is a "
+                                              "pickled torch.nn.modules.container.Sequential "
+                                              f"written by torch.save, {instead}"),
+            "good": ("READY", "")}
+    run(scenario())
+
+
 def test_an_exported_program_s_variable_dims_take_its_ranges_and_others_are_refused(
         tmp_path: pathlib.Path, caplog: pytest.LogCaptureFixture) -> None:
     """A dim the config leaves -1 takes what the program was exported for: x's sequence 4

@@ -35,6 +35,7 @@ from tensorgate.pipeline.torch_io import Argument, as_strings, input_order, outp
 from tensorgate.pipeline.triton_python import TritonPythonRunner, install_module
 from tensorgate.repository.model_config import (MAX_WARMUP_BYTES, ModelConfigError, ModelSpec,
                                                  WarmupSample)
+from tensorgate.repository.model_file import wrong_model_file
 from tensorgate.tensor.bytes_codec import decode_bytes_tensor
 from tensorgate.tensor.dtypes import DataType
 
@@ -137,7 +138,13 @@ def _script_arguments(module: Any) -> list[Any]:
 
 
 def _load_torchscript(path: pathlib.Path, spec: ModelSpec, device: torch.device) -> Runner:
-    module = torch.jit.load(str(path), map_location=device)  # type: ignore[no-untyped-call]
+    try:
+        module = torch.jit.load(str(path), map_location=device)  # type: ignore[no-untyped-call]
+    except RuntimeError as error:  # torch.save's files read as "corrupted": say what it is
+        wrong = wrong_model_file(path, "torchscript")
+        if wrong is None:
+            raise
+        raise ModelConfigError(str(path), wrong) from error
     module.eval()
     arguments = _script_arguments(module)
     positions = output_positions(spec)
@@ -186,8 +193,10 @@ def _load_pt2(path: pathlib.Path, spec: ModelSpec, device: torch.device) -> Runn
             from torch._inductor import aoti_load_package
             compiled = aoti_load_package(str(path))
         except Exception:
-            raise ModelConfigError(str(path), f"neither a torch.export program nor an "
-                                              f"AOTInductor package: {export_error}") from None
+            wrong = wrong_model_file(path, "pt2")
+            raise ModelConfigError(str(path), wrong or f"neither a torch.export program nor "
+                                              f"an AOTInductor package: {export_error}"
+                                   ) from None
         return Runner(_positional(compiled, spec, None, path), None, None,
                       output_positions=output_positions(spec))
     _check_batch_range(program, spec, path)
