@@ -217,8 +217,6 @@ def test_a_python_model_without_config_is_found_and_completed_by_the_loader_s_st
     for version in ("1", "2"):
         (tmp_path / "py" / version).mkdir(parents=True)
         (tmp_path / "py" / version / "model.py").write_text("")
-    (tmp_path / "pt" / "1").mkdir(parents=True)
-    (tmp_path / "pt" / "1" / "model.pt").write_bytes(b"")  # no config: not a model here
     assert discover_models(tmp_path) == ["py"]
     seen = []
 
@@ -242,6 +240,50 @@ def test_a_python_model_without_config_is_found_and_completed_by_the_loader_s_st
     with pytest.raises(ModelConfigError, match="input 'X' has no 'data_type'"):
         load_source(tmp_path, "py", complete=lambda config, folder: pb.ModelConfig(
             name="py", backend="python", input=[pb.ModelInput(name="X", dims=[1])]))
+
+
+def test_a_model_file_without_its_config_or_version_folder_is_a_model_that_says_so(
+        tmp_path: pathlib.Path) -> None:
+    """A folder with a model file and no config.pbtxt, or a model file beside its config
+    but in no version folder, was skipped or refused without saying where the file should
+    be: now each is a model whose load says what is missing. A hidden folder (an editor's
+    or a notebook's copies) and a folder of other files are still not models."""
+    (tmp_path / "unconfigured" / "1").mkdir(parents=True)
+    (tmp_path / "unconfigured" / "1" / "model.pt").write_bytes(b"")
+    (tmp_path / "loose").mkdir()
+    (tmp_path / "loose" / "model.pt2").write_bytes(b"")
+    (tmp_path / "loose_py").mkdir()
+    (tmp_path / "loose_py" / "model.py").write_text("")
+    (tmp_path / "unversioned").mkdir()
+    (tmp_path / "unversioned" / "model.pt").write_bytes(b"")
+    (tmp_path / "unversioned" / "config.pbtxt").write_text('platform: "pytorch_libtorch"')
+    (tmp_path / ".ipynb_checkpoints" / "1").mkdir(parents=True)
+    (tmp_path / ".ipynb_checkpoints" / "1" / "model.pt").write_bytes(b"")
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "README.md").write_text("not a model")
+    assert discover_models(tmp_path) == ["loose", "loose_py", "unconfigured", "unversioned"]
+    needs = ("has no config.pbtxt: a TorchScript or torch.export model needs one giving its "
+             "inputs, outputs and max_batch_size, which the file does not say (as on "
+             "Triton's PyTorch backend); only a model.py may come without it")
+    said = {}
+    for name in discover_models(tmp_path):
+        with pytest.raises(ModelConfigError) as refused:
+            load_source(tmp_path, name, complete=lambda config, folder: config)
+        said[name] = str(refused.value)
+    assert said == {
+        "unconfigured": f"{tmp_path / 'unconfigured'}: {needs}",
+        "loose": f"{tmp_path / 'loose'}: {needs}; model.pt2 lies in the model's folder "
+                 f"itself: move it into a version folder ({tmp_path / 'loose' / '1'}"
+                 "/model.pt2)",
+        "loose_py": f"{tmp_path / 'loose_py'}: has no version folder holding its model.py; "
+                    "model.py lies in the model's folder itself: move it into a version "
+                    f"folder ({tmp_path / 'loose_py' / '1'}/model.py)",
+        "unversioned": f"{tmp_path / 'unversioned'}: no version directory matches the "
+                       "version policy latest [1]; model.pt lies in the model's folder "
+                       f"itself: move it into a version folder ({tmp_path / 'unversioned'}"
+                       "/1/model.pt)"}
+    with pytest.raises(NotFoundError):
+        load_source(tmp_path, "notes")
 
 
 def test_fields_served_without_are_listed() -> None:

@@ -55,7 +55,7 @@ CompleteConfig = Callable[[pb.ModelConfig, pathlib.Path], pb.ModelConfig]
 
 def discover_models(repository: pathlib.Path) -> list[str]:
     """Names of the model directories holding a config.pbtxt, or a Python model without
-    one, sorted."""
+    one, or a model file without one (which fails its load saying so), sorted."""
     if not repository.is_dir():
         raise NotFoundError(f"model repository '{repository}' is not a directory")
     return sorted(p.name for p in repository.iterdir() if _model_folder(p))
@@ -155,9 +155,32 @@ def _not_a_name(name: str) -> bool:
 
 
 def _model_folder(directory: pathlib.Path) -> bool:
-    """Whether `directory` is a model's folder, as discover_models counts them."""
+    """Whether `directory` is a model's folder, as discover_models counts them: one that
+    holds a model file but no config.pbtxt is too (not a hidden one), so that its load
+    says what is missing rather than the model not being there at all."""
     return directory.is_dir() and ((directory / "config.pbtxt").is_file()
-                                   or _python_model(directory))
+                                   or _python_model(directory)
+                                   or (not directory.name.startswith(".")
+                                       and bool(_model_files(directory))))
+
+
+def _model_files(directory: pathlib.Path) -> list[pathlib.Path]:
+    """The model files (ARTIFACT_KINDS) in `directory` itself and in its version folders."""
+    try:
+        folders = [directory] + [directory / str(v) for v in _numeric_versions(directory)]
+        return [folder / name for folder in folders for name in ARTIFACT_KINDS
+                if (folder / name).is_file()]
+    except OSError:
+        return []
+
+
+def _misplaced(directory: pathlib.Path) -> str:
+    """Where a model file lies in the model's folder itself, where it should go."""
+    files = [name for name in ARTIFACT_KINDS if (directory / name).is_file()]
+    if not files:
+        return ""
+    return (f"; {files[0]} lies in the model's folder itself: move it into a version "
+            f"folder ({directory / '1' / files[0]})")
 
 
 def _numeric_versions(directory: pathlib.Path) -> list[int]:
@@ -185,8 +208,18 @@ def load_source(repository: pathlib.Path, name: str, config: str | None = None,
     file = directory / "config.pbtxt"
     unconfigured = config is None and not file.is_file()  # a Python model's code says it
     if _not_a_name(name) or not directory.is_dir() or (
-            unconfigured and not _python_model(directory)):
+            unconfigured and not _python_model(directory) and not _model_files(directory)):
         raise NotFoundError(f"no model '{name}' in repository '{repository}'")
+    if unconfigured and not _python_model(directory):
+        if {path.name for path in _model_files(directory)} == {"model.py"}:
+            raise ModelConfigError(str(directory), "has no version folder holding its "
+                                                   "model.py" + _misplaced(directory))
+        raise ModelConfigError(str(directory), "has no config.pbtxt: a TorchScript or "
+                                               "torch.export model needs one giving its "
+                                               "inputs, outputs and max_batch_size, which "
+                                               "the file does not say (as on Triton's PyTorch "
+                                               "backend); only a model.py may come without it"
+                                               + _misplaced(directory))
     if config is not None:
         source = f"the load request's 'config' of model '{name}'"
         message = model_config_from_json(config, source)
@@ -200,7 +233,8 @@ def load_source(repository: pathlib.Path, name: str, config: str | None = None,
     versions = select_versions(policy, _numeric_versions(directory))
     if not versions:
         raise ModelConfigError(str(directory), "no version directory matches the version "
-                                               f"policy {policy[0]} {list(policy[1])}")
+                                               f"policy {policy[0]} {list(policy[1])}"
+                                               + _misplaced(directory))
     if complete is not None and message.platform != "ensemble":
         _check_default_file(message, source)
         if not message.name:  # as the model's code will see it (model_spec checks a given one)
