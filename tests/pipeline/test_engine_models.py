@@ -356,6 +356,41 @@ def test_a_model_file_of_the_wrong_kind_fails_its_load_saying_what_it_is(
     run(scenario())
 
 
+def test_a_warm_up_failing_on_a_batch_dim_written_into_the_dims_says_so(
+        tmp_path: pathlib.Path) -> None:
+    """dims [1, 3, 8, 8] with max_batch_size 8 (the batch written into the dims, a common
+    Triton mistake) gave the convolution 5 dims and the load torch's error alone; the
+    reason now says how the server shapes the batch. A model failing for another reason
+    (an INT64 input to a float convolution) gets no such hint."""
+    conv = torch.jit.script(torch.nn.Conv2d(3, 2, 3).eval())
+    for name, dims, datatype in (("batch_in_dims", "[1, 3, 8, 8]", "TYPE_FP32"),
+                                 ("wrong_type", "[3, 8, 8]", "TYPE_INT64")):
+        folder = rb.write_config(tmp_path, name, f"""
+            name: "{name}"
+            platform: "pytorch_libtorch"
+            max_batch_size: 8
+            input [ {{ name: "INPUT__0" data_type: {datatype} dims: {dims} }} ]
+            output [ {{ name: "OUTPUT__0" data_type: TYPE_FP32 dims: [2, 6, 6] }} ]
+            """)
+        conv.save(str(folder / "1" / "model.pt"))
+
+    async def scenario() -> None:
+        engine = Engine(tmp_path)
+        await engine.start()
+        reasons = {e["name"]: e["reason"] for e in engine.index()}
+        await engine.shutdown()
+        assert reasons["batch_in_dims"].startswith(
+            "model 'batch_in_dims' failed its warm-up at batch 1 with RuntimeError: ")
+        assert reasons["batch_in_dims"].endswith(
+            "(With max_batch_size 8 the server adds the batch dim in front of the config's "
+            "dims: input 'INPUT__0' dims [1, 3, 8, 8] made a batch of shape [1, 1, 3, 8, 8]. "
+            "If the 1 is the batch, write dims [3, 8, 8].)")
+        assert reasons["wrong_type"].startswith(
+            "model 'wrong_type' failed its warm-up at batch 1 with RuntimeError: ")
+        assert "max_batch_size" not in reasons["wrong_type"]
+    run(scenario())
+
+
 def test_an_exported_program_s_variable_dims_take_its_ranges_and_others_are_refused(
         tmp_path: pathlib.Path, caplog: pytest.LogCaptureFixture) -> None:
     """A dim the config leaves -1 takes what the program was exported for: x's sequence 4

@@ -90,6 +90,22 @@ _NO_STREAM = contextlib.nullcontext()  # (reusable: it holds nothing)
 MAX_LEAST_RAISES = 8
 
 
+def _batch_dim_hint(spec: ModelSpec) -> str:
+    """For a warm-up that failed: a batching config whose dims begin with 1 likely wrote the
+    batch dim into them (a common Triton mistake), and the model got one dim too many."""
+    if spec.max_batch_size < 1:
+        return ""
+    first = next((item for item in spec.model_inputs
+                  if item.dims[:1] == (1,) and item.reshape is None and not item.ragged),
+                 None)
+    if first is None:
+        return ""
+    dims = list(first.dims)
+    return (f". (With max_batch_size {spec.max_batch_size} the server adds the batch dim in "
+            f"front of the config's dims: input '{first.name}' dims {dims} made a batch of "
+            f"shape {[1] + dims}. If the 1 is the batch, write dims {dims[1:]}.)")
+
+
 @dataclass(frozen=True)
 class ExecutorSettings:
     """Everything an executor needs to build its model instance."""
@@ -395,7 +411,8 @@ class ExecutorThread:
             return result
         except Exception as error:
             raise InternalError(f"model '{self.settings.spec.name}' failed its warm-up "
-                                f"{what} with {type(error).__name__}: {error}") from error
+                                f"{what} with {type(error).__name__}: {error}"
+                                f"{_batch_dim_hint(self.settings.spec)}") from error
 
     def _checks_rows(self) -> bool:
         """Whether the rows of the model's answers are held to the batch's at load: for a
