@@ -207,6 +207,17 @@ def test_missing_artifact_and_versions(tmp_path: pathlib.Path) -> None:
     _model(tmp_path, "empty", 'name: "empty"', {})
     with pytest.raises(ModelConfigError, match=r"no version directory matches"):
         load_source(tmp_path, "empty")
+    # another framework's model in a Triton repository: said so, not only what was looked for
+    for name, field in (("onnx", 'platform: "onnxruntime_onnx"'), ("trt", 'backend: "tensorrt"')):
+        _model(tmp_path, name, f'name: "{name}" {field}', {"1": "model.onnx"})
+        with pytest.raises(ModelConfigError) as refused:
+            artifact_path(load_source(tmp_path, name), 1)
+        value = field.split('"')[1]
+        assert str(refused.value) == (
+            f"{tmp_path / name / '1'}: no model artifact found, and {field.split(':')[0]} "
+            f"'{value}' is not served here: tensorgate serves PyTorch models (pytorch_libtorch: "
+            "model.pt; torch_aoti or pytorch_export: model.pt2; the python backend: model.py) "
+            "and ensembles")
 
 
 def test_a_python_model_without_config_is_found_and_completed_by_the_loader_s_step(

@@ -270,6 +270,14 @@ def artifact_file(folder: pathlib.Path, config: pb.ModelConfig) -> tuple[pathlib
         kind = ARTIFACT_KINDS.get(path.suffix and "model" + path.suffix, "")
         if path.is_file() and (wanted is None or kind == wanted):
             return path, kind
+    for field, value in (("platform", config.platform), ("backend", config.backend)):
+        if value and value not in _PLATFORM_KINDS:  # another framework's model, likely
+            raise ModelConfigError(str(folder), f"no model artifact found, and {field} "
+                                                f"'{value}' is not served here: tensorgate "
+                                                "serves PyTorch models (pytorch_libtorch: "
+                                                "model.pt; torch_aoti or pytorch_export: "
+                                                "model.pt2; the python backend: model.py) and "
+                                                "ensembles")
     raise ModelConfigError(str(folder), f"no model artifact found; looked for "
                                         f"{', '.join(names)} (platform '{config.platform}', "
                                         f"backend '{config.backend}')")
