@@ -107,6 +107,22 @@ def test_files_that_are_nothing_of_the_sort_are_unknown(tmp_path: pathlib.Path) 
                for name in cases)
 
 
+def test_a_pickle_claiming_a_huge_string_is_not_read_for_it(tmp_path: pathlib.Path) -> None:
+    """pickletools reads a string's length from the file, then asks for that many bytes: a
+    file claiming 2**56 made it ask Python for an impossible buffer (MemoryError, found by
+    the fuzz below), and a few GB would have been allocated. At most 64 KiB is read."""
+    huge = b"\x8d" + (1 << 56).to_bytes(8, "little") + b"x"  # BINUNICODE8 of 2**56 bytes
+    legacy_magic = pickle.dumps(0x1950A86A20F9469CFC6C, protocol=2)
+    cases = {"bare": b"\x80\x02" + huge,
+             "after the magic": legacy_magic + b"\x80\x02" + huge,
+             "as data.pkl": _zip({"m/data.pkl": b"\x80\x02" + huge})}
+    for name, data in cases.items():
+        (tmp_path / name).write_bytes(data)
+    assert {name: inspect_model_file(tmp_path / name) for name in cases} == {
+        "bare": ModelFile("unknown"), "after the magic": ModelFile("unknown"),
+        "as data.pkl": ModelFile("checkpoint")}
+
+
 def _zip(members: dict[str, bytes]) -> bytes:
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w") as archive:

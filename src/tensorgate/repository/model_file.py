@@ -26,6 +26,7 @@ _SKIPPED = {"PROTO", "FRAME", "MARK", "MEMOIZE", "PUT", "BINPUT", "LONG_BINPUT"}
 _CONTAINERS = {"EMPTY_DICT": "dict", "DICT": "dict", "EMPTY_LIST": "list", "LIST": "list",
                "EMPTY_TUPLE": "tuple", "TUPLE": "tuple"}
 _OPCODES_READ = 64  # the top object's class comes within the first few
+_READ_BYTES = 64 << 10  # of a pickle, at most: its first opcodes are all that is looked at
 _LEGACY_MAGIC = 0x1950A86A20F9469CFC6C  # the first pickle of a legacy torch.save file
 
 
@@ -72,16 +73,39 @@ def inspect_model_file(path: pathlib.Path) -> ModelFile:
             if pickled is None:
                 return ModelFile("unknown")
             with archive.open(pickled) as stream:
-                return ModelFile("checkpoint", _top_object(stream))
+                return ModelFile("checkpoint", _top_object(_Capped(stream)))
     except zipfile.BadZipFile:
         pass
     except OSError:
         return ModelFile("unknown")
     try:
         with path.open("rb") as stream:
-            return _legacy(stream)
+            if stream.peek(1)[:1] != b"\x80":  # a pickle's PROTO, as torch.save writes it
+                return ModelFile("unknown")
+            return _legacy(_Capped(stream))
     except OSError:
         return ModelFile("unknown")
+
+
+class _Capped:
+    """A stream that yields at most _READ_BYTES in all: pickletools reads a string's length
+    from the file and then that many bytes, and a hostile file's 2**56 asked Python for an
+    impossible buffer (MemoryError; a few GB would have been allocated)."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+        self._left = _READ_BYTES
+
+    def read(self, size: int = -1) -> bytes:
+        size = self._left if size < 0 else min(size, self._left)
+        data: bytes = self._stream.read(size)
+        self._left -= len(data)
+        return data
+
+    def readline(self) -> bytes:
+        data: bytes = self._stream.readline(self._left)
+        self._left -= len(data)
+        return data
 
 
 def _legacy(stream: Any) -> ModelFile:
