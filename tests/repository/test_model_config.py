@@ -297,6 +297,16 @@ def test_a_model_file_without_its_config_or_version_folder_is_a_model_that_says_
         load_source(tmp_path, "notes")
 
 
+def test_a_load_request_s_config_must_be_a_json_object(tmp_path: pathlib.Path) -> None:
+    """protobuf's JSON parser takes "[]" as an empty config, and a model of nothing
+    loaded from it."""
+    _model(tmp_path, "m", 'name: "m" platform: "pytorch_libtorch"', {"1": "model.pt"})
+    for text in ("[]", " [1]", "1", "null", '"m"', ""):
+        with pytest.raises(ModelConfigError, match=r"^the load request's 'config' of model "
+                                                   r"'m': must be a JSON object$"):
+            load_source(tmp_path, "m", text)
+
+
 def test_fields_served_without_are_listed() -> None:
     spec = parse_model_config('name: "m" optimization { cuda { graphs: true } } '
                               'response_cache { enable: true } metric_tags { key: "team" '

@@ -354,6 +354,9 @@ def parse_model_config(text: str, source: str = "config.pbtxt",
 def model_config_from_json(value: str | dict[str, Any], source: str) -> pb.ModelConfig:
     """A config given as JSON text or its dict (Triton's /config form), schema-checked."""
     config = pb.ModelConfig()
+    if isinstance(value, str) and not value.lstrip().startswith("{"):
+        # (json_format takes "[]" as an empty config: a model of nothing would load)
+        raise ModelConfigError(source, "must be a JSON object")
     try:
         if isinstance(value, str):
             json_format.Parse(value, config)
