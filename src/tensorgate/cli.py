@@ -8,6 +8,7 @@ import sys
 
 from tensorgate.config import FALSE_WORDS, ServerConfig
 from tensorgate.pipeline.summary import DEFAULT_QUANTILES
+from tensorgate.repository.layout import check_repository_folders
 
 __all__ = ["main"]
 
@@ -320,6 +321,7 @@ def main(argv: list[str] | None = None) -> int:
                 if args[name] is not None:
                     args[name] = ";".join(args[name])
             config = ServerConfig.from_env(**args)
+            check_repository_folders(config.model_repository)
         except ValueError as error:
             print(f"tensorgate: {error}", file=sys.stderr)
             return 2

@@ -73,6 +73,22 @@ def test_what_is_not_served_is_refused_with_the_reason(flag: str, value: str,
         answer.stderr)
 
 
+@pytest.mark.parametrize("repository, said", [
+    ("{tmp}/missing", "model repository '{tmp}/missing' is not a directory"),
+    ("s3://bucket/models", "model repository 's3://bucket/models': cloud storage is not read "
+                           "here; copy the repository to a local folder (KServe's storage "
+                           "initializer does) and serve that"),
+])
+def test_a_repository_that_is_not_a_local_folder_stops_the_start_saying_so(
+        repository: str, said: str, tmp_path: pathlib.Path) -> None:
+    """It was a traceback from the first model scan (exit 1); Triton's command lines give
+    s3:// and gs:// repositories, which are not read here."""
+    answer = subprocess.run([sys.executable, "-m", "tensorgate", "serve", "--model-repository",
+                             repository.format(tmp=tmp_path)], capture_output=True, text=True,
+                            timeout=60)
+    assert (answer.returncode, answer.stderr) == (2, f"tensorgate: {said.format(tmp=tmp_path)}\n")
+
+
 def test_flag_tables_and_aliases() -> None:
     assert not set(NO_EFFECT) & set(REFUSED)
     args: dict[str, object] = {"no_effect_http_thread_count": "4", "max_request_bytes": None,

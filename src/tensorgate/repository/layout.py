@@ -28,7 +28,8 @@ from tensorgate.repository.model_config import (ModelConfigError, ModelSpec, che
                                                 read_model_config, version_policy)
 
 __all__ = ["ARTIFACT_KINDS", "CompleteConfig", "ModelRepositories", "ModelSource",
-           "artifact_file", "artifact_path", "discover_models", "load_source",
+           "artifact_file", "artifact_path", "check_repository_folders", "discover_models",
+           "load_source",
            "model_fingerprints", "select_versions"]
 
 MAX_FINGERPRINT_FILES = 10_000  # per model: a scan of a runaway directory stays bounded
@@ -51,6 +52,24 @@ class ModelSource:
 # A loader's step between reading a config and checking it: (config, the folder of the
 # version to serve last) → the config completed (a Python model's auto_complete_config).
 CompleteConfig = Callable[[pb.ModelConfig, pathlib.Path], pb.ModelConfig]
+
+
+_REMOTE = ("s3:/", "gs:/", "as:/", "http:/", "https:/")  # (a Path keeps one slash of two)
+
+
+def check_repository_folders(paths: Iterable[pathlib.Path]) -> None:
+    """ValueError naming a repository that is not a local folder, before the server starts
+    (it was a traceback from the first model scan): cloud storage, as Triton reads it, is
+    said to be so."""
+    for path in paths:
+        text = str(path)
+        if text.startswith(_REMOTE):
+            scheme = text.split(":", 1)[0]
+            raise ValueError(f"model repository '{scheme}://{text.split(':/', 1)[1]}': cloud "
+                             "storage is not read here; copy the repository to a local "
+                             "folder (KServe's storage initializer does) and serve that")
+        if not path.is_dir():
+            raise ValueError(f"model repository '{path}' is not a directory")
 
 
 def discover_models(repository: pathlib.Path) -> list[str]:
