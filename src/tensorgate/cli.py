@@ -199,6 +199,17 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--loop", choices=["auto", "asyncio", "uvloop"])
     serve.add_argument("--placement", choices=["auto", "none"])
     serve.add_argument("--log-level")
+    check = commands.add_parser("check", help="load a model repository as serve would, say "
+                                              "which models are ready and why the others are "
+                                              "not, and exit (1 if any is not)")
+    check.add_argument("--model-repository", "--model-store", type=pathlib.Path,
+                       action="append", default=[],
+                       help="a Triton-layout repository (default: the built-in one); repeat "
+                            "it for several")
+    check.add_argument("--load-model", dest="load_models", action="append", default=[],
+                       help="a model to check (repeat it; default: every model)")
+    check.add_argument("--placement", choices=["auto", "none"], default="auto")
+    check.add_argument("--disable-auto-complete-config", action="store_true")
     return parser
 
 
@@ -307,6 +318,15 @@ def no_effect(args: dict[str, object]) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     args = vars(_parser().parse_args(argv))
     command = args.pop("command")
+    if command == "check":
+        from tensorgate.check import check_repository
+        try:
+            check_repository_folders(args["model_repository"])
+        except ValueError as error:
+            print(f"tensorgate: {error}", file=sys.stderr)
+            return 2
+        return check_repository(args["model_repository"], args["load_models"],
+                                args["placement"], not args["disable_auto_complete_config"])
     if command == "serve":
         from tensorgate.server import run
         ignored = no_effect(args)
