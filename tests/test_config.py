@@ -70,6 +70,9 @@ def test_model_repository_may_be_given_more_than_once(tmp_path: pathlib.Path) ->
         pathlib.Path("/a"), pathlib.Path("/b"))
     from_env = ServerConfig.from_env({"TENSORGATE_MODEL_REPOSITORY": f"/a,1{os.pathsep}/b"})
     assert from_env.model_repository == (pathlib.Path("/a,1"), pathlib.Path("/b"))
+    # a URI is one repository, not "s3" and "//bucket" (said not to be read, at start)
+    uri = ServerConfig.from_env({"TENSORGATE_MODEL_REPOSITORY": f"s3://b/m{os.pathsep}/c"})
+    assert uri.model_repository == (pathlib.Path("s3://b/m"), pathlib.Path("/c"))
     assert ServerConfig(model_repository=tmp_path).model_repository == (tmp_path,)  # one path
     assert ServerConfig().model_repository == ()
     with pytest.raises(ValueError, match=r"^model_repository names '.*models' and "

@@ -285,8 +285,8 @@ class ServerConfig:
 
 def _repositories(given: Any) -> tuple[pathlib.Path, ...]:
     """model_repository as paths, each named once."""
-    if isinstance(given, str):
-        given = given.split(os.pathsep)
+    if isinstance(given, str):  # (not at a URI's "://": an s3:// repository is named whole)
+        given = re.split(re.escape(os.pathsep) + "(?!//)", given)
     elif isinstance(given, os.PathLike):
         given = [given]
     paths = [p for p in given if str(p)]
