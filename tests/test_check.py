@@ -3,6 +3,7 @@ the exit status a deploy pipeline reads; no port is opened."""
 
 from __future__ import annotations
 
+import os
 import pathlib
 import subprocess
 import sys
@@ -61,3 +62,18 @@ def test_a_repository_that_is_not_there_is_a_usage_error(tmp_path: pathlib.Path)
     done = _check("--model-repository", str(tmp_path / "nothing"))
     assert (done.returncode, done.stdout, done.stderr) == (
         2, "", f"tensorgate: model repository '{tmp_path / 'nothing'}' is not a directory\n")
+    done = _check("--model-repository", str(tmp_path), "--model-repository", str(tmp_path))
+    assert (done.returncode, done.stderr) == (
+        2, f"tensorgate: model_repository names '{tmp_path}' and '{tmp_path}', the same "
+           "folder: every model of it would be in two repositories\n")
+
+
+def test_without_the_flag_it_checks_the_repository_serve_would_read(
+        repo: pathlib.Path) -> None:
+    """TENSORGATE_MODEL_REPOSITORY, as serve reads it: a pipeline that sets only that must
+    not pass by checking the built-in repository."""
+    done = subprocess.run([sys.executable, "-m", "tensorgate", "check", "--placement", "none"],
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "TENSORGATE_MODEL_REPOSITORY": str(repo)})
+    assert (done.returncode, done.stdout.splitlines()[-1]) == (
+        1, f"1 of 2 models ready ({repo})"), done.stderr

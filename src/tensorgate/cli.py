@@ -320,13 +320,15 @@ def main(argv: list[str] | None = None) -> int:
     command = args.pop("command")
     if command == "check":
         from tensorgate.check import check_repository
-        try:
-            check_repository_folders(args["model_repository"])
+        try:  # the repositories serve would read: the flags, else TENSORGATE_MODEL_REPOSITORY
+            paths = ServerConfig.from_env(
+                model_repository=args["model_repository"] or None).model_repository
+            check_repository_folders(paths)
         except ValueError as error:
             print(f"tensorgate: {error}", file=sys.stderr)
             return 2
-        return check_repository(args["model_repository"], args["load_models"],
-                                args["placement"], not args["disable_auto_complete_config"])
+        return check_repository(paths, args["load_models"], args["placement"],
+                                not args["disable_auto_complete_config"])
     if command == "serve":
         from tensorgate.server import run
         ignored = no_effect(args)
