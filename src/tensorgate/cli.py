@@ -196,6 +196,9 @@ def _parser() -> argparse.ArgumentParser:
     for flag, why in REFUSED.items():
         serve.add_argument(f"--{flag}", dest=_refused_dest(flag), metavar="VALUE",
                            help=f"Triton's, refused unless false: {why}")
+    serve.add_argument("--model-call-warn-secs", dest="model_call_warn_s", type=float,
+                       help="log a warning when one call into a model (a batch's forward, a "
+                            "Python model's execute) has run this long (default 60; 0: never)")
     serve.add_argument("--loop", choices=["auto", "asyncio", "uvloop"])
     serve.add_argument("--placement", choices=["auto", "none"])
     serve.add_argument("--log-level")

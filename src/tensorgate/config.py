@@ -81,6 +81,9 @@ class ServerConfig:
     placement: PlacementChoice = "auto"
     switch_interval_s: float = 0.0005
     drain_timeout_s: float = 10.0
+    # a call into a model (a batch's forward, a Python model's execute) running this long
+    # is logged as a warning, once a call: a model that does not return (0: never)
+    model_call_warn_s: float = 60.0
     # a request whose bytes stop arriving for this long is answered (HTTP 408, gRPC
     # DEADLINE_EXCEEDED) and its buffer released: a slow client cannot hold the pool
     read_timeout_s: float = 30.0
@@ -225,6 +228,9 @@ class ServerConfig:
             raise ValueError(f"loop must be auto, asyncio or uvloop, got '{self.loop}'")
         if self.placement not in ("auto", "none"):
             raise ValueError(f"placement must be auto or none, got '{self.placement}'")
+        if self.model_call_warn_s < 0:
+            raise ValueError(f"model_call_warn_s must be 0 (never) or more, got "
+                             f"{self.model_call_warn_s}")
         for name in ("read_timeout_s", "keep_alive_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be above 0, got {getattr(self, name)}")

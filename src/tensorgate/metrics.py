@@ -13,7 +13,7 @@ from tensorgate.gpu_metrics import GpuSample
 from tensorgate.host_metrics import HostSample
 from tensorgate.pipeline.response_cache import CacheStatistics
 from tensorgate.pipeline.stats import (LATENCY_BOUNDS_US, SUMMARY_STAGES, Histogram,
-                                       ModelStatistics)
+                                       ModelCall, ModelStatistics)
 from tensorgate.tensor.copies import process_copies
 from tensorgate.tensor.pool import PoolStatistics
 
@@ -71,6 +71,9 @@ _HELP = {
     "tensorgate_batch_rows_limit": (
         "gauge", "Rows a dynamic batch may take now: max_batch_size, or less where larger "
                  "batches measured dearer per row"),
+    "tensorgate_model_call_seconds": (
+        "gauge", "How long each instance's current call into its model has run (0 while "
+                 "idle): one that keeps growing is a model that does not return"),
     "tensorgate_sequence_slots": ("gauge", "A stateful model's sequence slots, all instances"),
     "tensorgate_sequences_active": ("gauge", "Sequences holding a slot"),
     "tensorgate_sequences_waiting": ("gauge", "Sequences started and waiting for a free slot"),
@@ -162,13 +165,15 @@ def render_metrics(models: Iterable[tuple[ModelStatistics, int]],
                    traces: tuple[int, int, int] | None = None,
                    host: HostSample | None = None,
                    latencies: LatencyMetrics = LatencyMetrics(),
-                   gpus: Sequence[GpuSample] = ()) -> str:
+                   gpus: Sequence[GpuSample] = (),
+                   calls: Sequence[ModelCall] = ()) -> str:
     """`models`: each version's statistics and its pending-request count; `pool`: the host
     buffer pool's, when there is one to report; `connections`: (open, refused so far);
     `cache`: the response cache's, when the server has one; `traces`: (written, held,
     dropped), when the server traces; `host`: the last CPU sample, when it takes them;
     `latencies`: which of Triton's latency metrics to write; `gpus`: the last GPU sample,
-    one per GPU, when the server takes them (a reading a GPU lacks is left out)."""
+    one per GPU, when the server takes them (a reading a GPU lacks is left out); `calls`:
+    each instance's current call into its model (Engine.model_calls)."""
     rows: dict[str, list[str]] = {name: [] for name in _HELP}
     for stats, pending in models:
         labels = _labels(model=stats.name, version=str(stats.version))
@@ -223,12 +228,16 @@ def render_metrics(models: Iterable[tuple[ModelStatistics, int]],
                 rows[name] += summary
         rows["tensorgate_copied_bytes_total"].append(
             f"{_labels(model=stats.name)} {stats.copied_bytes}")
+    for call in calls:
+        rows["tensorgate_model_call_seconds"].append(
+            f"{_labels(model=call.model, version=str(call.version), instance=call.instance)} "
+            f"{_number(call.seconds)}")
     totals = process_copies()
     rows["tensorgate_copied_bytes_total"].append(
         f'{_labels(model="")} {totals.bytes}')  # the whole process, all models
-    for reason, (nbytes, calls) in totals.by_reason.items():
+    for reason, (nbytes, copies) in totals.by_reason.items():
         rows["tensorgate_copies_by_reason_bytes_total"].append(f"{_labels(reason=reason)} {nbytes}")
-        rows["tensorgate_copies_by_reason_total"].append(f"{_labels(reason=reason)} {calls}")
+        rows["tensorgate_copies_by_reason_total"].append(f"{_labels(reason=reason)} {copies}")
     if host is not None:
         rows["nv_cpu_utilization"].append(f" {host.cpu_utilization}")
         rows["nv_cpu_memory_total_bytes"].append(f" {host.memory_total_bytes}")

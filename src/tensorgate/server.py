@@ -96,6 +96,7 @@ class Server:
         self._http: HttpFrontEnd | None = None
         self._pool_trimmer: asyncio.Task[None] | None = None
         self._expirer: asyncio.Task[None] | None = None
+        self._call_watch: asyncio.Task[None] | None = None
         self._host_sampler: asyncio.Task[None] | None = None
         self._gpu_sampler: asyncio.Task[None] | None = None
         self._poller: asyncio.Task[None] | None = None
@@ -167,6 +168,9 @@ class Server:
         period = min(1.0, config.read_timeout_s / 4, config.keep_alive_timeout_s / 4)
         fronts = [front for front in (self._http, self._grpc) if front is not None]
         self._expirer = asyncio.create_task(_expire_stalled(fronts, period))
+        if config.model_call_warn_s > 0:
+            self._call_watch = asyncio.create_task(_watch_model_calls(
+                self.engine, config.model_call_warn_s))
         if polling:
             self._poller = asyncio.create_task(_follow_repository(
                 self.engine, seen or {}, config.repository_poll_s))
@@ -224,6 +228,8 @@ class Server:
             self._pool_trimmer.cancel()
         if self._expirer is not None:
             self._expirer.cancel()
+        if self._call_watch is not None:
+            self._call_watch.cancel()
         if self._host_sampler is not None:
             self._host_sampler.cancel()
         if self._gpu_sampler is not None:
@@ -270,7 +276,8 @@ class Server:
             (budget.open, budget.refused), engine.cache_statistics(),
             tracer.statistics() if tracer is not None else None,
             host.last if host is not None else None, latencies,
-            gpus.last if gpus is not None else ()), config.read_timeout_s)
+            gpus.last if gpus is not None else (), engine.model_calls()),
+            config.read_timeout_s)
         self.metrics_port = await self._metrics.start(config.metrics_address,
                                                       config.metrics_port)
 
@@ -322,6 +329,30 @@ async def _trim_when_quiet(pool: BufferPool) -> None:
         freed = pool.trim_if_quiet(QUIET_IDLE_BYTES)
         if freed:
             log.debug("pool: %d idle bytes freed after a quiet period", freed)
+
+
+async def _watch_model_calls(engine: Engine, warn_s: float) -> None:
+    """Warn once a call when an instance's call into its model has run `warn_s` or more: a
+    model that deadlocks or hangs holds its instance with nothing else saying so (the metric
+    tensorgate_model_call_seconds shows the same, growing)."""
+    warned: set[tuple[str, float]] = set()  # (instance, when its call began)
+    while True:
+        await asyncio.sleep(min(5.0, warn_s / 2))
+        running = set()
+        for call in engine.model_calls():
+            if call.seconds < warn_s:
+                continue
+            key = (call.instance, call.since)
+            running.add(key)
+            if key not in warned:
+                warned.add(key)
+                rows = call.rows
+                what = (f"a batch of {rows} row{'s' if rows != 1 else ''}" if rows
+                        else "a streaming step")
+                log.warning("model %s v%d: %s has been in the model for %.0f s on %s and "
+                            "has not returned (--model-call-warn-secs %g)", call.model,
+                            call.version, what, call.seconds, call.instance, warn_s)
+        warned &= running  # calls that ended are forgotten
 
 
 async def _expire_stalled(fronts: list[HttpFrontEnd | GrpcFrontEnd], period_s: float

@@ -49,7 +49,7 @@ from tensorgate.pipeline.response_cache import CacheStatistics, ResponseCache
 from tensorgate.pipeline.scheduler import Scheduler
 from tensorgate.pipeline.served_config import served_spec
 from tensorgate.pipeline.sequences import SequenceScheduler
-from tensorgate.pipeline.stats import ModelStatistics, StageTimes
+from tensorgate.pipeline.stats import ModelCall, ModelStatistics, StageTimes
 from tensorgate.pipeline.trace import Trace
 from tensorgate.pipeline.work import WorkItem
 from tensorgate.repository.layout import (ModelRepositories, ModelSource, artifact_path,
@@ -647,6 +647,18 @@ class Engine:
         """Every loaded version's counters and its queued-request count (for metrics)."""
         return [(v.stats, v.scheduler.pending) for n in sorted(self._models)
                 for _, v in sorted(self._models[n].items())]
+
+    def model_calls(self) -> list[ModelCall]:
+        """Each loaded instance's current call into its model (seconds 0.0: idle)."""
+        now = time.monotonic()
+        calls = []
+        for name in sorted(self._models):
+            for _, v in sorted(self._models[name].items()):
+                for executor in v.executors:
+                    since = executor.busy_since  # (read once: its thread may clear it)
+                    calls.append(ModelCall(name, v.version, executor.name, since,
+                                           now - since if since else 0.0, executor.busy_rows))
+        return calls
 
     def pool_statistics(self) -> PoolStatistics:
         """The host buffer pool's counters and bytes held (for metrics)."""

@@ -169,6 +169,11 @@ class ExecutorThread:
         self._costs: list[int] | None = None
         self.batches_run = 0  # written by this thread only
         self.heap_trims = 0
+        # When its current call into the model began (time.monotonic(); 0.0 while idle) and
+        # the rows it was given (0: a streaming step): read by the server's watch for a model
+        # that does not return (server.py), written by this thread only
+        self.busy_since = 0.0
+        self.busy_rows = 0
         self.ready: asyncio.Future[None] = loop.create_future()
         self.stopped: asyncio.Future[None] = loop.create_future()
         self._thread = threading.Thread(target=self._main, name=name, daemon=True)
@@ -211,14 +216,14 @@ class ExecutorThread:
         generations = self._generations
         while True:
             if generations.runnable and self._queue.empty():
-                self._step_generations()  # until a request (or a wake-up) comes
+                self._busy_stepping()  # until a request (or a wake-up) comes
                 continue
             try:
                 batch = self._queue.get(timeout=CREDIT_POLL_S if generations.parked else
                                         heap.IDLE_TRIM_S if untrimmed else None)
             except queue.Empty:
                 if generations:  # parked ones: a client that left or took a response
-                    self._step_generations()
+                    self._busy_stepping()
                     continue
                 # idle after a burst: hand its heap back to the system
                 assert trim is not None
@@ -234,7 +239,11 @@ class ExecutorThread:
                     self._end_generation(generation, None)
                 break
             untrimmed = untrimmed or (trim is not None and batch.rows > 1)
-            self._execute(batch)
+            self.busy_rows, self.busy_since = batch.rows, time.monotonic()
+            try:
+                self._execute(batch)
+            finally:
+                self.busy_since = 0.0
             del batch  # not held while idle: its buffers go back to the pool now
         self._teardown()
         self._report(_settle, self.stopped, None)
@@ -591,6 +600,14 @@ class ExecutorThread:
         generation.run_ns = time.monotonic_ns() - started
         if self._generations.add(generation):
             self._outbox.post(self._on_idle, self)  # room for another request
+
+    def _busy_stepping(self) -> None:
+        """_step_generations, counted as a call into the model (busy_since)."""
+        self.busy_rows, self.busy_since = 0, time.monotonic()
+        try:
+            self._step_generations()
+        finally:
+            self.busy_since = 0.0
 
     def _step_generations(self) -> None:
         """Steps of the running requests in turn, each making its next response, until the

@@ -8,11 +8,12 @@ from __future__ import annotations
 import time
 from bisect import bisect_left
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from tensorgate.pipeline.summary import LatencySummaries
 
-__all__ = ["LATENCY_BOUNDS_US", "SUMMARY_STAGES", "Duration", "Histogram", "ModelStatistics",
-           "StageTimes"]
+__all__ = ["LATENCY_BOUNDS_US", "SUMMARY_STAGES", "Duration", "Histogram", "ModelCall",
+           "ModelStatistics", "StageTimes"]
 
 # Latency histogram bucket bounds (µs): fine below 10 ms, where batch-1 serving lives, so a
 # P99 read from them (Prometheus' histogram_quantile) is within a bucket of the truth there.
@@ -23,6 +24,19 @@ _BOUNDS_NS = tuple(bound * 1000 for bound in LATENCY_BOUNDS_US)
 # the stages a model's latency summaries follow (Triton's nv_inference_<stage>_summary_us),
 # in the order ModelStatistics passes their durations
 SUMMARY_STAGES = ("request", "queue", "compute_input", "compute_infer", "compute_output")
+
+
+class ModelCall(NamedTuple):
+    """An instance's current call into its model (Engine.model_calls): `instance` is its
+    thread's name, `since` when the call began (time.monotonic(); 0.0 idle), `rows` the
+    batch's (0: a streaming step)."""
+
+    model: str
+    version: int
+    instance: str
+    since: float
+    seconds: float
+    rows: int
 
 
 class Duration:

@@ -1,0 +1,62 @@
+"""A call into a model that does not return is visible: `tensorgate_model_call_seconds`
+grows for its instance while it runs, and a warning names it once past
+--model-call-warn-secs; a call that returned is forgotten and its gauge is 0 again."""
+
+from __future__ import annotations
+
+import pathlib
+import re
+import threading
+import time
+
+import numpy as np
+import pytest
+import tritonclient.http as httpclient
+
+from tests.e2e.conftest import RunningServer, scrape, start_server, stop_server, value
+from tests.pipeline import repo_builder as rb
+
+SLOW_S = 2.5
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> RunningServer:
+    root = tmp_path_factory.mktemp("model_calls") / "models"
+    rb.add_python(root, "sleepy", delay_s=SLOW_S, max_batch=1)
+    rb.add_python(root, "quick", max_batch=1)
+    running = start_server(root, root.parent / "server.log", "--model-call-warn-secs", "0.5")
+    yield running
+    assert stop_server(running) == 0, running.log.read_text()
+
+
+def _infer(server: RunningServer, model: str) -> np.ndarray:
+    with httpclient.InferenceServerClient(server.url, network_timeout=30) as client:
+        tensor = httpclient.InferInput("INPUT__0", [1, 4], "FP32")
+        tensor.set_data_from_numpy(np.ones((1, 4), np.float32))
+        return client.infer(model, [tensor]).as_numpy("OUTPUT__0")
+
+
+def test_a_long_call_shows_in_the_gauge_and_is_warned_of_once(server: RunningServer) -> None:
+    answers: list[np.ndarray] = []
+    caller = threading.Thread(target=lambda: answers.append(_infer(server, "sleepy")))
+    caller.start()
+    seen = 0.0
+    for _ in range(40):  # up to 2 s into a 2.5 s call
+        seen = value(scrape(server), "tensorgate_model_call_seconds", model="sleepy",
+                     version="1", instance="tg-exec-sleepy-v1-0")
+        if seen > 1.0:
+            break
+        time.sleep(0.05)
+    assert 1.0 < seen < SLOW_S + 1
+    assert value(scrape(server), "tensorgate_model_call_seconds", model="quick",
+                 version="1", instance="tg-exec-quick-v1-0") == 0
+    caller.join(timeout=30)
+    assert len(answers) == 1 and answers[0].shape == (1, 4)
+    _infer(server, "quick")
+    assert value(scrape(server), "tensorgate_model_call_seconds", model="sleepy",
+                 version="1", instance="tg-exec-sleepy-v1-0") == 0
+    log = pathlib.Path(server.log).read_text()
+    warned = re.findall(r"WARNING tensorgate\.server: model (\S+) v1: a batch of 1 row has been "
+                        r"in the model for \d+ s on (\S+) and has not returned "
+                        r"\(--model-call-warn-secs 0\.5\)", log)
+    assert warned == [("sleepy", "tg-exec-sleepy-v1-0")], log
