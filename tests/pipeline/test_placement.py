@@ -165,3 +165,51 @@ def test_a_configured_heavy_models_last_instance_is_a_spare_on_the_loops_core(
     assert any(r.getMessage().startswith(
         f"model heavy_pair v1 ready on cpu (cpu {two_cpus[1]}), cpu (cpu {two_cpus[0]}, a "
         "spare); the last 1 run the first's copy of the model") for r in caplog.records)
+
+
+COUNTING_MODEL = '''
+import pathlib
+import time
+
+from tensorgate import Model
+
+
+class Counted(Model):
+    """Identity that appends a line to `calls` in its version folder on every forward,
+    after sleeping delay_s."""
+
+    def setup(self, context):
+        self.calls = pathlib.Path(context.directory) / "calls"
+        self.delay = float(context.parameters.get("delay_s", "0"))
+
+    def forward(self, inputs):
+        with self.calls.open("a") as out:
+            out.write("call\\n")
+        time.sleep(self.delay)
+        return {"OUTPUT__0": inputs["INPUT__0"]}
+'''
+
+
+def test_a_clearly_heavy_model_is_timed_twice_at_load_not_five_times(
+        tmp_path: pathlib.Path) -> None:
+    """Placement times batch-1 forwards at load; two far above the light bound decide it,
+    and each more was start-up time (a Python model of 2.5 s took 12.5 s more to load)."""
+    for name, delay in (("heavy", 0.005), ("light", 0.0)):
+        folder = rb.write_config(tmp_path, name, f"""
+            name: "{name}"
+            backend: "python"
+            max_batch_size: 0
+            input [ {{ name: "INPUT__0" data_type: TYPE_FP32 dims: [4] }} ]
+            output [ {{ name: "OUTPUT__0" data_type: TYPE_FP32 dims: [4] }} ]
+            parameters {{ key: "delay_s" value {{ string_value: "{delay}" }} }}
+            """)
+        (folder / "1" / "model.py").write_text(COUNTING_MODEL)
+
+    async def scenario() -> dict[str, int]:
+        engine = Engine(tmp_path, placement="auto")
+        await engine.start()
+        await engine.shutdown()
+        return {name: len((tmp_path / name / "1" / "calls").read_text().splitlines())
+                for name in ("heavy", "light")}
+    warm_up = 1
+    assert run(scenario()) == {"heavy": warm_up + 2, "light": warm_up + 5}

@@ -88,6 +88,8 @@ _NO_STREAM = contextlib.nullcontext()  # (reusable: it holds nothing)
 # steps a program's least sizes may go up at its warm-up (`_warm_at_least`): a guard that
 # refuses s = 1 needs one; each is a run of the program on zeros of a few elements
 MAX_LEAST_RAISES = 8
+# a batch-1 forward this slow, twice, is heavy beyond doubt: no more timing runs at load
+CLEARLY_HEAVY_NS = 4 * LIGHT_FORWARD_NS
 
 
 def _batch_dim_hint(spec: ModelSpec) -> str:
@@ -299,16 +301,21 @@ class ExecutorThread:
         return torch._C._InferenceMode(True) if self.settings.inference_mode else torch.no_grad()
 
     def _forward_cost(self) -> int | None:
-        """The median of five batch-1 forwards here, or None when inputs cannot be made."""
+        """The median of five batch-1 forwards here, or None when inputs cannot be made; of
+        two, where both are far above LIGHT_FORWARD_NS: the placement is decided then, and
+        each more forward of a heavy model is start-up time (ResNet-50 on a CPU: 75 ms each;
+        a Python model of 2.5 s took 12.5 s to load)."""
         inputs = warmup_inputs(self.settings.spec, 1, self.settings.device)
         runner = self._runner
         if inputs is None or runner is None or runner.requests is not None:
             return None  # (a Triton Python model runs only what its config says: see below)
-        samples = []
+        samples: list[int] = []
         for _ in range(5):
             started = time.perf_counter_ns()
             runner.run(inputs)
             samples.append(time.perf_counter_ns() - started)
+            if len(samples) == 2 and min(samples) >= CLEARLY_HEAVY_NS:
+                return min(samples)
         return sorted(samples)[2]
 
     def _learn_cost(self, execute_ns: int) -> None:
