@@ -11,6 +11,7 @@ import time
 
 import numpy as np
 import pytest
+import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
 from tests.e2e.conftest import RunningServer, scrape, start_server, stop_server, value
@@ -24,6 +25,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> RunningServer:
     root = tmp_path_factory.mktemp("model_calls") / "models"
     rb.add_python(root, "sleepy", delay_s=SLOW_S, max_batch=1)
     rb.add_python(root, "quick", max_batch=1)
+    rb.add_counter(root, "stream", delay_s=0.04)  # a response every 40 ms
     running = start_server(root, root.parent / "server.log", "--model-call-warn-secs", "0.5")
     yield running
     assert stop_server(running) == 0, running.log.read_text()
@@ -60,3 +62,26 @@ def test_a_long_call_shows_in_the_gauge_and_is_warned_of_once(server: RunningSer
                         r"in the model for \d+ s on (\S+) and has not returned "
                         r"\(--model-call-warn-secs 0\.5\)", log)
     assert warned == [("sleepy", "tg-exec-sleepy-v1-0")], log
+
+
+def test_a_long_stream_of_short_steps_is_not_a_long_call(server: RunningServer) -> None:
+    """A request streaming for 1.2 s (30 responses, 40 ms apart) is 30 calls into the model,
+    none near --model-call-warn-secs 0.5: no warning, and the gauge stays below a step."""
+    arrived: list[object] = []
+    highest = 0.0
+    with grpcclient.InferenceServerClient(server.grpc_url) as client:
+        client.start_stream(callback=lambda result, error: arrived.append(error or result))
+        item = grpcclient.InferInput("INPUT__0", [1, 4], "FP32")
+        item.set_data_from_numpy(np.full((1, 4), 30, np.float32))
+        client.async_stream_infer("stream", [item])
+        for _ in range(100):  # bounded: 30 responses at 40 ms come in about 1.2 s
+            highest = max(highest, value(scrape(server), "tensorgate_model_call_seconds",
+                                         model="stream", version="1",
+                                         instance="tg-exec-stream-v1-0"))
+            if len(arrived) >= 30:
+                break
+            time.sleep(0.03)
+        client.stop_stream()
+    assert len(arrived) == 30 and all(not isinstance(a, Exception) for a in arrived)
+    assert highest < 0.3
+    assert "WARNING tensorgate.server: model stream" not in pathlib.Path(server.log).read_text()

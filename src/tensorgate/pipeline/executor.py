@@ -218,14 +218,14 @@ class ExecutorThread:
         generations = self._generations
         while True:
             if generations.runnable and self._queue.empty():
-                self._busy_stepping()  # until a request (or a wake-up) comes
+                self._step_generations()  # until a request (or a wake-up) comes
                 continue
             try:
                 batch = self._queue.get(timeout=CREDIT_POLL_S if generations.parked else
                                         heap.IDLE_TRIM_S if untrimmed else None)
             except queue.Empty:
                 if generations:  # parked ones: a client that left or took a response
-                    self._busy_stepping()
+                    self._step_generations()
                     continue
                 # idle after a burst: hand its heap back to the system
                 assert trim is not None
@@ -608,14 +608,6 @@ class ExecutorThread:
         if self._generations.add(generation):
             self._outbox.post(self._on_idle, self)  # room for another request
 
-    def _busy_stepping(self) -> None:
-        """_step_generations, counted as a call into the model (busy_since)."""
-        self.busy_rows, self.busy_since = 0, time.monotonic()
-        try:
-            self._step_generations()
-        finally:
-            self.busy_since = 0.0
-
     def _step_generations(self) -> None:
         """Steps of the running requests in turn, each making its next response, until the
         queue has something (a new request starts between two steps) or none can step."""
@@ -627,7 +619,13 @@ class ExecutorThread:
                 generation = generations.next()
                 if generation is None:
                     return
-                self._step(generation)
+                # each step a call into the model (busy_since): a request streaming for
+                # minutes is many short calls, a step that never yields one long one
+                self.busy_rows, self.busy_since = 0, time.monotonic()
+                try:
+                    self._step(generation)
+                finally:
+                    self.busy_since = 0.0
                 if not self._queue.empty():
                     return
 
