@@ -26,7 +26,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> RunningServer:
     rb.add_python(root, "sleepy", delay_s=SLOW_S, max_batch=1)
     rb.add_python(root, "quick", max_batch=1)
     rb.add_counter(root, "stream", delay_s=0.04)  # a response every 40 ms
-    running = start_server(root, root.parent / "server.log", "--model-call-warn-secs", "0.5")
+    running = start_server(root, root.parent / "server.log", "--model-call-warn-secs", "0.5",
+                           "--placement", "none")  # (placement times sleepy at load: 5 s)
     yield running
     assert stop_server(running) == 0, running.log.read_text()
 
