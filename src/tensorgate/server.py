@@ -349,9 +349,13 @@ async def _watch_model_calls(engine: Engine, warn_s: float) -> None:
                 rows = call.rows
                 what = (f"a batch of {rows} row{'s' if rows != 1 else ''}" if rows
                         else "a streaming step")
-                log.warning("model %s v%d: %s has been in the model for %.0f s on %s and "
+                ids = call.request_ids
+                named = (f" (request{'s' if len(ids) > 1 else ''} "
+                         f"{', '.join(ids[:5])}{', ...' if len(ids) > 5 else ''})"
+                         if ids else "")
+                log.warning("model %s v%d: %s%s has been in the model for %.0f s on %s and "
                             "has not returned (--model-call-warn-secs %g)", call.model,
-                            call.version, what, call.seconds, call.instance, warn_s)
+                            call.version, what, named, call.seconds, call.instance, warn_s)
         warned &= running  # calls that ended are forgotten
 
 

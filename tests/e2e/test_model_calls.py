@@ -32,16 +32,17 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> RunningServer:
     assert stop_server(running) == 0, running.log.read_text()
 
 
-def _infer(server: RunningServer, model: str) -> np.ndarray:
+def _infer(server: RunningServer, model: str, request_id: str = "") -> np.ndarray:
     with httpclient.InferenceServerClient(server.url, network_timeout=30) as client:
         tensor = httpclient.InferInput("INPUT__0", [1, 4], "FP32")
         tensor.set_data_from_numpy(np.ones((1, 4), np.float32))
-        return client.infer(model, [tensor]).as_numpy("OUTPUT__0")
+        return client.infer(model, [tensor], request_id=request_id).as_numpy("OUTPUT__0")
 
 
 def test_a_long_call_shows_in_the_gauge_and_is_warned_of_once(server: RunningServer) -> None:
     answers: list[np.ndarray] = []
-    caller = threading.Thread(target=lambda: answers.append(_infer(server, "sleepy")))
+    caller = threading.Thread(target=lambda: answers.append(_infer(server, "sleepy",
+                                                                  "stuck-1")))
     caller.start()
     seen = 0.0
     for _ in range(40):  # up to 2 s into a 2.5 s call
@@ -59,10 +60,10 @@ def test_a_long_call_shows_in_the_gauge_and_is_warned_of_once(server: RunningSer
     assert value(scrape(server), "tensorgate_model_call_seconds", model="sleepy",
                  version="1", instance="tg-exec-sleepy-v1-0") == 0
     log = pathlib.Path(server.log).read_text()
-    warned = re.findall(r"WARNING tensorgate\.server: model (\S+) v1: a batch of 1 row has been "
-                        r"in the model for \d+ s on (\S+) and has not returned "
-                        r"\(--model-call-warn-secs 0\.5\)", log)
-    assert warned == [("sleepy", "tg-exec-sleepy-v1-0")], log
+    warned = re.findall(r"WARNING tensorgate\.server: model (\S+) v1: a batch of 1 row "
+                        r"\(request (\S+)\) has been in the model for \d+ s on (\S+) and has "
+                        r"not returned \(--model-call-warn-secs 0\.5\)", log)
+    assert warned == [("sleepy", "stuck-1", "tg-exec-sleepy-v1-0")], log
 
 
 def test_a_long_stream_of_short_steps_is_not_a_long_call(server: RunningServer) -> None:

@@ -656,8 +656,13 @@ class Engine:
             for _, v in sorted(self._models[name].items()):
                 for executor in v.executors:
                     since = executor.busy_since  # (read once: its thread may clear it)
-                    calls.append(ModelCall(name, v.version, executor.name, since,
-                                           now - since if since else 0.0, executor.busy_rows))
+                    if not since:
+                        calls.append(ModelCall(name, v.version, executor.name, 0.0, 0.0, 0))
+                        continue
+                    items = executor.busy_items
+                    calls.append(ModelCall(name, v.version, executor.name, since, now - since,
+                                           executor.busy_rows,
+                                           tuple(i.id for i in items if i.id)))
         return calls
 
     def pool_statistics(self) -> PoolStatistics:

@@ -25,7 +25,7 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any
@@ -171,11 +171,12 @@ class ExecutorThread:
         self._costs: list[int] | None = None
         self.batches_run = 0  # written by this thread only
         self.heap_trims = 0
-        # When its current call into the model began (time.monotonic(); 0.0 while idle) and
-        # the rows it was given (0: a streaming step): read by the server's watch for a model
-        # that does not return (server.py), written by this thread only
+        # When its current call into the model began (time.monotonic(); 0.0 while idle), the
+        # rows it was given (0: a streaming step) and its requests: read by the server's
+        # watch for a model that does not return (server.py), written by this thread only
         self.busy_since = 0.0
         self.busy_rows = 0
+        self.busy_items: Sequence[WorkItem] = ()
         self.ready: asyncio.Future[None] = loop.create_future()
         self.stopped: asyncio.Future[None] = loop.create_future()
         self._thread = threading.Thread(target=self._main, name=name, daemon=True)
@@ -241,11 +242,12 @@ class ExecutorThread:
                     self._end_generation(generation, None)
                 break
             untrimmed = untrimmed or (trim is not None and batch.rows > 1)
-            self.busy_rows, self.busy_since = batch.rows, time.monotonic()
+            self.busy_rows, self.busy_items = batch.rows, batch.items
+            self.busy_since = time.monotonic()
             try:
                 self._execute(batch)
-            finally:
-                self.busy_since = 0.0
+            finally:  # (its items not held while idle: their buffers go back to the pool)
+                self.busy_since, self.busy_items = 0.0, ()
             del batch  # not held while idle: its buffers go back to the pool now
         self._teardown()
         self._report(_settle, self.stopped, None)
@@ -621,11 +623,12 @@ class ExecutorThread:
                     return
                 # each step a call into the model (busy_since): a request streaming for
                 # minutes is many short calls, a step that never yields one long one
-                self.busy_rows, self.busy_since = 0, time.monotonic()
+                self.busy_rows, self.busy_items = 0, (generation.item,)
+                self.busy_since = time.monotonic()
                 try:
                     self._step(generation)
                 finally:
-                    self.busy_since = 0.0
+                    self.busy_since, self.busy_items = 0.0, ()
                 if not self._queue.empty():
                     return
 

@@ -29,7 +29,7 @@ SUMMARY_STAGES = ("request", "queue", "compute_input", "compute_infer", "compute
 class ModelCall(NamedTuple):
     """An instance's current call into its model (Engine.model_calls): `instance` is its
     thread's name, `since` when the call began (time.monotonic(); 0.0 idle), `rows` the
-    batch's (0: a streaming step)."""
+    batch's (0: a streaming step), `request_ids` its requests' ids (those they have)."""
 
     model: str
     version: int
@@ -37,6 +37,7 @@ class ModelCall(NamedTuple):
     since: float
     seconds: float
     rows: int
+    request_ids: tuple[str, ...] = ()
 
 
 class Duration:
