@@ -48,7 +48,6 @@ import pathlib
 import signal
 import subprocess
 import sys
-import zipfile
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,6 +58,7 @@ from tensorgate.pipeline.input_bounds import CompiledShapes, bounded_spec
 from tensorgate.pipeline.runner import warmup_inputs, zeros_refused
 from tensorgate.pipeline.torch_io import input_order
 from tensorgate.repository.model_config import ModelConfigError, ModelSpec, TiedDim
+from tensorgate.repository.model_file import inspect_model_file
 
 __all__ = ["check_aoti_package", "is_aoti_package"]
 
@@ -71,11 +71,7 @@ _CHILD = pathlib.Path(__file__).with_name("aoti_child.py")  # run as a file: tor
 
 def is_aoti_package(path: pathlib.Path) -> bool:
     """Whether a model.pt2 is an AOTInductor package (not a torch.export program)."""
-    try:
-        with zipfile.ZipFile(path) as archive:
-            return any("/data/aotinductor/" in name for name in archive.namelist())
-    except (OSError, zipfile.BadZipFile):
-        return False
+    return inspect_model_file(path).kind == "aoti"
 
 
 @dataclass(frozen=True)

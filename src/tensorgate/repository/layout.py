@@ -226,11 +226,13 @@ def load_source(repository: pathlib.Path, name: str, config: str | None = None,
     directory = repository / name
     file = directory / "config.pbtxt"
     unconfigured = config is None and not file.is_file()  # a Python model's code says it
-    if _not_a_name(name) or not directory.is_dir() or (
-            unconfigured and not _python_model(directory) and not _model_files(directory)):
+    if _not_a_name(name) or not directory.is_dir():
         raise NotFoundError(f"no model '{name}' in repository '{repository}'")
     if unconfigured and not _python_model(directory):
-        if {path.name for path in _model_files(directory)} == {"model.py"}:
+        files = {path.name for path in _model_files(directory)}
+        if not files:
+            raise NotFoundError(f"no model '{name}' in repository '{repository}'")
+        if files == {"model.py"}:
             raise ModelConfigError(str(directory), "has no version folder holding its "
                                                    "model.py" + _misplaced(directory))
         raise ModelConfigError(str(directory), "has no config.pbtxt: a TorchScript or "

@@ -25,7 +25,7 @@ _STRINGS = {"SHORT_BINUNICODE", "BINUNICODE", "BINUNICODE8", "UNICODE", "SHORT_B
 _SKIPPED = {"PROTO", "FRAME", "MARK", "MEMOIZE", "PUT", "BINPUT", "LONG_BINPUT"}
 _CONTAINERS = {"EMPTY_DICT": "dict", "DICT": "dict", "EMPTY_LIST": "list", "LIST": "list",
                "EMPTY_TUPLE": "tuple", "TUPLE": "tuple"}
-_OPCODES_READ = 64  # the top object's class comes within the first few
+_OPCODES_READ = 64  # of a pickle, at most (_bounded)
 _READ_BYTES = 64 << 10  # of a pickle, at most: its first opcodes are all that is looked at
 _LEGACY_MAGIC = 0x1950A86A20F9469CFC6C  # the first pickle of a legacy torch.save file
 
@@ -62,10 +62,10 @@ def inspect_model_file(path: pathlib.Path) -> ModelFile:
     try:
         with zipfile.ZipFile(path) as archive:
             names = archive.namelist()
+            if any("/data/aotinductor/" in name for name in names):  # (aoti_check asks)
+                return ModelFile("aoti")
             if any("/code/" in name or name.endswith("/constants.pkl") for name in names):
                 return ModelFile("torchscript")
-            if any("/data/aotinductor/" in name for name in names):
-                return ModelFile("aoti")
             if any(name.endswith("/models/model.json") for name in names):
                 return ModelFile("export")
             pickled = next((name for name in names if name.endswith("/data.pkl")
@@ -126,7 +126,8 @@ def _legacy(stream: Any) -> ModelFile:
 
 
 def _bounded(opcodes: Any) -> Any:
-    """At most _OPCODES_READ of a pickle's opcodes; a longer pickle is not torch's own."""
+    """At most _OPCODES_READ of a pickle's opcodes, then ValueError (a longer pickle is not
+    one of torch's own; a top object's class comes within the first few)."""
     for count, opcode in enumerate(opcodes):
         if count >= _OPCODES_READ:
             raise ValueError("not one of torch.save's small pickles")
@@ -138,9 +139,7 @@ def _top_object(stream: Any) -> str | None:
     first opcodes; None where they do not say."""
     strings: list[str] = []
     try:
-        for count, (opcode, argument, _) in enumerate(pickletools.genops(stream)):
-            if count >= _OPCODES_READ:
-                return None
+        for opcode, argument, _ in _bounded(pickletools.genops(stream)):
             name = opcode.name
             if name in _SKIPPED:
                 continue
@@ -152,7 +151,7 @@ def _top_object(stream: Any) -> str | None:
             if name == "STACK_GLOBAL" and len(strings) >= 2:
                 return f"{strings[-2]}.{strings[-1]}"
             return _CONTAINERS.get(name)
-    except (ValueError, EOFError, UnicodeDecodeError):  # not a pickle after all, or cut short
+    except (ValueError, EOFError, UnicodeDecodeError):  # not a pickle, cut short, or long
         return None
     return None
 
