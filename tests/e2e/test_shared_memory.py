@@ -16,7 +16,7 @@ import tritonclient.http.aio as aioclient
 import tritonclient.utils.shared_memory as shm
 from tritonclient.utils import InferenceServerException
 
-from tensorgate.errors import UnavailableError
+from tensorgate.errors import InvalidArgumentError, UnavailableError
 from tensorgate.tensor.shm import SharedMemoryRegistry
 from tests.e2e.conftest import RunningServer
 
@@ -208,3 +208,28 @@ def test_a_disabled_registry_refuses_cuda_regions_too() -> None:
     with pytest.raises(UnavailableError, match=r"^cuda shared memory is disabled on this "
                                                r"server; start it with --allow-shared-memory$"):
         registry.register_cuda("r", b"\0" * 64, 0, 8)
+
+
+def test_a_grpc_input_in_a_region_with_typed_contents_too_is_refused(regions) -> None:
+    """Data from a region and data in the message: which is the input? Refused by name, as
+    raw bytes beside a region are; the region alone decodes."""
+    from tritonclient.grpc import service_pb2 as pb
+
+    from tensorgate.protocol.grpc_codec import decode_model_infer
+    from tensorgate.tensor import CopyLedger
+
+    registry = SharedMemoryRegistry(enabled=True)
+    name, key, handle = regions("typed", 16)
+    shm.set_shared_memory_region(handle, [np.arange(4, dtype=np.float32)])
+    registry.register(name, key, 0, 16)
+    request = pb.ModelInferRequest(model_name="m")
+    item = request.inputs.add(name="x", datatype="FP32", shape=[4])
+    item.parameters["shared_memory_region"].string_param = name
+    item.parameters["shared_memory_byte_size"].int64_param = 16
+    assert decode_model_infer(request, CopyLedger(), registry).inputs["x"].numpy().tolist() == [
+        0.0, 1.0, 2.0, 3.0]
+    item.contents.fp32_contents.extend([9.0] * 4)
+    with pytest.raises(InvalidArgumentError, match="input 'x' names a shared-memory region and "
+                                                   "also carries data"):
+        decode_model_infer(request, CopyLedger(), registry)
+    registry.unregister()

@@ -423,3 +423,27 @@ def test_unknown_fields_among_bytes_contents_spend_the_requests_count() -> None:
     with pytest.raises(InvalidArgumentError, match="^ModelInferRequest holds more than 65,536 "
                                                    "fields"):
         _decoded(_input(contents, "BYTES", 1))
+
+
+@pytest.mark.parametrize("size", [4, 1500], ids=["small", "taken-out"])
+def test_typed_contents_beside_raw_input_contents_are_refused(size: int) -> None:
+    """Data sent both ways leaves it open which is the input; Triton refuses it too ("contents
+    field must not be specified when using raw_input_contents"). Each way the server reads
+    the message, whole or with a large input's contents taken out. An empty `contents`
+    message beside the raw bytes carries nothing and is read as the raw bytes."""
+    request = pb.ModelInferRequest(model_name="m")
+    for name in ("a", "b"):
+        request.inputs.add(name=name, datatype="FP32", shape=[size])
+        request.raw_input_contents.append(np.ones(size, np.float32).tobytes())
+    request.inputs[1].contents.fp32_contents.extend([2.0] * size)
+    message = request.SerializeToString()
+    for decode in (_decoded, _parsed):
+        with pytest.raises(InvalidArgumentError, match="input 'b' has typed contents and the "
+                                                       "request has raw_input_contents"):
+            decode(message)
+    request.inputs[1].contents.ClearField("fp32_contents")
+    request.inputs[1].contents.SetInParent()
+    message = request.SerializeToString()
+    assert request.inputs[1].HasField("contents")
+    for decode in (_decoded, _parsed):
+        assert decode(message)["b"].tolist() == [1.0] * size

@@ -251,14 +251,19 @@ def decode_model_infer_steps(request: pb.ModelInferRequest, ledger: CopyLedger,
         shape = checked_shape(list(item.shape), name)
         strings = counted_strings(strings, dt, shape)
         region = shm_parameters(_parameters(item), name)
+        typed = (contents is not None and index in contents) or _has_contents(item)
         if region is not None:
             if shm is None:
                 raise UnimplementedError("shared memory is not available on this front end")
-            if raw and raw[index][2]:
+            if typed or (raw and raw[index][2]):
                 raise InvalidArgumentError(f"input '{name}' names a shared-memory region and "
                                            "also carries data")
             view = shm.input_view(region[0], region[1], region[2], dt, shape, name, ledger)
         elif raw:
+            if typed:  # which of the two is the input? Triton refuses it too
+                raise InvalidArgumentError(
+                    f"input '{name}' has typed contents and the request has "
+                    "raw_input_contents; send every input's data one way")
             owner, offset, length = raw[index]
             view = TensorView(owner, dt, shape, offset, nbytes=length, name=name, ledger=ledger)
         else:
@@ -286,6 +291,12 @@ def decode_model_infer_steps(request: pb.ModelInferRequest, ledger: CopyLedger,
     return DecodedRequest(request.id, inputs, outputs, True, request_timeout(parameters),
                           parameters, priority=request_priority(parameters),
                           sequence=request_sequence(parameters))
+
+
+def _has_contents(item: Any) -> bool:
+    """Whether the input carries typed contents with values (an empty `contents` message,
+    which some clients write, carries nothing and says nothing)."""
+    return item.HasField("contents") and bool(item.contents.ListFields())
 
 
 def _from_contents(item: Any, name: str, shape: tuple[int, ...], ledger: CopyLedger,
