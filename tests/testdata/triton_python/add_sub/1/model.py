@@ -24,12 +24,16 @@ class TritonPythonModel:
             pb_utils.get_output_config_by_name(config, "OUTPUT1")["data_type"])
         pb_utils.Logger.log_info(f"add_sub: initialized as {args['model_instance_name']}")
         labels = {"model": args["model_name"], "instance": args["model_instance_name"]}
-        self.rows = pb_utils.MetricFamily(
+        # Triton refuses a Metric whose MetricFamily was collected ("Invalid metric
+        # operation as the corresponding 'MetricFamily' has been deleted"): keep both
+        self.rows_family = pb_utils.MetricFamily(
             name="add_sub_rows_total", description="Rows add_sub has summed",
-            kind=pb_utils.MetricFamily.COUNTER).Metric(labels=labels)
-        self.batched = pb_utils.MetricFamily(
+            kind=pb_utils.MetricFamily.COUNTER)
+        self.rows = self.rows_family.Metric(labels=labels)
+        self.batched_family = pb_utils.MetricFamily(
             name="add_sub_requests_per_execute", description="Requests of each execute call",
-            kind=pb_utils.MetricFamily.HISTOGRAM).Metric(labels=labels, buckets=[1, 2, 4, 8])
+            kind=pb_utils.MetricFamily.HISTOGRAM)
+        self.batched = self.batched_family.Metric(labels=labels, buckets=[1, 2, 4, 8])
 
     def execute(self, requests):
         self.batched.observe(len(requests))
