@@ -100,6 +100,13 @@ def test_explicit_mode_loads_only_the_named_models(tmp_path: pathlib.Path) -> No
             assert np.array_equal(_infer(client, "b"), np.full((1, 4), 3.0, np.float32))
             client.unload_model("a")
             assert not client.is_model_ready("a")
+            # unloading what is not loaded leaves it so, without an error (as on Triton)
+            for name in ("a", "nowhere"):
+                client.unload_model(name)
+            with grpcclient.InferenceServerClient(server.grpc_url) as grpc:
+                grpc.unload_model("nowhere")
+            assert {e["name"] for e in client.get_model_repository_index()} == {"a", "b"}
+            assert client.is_model_ready("b")
     finally:
         assert stop_server(server) == 0
 

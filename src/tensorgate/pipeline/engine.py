@@ -228,13 +228,15 @@ class Engine:
         """Stop serving `name`: its requests drain, then its executors stop. A model whose
         load failed is forgotten (the repository index no longer lists its failure).
         `dependents` (Triton's unload_dependents): an ensemble's step models are unloaded
-        too, each unless another loaded ensemble still calls it."""
+        too, each unless another loaded ensemble still calls it. A model that is not loaded
+        is left as it is, without an error, as Triton does: a client's clean-up that unloads
+        whatever it may have loaded is not refused for the ones it had not."""
         versions = self._models.pop(name, None)
         failed = self._failed.pop(name, None)
         self._forget_labels(name)
         if versions is None:
             if failed is None:
-                raise NotFoundError(f"model '{name}' is not loaded")
+                log.info("unload %r: the model is not loaded; nothing to do", name)
             return
         await self._retire(versions.values(), drain_timeout_s)
         if not dependents:
