@@ -214,6 +214,10 @@ def test_a_named_repository_is_refused_and_acts_on_nothing(tmp_path: pathlib.Pat
         answer = connection.getresponse()
         assert answer.status == 200
         assert [m["name"] for m in json.loads(answer.read())] == ["a"]
+        connection.request("POST", "/v2/repository/index", b'{"ready": "false"}')
+        answer = connection.getresponse()  # not read as true, which lists fewer
+        assert (answer.status, answer.read()) == (
+            400, b'{"error":"repository index parameter \'ready\' must be true or false"}')
         connection.close()
         channel = grpc.insecure_channel(server.grpc_url)
         stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)

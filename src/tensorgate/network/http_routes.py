@@ -153,7 +153,9 @@ async def _trace_settings(dp: DataPlane, request: HttpRequest, model: str = "") 
 
 async def _index(dp: DataPlane, request: HttpRequest, repository: str) -> Any:
     ready = _body_json(request).get("ready", False)
-    return _json(dp.repository_index(bool(ready), repository))
+    if not isinstance(ready, bool):  # "false" would list only the ready ones
+        raise InvalidArgumentError("repository index parameter 'ready' must be true or false")
+    return _json(dp.repository_index(ready, repository))
 
 
 async def _load(dp: DataPlane, request: HttpRequest, model: str, repository: str) -> Any:
