@@ -273,7 +273,7 @@ def test_a_model_py_without_config_is_completed_by_its_auto_complete_config(
     assert config["default_model_filename"] == "model.py"
     assert [{k: group.get(k) for k in ("name", "kind", "count")}
             for group in config["instance_group"]] == [
-        {"name": "auto_complete_0", "kind": "KIND_CPU", "count": 1}]
+        {"name": "auto_complete", "kind": "KIND_CPU", "count": 1}]  # as Triton 2.51 names it
     result = client.infer("auto_complete", _auto_inputs(3, module))
     assert np.array_equal(result.as_numpy("OUTPUT0"),
                           np.arange(12, dtype=np.float32).reshape(3, 4) + 1)
@@ -383,7 +383,7 @@ def test_custom_metrics_show_on_the_metrics_port_while_the_model_is_loaded(
         served: RunningServer) -> None:
     """add_sub counts its rows and its requests per execute (pb_utils.MetricFamily): both
     appear beside the server's metrics, and leave with the model at unload."""
-    labels = '{instance="add_sub_0",model="add_sub"}'
+    labels = '{instance="add_sub_0_0",model="add_sub"}'
     client = httpclient.InferenceServerClient(served.url)
     client.infer("add_sub", _add_sub_inputs(np.ones((1, 4), np.float32),
                                             np.ones((1, 4), np.float32)))
@@ -393,7 +393,7 @@ def test_custom_metrics_show_on_the_metrics_port_while_the_model_is_loaded(
     after = _custom_metrics(served)
     assert after[f"add_sub_rows_total{labels}"] - before[f"add_sub_rows_total{labels}"] == 3
     count = f"add_sub_requests_per_execute_count{labels}"
-    one = 'add_sub_requests_per_execute_bucket{instance="add_sub_0",model="add_sub",le="1"}'
+    one = 'add_sub_requests_per_execute_bucket{instance="add_sub_0_0",model="add_sub",le="1"}'
     assert after[count] - before[count] == 1 and after[one] - before[one] == 1
     client.unload_model("add_sub")
     try:

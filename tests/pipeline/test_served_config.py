@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from tensorgate.pipeline.served_config import served_spec
+from tensorgate.pipeline.served_config import instance_name, served_spec
 from tensorgate.repository.model_config import parse_model_config
 
 
@@ -29,5 +29,19 @@ def test_a_model_without_groups_shows_the_one_it_got() -> None:
                               'default_model_filename: "weights.pt"')
     config = served_spec(spec, "weights.pt", [[torch.device("cuda", 0)]]).config_dict()
     assert [(g["name"], g["kind"], g["count"], g["gpus"]) for g in config["instance_group"]] == [
-        ("m_0", "KIND_GPU", 1, [0])]
+        ("m", "KIND_GPU", 1, [0])]  # as Triton names the group it fills in
     assert config["version_policy"] == {"latest": {"num_versions": 1}}
+
+
+def test_instances_are_named_by_group_as_triton_names_them() -> None:
+    """`<group>_<index in group>`: Triton 2.51 named add_sub's instance (group unnamed, so
+    add_sub_0) add_sub_0_0, and inspect's (no group) inspect_0, in its errors and in
+    initialize's model_instance_name."""
+    spec = parse_model_config('name: "m" backend: "python" instance_group [ '
+                              '{ count: 2 kind: KIND_CPU }, '
+                              '{ name: "big" count: 1 kind: KIND_GPU gpus: [ 1, 3 ] } ]')
+    cpu, one, three = torch.device("cpu"), torch.device("cuda", 1), torch.device("cuda", 3)
+    served = served_spec(spec, "model.py", [[cpu, cpu], [one, three]])
+    assert [instance_name(served, i) for i in range(4)] == ["m_0_0", "m_0_1", "big_0", "big_1"]
+    alone = served_spec(parse_model_config('name: "n" backend: "python"'), "model.py", [[cpu]])
+    assert instance_name(alone, 0) == "n_0"

@@ -9,14 +9,15 @@ import torch
 
 from tensorgate.repository.model_config import ModelSpec
 
-__all__ = ["served_spec"]
+__all__ = ["instance_name", "served_spec"]
 
 
 def served_spec(spec: ModelSpec, filename: str,
                 by_group: list[list[torch.device]]) -> ModelSpec:
     """`spec` with its config filled in as Triton fills a served model's (what /config and a
     Python model's initialize see): the version policy, the model file, and each instance
-    group's name, kind as resolved, count and GPUs."""
+    group's name, kind as resolved, count and GPUs. Unnamed groups are named as Triton
+    names them: `<model>_<index>`, or `<model>` for the group a config without any gets."""
     config = type(spec.config)()
     config.CopyFrom(spec.config)
     if not config.HasField("version_policy"):
@@ -29,10 +30,24 @@ def served_spec(spec: ModelSpec, filename: str,
         filled = config.instance_group.add()
         if group is not None:
             filled.CopyFrom(group)
-        filled.name = filled.name or f"{spec.name}_{index}"
+        filled.name = filled.name or (spec.name if group is None else f"{spec.name}_{index}")
         gpus = sorted({d.index or 0 for d in devices if d.type == "cuda"})
         filled.kind = filled.KIND_GPU if gpus else filled.KIND_CPU
         filled.count = len(devices) // max(len(gpus), 1)
         del filled.gpus[:]
         filled.gpus.extend(gpus)
     return replace(spec, config=config)
+
+
+def instance_name(spec: ModelSpec, instance: int) -> str:
+    """Triton's name for instance `instance` of a served model (served_spec's): its group's
+    name and its index within the group (`add_sub_0_0`, `inspect_0`); a Python model's
+    `initialize` sees it, and Triton's logs and errors name the instance by it. A spare
+    instance, beyond the groups' counts, is named after the model."""
+    index = instance
+    for group in spec.config.instance_group:
+        size = group.count * max(len(group.gpus), 1)
+        if index < size:
+            return f"{group.name}_{index}"
+        index -= size
+    return f"{spec.name}_{instance}"

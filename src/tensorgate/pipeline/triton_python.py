@@ -30,6 +30,7 @@ from tensorgate.errors import (AlreadyExistsError, CancelledError, InternalError
                                InvalidArgumentError, NotFoundError, TensorgateError,
                                UnavailableError, UnimplementedError)
 from tensorgate.model import NO_PARAMETERS, ModelContext, Parameter, RequestInfo
+from tensorgate.pipeline.served_config import instance_name
 from tensorgate.pipeline.trace import Trace
 from tensorgate.pipeline.work import response_parameter_error
 from tensorgate.repository.model_config import ModelSpec
@@ -231,7 +232,7 @@ def initialize_args(spec: ModelSpec, context: ModelContext) -> dict[str, str]:
     return {
         "model_config": json.dumps(spec.config_dict()),
         "model_instance_kind": "GPU" if device.type == "cuda" else "CPU",
-        "model_instance_name": f"{spec.name}_{context.instance}",
+        "model_instance_name": instance_name(spec, context.instance),
         "model_instance_device_id": str(device.index or 0),
         "model_repository": str(context.directory.parent.resolve()),  # the model's folder
         "model_version": str(context.version),
