@@ -101,6 +101,10 @@ def test_statistics_count_inferences(client: httpclient.InferenceServerClient) -
     stats = client.get_inference_statistics("linear")["model_stats"][0]
     assert stats["inference_count"] == before + 2
     assert stats["inference_stats"]["success"]["count"] >= 1
+    # every key Triton 2.51's entry has (its answer for the same repository, side by side)
+    assert set(stats) == {"name", "version", "last_inference", "inference_count",
+                          "execution_count", "inference_stats", "batch_stats", "memory_usage",
+                          "response_stats"}
 
 
 def test_repository_unload_and_load(client: httpclient.InferenceServerClient) -> None:

@@ -201,4 +201,9 @@ class ModelStatistics:
                  "compute_output": d.compute_output.as_dict()}
                 for size, d in sorted(self._batches.items())
             ],
+            # Triton 2.51 has these too (a client reading them must find them): per-response
+            # times of decoupled models and per-device memory, which it also leaves empty
+            # for a Python-backend model and tensorgate does not measure
+            "memory_usage": [],
+            "response_stats": {},
         }
