@@ -372,3 +372,38 @@ def test_a_malformed_bytes_answer_is_refused_as_whole_refuses_it() -> None:
         encode_infer_response("m", 1, "", {"text": view}, {"text": False})
     with pytest.raises(BytesElementError, match=f"^{re.escape(str(whole.value))}$"):
         run_steps(encode_in_slices("m", 1, "", {"text": view}, {"text": False}))
+
+
+@pytest.mark.parametrize("datatype", ["UINT64", "INT64", "INT32", "FP64", "FP32", "BOOL"])
+@pytest.mark.parametrize("data", [
+    [0, 2**64 - 1],                                   # numpy reads these two as floats
+    [[1, 2**63], [3, 4]],
+    [2**64 - 1] + list(range(60_000)),                # sliced: the large one in one slice
+    list(range(60_000)) + [2**63],
+    [[i, 2**63 + i] for i in range(30_000)],          # nested, sliced
+    [2**64],
+    [0.5, 2**64 - 1],
+], ids=["pair", "nested", "first-of-many", "last-of-many", "nested-many", "past-64-bits",
+        "with-a-fraction"])
+def test_integers_no_one_integer_type_holds_together_are_read_exactly(datatype: str,
+                                                                      data: list[Any]) -> None:
+    """A UINT64 input's values past 2**63 beside small ones: numpy alone reads them as
+    floats, and they were refused as fractions (Triton 2.51 reads them). Read exactly now,
+    the same a slice at a time as whole; out of the datatype's range, refused naming the
+    value."""
+    body = json.dumps({"inputs": [{"name": "x", "datatype": datatype,
+                                   "shape": list(np.shape(data)), "data": data}]}).encode()
+    sliced, whole, _ = both(body)
+    assert sliced == whole
+    flat = np.array(data, dtype=object).reshape(-1).tolist()
+    if not all(type(v) is int and v < 2**64 for v in flat):  # JSON's parser makes floats
+        return                                               # of integers past 64 bits
+    if datatype == "UINT64":
+        assert whole[0] == "decoded"
+        assert np.frombuffer(whole[2]["x"][2], np.uint64).tolist() == flat
+    elif datatype in ("INT64", "INT32"):
+        info = np.iinfo(datatype.lower())
+        outside = next(v for v in flat if not info.min <= v <= info.max)
+        assert whole == ("refused", "InvalidArgumentError",
+                         f"input 'x': {datatype} holds [{info.min}, {info.max}]; 'data' has "
+                         f"{outside}")

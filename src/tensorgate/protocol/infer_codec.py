@@ -30,7 +30,7 @@ __all__ = ["ERROR_CHARACTERS", "MAX_BYTES_ELEMENTS", "MAX_JSON_VALUES",
            "MAX_SEQUENCE_ID_CHARACTERS", "MAX_TENSORS",
            "RESERVED_PARAMETERS", "TENSORS_A_STEP", "DecodedRequest", "EncodedStrings",
            "RequestedOutput", "classification_count", "counted_strings",
-           "decode_infer_body", "decode_infer_steps", "encode_infer_response",
+           "decode_infer_body", "decode_infer_steps", "encode_infer_response", "exact_integers",
            "forward_headers",
            "header_values_refused", "json_data", "holds_bool", "json_error", "json_object",
            "json_parameters", "json_strings", "json_tensor", "json_values_bounded",
@@ -514,6 +514,13 @@ def _json_numbers(data: Any, target: np.dtype[Any], datatype: str, name: str) ->
         raise _fail(f"input '{name}': 'data' is not a flat list or evenly nested lists of "
                     "values") from None
     kinds, wanted = _JSON_KINDS[target.kind]
+    if found.dtype.kind in "fO" and target.kind in "iu":
+        # numpy makes floats of integers that no one integer type holds together ([0,
+        # 2**64 - 1]) and objects of those past 64 bits: a UINT64 input's large values
+        # were refused as fractions. Integers all, they are read as the datatype's own.
+        found = _json_integers(data, found, target, datatype, name)
+    elif found.dtype.kind == "O" and isinstance(data, np.ndarray):
+        found = np.asarray(data.tolist())  # exact_integers' objects, read as whole lists are
     if found.size and found.dtype.kind not in kinds:
         raise _fail(f"input '{name}': {datatype} 'data' must hold {wanted}; it holds "
                     f"{_json_kind(found)}")
@@ -532,6 +539,53 @@ def _json_numbers(data: Any, target: np.dtype[Any], datatype: str, name: str) ->
             return found.astype(target, copy=False).reshape(-1)
     except FloatingPointError:
         raise _fail(f"input '{name}': 'data' has a value too large for {datatype}") from None
+
+
+def _json_integers(data: Any, found: np.ndarray, target: np.dtype[Any], datatype: str,
+                   name: str) -> np.ndarray:
+    """`data` as an array of integer type `target` when every value in it is a JSON integer
+    (`found`, numpy's own reading, otherwise), its range checked. `data` is the parsed
+    lists, or json_slices' array of them (objects where exact_integers kept them)."""
+    if isinstance(data, np.ndarray):
+        flat = data.ravel().tolist() if data.dtype.kind == "O" else None
+        if flat is not None and not all(type(v) is int for v in flat):
+            flat = None
+    else:
+        flat = integer_leaves(data)
+    if flat is None:
+        return found
+    info = np.iinfo(target)
+    outside = next((v for v in flat if not info.min <= v <= info.max), None)
+    if outside is not None:
+        raise _fail(f"input '{name}': {datatype} holds [{info.min}, {info.max}]; 'data' has "
+                    f"{outside}")
+    return np.array(flat, dtype=target).reshape(found.shape)
+
+
+def integer_leaves(data: Any) -> list[int] | None:
+    """The values of JSON `data` (nested lists) in order when all are integers, else None
+    (it stops at the first that is not)."""
+    flat: list[int] = []
+    pending = [data]
+    while pending:  # nested lists are at most MAX_DIMS deep
+        item = pending.pop()
+        if type(item) is list:
+            pending.extend(reversed(item))
+        elif type(item) is int:
+            flat.append(item)
+        else:
+            return None
+    return flat
+
+
+def exact_integers(values: Any, read: np.ndarray) -> np.ndarray:
+    """numpy's reading `read` of JSON `values`, or, where numpy made floats of integers that
+    no one integer type holds together ([0, 2**64 - 1]), those integers as exact objects:
+    a slice of a UINT64 input is not rounded before its datatype is known."""
+    if read.dtype.kind != "f":
+        return read
+    flat = integer_leaves(values)
+    return read if flat is None else np.array(flat, dtype=object).reshape(read.shape)
 
 
 def holds_bool(data: Any) -> bool:

@@ -40,8 +40,8 @@ import numpy as np
 from tensorgate.protocol import json_text
 from tensorgate.protocol.infer_codec import (MAX_BYTES_ELEMENTS, MAX_JSON_VALUES,
                                              DecodedRequest, decode_infer_steps,
-                                             header_values_refused, holds_bool, parse_header,
-                                             tensor_count)
+                                             exact_integers, header_values_refused,
+                                             holds_bool, parse_header, tensor_count)
 from tensorgate.protocol.json_nesting import Brackets, even_lists
 from tensorgate.protocol.json_strings import (STRINGS_A_STEP, Strings, string_array,
                                               strings_layout)
@@ -273,7 +273,7 @@ def _nested_array(memory: memoryview, start: int, end: int, brackets: Brackets, 
         np.frombuffer(text, np.uint8)[inside - begin + 1] = 0x20  # brackets above: spaces
         try:
             values = json_text.loads(text)
-            table = np.asarray(values)
+            table = exact_integers(values, np.asarray(values))
         except (ValueError, RecursionError):
             return None  # not JSON, or lists of different widths
         if (table.ndim != 2 or table.shape[0] != last - first or not table.shape[1]
@@ -283,7 +283,19 @@ def _nested_array(memory: memoryview, start: int, end: int, brackets: Brackets, 
         pieces.append(table.reshape(-1))
         first = last
         yield
-    return pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
+    return _joined(pieces)
+
+
+def _joined(pieces: list[np.ndarray]) -> np.ndarray:
+    """The slices' arrays as one. Signed and unsigned 64-bit integers together make floats
+    in numpy (2**64 - 1 in one slice, small ones in the next): those are joined as exact
+    objects, as exact_integers keeps a slice's own."""
+    if len(pieces) == 1:
+        return pieces[0]
+    kinds = {piece.dtype.kind for piece in pieces}
+    if len(kinds) > 1 and kinds <= {"i", "u", "O"}:
+        return np.concatenate([piece.astype(object) for piece in pieces])
+    return np.concatenate(pieces)
 
 
 def _parsed(memory: memoryview, spans: list[Span]) -> Generator[None, None, Any]:
@@ -391,10 +403,10 @@ def _array(memory: memoryview, start: int, end: int, bools: bool
             return None
         if not values or (holds_bool(values) and not bools):
             return None  # an empty slice hides ",,"; true/false are the whole path's to name
-        pieces.append(np.asarray(values))
+        pieces.append(exact_integers(values, np.asarray(values)))
         begin = cut + 1
         if begin < close:  # a whole slice parsed; after the last the caller yields
             yield
     if not pieces or begin != close + 1:
         return None  # no values, or a trailing comma
-    return pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
+    return _joined(pieces)
