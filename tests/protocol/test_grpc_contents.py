@@ -447,3 +447,24 @@ def test_typed_contents_beside_raw_input_contents_are_refused(size: int) -> None
     assert request.inputs[1].HasField("contents")
     for decode in (_decoded, _parsed):
         assert decode(message)["b"].tolist() == [1.0] * size
+
+
+@pytest.mark.parametrize("datatype, sent, right", [
+    ("FP32", "fp64_contents", "fp32_contents"), ("INT32", "int64_contents", "int_contents"),
+    ("UINT8", "int_contents", "uint_contents"), ("BOOL", "int_contents", "bool_contents"),
+    ("INT64", "fp32_contents", "int64_contents"), ("BYTES", "fp32_contents", "bytes_contents"),
+])
+@pytest.mark.parametrize("size", [3, 1500], ids=["small", "taken-out"])
+def test_values_in_another_datatypes_field_are_named(datatype: str, sent: str, right: str,
+                                                     size: int) -> None:
+    """FP32 values sent as fp64_contents: the error says where they go (it said "contents
+    has 0 elements"; Triton names the wrong field too), however the message is read."""
+    request = pb.ModelInferRequest(model_name="m")
+    item = request.inputs.add(name="x", datatype=datatype, shape=[size])
+    getattr(item.contents, sent).extend([1] * size)
+    message = request.SerializeToString()
+    for decode in (_decoded, _parsed):
+        with pytest.raises(InvalidArgumentError) as refused:
+            decode(message)
+        assert refused.value.message == (f"input 'x': its datatype's values go in {right}; "
+                                         f"its contents has {sent} instead")

@@ -329,7 +329,8 @@ def _from_contents(item: Any, name: str, shape: tuple[int, ...], ledger: CopyLed
         record_copy(array.nbytes, "decode", ledger)
         return TensorView.from_numpy(array, name=item.name, ledger=ledger)
     values = contents.bytes_contents
-    check_count(len(values), item.name, shape)
+    check_count(len(values), item.name, shape, "bytes_contents",
+                lambda: [field.name for field, _ in contents.ListFields()])
     array = np.array(list(values), dtype=object).reshape(shape)
     return TensorView.from_numpy(array, name=item.name, ledger=ledger)
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 import struct
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from typing import Any
 
 import numpy as np
@@ -137,7 +137,8 @@ def wire_contents_steps(data: memoryview, field: str, dt: DataType, tensor: str,
         if len(packed) % itemsize:
             raise InvalidArgumentError(f"{_CONTENTS} is malformed: {field} has {len(packed)} "
                                        f"bytes, not a whole number of {itemsize}-byte values")
-        check_count(len(packed) // itemsize, tensor, shape)
+        check_count(len(packed) // itemsize, tensor, shape, field,
+                    lambda: other_fields(data, number))
         flat = np.frombuffer(packed, kind)
         array = flat.astype(dt.numpy, copy=False)
         return array.reshape(shape), array is not flat or len(runs) > 1
@@ -149,7 +150,7 @@ def wire_contents_steps(data: memoryview, field: str, dt: DataType, tensor: str,
     for at in range(0, octets.size, _COUNTED):
         found += int(np.count_nonzero(octets[at:at + _COUNTED] < 0x80))
         yield
-    check_count(found, tensor, shape)
+    check_count(found, tensor, shape, field, lambda: other_fields(data, number))
     values = np.empty(count, bool if field == "bool_contents" else dt.numpy)
     reader = _PieceReader(values, field in _SIGNED, dt, tensor)
     at = 0
@@ -212,7 +213,8 @@ def wire_strings_steps(data: memoryview, tensor: str, shape: tuple[int, ...],
         if found - stepped >= _STRINGS_A_STEP or others >= PARTS_A_STEP:
             stepped, others = found, 0
             yield
-    check_count(found, tensor, shape)
+    check_count(found, tensor, shape, "bytes_contents",
+                lambda: other_fields(data, _BYTES_FIELD))
     return layout
 
 
@@ -272,11 +274,31 @@ def _mask(size: int, starts: np.ndarray, sizes: np.ndarray) -> np.ndarray:
     return np.cumsum(edges[:-1], dtype=np.int8) > 0
 
 
-def check_count(found: int, tensor: str, shape: tuple[int, ...]) -> None:
-    """Refuse contents of `found` elements for an input of `shape` that needs another count."""
-    if found != math.prod(shape):
-        raise InvalidArgumentError(f"input '{tensor}': contents has {found} elements; shape "
-                                   f"[{','.join(map(str, shape))}] needs {math.prod(shape)}")
+def check_count(found: int, tensor: str, shape: tuple[int, ...], field: str = "",
+                others: Callable[[], list[str]] | None = None) -> None:
+    """Refuse contents of `found` elements for an input of `shape` that needs another count.
+    None found where `others` (asked only then) names fields of other datatypes that hold
+    values: the client put them in the wrong field, and the error says which is right."""
+    if found == math.prod(shape):
+        return
+    misplaced = others() if others is not None and not found else []
+    if misplaced:
+        raise InvalidArgumentError(f"input '{tensor}': its datatype's values go in {field}; "
+                                   f"its contents has {', '.join(misplaced)} instead")
+    raise InvalidArgumentError(f"input '{tensor}': contents has {found} elements; shape "
+                               f"[{','.join(map(str, shape))}] needs {math.prod(shape)}")
+
+
+_NAMES = {number: name for name, (number, _) in _FIELDS.items()} | {
+    _BYTES_FIELD: "bytes_contents"}
+
+
+def other_fields(data: memoryview, number: int) -> list[str]:
+    """The contents fields in serialized `data` other than field `number` (walked only on an
+    error: the walk that found none of `number` bounded their count)."""
+    return list(dict.fromkeys(_NAMES[found] for found, _, start, stop in
+                              whole_fields(data, _CONTENTS)
+                              if found != number and found in _NAMES and stop > start))
 
 
 def _packed_runs(data: memoryview, number: int, budget: PartsBudget
