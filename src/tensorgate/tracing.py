@@ -44,7 +44,9 @@ __all__ = ["APPEND_EVERY", "LEVELS", "MAX_HELD", "MAX_HELD_BYTES", "SETTINGS", "
 log = logging.getLogger("tensorgate.trace")
 
 LEVELS = ("TIMESTAMPS", "TENSORS")
-SETTINGS = ("trace_file", "trace_level", "trace_rate", "trace_count", "log_frequency")
+SETTINGS = ("trace_file", "trace_level", "trace_rate", "trace_count", "log_frequency",
+            "trace_mode")
+_FIXED = ("trace_file", "trace_mode")  # shown, and set only when the server starts
 MAX_HELD = 10_000
 MAX_HELD_BYTES = 256 << 20
 APPEND_EVERY = 256
@@ -143,7 +145,7 @@ class Tracer:
         scope = self._scope(model)
         return {"trace_file": self.file, "trace_level": list(scope.level) or ["OFF"],
                 "trace_rate": str(scope.rate), "trace_count": str(scope.count),
-                "log_frequency": str(scope.log_frequency)}
+                "log_frequency": str(scope.log_frequency), "trace_mode": self.mode}
 
     def update(self, changes: Mapping[str, Any], model: str | None = None
                ) -> dict[str, str | list[str]]:
@@ -154,13 +156,13 @@ class Tracer:
         parsed = {name: _parse(name, value, self.file, otel) for name, value in changes.items()}
         if model is None:
             after = {n: self._start[n] if v is None else v for n, v in parsed.items()
-                     if n != "trace_file"}
+                     if n not in _FIXED}
             level = after.get("trace_level", self._global.level)
         else:
             scope = self._models.get(model)
             own = dict(scope.own) if scope is not None else {}
             for name, value in parsed.items():
-                if name == "trace_file":
+                if name in _FIXED:
                     continue
                 if value is None:
                     own.pop(name, None)
@@ -178,7 +180,7 @@ class Tracer:
                     if name not in scope.own:
                         scope.set(name, value)
         else:
-            self._set_model(model, own, [name for name in parsed if name != "trace_file"])
+            self._set_model(model, own, [name for name in parsed if name not in _FIXED])
         self.on = self._tracing()
         return self.current(model)
 
@@ -389,6 +391,13 @@ def _parse(name: str, value: Any, file: str, otel: bool = False) -> Any:
     if len(values) != 1:
         raise InvalidArgumentError(f"trace setting '{name}' takes one value; got {value!r}")
     text = str(values[0])
+    if name == "trace_mode":  # a client writing back the settings it read may send it
+        mode = "opentelemetry" if otel else "triton"
+        if text != mode:
+            raise InvalidArgumentError(
+                f"trace setting 'trace_mode' is chosen when the server starts (--trace-config "
+                f"mode=triton|opentelemetry); this server's is {mode}")
+        return None
     if name == "trace_file":
         if text != file:
             raise InvalidArgumentError(

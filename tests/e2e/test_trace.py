@@ -30,7 +30,7 @@ HTTP_STAGES = ["HTTP_RECV_START", "HTTP_RECV_END", "REQUEST_START", "QUEUE_START
 GRPC_STAGES = ["GRPC_WAITREAD_START", "GRPC_WAITREAD_END", *HTTP_STAGES[2:-2],
                "GRPC_SEND_START", "GRPC_SEND_END"]
 START = {"trace_file": "", "trace_level": ["OFF"], "trace_rate": "1000", "trace_count": "-1",
-         "log_frequency": "0"}
+         "log_frequency": "0", "trace_mode": "triton"}
 CLEAR = {name: None for name in ("trace_level", "trace_rate", "trace_count", "log_frequency")}
 
 
@@ -169,6 +169,17 @@ def test_settings_read_change_and_clear_as_tritons_do(traced: tuple[RunningServe
         assert client.get_trace_settings("identity") == start
 
 
+def test_the_settings_read_can_be_written_back_unchanged(
+        traced: tuple[RunningServer, pathlib.Path]) -> None:
+    """As Triton 2.51 shows them, trace_mode among them (set at start, so it may only be
+    written back as it is)."""
+    server, _ = traced
+    with httpclient.InferenceServerClient(server.url) as client:
+        current = client.get_trace_settings()
+        assert current["trace_mode"] == "triton"
+        assert client.update_trace_settings(settings=current) == current
+
+
 @pytest.mark.parametrize("change, message", [
     ({"trace_file": "/tmp/elsewhere.json"},
      "trace setting 'trace_file' cannot be changed over the API"),
@@ -179,9 +190,11 @@ def test_settings_read_change_and_clear_as_tritons_do(traced: tuple[RunningServe
     ({"trace_level": ["EVERYTHING"]}, "trace level 'EVERYTHING' is not one of OFF, TIMESTAMPS, "
                                       "TENSORS"),
     ({"trace_rate": ["1", "2"]}, "trace setting 'trace_rate' takes one value"),
-    ({"trace_mode": "opentelemetry"}, "unknown trace setting 'trace_mode'; settings are: "
-                                      "trace_file, trace_level, trace_rate, trace_count, "
-                                      "log_frequency"),
+    ({"trace_mode": "opentelemetry"}, "trace setting 'trace_mode' is chosen when the server "
+                                      "starts \\(--trace-config mode=triton\\|opentelemetry\\); "
+                                      "this server's is triton"),
+    ({"trace_bogus": "1"}, "unknown trace setting 'trace_bogus'; settings are: trace_file, "
+                           "trace_level, trace_rate, trace_count, log_frequency, trace_mode"),
 ])
 def test_wrong_settings_are_refused_by_name_and_change_nothing(
         traced: tuple[RunningServer, pathlib.Path], change: dict[str, Any],

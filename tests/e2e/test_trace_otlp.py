@@ -325,6 +325,7 @@ def test_rate_zero_traces_only_what_callers_sampled(traced: RunningServer,
     ({"trace_rate": "-1"}, "trace setting 'trace_rate' must be 0 or more"),
     ({"trace_file": "/tmp/elsewhere.json"},
      "trace setting 'trace_file' cannot be changed over the API"),
+    ({"trace_mode": "triton"}, "trace setting 'trace_mode' is chosen when the server starts"),
 ])
 def test_what_opentelemetry_mode_cannot_do_is_refused_by_name(
         traced: RunningServer, change: dict[str, Any], message: str) -> None:
@@ -333,7 +334,7 @@ def test_what_opentelemetry_mode_cannot_do_is_refused_by_name(
             client.update_trace_settings("identity", change)
         assert client.get_trace_settings("identity") == {
             "trace_file": "", "trace_level": ["TIMESTAMPS"], "trace_rate": "1",
-            "trace_count": "-1", "log_frequency": "0"}
+            "trace_count": "-1", "log_frequency": "0", "trace_mode": "opentelemetry"}
 
 
 def _metric(server: RunningServer, name: str) -> float:
