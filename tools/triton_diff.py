@@ -66,6 +66,14 @@ class Grpc:
     keys_only: bool = False
 
 
+@dataclass
+class Stream:
+    """Requests sent one after another on one ModelStreamInfer stream: (request id, model,
+    IN value, ask for an empty final response)."""
+    name: str
+    requests: list[tuple[str, str, int, bool]]
+
+
 # case name -> (Triton's status, ours, why the difference is deliberate)
 KNOWN: dict[str, tuple[Any, Any, str]] = {}
 
@@ -186,6 +194,36 @@ def _repository(root: pathlib.Path) -> None:
                     sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", value)]),
                                 flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
         """))
+    _stream_count(root)
+
+
+def _stream_count(root: pathlib.Path) -> None:
+    """IN = n: n responses (OUT = 0 .. n-1), then the final flag sent alone."""
+    folder = root / "stream_count"
+    (folder / "1").mkdir(parents=True)
+    (folder / "config.pbtxt").write_text(
+        (root / "stream_echo" / "config.pbtxt").read_text().replace("stream_echo",
+                                                                      "stream_count"))
+    (folder / "1" / "model.py").write_text(textwrap.dedent("""\
+        import numpy as np
+        import triton_python_backend_utils as pb_utils
+
+
+        class TritonPythonModel:
+            def execute(self, requests):
+                for request in requests:
+                    sender = request.get_response_sender()
+                    count = int(pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()[0])
+                    if count < 0:
+                        sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(
+                            "IN must not be negative")),
+                            flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+                        continue
+                    for value in range(count):
+                        sender.send(pb_utils.InferenceResponse(
+                            [pb_utils.Tensor("OUT", np.array([value], np.int32))]))
+                    sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        """))
 
 
 def _triton(venv: pathlib.Path, repo: pathlib.Path, work: pathlib.Path,
@@ -283,6 +321,37 @@ def _grpc_outcome(stub: Any, case: Grpc) -> tuple[Any, Any]:
     document = json_format.MessageToDict(answer)
     raw = document.pop("rawOutputContents", None)
     return "OK", (_masked(document, case.keys_only), raw)
+
+
+def _stream_outcome(url: str, case: Stream) -> tuple[Any, Any]:
+    """Each request's responses in order (its outputs' values and triton_final_response),
+    and an error where one came; "OK" when the stream ended by itself."""
+    import queue
+
+    import numpy as np
+    import tritonclient.grpc as grpcclient
+
+    answers: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    by_id: dict[str, list[Any]] = {}
+    with grpcclient.InferenceServerClient(url) as client:
+        client.start_stream(callback=lambda result, error: answers.put((result, error)))
+        for request_id, model, value, asked in case.requests:
+            given = grpcclient.InferInput("IN", [1], "INT32")
+            given.set_data_from_numpy(np.array([value], np.int32))
+            client.async_stream_infer(model, [given], request_id=request_id,
+                                      enable_empty_final_response=asked)
+        client.stop_stream()  # waits for every response
+    while not answers.empty():
+        result, error = answers.get_nowait()
+        if error is not None:
+            by_id.setdefault("errors", []).append("<error>")
+            continue
+        response = result.get_response()
+        final = response.parameters.get("triton_final_response")
+        by_id.setdefault(response.id, []).append((
+            {o.name: result.as_numpy(o.name).tolist() for o in response.outputs},
+            None if final is None else final.bool_param))
+    return "OK", by_id
 
 
 # -- the corpus ------------------------------------------------------------------------------
@@ -555,6 +624,21 @@ def grpc_cases() -> list[Grpc]:
     return cases
 
 
+def stream_cases() -> list[Stream]:
+    return [
+        Stream("stream final flag with the response", [
+            ("a", "stream_echo", 5, False), ("b", "stream_echo", 6, True)]),
+        Stream("stream final flag alone", [
+            ("a", "stream_count", 2, False), ("b", "stream_count", 2, True),
+            ("c", "stream_count", 0, False), ("d", "stream_count", 0, True)]),
+        Stream("stream not decoupled", [
+            ("a", "int_double", 4, False), ("b", "int_double", 5, True)]),
+        Stream("stream errors carry on", [
+            ("a", "stream_count", -1, True), ("b", "nope", 1, False),
+            ("c", "stream_count", 1, False)]),
+    ]
+
+
 # -- running -----------------------------------------------------------------------------------
 
 def _verdict(name: str, triton: tuple[Any, Any], ours: tuple[Any, Any]) -> str:
@@ -619,6 +703,11 @@ def main(argv: list[str] | None = None) -> int:
                 if args.only in case.name:
                     one, two = _http_outcome(ports[0], case), _http_outcome(ports[3], case)
                     rows.append((case.name, one[0], two[0], _verdict(case.name, one, two)))
+            for stream in stream_cases():
+                if args.only in stream.name:
+                    one = _stream_outcome(f"127.0.0.1:{ports[1]}", stream)
+                    two = _stream_outcome(f"127.0.0.1:{ports[4]}", stream)
+                    rows.append((stream.name, one[0], two[0], _verdict(stream.name, one, two)))
             for grpc_case in grpc_cases():
                 if args.only in grpc_case.name:
                     one, two = (_grpc_outcome(stubs[0], grpc_case),

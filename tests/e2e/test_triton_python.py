@@ -203,6 +203,33 @@ def test_a_decoupled_model_streams_from_its_own_thread(served: RunningServer) ->
     assert errors == ["IN must not be negative"]
 
 
+def test_streamed_responses_say_which_is_the_last_as_triton_says_it(
+        served: RunningServer) -> None:
+    """triton_final_response on every streamed response, as Triton 2.51 sends it: true on a
+    response the model sent with the final flag (meeting), and then no empty one even where
+    asked; false on those sent without it (repeat sends the flag alone after them), with
+    the empty final response only where asked. Triton answered the same (tools/triton_diff.py
+    stream cases)."""
+    answers: queue.Queue = queue.Queue()
+    with grpcclient.InferenceServerClient(served.grpc_url) as client:
+        client.start_stream(callback=lambda result, error: answers.put((result, error)))
+        for model, name, value in (("repeat", "IN", 2), ("meeting", "WAIT_FOR", 1)):
+            for asked in (False, True):
+                given = grpcclient.InferInput(name, [1] if model == "repeat" else [1, 1],
+                                              "INT32")
+                given.set_data_from_numpy(np.full(given.shape(), value, np.int32))
+                client.async_stream_infer(model, [given], request_id=f"{model} {asked}",
+                                          enable_empty_final_response=asked)
+        client.stop_stream()  # waits for every response
+    by_id, errors = stream_answers(answers, lambda result: (
+        len(result.get_response().outputs),
+        result.get_response().parameters["triton_final_response"].bool_param))
+    assert errors == []
+    assert by_id == {"repeat False": [(1, False), (1, False)],
+                     "repeat True": [(1, False), (1, False), (0, True)],
+                     "meeting False": [(2, True)], "meeting True": [(2, True)]}
+
+
 def test_finalize_runs_at_unload(served: RunningServer, repo: pathlib.Path) -> None:
     marker = repo / "add_sub" / "finalized"
     client = httpclient.InferenceServerClient(served.url)

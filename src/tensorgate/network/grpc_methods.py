@@ -107,13 +107,16 @@ async def model_infer(dp: DataPlane, connection: http2.Http2Connection, message:
                       spans: TensorSpans | None = None,
                       forwarded: dict[str, str] | None = None,
                       received: tuple[int, int] = (0, 0), traceparent: str | None = None,
-                      turn: Turn | None = None) -> tuple[list[Any], Trace | None]:
+                      turn: Turn | None = None, streamed: bool = False
+                      ) -> tuple[list[Any], Trace | None]:
     """Run one ModelInferRequest (its bytes, split already where `request` is given);
     returns the ModelInferResponse as parts to send one after another, and the request's
     trace if it is traced (the caller stamps its sending and finishes it). `forwarded`: the
     call's metadata to pass to the model as parameters; `received`: when its message began
     to arrive and when it was whole (ns); `traceparent`: the caller's W3C trace context;
-    `turn`: its place among the connection's requests, if it took one as it arrived."""
+    `turn`: its place among the connection's requests, if it took one as it arrived;
+    `streamed`: it came on a ModelStreamInfer stream, where its one response says it is
+    the last (`triton_final_response`, as Triton marks every streamed response)."""
     request, decoded = await _decode(dp, message, ledger, deadline_ns, request, spans,
                                      forwarded, connection.in_order, turn)
     trace = _trace(dp, request.model_name, received, traceparent)
@@ -121,7 +124,8 @@ async def model_infer(dp: DataPlane, connection: http2.Http2Connection, message:
         answer = await dp.infer(request.model_name, request.model_version, decoded, ledger,
                                 trace)
         flagged = bool(decoded.parameters.get("triton_enable_empty_final_response"))
-        return _encode(answer, decoded, connection, ledger, True if flagged else None), trace
+        return _encode(answer, decoded, connection, ledger,
+                       True if streamed or flagged else None), trace
     except BaseException:
         if trace is not None:
             trace.finish()
@@ -144,23 +148,28 @@ async def model_infer_responses(dp: DataPlane, connection: http2.Http2Connection
                                 received: tuple[int, int] = (0, 0),
                                 traceparent: str | None = None, turn: Turn | None = None
                                 ) -> AsyncGenerator[list[Any], None]:
-    """A decoupled model's ModelInferResponses to one request, as parts, as they come. With
-    `triton_enable_empty_final_response` each says it is not the last, and an empty one
-    that says it is follows them (the model's last response is known only after it)."""
+    """A decoupled model's ModelInferResponses to one request, as parts, as they come, each
+    saying whether it is the last (`triton_final_response`, as Triton marks them): true only
+    where the model said so as it sent it (a Triton model's send with the final flag). A
+    model's end that came apart from a response (a generator's, or a send of the flag
+    alone) gets an empty response saying it is the last only with
+    `triton_enable_empty_final_response`, as on Triton."""
     request, decoded = await _decode(dp, message, ledger, deadline_ns, request, spans,
                                      forwarded, connection.in_order, turn)
     flagged = bool(decoded.parameters.get("triton_enable_empty_final_response"))
     trace = _trace(dp, request.model_name, received, traceparent)
     answers = dp.infer_stream(request.model_name, request.model_version, decoded, ledger,
                               trace)
+    ended = False  # by a response the model marked as its last
     try:
         async for answer in answers:
-            yield _encode(answer, decoded, connection, ledger, False if flagged else None)
+            ended = answer[0].final
+            yield _encode(answer, decoded, connection, ledger, ended)
     finally:
         await answers.aclose()
         if trace is not None:
             trace.finish()
-    if flagged:
+    if flagged and not ended:
         spec = dp.engine.spec(request.model_name, parse_version(request.model_version))
         version = request.model_version or str(max(dp.engine.versions(spec.name)))
         yield encode_model_infer_parts(spec.name, int(version), request.id, {}, ledger,

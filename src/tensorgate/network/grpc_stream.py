@@ -210,7 +210,7 @@ class StreamCall:
             parts, trace = await model_infer(
                 self.dataplane, self.connection, message, ledger, self.deadline_ns,
                 request, spans, self.forwarded, (received_ns, received_ns), self.traceparent,
-                turn)
+                turn, streamed=True)
             body = stream_response_parts(parts)
         except asyncio.CancelledError:
             return

@@ -779,9 +779,9 @@ class Engine:
             trace.stamp("QUEUE_START", item.enqueued_ns)
         # each response, then None once the request is over (answered or failed)
         arrived: asyncio.Queue[tuple[dict[str, TensorView], Callable[[], None],
-                                     Mapping[str, Parameter]] | None] = asyncio.Queue()
-        item.respond = lambda outputs, taken, parameters: arrived.put_nowait(
-            (outputs, taken, parameters))
+                                     Mapping[str, Parameter], bool] | None] = asyncio.Queue()
+        item.respond = lambda outputs, taken, parameters, final: arrived.put_nowait(
+            (outputs, taken, parameters, final))
         item.future.add_done_callback(lambda _: arrived.put_nowait(None))
         loaded.scheduler.submit(item)
         first = True
@@ -804,12 +804,12 @@ class Engine:
                 if first:  # time to first response: what a token streamer's users feel
                     loaded.stats.first_response_latency.add(time.monotonic_ns() - item.enqueued_ns)
                     first = False
-                outputs, taken, parameters = response
+                outputs, taken, parameters, final = response
                 taken()
                 if trace is not None:
                     trace.answered(outputs, request.ledger, end=False)
                 yield InferenceResult(loaded.spec.name, loaded.version, request.id, outputs,
-                                      item.times, item.ledger, parameters)
+                                      item.times, item.ledger, parameters, final)
             item.future.result()  # the request's error, if it failed
         finally:
             self._streaming -= 1

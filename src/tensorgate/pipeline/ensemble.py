@@ -306,7 +306,7 @@ class EnsembleScheduler:
         async def emit(tensors: dict[str, TensorView]) -> None:
             await credits.acquire()  # the client takes one: it gives one back
             respond({name: tensors[name] for name in item.wanted}, credits.release,
-                    NO_PARAMETERS)
+                    NO_PARAMETERS, False)
 
         await self._run_origin(0, _request_tensors(item), item, emit, None)
         return {}  # its outputs went with each response

@@ -671,7 +671,7 @@ class ExecutorThread:
             info.response_parameters.clear()
         generation.spend_credit()
         # through the outbox: one wake-up of the loop for what comes meanwhile
-        self._outbox.post(item.respond, item.results, generation.give_back, parameters)
+        self._outbox.post(item.respond, item.results, generation.give_back, parameters, False)
         self._generations.again(generation)
 
     def _end_generation(self, generation: Generation, error: TensorgateError | None, *,

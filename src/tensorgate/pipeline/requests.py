@@ -57,6 +57,8 @@ class InferenceResult:
     ledger: CopyLedger
     # what the model's response carries besides outputs (the response's `parameters`)
     parameters: Mapping[str, Parameter] = field(default_factory=lambda: NO_PARAMETERS)
+    # a decoupled model's response that the model said is the request's last (work.py)
+    final: bool = False
 
 
 # BYTES elements from which a request's strings are cut into bytes objects in the loop's

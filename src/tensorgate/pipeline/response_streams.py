@@ -129,7 +129,7 @@ class ResponseStream:
                     if self._ended:
                         return
                     self._report(item.respond, results, self._credits.release,
-                                 answer.parameters)
+                                 answer.parameters, final)
         if final:
             self._end(None)
 

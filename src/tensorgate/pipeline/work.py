@@ -59,10 +59,12 @@ class WorkItem:
         self.priority = priority      # as the request asked (0: default), for ensemble steps
         # A decoupled model's request: each response goes to `respond` on the loop as soon as
         # it is made; `abandoned` (set on the loop) tells the executor to stop making them.
-        # `respond(outputs, taken, parameters)`: the receiver calls `taken()` once its client
-        # has the response, which lets the executor make one more (a bound on those waiting).
+        # `respond(outputs, taken, parameters, final)`: the receiver calls `taken()` once its
+        # client has the response, which lets the executor make one more (a bound on those
+        # waiting); `final`: the model said it is the request's last (a Triton model's send
+        # with the final flag; a generator's last is known only after it, never here).
         self.respond: Callable[[dict[str, TensorView], Callable[[], None],
-                                Mapping[str, Parameter]], None] | None = None
+                                Mapping[str, Parameter], bool], None] | None = None
         self.abandoned = False
         self.sequence = sequence
         # A row that only fills a gap in a direct sequence batch (pipeline/sequences.py): run,
