@@ -96,7 +96,7 @@ _known(MALFORMED, 500, 400, "repo index bad json", "json id number", "json outpu
        "bool strings", "uint8 negative", "uint8 fraction", "uint64 past 64 bits",
        "int64 past range", "int64 fraction", "logging bad", "load bad body",
        "json binary_data_output str", "shm register bad key", "repo index ready str",
-       "bytes numbers")
+       "bytes numbers", "classification negative")
 _known("an integer out of its datatype's range is refused here; Triton wraps it (2**40 as "
        "INT32 is 0 there)", 200, 400, "int overflow", "int neg overflow", "uint8 past range",
        "int8 past range")
@@ -195,6 +195,14 @@ def _repository(root: pathlib.Path) -> None:
                                 flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
         """))
     _stream_count(root)
+    folder = root / "classes"
+    (folder / "1").mkdir(parents=True)
+    (folder / "config.pbtxt").write_text(
+        (root / "echo_fp32" / "config.pbtxt").read_text().replace("echo_fp32", "classes")
+        .replace('"OUT" data_type: TYPE_FP32 dims: [ -1 ]',
+                 '"OUT" data_type: TYPE_FP32 dims: [ -1 ] label_filename: "labels.txt"'))
+    (folder / "labels.txt").write_text("cat\ndog\nbird\n")  # fewer than the scores
+    shutil.copy(root / "echo_fp32" / "1" / "model.py", folder / "1" / "model.py")
 
 
 def _stream_count(root: pathlib.Path) -> None:
@@ -262,11 +270,14 @@ def _tensorgate(repo: pathlib.Path, work: pathlib.Path,
                             stderr=subprocess.STDOUT)
 
 
-def _wait_ready(port: int, process: subprocess.Popen[bytes], what: str) -> None:
+def _wait_ready(port: int, process: subprocess.Popen[bytes], what: str,
+                log: pathlib.Path) -> None:
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise SystemExit(f"{what} exited with {process.returncode} before it was ready")
+            tail = log.read_text(errors="replace")[-3000:]
+            raise SystemExit(f"{what} exited with {process.returncode} before it was ready; "
+                             f"its log ends:\n{tail}")
         try:
             if _send(port, Http("", "GET", "/v2/health/ready"))[0] == 200:
                 return
@@ -537,6 +548,19 @@ def http_cases() -> list[Http]:
         cases.append(Http(name, "POST", f"/v2/models/{model}/infer", _echo(datatype, data)))
     cases.append(Http("bytes nonstr", "POST", "/v2/models/echo_string/infer",
                       _echo("BYTES", [1, 2])))
+    scores = [0.5, 3.0, -1.0, 3.0, 2.0]
+    for name, model, datatype, data, count, binary in (
+            ("classification labels", "classes", "FP32", scores, 4, False),
+            ("classification past the count", "classes", "FP32", scores, 9, False),
+            ("classification binary", "classes", "FP32", scores, 2, True),
+            ("classification int", "echo_int64", "INT64", [2**24, 2**24 + 1, -3], 2, False),
+            ("classification uint8", "echo_uint8", "UINT8", [8, 3, 9], 3, False),
+            ("classification negative", "classes", "FP32", scores, -1, False)):
+        cases.append(Http(name, "POST", f"/v2/models/{model}/infer", _js({
+            "inputs": [{"name": "IN", "shape": [len(data)], "datatype": datatype,
+                        "data": data}],
+            "outputs": [{"name": "OUT", "parameters": {"classification": count,
+                                                       "binary_data": binary}}]})))
     return cases
 
 
@@ -695,8 +719,8 @@ def main(argv: list[str] | None = None) -> int:
         ours = _tensorgate(repo, work, (ports[3], ports[4], ports[5]))
         rows: list[tuple[str, Any, Any, str]] = []
         try:
-            _wait_ready(ports[0], triton, "tritonserver")
-            _wait_ready(ports[3], ours, "tensorgate")
+            _wait_ready(ports[0], triton, "tritonserver", work / "triton.log")
+            _wait_ready(ports[3], ours, "tensorgate", work / "tensorgate.log")
             stubs = [service_pb2_grpc.GRPCInferenceServiceStub(
                 grpc.insecure_channel(f"127.0.0.1:{port}")) for port in (ports[1], ports[4])]
             for case in http_cases():

@@ -76,6 +76,28 @@ def test_topk_matches_sorting(seed: int) -> None:
         assert [v.decode() for v in out[row]] == expected
 
 
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.uint8, torch.bool,
+                                   torch.float16])
+def test_scores_of_any_type_are_ranked_and_written_as_triton_writes_them(
+        dtype: torch.dtype) -> None:
+    """Integers as their digits ("8:0"; Triton 2.51 gave "8:0" where this said
+    "8.000000:0"), compared as integers: 2**24 + 1 outranks 2**24, which as floats tie.
+    Floats as %f."""
+    if dtype == torch.int64:
+        scores = torch.tensor([[2**24, 2**24 + 1, -3]], dtype=dtype)
+        expected = [f"{2**24 + 1}:1", f"{2**24}:0"]
+    elif dtype == torch.bool:
+        scores = torch.tensor([[False, True, False]])
+        expected = ["1:1", "0:0"]
+    elif dtype == torch.float16:
+        scores = torch.tensor([[0.5, 2.0, -1.0]], dtype=dtype)
+        expected = ["2.000000:1", "0.500000:0"]
+    else:
+        scores = torch.tensor([[8, 3, 9]], dtype=dtype)
+        expected = ["9:2", "8:0"]
+    assert [v.decode() for v in topk_classify(scores, 2)[0]] == expected
+
+
 def test_greedy_decode_is_argmax() -> None:
     logits = torch.randn(2, 5, 11)
     tokens = greedy_decode(logits)

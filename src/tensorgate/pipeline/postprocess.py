@@ -89,13 +89,18 @@ def batched_nms(boxes: torch.Tensor, scores: torch.Tensor, classes: torch.Tensor
 
 
 def topk_classify(scores: torch.Tensor, k: int, labels: Sequence[str] = ()) -> np.ndarray:
-    """[B, C] scores → object array [B, k] of b"score:index[:label]" (Triton's format)."""
+    """[B, C] scores → object array [B, k] of b"score:index[:label]" (Triton's format: a
+    float score as C's %f, "0.500000"; an integer one as its digits, "8", compared as the
+    integers they are, not as floats that would tie 2**24 and 2**24 + 1)."""
     k = min(k, scores.shape[-1])
-    values, indices = torch.topk(scores.float(), k, dim=-1)
+    integral = not scores.is_floating_point()
+    compared = (scores.to(torch.uint8) if scores.dtype == torch.bool
+                else scores if integral else scores.float())
+    values, indices = torch.topk(compared, k, dim=-1)
     out = np.empty((scores.shape[0], k), dtype=object)
     for row, (vals, idxs) in enumerate(zip(values.tolist(), indices.tolist())):
         for col, (value, index) in enumerate(zip(vals, idxs)):
-            text = f"{value:f}:{index}"
+            text = f"{value}:{index}" if integral else f"{value:f}:{index}"
             if index < len(labels):
                 text += f":{labels[index]}"
             out[row, col] = text.encode()
