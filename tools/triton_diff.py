@@ -74,13 +74,16 @@ class Stream:
     requests: list[tuple[str, str, int, bool]]
 
 
-# case name -> (Triton's status, ours, why the difference is deliberate)
-KNOWN: dict[str, tuple[Any, Any, str]] = {}
+# case name -> (Triton's status, ours, why the difference is deliberate, and where the two
+# statuses are the same, the answer's keys that may differ: None, the whole answer)
+KNOWN: dict[str, tuple[Any, Any, str, frozenset[str] | None]] = {}
 
 
-def _known(reason: str, triton: Any, ours: Any, *names: str) -> None:
+def _known(reason: str, triton: Any, ours: Any, *names: str,
+           differing: tuple[str, ...] | None = ()) -> None:
     for name in names:
-        KNOWN[name] = (triton, ours, reason)
+        KNOWN[name] = (triton, ours, reason,
+                       None if differing is None else frozenset(differing))
 
 
 MALFORMED = "a malformed request is the client's error: 400 / INVALID_ARGUMENT here, 500 / " \
@@ -108,11 +111,13 @@ _known("an integer out of its datatype's range is refused here; Triton wraps it"
 _known("a value past FP32's range is refused here; Triton makes it inf", 200, 400,
        "json data huge", "fp32 past range")
 _known("FP32 values are written in JSON as the shortest text that reads back as the same "
-       "FP32 (0.1); Triton writes the double (0.10000000149011612)", 200, 200, "fp32 ok")
+       "FP32 (0.1); Triton writes the double (0.10000000149011612)", 200, 200, "fp32 ok",
+       differing=("data",))
 _known("FP16 travels as JSON here (Triton refuses it both ways)", 400, 200, "fp16 json")
 _known("health answers carry OIP's JSON bodies ({\"live\": true}, {\"ready\": true}): "
        "KServe's SDK parses them",
-       200, 200, "GET /v2/health/live", "GET /v2/health/ready", "GET /v2/models/add_sub/ready")
+       200, 200, "GET /v2/health/live", "GET /v2/health/ready", "GET /v2/models/add_sub/ready",
+       differing=None)
 _known("a model not ready is 503 here (KServe's status); Triton answers 400", 400, 503,
        "GET /v2/models/nope/ready", "GET /v2/models/add_sub/versions/2/ready")
 _known("an unknown model or version is 404 / NOT_FOUND here; Triton answers 400 / "
@@ -136,15 +141,23 @@ _known("a negative timeout is refused here; Triton ignores it", "OK", "INVALID_A
        "grpc timeout neg")
 _known("a request's non-object body is refused here; Triton ignores it", 200, 400,
        "repo index list")
-_known("extensions and name are the server's own", 200, 200, "GET /v2")
+_known("extensions and name are the server's own", 200, 200, "GET /v2",
+       differing=("name", "version", "extensions"))
+_known("Triton's ensemble answers carry sequence parameters (sequence_id 0, start and end "
+       "false) for a request that sent none", 200, 200, "ensemble infer",
+       "ensemble one output", differing=("parameters",))
+_known("ensemble_scheduling shows max_inflight_requests, a field of newer Triton configs",
+       200, 200, "ensemble config", differing=("max_inflight_requests",))
 _known("index entries carry \"reason\" (empty when ready), as KServe's do", 200, 200,
-       "POST /v2/repository/index", "repo index ready")
+       "POST /v2/repository/index", "repo index ready", differing=("reason",))
 _known("the served config lacks Triton's optimization defaults and preferred batch sizes",
-       200, 200, "GET /v2/models/add_sub/config")
+       200, 200, "GET /v2/models/add_sub/config",
+       differing=("optimization", "preferred_batch_size"))
 _known("binary_data_output makes listed outputs binary too here; Triton 2.51 applies it "
-       "only when no output is listed", 200, 200, "json binary_data_output listed")
+       "only when no output is listed", 200, 200, "json binary_data_output listed",
+       differing=None)
 _known("Accept-Encoding answers compress the same bytes with another gzip header", 200, 200,
-       "json accept gzip", "json accept deflate")
+       "json accept gzip", "json accept deflate", differing=None)
 
 
 def _repository(root: pathlib.Path) -> None:
@@ -203,6 +216,22 @@ def _repository(root: pathlib.Path) -> None:
                  '"OUT" data_type: TYPE_FP32 dims: [ -1 ] label_filename: "labels.txt"'))
     (folder / "labels.txt").write_text("cat\ndog\nbird\n")  # fewer than the scores
     shutil.copy(root / "echo_fp32" / "1" / "model.py", folder / "1" / "model.py")
+    folder = root / "ensemble_add"
+    (folder / "1").mkdir(parents=True)
+    (folder / "config.pbtxt").write_text(textwrap.dedent("""\
+        name: "ensemble_add"
+        platform: "ensemble"
+        max_batch_size: 8
+        input [ { name: "A" data_type: TYPE_FP32 dims: [ 4 ] },
+                { name: "B" data_type: TYPE_FP32 dims: [ 4 ] } ]
+        output [ { name: "SUM" data_type: TYPE_FP32 dims: [ 4 ] },
+                 { name: "DIFF" data_type: TYPE_FP32 dims: [ 4 ] } ]
+        ensemble_scheduling { step [ {
+          model_name: "add_sub" model_version: -1
+          input_map { key: "INPUT0" value: "A" } input_map { key: "INPUT1" value: "B" }
+          output_map { key: "OUTPUT0" value: "SUM" } output_map { key: "OUTPUT1" value: "DIFF" }
+        } ] }
+        """))
 
 
 def _stream_count(root: pathlib.Path) -> None:
@@ -319,6 +348,8 @@ def _http_outcome(port: int, case: Http) -> tuple[Any, Any]:
     except ValueError:
         document = f"<not JSON: {text[:40]!r}>"
     kind = headers.get("content-type") if status == 200 else None
+    if isinstance(document, dict) and isinstance(document.get("outputs"), list):
+        document["outputs"].sort(key=lambda o: str(o.get("name")))  # in any order
     return status, (_masked(document, case.keys_only), tail, kind)
 
 
@@ -548,6 +579,16 @@ def http_cases() -> list[Http]:
         cases.append(Http(name, "POST", f"/v2/models/{model}/infer", _echo(datatype, data)))
     cases.append(Http("bytes nonstr", "POST", "/v2/models/echo_string/infer",
                       _echo("BYTES", [1, 2])))
+    pair = [{"name": "A", "shape": [1, 4], "datatype": "FP32", "data": F4},
+            {"name": "B", "shape": [1, 4], "datatype": "FP32", "data": [1, 1, 1, 1]}]
+    ensemble = "/v2/models/ensemble_add"
+    cases += [Http("ensemble infer", "POST", f"{ensemble}/infer", _js({"inputs": pair})),
+              Http("ensemble one output", "POST", f"{ensemble}/infer",
+                   _js({"inputs": pair, "outputs": [{"name": "DIFF"}]})),
+              Http("ensemble missing input", "POST", f"{ensemble}/infer",
+                   _js({"inputs": pair[:1]})),
+              Http("ensemble metadata", "GET", ensemble),
+              Http("ensemble config", "GET", f"{ensemble}/config", keys_only=True)]
     scores = [0.5, 3.0, -1.0, 3.0, 2.0]
     for name, model, datatype, data, count, binary in (
             ("classification labels", "classes", "FP32", scores, 4, False),
@@ -666,12 +707,26 @@ def stream_cases() -> list[Stream]:
 # -- running -----------------------------------------------------------------------------------
 
 def _verdict(name: str, triton: tuple[Any, Any], ours: tuple[Any, Any]) -> str:
+    """"same", "known: why" (a difference KNOWN lists, and no other), or "DIFFERENT"."""
     if triton == ours:
         return "same"
     known = KNOWN.get(name)
-    if known is not None and (known[0], known[1]) == (triton[0], ours[0]):
-        return f"known: {known[2]}"
-    return "DIFFERENT"
+    if known is None or (known[0], known[1]) != (triton[0], ours[0]):
+        return "DIFFERENT"
+    differing = known[3]
+    if triton[0] == ours[0] and differing is not None and \
+            _without(triton[1], differing) != _without(ours[1], differing):
+        return "DIFFERENT"  # more differs than the keys KNOWN names
+    return f"known: {known[2]}"
+
+
+def _without(value: Any, keys: frozenset[str]) -> Any:
+    """`value` (an answer as compared) without `keys`, wherever they are."""
+    if isinstance(value, dict):
+        return {k: _without(v, keys) for k, v in value.items() if k not in keys}
+    if isinstance(value, (list, tuple)):
+        return [_without(v, keys) for v in value]
+    return value
 
 
 def _free_ports(count: int) -> list[int]:
@@ -702,6 +757,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="where bench/peers/install.sh put nvidia-pytriton")
     parser.add_argument("--only", default="", help="only the cases whose name holds this")
     parser.add_argument("--show-same", action="store_true", help="list the same ones too")
+    parser.add_argument("--show", action="store_true",
+                        help="print both answers, as compared, of each case not the same")
     args = parser.parse_args(argv)
     if not (args.triton_venv / "bin").is_dir():
         print(f"no Triton at {args.triton_venv}: bash bench/peers/install.sh triton")
@@ -726,17 +783,17 @@ def main(argv: list[str] | None = None) -> int:
             for case in http_cases():
                 if args.only in case.name:
                     one, two = _http_outcome(ports[0], case), _http_outcome(ports[3], case)
-                    rows.append((case.name, one[0], two[0], _verdict(case.name, one, two)))
+                    rows.append((case.name, one, two, _verdict(case.name, one, two)))
             for stream in stream_cases():
                 if args.only in stream.name:
                     one = _stream_outcome(f"127.0.0.1:{ports[1]}", stream)
                     two = _stream_outcome(f"127.0.0.1:{ports[4]}", stream)
-                    rows.append((stream.name, one[0], two[0], _verdict(stream.name, one, two)))
+                    rows.append((stream.name, one, two, _verdict(stream.name, one, two)))
             for grpc_case in grpc_cases():
                 if args.only in grpc_case.name:
                     one, two = (_grpc_outcome(stubs[0], grpc_case),
                                 _grpc_outcome(stubs[1], grpc_case))
-                    rows.append((grpc_case.name, one[0], two[0],
+                    rows.append((grpc_case.name, one, two,
                                  _verdict(grpc_case.name, one, two)))
         finally:
             _stop(triton)
@@ -749,7 +806,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'case':{width}}  {'Triton':>16}  {'tensorgate':>16}  verdict")
     for name, one, two, verdict in rows:
         if args.show_same or verdict != "same":
-            print(f"{name:{width}}  {one!s:>16}  {two!s:>16}  {verdict}")
+            print(f"{name:{width}}  {one[0]!s:>16}  {two[0]!s:>16}  {verdict}")
+        if args.show and verdict != "same":
+            for server, outcome in (("Triton", one), ("tensorgate", two)):
+                print(f"    {server}: {json.dumps(outcome[1], default=repr)[:2000]}")
     counts = {kind: sum(row[3].startswith(kind) for row in rows)
               for kind in ("same", "known", "DIFFERENT")}
     print(f"{len(rows)} cases: {counts['same']} the same, {counts['known']} known and "

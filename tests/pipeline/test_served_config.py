@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from tensorgate.pipeline.served_config import instance_name, served_spec
+from tensorgate.pipeline.served_config import instance_name, served_ensemble, served_spec
 from tensorgate.repository.model_config import parse_model_config
 
 
@@ -45,3 +45,15 @@ def test_instances_are_named_by_group_as_triton_names_them() -> None:
     assert [instance_name(served, i) for i in range(4)] == ["m_0_0", "m_0_1", "big_0", "big_1"]
     alone = served_spec(parse_model_config('name: "n" backend: "python"'), "model.py", [[cpu]])
     assert instance_name(alone, 0) == "n_0"
+
+
+def test_an_ensemble_shows_the_policies_triton_fills_in() -> None:
+    """Triton 2.51's /config of an ensemble has a version policy and a transaction policy
+    where its config.pbtxt had neither (tools/triton_diff.py "ensemble config")."""
+    spec = parse_model_config('name: "e" platform: "ensemble" max_batch_size: 8 '
+                              'ensemble_scheduling { step [ { model_name: "m" '
+                              'model_version: -1 } ] }')
+    config = served_ensemble(spec).config_dict()
+    assert config["version_policy"] == {"latest": {"num_versions": 1}}
+    assert config["model_transaction_policy"] == {"decoupled": False}
+    assert "model_transaction_policy" not in spec.config_dict()  # not changed

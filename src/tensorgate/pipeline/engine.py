@@ -47,7 +47,7 @@ from tensorgate.pipeline.requests import (InferenceRequest, InferenceResult, str
                                          work_item)
 from tensorgate.pipeline.response_cache import CacheStatistics, ResponseCache
 from tensorgate.pipeline.scheduler import Scheduler
-from tensorgate.pipeline.served_config import served_spec
+from tensorgate.pipeline.served_config import served_ensemble, served_spec
 from tensorgate.pipeline.sequences import SequenceScheduler
 from tensorgate.pipeline.stats import ModelCall, ModelStatistics, StageTimes
 from tensorgate.pipeline.trace import Trace
@@ -304,6 +304,7 @@ class Engine:
         steps = check_step_models(spec, steps, self.spec)
         if any(step.decoupled for step in steps):  # it streams, as Triton makes it
             spec = decoupled_ensemble(spec)
+        spec = served_ensemble(spec)
         stats = ModelStatistics(spec.name, version, cached=self._caches(spec),
                                 summaries=self._summaries)
         scheduler = EnsembleScheduler(spec, steps, stats, self._run_step, self._stream_step)

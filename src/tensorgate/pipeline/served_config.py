@@ -4,12 +4,13 @@ config filled in as Triton fills a served model's, from what the engine decided.
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 import torch
 
 from tensorgate.repository.model_config import ModelSpec
 
-__all__ = ["instance_name", "served_spec"]
+__all__ = ["instance_name", "served_ensemble", "served_spec"]
 
 
 def served_spec(spec: ModelSpec, filename: str,
@@ -18,10 +19,7 @@ def served_spec(spec: ModelSpec, filename: str,
     Python model's initialize see): the version policy, the model file, and each instance
     group's name, kind as resolved, count and GPUs. Unnamed groups are named as Triton
     names them: `<model>_<index>`, or `<model>` for the group a config without any gets."""
-    config = type(spec.config)()
-    config.CopyFrom(spec.config)
-    if not config.HasField("version_policy"):
-        config.version_policy.latest.num_versions = 1
+    config = _filled(spec)
     if not config.default_model_filename:
         config.default_model_filename = filename
     given = list(spec.config.instance_group) or [None]
@@ -37,6 +35,23 @@ def served_spec(spec: ModelSpec, filename: str,
         del filled.gpus[:]
         filled.gpus.extend(gpus)
     return replace(spec, config=config)
+
+
+def served_ensemble(spec: ModelSpec) -> ModelSpec:
+    """An ensemble's `spec` with its config filled in as Triton fills one: the version
+    policy and the transaction policy (an ensemble has no model file or instances)."""
+    config = _filled(spec)
+    config.model_transaction_policy.SetInParent()  # {"decoupled": false}, as Triton shows it
+    return replace(spec, config=config)
+
+
+def _filled(spec: ModelSpec) -> Any:
+    """A copy of `spec`'s config with the version policy Triton gives a model without one."""
+    config = type(spec.config)()
+    config.CopyFrom(spec.config)
+    if not config.HasField("version_policy"):
+        config.version_policy.latest.num_versions = 1
+    return config
 
 
 def instance_name(spec: ModelSpec, instance: int) -> str:
