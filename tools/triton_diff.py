@@ -99,7 +99,7 @@ _known(MALFORMED, 500, 400, "repo index bad json", "json id number", "json outpu
        "bool strings", "uint8 negative", "uint8 fraction", "uint64 past 64 bits",
        "int64 past range", "int64 fraction", "logging bad", "load bad body",
        "json binary_data_output str", "shm register bad key", "repo index ready str",
-       "bytes numbers", "classification negative")
+       "bytes numbers", "classification negative", "sequence start not a bool")
 _known("an integer out of its datatype's range is refused here; Triton wraps it (2**40 as "
        "INT32 is 0 there)", 200, 400, "int overflow", "int neg overflow", "uint8 past range",
        "int8 past range")
@@ -216,6 +216,40 @@ def _repository(root: pathlib.Path) -> None:
                  '"OUT" data_type: TYPE_FP32 dims: [ -1 ] label_filename: "labels.txt"'))
     (folder / "labels.txt").write_text("cat\ndog\nbird\n")  # fewer than the scores
     shutil.copy(root / "echo_fp32" / "1" / "model.py", folder / "1" / "model.py")
+    folder = root / "sequence_sum"
+    (folder / "1").mkdir(parents=True)
+    (folder / "config.pbtxt").write_text(textwrap.dedent("""\
+        name: "sequence_sum"
+        backend: "python"
+        max_batch_size: 4
+        sequence_batching { max_sequence_idle_microseconds: 5000000 }
+        input [ { name: "IN" data_type: TYPE_INT32 dims: [ 1 ] } ]
+        output [ { name: "SUM" data_type: TYPE_INT32 dims: [ 1 ] } ]
+        instance_group [ { count: 1 kind: KIND_CPU } ]
+        """))
+    (folder / "1" / "model.py").write_text(textwrap.dedent("""\
+        import numpy as np
+        import triton_python_backend_utils as pb_utils
+
+
+        class TritonPythonModel:
+            def initialize(self, args):
+                self.sums = {}
+
+            def execute(self, requests):
+                responses = []
+                for request in requests:
+                    key, flags = request.correlation_id(), request.flags()
+                    if flags & pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START:
+                        self.sums[key] = 0
+                    value = pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()
+                    self.sums[key] = self.sums.get(key, 0) + int(value.sum())
+                    responses.append(pb_utils.InferenceResponse([pb_utils.Tensor(
+                        "SUM", np.array([[self.sums[key]]], np.int32))]))
+                    if flags & pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_END:
+                        self.sums.pop(key, None)
+                return responses
+        """))
     folder = root / "ensemble_add"
     (folder / "1").mkdir(parents=True)
     (folder / "config.pbtxt").write_text(textwrap.dedent("""\
@@ -589,6 +623,30 @@ def http_cases() -> list[Http]:
                    _js({"inputs": pair[:1]})),
               Http("ensemble metadata", "GET", ensemble),
               Http("ensemble config", "GET", f"{ensemble}/config", keys_only=True)]
+    for name, parameters in (  # in order: each goes on from the ones before it
+            ("sequence without an id", {}), ("sequence id without start", {"sequence_id": 51}),
+            ("sequence start", {"sequence_id": 52, "sequence_start": True}),
+            ("sequence continues", {"sequence_id": 52}),
+            ("sequence starts again", {"sequence_id": 52, "sequence_start": True}),
+            ("sequence ends", {"sequence_id": 52, "sequence_end": True}),
+            ("sequence after its end", {"sequence_id": 52}),
+            ("sequence start and end", {"sequence_id": 53, "sequence_start": True,
+                                        "sequence_end": True}),
+            ("sequence id 0", {"sequence_id": 0, "sequence_start": True}),
+            ("sequence start without an id", {"sequence_start": True}),
+            ("sequence string id", {"sequence_id": "s", "sequence_start": True}),
+            ("sequence string id continues", {"sequence_id": "s"}),
+            ("sequence string id ends", {"sequence_id": "s", "sequence_end": True}),
+            ("sequence empty string id", {"sequence_id": "", "sequence_start": True}),
+            ("sequence id 2**64 - 1", {"sequence_id": 2**64 - 1, "sequence_start": True}),
+            ("sequence id 2**64 - 1 ends", {"sequence_id": 2**64 - 1, "sequence_end": True}),
+            ("sequence string '77'", {"sequence_id": "77", "sequence_start": True}),
+            ("sequence number 77 is another", {"sequence_id": 77}),
+            ("sequence string '77' ends", {"sequence_id": "77", "sequence_end": True}),
+            ("sequence start not a bool", {"sequence_id": 54, "sequence_start": 1})):
+        cases.append(Http(name, "POST", "/v2/models/sequence_sum/infer", _js({
+            "inputs": [{"name": "IN", "shape": [1, 1], "datatype": "INT32", "data": [1]}],
+            "parameters": parameters})))
     scores = [0.5, 3.0, -1.0, 3.0, 2.0]
     for name, model, datatype, data, count, binary in (
             ("classification labels", "classes", "FP32", scores, 4, False),
