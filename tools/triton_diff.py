@@ -99,7 +99,9 @@ _known(MALFORMED, 500, 400, "repo index bad json", "json id number", "json outpu
        "bool strings", "uint8 negative", "uint8 fraction", "uint64 past 64 bits",
        "int64 past range", "int64 fraction", "logging bad", "load bad body",
        "json binary_data_output str", "shm register bad key", "repo index ready str",
-       "bytes numbers", "classification negative", "sequence start not a bool")
+       "bytes numbers", "classification negative", "sequence start not a bool",
+       "load with a config that is not JSON", "load with a config not a string",
+       "load with another model's config")
 _known("an integer out of its datatype's range is refused here; Triton wraps it (2**40 as "
        "INT32 is 0 there)", 200, 400, "int overflow", "int neg overflow", "uint8 past range",
        "int8 past range")
@@ -151,7 +153,7 @@ _known("ensemble_scheduling shows max_inflight_requests, a field of newer Triton
 _known("index entries carry \"reason\" (empty when ready), as KServe's do", 200, 200,
        "POST /v2/repository/index", "repo index ready", differing=("reason",))
 _known("the served config lacks Triton's optimization defaults and preferred batch sizes",
-       200, 200, "GET /v2/models/add_sub/config",
+       200, 200, "GET /v2/models/add_sub/config", "config after a load with a config",
        differing=("optimization", "preferred_batch_size"))
 _known("binary_data_output makes listed outputs binary too here; Triton 2.51 applies it "
        "only when no output is listed", 200, 200, "json binary_data_output listed",
@@ -647,6 +649,29 @@ def http_cases() -> list[Http]:
         cases.append(Http(name, "POST", "/v2/models/sequence_sum/infer", _js({
             "inputs": [{"name": "IN", "shape": [1, 1], "datatype": "INT32", "data": [1]}],
             "parameters": parameters})))
+    load = "/v2/repository/models/add_sub/load"
+    smaller = json.dumps({
+        "name": "add_sub", "backend": "python", "max_batch_size": 2,
+        "input": [{"name": n, "data_type": "TYPE_FP32", "dims": [4]} for n in ("INPUT0",
+                                                                             "INPUT1")],
+        "output": [{"name": n, "data_type": t, "dims": [d]} for n, t, d in (
+            ("OUTPUT0", "TYPE_FP32", 4), ("OUTPUT1", "TYPE_FP32", 4),
+            ("REQUESTS", "TYPE_INT32", 1))]})
+    three = _js({"inputs": [{"name": n, "shape": [3, 4], "datatype": "FP32", "data": F4 * 3}
+                            for n in ("INPUT0", "INPUT1")]})
+    cases += [  # in order; the last loads add_sub as its repository has it again
+        Http("load with a config", "POST", load, _js({"parameters": {"config": smaller}})),
+        Http("config after a load with a config", "GET", "/v2/models/add_sub/config"),
+        Http("infer past the loaded config's batch", "POST", INFER, three),
+        Http("load with a config that is not JSON", "POST", load,
+             _js({"parameters": {"config": "{"}})),
+        Http("load with a config not a string", "POST", load,
+             _js({"parameters": {"config": {"name": "add_sub"}}})),
+        Http("load with another model's config", "POST", load,
+             _js({"parameters": {"config": smaller.replace('"add_sub"', '"other"')}})),
+        Http("load again without a config", "POST", load, b""),
+        Http("infer after the load without a config", "POST", INFER, three),
+    ]
     scores = [0.5, 3.0, -1.0, 3.0, 2.0]
     for name, model, datatype, data, count, binary in (
             ("classification labels", "classes", "FP32", scores, 4, False),
