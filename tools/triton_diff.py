@@ -101,7 +101,8 @@ _known(MALFORMED, 500, 400, "repo index bad json", "json id number", "json outpu
        "json binary_data_output str", "shm register bad key", "repo index ready str",
        "bytes numbers", "classification negative", "sequence start not a bool",
        "load with a config that is not JSON", "load with a config not a string",
-       "load with another model's config")
+       "load with another model's config", "generate a string for a number",
+       "shm register past its end", "shm input offset negative")
 _known("an integer out of its datatype's range is refused here; Triton wraps it (2**40 as "
        "INT32 is 0 there)", 200, 400, "int overflow", "int neg overflow", "uint8 past range",
        "int8 past range")
@@ -380,7 +381,11 @@ def _http_outcome(port: int, case: Http) -> tuple[Any, Any]:
     if headers.get("content-encoding") in ("gzip", "deflate"):
         text = zlib.decompress(body, 47)  # either header
     try:
-        document = json.loads(text) if text else None
+        if headers.get("content-type", "").startswith("text/event-stream"):
+            document = [json.loads(line[5:]) for line in text.decode().splitlines()
+                        if line.startswith("data:")]  # a generate_stream's events
+        else:
+            document = json.loads(text) if text else None
     except ValueError:
         document = f"<not JSON: {text[:40]!r}>"
     kind = headers.get("content-type") if status == 200 else None
@@ -506,7 +511,7 @@ def http_cases() -> list[Http]:
         Http("load bad body", "POST", "/v2/repository/models/add_sub/load", b"{"),
         Http("logging bad", "POST", "/v2/logging", _js({"log_info": "x"})),
         Http("shm register bad key", "POST", "/v2/systemsharedmemory/region/r/register",
-             _js({"key": "/tensorgate_diff_none", "offset": 0, "byte_size": 16})),
+             _js({"key": "/tgdiff_none", "offset": 0, "byte_size": 16})),
         Http("ok json", "POST", INFER, _add()),
         Http("ok json v1", "POST", "/v2/models/add_sub/versions/1/infer", _add()),
         Http("json v7", "POST", "/v2/models/add_sub/versions/7/infer", _add()),
@@ -649,6 +654,19 @@ def http_cases() -> list[Http]:
         cases.append(Http(name, "POST", "/v2/models/sequence_sum/infer", _js({
             "inputs": [{"name": "IN", "shape": [1, 1], "datatype": "INT32", "data": [1]}],
             "parameters": parameters})))
+    for name, model, route, document in (
+            ("generate", "int_double", "generate", {"IN": [3]}),
+            ("generate a scalar", "int_double", "generate", {"IN": 3}),
+            ("generate batched", "add_sub", "generate", {"INPUT0": F4, "INPUT1": F4}),
+            ("generate a field no input has", "int_double", "generate", {"IN": [3], "X": 1}),
+            ("generate without an input", "int_double", "generate", {}),
+            ("generate a string for a number", "int_double", "generate", {"IN": ["3"]}),
+            ("generate a decoupled model", "stream_echo", "generate", {"IN": [3]}),
+            ("generate_stream", "stream_echo", "generate_stream", {"IN": [3]}),
+            ("generate_stream counts", "stream_count", "generate_stream", {"IN": [2]}),
+            ("generate_stream not decoupled", "int_double", "generate_stream", {"IN": [3]}),
+            ("generate unknown model", "nope", "generate", {"IN": [3]})):
+        cases.append(Http(name, "POST", f"/v2/models/{model}/{route}", _js(document)))
     load = "/v2/repository/models/add_sub/load"
     smaller = json.dumps({
         "name": "add_sub", "backend": "python", "max_batch_size": 2,
@@ -686,6 +704,56 @@ def http_cases() -> list[Http]:
             "outputs": [{"name": "OUT", "parameters": {"classification": count,
                                                        "binary_data": binary}}]})))
     return cases
+
+
+def shm_cases(keys: tuple[str, str]) -> list[Http]:
+    """System shared memory, in order: two regions the client made (32 bytes each: INPUT0's
+    values then INPUT1's, and room for outputs) registered, read, written, let go of."""
+    region = "/v2/systemsharedmemory/region"
+    floats = {"shape": [1, 4], "datatype": "FP32"}
+
+    def placed(name: str, region_name: str, offset: int, size: int = 16) -> dict[str, Any]:
+        return {"name": name, **floats, "parameters": {
+            "shared_memory_region": region_name, "shared_memory_offset": offset,
+            "shared_memory_byte_size": size}}
+
+    def infer(inputs: list[dict[str, Any]], outputs: list[dict[str, Any]] | None = None
+              ) -> bytes:
+        return _js({"inputs": inputs, **({"outputs": outputs} if outputs else {})})
+
+    def output(offset: int) -> list[dict[str, Any]]:
+        return [{"name": "OUTPUT1", "parameters": {
+            "shared_memory_region": "diff_out", "shared_memory_offset": offset,
+            "shared_memory_byte_size": 16}}]
+
+    both = [placed("INPUT0", "diff_in", 0), placed("INPUT1", "diff_in", 16)]
+    return [
+        Http("shm register", "POST", f"{region}/diff_in/register",
+             _js({"key": keys[0], "offset": 0, "byte_size": 32})),
+        Http("shm register its name again", "POST", f"{region}/diff_in/register",
+             _js({"key": keys[1], "offset": 0, "byte_size": 32})),
+        Http("shm register past its end", "POST", f"{region}/diff_far/register",
+             _js({"key": keys[1], "offset": 16, "byte_size": 32})),
+        Http("shm register an output", "POST", f"{region}/diff_out/register",
+             _js({"key": keys[1], "offset": 0, "byte_size": 32})),
+        Http("shm status", "GET", "/v2/systemsharedmemory/status"),
+        Http("shm status of one", "GET", f"{region}/diff_in/status"),
+        Http("shm inputs", "POST", INFER, infer(both)),
+        Http("shm inputs and an output", "POST", INFER, infer(both, output(16))),
+        Http("shm output past the region", "POST", INFER, infer(both, output(24))),
+        Http("shm input size not the shape's", "POST", INFER,
+             infer([placed("INPUT0", "diff_in", 0, 12), both[1]])),
+        Http("shm input past the region", "POST", INFER,
+             infer([placed("INPUT0", "diff_in", 24), both[1]])),
+        Http("shm input offset negative", "POST", INFER,
+             infer([placed("INPUT0", "diff_in", -4), both[1]])),
+        Http("shm input of a region not registered", "POST", INFER,
+             infer([placed("INPUT0", "diff_none", 0), both[1]])),
+        Http("shm unregister one", "POST", f"{region}/diff_out/unregister"),
+        Http("shm status after one is gone", "GET", "/v2/systemsharedmemory/status"),
+        Http("shm unregister all", "POST", "/v2/systemsharedmemory/unregister"),
+        Http("shm status after all are gone", "GET", "/v2/systemsharedmemory/status"),
+    ]
 
 
 def grpc_cases() -> list[Grpc]:
@@ -764,7 +832,7 @@ def grpc_cases() -> list[Grpc]:
         Grpc("grpc shm status nope", "SystemSharedMemoryStatus",
              pb.SystemSharedMemoryStatusRequest(name="nope")),
         Grpc("grpc shm register bad key", "SystemSharedMemoryRegister",
-             pb.SystemSharedMemoryRegisterRequest(name="r", key="/tensorgate_diff_none",
+             pb.SystemSharedMemoryRegisterRequest(name="r", key="/tgdiff_none",
                                                   byte_size=16)),
         Grpc("grpc trace nope", "TraceSetting", pb.TraceSettingRequest(model_name="nope")),
         Grpc("grpc trace settings", "TraceSetting", pb.TraceSettingRequest(), keys_only=True),
@@ -810,6 +878,25 @@ def _without(value: Any, keys: frozenset[str]) -> Any:
     if isinstance(value, (list, tuple)):
         return [_without(v, keys) for v in value]
     return value
+
+
+def _shm_regions() -> tuple[tuple[str, str], list[Any]]:
+    """Two 32-byte regions made as a client makes them, the first holding INPUT0's values
+    and INPUT1's (Triton takes one region a key)."""
+    import numpy as np
+    import tritonclient.utils.shared_memory as shm
+
+    keys = (f"/tgdiff_{os.getpid()}_in", f"/tgdiff_{os.getpid()}_out")  # "tensorgate..."
+    handles = [shm.create_shared_memory_region(f"diff{i}", key, 32)  # keys are the server's
+               for i, key in enumerate(keys)]
+    shm.set_shared_memory_region(handles[0], [np.array(F4 + [1.0] * 4, np.float32)])
+    return keys, handles
+
+
+def _shm_release(handles: list[Any]) -> None:
+    import tritonclient.utils.shared_memory as shm
+    for handle in handles:
+        shm.destroy_shared_memory_region(handle)
 
 
 def _free_ports(count: int) -> list[int]:
@@ -867,6 +954,14 @@ def main(argv: list[str] | None = None) -> int:
                 if args.only in case.name:
                     one, two = _http_outcome(ports[0], case), _http_outcome(ports[3], case)
                     rows.append((case.name, one, two, _verdict(case.name, one, two)))
+            keys, handles = _shm_regions()
+            try:
+                for case in shm_cases(keys):
+                    if args.only in case.name:
+                        one, two = _http_outcome(ports[0], case), _http_outcome(ports[3], case)
+                        rows.append((case.name, one, two, _verdict(case.name, one, two)))
+            finally:
+                _shm_release(handles)
             for stream in stream_cases():
                 if args.only in stream.name:
                     one = _stream_outcome(f"127.0.0.1:{ports[1]}", stream)

@@ -83,7 +83,9 @@ def _identity_through_shm(client, module, regions) -> None:
     ("/", r"the key must be one plain name"),
     ("/a/b", r"the key must be one plain name"),
     ("../etc/passwd", r"the key must be one plain name"),
-    ("/tensorgate_internal", r"the key is not allowed on this server"),
+    ("/tensorgate_internal", r"the key is not allowed on this server: keys beginning "
+                             r"'tensorgate', 'triton_python_backend', 'tritonpy' name "
+                             r"servers' own regions"),
     ("/triton_python_backend_shm_region_1", r"the key is not allowed on this server"),
     ("/tgtest_does_not_exist_%s" % uuid.uuid4().hex[:6], r"the key cannot be opened"),
 ])

@@ -116,9 +116,14 @@ class SharedMemoryRegistry:
             raise InvalidArgumentError(f"region '{name}': the key must be one plain name under "
                                        f"{_SHM_DIR} (letters, digits, '_', '.', '-'; one leading "
                                        "'/' at most)")
-        if plain.lower().startswith(_RESERVED) or (self._prefix and
-                                                   not plain.startswith(self._prefix)):
-            raise InvalidArgumentError(f"region '{name}': the key is not allowed on this server")
+        if plain.lower().startswith(_RESERVED):  # what the key is stays unsaid
+            raise InvalidArgumentError(
+                f"region '{name}': the key is not allowed on this server: keys beginning "
+                f"{', '.join(repr(r) for r in _RESERVED)} name servers' own regions; name "
+                "yours otherwise")
+        if self._prefix and not plain.startswith(self._prefix):
+            raise InvalidArgumentError(f"region '{name}': the key is not allowed on this "
+                                       f"server, which takes keys beginning '{self._prefix}'")
         start = _non_negative(name, "offset", offset)
         size = _non_negative(name, "byte_size", byte_size)
         if size == 0:
