@@ -146,6 +146,11 @@ _known("a request's non-object body is refused here; Triton ignores it", 200, 40
        "repo index list")
 _known("extensions and name are the server's own", 200, 200, "GET /v2",
        differing=("name", "version", "extensions"))
+_known("extensions and name are the server's own", "OK", "OK", "grpc server metadata",
+       differing=("name", "version", "extensions"))
+_known("the served config lacks Triton's optimization defaults and preferred batch sizes",
+       "OK", "OK", "grpc config", "grpc config of a batching model",
+       differing=("optimization", "preferredBatchSize"))
 _known("Triton's ensemble answers carry sequence parameters (sequence_id 0, start and end "
        "false) for a request that sent none", 200, 200, "ensemble infer",
        "ensemble one output", differing=("parameters",))
@@ -159,6 +164,9 @@ _known("the served config lacks Triton's optimization defaults and preferred bat
 _known("binary_data_output makes listed outputs binary too here; Triton 2.51 applies it "
        "only when no output is listed", 200, 200, "json binary_data_output listed",
        differing=None)
+_known("an unload returns here once the model is unloaded (its requests drained, "
+       "UNAVAILABLE); Triton's returns at once and lists the model UNLOADING for a while",
+       "OK", "OK", "grpc index after an unload", differing=("state", "reason"))
 _known("Accept-Encoding answers compress the same bytes with another gzip header", 200, 200,
        "json accept gzip", "json accept deflate", differing=None)
 
@@ -401,7 +409,7 @@ def _grpc_outcome(stub: Any, case: Grpc) -> tuple[Any, Any]:
         answer = getattr(stub, case.method)(case.message, timeout=30)
     except grpc.RpcError as error:
         return error.code().name, None
-    document = json_format.MessageToDict(answer)
+    document = json_format.MessageToDict(answer, always_print_fields_with_no_presence=True)
     raw = document.pop("rawOutputContents", None)
     return "OK", (_masked(document, case.keys_only), raw)
 
@@ -836,6 +844,33 @@ def grpc_cases() -> list[Grpc]:
                                                   byte_size=16)),
         Grpc("grpc trace nope", "TraceSetting", pb.TraceSettingRequest(model_name="nope")),
         Grpc("grpc trace settings", "TraceSetting", pb.TraceSettingRequest(), keys_only=True),
+        Grpc("grpc server live", "ServerLive", pb.ServerLiveRequest()),
+        Grpc("grpc server ready", "ServerReady", pb.ServerReadyRequest()),
+        Grpc("grpc server metadata", "ServerMetadata", pb.ServerMetadataRequest()),
+        Grpc("grpc model ready", "ModelReady", pb.ModelReadyRequest(name="add_sub")),
+        Grpc("grpc model ready version 2", "ModelReady",
+             pb.ModelReadyRequest(name="add_sub", version="2")),
+        Grpc("grpc metadata", "ModelMetadata", pb.ModelMetadataRequest(name="add_sub")),
+        Grpc("grpc metadata of an ensemble", "ModelMetadata",
+             pb.ModelMetadataRequest(name="ensemble_add")),
+        Grpc("grpc config", "ModelConfig", pb.ModelConfigRequest(name="int_double")),
+        Grpc("grpc config of a batching model", "ModelConfig",
+             pb.ModelConfigRequest(name="add_sub")),
+        Grpc("grpc statistics", "ModelStatistics", pb.ModelStatisticsRequest(name="add_sub"),
+             keys_only=True),
+        Grpc("grpc repository index", "RepositoryIndex", pb.RepositoryIndexRequest()),
+        Grpc("grpc repository index ready", "RepositoryIndex",
+             pb.RepositoryIndexRequest(ready=True)),
+        Grpc("grpc log settings", "LogSettings", pb.LogSettingsRequest(), keys_only=True),
+        Grpc("grpc shm status", "SystemSharedMemoryStatus",
+             pb.SystemSharedMemoryStatusRequest()),
+        Grpc("grpc unload", "RepositoryModelUnload",
+             pb.RepositoryModelUnloadRequest(model_name="int_double")),
+        Grpc("grpc ready after an unload", "ModelReady", pb.ModelReadyRequest(name="int_double")),
+        Grpc("grpc index after an unload", "RepositoryIndex", pb.RepositoryIndexRequest()),
+        Grpc("grpc load", "RepositoryModelLoad",
+             pb.RepositoryModelLoadRequest(model_name="int_double")),
+        Grpc("grpc ready after a load", "ModelReady", pb.ModelReadyRequest(name="int_double")),
     ]
     return cases
 

@@ -33,7 +33,9 @@ def check_repository(paths: Sequence[pathlib.Path], models: Sequence[str] = (),
         for handler in logging.getLogger().handlers:
             handler.addFilter(_NotTheTable())
     repositories = ModelRepositories.of(list(paths) or [default_repository()])
-    entries = asyncio.run(_load(repositories, list(models), placement, auto_complete))
+    entries = [{"version": "", "state": "UNAVAILABLE", "reason": "not loaded", **e}
+               for e in asyncio.run(_load(repositories, list(models), placement,
+                                          auto_complete))]
     if models:
         found = {e["name"] for e in entries}
         entries = [e for e in entries if e["name"] in models] + [

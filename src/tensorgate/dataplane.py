@@ -140,7 +140,7 @@ class DataPlane:
         """`repository`: the name a request gave its repository, which must be none."""
         _one_repository(repository)
         index = self.engine.index()
-        return [e for e in index if e["state"] == "READY"] if ready_only else index
+        return [e for e in index if e.get("state") == "READY"] if ready_only else index
 
     async def load(self, name: str, config: str | None = None, repository: str = "") -> None:
         """`config`: a JSON model config to load with instead of the repository's."""

@@ -176,9 +176,9 @@ class Server:
                 self.engine, seen or {}, config.repository_poll_s))
         self._stopping = asyncio.Event()
         ready = [f"{e['name']} v{e['version']}" for e in self.engine.index()
-                 if e["state"] == "READY"]
+                 if e.get("state") == "READY"]
         failed = [f"{e['name']} ({e['reason']})" for e in self.engine.index()
-                  if e["state"] != "READY"]
+                  if e.get("state") == "UNAVAILABLE"]  # not those it was not asked to load
         listening = ", ".join(
             f"{name} on {f'[{address}]' if ':' in address else address}:{port}" if on
             else f"{name} off"  # an IPv6 address in brackets, as a URL has it

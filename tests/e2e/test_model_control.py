@@ -88,8 +88,9 @@ def test_explicit_mode_loads_only_the_named_models(tmp_path: pathlib.Path) -> No
     try:
         with httpclient.InferenceServerClient(server.url) as client:
             assert client.is_model_ready("a") and not client.is_model_ready("b")
-            index = {e["name"]: e["state"] for e in client.get_model_repository_index()}
-            assert index == {"a": "READY", "b": "UNAVAILABLE"}
+            # as Triton 2.51 lists them: a model never loaded by its name alone
+            assert client.get_model_repository_index() == [
+                {"name": "a", "version": "1", "state": "READY", "reason": ""}, {"name": "b"}]
             # a name the repository does not hold is refused and listed nowhere: a client
             # loading a million made-up names grew the index (and the server) by a million
             for name in ("nowhere", "not here"):
@@ -100,6 +101,8 @@ def test_explicit_mode_loads_only_the_named_models(tmp_path: pathlib.Path) -> No
             assert np.array_equal(_infer(client, "b"), np.full((1, 4), 3.0, np.float32))
             client.unload_model("a")
             assert not client.is_model_ready("a")
+            assert client.get_model_repository_index()[0] == {  # the version it served
+                "name": "a", "version": "1", "state": "UNAVAILABLE", "reason": "unloaded"}
             # unloading what is not loaded leaves it so, without an error (as on Triton)
             for name in ("a", "nowhere"):
                 client.unload_model(name)

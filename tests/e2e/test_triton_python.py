@@ -230,6 +230,22 @@ def test_streamed_responses_say_which_is_the_last_as_triton_says_it(
                      "meeting False": [(2, True)], "meeting True": [(2, True)]}
 
 
+def test_statistics_time_each_stage_of_an_execute(served: RunningServer) -> None:
+    """compute_input is the time its requests took to make (it was counted at 0 ns;
+    Triton's stub times the same), compute_infer the execute itself, compute_output its
+    responses read; the three within the request's own time."""
+    client = httpclient.InferenceServerClient(served.url)
+    before = client.get_inference_statistics("add_sub")["model_stats"][0]["inference_stats"]
+    client.infer("add_sub", _add_sub_inputs(np.ones((1, 4), np.float32),
+                                            np.ones((1, 4), np.float32)))
+    after = client.get_inference_statistics("add_sub")["model_stats"][0]["inference_stats"]
+    spent = {stage: after[stage]["ns"] - before[stage]["ns"]
+             for stage in ("compute_input", "compute_infer", "compute_output", "success")}
+    assert all(spent[stage] > 0 for stage in spent), spent
+    assert spent["compute_input"] + spent["compute_infer"] + spent["compute_output"] <= \
+        spent["success"]
+
+
 def test_finalize_runs_at_unload(served: RunningServer, repo: pathlib.Path) -> None:
     marker = repo / "add_sub" / "finalized"
     client = httpclient.InferenceServerClient(served.url)

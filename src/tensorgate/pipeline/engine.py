@@ -125,6 +125,7 @@ class Engine:
         self._postprocess = PostprocessPool(postprocess_workers)
         self._models: dict[str, dict[int, _Version]] = {}
         self._failed: dict[str, str] = {}
+        self._unloaded: dict[str, list[int]] = {}  # versions served until an unload
         self._labels: dict[tuple[str, str], list[str]] = {}
         self._closing = False
         self._streaming = 0  # infer_stream iterations open: whether responses take turns
@@ -205,6 +206,7 @@ class Engine:
         old = self._models.get(name)
         self._models[name] = versions
         self._failed.pop(name, None)
+        self._unloaded.pop(name, None)
         self._forget_labels(name)
         self._labels.update(labels)
         if old:
@@ -234,6 +236,8 @@ class Engine:
         versions = self._models.pop(name, None)
         failed = self._failed.pop(name, None)
         self._forget_labels(name)
+        if versions:
+            self._unloaded[name] = sorted(versions)
         if versions is None:
             if failed is None:
                 log.info("unload %r: the model is not loaded; nothing to do", name)
@@ -630,9 +634,11 @@ class Engine:
             elif name in self._failed:
                 entries.append({"name": name, "version": "", "state": "UNAVAILABLE",
                                 "reason": self._failed[name]})
-            else:
-                entries.append({"name": name, "version": "", "state": "UNAVAILABLE",
-                                "reason": "unloaded"})
+            elif name in self._unloaded:
+                entries += [{"name": name, "version": str(v), "state": "UNAVAILABLE",
+                             "reason": "unloaded"} for v in self._unloaded[name]]
+            else:  # never loaded: its name alone, as Triton lists it
+                entries.append({"name": name})
         return entries
 
     def statistics(self, name: str | None = None, version: int | None = None) -> list[dict[str, Any]]:

@@ -756,7 +756,8 @@ class ExecutorThread:
         try:
             with self._no_grad(), self._on_stream():
                 answers = model.run_each([_request_inputs(item) for item in items])
-                output_started = batch.output_started_ns = time.monotonic_ns()
+                began, output_started = model.call_ns  # its execute's own time
+                batch.output_started_ns = output_started
                 for item, answer in zip(items, answers):
                     if isinstance(answer, TensorgateError):
                         item.error = answer
@@ -772,7 +773,8 @@ class ExecutorThread:
                         item.error = _model_error(spec.name, error)
                 if self._stream is not None:
                     self._stream.synchronize()  # outputs copied to the host are there
-            batch.infer_ns = output_started - started
+            batch.input_ns = began - started  # its requests made, as Triton's stub does
+            batch.infer_ns = output_started - began
             batch.output_ns = time.monotonic_ns() - output_started
             self.batches_run += 1
             if self._costs is not None and batch.rows == 1:

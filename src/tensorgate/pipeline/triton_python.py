@@ -22,6 +22,7 @@ import json
 import queue
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -108,6 +109,9 @@ class TritonPythonRunner:
                 self._loop_thread.start()
         self._execute = self.model.execute
         self._reschedulable = spec.sequence is not None and spec.sequence.iterative
+        # when run_each's `execute` began and returned (monotonic ns): what came before is
+        # its requests made (compute_input), what comes after its responses read
+        self.call_ns = (0, 0)
 
     def _call(self, requests: list[pb_utils.InferenceRequest]) -> Any:
         if self._loop is None:
@@ -118,7 +122,9 @@ class TritonPythonRunner:
         """Each request's answer, or its error; RESCHEDULED for one the model rescheduled
         (its response is ignored, as Triton's Python backend ignores it)."""
         incoming = [_incoming(r, reschedulable=self._reschedulable) for r in requests]
+        began = time.monotonic_ns()
         responses = self._call(incoming)
+        self.call_ns = (began, time.monotonic_ns())
         name = self.spec.name
         if not isinstance(responses, (list, tuple)) or len(responses) != len(requests):
             found = (f"{len(responses)} responses" if isinstance(responses, (list, tuple))
