@@ -122,7 +122,12 @@ _known("health answers carry OIP's JSON bodies ({\"live\": true}, {\"ready\": tr
        200, 200, "GET /v2/health/live", "GET /v2/health/ready", "GET /v2/models/add_sub/ready",
        differing=None)
 _known("a model not ready is 503 here (KServe's status); Triton answers 400", 400, 503,
-       "GET /v2/models/nope/ready", "GET /v2/models/add_sub/versions/2/ready")
+       "GET /v2/models/nope/ready", "GET /v2/models/add_sub/versions/2/ready",
+       "ready after a failed load", "server ready after a failed load")
+_known("a model whose load failed is 503 here, its reason said; Triton answers 404 (an "
+       "unknown model)", 404, 503, "metadata after a failed load", "infer after a failed load")
+_known("a failed load's reason in the index is the error's own words (Triton's adds its "
+       "stub's traceback)", 200, 200, "index after a failed load", differing=("reason",))
 _known("an unknown model or version is 404 / NOT_FOUND here; Triton answers 400 / "
        "INVALID_ARGUMENT", 400, 404, "GET /v2/models/nope/stats", "stats version 3")
 _known("an unknown model or version is NOT_FOUND here", "INVALID_ARGUMENT", "NOT_FOUND",
@@ -157,7 +162,8 @@ _known("Triton's ensemble answers carry sequence parameters (sequence_id 0, star
 _known("ensemble_scheduling shows max_inflight_requests, a field of newer Triton configs",
        200, 200, "ensemble config", differing=("max_inflight_requests",))
 _known("index entries carry \"reason\" (empty when ready), as KServe's do", 200, 200,
-       "POST /v2/repository/index", "repo index ready", differing=("reason",))
+       "POST /v2/repository/index", "repo index ready", "index after the load works",
+       differing=("reason",))
 _known("the served config lacks Triton's optimization defaults and preferred batch sizes",
        200, 200, "GET /v2/models/add_sub/config", "config after a load with a config",
        differing=("optimization", "preferred_batch_size"))
@@ -260,6 +266,26 @@ def _repository(root: pathlib.Path) -> None:
                     if flags & pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_END:
                         self.sums.pop(key, None)
                 return responses
+        """))
+    folder = root / "fragile"
+    (folder / "1").mkdir(parents=True)
+    (folder / "config.pbtxt").write_text(
+        (root / "echo_int32" / "config.pbtxt").read_text().replace("echo_int32", "fragile"))
+    (folder / "1" / "model.py").write_text(textwrap.dedent("""\
+        import os
+
+        import triton_python_backend_utils as pb_utils
+
+
+        class TritonPythonModel:
+            def initialize(self, args):  # fails while its folder holds a file "fail"
+                if os.path.exists(os.path.join(args["model_repository"], "fail")):
+                    raise pb_utils.TritonModelException("asked to fail")
+
+            def execute(self, requests):
+                return [pb_utils.InferenceResponse([pb_utils.Tensor(
+                    "OUT", pb_utils.get_input_tensor_by_name(r, "IN").as_numpy())])
+                    for r in requests]
         """))
     folder = root / "ensemble_add"
     (folder / "1").mkdir(parents=True)
@@ -764,6 +790,26 @@ def shm_cases(keys: tuple[str, str]) -> list[Http]:
     ]
 
 
+def failure_cases() -> list[Http]:
+    """A model whose load fails (while the folder `fragile` holds a file "fail"), then
+    loads again once it is gone (main makes the file before the failed load and removes it
+    before the one that works)."""
+    fragile = "/v2/models/fragile"
+    infer = _js({"inputs": [{"name": "IN", "shape": [1], "datatype": "INT32", "data": [1]}]})
+    return [
+        Http("unload before a failed load", "POST", "/v2/repository/models/fragile/unload"),
+        Http("a failed load", "POST", "/v2/repository/models/fragile/load"),
+        Http("index after a failed load", "POST", "/v2/repository/index"),
+        Http("ready after a failed load", "GET", f"{fragile}/ready"),
+        Http("metadata after a failed load", "GET", fragile),
+        Http("infer after a failed load", "POST", f"{fragile}/infer", infer),
+        Http("server ready after a failed load", "GET", "/v2/health/ready"),
+        Http("a load that works again", "POST", "/v2/repository/models/fragile/load"),
+        Http("index after the load works", "POST", "/v2/repository/index"),
+        Http("infer after the load works", "POST", f"{fragile}/infer", infer),
+    ]
+
+
 def grpc_cases() -> list[Grpc]:
     from tritonclient.grpc import service_pb2 as pb
 
@@ -997,6 +1043,15 @@ def main(argv: list[str] | None = None) -> int:
                         rows.append((case.name, one, two, _verdict(case.name, one, two)))
             finally:
                 _shm_release(handles)
+            for number, case in enumerate(failure_cases()):
+                marker = repo / "fragile" / "fail"
+                if case.name == "a failed load":
+                    marker.touch()
+                elif marker.exists() and case.name == "a load that works again":
+                    marker.unlink()
+                if args.only in case.name:
+                    one, two = _http_outcome(ports[0], case), _http_outcome(ports[3], case)
+                    rows.append((case.name, one, two, _verdict(case.name, one, two)))
             for stream in stream_cases():
                 if args.only in stream.name:
                     one = _stream_outcome(f"127.0.0.1:{ports[1]}", stream)

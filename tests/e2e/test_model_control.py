@@ -110,6 +110,13 @@ def test_explicit_mode_loads_only_the_named_models(tmp_path: pathlib.Path) -> No
                 grpc.unload_model("nowhere")
             assert {e["name"] for e in client.get_model_repository_index()} == {"a", "b"}
             assert client.is_model_ready("b")
+            # a failed load is listed with the version that failed, as on Triton
+            (repo / "a" / "1" / "model.py").write_text("raise RuntimeError('broken')\n")
+            with pytest.raises(InferenceServerException, match="broken"):
+                client.load_model("a")
+            failed = client.get_model_repository_index()[0]
+            assert (failed["name"], failed["version"], failed["state"]) == (
+                "a", "1", "UNAVAILABLE") and "broken" in failed["reason"]
     finally:
         assert stop_server(server) == 0
 

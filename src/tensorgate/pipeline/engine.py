@@ -125,6 +125,7 @@ class Engine:
         self._postprocess = PostprocessPool(postprocess_workers)
         self._models: dict[str, dict[int, _Version]] = {}
         self._failed: dict[str, str] = {}
+        self._failed_version: dict[str, str] = {}  # the version whose load failed, if one
         self._unloaded: dict[str, list[int]] = {}  # versions served until an unload
         self._labels: dict[tuple[str, str], list[str]] = {}
         self._closing = False
@@ -166,6 +167,7 @@ class Engine:
             raise UnavailableError("the engine is shutting down; no models can be loaded")
         versions: dict[int, _Version] = {}
         source: ModelSource | None = None
+        loading = ""  # the version being loaded
         try:
             # off the loop: completing a Python model's config runs its model.py
             source = await asyncio.get_running_loop().run_in_executor(
@@ -185,6 +187,7 @@ class Engine:
                 log.warning("model %s: its config enables response_cache, but the server has "
                             "no cache; start it with --response-cache-bytes", name)
             for number in source.versions:
+                loading = str(number)
                 if source.spec.platform == "ensemble":
                     versions[number] = await self._load_ensemble(source, number)
                 else:
@@ -197,6 +200,7 @@ class Engine:
                 await self._retire(versions.values(), drain_timeout_s=0.0)
             if isinstance(error, NotFoundError) and not self._holds(name):
                 raise  # a name the repository does not hold: nothing to list as failed
+            self._failed_version[name] = loading
             if isinstance(error, TensorgateError):
                 self._failed[name] = error.message
                 raise
@@ -206,6 +210,7 @@ class Engine:
         old = self._models.get(name)
         self._models[name] = versions
         self._failed.pop(name, None)
+        self._failed_version.pop(name, None)
         self._unloaded.pop(name, None)
         self._forget_labels(name)
         self._labels.update(labels)
@@ -235,6 +240,7 @@ class Engine:
         whatever it may have loaded is not refused for the ones it had not."""
         versions = self._models.pop(name, None)
         failed = self._failed.pop(name, None)
+        self._failed_version.pop(name, None)
         self._forget_labels(name)
         if versions:
             self._unloaded[name] = sorted(versions)
@@ -632,8 +638,8 @@ class Engine:
                 entries += [{"name": name, "version": str(v), "state": "READY", "reason": ""}
                             for v in sorted(self._models[name])]
             elif name in self._failed:
-                entries.append({"name": name, "version": "", "state": "UNAVAILABLE",
-                                "reason": self._failed[name]})
+                entries.append({"name": name, "version": self._failed_version.get(name, ""),
+                                "state": "UNAVAILABLE", "reason": self._failed[name]})
             elif name in self._unloaded:
                 entries += [{"name": name, "version": str(v), "state": "UNAVAILABLE",
                              "reason": "unloaded"} for v in self._unloaded[name]]
