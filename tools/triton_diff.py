@@ -102,7 +102,8 @@ _known(MALFORMED, 500, 400, "repo index bad json", "json id number", "json outpu
        "bytes numbers", "classification negative", "sequence start not a bool",
        "load with a config that is not JSON", "load with a config not a string",
        "load with another model's config", "generate a string for a number",
-       "shm register past its end", "shm input offset negative")
+       "shm register past its end", "shm input offset negative", "priority negative",
+       "priority a string", "timeout a string", "timeout negative")
 _known("an integer out of its datatype's range is refused here; Triton wraps it (2**40 as "
        "INT32 is 0 there)", 200, 400, "int overflow", "int neg overflow", "uint8 past range",
        "int8 past range")
@@ -173,6 +174,9 @@ _known("binary_data_output makes listed outputs binary too here; Triton 2.51 app
 _known("an unload returns here once the model is unloaded (its requests drained, "
        "UNAVAILABLE); Triton's returns at once and lists the model UNLOADING for a while",
        "OK", "OK", "grpc index after an unload", differing=("state", "reason"))
+_known("JSON answers stay JSON: BYTES that are not UTF-8 are written with U+FFFD in their "
+       "place (binary_data keeps them exact); Triton writes the raw bytes, which no JSON "
+       "parser reads", 200, 200, "bytes not UTF-8 answered as JSON", differing=None)
 _known("Accept-Encoding answers compress the same bytes with another gzip header", 200, 200,
        "json accept gzip", "json accept deflate", differing=None)
 
@@ -515,6 +519,14 @@ def _binary(sizes: tuple[Any, Any] = (16, 16), data: bytes | None = None,
                               header_length or str(len(header))}
 
 
+def _binary_one(datatype: str, shape: list[int], data: bytes) -> tuple[bytes, dict[str, str]]:
+    """An echo model's request with its input as binary data, its output asked as JSON."""
+    header = _js({"inputs": [{"name": "IN", "shape": shape, "datatype": datatype,
+                              "parameters": {"binary_data_size": len(data)}}],
+                  "outputs": [{"name": "OUT", "parameters": {"binary_data": False}}]})
+    return header + data, {"Inference-Header-Content-Length": str(len(header))}
+
+
 def _echo(datatype: str, data: list[Any]) -> bytes:
     return _js({"inputs": [{"name": "IN", "shape": [len(data)], "datatype": datatype,
                             "data": data}]})
@@ -701,6 +713,20 @@ def http_cases() -> list[Http]:
             ("generate_stream not decoupled", "int_double", "generate_stream", {"IN": [3]}),
             ("generate unknown model", "nope", "generate", {"IN": [3]})):
         cases.append(Http(name, "POST", f"/v2/models/{model}/{route}", _js(document)))
+    for name, parameters in (
+            ("priority on a model without levels", {"priority": 3}),
+            ("priority negative", {"priority": -1}),
+            ("priority a string", {"priority": "high"}),
+            ("timeout", {"timeout": 5_000_000}),
+            ("timeout a string", {"timeout": "5"}),
+            ("timeout negative", {"timeout": -1}),
+            ("a triton_ parameter", {"triton_custom": 1}),
+            ("a headers parameter", {"headers": {"a": "b"}}),
+            ("a custom parameter", {"mine": "yes", "count": 2, "ratio": 0.5})):
+        cases.append(Http(name, "POST", INFER, _add(parameters=parameters)))
+    binary_text = struct.pack("<I", 2) + b"\xff\xfe"
+    cases.append(Http("bytes not UTF-8 answered as JSON", "POST", "/v2/models/echo_string/infer",
+                      *_binary_one("BYTES", [1], binary_text)))
     load = "/v2/repository/models/add_sub/load"
     smaller = json.dumps({
         "name": "add_sub", "backend": "python", "max_batch_size": 2,

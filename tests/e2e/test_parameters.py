@@ -106,6 +106,10 @@ def test_the_response_cache_tells_requests_apart_by_their_parameters(
                      "got no value"),
     ({"triton_mine": 1}, "request parameter 'triton_mine': keys starting with 'triton_' are "
                          "reserved; the server knows triton_enable_empty_final_response"),
+    ({"headers": {"a": "b"}}, "request parameter 'headers' is reserved: it is where a server "
+                              "puts the HTTP headers it forwards to the model (here each "
+                              "forwarded header is a parameter of its own name: "
+                              "--http-header-forward-pattern)"),
 ])
 def test_bad_parameters_are_refused_by_name(server: RunningServer, parameters: dict,
                                             message: str) -> None:

@@ -264,6 +264,10 @@ def model_parameters(parameters: Mapping[str, Any]) -> Mapping[str, Any]:
     a boolean, a number or a string (what gRPC's InferParameter can carry)."""
     found: dict[str, Any] | None = None
     for key, value in parameters.items():
+        if key == "headers":  # Triton refuses it too (400)
+            raise _fail("request parameter 'headers' is reserved: it is where a server puts "
+                        "the HTTP headers it forwards to the model (here each forwarded header "
+                        "is a parameter of its own name: --http-header-forward-pattern)")
         if key in RESERVED_PARAMETERS or key.startswith("tensorgate_"):
             continue
         if key.startswith("triton_"):
