@@ -38,6 +38,7 @@ import sysconfig
 import tempfile
 import textwrap
 import time
+import urllib.request
 import zlib
 from dataclasses import dataclass, field
 from typing import Any
@@ -418,6 +419,7 @@ def _http_outcome(port: int, case: Http) -> tuple[Any, Any]:
     text, tail = (body[:int(length)], body[int(length):]) if length else (body, b"")
     if headers.get("content-encoding") in ("gzip", "deflate"):
         text = zlib.decompress(body, 47)  # either header
+    document: Any
     try:
         if headers.get("content-type", "").startswith("text/event-stream"):
             document = [json.loads(line[5:]) for line in text.decode().splitlines()
@@ -430,6 +432,24 @@ def _http_outcome(port: int, case: Http) -> tuple[Any, Any]:
     if isinstance(document, dict) and isinstance(document.get("outputs"), list):
         document["outputs"].sort(key=lambda o: str(o.get("name")))  # in any order
     return status, (_masked(document, case.keys_only), tail, kind)
+
+
+def _metrics_outcome(port: int) -> tuple[Any, Any]:
+    """The nv_* metric families Triton's dashboards read: each name, its label names and its
+    type (their values differ by nature)."""
+    import re
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as answer:
+        text = answer.read().decode()
+    types = dict(re.findall(r"# TYPE (nv_\S+) (\S+)", text))
+    families: set[tuple[str, tuple[str, ...], str]] = set()
+    for line in text.splitlines():
+        found = re.match(r"(nv_[a-zA-Z0-9_:]*)(\{([^}]*)\})?\s", line)
+        if found:
+            base = re.sub(r"_(bucket|count|sum)$", "", found.group(1))
+            labels = tuple(sorted(re.findall(r'([a-zA-Z_]+)="', found.group(3) or "")))
+            families.add((found.group(1), labels, types.get(base) or types.get(
+                found.group(1)) or ""))
+    return "OK", sorted(families)
 
 
 def _grpc_outcome(stub: Any, case: Grpc) -> tuple[Any, Any]:
@@ -676,6 +696,7 @@ def http_cases() -> list[Http]:
                    _js({"inputs": pair[:1]})),
               Http("ensemble metadata", "GET", ensemble),
               Http("ensemble config", "GET", f"{ensemble}/config", keys_only=True)]
+    parameters: dict[str, Any]
     for name, parameters in (  # in order: each goes on from the ones before it
             ("sequence without an id", {}), ("sequence id without start", {"sequence_id": 51}),
             ("sequence start", {"sequence_id": 52, "sequence_start": True}),
@@ -1052,6 +1073,7 @@ def main(argv: list[str] | None = None) -> int:
         triton = _triton(args.triton_venv, repo, work, (ports[0], ports[1], ports[2]))
         ours = _tensorgate(repo, work, (ports[3], ports[4], ports[5]))
         rows: list[tuple[str, Any, Any, str]] = []
+        crashed: list[tuple[str, int | None, str]] = []
         try:
             _wait_ready(ports[0], triton, "tritonserver", work / "triton.log")
             _wait_ready(ports[3], ours, "tensorgate", work / "tensorgate.log")
@@ -1078,6 +1100,9 @@ def main(argv: list[str] | None = None) -> int:
                 if args.only in case.name:
                     one, two = _http_outcome(ports[0], case), _http_outcome(ports[3], case)
                     rows.append((case.name, one, two, _verdict(case.name, one, two)))
+            if args.only in "metrics":
+                one, two = _metrics_outcome(ports[2]), _metrics_outcome(ports[5])
+                rows.append(("metrics", one, two, _verdict("metrics", one, two)))
             for stream in stream_cases():
                 if args.only in stream.name:
                     one = _stream_outcome(f"127.0.0.1:{ports[1]}", stream)
@@ -1089,13 +1114,21 @@ def main(argv: list[str] | None = None) -> int:
                                 _grpc_outcome(stubs[1], grpc_case))
                     rows.append((grpc_case.name, one, two,
                                  _verdict(grpc_case.name, one, two)))
+            crashed = [(what, process.returncode, log) for what, process, log in (
+                ("tritonserver", triton, "triton.log"), ("tensorgate", ours, "tensorgate.log"))
+                if process.poll() is not None]
         finally:
             _stop(triton)
             _stop(ours)
-            if any(row[3] == "DIFFERENT" for row in rows):
+            if crashed or any(row[3] == "DIFFERENT" for row in rows):
                 for log in ("triton.log", "tensorgate.log"):
                     shutil.copy(work / log, pathlib.Path(tempfile.gettempdir()) /
                                 f"triton-diff-{log}")
+    for what, code, log in crashed:  # what came after its end means nothing
+        print(f"{what} exited ({code}) during the run: see "
+              f"{pathlib.Path(tempfile.gettempdir()) / f'triton-diff-{log}'}")
+    if crashed:
+        return 3
     width = max(len(row[0]) for row in rows)
     print(f"{'case':{width}}  {'Triton':>16}  {'tensorgate':>16}  verdict")
     for name, one, two, verdict in rows:
