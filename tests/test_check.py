@@ -35,7 +35,7 @@ def test_a_repository_with_a_model_that_does_not_load_fails_the_check(
     pickled = repo / "pickled" / "1" / "model.pt"
     assert done.stdout.splitlines() == [
         "READY        good v1",
-        f"UNAVAILABLE  pickled: {pickled}: model.pt is a pickled tests.pipeline.repo_builder."
+        f"UNAVAILABLE  pickled v1: {pickled}: model.pt is a pickled tests.pipeline.repo_builder."
         "Identity written by torch.save, not a model tensorgate loads (it does not unpickle "
         "models: that runs whatever code the file names). Save TorchScript as model.pt "
         "(torch.jit.script(module).save(path), or torch.jit.trace), a torch.export program as "
