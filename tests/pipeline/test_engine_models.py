@@ -399,7 +399,7 @@ def test_an_exported_program_s_variable_dims_take_its_ranges_and_others_are_refu
     range was a 500 naming a guard; now the warm-up takes the least size, and such a
     request is refused (400) with the range or the other input."""
     module = rb.Sequences().eval()
-    folder = rb.write_sequences_config(tmp_path, "torch_export",
+    folder = rb.write_sequences_config(tmp_path, "pytorch_export",
                                        "instance_group [ { count: 2 } ]")
     torch.export.save(rb.export_sequences(4, 32), str(folder / "1" / "model.pt2"))
 
@@ -453,7 +453,7 @@ def test_an_exported_program_s_variable_dims_take_its_ranges_and_others_are_refu
 def sequences_repo(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
     """rb.export_sequences(4, 32), served with every non-batch dim -1."""
     repo = tmp_path_factory.mktemp("sequences")
-    folder = rb.write_sequences_config(repo, "torch_export",
+    folder = rb.write_sequences_config(repo, "pytorch_export",
                                        "dynamic_batching { max_queue_delay_microseconds: 2000 }")
     torch.export.save(rb.export_sequences(4, 32), str(folder / "1" / "model.pt2"))
     return repo
@@ -499,7 +499,7 @@ def test_a_reshaped_input_is_held_to_the_model_s_shape_of_it(tmp_path: pathlib.P
     such shape are refused by name (before, a RuntimeError of torch's: a 500)."""
     folder = rb.write_config(tmp_path, "flat", """
         name: "flat"
-        platform: "torch_export"
+        platform: "pytorch_export"
         max_batch_size: 8
         input [ { name: "x" data_type: TYPE_FP32 dims: [-1] reshape: { shape: [-1, 8] } },
                 { name: "z" data_type: TYPE_FP32 dims: [-1, 8] },
@@ -546,7 +546,7 @@ def test_dims_an_exported_program_sizes_from_one_symbol_are_held_to_how(
     Before, only dims of s itself were tied and ranges were read as the symbol's: the
     warm-up's zeros took 1 in each dim, the guard "edges.size()[1] == 1 + x.size()[1]"
     failed it, and the program never loaded."""
-    rb.write_sized_config(tmp_path, "sized", "torch_export")
+    rb.write_sized_config(tmp_path, "sized", "pytorch_export")
     torch.export.save(rb.export_sized(), str(tmp_path / "sized" / "1" / "model.pt2"))
     module = rb.Sized().eval()
 
@@ -581,7 +581,7 @@ def test_a_size_no_whole_s_gives_is_refused_where_the_first_tied_dim_is_sized_fr
     program = rb.export_pairs_first(batched=False)
     rb.write_config(tmp_path, "pf", """
         name: "pf"
-        platform: "torch_export"
+        platform: "pytorch_export"
         max_batch_size: 0
         input [ { name: "pairs" data_type: TYPE_FP32 dims: [1, -1] },
                 { name: "x" data_type: TYPE_FP32 dims: [1, -1] } ]
@@ -620,7 +620,7 @@ def _save_program(repo: pathlib.Path, name: str, program: torch.export.ExportedP
                        for item in inputs)
     rb.write_config(repo, name, f"""
         name: "{name}"
-        platform: "torch_export"
+        platform: "pytorch_export"
         max_batch_size: 8
         input [ {listed} ]
         output [ {{ name: "{output}" data_type: TYPE_FP32 dims: [1] }} ]

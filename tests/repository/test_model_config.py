@@ -419,3 +419,22 @@ def test_an_input_s_bounds_refuse_sizes_outside_them_and_give_the_least_for_zero
     assert bounded.outside_bounds((3, 1, 5, 8)) == (2, "exactly 4")
     assert replace(free, bounds=((3, None), (0, None), (0, None), (8, 8))).outside_bounds(
         (2, 1, 1, 8)) == (0, "3 or more")
+
+
+def test_a_model_file_under_a_platform_no_one_serves_is_not_loaded(
+        tmp_path: pathlib.Path) -> None:
+    """platform "torch_export" (a typo of pytorch_export) beside model.pt2 loaded the file
+    anyway, as did "onnxruntime_onnx" beside a stray model.pt; Triton refuses an unknown
+    platform. The error names a close match."""
+    _model(tmp_path, "typo", 'name: "typo" platform: "torch_export"', {"1": "model.pt2"})
+    with pytest.raises(ModelConfigError) as refused:
+        artifact_path(load_source(tmp_path, "typo"), 1)
+    assert str(refused.value) == (
+        f"{tmp_path / 'typo' / '1'}: platform 'torch_export' is not one tensorgate serves (did "
+        "you mean 'pytorch_export'?), so model.pt2 is not loaded by it: pytorch_libtorch "
+        "serves model.pt, torch_aoti or pytorch_export model.pt2, backend python model.py, "
+        "and platform ensemble its steps")
+    _model(tmp_path, "other", 'name: "other" platform: "onnxruntime_onnx"', {"1": "model.pt"})
+    with pytest.raises(ModelConfigError, match=r"platform 'onnxruntime_onnx' is not one "
+                                               r"tensorgate serves, so model\.pt is not loaded"):
+        artifact_path(load_source(tmp_path, "other"), 1)

@@ -15,6 +15,7 @@ says what the config would (the `complete` step of load_source, which the caller
 
 from __future__ import annotations
 
+import difflib
 import os
 import pathlib
 from collections.abc import Callable, Iterable
@@ -290,6 +291,8 @@ def artifact_file(folder: pathlib.Path, config: pb.ModelConfig) -> tuple[pathlib
         path = folder / filename
         kind = ARTIFACT_KINDS.get(path.suffix and "model" + path.suffix, "")
         if path.is_file() and (wanted is None or kind == wanted):
+            if config.platform and config.platform not in _PLATFORM_KINDS:
+                raise ModelConfigError(str(folder), _unknown_platform(config.platform, path))
             return path, kind
     for field, value in (("platform", config.platform), ("backend", config.backend)):
         if value and value not in _PLATFORM_KINDS:  # another framework's model, likely
@@ -302,6 +305,16 @@ def artifact_file(folder: pathlib.Path, config: pb.ModelConfig) -> tuple[pathlib
     raise ModelConfigError(str(folder), f"no model artifact found; looked for "
                                         f"{', '.join(names)} (platform '{config.platform}', "
                                         f"backend '{config.backend}')")
+
+
+def _unknown_platform(platform: str, found: pathlib.Path) -> str:
+    """Why a model file is not loaded under a platform no one serves by that name (a typo
+    of ours, or another framework's: Triton refuses an unknown platform too)."""
+    close = difflib.get_close_matches(platform, [*_PLATFORM_KINDS, "ensemble"], n=1)
+    guess = f" (did you mean '{close[0]}'?)" if close else ""
+    return (f"platform '{platform}' is not one tensorgate serves{guess}, so {found.name} is "
+            "not loaded by it: pytorch_libtorch serves model.pt, torch_aoti or pytorch_export "
+            "model.pt2, backend python model.py, and platform ensemble its steps")
 
 
 def artifact_path(source: ModelSource, version: int) -> tuple[pathlib.Path, str]:
