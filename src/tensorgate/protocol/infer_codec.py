@@ -555,7 +555,7 @@ def _json_integers(data: Any, found: np.ndarray, target: np.dtype[Any], datatype
         if flat is not None and not all(type(v) is int for v in flat):
             flat = None
     else:
-        flat = integer_leaves(data)
+        flat = _integer_leaves(data)
     if flat is None:
         return found
     info = np.iinfo(target)
@@ -566,12 +566,12 @@ def _json_integers(data: Any, found: np.ndarray, target: np.dtype[Any], datatype
     return np.array(flat, dtype=target).reshape(found.shape)
 
 
-def integer_leaves(data: Any) -> list[int] | None:
+def _integer_leaves(data: Any) -> list[int] | None:
     """The values of JSON `data` (nested lists) in order when all are integers, else None
     (it stops at the first that is not)."""
     flat: list[int] = []
     pending = [data]
-    while pending:  # nested lists are at most MAX_DIMS deep
+    while pending:  # a stack of our own: deep nesting is no recursion
         item = pending.pop()
         if type(item) is list:
             pending.extend(reversed(item))
@@ -588,7 +588,7 @@ def exact_integers(values: Any, read: np.ndarray) -> np.ndarray:
     a slice of a UINT64 input is not rounded before its datatype is known."""
     if read.dtype.kind != "f":
         return read
-    flat = integer_leaves(values)
+    flat = _integer_leaves(values)
     return read if flat is None else np.array(flat, dtype=object).reshape(read.shape)
 
 
