@@ -93,6 +93,13 @@ _known("health answers carry OIP's JSON bodies ({\"live\": true}, {\"ready\": tr
        "KServe's SDK parses them",
        200, 200, "GET /v2/health/live", "GET /v2/health/ready", "GET /v2/models/add_sub/ready",
        differing=None)
+_SERVED = {"versions_all": (1, 2, 3), "versions_latest": (3,), "versions_specific": (1, 3)}
+_known("health answers carry OIP's JSON bodies ({\"name\": ..., \"ready\": true})", 200, 200,
+       *[f"{model} v{v} ready" for model, served in _SERVED.items() for v in served],
+       differing=None)
+_known("a model version not ready is 503 here (KServe's status); Triton answers 400", 400, 503,
+       *[f"{model} v{v} ready" for model, served in _SERVED.items() for v in (1, 2, 3, 4)
+         if v not in served])
 _known("a model not ready is 503 here (KServe's status); Triton answers 400", 400, 503,
        "GET /v2/models/nope/ready", "GET /v2/models/add_sub/versions/2/ready",
        "ready after a failed load", "server ready after a failed load")

@@ -293,6 +293,21 @@ def http_cases() -> list[Http]:
     binary_text = struct.pack("<I", 2) + b"\xff\xfe"
     cases.append(Http("bytes not UTF-8 answered as JSON", "POST", "/v2/models/echo_string/infer",
                       *_binary_one("BYTES", [1], binary_text)))
+    one = _js({"inputs": [{"name": "IN", "shape": [1, 1], "datatype": "INT32", "data": [10]}]})
+    for model in ("versions_all", "versions_latest", "versions_specific"):
+        base = f"/v2/models/{model}"
+        cases += [Http(f"{model} metadata", "GET", base),
+                  Http(f"{model} infer", "POST", f"{base}/infer", one),
+                  Http(f"{model} stats", "GET", f"{base}/stats", keys_only=True)]
+        for version in (1, 2, 3, 4):
+            cases += [Http(f"{model} v{version} infer", "POST",
+                           f"{base}/versions/{version}/infer", one),
+                      Http(f"{model} v{version} ready", "GET", f"{base}/versions/{version}/ready")]
+    for priority in (0, 1, 2, 3):  # the model has two priority levels
+        cases.append(Http(f"priority {priority} of two levels", "POST",
+                          "/v2/models/versions_all/infer", _js({
+                              "inputs": [{"name": "IN", "shape": [1, 1], "datatype": "INT32",
+                                          "data": [10]}], "parameters": {"priority": priority}})))
     load = "/v2/repository/models/add_sub/load"
     smaller = json.dumps({
         "name": "add_sub", "backend": "python", "max_batch_size": 2,

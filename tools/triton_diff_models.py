@@ -124,6 +124,31 @@ def write_repository(root: pathlib.Path) -> None:
                     "OUT", pb_utils.get_input_tensor_by_name(r, "IN").as_numpy())])
                     for r in requests]
         """))
+    for name, policy in (("versions_all", "all { }"), ("versions_latest", "latest { num_versions: 1 }"),
+                         ("versions_specific", "specific { versions: [ 1, 3 ] }")):
+        folder = root / name
+        (folder / "config.pbtxt").parent.mkdir(parents=True)
+        (folder / "config.pbtxt").write_text(textwrap.dedent(f"""\
+            name: "{name}"
+            backend: "python"
+            max_batch_size: 4
+            version_policy {{ {policy} }}
+            dynamic_batching {{ priority_levels: 2 default_priority_level: 2 }}
+            input [ {{ name: "IN" data_type: TYPE_INT32 dims: [ 1 ] }} ]
+            output [ {{ name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] }} ]
+            """))
+        for version in (1, 2, 3):  # each answers IN plus its version
+            (folder / str(version)).mkdir()
+            (folder / str(version) / "model.py").write_text(textwrap.dedent(f"""\
+                import triton_python_backend_utils as pb_utils
+
+
+                class TritonPythonModel:
+                    def execute(self, requests):
+                        return [pb_utils.InferenceResponse([pb_utils.Tensor("OUT",
+                            pb_utils.get_input_tensor_by_name(r, "IN").as_numpy() + {version})])
+                            for r in requests]
+                """))
     folder = root / "ensemble_add"
     (folder / "1").mkdir(parents=True)
     (folder / "config.pbtxt").write_text(textwrap.dedent("""\
