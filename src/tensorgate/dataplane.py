@@ -3,6 +3,7 @@ control and inference. Front ends decode, call this, and encode; they know nothi
 
 from __future__ import annotations
 
+import struct
 from collections.abc import AsyncGenerator, Iterable
 from typing import Any
 
@@ -19,7 +20,7 @@ from tensorgate.protocol.generate_codec import GenerateInput, generate_request
 from tensorgate.protocol.infer_codec import (MAX_JSON_VALUES, DecodedRequest,
                                              json_values_bounded, model_parameters)
 from tensorgate.repository.model_config import ModelSpec
-from tensorgate.tensor.copies import CopyLedger
+from tensorgate.tensor.copies import CopyLedger, record_copy
 from tensorgate.tensor.pinned import cuda_available
 from tensorgate.tensor.shm import SharedMemoryRegistry
 from tensorgate.tensor.view import TensorView
@@ -237,7 +238,7 @@ class DataPlane:
 
 def _request(name: str, number: int | None, spec: ModelSpec, decoded: DecodedRequest,
              ledger: CopyLedger, trace: Trace | None) -> InferenceRequest:
-    inputs = _raw_input(spec, decoded) if decoded.raw_binary else decoded.inputs
+    inputs = _raw_input(spec, decoded, ledger) if decoded.raw_binary else decoded.inputs
     wanted = [o.name for o in decoded.outputs] if decoded.outputs else None
     sequence = SequenceFlags(*decoded.sequence) if decoded.sequence is not None else None
     parameters = model_parameters(decoded.parameters)
@@ -248,8 +249,11 @@ def _request(name: str, number: int | None, spec: ModelSpec, decoded: DecodedReq
                             ledger, decoded.priority, sequence, parameters, trace)
 
 
-def _raw_input(spec: ModelSpec, decoded: DecodedRequest) -> dict[str, TensorView]:
-    """Shape the single input of a raw binary request (Inference-Header-Content-Length: 0)."""
+def _raw_input(spec: ModelSpec, decoded: DecodedRequest,
+               ledger: CopyLedger) -> dict[str, TensorView]:
+    """Shape the single input of a raw binary request (Inference-Header-Content-Length: 0).
+    A BYTES input's body is its one element's bytes, as Triton reads it (an image file sent
+    as it is): no 4-byte length before them, which the element gets here (a copy)."""
     if len(spec.inputs) != 1:
         raise InvalidArgumentError(f"a raw binary request needs a model with one input; "
                                    f"'{spec.name}' has {len(spec.inputs)}")
@@ -258,8 +262,16 @@ def _raw_input(spec: ModelSpec, decoded: DecodedRequest) -> dict[str, TensorView
     nbytes = body.nbytes
     dims = list(item.dims)
     if item.datatype.is_bytes:
-        dims = [1 if d == -1 else d for d in dims]
-    elif -1 in dims:
+        if dims not in ([1], [-1]):
+            raise InvalidArgumentError(f"a raw binary request's body is one BYTES element: "
+                                       f"input '{item.name}' needs dims [1], not {dims}")
+        element = bytearray(struct.pack("<I", nbytes))
+        element += body.memoryview()
+        record_copy(len(element), "decode", ledger)
+        shape = [1, 1] if spec.max_batch_size > 0 else [1]
+        return {item.name: TensorView(element, item.datatype, shape, nbytes=len(element),
+                                      name=item.name, ledger=ledger)}
+    if -1 in dims:
         if dims.count(-1) > 1:
             raise InvalidArgumentError(f"a raw binary request cannot shape input '{item.name}' "
                                        f"with dims {dims}: more than one variable dim")

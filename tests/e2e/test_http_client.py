@@ -68,6 +68,38 @@ def test_identity_is_bit_exact(client: httpclient.InferenceServerClient, binary_
     assert out.dtype == np.float32 and out.tobytes() == value.tobytes()
 
 
+def _raw_binary(server: RunningServer, model: str, body: bytes) -> tuple[int, dict, bytes]:
+    """A raw binary request (Inference-Header-Content-Length: 0: the body is the one input)."""
+    import http.client
+    connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+    try:
+        connection.request("POST", f"/v2/models/{model}/infer", body,
+                           {"Inference-Header-Content-Length": "0"})
+        answer = connection.getresponse()
+        data = answer.read()
+        length = int(answer.getheader("Inference-Header-Content-Length") or len(data))
+        return answer.status, json.loads(data[:length]), data[length:]
+    finally:
+        connection.close()
+
+
+def test_a_raw_binary_request_is_its_one_input(server: RunningServer) -> None:
+    """Numbers shaped by the input's dims (batch 1); a BYTES input's body is its one
+    element's bytes, as Triton 2.51 reads it (an image file as it is: no length before it;
+    a body that begins with one keeps it as part of the element), empty ones too."""
+    values = np.arange(12, dtype=np.float32)
+    status, header, tail = _raw_binary(server, "identity", values.tobytes())
+    assert (status, header["outputs"][0]["shape"]) == (200, [1, 3, 4])
+    assert np.frombuffer(tail, np.float32).tolist() == values.tolist()
+    for text in (b"hello world", b"\x0b\x00\x00\x00prefixed", b""):
+        status, header, tail = _raw_binary(server, "shout", text)
+        assert status == 200, header
+        lengths = {o["name"]: o["parameters"]["binary_data_size"] for o in header["outputs"]}
+        shouted = tail[4:lengths["text_output"]]  # its one element after its length
+        assert shouted == text.upper()
+        assert np.frombuffer(tail[lengths["text_output"]:], np.int32).tolist() == [len(text)]
+
+
 def test_binary_identity_copies_nothing(client: httpclient.InferenceServerClient) -> None:
     value = np.arange(12, dtype=np.float32).reshape(1, 3, 4)
     result = client.infer("identity", [_input("INPUT__0", value)],

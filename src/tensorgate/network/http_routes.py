@@ -217,7 +217,9 @@ async def _infer(dp: DataPlane, request: HttpRequest, model: str, version: str) 
     if _compressed(request):  # (checked first: no coroutine for a plain body)
         body, length = await _decompressed(request)
     if not length:
-        raise InvalidArgumentError("the inference request has no body")
+        if request.json_length != 0:
+            raise InvalidArgumentError("the inference request has no body")
+        body = b""  # a raw binary request's one BYTES element may be empty
     if worth_slicing(body, length, request.json_length):
         decoded = await in_steps(decode_in_slices(body, length, request.ledger, dp.shm,
                                                   request.json_length))
