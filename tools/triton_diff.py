@@ -155,6 +155,8 @@ _known("an unload returns here once the model is unloaded (its requests drained,
 _known("JSON answers stay JSON: BYTES that are not UTF-8 are written with U+FFFD in their "
        "place (binary_data keeps them exact); Triton writes the raw bytes, which no JSON "
        "parser reads", 200, 200, "bytes not UTF-8 answered as JSON", differing=None)
+_known("a raw binary body is one BYTES element for an input of dims [-1] too here; Triton "
+       "takes it only for dims [1]", 400, 200, "raw binary request, BYTES of dims [-1]")
 _known("Accept-Encoding answers compress the same bytes with another gzip header", 200, 200,
        "json accept gzip", "json accept deflate", differing=None)
 

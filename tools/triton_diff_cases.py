@@ -293,6 +293,24 @@ def http_cases() -> list[Http]:
     binary_text = struct.pack("<I", 2) + b"\xff\xfe"
     cases.append(Http("bytes not UTF-8 answered as JSON", "POST", "/v2/models/echo_string/infer",
                       *_binary_one("BYTES", [1], binary_text)))
+    raw = {"Inference-Header-Content-Length": "0"}  # the body is the one input's bytes
+    cases += [
+        Http("raw binary request", "POST", "/v2/models/int_double/infer",
+             struct.pack("<i", 21), raw),
+        Http("raw binary request, variable dims", "POST", "/v2/models/echo_fp32/infer",
+             struct.pack("<3f", 1, 2, 3), raw),
+        Http("raw binary request, BYTES of dims [-1]", "POST", "/v2/models/echo_string/infer",
+             b"ab", raw),
+        Http("raw binary request, BYTES", "POST", "/v2/models/echo_text/infer", b"ab", raw),
+        Http("raw binary request, BYTES with a length", "POST", "/v2/models/echo_text/infer",
+             struct.pack("<I", 2) + b"ab", raw),
+        Http("raw binary request, BYTES empty", "POST", "/v2/models/echo_text/infer", b"",
+             raw),
+        Http("raw binary request, two inputs", "POST", INFER, struct.pack("<8f", *F4, *F4), raw),
+        Http("raw binary request, too short", "POST", "/v2/models/int_double/infer", b"\x01",
+             raw),
+        Http("raw binary request, empty", "POST", "/v2/models/int_double/infer", b"", raw),
+    ]
     one = _js({"inputs": [{"name": "IN", "shape": [1, 1], "datatype": "INT32", "data": [10]}]})
     for model in ("versions_all", "versions_latest", "versions_specific"):
         base = f"/v2/models/{model}"

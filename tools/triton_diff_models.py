@@ -104,6 +104,10 @@ def write_repository(root: pathlib.Path) -> None:
                         self.sums.pop(key, None)
                 return responses
         """))
+    folder = root / "echo_text"  # one BYTES element: what a raw binary body can be
+    shutil.copytree(root / "echo_string", folder)
+    (folder / "config.pbtxt").write_text((folder / "config.pbtxt").read_text().replace(
+        "echo_string", "echo_text").replace("dims: [ -1 ]", "dims: [ 1 ]"))
     folder = root / "fragile"
     (folder / "1").mkdir(parents=True)
     (folder / "config.pbtxt").write_text(
