@@ -130,6 +130,8 @@ def http_cases() -> list[Http]:
         Http("json id", "POST", INFER, _add(id="abc")),
         Http("json id empty", "POST", INFER, _add(id="")),
         Http("json id number", "POST", INFER, _add(id=5)),
+        Http("json id long", "POST", INFER, _add(id="i" * 5000)),
+        Http("json id unicode", "POST", INFER, _add(id="é☃\n\"x")),
         Http("json no outputs", "POST", INFER, _add(outputs=None)),
         Http("json output unknown", "POST", INFER, _add(outputs=[{"name": "NOPE"}])),
         Http("json output binary", "POST", INFER, _add(outputs=[
