@@ -13,188 +13,171 @@ TESTDATA = ROOT / "tests" / "testdata" / "triton_python"
 DATATYPES = ("BOOL", "UINT8", "UINT16", "UINT64", "INT8", "INT32", "INT64", "FP16", "FP32",
              "FP64", "BF16", "STRING")
 
+# OUT = IN (plus a number, for the versions that say which they are)
+_ECHO = """\
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor(
+            "OUT", pb_utils.get_input_tensor_by_name(r, "IN").as_numpy(){plus})])
+            for r in requests]
+"""
+
+_ECHO_CONFIG = """\
+name: "{name}"
+backend: "python"
+max_batch_size: {batch}
+{extra}
+input [ {{ name: "IN" data_type: TYPE_{datatype} dims: [ {dims} ] }} ]
+output [ {{ name: "OUT" data_type: TYPE_{datatype} dims: [ {dims} ]{label} }} ]
+"""
+
+# decoupled: IN = n gets n responses (OUT = 0 .. n-1), then the final flag sent alone; with
+# n < 0 one error response with the flag
+_STREAM_COUNT = """\
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for request in requests:
+            sender = request.get_response_sender()
+            count = int(pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()[0])
+            if count < 0:
+                sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(
+                    "IN must not be negative")),
+                    flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+                continue
+            for value in range(count):
+                sender.send(pb_utils.InferenceResponse(
+                    [pb_utils.Tensor("OUT", np.array([value], np.int32))]))
+            sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+"""
+
+# decoupled: OUT = IN, sent with the final flag
+_STREAM_ECHO = """\
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for request in requests:
+            sender = request.get_response_sender()
+            value = pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()
+            sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", value)]),
+                        flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+"""
+
+# a sequence's running sum of IN, kept by correlation id
+_SEQUENCE_SUM = """\
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.sums = {}
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            key, flags = request.correlation_id(), request.flags()
+            if flags & pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START:
+                self.sums[key] = 0
+            value = pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()
+            self.sums[key] = self.sums.get(key, 0) + int(value.sum())
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor(
+                "SUM", np.array([[self.sums[key]]], np.int32))]))
+            if flags & pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_END:
+                self.sums.pop(key, None)
+        return responses
+"""
+
+# an echo whose load fails while its folder holds a file "fail"
+_FRAGILE = """\
+import os
+
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        if os.path.exists(os.path.join(args["model_repository"], "fail")):
+            raise pb_utils.TritonModelException("asked to fail")
+
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor(
+            "OUT", pb_utils.get_input_tensor_by_name(r, "IN").as_numpy())]) for r in requests]
+"""
+
+_ENSEMBLE = """\
+name: "ensemble_add"
+platform: "ensemble"
+max_batch_size: 8
+input [ { name: "A" data_type: TYPE_FP32 dims: [ 4 ] },
+        { name: "B" data_type: TYPE_FP32 dims: [ 4 ] } ]
+output [ { name: "SUM" data_type: TYPE_FP32 dims: [ 4 ] },
+         { name: "DIFF" data_type: TYPE_FP32 dims: [ 4 ] } ]
+ensemble_scheduling { step [ {
+  model_name: "add_sub" model_version: -1
+  input_map { key: "INPUT0" value: "A" } input_map { key: "INPUT1" value: "B" }
+  output_map { key: "OUTPUT0" value: "SUM" } output_map { key: "OUTPUT1" value: "DIFF" }
+} ] }
+"""
+
+_POLICIES = {"versions_all": "all { }", "versions_latest": "latest { num_versions: 1 }",
+             "versions_specific": "specific { versions: [ 1, 3 ] }"}
+
 
 def write_repository(root: pathlib.Path) -> None:
-    """Triton-compatible models of tests/testdata (add_sub, int_double) and an echo model
-    per datatype, written against Triton 2.51's Python backend (no response parameters)."""
+    """add_sub and int_double from tests/testdata, an echo model per datatype, and one model
+    for each thing a case looks at (streams, sequences, classes, versions, a failed load,
+    an ensemble)."""
     for model in ("add_sub", "int_double"):
         shutil.copytree(TESTDATA / model, root / model)
     for datatype in DATATYPES:
-        folder = root / f"echo_{datatype.lower()}"
-        (folder / "1").mkdir(parents=True)
-        (folder / "config.pbtxt").write_text(textwrap.dedent(f"""\
-            name: "echo_{datatype.lower()}"
-            backend: "python"
-            max_batch_size: 0
-            input [ {{ name: "IN" data_type: TYPE_{datatype} dims: [ -1 ] }} ]
-            output [ {{ name: "OUT" data_type: TYPE_{datatype} dims: [ -1 ] }} ]
-            """))
-        (folder / "1" / "model.py").write_text(textwrap.dedent("""\
-            import triton_python_backend_utils as pb_utils
+        _echo(root, f"echo_{datatype.lower()}", datatype)
+    _echo(root, "echo_text", "STRING", dims="1")  # one element: what a raw body can be
+    _echo(root, "classes", "FP32", label=' label_filename: "labels.txt"')
+    (root / "classes" / "labels.txt").write_text("cat\ndog\nbird\n")  # fewer than scores
+    for name, source in (("stream_echo", _STREAM_ECHO), ("stream_count", _STREAM_COUNT)):
+        _model(root, name, _ECHO_CONFIG.format(
+            name=name, batch=0, extra="model_transaction_policy { decoupled: true }",
+            datatype="INT32", dims="1", label=""), {1: source})
+    _model(root, "sequence_sum", _ECHO_CONFIG.format(
+        name="sequence_sum", batch=4, datatype="INT32", dims="1", label="",
+        extra="sequence_batching { max_sequence_idle_microseconds: 5000000 }",
+    ).replace('name: "OUT"', 'name: "SUM"'), {1: _SEQUENCE_SUM})
+    _model(root, "fragile", _ECHO_CONFIG.format(name="fragile", batch=0, extra="",
+                                                 datatype="INT32", dims="-1", label=""),
+           {1: _FRAGILE})
+    for name, policy in _POLICIES.items():  # version v answers IN + v
+        _model(root, name, _ECHO_CONFIG.format(
+            name=name, batch=4, datatype="INT32", dims="1", label="",
+            extra=f"version_policy {{ {policy} }}\n"
+                  "dynamic_batching { priority_levels: 2 default_priority_level: 2 }"),
+            {v: _ECHO.format(plus=f" + {v}") for v in (1, 2, 3)})
+    _model(root, "ensemble_add", _ENSEMBLE, {1: None})
 
 
-            class TritonPythonModel:
-                def execute(self, requests):
-                    return [pb_utils.InferenceResponse([pb_utils.Tensor(
-                        "OUT", pb_utils.get_input_tensor_by_name(r, "IN").as_numpy())])
-                        for r in requests]
-            """))
-    folder = root / "stream_echo"
-    (folder / "1").mkdir(parents=True)
-    (folder / "config.pbtxt").write_text(textwrap.dedent("""\
-        name: "stream_echo"
-        backend: "python"
-        max_batch_size: 0
-        model_transaction_policy { decoupled: true }
-        input [ { name: "IN" data_type: TYPE_INT32 dims: [ 1 ] } ]
-        output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
-        """))
-    (folder / "1" / "model.py").write_text(textwrap.dedent("""\
-        import triton_python_backend_utils as pb_utils
+def _echo(root: pathlib.Path, name: str, datatype: str, dims: str = "-1",
+          label: str = "") -> None:
+    _model(root, name, _ECHO_CONFIG.format(name=name, batch=0, extra="", datatype=datatype,
+                                           dims=dims, label=label),
+           {1: _ECHO.format(plus="")})
 
 
-        class TritonPythonModel:
-            def execute(self, requests):
-                for request in requests:
-                    sender = request.get_response_sender()
-                    value = pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()
-                    sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", value)]),
-                                flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
-        """))
-    _stream_count(root)
-    folder = root / "classes"
-    (folder / "1").mkdir(parents=True)
-    (folder / "config.pbtxt").write_text(
-        (root / "echo_fp32" / "config.pbtxt").read_text().replace("echo_fp32", "classes")
-        .replace('"OUT" data_type: TYPE_FP32 dims: [ -1 ]',
-                 '"OUT" data_type: TYPE_FP32 dims: [ -1 ] label_filename: "labels.txt"'))
-    (folder / "labels.txt").write_text("cat\ndog\nbird\n")  # fewer than the scores
-    shutil.copy(root / "echo_fp32" / "1" / "model.py", folder / "1" / "model.py")
-    folder = root / "sequence_sum"
-    (folder / "1").mkdir(parents=True)
-    (folder / "config.pbtxt").write_text(textwrap.dedent("""\
-        name: "sequence_sum"
-        backend: "python"
-        max_batch_size: 4
-        sequence_batching { max_sequence_idle_microseconds: 5000000 }
-        input [ { name: "IN" data_type: TYPE_INT32 dims: [ 1 ] } ]
-        output [ { name: "SUM" data_type: TYPE_INT32 dims: [ 1 ] } ]
-        instance_group [ { count: 1 kind: KIND_CPU } ]
-        """))
-    (folder / "1" / "model.py").write_text(textwrap.dedent("""\
-        import numpy as np
-        import triton_python_backend_utils as pb_utils
-
-
-        class TritonPythonModel:
-            def initialize(self, args):
-                self.sums = {}
-
-            def execute(self, requests):
-                responses = []
-                for request in requests:
-                    key, flags = request.correlation_id(), request.flags()
-                    if flags & pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START:
-                        self.sums[key] = 0
-                    value = pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()
-                    self.sums[key] = self.sums.get(key, 0) + int(value.sum())
-                    responses.append(pb_utils.InferenceResponse([pb_utils.Tensor(
-                        "SUM", np.array([[self.sums[key]]], np.int32))]))
-                    if flags & pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_END:
-                        self.sums.pop(key, None)
-                return responses
-        """))
-    folder = root / "echo_text"  # one BYTES element: what a raw binary body can be
-    shutil.copytree(root / "echo_string", folder)
-    (folder / "config.pbtxt").write_text((folder / "config.pbtxt").read_text().replace(
-        "echo_string", "echo_text").replace("dims: [ -1 ]", "dims: [ 1 ]"))
-    folder = root / "fragile"
-    (folder / "1").mkdir(parents=True)
-    (folder / "config.pbtxt").write_text(
-        (root / "echo_int32" / "config.pbtxt").read_text().replace("echo_int32", "fragile"))
-    (folder / "1" / "model.py").write_text(textwrap.dedent("""\
-        import os
-
-        import triton_python_backend_utils as pb_utils
-
-
-        class TritonPythonModel:
-            def initialize(self, args):  # fails while its folder holds a file "fail"
-                if os.path.exists(os.path.join(args["model_repository"], "fail")):
-                    raise pb_utils.TritonModelException("asked to fail")
-
-            def execute(self, requests):
-                return [pb_utils.InferenceResponse([pb_utils.Tensor(
-                    "OUT", pb_utils.get_input_tensor_by_name(r, "IN").as_numpy())])
-                    for r in requests]
-        """))
-    for name, policy in (("versions_all", "all { }"), ("versions_latest", "latest { num_versions: 1 }"),
-                         ("versions_specific", "specific { versions: [ 1, 3 ] }")):
-        folder = root / name
-        (folder / "config.pbtxt").parent.mkdir(parents=True)
-        (folder / "config.pbtxt").write_text(textwrap.dedent(f"""\
-            name: "{name}"
-            backend: "python"
-            max_batch_size: 4
-            version_policy {{ {policy} }}
-            dynamic_batching {{ priority_levels: 2 default_priority_level: 2 }}
-            input [ {{ name: "IN" data_type: TYPE_INT32 dims: [ 1 ] }} ]
-            output [ {{ name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] }} ]
-            """))
-        for version in (1, 2, 3):  # each answers IN plus its version
-            (folder / str(version)).mkdir()
-            (folder / str(version) / "model.py").write_text(textwrap.dedent(f"""\
-                import triton_python_backend_utils as pb_utils
-
-
-                class TritonPythonModel:
-                    def execute(self, requests):
-                        return [pb_utils.InferenceResponse([pb_utils.Tensor("OUT",
-                            pb_utils.get_input_tensor_by_name(r, "IN").as_numpy() + {version})])
-                            for r in requests]
-                """))
-    folder = root / "ensemble_add"
-    (folder / "1").mkdir(parents=True)
-    (folder / "config.pbtxt").write_text(textwrap.dedent("""\
-        name: "ensemble_add"
-        platform: "ensemble"
-        max_batch_size: 8
-        input [ { name: "A" data_type: TYPE_FP32 dims: [ 4 ] },
-                { name: "B" data_type: TYPE_FP32 dims: [ 4 ] } ]
-        output [ { name: "SUM" data_type: TYPE_FP32 dims: [ 4 ] },
-                 { name: "DIFF" data_type: TYPE_FP32 dims: [ 4 ] } ]
-        ensemble_scheduling { step [ {
-          model_name: "add_sub" model_version: -1
-          input_map { key: "INPUT0" value: "A" } input_map { key: "INPUT1" value: "B" }
-          output_map { key: "OUTPUT0" value: "SUM" } output_map { key: "OUTPUT1" value: "DIFF" }
-        } ] }
-        """))
-
-
-def _stream_count(root: pathlib.Path) -> None:
-    """IN = n: n responses (OUT = 0 .. n-1), then the final flag sent alone."""
-    folder = root / "stream_count"
-    (folder / "1").mkdir(parents=True)
-    (folder / "config.pbtxt").write_text(
-        (root / "stream_echo" / "config.pbtxt").read_text().replace("stream_echo",
-                                                                      "stream_count"))
-    (folder / "1" / "model.py").write_text(textwrap.dedent("""\
-        import numpy as np
-        import triton_python_backend_utils as pb_utils
-
-
-        class TritonPythonModel:
-            def execute(self, requests):
-                for request in requests:
-                    sender = request.get_response_sender()
-                    count = int(pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()[0])
-                    if count < 0:
-                        sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(
-                            "IN must not be negative")),
-                            flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
-                        continue
-                    for value in range(count):
-                        sender.send(pb_utils.InferenceResponse(
-                            [pb_utils.Tensor("OUT", np.array([value], np.int32))]))
-                    sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
-        """))
+def _model(root: pathlib.Path, name: str, config: str,
+           versions: dict[int, str | None]) -> None:
+    """Model `name`: its config.pbtxt, and each version's folder with its model.py (None:
+    an empty folder, an ensemble's)."""
+    folder = root / name
+    folder.mkdir(parents=True)
+    (folder / "config.pbtxt").write_text(textwrap.dedent(config))
+    for version, source in versions.items():
+        (folder / str(version)).mkdir()
+        if source is not None:
+            (folder / str(version) / "model.py").write_text(source)
