@@ -39,6 +39,7 @@ import tempfile
 import time
 import urllib.request
 import zlib
+from collections.abc import Callable
 from typing import Any
 
 from triton_diff_cases import (F4, Grpc, Http, Stream, failure_cases, grpc_cases, http_cases,
@@ -413,41 +414,35 @@ def main(argv: list[str] | None = None) -> int:
             _wait_ready(ports[3], ours, "tensorgate", work / "tensorgate.log")
             stubs = [service_pb2_grpc.GRPCInferenceServiceStub(
                 grpc.insecure_channel(f"127.0.0.1:{port}")) for port in (ports[1], ports[4])]
+
+            def compare(name: str, outcome: Callable[[int], tuple[Any, Any]]) -> None:
+                """Case `name`'s outcome from Triton (0) and tensorgate (1), its verdict."""
+                if args.only in name:
+                    one, two = outcome(0), outcome(1)
+                    rows.append((name, one, two, _verdict(name, one, two)))
+
+            http_ports, grpc_ports = (ports[0], ports[3]), (ports[1], ports[4])
             for case in http_cases():
-                if args.only in case.name:
-                    one, two = _http_outcome(ports[0], case), _http_outcome(ports[3], case)
-                    rows.append((case.name, one, two, _verdict(case.name, one, two)))
+                compare(case.name, lambda at: _http_outcome(http_ports[at], case))
             keys, handles = _shm_regions()
             try:
                 for case in shm_cases(keys):
-                    if args.only in case.name:
-                        one, two = _http_outcome(ports[0], case), _http_outcome(ports[3], case)
-                        rows.append((case.name, one, two, _verdict(case.name, one, two)))
+                    compare(case.name, lambda at: _http_outcome(http_ports[at], case))
             finally:
                 _shm_release(handles)
-            for number, case in enumerate(failure_cases()):
-                marker = repo / "fragile" / "fail"
+            marker = repo / "fragile" / "fail"
+            for case in failure_cases():
                 if case.name == "a failed load":
                     marker.touch()
-                elif marker.exists() and case.name == "a load that works again":
-                    marker.unlink()
-                if args.only in case.name:
-                    one, two = _http_outcome(ports[0], case), _http_outcome(ports[3], case)
-                    rows.append((case.name, one, two, _verdict(case.name, one, two)))
-            if args.only in "metrics":
-                one, two = _metrics_outcome(ports[2]), _metrics_outcome(ports[5])
-                rows.append(("metrics", one, two, _verdict("metrics", one, two)))
+                elif case.name == "a load that works again":
+                    marker.unlink(missing_ok=True)
+                compare(case.name, lambda at: _http_outcome(http_ports[at], case))
+            compare("metrics", lambda at: _metrics_outcome((ports[2], ports[5])[at]))
             for stream in stream_cases():
-                if args.only in stream.name:
-                    one = _stream_outcome(f"127.0.0.1:{ports[1]}", stream)
-                    two = _stream_outcome(f"127.0.0.1:{ports[4]}", stream)
-                    rows.append((stream.name, one, two, _verdict(stream.name, one, two)))
+                compare(stream.name,
+                        lambda at: _stream_outcome(f"127.0.0.1:{grpc_ports[at]}", stream))
             for grpc_case in grpc_cases():
-                if args.only in grpc_case.name:
-                    one, two = (_grpc_outcome(stubs[0], grpc_case),
-                                _grpc_outcome(stubs[1], grpc_case))
-                    rows.append((grpc_case.name, one, two,
-                                 _verdict(grpc_case.name, one, two)))
+                compare(grpc_case.name, lambda at: _grpc_outcome(stubs[at], grpc_case))
             crashed = [(what, process.returncode, log) for what, process, log in (
                 ("tritonserver", triton, "triton.log"), ("tensorgate", ours, "tensorgate.log"))
                 if process.poll() is not None]
@@ -463,7 +458,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{pathlib.Path(tempfile.gettempdir()) / f'triton-diff-{log}'}")
     if crashed:
         return 3
-    width = max(len(row[0]) for row in rows)
+    width = max((len(row[0]) for row in rows), default=4)
     print(f"{'case':{width}}  {'Triton':>16}  {'tensorgate':>16}  verdict")
     for name, one, two, verdict in rows:
         if args.show_same or verdict != "same":

@@ -124,8 +124,8 @@ class Engine:
         self._device = device
         self._postprocess = PostprocessPool(postprocess_workers)
         self._models: dict[str, dict[int, _Version]] = {}
-        self._failed: dict[str, str] = {}
-        self._failed_version: dict[str, str] = {}  # the version whose load failed, if one
+        # a model whose last load failed: (the version whose load failed, or "", the reason)
+        self._failed: dict[str, tuple[str, str]] = {}
         self._unloaded: dict[str, list[int]] = {}  # versions served until an unload
         self._labels: dict[tuple[str, str], list[str]] = {}
         self._closing = False
@@ -200,17 +200,16 @@ class Engine:
                 await self._retire(versions.values(), drain_timeout_s=0.0)
             if isinstance(error, NotFoundError) and not self._holds(name):
                 raise  # a name the repository does not hold: nothing to list as failed
-            self._failed_version[name] = loading
             if isinstance(error, TensorgateError):
-                self._failed[name] = error.message
+                self._failed[name] = (loading, error.message)
                 raise
-            self._failed[name] = f"{type(error).__name__}: {error}"
+            reason = f"{type(error).__name__}: {error}"
+            self._failed[name] = (loading, reason)
             raise ModelConfigError(str(source.directory) if source else name,
-                                   self._failed[name]) from error
+                                   reason) from error
         old = self._models.get(name)
         self._models[name] = versions
         self._failed.pop(name, None)
-        self._failed_version.pop(name, None)
         self._unloaded.pop(name, None)
         self._forget_labels(name)
         self._labels.update(labels)
@@ -240,7 +239,6 @@ class Engine:
         whatever it may have loaded is not refused for the ones it had not."""
         versions = self._models.pop(name, None)
         failed = self._failed.pop(name, None)
-        self._failed_version.pop(name, None)
         self._forget_labels(name)
         if versions:
             self._unloaded[name] = sorted(versions)
@@ -606,7 +604,7 @@ class Engine:
     def unavailable(self) -> dict[str, str]:
         """Models whose load failed and that serve no version, with the reason (a model
         whose reload failed while its old version serves is not among them)."""
-        return {name: reason for name, reason in self._failed.items()
+        return {name: reason for name, (_, reason) in self._failed.items()
                 if name not in self._models}
 
     def _forget_labels(self, name: str) -> None:
@@ -638,8 +636,9 @@ class Engine:
                 entries += [{"name": name, "version": str(v), "state": "READY", "reason": ""}
                             for v in sorted(self._models[name])]
             elif name in self._failed:
-                entries.append({"name": name, "version": self._failed_version.get(name, ""),
-                                "state": "UNAVAILABLE", "reason": self._failed[name]})
+                version, reason = self._failed[name]
+                entries.append({"name": name, "version": version, "state": "UNAVAILABLE",
+                                "reason": reason})
             elif name in self._unloaded:
                 entries += [{"name": name, "version": str(v), "state": "UNAVAILABLE",
                              "reason": "unloaded"} for v in self._unloaded[name]]
@@ -691,7 +690,7 @@ class Engine:
         versions = self._models.get(name)
         if not versions:
             if name in self._failed:
-                raise UnavailableError(f"model '{name}' is not ready: {self._failed[name]}")
+                raise UnavailableError(f"model '{name}' is not ready: {self._failed[name][1]}")
             raise NotFoundError(f"unknown model '{name}'; loaded models are: "
                                 f"{', '.join(sorted(self._models)) or 'none'}")
         if version is None:

@@ -567,26 +567,31 @@ def _json_integers(data: Any, found: np.ndarray, target: np.dtype[Any], datatype
 
 
 def _integer_leaves(data: Any) -> list[int] | None:
-    """The values of JSON `data` (nested lists) in order when all are integers, else None
-    (it stops at the first that is not)."""
+    """The values of JSON `data` (nested lists) in order when all are integers, else None:
+    it stops at the first that is not, having copied no list (a stack of iterators: deep
+    nesting is no recursion)."""
     flat: list[int] = []
-    pending = [data]
-    while pending:  # a stack of our own: deep nesting is no recursion
-        item = pending.pop()
-        if type(item) is list:
-            pending.extend(reversed(item))
-        elif type(item) is int:
+    levels = [iter((data,))]
+    while levels:
+        for item in levels[-1]:
+            if type(item) is list:
+                levels.append(iter(item))
+                break
+            if type(item) is not int:
+                return None
             flat.append(item)
         else:
-            return None
+            levels.pop()
     return flat
 
 
 def exact_integers(values: Any, read: np.ndarray) -> np.ndarray:
     """numpy's reading `read` of JSON `values`, or, where numpy made floats of integers that
     no one integer type holds together ([0, 2**64 - 1]), those integers as exact objects:
-    a slice of a UINT64 input is not rounded before its datatype is known."""
-    if read.dtype.kind != "f":
+    a slice of a UINT64 input is not rounded before its datatype is known. numpy reads
+    integers as floats only when one is past int64's largest: below it, floats are what
+    came, and the slice is not walked (an FP32 tensor's slices cost one max each)."""
+    if read.dtype.kind != "f" or not read.size or not read.max() >= 2.0**63:
         return read
     flat = _integer_leaves(values)
     return read if flat is None else np.array(flat, dtype=object).reshape(read.shape)
