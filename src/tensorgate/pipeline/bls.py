@@ -70,7 +70,8 @@ class BlsBridge:
 
     def exec(self, request: pb_utils.InferenceRequest, decoupled: bool) -> Any:
         """The response (an error response when the call failed), or with `decoupled` an
-        iterator of the responses of a decoupled model."""
+        iterator of the responses of a decoupled model (the last an empty one where the
+        model sent its final flag alone, as on Triton)."""
         if threading.get_ident() == self._loop_thread:
             raise pb_utils.TritonModelException("exec() on the event loop would wait on "
                                                 "itself; call it from the model's thread")
@@ -155,9 +156,13 @@ class BlsBridge:
 
         async def pump() -> None:
             call.trace = parent.child(call.model) if parent is not None else None
+            ended = False  # by a response the model sent with the final flag
             try:
                 async for result in self._infer_stream(call):
                     arrived.put(_response(result))
+                    ended = result.final
+                if not ended:  # the flag came alone: an empty last response, as on Triton
+                    arrived.put(pb_utils.InferenceResponse([]))
             except TensorgateError as error:
                 arrived.put(_error_response(error))
             finally:

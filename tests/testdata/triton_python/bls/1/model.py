@@ -1,6 +1,7 @@
 """BLS: Y = 10 × (X + X), the sum made by calling add_sub; STREAMED = the values the
 decoupled model `repeat` sends for IN = 3, read from exec(decoupled=True), each plus 10 × the
-"index" parameter its response carries. Parameter
+"index" parameter its response carries, then -1 for the empty response that ends them (repeat
+sends its final flag alone). Parameter
 "target" names another model to call instead of add_sub: its error comes back as this
 request's error."""
 
@@ -29,10 +30,10 @@ class TritonPythonModel:
             count = pb_utils.Tensor("IN", np.array([3], np.int32))
             streamed = [int(pb_utils.get_output_tensor_by_name(r, "OUT").as_numpy()[0])
                         + 10 * json.loads(r.parameters())["index"]
+                        if r.output_tensors() else -1  # the empty last one
                         for r in pb_utils.InferenceRequest(
                             model_name="repeat", requested_output_names=["OUT"],
-                            inputs=[count]).exec(decoupled=True)
-                        if r.output_tensors()]
+                            inputs=[count]).exec(decoupled=True)]
             responses.append(pb_utils.InferenceResponse(output_tensors=[
                 pb_utils.Tensor("Y", (total * 10).astype(np.float32)),
                 pb_utils.Tensor("STREAMED", np.array(streamed, np.int32))]))
