@@ -5,6 +5,7 @@ tables agree with Triton's config enum, BYTES serialize and deserialize as the w
 from __future__ import annotations
 
 import json
+import pathlib
 
 import numpy as np
 import pytest
@@ -32,6 +33,10 @@ def test_tensors_share_memory_with_what_they_wrap() -> None:
 def test_tensor_refuses_what_triton_refuses() -> None:
     with pytest.raises(pb_utils.TritonModelException, match="use np.object_ for BYTES"):
         pb_utils.Tensor("s", np.array(["a", "b"]))
+    with pytest.raises(pb_utils.TritonModelException, match="complex128"):
+        pb_utils.Tensor("c", np.array([1j]))
+    with pytest.raises(TypeError, match="'output_tensors' must be a list"):
+        pb_utils.InferenceResponse(pb_utils.Tensor("t", np.zeros(1)))
     text = pb_utils.Tensor("t", np.array([b"a"], dtype=np.object_))
     with pytest.raises(pb_utils.TritonModelException, match="BYTES, which DLPack cannot carry"):
         text.to_dlpack()
@@ -48,38 +53,87 @@ def test_a_given_triton_dtype_reads_the_bytes_as_that_type() -> None:
 
 
 @pytest.mark.parametrize("config_name, numpy_type", [
-    ("TYPE_BOOL", np.bool_), ("TYPE_UINT8", np.uint8), ("TYPE_INT32", np.int32),
-    ("TYPE_INT64", np.int64), ("TYPE_FP16", np.float16), ("TYPE_FP32", np.float32),
-    ("TYPE_FP64", np.float64), ("TYPE_STRING", np.object_)])
+    ("TYPE_BOOL", np.bool_), ("TYPE_UINT8", np.uint8), ("TYPE_UINT32", np.uint32),
+    ("TYPE_INT16", np.int16), ("TYPE_INT32", np.int32), ("TYPE_INT64", np.int64),
+    ("TYPE_FP16", np.float16), ("TYPE_FP32", np.float32), ("TYPE_FP64", np.float64),
+    ("TYPE_STRING", np.object_)])
 def test_type_tables_agree_with_triton_s_config_enum(config_name: str, numpy_type: type) -> None:
     number = config_pb.DataType.Value(config_name)
-    assert pb_utils.triton_string_to_numpy(config_name) is numpy_type
+    by_name = pb_utils.triton_string_to_numpy(config_name)
+    # TYPE_BOOL is Python's bool in Triton's table, which numpy reads as its own bool
+    assert by_name is (bool if config_name == "TYPE_BOOL" else numpy_type)
+    assert pb_utils.TRITON_STRING_TO_NUMPY[config_name] is by_name
+    assert np.dtype(by_name) == np.dtype(numpy_type)
     assert pb_utils.triton_to_numpy_type(number) is numpy_type
     assert pb_utils.numpy_to_triton_type(numpy_type) == number
 
 
-def test_type_lookups_name_what_is_unknown() -> None:
-    with pytest.raises(pb_utils.TritonModelException, match="unknown config type 'TYPE_X'"):
+def test_type_lookups_answer_what_has_no_type_as_triton_s_do() -> None:
+    """Triton's module (tools/triton_diff.py's probe model compared them): a type name with
+    no numpy type is a KeyError, a number with none is None, and so is numpy's str_."""
+    with pytest.raises(KeyError, match="no numpy type for config type 'TYPE_X'"):
         pb_utils.triton_string_to_numpy("TYPE_X")
-    with pytest.raises(pb_utils.TritonModelException, match="no datatype numbered 99"):
-        pb_utils.triton_to_numpy_type(99)
+    with pytest.raises(KeyError, match="'TYPE_BF16'"):
+        pb_utils.triton_string_to_numpy("TYPE_BF16")
+    assert pb_utils.triton_to_numpy_type(99) is None
+    assert pb_utils.triton_to_numpy_type(config_pb.TYPE_BF16) is None
+    assert pb_utils.triton_to_numpy_type(0) is None
     assert pb_utils.numpy_to_triton_type(np.complex64) is None
+    assert pb_utils.numpy_to_triton_type(np.str_) is None
+    assert pb_utils.numpy_to_triton_type(np.bytes_) == config_pb.TYPE_STRING
+
+
+def test_the_rest_of_triton_s_module() -> None:
+    """What Triton's pb_utils has besides: its decoupled check, PreferredMemory for BLS
+    calls (with its memory kinds numbered as Triton's module numbers them), set_flags,
+    Logger.LogLevel."""
+    assert pb_utils.using_decoupled_model_transaction_policy(
+        {"model_transaction_policy": {"decoupled": True}}) is True
+    assert pb_utils.using_decoupled_model_transaction_policy(
+        {"model_transaction_policy": {}}) is False
+    assert pb_utils.using_decoupled_model_transaction_policy({}) is False
+    assert (pb_utils.TRITONSERVER_MEMORY_GPU, pb_utils.TRITONSERVER_MEMORY_CPU) == (0, 1)
+    memory = pb_utils.PreferredMemory(pb_utils.TRITONSERVER_MEMORY_CPU, 0)
+    request = pb_utils.InferenceRequest(model_name="m", preferred_memory=memory)
+    request.set_flags(pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START)
+    assert request.flags() == pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START
+    assert pb_utils.Logger.LogLevel.ERROR == pb_utils.Logger.ERROR
+    with pytest.raises(pb_utils.TritonModelException, match="no response sender"):
+        request.get_response_sender()  # a BLS request's
+
+
+def test_get_model_dir_is_the_running_model_s_folder(tmp_path) -> None:
+    before = pb_utils.running_in(str(tmp_path))
+    try:
+        assert pb_utils.get_model_dir() == str(tmp_path)
+    finally:
+        pb_utils.running_in(before)
+    # elsewhere (a thread of the model's own): the folder of the module that asks
+    assert pb_utils.get_model_dir() == str(pathlib.Path(__file__).parent)
 
 
 @settings(max_examples=200, deadline=None)
-@given(items=st.lists(st.binary(max_size=12) | st.text(max_size=6), max_size=6))
-def test_bytes_serialize_in_the_wire_layout_and_back(items: list[bytes | str]) -> None:
+@given(items=st.lists(st.binary(max_size=12) | st.text(max_size=6) | st.integers(), max_size=6))
+def test_bytes_serialize_in_the_wire_layout_and_back(items: list[bytes | str | int]) -> None:
+    """As Triton's: bytes, in the wire layout; each element that is not bytes as its str()
+    in UTF-8; () for an empty tensor."""
     array = np.array(items, dtype=np.object_)
     serialized = pb_utils.serialize_byte_tensor(array)
-    expected = [i if isinstance(i, bytes) else i.encode() for i in items]
+    expected = [i if isinstance(i, bytes) else str(i).encode() for i in items]
     if not items:
-        assert serialized is None
+        assert serialized == ()
         return
-    assert serialized is not None and serialized.dtype == np.uint8
-    raw = serialized.tobytes()
-    assert decode_bytes_tensor(memoryview(raw), 0, len(raw), (len(items),), "x").tolist() == \
-        expected
-    assert pb_utils.deserialize_bytes_tensor(raw).tolist() == expected
+    assert isinstance(serialized, bytes)
+    assert decode_bytes_tensor(memoryview(serialized), 0, len(serialized), (len(items),),
+                               "x").tolist() == expected
+    assert pb_utils.deserialize_bytes_tensor(serialized).tolist() == expected
+
+
+def test_bytes_serialize_only_objects_and_numpy_bytes() -> None:
+    assert pb_utils.serialize_byte_tensor(np.array([[b"ab"], [b"c"]])) == \
+        b"\x02\x00\x00\x00ab\x01\x00\x00\x00c"  # numpy bytes, in C order
+    assert pb_utils.serialize_byte_tensor(np.array([1, 2], np.int32)) is None
+    assert pb_utils.serialize_byte_tensor(np.array(["a"])) is None  # numpy str_, as Triton
 
 
 def test_deserialize_refuses_an_element_past_the_end() -> None:
@@ -95,8 +149,8 @@ def test_requests_responses_and_errors() -> None:
     assert pb_utils.get_input_tensor_by_name(request, "z") is None
     assert (request.request_id(), request.correlation_id(), request.flags()) == ("id-1", 7, 3)
     assert json.loads(request.parameters()) == {"k": 1} and request.is_cancelled()
-    with pytest.raises(pb_utils.TritonModelException, match="only a decoupled model"):
-        request.get_response_sender()
+    with pytest.raises(pb_utils.TritonModelException, match="has no response sender"):
+        request.get_response_sender()  # the server gave it no way to make one
     bls = pb_utils.InferenceRequest(model_name="other", inputs=[tensor],
                                     requested_output_names=["y"], model_version=2)
     assert (bls.model_name(), bls.model_version(), bls.inputs()) == ("other", 2, [tensor])
@@ -107,7 +161,7 @@ def test_requests_responses_and_errors() -> None:
     response = pb_utils.InferenceResponse([tensor], parameters={"n": 1})
     assert pb_utils.get_output_tensor_by_name(response, "x") is tensor
     assert not response.has_error() and json.loads(response.parameters()) == {"n": 1}
-    with pytest.raises(pb_utils.TritonModelException, match="must be a list"):
+    with pytest.raises(TypeError, match="must be a list"):
         pb_utils.InferenceResponse(tensor)  # type: ignore[arg-type]
     error = pb_utils.TritonError("bad", pb_utils.TritonError.NOT_FOUND)
     assert pb_utils.InferenceResponse(error=error).error() is error

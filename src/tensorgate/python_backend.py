@@ -25,6 +25,18 @@ instance with the same `args` strings, `execute(requests)` per batch with one
 - A response's `parameters` (bool, int, float or str values) go to the client with it: in
   the JSON response's `parameters`, as gRPC InferParameters, to a BLS caller; a response
   that carries some is not kept by the response cache.
+- A model not decoupled that answers through its requests' response senders (execute
+  returning None, as Triton allows since 23.10) holds its instance until each request has
+  its response and final flag; Triton takes the next batch meanwhile. One that returns
+  None without using a sender is refused with an error naming it (Triton waits forever).
+- A BLS call's error keeps its kind (`error().code()` NOT_FOUND for an unknown model,
+  INVALID_ARG for a request the callee refused); Triton's are all INTERNAL.
+
+What a model sees is otherwise Triton 2.51's, compared with Triton's own module by
+tools/triton_diff.py's probe model (tools/triton_diff_probe.py): the helpers' answers
+(`triton_to_numpy_type(14)` is None, `serialize_byte_tensor` returns bytes, TYPE_BOOL is
+Python's bool), the errors (TritonModelException for a dtype no datatype holds, TypeError
+for outputs not in a list), `get_model_dir()`, `PreferredMemory`, the memory kinds' numbers.
 """
 
 from __future__ import annotations
@@ -34,7 +46,9 @@ import concurrent.futures
 import enum
 import json
 import logging
+import os
 import struct
+import sys
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
@@ -47,23 +61,21 @@ from tritonclient.grpc import model_config_pb2 as _config_pb
 from tensorgate.custom_metrics import Metric, MetricFamily
 from tensorgate.errors import DatatypeError
 from tensorgate.python_backend_config import ModelConfig
-from tensorgate.tensor.buffer import host_array
-from tensorgate.tensor.bytes_codec import encode_bytes_tensor
-from tensorgate.tensor.dtypes import (DATATYPES, DataType, datatype, datatype_from_config,
-                                      datatype_of_numpy, datatype_of_torch)
-from tensorgate.tensor.pool import default_pool
+from tensorgate.tensor.dtypes import (DATATYPES, DataType, datatype, datatype_of_numpy,
+                                      datatype_of_torch)
 
 __all__ = [
     "InferenceRequest", "InferenceResponse", "InferenceResponseSender", "InferenceTrace",
-    "LogLevel", "Logger",
-    "Metric", "MetricFamily", "ModelConfig", "TRITONSERVER_MEMORY_CPU", "TRITONSERVER_MEMORY_GPU",
+    "LogLevel", "Logger", "Metric", "MetricFamily", "ModelConfig", "PreferredMemory",
+    "TRITON_STRING_TO_NUMPY", "TRITONSERVER_MEMORY_CPU", "TRITONSERVER_MEMORY_GPU",
     "TRITONSERVER_REQUEST_FLAG_SEQUENCE_END", "TRITONSERVER_REQUEST_FLAG_SEQUENCE_START",
     "TRITONSERVER_REQUEST_RELEASE_ALL", "TRITONSERVER_REQUEST_RELEASE_RESCHEDULE",
     "TRITONSERVER_RESPONSE_COMPLETE_FINAL", "Tensor", "TritonError", "TritonModelException",
     "deserialize_bytes_tensor", "get_input_config_by_name", "get_input_tensor_by_name",
-    "get_output_config_by_name", "get_output_tensor_by_name", "is_model_ready", "load_model",
-    "numpy_to_triton_type", "serialize_byte_tensor", "triton_string_to_numpy",
-    "triton_to_numpy_type", "unload_model",
+    "get_model_dir", "get_output_config_by_name", "get_output_tensor_by_name",
+    "is_model_ready", "load_model", "numpy_to_triton_type", "serialize_byte_tensor",
+    "triton_string_to_numpy", "triton_to_numpy_type", "unload_model",
+    "using_decoupled_model_transaction_policy",
 ]
 
 # Triton's flag values (tritonserver.h), which models compare against
@@ -72,8 +84,20 @@ TRITONSERVER_REQUEST_FLAG_SEQUENCE_END = 2
 TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
 TRITONSERVER_REQUEST_RELEASE_ALL = 1
 TRITONSERVER_REQUEST_RELEASE_RESCHEDULE = 2
-TRITONSERVER_MEMORY_CPU = 0
-TRITONSERVER_MEMORY_GPU = 2
+# PreferredMemory's kinds, numbered as Triton's Python backend numbers them (not as
+# tritonserver.h does: there CPU is 0)
+TRITONSERVER_MEMORY_GPU = 0
+TRITONSERVER_MEMORY_CPU = 1
+
+# A config's type names as numpy types, as Triton's module has them (TYPE_BOOL is Python's
+# bool there, TYPE_BF16 absent: numpy has no such type)
+TRITON_STRING_TO_NUMPY: dict[str, Any] = {
+    "TYPE_BOOL": bool, "TYPE_UINT8": np.uint8, "TYPE_UINT16": np.uint16,
+    "TYPE_UINT32": np.uint32, "TYPE_UINT64": np.uint64, "TYPE_INT8": np.int8,
+    "TYPE_INT16": np.int16, "TYPE_INT32": np.int32, "TYPE_INT64": np.int64,
+    "TYPE_FP16": np.float16, "TYPE_FP32": np.float32, "TYPE_FP64": np.float64,
+    "TYPE_STRING": np.object_,
+}
 
 _log = logging.getLogger("tensorgate.python_backend")
 
@@ -141,7 +165,10 @@ class Tensor:
                 array = array.view(wanted)
         self._name = name
         self._value: np.ndarray | torch.Tensor = array
-        self._datatype = datatype_of_numpy(array.dtype, name)
+        try:
+            self._datatype = datatype_of_numpy(array.dtype, name)
+        except DatatypeError as error:  # what Triton raises for a dtype it has no type for
+            raise TritonModelException(str(error)) from None
 
     def _init_torch(self, name: str, tensor: torch.Tensor) -> None:
         self._name = name
@@ -215,13 +242,13 @@ class InferenceResponse:
                  error: TritonError | None = None,
                  parameters: Mapping[str, Any] | str | None = None) -> None:
         if output_tensors is not None and not isinstance(output_tensors, (list, tuple)):
-            raise TritonModelException("InferenceResponse: 'output_tensors' must be a list of "
-                                       f"pb_utils.Tensor, not a {type(output_tensors).__name__}")
+            raise TypeError("InferenceResponse: 'output_tensors' must be a list of "
+                            f"pb_utils.Tensor, not a {type(output_tensors).__name__}")
         self._outputs = list(output_tensors or [])
         for tensor in self._outputs:
             if not isinstance(tensor, Tensor):
-                raise TritonModelException("InferenceResponse: 'output_tensors' must hold "
-                                           f"pb_utils.Tensor, not {type(tensor).__name__}")
+                raise TypeError("InferenceResponse: 'output_tensors' must hold "
+                                f"pb_utils.Tensor, not {type(tensor).__name__}")
         self._error = error
         self._parameters = (json.loads(parameters) if isinstance(parameters, str)
                             else dict(parameters or {}))
@@ -322,6 +349,7 @@ class InferenceRequest:
         self._parameters = (parameters if isinstance(parameters, str)
                             else json.dumps(dict(parameters or {})))
         self._sender: InferenceResponseSender | None = None
+        self._make_sender: Callable[[], InferenceResponseSender] | None = None
         self._cancelled: Callable[[], bool] = _never
         self._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
         self._reschedulable = False  # its model's config has iterative_sequence
@@ -359,14 +387,24 @@ class InferenceRequest:
         return self._cancelled()
 
     def get_response_sender(self) -> InferenceResponseSender:
+        """The request's sender: any number of responses for a decoupled model; for one
+        not decoupled, one response and the final flag, its execute returning None (Triton
+        allows both since 23.10)."""
         if self._sender is None:
-            raise TritonModelException("only a decoupled model's requests have a response "
-                                       "sender (model_transaction_policy { decoupled: true })")
+            if self._make_sender is None:
+                raise TritonModelException("this request has no response sender: it is not "
+                                           "one the server handed to execute")
+            self._sender = self._make_sender()
         return self._sender
 
     def trace(self) -> InferenceTrace:
         """The request's trace, for a BLS call to join (see InferenceTrace)."""
         return self._trace
+
+    def set_flags(self, flags: int) -> None:
+        """The request's flags (a BLS call's TRITONSERVER_REQUEST_FLAG_SEQUENCE_START /
+        _END), as Triton's `set_flags`."""
+        self._flags = flags
 
     def set_release_flags(self, flags: int) -> None:
         """TRITONSERVER_REQUEST_RELEASE_RESCHEDULE: run this request again in a later batch
@@ -397,6 +435,18 @@ class InferenceRequest:
 
 def _never() -> bool:
     return False
+
+
+class PreferredMemory:
+    """Where a BLS call would like its outputs (`InferenceRequest(...,
+    preferred_memory=PreferredMemory(TRITONSERVER_MEMORY_GPU, 0))`): taken, as Triton takes
+    it; a BLS call's outputs are on the host here."""
+
+    __slots__ = ("_memory_type", "_device_id")
+
+    def __init__(self, preferred_memory_type: int, preferred_device_id: int = 0) -> None:
+        self._memory_type = preferred_memory_type
+        self._device_id = preferred_device_id
 
 
 class BlsRunner(Protocol):
@@ -446,6 +496,36 @@ def unload_model(model_name: str, unload_dependents: bool = False) -> None:
     _bls_runner().unload_model(model_name, unload_dependents)
 
 
+_where = threading.local()  # the model folder of what runs on this thread (get_model_dir)
+
+
+def get_model_dir() -> str:
+    """The folder of the running model's version (where its model.py is), as Triton's
+    stub gives it: the one whose initialize, execute or finalize this thread runs, else (a
+    thread of the model's own) the folder of the module that calls this."""
+    found: str | None = getattr(_where, "directory", None)
+    if found is None:
+        calling = sys._getframe(1).f_globals.get("__file__")
+        if calling is None:
+            raise TritonModelException("get_model_dir: not called from a model")
+        found = os.path.dirname(os.path.abspath(calling))
+    return found
+
+
+def running_in(directory: str | None) -> str | None:
+    """Say that this thread now runs the model in `directory` (None: no model); returns
+    what it ran before (not part of Triton's API: the server calls it)."""
+    before: str | None = getattr(_where, "directory", None)
+    _where.directory = directory
+    return before
+
+
+def using_decoupled_model_transaction_policy(model_config: Mapping[str, Any]) -> bool:
+    """Whether `model_config` (args["model_config"], parsed) says the model is decoupled."""
+    policy = model_config.get("model_transaction_policy")
+    return bool(policy.get("decoupled", False)) if policy else False
+
+
 def is_model_ready(model_name: str, model_version: str = "") -> bool:
     """Whether the model (that version: "" for any) is loaded and serving."""
     return _bls_runner().is_model_ready(model_name, model_version)
@@ -455,16 +535,20 @@ def incoming_request(inputs: Sequence[Tensor], request_id: str, correlation_id: 
                      requested_output_names: Sequence[str], parameters: str, flags: int,
                      cancelled: Callable[[], bool],
                      sender: InferenceResponseSender | None = None,
-                     trace: Any = None, reschedulable: bool = False) -> InferenceRequest:
+                     trace: Any = None, reschedulable: bool = False,
+                     make_sender: Callable[[], InferenceResponseSender] | None = None,
+                     timeout: int = 0) -> InferenceRequest:
     """A request as the server hands it to `execute` (not part of Triton's API); `trace`:
     the server's trace of it, when it is traced; `reschedulable`: its model's config has
-    iterative_sequence."""
+    iterative_sequence; `make_sender`: makes its sender when the model first asks for it
+    (a model not decoupled, which seldom does); `timeout`: the request's, in µs."""
     request = InferenceRequest(requested_output_names=requested_output_names, inputs=inputs,
                                request_id=request_id, correlation_id=correlation_id,
-                               flags=flags, parameters=parameters,
+                               flags=flags, parameters=parameters, timeout=timeout,
                                trace=InferenceTrace(trace) if trace is not None else None)
     request._cancelled = cancelled
     request._sender = sender
+    request._make_sender = make_sender
     request._reschedulable = reschedulable
     return request
 
@@ -483,13 +567,14 @@ _LEVELS = {LogLevel.INFO: logging.INFO, LogLevel.WARNING: logging.WARNING,
 class Logger:
     """Model logging into the server's log (`pb_utils.Logger.log_info("...")`)."""
 
+    LogLevel = LogLevel
     INFO = LogLevel.INFO
     WARNING = LogLevel.WARNING
     ERROR = LogLevel.ERROR
     VERBOSE = LogLevel.VERBOSE
 
     @staticmethod
-    def log(message: str, level: LogLevel = LogLevel.INFO) -> None:
+    def log(message: str, level: int = LogLevel.INFO) -> None:
         _log.log(_LEVELS[LogLevel(level)], "%s", message)
 
     @staticmethod
@@ -527,11 +612,15 @@ def get_output_config_by_name(model_config: Mapping[str, Any],
 
 
 def triton_to_numpy_type(data_type: int) -> Any:
-    """numpy's type for a config enum number (TYPE_FP32 = 11 → np.float32)."""
+    """numpy's type for a config enum number (TYPE_FP32 = 11 → np.float32); None for a
+    number that has none (BF16's, or no type's), as Triton's."""
     name = _BY_NUMBER.get(data_type)
     if name is None:
-        raise TritonModelException(f"no datatype numbered {data_type}")
-    return np.object_ if name == "BYTES" else _numpy_type(datatype(name))
+        return None
+    if name == "BYTES":
+        return np.object_
+    found = datatype(name).numpy
+    return None if found is None else found.type
 
 
 def numpy_to_triton_type(data_type: Any) -> int | None:
@@ -539,6 +628,8 @@ def numpy_to_triton_type(data_type: Any) -> int | None:
     try:
         found = np.dtype(data_type)
     except TypeError:
+        return None
+    if found.kind == "U":  # Triton's has no type for numpy's str_ (Tensor refuses it)
         return None
     if found.kind in "OS":
         return _TYPE_NUMBER["BYTES"]
@@ -549,27 +640,28 @@ def numpy_to_triton_type(data_type: Any) -> int | None:
 
 
 def triton_string_to_numpy(triton_type_string: str) -> Any:
-    """numpy's type for a config's type name ("TYPE_FP32" → np.float32)."""
-    try:
-        found = datatype_from_config(triton_type_string)
-    except DatatypeError:
-        raise TritonModelException(f"unknown config type '{triton_type_string}'") from None
-    return np.object_ if found.is_bytes else _numpy_type(found)
+    """numpy's type for a config's type name ("TYPE_FP32" → np.float32); KeyError for one
+    numpy has no type for (TYPE_BF16) or no config has, as Triton's."""
+    found = TRITON_STRING_TO_NUMPY.get(triton_type_string)
+    if found is None:
+        raise KeyError(f"no numpy type for config type '{triton_type_string}' (there is "
+                       f"one for {', '.join(TRITON_STRING_TO_NUMPY)})")
+    return found
 
 
-def _numpy_type(datatype: DataType) -> Any:
-    if datatype.numpy is None:
-        raise TritonModelException(f"{datatype.name} has no numpy type")
-    return datatype.numpy.type
-
-
-def serialize_byte_tensor(input_tensor: np.ndarray) -> np.ndarray | None:
-    """BYTES elements in the wire layout (4-byte little-endian length, then the bytes), as a
-    flat uint8 array; None for an empty tensor."""
+def serialize_byte_tensor(input_tensor: np.ndarray) -> bytes | tuple[()] | None:
+    """BYTES elements in the wire layout (4-byte little-endian length, then the bytes), in C
+    order, as Triton's: bytes; () for an empty tensor; None for one neither of objects
+    (bytes kept, anything else its str() in UTF-8) nor of numpy bytes."""
     if input_tensor.size == 0:
+        return ()
+    if input_tensor.dtype != np.object_ and input_tensor.dtype.kind != "S":
         return None
-    buffer, nbytes = encode_bytes_tensor(input_tensor, default_pool().acquire)
-    return host_array(buffer, np.uint8, nbytes)
+    parts: list[bytes] = []
+    for item in input_tensor.flat:
+        data = item if isinstance(item, bytes) else str(item).encode()
+        parts += (struct.pack("<I", len(data)), data)
+    return b"".join(parts)
 
 
 def deserialize_bytes_tensor(encoded_tensor: bytes | np.ndarray) -> np.ndarray:

@@ -110,7 +110,8 @@ def test_a_response_the_model_got_wrong_fails_its_request_alone(
         client.stop_stream()
     by_id, errors = stream_answers(answers, lambda result: int(result.as_numpy("OUT")[0]))
     assert by_id == {"two": [0, 1]}
-    assert errors == ["model 'repeat' output 'OUT' is FP32; its config says INT32"]
+    assert errors == ["model 'repeat' gave no output 'OUT' for request 'wrong', which asked "
+                      "for it; its response has: OUTPUT"]
 
 
 def test_a_client_that_leaves_mid_stream_is_counted_cancelled(

@@ -104,10 +104,6 @@ def test_a_model_that_raises_fails_its_call_and_the_server_goes_on(
                                                        r"requests; it must return a list of one "
                                                        r"InferenceResponse per request"):
         client.infer("inspect", [_text(["a"])], parameters={"count": 2})
-    with pytest.raises(InferenceServerException, match=r"^\[500\] model 'inspect' output "
-                                                       r"'REPORT' is FP32; its config says "
-                                                       r"BYTES$"):
-        client.infer("inspect", [_text(["a"])], parameters={"wrong": "dtype"})
     with pytest.raises(InferenceServerException, match=r"^\[500\] model 'inspect' gave no "
                                                        r"output 'REPORT' for request 'q', which "
                                                        r"asked for it; its response has: UPPER$"):
@@ -123,6 +119,57 @@ def test_a_model_that_raises_fails_its_call_and_the_server_goes_on(
                         parameters={"wrong": "missing"}).as_numpy("UPPER").tolist() == [b"A"]
     assert np.array_equal(client.infer("add_sub", inputs).as_numpy("OUTPUT0"),
                           np.full((1, 4), 2.0))
+
+
+def test_an_output_made_in_another_datatype_is_answered_as_made(served: RunningServer) -> None:
+    """Triton passes a Python model's output on in the datatype the model made it in, not
+    its config's (numpy math that made FP64 where the config says FP32 still answers), so
+    the same repository answers here too; the server's log says so, once."""
+    client = httpclient.InferenceServerClient(served.url)
+    for _ in range(2):
+        made = client.infer("inspect", [_text(["a"])], parameters={"wrong": "dtype"})
+        assert made.as_numpy("REPORT").tolist() == [0.0]
+        assert made.get_output("REPORT")["datatype"] == "FP32"  # its config says BYTES
+    said = "model 'inspect' output 'REPORT' is FP32 where its config says BYTES: answered as FP32"
+    assert served.log.read_text().count(said) == 1
+
+
+def _number(value: int, module=httpclient):
+    item = module.InferInput("IN", [1, 1], "INT32")
+    item.set_data_from_numpy(np.array([[value]], np.int32))
+    return item
+
+
+@pytest.mark.parametrize("how", ["now", "later", "flag apart", "also listed"])
+def test_a_model_not_decoupled_may_answer_through_the_response_sender(
+        served: RunningServer, how: str) -> None:
+    """Triton (since 23.10) lets a model that is not decoupled answer a request through
+    its response sender, execute returning None: one response and the final flag, sent in
+    execute or later from a thread of its own. Four requests at once share an execute."""
+    client = httpclient.InferenceServerClient(served.url, concurrency=4)
+    pending = [client.async_infer("sent_answers", [_number(value)], parameters={"how": how})
+               for value in (1, 2, 3, 4)]
+    assert [p.get_result().as_numpy("OUT").tolist() for p in pending] == \
+        [[[2]], [[4]], [[6]], [[8]]]
+
+
+def test_the_response_sender_of_a_model_not_decoupled_takes_one_response(
+        served: RunningServer) -> None:
+    client = httpclient.InferenceServerClient(served.url)
+    assert client.infer("sent_answers", [_number(5)], parameters={"how": "twice"}
+                        ).as_numpy("OUT").tolist() == [[10]]  # the first stands
+    note = client.infer("sent_answers", [_number(1)]).as_numpy("NOTE")[0][0].decode()
+    assert note == ("model 'sent_answers' is not decoupled: it sends one response per request "
+                    "(model_transaction_policy { decoupled: true } for more)")
+    with pytest.raises(InferenceServerException, match=r"^\[500\] model 'sent_answers' sent "
+                                                       r"the final flag for a request with no "
+                                                       r"response"):
+        client.infer("sent_answers", [_number(1)], parameters={"how": "flag only"})
+    with pytest.raises(InferenceServerException, match=r"^\[500\] model 'sent_answers': "
+                                                       r"execute returned a NoneType for 1 "
+                                                       r"requests"):
+        client.infer("sent_answers", [_number(1)], parameters={"how": "nothing"})
+    assert client.infer("sent_answers", [_number(3)]).as_numpy("OUT").tolist() == [[6]]
 
 
 def _text(words: list[str], module=httpclient):
@@ -141,7 +188,7 @@ def test_initialize_and_execute_are_given_what_triton_gives(served: RunningServe
     client.load_model("inspect")  # a fresh instance: nothing ran it before this request
     result = client.infer("inspect", [_text(["ab", "c"], module)], request_id="r-1",
                           parameters={"temperature": 0.5, "mode": "fast"},
-                          outputs=[module.InferRequestedOutput("REPORT")])
+                          outputs=[module.InferRequestedOutput("REPORT")], timeout=5_000_000)
     assert result.as_numpy("UPPER") is None  # not asked for
     report = json.loads(result.as_numpy("REPORT")[0])
     args = report["args"]
@@ -153,10 +200,13 @@ def test_initialize_and_execute_are_given_what_triton_gives(served: RunningServe
     assert config["name"] == "inspect" and config["max_batch_size"] == 0
     assert config["input"][0]["dims"] == [-1] and config["output"][1]["dims"] == [1]
     assert report["id"] == "r-1"
-    assert report["parameters"] == {"temperature": 0.5, "mode": "fast"}
+    assert report["parameters"] == {"temperature": 0.5, "mode": "fast"}  # not the timeout
     assert report["outputs"] == ["REPORT"]
     assert report["correlation_id"] == 0 and report["flags"] == 0
+    assert report["timeout"] == 5_000_000  # µs, as the client gave it
     assert report["calls"] == 1  # no warm-up run without model_warmup, as on Triton
+    assert report["model_dir"] == [str((repo / "inspect" / "1").resolve())] * 3
+    assert report["decoupled"] is False
     assert report["text"] == {"dtype": "object", "shape": [2], "triton_dtype": 13, "cpu": True}
     both = client.infer("inspect", [_text(["ab", "c"], module)])
     assert both.as_numpy("UPPER").tolist() == [b"AB", b"C"]

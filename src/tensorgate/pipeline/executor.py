@@ -166,6 +166,7 @@ class ExecutorThread:
         # seconds its load took, by step ("load", "warm-up", "CUDA graphs"), for the log
         self.setup_s: dict[str, float] = {}
         self._split_said = False  # a failed batch's requests ran alone: logged once, loudly
+        self._said_datatype: set[str] = set()  # outputs made in another datatype: logged
         # A model not run before its first request (a Triton Python model): its first
         # batch-1 execute times, until there are enough to place the thread by
         self._costs: list[int] | None = None
@@ -786,8 +787,9 @@ class ExecutorThread:
 
     def _take_results(self, item: WorkItem, outputs: Any, into: dict[str, TensorView],
                       non_blocking: bool = True) -> None:
-        """The outputs `item` asked for, from a model's answer by output name, `into`
-        its results (a copy to the host is asynchronous unless not `non_blocking`)."""
+        """The outputs `item` asked for, from a Triton Python model's answer by output
+        name, `into` its results (a copy to the host is asynchronous unless not
+        `non_blocking`), each in the datatype the model made it in."""
         spec = self.settings.spec
         for name in item.wanted:
             value = outputs.get(name)
@@ -796,7 +798,14 @@ class ExecutorThread:
                                     f"'{item.id}', which asked for it; its response has: "
                                     f"{', '.join(outputs) or 'no outputs'}")
             out = next(o for o in spec.model_outputs if o.name == name)
-            _check_output(spec.name, name, value, out.datatype)
+            found = _output_datatype(spec.name, name, value, out.datatype)
+            if found is not out.datatype and name not in self._said_datatype:
+                # Triton passes such an output on as it was made (a model's numpy math
+                # made FP64 where its config says FP32): so do we, and say so once
+                self._said_datatype.add(name)
+                log.warning("model '%s' output '%s' is %s where its config says %s: answered "
+                            "as %s, as Triton answers it", spec.name, name, found.name,
+                            out.datatype.name, found.name)
             if isinstance(value, torch.Tensor):
                 value = self._to_host(value, item.ledger, non_blocking)
             into[name] = TensorView.from_array(value, name=name, ledger=item.ledger)
@@ -938,9 +947,11 @@ def _request_inputs(item: WorkItem) -> RequestInputs:
     if sequence is not None:
         flags = ((SEQUENCE_START if sequence.start else 0)
                  | (SEQUENCE_END if sequence.end else 0))
+    deadline = item.deadline_ns  # its timeout from when it came, as `request.timeout()`
     return RequestInputs(item.inputs, RequestInfo(item.id, slice(0, item.rows), item.parameters),
                          item.wanted, sequence.id if sequence is not None else 0, flags,
-                         lambda: item.abandoned, item.trace)
+                         lambda: item.abandoned, item.trace,
+                         (deadline - item.enqueued_ns) // 1000 if deadline else 0)
 
 
 def _fail_streams(streams: list[ResponseStream], error: TensorgateError) -> None:
@@ -1013,6 +1024,15 @@ def _reshaped(value: Any, shape: list[int], model: str, name: str, ledger: Any) 
 
 
 def _check_output(model: str, name: str, value: Any, expected: Any) -> None:
+    found = _output_datatype(model, name, value, expected)
+    if found is not expected:
+        raise InternalError(f"model '{model}' output '{name}' is {found.name}; its config "
+                            f"says {expected.name}")
+
+
+def _output_datatype(model: str, name: str, value: Any, expected: Any) -> Any:
+    """The datatype of a model's output `value`; raises for one no protocol datatype holds
+    or that is not a tensor."""
     try:
         if isinstance(value, torch.Tensor):
             found = datatype_of_torch(value.dtype, name)
@@ -1025,7 +1045,5 @@ def _check_output(model: str, name: str, value: Any, expected: Any) -> None:
     except DatatypeError:  # the model's fault, not the request's (a 400 said it was)
         raise InternalError(f"model '{model}' output '{name}' is {value.dtype}, which no "
                             f"protocol datatype holds; its config says {expected.name}") from None
-    if found is not expected:
-        raise InternalError(f"model '{model}' output '{name}' is {found.name}; its config "
-                            f"says {expected.name}")
+    return found
 

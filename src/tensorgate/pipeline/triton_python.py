@@ -3,7 +3,10 @@
 Such a model answers requests, not batches: `execute(requests)` gets one
 `pb_utils.InferenceRequest` per request, each with its own input tensors (views of the
 request's bytes: nothing is gathered or copied), and returns one `InferenceResponse` each,
-which may be an error for that request alone. A decoupled one answers through each
+which may be an error for that request alone, or (as Triton allows since 23.10) returns
+None and answers each request through its response sender: one response and the final
+flag, from execute or later from a thread of its own (the instance waits for them: on
+Triton it would take its next batch). A decoupled one answers through each
 request's response sender, from any of its threads, also after `execute` returned: each
 response goes to that request's sink as it is sent (`start_streams`), and the instance is
 free for its next batch as soon as `execute` returns, as on Triton. An `async def execute`
@@ -24,6 +27,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from functools import partial
 from typing import Any, NamedTuple
 
 from tensorgate import python_backend as pb_utils
@@ -68,6 +72,7 @@ class RequestInputs(NamedTuple):
     flags: int                  # TRITONSERVER_REQUEST_FLAG_SEQUENCE_START / _END
     cancelled: Callable[[], bool]
     trace: Trace | None = None  # when traced: what its BLS calls may join
+    timeout_us: int = 0         # its timeout (0: none), as `request.timeout()` says it
 
 
 class Answer(NamedTuple):
@@ -92,10 +97,15 @@ class TritonPythonRunner:
 
     def __init__(self, model_class: type, spec: ModelSpec, context: ModelContext) -> None:
         self.spec = spec
+        self._directory = str(context.directory.resolve())  # pb_utils.get_model_dir()
         self.model = model_class()
         initialize = getattr(self.model, "initialize", None)
         if initialize is not None:
-            initialize(initialize_args(spec, context))
+            before = pb_utils.running_in(self._directory)
+            try:
+                initialize(initialize_args(spec, context))
+            finally:
+                pb_utils.running_in(before)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread: threading.Thread | None = None
         if inspect.iscoroutinefunction(self.model.execute):
@@ -105,7 +115,8 @@ class TritonPythonRunner:
             self._loop = asyncio.new_event_loop()
             if spec.decoupled:
                 self._loop_thread = threading.Thread(
-                    target=self._loop.run_forever, name=f"tg-async-{spec.name}", daemon=True)
+                    target=_run_forever, args=(self._loop, self._directory),
+                    name=f"tg-async-{spec.name}", daemon=True)
                 self._loop_thread.start()
         self._execute = self.model.execute
         self._reschedulable = spec.sequence is not None and spec.sequence.iterative
@@ -114,18 +125,27 @@ class TritonPythonRunner:
         self.call_ns = (0, 0)
 
     def _call(self, requests: list[pb_utils.InferenceRequest]) -> Any:
-        if self._loop is None:
-            return self._execute(requests)
-        return self._loop.run_until_complete(self._execute(requests))
+        before = pb_utils.running_in(self._directory)
+        try:
+            if self._loop is None:
+                return self._execute(requests)
+            return self._loop.run_until_complete(self._execute(requests))
+        finally:
+            pb_utils.running_in(before)
 
     def run_each(self, requests: Sequence[RequestInputs]) -> list[Answer | TensorgateError]:
         """Each request's answer, or its error; RESCHEDULED for one the model rescheduled
         (its response is ignored, as Triton's Python backend ignores it)."""
-        incoming = [_incoming(r, reschedulable=self._reschedulable) for r in requests]
+        sent = _SentAnswers(self.spec.name, len(requests))
+        incoming = [_incoming(r, reschedulable=self._reschedulable,
+                              make_sender=partial(sent.sender, index, r.cancelled))
+                    for index, r in enumerate(requests)]
         began = time.monotonic_ns()
         responses = self._call(incoming)
         self.call_ns = (began, time.monotonic_ns())
         name = self.spec.name
+        if sent.used and responses is None:  # each request answers through its sender
+            return sent.wait([request.cancelled for request in requests])
         if not isinstance(responses, (list, tuple)) or len(responses) != len(requests):
             found = (f"{len(responses)} responses" if isinstance(responses, (list, tuple))
                      else f"a {type(responses).__name__}")
@@ -134,6 +154,10 @@ class TritonPythonRunner:
                                 "request, in order")
         answers: list[Answer | TensorgateError] = []
         for index, (request, response) in enumerate(zip(incoming, responses)):
+            # a response sent through the sender stands, the list's for it unread (Triton)
+            if sent.used and (given := sent.answer(index)) is not None:
+                answers.append(given)
+                continue
             if request.rescheduled():
                 answers.append(RESCHEDULED)
                 continue
@@ -219,17 +243,90 @@ class TritonPythonRunner:
                             f"{WARM_UP_RUNS} times without answering it")
 
     def close(self) -> None:
+        before = pb_utils.running_in(self._directory)
         try:
             finalize = getattr(self.model, "finalize", None)
             if finalize is not None:
                 finalize()
         finally:
+            pb_utils.running_in(before)
             loop, thread = self._loop, self._loop_thread
             if loop is not None and thread is not None:
                 loop.call_soon_threadsafe(loop.stop)
                 thread.join(LOOP_STOP_S)
             if loop is not None and not loop.is_running():  # a stuck one is left to exit
                 loop.close()
+
+
+class _SentAnswers:
+    """What a model not decoupled sent through its requests' senders, by request: one
+    response and the final flag each, from execute or later from any thread."""
+
+    def __init__(self, model: str, count: int) -> None:
+        self.model = model
+        self.used = False  # a sender was asked for
+        self._responses: list[pb_utils.InferenceResponse | None] = [None] * count
+        self._final = [False] * count
+        self._over = False  # answered: later sends are refused
+        self._changed = threading.Condition()
+
+    def sender(self, index: int, cancelled: Callable[[], bool]
+               ) -> pb_utils.InferenceResponseSender:
+        self.used = True
+        return pb_utils.InferenceResponseSender(partial(self._deliver, index), cancelled)
+
+    def _deliver(self, index: int, response: pb_utils.InferenceResponse | None,
+                 flags: int) -> None:
+        with self._changed:
+            if self._over:
+                raise pb_utils.TritonModelException(
+                    f"model '{self.model}' is not decoupled and this request was answered "
+                    "already: nothing more is sent for it")
+            twice = response is not None and self._responses[index] is not None
+            if not twice and response is not None:
+                self._responses[index] = response
+            if flags & pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL:
+                self._final[index] = True
+                self._changed.notify_all()
+            if twice:
+                raise pb_utils.TritonModelException(
+                    f"model '{self.model}' is not decoupled: it sends one response per "
+                    "request (model_transaction_policy { decoupled: true } for more)")
+
+    def answer(self, index: int) -> Answer | TensorgateError | None:
+        """The response sent for request `index` (its final flag or not), or None."""
+        with self._changed:
+            self._over = True
+            response = self._responses[index]
+        return None if response is None else _answer(response, self.model)
+
+    def wait(self, cancelled: Sequence[Callable[[], bool]]) -> list[Answer | TensorgateError]:
+        """Each request's answer once its final flag has come (execute returned None): the
+        response sent, or an error for one sent without a response; a request whose client
+        has gone meanwhile is cancelled."""
+        answers: list[Answer | TensorgateError] = []
+        with self._changed:
+            for index, gone in enumerate(cancelled):
+                while not self._final[index] and not gone():
+                    self._changed.wait(CANCEL_POLL_S)
+                response = self._responses[index]
+                if not self._final[index]:
+                    answers.append(CancelledError(f"request {index} of model '{self.model}' "
+                                                  "was cancelled before it was answered"))
+                elif response is None:
+                    answers.append(InternalError(
+                        f"model '{self.model}' sent the final flag for a request with no "
+                        "response: a model not decoupled sends one response per request"))
+                else:
+                    answers.append(_answer(response, self.model))
+            self._over = True
+        return answers
+
+
+def _run_forever(loop: asyncio.AbstractEventLoop, directory: str) -> None:
+    """An async decoupled model's loop, on its own thread, which runs that model only."""
+    pb_utils.running_in(directory)
+    loop.run_forever()
 
 
 def initialize_args(spec: ModelSpec, context: ModelContext) -> dict[str, str]:
@@ -247,12 +344,15 @@ def initialize_args(spec: ModelSpec, context: ModelContext) -> dict[str, str]:
 
 
 def _incoming(request: RequestInputs, sender: pb_utils.InferenceResponseSender | None = None,
-              reschedulable: bool = False) -> pb_utils.InferenceRequest:
+              reschedulable: bool = False,
+              make_sender: Callable[[], pb_utils.InferenceResponseSender] | None = None
+              ) -> pb_utils.InferenceRequest:
     inputs = [pb_utils.Tensor(name, value) for name, value in request.inputs.items()]
     return pb_utils.incoming_request(
         inputs, request.info.id, request.correlation_id, list(request.wanted),
         json.dumps(dict(parameters)) if (parameters := request.info.parameters) else "{}",
-        request.flags, request.cancelled, sender, request.trace, reschedulable)
+        request.flags, request.cancelled, sender, request.trace, reschedulable, make_sender,
+        request.timeout_us)
 
 
 _NOT_NONE = ("model '{}' is decoupled: its execute must return None and answer through "

@@ -1,12 +1,14 @@
 """Says what a Triton Python model is given: REPORT is a JSON object of initialize's args
 and of the request (id, parameters, outputs asked for, input types, and how many times
-execute has been called since the model was loaded, this call included); UPPER is TEXT in capitals.
+execute has been called since the model was loaded, this call included), with what
+get_model_dir() says in initialize, in execute and on a thread of its own; UPPER is TEXT in capitals.
 A request with parameter "count" gets that many responses back for the call, rightly or not;
 with "wrong": "dtype" or "missing" its REPORT is of the wrong type, or left out. Each response
 carries parameters (its row count, a flag, a float, a string; with "wrong": "parameter" one
 that no protocol can carry)."""
 
 import json
+import threading
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
@@ -16,9 +18,16 @@ class TritonPythonModel:
     def initialize(self, args):
         self.args = dict(args)
         self.calls = 0
+        self.model_dir = pb_utils.get_model_dir()
+        self.decoupled = pb_utils.using_decoupled_model_transaction_policy(
+            json.loads(args["model_config"]))
 
     def execute(self, requests):
         self.calls += 1
+        seen = []  # what get_model_dir says on a thread of the model's own
+        thread = threading.Thread(target=lambda: seen.append(pb_utils.get_model_dir()))
+        thread.start()
+        thread.join()
         responses = []
         for request in requests:
             text = pb_utils.get_input_tensor_by_name(request, "TEXT")
@@ -30,7 +39,10 @@ class TritonPythonModel:
                 "outputs": request.requested_output_names(),
                 "correlation_id": request.correlation_id(),
                 "flags": request.flags(),
+                "timeout": request.timeout(),
                 "calls": self.calls,
+                "model_dir": [self.model_dir, pb_utils.get_model_dir(), seen[0]],
+                "decoupled": self.decoupled,
                 "text": {"dtype": str(text.as_numpy().dtype), "shape": text.shape(),
                          "triton_dtype": text.triton_dtype(), "cpu": text.is_cpu()},
             }

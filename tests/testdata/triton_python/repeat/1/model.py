@@ -1,6 +1,6 @@
 """Decoupled: IN = n gets n responses (OUT = 0, 1, ... n-1), sent from a thread of the
 model's own after execute has returned, then the final flag; -1 gets an error response;
--2 gets a response whose OUT is FP32 (its config says INT32). Each response carries its
+-2 gets a response whose output is misnamed OUTPUT (its config says OUT). Each response carries its
 place as parameter "index"."""
 
 import threading
@@ -20,7 +20,7 @@ class TritonPythonModel:
     def _answer(self, sender, count):
         if count == -2:
             sender.send(pb_utils.InferenceResponse(
-                output_tensors=[pb_utils.Tensor("OUT", np.array([0.5], np.float32))]),
+                output_tensors=[pb_utils.Tensor("OUTPUT", np.array([0], np.int32))]),
                 flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
             return
         if count < 0:
