@@ -57,3 +57,33 @@ def test_an_ensemble_shows_the_policies_triton_fills_in() -> None:
     assert config["version_policy"] == {"latest": {"num_versions": 1}}
     assert config["model_transaction_policy"] == {"decoupled": False}
     assert "model_transaction_policy" not in spec.config_dict()  # not changed
+    assert "optimization" not in config  # Triton shows none for an ensemble
+
+
+def test_a_model_shows_triton_s_optimization_and_preferred_batch_defaults() -> None:
+    """Triton 2.51's /config of a model has `optimization` with pinned inputs and outputs,
+    and a dynamic batcher that names no preferred size prefers the largest batch
+    (tools/triton_diff.py "GET /v2/models/add_sub/config"); what a config gives stays."""
+    cpu = torch.device("cpu")
+    plain = served_spec(parse_model_config(
+        'name: "m" backend: "python" max_batch_size: 8 dynamic_batching { }'),
+        "model.py", [[cpu]]).config_dict()
+    assert plain["optimization"] == {
+        "input_pinned_memory": {"enable": True}, "output_pinned_memory": {"enable": True},
+        "priority": "PRIORITY_DEFAULT", "gather_kernel_buffer_threshold": 0,
+        "eager_batching": False}
+    assert plain["dynamic_batching"]["preferred_batch_size"] == [8]
+    given = served_spec(parse_model_config(
+        'name: "m" backend: "python" max_batch_size: 8 '
+        'dynamic_batching { preferred_batch_size: [ 2, 4 ] } '
+        'optimization { input_pinned_memory { enable: false } priority: PRIORITY_MAX }'),
+        "model.py", [[cpu]])
+    config = given.config_dict()
+    assert config["dynamic_batching"]["preferred_batch_size"] == [2, 4]
+    assert config["optimization"]["input_pinned_memory"] == {"enable": False}
+    assert config["optimization"]["output_pinned_memory"] == {"enable": True}
+    assert config["optimization"]["priority"] == "PRIORITY_MAX"
+    assert given.batching is not None and given.batching.preferred_batch_sizes == (2, 4)
+    unbatched = served_spec(parse_model_config('name: "m" backend: "python"'), "model.py",
+                            [[cpu]]).config_dict()
+    assert "dynamic_batching" not in unbatched

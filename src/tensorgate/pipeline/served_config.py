@@ -16,12 +16,21 @@ __all__ = ["instance_name", "served_ensemble", "served_spec"]
 def served_spec(spec: ModelSpec, filename: str,
                 by_group: list[list[torch.device]]) -> ModelSpec:
     """`spec` with its config filled in as Triton fills a served model's (what /config and a
-    Python model's initialize see): the version policy, the model file, and each instance
-    group's name, kind as resolved, count and GPUs. Unnamed groups are named as Triton
+    Python model's initialize see): the version policy, the model file, `optimization`'s
+    defaults, a dynamic batcher's largest batch as its preferred size where it names none,
+    and each instance group's name, kind as resolved, count and GPUs. Unnamed groups are named as Triton
     names them: `<model>_<index>`, or `<model>` for the group a config without any gets."""
     config = _filled(spec)
     if not config.default_model_filename:
         config.default_model_filename = filename
+    optimization = config.optimization  # Triton's defaults: pinned inputs and outputs
+    for pinned in ("input_pinned_memory", "output_pinned_memory"):
+        if not optimization.HasField(pinned):  # given (enable: false too): as given
+            getattr(optimization, pinned).enable = True
+    batching = config.dynamic_batching
+    if config.HasField("dynamic_batching") and not batching.preferred_batch_size and \
+            config.max_batch_size > 0:  # batches as no preferred size does (scheduler.py)
+        batching.preferred_batch_size.append(config.max_batch_size)
     given = list(spec.config.instance_group) or [None]
     del config.instance_group[:]
     for index, (group, devices) in enumerate(zip(given, by_group)):
