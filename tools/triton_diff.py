@@ -7,12 +7,16 @@ binary in the nvidia-pytriton wheel that `bash bench/peers/install.sh triton` in
 and `tensorgate serve` on one Python-backend repository, sends each request of a corpus —
 health, metadata, statistics, model control, and inference over HTTP (JSON, binary,
 compressed, malformed) and gRPC (raw and typed contents, wrong fields, every datatype) — to
-both, and compares status and answer (errors by status only; their words differ).
+both, and compares status and answer (errors by status only; their words differ). The
+Python backend's side is compared from within: a probe model (tools/triton_diff_probe.py)
+reports what a model sees — initialize's args, its config, pb_utils's names and helpers,
+its requests, tensors, BLS calls — and answers in the ways a server must handle (errors of
+each code, raises, outputs not as configured, answers through the response sender).
 
 Each difference is either listed in KNOWN with the reason it is deliberate (a malformed
 request is the client's error, 400 here where Triton answers 500; an integer out of its
-datatype's range is refused here where Triton wraps it) or printed as unexplained, and the
-exit status is 1. Run it after a change to the protocol layers:
+datatype's range is refused here where Triton wraps it), or in SUPERSET where ours holds all
+of Triton's and more, or printed as unexplained, and the exit status is 1. Run it after a change to the protocol layers:
 
     .venv/bin/python tools/triton_diff.py [--only TEXT] [--show] [--show-same]
 
@@ -43,12 +47,17 @@ from collections.abc import Callable
 from typing import Any
 
 from triton_diff_cases import (F4, Grpc, Http, Stream, failure_cases, grpc_cases, http_cases,
-                               shm_cases, stream_cases)
+                               probe_cases, shm_cases, stream_cases)
 from triton_diff_models import ROOT, write_repository
 
 # case name -> (Triton's status, ours, why the difference is deliberate, and where the two
 # statuses are the same, the answer's keys that may differ: None, the whole answer)
 KNOWN: dict[str, tuple[Any, Any, str, frozenset[str] | None]] = {}
+
+
+# case name -> why tensorgate's answer may hold more than Triton's (a name list, an
+# object's keys) where it holds all of Triton's: our pb_utils has what Triton's has, and more
+SUPERSET: dict[str, str] = {}
 
 
 def _known(reason: str, triton: Any, ours: Any, *names: str,
@@ -133,9 +142,6 @@ _known("extensions and name are the server's own", 200, 200, "GET /v2",
        differing=("name", "version", "extensions"))
 _known("extensions and name are the server's own", "OK", "OK", "grpc server metadata",
        differing=("name", "version", "extensions"))
-_known("the served config lacks Triton's optimization defaults and preferred batch sizes",
-       "OK", "OK", "grpc config", "grpc config of a batching model",
-       differing=("optimization", "preferredBatchSize"))
 _known("Triton's ensemble answers carry sequence parameters (sequence_id 0, start and end "
        "false) for a request that sent none", 200, 200, "ensemble infer",
        "ensemble one output", differing=("parameters",))
@@ -144,9 +150,6 @@ _known("ensemble_scheduling shows max_inflight_requests, a field of newer Triton
 _known("index entries carry \"reason\" (empty when ready), as KServe's do", 200, 200,
        "POST /v2/repository/index", "repo index ready", "index after the load works",
        differing=("reason",))
-_known("the served config lacks Triton's optimization defaults and preferred batch sizes",
-       200, 200, "GET /v2/models/add_sub/config", "config after a load with a config",
-       differing=("optimization", "preferred_batch_size"))
 _known("binary_data_output makes listed outputs binary too here; Triton 2.51 applies it "
        "only when no output is listed", 200, 200, "json binary_data_output listed",
        differing=None)
@@ -158,6 +161,23 @@ _known("JSON answers stay JSON: BYTES that are not UTF-8 are written with U+FFFD
        "parser reads", 200, 200, "bytes not UTF-8 answered as JSON", differing=None)
 _known("a raw binary body is one BYTES element for an input of dims [-1] too here; Triton "
        "takes it only for dims [1]", 400, 200, "raw binary request, BYTES of dims [-1]")
+SUPERSET.update(dict.fromkeys((
+    "probe api module", "probe api classes", "probe api request", "probe constants"),
+    "tensorgate's pb_utils has every name Triton 2.51's has, and more: its own helpers and "
+    "imports, response parameters (newer Triton's), Tensor.value(), a request's model_name()"))
+_known("a BLS call's error carries its kind (NOT_FOUND, INVALID_ARG) here; Triton's are all "
+       "INTERNAL", 200, 200, "probe bls", differing=("code",))
+_known("a Tensor made of a list is taken here (Triton's wants a numpy array); one of a "
+       "strided array stays a view here, where Triton copies it into one piece", 200, 200,
+       "probe tensors", differing=("list", "contiguous"))
+_known("TritonModelException has message() here, as Triton's docs show it", 200, 200,
+       "probe response", differing=("exception message",))
+_known("a model's error it calls UNKNOWN is 500 here (not the client's fault); Triton "
+       "answers 400", 400, 500, "probe answer: error code UNKNOWN")
+_known("an output the request asked for and the model did not make is an error naming it "
+       "here; Triton answers 200 without it", 200, 500, "probe answer: output missing")
+_known("an output the model made twice is answered once here; Triton sends both", 200, 200,
+       "probe answer: output twice", differing=("outputs",))
 _known("Accept-Encoding answers compress the same bytes with another gzip header", 200, 200,
        "json accept gzip", "json accept deflate", differing=None)
 
@@ -254,6 +274,8 @@ def _http_outcome(port: int, case: Http) -> tuple[Any, Any]:
     kind = headers.get("content-type") if status == 200 else None
     if isinstance(document, dict) and isinstance(document.get("outputs"), list):
         document["outputs"].sort(key=lambda o: str(o.get("name")))  # in any order
+        if case.probe and status == 200:  # the probe model's report is what is compared
+            document = json.loads(document["outputs"][0]["data"][0])
     return status, (_masked(document, case.keys_only), tail, kind)
 
 
@@ -321,9 +343,12 @@ def _stream_outcome(url: str, case: Stream) -> tuple[Any, Any]:
 # -- running -----------------------------------------------------------------------------------
 
 def _verdict(name: str, triton: tuple[Any, Any], ours: tuple[Any, Any]) -> str:
-    """"same", "known: why" (a difference KNOWN lists, and no other), or "DIFFERENT"."""
+    """"same", "known: why" (a difference KNOWN or SUPERSET lists, and no other), or
+    "DIFFERENT"."""
     if triton == ours:
         return "same"
+    if name in SUPERSET and triton[0] == ours[0] and _covers(ours[1], triton[1]):
+        return f"known: {SUPERSET[name]}"
     known = KNOWN.get(name)
     if known is None or (known[0], known[1]) != (triton[0], ours[0]):
         return "DIFFERENT"
@@ -332,6 +357,42 @@ def _verdict(name: str, triton: tuple[Any, Any], ours: tuple[Any, Any]) -> str:
             _without(triton[1], differing) != _without(ours[1], differing):
         return "DIFFERENT"  # more differs than the keys KNOWN names
     return f"known: {known[2]}"
+
+
+def _differences(triton: Any, ours: Any, path: str) -> list[str]:
+    """Where two answers (as compared) differ, a line each: the path to the value, and
+    each server's value (or that only one has it)."""
+    if isinstance(triton, dict) and isinstance(ours, dict):
+        lines = []
+        for key in sorted(set(triton) | set(ours), key=str):
+            where = f"{path}/{key}"
+            if key not in ours:
+                lines.append(f"{where}: only Triton's: {json.dumps(triton[key], default=repr)}")
+            elif key not in triton:
+                lines.append(f"{where}: only ours: {json.dumps(ours[key], default=repr)}")
+            else:
+                lines += _differences(triton[key], ours[key], where)
+        return lines
+    if isinstance(triton, (list, tuple)) and isinstance(ours, (list, tuple)) and \
+            len(triton) == len(ours) and not all(isinstance(v, str) for v in triton):
+        return [line for index, (one, two) in enumerate(zip(triton, ours))
+                for line in _differences(one, two, f"{path}[{index}]")]
+    if triton == ours:
+        return []
+    return [f"{path or '/'}: Triton {json.dumps(triton, default=repr)} | ours "
+            f"{json.dumps(ours, default=repr)}"]
+
+
+def _covers(ours: Any, triton: Any) -> bool:
+    """Whether `ours` holds all of `triton`: an object's every key with a value that covers
+    Triton's, a list of names every name, anything else the same value."""
+    if isinstance(triton, dict) and isinstance(ours, dict):
+        return all(k in ours and _covers(ours[k], v) for k, v in triton.items())
+    if isinstance(triton, (list, tuple)) and isinstance(ours, (list, tuple)):
+        if all(isinstance(v, str) for v in (*triton, *ours)):
+            return set(triton) <= set(ours)
+        return len(triton) == len(ours) and all(map(_covers, ours, triton))
+    return bool(ours == triton)
 
 
 def _without(value: Any, keys: frozenset[str]) -> Any:
@@ -391,7 +452,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", default="", help="only the cases whose name holds this")
     parser.add_argument("--show-same", action="store_true", help="list the same ones too")
     parser.add_argument("--show", action="store_true",
-                        help="print both answers, as compared, of each case not the same")
+                        help="print where the answers of each case not the same differ (both "
+                             "answers where the statuses differ)")
     args = parser.parse_args(argv)
     if not (args.triton_venv / "bin").is_dir():
         print(f"no Triton at {args.triton_venv}: bash bench/peers/install.sh triton")
@@ -422,7 +484,7 @@ def main(argv: list[str] | None = None) -> int:
                     rows.append((name, one, two, _verdict(name, one, two)))
 
             http_ports, grpc_ports = (ports[0], ports[3]), (ports[1], ports[4])
-            for case in http_cases():
+            for case in http_cases() + probe_cases():
                 compare(case.name, lambda at: _http_outcome(http_ports[at], case))
             keys, handles = _shm_regions()
             try:
@@ -464,8 +526,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.show_same or verdict != "same":
             print(f"{name:{width}}  {one[0]!s:>16}  {two[0]!s:>16}  {verdict}")
         if args.show and verdict != "same":
-            for server, outcome in (("Triton", one), ("tensorgate", two)):
-                print(f"    {server}: {json.dumps(outcome[1], default=repr)[:2000]}")
+            if one[0] != two[0]:
+                for server, outcome in (("Triton", one), ("tensorgate", two)):
+                    print(f"    {server}: {json.dumps(outcome[1], default=repr)[:2000]}")
+            for line in _differences(one[1], two[1], ""):
+                print(f"    {line[:2000]}")
     counts = {kind: sum(row[3].startswith(kind) for row in rows)
               for kind in ("same", "known", "DIFFERENT")}
     print(f"{len(rows)} cases: {counts['same']} the same, {counts['known']} known and "

@@ -22,6 +22,7 @@ class Http:
     body: bytes = b""
     headers: dict[str, str] = field(default_factory=dict)
     keys_only: bool = False  # compare the answer's structure, not its values (timings...)
+    probe: bool = False  # compare the report in the probe model's OUT, not the answer
 
 
 @dataclass
@@ -435,6 +436,52 @@ def failure_cases() -> list[Http]:
         Http("index after the load works", "POST", "/v2/repository/index"),
         Http("infer after the load works", "POST", f"{fragile}/infer", infer),
     ]
+
+
+PROBES = ("args", "config", "config helpers", "api module", "api classes", "api request",
+          "constants", "types", "bytes helpers", "tensors", "response", "request", "bls", "preferred memory")
+ANSWERS = ("error response", "error code INVALID_ARG", "error code NOT_FOUND",
+           "error code UNAVAILABLE", "error code UNSUPPORTED", "error code ALREADY_EXISTS",
+           "error code CANCELLED", "error code UNKNOWN", "raise", "raise ValueError",
+           "output wrong datatype", "output wrong shape", "output unknown", "output missing",
+           "output twice", "not a response", "an empty list", "through the sender")
+
+
+def _probe(what: str, **changes: Any) -> bytes:
+    body = {"inputs": [{"name": "IN", "shape": [1], "datatype": "BYTES", "data": [what]}],
+            "outputs": [{"name": "OUT"}], **changes}
+    return _js({k: v for k, v in body.items() if v is not None})
+
+
+def probe_cases() -> list[Http]:
+    """The probe model's reports (tools/triton_diff_probe.py), then its answers of each kind
+    the server has to take from a model (errors, raises, outputs not as configured)."""
+    path = "/v2/models/probe/infer"
+    cases = [Http(f"probe {what}", "POST", path, _probe(what), probe=True) for what in PROBES]
+    cases.append(Http("probe request with an id and parameters", "POST", path, _probe(
+        "request", id="rid-7", parameters={"a": 1, "b": "x", "c": True, "d": 1.5}),
+        probe=True))
+    cases.append(Http("probe request asking no output", "POST", path, _probe(
+        "request", outputs=None), probe=True))
+    cases.append(Http("probe request with a timeout and a priority", "POST", path, _probe(
+        "request", parameters={"timeout": 5000000, "priority": 0}), probe=True))
+    cases.append(Http("probe request with sequence parameters", "POST", path, _probe(
+        "request", parameters={"sequence_id": 7, "sequence_start": True}), probe=True))
+    cases.append(Http("probe request with binary_data_output", "POST", path, _probe(
+        "request", parameters={"binary_data_output": False}), probe=True))
+    cases += [Http(f"probe answer: {how}", "POST", path, _probe(f"execute {how}"))
+              for how in ANSWERS]
+    # a model with no config.pbtxt, its config made by its auto_complete_config
+    four = {"shape": [1, 4], "datatype": "FP32", "data": F4}
+    cases += [
+        Http("auto-completed config", "GET", "/v2/models/auto_complete/config"),
+        Http("auto-completed metadata", "GET", "/v2/models/auto_complete"),
+        Http("auto-completed infer, the optional input left out", "POST",
+             "/v2/models/auto_complete/infer", _js({"inputs": [{"name": "INPUT0", **four}]})),
+        Http("auto-completed infer", "POST", "/v2/models/auto_complete/infer", _js({
+            "inputs": [{"name": "INPUT0", **four}, {"name": "INPUT1", **four}]})),
+    ]
+    return cases
 
 
 def grpc_cases() -> list[Grpc]:

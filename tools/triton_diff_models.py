@@ -128,6 +128,17 @@ ensemble_scheduling { step [ {
 } ] }
 """
 
+# tools/triton_diff_probe.py's model: what a Python model sees, reported as JSON
+_PROBE_CONFIG = """\
+name: "probe"
+backend: "python"
+max_batch_size: 0
+input [ { name: "IN" data_type: TYPE_STRING dims: [ 1 ] } ]
+output [ { name: "OUT" data_type: TYPE_STRING dims: [ 1 ] } ]
+parameters { key: "colour" value: { string_value: "blue" } }
+instance_group [ { count: 1 kind: KIND_CPU } ]
+"""
+
 _POLICIES = {"versions_all": "all { }", "versions_latest": "latest { num_versions: 1 }",
              "versions_specific": "specific { versions: [ 1, 3 ] }"}
 
@@ -135,8 +146,8 @@ _POLICIES = {"versions_all": "all { }", "versions_latest": "latest { num_version
 def write_repository(root: pathlib.Path) -> None:
     """add_sub and int_double from tests/testdata, an echo model per datatype, and one model
     for each thing a case looks at (streams, sequences, classes, versions, a failed load,
-    an ensemble)."""
-    for model in ("add_sub", "int_double"):
+    an ensemble, the Python backend's API as a model sees it)."""
+    for model in ("add_sub", "int_double", "auto_complete"):  # the last has no config.pbtxt
         shutil.copytree(TESTDATA / model, root / model)
     for datatype in DATATYPES:
         _echo(root, f"echo_{datatype.lower()}", datatype)
@@ -161,6 +172,8 @@ def write_repository(root: pathlib.Path) -> None:
                   "dynamic_batching { priority_levels: 2 default_priority_level: 2 }"),
             {v: _ECHO.format(plus=f" + {v}") for v in (1, 2, 3)})
     _model(root, "ensemble_add", _ENSEMBLE, {1: None})
+    _model(root, "probe", _PROBE_CONFIG, {1: (ROOT / "tools" / "triton_diff_probe.py"
+                                              ).read_text()})
 
 
 def _echo(root: pathlib.Path, name: str, datatype: str, dims: str = "-1",
