@@ -125,21 +125,20 @@ class TritonPythonRunner:
         self.call_ns = (0, 0)
 
     def _call(self, requests: list[pb_utils.InferenceRequest]) -> Any:
-        before = pb_utils.running_in(self._directory)
-        try:
-            if self._loop is None:
-                return self._execute(requests)
-            return self._loop.run_until_complete(self._execute(requests))
-        finally:
-            pb_utils.running_in(before)
+        # this thread runs this model's execute (its executor's: no need to say it again
+        # after; what runs next on it says what it runs)
+        pb_utils.running_in(self._directory)
+        if self._loop is None:
+            return self._execute(requests)
+        return self._loop.run_until_complete(self._execute(requests))
 
     def run_each(self, requests: Sequence[RequestInputs]) -> list[Answer | TensorgateError]:
         """Each request's answer, or its error; RESCHEDULED for one the model rescheduled
         (its response is ignored, as Triton's Python backend ignores it)."""
-        sent = _SentAnswers(self.spec.name, len(requests))
-        incoming = [_incoming(r, reschedulable=self._reschedulable,
-                              make_sender=partial(sent.sender, index, r.cancelled))
-                    for index, r in enumerate(requests)]
+        sent = _SentAnswers(self.spec.name)
+        make_sender = sent.sender_for
+        incoming = sent.requests = [_incoming(r, reschedulable=self._reschedulable,
+                                              make_sender=make_sender) for r in requests]
         began = time.monotonic_ns()
         responses = self._call(incoming)
         self.call_ns = (began, time.monotonic_ns())
@@ -258,22 +257,33 @@ class TritonPythonRunner:
                 loop.close()
 
 
+_SETTING_UP = threading.Lock()  # a batch's _SentAnswers, made ready for its first sender
+
+
 class _SentAnswers:
     """What a model not decoupled sent through its requests' senders, by request: one
     response and the final flag each, from execute or later from any thread."""
 
-    def __init__(self, model: str, count: int) -> None:
+    def __init__(self, model: str) -> None:
         self.model = model
-        self.used = False  # a sender was asked for
-        self._responses: list[pb_utils.InferenceResponse | None] = [None] * count
-        self._final = [False] * count
-        self._over = False  # answered: later sends are refused
-        self._changed = threading.Condition()
+        self.requests: list[pb_utils.InferenceRequest] = []  # execute's, once made
+        self.used = False  # a sender was asked for: what follows is made then
 
-    def sender(self, index: int, cancelled: Callable[[], bool]
-               ) -> pb_utils.InferenceResponseSender:
-        self.used = True
-        return pb_utils.InferenceResponseSender(partial(self._deliver, index), cancelled)
+    def sender_for(self, request: pb_utils.InferenceRequest
+                   ) -> pb_utils.InferenceResponseSender:
+        """`request`'s sender, when the model first asks for it (seldom, for a model not
+        decoupled: a batch that asks for none pays for none of this)."""
+        with _SETTING_UP:
+            if not self.used:
+                count = len(self.requests)
+                self._responses: list[pb_utils.InferenceResponse | None] = [None] * count
+                self._final = [False] * count
+                self._over = False  # answered: later sends are refused
+                self._changed = threading.Condition()
+                self.used = True
+        index = next(i for i, made in enumerate(self.requests) if made is request)
+        return pb_utils.InferenceResponseSender(partial(self._deliver, index),
+                                                request.is_cancelled)
 
     def _deliver(self, index: int, response: pb_utils.InferenceResponse | None,
                  flags: int) -> None:
@@ -345,7 +355,8 @@ def initialize_args(spec: ModelSpec, context: ModelContext) -> dict[str, str]:
 
 def _incoming(request: RequestInputs, sender: pb_utils.InferenceResponseSender | None = None,
               reschedulable: bool = False,
-              make_sender: Callable[[], pb_utils.InferenceResponseSender] | None = None
+              make_sender: Callable[[pb_utils.InferenceRequest],
+                                    pb_utils.InferenceResponseSender] | None = None
               ) -> pb_utils.InferenceRequest:
     inputs = [pb_utils.Tensor(name, value) for name, value in request.inputs.items()]
     return pb_utils.incoming_request(
