@@ -31,6 +31,7 @@ class Grpc:
     method: str
     message: Any
     keys_only: bool = False
+    probe: bool = False  # compare the report in the probe model's OUT, not the answer
 
 
 @dataclass
@@ -509,6 +510,15 @@ def grpc_cases() -> list[Grpc]:
 
     both = infer()
     both.inputs[0].contents.fp32_contents.extend(F4)
+
+    def probe(what: str, **parameters: Any) -> Any:
+        """The probe model's `what` over gRPC, with typed request parameters."""
+        request = pb.ModelInferRequest(model_name="probe", id="g-1")
+        item = request.inputs.add(name="IN", datatype="BYTES", shape=[1])
+        item.contents.bytes_contents.append(what.encode())
+        for key, value in parameters.items():
+            setattr(request.parameters[key], value[0], value[1])
+        return request
     neg_timeout = infer()
     neg_timeout.parameters["timeout"].int64_param = -5
     cases = [
@@ -591,6 +601,17 @@ def grpc_cases() -> list[Grpc]:
         Grpc("grpc load", "RepositoryModelLoad",
              pb.RepositoryModelLoadRequest(model_name="int_double")),
         Grpc("grpc ready after a load", "ModelReady", pb.ModelReadyRequest(name="int_double")),
+        Grpc("grpc probe request with typed parameters", "ModelInfer", probe(
+            "request", flag=("bool_param", True), count=("int64_param", -3),
+            text=("string_param", "x"), ratio=("double_param", 0.5)), probe=True),
+        Grpc("grpc probe request with a uint64 parameter", "ModelInfer", probe(
+            "request", big=("uint64_param", 2**63 + 1)), probe=True),
+        Grpc("grpc probe request with a timeout and a sequence", "ModelInfer", probe(
+            "request", timeout=("int64_param", 4000000), sequence_id=("int64_param", 9),
+            sequence_start=("bool_param", True)), probe=True),
+        Grpc("grpc probe request with a string sequence id", "ModelInfer", probe(
+            "request", sequence_id=("string_param", "s-9"), sequence_end=("bool_param", True)),
+            probe=True),
     ]
     return cases
 
