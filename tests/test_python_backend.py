@@ -173,6 +173,8 @@ def test_a_sender_takes_nothing_after_its_final_flag() -> None:
     sent: list[tuple[object, int]] = []
     sender = pb_utils.InferenceResponseSender(lambda r, f: sent.append((r, f)), lambda: False)
     response = pb_utils.InferenceResponse([])
+    with pytest.raises(TypeError, match="send\\(\\) takes a pb_utils.InferenceResponse, not a str"):
+        sender.send("text")  # type: ignore[arg-type]  # TypeError, as Triton's raises
     sender.send(response)
     sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
     with pytest.raises(pb_utils.TritonModelException, match="already sent its final flag"):

@@ -37,9 +37,9 @@ class Grpc:
 @dataclass
 class Stream:
     """Requests sent one after another on one ModelStreamInfer stream: (request id, model,
-    IN value, ask for an empty final response)."""
+    IN value (an INT32, or BYTES for a str), ask for an empty final response)."""
     name: str
-    requests: list[tuple[str, str, int, bool]]
+    requests: list[tuple[str, str, int | str, bool]]
 
 
 # -- the corpus ------------------------------------------------------------------------------
@@ -628,4 +628,8 @@ def stream_cases() -> list[Stream]:
         Stream("stream errors carry on", [
             ("a", "stream_count", -1, True), ("b", "nope", 1, False),
             ("c", "stream_count", 1, False)]),
-    ]
+    ] + [Stream(f"stream probe: {how}", [("a", "stream_probe", how, False),
+                                          ("b", "stream_probe", "report", False)])
+         for how in ("send after the final flag", "send what is not a response",
+                     "an error, then more", "an error with the final flag", "raise",
+                     "return a list", "from a thread", "cancelled?")]

@@ -96,6 +96,67 @@ class TritonPythonModel:
         return responses
 """
 
+# decoupled, IN (BYTES) saying how to answer through the response sender; OUT (BYTES) says
+# what the model saw (an exception's type where a send was refused). "report" answers with
+# what the last request's refused sends raised.
+_STREAM_PROBE = """\
+import threading
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+
+
+def _out(text):
+    return pb_utils.InferenceResponse([pb_utils.Tensor(
+        "OUT", np.array([text.encode()], dtype=np.object_))])
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.refused = []
+
+    def _try(self, send):
+        try:
+            send()
+        except Exception as error:  # what a refused send raises is the report
+            self.refused.append(type(error).__name__)
+
+    def execute(self, requests):
+        for request in requests:
+            how = pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()[0].decode()
+            sender = request.get_response_sender()
+            if how == "report":
+                sender.send(_out(",".join(self.refused) or "-"), flags=FINAL)
+                self.refused = []
+            elif how == "send after the final flag":
+                sender.send(_out("one"), flags=FINAL)
+                self._try(lambda: sender.send(_out("two")))
+                self._try(lambda: sender.send(flags=FINAL))
+            elif how == "send what is not a response":
+                self._try(lambda: sender.send("text"))
+                sender.send(_out("after"), flags=FINAL)
+            elif how == "an error, then more":
+                sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError("first")))
+                sender.send(_out("second"), flags=FINAL)
+            elif how == "an error with the final flag":
+                sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(
+                    "last", pb_utils.TritonError.INVALID_ARG)), flags=FINAL)
+            elif how == "raise":
+                raise pb_utils.TritonModelException("raised in a decoupled execute")
+            elif how == "return a list":
+                return [_out("listed")]
+            elif how == "from a thread":
+                threading.Thread(target=lambda s=sender: (
+                    s.send(_out("threaded")), s.send(flags=FINAL))).start()
+            elif how == "cancelled?":
+                sender.send(_out(str(sender.is_cancelled())), flags=FINAL)
+            else:
+                sender.send(_out("unknown: " + how), flags=FINAL)
+        return None
+"""
+
 # an echo whose load fails while its folder holds a file "fail"
 _FRAGILE = """\
 import os
@@ -154,10 +215,12 @@ def write_repository(root: pathlib.Path) -> None:
     _echo(root, "echo_text", "STRING", dims="1")  # one element: what a raw body can be
     _echo(root, "classes", "FP32", label=' label_filename: "labels.txt"')
     (root / "classes" / "labels.txt").write_text("cat\ndog\nbird\n")  # fewer than scores
-    for name, source in (("stream_echo", _STREAM_ECHO), ("stream_count", _STREAM_COUNT)):
+    for name, source, datatype in (("stream_echo", _STREAM_ECHO, "INT32"),
+                                   ("stream_count", _STREAM_COUNT, "INT32"),
+                                   ("stream_probe", _STREAM_PROBE, "STRING")):
         _model(root, name, _ECHO_CONFIG.format(
             name=name, batch=0, extra="model_transaction_policy { decoupled: true }",
-            datatype="INT32", dims="1", label=""), {1: source})
+            datatype=datatype, dims="1", label=""), {1: source})
     _model(root, "sequence_sum", _ECHO_CONFIG.format(
         name="sequence_sum", batch=4, datatype="INT32", dims="1", label="",
         extra="sequence_batching { max_sequence_idle_microseconds: 5000000 }",

@@ -290,8 +290,8 @@ class InferenceResponseSender:
             if self._retired:
                 raise TritonModelException(self._retired)
             if response is not None and not isinstance(response, InferenceResponse):
-                raise TritonModelException("send() takes a pb_utils.InferenceResponse, not a "
-                                           f"{type(response).__name__}")
+                raise TypeError("send() takes a pb_utils.InferenceResponse, not a "
+                                f"{type(response).__name__}")  # as Triton's raises it
             self._closed = bool(flags & TRITONSERVER_RESPONSE_COMPLETE_FINAL)
             self._deliver(response, flags)
 
