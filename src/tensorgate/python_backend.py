@@ -536,8 +536,8 @@ def incoming_request(inputs: Sequence[Tensor], request_id: str, correlation_id: 
                      cancelled: Callable[[], bool],
                      sender: InferenceResponseSender | None = None,
                      trace: Any = None, reschedulable: bool = False,
-                     make_sender: Callable[[InferenceRequest], InferenceResponseSender] | None = None,
-                     timeout: int = 0) -> InferenceRequest:
+                     make_sender: Callable[[InferenceRequest], InferenceResponseSender]
+                     | None = None, timeout: int = 0) -> InferenceRequest:
     """A request as the server hands it to `execute` (not part of Triton's API); `trace`:
     the server's trace of it, when it is traced; `reschedulable`: its model's config has
     iterative_sequence; `make_sender`: makes its sender when the model first asks for it

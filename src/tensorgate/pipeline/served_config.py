@@ -18,8 +18,9 @@ def served_spec(spec: ModelSpec, filename: str,
     """`spec` with its config filled in as Triton fills a served model's (what /config and a
     Python model's initialize see): the version policy, the model file, `optimization`'s
     defaults, a dynamic batcher's largest batch as its preferred size where it names none,
-    and each instance group's name, kind as resolved, count and GPUs. Unnamed groups are named as Triton
-    names them: `<model>_<index>`, or `<model>` for the group a config without any gets."""
+    and each instance group's name, kind as resolved, count and GPUs. Unnamed groups are
+    named as Triton names them: `<model>_<index>`, or `<model>` for the group a config
+    without any gets."""
     config = _filled(spec)
     if not config.default_model_filename:
         config.default_model_filename = filename

@@ -278,10 +278,12 @@ class _SentAnswers:
                 count = len(self.requests)
                 self._responses: list[pb_utils.InferenceResponse | None] = [None] * count
                 self._final = [False] * count
+                self._asked = [False] * count  # for its sender
                 self._over = False  # answered: later sends are refused
                 self._changed = threading.Condition()
                 self.used = True
         index = next(i for i, made in enumerate(self.requests) if made is request)
+        self._asked[index] = True
         return pb_utils.InferenceResponseSender(partial(self._deliver, index),
                                                 request.is_cancelled)
 
@@ -312,11 +314,19 @@ class _SentAnswers:
 
     def wait(self, cancelled: Sequence[Callable[[], bool]]) -> list[Answer | TensorgateError]:
         """Each request's answer once its final flag has come (execute returned None): the
-        response sent, or an error for one sent without a response; a request whose client
-        has gone meanwhile is cancelled."""
+        response sent, or an error for one sent without a response, or whose sender execute
+        never asked for (nothing could answer it: the instance waits for none); a request
+        whose client has gone meanwhile is cancelled."""
         answers: list[Answer | TensorgateError] = []
         with self._changed:
+            asked = list(self._asked)  # as execute returned
             for index, gone in enumerate(cancelled):
+                if not asked[index]:
+                    answers.append(InternalError(
+                        f"model '{self.model}': execute returned None without asking for the "
+                        f"response sender of request {index}; a model not decoupled answers "
+                        "each request in execute's list or through its sender"))
+                    continue
                 while not self._final[index] and not gone():
                     self._changed.wait(CANCEL_POLL_S)
                 response = self._responses[index]
