@@ -16,7 +16,8 @@ each code, raises, outputs not as configured, answers through the response sende
 Each difference is either listed in KNOWN with the reason it is deliberate (a malformed
 request is the client's error, 400 here where Triton answers 500; an integer out of its
 datatype's range is refused here where Triton wraps it), or in SUPERSET where ours holds all
-of Triton's and more, or printed as unexplained, and the exit status is 1. Run it after a change to the protocol layers:
+of Triton's and more, or printed as unexplained, and the exit status is 1. Run it after a
+change to the protocol layers or to the Python backend:
 
     .venv/bin/python tools/triton_diff.py [--only TEXT] [--show] [--show-same]
 
