@@ -46,8 +46,12 @@ def test_the_same_name_and_labels_give_the_same_family_and_metric() -> None:
     again = pb_utils.MetricFamily("t_same", "Same", pb_utils.MetricFamily.COUNTER)
     assert again is family and again.Metric(labels={"a": "1"}) is metric
     assert family.Metric(labels={"a": "2"}) is not metric
-    with pytest.raises(MetricError, match="already exists as a counter described 'Same'"):
+    # what Triton's raises, so a model's `except pb_utils.TritonModelException` catches it
+    # (tools/triton_diff.py "probe metrics: ...")
+    with pytest.raises(pb_utils.TritonModelException,
+                       match="already exists as a counter described 'Same'"):
         pb_utils.MetricFamily("t_same", "Same", pb_utils.MetricFamily.GAUGE)
+    assert MetricError is pb_utils.TritonModelException
 
 
 def test_a_metric_lives_as_long_as_the_model_keeps_it() -> None:

@@ -18,6 +18,8 @@ import threading
 import weakref
 from collections.abc import Mapping, Sequence
 
+from tensorgate.errors import TritonModelException
+
 __all__ = ["Metric", "MetricFamily", "label_text", "render_custom_metrics"]
 
 _NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
@@ -29,8 +31,9 @@ _registry_lock = threading.Lock()
 _families: weakref.WeakValueDictionary[str, MetricFamily] = weakref.WeakValueDictionary()
 
 
-class MetricError(ValueError):
-    """A family or metric the custom metrics API refuses (the model sees its message)."""
+# A family or metric the custom metrics API refuses (the model sees its message): Triton's
+# raises TritonModelException, which a model may catch
+MetricError = TritonModelException
 
 
 class MetricFamily:

@@ -18,6 +18,11 @@ The tree::
     ├── UnimplementedError               UNIMPLEMENTED: valid, but not supported here
     └── InternalError                    INTERNAL: a fault of the server or the model
 
+Beside the tree, TritonModelException: Triton's name for what a Python model raises to fail
+its batch and what pb_utils (python_backend.py, custom_metrics.py) raises at a model that
+misuses it, as Triton's does; it has no status (the executor makes it the batch's
+InternalError).
+
 Messages name the tensor or object at fault, what was expected and what was found.
 This module imports no web or RPC framework: front ends translate `status` at one boundary.
 """
@@ -42,6 +47,7 @@ __all__ = [
     "ShapeError",
     "Status",
     "TensorgateError",
+    "TritonModelException",
     "UnavailableError",
     "UnimplementedError",
 ]
@@ -161,3 +167,11 @@ class PoolExhaustedError(UnavailableError):
             f"host buffer pool is full: {wanted} more bytes wanted, {in_use} in use of a "
             f"{limit}-byte limit; retry later or raise the pool limit (--host-pool-bytes)"
         )
+
+
+class TritonModelException(Exception):
+    """What a Triton Python model raises to fail its whole batch, and what pb_utils raises
+    at a model that misuses it (Triton's name and type)."""
+
+    def message(self) -> str:
+        return str(self)

@@ -59,7 +59,7 @@ from torch.utils.dlpack import from_dlpack, to_dlpack  # type: ignore[attr-defin
 from tritonclient.grpc import model_config_pb2 as _config_pb
 
 from tensorgate.custom_metrics import Metric, MetricFamily
-from tensorgate.errors import DatatypeError
+from tensorgate.errors import DatatypeError, TritonModelException
 from tensorgate.python_backend_config import ModelConfig
 from tensorgate.tensor.dtypes import (DATATYPES, DataType, datatype, datatype_of_numpy,
                                       datatype_of_torch)
@@ -105,13 +105,6 @@ _log = logging.getLogger("tensorgate.python_backend")
 _TYPE_NUMBER: dict[str, int] = {dt.name: int(_config_pb.DataType.Value(dt.config_name))
                                 for dt in DATATYPES}
 _BY_NUMBER = {number: name for name, number in _TYPE_NUMBER.items()}
-
-
-class TritonModelException(Exception):
-    """What a model raises to fail its whole batch (Triton's name)."""
-
-    def message(self) -> str:
-        return str(self)
 
 
 class TritonError:
