@@ -307,6 +307,15 @@ def _metrics_outcome(port: int) -> tuple[Any, Any]:
     return "OK", sorted(families)
 
 
+def _custom_metrics(port: int) -> tuple[Any, Any]:
+    """The probe model's own metric families on /metrics, every line (their values too:
+    both servers saw the same requests)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as answer:
+        text = answer.read().decode()
+    return "OK", sorted(line for line in text.splitlines()
+                        if line.startswith(("probe_", "# HELP probe_", "# TYPE probe_")))
+
+
 def _grpc_outcome(stub: Any, case: Grpc) -> tuple[Any, Any]:
     import grpc
     from google.protobuf import json_format
@@ -514,6 +523,7 @@ def main(argv: list[str] | None = None) -> int:
                     marker.unlink(missing_ok=True)
                 compare(case.name, lambda at: _http_outcome(http_ports[at], case))
             compare("metrics", lambda at: _metrics_outcome((ports[2], ports[5])[at]))
+            compare("custom metrics", lambda at: _custom_metrics((ports[2], ports[5])[at]))
             for stream in stream_cases():
                 compare(stream.name,
                         lambda at: _stream_outcome(f"127.0.0.1:{grpc_ports[at]}", stream))

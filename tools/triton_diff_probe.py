@@ -79,6 +79,19 @@ class TritonPythonModel:
     def initialize(self, args):
         self.args = dict(args)
         self.config = json.loads(args["model_config"])
+        # custom metrics, which the tool reads back from each server's /metrics
+        # (each family kept as long as its metrics: Triton's refuses a metric its family
+        # outlived)
+        family = pb_utils.MetricFamily
+        self.families = [
+            family(name="probe_requests", description="requests the probe saw",
+                   kind=family.COUNTER),
+            family(name="probe_last_length", description="the last IN's length",
+                   kind=family.GAUGE),
+            family(name="probe_lengths", description="IN's lengths", kind=family.HISTOGRAM)]
+        self.counted = self.families[0].Metric(labels={"model": "probe"})
+        self.length = self.families[1].Metric(labels={"model": "probe", "k": "v"})
+        self.lengths = self.families[2].Metric(labels={}, buckets=[4, 16, 64])
 
     def execute(self, requests):
         whats = [pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()[0].decode()
@@ -92,6 +105,10 @@ class TritonPythonModel:
         if "execute an empty list" in whats:
             return []
         responses = []
+        for what in whats:
+            self.counted.increment(1)
+            self.length.set(len(what))
+            self.lengths.observe(len(what))
         for request, what in zip(requests, whats):
             if what.startswith("execute "):
                 responses.append(self._answer(what[8:], request))
@@ -226,6 +243,33 @@ class TritonPythonModel:
             "exception message": _attempt(
                 lambda: pb_utils.TritonModelException("m").message()),
         }
+
+    def probe_metrics(self, request):
+        """The custom metric API's answer to one use or misuse, the request's parameter "op"
+        (each alone: one that crashes a server ends the run; Triton 2.51 died now and then
+        on a metric of a family object dropped at once, so that is not asked)."""
+        family = pb_utils.MetricFamily
+        counter = family(name="probe_checks", description="d", kind=family.COUNTER)
+        histogram = family(name="probe_check_sizes", description="d", kind=family.HISTOGRAM)
+        one = counter.Metric(labels={"a": "1"})
+        ops = {
+            "counter value": lambda: [one.increment(2), one.value()][1],
+            "counter down": lambda: one.increment(-1),
+            "counter set": lambda: one.set(5),
+            "counter observe": lambda: one.observe(5),
+            "label not a string": lambda: counter.Metric(labels={"a": 1}),
+            "no labels": lambda: counter.Metric().value(),
+            "same labels again": lambda: counter.Metric(labels={"a": "1"}).value(),
+            "family again, another kind": lambda: family(
+                name="probe_checks", description="d", kind=family.GAUGE),
+            "bad name": lambda: family(name="probe checks", description="d",
+                                       kind=family.COUNTER),
+            "histogram without buckets": lambda: histogram.Metric(labels={}),
+            "histogram value": lambda: histogram.Metric(labels={"b": "1"},
+                                                        buckets=[1, 2]).value(),
+        }
+        op = json.loads(request.parameters())["op"]
+        return {op: _attempt(ops[op])}
 
     # -- the request itself -----------------------------------------------------------------
 
