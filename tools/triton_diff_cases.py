@@ -477,6 +477,13 @@ def probe_cases() -> list[Http]:
         "request", parameters={"binary_data_output": False}), probe=True))
     cases += [Http(f"probe answer: {how}", "POST", path, _probe(f"execute {how}"))
               for how in ANSWERS]
+    # what a model's model_warmup samples gave it at load, then a client's request
+    cases.append(Http("model_warmup's requests as the model saw them", "POST",
+                      "/v2/models/warmed/infer", _js({"id": "client", "inputs": [
+                          {"name": "TEXT", "shape": [1, 2], "datatype": "BYTES",
+                           "data": ["", ""]},
+                          {"name": "NUM", "shape": [1, 3], "datatype": "FP32",
+                           "data": [0, 0, 0]}]})))
     # a model with no config.pbtxt, its config made by its auto_complete_config
     four = {"shape": [1, 4], "datatype": "FP32", "data": F4}
     cases += [

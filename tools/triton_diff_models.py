@@ -157,6 +157,54 @@ class TritonPythonModel:
         return None
 """
 
+# what a model's execute saw, from its load's model_warmup samples on: each call's requests
+# (ids, flags, inputs' shapes and datatypes, and their values where they are zeros), all of
+# it in SEEN
+_WARMED = """\
+import json
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+def _tensor(request, name):
+    value = pb_utils.get_input_tensor_by_name(request, name).as_numpy()
+    zeros = value.dtype == object and all(v == b"" for v in value.flat) or \\
+        value.dtype != object and not value.any()
+    shown = value.tolist() if value.dtype != object else [v.decode() for v in value.flat]
+    return [list(value.shape), str(value.dtype), shown if zeros else "random"]
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.seen = []
+
+    def execute(self, requests):
+        self.seen.append([{"id": r.request_id(), "flags": r.flags(),
+                           "TEXT": _tensor(r, "TEXT"), "NUM": _tensor(r, "NUM")}
+                          for r in requests])
+        answer = np.array([[json.dumps(self.seen).encode()]], dtype=np.object_)
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("SEEN", answer)])
+                for _ in requests]
+"""
+
+_WARMED_CONFIG = """\
+name: "warmed"
+backend: "python"
+max_batch_size: 4
+input [ { name: "TEXT" data_type: TYPE_STRING dims: [ 2 ] },
+        { name: "NUM" data_type: TYPE_FP32 dims: [ 3 ] } ]
+output [ { name: "SEEN" data_type: TYPE_STRING dims: [ 1 ] } ]
+model_warmup [
+  { name: "zeros" batch_size: 2
+    inputs { key: "TEXT" value: { data_type: TYPE_STRING dims: [ 2 ] zero_data: true } }
+    inputs { key: "NUM" value: { data_type: TYPE_FP32 dims: [ 3 ] zero_data: true } } },
+  { name: "random" batch_size: 1 count: 2
+    inputs { key: "TEXT" value: { data_type: TYPE_STRING dims: [ 2 ] random_data: true } }
+    inputs { key: "NUM" value: { data_type: TYPE_FP32 dims: [ 3 ] random_data: true } } }
+]
+"""
+
 # an echo whose load fails while its folder holds a file "fail"
 _FRAGILE = """\
 import os
@@ -235,6 +283,7 @@ def write_repository(root: pathlib.Path) -> None:
                   "dynamic_batching { priority_levels: 2 default_priority_level: 2 }"),
             {v: _ECHO.format(plus=f" + {v}") for v in (1, 2, 3)})
     _model(root, "ensemble_add", _ENSEMBLE, {1: None})
+    _model(root, "warmed", _WARMED_CONFIG, {1: _WARMED})
     _model(root, "probe", _PROBE_CONFIG, {1: (ROOT / "tools" / "triton_diff_probe.py"
                                               ).read_text()})
 

@@ -225,19 +225,34 @@ class TritonPythonRunner:
     def run(self, inputs: Mapping[str, Any], requests: Sequence[RequestInfo] | None = None
             ) -> Any:
         """One request of `inputs` (warm-up, cost probe): its outputs, or for a decoupled
-        model the iterator of its responses."""
+        model the iterator of its responses. Batched `inputs` of several rows are as many
+        requests of a row, in one execute (a model_warmup sample): the first one's outputs."""
         rows = next((len(v) for v in inputs.values()), 1) if self.spec.max_batch_size else 1
         info = requests[0] if requests else RequestInfo("", slice(0, rows), NO_PARAMETERS)
         request = RequestInputs(inputs, info, self.spec.output_names, 0, 0, _never)
         if self.spec.decoupled:
             return (answer.outputs for answer in self.run_stream(request))
+        pending = [request]
+        if rows > 1:  # a model_warmup sample of batch_size N: N requests of a row each, in
+            # one execute, as Triton warms a Python model up (one may take a row a request)
+            one = RequestInfo("", slice(0, 1), NO_PARAMETERS)
+            pending = [RequestInputs({name: value[row:row + 1] for name, value in inputs.items()},
+                                     one, self.spec.output_names, 0, 0, _never)
+                       for row in range(rows)]
+        first: dict[str, Any] | None = None  # the first request's outputs
         for _ in range(WARM_UP_RUNS):
-            answer = self.run_each([request])[0]
-            if isinstance(answer, TensorgateError):
-                raise answer
-            if answer is not RESCHEDULED:
-                return answer.outputs
-            request = request._replace(flags=0)  # runs again: neither START nor END
+            again = []
+            for asked, answer in zip(pending, self.run_each(pending)):
+                if isinstance(answer, TensorgateError):
+                    raise answer
+                if answer is RESCHEDULED:  # runs again: neither START nor END
+                    again.append(asked._replace(flags=0))
+                elif first is None:
+                    first = answer.outputs
+            if not again:
+                assert first is not None
+                return first
+            pending = again
         raise InternalError(f"model '{self.spec.name}' rescheduled one request "
                             f"{WARM_UP_RUNS} times without answering it")
 

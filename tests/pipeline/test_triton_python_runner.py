@@ -1,6 +1,7 @@
-"""A Triton Python model that is not decoupled answering through its requests' response
-senders (Triton allows it since 23.10), one batch at a time through TritonPythonRunner:
-which request gets what when a batch mixes senders, forgets one, or sends too much."""
+"""A Triton Python model's batches through TritonPythonRunner, one at a time: a model that
+is not decoupled answering through its requests' response senders (Triton allows it since
+23.10) — which request gets what when a batch mixes senders, forgets one, or sends too
+much — and a model_warmup sample of several rows, given as Triton gives it."""
 
 from __future__ import annotations
 
@@ -18,14 +19,14 @@ from tensorgate.python_backend import (TRITONSERVER_RESPONSE_COMPLETE_FINAL, Inf
                                        Tensor, TritonModelException)
 from tensorgate.repository.model_config import parse_model_config
 
-CONFIG = ('name: "sent" backend: "python" max_batch_size: 0 '
+CONFIG = ('name: "sent" backend: "python" max_batch_size: BATCH '
           'input [ { name: "IN" data_type: TYPE_INT32 dims: [ 1 ] } ] '
           'output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]')
 
 
-def _runner(model: type, tmp_path: pathlib.Path) -> TritonPythonRunner:
-    context = ModelContext("sent", 1, tmp_path, torch.device("cpu"), 0)
-    return TritonPythonRunner(model, parse_model_config(CONFIG), context)
+def _runner(model: type, tmp_path: pathlib.Path, batch: int = 0) -> TritonPythonRunner:
+    context = ModelContext("sent", 1, tmp_path, torch.device("cpu"), batch)
+    return TritonPythonRunner(model, parse_model_config(CONFIG.replace("BATCH", str(batch))), context)
 
 
 def _requests(*values: int) -> list[RequestInputs]:
@@ -84,3 +85,22 @@ def test_a_sender_takes_one_response_and_nothing_once_answered(tmp_path: pathlib
                         "(model_transaction_policy { decoupled: true } for more)"]
     with pytest.raises(TritonModelException, match="this request was answered already"):
         kept[0].send(InferenceResponse([Tensor("OUT", np.array([7], np.int32))]))  # too late
+
+
+def test_a_warm_up_sample_of_several_rows_is_as_many_requests(tmp_path: pathlib.Path) -> None:
+    """Triton 2.51 gives a Python model a model_warmup sample of batch_size 2 as two
+    requests of one row in one execute (tools/triton_diff.py "model_warmup's requests as
+    the model saw them"): a model that takes a row a request warms up there, and here."""
+    seen: list[list[list[int]]] = []
+
+    class Model:
+        def execute(self, requests: list[Any]) -> list[InferenceResponse]:
+            seen.append([r.inputs()[0].as_numpy().tolist() for r in requests])
+            return [_out(r) for r in requests]
+
+    runner = _runner(Model, tmp_path, batch=4)
+    outputs = runner.run({"IN": np.array([[3], [4]], np.int32)})
+    assert seen == [[[[3]], [[4]]]]
+    assert outputs["OUT"].tolist() == [[6]]  # the first request's
+    runner.run({"IN": np.array([[5]], np.int32)})
+    assert seen[-1] == [[[5]]]
