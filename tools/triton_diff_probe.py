@@ -307,6 +307,16 @@ class TritonPythonModel:
             return {t.name(): _plain(t.as_numpy()) for t in response.output_tensors()}
         return _attempt(run)
 
+    @staticmethod
+    def _bls_stream(model, value):
+        """A decoupled model's responses to IN = value, each as its outputs."""
+        return _attempt(lambda: [
+            {t.name(): _plain(t.as_numpy()) for t in response.output_tensors()}
+            for response in pb_utils.InferenceRequest(
+                model_name=model, requested_output_names=["OUT"],
+                inputs=[pb_utils.Tensor("IN", np.array([value], np.int32))]).exec(
+                    decoupled=True)])
+
     def probe_bls(self, request):
         four = np.array([[1, 2, 3, 4]], np.float32)
         pair = [pb_utils.Tensor("INPUT0", four), pb_utils.Tensor("INPUT1", four)]
@@ -321,18 +331,8 @@ class TritonPythonModel:
             "no model": self._bls("nope", pair, ["OUTPUT0"]),
             "decoupled without decoupled=True": self._bls(
                 "stream_echo", [pb_utils.Tensor("IN", np.array([3], np.int32))], ["OUT"]),
-            "decoupled": _attempt(lambda: [
-                {t.name(): _plain(t.as_numpy()) for t in response.output_tensors()}
-                for response in pb_utils.InferenceRequest(
-                    model_name="stream_count", requested_output_names=["OUT"],
-                    inputs=[pb_utils.Tensor("IN", np.array([2], np.int32))]).exec(
-                        decoupled=True)]),
-            "decoupled, the final flag with the last": _attempt(lambda: [
-                {t.name(): _plain(t.as_numpy()) for t in response.output_tensors()}
-                for response in pb_utils.InferenceRequest(
-                    model_name="stream_echo", requested_output_names=["OUT"],
-                    inputs=[pb_utils.Tensor("IN", np.array([4], np.int32))]).exec(
-                        decoupled=True)]),
+            "decoupled": self._bls_stream("stream_count", 2),
+            "decoupled, the final flag with the last": self._bls_stream("stream_echo", 4),
             "preferred memory": self._bls("add_sub", pair, ["OUTPUT0"], preferred_memory=(
                 pb_utils.PreferredMemory(pb_utils.TRITONSERVER_MEMORY_CPU, 0))),
             "model ready": _attempt(lambda: pb_utils.is_model_ready("add_sub")),
