@@ -16,7 +16,7 @@ import torch
 from tensorgate.model import NO_PARAMETERS, ModelContext, RequestInfo
 from tensorgate.pipeline.triton_python import Answer, RequestInputs, TritonPythonRunner
 from tensorgate.python_backend import (TRITONSERVER_RESPONSE_COMPLETE_FINAL, InferenceResponse,
-                                       Tensor, TritonModelException)
+                                       Tensor, TritonModelException, get_model_dir)
 from tensorgate.repository.model_config import parse_model_config
 
 CONFIG = ('name: "sent" backend: "python" max_batch_size: BATCH '
@@ -104,3 +104,5 @@ def test_a_warm_up_sample_of_several_rows_is_as_many_requests(tmp_path: pathlib.
     assert outputs["OUT"].tolist() == [[6]]  # the first request's
     runner.run({"IN": np.array([[5]], np.int32)})
     assert seen[-1] == [[[5]]]
+    # the model's folder was this thread's only while execute ran
+    assert get_model_dir() == str(pathlib.Path(__file__).parent)

@@ -125,12 +125,13 @@ class TritonPythonRunner:
         self.call_ns = (0, 0)
 
     def _call(self, requests: list[pb_utils.InferenceRequest]) -> Any:
-        # this thread runs this model's execute (its executor's: no need to say it again
-        # after; what runs next on it says what it runs)
-        pb_utils.running_in(self._directory)
-        if self._loop is None:
-            return self._execute(requests)
-        return self._loop.run_until_complete(self._execute(requests))
+        before = pb_utils.running_in(self._directory)  # for get_model_dir() in execute
+        try:
+            if self._loop is None:
+                return self._execute(requests)
+            return self._loop.run_until_complete(self._execute(requests))
+        finally:
+            pb_utils.running_in(before)  # the thread may run other things after
 
     def run_each(self, requests: Sequence[RequestInputs]) -> list[Answer | TensorgateError]:
         """Each request's answer, or its error; RESCHEDULED for one the model rescheduled
