@@ -244,33 +244,6 @@ class TritonPythonModel:
                 lambda: pb_utils.TritonModelException("m").message()),
         }
 
-    def probe_metrics(self, request):
-        """The custom metric API's answer to one use or misuse, the request's parameter "op"
-        (each alone: one that crashes a server ends the run; Triton 2.51 died now and then
-        on a metric of a family object dropped at once, so that is not asked)."""
-        family = pb_utils.MetricFamily
-        counter = family(name="probe_checks", description="d", kind=family.COUNTER)
-        histogram = family(name="probe_check_sizes", description="d", kind=family.HISTOGRAM)
-        one = counter.Metric(labels={"a": "1"})
-        ops = {
-            "counter value": lambda: [one.increment(2), one.value()][1],
-            "counter down": lambda: one.increment(-1),
-            "counter set": lambda: one.set(5),
-            "counter observe": lambda: one.observe(5),
-            "label not a string": lambda: counter.Metric(labels={"a": 1}),
-            "no labels": lambda: counter.Metric().value(),
-            "same labels again": lambda: counter.Metric(labels={"a": "1"}).value(),
-            "family again, another kind": lambda: family(
-                name="probe_checks", description="d", kind=family.GAUGE),
-            "bad name": lambda: family(name="probe checks", description="d",
-                                       kind=family.COUNTER),
-            "histogram without buckets": lambda: histogram.Metric(labels={}),
-            "histogram value": lambda: histogram.Metric(labels={"b": "1"},
-                                                        buckets=[1, 2]).value(),
-        }
-        op = json.loads(request.parameters())["op"]
-        return {op: _attempt(ops[op])}
-
     # -- the request itself -----------------------------------------------------------------
 
     def probe_preferred_memory(self, request):
