@@ -476,6 +476,8 @@ def probe_cases() -> list[Http]:
         "request", parameters={"binary_data_output": False}), probe=True))
     cases += [Http(f"probe answer: {how}", "POST", path, _probe(f"execute {how}"))
               for how in ANSWERS]
+    cases += [Http(f"config of {model}", "GET", f"/v2/models/{model}/config")
+              for model in ("probe", "warmed", "stream_probe", "sequence_sum", "classes")]
     # what a model's model_warmup samples gave it at load, then a client's request
     cases.append(Http("model_warmup's requests as the model saw them", "POST",
                       "/v2/models/warmed/infer", _js({"id": "client", "inputs": [
