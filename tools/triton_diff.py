@@ -185,9 +185,6 @@ _known("a gRPC call's deadline bounds its request here as a timeout would (the q
        "grpc probe request with a string sequence id", differing=("timeout",))
 _known("uint64 request parameters (a newer protocol field) are taken here; Triton 2.51 "
        "refuses them", "INVALID_ARGUMENT", "OK", "grpc probe request with a uint64 parameter")
-_known("not done here: a decoupled model's error response without the final flag ends its "
-       "request here (what it sends after is dropped); Triton passes the error on and the "
-       "request goes on", "OK", "OK", "stream probe: an error, then more", differing=("a",))
 _known("a model's model_warmup runs are not counted in its statistics here (they served no "
        "one); Triton counts them in batch_stats", 200, 200, "GET /v2/models/stats",
        differing=("batch_stats",))

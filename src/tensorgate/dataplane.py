@@ -220,6 +220,8 @@ class DataPlane:
                  ledger: CopyLedger) -> Answer:
         name = spec.name
         outputs = result.outputs
+        if result.error is not None:  # an error response of a decoupled model: no outputs
+            return result, outputs, {}, {}
         binary = {n: decoded.binary_default or decoded.raw_binary for n in outputs}
         in_shm: dict[str, tuple[str, int, int]] = {}
         for requested in decoded.outputs or ():

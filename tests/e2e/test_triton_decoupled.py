@@ -9,6 +9,8 @@ reschedules requests that stream a response each step (decoupled_iterative)."""
 
 from __future__ import annotations
 
+import http.client
+import json
 import queue
 import time
 from typing import Any
@@ -98,6 +100,32 @@ def test_async_decoupled_executes_overlap_while_they_await(served: RunningServer
         client.stop_stream()
     by_id, errors = stream_answers(answers, lambda result: int(result.as_numpy("OPEN")[0]))
     assert (by_id, errors) == ({"a": [2], "b": [2]}, [])
+
+
+def test_an_error_response_without_the_final_flag_does_not_end_the_request(
+        served: RunningServer) -> None:  # noqa: F811
+    """As on Triton (tools/triton_diff.py "stream probe: an error, then more"): the client
+    gets the error, then what the model sends after it; over gRPC and generate_stream."""
+    answers: queue.Queue = queue.Queue()
+    with grpcclient.InferenceServerClient(served.grpc_url) as client:
+        client.start_stream(callback=lambda result, error: answers.put((result, error)))
+        client.async_stream_infer("repeat", _one("IN", -3), request_id="goes-on")
+        client.async_stream_infer("repeat", _one("IN", 1), request_id="after")
+        client.stop_stream()
+    by_id, errors = stream_answers(answers, lambda result: int(result.as_numpy("OUT")[0]))
+    assert (by_id, errors) == ({"goes-on": [7], "after": [0]}, ["a passing error"])
+    connection = http.client.HTTPConnection(served.host, served.port, timeout=30)
+    try:
+        connection.request("POST", "/v2/models/repeat/generate_stream", body=b'{"IN": -3}',
+                           headers={"Content-Type": "application/json"})
+        answer = connection.getresponse()
+        events = [json.loads(line[5:]) for line in answer.read().decode().splitlines()
+                  if line.startswith("data:")]
+    finally:
+        connection.close()
+    assert answer.status == 200
+    assert events == [{"error": "a passing error"},
+                      {"model_name": "repeat", "model_version": "1", "OUT": 7}]
 
 
 def test_a_response_the_model_got_wrong_fails_its_request_alone(

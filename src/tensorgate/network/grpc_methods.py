@@ -12,7 +12,7 @@ from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from tritonclient.grpc import service_pb2 as pb
 
 from tensorgate.dataplane import Answer, DataPlane, parse_version, refuse_model_files
-from tensorgate.errors import InvalidArgumentError, NotFoundError
+from tensorgate.errors import InvalidArgumentError, NotFoundError, TensorgateError
 from tensorgate.network import http2, in_steps
 from tensorgate.network.in_order import InOrder, Turn
 from tensorgate.protocol.grpc_codec import (TensorSpans, decode_model_infer_steps,
@@ -147,13 +147,14 @@ async def model_infer_responses(dp: DataPlane, connection: http2.Http2Connection
                                 forwarded: dict[str, str] | None = None,
                                 received: tuple[int, int] = (0, 0),
                                 traceparent: str | None = None, turn: Turn | None = None
-                                ) -> AsyncGenerator[list[Any], None]:
+                                ) -> AsyncGenerator[list[Any] | TensorgateError, None]:
     """A decoupled model's ModelInferResponses to one request, as parts, as they come, each
     saying whether it is the last (`triton_final_response`, as Triton marks them): true only
     where the model said so as it sent it (a Triton model's send with the final flag). A
     model's end that came apart from a response (a generator's, or a send of the flag
     alone) gets an empty response saying it is the last only with
-    `triton_enable_empty_final_response`, as on Triton."""
+    `triton_enable_empty_final_response`, as on Triton. An error response that is not the
+    last comes as its TensorgateError, for the stream to send as an error, and more follow."""
     request, decoded = await _decode(dp, message, ledger, deadline_ns, request, spans,
                                      forwarded, connection.in_order, turn)
     flagged = bool(decoded.parameters.get("triton_enable_empty_final_response"))
@@ -163,6 +164,9 @@ async def model_infer_responses(dp: DataPlane, connection: http2.Http2Connection
     ended = False  # by a response the model marked as its last
     try:
         async for answer in answers:
+            if answer[0].error is not None:
+                yield answer[0].error
+                continue
             ended = answer[0].final
             yield _encode(answer, decoded, connection, ledger, ended)
     finally:

@@ -239,6 +239,9 @@ class StreamCall:
                                           (received_ns, received_ns), self.traceparent, turn)
         try:
             async for parts in responses:
+                if isinstance(parts, TensorgateError):  # the model's, and it goes on
+                    self._answer([self._error(parts.message, request)])
+                    continue
                 self._answer(stream_response_parts(parts))
                 while self.stream.pending_bytes >= _PENDING_BYTES and not self._closed:
                     self._room.clear()

@@ -295,6 +295,8 @@ async def _generate(dp: DataPlane, request: HttpRequest, model: str, version: st
     answer: bytes | None = None
     try:
         async for result, outputs, _, _ in answers:
+            if result.error is not None:  # a decoupled model's error response
+                raise result.error
             if answer is not None:
                 raise InvalidArgumentError(
                     f"model '{model}' is decoupled and sent more than one response; call "
@@ -315,7 +317,8 @@ async def _generate_stream(dp: DataPlane, request: HttpRequest, model: str,
                            version: str) -> Any:
     """Each response as one Server-Sent Event, as the model makes it. The first is awaited
     before answering, so that a request that fails before it gets an HTTP error status; an
-    error after it comes as an event `{"error": ...}` and ends the stream."""
+    error after it comes as an event `{"error": ...}` and ends the stream, but for a
+    decoupled model's error response that is not its last, after which more come."""
     answers = _generate_answers(dp, request, model, version)
     try:
         first = await anext(answers, None)
@@ -331,7 +334,10 @@ async def _events(first: Answer | None, answers: AsyncGenerator[Answer, None],
         answer = first
         while answer is not None:
             result, outputs, _, _ = answer
-            yield sse_event(encode_generate_response(result.model, result.version, outputs))
+            if result.error is not None:
+                yield sse_event(json_error(result.error.message))
+            else:
+                yield sse_event(encode_generate_response(result.model, result.version, outputs))
             answer = await anext(answers, None)
     except TensorgateError as error:
         yield sse_event(json_error(error.message))

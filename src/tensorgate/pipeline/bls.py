@@ -159,7 +159,8 @@ class BlsBridge:
             ended = False  # by a response the model sent with the final flag
             try:
                 async for result in self._infer_stream(call):
-                    arrived.put(_response(result))
+                    arrived.put(_response(result) if result.error is None
+                                else _error_response(result.error))  # and more may come
                     ended = result.final
                 if not ended:  # the flag came alone: an empty last response, as on Triton
                     arrived.put(pb_utils.InferenceResponse([]))

@@ -344,6 +344,8 @@ class Engine:
             async with contextlib.aclosing(self.infer_stream(_step_request(
                     model, version, inputs, outputs, item, trace))) as responses:
                 async for result in responses:
+                    if result.error is not None:  # an error response ends the ensemble's
+                        raise result.error
                     yield result.outputs
         finally:
             if trace is not None:
@@ -790,8 +792,9 @@ class Engine:
         if trace is not None:
             trace.stamp("QUEUE_START", item.enqueued_ns)
         # each response, then None once the request is over (answered or failed)
-        arrived: asyncio.Queue[tuple[dict[str, TensorView], Callable[[], None],
-                                     Mapping[str, Parameter], bool] | None] = asyncio.Queue()
+        arrived: asyncio.Queue[tuple[dict[str, TensorView] | TensorgateError,
+                                     Callable[[], None], Mapping[str, Parameter], bool] | None
+                               ] = asyncio.Queue()
         item.respond = lambda outputs, taken, parameters, final: arrived.put_nowait(
             (outputs, taken, parameters, final))
         item.future.add_done_callback(lambda _: arrived.put_nowait(None))
@@ -818,6 +821,10 @@ class Engine:
                     first = False
                 outputs, taken, parameters, final = response
                 taken()
+                if isinstance(outputs, TensorgateError):  # an error response, not the last
+                    yield InferenceResult(loaded.spec.name, loaded.version, request.id, {},
+                                          item.times, item.ledger, error=outputs)
+                    continue
                 if trace is not None:
                     trace.answered(outputs, request.ledger, end=False)
                 yield InferenceResult(loaded.spec.name, loaded.version, request.id, outputs,

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from tensorgate.errors import InvalidArgumentError
+from tensorgate.errors import InvalidArgumentError, TensorgateError
 from tensorgate.model import NO_PARAMETERS, Parameter
 from tensorgate.pipeline.stats import StageTimes
 from tensorgate.pipeline.trace import Trace
@@ -59,6 +59,9 @@ class InferenceResult:
     parameters: Mapping[str, Parameter] = field(default_factory=lambda: NO_PARAMETERS)
     # a decoupled model's response that the model said is the request's last (work.py)
     final: bool = False
+    # a decoupled model's error response that is not its last: no outputs, and the request
+    # goes on (a Triton model's sent without the final flag)
+    error: TensorgateError | None = None
 
 
 # BYTES elements from which a request's strings are cut into bytes objects in the loop's

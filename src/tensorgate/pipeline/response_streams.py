@@ -6,8 +6,9 @@ execute`), and the instance takes its next batch while earlier requests still st
 `ResponseStream` is one such request. What the model sends for it, from whichever thread,
 becomes its outputs on that thread and goes to the loop in the order sent; at most
 RESPONSES_AHEAD wait there for the client, past that the sending thread waits
-(backpressure on the model, which stops when the client has gone). The final flag, an
-error response or `fail` (its execute raised) ends it, once: `on_end(batch, item)` on the
+(backpressure on the model, which stops when the client has gone). An error response
+without the final flag reaches the client as that, and the request goes on, as on Triton.
+The final flag, an error response with it or `fail` (its execute raised) ends it, once: `on_end(batch, item)` on the
 loop, after every response it let through. A request its execute rescheduled
 (iterative_sequence) is `suspend`ed instead: it runs again with a stream of its own.
 
@@ -112,10 +113,15 @@ class ResponseStream:
         """What the model sent (its sender calls this one send at a time, in order)."""
         if self._ended:
             return
-        if isinstance(answer, TensorgateError):  # the model's error response ends it
-            self.fail(answer)
-            return
         item = self.item
+        if isinstance(answer, TensorgateError):
+            if final:  # the model's error response with the final flag ends it
+                self.fail(answer)
+            elif not item.abandoned and wait_for_credit(self._credits, item):
+                with self._lock:  # one error response to the client; more may follow
+                    if not self._ended:
+                        self._report(item.respond, answer, self._credits.release, {}, False)
+            return
         if answer is not None and not item.abandoned:  # a client that left gets nothing
             started = time.monotonic_ns()
             try:

@@ -11,7 +11,7 @@ import asyncio
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
-from tensorgate.errors import InternalError
+from tensorgate.errors import InternalError, TensorgateError
 from tensorgate.model import NO_PARAMETERS, Parameter, RequestInfo
 from tensorgate.pipeline.stats import StageTimes
 from tensorgate.pipeline.trace import Trace
@@ -63,7 +63,9 @@ class WorkItem:
         # client has the response, which lets the executor make one more (a bound on those
         # waiting); `final`: the model said it is the request's last (a Triton model's send
         # with the final flag; a generator's last is known only after it, never here).
-        self.respond: Callable[[dict[str, TensorView], Callable[[], None],
+        # In place of the outputs, a TensorgateError: an error response that is not the
+        # last (a Triton model's, without the final flag).
+        self.respond: Callable[[dict[str, TensorView] | TensorgateError, Callable[[], None],
                                 Mapping[str, Parameter], bool], None] | None = None
         self.abandoned = False
         self.sequence = sequence

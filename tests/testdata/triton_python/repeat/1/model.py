@@ -1,6 +1,7 @@
 """Decoupled: IN = n gets n responses (OUT = 0, 1, ... n-1), sent from a thread of the
 model's own after execute has returned, then the final flag; -1 gets an error response;
--2 gets a response whose output is misnamed OUTPUT (its config says OUT). Each response carries its
+-2 gets a response whose output is misnamed OUTPUT (its config says OUT); -3 an error
+response without the final flag, then OUT = 7, then the flag. Each response carries its
 place as parameter "index"."""
 
 import threading
@@ -21,6 +22,13 @@ class TritonPythonModel:
         if count == -2:
             sender.send(pb_utils.InferenceResponse(
                 output_tensors=[pb_utils.Tensor("OUTPUT", np.array([0], np.int32))]),
+                flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            return
+        if count == -3:
+            sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(
+                "a passing error", pb_utils.TritonError.INVALID_ARG)))
+            sender.send(pb_utils.InferenceResponse(
+                output_tensors=[pb_utils.Tensor("OUT", np.array([7], np.int32))]),
                 flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
             return
         if count < 0:
