@@ -8,8 +8,8 @@ becomes its outputs on that thread and goes to the loop in the order sent; at mo
 RESPONSES_AHEAD wait there for the client, past that the sending thread waits
 (backpressure on the model, which stops when the client has gone). An error response
 without the final flag reaches the client as that, and the request goes on, as on Triton.
-The final flag, an error response with it or `fail` (its execute raised) ends it, once: `on_end(batch, item)` on the
-loop, after every response it let through. A request its execute rescheduled
+The final flag, an error response with it or `fail` (its execute raised) ends it, once:
+`on_end(batch, item)` on the loop, after every response it let through. A request its execute rescheduled
 (iterative_sequence) is `suspend`ed instead: it runs again with a stream of its own.
 
 What streams send reaches the loop through an instance's `Outbox`: one wake-up of the loop
