@@ -102,18 +102,25 @@ def test_async_decoupled_executes_overlap_while_they_await(served: RunningServer
     assert (by_id, errors) == ({"a": [2], "b": [2]}, [])
 
 
+def _repeat(served: RunningServer, requests: dict[str, int]  # noqa: F811
+            ) -> tuple[dict[str, list[Any]], list[str]]:
+    """The `repeat` model's answers to `requests` (request id: IN) on one gRPC stream: OUT's
+    values by request id, and the errors."""
+    answers: queue.Queue = queue.Queue()
+    with grpcclient.InferenceServerClient(served.grpc_url) as client:
+        client.start_stream(callback=lambda result, error: answers.put((result, error)))
+        for request_id, value in requests.items():
+            client.async_stream_infer("repeat", _one("IN", value), request_id=request_id)
+        client.stop_stream()
+    return stream_answers(answers, lambda result: int(result.as_numpy("OUT")[0]))
+
+
 def test_an_error_response_without_the_final_flag_does_not_end_the_request(
         served: RunningServer) -> None:  # noqa: F811
     """As on Triton (tools/triton_diff.py "stream probe: an error, then more"): the client
     gets the error, then what the model sends after it; over gRPC and generate_stream."""
-    answers: queue.Queue = queue.Queue()
-    with grpcclient.InferenceServerClient(served.grpc_url) as client:
-        client.start_stream(callback=lambda result, error: answers.put((result, error)))
-        client.async_stream_infer("repeat", _one("IN", -3), request_id="goes-on")
-        client.async_stream_infer("repeat", _one("IN", 1), request_id="after")
-        client.stop_stream()
-    by_id, errors = stream_answers(answers, lambda result: int(result.as_numpy("OUT")[0]))
-    assert (by_id, errors) == ({"goes-on": [7], "after": [0]}, ["a passing error"])
+    assert _repeat(served, {"goes-on": -3, "after": 1}) == (
+        {"goes-on": [7], "after": [0]}, ["a passing error"])
     connection = http.client.HTTPConnection(served.host, served.port, timeout=30)
     try:
         connection.request("POST", "/v2/models/repeat/generate_stream", body=b'{"IN": -3}',
@@ -130,13 +137,7 @@ def test_an_error_response_without_the_final_flag_does_not_end_the_request(
 
 def test_a_response_the_model_got_wrong_fails_its_request_alone(
         served: RunningServer) -> None:  # noqa: F811
-    answers: queue.Queue = queue.Queue()
-    with grpcclient.InferenceServerClient(served.grpc_url) as client:
-        client.start_stream(callback=lambda result, error: answers.put((result, error)))
-        client.async_stream_infer("repeat", _one("IN", -2), request_id="wrong")
-        client.async_stream_infer("repeat", _one("IN", 2), request_id="two")
-        client.stop_stream()
-    by_id, errors = stream_answers(answers, lambda result: int(result.as_numpy("OUT")[0]))
+    by_id, errors = _repeat(served, {"wrong": -2, "two": 2})
     assert by_id == {"two": [0, 1]}
     assert errors == ["model 'repeat' gave no output 'OUT' for request 'wrong', which asked "
                       "for it; its response has: OUTPUT"]
