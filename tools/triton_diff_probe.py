@@ -66,7 +66,7 @@ def _public(thing):
     return sorted(name for name in dir(thing) if not name.startswith("_"))
 
 
-def _tensor(name, make):
+def _tensor(make):
     """A Tensor made by `make`, and what its accessors say."""
     def report():
         tensor = make()
@@ -111,7 +111,7 @@ class TritonPythonModel:
             self.lengths.observe(len(what))
         for request, what in zip(requests, whats):
             if what.startswith("execute "):
-                responses.append(self._answer(what[8:], request))
+                responses.append(self._answer(what[8:]))
                 continue
             report = getattr(self, "probe_" + what.replace(" ", "_"))(request)
             responses.append(pb_utils.InferenceResponse([pb_utils.Tensor(
@@ -198,25 +198,25 @@ class TritonPythonModel:
 
     def probe_tensors(self, request):
         return {
-            "float32": _tensor("A", lambda: pb_utils.Tensor("A", np.arange(6, dtype=np.float32
+            "float32": _tensor(lambda: pb_utils.Tensor("A", np.arange(6, dtype=np.float32
                                                                            ).reshape(2, 3))),
-            "scalar": _tensor("B", lambda: pb_utils.Tensor("B", np.array(3, np.int64))),
-            "strided": _tensor("C", lambda: pb_utils.Tensor(
+            "scalar": _tensor(lambda: pb_utils.Tensor("B", np.array(3, np.int64))),
+            "strided": _tensor(lambda: pb_utils.Tensor(
                 "C", np.arange(8, dtype=np.int32)[::2])),
-            "transposed": _tensor("D", lambda: pb_utils.Tensor(
+            "transposed": _tensor(lambda: pb_utils.Tensor(
                 "D", np.arange(6, dtype=np.int16).reshape(2, 3).T)),
-            "list": _tensor("E", lambda: pb_utils.Tensor("E", [1, 2])),
-            "object str": _tensor("F", lambda: pb_utils.Tensor(
+            "list": _tensor(lambda: pb_utils.Tensor("E", [1, 2])),
+            "object str": _tensor(lambda: pb_utils.Tensor(
                 "F", np.array(["x", "y"], dtype=np.object_))),
-            "object bytes": _tensor("G", lambda: pb_utils.Tensor(
+            "object bytes": _tensor(lambda: pb_utils.Tensor(
                 "G", np.array([b"x"], dtype=np.object_))),
-            "unicode": _tensor("H", lambda: pb_utils.Tensor("H", np.array(["x"]))),
-            "bool": _tensor("I", lambda: pb_utils.Tensor("I", np.array([True, False]))),
-            "complex": _tensor("J", lambda: pb_utils.Tensor("J", np.array([1j]))),
-            "uint32": _tensor("K", lambda: pb_utils.Tensor("K", np.array([7], np.uint32))),
-            "from_dlpack": _tensor("L", lambda: pb_utils.Tensor.from_dlpack(
+            "unicode": _tensor(lambda: pb_utils.Tensor("H", np.array(["x"]))),
+            "bool": _tensor(lambda: pb_utils.Tensor("I", np.array([True, False]))),
+            "complex": _tensor(lambda: pb_utils.Tensor("J", np.array([1j]))),
+            "uint32": _tensor(lambda: pb_utils.Tensor("K", np.array([7], np.uint32))),
+            "from_dlpack": _tensor(lambda: pb_utils.Tensor.from_dlpack(
                 "L", _torch().arange(3, dtype=_torch().float32))),
-            "from_dlpack capsule": _tensor("N", lambda: pb_utils.Tensor.from_dlpack(
+            "from_dlpack capsule": _tensor(lambda: pb_utils.Tensor.from_dlpack(
                 "N", _torch().utils.dlpack.to_dlpack(_torch().arange(2)))),
             "to_dlpack back": _attempt(lambda: _torch().utils.dlpack.from_dlpack(
                 pb_utils.Tensor("M", np.arange(3, dtype=np.float64)).to_dlpack()).numpy()),
@@ -314,7 +314,7 @@ class TritonPythonModel:
 
     # -- answers the server has to handle ---------------------------------------------------
 
-    def _answer(self, how, request):
+    def _answer(self, how):
         text = np.array([b"x"], dtype=np.object_)
         if how == "error response":
             return pb_utils.InferenceResponse(error=pb_utils.TritonError("refused here"))

@@ -9,8 +9,9 @@ RESPONSES_AHEAD wait there for the client, past that the sending thread waits
 (backpressure on the model, which stops when the client has gone). An error response
 without the final flag reaches the client as that, and the request goes on, as on Triton.
 The final flag, an error response with it or `fail` (its execute raised) ends it, once:
-`on_end(batch, item)` on the loop, after every response it let through. A request its execute rescheduled
-(iterative_sequence) is `suspend`ed instead: it runs again with a stream of its own.
+`on_end(batch, item)` on the loop, after every response it let through. A request its
+execute rescheduled (iterative_sequence) is `suspend`ed instead: it runs again with a
+stream of its own.
 
 What streams send reaches the loop through an instance's `Outbox`: one wake-up of the loop
 for however many responses come before it runs them (`call_soon_threadsafe` wrote to the
@@ -27,6 +28,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from tensorgate.errors import TensorgateError
+from tensorgate.model import NO_PARAMETERS
 from tensorgate.pipeline.triton_python import Answer
 from tensorgate.pipeline.work import Batch, WorkItem
 from tensorgate.tensor.view import TensorView
@@ -120,7 +122,8 @@ class ResponseStream:
             elif not item.abandoned and wait_for_credit(self._credits, item):
                 with self._lock:  # one error response to the client; more may follow
                     if not self._ended:
-                        self._report(item.respond, answer, self._credits.release, {}, False)
+                        self._report(item.respond, answer, self._credits.release,
+                                     NO_PARAMETERS, False)
             return
         if answer is not None and not item.abandoned:  # a client that left gets nothing
             started = time.monotonic_ns()
