@@ -35,6 +35,11 @@ def test_tensor_refuses_what_triton_refuses() -> None:
         pb_utils.Tensor("s", np.array(["a", "b"]))
     with pytest.raises(pb_utils.TritonModelException, match="complex128"):
         pb_utils.Tensor("c", np.array([1j]))
+    complex_ = torch.zeros(2, dtype=torch.complex64)  # a torch dtype no datatype holds
+    with pytest.raises(pb_utils.TritonModelException, match="complex64"):
+        pb_utils.Tensor.from_dlpack("c", torch.utils.dlpack.to_dlpack(complex_))
+    with pytest.raises(pb_utils.TritonModelException, match="complex64"):
+        pb_utils.Tensor("c", complex_)
     with pytest.raises(TypeError, match="'output_tensors' must be a list"):
         pb_utils.InferenceResponse(pb_utils.Tensor("t", np.zeros(1)))
     text = pb_utils.Tensor("t", np.array([b"a"], dtype=np.object_))

@@ -166,7 +166,10 @@ class Tensor:
     def _init_torch(self, name: str, tensor: torch.Tensor) -> None:
         self._name = name
         self._value = tensor
-        self._datatype = datatype_of_torch(tensor.dtype, name)
+        try:
+            self._datatype = datatype_of_torch(tensor.dtype, name)
+        except DatatypeError as error:  # as for a numpy dtype (above)
+            raise TritonModelException(str(error)) from None
 
     @staticmethod
     def from_dlpack(name: str, capsule: Any) -> Tensor:
