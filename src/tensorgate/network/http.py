@@ -37,7 +37,8 @@ from typing import Any, cast
 import httptools
 
 from tensorgate.dataplane import DataPlane
-from tensorgate.errors import InvalidArgumentError, PoolExhaustedError, TensorgateError
+from tensorgate.errors import (CancelledError, InvalidArgumentError, PoolExhaustedError,
+                               TensorgateError)
 from tensorgate.network import (UNREAD_ANSWER_S, ConnectionBudget, PoolRelief, RefusedConnection,
                                arrival_eta, slow_message, stalled_message)
 from tensorgate.network.eager import EagerRun
@@ -70,6 +71,9 @@ _REASONS = {200: "OK", 400: "Bad Request", 403: "Forbidden", 404: "Not Found",
             408: "Request Timeout", 413: "Content Too Large", 431: "Request Header Fields Too Large",
             500: "Internal Server Error", 501: "Not Implemented", 503: "Service Unavailable",
             504: "Gateway Timeout"}
+
+
+_NO_PARSER = httptools.HttpRequestParser(object())  # a closed connection's: never fed
 
 
 class _Pipelined(Exception):
@@ -201,15 +205,18 @@ class _Connection(asyncio.BufferedProtocol):
             self._task.cancel()  # the client went away: its queued request is dropped
         if self._lingering is not None:
             self._lingering.cancel()
-        # The parser and this protocol refer to each other, and a keep-alive connection is
-        # old enough to sit in the GC's oldest generation: drop the body buffer now rather
-        # than at the next full collection.
+        # A keep-alive connection is old enough to sit in the GC's oldest generation: what
+        # it holds goes now, whatever may still refer to it (a request being cancelled).
         self._body_memory = None
         self._request.body = None
         self._chunked = None
         self._unsent = []
         self._sender = None
         self.transport = None
+        # Nor does anything of this protocol's stay in a cycle with it (it is freed now,
+        # not at a collection): the parser holds its callbacks, the request its `_pooled`.
+        self._parser = _NO_PARSER
+        self._request.acquire = _no_buffer
 
     def pause_writing(self) -> None:
         """The transport's buffer is full: a streamed response waits before its next part."""
@@ -266,20 +273,25 @@ class _Connection(asyncio.BufferedProtocol):
             self._refuse(400, "protocol upgrades are not supported")
             return
         except httptools.HttpParserError as error:
-            cause = error.__context__
-            if isinstance(cause, _Pipelined):  # answer the first, then close
-                self._keep_alive = False
-                self._dispatch()
-                return
-            if isinstance(cause, _Refusal):
-                self._refuse(cause.code, cause.message)
-            else:
-                self._refuse(400, f"malformed HTTP request: {error}")
+            self._parse_failed(error)
             return
         if self._complete:
             self._dispatch()
         elif self._headers_done and self._chunked is None:
             self._in_body = True  # the rest of the body goes straight into its buffer
+
+    def _parse_failed(self, error: httptools.HttpParserError) -> None:
+        # (a method of its own: its cause, raised in a callback below buffer_updated, has a
+        # traceback whose frames lead back to buffer_updated's, so a local of that frame
+        # holding it was a cycle, and the connection waited for the garbage collector)
+        cause = error.__context__
+        if isinstance(cause, _Pipelined):  # answer the first, then close
+            self._keep_alive = False
+            self._dispatch()
+        elif isinstance(cause, _Refusal):
+            self._refuse(cause.code, cause.message)
+        else:
+            self._refuse(400, f"malformed HTTP request: {error}")
 
     # -- httptools callbacks ---------------------------------------------------------------
 
@@ -569,10 +581,10 @@ class _Connection(asyncio.BufferedProtocol):
 
     def _finish_request(self) -> None:
         self._task = None
+        if self.transport is None:  # closed: no next request, nor a parser for it
+            return
         keep = self._keep_alive and not self._closing_when_idle
         self._new_request()
-        if self.transport is None:
-            return
         if not keep:
             self._close_lingering()
             return
@@ -679,6 +691,11 @@ def _close(transport: asyncio.Transport) -> None:
     transport.close()
     if transport.get_write_buffer_size():
         asyncio.get_running_loop().call_later(_LINGER_S, transport.abort)
+
+
+def _no_buffer(nbytes: int) -> HostBuffer:
+    """A closed connection's request gets no buffer (to decompress its body into)."""
+    raise CancelledError(f"no buffer of {nbytes} bytes: the client closed the connection")
 
 
 def url_path(url: bytes) -> str:
