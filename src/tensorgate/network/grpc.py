@@ -156,7 +156,7 @@ class _Call:
         self._answered = True
         if self._task is not None and not self._task.done():
             self._task.cancel()  # the client reset the stream: its queued request is dropped
-        self.reader.discard()
+        self.reader.close()
         self._request = None
 
     def drained(self) -> None:
@@ -221,6 +221,7 @@ class _Call:
             if turn is not None:
                 turn.end()
         self._answered = True
+        self.reader.close()
         if trace is not None:
             trace.stamp("GRPC_SEND_START")
         size = sum(len(p) if isinstance(p, bytes) else p.nbytes for p in parts)
@@ -236,7 +237,7 @@ class _Call:
         if self._answered:
             return
         self._answered = True
-        self.reader.discard()
+        self.reader.close()
         self._request = None
         self.connection.respond_headers(self.stream, error_block(CODES[code], message))
 

@@ -147,6 +147,10 @@ OnMessage = Callable[[Any, str, CopyLedger], None]
 OnRefused = Callable[[Failure], None]
 
 
+def _dropped(message: Any, encoding: str, ledger: CopyLedger) -> None:
+    """A closed reader's `on_message`."""
+
+
 class MessageReader:
     """Length-prefixed messages from one stream's DATA, one after another, each handed to
     `on_message` once whole. `place` puts each message into a pooled buffer with its first
@@ -226,6 +230,16 @@ class MessageReader:
         self._message = self._head = self._skipping = None
         self._length = -1
         self._prefix.clear()
+
+    def close(self) -> None:
+        """The call is over: `discard`, and let go of the call's callbacks, each of which
+        refers back to the call that holds this reader (a cycle: the call, its connection
+        and what they hold waited for the garbage collector). What still comes is read
+        past and dropped."""
+        self.discard()
+        self._on_message = _dropped
+        self._on_refused = None
+        self._acquire = self._pool.acquire
 
     def feed(self, data: memoryview) -> None:
         while len(data):

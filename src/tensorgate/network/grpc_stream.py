@@ -287,4 +287,4 @@ class StreamCall:
         for task in self._tasks:
             task.cancel()
         self._waiting.clear()
-        self.reader.discard()
+        self.reader.close()

@@ -280,6 +280,7 @@ class Http2Connection(asyncio.BufferedProtocol):
         for stream in streams.values():
             self._let_go(stream)
             self._cancel(stream)
+            stream.handler = None
         self._on_close(self)
 
     def pause_writing(self) -> None:
@@ -901,6 +902,7 @@ class Http2Connection(asyncio.BufferedProtocol):
         if stream.local_closed and stream.remote_closed:
             self.streams.pop(stream.id, None)
             self._blocked.pop(stream.id, None)
+            stream.handler = None  # (see _let_go)
             self._close_if_done()
 
     def _reset(self, stream_id: int, code: int) -> None:
@@ -915,11 +917,14 @@ class Http2Connection(asyncio.BufferedProtocol):
             stream.local_closed = stream.remote_closed = True
             self._let_go(stream)
             self._cancel(stream)
+            stream.handler = None
         self._close_if_done()
 
     def _let_go(self, stream: Http2Stream) -> None:
-        """A stream that is over lets its unsent answer's pooled views go now, not when the
-        collector breaks the cycle between it and its handler."""
+        """A stream that is over lets its unsent answer's pooled views go now. (Once its
+        handler is told, the stream lets go of it too: the two refer to each other, and the
+        handler to this connection, a cycle that kept both, and all they hold, for the
+        garbage collector.)"""
         self.unsent_bytes -= stream.pending_bytes
         stream.pending.clear()
         stream.pending_bytes = 0
