@@ -743,6 +743,9 @@ class Engine:
             # cancelling the caller cancels this future: the scheduler drops it
             results = await item.future
         except BaseException:
+            # The error's traceback holds this frame, and the item's future the error: held
+            # here, the item (and the request's buffers) would wait in that cycle for the GC.
+            item = None  # type: ignore[assignment]
             if trace is not None:
                 trace.stamp("REQUEST_END")
             raise
@@ -837,6 +840,7 @@ class Engine:
                 item.future.cancel()  # still queued: the scheduler drops it
             if trace is not None:
                 trace.stamp("REQUEST_END")
+            del item  # (as in infer: the error raised here must not lead back to it)
 
 
 def _step_request(model: str, version: int | None, inputs: dict[str, TensorView],

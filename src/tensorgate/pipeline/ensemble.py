@@ -255,8 +255,7 @@ class EnsembleScheduler:
         count = 0
         for task, item in list(self._running.items()):
             task.cancel()
-            if not item.future.done():
-                item.future.set_exception(error)
+            if item.fail(error):
                 count += 1
         return count
 
@@ -274,8 +273,7 @@ class EnsembleScheduler:
                 error = InternalError(f"ensemble '{self._spec.name}': internal error: "
                                       f"{type(error).__name__}: {error}")
             self._stats.record_failure(time.monotonic_ns() - item.enqueued_ns, "BACKEND")
-            if not item.future.done():
-                item.future.set_exception(error)
+            item.fail(error)
             return
         item.times.total_ns = item.times.infer_ns = time.monotonic_ns() - item.enqueued_ns
         self._stats.record_batch(item.rows, 0, item.times.infer_ns, 0)

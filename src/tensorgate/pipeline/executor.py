@@ -742,6 +742,8 @@ class ExecutorThread:
         results: dict[str, TensorView] = {}
         try:
             self._take_results(item, outputs, results, non_blocking=False)
+        except TensorgateError:
+            raise  # (as it is: "from" itself made the error its own cause, a cycle)
         except Exception as error:  # noqa: BLE001 - the model's fault, for its client
             raise _model_error(self.settings.spec.name, error) from error
         return results

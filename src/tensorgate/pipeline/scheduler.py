@@ -469,8 +469,7 @@ class Scheduler:
 
     def _fail(self, item: WorkItem, error: BaseException, now: int, reason: str) -> None:
         self._stats.record_failure(now - item.enqueued_ns, reason)
-        if not item.future.done():
-            item.future.set_exception(error)
+        item.fail(error)
 
 
 def _row_bytes(item: WorkItem) -> int:

@@ -236,8 +236,7 @@ class SequenceScheduler:
         for sequence in self._sequences.values():
             while sequence.waiting:
                 item = sequence.waiting.popleft()
-                if not item.future.done():
-                    item.future.set_exception(error)
+                if item.fail(error):
                     count += 1
         self._waiting = 0
         return count + sum(s.fail_queued(error) for s in self.instances)
@@ -348,7 +347,7 @@ class SequenceScheduler:
             try:
                 self.instances[sequence.instance].submit(running)
             except TensorgateError as error:
-                running.future.set_exception(error)
+                running.fail(error)
             return
         if sequence.running is None:
             if sequence.auto:  # its one request's client left: nothing more will come
@@ -373,8 +372,8 @@ class SequenceScheduler:
             item.answer_parameters = running.answer_parameters
             if not item.future.done():
                 item.future.set_result({name: results[name] for name in item.wanted})
-        elif not item.future.done():
-            item.future.set_exception(error)
+        else:
+            item.fail(error)
         item.release()
         self._advance(sequence, flags)
 
@@ -408,7 +407,7 @@ class SequenceScheduler:
             if error is None:
                 item.future.set_result({})
             else:
-                item.future.set_exception(error)
+                item.fail(error)
         item.release()
 
     def _advance(self, sequence: _Sequence, flags: SequenceFlags) -> None:
@@ -421,8 +420,7 @@ class SequenceScheduler:
             while sequence.waiting and not sequence.waiting[0].sequence.start:  # type: ignore[union-attr]
                 late = sequence.waiting.popleft()
                 self._waiting -= 1
-                if not late.future.done():
-                    late.future.set_exception(self._not_started(sequence.id))
+                late.fail(self._not_started(sequence.id))
             if not sequence.waiting:
                 self._release(sequence)
                 return

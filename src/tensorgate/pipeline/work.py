@@ -18,7 +18,7 @@ from tensorgate.pipeline.trace import Trace
 from tensorgate.tensor.copies import CopyLedger
 from tensorgate.tensor.view import TensorView
 
-__all__ = ["Batch", "SequenceFlags", "WorkItem"]
+__all__ = ["Batch", "SequenceFlags", "WorkItem", "forget_frames"]
 
 _RELEASED: dict[str, Any] = {}  # an answered item's inputs and results; never written to
 
@@ -85,12 +85,39 @@ class WorkItem:
         # is not answered yet, nor counted as a success.
         self.rescheduled = False
 
+    def fail(self, error: BaseException) -> bool:
+        """Answer it with `error` unless it is answered; True if this did. An expected error
+        (a TensorgateError) goes without the frames it was raised through, nor those of the
+        errors it came from: those frames may hold this item, whose future would hold the
+        error, a cycle that kept the request and its buffers for the garbage collector (the
+        server freezes its generations; tools/fuzz_front_ends.py found it). Any other error
+        is a bug and keeps its traceback for the log."""
+        if self.future.done():
+            return False
+        if isinstance(error, TensorgateError):
+            forget_frames(error)
+        self.future.set_exception(error)
+        return True
+
     def release(self) -> None:
         """Its batch is done and it is answered: the item lets go of its tensors (the future
         holds the results). The executor thread may still hold the batch for a moment after
         it reported it done, and must not keep the request's buffers out of the pool
         meanwhile. Only once the batch is done: the executor writes `results` until then."""
         self.inputs = self.results = _RELEASED
+
+
+def forget_frames(error: BaseException) -> None:
+    """Drop the tracebacks of `error` and of the errors it was raised from or during."""
+    seen: set[int] = set()
+    pending: list[BaseException | None] = [error]
+    while pending:
+        current = pending.pop()
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        current.__traceback__ = None
+        pending += (current.__cause__, current.__context__)
 
 
 class Batch:

@@ -1,0 +1,58 @@
+"""A request that fails leaves nothing in a reference cycle: its inputs (views of the
+request's pooled buffers) go when it is answered, not at the garbage collector's next pass
+(tests/garbage.py). The error reached the client from a future, raised from frames that held
+the request's work item, whose future held the error; and a decoupled model's wrong answer
+was its own cause. Found by tools/fuzz_front_ends.py."""
+
+from __future__ import annotations
+
+import pathlib
+import shutil
+from collections import Counter
+
+import pytest
+import torch
+
+from tensorgate import InferenceRequest, TensorView
+from tensorgate.errors import TensorgateError
+from tests.garbage import collector_off, cyclic_garbage  # noqa: F401 - a fixture
+from tests.pipeline import repo_builder as rb
+from tests.pipeline.conftest import run, serving
+
+TESTDATA = pathlib.Path(__file__).resolve().parents[1] / "testdata" / "triton_python"
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
+    root = tmp_path_factory.mktemp("garbage")
+    rb.add_torchscript(root, "failing", rb.Failing(), [4], [4], "dynamic_batching { }")
+    shutil.copytree(TESTDATA / "repeat", root / "repeat")  # decoupled, a Triton Python model
+    return root
+
+
+def _request(model: str, name: str, value: torch.Tensor, **options: int) -> InferenceRequest:
+    return InferenceRequest(model, {name: TensorView.from_torch(value, name=name)}, **options)
+
+
+@pytest.mark.parametrize("case", ["raises", "error response", "wrong answer", "deadline"])
+def test_a_failed_request_leaves_no_cycle(repo: pathlib.Path, collector_off: None,
+                                          case: str) -> None:
+    """`failing` raises for a negative input (run alone and batched); `repeat` sends an error
+    response for IN -1, and an output of the wrong name for -2 (the server's error)."""
+    async def scenario() -> Counter[str]:
+        async with serving(repo) as engine:
+            for _ in range(3):
+                with pytest.raises(TensorgateError):
+                    if case == "raises":
+                        await engine.infer(_request("failing", "INPUT__0", -torch.ones(1, 4)))
+                    elif case == "deadline":  # past its deadline before it is queued
+                        await engine.infer(_request("failing", "INPUT__0", torch.ones(1, 4),
+                                                    timeout_us=1))
+                    else:
+                        value = torch.tensor([-1 if case == "error response" else -2],
+                                             dtype=torch.int32)
+                        async for _ in engine.infer_stream(_request("repeat", "IN", value)):
+                            pass
+            return cyclic_garbage()  # (before the engine itself goes)
+
+    assert run(scenario()) == Counter()
