@@ -1,28 +1,13 @@
 """What of tensorgate's is left in reference cycles: such objects are freed only by the
 garbage collector, whose generations the server freezes after loading, so whatever they hold
 (a request's pooled buffers, a connection) waits for a collection, which is also a pause.
-Tests that use this turn the collector off (the `collector_off` fixture) so that nothing is
-collected before they look."""
+Tests that use this turn the collector off (tests/conftest.py's `collector_off`) so that
+nothing is collected before they look."""
 
 from __future__ import annotations
 
 import gc
 from collections import Counter
-from collections.abc import Iterator
-
-import pytest
-
-
-@pytest.fixture
-def collector_off() -> Iterator[None]:
-    enabled = gc.isenabled()
-    gc.collect()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
 
 
 def cyclic_garbage() -> Counter[str]:

@@ -21,7 +21,7 @@ from tensorgate.network.http import HttpFrontEnd
 from tensorgate.pipeline.engine import Engine
 from tensorgate.tensor.pool import BufferPool
 from tests.e2e.h2_client import DATA, END_HEADERS, END_STREAM, HEADERS, RST_STREAM, H2Client
-from tests.garbage import collector_off, cyclic_garbage  # noqa: F401 - a fixture
+from tests.garbage import cyclic_garbage
 
 READY = b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n"
 CHUNKED = (b"POST /v2/repository/index HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n"

@@ -15,7 +15,7 @@ import torch
 
 from tensorgate import InferenceRequest, TensorView
 from tensorgate.errors import TensorgateError
-from tests.garbage import collector_off, cyclic_garbage  # noqa: F401 - a fixture
+from tests.garbage import cyclic_garbage
 from tests.pipeline import repo_builder as rb
 from tests.pipeline.conftest import run, serving
 

@@ -740,12 +740,17 @@ class Engine:
             if trace is not None:
                 trace.stamp("QUEUE_START", item.enqueued_ns)
             loaded.scheduler.submit(item)
+        except BaseException:
+            if trace is not None:
+                trace.stamp("REQUEST_END")
+            raise
+        try:
             # cancelling the caller cancels this future: the scheduler drops it
             results = await item.future
         except BaseException:
             # The error's traceback holds this frame, and the item's future the error: held
             # here, the item (and the request's buffers) would wait in that cycle for the GC.
-            item = None  # type: ignore[assignment]
+            del item
             if trace is not None:
                 trace.stamp("REQUEST_END")
             raise
