@@ -1,0 +1,541 @@
+"""Coverage-guided fuzzing of the HTTP/1.1 and gRPC (HTTP/2) front ends, over real sockets.
+
+The server runs in this process (on its own thread and loop), so that atheris sees which of
+its lines each input reached; each input is a connection on 127.0.0.1: requests or frames
+made from the fuzzer's bytes — mostly well formed, so that inputs get past the first check —
+sent, answered, then the connection dropped. A finding is anything the server did not mean:
+an exception it logged as unexpected (any record with a traceback), an exception the loop
+caught, or the server no longer answering a plain request on a connection of its own.
+
+    .venv/bin/python -m pip install atheris           (not a dependency of the package)
+    .venv/bin/python tools/fuzz_front_ends.py grpc -max_total_time=600 [corpus folder]
+    .venv/bin/python tools/fuzz_front_ends.py http -max_total_time=600 [corpus folder]
+
+Arguments after the front end's name are libFuzzer's. A finding stops the run with the input
+that made it written to crash-<hash> (libFuzzer's own file), and replaying that file
+(`tools/fuzz_front_ends.py grpc crash-<hash>`) shows it again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import json
+import logging
+import pathlib
+import shutil
+import socket
+import struct
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from typing import Any
+
+import atheris
+
+with atheris.instrument_imports(include=["tensorgate"]):
+    from tensorgate.config import ServerConfig
+    from tensorgate.server import Server
+    from tensorgate.tensor.pool import default_pool
+
+import hpack  # noqa: E402
+import torch  # noqa: E402
+from tritonclient.grpc import service_pb2 as pb  # noqa: E402
+
+HERE = pathlib.Path(__file__).resolve().parent
+TESTDATA = HERE.parent / "tests" / "testdata" / "triton_python"
+MODELS = ["ident", "add_sub", "repeat", "seq", "pair", "bls", "nope", ""]
+INPUT_NAMES = ["INPUT__0", "INPUT0", "INPUT1", "IN", "X", "x"]
+DATATYPES = ["FP32", "INT32", "BYTES", "BOOL", "FP16", "BF16", "INT64", "UINT8", "X", ""]
+
+
+# -- the server --------------------------------------------------------------------------------
+
+class Findings(logging.Handler):
+    """What the server did not mean: a record with a traceback, or one the loop caught."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.found: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.exc_info:
+            self.found.append(self.format(record))
+
+    def loop_caught(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        error = context.get("exception")
+        self.found.append(f"the loop caught: {context.get('message')} {error!r}")
+
+
+class _Ident(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+
+def write_repository(root: pathlib.Path) -> None:
+    """ident (TorchScript, FP32 [-1], batching), seq (the same, sequence batching), pair (an
+    ensemble of ident twice) and three Triton Python models of tests/testdata: add_sub, the
+    decoupled repeat and bls (which calls them)."""
+    folder = root / "ident" / "1"
+    folder.mkdir(parents=True)
+    torch.jit.script(_Ident()).save(str(folder / "model.pt"))
+    (root / "ident" / "config.pbtxt").write_text(
+        'platform: "pytorch_libtorch"\nmax_batch_size: 8\n'
+        'input [ { name: "INPUT__0" data_type: TYPE_FP32 dims: [ -1 ] } ]\n'
+        'output [ { name: "OUTPUT__0" data_type: TYPE_FP32 dims: [ -1 ] } ]\n'
+        'dynamic_batching { }\n')
+    seq = root / "seq" / "1"
+    seq.mkdir(parents=True)
+    shutil.copy(folder / "model.pt", seq / "model.pt")
+    (root / "seq" / "config.pbtxt").write_text(
+        'platform: "pytorch_libtorch"\nmax_batch_size: 8\n'
+        'input [ { name: "INPUT__0" data_type: TYPE_FP32 dims: [ -1 ] } ]\n'
+        'output [ { name: "OUTPUT__0" data_type: TYPE_FP32 dims: [ -1 ] } ]\n'
+        'sequence_batching { max_sequence_idle_microseconds: 2000000 }\n')
+    (root / "pair" / "1").mkdir(parents=True)
+    step = ('{{ model_name: "ident" model_version: -1 input_map {{ key: "INPUT__0" value: "{}" }}'
+            ' output_map {{ key: "OUTPUT__0" value: "{}" }} }}')
+    (root / "pair" / "config.pbtxt").write_text(
+        'platform: "ensemble"\nmax_batch_size: 8\n'
+        'input [ { name: "IN" data_type: TYPE_FP32 dims: [ -1 ] } ]\n'
+        'output [ { name: "OUT" data_type: TYPE_FP32 dims: [ -1 ] } ]\n'
+        f'ensemble_scheduling {{ step [ {step.format("IN", "MID")}, '
+        f'{step.format("MID", "OUT")} ] }}\n')
+    for name in ("add_sub", "repeat", "bls"):
+        shutil.copytree(TESTDATA / name, root / name)
+
+
+def start_server(findings: Findings) -> Server:
+    root = pathlib.Path(tempfile.mkdtemp(prefix="tg-fuzz-"))
+    write_repository(root)
+    server = Server(ServerConfig(model_repository=(root,), http_port=0, grpc_port=0,
+                                 metrics_port=0, allow_metrics=False, log_level="ERROR",
+                                 read_timeout_s=2.0))
+    logging.basicConfig(level=logging.ERROR)
+    logging.getLogger("tensorgate").addHandler(findings)
+    started = threading.Event()
+
+    def main() -> None:
+        loop = asyncio.new_event_loop()
+        loop.set_exception_handler(findings.loop_caught)
+        asyncio.set_event_loop(loop)
+        loop.run_until_complete(server.start())
+        started.set()
+        loop.run_forever()
+
+    threading.Thread(target=main, name="server", daemon=True).start()
+    if not started.wait(120):
+        raise RuntimeError("the server did not start")
+    return server
+
+
+def exchange(port: int, data: bytes, done: Any = None, quiet_s: float = 0.01,
+             limit_s: float = 1.0) -> bytes:
+    """Send `data` on a new connection; read until `done(answer)` and then `quiet_s` without
+    bytes (or the server closes, or `limit_s`); drop the connection."""
+    answer = bytearray()
+    with socket.create_connection(("127.0.0.1", port), timeout=limit_s) as sock:
+        try:
+            sock.sendall(data)
+        except OSError:  # refused midway: what it answered is still read
+            pass
+        deadline = time.monotonic() + limit_s
+        finished = done is None
+        while time.monotonic() < deadline:
+            sock.settimeout(quiet_s if finished else max(0.001, deadline - time.monotonic()))
+            try:
+                chunk = sock.recv(1 << 16)
+            except socket.timeout:
+                if finished:
+                    break
+                continue
+            except OSError:
+                break
+            if not chunk:
+                break
+            answer += chunk
+            finished = finished or done(answer)
+    return bytes(answer)
+
+
+_PLAIN = (b"POST /v2/models/ident/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+          b"Content-Length: %d\r\n\r\n%s")
+_PLAIN_BODY = json.dumps({"inputs": [{"name": "INPUT__0", "shape": [1, 3], "datatype": "FP32",
+                                      "data": [1, 2, 3]}]}).encode()
+
+
+def still_serving(port: int) -> str | None:
+    """None if `ident` answers a plain request exactly, else what went wrong."""
+    try:
+        answer = exchange(port, _PLAIN % (len(_PLAIN_BODY), _PLAIN_BODY),
+                          lambda got: b"}]}" in got, quiet_s=0.0, limit_s=10.0)
+    except OSError as error:
+        return f"a plain request failed: {error!r}"
+    if not answer.startswith(b"HTTP/1.1 200") or b"[1.0,2.0,3.0]" not in answer:
+        return f"a plain request was answered {answer[:300]!r}"
+    return None
+
+
+HELD_CHECK_EVERY = 500  # inputs between checks that nothing is held once all have gone
+
+
+def held_after_quiet(server: Server, wait_s: float = 5.0) -> str | None:
+    """None once every connection has closed and every pooled buffer is back (within
+    `wait_s`: a closing connection lingers up to 2 s), and nothing of tensorgate's waits in
+    a reference cycle for the collector (the server freezes the GC's generations after
+    loading: what a cycle holds waits for a collection, which is a pause); else what is
+    held."""
+    cycles = _cycles()  # before anything else, so that the inputs since the last check
+    if cycles is not None:  # are all that may have made them
+        return f"garbage in reference cycles: {cycles}"
+    deadline = time.monotonic() + wait_s
+    fronts = [front for front in (server._http, server._grpc) if front is not None]
+    while True:
+        open_ = sum(front.budget.open for front in fronts)
+        in_use = default_pool().statistics().bytes_in_use
+        engine = server.engine
+        queued = 0 if engine is None else sum(map(engine.pending, engine.model_names()))
+        if not (open_ or in_use or queued):
+            return None
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    cycles = _cycles()
+    if not default_pool().statistics().bytes_in_use and not open_ and not queued:
+        return f"{in_use} pooled bytes were held by a reference cycle ({cycles})"
+    return (f"{wait_s} s after the last input: {open_} connections open, {in_use} pooled "
+            f"bytes in use, {queued} requests queued")
+
+
+def _cycles() -> str | None:
+    """What of tensorgate's a collection finds unreachable (in a reference cycle, or held
+    by one), by type; None if nothing."""
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        gc.collect()
+        found = Counter(type(o).__qualname__ for o in gc.garbage
+                        if type(o).__module__.startswith("tensorgate"))
+    finally:
+        gc.garbage.clear()
+        gc.set_debug(0)
+        gc.collect()  # (saved, they were not freed: freed now, so that each is named once)
+    return ", ".join(f"{n} {name}" for name, n in found.most_common()) or None
+
+
+# -- what an input becomes -----------------------------------------------------------------------
+
+def _choice(fdp: atheris.FuzzedDataProvider, options: list[Any]) -> Any:
+    return options[fdp.ConsumeIntInRange(0, len(options) - 1)]
+
+
+def _shape(fdp: atheris.FuzzedDataProvider) -> list[int]:
+    return [_choice(fdp, [1, 2, 3, 0, -1, 4, 2**31, 2**62])
+            for _ in range(fdp.ConsumeIntInRange(0, 3))]
+
+
+def _json_value(fdp: atheris.FuzzedDataProvider, depth: int = 0) -> Any:
+    kind = fdp.ConsumeIntInRange(0, 7 if depth < 2 else 4)
+    if kind == 0:
+        return fdp.ConsumeIntInRange(-3, 300)
+    if kind == 1:
+        return fdp.ConsumeRegularFloat()
+    if kind == 2:
+        return fdp.ConsumeUnicodeNoSurrogates(fdp.ConsumeIntInRange(0, 8))
+    if kind == 3:
+        return _choice(fdp, [True, False, None])
+    if kind == 4:
+        return fdp.ConsumeIntInRange(-2**63, 2**64)
+    if kind in (5, 6):
+        return [_json_value(fdp, depth + 1) for _ in range(fdp.ConsumeIntInRange(0, 4))]
+    return {_choice(fdp, ["a", "binary_data_size", "shape", "datatype", "data"]):
+            _json_value(fdp, depth + 1) for _ in range(fdp.ConsumeIntInRange(0, 3))}
+
+
+def _tensor_json(fdp: atheris.FuzzedDataProvider, tail: list[bytes]) -> dict[str, Any]:
+    tensor: dict[str, Any] = {"name": _choice(fdp, INPUT_NAMES),
+                              "datatype": _choice(fdp, DATATYPES), "shape": _shape(fdp)}
+    if fdp.ConsumeBool():
+        data = fdp.ConsumeBytes(fdp.ConsumeIntInRange(0, 64))
+        tail.append(data)
+        size = len(data) if fdp.ConsumeBool() else fdp.ConsumeIntInRange(-1, 80)
+        tensor["parameters"] = {"binary_data_size": size}
+    else:
+        tensor["data"] = _json_value(fdp)
+    if fdp.ConsumeProbability() < 0.2:
+        tensor[_choice(fdp, ["parameters", "shape", "data", "extra"])] = _json_value(fdp)
+    return tensor
+
+
+def _infer_body(fdp: atheris.FuzzedDataProvider) -> tuple[bytes, int | None]:
+    """A JSON inference request, with binary tensor data after it or not; and the JSON's
+    length (the Inference-Header-Content-Length) where there is binary data."""
+    tail: list[bytes] = []
+    header: dict[str, Any] = {"inputs": [_tensor_json(fdp, tail)
+                                         for _ in range(fdp.ConsumeIntInRange(0, 3))]}
+    if fdp.ConsumeBool():
+        header["outputs"] = [{"name": _choice(fdp, ["OUTPUT__0", "OUTPUT0", "OUT", "y"]),
+                              "parameters": {_choice(fdp, ["binary_data", "classification",
+                                                           "shared_memory_region"]):
+                                             _json_value(fdp)}}
+                             for _ in range(fdp.ConsumeIntInRange(0, 2))]
+    if fdp.ConsumeBool():
+        header["parameters"] = {_choice(fdp, ["sequence_id", "priority", "timeout",
+                                              "binary_data_output", "x"]): _json_value(fdp)}
+    if fdp.ConsumeBool():
+        header["id"] = _json_value(fdp)
+    text = json.dumps(header).encode()
+    if fdp.ConsumeProbability() < 0.1:  # cut or spoiled
+        text = text[:fdp.ConsumeIntInRange(0, len(text))] + fdp.ConsumeBytes(4)
+    return text + b"".join(tail), len(text) if tail else None
+
+
+HTTP_PATHS = ["/v2/models/ident/infer", "/v2/models/ident/versions/1/infer",
+              "/v2/models/add_sub/infer", "/v2/models/repeat/infer",
+              "/v2/models/repeat/generate_stream", "/v2/models/ident/generate",
+              "/v2/models/seq/infer", "/v2/models/pair/infer", "/v2/models/bls/infer",
+              "/v2/models/nope/infer", "/v2", "/v2/health/ready", "/v2/health/live",
+              "/v2/models/ident", "/v2/models/ident/config", "/v2/models/ident/ready",
+              "/v2/models/ident/stats", "/v2/models/stats", "/v2/repository/index",
+              "/v2/systemsharedmemory/status", "/v2/systemsharedmemory/region/r/register",
+              "/v2/systemsharedmemory/region/r/unregister", "/v2/cudasharedmemory/status",
+              "/v2/trace/setting", "/v2/logging", "/", "/v2/models//infer"]
+METHODS = [b"POST", b"GET", b"HEAD", b"PUT", b"DELETE", b"OPTIONS", b"P\x00ST"]
+# setting calls that would change the server for later inputs (a log or trace file) are
+# read only: GET
+_READ_ONLY = ("/v2/trace/setting", "/v2/logging")
+
+
+def http_input(data: bytes) -> bytes:
+    fdp = atheris.FuzzedDataProvider(data)
+    out = bytearray()
+    for _ in range(fdp.ConsumeIntInRange(1, 3)):
+        path = _choice(fdp, HTTP_PATHS)
+        method = _choice(fdp, METHODS)
+        if path in _READ_ONLY and method != b"GET":
+            method = b"GET"
+        if fdp.ConsumeProbability() < 0.1:
+            path += fdp.ConsumeUnicodeNoSurrogates(6)
+        if path.endswith("register"):
+            body = json.dumps({_choice(fdp, ["key", "offset", "byte_size"]): _json_value(fdp)
+                               for _ in range(fdp.ConsumeIntInRange(0, 3))}).encode()
+            json_length = None
+        elif path.endswith("generate") or path.endswith("generate_stream"):
+            body = json.dumps({_choice(fdp, ["IN", "text_input", "parameters", "id"]):
+                               _json_value(fdp) for _ in range(fdp.ConsumeIntInRange(0, 3))}
+                              ).encode()
+            json_length = None
+        else:
+            body, json_length = _infer_body(fdp)
+        headers = [b"Host: 127.0.0.1"]
+        if json_length is not None and fdp.ConsumeProbability() < 0.9:
+            value = json_length if fdp.ConsumeBool() else fdp.ConsumeIntInRange(-1, len(body) + 2)
+            headers.append(b"Inference-Header-Content-Length: %d" % value)
+        encoding = _choice(fdp, [None, None, None, "gzip", "deflate", "br"])
+        if encoding is not None:
+            import gzip
+            import zlib
+            body = gzip.compress(body) if encoding == "gzip" else \
+                zlib.compress(body) if encoding == "deflate" else body
+            if fdp.ConsumeProbability() < 0.2:
+                body = body[:fdp.ConsumeIntInRange(0, len(body))]
+            headers.append(b"Content-Encoding: " + encoding.encode())
+        if fdp.ConsumeBool():
+            headers.append(b"Accept-Encoding: " + _choice(fdp, [b"gzip", b"deflate", b"x"]))
+        if fdp.ConsumeProbability() < 0.2:
+            headers.append(b"Expect: 100-continue")
+        if fdp.ConsumeProbability() < 0.2:
+            headers.append(b"Connection: " + _choice(fdp, [b"close", b"keep-alive", b"upgrade"]))
+        if fdp.ConsumeProbability() < 0.1:
+            headers.append(fdp.ConsumeBytes(fdp.ConsumeIntInRange(0, 40)))
+        chunked = fdp.ConsumeProbability() < 0.2
+        if chunked:
+            headers.append(b"Transfer-Encoding: chunked")
+            pieces, at = [], 0
+            while at < len(body):
+                size = fdp.ConsumeIntInRange(1, 64)
+                pieces.append(b"%x\r\n%s\r\n" % (size, body[at:at + size]))
+                at += size
+            body = b"".join(pieces) + (b"0\r\n\r\n" if fdp.ConsumeProbability() < 0.9 else b"")
+        else:
+            length = len(body) if fdp.ConsumeProbability() < 0.9 else \
+                fdp.ConsumeIntInRange(0, len(body) + 8)
+            headers.append(b"Content-Length: %d" % length)
+        out += method + b" " + path.encode("utf-8", "replace") + b" HTTP/1.1\r\n"
+        out += b"\r\n".join(headers) + b"\r\n\r\n" + body
+    if fdp.ConsumeProbability() < 0.1:  # raw bytes after it all
+        out += fdp.ConsumeBytes(64)
+    return bytes(out)
+
+
+# -- gRPC over HTTP/2 --------------------------------------------------------------------------
+
+PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+SERVICE = "/inference.GRPCInferenceService/"
+GRPC_METHODS = ["ModelInfer", "ModelStreamInfer", "ServerLive", "ServerReady", "ModelReady",
+                "ServerMetadata", "ModelMetadata", "ModelConfig", "ModelStatistics",
+                "RepositoryIndex", "SystemSharedMemoryStatus", "SystemSharedMemoryRegister",
+                "CudaSharedMemoryStatus", "TraceSetting", "LogSettings", "Nope"]
+_PING_MARK = b"tg-fuzz!"
+
+
+def _frame(kind: int, flags: int, stream: int, payload: bytes) -> bytes:
+    return struct.pack(">I", len(payload))[1:] + bytes([kind, flags]) + \
+        struct.pack(">I", stream & 0xFFFFFFFF) + payload
+
+
+def _infer_message(fdp: atheris.FuzzedDataProvider, method: str) -> bytes:
+    if method in ("ModelInfer", "ModelStreamInfer"):
+        request = pb.ModelInferRequest(model_name=_choice(fdp, MODELS),
+                                       model_version=_choice(fdp, ["", "1", "2", "x"]),
+                                       id=_choice(fdp, ["", "a", "b"]))
+        for _ in range(fdp.ConsumeIntInRange(0, 3)):
+            tensor = request.inputs.add(name=_choice(fdp, INPUT_NAMES),
+                                        datatype=_choice(fdp, DATATYPES))
+            tensor.shape.extend(_shape(fdp))
+            way = fdp.ConsumeIntInRange(0, 3)
+            if way == 0:
+                request.raw_input_contents.append(fdp.ConsumeBytes(fdp.ConsumeIntInRange(0, 48)))
+            elif way == 1:
+                tensor.contents.fp32_contents.extend(
+                    fdp.ConsumeRegularFloat() for _ in range(fdp.ConsumeIntInRange(0, 8)))
+            elif way == 2:
+                tensor.contents.int_contents.extend(
+                    fdp.ConsumeIntInRange(-2**31, 2**31 - 1)
+                    for _ in range(fdp.ConsumeIntInRange(0, 8)))
+            else:
+                tensor.contents.bytes_contents.extend(
+                    fdp.ConsumeBytes(4) for _ in range(fdp.ConsumeIntInRange(0, 4)))
+            if fdp.ConsumeProbability() < 0.2:
+                tensor.parameters["shared_memory_region"].string_param = "r"
+        for _ in range(fdp.ConsumeIntInRange(0, 2)):
+            request.outputs.add(name=_choice(fdp, ["OUTPUT__0", "OUTPUT0", "OUT", "y"]))
+        if fdp.ConsumeBool():
+            key = _choice(fdp, ["sequence_id", "sequence_start", "sequence_end", "priority",
+                                "timeout", "triton_enable_empty_final_response", "x"])
+            way = fdp.ConsumeIntInRange(0, 3)
+            if way == 0:
+                request.parameters[key].int64_param = fdp.ConsumeIntInRange(-2**63, 2**63 - 1)
+            elif way == 1:
+                request.parameters[key].bool_param = fdp.ConsumeBool()
+            elif way == 2:
+                request.parameters[key].string_param = fdp.ConsumeUnicodeNoSurrogates(6)
+            else:
+                request.parameters[key].uint64_param = fdp.ConsumeIntInRange(0, 2**64 - 1)
+        message = request.SerializeToString()
+    elif method in ("ModelReady", "ModelMetadata", "ModelConfig", "ModelStatistics"):
+        message = pb.ModelReadyRequest(name=_choice(fdp, MODELS),
+                                       version=_choice(fdp, ["", "1", "x"])).SerializeToString()
+    else:
+        message = fdp.ConsumeBytes(fdp.ConsumeIntInRange(0, 24))
+    if fdp.ConsumeProbability() < 0.1:  # spoiled
+        message = message[:fdp.ConsumeIntInRange(0, len(message))] + fdp.ConsumeBytes(6)
+    return message
+
+
+def grpc_input(data: bytes) -> bytes:
+    fdp = atheris.FuzzedDataProvider(data)
+    encoder = hpack.Encoder()
+    out = bytearray(PREFACE)
+    out += _frame(4, 0, 0, b"")  # SETTINGS
+    stream = 1
+    opened: list[int] = []
+    for _ in range(fdp.ConsumeIntInRange(1, 6)):
+        kind = fdp.ConsumeIntInRange(0, 9)
+        if kind <= 3:  # a call: HEADERS, then its message in DATA frames
+            method = _choice(fdp, GRPC_METHODS)
+            fields = [(":method", _choice(fdp, ["POST", "POST", "GET"])),
+                      (":scheme", "http"), (":path", SERVICE + method),
+                      (":authority", "127.0.0.1"),
+                      ("content-type", _choice(fdp, ["application/grpc",
+                                                     "application/grpc+proto", "text/plain"])),
+                      ("te", "trailers")]
+            if fdp.ConsumeProbability() < 0.3:
+                fields.append((_choice(fdp, ["grpc-encoding", "grpc-timeout",
+                                             "grpc-accept-encoding", "x-extra"]),
+                               _choice(fdp, ["gzip", "deflate", "identity", "snappy",
+                                             "10m", "1S", "99999999H", "0n", "x"])))
+            if fdp.ConsumeProbability() < 0.1:
+                del fields[fdp.ConsumeIntInRange(0, len(fields) - 1)]
+            block = encoder.encode(fields)
+            if fdp.ConsumeProbability() < 0.2:  # in two: HEADERS, CONTINUATION
+                cut = fdp.ConsumeIntInRange(0, len(block))
+                out += _frame(1, 0, stream, block[:cut]) + _frame(9, 4, stream, block[cut:])
+            else:
+                out += _frame(1, 4, stream, block)
+            for _ in range(1 if method != "ModelStreamInfer" else fdp.ConsumeIntInRange(0, 3)):
+                message = _infer_message(fdp, method)
+                compressed = 1 if fdp.ConsumeProbability() < 0.1 else 0
+                length = len(message) if fdp.ConsumeProbability() < 0.95 else \
+                    fdp.ConsumeIntInRange(0, 2**32 - 1)
+                body = bytes([compressed]) + struct.pack(">I", length) + message
+                while body:
+                    size = fdp.ConsumeIntInRange(1, max(1, len(body)))
+                    out += _frame(0, 0, stream, body[:size])
+                    body = body[size:]
+            if fdp.ConsumeProbability() < 0.9:
+                out += _frame(0, 1, stream, b"")  # END_STREAM
+            opened.append(stream)
+            stream += 2
+        elif kind == 4:  # any frame
+            out += _frame(fdp.ConsumeIntInRange(0, 10), fdp.ConsumeIntInRange(0, 255),
+                          _choice(fdp, [0, 1, stream, stream + 2, *opened]) if
+                          fdp.ConsumeBool() else fdp.ConsumeIntInRange(0, 2**32 - 1),
+                          fdp.ConsumeBytes(fdp.ConsumeIntInRange(0, 40)))
+        elif kind == 5:  # SETTINGS
+            out += _frame(4, 0, 0, b"".join(
+                struct.pack(">HI", fdp.ConsumeIntInRange(0, 8),
+                            _choice(fdp, [0, 1, 100, 16_384, 65_535, 2**24, 2**31 - 1, 2**32 - 1]))
+                for _ in range(fdp.ConsumeIntInRange(0, 3))))
+        elif kind == 6:  # WINDOW_UPDATE
+            out += _frame(8, 0, _choice(fdp, [0, *opened, stream]),
+                          struct.pack(">I", _choice(fdp, [0, 1, 65_535, 2**31 - 1, 2**32 - 1])))
+        elif kind == 7 and opened:  # RST_STREAM
+            out += _frame(3, 0, _choice(fdp, opened), struct.pack(">I", fdp.ConsumeIntInRange(0, 13)))
+        elif kind == 8:  # PRIORITY, PING
+            out += _frame(2, 0, _choice(fdp, [0, stream, *opened]), fdp.ConsumeBytes(5)) \
+                if fdp.ConsumeBool() else _frame(6, 0, 0, fdp.ConsumeBytes(8).ljust(8, b"\0"))
+        else:  # GOAWAY
+            out += _frame(7, 0, 0, struct.pack(">II", stream, 0))
+    out += _frame(6, 0, 0, _PING_MARK)  # answered once all before it is read
+    return bytes(out)
+
+
+def _pinged(answer: bytearray) -> bool:
+    return _PING_MARK in answer
+
+
+# -- the run -------------------------------------------------------------------------------------
+
+def main() -> None:
+    if len(sys.argv) < 2 or sys.argv[1] not in ("http", "grpc"):
+        sys.exit(__doc__)
+    front = sys.argv.pop(1)
+    findings = Findings()
+    server = start_server(findings)
+    port = server.grpc_port if front == "grpc" else server.http_port
+    make = grpc_input if front == "grpc" else http_input
+    done = _pinged if front == "grpc" else None
+
+    runs = 0
+
+    def one(data: bytes) -> None:
+        nonlocal runs
+        exchange(port, make(data), done)
+        runs += 1
+        problem = findings.found[:1] or [still_serving(server.http_port)]
+        if problem[0] is None and (runs % HELD_CHECK_EVERY == 0 or replaying):
+            problem = [held_after_quiet(server)]
+        if problem[0] is not None:
+            raise RuntimeError(f"{front} input {make(data)[:2000]!r}:\n{problem[0]}")
+
+    replaying = any(not arg.startswith("-") and pathlib.Path(arg).is_file()
+                    for arg in sys.argv[1:])
+
+    atheris.Setup(sys.argv, one)
+    atheris.Fuzz()
+
+
+if __name__ == "__main__":
+    main()
