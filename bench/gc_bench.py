@@ -31,6 +31,7 @@ from collections.abc import Callable
 from typing import Any
 
 HERE = pathlib.Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
 WORKLOADS = ["gRPC, one connection", "gRPC, a new connection every 10",
              "gRPC, the model fails", "HTTP, one connection",
              "HTTP, a new connection every 10", "HTTP, the model fails"]
@@ -46,7 +47,6 @@ def _child(requests: int, loop_name: str) -> dict[str, tuple[float, float]]:
     import torch
     import tritonclient.grpc as grpcclient
 
-    sys.path.insert(0, str(HERE))
     from compare_wire import Connection
     from tensorgate.config import ServerConfig
     from tensorgate.server import Server
@@ -140,34 +140,27 @@ def _child(requests: int, loop_name: str) -> dict[str, tuple[float, float]]:
         gc.callbacks.append(timed)
         load(requests)
         time.sleep(2.5)  # (a closed HTTP connection lingers up to 2 s)
-        gc.collect()  # what is left for the next collection counts too
-        gc.callbacks.remove(timed)
+        gc.callbacks.remove(timed)  # the collections the load made: their time
+        gc.collect()  # and what is left for the next one: counted, not timed
         freed = sum(s["collected"] for s in gc.get_stats()) - before
         found[name] = (1000 * freed / requests, 1e6 * spent[0] / requests)
     return found
 
 
 def main() -> None:
+    from ab_bench import add_tree_options, trees_of  # (never in the child: see below)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--before", type=pathlib.Path, default=None,
-                        help="the src folder of a tree to compare with (before a change)")
-    parser.add_argument("--after", type=pathlib.Path, default=HERE.parent / "src")
+    add_tree_options(parser)
     parser.add_argument("--requests", type=int, default=2000)
     parser.add_argument("--loop", choices=["uvloop", "asyncio"], default="uvloop",
                         help="the server's event loop (its default: uvloop)")
-    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.child:
-        print(json.dumps(_child(args.requests, args.loop)))
-        return
-    trees = {"tensorgate": args.after} if args.before is None \
-        else {"before": args.before, "after": args.after}
     results = {}
-    for name, src in trees.items():
+    for name, src in trees_of(args).items():
         env = {**os.environ, "PYTHONPATH": str(src.resolve())}
-        done = subprocess.run([sys.executable, __file__, "--child", "--requests",
-                               str(args.requests), "--loop", args.loop], env=env,
-                              capture_output=True, text=True, timeout=1800)
+        done = subprocess.run([sys.executable, __file__, "--child", str(args.requests),
+                               args.loop], env=env, capture_output=True, text=True,
+                              timeout=1800)
         if done.returncode:
             raise SystemExit(f"{name} ({src}) failed:\n{done.stderr[-3000:]}")
         results[name] = json.loads(done.stdout.strip().splitlines()[-1])
@@ -184,4 +177,8 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:2] == ["--child"]:  # the tree PYTHONPATH names (ab_bench, which main
+        # imports, puts this checkout's src first on the path: not here)
+        print(json.dumps(_child(int(sys.argv[2]), sys.argv[3])))
+    else:
+        main()

@@ -19,7 +19,6 @@ that made it written to crash-<hash> (libFuzzer's own file), and replaying that 
 from __future__ import annotations
 
 import asyncio
-import gc
 import json
 import logging
 import pathlib
@@ -30,7 +29,6 @@ import sys
 import tempfile
 import threading
 import time
-from collections import Counter
 from typing import Any
 
 import atheris
@@ -45,6 +43,8 @@ import torch  # noqa: E402
 from tritonclient.grpc import service_pb2 as pb  # noqa: E402
 
 HERE = pathlib.Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+from tests.garbage import cyclic_garbage  # noqa: E402
 TESTDATA = HERE.parent / "tests" / "testdata" / "triton_python"
 MODELS = ["ident", "add_sub", "repeat", "seq", "pair", "bls", "nope", ""]
 INPUT_NAMES = ["INPUT__0", "INPUT0", "INPUT1", "IN", "X", "x"]
@@ -212,15 +212,7 @@ def held_after_quiet(server: Server, wait_s: float = 5.0) -> str | None:
 def _cycles() -> str | None:
     """What of tensorgate's a collection finds unreachable (in a reference cycle, or held
     by one), by type; None if nothing."""
-    gc.set_debug(gc.DEBUG_SAVEALL)
-    try:
-        gc.collect()
-        found = Counter(type(o).__qualname__ for o in gc.garbage
-                        if type(o).__module__.startswith("tensorgate"))
-    finally:
-        gc.garbage.clear()
-        gc.set_debug(0)
-        gc.collect()  # (saved, they were not freed: freed now, so that each is named once)
+    found = cyclic_garbage()
     return ", ".join(f"{n} {name}" for name, n in found.most_common()) or None
 
 
