@@ -3,9 +3,12 @@
 The server runs in this process (on its own thread and loop), so that atheris sees which of
 its lines each input reached; each input is a connection on 127.0.0.1: requests or frames
 made from the fuzzer's bytes — mostly well formed, so that inputs get past the first check —
-sent, answered, then the connection dropped. A finding is anything the server did not mean:
+sent, answered, then the connection dropped. System shared memory is on, with a region of
+the harness's own that inputs register at offsets and sizes in it, at its edges and past
+them, and name as their tensors' place. A finding is anything the server did not mean:
 an exception it logged as unexpected (any record with a traceback), an exception the loop
-caught, or the server no longer answering a plain request on a connection of its own.
+caught, the server no longer answering a plain request on a connection of its own, or,
+every 500 inputs, anything held once every connection has closed (held_after_quiet).
 
     .venv/bin/python -m pip install atheris           (not a dependency of the package)
     .venv/bin/python tools/fuzz_front_ends.py grpc -max_total_time=600 [corpus folder]
@@ -19,8 +22,10 @@ that made it written to crash-<hash> (libFuzzer's own file), and replaying that 
 from __future__ import annotations
 
 import asyncio
+import atexit
 import json
 import logging
+import os
 import pathlib
 import shutil
 import socket
@@ -29,6 +34,7 @@ import sys
 import tempfile
 import threading
 import time
+from multiprocessing import shared_memory
 from typing import Any
 
 import atheris
@@ -107,12 +113,21 @@ def write_repository(root: pathlib.Path) -> None:
         shutil.copytree(TESTDATA / name, root / name)
 
 
+SHM_KEY = f"tg_fuzz_{os.getpid()}"  # the region inputs register (and misregister)
+SHM_BYTES = 4096
+_region: list[shared_memory.SharedMemory] = []  # held for the run
+
+
 def start_server(findings: Findings) -> Server:
     root = pathlib.Path(tempfile.mkdtemp(prefix="tg-fuzz-"))
     write_repository(root)
+    region = shared_memory.SharedMemory(SHM_KEY, create=True, size=SHM_BYTES)
+    region.buf[:] = bytes(range(256)) * (SHM_BYTES // 256)
+    _region.append(region)
+    atexit.register(region.unlink)
     server = Server(ServerConfig(model_repository=(root,), http_port=0, grpc_port=0,
                                  metrics_port=0, allow_metrics=False, log_level="ERROR",
-                                 read_timeout_s=2.0))
+                                 read_timeout_s=2.0, allow_shared_memory=True))
     logging.basicConfig(level=logging.ERROR)
     logging.getLogger("tensorgate").addHandler(findings)
     started = threading.Event()
@@ -245,10 +260,32 @@ def _json_value(fdp: atheris.FuzzedDataProvider, depth: int = 0) -> Any:
             _json_value(fdp, depth + 1) for _ in range(fdp.ConsumeIntInRange(0, 3))}
 
 
+def _register_body(fdp: atheris.FuzzedDataProvider) -> dict[str, Any]:
+    """Mostly our region, at offsets and sizes in it, at its edges and past them."""
+    if fdp.ConsumeProbability() < 0.2:
+        return {_choice(fdp, ["key", "offset", "byte_size"]): _json_value(fdp)
+                for _ in range(fdp.ConsumeIntInRange(0, 3))}
+    edges = [0, 1, 12, 64, SHM_BYTES - 12, SHM_BYTES - 1, SHM_BYTES, SHM_BYTES + 1, 2**63]
+    return {"key": _choice(fdp, [SHM_KEY, "/" + SHM_KEY, SHM_KEY + "x", "../" + SHM_KEY]),
+            "offset": _choice(fdp, edges), "byte_size": _choice(fdp, edges)}
+
+
+def _region_parameters(fdp: atheris.FuzzedDataProvider) -> dict[str, Any]:
+    """A tensor's place in a registered region (Triton's shared-memory extension)."""
+    place: dict[str, Any] = {"shared_memory_region": _choice(fdp, ["r", "r", "s", ""])}
+    if fdp.ConsumeBool():
+        place["shared_memory_offset"] = _choice(fdp, [0, 4, 12, 4000, SHM_BYTES, -4])
+    if fdp.ConsumeProbability() < 0.9:
+        place["shared_memory_byte_size"] = _choice(fdp, [0, 4, 12, 48, SHM_BYTES, 2**40])
+    return place
+
+
 def _tensor_json(fdp: atheris.FuzzedDataProvider, tail: list[bytes]) -> dict[str, Any]:
     tensor: dict[str, Any] = {"name": _choice(fdp, INPUT_NAMES),
                               "datatype": _choice(fdp, DATATYPES), "shape": _shape(fdp)}
-    if fdp.ConsumeBool():
+    if fdp.ConsumeProbability() < 0.2:  # its bytes in shared memory
+        tensor["parameters"] = _region_parameters(fdp)
+    elif fdp.ConsumeBool():
         data = fdp.ConsumeBytes(fdp.ConsumeIntInRange(0, 64))
         tail.append(data)
         size = len(data) if fdp.ConsumeBool() else fdp.ConsumeIntInRange(-1, 80)
@@ -268,9 +305,10 @@ def _infer_body(fdp: atheris.FuzzedDataProvider) -> tuple[bytes, int | None]:
                                          for _ in range(fdp.ConsumeIntInRange(0, 3))]}
     if fdp.ConsumeBool():
         header["outputs"] = [{"name": _choice(fdp, ["OUTPUT__0", "OUTPUT0", "OUT", "y"]),
-                              "parameters": {_choice(fdp, ["binary_data", "classification",
-                                                           "shared_memory_region"]):
-                                             _json_value(fdp)}}
+                              "parameters": _region_parameters(fdp)
+                              if fdp.ConsumeProbability() < 0.3 else
+                              {_choice(fdp, ["binary_data", "classification"]):
+                               _json_value(fdp)}}
                              for _ in range(fdp.ConsumeIntInRange(0, 2))]
     if fdp.ConsumeBool():
         header["parameters"] = {_choice(fdp, ["sequence_id", "priority", "timeout",
@@ -310,8 +348,7 @@ def http_input(data: bytes) -> bytes:
         if fdp.ConsumeProbability() < 0.1:
             path += fdp.ConsumeUnicodeNoSurrogates(6)
         if path.endswith("register"):
-            body = json.dumps({_choice(fdp, ["key", "offset", "byte_size"]): _json_value(fdp)
-                               for _ in range(fdp.ConsumeIntInRange(0, 3))}).encode()
+            body = json.dumps(_register_body(fdp)).encode()
             json_length = None
         elif path.endswith("generate") or path.endswith("generate_stream"):
             body = json.dumps({_choice(fdp, ["IN", "text_input", "parameters", "id"]):
@@ -368,6 +405,7 @@ SERVICE = "/inference.GRPCInferenceService/"
 GRPC_METHODS = ["ModelInfer", "ModelStreamInfer", "ServerLive", "ServerReady", "ModelReady",
                 "ServerMetadata", "ModelMetadata", "ModelConfig", "ModelStatistics",
                 "RepositoryIndex", "SystemSharedMemoryStatus", "SystemSharedMemoryRegister",
+                "SystemSharedMemoryUnregister",
                 "CudaSharedMemoryStatus", "TraceSetting", "LogSettings", "Nope"]
 _PING_MARK = b"tg-fuzz!"
 
@@ -400,7 +438,11 @@ def _infer_message(fdp: atheris.FuzzedDataProvider, method: str) -> bytes:
                 tensor.contents.bytes_contents.extend(
                     fdp.ConsumeBytes(4) for _ in range(fdp.ConsumeIntInRange(0, 4)))
             if fdp.ConsumeProbability() < 0.2:
-                tensor.parameters["shared_memory_region"].string_param = "r"
+                for key, value in _region_parameters(fdp).items():
+                    if isinstance(value, str):
+                        tensor.parameters[key].string_param = value
+                    else:
+                        tensor.parameters[key].int64_param = max(-2**63, min(value, 2**63 - 1))
         for _ in range(fdp.ConsumeIntInRange(0, 2)):
             request.outputs.add(name=_choice(fdp, ["OUTPUT__0", "OUTPUT0", "OUT", "y"]))
         if fdp.ConsumeBool():
@@ -416,6 +458,18 @@ def _infer_message(fdp: atheris.FuzzedDataProvider, method: str) -> bytes:
             else:
                 request.parameters[key].uint64_param = fdp.ConsumeIntInRange(0, 2**64 - 1)
         message = request.SerializeToString()
+    elif method == "SystemSharedMemoryRegister":
+        body = _register_body(fdp)
+        fields = {"name": _choice(fdp, ["r", "s", ""])}
+        for key, value in body.items():
+            if key == "key" and isinstance(value, str):
+                fields["key"] = value
+            elif key in ("offset", "byte_size") and isinstance(value, int) and 0 <= value < 2**64:
+                fields[key] = value
+        message = pb.SystemSharedMemoryRegisterRequest(**fields).SerializeToString()
+    elif method == "SystemSharedMemoryUnregister":
+        message = pb.SystemSharedMemoryUnregisterRequest(
+            name=_choice(fdp, ["r", "s", ""])).SerializeToString()
     elif method in ("ModelReady", "ModelMetadata", "ModelConfig", "ModelStatistics"):
         message = pb.ModelReadyRequest(name=_choice(fdp, MODELS),
                                        version=_choice(fdp, ["", "1", "x"])).SerializeToString()
