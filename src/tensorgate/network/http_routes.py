@@ -296,7 +296,10 @@ async def _generate(dp: DataPlane, request: HttpRequest, model: str, version: st
     try:
         async for result, outputs, _, _ in answers:
             if result.error is not None:  # a decoupled model's error response
-                raise result.error
+                try:
+                    raise result.error
+                finally:  # its traceback holds this frame: not the result too (a cycle)
+                    del result
             if answer is not None:
                 raise InvalidArgumentError(
                     f"model '{model}' is decoupled and sent more than one response; call "

@@ -345,7 +345,10 @@ class Engine:
                     model, version, inputs, outputs, item, trace))) as responses:
                 async for result in responses:
                     if result.error is not None:  # an error response ends the ensemble's
-                        raise result.error
+                        try:
+                            raise result.error
+                        finally:  # (as http_routes._generate: no cycle through this frame)
+                            del result
                     yield result.outputs
         finally:
             if trace is not None:
