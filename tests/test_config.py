@@ -44,6 +44,16 @@ def test_model_control_defaults_to_none_and_load_models_needs_explicit() -> None
         ServerConfig(model_control_mode="explicit", load_models=("*", "a"))
     with pytest.raises(ValueError, match=r"^model_control_mode must be none, explicit or poll"):
         ServerConfig.from_mapping({"model_control_mode": "always"})
+
+
+def test_model_upload_is_off_and_needs_the_explicit_model_control_mode() -> None:
+    assert ServerConfig().allow_model_upload is False  # uploaded files are code it runs
+    assert ServerConfig(model_control_mode="explicit", allow_model_upload=True
+                        ).allow_model_upload
+    for mode in ("none", "poll"):
+        with pytest.raises(ValueError, match=r"^allow_model_upload \(--allow-model-upload\) "
+                                             r"needs model_control_mode explicit"):
+            ServerConfig(model_control_mode=mode, allow_model_upload=True)
     with pytest.raises(ValueError, match=r"^repository_poll_s must be above 0"):
         ServerConfig(model_control_mode="poll", repository_poll_s=0)
 

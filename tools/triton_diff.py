@@ -47,8 +47,9 @@ import zlib
 from collections.abc import Callable
 from typing import Any
 
-from triton_diff_cases import (F4, Grpc, Http, Stream, failure_cases, grpc_cases, http_cases,
-                               probe_cases, shm_cases, stream_cases)
+from triton_diff_cases import (F4, Grpc, Http, Stream, failure_cases, grpc_cases,
+                               grpc_upload_cases, http_cases, probe_cases, shm_cases,
+                               stream_cases, upload_cases)
 from triton_diff_models import ROOT, write_repository
 
 # case name -> (Triton's status, ours, why the difference is deliberate, and where the two
@@ -85,12 +86,15 @@ _known(MALFORMED, 500, 400, "repo index bad json", "json id number", "json outpu
        "load with a config that is not JSON", "load with a config not a string",
        "load with another model's config", "generate a string for a number",
        "shm register past its end", "shm input offset negative", "priority negative",
-       "priority a string", "timeout a string", "timeout negative")
+       "priority a string", "timeout a string", "timeout negative",
+       "upload without a config", "upload content not a string",
+       "upload with a path out of its folder", "upload with an empty path")
 _known("an integer out of its datatype's range is refused here; Triton wraps it (2**40 as "
        "INT32 is 0 there)", 200, 400, "int overflow", "int neg overflow", "uint8 past range",
        "int8 past range")
 _known("a malformed request is the client's error: INVALID_ARGUMENT here, INTERNAL on Triton",
-       "INTERNAL", "INVALID_ARGUMENT", "grpc shm register bad key")
+       "INTERNAL", "INVALID_ARGUMENT", "grpc shm register bad key",
+       "grpc upload without a config")
 _known("an integer out of its datatype's range is refused here; Triton wraps it", "OK",
        "INVALID_ARGUMENT", "grpc int8 past range", "grpc uint8 past range",
        "grpc uint16 past range")
@@ -103,7 +107,7 @@ _known("FP16 travels as JSON here (Triton refuses it both ways)", 400, 200, "fp1
 _known("health answers carry OIP's JSON bodies ({\"live\": true}, {\"ready\": true}): "
        "KServe's SDK parses them",
        200, 200, "GET /v2/health/live", "GET /v2/health/ready", "GET /v2/models/add_sub/ready",
-       differing=None)
+       "upload: ready of the second uploaded version", differing=None)
 _SERVED = {"versions_all": (1, 2, 3), "versions_latest": (3,), "versions_specific": (1, 3)}
 _known("health answers carry OIP's JSON bodies ({\"name\": ..., \"ready\": true})", 200, 200,
        *[f"{model} v{v} ready" for model, served in _SERVED.items() for v in served],
@@ -124,7 +128,8 @@ _known("an unknown model or version is NOT_FOUND here", "INVALID_ARGUMENT", "NOT
        "grpc stats nope", "grpc stats version 3", "grpc trace nope", "grpc vx",
        "grpc metadata version x")
 _known("a model the repository does not hold is 404 / NOT_FOUND here (Triton: 500)", 500,
-       404, "POST /v2/repository/models/nope/load")
+       404, "POST /v2/repository/models/nope/load",
+       "upload: load the uploaded model again without files")
 _known("a model the repository does not hold is NOT_FOUND here", "INTERNAL", "NOT_FOUND",
        "grpc load nope")
 _known("a decoupled model called without a stream is the request's error here (400 / "
@@ -150,7 +155,13 @@ _known("ensemble_scheduling shows max_inflight_requests, a field of newer Triton
        200, 200, "ensemble config", differing=("max_inflight_requests",))
 _known("index entries carry \"reason\" (empty when ready), as KServe's do", 200, 200,
        "POST /v2/repository/index", "repo index ready", "index after the load works",
-       differing=("reason",))
+       "upload: index after unloading the uploaded model", differing=("reason",))
+_known("a model unloaded at a client's request leaves the server ready here (it was asked "
+       "to go); Triton's strict readiness counts it as a model not ready (400)", 400, 200,
+       "upload: server ready after it is unloaded", differing=None)
+_known("a model loaded from an upload is in the index while it is served (READY) here; "
+       "Triton's index lists the repositories' models only", 200, 200,
+       "upload: index after an upload", differing=None)
 _known("binary_data_output makes listed outputs binary too here; Triton 2.51 applies it "
        "only when no output is listed", 200, 200, "json binary_data_output listed",
        differing=None)
@@ -222,6 +233,7 @@ def _tensorgate(repo: pathlib.Path, work: pathlib.Path,
     command = [sys.executable, "-m", "tensorgate", "serve", "--model-repository", str(repo),
                "--model-control-mode", "explicit", "--load-model", "*",
                "--allow-shared-memory",  # off by default here, on in Triton
+               "--allow-model-upload",  # off by default here, on in Triton's explicit mode
                "--http-port",
                str(ports[0]), "--grpc-port", str(ports[1]), "--metrics-port", str(ports[2])]
     return subprocess.Popen(command, stdout=(work / "tensorgate.log").open("wb"),
@@ -530,6 +542,10 @@ def main(argv: list[str] | None = None) -> int:
                 compare(stream.name,
                         lambda at: _stream_outcome(f"127.0.0.1:{grpc_ports[at]}", stream))
             for grpc_case in grpc_cases():
+                compare(grpc_case.name, lambda at: _grpc_outcome(stubs[at], grpc_case))
+            for case in upload_cases():
+                compare(case.name, lambda at: _http_outcome(http_ports[at], case))
+            for grpc_case in grpc_upload_cases():
                 compare(grpc_case.name, lambda at: _grpc_outcome(stubs[at], grpc_case))
         except Exception:  # noqa: BLE001 - a dead server's connection fails any which way
             time.sleep(2)  # a server that dropped the connection as it died has exited now

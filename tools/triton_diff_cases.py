@@ -498,6 +498,111 @@ def probe_cases() -> list[Http]:
     return cases
 
 
+# the model the upload cases send: IN + 100, under a name the repository does not hold
+_UPLOADED_SOURCE = b"""\
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor(
+            "OUT", pb_utils.get_input_tensor_by_name(r, "IN").as_numpy() + 100)])
+            for r in requests]
+"""
+
+
+def _uploaded_config(name: str) -> str:
+    return json.dumps({"name": name, "backend": "python", "max_batch_size": 4,
+                       "input": [{"name": "IN", "data_type": "TYPE_INT32", "dims": [1]}],
+                       "output": [{"name": "OUT", "data_type": "TYPE_INT32", "dims": [1]}]})
+
+
+def upload_cases() -> list[Http]:
+    """Model upload: a load's `file:<path>` parameters (base64 over HTTP) form the folder
+    the model loads from, with the load's `config` its config. In order: a new model
+    uploaded, served, unloaded; a repository model's files replaced, then its own again; the
+    last upload unloaded. Sent after the other HTTP and gRPC cases: Triton is not ready
+    once a model is unloaded."""
+    import base64
+
+    source = base64.b64encode(_UPLOADED_SOURCE).decode()
+    load = "/v2/repository/models/{}/load".format
+    one = _js({"inputs": [{"name": "IN", "shape": [1, 1], "datatype": "INT32", "data": [5]}]})
+
+    def upload(name: str, **files: Any) -> bytes:
+        return _js({"parameters": {"config": _uploaded_config(name), **files}})
+    return [
+        Http("upload without a config", "POST", load("uploaded"),
+             _js({"parameters": {"file:1/model.py": source}})),
+        Http("upload content not base64", "POST", load("uploaded"),
+             upload("uploaded", **{"file:1/model.py": "not base64!"})),
+        Http("upload content not a string", "POST", load("uploaded"),
+             upload("uploaded", **{"file:1/model.py": 5})),
+        Http("upload with a path out of its folder", "POST", load("uploaded"),
+             upload("uploaded", **{"file:../tgdiff_escape/1/model.py": source})),
+        Http("upload with an empty path", "POST", load("uploaded"),
+             upload("uploaded", **{"file:": source})),
+        Http("upload with no version folder", "POST", load("uploaded"),
+             upload("uploaded", **{"file:model.py": source})),
+        Http("upload a new model", "POST", load("uploaded"),
+             upload("uploaded", **{"file:1/model.py": source})),
+        Http("upload: infer the uploaded model", "POST", "/v2/models/uploaded/infer", one),
+        Http("upload: config of the uploaded model", "GET", "/v2/models/uploaded/config"),
+        Http("upload: index after an upload", "POST", "/v2/repository/index"),
+        Http("upload: load the uploaded model again without files", "POST", load("uploaded")),
+        Http("upload: infer after loading it without files", "POST", "/v2/models/uploaded/infer", one),
+        Http("upload: unload the uploaded model", "POST", "/v2/repository/models/uploaded/unload"),
+        Http("upload: index after unloading the uploaded model", "POST", "/v2/repository/index"),
+        Http("upload two versions", "POST", load("uploaded"), _js({"parameters": {
+            "config": _uploaded_config("uploaded").replace(
+                '"backend"', '"version_policy": {"all": {}}, "backend"'),
+            "file:1/model.py": source, "file:2/model.py": source}})),
+        Http("upload: ready of the second uploaded version", "GET",
+             "/v2/models/uploaded/versions/2/ready"),
+        Http("upload with a config.pbtxt file", "POST", load("uploaded"),
+             upload("uploaded", **{"file:1/model.py": source,
+                                   "file:config.pbtxt": base64.b64encode(
+                                       b'name: "uploaded"\nbackend: "python"\n').decode()})),
+        Http("upload over a repository model", "POST", load("echo_int32"),
+             upload("echo_int32", **{"file:1/model.py": source})),
+        Http("upload: infer the replaced repository model", "POST", "/v2/models/echo_int32/infer",
+             one),
+        Http("upload: load the repository model again", "POST", load("echo_int32")),
+        Http("upload: infer the repository model again", "POST", "/v2/models/echo_int32/infer", one),
+        Http("upload: unload it at the end", "POST", "/v2/repository/models/uploaded/unload"),
+        Http("upload: server ready after it is unloaded", "GET", "/v2/health/ready"),
+    ]
+
+
+def grpc_upload_cases() -> list[Grpc]:
+    """Model upload over gRPC: `file:` parameters are bytes_param."""
+    from tritonclient.grpc import service_pb2 as pb
+
+    def upload(name: str, kind: str = "bytes_param", with_config: bool = True) -> Any:
+        request = pb.RepositoryModelLoadRequest(model_name=name)
+        if with_config:
+            request.parameters["config"].string_param = _uploaded_config(name)
+        value = _UPLOADED_SOURCE if kind == "bytes_param" else _UPLOADED_SOURCE.decode()
+        setattr(request.parameters["file:1/model.py"], kind, value)
+        return request
+
+    def infer(name: str) -> Any:
+        request = pb.ModelInferRequest(model_name=name)
+        request.inputs.add(name="IN", datatype="INT32", shape=[1, 1])
+        request.raw_input_contents.append(struct.pack("<i", 7))
+        return request
+    return [
+        Grpc("grpc upload without a config", "RepositoryModelLoad",
+             upload("uploaded_g", with_config=False)),
+        Grpc("grpc upload as a string", "RepositoryModelLoad",
+             upload("uploaded_g", "string_param")),
+        Grpc("grpc upload", "RepositoryModelLoad", upload("uploaded_g")),
+        Grpc("grpc upload: infer the uploaded model", "ModelInfer", infer("uploaded_g")),
+        Grpc("grpc upload: unload the uploaded model", "RepositoryModelUnload",
+             pb.RepositoryModelUnloadRequest(model_name="uploaded_g")),
+    ]
+
+
 def grpc_cases() -> list[Grpc]:
     from tritonclient.grpc import service_pb2 as pb
 

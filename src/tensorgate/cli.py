@@ -106,6 +106,10 @@ def _parser() -> argparse.ArgumentParser:
                             "stage's latency over the last 60 s), summary_quantiles="
                             "Q:ERROR,... (default " + DEFAULT_QUANTILES + "), "
                             "counter_latencies=false, histogram_latencies=true")
+    serve.add_argument("--allow-model-upload", action="store_const", const=True,
+                       help="with --model-control-mode explicit: a load may carry the model's "
+                            "files (Triton's file:<version>/<name> load parameters), code the "
+                            "server then runs: off by default")
     serve.add_argument("--allow-shared-memory", action="store_const", const=True,
                        help="let clients register system shared-memory regions (off by default)")
     serve.add_argument("--max-request-bytes", type=int,

@@ -118,6 +118,10 @@ class ServerConfig:
     # repository's changes every `repository_poll_s`, refusing the API
     model_control_mode: ModelControlChoice = "none"
     load_models: tuple[str, ...] = ()
+    # a load may carry the model's files (Triton's `file:<version>/<name>` load parameters):
+    # code the server then runs, from any client that reaches the API, so off unless asked
+    # for, and only with model_control_mode explicit (repository/upload.py)
+    allow_model_upload: bool = False
     repository_poll_s: float = 15.0
     # Triton's --rate-limit: "execution_count" makes each model instance run only while it
     # holds the resources its instance group's rate_limiter names, across all models;
@@ -175,6 +179,10 @@ class ServerConfig:
             raise ValueError("load_models (--load-model) needs model_control_mode explicit "
                              "(--model-control-mode explicit); the other modes load every "
                              "model of the repository")
+        if self.allow_model_upload and self.model_control_mode != "explicit":
+            raise ValueError("allow_model_upload (--allow-model-upload) needs "
+                             "model_control_mode explicit (--model-control-mode explicit): "
+                             "only that mode takes loads from clients")
         if "*" in self.load_models and len(self.load_models) > 1:
             raise ValueError("load_models '*' (every model) must be the only one named")
         if self.rate_limit not in ("off", "execution_count"):

@@ -4,7 +4,7 @@ control and inference. Front ends decode, call this, and encode; they know nothi
 from __future__ import annotations
 
 import struct
-from collections.abc import AsyncGenerator, Iterable
+from collections.abc import AsyncGenerator
 from typing import Any
 
 import numpy as np
@@ -20,13 +20,14 @@ from tensorgate.protocol.generate_codec import GenerateInput, generate_request
 from tensorgate.protocol.infer_codec import (MAX_JSON_VALUES, DecodedRequest,
                                              json_values_bounded, model_parameters)
 from tensorgate.repository.model_config import ModelSpec
+from tensorgate.repository.upload import UploadedFiles
 from tensorgate.tensor.copies import CopyLedger, record_copy
 from tensorgate.tensor.pinned import cuda_available
 from tensorgate.tensor.shm import SharedMemoryRegistry
 from tensorgate.tensor.view import TensorView
 from tensorgate.tracing import Tracer
 
-__all__ = ["EXTENSIONS", "Answer", "DataPlane", "parse_version", "refuse_model_files"]
+__all__ = ["EXTENSIONS", "Answer", "DataPlane", "parse_version"]
 
 # What inference gives a front end: the result, the outputs to send, which of them go as
 # binary, and which were written into shared-memory regions (region, offset, byte_size).
@@ -47,17 +48,6 @@ def parse_version(text: str | None) -> int | None:
     if not text.isdecimal() or text.startswith("0"):
         raise NotFoundError(f"model version '{text}' is not a version number")
     return int(text)
-
-
-def refuse_model_files(parameters: Iterable[str]) -> None:
-    """A load request's `file:` parameters would upload model files — code the server runs
-    (model.py, TorchScript) — from any client that reaches the API: refused, by design."""
-    files = sorted(key for key in parameters if key.startswith("file:"))
-    if files:
-        raise InvalidArgumentError(f"load parameters {', '.join(files)}: uploading model files "
-                                   "with a load is not supported (they would be code the "
-                                   "server runs); put them in the model repository and load "
-                                   "again ('config' alone may override the config)")
 
 
 def _one_repository(repository: str) -> None:
@@ -143,13 +133,16 @@ class DataPlane:
         index = self.engine.index()
         return [e for e in index if e.get("state") == "READY"] if ready_only else index
 
-    async def load(self, name: str, config: str | None = None, repository: str = "") -> None:
-        """`config`: a JSON model config to load with instead of the repository's."""
+    async def load(self, name: str, config: str | None = None, repository: str = "",
+                   files: UploadedFiles | None = None) -> None:
+        """`config`: a JSON model config to load with instead of the repository's; `files`:
+        the model's folder, uploaded (path → content; the engine takes them only with
+        --allow-model-upload)."""
         _one_repository(repository)
         self._check_model_control("load")
         if config is not None and len(config) > MAX_JSON_VALUES:  # else it cannot be over
             json_values_bounded(config.encode(), "load parameter 'config'")
-        await self.engine.load(name, config)
+        await self.engine.load(name, config, files)
 
     async def unload(self, name: str, dependents: bool = False, repository: str = "") -> None:
         """`dependents`: Triton's unload_dependents (an ensemble's step models too)."""

@@ -452,7 +452,8 @@ class BlsRunner(Protocol):
 
     def submit(self, request: InferenceRequest) -> concurrent.futures.Future[Any]: ...
 
-    def load_model(self, name: str, config: str) -> None: ...
+    def load_model(self, name: str, config: str, files: Mapping[str, bytes] | None
+                   ) -> None: ...
 
     def unload_model(self, name: str, dependents: bool) -> None: ...
 
@@ -480,11 +481,9 @@ def load_model(model_name: str, config: str = "", files: Mapping[str, bytes] | N
                ) -> None:
     """Load (or reload) a model of the repository, `config` (JSON) standing in for its
     config.pbtxt; waits until it is ready. Only with --model-control-mode explicit, as on
-    Triton; `files` (override files) are refused, as the HTTP API refuses them."""
-    if files:
-        raise TritonModelException("load_model: 'files' (override files) are not supported; "
-                                   "put the model in the repository")
-    _bls_runner().load_model(model_name, config)
+    Triton. `files` ({"file:1/model.py": content, ...}, with `config`) are the model's folder,
+    uploaded, as a load request's file parameters (only with --allow-model-upload)."""
+    _bls_runner().load_model(model_name, config, files)
 
 
 def unload_model(model_name: str, unload_dependents: bool = False) -> None:

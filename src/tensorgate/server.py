@@ -113,6 +113,7 @@ class Server:
                              response_cache_bytes=config.response_cache_bytes,
                              auto_complete=not config.disable_auto_complete_config,
                              model_control=config.model_control_mode == "explicit",
+                             model_upload=config.allow_model_upload,
                              latency_summaries=(config.allow_metrics
                                                 and config.metrics_summary_latencies),
                              rate_limiter=RateLimiter(parse_resource_counts(
@@ -202,7 +203,9 @@ class Server:
                   f"{config.grpc_server_cert}", flush=True)
         print(f"model control: {config.model_control_mode}"
               + (f" (every {config.repository_poll_s:g} s)"
-                 if config.model_control_mode == "poll" else ""), flush=True)
+                 if config.model_control_mode == "poll" else "")
+              + ("; model upload allowed (--allow-model-upload: any client that reaches the "
+                 "API can run code here)" if config.allow_model_upload else ""), flush=True)
         if config.rate_limit != "off":
             given = ", ".join(config.rate_limit_resources)
             print(f"rate limit: {config.rate_limit} (resources: "

@@ -6,6 +6,7 @@ errors beside answered requests in one batch, a model that raises, what `initial
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import pathlib
@@ -40,7 +41,8 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
 def served(repo: pathlib.Path, tmp_path_factory: pytest.TempPathFactory
            ) -> Iterator[RunningServer]:
     log = tmp_path_factory.mktemp("triton-python-log") / "server.log"
-    running = start_server(repo, log, "--model-control-mode", "explicit", "--load-model", "*")
+    running = start_server(repo, log, "--model-control-mode", "explicit", "--load-model", "*",
+                           "--allow-model-upload")
     yield running
     assert stop_server(running) == 0, log.read_text()
 
@@ -530,3 +532,24 @@ def test_a_model_loads_and_unloads_models_with_triton_s_api(served: RunningServe
                                                        r"repository"):
         _control(client, "nowhere", action="load")
     assert not _control(client, "nowhere")
+
+
+def test_a_model_uploads_a_model_with_triton_s_api(served: RunningServer) -> None:
+    """pb_utils.load_model(files=...): the files are the new model's folder (the server runs
+    with --allow-model-upload); without a config the load is refused, as on Triton."""
+    client = httpclient.InferenceServerClient(served.url)
+    config = client.get_model_config("add_sub")
+    config["name"] = "add_sub_uploaded"
+    files = json.dumps({"file:1/model.py": base64.b64encode(
+        (MODELS / "add_sub" / "1" / "model.py").read_bytes()).decode()})
+    with pytest.raises(InferenceServerException, match="the load's 'config' parameter must "
+                                                       "give the model's config too"):
+        _control(client, "add_sub_uploaded", action="load", files=files)
+    assert _control(client, "add_sub_uploaded", action="load", config=json.dumps(config),
+                    files=files)
+    try:
+        first, second = np.arange(4, dtype=np.float32)[None], np.ones((1, 4), np.float32)
+        answer = client.infer("add_sub_uploaded", _add_sub_inputs(first, second))
+        assert np.array_equal(answer.as_numpy("OUTPUT0"), first + second)
+    finally:
+        client.unload_model("add_sub_uploaded")

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from tritonclient.grpc import service_pb2 as pb
 
-from tensorgate.dataplane import Answer, DataPlane, parse_version, refuse_model_files
+from tensorgate.dataplane import Answer, DataPlane, parse_version
 from tensorgate.errors import InvalidArgumentError, NotFoundError, TensorgateError
 from tensorgate.network import http2, in_steps
 from tensorgate.network.in_order import InOrder, Turn
@@ -20,6 +20,7 @@ from tensorgate.protocol.grpc_codec import (TensorSpans, decode_model_infer_step
                                             statistics_message)
 from tensorgate.protocol.infer_codec import TENSORS_A_STEP, DecodedRequest
 from tensorgate.protocol.steps import run_through
+from tensorgate.repository.upload import uploaded_files
 from tensorgate.tensor.copies import CopyLedger
 
 if TYPE_CHECKING:
@@ -298,7 +299,6 @@ async def _repository_index(dp: DataPlane, request: Any) -> Any:
 
 
 async def _repository_load(dp: DataPlane, request: Any) -> Any:
-    refuse_model_files(request.parameters)
     config = None
     if "config" in request.parameters:
         value = request.parameters["config"]
@@ -306,8 +306,18 @@ async def _repository_load(dp: DataPlane, request: Any) -> Any:
             raise InvalidArgumentError("load parameter 'config' must be a string: the model "
                                        "config as JSON text")
         config = value.string_param
-    await dp.load(request.model_name, config, request.repository_name)
+    await dp.load(request.model_name, config, request.repository_name,
+                  uploaded_files(request.parameters, _file_content))
     return pb.RepositoryModelLoadResponse()
+
+
+def _file_content(key: str, value: Any) -> bytes:
+    """A gRPC load's file parameter: its content, a bytes_param as Triton takes it."""
+    if value.WhichOneof("parameter_choice") != "bytes_param":
+        raise InvalidArgumentError(f"load parameter {key!r} must be a bytes parameter "
+                                   "(bytes_param): the file's content")
+    content: bytes = value.bytes_param
+    return content
 
 
 async def _repository_unload(dp: DataPlane, request: Any) -> Any:

@@ -18,7 +18,7 @@ import urllib.parse
 from collections.abc import AsyncGenerator, Callable
 from typing import TYPE_CHECKING, Any
 
-from tensorgate.dataplane import Answer, DataPlane, refuse_model_files
+from tensorgate.dataplane import Answer, DataPlane
 from tensorgate.errors import InternalError, InvalidArgumentError, TensorgateError
 from tensorgate.network import in_steps
 from tensorgate.protocol.compression import deflate_steps, inflate_steps, worth_compressing
@@ -29,6 +29,7 @@ from tensorgate.protocol.infer_codec import (TENSORS_A_STEP, decode_infer_body,
                                              forward_headers, json_error, parse_json)
 from tensorgate.protocol.json_answers import encode_in_slices, large_json_outputs
 from tensorgate.protocol.json_slices import decode_in_slices, worth_slicing
+from tensorgate.repository.upload import decode_base64_file, uploaded_files
 from tensorgate.tensor.buffer import ALIGNMENT, HostBuffer
 from tensorgate.tensor.copies import CopyLedger, record_copy
 
@@ -162,12 +163,11 @@ async def _load(dp: DataPlane, request: HttpRequest, model: str, repository: str
     parameters = _body_json(request).get("parameters") or {}
     if not isinstance(parameters, dict):
         raise InvalidArgumentError("'parameters' of a load request must be a JSON object")
-    refuse_model_files(parameters)
     config = parameters.get("config")
     if config is not None and not isinstance(config, str):
         raise InvalidArgumentError("load parameter 'config' must be a string: the model "
                                    "config as JSON text")
-    await dp.load(model, config, repository)
+    await dp.load(model, config, repository, uploaded_files(parameters, decode_base64_file))
     return 200, _JSON, [b""]
 
 

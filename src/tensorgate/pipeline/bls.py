@@ -18,7 +18,7 @@ import concurrent.futures
 import json
 import queue
 import threading
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator, Mapping
 from typing import Any, NamedTuple, TypeVar
 
 import torch
@@ -28,6 +28,7 @@ from tensorgate.errors import InvalidArgumentError, Status, TensorgateError
 from tensorgate.pipeline.requests import InferenceRequest, InferenceResult
 from tensorgate.pipeline.trace import Trace
 from tensorgate.pipeline.work import SequenceFlags
+from tensorgate.repository.upload import UploadedFiles, uploaded_files
 from tensorgate.tensor.copies import CopyLedger, record_copy
 from tensorgate.tensor.view import TensorView
 
@@ -40,7 +41,7 @@ class ModelControl(NamedTuple):
     """The engine's model management, for Triton's BLS model loading API."""
 
     allowed: bool  # load and unload (--model-control-mode explicit)
-    load: Callable[[str, str | None], Coroutine[Any, Any, None]]
+    load: Callable[[str, str | None, UploadedFiles | None], Coroutine[Any, Any, None]]
     unload: Callable[..., Coroutine[Any, Any, None]]
     ready: Callable[[str, int | None], bool]
 
@@ -98,9 +99,13 @@ class BlsBridge:
         return asyncio.run_coroutine_threadsafe(self._answer(call, request.trace().of),
                                                 self._loop)
 
-    def load_model(self, name: str, config: str) -> None:
+    def load_model(self, name: str, config: str, files: Mapping[str, bytes] | None) -> None:
         control = self._controlling("load_model")
-        self._wait(control.load(name, config or None))
+        try:
+            upload = uploaded_files(files, _file_content) if files else None
+        except TensorgateError as error:
+            raise pb_utils.TritonModelException(error.message) from None
+        self._wait(control.load(name, config or None, upload))
 
     def unload_model(self, name: str, dependents: bool) -> None:
         control = self._controlling("unload_model")
@@ -202,6 +207,14 @@ def _engine_request(request: pb_utils.InferenceRequest) -> InferenceRequest:
         outputs=request.requested_output_names() or None,
         timeout_us=request.timeout() or None, id=request.request_id(), ledger=ledger,
         sequence=sequence, parameters=json.loads(request.parameters()))
+
+
+def _file_content(key: str, value: object) -> bytes:
+    """pb_utils.load_model's `files` value: the file's content, bytes as Triton's takes."""
+    if not isinstance(value, (bytes, bytearray, memoryview)):
+        raise InvalidArgumentError(f"load_model: files[{key!r}] must be bytes, the file's "
+                                   f"content, not {type(value).__name__}")
+    return bytes(value)
 
 
 def _response(result: InferenceResult) -> pb_utils.InferenceResponse:

@@ -55,6 +55,7 @@ from tensorgate.pipeline.work import WorkItem
 from tensorgate.repository.layout import (ModelRepositories, ModelSource, artifact_path,
                                          load_source)
 from tensorgate.repository.model_config import ModelConfigError, ModelSpec
+from tensorgate.repository.upload import UploadedFiles, remove_upload, write_upload
 from tensorgate.tensor.pinned import cuda_available
 from tensorgate.tensor.pool import BufferPool, PoolStatistics, default_pool
 from tensorgate.tensor.view import TensorView
@@ -97,7 +98,7 @@ class Engine:
                  device: str = "auto", placement: str = "none",
                  response_cache_bytes: int = 0, auto_complete: bool = True,
                  model_control: bool = False, latency_summaries: bool = False,
-                 rate_limiter: RateLimiter | None = None) -> None:
+                 rate_limiter: RateLimiter | None = None, model_upload: bool = False) -> None:
         """`repository`: one folder or several, whose models share one namespace.
         `placement="auto"` pins the thread that calls `start` (the loop's) to the first CPU
         and places executors by cost (see pipeline/placement.py); "none" pins nothing.
@@ -109,7 +110,8 @@ class Engine:
         `latency_summaries`: each version keeps the quantile summaries of its latencies
         (--metrics-config summary_latencies=true; pipeline/summary.py). `rate_limiter`:
         instances run only while they hold their instance group's rate_limiter resources
-        (--rate-limit execution_count; pipeline/rate_limiter.py)."""
+        (--rate-limit execution_count; pipeline/rate_limiter.py). `model_upload`: a load
+        may carry the model's files (--allow-model-upload; repository/upload.py)."""
         self.repositories = ModelRepositories.of(repository)
         self._complete = complete_config if auto_complete else None
         self._model_control = model_control
@@ -131,6 +133,8 @@ class Engine:
         self._closing = False
         self._streaming = 0  # infer_stream iterations open: whether responses take turns
         self._ensembles_loading: set[str] = set()
+        self._model_upload = model_upload
+        self._uploads: dict[str, pathlib.Path] = {}  # a model served from an upload: its folder
         self._bls: BlsBridge | None = None
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -159,19 +163,26 @@ class Engine:
         gc.collect()
         gc.freeze()
 
-    async def load(self, name: str, config: str | None = None) -> None:
+    async def load(self, name: str, config: str | None = None,
+                   files: UploadedFiles | None = None) -> None:
         """Load (or reload) model `name` from the repository; `config` (JSON) in place of its
-        config.pbtxt. Until the new load is ready the old one serves; if it fails, the old
-        one goes on serving."""
+        config.pbtxt. `files` (an upload: path in the model's folder → content; needs
+        `config`) make the folder it loads from instead of the repository's, as Triton's
+        override files do. Until the new load is ready the old one serves; if it fails, the
+        old one goes on serving."""
         if self._closing:
             raise UnavailableError("the engine is shutting down; no models can be loaded")
+        loop = asyncio.get_running_loop()
+        upload = None
+        if files is not None:
+            self._check_upload(name, config, files)
+            upload = await loop.run_in_executor(None, write_upload, name, files)
         versions: dict[int, _Version] = {}
         source: ModelSource | None = None
         loading = ""  # the version being loaded
         try:
             # off the loop: completing a Python model's config runs its model.py
-            source = await asyncio.get_running_loop().run_in_executor(
-                None, self._source, name, config)
+            source = await loop.run_in_executor(None, self._source, name, config, upload)
             if source.spec.ignored:
                 log.warning("model %s: served without its config's %s (not acted on here)",
                             name, ", ".join(source.spec.ignored))
@@ -198,6 +209,8 @@ class Engine:
         except Exception as error:
             if versions:  # the versions loaded before one failed are not served: stop them
                 await self._retire(versions.values(), drain_timeout_s=0.0)
+            if upload is not None:
+                await loop.run_in_executor(None, remove_upload, upload)
             if isinstance(error, NotFoundError) and not self._holds(name):
                 raise  # a name the repository does not hold: nothing to list as failed
             if isinstance(error, TensorgateError):
@@ -213,12 +226,36 @@ class Engine:
         self._unloaded.pop(name, None)
         self._forget_labels(name)
         self._labels.update(labels)
+        old_upload = self._uploads.pop(name, None)
+        if upload is not None:
+            self._uploads[name] = upload
         if old:
             await self._retire(old.values(), drain_timeout_s=30.0)
+        if old_upload is not None:
+            await loop.run_in_executor(None, remove_upload, old_upload)
 
-    def _source(self, name: str, config: str | None = None) -> ModelSource:
-        """Model `name`'s config and versions, from the repository that holds it."""
-        return load_source(self.repositories.holder(name), name, config, self._complete)
+    def _check_upload(self, name: str, config: str | None, files: UploadedFiles) -> None:
+        if not self._model_upload:
+            raise InvalidArgumentError(
+                f"load of model '{name}' with files: uploading model files is off (they are "
+                "code the server runs); start the server with --allow-model-upload to take "
+                "them, or put them in the model repository and load again")
+        if config is None:
+            raise InvalidArgumentError(
+                f"load of model '{name}' with files: the load's 'config' parameter must give "
+                "the model's config too (the uploaded files replace the model's folder)")
+        if not files:
+            raise InvalidArgumentError(f"load of model '{name}': an upload of no files")
+        if "config.pbtxt" in files:
+            log.warning("model %s: its uploaded config.pbtxt is not read: the load's 'config' "
+                        "is its config (as on Triton)", name)
+
+    def _source(self, name: str, config: str | None = None,
+                upload: pathlib.Path | None = None) -> ModelSource:
+        """Model `name`'s config and versions, from the repository that holds it (from
+        `upload`, a folder write_upload made, when given)."""
+        repository = upload if upload is not None else self.repositories.holder(name)
+        return load_source(repository, name, config, self._complete)
 
     def _holds(self, name: str) -> bool:
         """Whether a repository holds a model `name` (or one was served by that name)."""
@@ -239,6 +276,7 @@ class Engine:
         whatever it may have loaded is not refused for the ones it had not."""
         versions = self._models.pop(name, None)
         failed = self._failed.pop(name, None)
+        upload = self._uploads.pop(name, None)
         self._forget_labels(name)
         if versions:
             self._unloaded[name] = sorted(versions)
@@ -247,6 +285,8 @@ class Engine:
                 log.info("unload %r: the model is not loaded; nothing to do", name)
             return
         await self._retire(versions.values(), drain_timeout_s)
+        if upload is not None:
+            await asyncio.get_running_loop().run_in_executor(None, remove_upload, upload)
         if not dependents:
             return
         for model in sorted(_step_models(versions.values())):
@@ -261,6 +301,9 @@ class Engine:
         versions = [v for vs in self._models.values() for v in vs.values()]
         self._models = {}
         await self._retire(versions, drain_timeout_s)
+        uploads, self._uploads = list(self._uploads.values()), {}
+        for upload in uploads:
+            await asyncio.get_running_loop().run_in_executor(None, remove_upload, upload)
         self._postprocess.shutdown()
         if self._bls is not None:
             python_backend.serve_bls(None, self._bls)
