@@ -61,15 +61,16 @@ def server_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def serve(src: pathlib.Path, models: pathlib.Path
+def serve(src: pathlib.Path, models: pathlib.Path, *extra: str
           ) -> tuple[subprocess.Popen[bytes], int, int]:
-    """The server from `src`, ready: its process, HTTP port and gRPC port."""
+    """The server from `src`, ready: its process, HTTP port and gRPC port; `extra`: more of
+    its command line."""
     port, grpc_port = free_port(), free_port()
     env = {**os.environ, "PYTHONPATH": str(src.resolve())}
     process = subprocess.Popen(
         [sys.executable, "-m", "tensorgate", "serve", "--model-repository", str(models),
          "--http-port", str(port), "--grpc-port", str(grpc_port),
-         "--metrics-port", str(free_port())],
+         "--metrics-port", str(free_port()), *extra],
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline:

@@ -29,6 +29,7 @@ from tensorgate.protocol.infer_codec import (TENSORS_A_STEP, decode_infer_body,
                                              forward_headers, json_error, parse_json)
 from tensorgate.protocol.json_answers import encode_in_slices, large_json_outputs
 from tensorgate.protocol.json_slices import decode_in_slices, worth_slicing
+from tensorgate.protocol.load_body import load_parameters_steps
 from tensorgate.repository.upload import decode_base64_file, uploaded_files
 from tensorgate.tensor.buffer import ALIGNMENT, HostBuffer
 from tensorgate.tensor.copies import CopyLedger, record_copy
@@ -160,15 +161,20 @@ async def _index(dp: DataPlane, request: HttpRequest, repository: str) -> Any:
 
 
 async def _load(dp: DataPlane, request: HttpRequest, model: str, repository: str) -> Any:
-    parameters = _body_json(request).get("parameters") or {}
-    if not isinstance(parameters, dict):
-        raise InvalidArgumentError("'parameters' of a load request must be a JSON object")
+    # an upload's files are megabytes of base64: decoded with the loop serving others
+    parameters = await in_steps(load_parameters_steps(request.body, request.length))
     config = parameters.get("config")
     if config is not None and not isinstance(config, str):
         raise InvalidArgumentError("load parameter 'config' must be a string: the model "
                                    "config as JSON text")
-    await dp.load(model, config, repository, uploaded_files(parameters, decode_base64_file))
+    await dp.load(model, config, repository, uploaded_files(parameters, _file_content))
     return 200, _JSON, [b""]
+
+
+def _file_content(key: str, value: Any) -> bytes | bytearray:
+    """An HTTP load's file parameter: base64 text, or the bytes load_parameters_steps has
+    decoded from it already."""
+    return value if isinstance(value, bytearray) else decode_base64_file(key, value)
 
 
 async def _unload(dp: DataPlane, request: HttpRequest, model: str, repository: str) -> Any:

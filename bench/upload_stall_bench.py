@@ -1,0 +1,172 @@
+"""Does a model upload stall everyone else? Small binary requests' latency, alone, beside a
+client that reloads a large model from the repository, and beside one that uploads it.
+
+A load over HTTP with `file:` parameters carries the model's files in base64 inside a JSON
+body (tritonclient's `load_model(files=...)`): a 40 MB model is a 53 MB body the server
+parses and decodes before writing the files and loading the model. The reload from the
+repository is the same model's load without the body, so the difference between the two
+is what receiving the upload costs the others. In each round, for each source tree in
+turn (alternating the order), wrk drives `identity` [1,3,224,224] with the binary
+extension at one connection, alone, then beside a client that loads `big` (a TorchScript
+model holding MB megabytes of weights) from the repository back to back, then beside one
+that uploads it back to back. Every answer is checked.
+
+    .venv/bin/python bench/upload_stall_bench.py [--before /tmp/tg-old/src] [--megabytes 40]
+    (apt-get install wrk)
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import http.client
+import json
+import pathlib
+import shutil
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from typing import Any
+
+import numpy as np
+import torch
+
+HERE = pathlib.Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "src"))
+sys.path.insert(0, str(HERE))
+
+from ab_bench import add_tree_options, serve, trees_of  # noqa: E402
+from compare_wire import OIP_BINARY, raw_request, wrk_load  # noqa: E402
+from tensorgate.builtin.repository import write_default_repository  # noqa: E402
+
+_PATH = "/v2/models/{model}/infer"
+_CONFIG = {"name": "big", "platform": "pytorch_libtorch", "max_batch_size": 4,
+           "input": [{"name": "INPUT__0", "data_type": "TYPE_FP32", "dims": [4]}],
+           "output": [{"name": "OUTPUT__0", "data_type": "TYPE_FP32", "dims": [4]}]}
+
+
+class _Big(torch.nn.Module):
+    """Passes its input through, holding `megabytes` of weights it does not use."""
+
+    def __init__(self, megabytes: int) -> None:
+        super().__init__()
+        self.register_buffer("weights", torch.rand(megabytes * 250_000))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+
+def write_big(models: pathlib.Path, megabytes: int) -> bytes:
+    """Model `big` in the repository; its model.pt's bytes."""
+    folder = models / "big" / "1"
+    folder.mkdir(parents=True)
+    (models / "big" / "config.pbtxt").write_text(
+        'name: "big"\nplatform: "pytorch_libtorch"\nmax_batch_size: 4\n'
+        'input [ { name: "INPUT__0" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
+        'output [ { name: "OUTPUT__0" data_type: TYPE_FP32 dims: [ 4 ] } ]\n')
+    torch.jit.script(_Big(megabytes)).save(str(folder / "model.pt"))
+    return (folder / "model.pt").read_bytes()
+
+
+def _loads(port: int, body: bytes, stop: threading.Event, times: list[float]) -> None:
+    """POST the load of `big` with `body` until `stop`; each load's seconds into `times`."""
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+    try:
+        while not stop.is_set():
+            start = time.perf_counter()
+            connection.request("POST", "/v2/repository/models/big/load", body)
+            answer = connection.getresponse()
+            text = answer.read()
+            if answer.status != 200:
+                raise RuntimeError(f"load answered {answer.status}: {text[:300]!r}")
+            times.append(time.perf_counter() - start)
+    finally:
+        connection.close()
+
+
+def measure(src: pathlib.Path, work: pathlib.Path, seconds: float, model: bytes
+            ) -> dict[str, Any]:
+    x = np.random.default_rng(0).standard_normal((1, 3, 224, 224)).astype(np.float32)
+    upload = json.dumps({"parameters": {"config": json.dumps(_CONFIG), "file:1/model.pt":
+                                        base64.b64encode(model).decode()}}).encode()
+    process, port, _ = serve(src, work / "models", "--model-control-mode", "explicit",
+                             "--load-model", "*", "--allow-model-upload",
+                             "--max-request-bytes", str(len(upload) + (1 << 20)))
+    try:
+        small = raw_request(port, *OIP_BINARY.build(_PATH, "identity", x))
+        smallest = OIP_BINARY.min_body(x.size)
+        (work / "small").mkdir(exist_ok=True)
+        wrk_load(port, small, 1, 1, smallest, work / "small")
+        found: dict[str, Any] = {"alone": wrk_load(port, small, 1, seconds, smallest,
+                                                   work / "small"),
+                                 "body_mb": len(upload) / 1e6}
+        for name, body in (("reload", b""), ("upload", upload)):
+            stop, times = threading.Event(), []
+            loader = threading.Thread(target=_loads, args=(port, body, stop, times))
+            loader.start()
+            try:
+                found[name] = wrk_load(port, small, 1, seconds, smallest, work / "small")
+            finally:
+                stop.set()
+                loader.join()
+            if not times:
+                raise RuntimeError(f"no {name} finished in {seconds} s")
+            found[name + "_s"] = statistics.median(times)
+            found[name + "_count"] = len(times)
+    finally:
+        process.terminate()
+        process.wait(timeout=60)
+    for name in ("alone", "reload", "upload"):
+        point = found[name]
+        if point["bad"] or point["errors"] or not point["requests"]:
+            raise RuntimeError(f"{src}, {name}: {point['bad']} bad answers, "
+                               f"{point['errors']} errors")
+    return found
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_tree_options(parser)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--megabytes", type=int, default=40, help="of the model's weights")
+    args = parser.parse_args()
+    if shutil.which("wrk") is None:
+        parser.error("wrk is not installed (apt-get install wrk)")
+    trees = trees_of(args)
+    work = pathlib.Path(tempfile.mkdtemp(prefix="tg-upload-"))
+    write_default_repository(work / "models")
+    model = write_big(work / "models", args.megabytes)
+    runs: dict[str, list[dict[str, Any]]] = {tree: [] for tree in trees}
+    try:
+        for r in range(args.rounds):
+            for tree in list(trees) if r % 2 == 0 else list(trees)[::-1]:
+                found = measure(trees[tree], work, args.seconds, model)
+                runs[tree].append(found)
+                print(f"round {r + 1} {tree}: small P99 alone {found['alone']['p99_us']:,} µs, "
+                      f"beside reloads {found['reload']['p99_us']:,} µs (max "
+                      f"{found['reload']['max_us']:,}), beside uploads "
+                      f"{found['upload']['p99_us']:,} µs (max {found['upload']['max_us']:,}); "
+                      f"reload {found['reload_s']:.2f} s, upload {found['upload_s']:.2f} s",
+                      flush=True)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    print(f"\nidentity [1,3,224,224] binary at 1 connection: alone, beside back-to-back loads "
+          f"of a {len(model) / 1e6:.0f} MB TorchScript model from the repository, and beside "
+          f"back-to-back uploads of it ({runs[next(iter(trees))][0]['body_mb']:.0f} MB JSON "
+          f"bodies); medians of {args.rounds} rounds\n")
+    print("| server | alone P50 / P99 / max µs | beside reloads P50 / P99 / max µs | beside "
+          "uploads P50 / P99 / max µs | reload s | upload s |\n|---|---:|---:|---:|---:|---:|")
+    for tree, found in runs.items():
+        def cell(load: str) -> str:
+            return " / ".join(f"{statistics.median(f[load][key] for f in found):,.0f}"
+                              for key in ("p50_us", "p99_us", "max_us"))
+        print(f"| {tree} | {cell('alone')} | {cell('reload')} | {cell('upload')} | "
+              f"{statistics.median(f['reload_s'] for f in found):.2f} | "
+              f"{statistics.median(f['upload_s'] for f in found):.2f} |")
+
+
+if __name__ == "__main__":
+    main()
