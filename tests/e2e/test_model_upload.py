@@ -10,6 +10,7 @@ import io
 import json
 import os
 import pathlib
+import time
 from collections.abc import Iterator
 from typing import Any
 from unittest import mock
@@ -224,3 +225,46 @@ def test_uploads_are_refused_unless_the_server_allows_them(tmp_path: pathlib.Pat
     finally:
         assert stop_server(server) == 0
     assert "model upload allowed" not in (tmp_path / "server.log").read_text()
+
+
+_SLOW_SOURCE = b'''
+import time
+
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        time.sleep(1.0)
+
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor(
+            "OUTPUT__0", pb_utils.get_input_tensor_by_name(r, "INPUT__0").as_numpy())])
+            for r in requests]
+'''
+
+
+def test_a_load_whose_client_goes_away_is_done_all_the_same(served: Served) -> None:
+    """The client closes its connection while the model loads (1 s in its initialize): the
+    load goes on to its end, as on Triton; the model serves, and its folder is the one left."""
+    with httpclient.InferenceServerClient(served.server.url) as client:
+        config = json.loads(_config(client, "slow"))
+    config.update(backend="python", parameters={})
+    body = json.dumps({"parameters": {
+        "config": json.dumps(config),
+        "file:1/model.py": base64.b64encode(_SLOW_SOURCE).decode()}}).encode()
+    connection = http.client.HTTPConnection("127.0.0.1", served.server.port, timeout=60)
+    connection.request("POST", "/v2/repository/models/slow/load", body)
+    time.sleep(0.3)
+    connection.close()  # gone before the answer
+    with httpclient.InferenceServerClient(served.server.url) as client:
+        deadline = time.monotonic() + 20
+        while not client.is_model_ready("slow") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        try:
+            assert client.is_model_ready("slow")
+            assert np.array_equal(_infer(client, "slow"), np.ones((1, 4), np.float32))
+            assert len(served.folders()) == 1
+        finally:
+            client.unload_model("slow")
+    assert served.folders() == []

@@ -19,7 +19,7 @@ import itertools
 import logging
 import pathlib
 import time
-from collections.abc import AsyncGenerator, Callable, Iterable, Mapping
+from collections.abc import AsyncGenerator, Callable, Coroutine, Iterable, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -169,7 +169,12 @@ class Engine:
         config.pbtxt. `files` (an upload: path in the model's folder → content; needs
         `config`) make the folder it loads from instead of the repository's, as Triton's
         override files do. Until the new load is ready the old one serves; if it fails, the
-        old one goes on serving."""
+        old one goes on serving. A load goes on to its end when its caller is cancelled (a
+        client that went away), as on Triton: nothing is left half done."""
+        await _to_the_end(self._load(name, config, files))
+
+    async def _load(self, name: str, config: str | None,
+                    files: UploadedFiles | None) -> None:
         if self._closing:
             raise UnavailableError("the engine is shutting down; no models can be loaded")
         loop = asyncio.get_running_loop()
@@ -273,7 +278,11 @@ class Engine:
         `dependents` (Triton's unload_dependents): an ensemble's step models are unloaded
         too, each unless another loaded ensemble still calls it. A model that is not loaded
         is left as it is, without an error, as Triton does: a client's clean-up that unloads
-        whatever it may have loaded is not refused for the ones it had not."""
+        whatever it may have loaded is not refused for the ones it had not. Like a load, an
+        unload goes on to its end when its caller is cancelled."""
+        await _to_the_end(self._unload(name, drain_timeout_s, dependents))
+
+    async def _unload(self, name: str, drain_timeout_s: float, dependents: bool) -> None:
         versions = self._models.pop(name, None)
         failed = self._failed.pop(name, None)
         upload = self._uploads.pop(name, None)
@@ -293,7 +302,7 @@ class Engine:
             if model in self._models and model not in _step_models(
                     v for vs in self._models.values() for v in vs.values()):
                 log.info("model %s: unloaded with ensemble %s (unload_dependents)", model, name)
-                await self.unload(model, drain_timeout_s, dependents=True)
+                await self._unload(model, drain_timeout_s, dependents=True)
 
     async def shutdown(self, drain_timeout_s: float = 10.0) -> None:
         """Stop accepting, drain within the deadline, answer the rest, unload everything."""
@@ -892,6 +901,16 @@ class Engine:
             if trace is not None:
                 trace.stamp("REQUEST_END")
             del item  # (as in infer: the error raised here must not lead back to it)
+
+
+async def _to_the_end(work: Coroutine[Any, Any, None]) -> None:
+    """Await `work` in a task of its own that a cancelled caller does not cancel: a model
+    load or unload stopped half way would leave instances running that nothing serves, or
+    an upload's folder that nothing removes. Its error goes to the caller, if still there;
+    otherwise the task keeps it (retrieved, so asyncio does not log it as lost)."""
+    task = asyncio.ensure_future(work)
+    task.add_done_callback(lambda done: done.cancelled() or done.exception())
+    await asyncio.shield(task)
 
 
 def _step_request(model: str, version: int | None, inputs: dict[str, TensorView],
