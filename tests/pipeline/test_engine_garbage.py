@@ -56,3 +56,16 @@ def test_a_failed_request_leaves_no_cycle(repo: pathlib.Path, collector_off: Non
             return cyclic_garbage()  # (before the engine itself goes)
 
     assert run(scenario()) == Counter()
+
+
+def test_a_failed_load_leaves_no_cycle(repo: pathlib.Path, collector_off: None) -> None:
+    """A load the engine refuses (no such model, a config that is not JSON) raises its error
+    out of the task that ran it (loads go on to their end whoever waits) without a cycle."""
+    async def scenario() -> Counter[str]:
+        async with serving(repo) as engine:
+            for name, config in (("nope", None), ("failing", "{")):
+                with pytest.raises(TensorgateError):
+                    await engine.load(name, config)
+            return cyclic_garbage()
+
+    assert run(scenario()) == Counter()

@@ -907,10 +907,14 @@ async def _to_the_end(work: Coroutine[Any, Any, None]) -> None:
     """Await `work` in a task of its own that a cancelled caller does not cancel: a model
     load or unload stopped half way would leave instances running that nothing serves, or
     an upload's folder that nothing removes. Its error goes to the caller, if still there;
-    otherwise the task keeps it (retrieved, so asyncio does not log it as lost)."""
+    otherwise the task keeps it (retrieved, so asyncio does not log it as lost). The task
+    is let go of as the error leaves: it holds the error, whose traceback holds this frame."""
     task = asyncio.ensure_future(work)
     task.add_done_callback(lambda done: done.cancelled() or done.exception())
-    await asyncio.shield(task)
+    try:
+        await asyncio.shield(task)
+    finally:
+        del task
 
 
 def _step_request(model: str, version: int | None, inputs: dict[str, TensorView],
