@@ -86,7 +86,11 @@ class RefusedConnection(asyncio.Protocol):
         transport = cast(asyncio.Transport, transport)  # asyncio's or uvloop's (no subclass)
         transport.write(self._answer)
         if transport.can_write_eof():
-            transport.write_eof()
+            try:
+                transport.write_eof()
+            except OSError:  # reset by the client already (asyncio's transport raises)
+                transport.abort()
+                return
         asyncio.get_running_loop().call_later(REFUSED_LINGER_S, transport.close)
 
     def data_received(self, data: bytes) -> None:

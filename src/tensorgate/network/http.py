@@ -614,7 +614,11 @@ class _Connection(asyncio.BufferedProtocol):
         if not transport.can_write_eof():
             _close(transport)
             return
-        transport.write_eof()  # a FIN once the answer is written
+        try:
+            transport.write_eof()  # a FIN once the answer is written
+        except OSError:  # the client has reset the connection already (asyncio's transport
+            transport.abort()  # raises ENOTCONN; uvloop's says it in connection_lost)
+            return
         self._lingering = asyncio.get_running_loop().call_later(_LINGER_S, _close, transport)
         transport.resume_reading()  # to drop what the client still sends, until its EOF
 
