@@ -212,6 +212,7 @@ class ExecutorThread:
             self._setup()
         except BaseException as error:  # noqa: BLE001 - reported to the loader, never lost
             self._report(_settle, self.ready, error)
+            self._let_go_of_scheduler()
             self._report(_settle, self.stopped, None)
             return
         self._report(_settle, self.ready, None)
@@ -251,7 +252,16 @@ class ExecutorThread:
                 self.busy_since, self.busy_items = 0.0, ()
             del batch  # not held while idle: its buffers go back to the pool now
         self._teardown()
+        self._let_go_of_scheduler()
         self._report(_settle, self.stopped, None)
+
+    def _let_go_of_scheduler(self) -> None:
+        """Drop the scheduler's callbacks once nothing more will be reported: the scheduler
+        holds its executors, so after an unload they, the scheduler and the version's
+        statistics would otherwise wait in a cycle for the collector (the model itself is
+        released by _teardown; what is posted already holds its own callback)."""
+        self._on_batch_done = self._on_stream_end = _nothing
+        self._on_idle = _nothing
 
     def _setup(self) -> None:
         s = self.settings
@@ -964,6 +974,10 @@ def _fail_streams(streams: list[ResponseStream], error: TensorgateError) -> None
 
 def _cpu_text(cpus: frozenset[int]) -> str:
     return "cpu " + ",".join(map(str, sorted(cpus)))
+
+
+def _nothing(*_: Any) -> None:
+    pass
 
 
 def _settle(future: asyncio.Future[None], error: BaseException | None) -> None:
