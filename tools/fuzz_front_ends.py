@@ -5,10 +5,14 @@ its lines each input reached; each input is a connection on 127.0.0.1: requests 
 made from the fuzzer's bytes — mostly well formed, so that inputs get past the first check —
 sent, answered, then the connection dropped. System shared memory is on, with a region of
 the harness's own that inputs register at offsets and sizes in it, at its edges and past
-them, and name as their tensors' place. A finding is anything the server did not mean:
+them, and name as their tensors' place. Model control is explicit and uploads are allowed:
+inputs load, upload (files at paths in the model's folder and out of it, in base64 short
+and long enough to be decoded in slices, and not base64) and unload the models `up` (not in
+the repository) and `spare` (a copy of `ident`). A finding is anything the server did not mean:
 an exception it logged as unexpected (any record with a traceback), an exception the loop
 caught, the server no longer answering a plain request on a connection of its own, or,
-every 500 inputs, anything held once every connection has closed (held_after_quiet).
+every 500 inputs, anything held once every connection has closed (held_after_quiet), an
+upload's folder among them.
 
     .venv/bin/python -m pip install atheris           (not a dependency of the package)
     .venv/bin/python tools/fuzz_front_ends.py grpc -max_total_time=600 [corpus folder]
@@ -111,6 +115,7 @@ def write_repository(root: pathlib.Path) -> None:
         f'{step.format("MID", "OUT")} ] }}\n')
     for name in ("add_sub", "repeat", "bls"):
         shutil.copytree(TESTDATA / name, root / name)
+    shutil.copytree(root / "ident", root / "spare")
 
 
 SHM_KEY = f"tg_fuzz_{os.getpid()}"  # the region inputs register (and misregister)
@@ -125,9 +130,13 @@ def start_server(findings: Findings) -> Server:
     region.buf[:] = bytes(range(256)) * (SHM_BYTES // 256)
     _region.append(region)
     atexit.register(region.unlink)
+    tempfile.tempdir = str(root / "tmp")  # where uploads go: held_after_quiet counts them
+    os.mkdir(tempfile.tempdir)
     server = Server(ServerConfig(model_repository=(root,), http_port=0, grpc_port=0,
                                  metrics_port=0, allow_metrics=False, log_level="ERROR",
-                                 read_timeout_s=2.0, allow_shared_memory=True))
+                                 read_timeout_s=2.0, allow_shared_memory=True,
+                                 model_control_mode="explicit", load_models=("*",),
+                                 allow_model_upload=True))
     logging.basicConfig(level=logging.ERROR)
     logging.getLogger("tensorgate").addHandler(findings)
     started = threading.Event()
@@ -212,6 +221,11 @@ def held_after_quiet(server: Server, wait_s: float = 5.0) -> str | None:
         in_use = default_pool().statistics().bytes_in_use
         engine = server.engine
         queued = 0 if engine is None else sum(map(engine.pending, engine.model_names()))
+        folders = len(list(pathlib.Path(tempfile.gettempdir()).glob("tensorgate-upload-*")))
+        served = 0 if engine is None else len(engine._uploads)
+        if folders != served:
+            return (f"{folders} upload folders on disk for {served} models served from "
+                    "uploads")
         if not (open_ or in_use or queued):
             return None
         if time.monotonic() > deadline:
@@ -330,7 +344,11 @@ HTTP_PATHS = ["/v2/models/ident/infer", "/v2/models/ident/versions/1/infer",
               "/v2/models/ident/stats", "/v2/models/stats", "/v2/repository/index",
               "/v2/systemsharedmemory/status", "/v2/systemsharedmemory/region/r/register",
               "/v2/systemsharedmemory/region/r/unregister", "/v2/cudasharedmemory/status",
-              "/v2/trace/setting", "/v2/logging", "/", "/v2/models//infer"]
+              "/v2/trace/setting", "/v2/logging", "/", "/v2/models//infer",
+              "/v2/repository/models/up/load", "/v2/repository/models/up/load",
+              "/v2/repository/models/up/unload", "/v2/repository/models/spare/load",
+              "/v2/repository/models/spare/unload", "/v2/repository/models/nope/load",
+              "/v2/models/up/infer", "/v2/models/spare/infer"]
 METHODS = [b"POST", b"GET", b"HEAD", b"PUT", b"DELETE", b"OPTIONS", b"P\x00ST"]
 # setting calls that would change the server for later inputs (a log or trace file) are
 # read only: GET
@@ -349,6 +367,9 @@ def http_input(data: bytes) -> bytes:
             path += fdp.ConsumeUnicodeNoSurrogates(6)
         if path.endswith("register"):
             body = json.dumps(_register_body(fdp)).encode()
+            json_length = None
+        elif path.endswith("/load") or path.endswith("/unload"):
+            body = _load_body(fdp)
             json_length = None
         elif path.endswith("generate") or path.endswith("generate_stream"):
             body = json.dumps({_choice(fdp, ["IN", "text_input", "parameters", "id"]):
@@ -405,7 +426,8 @@ SERVICE = "/inference.GRPCInferenceService/"
 GRPC_METHODS = ["ModelInfer", "ModelStreamInfer", "ServerLive", "ServerReady", "ModelReady",
                 "ServerMetadata", "ModelMetadata", "ModelConfig", "ModelStatistics",
                 "RepositoryIndex", "SystemSharedMemoryStatus", "SystemSharedMemoryRegister",
-                "SystemSharedMemoryUnregister",
+                "SystemSharedMemoryUnregister", "RepositoryModelLoad",
+                "RepositoryModelLoad", "RepositoryModelUnload",
                 "CudaSharedMemoryStatus", "TraceSetting", "LogSettings", "Nope"]
 _PING_MARK = b"tg-fuzz!"
 
@@ -467,6 +489,21 @@ def _infer_message(fdp: atheris.FuzzedDataProvider, method: str) -> bytes:
             elif key in ("offset", "byte_size") and isinstance(value, int) and 0 <= value < 2**64:
                 fields[key] = value
         message = pb.SystemSharedMemoryRegisterRequest(**fields).SerializeToString()
+    elif method == "RepositoryModelLoad":
+        request = pb.RepositoryModelLoadRequest(model_name=_choice(fdp, CONTROLLED))
+        for key, value in _load_parameters(fdp).items():
+            if isinstance(value, bytes) and fdp.ConsumeProbability() < 0.9:
+                request.parameters[key].bytes_param = value
+            elif isinstance(value, str):
+                request.parameters[key].string_param = value
+            else:
+                request.parameters[key].int64_param = 5
+        message = request.SerializeToString()
+    elif method == "RepositoryModelUnload":
+        request = pb.RepositoryModelUnloadRequest(model_name=_choice(fdp, CONTROLLED))
+        if fdp.ConsumeBool():
+            request.parameters["unload_dependents"].bool_param = fdp.ConsumeBool()
+        message = request.SerializeToString()
     elif method == "SystemSharedMemoryUnregister":
         message = pb.SystemSharedMemoryUnregisterRequest(
             name=_choice(fdp, ["r", "s", ""])).SerializeToString()
@@ -548,6 +585,55 @@ def grpc_input(data: bytes) -> bytes:
     return bytes(out)
 
 
+CONTROLLED = ["up", "spare", "nope", ""]  # what inputs load, upload and unload (never ident)
+_UPLOAD_PATHS = ["1/model.pt", "1/model.pt", "2/model.pt", "model.pt", "1", "1/labels.txt",
+                 "../x/1/model.pt", "/abs", "", "1/./model.pt", "1/model.pt/x", "config.pbtxt"]
+_IDENT_PT: list[bytes] = []  # ident's model.pt, read once the repository is written
+
+
+def _config_text(fdp: atheris.FuzzedDataProvider) -> Any:
+    config = {"name": _choice(fdp, ["up", "spare", "other", None]),
+              "platform": _choice(fdp, ["pytorch_libtorch", "python", "ensemble", "x"]),
+              "max_batch_size": _choice(fdp, [8, 0, -1]),
+              "input": [{"name": "INPUT__0", "data_type": "TYPE_FP32", "dims": [-1]}],
+              "output": [{"name": "OUTPUT__0", "data_type": "TYPE_FP32", "dims": [-1]}]}
+    if config["name"] is None:
+        del config["name"]
+    return _choice(fdp, [json.dumps(config)] * 4 + ["{", "", 5])
+
+
+def _load_parameters(fdp: atheris.FuzzedDataProvider) -> dict[str, Any]:
+    """A load's parameters: maybe a config, files as bytes (the HTTP body makes them base64)."""
+    parameters: dict[str, Any] = {}
+    if fdp.ConsumeProbability() < 0.8:
+        parameters["config"] = _config_text(fdp)
+    for _ in range(fdp.ConsumeIntInRange(0, 3)):
+        path = _choice(fdp, _UPLOAD_PATHS) if fdp.ConsumeProbability() < 0.9 else \
+            fdp.ConsumeUnicodeNoSurrogates(8)
+        parameters["file:" + path] = _choice(fdp, [*_IDENT_PT, *_IDENT_PT, b"", b"x = 1\n",
+                                                   b"\x00" * (96 << 10)])
+    if fdp.ConsumeProbability() < 0.1:
+        parameters[_choice(fdp, ["unload_dependents", "other"])] = _json_value(fdp)
+    return parameters
+
+
+def _load_body(fdp: atheris.FuzzedDataProvider) -> bytes:
+    """A load or unload request's JSON body: files in base64, long ones (decoded in slices),
+    some spoiled (bad padding, not base64, an escape inside, not a string)."""
+    import base64
+    parameters = {key: base64.b64encode(value).decode() if isinstance(value, bytes) else value
+                  for key, value in _load_parameters(fdp).items()}
+    for key, value in parameters.items():
+        if key.startswith("file:") and isinstance(value, str) and fdp.ConsumeProbability() < 0.2:
+            parameters[key] = _choice(fdp, [value[:-1], "é" + value, 7, None, value + "=="])
+    body = json.dumps({"parameters": parameters} if fdp.ConsumeProbability() < 0.95 else
+                      [parameters]).encode()
+    if fdp.ConsumeProbability() < 0.1:  # a JSON escape (or a stray backslash) somewhere
+        at = fdp.ConsumeIntInRange(0, len(body))
+        body = body[:at] + _choice(fdp, [b"\\/", b"\\", b'\\"']) + body[at:]
+    return body
+
+
 def _pinged(answer: bytearray) -> bool:
     return _PING_MARK in answer
 
@@ -560,6 +646,8 @@ def main() -> None:
     front = sys.argv.pop(1)
     findings = Findings()
     server = start_server(findings)
+    _IDENT_PT.append((server.config.model_repository[0] / "ident" / "1" / "model.pt"
+                      ).read_bytes())
     port = server.grpc_port if front == "grpc" else server.http_port
     make = grpc_input if front == "grpc" else http_input
     done = _pinged if front == "grpc" else None
