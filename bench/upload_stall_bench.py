@@ -9,7 +9,8 @@ is what receiving the upload costs the others. In each round, for each source tr
 turn (alternating the order), wrk drives `identity` [1,3,224,224] with the binary
 extension at one connection, alone, then beside a client that loads `big` (a TorchScript
 model holding MB megabytes of weights) from the repository back to back, then beside one
-that uploads it back to back. Every answer is checked.
+that uploads it back to back over HTTP, then over gRPC (tritonclient's `load_model(files=)`:
+the file as a protobuf bytes field, no base64). Every answer is checked.
 
     .venv/bin/python bench/upload_stall_bench.py [--before /tmp/tg-old/src] [--megabytes 40]
     (apt-get install wrk)
@@ -86,12 +87,24 @@ def _loads(port: int, body: bytes, stop: threading.Event, times: list[float]) ->
         connection.close()
 
 
+def _grpc_loads(port: int, model: bytes, stop: threading.Event, times: list[float]) -> None:
+    """Upload `big` over gRPC until `stop`; each load's seconds into `times`."""
+    import tritonclient.grpc as grpcclient
+
+    with grpcclient.InferenceServerClient(f"127.0.0.1:{port}") as client:
+        while not stop.is_set():
+            start = time.perf_counter()
+            client.load_model("big", config=json.dumps(_CONFIG),
+                              files={"file:1/model.pt": model})
+            times.append(time.perf_counter() - start)
+
+
 def measure(src: pathlib.Path, work: pathlib.Path, seconds: float, model: bytes
             ) -> dict[str, Any]:
     x = np.random.default_rng(0).standard_normal((1, 3, 224, 224)).astype(np.float32)
     upload = json.dumps({"parameters": {"config": json.dumps(_CONFIG), "file:1/model.pt":
                                         base64.b64encode(model).decode()}}).encode()
-    process, port, _ = serve(src, work / "models", "--model-control-mode", "explicit",
+    process, port, grpc_port = serve(src, work / "models", "--model-control-mode", "explicit",
                              "--load-model", "*", "--allow-model-upload",
                              "--max-request-bytes", str(len(upload) + (1 << 20)))
     try:
@@ -102,9 +115,11 @@ def measure(src: pathlib.Path, work: pathlib.Path, seconds: float, model: bytes
         found: dict[str, Any] = {"alone": wrk_load(port, small, 1, seconds, smallest,
                                                    work / "small"),
                                  "body_mb": len(upload) / 1e6}
-        for name, body in (("reload", b""), ("upload", upload)):
+        for name, body in (("reload", b""), ("upload", upload), ("grpc", b"")):
             stop, times = threading.Event(), []
-            loader = threading.Thread(target=_loads, args=(port, body, stop, times))
+            loader = threading.Thread(target=_loads, args=(port, body, stop, times)) \
+                if name != "grpc" else threading.Thread(target=_grpc_loads,
+                                                        args=(grpc_port, model, stop, times))
             loader.start()
             try:
                 found[name] = wrk_load(port, small, 1, seconds, smallest, work / "small")
@@ -118,7 +133,7 @@ def measure(src: pathlib.Path, work: pathlib.Path, seconds: float, model: bytes
     finally:
         process.terminate()
         process.wait(timeout=60)
-    for name in ("alone", "reload", "upload"):
+    for name in ("alone", "reload", "upload", "grpc"):
         point = found[name]
         if point["bad"] or point["errors"] or not point["requests"]:
             raise RuntimeError(f"{src}, {name}: {point['bad']} bad answers, "
@@ -148,24 +163,28 @@ def main() -> None:
                 print(f"round {r + 1} {tree}: small P99 alone {found['alone']['p99_us']:,} µs, "
                       f"beside reloads {found['reload']['p99_us']:,} µs (max "
                       f"{found['reload']['max_us']:,}), beside uploads "
-                      f"{found['upload']['p99_us']:,} µs (max {found['upload']['max_us']:,}); "
-                      f"reload {found['reload_s']:.2f} s, upload {found['upload_s']:.2f} s",
+                      f"{found['upload']['p99_us']:,} µs (max {found['upload']['max_us']:,}), "
+                      f"beside gRPC uploads {found['grpc']['p99_us']:,} µs (max "
+                      f"{found['grpc']['max_us']:,}); reload {found['reload_s']:.2f} s, "
+                      f"upload {found['upload_s']:.2f} s, gRPC {found['grpc_s']:.2f} s",
                       flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     print(f"\nidentity [1,3,224,224] binary at 1 connection: alone, beside back-to-back loads "
           f"of a {len(model) / 1e6:.0f} MB TorchScript model from the repository, and beside "
           f"back-to-back uploads of it ({runs[next(iter(trees))][0]['body_mb']:.0f} MB JSON "
-          f"bodies); medians of {args.rounds} rounds\n")
+          f"bodies over HTTP; over gRPC); medians of {args.rounds} rounds\n")
     print("| server | alone P50 / P99 / max µs | beside reloads P50 / P99 / max µs | beside "
-          "uploads P50 / P99 / max µs | reload s | upload s |\n|---|---:|---:|---:|---:|---:|")
+          "HTTP uploads P50 / P99 / max µs | beside gRPC uploads P50 / P99 / max µs | reload s "
+          "| HTTP upload s | gRPC upload s |\n|---|---:|---:|---:|---:|---:|---:|---:|")
     for tree, found in runs.items():
         def cell(load: str) -> str:
             return " / ".join(f"{statistics.median(f[load][key] for f in found):,.0f}"
                               for key in ("p50_us", "p99_us", "max_us"))
         print(f"| {tree} | {cell('alone')} | {cell('reload')} | {cell('upload')} | "
-              f"{statistics.median(f['reload_s'] for f in found):.2f} | "
-              f"{statistics.median(f['upload_s'] for f in found):.2f} |")
+              f"{cell('grpc')} | " + " | ".join(
+                  f"{statistics.median(f[key] for f in found):.2f}"
+                  for key in ("reload_s", "upload_s", "grpc_s")) + " |")
 
 
 if __name__ == "__main__":

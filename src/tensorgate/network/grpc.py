@@ -29,7 +29,6 @@ from tensorgate.network.grpc_messages import (CODES, OK_TRAILERS, RESPONSE_HEADE
 from tensorgate.network.grpc_methods import API_GROUP, INFERENCE_SERVICE, UNARY, model_infer
 from tensorgate.network.grpc_stream import StreamCall
 from tensorgate.network.tls import HANDSHAKE_TIMEOUT_S, Handshakes
-from tensorgate.protocol.grpc_codec import parse_bounded_steps
 from tensorgate.protocol.restricted import Restrictions, refusal
 from tensorgate.protocol.status import codes_for
 from tensorgate.tensor.copies import CopyLedger
@@ -201,8 +200,8 @@ class _Call:
                     forwarded=self.forwarded, received=(self._began_ns, self._received_ns),
                     traceparent=self.traceparent, turn=turn)
             else:
-                request_type, handler = UNARY[self.path]
-                request = await in_steps(parse_bounded_steps(request_type, bytes(message)))
+                decode, handler = UNARY[self.path]
+                request = await in_steps(decode(message))
                 parts = [(await handler(dp, request)).SerializeToString()]
         except asyncio.CancelledError:
             return

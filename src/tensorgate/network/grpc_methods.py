@@ -16,10 +16,11 @@ from tensorgate.errors import InvalidArgumentError, NotFoundError, TensorgateErr
 from tensorgate.network import http2, in_steps
 from tensorgate.network.in_order import InOrder, Turn
 from tensorgate.protocol.grpc_codec import (TensorSpans, decode_model_infer_steps,
-                                            encode_model_infer_parts, split_model_infer_steps,
-                                            statistics_message)
+                                            encode_model_infer_parts, parse_bounded_steps,
+                                            split_model_infer_steps, statistics_message)
 from tensorgate.protocol.infer_codec import TENSORS_A_STEP, DecodedRequest
-from tensorgate.protocol.steps import run_through
+from tensorgate.protocol.load_message import LoadRequest, split_load_steps
+from tensorgate.protocol.steps import Steps, run_through
 from tensorgate.repository.upload import uploaded_files
 from tensorgate.tensor.copies import CopyLedger
 
@@ -298,21 +299,27 @@ async def _repository_index(dp: DataPlane, request: Any) -> Any:
                                                                   request.repository_name)])
 
 
-async def _repository_load(dp: DataPlane, request: Any) -> Any:
+async def _repository_load(dp: DataPlane, request: LoadRequest) -> Any:
+    parameters = request.message.parameters
     config = None
-    if "config" in request.parameters:
-        value = request.parameters["config"]
+    if "config" in parameters:
+        value = parameters["config"]
         if value.WhichOneof("parameter_choice") != "string_param":
             raise InvalidArgumentError("load parameter 'config' must be a string: the model "
                                        "config as JSON text")
         config = value.string_param
-    await dp.load(request.model_name, config, request.repository_name,
-                  uploaded_files(request.parameters, _file_content))
+    files = {key: parameters[key] for key in parameters if key.startswith("file:")}
+    files.update(request.files)  # the long ones, views of the message (load_message.py)
+    await dp.load(request.message.model_name, config, request.message.repository_name,
+                  uploaded_files(files, _file_content))
     return pb.RepositoryModelLoadResponse()
 
 
-def _file_content(key: str, value: Any) -> bytes:
-    """A gRPC load's file parameter: its content, a bytes_param as Triton takes it."""
+def _file_content(key: str, value: Any) -> bytes | memoryview:
+    """A gRPC load's file parameter: its content, a bytes_param as Triton takes it (a long
+    one a view of the message already)."""
+    if isinstance(value, memoryview):
+        return value
     if value.WhichOneof("parameter_choice") != "bytes_param":
         raise InvalidArgumentError(f"load parameter {key!r} must be a bytes parameter "
                                    "(bytes_param): the file's content")
@@ -384,11 +391,18 @@ _INFERENCE: dict[str, Handler] = {
     "TraceSetting": _trace_setting,
 }
 
-# path → (request type, handler); each inference method's request type is <Method>Request
-UNARY: dict[str, tuple[Any, Handler]] = {
-    **{f"/{INFERENCE_SERVICE}/{name}": (getattr(pb, f"{name}Request"), handler)
-       for name, handler in _INFERENCE.items()},
-    f"/{_HEALTH_SERVICE}/Check": (HealthCheckRequest, _health_check),
+def _parsed(message_type: Any) -> Callable[[Any], Steps]:
+    """A method's request decoder: the message parsed whole (bounded) by protobuf."""
+    return lambda message: parse_bounded_steps(message_type, bytes(message))
+
+
+# path → (request decoder, handler); each inference method's request type is <Method>Request,
+# parsed whole, but RepositoryModelLoad's, whose uploaded files are taken out first
+UNARY: dict[str, tuple[Callable[[Any], Steps], Handler]] = {
+    **{f"/{INFERENCE_SERVICE}/{name}": (_parsed(getattr(pb, f"{name}Request")), handler)
+       for name, handler in _INFERENCE.items() if name != "RepositoryModelLoad"},
+    f"/{INFERENCE_SERVICE}/RepositoryModelLoad": (split_load_steps, _repository_load),
+    f"/{_HEALTH_SERVICE}/Check": (_parsed(HealthCheckRequest), _health_check),
 }
 
 # Each method's API group, for restricted APIs (protocol/restricted.py); by the path's last part

@@ -34,11 +34,12 @@ MAX_UPLOAD_FILES = 1000  # each is a file made on the server's disk
 _MAX_NAME_BYTES = 255  # one path component, as most file systems allow
 
 # the path under the model's folder (as the parameter named it, after "file:") → its bytes
-UploadedFiles = dict[str, "bytes | bytearray"]
+UploadedFiles = dict[str, "bytes | bytearray | memoryview"]
 
 
 def uploaded_files(parameters: Mapping[str, Any],
-                   content: Callable[[str, Any], bytes | bytearray]) -> UploadedFiles | None:
+                   content: Callable[[str, Any], bytes | bytearray | memoryview]
+                   ) -> UploadedFiles | None:
     """A load's `file:` parameters as an upload (None when it has none): each path checked
     (upload_path), its content read by `content` (key, value) as the front end's wire
     carries it (decode_base64_file over HTTP)."""
@@ -78,7 +79,7 @@ def decode_base64_file(key: str, value: object) -> bytes:
                                    "content is sent in base64 over HTTP") from None
 
 
-def check_upload(files: Mapping[str, bytes | bytearray]) -> None:
+def check_upload(files: Mapping[str, bytes | bytearray | memoryview]) -> None:
     """Every path of `files` checked (upload_path), and their number bounded."""
     if len(files) > MAX_UPLOAD_FILES:
         raise InvalidArgumentError(f"a load may upload at most {MAX_UPLOAD_FILES} files, not "
@@ -87,7 +88,8 @@ def check_upload(files: Mapping[str, bytes | bytearray]) -> None:
         upload_path(FILE_PREFIX + key)
 
 
-def write_upload(name: str, files: Mapping[str, bytes | bytearray]) -> pathlib.Path:
+def write_upload(name: str, files: Mapping[str, bytes | bytearray | memoryview]
+                 ) -> pathlib.Path:
     """A new folder holding `<name>/` with `files` in it (paths as upload_path gives them):
     the repository the model then loads from. Blocking: call it off the event loop."""
     if "/" in name or "\0" in name or name in ("", ".", ".."):
