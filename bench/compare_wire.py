@@ -184,6 +184,13 @@ def _latency_figures(us: np.ndarray) -> dict[str, int]:
             "max_us": int(us.max()), "requests": int(us.size)}
 
 
+def check_load(point: dict[str, Any], what: str) -> None:
+    """Raise unless a load's run (wrk_load's, socket_load's) had answers, all good."""
+    if point["bad"] or point["errors"] or not point["requests"]:
+        raise RuntimeError(f"{what}: {point['bad']} bad answers, {point['errors']} errors, "
+                           f"{point['requests']} requests")
+
+
 def wrk_load(port: int, raw: bytes, connections: int, seconds: float, smallest: int,
              folder: pathlib.Path, status: int = 200) -> dict[str, Any]:
     """Send `raw` (a prebuilt request) with wrk: `connections` keep-alive connections on one

@@ -39,8 +39,8 @@ sys.path.insert(0, str(HERE))
 from ab_bench import add_tree_options, serve, trees_of  # noqa: E402
 from compare import start  # noqa: E402
 from compare_servers import servers  # noqa: E402
-from compare_wire import (OIP_BINARY, OIP_JSON, OIP_NESTED_JSON, raw_request,  # noqa: E402
-                          wrk_load)
+from compare_wire import (OIP_BINARY, OIP_JSON, OIP_NESTED_JSON, check_load,  # noqa: E402
+                          raw_request, wrk_load)
 from tensorgate.builtin.repository import write_default_repository  # noqa: E402
 from tensorgate.pipeline.executor import default_intra_op_threads  # noqa: E402
 
@@ -109,9 +109,7 @@ def measure(target: pathlib.Path | str, work: pathlib.Path, seconds: float,
         stop()
     for name, point in (("small alone", alone), ("small beside JSON", mixed),
                         ("JSON", beside)):
-        if point["bad"] or point["errors"] or not point["requests"]:
-            raise RuntimeError(f"{target}, {name}: {point['bad']} bad answers, "
-                               f"{point['errors']} errors")
+        check_load(point, f"{target}, {name}")
     return {"alone": alone, "mixed": mixed, "json": beside, "json_bytes": len(large),
             "peak_rss_mb": peak}
 

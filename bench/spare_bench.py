@@ -29,7 +29,7 @@ sys.path.insert(0, str(HERE.parent / "src"))
 sys.path.insert(0, str(HERE))
 
 from ab_bench import add_tree_options, serve, trees_of  # noqa: E402
-from compare_wire import wrk_load  # noqa: E402
+from compare_wire import check_load, wrk_load  # noqa: E402
 from server_bench import OUTPUT_BYTES, binary_request  # noqa: E402
 
 from tensorgate.builtin.repository import write_default_repository  # noqa: E402
@@ -67,9 +67,7 @@ def _measure(src: pathlib.Path, models: pathlib.Path, args: argparse.Namespace,
         process.terminate()
         process.wait(timeout=30)
     for model, point in found.items():
-        if point["bad"] or point["errors"]:
-            raise RuntimeError(f"{src} {model}: {point['bad']} bad answers, "
-                               f"{point['errors']} errors")
+        check_load(point, f"{src} {model}")
     return found
 
 

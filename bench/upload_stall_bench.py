@@ -39,7 +39,7 @@ sys.path.insert(0, str(HERE.parent / "src"))
 sys.path.insert(0, str(HERE))
 
 from ab_bench import add_tree_options, serve, trees_of  # noqa: E402
-from compare_wire import OIP_BINARY, raw_request, wrk_load  # noqa: E402
+from compare_wire import OIP_BINARY, check_load, raw_request, wrk_load  # noqa: E402
 from tensorgate.builtin.repository import write_default_repository  # noqa: E402
 
 _PATH = "/v2/models/{model}/infer"
@@ -134,10 +134,7 @@ def measure(src: pathlib.Path, work: pathlib.Path, seconds: float, model: bytes
         process.terminate()
         process.wait(timeout=60)
     for name in ("alone", "reload", "upload", "grpc"):
-        point = found[name]
-        if point["bad"] or point["errors"] or not point["requests"]:
-            raise RuntimeError(f"{src}, {name}: {point['bad']} bad answers, "
-                               f"{point['errors']} errors")
+        check_load(found[name], f"{src}, {name}")
     return found
 
 
