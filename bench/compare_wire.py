@@ -185,7 +185,7 @@ def _latency_figures(us: np.ndarray) -> dict[str, int]:
 
 
 def check_load(point: dict[str, Any], what: str) -> None:
-    """Raise unless a load's run (wrk_load's, socket_load's) had answers, all good."""
+    """Raise unless a wrk_load run had answers, all of them good."""
     if point["bad"] or point["errors"] or not point["requests"]:
         raise RuntimeError(f"{what}: {point['bad']} bad answers, {point['errors']} errors, "
                            f"{point['requests']} requests")
