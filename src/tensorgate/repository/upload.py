@@ -61,7 +61,12 @@ def upload_path(key: str) -> str:
         raise InvalidArgumentError(
             f"load parameter {key!r}: the path after 'file:' must be relative to the model's "
             "folder, made of names that are neither empty, '.' nor '..' (as 'file:1/model.py')")
-    if any(len(part.encode()) > _MAX_NAME_BYTES for part in parts):
+    try:
+        sizes = [len(part.encode()) for part in parts]
+    except UnicodeEncodeError:  # a lone surrogate (JSON's "\ud800"): no file name
+        raise InvalidArgumentError(f"load parameter {key[:80]!r}: its path is not valid "
+                                   "Unicode") from None
+    if max(sizes) > _MAX_NAME_BYTES:
         raise InvalidArgumentError(f"load parameter {key[:80]!r}...: a name in its path is "
                                    f"longer than {_MAX_NAME_BYTES} bytes")
     return path
