@@ -6,8 +6,10 @@ was its own cause. Found by tools/fuzz_front_ends.py."""
 
 from __future__ import annotations
 
+import asyncio
 import pathlib
 import shutil
+import threading
 from collections import Counter
 
 import pytest
@@ -95,3 +97,48 @@ def test_a_model_unloaded_or_replaced_leaves_no_cycle(repo: pathlib.Path, collec
             return cyclic_garbage()
 
     assert run(scenario()) == Counter()
+
+
+_SLOW_INIT = '''
+import time
+
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        time.sleep(0.5)
+
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor(
+            "OUT", pb_utils.get_input_tensor_by_name(r, "IN").as_numpy())]) for r in requests]
+'''
+
+
+def test_a_load_the_shutdown_overtakes_serves_nothing_after_it(tmp_path: pathlib.Path) -> None:
+    """A load still running when the engine shuts down ends refused, its instances stopped:
+    nothing is served, nor runs, once the shutdown is done (a load's end was registered after
+    the shutdown had retired everything, its instances running on)."""
+    folder = tmp_path / "slow" / "1"
+    folder.mkdir(parents=True)
+    (folder / "model.py").write_text(_SLOW_INIT)
+    (tmp_path / "slow" / "config.pbtxt").write_text(
+        'backend: "python"\nmax_batch_size: 0\n'
+        'input [ { name: "IN" data_type: TYPE_INT32 dims: [ 1 ] } ]\n'
+        'output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]\n')
+
+    async def scenario() -> None:
+        from tensorgate.errors import UnavailableError
+        from tensorgate.pipeline.engine import Engine
+
+        engine = Engine(tmp_path)
+        await engine.start([])
+        loading = asyncio.ensure_future(engine.load("slow"))
+        await asyncio.sleep(0.2)  # in its initialize
+        await engine.shutdown()
+        with pytest.raises(UnavailableError, match="shut down while it loaded"):
+            await loading
+        assert engine.model_names() == []
+        assert not [t for t in threading.enumerate() if "slow" in t.name]
+
+    run(scenario())

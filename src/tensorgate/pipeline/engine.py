@@ -225,6 +225,11 @@ class Engine:
             self._failed[name] = (loading, reason)
             raise ModelConfigError(str(source.directory) if source else name,
                                    reason) from error
+        if self._closing:  # shut down while this loaded: nothing is left to serve it
+            await self._retire(versions.values(), drain_timeout_s=0.0)
+            if upload is not None:
+                await loop.run_in_executor(None, remove_upload, upload)
+            raise UnavailableError(f"model '{name}': the engine shut down while it loaded")
         old = self._models.get(name)
         self._models[name] = versions
         self._failed.pop(name, None)
