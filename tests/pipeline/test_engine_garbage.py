@@ -139,6 +139,10 @@ def test_a_load_the_shutdown_overtakes_serves_nothing_after_it(tmp_path: pathlib
         with pytest.raises(UnavailableError, match="shut down while it loaded"):
             await loading
         assert engine.model_names() == []
+        for _ in range(200):  # a stopped instance's thread ends just after it says so
+            if not [t for t in threading.enumerate() if "slow" in t.name]:
+                break
+            await asyncio.sleep(0.01)
         assert not [t for t in threading.enumerate() if "slow" in t.name]
 
     run(scenario())
