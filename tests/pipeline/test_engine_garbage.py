@@ -146,3 +146,28 @@ def test_a_load_the_shutdown_overtakes_serves_nothing_after_it(tmp_path: pathlib
         assert not [t for t in threading.enumerate() if "slow" in t.name]
 
     run(scenario())
+
+
+def test_a_model_whose_instance_fails_to_set_up_leaves_no_cycle(
+        tmp_path: pathlib.Path, collector_off: None) -> None:
+    """A TorchScript model whose file is not one (torch.jit.load fails in the instance's
+    setup): the load is refused, and the failed instance is freed then (the error's
+    traceback from the instance's thread held the instance, whose `ready` held the error;
+    the load's frame, raising it, held it in its locals; found by
+    tools/fuzz_front_ends.py)."""
+    folder = tmp_path / "broken" / "1"
+    folder.mkdir(parents=True)
+    (folder / "model.pt").write_bytes(b"x = 1\n")
+    (tmp_path / "broken" / "config.pbtxt").write_text(
+        'platform: "pytorch_libtorch"\nmax_batch_size: 8\n'
+        'input [ { name: "INPUT__0" data_type: TYPE_FP32 dims: [ -1 ] } ]\n'
+        'output [ { name: "OUTPUT__0" data_type: TYPE_FP32 dims: [ -1 ] } ]\n')
+
+    async def scenario() -> Counter[str]:
+        async with serving(tmp_path, models=[]) as engine:
+            for _ in range(2):
+                with pytest.raises(TensorgateError):
+                    await engine.load("broken")
+            return cyclic_garbage()
+
+    assert run(scenario()) == Counter()

@@ -475,6 +475,7 @@ class Engine:
                 await executors[0].ready
             except Exception:
                 await self._abandon_load(executors, claims)
+                executors.clear()  # (whose `ready` holds the error this frame raises)
                 raise
             loaded = executors[0].runner
             first = executors[0] if loaded is not None and loaded.shareable else None
@@ -496,7 +497,11 @@ class Engine:
         errors = [r for r in results if isinstance(r, BaseException)]
         if errors:
             await self._abandon_load(executors, claims)
-            raise errors[0]
+            executors.clear()
+            try:  # the error leaves without this frame holding it (a cycle through its
+                raise errors[0]  # traceback, kept for the collector)
+            finally:
+                del results, errors
         spec = executors[0].settings.spec  # an exported program's ranges (input_bounds.py)
         for feed in dict.fromkeys(feeds):
             feed.hold_ragged(spec.ragged_limits)

@@ -211,7 +211,10 @@ class ExecutorThread:
         try:
             self._setup()
         except BaseException as error:  # noqa: BLE001 - reported to the loader, never lost
-            self._report(_settle, self.ready, error)
+            # without its traceback: its frames hold this executor, whose `ready` would hold
+            # the error, a cycle keeping the failed instance (and what the model's own
+            # setup frames held) for the collector; the loader says the error's words only
+            self._report(_settle, self.ready, error.with_traceback(None))
             self._let_go_of_scheduler()
             self._report(_settle, self.stopped, None)
             return
