@@ -99,6 +99,12 @@ def test_a_model_unloaded_or_replaced_leaves_no_cycle(repo: pathlib.Path, collec
     assert run(scenario()) == Counter()
 
 
+_CONFIG = """{kind}
+max_batch_size: {batch}
+input [ {{ name: "{tensor[0]}" data_type: TYPE_{datatype} dims: [ -1 ] }} ]
+output [ {{ name: "{tensor[1]}" data_type: TYPE_{datatype} dims: [ -1 ] }} ]
+"""
+
 _SLOW_INIT = '''
 import time
 
@@ -119,13 +125,9 @@ def test_a_load_the_shutdown_overtakes_serves_nothing_after_it(tmp_path: pathlib
     """A load still running when the engine shuts down ends refused, its instances stopped:
     nothing is served, nor runs, once the shutdown is done (a load's end was registered after
     the shutdown had retired everything, its instances running on)."""
-    folder = tmp_path / "slow" / "1"
-    folder.mkdir(parents=True)
-    (folder / "model.py").write_text(_SLOW_INIT)
-    (tmp_path / "slow" / "config.pbtxt").write_text(
-        'backend: "python"\nmax_batch_size: 0\n'
-        'input [ { name: "IN" data_type: TYPE_INT32 dims: [ 1 ] } ]\n'
-        'output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]\n')
+    rb.write_config(tmp_path, "slow", _CONFIG.format(kind='backend: "python"', batch=0,
+                                                     datatype="INT32", tensor=("IN", "OUT"))
+                    ).joinpath("1", "model.py").write_text(_SLOW_INIT)
 
     async def scenario() -> None:
         from tensorgate.errors import UnavailableError
@@ -155,18 +157,15 @@ def test_a_model_whose_instance_fails_to_set_up_leaves_no_cycle(
     traceback from the instance's thread held the instance, whose `ready` held the error;
     the load's frame, raising it, held it in its locals; found by
     tools/fuzz_front_ends.py)."""
-    folder = tmp_path / "broken" / "1"
-    folder.mkdir(parents=True)
-    (folder / "model.pt").write_bytes(b"x = 1\n")
-    (tmp_path / "broken" / "config.pbtxt").write_text(
-        'platform: "pytorch_libtorch"\nmax_batch_size: 8\n'
-        'input [ { name: "INPUT__0" data_type: TYPE_FP32 dims: [ -1 ] } ]\n'
-        'output [ { name: "OUTPUT__0" data_type: TYPE_FP32 dims: [ -1 ] } ]\n')
+    rb.write_config(tmp_path, "broken", _CONFIG.format(
+        kind='platform: "pytorch_libtorch"', batch=8, datatype="FP32",
+        tensor=("INPUT__0", "OUTPUT__0"))
+                    ).joinpath("1", "model.pt").write_bytes(b"x = 1\n")
 
     async def scenario() -> Counter[str]:
         async with serving(tmp_path, models=[]) as engine:
             for _ in range(2):
-                with pytest.raises(TensorgateError):
+                with pytest.raises(TensorgateError, match="not a ZIP archive"):  # at setup
                     await engine.load("broken")
             return cyclic_garbage()
 
