@@ -308,10 +308,9 @@ async def _repository_load(dp: DataPlane, request: LoadRequest) -> Any:
             raise InvalidArgumentError("load parameter 'config' must be a string: the model "
                                        "config as JSON text")
         config = value.string_param
-    files = {key: parameters[key] for key in parameters if key.startswith("file:")}
-    files.update(request.files)  # the long ones, views of the message (load_message.py)
+    # the long files are views of the message, taken out of it (load_message.py)
     await dp.load(request.message.model_name, config, request.message.repository_name,
-                  uploaded_files(files, _file_content))
+                  uploaded_files({**parameters, **request.files}, _file_content))
     return pb.RepositoryModelLoadResponse()
 
 

@@ -47,8 +47,7 @@ def split_load_steps(data: bytes | memoryview) -> Generator[None, None, LoadRequ
     """Steps whose result is the LoadRequest of a RepositoryModelLoad message `data`."""
     view = memoryview(data)
     if len(view) < LONG_FILE:
-        return LoadRequest((yield from parse_bounded_steps(pb.RepositoryModelLoadRequest,
-                                                           bytes(view))), {})
+        return (yield from _whole(view))
     kept: list[memoryview] = []
     files: dict[str, memoryview] = {}
     keys: set[str] = set()
@@ -61,66 +60,60 @@ def split_load_steps(data: bytes | memoryview) -> Generator[None, None, LoadRequ
             raise too_many_parts(_NAME)
         if not count % PARTS_A_STEP:
             yield
-        entry = _long_file(view, start, stop) if (number, kind) == (_PARAMETERS,
-                                                                    LENGTH_DELIMITED) else None
-        key = entry[0] if entry is not None else _entry_key(view, start, stop) \
-            if (number, kind) == (_PARAMETERS, LENGTH_DELIMITED) else None
-        if key is not None:
-            if key in keys:  # a key twice: the map's last-one-wins is protobuf's to apply
-                return LoadRequest((yield from parse_bounded_steps(
-                    pb.RepositoryModelLoadRequest, bytes(view))), {})
-            keys.add(key)
+        entry = _entry(view, start, stop) if (number, kind) == (_PARAMETERS,
+                                                                LENGTH_DELIMITED) else None
         if entry is not None:
-            files[entry[0]] = entry[1]
-        else:
-            kept.append(view[at:stop])
+            key, content = entry
+            if key in keys:  # a key twice: the map's last-one-wins is protobuf's to apply
+                return (yield from _whole(view))
+            keys.add(key)
+            if content is not None:
+                files[key] = content
+                at = stop
+                continue
+        kept.append(view[at:stop])
         at = stop
     if at != len(view) or not files:
-        return LoadRequest((yield from parse_bounded_steps(pb.RepositoryModelLoadRequest,
-                                                           bytes(view))), {})
+        return (yield from _whole(view))
     message = yield from parse_bounded_steps(pb.RepositoryModelLoadRequest, b"".join(kept))
     return LoadRequest(message, files)
 
 
-def _entry_key(view: memoryview, start: int, stop: int) -> str | None:
-    """A map entry's key (its last, as protobuf reads it; "" where it has none), or None
-    where it is not readable (protobuf says what is wrong)."""
-    key = ""
-    for number, kind, begin, end, complete in fields(view, stop, start, _NAME):
-        if not complete:
-            return None
-        if (number, kind) == (_KEY, LENGTH_DELIMITED):
-            try:
-                key = bytes(view[begin:end]).decode()
-            except UnicodeDecodeError:
-                return None
-    return key
+def _whole(view: memoryview) -> Generator[None, None, LoadRequest]:
+    """The message parsed whole by protobuf, nothing taken out."""
+    return LoadRequest((yield from parse_bounded_steps(pb.RepositoryModelLoadRequest,
+                                                       bytes(view))), {})
 
 
-def _long_file(view: memoryview, start: int, stop: int) -> tuple[str, memoryview] | None:
-    """(key, the bytes' view) of a map entry holding a "file:" key and a value that is one
-    bytes_param of LONG_FILE bytes or more, else None."""
-    key, content, reached = None, None, start
+def _entry(view: memoryview, start: int, stop: int) -> tuple[str, memoryview | None] | None:
+    """A parameters map entry's key (its last, as protobuf reads it; "" where it has none)
+    and, where the key starts "file:" and the value is nothing but a bytes_param of
+    LONG_FILE bytes or more, a view of those bytes; None where the entry is not readable
+    (protobuf says what is wrong)."""
+    key, values, plain, reached = "", [], True, start
     try:
         for number, kind, begin, end, complete in fields(view, stop, start, _NAME):
             reached = end
-            if not complete or kind != LENGTH_DELIMITED or number not in (_KEY, _VALUE) \
-                    or (number == _KEY and key is not None) \
-                    or (number == _VALUE and content is not None):
+            if not complete:
                 return None
-            if number == _KEY:
+            if (number, kind) == (_KEY, LENGTH_DELIMITED):
                 key = bytes(view[begin:end]).decode()
-                continue
-            inner = list(fields(view, end, begin, _NAME))
-            if len(inner) != 1:
-                return None
-            [(field, wire, first, last, whole)] = inner
-            if (field, wire) != (_BYTES_PARAM, LENGTH_DELIMITED) or not whole \
-                    or last != end or last - first < LONG_FILE:
-                return None
-            content = view[first:last]
+            elif (number, kind) == (_VALUE, LENGTH_DELIMITED):
+                values.append((begin, end))
+            else:
+                plain = False
+        if reached != stop:
+            return None
+        if not (plain and len(values) == 1 and key.startswith("file:")):
+            return key, None
+        begin, end = values[0]
+        inner = list(fields(view, end, begin, _NAME))
     except (InvalidArgumentError, UnicodeDecodeError):
         return None
-    if reached != stop or key is None or content is None or not key.startswith("file:"):
-        return None
-    return key, content
+    if len(inner) != 1:
+        return key, None
+    [(field, wire, first, last, whole)] = inner
+    if (field, wire) != (_BYTES_PARAM, LENGTH_DELIMITED) or not whole or last != end \
+            or last - first < LONG_FILE:
+        return key, None
+    return key, view[first:last]

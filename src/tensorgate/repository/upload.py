@@ -40,16 +40,21 @@ UploadedFiles = dict[str, "bytes | bytearray | memoryview"]
 def uploaded_files(parameters: Mapping[str, Any],
                    content: Callable[[str, Any], bytes | bytearray | memoryview]
                    ) -> UploadedFiles | None:
-    """A load's `file:` parameters as an upload (None when it has none): each path checked
-    (upload_path), its content read by `content` (key, value) as the front end's wire
-    carries it (decode_base64_file over HTTP)."""
+    """A load's `file:` parameters as an upload (None when it has none): path after "file:"
+    → its content, read by `content` (key, value) as the front end's wire carries it
+    (decode_base64_file over HTTP). Their number is bounded before any is read; the paths
+    are checked where they are written (write_upload)."""
     keys = sorted(key for key in parameters if key.startswith(FILE_PREFIX))
     if not keys:
         return None
-    if len(keys) > MAX_UPLOAD_FILES:
+    _bounded(len(keys))
+    return {key[len(FILE_PREFIX):]: content(key, parameters[key]) for key in keys}
+
+
+def _bounded(count: int) -> None:
+    if count > MAX_UPLOAD_FILES:
         raise InvalidArgumentError(f"a load may upload at most {MAX_UPLOAD_FILES} files, not "
-                                   f"{len(keys)}")
-    return {upload_path(key): content(key, parameters[key]) for key in keys}
+                                   f"{count}")
 
 
 def upload_path(key: str) -> str:
@@ -86,9 +91,7 @@ def decode_base64_file(key: str, value: object) -> bytes:
 
 def check_upload(files: Mapping[str, bytes | bytearray | memoryview]) -> None:
     """Every path of `files` checked (upload_path), and their number bounded."""
-    if len(files) > MAX_UPLOAD_FILES:
-        raise InvalidArgumentError(f"a load may upload at most {MAX_UPLOAD_FILES} files, not "
-                                   f"{len(files)}")
+    _bounded(len(files))
     for key in files:
         upload_path(FILE_PREFIX + key)
 
