@@ -139,7 +139,7 @@ class DataPlane:
         the model's folder, uploaded (path → content; the engine takes them only with
         --allow-model-upload)."""
         _one_repository(repository)
-        self._check_model_control("load")
+        self.check_model_control("load")
         if config is not None and len(config) > MAX_JSON_VALUES:  # else it cannot be over
             json_values_bounded(config.encode(), "load parameter 'config'")
         await self.engine.load(name, config, files)
@@ -147,10 +147,18 @@ class DataPlane:
     async def unload(self, name: str, dependents: bool = False, repository: str = "") -> None:
         """`dependents`: Triton's unload_dependents (an ensemble's step models too)."""
         _one_repository(repository)
-        self._check_model_control("unload")
+        self.check_model_control("unload")
         await self.engine.unload(name, dependents=dependents)
 
-    def _check_model_control(self, action: str) -> None:
+    @property
+    def takes_uploads(self) -> bool:
+        """Whether a load's files are taken (--allow-model-upload); when not, a front end
+        need not decode them: the load is refused for them unread."""
+        return self.engine.takes_uploads
+
+    def check_model_control(self, action: str) -> None:
+        """UnavailableError unless models may be loaded and unloaded through the API; a front
+        end asks before it reads a load's body (load asks again)."""
         if self.model_control_mode != "explicit":
             raise UnavailableError(
                 f"model {action} is not allowed: the server runs with --model-control-mode "

@@ -53,6 +53,17 @@ def _until(condition: Callable[[], bool], what: str) -> None:
     raise AssertionError(f"not within {WAIT_S} s: {what}")
 
 
+def _post(url: str, path: str, body: bytes) -> tuple[int, str]:
+    host, port = url.rsplit(":", 1)
+    connection = http.client.HTTPConnection(host, int(port), timeout=30)
+    try:
+        connection.request("POST", path, body)
+        answer = connection.getresponse()
+        return answer.status, answer.read().decode()
+    finally:
+        connection.close()
+
+
 def _refuses_load_and_unload(url: str, grpc_url: str, mode: str) -> None:
     message = (f"model load is not allowed: the server runs with --model-control-mode {mode}; "
                "start it with --model-control-mode explicit")
@@ -63,11 +74,25 @@ def _refuses_load_and_unload(url: str, grpc_url: str, mode: str) -> None:
         with pytest.raises(InferenceServerException, match="model unload is not allowed"):
             client.unload_model("a")
         assert client.is_model_ready("a")  # still served
+    # refused before its body is read: an upload (here not even base64) is not decoded,
+    # a body that is not JSON not parsed
+    for body in (b'{"parameters": {"config": "{}", "file:1/model.pt": "%s"}}' % (b"?" * size)
+                 for size in (16, 1 << 20)):
+        status, answer = _post(url, "/v2/repository/models/a/load", body)
+        assert status == 503 and message in answer
+    assert _post(url, "/v2/repository/models/a/load", b"{not json")[0] == 503
     with grpcclient.InferenceServerClient(grpc_url) as client:
         with pytest.raises(InferenceServerException) as refused:
             client.load_model("a")
         assert refused.value.status() == "StatusCode.UNAVAILABLE"
         assert message in refused.value.message()
+    with grpc.insecure_channel(grpc_url) as channel:  # a file that is not bytes: unread
+        request = service_pb2.RepositoryModelLoadRequest(model_name="a")
+        request.parameters["file:1/model.py"].string_param = "x"
+        with pytest.raises(grpc.RpcError) as failed:
+            service_pb2_grpc.GRPCInferenceServiceStub(channel).RepositoryModelLoad(request)
+        assert failed.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert message in failed.value.details()
 
 
 def test_default_mode_serves_everything_and_refuses_the_api(tmp_path: pathlib.Path) -> None:

@@ -221,6 +221,21 @@ def test_uploads_are_refused_unless_the_server_allows_them(tmp_path: pathlib.Pat
                 with pytest.raises(InferenceServerException,
                                    match="start the server with --allow-model-upload"):
                     each.load_model("up", config=config, files=_files())
+            # refused before a file is read: here none is base64, nor a bytes parameter
+            for size in (16, 1 << 20):
+                served = Served(server, tmp_path, tmp_path, tmp_path)
+                status, answer = _post_load(served, "up", {"parameters": {
+                    "config": config, "file:1/model.pt": "?" * size}})
+                assert status == 400 and "--allow-model-upload" in answer, answer
+            with grpc.insecure_channel(server.grpc_url) as channel:
+                request = service_pb2.RepositoryModelLoadRequest(model_name="up")
+                request.parameters["config"].string_param = config
+                request.parameters["file:1/model.py"].string_param = rb.PYTHON_MODEL
+                with pytest.raises(grpc.RpcError) as refused:
+                    service_pb2_grpc.GRPCInferenceServiceStub(channel).RepositoryModelLoad(
+                        request)
+                assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+                assert "--allow-model-upload" in refused.value.details()
             assert not client.is_model_ready("up")
     finally:
         assert stop_server(server) == 0

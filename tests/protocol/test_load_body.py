@@ -117,3 +117,18 @@ def test_a_body_of_only_quotes_or_backslashes_is_parsed_whole_not_walked() -> No
                  b'{"parameters": {"file:1/a": "' + b"\\\\" * 300_000 + b'"}}'):
         assert _outcome(_sliced_parameters, body) == _outcome(_whole, body)
         assert _sliced(body)[1] <= 2
+
+
+def test_a_server_that_takes_no_uploads_decodes_no_file() -> None:
+    """Without decode_files a long file's text is not read (here it is not base64, and no
+    error says so): the load is refused for the file, not for its content."""
+    body = json.dumps({"parameters": {"config": "{}", "file:1/model.pt": "?" * LONG_STRING}})
+    steps = load_parameters_steps(body.encode(), len(body), decode_files=False)
+    with pytest.raises(StopIteration) as done:
+        while True:
+            next(steps)
+    parameters = done.value.value
+    assert parameters["config"] == "{}" and isinstance(parameters["file:1/model.pt"], str)
+    assert len(parameters["file:1/model.pt"]) < 64  # a placeholder, not the text
+    with pytest.raises(InvalidArgumentError, match="is not base64"):
+        _sliced(body.encode())  # decoding, the same body is refused for its content

@@ -300,6 +300,7 @@ async def _repository_index(dp: DataPlane, request: Any) -> Any:
 
 
 async def _repository_load(dp: DataPlane, request: LoadRequest) -> Any:
+    dp.check_model_control("load")  # before the parameters are read, as over HTTP
     parameters = request.message.parameters
     config = None
     if "config" in parameters:
@@ -310,7 +311,8 @@ async def _repository_load(dp: DataPlane, request: LoadRequest) -> Any:
         config = value.string_param
     # the long files are views of the message, taken out of it (load_message.py)
     await dp.load(request.message.model_name, config, request.message.repository_name,
-                  uploaded_files({**parameters, **request.files}, _file_content))
+                  uploaded_files({**parameters, **request.files},
+                                 _file_content if dp.takes_uploads else None))
     return pb.RepositoryModelLoadResponse()
 
 

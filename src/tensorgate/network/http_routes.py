@@ -161,13 +161,18 @@ async def _index(dp: DataPlane, request: HttpRequest, repository: str) -> Any:
 
 
 async def _load(dp: DataPlane, request: HttpRequest, model: str, repository: str) -> Any:
-    # an upload's files are megabytes of base64: decoded with the loop serving others
-    parameters = await in_steps(load_parameters_steps(request.body, request.length))
+    # refused for the mode before a byte of the body is parsed, and an upload's files are
+    # decoded only where the server takes them: a client may not make it decode megabytes
+    # of base64 it refuses; those it takes are decoded with the loop serving others
+    dp.check_model_control("load")
+    decode = dp.takes_uploads
+    parameters = await in_steps(load_parameters_steps(request.body, request.length, decode))
     config = parameters.get("config")
     if config is not None and not isinstance(config, str):
         raise InvalidArgumentError("load parameter 'config' must be a string: the model "
                                    "config as JSON text")
-    await dp.load(model, config, repository, uploaded_files(parameters, _file_content))
+    files = uploaded_files(parameters, _file_content if decode else None)
+    await dp.load(model, config, repository, files)
     return 200, _JSON, [b""]
 
 

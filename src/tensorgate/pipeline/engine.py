@@ -656,6 +656,11 @@ class Engine:
 
     # -- queries ---------------------------------------------------------------------------
 
+    @property
+    def takes_uploads(self) -> bool:
+        """Whether a load may carry the model's files (--allow-model-upload)."""
+        return self._model_upload
+
     def model_names(self) -> list[str]:
         return sorted(self._models)
 

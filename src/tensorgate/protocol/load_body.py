@@ -36,10 +36,13 @@ _MOST_BACKSLASHES = 64  # in a row before a quote
 _QUOTE, _BACKSLASH = ord('"'), ord("\\")
 
 
-def load_parameters_steps(body: Any, length: int) -> Generator[None, None, dict[str, Any]]:
+def load_parameters_steps(body: Any, length: int, decode_files: bool = True
+                          ) -> Generator[None, None, dict[str, Any]]:
     """Steps whose result is the load body's "parameters" object ({} for an empty body):
     each long `file:` value already decoded (a bytearray), the others as the JSON had them
-    (a `file:` value a str, still base64). InvalidArgumentError as the plain path says it."""
+    (a `file:` value a str, still base64). InvalidArgumentError as the plain path says it.
+    Without `decode_files` (a server that refuses uploads) a long `file:` value is left a
+    placeholder string, undecoded and unchecked."""
     if not length:
         return {}
     memory = memoryview(body)[:length]
@@ -57,6 +60,8 @@ def load_parameters_steps(body: Any, length: int) -> Generator[None, None, dict[
     keys = _placed(parameters, nonce, len(spans))
     if keys is None:  # a long string that is not a file's: the plain path's
         return _parameters(parse_json(memory, "the request body"))
+    if not decode_files:
+        return parameters
     for key, (start, end) in zip(keys, spans):
         parameters[key] = yield from _base64_steps(key, memory[start:end])
     return parameters

@@ -38,15 +38,18 @@ UploadedFiles = dict[str, "bytes | bytearray | memoryview"]
 
 
 def uploaded_files(parameters: Mapping[str, Any],
-                   content: Callable[[str, Any], bytes | bytearray | memoryview]
+                   content: Callable[[str, Any], bytes | bytearray | memoryview] | None
                    ) -> UploadedFiles | None:
     """A load's `file:` parameters as an upload (None when it has none): path after "file:"
     → its content, read by `content` (key, value) as the front end's wire carries it
-    (decode_base64_file over HTTP). Their number is bounded before any is read; the paths
-    are checked where they are written (write_upload)."""
+    (decode_base64_file over HTTP); `content` None (a server that takes no uploads, which
+    refuses the load for them): each left unread, empty. Their number is bounded before
+    any is read; the paths are checked where they are written (write_upload)."""
     keys = sorted(key for key in parameters if key.startswith(FILE_PREFIX))
     if not keys:
         return None
+    if content is None:
+        return dict.fromkeys((key[len(FILE_PREFIX):] for key in keys), b"")
     _bounded(len(keys))
     return {key[len(FILE_PREFIX):]: content(key, parameters[key]) for key in keys}
 
