@@ -12,11 +12,15 @@ the repository) and `spare` (a copy of `ident`). A finding is anything the serve
 an exception it logged as unexpected (any record with a traceback), an exception the loop
 caught, the server no longer answering a plain request on a connection of its own, or,
 every 500 inputs, anything held once every connection has closed (held_after_quiet), an
-upload's folder among them.
+upload's folder among them. `grpc-tls` sends the gRPC inputs over TLS (the server has
+--grpc-use-ssl, with a test CA's certificate): the ssl layer's reads and writes in place of
+the plain socket's, and one input in eight sent in plaintext to the TLS port (a handshake
+that fails).
 
     .venv/bin/python -m pip install atheris           (not a dependency of the package)
     .venv/bin/python tools/fuzz_front_ends.py grpc -max_total_time=600 [corpus folder]
     .venv/bin/python tools/fuzz_front_ends.py http -max_total_time=600 [corpus folder]
+    .venv/bin/python tools/fuzz_front_ends.py grpc-tls -max_total_time=600 [corpus folder]
 
 Arguments after the front end's name are libFuzzer's. A finding stops the run with the input
 that made it written to crash-<hash> (libFuzzer's own file), and replaying that file
@@ -33,6 +37,7 @@ import os
 import pathlib
 import shutil
 import socket
+import ssl
 import struct
 import sys
 import tempfile
@@ -50,6 +55,7 @@ with atheris.instrument_imports(include=["tensorgate"]):
 
 import hpack  # noqa: E402
 import torch  # noqa: E402
+import trustme  # noqa: E402
 from tritonclient.grpc import service_pb2 as pb  # noqa: E402
 
 HERE = pathlib.Path(__file__).resolve().parent
@@ -123,9 +129,21 @@ SHM_BYTES = 4096
 _region: list[shared_memory.SharedMemory] = []  # held for the run
 
 
-def start_server(findings: Findings) -> Server:
+def start_server(findings: Findings, tls: ssl.SSLContext | None = None) -> Server:
+    """The server, started on a thread of its own; with `tls` (a client context), gRPC over
+    TLS with a certificate `tls` trusts."""
     root = pathlib.Path(tempfile.mkdtemp(prefix="tg-fuzz-"))
     write_repository(root)
+    certificates: dict[str, Any] = {}
+    if tls is not None:
+        ca = trustme.CA()
+        ca.configure_trust(tls)
+        issued = ca.issue_cert("127.0.0.1")
+        certificates = {"grpc_use_ssl": True, "grpc_server_cert": root / "server.pem",
+                        "grpc_server_key": root / "server.key"}
+        for i, blob in enumerate(issued.cert_chain_pems):
+            blob.write_to_path(str(root / "server.pem"), append=i > 0)
+        issued.private_key_pem.write_to_path(str(root / "server.key"))
     region = shared_memory.SharedMemory(SHM_KEY, create=True, size=SHM_BYTES)
     region.buf[:] = bytes(range(256)) * (SHM_BYTES // 256)
     _region.append(region)
@@ -136,7 +154,7 @@ def start_server(findings: Findings) -> Server:
                                  metrics_port=0, allow_metrics=False, log_level="ERROR",
                                  read_timeout_s=2.0, allow_shared_memory=True,
                                  model_control_mode="explicit", load_models=("*",),
-                                 allow_model_upload=True))
+                                 allow_model_upload=True, **certificates))
     logging.basicConfig(level=logging.ERROR)
     logging.getLogger("tensorgate").addHandler(findings)
     started = threading.Event()
@@ -156,11 +174,20 @@ def start_server(findings: Findings) -> Server:
 
 
 def exchange(port: int, data: bytes, done: Any = None, quiet_s: float = 0.01,
-             limit_s: float = 1.0) -> bytes:
-    """Send `data` on a new connection; read until `done(answer)` and then `quiet_s` without
-    bytes (or the server closes, or `limit_s`); drop the connection."""
+             limit_s: float = 1.0, tls: ssl.SSLContext | None = None) -> bytes:
+    """Send `data` on a new connection (over TLS with `tls`); read until `done(answer)` and
+    then `quiet_s` without bytes (or the server closes, or `limit_s`); drop the connection
+    (over TLS, without a close_notify)."""
     answer = bytearray()
-    with socket.create_connection(("127.0.0.1", port), timeout=limit_s) as sock:
+    with socket.create_connection(("127.0.0.1", port), timeout=limit_s) as plain:
+        sock = plain
+        if tls is not None:
+            plain.settimeout(10.0)  # a bound for a busy server, as still_serving's
+            try:
+                sock = tls.wrap_socket(plain, server_hostname="127.0.0.1")
+            except OSError as error:  # a server that serves completes every handshake
+                raise RuntimeError(f"TLS handshake failed: {error!r}") from error
+            sock.settimeout(limit_s)
         try:
             sock.sendall(data)
         except OSError:  # refused midway: what it answered is still read
@@ -641,22 +668,29 @@ def _pinged(answer: bytearray) -> bool:
 # -- the run -------------------------------------------------------------------------------------
 
 def main() -> None:
-    if len(sys.argv) < 2 or sys.argv[1] not in ("http", "grpc"):
+    if len(sys.argv) < 2 or sys.argv[1] not in ("http", "grpc", "grpc-tls"):
         sys.exit(__doc__)
     front = sys.argv.pop(1)
     findings = Findings()
-    server = start_server(findings)
+    tls = None
+    if front == "grpc-tls":
+        tls = ssl.create_default_context(ssl.Purpose.SERVER_AUTH)
+        tls.set_alpn_protocols(["h2"])
+    server = start_server(findings, tls)
     _IDENT_PT.append((server.config.model_repository[0] / "ident" / "1" / "model.pt"
                       ).read_bytes())
-    port = server.grpc_port if front == "grpc" else server.http_port
-    make = grpc_input if front == "grpc" else http_input
-    done = _pinged if front == "grpc" else None
+    port = server.http_port if front == "http" else server.grpc_port
+    make = http_input if front == "http" else grpc_input
+    done = None if front == "http" else _pinged
 
     runs = 0
 
     def one(data: bytes) -> None:
         nonlocal runs
-        exchange(port, make(data), done)
+        if tls is not None and data[:1] and data[0] % 8 == 0:
+            exchange(port, make(data), None)  # plaintext to the TLS port: refused
+        else:
+            exchange(port, make(data), done, tls=tls)
         runs += 1
         problem = findings.found[:1] or [still_serving(server.http_port)]
         if problem[0] is None and (runs % HELD_CHECK_EVERY == 0 or replaying):
