@@ -10,7 +10,9 @@ turn (alternating the order), wrk drives `identity` [1,3,224,224] with the binar
 extension at one connection, alone, then beside a client that loads `big` (a TorchScript
 model holding MB megabytes of weights) from the repository back to back, then beside one
 that uploads it back to back over HTTP, then over gRPC (tritonclient's `load_model(files=)`:
-the file as a protobuf bytes field, no base64). Every answer is checked.
+the file as a protobuf bytes field, no base64). Every answer is checked. A second table: the
+server's CPU for each upload it refuses, for the model-control mode (none) and for the flag
+(explicit, no --allow-model-upload): what a client may make a server do for nothing.
 
     .venv/bin/python bench/upload_stall_bench.py [--before /tmp/tg-old/src] [--megabytes 40]
     (apt-get install wrk)
@@ -38,7 +40,7 @@ HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "src"))
 sys.path.insert(0, str(HERE))
 
-from ab_bench import add_tree_options, serve, trees_of  # noqa: E402
+from ab_bench import add_tree_options, serve, server_cpu_s, trees_of  # noqa: E402
 from compare_wire import OIP_BINARY, check_load, raw_request, wrk_load  # noqa: E402
 from tensorgate.builtin.repository import write_default_repository  # noqa: E402
 
@@ -102,8 +104,7 @@ def _grpc_loads(port: int, model: bytes, stop: threading.Event, times: list[floa
 def measure(src: pathlib.Path, work: pathlib.Path, seconds: float, model: bytes
             ) -> dict[str, Any]:
     x = np.random.default_rng(0).standard_normal((1, 3, 224, 224)).astype(np.float32)
-    upload = json.dumps({"parameters": {"config": json.dumps(_CONFIG), "file:1/model.pt":
-                                        base64.b64encode(model).decode()}}).encode()
+    upload = _upload_body(model)
     process, port, grpc_port = serve(src, work / "models", "--model-control-mode", "explicit",
                              "--load-model", "*", "--allow-model-upload",
                              "--max-request-bytes", str(len(upload) + (1 << 20)))
@@ -138,6 +139,41 @@ def measure(src: pathlib.Path, work: pathlib.Path, seconds: float, model: bytes
     return found
 
 
+def _upload_body(model: bytes) -> bytes:
+    return json.dumps({"parameters": {"config": json.dumps(_CONFIG), "file:1/model.pt":
+                                      base64.b64encode(model).decode()}}).encode()
+
+
+def refused_cost(src: pathlib.Path, work: pathlib.Path, model: bytes, count: int = 5
+                 ) -> dict[str, float]:
+    """Server CPU ms for each upload refused for the mode (none) and for the flag (explicit
+    without --allow-model-upload), median of `count`; every answer checked."""
+    upload = _upload_body(model)
+    found = {}
+    for refusal, extra, status in (("mode", (), 503),
+                                   ("flag", ("--model-control-mode", "explicit"), 400)):
+        process, port, _ = serve(src, work / "models", "--max-request-bytes",
+                                 str(len(upload) + (1 << 20)), *extra)
+        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+        try:
+            costs = []
+            for _ in range(count + 1):  # the first one warms up
+                before = server_cpu_s(process.pid)
+                connection.request("POST", "/v2/repository/models/big/load", upload)
+                answer = connection.getresponse()
+                text = answer.read()
+                if answer.status != status:
+                    raise RuntimeError(f"a refused upload answered {answer.status}: "
+                                       f"{text[:300]!r}")
+                costs.append(server_cpu_s(process.pid) - before)
+            found[refusal] = statistics.median(costs[1:]) * 1e3
+        finally:
+            connection.close()
+            process.terminate()
+            process.wait(timeout=60)
+    return found
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_tree_options(parser)
@@ -152,11 +188,13 @@ def main() -> None:
     write_default_repository(work / "models")
     model = write_big(work / "models", args.megabytes)
     runs: dict[str, list[dict[str, Any]]] = {tree: [] for tree in trees}
+    refused: dict[str, list[dict[str, float]]] = {tree: [] for tree in trees}
     try:
         for r in range(args.rounds):
             for tree in list(trees) if r % 2 == 0 else list(trees)[::-1]:
                 found = measure(trees[tree], work, args.seconds, model)
                 runs[tree].append(found)
+                refused[tree].append(refused_cost(trees[tree], work, model))
                 print(f"round {r + 1} {tree}: small P99 alone {found['alone']['p99_us']:,} µs, "
                       f"beside reloads {found['reload']['p99_us']:,} µs (max "
                       f"{found['reload']['max_us']:,}), beside uploads "
@@ -182,6 +220,12 @@ def main() -> None:
               f"{cell('grpc')} | " + " | ".join(
                   f"{statistics.median(f[key] for f in found):.2f}"
                   for key in ("reload_s", "upload_s", "grpc_s")) + " |")
+    print("\nserver CPU for one refused upload (the same body; median of 5 a round, then of "
+          "the rounds)\n\n| server | refused for the mode (none) ms | refused for the flag "
+          "(explicit) ms |\n|---|---:|---:|")
+    for tree, costs in refused.items():
+        print(f"| {tree} | " + " | ".join(f"{statistics.median(c[key] for c in costs):.0f}"
+                                         for key in ("mode", "flag")) + " |")
 
 
 if __name__ == "__main__":
