@@ -46,6 +46,8 @@ from typing import Any
 
 import torch
 
+from tensorgate.repository import weights
+
 __all__ = ["Model", "ModelContext", "Parameter", "RequestInfo"]
 
 # A request parameter's value, as JSON and gRPC's InferParameter carry it.
@@ -67,8 +69,10 @@ class ModelContext:
     instance: int = 0  # which of the version's instances (each has its own model object)
 
     def load_weights(self, filename: str) -> Any:
-        """`torch.load` of a file in the version directory, tensors only (weights_only=True)."""
-        return torch.load(self.directory / filename, map_location=self.device, weights_only=True)
+        """`torch.load` of a file in the version directory onto the device, tensors only
+        (weights_only=True), read with the GIL free: the server's other models go on
+        answering meanwhile (repository/weights.py)."""
+        return weights.load_weights(self.directory / filename, self.device)
 
 
 @dataclass(frozen=True, slots=True)
