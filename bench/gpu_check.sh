@@ -56,7 +56,8 @@ python3 -c "import torch, numpy, grpc, uvloop; print('torch', torch.__version__,
 if step tests; then
   echo "== CUDA tests"
   timeout 120 python3 -m pytest -q -m cuda -p no:cacheprovider -p no:logging tests/pipeline \
-    tests/tensor tests/e2e/test_cuda_shared_memory.py tests/e2e/test_gpu_metrics.py 2>&1 \
+    tests/tensor tests/repository/test_weights.py tests/e2e/test_cuda_shared_memory.py \
+    tests/e2e/test_gpu_metrics.py 2>&1 \
     | tee "$OUT/cuda_tests.log" | tail -15
 fi
 if step engine; then

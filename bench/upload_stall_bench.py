@@ -9,7 +9,8 @@ is what receiving the upload costs the others. In each round, for each source tr
 turn (alternating the order), wrk drives `identity` [1,3,224,224] with the binary
 extension at one connection, alone, then beside a client that loads `big` (a TorchScript
 model holding MB megabytes of weights) from the repository back to back, then beside one
-that uploads it back to back over HTTP, then over gRPC (tritonclient's `load_model(files=)`:
+that reloads `big_py` (a Python model.py whose setup reads as many megabytes with
+ModelContext.load_weights), then beside one that uploads `big` back to back over HTTP, then over gRPC (tritonclient's `load_model(files=)`:
 the file as a protobuf bytes field, no base64). Every answer is checked. A second table: the
 server's CPU for each upload it refuses, for the model-control mode (none) and for the flag
 (explicit, no --allow-model-upload): what a client may make a server do for nothing.
@@ -70,16 +71,46 @@ def write_big(models: pathlib.Path, megabytes: int) -> bytes:
         'input [ { name: "INPUT__0" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
         'output [ { name: "OUTPUT__0" data_type: TYPE_FP32 dims: [ 4 ] } ]\n')
     torch.jit.script(_Big(megabytes)).save(str(folder / "model.pt"))
-    return (folder / "model.pt").read_bytes()
+    folder = models / "big_py" / "1"
+    folder.mkdir(parents=True)
+    (models / "big_py" / "config.pbtxt").write_text(
+        'name: "big_py"\nbackend: "python"\nmax_batch_size: 4\n'
+        'input [ { name: "INPUT__0" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
+        'output [ { name: "OUTPUT__0" data_type: TYPE_FP32 dims: [ 4 ] } ]\n')
+    (folder / "model.py").write_text(_BIG_PY)
+    torch.save({"weights": torch.rand(megabytes * 250_000)}, folder / "weights.pt")
+    return (models / "big" / "1" / "model.pt").read_bytes()
 
 
-def _loads(port: int, body: bytes, stop: threading.Event, times: list[float]) -> None:
-    """POST the load of `big` with `body` until `stop`; each load's seconds into `times`."""
+_BIG_PY = """
+from tensorgate import Model
+
+
+class Big(Model):
+    \"\"\"Passes its input through, holding weights it does not use.\"\"\"
+
+    def setup(self, context):
+        self.weights = context.load_weights("weights.pt")["weights"]
+
+    def preprocess(self, inputs):
+        return inputs["INPUT__0"]
+
+    def forward(self, batch):
+        return batch
+
+    def postprocess(self, outputs):
+        return {"OUTPUT__0": outputs}
+"""
+
+
+def _loads(port: int, model: str, body: bytes, stop: threading.Event, times: list[float]
+           ) -> None:
+    """POST the load of `model` with `body` until `stop`; each load's seconds into `times`."""
     connection = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
     try:
         while not stop.is_set():
             start = time.perf_counter()
-            connection.request("POST", "/v2/repository/models/big/load", body)
+            connection.request("POST", f"/v2/repository/models/{model}/load", body)
             answer = connection.getresponse()
             text = answer.read()
             if answer.status != 200:
@@ -116,9 +147,10 @@ def measure(src: pathlib.Path, work: pathlib.Path, seconds: float, model: bytes
         found: dict[str, Any] = {"alone": wrk_load(port, small, 1, seconds, smallest,
                                                    work / "small"),
                                  "body_mb": len(upload) / 1e6}
-        for name, body in (("reload", b""), ("upload", upload), ("grpc", b"")):
+        for name, target, body in (("reload", "big", b""), ("reload_py", "big_py", b""),
+                                   ("upload", "big", upload), ("grpc", "big", b"")):
             stop, times = threading.Event(), []
-            loader = threading.Thread(target=_loads, args=(port, body, stop, times)) \
+            loader = threading.Thread(target=_loads, args=(port, target, body, stop, times)) \
                 if name != "grpc" else threading.Thread(target=_grpc_loads,
                                                         args=(grpc_port, model, stop, times))
             loader.start()
@@ -134,7 +166,7 @@ def measure(src: pathlib.Path, work: pathlib.Path, seconds: float, model: bytes
     finally:
         process.terminate()
         process.wait(timeout=60)
-    for name in ("alone", "reload", "upload", "grpc"):
+    for name in ("alone", "reload", "reload_py", "upload", "grpc"):
         check_load(found[name], f"{src}, {name}")
     return found
 
@@ -197,7 +229,9 @@ def main() -> None:
                 refused[tree].append(refused_cost(trees[tree], work, model))
                 print(f"round {r + 1} {tree}: small P99 alone {found['alone']['p99_us']:,} µs, "
                       f"beside reloads {found['reload']['p99_us']:,} µs (max "
-                      f"{found['reload']['max_us']:,}), beside uploads "
+                      f"{found['reload']['max_us']:,}), beside model.py reloads "
+                      f"{found['reload_py']['p99_us']:,} µs (max "
+                      f"{found['reload_py']['max_us']:,}), beside uploads "
                       f"{found['upload']['p99_us']:,} µs (max {found['upload']['max_us']:,}), "
                       f"beside gRPC uploads {found['grpc']['p99_us']:,} µs (max "
                       f"{found['grpc']['max_us']:,}); reload {found['reload_s']:.2f} s, "
@@ -206,20 +240,22 @@ def main() -> None:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     print(f"\nidentity [1,3,224,224] binary at 1 connection: alone, beside back-to-back loads "
-          f"of a {len(model) / 1e6:.0f} MB TorchScript model from the repository, and beside "
+          f"of a {len(model) / 1e6:.0f} MB TorchScript model from the repository, of a "
+          f"model.py reading as many MB of weights (load_weights), and beside "
           f"back-to-back uploads of it ({runs[next(iter(trees))][0]['body_mb']:.0f} MB JSON "
           f"bodies over HTTP; over gRPC); medians of {args.rounds} rounds\n")
     print("| server | alone P50 / P99 / max µs | beside reloads P50 / P99 / max µs | beside "
-          "HTTP uploads P50 / P99 / max µs | beside gRPC uploads P50 / P99 / max µs | reload s "
-          "| HTTP upload s | gRPC upload s |\n|---|---:|---:|---:|---:|---:|---:|---:|")
+          "model.py reloads P50 / P99 / max µs | beside HTTP uploads P50 / P99 / max µs | "
+          "beside gRPC uploads P50 / P99 / max µs | reload s | model.py reload s | HTTP upload "
+          "s | gRPC upload s |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for tree, found in runs.items():
         def cell(load: str) -> str:
             return " / ".join(f"{statistics.median(f[load][key] for f in found):,.0f}"
                               for key in ("p50_us", "p99_us", "max_us"))
-        print(f"| {tree} | {cell('alone')} | {cell('reload')} | {cell('upload')} | "
-              f"{cell('grpc')} | " + " | ".join(
+        print(f"| {tree} | {cell('alone')} | {cell('reload')} | {cell('reload_py')} | "
+              f"{cell('upload')} | {cell('grpc')} | " + " | ".join(
                   f"{statistics.median(f[key] for f in found):.2f}"
-                  for key in ("reload_s", "upload_s", "grpc_s")) + " |")
+                  for key in ("reload_s", "reload_py_s", "upload_s", "grpc_s")) + " |")
     print("\nserver CPU for one refused upload (the same body; median of 5 a round, then of "
           "the rounds)\n\n| server | refused for the mode (none) ms | refused for the flag "
           "(explicit) ms |\n|---|---:|---:|")

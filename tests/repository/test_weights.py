@@ -117,6 +117,7 @@ def test_a_file_that_is_not_weights_is_refused_as_torch_load_refuses_it(
         load_weights(path, CPU)
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_weights_land_on_the_gpu(tmp_path: pathlib.Path) -> None:
     base = torch.rand(4, 4)
