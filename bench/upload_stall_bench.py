@@ -7,13 +7,14 @@ parses and decodes before writing the files and loading the model. The reload fr
 repository is the same model's load without the body, so the difference between the two
 is what receiving the upload costs the others. In each round, for each source tree in
 turn (alternating the order), wrk drives `identity` [1,3,224,224] with the binary
-extension at one connection, alone, then beside a client that loads `big` (a TorchScript
-model holding MB megabytes of weights) from the repository back to back, then beside one
-that reloads `big_py` (a Python model.py whose setup reads as many megabytes with
-ModelContext.load_weights), then beside one that uploads `big` back to back over HTTP, then over gRPC (tritonclient's `load_model(files=)`:
-the file as a protobuf bytes field, no base64). Every answer is checked. A second table: the
-server's CPU for each upload it refuses, for the model-control mode (none) and for the flag
-(explicit, no --allow-model-upload): what a client may make a server do for nothing.
+extension at one connection, alone, then beside a client that loads `big` (a TorchScript model
+holding MB megabytes of weights) from the repository back to back, then beside one that reloads
+`big_py` (a Python model.py whose setup reads as many megabytes with
+ModelContext.load_weights), then beside one that uploads `big` back to back over HTTP, then
+over gRPC (tritonclient's `load_model(files=)`: the file as a protobuf bytes field, no base64).
+Every answer is checked. A second table: the server's CPU for each upload it refuses, for the
+model-control mode (none) and for the flag (explicit, no --allow-model-upload): what a client
+may make a server do for nothing.
 
     .venv/bin/python bench/upload_stall_bench.py [--before /tmp/tg-old/src] [--megabytes 40]
     (apt-get install wrk)
@@ -63,23 +64,25 @@ class _Big(torch.nn.Module):
 
 
 def write_big(models: pathlib.Path, megabytes: int) -> bytes:
-    """Model `big` in the repository; its model.pt's bytes."""
-    folder = models / "big" / "1"
-    folder.mkdir(parents=True)
-    (models / "big" / "config.pbtxt").write_text(
-        'name: "big"\nplatform: "pytorch_libtorch"\nmax_batch_size: 4\n'
-        'input [ { name: "INPUT__0" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
-        'output [ { name: "OUTPUT__0" data_type: TYPE_FP32 dims: [ 4 ] } ]\n')
+    """Models `big` (TorchScript) and `big_py` (a model.py) in the repository, each with
+    `megabytes` of weights; big's model.pt's bytes."""
+    folder = _model_folder(models, "big", 'platform: "pytorch_libtorch"')
     torch.jit.script(_Big(megabytes)).save(str(folder / "model.pt"))
-    folder = models / "big_py" / "1"
-    folder.mkdir(parents=True)
-    (models / "big_py" / "config.pbtxt").write_text(
-        'name: "big_py"\nbackend: "python"\nmax_batch_size: 4\n'
-        'input [ { name: "INPUT__0" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
-        'output [ { name: "OUTPUT__0" data_type: TYPE_FP32 dims: [ 4 ] } ]\n')
+    folder = _model_folder(models, "big_py", 'backend: "python"')
     (folder / "model.py").write_text(_BIG_PY)
     torch.save({"weights": torch.rand(megabytes * 250_000)}, folder / "weights.pt")
     return (models / "big" / "1" / "model.pt").read_bytes()
+
+
+def _model_folder(models: pathlib.Path, name: str, kind: str) -> pathlib.Path:
+    """`name`'s config (FP32 [4] in and out, batches of up to 4) and its version folder."""
+    folder = models / name / "1"
+    folder.mkdir(parents=True)
+    (models / name / "config.pbtxt").write_text(
+        f'name: "{name}"\n{kind}\nmax_batch_size: 4\n'
+        'input [ { name: "INPUT__0" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
+        'output [ { name: "OUTPUT__0" data_type: TYPE_FP32 dims: [ 4 ] } ]\n')
+    return folder
 
 
 _BIG_PY = """

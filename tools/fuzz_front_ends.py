@@ -10,12 +10,13 @@ inputs load, upload (files at paths in the model's folder and out of it, in base
 and long enough to be decoded in slices, and not base64) and unload the models `up` (not in
 the repository) and `spare` (a copy of `ident`). A finding is anything the server did not mean:
 an exception it logged as unexpected (any record with a traceback), an exception the loop
-caught, the server no longer answering a plain request on a connection of its own, or,
-every 500 inputs, anything held once every connection has closed (held_after_quiet), an
-upload's folder among them. `grpc-tls` sends the gRPC inputs over TLS (the server has
---grpc-use-ssl, with a test CA's certificate): the ssl layer's reads and writes in place of
-the plain socket's, and one input in eight sent in plaintext to the TLS port (a handshake
-that fails).
+caught, the server no longer answering a plain request on a connection of its own, or, every
+500 inputs (TG_FUZZ_CHECK_EVERY), anything held once every connection has closed
+(held_after_quiet), an upload's folder among them; automatic collections are off, so that a
+check sees every reference cycle made since the last. `grpc-tls` sends the gRPC inputs over TLS
+(the server has --grpc-use-ssl, with a test CA's certificate): the ssl layer's reads and writes
+in place of the plain socket's, and one input in eight sent in plaintext to the TLS port (a
+handshake that fails).
 
     .venv/bin/python -m pip install atheris           (not a dependency of the package)
     .venv/bin/python tools/fuzz_front_ends.py grpc -max_total_time=600 [corpus folder]
