@@ -12,6 +12,8 @@ from typing import Any
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tensorgate.repository.weights import load_weights
 
@@ -126,3 +128,30 @@ def test_weights_land_on_the_gpu(tmp_path: pathlib.Path) -> None:
     assert got["w"].device.type == "cuda"
     assert got["row"].untyped_storage().data_ptr() == got["w"].untyped_storage().data_ptr()
     assert torch.equal(got["row"].cpu(), base[1])
+
+
+def _outcome(read: Any) -> Any:
+    try:
+        return "read", {key: value.tolist() for key, value in read().items()}
+    except Exception as error:  # noqa: BLE001 - which refusal, compared
+        return "refused", type(error).__name__
+
+
+_GOOD = {"w": torch.arange(300, dtype=torch.float32).reshape(3, 100), "b": torch.ones(3)}
+
+
+@settings(max_examples=60, deadline=None)
+@given(cut=st.booleans(), at=st.floats(0, 1, exclude_max=True), bit=st.integers(0, 7))
+def test_a_damaged_file_reads_or_is_refused_as_torch_load_does(
+        tmp_path_factory: pytest.TempPathFactory, cut: bool, at: float, bit: int) -> None:
+    """A file cut short or with one bit flipped: the same values, or a refusal of the same
+    kind (the mapped read falls back to torch.load, which names what is wrong)."""
+    good = _saved(tmp_path_factory.mktemp("damaged") / "good.pt", _GOOD).read_bytes()
+    place = int(at * len(good))
+    damaged = bytearray(good[:place] if cut else good)
+    if not cut:
+        damaged[place] ^= 1 << bit
+    path = tmp_path_factory.mktemp("damaged") / "damaged.pt"
+    path.write_bytes(damaged)
+    assert _outcome(lambda: load_weights(path, CPU)) == _outcome(
+        lambda: torch.load(path, weights_only=True))
