@@ -10,6 +10,8 @@ records what the layer writes."""
 from __future__ import annotations
 
 import asyncio
+import os
+import pathlib
 import struct
 import time
 from typing import Any
@@ -429,3 +431,20 @@ def test_an_unread_answer_gives_way_by_dropping_its_connection() -> None:
     stream = connection.streams[1]
     assert connection.refuse_slow(float("inf"), 30.0) == 200_000 - 65_535
     assert transport.closed and not stream.pending and connection.unsent_bytes == 0
+
+
+def test_messages_announced_and_never_sent_cost_no_memory() -> None:
+    """20 streams that each announce a 64 MiB message in 5 bytes and send nothing more: the
+    mapped messages are address space, not memory (zeroed, they would be 1.3 GB)."""
+    statm = pathlib.Path("/proc/self/statm")
+    if not statm.exists():
+        pytest.skip("needs /proc/self/statm (Linux)")
+    page = os.sysconf("SC_PAGE_SIZE")
+    resident = int(statm.read_text().split()[1]) * page
+    readers = [MessageReader(BufferPool(1 << 26), 1 << 27, "identity", False,
+                             lambda *whole: None) for _ in range(20)]
+    for reader in readers:
+        reader.feed(memoryview(b"\0" + (64 << 20).to_bytes(4, "big") + b"x" * 100))
+        assert reader.partial
+    grown = int(statm.read_text().split()[1]) * page - resident
+    assert grown < 64 << 20, f"{grown} bytes resident for messages never sent"
