@@ -10,8 +10,6 @@ records what the layer writes."""
 from __future__ import annotations
 
 import asyncio
-import os
-import pathlib
 import struct
 import time
 from typing import Any
@@ -23,7 +21,6 @@ from hypothesis import strategies as st
 from tritonclient.grpc import service_pb2 as pb
 
 from tensorgate.network import http2
-from tensorgate.network.grpc_messages import _MAPPED_MESSAGE as _MAPPED
 from tensorgate.network.grpc_messages import MessageReader
 from tensorgate.tensor.copies import CopyLedger
 from tensorgate.tensor.pool import BufferPool
@@ -196,14 +193,13 @@ def test_the_receive_buffer_grows_for_large_frames_and_busy_reads_then_shrinks()
 
 class _Messages(_Handler):
     """A stream's handler that reads its length-prefixed messages as the gRPC front end
-    does (placed in pooled buffers, each first tensor aligned; not placed, as a method other
-    than ModelInfer's, with `place` False)."""
+    does (placed in pooled buffers, each first tensor aligned)."""
 
-    def __init__(self, pool: BufferPool, place: bool = True) -> None:
+    def __init__(self, pool: BufferPool) -> None:
         super().__init__(explode=False)
         self.got: list[bytes] = []
         self.ledgers: list[CopyLedger] = []
-        self.reader = MessageReader(pool, 1 << 24, "identity", place, self._whole)
+        self.reader = MessageReader(pool, 1 << 24, "identity", True, self._whole)
 
     def _whole(self, message: Any, encoding: str, ledger: CopyLedger) -> None:
         self.got.append(bytes(message))
@@ -322,66 +318,6 @@ def test_a_run_of_whole_frames_is_counted_as_copied() -> None:
     assert handler.ledgers[0].bytes == tensor_bytes
 
 
-@settings(max_examples=25, deadline=None)
-@given(lengths=st.lists(st.integers(_MAPPED - 8, _MAPPED + 200_000), min_size=1, max_size=2),
-       sizes=st.lists(st.integers(1000, 1 << 20), min_size=1, max_size=4),
-       padding=st.lists(st.sampled_from([0, 0, 1, 7]), min_size=1, max_size=3),
-       reads=st.lists(st.integers(4000, 1 << 20), min_size=1, max_size=4))
-def test_long_messages_not_placed_arrive_whole(lengths: list[int], sizes: list[int],
-                                               padding: list[int], reads: list[int]) -> None:
-    """Messages about as long as the mapped ones (`_MAPPED_MESSAGE`, either side of it), in
-    any frames and reads, one after the other on a stream: each arrives as it was sent."""
-    pool = BufferPool(1 << 26)
-    handler = _Messages(pool, place=False)
-    connection = http2.Http2Connection(lambda c, stream, headers: handler, lambda c: None)
-    connection.connection_made(_Recorder())
-    messages = [(_PATTERN * (length // 251 + 2))[k:k + length] for k, length in
-                enumerate(lengths)]
-    body = b"".join(b"\0" + len(m).to_bytes(4, "big") + m for m in messages)
-    block = hpack.Encoder().encode([(":method", "POST"), (":path", "/x"), (":scheme", "http"),
-                                    (":authority", "a")])
-    incoming = (PREFACE + H2Client.frame(SETTINGS, 0, 0, b"")
-                + H2Client.frame(HEADERS, END_HEADERS, 1, block)
-                + _data_frames(body, sizes, padding))
-    k = 0
-    while incoming:
-        room = connection.get_buffer(-1)
-        n = min(len(room), len(incoming), reads[k % len(reads)])
-        room[:n] = incoming[:n]
-        connection.buffer_updated(n)
-        incoming = incoming[n:]
-        k += 1
-    assert handler.got == messages and handler.ended
-
-
-@pytest.mark.parametrize("frame", [16384, 1 << 20])
-def test_a_long_message_not_placed_is_read_into_place(frame: int) -> None:
-    """A load's message of 3 MiB (its files): the kernel reads large DATA frames straight
-    into the message (an anonymous mapping of its length), not into the connection's buffer
-    and then copied (16 KiB frames read many at a time are still copied, as a placed
-    message's are), and no pooled buffer is taken or counted as arriving."""
-    pool = BufferPool(1 << 26)
-    handler = _Messages(pool, place=False)
-    connection = http2.Http2Connection(lambda c, stream, headers: handler, lambda c: None)
-    connection.connection_made(_Recorder())
-    request = pb.RepositoryModelLoadRequest(model_name="up")
-    request.parameters["file:1/model.pt"].bytes_param = (_PATTERN * 12_600)[:3 << 20]
-    message = request.SerializeToString()
-    body = b"\0" + len(message).to_bytes(4, "big") + message
-    block = hpack.Encoder().encode([(":method", "POST"), (":path", "/x"), (":scheme", "http"),
-                                    (":authority", "a")])
-    frames = _data_frames(body, [frame], [0])
-    half = len(frames) // 2
-    _feed(connection, PREFACE + H2Client.frame(SETTINGS, 0, 0, b"")
-          + H2Client.frame(HEADERS, END_HEADERS, 1, block) + frames[:half])
-    assert handler.reader.arrival_eta(time.monotonic_ns()) is None  # no pooled buffer
-    _feed(connection, frames[half:])
-    assert handler.got == [message] and handler.ended
-    if frame > 16384:  # as grpcio sends (our SETTINGS allow 1 MiB): read in place, or
-        assert handler.ledgers[0].bytes < len(message) // 100  # a frame's first bytes at most
-    assert pool.statistics().bytes_in_use == 0
-
-
 def _answering(body_bytes: int) -> tuple[http2.Http2Connection, _Recorder, hpack.Encoder]:
     """A connection whose stream 1 (a whole request) is answered with `body_bytes`: the
     peer's default windows (65,535 bytes) let only the first of them go."""
@@ -431,20 +367,3 @@ def test_an_unread_answer_gives_way_by_dropping_its_connection() -> None:
     stream = connection.streams[1]
     assert connection.refuse_slow(float("inf"), 30.0) == 200_000 - 65_535
     assert transport.closed and not stream.pending and connection.unsent_bytes == 0
-
-
-def test_messages_announced_and_never_sent_cost_no_memory() -> None:
-    """20 streams that each announce a 64 MiB message in 5 bytes and send nothing more: the
-    mapped messages are address space, not memory (zeroed, they would be 1.3 GB)."""
-    statm = pathlib.Path("/proc/self/statm")
-    if not statm.exists():
-        pytest.skip("needs /proc/self/statm (Linux)")
-    page = os.sysconf("SC_PAGE_SIZE")
-    resident = int(statm.read_text().split()[1]) * page
-    readers = [MessageReader(BufferPool(1 << 26), 1 << 27, "identity", False,
-                             lambda *whole: None) for _ in range(20)]
-    for reader in readers:
-        reader.feed(memoryview(b"\0" + (64 << 20).to_bytes(4, "big") + b"x" * 100))
-        assert reader.partial
-    grown = int(statm.read_text().split()[1]) * page - resident
-    assert grown < 64 << 20, f"{grown} bytes resident for messages never sent"

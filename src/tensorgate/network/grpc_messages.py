@@ -10,7 +10,6 @@ bytes of each frame) is copied in and counted as "receive" from the first tensor
 
 from __future__ import annotations
 
-import mmap
 import re
 import time
 from collections.abc import Callable, Generator
@@ -48,13 +47,6 @@ _MESSAGE_BYTES = 4096
 # Bytes of ModelInfer's message held back before placing it: enough to find where the first
 # tensor starts in any ordinary request (tritonclient's header fields come first).
 _PLACEMENT_WINDOW = 64 << 10
-# A message this long that is not placed (a load's uploaded files, not a tensor) lands in an
-# anonymous mapping of its length: its pages are the kernel's zero pages until written (20
-# streams that each announce 64 MiB cost address space, not memory: why messages are not
-# made whole from their prefix), it never moves as it fills (a bytearray grown to 40 MB was
-# moved by realloc once glibc's mmap threshold had risen: ~30 MB copied in one 9 ms feed,
-# the loop held), and the kernel reads large DATA frames straight into it (receive_buffer)
-_MAPPED_MESSAGE = 1 << 20
 
 
 class Failure(Exception):
@@ -173,7 +165,7 @@ class MessageReader:
     __slots__ = ("_pool", "_limit", "_place_messages", "_on_message", "_on_refused",
                  "_encoding", "_ledger", "_prefix", "_length", "_received", "_message",
                  "_head", "_scanned", "_counted_from", "_copied", "_message_encoding", "_skipping",
-                 "_acquire", "_began_ns", "_mapped")
+                 "_acquire", "_began_ns")
 
     def __init__(self, pool: BufferPool, limit: int, encoding: str, place: bool,
                  on_message: OnMessage, on_refused: OnRefused | None = None,
@@ -191,10 +183,8 @@ class MessageReader:
         self._prefix = bytearray()      # the 5-byte length prefix, as it arrives
         self._length = -1               # the message's length once the prefix is in
         self._received = 0
-        # where the message lands: a view of a pooled buffer when placed, else a bytearray,
-        # or a view of an anonymous mapping when long (_MAPPED_MESSAGE)
+        # where the message lands: a view of a pooled buffer when placed, else a bytearray
         self._message: Any = None
-        self._mapped = False
         self._head: bytearray | None = None  # bytes held back until the message is placed
         self._scanned = 0  # of the head, looked through for its first tensor
         self._counted_from = 0          # message offset from which copied bytes count
@@ -215,7 +205,7 @@ class MessageReader:
         """(bytes received, message length, seconds since it began) of a message arriving
         into its pooled buffer; None when there is none."""
         if self._length < 0 or self._head is not None or self._skipping is not None \
-                or not isinstance(self._message, memoryview) or self._mapped:
+                or not isinstance(self._message, memoryview):
             return None
         return self._received, self._length, (now_ns - self._began_ns) / 1e9
 
@@ -326,7 +316,6 @@ class MessageReader:
                                                 f"the {self._limit}-byte limit "
                                                 "(--max-request-bytes)")
         self._length, self._received = length, 0
-        self._mapped = False
         self._began_ns = time.monotonic_ns()
         self._ledger = CopyLedger()
         self._message_encoding = self._encoding if flag else "identity"
@@ -336,17 +325,10 @@ class MessageReader:
             if length == 0:
                 self._place(None)
         else:
-            # a short one grown as it arrives, not made whole from its prefix: 20 streams
-            # that each announced 64 MiB in 5 bytes cost 550 MB of zeroed memory; a long one
-            # mapped (_MAPPED_MESSAGE)
+            # grown as the message arrives, not made whole from its prefix: 20 streams that
+            # each announced 64 MiB in 5 bytes cost 550 MB of zeroed memory
             self._message = bytearray()
             self._counted_from = 0
-            if length >= _MAPPED_MESSAGE:
-                try:
-                    self._message = memoryview(mmap.mmap(-1, length))
-                    self._mapped = True
-                except OSError:  # no address space for it: grown as a short one is
-                    pass
             if length == 0:
                 self._done()
 
