@@ -113,14 +113,20 @@ def _loads(port: int, model: str, body: bytes, stop: threading.Event, times: lis
     try:
         while not stop.is_set():
             start = time.perf_counter()
-            connection.request("POST", f"/v2/repository/models/{model}/load", body)
-            answer = connection.getresponse()
-            text = answer.read()
-            if answer.status != 200:
-                raise RuntimeError(f"load answered {answer.status}: {text[:300]!r}")
+            _post_load(connection, model, body, 200)
             times.append(time.perf_counter() - start)
     finally:
         connection.close()
+
+
+def _post_load(connection: http.client.HTTPConnection, model: str, body: bytes,
+               status: int) -> None:
+    """POST the load of `model` with `body`; raise unless it is answered `status`."""
+    connection.request("POST", f"/v2/repository/models/{model}/load", body)
+    answer = connection.getresponse()
+    text = answer.read()
+    if answer.status != status:
+        raise RuntimeError(f"load of {model} answered {answer.status}: {text[:300]!r}")
 
 
 def _grpc_loads(port: int, model: bytes, stop: threading.Event, times: list[float]) -> None:
@@ -194,12 +200,7 @@ def refused_cost(src: pathlib.Path, work: pathlib.Path, model: bytes, count: int
             costs = []
             for _ in range(count + 1):  # the first one warms up
                 before = server_cpu_s(process.pid)
-                connection.request("POST", "/v2/repository/models/big/load", upload)
-                answer = connection.getresponse()
-                text = answer.read()
-                if answer.status != status:
-                    raise RuntimeError(f"a refused upload answered {answer.status}: "
-                                       f"{text[:300]!r}")
+                _post_load(connection, "big", upload, status)
                 costs.append(server_cpu_s(process.pid) - before)
             found[refusal] = statistics.median(costs[1:]) * 1e3
         finally:

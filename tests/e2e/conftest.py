@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import pathlib
@@ -59,6 +60,19 @@ def start_server(repo: pathlib.Path, log: pathlib.Path, *extra: str) -> RunningS
         time.sleep(0.1)
     process.kill()
     raise RuntimeError(f"server did not start in {STARTUP_TIMEOUT_S} s:\n{log.read_text()}")
+
+
+def post(url: str, path: str, body: bytes, timeout_s: float = 60.0) -> tuple[int, str]:
+    """POST `body` to `path` of the server at `url` (host:port) on a connection of its own:
+    the answer's status and text."""
+    host, port = url.rsplit(":", 1)
+    connection = http.client.HTTPConnection(host, int(port), timeout=timeout_s)
+    try:
+        connection.request("POST", path, body)
+        answer = connection.getresponse()
+        return answer.status, answer.read().decode()
+    finally:
+        connection.close()
 
 
 def memory_bytes(field: str, pid: int | str = "self") -> int:

@@ -25,7 +25,7 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 from tensorgate.builtin.repository import default_repository
-from tests.e2e.conftest import memory_bytes, start_server, stop_server
+from tests.e2e.conftest import memory_bytes, post, start_server, stop_server
 from tests.pipeline import repo_builder as rb
 
 POLL_S = 0.2
@@ -53,17 +53,6 @@ def _until(condition: Callable[[], bool], what: str) -> None:
     raise AssertionError(f"not within {WAIT_S} s: {what}")
 
 
-def _post(url: str, path: str, body: bytes) -> tuple[int, str]:
-    host, port = url.rsplit(":", 1)
-    connection = http.client.HTTPConnection(host, int(port), timeout=30)
-    try:
-        connection.request("POST", path, body)
-        answer = connection.getresponse()
-        return answer.status, answer.read().decode()
-    finally:
-        connection.close()
-
-
 def _refuses_load_and_unload(url: str, grpc_url: str, mode: str) -> None:
     message = (f"model load is not allowed: the server runs with --model-control-mode {mode}; "
                "start it with --model-control-mode explicit")
@@ -78,9 +67,9 @@ def _refuses_load_and_unload(url: str, grpc_url: str, mode: str) -> None:
     # a body that is not JSON not parsed
     for body in (b'{"parameters": {"config": "{}", "file:1/model.pt": "%s"}}' % (b"?" * size)
                  for size in (16, 1 << 20)):
-        status, answer = _post(url, "/v2/repository/models/a/load", body)
+        status, answer = post(url, "/v2/repository/models/a/load", body)
         assert status == 503 and message in answer
-    assert _post(url, "/v2/repository/models/a/load", b"{not json")[0] == 503
+    assert post(url, "/v2/repository/models/a/load", b"{not json")[0] == 503
     with grpcclient.InferenceServerClient(grpc_url) as client:
         with pytest.raises(InferenceServerException) as refused:
             client.load_model("a")

@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
-from tests.e2e.conftest import RunningServer, start_server, stop_server
+from tests.e2e.conftest import RunningServer, post, start_server, stop_server
 from tests.pipeline import repo_builder as rb
 
 
@@ -75,14 +75,8 @@ def _infer(client: Any, model: str, module: Any = httpclient) -> np.ndarray:
     return client.infer(model, [item]).as_numpy("OUTPUT__0")
 
 
-def _post_load(served: Served, model: str, body: dict[str, Any]) -> tuple[int, str]:
-    connection = http.client.HTTPConnection("127.0.0.1", served.server.port, timeout=60)
-    try:
-        connection.request("POST", f"/v2/repository/models/{model}/load", json.dumps(body))
-        answer = connection.getresponse()
-        return answer.status, answer.read().decode()
-    finally:
-        connection.close()
+def _post_load(url: str, model: str, body: dict[str, Any]) -> tuple[int, str]:
+    return post(url, f"/v2/repository/models/{model}/load", json.dumps(body).encode())
 
 
 def test_an_uploaded_model_serves_until_unloaded_and_its_folder_goes_with_it(
@@ -160,7 +154,7 @@ def test_what_an_upload_may_not_be_is_refused_by_name(served: Served) -> None:
          "a path may not name both a file and a folder"),
         ({"config": config, "file:model.py": source}, 400, "no version directory"),
     ]:
-        answer = _post_load(served, "up", {"parameters": parameters})
+        answer = _post_load(served.server.url, "up", {"parameters": parameters})
         assert answer[0] == status and message in json.loads(answer[1])["error"], answer
     with grpc.insecure_channel(served.server.grpc_url) as channel:
         request = service_pb2.RepositoryModelLoadRequest(model_name="up")
@@ -223,8 +217,7 @@ def test_uploads_are_refused_unless_the_server_allows_them(tmp_path: pathlib.Pat
                     each.load_model("up", config=config, files=_files())
             # refused before a file is read: here none is base64, nor a bytes parameter
             for size in (16, 1 << 20):
-                served = Served(server, tmp_path, tmp_path, tmp_path)
-                status, answer = _post_load(served, "up", {"parameters": {
+                status, answer = _post_load(server.url, "up", {"parameters": {
                     "config": config, "file:1/model.pt": "?" * size}})
                 assert status == 400 and "--allow-model-upload" in answer, answer
             with grpc.insecure_channel(server.grpc_url) as channel:
