@@ -6,10 +6,13 @@ either left to its defaults (one instance and a spare on the loop's core) or at
 `instance_group [{ count: 1 }]` (no spare). identity is driven at --light-connections and
 resnet50 at --heavy-connections at once (wrk, every answer's size checked), for --seconds;
 rounds alternate the order. With --before, another source tree is measured too, in turn.
+With --light-rate, identity is instead sent at that many requests a second, one at a time on
+one keep-alive connection (a light model's steady trickle, which leaves the loop room for the
+spare to run): the light model's latency while the spare runs.
 
     git worktree add /tmp/tg-old <commit>
     .venv/bin/python bench/spare_bench.py [--before /tmp/tg-old/src] [--rounds 2]
-        [--seconds 8] [--light-connections 8] [--heavy-connections 4]
+        [--seconds 8] [--light-connections 8 | --light-rate 100] [--heavy-connections 4]
     (apt-get install wrk)
 """
 
@@ -22,14 +25,17 @@ import statistics
 import sys
 import tempfile
 import threading
+import time
 from typing import Any
+
+import numpy as np
 
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "src"))
 sys.path.insert(0, str(HERE))
 
 from ab_bench import add_tree_options, serve, trees_of  # noqa: E402
-from compare_wire import check_load, wrk_load  # noqa: E402
+from compare_wire import Connection, check_load, wrk_load  # noqa: E402
 from server_bench import OUTPUT_BYTES, binary_request  # noqa: E402
 
 from tensorgate.builtin.repository import write_default_repository  # noqa: E402
@@ -57,7 +63,14 @@ def _measure(src: pathlib.Path, models: pathlib.Path, args: argparse.Namespace,
             found[model] = wrk_load(port, binary_request(model, port), connections,
                                     args.seconds, OUTPUT_BYTES[model],
                                     pathlib.Path(tempfile.mkdtemp(dir=work)))
-        drivers = [threading.Thread(target=drive, args=("identity", args.light_connections)),
+
+        def trickle() -> None:
+            time.sleep(1.0)  # resnet50's load (and its spare) under way first
+            found["identity"] = paced(port, binary_request("identity", port), args.light_rate,
+                                      args.seconds - 2.0)
+        light = (threading.Thread(target=trickle) if args.light_rate else
+                 threading.Thread(target=drive, args=("identity", args.light_connections)))
+        drivers = [light,
                    threading.Thread(target=drive, args=("resnet50", args.heavy_connections))]
         for driver in drivers:
             driver.start()
@@ -71,12 +84,41 @@ def _measure(src: pathlib.Path, models: pathlib.Path, args: argparse.Namespace,
     return found
 
 
+def paced(port: int, raw: bytes, rate: float, seconds: float) -> dict[str, Any]:
+    """`raw` sent `rate` times a second for `seconds`, one at a time on one keep-alive
+    connection (after a warm-up), each answer's status and size checked: wrk_load's fields."""
+    connection = Connection(port)
+    samples: list[int] = []
+    bad = 0
+    try:
+        for _ in range(5):
+            connection.exchange(raw)
+        start = time.monotonic()
+        due = start
+        while due < start + seconds:
+            sent = time.perf_counter_ns()
+            status, _, body = connection.exchange(raw)
+            samples.append(time.perf_counter_ns() - sent)
+            bad += status != 200 or len(body) < OUTPUT_BYTES["identity"]
+            due += 1.0 / rate
+            time.sleep(max(0.0, due - time.monotonic()))
+    finally:
+        connection.close()
+    us = np.array(samples) / 1e3
+    return {"qps": len(samples) / seconds, "p50_us": float(np.percentile(us, 50)),
+            "p99_us": float(np.percentile(us, 99)), "max_us": float(us.max()),
+            "requests": len(samples), "bad": bad, "errors": 0}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_tree_options(parser)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--seconds", type=float, default=8.0)
     parser.add_argument("--light-connections", type=int, default=8)
+    parser.add_argument("--light-rate", type=float, default=0.0,
+                        help="identity requests a second, paced on one connection "
+                             "(instead of --light-connections)")
     parser.add_argument("--heavy-connections", type=int, default=4)
     args = parser.parse_args()
     trees = trees_of(args)
@@ -91,16 +133,19 @@ def main() -> None:
                     _measure(trees[tree], repositories[setup], args, work))
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    print(f"identity at {args.light_connections} connections beside resnet50 at "
-          f"{args.heavy_connections}, {args.seconds:g} s, medians of {args.rounds} round(s)")
+    light = (f"{args.light_rate:g} requests/s on one connection" if args.light_rate
+             else f"{args.light_connections} connections")
+    print(f"identity at {light} beside resnet50 at {args.heavy_connections}, "
+          f"{args.seconds:g} s, medians of {args.rounds} round(s)")
     print(f"{'tree':10} {'resnet50':9} {'identity QPS':>12} {'P50 ms':>7} {'P99 ms':>7} "
-          f"{'resnet50 QPS':>12} {'P50 ms':>7} {'P99 ms':>7}")
+          f"{'max ms':>7} {'resnet50 QPS':>12} {'P50 ms':>7} {'P99 ms':>7}")
     for (tree, setup), found in runs.items():
         def median(model: str, key: str, scale: float = 1.0) -> float:
             return statistics.median(r[model][key] for r in found) / scale
         print(f"{tree:10} {setup:9} {median('identity', 'qps'):>12,.0f} "
               f"{median('identity', 'p50_us', 1e3):>7.1f} "
-              f"{median('identity', 'p99_us', 1e3):>7.1f} {median('resnet50', 'qps'):>12.1f} "
+              f"{median('identity', 'p99_us', 1e3):>7.1f} "
+              f"{median('identity', 'max_us', 1e3):>7.1f} {median('resnet50', 'qps'):>12.1f} "
               f"{median('resnet50', 'p50_us', 1e3):>7.0f} "
               f"{median('resnet50', 'p99_us', 1e3):>7.0f}")
 

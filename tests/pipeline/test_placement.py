@@ -14,6 +14,8 @@ import pytest
 import torch
 
 from tensorgate import Engine, InferenceRequest, TensorView
+from tensorgate.pipeline.executor import ExecutorThread
+from tensorgate.pipeline import idle_time
 from tensorgate.pipeline.placement import plan_placement
 from tests.pipeline import repo_builder as rb
 from tests.pipeline.conftest import run
@@ -64,6 +66,7 @@ def test_heavy_model_gets_a_spare_that_runs_only_when_the_first_is_busy(
         first, spare = version.executors  # one thread against one on 2 cores
         assert (first.cpus, spare.cpus) == (f"cpu {two_cpus[1]}", f"cpu {two_cpus[0]}")
         assert spare.runner is first.runner  # one copy of the weights
+        _assert_spare_on_idle_time(first, spare)
 
         for seed in range(4):  # one at a time: always the first instance
             await engine.infer(_request("heavy", seed))
@@ -78,6 +81,18 @@ def test_heavy_model_gets_a_spare_that_runs_only_when_the_first_is_busy(
     run(scenario())
 
 
+def _assert_spare_on_idle_time(first: ExecutorThread, spare: ExecutorThread) -> None:
+    """The spare runs on the loop core's idle time where it may later be raised back
+    (pipeline/idle_time.py), else at the default priority; the first always at the default."""
+    assert os.sched_getscheduler(first.thread_id) == os.SCHED_OTHER and first.idle_time is None
+    if idle_time._may_lower_and_raise():
+        assert os.sched_getscheduler(spare.thread_id) == os.SCHED_IDLE
+        assert spare.idle_time is not None and spare.forward_ns == first.forward_ns
+    else:
+        assert os.sched_getscheduler(spare.thread_id) == os.SCHED_OTHER
+        assert spare.idle_time is None
+
+
 def test_configured_and_light_models_get_no_spare(placement_repo: pathlib.Path,
                                                   two_cpus: list[int]) -> None:
     async def scenario() -> None:
@@ -90,6 +105,8 @@ def test_configured_and_light_models_get_no_spare(placement_repo: pathlib.Path,
             assert len(version.executors) == 1, name
         light = engine._models["light"][1].executors[0]
         assert light.cpus.startswith(f"cpu {two_cpus[0]} (the loop's")
+        # on the loop's core too, but not a spare: the default priority
+        assert os.sched_getscheduler(light.thread_id) == os.SCHED_OTHER
         await engine.shutdown()
     run(scenario())
 
@@ -150,6 +167,7 @@ def test_a_configured_heavy_models_last_instance_is_a_spare_on_the_loops_core(
         first, second = engine._models["heavy_pair"][1].executors
         assert (first.cpus, second.cpus) == (f"cpu {two_cpus[1]}", f"cpu {two_cpus[0]}")
         assert second.runner is first.runner
+        _assert_spare_on_idle_time(first, second)
         for seed in range(4):  # one at a time: always the first instance
             await engine.infer(_request("heavy_pair", seed))
         assert (first.batches_run, second.batches_run) == (4, 0)

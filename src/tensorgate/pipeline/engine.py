@@ -592,7 +592,8 @@ class Engine:
         """`settings` for an instance pinned to the loop's cores, a thread a core."""
         assert self._placement is not None
         loop_cpus = self._placement.loop_cpus
-        return replace(settings, cpu_affinity=loop_cpus, intra_op_threads=len(loop_cpus))
+        return replace(settings, cpu_affinity=loop_cpus, intra_op_threads=len(loop_cpus),
+                       on_idle_time=True)
 
     def _loop_cores_help(self, spec: ModelSpec, first: ExecutorThread) -> bool:
         """Whether an instance running `first`'s copy of a model on the loop's cores, as a
@@ -616,6 +617,7 @@ class Engine:
                                asyncio.get_running_loop(), self._pool, self._postprocess,
                                scheduler.on_batch_done, scheduler.on_idle,
                                scheduler.on_stream_end)
+        spare.forward_ns = first.forward_ns  # what a batch should take (idle_time.py)
         spare.start()
         try:
             await spare.ready

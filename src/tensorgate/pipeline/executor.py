@@ -41,6 +41,7 @@ from tensorgate.pipeline.cuda_graphs import CAPTURING, GraphSet, graph_batch_siz
 from tensorgate.pipeline.generations import Generation, Generations
 from tensorgate.pipeline.input_bounds import (bounded_spec, guard_dims, lows_raised,
                                               raised_least)
+from tensorgate.pipeline.idle_time import IdleTime, lowered_to_idle_time
 from tensorgate.pipeline.placement import (LIGHT_FORWARD_NS, Placement, pin_current_thread)
 from tensorgate.pipeline.postprocess import Postprocessor
 from tensorgate.pipeline.ragged import batch_input_values, flatten, one_request, scatter
@@ -131,6 +132,8 @@ class ExecutorSettings:
     streams_per_instance: int = 1
     inference_mode: bool = True  # else no_grad (config parameter INFERENCE_MODE false)
     jit_optimize: bool = True  # the TorchScript executor optimises (DISABLE_OPTIMIZED_EXECUTION)
+    # A spare on the loop's core: runs on the time the loop leaves idle (idle_time.py)
+    on_idle_time: bool = False
 
 
 class ExecutorThread:
@@ -178,6 +181,7 @@ class ExecutorThread:
         self.busy_since = 0.0
         self.busy_rows = 0
         self.busy_items: Sequence[WorkItem] = ()
+        self.idle_time: IdleTime | None = None  # at SCHED_IDLE: set before `ready`
         self.ready: asyncio.Future[None] = loop.create_future()
         self.stopped: asyncio.Future[None] = loop.create_future()
         self._thread = threading.Thread(target=self._main, name=name, daemon=True)
@@ -192,8 +196,19 @@ class ExecutorThread:
     def start(self) -> None:
         self._thread.start()
 
+    @property
+    def thread_id(self) -> int | None:
+        """The thread's id in the kernel, once started."""
+        return self._thread.native_id
+
     def submit(self, batch: Batch) -> None:
+        if self.idle_time is not None:
+            expected_ns = batch.rows * (self.forward_ns or LIGHT_FORWARD_NS)
+            self.idle_time.batch_handed(batch.items, expected_ns, self._busy_with)
         self._queue.put(batch)
+
+    def _busy_with(self) -> Sequence[WorkItem]:
+        return self.busy_items
 
     def stop(self) -> None:
         """Finish what is queued, then release the model and the device."""
@@ -218,6 +233,8 @@ class ExecutorThread:
             self._let_go_of_scheduler()
             self._report(_settle, self.stopped, None)
             return
+        if self.settings.on_idle_time:
+            self.idle_time = lowered_to_idle_time(self._loop)
         self._report(_settle, self.ready, None)
         trim = heap.heap_trimmer() if self.settings.device.type == "cpu" else None
         untrimmed = False  # a batch of several rows ran since the last trim

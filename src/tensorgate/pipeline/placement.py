@@ -11,8 +11,9 @@ also gets a spare instance on the loop's core that shares its weights and runs o
 first instance is busy and the loop leaves most of its core idle (loop_load.py): under load
 the loop's core otherwise idles (ResNet-50 on 2 cores, 14 → 25 requests/s, bench/RESULTS.md;
 sequential latency unchanged, since one request at a time always finds the first instance
-free). A heavy model whose instance_group asks for two instances or more has its last one
-placed so too (engine.py). A model's `cpu_affinity` parameter overrides all of this.
+free). The spare runs on the time the loop leaves idle (SCHED_IDLE: idle_time.py). A heavy
+model whose instance_group asks for two instances or more has its last one placed so too
+(engine.py). A model's `cpu_affinity` parameter overrides all of this.
 """
 
 from __future__ import annotations

@@ -1,0 +1,104 @@
+"""A spare on the loop's core runs on the time the loop leaves idle, and is raised back to a
+normal thread when a batch overruns.
+
+A spare instance (engine.py) shares the loop's core, and takes a batch only while the loop
+leaves most of that core idle (loop_load.py). Once it has one, at the default priority the
+kernel splits the core between them: a light model's request that arrives while the spare
+runs a 75 ms ResNet-50 forward waits for the loop's share of it (identity paced at 100
+requests/s beside resnet50 at 16 connections on 2 cores: P99 1.9-3.1 ms alone, 7.2-9.8 ms
+beside the spare). At SCHED_IDLE the spare runs only while its core has nothing else to run,
+and the loop takes the core back the moment it wakes (P99 2.9-3.4 ms there). Alone that
+starved a batch the spare had taken behind a loop that then stayed busy (resnet50's P99 beside
+identity at 8 connections 474 → 1,056 ms, bench/RESULTS.md, fortieth session), so a batch
+still running RAISE_AFTER times its expected time after it was handed over is raised back to
+a normal thread, and the spare's next batch starts lowered again.
+
+Linux lets an unprivileged thread lower itself to SCHED_IDLE but not come back (sched(7):
+only within RLIMIT_NICE, 0 by default, or with CAP_SYS_NICE); where a probe finds the way
+back refused, the spare keeps the default priority, as before this module.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import os
+import threading
+from collections.abc import Callable
+
+__all__ = ["IdleTime", "RAISE_AFTER", "lowered_to_idle_time"]
+
+log = logging.getLogger("tensorgate.engine")
+
+RAISE_AFTER = 1.5  # a batch running this many times its expected time on is raised
+_LEAST_WAIT_S = 0.005  # (a spare's batch-1 forward is at least 0.5 ms: placement.py)
+
+
+class IdleTime:
+    """The loop's side of a spare thread at SCHED_IDLE: lowered before each batch, raised
+    once a batch overruns. Called on the loop only."""
+
+    __slots__ = ("_thread_id", "_loop", "_raised", "raises")
+
+    def __init__(self, thread_id: int, loop: asyncio.AbstractEventLoop) -> None:
+        """The thread is at SCHED_IDLE already."""
+        self._thread_id = thread_id
+        self._loop = loop
+        self._raised = False
+        self.raises = 0  # batches that overran and were raised (statistics, tests)
+
+    def batch_handed(self, items: object, expected_ns: int,
+                     running: Callable[[], object]) -> None:
+        """A batch of `items` goes to the thread, expected to take `expected_ns` alone;
+        `running()` says what the thread runs then (the same object while it runs them)."""
+        if self._raised and _set_policy(self._thread_id, os.SCHED_IDLE):
+            self._raised = False
+        wait_s = max(_LEAST_WAIT_S, RAISE_AFTER * expected_ns / 1e9)
+        self._loop.call_later(wait_s, self._raise_if_running, items, running)
+
+    def _raise_if_running(self, items: object, running: Callable[[], object]) -> None:
+        if running() is items and not self._raised:
+            self._raised = _set_policy(self._thread_id, os.SCHED_OTHER)
+            self.raises += self._raised
+
+
+def lowered_to_idle_time(loop: asyncio.AbstractEventLoop) -> IdleTime | None:
+    """Put the calling thread at SCHED_IDLE, where it may be raised back later: its IdleTime,
+    or None (the thread left as it was) where either is refused or the system has none."""
+    if not _may_lower_and_raise():
+        return None
+    thread_id = threading.get_native_id()
+    if not _set_policy(thread_id, os.SCHED_IDLE):
+        return None
+    return IdleTime(thread_id, loop)
+
+
+@functools.cache
+def _may_lower_and_raise() -> bool:
+    """Whether a thread of this process may go to SCHED_IDLE and back: tried once, on a
+    thread that does nothing else."""
+    if not hasattr(os, "SCHED_IDLE") or not hasattr(os, "sched_setscheduler"):
+        return False
+    result: list[bool] = []
+
+    def probe() -> None:
+        me = threading.get_native_id()
+        result.append(_set_policy(me, os.SCHED_IDLE) and _set_policy(me, os.SCHED_OTHER))
+
+    thread = threading.Thread(target=probe, name="tg-idle-time-probe", daemon=True)
+    thread.start()
+    thread.join()
+    if not result[0]:
+        log.info("a spare on the loop's core keeps the default priority: this process may "
+                 "not raise a thread back from SCHED_IDLE (needs CAP_SYS_NICE or "
+                 "RLIMIT_NICE 20)")
+    return result[0]
+
+
+def _set_policy(thread_id: int, policy: int) -> bool:
+    try:
+        os.sched_setscheduler(thread_id, policy, os.sched_param(0))
+    except OSError:
+        return False
+    return True

@@ -1,0 +1,125 @@
+"""A spare's thread at SCHED_IDLE: lowered before each batch, raised back once a batch
+overruns, and left alone where the way back is refused."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from tensorgate.pipeline import idle_time
+from tensorgate.pipeline.idle_time import IdleTime, lowered_to_idle_time
+from tests.pipeline.conftest import run
+
+pytestmark = pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"),
+                                reason="SCHED_IDLE is Linux's")
+
+
+class _Worker:
+    """A thread that lowers itself through lowered_to_idle_time, then waits to be told to
+    stop: the policy changes under test are made to it from the loop's thread."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.idle: IdleTime | None = None
+        self.id = 0
+        self._lowered = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._main, args=(loop,), daemon=True)
+        self._thread.start()
+        assert self._lowered.wait(10.0)
+
+    def _main(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.id = threading.get_native_id()
+        self.idle = lowered_to_idle_time(loop)
+        self._lowered.set()
+        self._stop.wait(30.0)
+
+    def policy(self) -> int:
+        return os.sched_getscheduler(self.id)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(10.0)
+
+
+@pytest.fixture
+def may_raise() -> Iterator[None]:
+    idle_time._may_lower_and_raise.cache_clear()
+    if not idle_time._may_lower_and_raise():
+        pytest.skip("this process may not raise a thread back from SCHED_IDLE")
+    yield
+
+
+def test_a_batch_that_overruns_is_raised_and_the_next_starts_lowered(may_raise: None) -> None:
+    async def scenario() -> None:
+        worker = _Worker(asyncio.get_running_loop())
+        try:
+            assert worker.idle is not None and worker.policy() == os.SCHED_IDLE
+            first, second = ["first"], ["second"]
+            now: list[Any] = [first]
+            # expected 1 ms: raised after the least wait (5 ms), the batch still running
+            worker.idle.batch_handed(first, 1_000_000, lambda: now[0])
+            await asyncio.sleep(0.002)
+            assert worker.policy() == os.SCHED_IDLE  # not yet overrun
+            await asyncio.sleep(0.05)
+            assert worker.policy() == os.SCHED_OTHER and worker.idle.raises == 1
+            now[0] = second  # the next batch: lowered as it is handed over
+            worker.idle.batch_handed(second, 1_000_000, lambda: now[0])
+            assert worker.policy() == os.SCHED_IDLE
+            now[0] = ()  # done in time: left at SCHED_IDLE
+            await asyncio.sleep(0.05)
+            assert worker.policy() == os.SCHED_IDLE and worker.idle.raises == 1
+        finally:
+            worker.stop()
+    run(scenario())
+
+
+def test_a_batch_done_in_time_is_not_raised(may_raise: None) -> None:
+    async def scenario() -> None:
+        worker = _Worker(asyncio.get_running_loop())
+        try:
+            assert worker.idle is not None
+            items = ["batch"]
+            running: list[Any] = [items]
+            # expected 40 ms: its raise is due at 60 ms; it finishes at 20
+            worker.idle.batch_handed(items, 40_000_000, lambda: running[0])
+            await asyncio.sleep(0.02)
+            running[0] = ()
+            await asyncio.sleep(0.08)
+            assert worker.policy() == os.SCHED_IDLE and worker.idle.raises == 0
+        finally:
+            worker.stop()
+    run(scenario())
+
+
+def test_where_the_way_back_is_refused_the_thread_is_left_alone(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """As for an unprivileged process (RLIMIT_NICE 0, no CAP_SYS_NICE): SCHED_IDLE may be
+    entered but not left, so the spare is not lowered at all."""
+    real = os.sched_setscheduler
+    lowered: set[int] = set()
+
+    def kernel_rule(tid: int, policy: int, param: Any) -> None:
+        tid = tid or threading.get_native_id()
+        if tid in lowered and policy != os.SCHED_IDLE:
+            raise PermissionError(1, "Operation not permitted")
+        real(tid, policy, param)
+        if policy == os.SCHED_IDLE:
+            lowered.add(tid)
+
+    monkeypatch.setattr(os, "sched_setscheduler", kernel_rule)
+    idle_time._may_lower_and_raise.cache_clear()
+    try:
+        async def scenario() -> None:
+            worker = _Worker(asyncio.get_running_loop())
+            try:
+                assert worker.idle is None and worker.policy() == os.SCHED_OTHER
+            finally:
+                worker.stop()
+        run(scenario())
+    finally:
+        idle_time._may_lower_and_raise.cache_clear()
