@@ -59,18 +59,15 @@ def test_a_batch_that_overruns_is_raised_and_the_next_starts_lowered(may_raise: 
         worker = _Worker(asyncio.get_running_loop())
         try:
             assert worker.idle is not None and worker.policy() == os.SCHED_IDLE
-            first, second = ["first"], ["second"]
-            now: list[Any] = [first]
+            busy = [True]
             # expected 1 ms: raised after the least wait (5 ms), the batch still running
-            worker.idle.batch_handed(first, 1_000_000, lambda: now[0])
-            await asyncio.sleep(0.002)
-            assert worker.policy() == os.SCHED_IDLE  # not yet overrun
+            worker.idle.batch_handed(1_000_000, lambda: busy[0])
             await asyncio.sleep(0.05)
             assert worker.policy() == os.SCHED_OTHER and worker.idle.raises == 1
-            now[0] = second  # the next batch: lowered as it is handed over
-            worker.idle.batch_handed(second, 1_000_000, lambda: now[0])
+            # the next batch: lowered as it is handed over; done in time, left there
+            worker.idle.batch_handed(1_000_000, lambda: busy[0])
             assert worker.policy() == os.SCHED_IDLE
-            now[0] = ()  # done in time: left at SCHED_IDLE
+            busy[0] = False
             await asyncio.sleep(0.05)
             assert worker.policy() == os.SCHED_IDLE and worker.idle.raises == 1
         finally:
@@ -83,14 +80,22 @@ def test_a_batch_done_in_time_is_not_raised(may_raise: None) -> None:
         worker = _Worker(asyncio.get_running_loop())
         try:
             assert worker.idle is not None
-            items = ["batch"]
-            running: list[Any] = [items]
+            busy = [True]
             # expected 40 ms: its raise is due at 60 ms; it finishes at 20
-            worker.idle.batch_handed(items, 40_000_000, lambda: running[0])
+            worker.idle.batch_handed(40_000_000, lambda: busy[0])
             await asyncio.sleep(0.02)
-            running[0] = ()
+            busy[0] = False
             await asyncio.sleep(0.08)
             assert worker.policy() == os.SCHED_IDLE and worker.idle.raises == 0
+            # a batch that overruns, handed after one whose timer is still due: raised by
+            # its own timer, not the earlier one's
+            busy[0] = True
+            worker.idle.batch_handed(40_000_000, lambda: busy[0])
+            worker.idle.batch_handed(200_000_000, lambda: busy[0])  # (the first one ended)
+            await asyncio.sleep(0.1)
+            assert worker.policy() == os.SCHED_IDLE and worker.idle.raises == 0
+            await asyncio.sleep(0.25)
+            assert worker.policy() == os.SCHED_OTHER and worker.idle.raises == 1
         finally:
             worker.stop()
     run(scenario())

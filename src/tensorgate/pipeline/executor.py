@@ -204,11 +204,11 @@ class ExecutorThread:
     def submit(self, batch: Batch) -> None:
         if self.idle_time is not None:
             expected_ns = batch.rows * (self.forward_ns or LIGHT_FORWARD_NS)
-            self.idle_time.batch_handed(batch.items, expected_ns, self._busy_with)
+            self.idle_time.batch_handed(expected_ns, self._busy)
         self._queue.put(batch)
 
-    def _busy_with(self) -> Sequence[WorkItem]:
-        return self.busy_items
+    def _busy(self) -> bool:
+        return self.busy_since != 0.0
 
     def stop(self) -> None:
         """Finish what is queued, then release the model and the device."""

@@ -4,10 +4,11 @@ normal thread when a batch overruns.
 A spare instance (engine.py) shares the loop's core, and takes a batch only while the loop
 leaves most of that core idle (loop_load.py). Once it has one, at the default priority the
 kernel splits the core between them: a light model's request that arrives while the spare
-runs a 75 ms ResNet-50 forward waits for the loop's share of it (identity paced at 100
-requests/s beside resnet50 at 16 connections on 2 cores: P99 1.9-3.1 ms alone, 7.2-9.8 ms
-beside the spare). At SCHED_IDLE the spare runs only while its core has nothing else to run,
-and the loop takes the core back the moment it wakes (P99 2.9-3.4 ms there). Alone that
+runs a 75 ms ResNet-50 forward waits for the loop's share of it. At SCHED_IDLE the spare runs
+only while its core has nothing else to run, and the loop takes the core back the moment it
+wakes: on 2 cores, identity paced at 100 requests/s beside resnet50 at 16 connections had a
+P99 of 10.0 ms beside the spare and 2.6 without one, and has 3.5 now (`bench/spare_bench.py
+--light-rate 100 --heavy-connections 16`, bench/RESULTS.md), resnet50's rate unchanged. Alone that
 starved a batch the spare had taken behind a loop that then stayed busy (resnet50's P99 beside
 identity at 8 connections 474 → 1,056 ms, bench/RESULTS.md, fortieth session), so a batch
 still running RAISE_AFTER times its expected time after it was handed over is raised back to
@@ -39,26 +40,28 @@ class IdleTime:
     """The loop's side of a spare thread at SCHED_IDLE: lowered before each batch, raised
     once a batch overruns. Called on the loop only."""
 
-    __slots__ = ("_thread_id", "_loop", "_raised", "raises")
+    __slots__ = ("_thread_id", "_loop", "_raised", "_handed", "raises")
 
     def __init__(self, thread_id: int, loop: asyncio.AbstractEventLoop) -> None:
         """The thread is at SCHED_IDLE already."""
         self._thread_id = thread_id
         self._loop = loop
         self._raised = False
+        self._handed = 0  # batches handed over so far
         self.raises = 0  # batches that overran and were raised (statistics, tests)
 
-    def batch_handed(self, items: object, expected_ns: int,
-                     running: Callable[[], object]) -> None:
-        """A batch of `items` goes to the thread, expected to take `expected_ns` alone;
-        `running()` says what the thread runs then (the same object while it runs them)."""
+    def batch_handed(self, expected_ns: int, busy: Callable[[], bool]) -> None:
+        """A batch goes to the thread (idle until now: a spare takes one at a time), expected
+        to take `expected_ns` alone; `busy()` says whether the thread runs a batch."""
         if self._raised and _set_policy(self._thread_id, os.SCHED_IDLE):
             self._raised = False
+        self._handed += 1
         wait_s = max(_LEAST_WAIT_S, RAISE_AFTER * expected_ns / 1e9)
-        self._loop.call_later(wait_s, self._raise_if_running, items, running)
+        self._loop.call_later(wait_s, self._raise_if_running, self._handed, busy)
 
-    def _raise_if_running(self, items: object, running: Callable[[], object]) -> None:
-        if running() is items and not self._raised:
+    def _raise_if_running(self, handed: int, busy: Callable[[], bool]) -> None:
+        """Raise the thread if it still runs batch number `handed` (none was handed since)."""
+        if handed == self._handed and busy() and not self._raised:
             self._raised = _set_policy(self._thread_id, os.SCHED_OTHER)
             self.raises += self._raised
 
