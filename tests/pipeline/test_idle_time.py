@@ -101,6 +101,21 @@ def test_a_batch_done_in_time_is_not_raised(may_raise: None) -> None:
     run(scenario())
 
 
+def test_a_thread_told_to_stop_is_raised_for_good(may_raise: None) -> None:
+    async def scenario() -> None:
+        worker = _Worker(asyncio.get_running_loop())
+        try:
+            assert worker.idle is not None
+            worker.idle.batch_handed(1_000_000, lambda: True)
+            worker.idle.raise_now()
+            assert worker.policy() == os.SCHED_OTHER and worker.idle.raised
+            await asyncio.sleep(0.05)  # the batch's timer finds it raised already
+            assert worker.idle.raises == 0 and worker.policy() == os.SCHED_OTHER
+        finally:
+            worker.stop()
+    run(scenario())
+
+
 def test_where_the_way_back_is_refused_the_thread_is_left_alone(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """As for an unprivileged process (RLIMIT_NICE 0, no CAP_SYS_NICE): SCHED_IDLE may be

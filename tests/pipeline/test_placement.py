@@ -118,6 +118,8 @@ def test_unload_stops_the_spare_too(placement_repo: pathlib.Path) -> None:
         spare = engine._models["heavy"][1].executors[1]
         await engine.unload("heavy")
         assert spare.stopped.done()
+        # raised as it was told to stop, so that a busy loop could not hold up the unload
+        assert spare.idle_time is None or spare.idle_time.raised
         await engine.shutdown()
     run(scenario())
     for thread in [t for t in threading.enumerate() if t.name.endswith("-spare")]:

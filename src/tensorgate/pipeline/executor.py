@@ -212,6 +212,8 @@ class ExecutorThread:
 
     def stop(self) -> None:
         """Finish what is queued, then release the model and the device."""
+        if self.idle_time is not None:
+            self.idle_time.raise_now()
         self._queue.put(_STOP)
 
     # -- the thread ------------------------------------------------------------------------

@@ -59,6 +59,18 @@ class IdleTime:
         wait_s = max(_LEAST_WAIT_S, RAISE_AFTER * expected_ns / 1e9)
         self._loop.call_later(wait_s, self._raise_if_running, self._handed, busy)
 
+    @property
+    def raised(self) -> bool:
+        """Whether the thread runs as a normal thread now."""
+        return self._raised
+
+    def raise_now(self) -> None:
+        """Raise the thread for good, as it is told to stop: its unload must not wait for
+        a loop that stays busy."""
+        self._handed += 1  # (a batch's pending raise then finds it done)
+        if not self._raised:
+            self._raised = _set_policy(self._thread_id, os.SCHED_OTHER)
+
     def _raise_if_running(self, handed: int, busy: Callable[[], bool]) -> None:
         """Raise the thread if it still runs batch number `handed` (none was handed since)."""
         if handed == self._handed and busy() and not self._raised:
