@@ -7,12 +7,13 @@ kernel splits the core between them: a light model's request that arrives while 
 runs a 75 ms ResNet-50 forward waits for the loop's share of it. At SCHED_IDLE the spare runs
 only while its core has nothing else to run, and the loop takes the core back the moment it
 wakes: on 2 cores, identity paced at 100 requests/s beside resnet50 at 16 connections had a
-P99 of 10.0 ms beside the spare and 2.6 without one, and has 3.5 now (`bench/spare_bench.py
---light-rate 100 --heavy-connections 16`, bench/RESULTS.md), resnet50's rate unchanged. Alone that
-starved a batch the spare had taken behind a loop that then stayed busy (resnet50's P99 beside
-identity at 8 connections 474 → 1,056 ms, bench/RESULTS.md, fortieth session), so a batch
-still running RAISE_AFTER times its expected time after it was handed over is raised back to
-a normal thread, and the spare's next batch starts lowered again.
+P99 of 10.0 / 7.9 ms beside the spare (2.6 / 1.8 without one) and has 3.5 / 1.6 now, in two
+runs of `bench/spare_bench.py --light-rate 100 --heavy-connections 16` (bench/RESULTS.md),
+resnet50's rate unchanged. SCHED_IDLE alone starved a batch the spare had taken behind a loop
+that then stayed busy (resnet50's P99 beside identity at 8 connections 474 → 1,056 ms,
+bench/RESULTS.md, fortieth session), so a batch still running RAISE_AFTER times its expected
+time after it was handed over is raised back to a normal thread, and the spare's next batch
+starts lowered again; a spare told to stop is raised for good.
 
 Linux lets an unprivileged thread lower itself to SCHED_IDLE but not come back (sched(7):
 only within RLIMIT_NICE, 0 by default, or with CAP_SYS_NICE); where a probe finds the way
