@@ -439,6 +439,7 @@ class Engine:
         postprocessor = build_postprocessor(spec, source.directory)
         claims = self._claims(spec, version, by_group)
         spares: set[int] = set()  # instances that run only when the others are busy
+        said_datatype: set[str] = set()  # one warning a version (ExecutorSettings)
 
         def instance(index: int, first: ExecutorThread | None = None,
                      on_loop_cores: bool = False) -> ExecutorThread:
@@ -455,7 +456,8 @@ class Engine:
                 inference_mode=flag(spec, "INFERENCE_MODE", True),
                 jit_optimize=not flag(spec, "DISABLE_OPTIMIZED_EXECUTION", False),
                 streams_per_instance=streams_per_instance(spec),
-                shared_runner=first.runner if first is not None else None)
+                shared_runner=first.runner if first is not None else None,
+                said_datatype=said_datatype)
             if on_loop_cores:
                 settings = self._on_loop_cores(settings)
                 spares.add(index)

@@ -27,7 +27,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -134,6 +134,9 @@ class ExecutorSettings:
     jit_optimize: bool = True  # the TorchScript executor optimises (DISABLE_OPTIMIZED_EXECUTION)
     # A spare on the loop's core: runs on the time the loop leaves idle (idle_time.py)
     on_idle_time: bool = False
+    # Outputs a model made in another datatype than its config's, already logged: one set
+    # for a version's instances, so that the warning is said once, not once an instance
+    said_datatype: set[str] = field(default_factory=set)
 
 
 class ExecutorThread:
@@ -169,7 +172,6 @@ class ExecutorThread:
         # seconds its load took, by step ("load", "warm-up", "CUDA graphs"), for the log
         self.setup_s: dict[str, float] = {}
         self._split_said = False  # a failed batch's requests ran alone: logged once, loudly
-        self._said_datatype: set[str] = set()  # outputs made in another datatype: logged
         # A model not run before its first request (a Triton Python model): its first
         # batch-1 execute times, until there are enough to place the thread by
         self._costs: list[int] | None = None
@@ -825,6 +827,7 @@ class ExecutorThread:
         name, `into` its results (a copy to the host is asynchronous unless not
         `non_blocking`), each in the datatype the model made it in."""
         spec = self.settings.spec
+        said = self.settings.said_datatype
         for name in item.wanted:
             value = outputs.get(name)
             if value is None:
@@ -833,10 +836,10 @@ class ExecutorThread:
                                     f"{', '.join(outputs) or 'no outputs'}")
             out = next(o for o in spec.model_outputs if o.name == name)
             found = _output_datatype(spec.name, name, value, out.datatype)
-            if found is not out.datatype and name not in self._said_datatype:
+            if found is not out.datatype and name not in said:
                 # Triton passes such an output on as it was made (a model's numpy math
                 # made FP64 where its config says FP32): so do we, and say so once
-                self._said_datatype.add(name)
+                said.add(name)
                 log.warning("model '%s' output '%s' is %s where its config says %s: answered "
                             "as %s, as Triton answers it", spec.name, name, found.name,
                             out.datatype.name, found.name)
