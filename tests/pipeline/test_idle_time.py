@@ -4,9 +4,10 @@ overruns, and left alone where the way back is refused."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
@@ -46,6 +47,16 @@ class _Worker:
         self._thread.join(10.0)
 
 
+@contextlib.asynccontextmanager
+async def _working() -> AsyncIterator[_Worker]:
+    """A _Worker for the running loop, stopped however the test leaves."""
+    worker = _Worker(asyncio.get_running_loop())
+    try:
+        yield worker
+    finally:
+        worker.stop()
+
+
 @pytest.fixture
 def may_raise() -> Iterator[None]:
     idle_time._may_lower_and_raise.cache_clear()
@@ -56,8 +67,7 @@ def may_raise() -> Iterator[None]:
 
 def test_a_batch_that_overruns_is_raised_and_the_next_starts_lowered(may_raise: None) -> None:
     async def scenario() -> None:
-        worker = _Worker(asyncio.get_running_loop())
-        try:
+        async with _working() as worker:
             assert worker.idle is not None and worker.policy() == os.SCHED_IDLE
             busy = [True]
             # expected 1 ms: raised after the least wait (5 ms), the batch still running
@@ -70,15 +80,12 @@ def test_a_batch_that_overruns_is_raised_and_the_next_starts_lowered(may_raise: 
             busy[0] = False
             await asyncio.sleep(0.05)
             assert worker.policy() == os.SCHED_IDLE and worker.idle.raises == 1
-        finally:
-            worker.stop()
     run(scenario())
 
 
 def test_a_batch_done_in_time_is_not_raised(may_raise: None) -> None:
     async def scenario() -> None:
-        worker = _Worker(asyncio.get_running_loop())
-        try:
+        async with _working() as worker:
             assert worker.idle is not None
             busy = [True]
             # expected 40 ms: its raise is due at 60 ms; it finishes at 20
@@ -96,23 +103,18 @@ def test_a_batch_done_in_time_is_not_raised(may_raise: None) -> None:
             assert worker.policy() == os.SCHED_IDLE and worker.idle.raises == 0
             await asyncio.sleep(0.25)
             assert worker.policy() == os.SCHED_OTHER and worker.idle.raises == 1
-        finally:
-            worker.stop()
     run(scenario())
 
 
 def test_a_thread_told_to_stop_is_raised_for_good(may_raise: None) -> None:
     async def scenario() -> None:
-        worker = _Worker(asyncio.get_running_loop())
-        try:
+        async with _working() as worker:
             assert worker.idle is not None
             worker.idle.batch_handed(1_000_000, lambda: True)
             worker.idle.raise_now()
             assert worker.policy() == os.SCHED_OTHER and worker.idle.raised
             await asyncio.sleep(0.05)  # the batch's timer finds it raised already
             assert worker.idle.raises == 0 and worker.policy() == os.SCHED_OTHER
-        finally:
-            worker.stop()
     run(scenario())
 
 
@@ -135,11 +137,8 @@ def test_where_the_way_back_is_refused_the_thread_is_left_alone(
     idle_time._may_lower_and_raise.cache_clear()
     try:
         async def scenario() -> None:
-            worker = _Worker(asyncio.get_running_loop())
-            try:
+            async with _working() as worker:
                 assert worker.idle is None and worker.policy() == os.SCHED_OTHER
-            finally:
-                worker.stop()
         run(scenario())
     finally:
         idle_time._may_lower_and_raise.cache_clear()
