@@ -69,16 +69,19 @@ def test_a_batch_that_overruns_is_raised_and_the_next_starts_lowered(may_raise: 
     async def scenario() -> None:
         async with _working() as worker:
             assert worker.idle is not None and worker.policy() == os.SCHED_IDLE
-            busy = [True]
-            # expected 1 ms: raised after the least wait (5 ms), the batch still running
-            worker.idle.batch_handed(1_000_000, lambda: busy[0])
-            await asyncio.sleep(0.05)
+            done = [0]
+            # expected 1 ms: raised after the least wait (5 ms), the batch not finished (not
+            # even taken, as by a thread the busy loop starves)
+            worker.idle.batch_handed(1_000_000, lambda: done[0])
+            for _ in range(200):  # (up to 2 s on a loaded machine)
+                await asyncio.sleep(0.01)
+                if worker.policy() == os.SCHED_OTHER:
+                    break
             assert worker.policy() == os.SCHED_OTHER and worker.idle.raises == 1
-            # the next batch: lowered as it is handed over; done in time, left there
-            worker.idle.batch_handed(1_000_000, lambda: busy[0])
-            assert worker.policy() == os.SCHED_IDLE
-            busy[0] = False
-            await asyncio.sleep(0.05)
+            # the first finishes; the next, expected to take 10 s, is lowered as it is
+            # handed over
+            done[0] += 1
+            worker.idle.batch_handed(10_000_000_000, lambda: done[0])
             assert worker.policy() == os.SCHED_IDLE and worker.idle.raises == 1
     run(scenario())
 
@@ -87,22 +90,15 @@ def test_a_batch_done_in_time_is_not_raised(may_raise: None) -> None:
     async def scenario() -> None:
         async with _working() as worker:
             assert worker.idle is not None
-            busy = [True]
-            # expected 40 ms: its raise is due at 60 ms; it finishes at 20
-            worker.idle.batch_handed(40_000_000, lambda: busy[0])
-            await asyncio.sleep(0.02)
-            busy[0] = False
-            await asyncio.sleep(0.08)
+            done = [0]
+            # expected 200 ms: its raise is due at 300 ms; it is finished before that
+            worker.idle.batch_handed(200_000_000, lambda: done[0])
+            done[0] += 1
+            # another, handed over after it (its raise due in 15 s): the first's timer,
+            # when it comes, finds the first finished and leaves the thread lowered
+            worker.idle.batch_handed(10_000_000_000, lambda: done[0])
+            await asyncio.sleep(0.5)
             assert worker.policy() == os.SCHED_IDLE and worker.idle.raises == 0
-            # a batch that overruns, handed after one whose timer is still due: raised by
-            # its own timer, not the earlier one's
-            busy[0] = True
-            worker.idle.batch_handed(40_000_000, lambda: busy[0])
-            worker.idle.batch_handed(200_000_000, lambda: busy[0])  # (the first one ended)
-            await asyncio.sleep(0.1)
-            assert worker.policy() == os.SCHED_IDLE and worker.idle.raises == 0
-            await asyncio.sleep(0.25)
-            assert worker.policy() == os.SCHED_OTHER and worker.idle.raises == 1
     run(scenario())
 
 
@@ -110,11 +106,13 @@ def test_a_thread_told_to_stop_is_raised_for_good(may_raise: None) -> None:
     async def scenario() -> None:
         async with _working() as worker:
             assert worker.idle is not None
-            worker.idle.batch_handed(1_000_000, lambda: True)
+            worker.idle.batch_handed(1_000_000, lambda: 0)
             worker.idle.raise_now()
             assert worker.policy() == os.SCHED_OTHER and worker.idle.raised
             await asyncio.sleep(0.05)  # the batch's timer finds it raised already
             assert worker.idle.raises == 0 and worker.policy() == os.SCHED_OTHER
+            worker.idle.batch_handed(1_000_000, lambda: 1)  # (a batch queued before its stop)
+            assert worker.policy() == os.SCHED_OTHER
     run(scenario())
 
 

@@ -8,6 +8,7 @@ import asyncio
 import os
 import pathlib
 import threading
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -91,6 +92,35 @@ def _assert_spare_on_idle_time(first: ExecutorThread, spare: ExecutorThread) -> 
     else:
         assert os.sched_getscheduler(spare.thread_id) == os.SCHED_OTHER
         assert spare.idle_time is None
+
+
+def test_a_spare_given_a_batch_is_not_starved_by_a_loop_that_then_stays_busy(
+        placement_repo: pathlib.Path) -> None:
+    """At SCHED_IDLE a spare runs only on its core's idle time; a batch it took just before
+    the loop got busy would wait for as long as the loop stays so, were it not raised back
+    once overdue (pipeline/idle_time.py). The loop here spins in short steps for up to 10 s:
+    the spare's request is answered while it spins."""
+    if not idle_time._may_lower_and_raise():
+        pytest.skip("this process may not raise a thread back from SCHED_IDLE")
+
+    async def scenario() -> None:
+        engine = Engine(placement_repo, placement="auto")
+        await engine.start(["heavy"])
+        spare = engine._models["heavy"][1].executors[1]
+        # one for the first instance, one for the spare, handed over before the loop spins
+        answers = [asyncio.ensure_future(engine.infer(_request("heavy", s))) for s in (1, 2)]
+        await asyncio.sleep(0)
+        deadline = time.monotonic() + 10.0
+        while not all(a.done() for a in answers) and time.monotonic() < deadline:
+            spun = time.monotonic() + 0.002
+            while time.monotonic() < spun:
+                pass  # the loop's core busy: nothing idle for the spare
+            await asyncio.sleep(0)
+        assert all(a.done() for a in answers), "the spare's batch starved behind the loop"
+        assert spare.batches_run == 1 and spare.idle_time is not None
+        assert spare.idle_time.raises == 1
+        await engine.shutdown()
+    run(scenario())
 
 
 def test_configured_and_light_models_get_no_spare(placement_repo: pathlib.Path,

@@ -176,6 +176,7 @@ class ExecutorThread:
         # batch-1 execute times, until there are enough to place the thread by
         self._costs: list[int] | None = None
         self.batches_run = 0  # written by this thread only
+        self.batches_done = 0  # taken from its queue and finished, run or failed (likewise)
         self.heap_trims = 0
         # When its current call into the model began (time.monotonic(); 0.0 while idle), the
         # rows it was given (0: a streaming step) and its requests: read by the server's
@@ -206,11 +207,11 @@ class ExecutorThread:
     def submit(self, batch: Batch) -> None:
         if self.idle_time is not None:
             expected_ns = batch.rows * (self.forward_ns or LIGHT_FORWARD_NS)
-            self.idle_time.batch_handed(expected_ns, self._busy)
+            self.idle_time.batch_handed(expected_ns, self._batches_done)
         self._queue.put(batch)
 
-    def _busy(self) -> bool:
-        return self.busy_since != 0.0
+    def _batches_done(self) -> int:
+        return self.batches_done
 
     def stop(self) -> None:
         """Finish what is queued, then release the model and the device."""
@@ -274,6 +275,7 @@ class ExecutorThread:
                 self._execute(batch)
             finally:  # (its items not held while idle: their buffers go back to the pool)
                 self.busy_since, self.busy_items = 0.0, ()
+                self.batches_done += 1
             del batch  # not held while idle: its buffers go back to the pool now
         self._teardown()
         self._let_go_of_scheduler()

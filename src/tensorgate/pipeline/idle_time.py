@@ -41,24 +41,27 @@ class IdleTime:
     """The loop's side of a spare thread at SCHED_IDLE: lowered before each batch, raised
     once a batch overruns. Called on the loop only."""
 
-    __slots__ = ("_thread_id", "_loop", "_raised", "_handed", "raises")
+    __slots__ = ("_thread_id", "_loop", "_raised", "_for_good", "_handed", "raises")
 
     def __init__(self, thread_id: int, loop: asyncio.AbstractEventLoop) -> None:
         """The thread is at SCHED_IDLE already."""
         self._thread_id = thread_id
         self._loop = loop
         self._raised = False
-        self._handed = 0  # batches handed over so far
+        self._for_good = False  # told to stop: not lowered again
+        self._handed = 0  # batches handed over so far (the thread runs them in order)
         self.raises = 0  # batches that overran and were raised (statistics, tests)
 
-    def batch_handed(self, expected_ns: int, busy: Callable[[], bool]) -> None:
-        """A batch goes to the thread (idle until now: a spare takes one at a time), expected
-        to take `expected_ns` alone; `busy()` says whether the thread runs a batch."""
-        if self._raised and _set_policy(self._thread_id, os.SCHED_IDLE):
+    def batch_handed(self, expected_ns: int, finished: Callable[[], int]) -> None:
+        """A batch goes to the thread, expected to take `expected_ns` alone; `finished()`
+        counts the batches the thread has finished, in the order they were handed over (one
+        not even begun is not: a starved thread may not have taken it yet)."""
+        if self._raised and not self._for_good and _set_policy(self._thread_id,
+                                                                os.SCHED_IDLE):
             self._raised = False
         self._handed += 1
         wait_s = max(_LEAST_WAIT_S, RAISE_AFTER * expected_ns / 1e9)
-        self._loop.call_later(wait_s, self._raise_if_running, self._handed, busy)
+        self._loop.call_later(wait_s, self._raise_if_unfinished, self._handed, finished)
 
     @property
     def raised(self) -> bool:
@@ -68,13 +71,13 @@ class IdleTime:
     def raise_now(self) -> None:
         """Raise the thread for good, as it is told to stop: its unload must not wait for
         a loop that stays busy."""
-        self._handed += 1  # (a batch's pending raise then finds it done)
+        self._for_good = True
         if not self._raised:
             self._raised = _set_policy(self._thread_id, os.SCHED_OTHER)
 
-    def _raise_if_running(self, handed: int, busy: Callable[[], bool]) -> None:
-        """Raise the thread if it still runs batch number `handed` (none was handed since)."""
-        if handed == self._handed and busy() and not self._raised:
+    def _raise_if_unfinished(self, number: int, finished: Callable[[], int]) -> None:
+        """Raise the thread if the batch handed over `number`-th is not finished yet."""
+        if finished() < number and not self._raised:
             self._raised = _set_policy(self._thread_id, os.SCHED_OTHER)
             self.raises += self._raised
 
