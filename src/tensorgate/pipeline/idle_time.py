@@ -11,9 +11,10 @@ P99 of 10.0 / 7.9 ms beside the spare (2.6 / 1.8 without one) and has 3.5 / 1.6 
 runs of `bench/spare_bench.py --light-rate 100 --heavy-connections 16` (bench/RESULTS.md),
 resnet50's rate unchanged. SCHED_IDLE alone starved a batch the spare had taken behind a loop
 that then stayed busy (resnet50's P99 beside identity at 8 connections 474 → 1,056 ms,
-bench/RESULTS.md, fortieth session), so a batch still running RAISE_AFTER times its expected
-time after it was handed over is raised back to a normal thread, and the spare's next batch
-starts lowered again; a spare told to stop is raised for good.
+bench/RESULTS.md, fortieth session), so a spare whose batch is not finished RAISE_AFTER times
+its expected time after it was handed over (not even begun, it may be: a starved thread has
+not taken it) is raised back to a normal thread, and its next batch starts lowered again; a
+spare told to stop is raised for good.
 
 Linux lets an unprivileged thread lower itself to SCHED_IDLE but not come back (sched(7):
 only within RLIMIT_NICE, 0 by default, or with CAP_SYS_NICE); where a probe finds the way
@@ -33,7 +34,7 @@ __all__ = ["IdleTime", "RAISE_AFTER", "lowered_to_idle_time"]
 
 log = logging.getLogger("tensorgate.engine")
 
-RAISE_AFTER = 1.5  # a batch running this many times its expected time on is raised
+RAISE_AFTER = 1.5  # a batch not finished this many times its expected time on is raised
 _LEAST_WAIT_S = 0.005  # (a spare's batch-1 forward is at least 0.5 ms: placement.py)
 
 
