@@ -236,6 +236,49 @@ def goals(s: dict[str, Any]) -> list[str]:
     return checks
 
 
+def goals_by_round(result: dict[str, Any]) -> list[str]:
+    """The goals that vary with the machine's moment, per round: the goals above pool every
+    round's samples, so a slow minute in one round (one server's, in the alternating order)
+    is folded into a P99 or a P50 unseen; here it shows. Empty for a run of one round."""
+    servers = result["servers"]
+    if "tensorgate" not in servers or "triton" not in servers:
+        return []
+    floor = result["floor"]["workloads"]
+
+    def sequential(record: dict[str, Any], model: str, index: int, q: float) -> float | None:
+        runs = record.get(model, {}).get("sequential", [])
+        if not runs:
+            return None
+        run = runs[index] if index < len(runs) else {"us": np.concatenate(
+            [np.asarray(r["us"]) for r in runs])}  # (a floor measured once: all of it)
+        return float(np.percentile(run["us"], q)) if len(run["us"]) else None
+
+    def max_qps(record: dict[str, Any], index: int) -> float | None:
+        runs = record.get("identity", {}).get("concurrent", [])
+        return max((p["qps"] for p in runs[index]), default=None) if index < len(runs) else None
+
+    tg, tr = servers["tensorgate"]["workloads"], servers["triton"]["workloads"]
+    rounds = min(len(tg.get("identity", {}).get("sequential", [])),
+                 len(tr.get("identity", {}).get("sequential", [])))
+    if rounds < 2:
+        return []
+    lines = ["Per round (the goals above pool the rounds; a slow minute in one shows here):", "",
+             "| round | identity P50 overhead, tensorgate / Triton | resnet50 P99, tensorgate "
+             "/ floor | identity max QPS, tensorgate / Triton |", "|---:|---:|---:|---:|"]
+    for index in range(rounds):
+        floor_p50 = sequential(floor, "identity", index, 50) or 0.0
+        tg_p50, tr_p50 = (sequential(w, "identity", index, 50) for w in (tg, tr))
+        overhead = (_ratio_value(tg_p50 - floor_p50, tr_p50 - floor_p50)
+                    if tg_p50 is not None and tr_p50 is not None and tr_p50 > floor_p50
+                    else None)
+        p99 = _ratio_value(sequential(tg, "resnet50", index, 99),
+                           sequential(floor, "resnet50", index, 99))
+        qps = _ratio_value(max_qps(tg, index), max_qps(tr, index))
+        cells = [f"{v:.2f}" if v is not None else "–" for v in (overhead, p99, qps)]
+        lines.append(f"| {index + 1} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def _ratio_value(a: float | None, b: float | None) -> float | None:
     return a / b if a is not None and b else None
 
@@ -276,6 +319,9 @@ def report(result: dict[str, Any]) -> str:
         lines += ["Goals (issue 5, on the GPU):", *cuda_goals(s), ""]
     else:
         lines += ["Goals (issue 5, this machine):", *goals(s), ""]
+        by_round = goals_by_round(result)
+        if by_round:
+            lines += by_round + [""]
     tg = s.get("tensorgate", {}).get("tensorgate")
     if tg:
         lines.append("tensorgate's own view (metrics and statistics, cumulative over its run; "

@@ -178,3 +178,24 @@ def _render_beside_the_cpu_block(result: dict, tmp_path: pathlib.Path) -> tuple[
     begin, end = compare_report.markers(result)
     assert cpu_block in text and text.count(begin) == 1
     return text, text.split(begin, 1)[1].split(end, 1)[0]
+
+
+def test_goals_by_round_show_a_slow_round_the_pooled_goals_fold_in(result: dict) -> None:
+    """Two rounds, tensorgate's first slow: the pooled goal says little of it, the per-round
+    table shows each round's ratios; one round has no such table."""
+    assert compare_report.goals_by_round(result) == []
+    tg = result["servers"]["tensorgate"]["workloads"]
+    tr = result["servers"]["triton"]["workloads"]
+    tg["identity"]["sequential"] = [_sequential(610, 5), _sequential(310, 5)]
+    tr["identity"]["sequential"] = [_sequential(810, 5), _sequential(810, 5)]
+    tg["resnet50"]["sequential"] = [_sequential(91_000, 100), _sequential(70_200, 100)]
+    tr["resnet50"]["sequential"] *= 2
+    tg["identity"]["concurrent"] = _levels({16: 1800}) + _levels({16: 3000})
+    tr["identity"]["concurrent"] = _levels({16: 1200}) * 2
+    lines = compare_report.goals_by_round(result)
+    rows = [line for line in lines if re.match(r"\| \d ", line)]
+    # (610 - 10) / (810 - 10) = 0.75 and (310 - 10) / 800 = 0.375; resnet50's P99 against
+    # the floor's (one floor run, pooled: 70,000 + 2.33 σ of 100); max QPS 1.5 and 2.5
+    assert re.fullmatch(r"\| 1 \| 0\.75 \| 1\.30 \| 1\.50 \|", rows[0]), rows
+    assert re.fullmatch(r"\| 2 \| 0\.3[78] \| 1\.00 \| 2\.50 \|", rows[1]), rows
+    assert "\n".join(lines) in compare_report.report(result)
