@@ -30,7 +30,8 @@ __all__ = ["LONG_STRING", "load_parameters_steps"]
 LONG_STRING = 64 << 10  # bytes: a string this long is cut out and decoded in slices
 _SCAN_BYTES = 1 << 20  # of body looked through for quotes between two yields (~0.3 ms)
 # of base64 decoded between two yields, a multiple of 4: ~1 ms on the AMD machine, 2.4 ms
-# (P99 7.7) on the Xeon, timed in the server beside uploads (forty-sixth session's note)
+# (P99 7.7) on the Xeon, timed in the server beside uploads (bench/RESULTS.md, "Model
+# uploads beside small requests, looked at again")
 _DECODE_CHARS = 1 << 20
 _MOST_QUOTES = 4096  # in a body of long strings: more and it is parsed whole (a JSON
 # document of many short strings is what the plain path is for)
