@@ -208,18 +208,14 @@ def goals(s: dict[str, Any]) -> list[str]:
     if "tensorgate" not in s or "triton" not in s:
         return ["Goals need tensorgate and Triton in the same run."]
     tg, tr = s["tensorgate"], s["triton"]
-    floor_id = _get(s, "floor", "identity", "p50_us") or 0.0
     checks: list[str] = []
 
     def add(text: str, value: float | None, limit: float, at_most: bool = True) -> None:
         checks.append(_goal_line(text, value, limit, at_most))
 
-    tg_over = (_get(s, "tensorgate", "identity", "p50_us") or 0.0) - floor_id
-    tr_over = (_get(s, "triton", "identity", "p50_us") or 0.0) - floor_id
-    add("identity P50 overhead over the floor, tensorgate / Triton",
-        tg_over / tr_over if tr_over > 0 else None, 0.5)
-    add("resnet50 P99, tensorgate / floor", _ratio_value(_get(s, "tensorgate", "resnet50", "p99_us"),
-                                                          _get(s, "floor", "resnet50", "p99_us")), 1.1)
+    overhead, resnet_p99, identity_qps = _moving_goals(s)
+    add("identity P50 overhead over the floor, tensorgate / Triton", overhead, 0.5)
+    add("resnet50 P99, tensorgate / floor", resnet_p99, 1.1)
     add("RSS, tensorgate / Triton", _ratio_value(tg.get("rss_mb"), tr.get("rss_mb")), 0.6)
     # Triton's tree shares libraries between its processes, which RSS counts once per
     # process; PSS splits shared pages, so this is the stricter comparison (no goal of its own)
@@ -230,10 +226,22 @@ def goals(s: dict[str, Any]) -> list[str]:
     if peak is not None:  # the burst itself, before tensorgate hands its heap back
         checks.append(f"- peak RSS, tensorgate / Triton (no goal set): {peak:.2f}")
     add("start-up, tensorgate / Triton", _ratio_value(tg.get("startup_s"), tr.get("startup_s")), 0.75)
-    add("identity max QPS, tensorgate / Triton",
-        _ratio_value(_get(s, "tensorgate", "identity", "max_qps"), _get(s, "triton", "identity", "max_qps")),
-        2.0, at_most=False)
+    add("identity max QPS, tensorgate / Triton", identity_qps, 2.0, at_most=False)
     return checks
+
+
+def _moving_goals(s: dict[str, Any]) -> tuple[float | None, float | None, float | None]:
+    """The goals that move with the machine's moment, from a summary: identity's P50
+    overhead over the floor and its max QPS against Triton's, resnet50's P99 against the
+    floor's."""
+    floor_id = _get(s, "floor", "identity", "p50_us") or 0.0
+    tg_over = (_get(s, "tensorgate", "identity", "p50_us") or 0.0) - floor_id
+    tr_over = (_get(s, "triton", "identity", "p50_us") or 0.0) - floor_id
+    return (tg_over / tr_over if tr_over > 0 else None,
+            _ratio_value(_get(s, "tensorgate", "resnet50", "p99_us"),
+                         _get(s, "floor", "resnet50", "p99_us")),
+            _ratio_value(_get(s, "tensorgate", "identity", "max_qps"),
+                         _get(s, "triton", "identity", "max_qps")))
 
 
 def goals_by_round(result: dict[str, Any]) -> list[str]:
@@ -243,40 +251,35 @@ def goals_by_round(result: dict[str, Any]) -> list[str]:
     servers = result["servers"]
     if "tensorgate" not in servers or "triton" not in servers:
         return []
-    floor = result["floor"]["workloads"]
-
-    def sequential(record: dict[str, Any], model: str, index: int, q: float) -> float | None:
-        runs = record.get(model, {}).get("sequential", [])
-        if not runs:
-            return None
-        run = runs[index] if index < len(runs) else {"us": np.concatenate(
-            [np.asarray(r["us"]) for r in runs])}  # (a floor measured once: all of it)
-        return float(np.percentile(run["us"], q)) if len(run["us"]) else None
-
-    def max_qps(record: dict[str, Any], index: int) -> float | None:
-        runs = record.get("identity", {}).get("concurrent", [])
-        return max((p["qps"] for p in runs[index]), default=None) if index < len(runs) else None
-
-    tg, tr = servers["tensorgate"]["workloads"], servers["triton"]["workloads"]
-    rounds = min(len(tg.get("identity", {}).get("sequential", [])),
-                 len(tr.get("identity", {}).get("sequential", [])))
+    rounds = min(len(servers[name]["workloads"].get("identity", {}).get("sequential", []))
+                 for name in ("tensorgate", "triton"))
     if rounds < 2:
         return []
     lines = ["Per round (the goals above pool the rounds; a slow minute in one shows here):", "",
              "| round | identity P50 overhead, tensorgate / Triton | resnet50 P99, tensorgate "
              "/ floor | identity max QPS, tensorgate / Triton |", "|---:|---:|---:|---:|"]
     for index in range(rounds):
-        floor_p50 = sequential(floor, "identity", index, 50) or 0.0
-        tg_p50, tr_p50 = (sequential(w, "identity", index, 50) for w in (tg, tr))
-        overhead = (_ratio_value(tg_p50 - floor_p50, tr_p50 - floor_p50)
-                    if tg_p50 is not None and tr_p50 is not None and tr_p50 > floor_p50
-                    else None)
-        p99 = _ratio_value(sequential(tg, "resnet50", index, 99),
-                           sequential(floor, "resnet50", index, 99))
-        qps = _ratio_value(max_qps(tg, index), max_qps(tr, index))
-        cells = [f"{v:.2f}" if v is not None else "–" for v in (overhead, p99, qps)]
+        values = _moving_goals(summarize(_one_round(result, index)))
+        cells = [f"{v:.2f}" if v is not None else "–" for v in values]
         lines.append(f"| {index + 1} | " + " | ".join(cells) + " |")
     return lines
+
+
+def _one_round(result: dict[str, Any], index: int) -> dict[str, Any]:
+    """`result` as if it had measured round `index` alone: each workload's rounds of
+    sequential and concurrent points cut to that one (a record with fewer rounds, as a floor
+    measured once, keeps all of its own)."""
+    def cut(runs: list[Any]) -> list[Any]:
+        return runs[index:index + 1] if index < len(runs) else runs
+
+    def record(entry: dict[str, Any]) -> dict[str, Any]:
+        return {**entry, "workloads": {
+            model: {key: cut(value) if key in ("sequential", "concurrent", "grpc") else value
+                    for key, value in workload.items()}
+            for model, workload in entry.get("workloads", {}).items()}}
+
+    return {**result, "floor": record(result["floor"]),
+            "servers": {name: record(entry) for name, entry in result["servers"].items()}}
 
 
 def _ratio_value(a: float | None, b: float | None) -> float | None:

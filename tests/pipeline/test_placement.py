@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from tensorgate import Engine, InferenceRequest, TensorView
-from tensorgate.pipeline.executor import ExecutorThread
 from tensorgate.pipeline import idle_time
+from tensorgate.pipeline.executor import ExecutorThread
 from tensorgate.pipeline.placement import plan_placement
 from tests.pipeline import repo_builder as rb
 from tests.pipeline.conftest import run

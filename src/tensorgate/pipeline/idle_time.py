@@ -56,7 +56,8 @@ class IdleTime:
     def batch_handed(self, expected_ns: int, finished: Callable[[], int]) -> None:
         """A batch goes to the thread, expected to take `expected_ns` alone; `finished()`
         counts the batches the thread has finished, in the order they were handed over (one
-        not even begun is not: a starved thread may not have taken it yet)."""
+        not even begun is not: a starved thread may not have taken it yet). Given each time,
+        not kept: it is the executor's, which holds this object (a cycle otherwise)."""
         if self._raised and not self._for_good and _set_policy(self._thread_id,
                                                                 os.SCHED_IDLE):
             self._raised = False
