@@ -5,12 +5,14 @@ from __future__ import annotations
 import argparse
 import pathlib
 import sys
+from collections.abc import Mapping
+from typing import cast
 
 from tensorgate.config import FALSE_WORDS, ServerConfig
 from tensorgate.pipeline.summary import DEFAULT_QUANTILES
 from tensorgate.repository.layout import check_repository_folders
 
-__all__ = ["main"]
+__all__ = ["main", "parse_serve", "serve_config"]
 
 
 # Triton's flags for what tensorgate sizes or does its own way: a tritonserver command line
@@ -322,6 +324,31 @@ def no_effect(args: dict[str, object]) -> list[str]:
     return given
 
 
+def serve_config(args: dict[str, object],
+                 environ: Mapping[str, str] | None = None) -> ServerConfig:
+    """The configuration `serve` runs with, from its parsed arguments (`args` is consumed)
+    and TENSORGATE_* variables (`environ`, default the process's); ValueError names what is
+    wrong. The repository folders are not looked at (a deployment's manifest is checked
+    where they do not exist: tests/deploy)."""
+    no_effect(args)
+    args.update(trace_settings(cast(list[str], args.pop("trace_config") or [])))
+    args.update(metrics_settings(cast(list[str], args.pop("metrics_config") or [])))
+    args.update(triton_settings(args))
+    for name in ("http_restricted_api", "grpc_restricted_api"):
+        if args[name] is not None:
+            args[name] = ";".join(cast(list[str], args[name]))
+    return ServerConfig.from_env(environ, **args)
+
+
+def parse_serve(argv: list[str], environ: Mapping[str, str] | None = None) -> ServerConfig:
+    """`serve_config` of a `tensorgate serve ...` command line (argv without the program's
+    name, starting with "serve"); argparse's own errors exit as on the command line."""
+    args = vars(_parser().parse_args(argv))
+    if args.pop("command") != "serve":
+        raise ValueError(f"not a serve command line: {argv}")
+    return serve_config(args, environ)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = vars(_parser().parse_args(argv))
     command = args.pop("command")
@@ -343,13 +370,7 @@ def main(argv: list[str] | None = None) -> int:
             print("tensorgate: Triton's flags taken and not acted on: " + "; ".join(ignored),
                   file=sys.stderr)
         try:
-            args.update(trace_settings(args.pop("trace_config") or []))
-            args.update(metrics_settings(args.pop("metrics_config") or []))
-            args.update(triton_settings(args))
-            for name in ("http_restricted_api", "grpc_restricted_api"):
-                if args[name] is not None:
-                    args[name] = ";".join(args[name])
-            config = ServerConfig.from_env(**args)
+            config = serve_config(args)
             check_repository_folders(config.model_repository)
         except ValueError as error:
             print(f"tensorgate: {error}", file=sys.stderr)
