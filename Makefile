@@ -28,7 +28,7 @@ $(BIN)/.lint: $(BIN)/.installed
 	touch $@
 
 lint: $(BIN)/.lint
-	$(BIN)/ruff check --select F,E9 src tests bench tools
+	$(BIN)/ruff check --select F,E9 src tests bench tools deploy
 	$(BIN)/mypy
 
 bench-tensor: $(BIN)/.installed

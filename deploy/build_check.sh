@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# Build deploy/Dockerfile and check that the image serves as a Kubernetes pod would run it
+# (deploy/kserve/servingruntime.yaml): as its unprivileged user, no capabilities, the root
+# file system read-only and only /tmp writable. deploy/serve_check.py then waits for ready
+# and checks answers over HTTP and gRPC. Prints the image's size and its start-up time.
+#
+#   bash deploy/build_check.sh [build options ...]     # e.g. --build-arg TORCH_SOURCE=...
+#
+# TOOL=docker|podman|buildah, default the first of them that works. buildah (no daemon)
+# runs the image's root file system read-only in a chroot that this script mounts, so it
+# needs root; docker and podman run the image itself (--read-only --tmpfs /tmp). Ports:
+# PORT (HTTP, default 18500), PORT+1 (gRPC) on 127.0.0.1.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+IMAGE=${IMAGE:-localhost/tensorgate:check}
+PORT=${PORT:-18500}
+PYTHON=${PYTHON:-.venv/bin/python}
+
+works() {
+  case "$1" in
+    docker|podman) command -v "$1" > /dev/null && "$1" info > /dev/null 2>&1 ;;
+    buildah) command -v buildah > /dev/null ;;
+    *) return 1 ;;
+  esac
+}
+if [ -z "${TOOL:-}" ]; then
+  for TOOL in docker podman buildah ""; do
+    if [ -n "$TOOL" ] && works "$TOOL"; then break; fi
+  done
+fi
+if [ -z "$TOOL" ] || ! works "$TOOL"; then
+  echo "build_check: none of docker (with its daemon), podman, buildah works here" >&2
+  exit 2
+fi
+
+began=$(date +%s)
+if [ "$TOOL" = buildah ]; then
+  buildah build -f deploy/Dockerfile -t "$IMAGE" "$@" .
+else
+  "$TOOL" build -f deploy/Dockerfile -t "$IMAGE" "$@" .
+fi
+echo "built $IMAGE with $TOOL in $(( $(date +%s) - began )) s"
+"$TOOL" images "$IMAGE"
+
+cleanup=()
+finish() {
+  local i
+  for (( i=${#cleanup[@]}-1; i>=0; i-- )); do eval "${cleanup[i]}" || true; done
+}
+trap finish EXIT
+
+started=$(python3 -c 'import time; print(time.time())')
+if [ "$TOOL" = buildah ]; then
+  container=$(buildah from "$IMAGE")
+  cleanup+=("buildah rm $container > /dev/null")
+  layers=$(buildah mount "$container")
+  cleanup+=("buildah umount $container > /dev/null")
+  root=$(mktemp -d)
+  cleanup+=("rmdir $root")
+  mount --bind "$layers" "$root"
+  cleanup+=("umount $root")
+  mount -o remount,bind,ro "$root"
+  if touch "$root/.writable" 2> /dev/null; then
+    echo "build_check: the image's root could not be made read-only" >&2
+    exit 1
+  fi
+  mount -t tmpfs -o size=2g tmpfs "$root/tmp"
+  cleanup+=("umount $root/tmp")
+  mount --rbind /dev "$root/dev"
+  cleanup+=("umount -R $root/dev")
+  mount --bind /proc "$root/proc"
+  cleanup+=("umount $root/proc")
+  user=$(buildah inspect --format '{{.OCIv1.Config.User}}' "$IMAGE")
+  mapfile -t environment < <(buildah inspect --format \
+    '{{range .OCIv1.Config.Env}}{{println .}}{{end}}' "$IMAGE" | sed '/^$/d')
+  mapfile -t entrypoint < <(buildah inspect --format \
+    '{{range .OCIv1.Config.Entrypoint}}{{println .}}{{end}}' "$IMAGE" | sed '/^$/d')
+  mapfile -t command < <(buildah inspect --format \
+    '{{range .OCIv1.Config.Cmd}}{{println .}}{{end}}' "$IMAGE" | sed '/^$/d')
+  # this host's network, so the loopback address and ports of our choosing
+  env -i "${environment[@]}" HOME=/home/tensorgate TENSORGATE_HOST=127.0.0.1 \
+    TENSORGATE_HTTP_PORT="$PORT" TENSORGATE_GRPC_PORT=$((PORT + 1)) \
+    TENSORGATE_METRICS_PORT=$((PORT + 2)) \
+    chroot --userspec="$user" "$root" "${entrypoint[@]}" "${command[@]}" &
+  server=$!
+  cleanup+=("kill $server; wait $server")
+else
+  name="tensorgate-check-$$"
+  "$TOOL" run -d --name "$name" --read-only --tmpfs /tmp --cap-drop ALL \
+    --security-opt no-new-privileges -p "127.0.0.1:$PORT:8000" \
+    -p "127.0.0.1:$((PORT + 1)):8001" "$IMAGE" > /dev/null
+  cleanup+=("$TOOL rm -f $name > /dev/null")
+fi
+"$PYTHON" deploy/serve_check.py --http-port "$PORT" --grpc-port $((PORT + 1)) \
+  --started "$started"

@@ -1,0 +1,196 @@
+"""deploy/: the KServe manifests against KServe's and Kubernetes' schemas (the models their
+Python SDKs generate from them), and every command line in them and in the Dockerfile against
+tensorgate's own: what a cluster would run is what the server takes, on the ports the probes
+and the metrics annotation name. deploy/build_check.sh builds and runs the image itself."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import re
+import shlex
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+import yaml
+
+from tensorgate.cli import parse_serve
+from tensorgate.network.http_routes import API_GROUP, route
+
+DEPLOY = pathlib.Path(__file__).resolve().parents[2] / "deploy"
+CHECKER = pathlib.Path(__file__).with_name("kube_schema.py")
+
+
+def schema_errors(cases: list[tuple[str, str, Any]]) -> list[str | None]:
+    """kube_schema.py's verdict on each (type name, where, document), in one process."""
+    done = subprocess.run([sys.executable, str(CHECKER)], input=json.dumps(cases),
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    found = json.loads(done.stdout)
+    assert isinstance(found, list) and len(found) == len(cases)
+    return found
+
+
+def _load(name: str) -> dict[str, Any]:
+    document = yaml.safe_load((DEPLOY / "kserve" / name).read_text())
+    assert isinstance(document, dict)
+    return document
+
+
+def dockerfile_instructions(text: str) -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) of a Dockerfile, continuation lines joined, comments out."""
+    logical, found = "", []
+    for line in text.splitlines():
+        stripped = line.strip()
+        if stripped.startswith("#") or not stripped and not logical:
+            continue
+        logical += stripped[:-1] + " " if stripped.endswith("\\") else stripped
+        if not stripped.endswith("\\") and logical:
+            word, _, rest = logical.partition(" ")
+            found.append((word.upper(), rest.strip()))
+            logical = ""
+    return found
+
+
+def final_stage(text: str) -> list[tuple[str, str]]:
+    instructions = dockerfile_instructions(text)
+    last_from = max(i for i, (word, _) in enumerate(instructions) if word == "FROM")
+    return instructions[last_from:]
+
+
+def image_environment(stage: list[tuple[str, str]]) -> dict[str, str]:
+    environment: dict[str, str] = {}
+    for word, rest in stage:
+        if word == "ENV":
+            environment.update(item.split("=", 1) for item in shlex.split(rest))
+    return environment
+
+
+def image_command(stage: list[tuple[str, str]]) -> list[str]:
+    """ENTRYPOINT + CMD of the final stage (exec form), the program's name left out."""
+    found = {word: json.loads(rest) for word, rest in stage if word in ("ENTRYPOINT", "CMD")}
+    assert found["ENTRYPOINT"] == ["tensorgate"], "the console script pyproject.toml installs"
+    return list(found["ENTRYPOINT"][1:]) + list(found["CMD"])
+
+
+DOCKERFILE = (DEPLOY / "Dockerfile").read_text()
+STAGE = final_stage(DOCKERFILE)
+RUNTIME = _load("servingruntime.yaml")
+SERVICE = _load("inferenceservice.yaml")
+CONTAINER = RUNTIME["spec"]["containers"][0]
+
+
+def _spoilt(change: Any) -> Any:
+    document = _load("servingruntime.yaml")
+    change(document)
+    return document
+
+
+SPOILT = [  # (how the checker's words must begin, a word they must hold, a spoilt copy)
+    ("servingruntime.spec.containers[0]: V1Container has no field", "'imagePullPolcy'",
+     _spoilt(lambda d: d["spec"]["containers"][0].update(imagePullPolcy="Always"))),
+    ("servingruntime.spec.containers[0].ports[0].containerPort: int expected", "'8080'",
+     _spoilt(lambda d: d["spec"]["containers"][0]["ports"][0].update(containerPort="8080"))),
+    ("servingruntime.spec.supportedModelFormats[0]: V1alpha1SupportedModelFormat has no "
+     "field", "'autoselect'",
+     _spoilt(lambda d: d["spec"]["supportedModelFormats"][0].update(autoselect=True))),
+    # Kubernetes' own required-field check (its words are its model generator's)
+    ("servingruntime.spec.containers[0]: ", "name",
+     _spoilt(lambda d: d["spec"]["containers"][0].pop("name"))),
+]
+
+
+@pytest.fixture(scope="module")
+def verdicts() -> list[str | None]:
+    cases = [("V1alpha1ClusterServingRuntime", "servingruntime", RUNTIME),
+             ("V1beta1InferenceService", "inferenceservice", SERVICE)]
+    cases += [("V1alpha1ClusterServingRuntime", "servingruntime", d) for _, _, d in SPOILT]
+    return schema_errors(cases)
+
+
+def test_the_manifests_fit_kserves_and_kubernetes_schemas(verdicts: list[str | None]) -> None:
+    assert verdicts[:2] == [None, None]
+    assert (RUNTIME["apiVersion"], RUNTIME["kind"]) == ("serving.kserve.io/v1alpha1",
+                                                        "ClusterServingRuntime")
+    assert set(RUNTIME["spec"]["protocolVersions"]) == {"v2", "grpc-v2"}
+    assert [c["name"] for c in RUNTIME["spec"]["containers"]] == ["kserve-container"]
+
+
+def test_a_misspelt_mistyped_or_missing_field_is_named(verdicts: list[str | None]) -> None:
+    for (begins, word, _), verdict in zip(SPOILT, verdicts[2:]):
+        assert verdict is not None and verdict.startswith(begins) and word in verdict, (
+            begins, verdict)
+
+
+def test_the_inference_service_names_the_runtime_and_a_format_it_serves() -> None:
+    model = SERVICE["spec"]["predictor"]["model"]
+    assert model["runtime"] == RUNTIME["metadata"]["name"]
+    formats = {(f["name"], f["version"]) for f in RUNTIME["spec"]["supportedModelFormats"]}
+    assert (model["modelFormat"]["name"], model["modelFormat"]["version"]) in formats
+    assert model["protocolVersion"] in RUNTIME["spec"]["protocolVersions"]
+
+
+def test_the_runtimes_arguments_are_what_tensorgate_serves_with_in_the_image() -> None:
+    environment = {**image_environment(STAGE),
+                   **{e["name"]: e["value"] for e in CONTAINER.get("env", [])}}
+    config = parse_serve(CONTAINER["args"], environment)
+    assert config.model_repository == (pathlib.Path("/mnt/models"),)  # KServe's storage
+    assert config.host == "0.0.0.0"  # the image's TENSORGATE_HOST: the pod's address
+    assert [p["containerPort"] for p in CONTAINER["ports"]] == [config.http_port] == [8080]
+    assert config.grpc_port == 9000
+    for probe in (CONTAINER["readinessProbe"], CONTAINER["livenessProbe"]):
+        assert probe["httpGet"]["port"] == config.http_port
+        handler, _ = route("GET", probe["httpGet"]["path"])
+        assert not isinstance(handler, int) and API_GROUP[handler] == "health"
+    annotations = RUNTIME["spec"]["annotations"]
+    assert int(annotations["prometheus.kserve.io/port"]) == config.metrics_port
+    assert annotations["prometheus.kserve.io/path"] == "/metrics"
+
+
+def test_the_runtime_runs_as_the_images_user_with_its_one_writable_path() -> None:
+    security = CONTAINER["securityContext"]
+    assert f"{security['runAsUser']}:{security['runAsGroup']}" == dict(STAGE)["USER"]
+    assert security["runAsNonRoot"] and not security["allowPrivilegeEscalation"]
+    assert security["readOnlyRootFilesystem"]  # so the image's writable path is mounted:
+    assert image_environment(STAGE)["XDG_CACHE_HOME"].startswith("/tmp/")
+    mounts = {m["mountPath"]: m["name"] for m in CONTAINER["volumeMounts"]}
+    volumes = {v["name"]: v for v in RUNTIME["spec"]["volumes"]}
+    assert "emptyDir" in volumes[mounts["/tmp"]]
+
+
+def test_the_images_default_command_serves_the_built_in_repository_on_the_default_ports() -> None:
+    config = parse_serve(image_command(STAGE), image_environment(STAGE))
+    assert config.model_repository == ()  # the built-in one
+    assert config.host == "0.0.0.0"
+    exposed = {int(port) for word, rest in STAGE if word == "EXPOSE" for port in rest.split()}
+    assert exposed == {config.http_port, config.grpc_port, config.metrics_port}
+
+
+def test_the_image_runs_as_an_unprivileged_user() -> None:
+    user, group = dict(STAGE)["USER"].split(":")
+    assert "0" not in (user, group)
+    assert re.search(rf"useradd --uid {user} --gid {group}\b", DOCKERFILE)
+
+
+def test_the_build_context_holds_what_the_dockerfile_copies() -> None:
+    """.dockerignore is an allow-list (the context is the repository's root, .venv and the
+    peers' environments included): each COPY source must be let through."""
+    ignore = (DEPLOY.parent / ".dockerignore").read_text().splitlines()
+    allowed = {line[1:] for line in ignore if line.startswith("!")}
+    assert "*" in ignore
+    copied = 0
+    for word, rest in dockerfile_instructions(DOCKERFILE):
+        if word == "COPY" and not rest.startswith("--from"):
+            *sources, _ = rest.split()
+            for source in sources:
+                assert source in allowed, f"COPY {source}: left out by .dockerignore"
+                assert (DEPLOY.parent / source).exists()
+                copied += 1
+    assert copied >= 3  # pyproject.toml, README.md (its readme), src
+
+
+def test_an_argument_tensorgate_does_not_take_fails_the_runtimes_check() -> None:
+    with pytest.raises(SystemExit):
+        parse_serve(["serve", "--model-repositry=/mnt/models"], {})
