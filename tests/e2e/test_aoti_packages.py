@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import sys
 import warnings
+import zipfile
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -23,8 +24,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tritonclient.utils import InferenceServerException
 
+from tensorgate.model import ModelContext
 from tensorgate.pipeline import aoti_child
 from tensorgate.pipeline.aoti_check import _described, _exit, _Input, _judge, _last_words
+from tensorgate.pipeline.runner import load_runner
 from tensorgate.repository.model_config import ModelConfigError, parse_model_config
 from tests.e2e.conftest import RunningServer, start_server, stop_server
 from tests.pipeline import repo_builder as rb
@@ -295,6 +298,49 @@ def test_both_ways_of_loading_a_package_answer_and_refuse_alike(
     torch.testing.assert_close(flat[0], rb.linear_module().eval()(rows), rtol=1e-5, atol=1e-5)
     assert refusals[0] is not None and "dim value is too large" in refusals[0], refusals
     assert refusals[0] == refusals[1], refusals
+
+
+_LINEAR_SPEC = """
+    name: "lin"
+    platform: "torch_aoti"
+    max_batch_size: 8
+    input [ { name: "x" data_type: TYPE_FP32 dims: [8] } ]
+    output [ { name: "y" data_type: TYPE_FP32 dims: [4] } ]
+    """
+
+
+def _runner(path: pathlib.Path) -> Any:
+    context = ModelContext("lin", 1, path.parent, torch.device("cpu"), 8)
+    return load_runner(path, "pt2", parse_model_config(_LINEAR_SPEC), context)
+
+
+def test_a_package_is_loaded_as_one_not_tried_as_a_program_first(
+        packages: dict[str, pathlib.Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch.export.load, given a package, probes the CPU with the C++ compiler first: in an
+    image without one (deploy/Dockerfile's) each package's load logged torch's 50-line
+    traceback before serving. A package is told by its listing and never given to it."""
+    tried: list[str] = []
+
+    def export_load(path: str, *args: Any, **kwargs: Any) -> Any:
+        tried.append(path)
+        raise RuntimeError("not a torch.export program")
+
+    monkeypatch.setattr(torch.export, "load", export_load)
+    runner = _runner(packages["dynamic"])
+    rows = torch.randn(3, 8)
+    with torch.inference_mode():
+        answer = runner.run({"x": rows})
+    assert tried == []
+    flat = answer[0] if isinstance(answer, (list, tuple)) else answer
+    torch.testing.assert_close(flat, rb.linear_module().eval()(rows), rtol=1e-5, atol=1e-5)
+
+
+def test_a_package_that_does_not_load_is_refused_as_a_package(tmp_path: pathlib.Path) -> None:
+    broken = tmp_path / "model.pt2"
+    with zipfile.ZipFile(broken, "w") as archive:  # a package's listing, no package inside
+        archive.writestr("model/data/aotinductor/model/model.wrapper.so", b"not a library")
+    with pytest.raises(ModelConfigError, match="an AOTInductor package that does not load"):
+        _runner(broken)
 
 
 def test_a_child_that_crashes_is_reported_with_where_it_crashed() -> None:

@@ -35,7 +35,7 @@ from tensorgate.pipeline.torch_io import Argument, as_strings, input_order, outp
 from tensorgate.pipeline.triton_python import TritonPythonRunner, install_module
 from tensorgate.repository.model_config import (MAX_WARMUP_BYTES, ModelConfigError, ModelSpec,
                                                  WarmupSample)
-from tensorgate.repository.model_file import wrong_model_file
+from tensorgate.repository.model_file import inspect_model_file, wrong_model_file
 from tensorgate.tensor.bytes_codec import decode_bytes_tensor
 from tensorgate.tensor.dtypes import DataType
 
@@ -185,20 +185,17 @@ _EXPORT_LOAD = threading.Lock()
 
 
 def _load_pt2(path: pathlib.Path, spec: ModelSpec, device: torch.device) -> Runner:
+    # A package is told by its listing and loaded as one: torch.export.load, given one,
+    # first probes the CPU's vector instructions with the C++ compiler, and where there is
+    # none (deploy/Dockerfile's image) logs a 60-line traceback asking to "regenerate your
+    # package" before failing.
+    if inspect_model_file(path).kind == "aoti":
+        return _load_package(path, spec, None)
     try:
         with _EXPORT_LOAD:
             program = torch.export.load(str(path))
     except Exception as export_error:  # not an ExportedProgram: try an AOTInductor package
-        try:
-            from torch._inductor import aoti_load_package
-            compiled = aoti_load_package(str(path))
-        except Exception:
-            wrong = wrong_model_file(path, "pt2")
-            raise ModelConfigError(str(path), wrong or f"neither a torch.export program nor "
-                                              f"an AOTInductor package: {export_error}"
-                                   ) from None
-        return Runner(_positional(compiled, spec, None, path), None, None,
-                      output_positions=output_positions(spec))
+        return _load_package(path, spec, export_error)
     _check_batch_range(program, spec, path)
     module = program.module().to(device)
     arguments = _python_arguments(module.forward)
@@ -206,6 +203,25 @@ def _load_pt2(path: pathlib.Path, spec: ModelSpec, device: torch.device) -> Runn
                     output_positions=output_positions(spec))
     runner.shapes = program_shapes(program, input_order(spec, arguments, str(path)))
     return runner
+
+
+def _load_package(path: pathlib.Path, spec: ModelSpec, export_error: Exception | None
+                  ) -> Runner:
+    """An AOTInductor package's runner; ModelConfigError saying what the file is when it is
+    not one (with why torch.export.load refused it, where that was tried)."""
+    try:
+        from torch._inductor import aoti_load_package
+        compiled = aoti_load_package(str(path))
+    except Exception as error:
+        if export_error is None:
+            raise ModelConfigError(str(path), f"an AOTInductor package that does not load: "
+                                              f"{error}") from None
+        wrong = wrong_model_file(path, "pt2")
+        raise ModelConfigError(str(path), wrong or f"neither a torch.export program nor an "
+                                                   f"AOTInductor package: {export_error}"
+                               ) from None
+    return Runner(_positional(compiled, spec, None, path), None, None,
+                  output_positions=output_positions(spec))
 
 
 def _check_batch_range(program: Any, spec: ModelSpec, path: pathlib.Path) -> None:
