@@ -330,7 +330,7 @@ def serve_config(args: dict[str, object],
     and TENSORGATE_* variables (`environ`, default the process's); ValueError names what is
     wrong. The repository folders are not looked at (a deployment's manifest is checked
     where they do not exist: tests/deploy)."""
-    no_effect(args)
+    no_effect(args)  # Triton's flags that change nothing, taken out (main has said which)
     args.update(trace_settings(cast(list[str], args.pop("trace_config") or [])))
     args.update(metrics_settings(cast(list[str], args.pop("metrics_config") or [])))
     args.update(triton_settings(args))

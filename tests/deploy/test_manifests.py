@@ -79,6 +79,7 @@ DOCKERFILE = (DEPLOY / "Dockerfile").read_text()
 STAGE = final_stage(DOCKERFILE)
 RUNTIME = _load("servingruntime.yaml")
 SERVICE = _load("inferenceservice.yaml")
+SERVICE_GRPC = _load("inferenceservice-grpc.yaml")
 CONTAINER = RUNTIME["spec"]["containers"][0]
 
 
@@ -105,13 +106,14 @@ SPOILT = [  # (how the checker's words must begin, a word they must hold, a spoi
 @pytest.fixture(scope="module")
 def verdicts() -> list[str | None]:
     cases = [("V1alpha1ClusterServingRuntime", "servingruntime", RUNTIME),
-             ("V1beta1InferenceService", "inferenceservice", SERVICE)]
+             ("V1beta1InferenceService", "inferenceservice", SERVICE),
+             ("V1beta1InferenceService", "inferenceservice-grpc", SERVICE_GRPC)]
     cases += [("V1alpha1ClusterServingRuntime", "servingruntime", d) for _, _, d in SPOILT]
     return schema_errors(cases)
 
 
 def test_the_manifests_fit_kserves_and_kubernetes_schemas(verdicts: list[str | None]) -> None:
-    assert verdicts[:2] == [None, None]
+    assert verdicts[:3] == [None, None, None]
     assert (RUNTIME["apiVersion"], RUNTIME["kind"]) == ("serving.kserve.io/v1alpha1",
                                                         "ClusterServingRuntime")
     assert set(RUNTIME["spec"]["protocolVersions"]) == {"v2", "grpc-v2"}
@@ -119,17 +121,25 @@ def test_the_manifests_fit_kserves_and_kubernetes_schemas(verdicts: list[str | N
 
 
 def test_a_misspelt_mistyped_or_missing_field_is_named(verdicts: list[str | None]) -> None:
-    for (begins, word, _), verdict in zip(SPOILT, verdicts[2:]):
+    for (begins, word, _), verdict in zip(SPOILT, verdicts[3:], strict=True):
         assert verdict is not None and verdict.startswith(begins) and word in verdict, (
             begins, verdict)
 
 
-def test_the_inference_service_names_the_runtime_and_a_format_it_serves() -> None:
-    model = SERVICE["spec"]["predictor"]["model"]
+@pytest.mark.parametrize("service", [SERVICE, SERVICE_GRPC], ids=["http", "grpc"])
+def test_the_inference_services_name_the_runtime_and_a_format_it_serves(
+        service: dict[str, Any]) -> None:
+    model = service["spec"]["predictor"]["model"]
     assert model["runtime"] == RUNTIME["metadata"]["name"]
     formats = {(f["name"], f["version"]) for f in RUNTIME["spec"]["supportedModelFormats"]}
     assert (model["modelFormat"]["name"], model["modelFormat"]["version"]) in formats
     assert model["protocolVersion"] in RUNTIME["spec"]["protocolVersions"]
+
+
+def test_the_grpc_service_routes_to_the_port_tensorgate_speaks_grpc_on() -> None:
+    config = parse_serve(CONTAINER["args"], image_environment(STAGE))
+    ports = SERVICE_GRPC["spec"]["predictor"]["model"]["ports"]
+    assert [(p["name"], p["containerPort"]) for p in ports] == [("h2c", config.grpc_port)]
 
 
 def test_the_runtimes_arguments_are_what_tensorgate_serves_with_in_the_image() -> None:
