@@ -5,6 +5,7 @@
 # and checks answers over HTTP and gRPC. Prints the image's size and its start-up time.
 #
 #   bash deploy/build_check.sh [build options ...]     # e.g. --build-arg TORCH_SOURCE=...
+#   SKIP_BUILD=1 bash deploy/build_check.sh             # the image already built
 #
 # TOOL=docker|podman|buildah, default the first of them that works. buildah (no daemon)
 # runs the image's root file system read-only in a chroot that this script mounts, so it
@@ -33,13 +34,15 @@ if [ -z "$TOOL" ] || ! works "$TOOL"; then
   exit 2
 fi
 
-began=$(date +%s)
-if [ "$TOOL" = buildah ]; then
-  buildah build -f deploy/Dockerfile -t "$IMAGE" "$@" .
-else
-  "$TOOL" build -f deploy/Dockerfile -t "$IMAGE" "$@" .
+if [ -z "${SKIP_BUILD:-}" ]; then  # SKIP_BUILD=1: check the image IMAGE names as it is
+  began=$(date +%s)
+  if [ "$TOOL" = buildah ]; then
+    buildah build -f deploy/Dockerfile -t "$IMAGE" "$@" .
+  else
+    "$TOOL" build -f deploy/Dockerfile -t "$IMAGE" "$@" .
+  fi
+  echo "built $IMAGE with $TOOL in $(( $(date +%s) - began )) s"
 fi
-echo "built $IMAGE with $TOOL in $(( $(date +%s) - began )) s"
 "$TOOL" images "$IMAGE"
 
 cleanup=()
@@ -49,7 +52,7 @@ finish() {
 }
 trap finish EXIT
 
-started=$(python3 -c 'import time; print(time.time())')
+now() { python3 -c 'import time; print(time.time())'; }
 if [ "$TOOL" = buildah ]; then
   container=$(buildah from "$IMAGE")
   cleanup+=("buildah rm $container > /dev/null")
@@ -78,6 +81,7 @@ if [ "$TOOL" = buildah ]; then
   mapfile -t command < <(buildah inspect --format \
     '{{range .OCIv1.Config.Cmd}}{{println .}}{{end}}' "$IMAGE" | sed '/^$/d')
   # this host's network, so the loopback address and ports of our choosing
+  started=$(now)
   env -i "${environment[@]}" HOME=/home/tensorgate TENSORGATE_HOST=127.0.0.1 \
     TENSORGATE_HTTP_PORT="$PORT" TENSORGATE_GRPC_PORT=$((PORT + 1)) \
     TENSORGATE_METRICS_PORT=$((PORT + 2)) \
@@ -86,6 +90,7 @@ if [ "$TOOL" = buildah ]; then
   cleanup+=("kill $server; wait $server")
 else
   name="tensorgate-check-$$"
+  started=$(now)
   "$TOOL" run -d --name "$name" --read-only --tmpfs /tmp --cap-drop ALL \
     --security-opt no-new-privileges -p "127.0.0.1:$PORT:8000" \
     -p "127.0.0.1:$((PORT + 1)):8001" "$IMAGE" > /dev/null
