@@ -39,6 +39,11 @@ def _load(name: str) -> dict[str, Any]:
     return document
 
 
+def _load_all(path: pathlib.Path) -> dict[str, dict[str, Any]]:
+    """A multi-document manifest's documents by kind."""
+    return {d["kind"]: d for d in yaml.safe_load_all(path.read_text())}
+
+
 def dockerfile_instructions(text: str) -> list[tuple[str, str]]:
     """(INSTRUCTION, arguments) of a Dockerfile, continuation lines joined, comments out."""
     logical, found = "", []
@@ -81,6 +86,8 @@ RUNTIME = _load("servingruntime.yaml")
 SERVICE = _load("inferenceservice.yaml")
 SERVICE_GRPC = _load("inferenceservice-grpc.yaml")
 CONTAINER = RUNTIME["spec"]["containers"][0]
+PLAIN = _load_all(DEPLOY / "kubernetes" / "tensorgate.yaml")
+POD = PLAIN["Deployment"]["spec"]["template"]
 
 
 def _spoilt(change: Any) -> Any:
@@ -107,13 +114,15 @@ SPOILT = [  # (how the checker's words must begin, a word they must hold, a spoi
 def verdicts() -> list[str | None]:
     cases = [("V1alpha1ClusterServingRuntime", "servingruntime", RUNTIME),
              ("V1beta1InferenceService", "inferenceservice", SERVICE),
-             ("V1beta1InferenceService", "inferenceservice-grpc", SERVICE_GRPC)]
+             ("V1beta1InferenceService", "inferenceservice-grpc", SERVICE_GRPC),
+             ("V1Deployment", "kubernetes.Deployment", PLAIN["Deployment"]),
+             ("V1Service", "kubernetes.Service", PLAIN["Service"])]
     cases += [("V1alpha1ClusterServingRuntime", "servingruntime", d) for _, _, d in SPOILT]
     return schema_errors(cases)
 
 
 def test_the_manifests_fit_kserves_and_kubernetes_schemas(verdicts: list[str | None]) -> None:
-    assert verdicts[:3] == [None, None, None]
+    assert verdicts[:5] == [None] * 5
     assert (RUNTIME["apiVersion"], RUNTIME["kind"]) == ("serving.kserve.io/v1alpha1",
                                                         "ClusterServingRuntime")
     assert set(RUNTIME["spec"]["protocolVersions"]) == {"v2", "grpc-v2"}
@@ -121,7 +130,7 @@ def test_the_manifests_fit_kserves_and_kubernetes_schemas(verdicts: list[str | N
 
 
 def test_a_misspelt_mistyped_or_missing_field_is_named(verdicts: list[str | None]) -> None:
-    for (begins, word, _), verdict in zip(SPOILT, verdicts[3:], strict=True):
+    for (begins, word, _), verdict in zip(SPOILT, verdicts[5:], strict=True):
         assert verdict is not None and verdict.startswith(begins) and word in verdict, (
             begins, verdict)
 
@@ -204,3 +213,37 @@ def test_the_build_context_holds_what_the_dockerfile_copies() -> None:
 def test_an_argument_tensorgate_does_not_take_fails_the_runtimes_check() -> None:
     with pytest.raises(SystemExit):
         parse_serve(["serve", "--model-repositry=/mnt/models"], {})
+
+
+def test_the_plain_deployment_serves_its_volume_on_the_ports_its_service_and_probes_name(
+) -> None:
+    container = POD["spec"]["containers"][0]
+    config = parse_serve(container["args"], image_environment(STAGE))
+    assert config.model_repository == (pathlib.Path("/models"),) and config.host == "0.0.0.0"
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports == {"http": config.http_port, "grpc": config.grpc_port,
+                     "metrics": config.metrics_port}
+    for kind in ("startupProbe", "readinessProbe", "livenessProbe"):
+        probe = container[kind]["httpGet"]
+        assert ports[probe["port"]] == config.http_port
+        handler, _ = route("GET", probe["path"])
+        assert not isinstance(handler, int) and API_GROUP[handler] == "health"
+    service = PLAIN["Service"]["spec"]
+    assert {p["targetPort"] for p in service["ports"]} == set(ports)
+    labels = POD["metadata"]["labels"]
+    assert service["selector"] == labels == PLAIN["Deployment"]["spec"]["selector"][
+        "matchLabels"]
+    assert int(POD["metadata"]["annotations"]["prometheus.io/port"]) == config.metrics_port
+    # SIGTERM's drain must end before Kubernetes kills the pod
+    assert POD["spec"]["terminationGracePeriodSeconds"] > config.drain_timeout_s
+
+
+def test_the_plain_deployment_runs_as_the_images_user_with_its_one_writable_path() -> None:
+    pod_security = POD["spec"]["securityContext"]
+    assert f"{pod_security['runAsUser']}:{pod_security['runAsGroup']}" == dict(STAGE)["USER"]
+    container = POD["spec"]["containers"][0]
+    assert container["securityContext"]["readOnlyRootFilesystem"]
+    mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
+    volumes = {v["name"]: v for v in POD["spec"]["volumes"]}
+    assert "emptyDir" in volumes[mounts["/tmp"]["name"]]
+    assert mounts["/models"]["readOnly"]
