@@ -234,8 +234,11 @@ def test_the_plain_deployment_serves_its_volume_on_the_ports_its_service_and_pro
     assert service["selector"] == labels == PLAIN["Deployment"]["spec"]["selector"][
         "matchLabels"]
     assert int(POD["metadata"]["annotations"]["prometheus.io/port"]) == config.metrics_port
-    # SIGTERM's drain must end before Kubernetes kills the pod
-    assert POD["spec"]["terminationGracePeriodSeconds"] > config.drain_timeout_s
+    # preStop's wait and SIGTERM's drain must end before Kubernetes kills the pod
+    command = container["lifecycle"]["preStop"]["exec"]["command"]
+    assert command[0] == "/bin/sleep"  # Debian's coreutils: in the image
+    assert POD["spec"]["terminationGracePeriodSeconds"] > float(command[1]) + \
+        config.drain_timeout_s
 
 
 def test_the_plain_deployment_runs_as_the_images_user_with_its_one_writable_path() -> None:
