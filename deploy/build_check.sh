@@ -2,7 +2,9 @@
 # Build deploy/Dockerfile and check that the image serves as a Kubernetes pod would run it
 # (deploy/kserve/servingruntime.yaml): as its unprivileged user, no capabilities, the root
 # file system read-only and only /tmp writable. deploy/serve_check.py then waits for ready
-# and checks answers over HTTP and gRPC. Prints the image's size and its start-up time.
+# and checks answers over HTTP and gRPC; then, where this machine can compile one, an
+# AOTInductor package served from a read-only /mnt (KServe's place for a model). Prints the
+# image's size and its start-up times.
 #
 #   bash deploy/build_check.sh [build options ...]     # e.g. --build-arg TORCH_SOURCE=...
 #   SKIP_BUILD=1 bash deploy/build_check.sh             # the image already built
@@ -53,7 +55,7 @@ finish() {
 trap finish EXIT
 
 now() { python3 -c 'import time; print(time.time())'; }
-if [ "$TOOL" = buildah ]; then
+if [ "$TOOL" = buildah ]; then  # the image's root, read-only, with what a pod adds
   container=$(buildah from "$IMAGE")
   cleanup+=("buildah rm $container > /dev/null")
   layers=$(buildah mount "$container")
@@ -80,21 +82,59 @@ if [ "$TOOL" = buildah ]; then
     '{{range .OCIv1.Config.Entrypoint}}{{println .}}{{end}}' "$IMAGE" | sed '/^$/d')
   mapfile -t command < <(buildah inspect --format \
     '{{range .OCIv1.Config.Cmd}}{{println .}}{{end}}' "$IMAGE" | sed '/^$/d')
-  # this host's network, so the loopback address and ports of our choosing
-  started=$(now)
-  env -i "${environment[@]}" HOME=/home/tensorgate TENSORGATE_HOST=127.0.0.1 \
-    TENSORGATE_HTTP_PORT="$PORT" TENSORGATE_GRPC_PORT=$((PORT + 1)) \
-    TENSORGATE_METRICS_PORT=$((PORT + 2)) \
-    chroot --userspec="$user" "$root" "${entrypoint[@]}" "${command[@]}" &
-  server=$!
-  cleanup+=("kill $server; wait $server")
-else
-  name="tensorgate-check-$$"
-  started=$(now)
-  "$TOOL" run -d --name "$name" --read-only --tmpfs /tmp --cap-drop ALL \
-    --security-opt no-new-privileges -p "127.0.0.1:$PORT:8000" \
-    -p "127.0.0.1:$((PORT + 1)):8001" "$IMAGE" > /dev/null
-  cleanup+=("$TOOL rm -f $name > /dev/null")
 fi
+
+# start_image MODELS [ARG ...]: the image's server, as a pod runs it, on PORT; MODELS (a host
+# folder, or "") mounted read-only at /mnt (where KServe puts a model); ARGs replace its CMD
+start_image() {
+  local models=$1
+  shift
+  started=$(now)
+  if [ "$TOOL" = buildah ]; then
+    if [ -n "$models" ]; then
+      mount --bind "$models" "$root/mnt"
+      mount -o remount,bind,ro "$root/mnt"
+    fi
+    # this host's network, so the loopback address and ports of our choosing
+    env -i "${environment[@]}" HOME=/home/tensorgate TENSORGATE_HOST=127.0.0.1 \
+      TENSORGATE_HTTP_PORT="$PORT" TENSORGATE_GRPC_PORT=$((PORT + 1)) \
+      TENSORGATE_METRICS_PORT=$((PORT + 2)) \
+      chroot --userspec="$user" "$root" "${entrypoint[@]}" "${@:-${command[@]}}" &
+    server=$!
+    stop_now=("kill $server; wait $server" ${models:+"umount $root/mnt"})
+  else
+    local name="tensorgate-check-$$-$RANDOM"
+    "$TOOL" run -d --name "$name" --read-only --tmpfs /tmp --cap-drop ALL \
+      --security-opt no-new-privileges -p "127.0.0.1:$PORT:8000" \
+      -p "127.0.0.1:$((PORT + 1)):8001" ${models:+-v "$models:/mnt:ro"} "$IMAGE" "$@" \
+      > /dev/null
+    stop_now=("$TOOL rm -f $name > /dev/null")
+  fi
+  cleanup+=("${stop_now[@]}")
+}
+
+stop_image() {
+  local i
+  for i in "${stop_now[@]}"; do eval "$i" || true; done
+  cleanup=("${cleanup[@]:0:${#cleanup[@]}-${#stop_now[@]}}")
+}
+
+start_image ""
 "$PYTHON" deploy/serve_check.py --http-port "$PORT" --grpc-port $((PORT + 1)) \
   --started "$started"
+stop_image
+
+# An AOTInductor package from a read-only /mnt, as KServe mounts a model: it loads in the
+# image, which has no C++ compiler. Making the package needs one here.
+if command -v g++ > /dev/null || command -v c++ > /dev/null; then
+  models=$(mktemp -d)
+  cleanup+=("rm -rf $models")
+  "$PYTHON" deploy/serve_check.py --make-package "$models" 2> /dev/null
+  chmod -R a+rX "$models"
+  start_image "$models" serve --model-repository /mnt
+  "$PYTHON" deploy/serve_check.py --http-port "$PORT" --started "$started" \
+    --package "$models"
+  stop_image
+else
+  echo "build_check: no C++ compiler here to make an AOTInductor package: not checked"
+fi

@@ -1,16 +1,22 @@
 """Check a tensorgate that deploy/build_check.sh started from the image: it gets ready, and
 answers its built-in models over HTTP and gRPC through tritonclient (identity byte for byte,
-resnet50's top 3 as Triton's classification extension writes them). Prints the start-up time
-(from `--started`, a time.time() taken just before the start) and exits 1 on a wrong answer.
+resnet50's top 3 as Triton's classification extension writes them), or with `--package DIR`
+the AOTInductor package `--make-package DIR` wrote (a repository of one model, "lin", and the
+answer its module gave). Prints the start-up time (from `--started`, a time.time() taken just
+before the start) and exits 1 on a wrong answer.
 
     .venv/bin/python deploy/serve_check.py --http-port 18500 --grpc-port 18501 --started T
+    .venv/bin/python deploy/serve_check.py --make-package DIR     (needs a C++ compiler)
+    .venv/bin/python deploy/serve_check.py --http-port ... --started T --package DIR
 """
 
 from __future__ import annotations
 
 import argparse
+import pathlib
 import sys
 import time
+import warnings
 import urllib.error
 import urllib.request
 
@@ -55,20 +61,74 @@ def check(http_port: int, grpc_port: int) -> list[str]:
     return wrong
 
 
+_PACKAGE_CONFIG = """name: "lin"
+platform: "torch_aoti"
+max_batch_size: 8
+input [ { name: "x" data_type: TYPE_FP32 dims: [8] } ]
+output [ { name: "y" data_type: TYPE_FP32 dims: [4] } ]
+"""
+
+
+def make_package(folder: pathlib.Path) -> None:
+    """A repository of one AOTInductor package, "lin" (Linear(8, 4), rows 1 to 8), in
+    `folder`, and its module's answer to a row of ones in folder/expected.npy."""
+    import torch  # here only: the checks above need none of it
+    torch.manual_seed(0)
+    module = torch.nn.Linear(8, 4).eval()
+    program = torch.export.export(module, (torch.randn(2, 8),), dynamic_shapes={
+        "input": {0: torch.export.Dim("batch", min=1, max=8)}})
+    version = folder / "lin" / "1"
+    version.mkdir(parents=True, exist_ok=True)
+    with warnings.catch_warnings():  # torch's own deprecations, inside the compile
+        warnings.simplefilter("ignore")
+        torch._inductor.aoti_compile_and_package(program, package_path=str(version / "model.pt2"))
+    (folder / "lin" / "config.pbtxt").write_text(_PACKAGE_CONFIG)
+    with torch.no_grad():
+        np.save(folder / "expected.npy", module(torch.ones(1, 8)).numpy())
+
+
+def check_package(http_port: int, folder: pathlib.Path) -> list[str]:
+    """What the image answered wrong for make_package's model; empty when all is right."""
+    client = httpclient.InferenceServerClient(f"127.0.0.1:{http_port}")
+    row = httpclient.InferInput("x", [1, 8], "FP32")
+    row.set_data_from_numpy(np.ones((1, 8), dtype=np.float32))
+    answer = client.infer("lin", [row]).as_numpy("y")
+    expected = np.load(folder / "expected.npy")
+    if answer is None or answer.shape != expected.shape or not np.allclose(
+            answer, expected, rtol=1e-5, atol=1e-6):
+        return [f"the package's answer {answer!r}, its module's {expected!r}"]
+    return []
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--http-port", type=int, required=True)
-    parser.add_argument("--grpc-port", type=int, required=True)
-    parser.add_argument("--started", type=float, required=True, help="time.time() at start")
+    parser.add_argument("--http-port", type=int)
+    parser.add_argument("--grpc-port", type=int)
+    parser.add_argument("--started", type=float, help="time.time() at start")
     parser.add_argument("--limit-s", type=float, default=180.0)
+    parser.add_argument("--make-package", type=pathlib.Path, metavar="DIR")
+    parser.add_argument("--package", type=pathlib.Path, metavar="DIR",
+                        help="check the model --make-package wrote there")
     args = parser.parse_args()
+    if args.make_package is not None:
+        make_package(args.make_package)
+        return 0
+    if args.http_port is None or args.started is None:
+        parser.error("--http-port and --started are needed for a check")
     ready = wait_ready(args.http_port, args.limit_s)
     print(f"start-up to ready: {ready - args.started:.2f} s")
-    wrong = check(args.http_port, args.grpc_port)
+    if args.package is not None:
+        wrong, right = check_package(args.http_port, args.package), \
+            "an AOTInductor package from a read-only /mnt: answered as its module"
+    else:
+        if args.grpc_port is None:
+            parser.error("--grpc-port is needed to check the built-in models")
+        wrong, right = check(args.http_port, args.grpc_port), \
+            "identity over HTTP and gRPC, resnet50's top 3: answered right"
     for line in wrong:
         print(f"WRONG: {line}")
     if not wrong:
-        print("identity over HTTP and gRPC, resnet50's top 3: answered right")
+        print(right)
     return 1 if wrong else 0
 
 
