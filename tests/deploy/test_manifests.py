@@ -159,7 +159,8 @@ def test_the_runtimes_arguments_are_what_tensorgate_serves_with_in_the_image() -
     assert config.host == "0.0.0.0"  # the image's TENSORGATE_HOST: the pod's address
     assert [p["containerPort"] for p in CONTAINER["ports"]] == [config.http_port] == [8080]
     assert config.grpc_port == 9000
-    for probe in (CONTAINER["readinessProbe"], CONTAINER["livenessProbe"]):
+    for probe in (CONTAINER["startupProbe"], CONTAINER["readinessProbe"],
+                  CONTAINER["livenessProbe"]):
         assert probe["httpGet"]["port"] == config.http_port
         handler, _ = route("GET", probe["httpGet"]["path"])
         assert not isinstance(handler, int) and API_GROUP[handler] == "health"
@@ -250,3 +251,13 @@ def test_the_plain_deployment_runs_as_the_images_user_with_its_one_writable_path
     volumes = {v["name"]: v for v in POD["spec"]["volumes"]}
     assert "emptyDir" in volumes[mounts["/tmp"]["name"]]
     assert mounts["/models"]["readOnly"]
+
+
+@pytest.mark.parametrize("container", [CONTAINER, POD["spec"]["containers"][0]],
+                         ids=["kserve", "kubernetes"])
+def test_a_liveness_probe_waits_for_the_models_to_load(container: dict[str, Any]) -> None:
+    """The server listens only once every model has loaded (server.py): a liveness probe
+    from the start would restart a pod whose models take a minute to load, for ever."""
+    startup = container["startupProbe"]
+    assert startup["httpGet"]["path"] == "/v2/health/ready"
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= 300
