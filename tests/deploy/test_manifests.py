@@ -1,7 +1,9 @@
-"""deploy/: the KServe manifests against KServe's and Kubernetes' schemas (the models their
-Python SDKs generate from them), and every command line in them and in the Dockerfile against
-tensorgate's own: what a cluster would run is what the server takes, on the ports the probes
-and the metrics annotation name. deploy/build_check.sh builds and runs the image itself."""
+"""deploy/: the KServe and Kubernetes manifests against KServe's and Kubernetes' schemas (the
+models their Python SDKs generate from them), and every command line in them and in the
+Dockerfile against tensorgate's own: what a cluster would run is what the server takes, as
+the image's user, on the ports the probes, services and metrics annotations name.
+deploy/build_check.sh builds and runs the image itself (not in CI: it needs a container
+tool and root or a daemon)."""
 
 from __future__ import annotations
 
