@@ -49,16 +49,21 @@ def _package(folder: pathlib.Path, module: torch.nn.Module, dynamic: bool) -> pa
             program, package_path=str(folder / "model.pt2")))
 
 
-def _config(repo: pathlib.Path, name: str, package: pathlib.Path, max_batch: int = 8,
-            dims: str = "[8]", dtype: str = "TYPE_FP32") -> None:
-    folder = rb.write_config(repo, name, f"""
+def _config_text(name: str, max_batch: int = 8, dims: str = "[8]",
+                 dtype: str = "TYPE_FP32") -> str:
+    return f"""
         name: "{name}"
         platform: "torch_aoti"
         max_batch_size: {max_batch}
         input [ {{ name: "x" data_type: {dtype} dims: {dims} }} ]
         output [ {{ name: "y" data_type: TYPE_FP32 dims: [4] }} ]
         dynamic_batching {{ max_queue_delay_microseconds: 20000 }}
-        """)
+        """
+
+
+def _config(repo: pathlib.Path, name: str, package: pathlib.Path, max_batch: int = 8,
+            dims: str = "[8]", dtype: str = "TYPE_FP32") -> None:
+    folder = rb.write_config(repo, name, _config_text(name, max_batch, dims, dtype))
     shutil.copy(package, folder / "1" / "model.pt2")
 
 
@@ -300,18 +305,10 @@ def test_both_ways_of_loading_a_package_answer_and_refuse_alike(
     assert refusals[0] == refusals[1], refusals
 
 
-_LINEAR_SPEC = """
-    name: "lin"
-    platform: "torch_aoti"
-    max_batch_size: 8
-    input [ { name: "x" data_type: TYPE_FP32 dims: [8] } ]
-    output [ { name: "y" data_type: TYPE_FP32 dims: [4] } ]
-    """
-
-
 def _runner(path: pathlib.Path) -> Any:
+    """`path` loaded as the executor loads a model.pt2 (the package path's own test)."""
     context = ModelContext("lin", 1, path.parent, torch.device("cpu"), 8)
-    return load_runner(path, "pt2", parse_model_config(_LINEAR_SPEC), context)
+    return load_runner(path, "pt2", parse_model_config(_config_text("lin")), context)
 
 
 def test_a_package_is_loaded_as_one_not_tried_as_a_program_first(

@@ -187,8 +187,8 @@ _EXPORT_LOAD = threading.Lock()
 def _load_pt2(path: pathlib.Path, spec: ModelSpec, device: torch.device) -> Runner:
     # A package is told by its listing and loaded as one: torch.export.load, given one,
     # first probes the CPU's vector instructions with the C++ compiler, and where there is
-    # none (deploy/Dockerfile's image) logs a 60-line traceback asking to "regenerate your
-    # package" before failing.
+    # none (deploy/Dockerfile's image) logs a traceback of some 50 lines and asks to
+    # "regenerate your package" before failing.
     if inspect_model_file(path).kind == "aoti":
         return _load_package(path, spec, None)
     try:
