@@ -11,7 +11,7 @@
 #
 # TOOL=docker|podman|buildah, default the first of them that works. buildah (no daemon)
 # runs the image's root file system read-only in a chroot that this script mounts, so it
-# needs root; docker and podman run the image itself (--read-only --tmpfs /tmp). Ports:
+# needs root; docker and podman run the image itself (--read-only --tmpfs /tmp:exec). Ports:
 # PORT (HTTP, default 18500), PORT+1 (gRPC) on 127.0.0.1.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -104,7 +104,8 @@ start_image() {
     stop_now=("kill $server; wait $server" ${models:+"umount $root/mnt"})
   else
     local name="tensorgate-check-$$-$RANDOM"
-    "$TOOL" run -d --name "$name" --read-only --tmpfs /tmp --cap-drop ALL \
+    # (a tmpfs is noexec unless told: AOTInductor packages run their code from /tmp)
+    "$TOOL" run -d --name "$name" --read-only --tmpfs /tmp:exec --cap-drop ALL \
       --security-opt no-new-privileges -p "127.0.0.1:$PORT:8000" \
       -p "127.0.0.1:$((PORT + 1)):8001" ${models:+-v "$models:/mnt:ro"} "$IMAGE" "$@" \
       > /dev/null

@@ -9,6 +9,8 @@ import pathlib
 import shutil
 import subprocess
 import sys
+import tempfile
+import types
 import warnings
 import zipfile
 from collections.abc import Callable, Iterator
@@ -26,7 +28,8 @@ from tritonclient.utils import InferenceServerException
 
 from tensorgate.model import ModelContext
 from tensorgate.pipeline import aoti_child
-from tensorgate.pipeline.aoti_check import _described, _exit, _Input, _judge, _last_words
+from tensorgate.pipeline.aoti_check import (_described, _exit, _Input, _judge, _last_words,
+                                            check_aoti_package)
 from tensorgate.pipeline.runner import load_runner
 from tensorgate.repository.model_config import ModelConfigError, parse_model_config
 from tests.e2e.conftest import RunningServer, start_server, stop_server
@@ -338,6 +341,26 @@ def test_a_package_that_does_not_load_is_refused_as_a_package(tmp_path: pathlib.
         archive.writestr("model/data/aotinductor/model/model.wrapper.so", b"not a library")
     with pytest.raises(ModelConfigError, match="an AOTInductor package that does not load"):
         _runner(broken)
+
+
+def test_a_temporary_directory_mounted_noexec_is_refused_by_name(
+        packages: dict[str, pathlib.Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch unpacks a package's code into TMPDIR and maps it to run it: on a /tmp mounted
+    noexec (Docker's `--tmpfs /tmp` unless `:exec`) every package failed its load deep in the
+    checking child ("failed to map segment from shared object"). Said by name now."""
+    real = os.statvfs
+    temporary = os.path.realpath(tempfile.gettempdir())
+
+    def statvfs(path: Any) -> Any:
+        found = real(path)
+        if os.path.realpath(path) != temporary:
+            return found
+        return types.SimpleNamespace(f_flag=found.f_flag | os.ST_NOEXEC)
+
+    monkeypatch.setattr(os, "statvfs", statvfs)
+    with pytest.raises(ModelConfigError, match=f"temporary directory {temporary} .*noexec"):
+        check_aoti_package(packages["dynamic"], parse_model_config(_config_text("lin")),
+                           torch.device("cpu"))
 
 
 def test_a_child_that_crashes_is_reported_with_where_it_crashed() -> None:

@@ -48,6 +48,7 @@ import pathlib
 import signal
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
 from typing import Any
 
@@ -67,6 +68,23 @@ log = logging.getLogger("tensorgate.engine")
 CHECK_TIMEOUT_S = 300.0  # the child imports torch and loads the package: seconds, not minutes
 _CHECKS_ON = "AOTI_RUNTIME_CHECK_INPUTS"
 _CHILD = pathlib.Path(__file__).with_name("aoti_child.py")  # run as a file: torch, no more
+
+
+def unpack_refusal() -> str | None:
+    """Why no AOTInductor package can load here, or None: torch unpacks a package's compiled
+    code into the temporary directory (TMPDIR, else /tmp) and maps it to run it, which a
+    directory mounted noexec refuses ("failed to map segment from shared object", deep in
+    the checking child's error). Docker's `--tmpfs /tmp` is noexec unless told `:exec`."""
+    folder = tempfile.gettempdir()
+    try:
+        flags = os.statvfs(folder).f_flag
+    except OSError:
+        return None  # the loader's own error will say
+    if flags & os.ST_NOEXEC:
+        return (f"AOTInductor packages unpack their compiled code into the temporary "
+                f"directory {folder} (TMPDIR) to run it, and it is mounted noexec: mount it "
+                f"exec (docker run --tmpfs /tmp:exec) or set TMPDIR to a directory that is")
+    return None
 
 
 def is_aoti_package(path: pathlib.Path) -> bool:
@@ -93,6 +111,9 @@ def check_aoti_package(path: pathlib.Path, spec: ModelSpec, device: torch.device
     """Refuse (ModelConfigError) a package on `device` that cannot serve what `spec` lets
     in; else `spec`, its inputs bounded where the package's code bounds a variable dim.
     Runs a child process: call it off the event loop."""
+    refusal = unpack_refusal()
+    if refusal is not None:
+        raise ModelConfigError(str(path), refusal)
     inputs = warmup_inputs(spec, 1, torch.device("meta"))  # shapes and dtypes, no memory
     if inputs is None:
         log.warning("%s: the AOTInductor package's input ranges are not checked: %s", path,
