@@ -177,7 +177,7 @@ def _children_cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def _latency_figures(us: np.ndarray) -> dict[str, int]:
+def latency_figures(us: np.ndarray) -> dict[str, int]:
     """wrk's latency figures from our own per-request samples (µs)."""
     p50, p90, p99 = np.percentile(us, [50, 90, 99])
     return {"p50_us": int(p50), "p90_us": int(p90), "p99_us": int(p99),
@@ -310,7 +310,7 @@ def socket_load(port: int, raw: bytes, connections: int, seconds: float, smalles
     if latencies.size == 0:
         raise RuntimeError(f"the socket client got no answer on port {port}")
     return {"connections": connections, "seconds": seconds, "qps": latencies.size / elapsed,
-            **_latency_figures(latencies / 1e3), "bad": bad, "errors": errors,
+            **latency_figures(latencies / 1e3), "bad": bad, "errors": errors,
             "client_cpu_share": cpu / elapsed, "client": f"socket client, {processes} process(es)"}
 
 
@@ -387,6 +387,6 @@ def h2load_grpc(grpc_port: int, body: bytes, answer_bytes: int, connections: int
         raise RuntimeError(f"h2load printed no traffic line: {out.stdout[-500:]}")
     short = us.size - int(data.group(1)) // answer_bytes  # answers without their tensor
     return {"connections": connections, "seconds": seconds, "qps": us.size / seconds,
-            **_latency_figures(us), "bad": max(int((statuses != 200).sum()), short),
+            **latency_figures(us), "bad": max(int((statuses != 200).sum()), short),
             "errors": sum(map(int, errored.groups())) if errored else 0,
             "client_cpu_share": cpu / seconds}

@@ -35,7 +35,7 @@ sys.path.insert(0, str(HERE.parent / "src"))
 sys.path.insert(0, str(HERE))
 
 from ab_bench import add_tree_options, serve, trees_of  # noqa: E402
-from compare_wire import Connection, check_load, wrk_load  # noqa: E402
+from compare_wire import Connection, check_load, latency_figures, wrk_load  # noqa: E402
 from server_bench import OUTPUT_BYTES, binary_request  # noqa: E402
 
 from tensorgate.builtin.repository import write_default_repository  # noqa: E402
@@ -104,10 +104,8 @@ def paced(port: int, raw: bytes, rate: float, seconds: float) -> dict[str, Any]:
             time.sleep(max(0.0, due - time.monotonic()))
     finally:
         connection.close()
-    us = np.array(samples) / 1e3
-    return {"qps": len(samples) / seconds, "p50_us": float(np.percentile(us, 50)),
-            "p99_us": float(np.percentile(us, 99)), "max_us": float(us.max()),
-            "requests": len(samples), "bad": bad, "errors": 0}
+    return {"qps": len(samples) / seconds, **latency_figures(np.array(samples) / 1e3),
+            "bad": bad, "errors": 0}
 
 
 def main() -> None:

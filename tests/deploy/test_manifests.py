@@ -82,6 +82,18 @@ def image_command(stage: list[tuple[str, str]]) -> list[str]:
     return list(found["ENTRYPOINT"][1:]) + list(found["CMD"])
 
 
+def assert_health_route(path: str) -> None:
+    """`path` is one of the protocol's health routes as tensorgate routes it."""
+    handler, _ = route("GET", path)
+    assert not isinstance(handler, int) and API_GROUP[handler] == "health", path
+
+
+def tmp_volume(container: dict[str, Any], volumes: list[dict[str, Any]]) -> dict[str, Any]:
+    """The pod volume `container` mounts at /tmp (the image's one writable path)."""
+    mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+    return {v["name"]: v for v in volumes}[mounts["/tmp"]]
+
+
 DOCKERFILE = (DEPLOY / "Dockerfile").read_text()
 STAGE = final_stage(DOCKERFILE)
 RUNTIME = _load("servingruntime.yaml")
@@ -164,8 +176,7 @@ def test_the_runtimes_arguments_are_what_tensorgate_serves_with_in_the_image() -
     for probe in (CONTAINER["startupProbe"], CONTAINER["readinessProbe"],
                   CONTAINER["livenessProbe"]):
         assert probe["httpGet"]["port"] == config.http_port
-        handler, _ = route("GET", probe["httpGet"]["path"])
-        assert not isinstance(handler, int) and API_GROUP[handler] == "health"
+        assert_health_route(probe["httpGet"]["path"])
     annotations = RUNTIME["spec"]["annotations"]
     assert int(annotations["prometheus.kserve.io/port"]) == config.metrics_port
     assert annotations["prometheus.kserve.io/path"] == "/metrics"
@@ -177,9 +188,7 @@ def test_the_runtime_runs_as_the_images_user_with_its_one_writable_path() -> Non
     assert security["runAsNonRoot"] and not security["allowPrivilegeEscalation"]
     assert security["readOnlyRootFilesystem"]  # so the image's writable path is mounted:
     assert image_environment(STAGE)["XDG_CACHE_HOME"].startswith("/tmp/")
-    mounts = {m["mountPath"]: m["name"] for m in CONTAINER["volumeMounts"]}
-    volumes = {v["name"]: v for v in RUNTIME["spec"]["volumes"]}
-    assert "emptyDir" in volumes[mounts["/tmp"]]
+    assert "emptyDir" in tmp_volume(CONTAINER, RUNTIME["spec"]["volumes"])
 
 
 def test_the_images_default_command_serves_the_built_in_repository_on_the_default_ports() -> None:
@@ -229,8 +238,7 @@ def test_the_plain_deployment_serves_its_volume_on_the_ports_its_service_and_pro
     for kind in ("startupProbe", "readinessProbe", "livenessProbe"):
         probe = container[kind]["httpGet"]
         assert ports[probe["port"]] == config.http_port
-        handler, _ = route("GET", probe["path"])
-        assert not isinstance(handler, int) and API_GROUP[handler] == "health"
+        assert_health_route(probe["path"])
     service = PLAIN["Service"]["spec"]
     assert {p["targetPort"] for p in service["ports"]} == set(ports)
     labels = POD["metadata"]["labels"]
@@ -249,10 +257,8 @@ def test_the_plain_deployment_runs_as_the_images_user_with_its_one_writable_path
     assert f"{pod_security['runAsUser']}:{pod_security['runAsGroup']}" == dict(STAGE)["USER"]
     container = POD["spec"]["containers"][0]
     assert container["securityContext"]["readOnlyRootFilesystem"]
-    mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
-    volumes = {v["name"]: v for v in POD["spec"]["volumes"]}
-    assert "emptyDir" in volumes[mounts["/tmp"]["name"]]
-    assert mounts["/models"]["readOnly"]
+    assert "emptyDir" in tmp_volume(container, POD["spec"]["volumes"])
+    assert next(m for m in container["volumeMounts"] if m["mountPath"] == "/models")["readOnly"]
 
 
 @pytest.mark.parametrize("container", [CONTAINER, POD["spec"]["containers"][0]],
