@@ -370,6 +370,12 @@ class Plan:
     # batch of 64 takes seconds on two cores, and wrk counts only finished requests
     per_connection_s: dict[str, float] = field(
         default_factory=lambda: {"identity": 0.0, "resnet50": 0.16})
+    # each point is first run unmeasured for this share of its length (at least 1 s), at
+    # its own connection count: a server's first seconds at a new concurrency (new batch
+    # sizes, TorchScript specialising for them, the connections' set-up) are not its steady
+    # state; measured straight, a fresh 64-connection identity point's P99 was 118 ms in one
+    # start and 20-30 ms in five others (the forty-seventh session's note)
+    warm_share: float = 1 / 3
 
 
 FULL = Plan(rounds=2, counts={"identity": 2000, "resnet50": 300},
@@ -391,6 +397,12 @@ CUDA = Plan(rounds=1, counts={"identity": 1000, "resnet50": 1000},
 
 def duration(plan: Plan, model: str, connections: int) -> float:
     return max(plan.seconds[model], connections * plan.per_connection_s[model])
+
+
+def warm_duration(plan: Plan, model: str, connections: int) -> float:
+    """The unmeasured run before a point; 0: none."""
+    return max(1.0, plan.warm_share * duration(plan, model, connections)) \
+        if plan.warm_share > 0 else 0.0
 
 
 def measure_server(server: Server, work: pathlib.Path, x: np.ndarray,
@@ -426,19 +438,34 @@ def _interrupt(signum: int, frame: Any) -> None:
 
 def points(model: str, label: str, plan: Plan,
            measure: Callable[[int, float], dict[str, Any]]) -> list[dict[str, Any]]:
-    """`measure(connections, seconds)` at each of the plan's connection counts, printed. A
-    count at which no request finished within its duration ends the series there (more
-    connections would only wait longer), and the server's round goes on: its memory is
-    still measured (Triton's resnet50 at 64 gRPC connections, 6 QPS: 10 s a request)."""
+    """`measure(connections, seconds)` at each of the plan's connection counts, printed,
+    each after an unmeasured warm-up at the same count (`warm_duration`), whose QPS and P99
+    are kept beside the point's as "warmup" (None where nothing finished in it). A count at
+    which no request finished within its duration ends the series there (more connections
+    would only wait longer), and the server's round goes on: its memory is still measured
+    (Triton's resnet50 at 64 gRPC connections, 6 QPS: 10 s a request)."""
     found = []
     for c in plan.levels[model]:
+        warm_s = warm_duration(plan, model, c)
+        warm: dict[str, Any] | None = None
+        if warm_s:
+            try:
+                warm = measure(c, warm_s)
+            except NothingAnswered:
+                pass
         try:
-            found.append(measure(c, duration(plan, model, c)))
+            point = measure(c, duration(plan, model, c))
         except NothingAnswered as error:
             print(f"  {model}{label}: {c} connections: {error}".splitlines()[0], flush=True)
             break
-        print(f"  {model}{label}: {c} connections, {found[-1]['qps']:,.1f} QPS, "
-              f"P99 {found[-1]['p99_us'] / 1e3:,.1f} ms", flush=True)
+        point["warmup"] = None if warm is None else {
+            key: warm[key] for key in ("seconds", "qps", "p50_us", "p99_us", "max_us",
+                                       "requests", "bad", "errors")}
+        found.append(point)
+        warmed = (f" (warm-up {warm['qps']:,.1f} QPS, P99 {warm['p99_us'] / 1e3:,.1f} ms)"
+                  if warm is not None else " (warm-up: none finished)" if warm_s else "")
+        print(f"  {model}{label}: {c} connections, {point['qps']:,.1f} QPS, "
+              f"P99 {point['p99_us'] / 1e3:,.1f} ms{warmed}", flush=True)
     return found
 
 

@@ -67,7 +67,8 @@ def summarize(result: dict[str, Any]) -> dict[str, Any]:
 
 
 def _levels(runs: list[list[dict[str, Any]]]) -> dict[int, dict[str, float]]:
-    """Points of several rounds, by connections: median QPS, P99 and client CPU; bad summed."""
+    """Points of several rounds, by connections: median QPS, P99 and client CPU; bad
+    answers summed, the unmeasured warm-up's among them (a wrong answer counts whenever)."""
     found: dict[int, dict[str, list[float]]] = {}
     for run in runs:
         for point in run:
@@ -76,7 +77,9 @@ def _levels(runs: list[list[dict[str, Any]]]) -> dict[int, dict[str, float]]:
             level["qps"].append(point["qps"])
             level["p99_us"].append(point["p99_us"])
             level["cpu"].append(point["client_cpu_share"])
-            level["bad"].append(point["bad"] + point["errors"])
+            warm = point.get("warmup") or {}  # runs before warm-ups have none
+            level["bad"].append(point["bad"] + point["errors"]
+                                + warm.get("bad", 0) + warm.get("errors", 0))
     return {c: {"qps": statistics.median(v["qps"]), "p99_us": statistics.median(v["p99_us"]),
                 "client_cpu_share": statistics.median(v["cpu"]), "bad": sum(v["bad"])}
             for c, v in sorted(found.items())}
@@ -300,7 +303,10 @@ def report(result: dict[str, Any]) -> str:
              f"{result['threads']} intra-op thread(s) for every server; {plan['rounds']} "
              f"round(s) in alternating order; load from {client}, "
              f"{plan['seconds']['identity']:g} s per identity point, "
-             f"{plan['seconds']['resnet50']:g} s or more per resnet50 point. Command: "
+             f"{plan['seconds']['resnet50']:g} s or more per resnet50 point"
+             + (f", each after an unmeasured warm-up of {plan['warm_share']:.0%} of its "
+                f"length (≥ 1 s) at its connections" if plan.get("warm_share") else "")
+             + ". Command: "
              f"`{result.get('command', '.venv/bin/python bench/compare.py')}`.", ""]
     for model in ("resnet50", "identity"):
         lines += seed_table(s, model) + [""]

@@ -199,3 +199,20 @@ def test_goals_by_round_show_a_slow_round_the_pooled_goals_fold_in(result: dict)
     assert re.fullmatch(r"\| 1 \| 0\.75 \| 1\.30 \| 1\.50 \|", rows[0]), rows
     assert re.fullmatch(r"\| 2 \| 0\.3[78] \| 1\.00 \| 2\.50 \|", rows[1]), rows
     assert "\n".join(lines) in compare_report.report(result)
+
+
+def test_bad_answers_of_a_points_warm_up_are_counted_and_the_warm_up_is_said(
+        result: dict) -> None:
+    """A wrong answer counts whenever it came; the header names the warm-up only for runs
+    that had one (older runs' plans have no warm_share)."""
+    point = result["servers"]["triton"]["workloads"]["identity"]["concurrent"][0][1]
+    point["warmup"] = {"seconds": 1.0, "qps": 500.0, "p50_us": 900.0, "p99_us": 9000.0,
+                       "max_us": 12_000.0, "requests": 500, "bad": 3, "errors": 1}
+    text = compare_report.report(result)
+    table = text.split("| identity: QPS / P99 ms at N connections", 1)[1].split("\n\n", 1)[0]
+    rows = {line.split(" | ")[0]: line for line in table.splitlines()}
+    assert rows["| triton"].endswith("| 4 |") and rows["| tensorgate"].endswith("| 0 |"), table
+    assert "warm-up" not in text.split("\n", 1)[0]
+    result["plan"]["warm_share"] = 1 / 3
+    assert ("each after an unmeasured warm-up of 33% of its length (≥ 1 s) at its "
+            "connections." in compare_report.report(result).split("\n", 1)[0])
