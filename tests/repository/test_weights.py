@@ -8,6 +8,7 @@ import collections
 import os
 import pathlib
 import warnings
+import zipfile
 from typing import Any
 
 import pytest
@@ -144,8 +145,13 @@ _GOOD = {"w": torch.arange(300, dtype=torch.float32).reshape(3, 100), "b": torch
 @given(cut=st.booleans(), at=st.floats(0, 1, exclude_max=True), bit=st.integers(0, 7))
 def test_a_damaged_file_reads_or_is_refused_as_torch_load_does(
         tmp_path_factory: pytest.TempPathFactory, cut: bool, at: float, bit: int) -> None:
-    """A file cut short or with one bit flipped: the same values, or a refusal of the same
-    kind (the mapped read falls back to torch.load, which names what is wrong)."""
+    """A file cut short or with one bit flipped: the same values as torch.load's (mapping
+    to the CPU, as load_weights does), or a refusal of the same kind (the mapped read falls
+    back to torch.load, which names what is wrong). A sweep of every byte and bit of this
+    file (the forty-eighth session) left damage where the two differ only in the central
+    directory's fields where torch.load reads values that change from call to call (a
+    record's compression method: it inflates the stored bytes): no answer to match there,
+    and it must be seen to change."""
     good = _saved(tmp_path_factory.mktemp("damaged") / "good.pt", _GOOD).read_bytes()
     place = int(at * len(good))
     damaged = bytearray(good[:place] if cut else good)
@@ -153,5 +159,47 @@ def test_a_damaged_file_reads_or_is_refused_as_torch_load_does(
         damaged[place] ^= 1 << bit
     path = tmp_path_factory.mktemp("damaged") / "damaged.pt"
     path.write_bytes(damaged)
-    assert _outcome(lambda: load_weights(path, CPU)) == _outcome(
-        lambda: torch.load(path, weights_only=True))
+    expected = _outcome(lambda: torch.load(path, map_location=CPU, weights_only=True))
+    got = _outcome(lambda: load_weights(path, CPU))
+    if got != expected:
+        again = {str(_outcome(lambda: torch.load(path, map_location=CPU, weights_only=True)))
+                 for _ in range(4)}
+        assert len(again | {str(expected)}) > 1, (got, expected)  # torch.load's varies
+
+
+def test_a_record_whose_local_header_lost_its_signature_is_refused_as_torch_load_refuses_it(
+        tmp_path: pathlib.Path) -> None:
+    """Found by the test above (a bit flipped at 67 % of the file): torch.load's reader
+    checks each record's local header, the mapped load did not and read the file."""
+    good = _saved(tmp_path / "good.pt", _GOOD)
+    with zipfile.ZipFile(good) as archive:
+        offsets = [info.header_offset for info in archive.infolist()]
+    for at in offsets:
+        damaged = bytearray(good.read_bytes())
+        damaged[at + 2] ^= 1  # "PK\x03\x04" → "PK\x02\x04"
+        path = tmp_path / f"damaged-{at}.pt"
+        path.write_bytes(damaged)
+        assert _outcome(lambda: load_weights(path, CPU)) == _outcome(
+            lambda: torch.load(path, map_location=CPU, weights_only=True)), at
+
+
+@pytest.mark.parametrize("where", ["zip64 locator", "storage size"])
+def test_damage_the_mapped_load_does_not_check_is_judged_as_torch_load_judges_it(
+        tmp_path: pathlib.Path, where: str) -> None:
+    """Found by a sweep of every byte and bit: the zip64 end locator's disk count damaged
+    (zipfile.is_zipfile raised BadZipFile where torch.load reads the file), and a storage's
+    element count in the pickle (the mapped load read past its record where torch.load
+    refuses the file)."""
+    good = _saved(tmp_path / "good.pt", {"w": torch.arange(300, dtype=torch.float32)})
+    data = bytearray(good.read_bytes())
+    if where == "zip64 locator":
+        at = data.rindex(b"PK\x06\x07") + 4  # the number of the disk with the zip64 end
+        data[at] ^= 1
+    else:
+        at = data.index(b"M,\x01")  # the pickle's BININT2 300: the storage's elements
+        data[at + 1] ^= 1  # 300 -> 301
+    path = tmp_path / "damaged.pt"
+    path.write_bytes(data)
+    expected = _outcome(lambda: torch.load(path, map_location=CPU, weights_only=True))
+    assert expected[0] == ("read" if where == "zip64 locator" else "refused")
+    assert _outcome(lambda: load_weights(path, CPU)) == expected
