@@ -1,8 +1,9 @@
 """The composition root: builds engine, data plane and front ends; starts and stops them in
 stages.
 
-Start: settle process-wide knobs (switch interval), open the model repository, load and warm
-every model, then listen. Stop (Ctrl-C / SIGTERM / `stop()`): stop accepting connections,
+Start: settle process-wide knobs (switch interval), open the model repository, listen (live
+from here on), then load and warm every model (ready once all have: a request for a model
+still loading is answered that it is). Stop (Ctrl-C / SIGTERM / `stop()`): stop accepting connections,
 drain in-flight work within the deadline, answer what could not finish, close connections,
 release the models and the device.
 """
@@ -138,15 +139,12 @@ class Server:
         polling = config.model_control_mode == "poll"
         seen = await _fingerprints(repositories) if polling else None  # before loading
         explicit = config.model_control_mode == "explicit"
-        if explicit and config.load_models != ("*",):
-            await self.engine.start(config.load_models)
-        else:
-            await self.engine.start()
-        unavailable = self.engine.unavailable()
-        if unavailable and config.exit_on_error:
-            await self.engine.shutdown(0.0)
-            raise StartupError("models failed to load (--exit-on-error): " + "; ".join(
-                f"{name}: {reason}" for name, reason in sorted(unavailable.items())))
+        # Listen first, then load: live at once (a slow load needs no startup probe), ready
+        # once every model has loaded; a request for a model still loading is told so, one
+        # for a model already loaded is served. A port another process holds fails the start
+        # before any load.
+        loading = self.engine.announce(config.load_models if explicit
+                                       and config.load_models != ("*",) else None)
         binding = "HTTP", config.http_address, config.http_port, "--http-port"
         try:  # a port another process holds is a line saying so, not a traceback
             if self._http is not None:
@@ -158,17 +156,28 @@ class Server:
             if config.allow_metrics:
                 await self._start_metrics(budget)
         except OSError as error:
-            await self.engine.shutdown(0.0)
+            await self.stop()  # the front ends that did start, and the engine
             what, address, port, flag = binding
             raise StartupError(f"cannot listen for {what} on {address} port {port}: "
                                f"{os.strerror(error.errno) if error.errno else error} "
                                f"(change {flag}, or stop what holds it)") from None
-        dataplane.started = True
-        if not default_pool().statistics().pinned:
-            self._pool_trimmer = asyncio.create_task(_trim_when_quiet(default_pool()))
         period = min(1.0, config.read_timeout_s / 4, config.keep_alive_timeout_s / 4)
         fronts = [front for front in (self._http, self._grpc) if front is not None]
         self._expirer = asyncio.create_task(_expire_stalled(fronts, period))
+        print(f"tensorgate {self.version}: {self._listening()}; "
+              f"repositor{'ies' if len(repositories.paths) > 1 else 'y'} {repositories}",
+              flush=True)
+        print(f"loading: {', '.join(loading) or 'no models'} (live now, ready when loaded)",
+              flush=True)
+        await self.engine.start()
+        unavailable = self.engine.unavailable()
+        if unavailable and config.exit_on_error:
+            await self.stop()
+            raise StartupError("models failed to load (--exit-on-error): " + "; ".join(
+                f"{name}: {reason}" for name, reason in sorted(unavailable.items())))
+        dataplane.started = True
+        if not default_pool().statistics().pinned:
+            self._pool_trimmer = asyncio.create_task(_trim_when_quiet(default_pool()))
         if config.model_call_warn_s > 0:
             self._call_watch = asyncio.create_task(_watch_model_calls(
                 self.engine, config.model_call_warn_s))
@@ -180,16 +189,6 @@ class Server:
                  if e.get("state") == "READY"]
         failed = [f"{e['name']} ({e['reason']})" for e in self.engine.index()
                   if e.get("state") == "UNAVAILABLE"]  # not those it was not asked to load
-        listening = ", ".join(
-            f"{name} on {f'[{address}]' if ':' in address else address}:{port}" if on
-            else f"{name} off"  # an IPv6 address in brackets, as a URL has it
-            for name, on, address, port in (
-                ("HTTP", config.allow_http, config.http_address, self.http_port),
-                ("gRPC", config.allow_grpc, config.grpc_address, self.grpc_port),
-                ("metrics", config.allow_metrics, config.metrics_address, self.metrics_port)))
-        print(f"tensorgate {self.version}: {listening}; "
-              f"repositor{'ies' if len(repositories.paths) > 1 else 'y'} {repositories}",
-              flush=True)
         print(f"ready: {', '.join(ready) or 'no models'}", flush=True)
         if failed:
             print(f"not ready: {'; '.join(failed)}", flush=True)
@@ -225,6 +224,17 @@ class Server:
                            f"off; settable over the API, to {config.trace_file}"
                            if config.trace_file else "off (--trace-config triton,file=PATH)"),
               flush=True)
+
+    def _listening(self) -> str:
+        """Where each front end listens, or that it is off."""
+        config = self.config
+        return ", ".join(
+            f"{name} on {f'[{address}]' if ':' in address else address}:{port}" if on
+            else f"{name} off"  # an IPv6 address in brackets, as a URL has it
+            for name, on, address, port in (
+                ("HTTP", config.allow_http, config.http_address, self.http_port),
+                ("gRPC", config.allow_grpc, config.grpc_address, self.grpc_port),
+                ("metrics", config.allow_metrics, config.metrics_address, self.metrics_port)))
 
     async def stop(self) -> None:
         if self._pool_trimmer is not None:

@@ -263,9 +263,10 @@ def test_the_plain_deployment_runs_as_the_images_user_with_its_one_writable_path
 
 @pytest.mark.parametrize("container", [CONTAINER, POD["spec"]["containers"][0]],
                          ids=["kserve", "kubernetes"])
-def test_a_liveness_probe_waits_for_the_models_to_load(container: dict[str, Any]) -> None:
-    """The server listens only once every model has loaded (server.py): a liveness probe
-    from the start would restart a pod whose models take a minute to load, for ever."""
+def test_a_startup_probe_gives_the_loads_a_deadline(container: dict[str, Any]) -> None:
+    """The server is live as soon as it listens, before its models load (server.py), so a
+    liveness probe would not restart a slow load; nor would it restart a load that hangs.
+    A startup probe on readiness gives the loads 5 minutes, then restarts the pod."""
     startup = container["startupProbe"]
     assert startup["httpGet"]["path"] == "/v2/health/ready"
     assert startup["periodSeconds"] * startup["failureThreshold"] >= 300

@@ -39,7 +39,10 @@ class RunningServer:
         self.log = log
 
 
-def start_server(repo: pathlib.Path, log: pathlib.Path, *extra: str) -> RunningServer:
+def start_server(repo: pathlib.Path, log: pathlib.Path, *extra: str,
+                 until: str = "ready:") -> RunningServer:
+    """The server on `repo`, once its log holds `until` ("ready:": every model loaded;
+    "loading:": listening, its models loading)."""
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     with log.open("w") as sink:
         process = subprocess.Popen(
@@ -52,7 +55,7 @@ def start_server(repo: pathlib.Path, log: pathlib.Path, *extra: str) -> RunningS
         match = re.search(r"HTTP (?:on (127\.0\.0\.1|\[::1\]):(\d+)|off), "
                           r"gRPC (?:on \S+:(\d+)|off), "
                           r"metrics (?:on \S+:(\d+)|off)", log.read_text())
-        if match and "ready:" in log.read_text():
+        if match and until in log.read_text():
             return RunningServer(process, int(match.group(2) or 0), int(match.group(3) or 0),
                                  int(match.group(4) or 0), log, match.group(1) or "127.0.0.1")
         if process.poll() is not None:

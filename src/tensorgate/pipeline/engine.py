@@ -129,6 +129,8 @@ class Engine:
         # a model whose last load failed: (the version whose load failed, or "", the reason)
         self._failed: dict[str, tuple[str, str]] = {}
         self._unloaded: dict[str, list[int]] = {}  # versions served until an unload
+        self._loading: dict[str, int] = {}  # loads under way, by model (the server answers
+        # while its first loads run: a request for one of them is told it is loading)
         self._labels: dict[tuple[str, str], list[str]] = {}
         self._closing = False
         self._streaming = 0  # infer_stream iterations open: whether responses take turns
@@ -136,12 +138,16 @@ class Engine:
         self._model_upload = model_upload
         self._uploads: dict[str, pathlib.Path] = {}  # a model served from an upload: its folder
         self._bls: BlsBridge | None = None
+        self._announced: list[str] | None = None  # what the next `start` loads, announced
 
     # -- lifecycle -------------------------------------------------------------------------
 
-    async def start(self, models: Iterable[str] | None = None) -> None:
-        """Load `models` (default: every model of the repositories), then freeze the GC
-        heap."""
+    def announce(self, models: Iterable[str] | None = None) -> list[str]:
+        """What `start` does before its first load, for a server that listens while its
+        models load (server.py): the BLS bridge, the loop's CPU, and every model to load
+        counted as loading, so that a request for one is told it is loading rather than
+        that no such model exists. Returns the names the next `start` loads (it calls this
+        itself if the server did not)."""
         names = list(models) if models is not None else self.repositories.names()
         # Triton Python models' BLS requests come here (pipeline/bls.py)
         self._bls = BlsBridge(self.infer, self.infer_stream, asyncio.get_running_loop(),
@@ -150,11 +156,21 @@ class Engine:
         python_backend.serve_bls(self._bls)
         if self._placement is not None:
             pin_current_thread(self._placement.loop_cpus)
+        for name in names:
+            self._loading[name] = self._loading.get(name, 0) + 1
+        self._announced = names
+        return names
+
+    async def start(self, models: Iterable[str] | None = None) -> None:
+        """Load `models` (default: every model of the repositories; those `announce` was
+        given, if it was called), then freeze the GC heap."""
+        names = self._announced if self._announced is not None else self.announce(models)
+        self._announced = None
         # Ensembles after the models they chain, which they would otherwise load themselves
         # while the same models load here.
         ensembles = [n for n in names if self._is_ensemble(n)]
         for group in ([n for n in names if n not in ensembles], ensembles):
-            results = await asyncio.gather(*(self.load(n) for n in group),
+            results = await asyncio.gather(*(self._announced_load(n) for n in group),
                                            return_exceptions=True)
             for name, result in zip(group, results):
                 if isinstance(result, BaseException):
@@ -162,6 +178,18 @@ class Engine:
         # What loading made lives as long as the server: keep the collector from walking it.
         gc.collect()
         gc.freeze()
+
+    async def _announced_load(self, name: str) -> None:
+        """`load` for one of the models `announce` counted as loading: counted until done."""
+        try:
+            await self.load(name)
+        finally:
+            self._count_loaded(name)
+
+    def _count_loaded(self, name: str) -> None:
+        left = self._loading.pop(name) - 1
+        if left:
+            self._loading[name] = left
 
     async def load(self, name: str, config: str | None = None,
                    files: UploadedFiles | None = None) -> None:
@@ -171,7 +199,16 @@ class Engine:
         override files do. Until the new load is ready the old one serves; if it fails, the
         old one goes on serving. A load goes on to its end when its caller is cancelled (a
         client that went away), as on Triton: nothing is left half done."""
-        await _to_the_end(self._load(name, config, files))
+        await _to_the_end(self._load_counted(name, config, files))
+
+    async def _load_counted(self, name: str, config: str | None,
+                            files: UploadedFiles | None) -> None:
+        """`_load`, counted in `_loading` while it runs."""
+        self._loading[name] = self._loading.get(name, 0) + 1
+        try:
+            await self._load(name, config, files)
+        finally:
+            self._count_loaded(name)
 
     async def _load(self, name: str, config: str | None,
                     files: UploadedFiles | None) -> None:
@@ -702,7 +739,7 @@ class Engine:
     def index(self) -> list[dict[str, str]]:
         """Triton's repository index: every model of the repositories and its state."""
         entries = []
-        names = set(self._models) | set(self._failed)
+        names = set(self._models) | set(self._failed) | set(self._loading)
         try:
             names |= set(self.repositories.names())
         except TensorgateError:
@@ -711,6 +748,8 @@ class Engine:
             if name in self._models:
                 entries += [{"name": name, "version": str(v), "state": "READY", "reason": ""}
                             for v in sorted(self._models[name])]
+            elif name in self._loading:  # Triton's state while a load runs
+                entries.append({"name": name, "version": "", "state": "LOADING", "reason": ""})
             elif name in self._failed:
                 version, reason = self._failed[name]
                 entries.append({"name": name, "version": version, "state": "UNAVAILABLE",
@@ -765,6 +804,9 @@ class Engine:
     def _resolve(self, name: str, version: int | None) -> _Version:
         versions = self._models.get(name)
         if not versions:
+            if name in self._loading:
+                raise UnavailableError(f"model '{name}' is loading and not ready yet "
+                                       f"(/v2/models/{name}/ready says when it is)")
             if name in self._failed:
                 raise UnavailableError(f"model '{name}' is not ready: {self._failed[name][1]}")
             raise NotFoundError(f"unknown model '{name}'; loaded models are: "
