@@ -45,7 +45,7 @@ from tensorgate.pipeline.summary import parse_quantiles
 from tensorgate.repository.layout import ModelRepositories
 from tensorgate.tensor.pool import QUIET_IDLE_BYTES, BufferPool, default_pool
 
-__all__ = ["Server", "StartupError", "run"]
+__all__ = ["LoadsAbandoned", "Server", "StartupError", "run"]
 
 log = logging.getLogger("tensorgate.server")
 
@@ -54,6 +54,10 @@ POOL_TRIM_PERIOD_S = 1.0  # the pool goes back to its quiet size 1–2 s after t
 
 class StartupError(Exception):
     """The server cannot start as configured (a model failed to load with exit_on_error)."""
+
+
+class LoadsAbandoned(Exception):
+    """`serve` was told to stop while models loaded: it stopped, and loads still run."""
 
 
 def _grpc_tls(config: ServerConfig) -> ssl.SSLContext | None:
@@ -170,6 +174,8 @@ class Server:
         print(f"loading: {', '.join(loading) or 'no models'} (live now, ready when loaded)",
               flush=True)
         await self.engine.start()
+        if not self.engine.is_serving():
+            return  # stopped while the models loaded (serve)
         unavailable = self.engine.unavailable()
         if unavailable and config.exit_on_error:
             await self.stop()
@@ -184,7 +190,8 @@ class Server:
         if polling:
             self._poller = asyncio.create_task(_follow_repository(
                 self.engine, seen or {}, config.repository_poll_s))
-        self._stopping = asyncio.Event()
+        if self._stopping is None:  # (serve makes it first, to hear a stop while loading)
+            self._stopping = asyncio.Event()
         ready = [f"{e['name']} v{e['version']}" for e in self.engine.index()
                  if e.get("state") == "READY"]
         failed = [f"{e['name']} ({e['reason']})" for e in self.engine.index()
@@ -299,16 +306,29 @@ class Server:
             self._stopping.set()
 
     async def serve(self) -> None:
-        """Start, wait for SIGINT/SIGTERM (or `request_stop`), then stop in stages."""
-        await self.start()
+        """Start, wait for SIGINT/SIGTERM (or `request_stop`), then stop in stages. A stop
+        while the models load stops the same way (the models already loaded drain), then
+        raises LoadsAbandoned: a load under way cannot be cut short, and the caller need not
+        wait for it (`run` exits)."""
+        self._stopping = stopping = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             try:
                 loop.add_signal_handler(sig, self.request_stop)
             except (NotImplementedError, RuntimeError):  # not the main thread
                 pass
-        assert self._stopping is not None
-        await self._stopping.wait()
+        starting = asyncio.ensure_future(self.start())
+        asked = asyncio.ensure_future(stopping.wait())
+        await asyncio.wait((starting, asked), return_when=asyncio.FIRST_COMPLETED)
+        if not starting.done():
+            print("tensorgate: stopping while models load (draining in-flight requests; "
+                  "the loads under way are abandoned)", flush=True)
+            await self.stop()
+            raise LoadsAbandoned
+        if starting.exception() is not None:
+            asked.cancel()
+        starting.result()  # a StartupError goes to the caller
+        await asked
         print("tensorgate: stopping (draining in-flight requests)", flush=True)
         await self.stop()
 
@@ -465,6 +485,18 @@ def _span_exporter(config: ServerConfig, version: str
                              config.trace_bsp_max_export_batch_size, version)
 
 
+async def _serve_or_exit(server: Server) -> None:
+    """`server.serve()`; stopped while models loaded, the process exits there, its output
+    flushed: the loop's end would wait for the loads' threads (minutes for a large model)."""
+    try:
+        await server.serve()
+    except LoadsAbandoned:
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
+
+
 def run(config: ServerConfig) -> None:
     """Run a server until it is told to stop (the CLI's entry point)."""
     logging.basicConfig(level=config.log_level.upper(), format=LOG_LINE,
@@ -472,7 +504,7 @@ def run(config: ServerConfig) -> None:
     server = Server(config)
     server.log_settings.attach(logging.getLogger().handlers)
     try:
-        run_loop(server.serve(), config.loop)
+        run_loop(_serve_or_exit(server), config.loop)
     except StartupError as error:
         log.error("%s", error)
         sys.exit(1)

@@ -6,8 +6,11 @@ LOADING. A port already held fails the start before any model loads."""
 from __future__ import annotations
 
 import pathlib
+import queue
 import socket
+import threading
 import time
+from typing import Any
 
 import numpy as np
 import pytest
@@ -44,6 +47,7 @@ class Gated(Model):
 def _repo(root: pathlib.Path) -> pathlib.Path:
     repo = root / "models"
     rb.add_torchscript(repo, "identity", rb.Identity(), [4], [4])
+    rb.add_python(repo, "slow", delay_s=2.0)  # doubles, adds one, after 2 s
     folder = rb.write_config(repo, "gated", f"""
         name: "gated"
         backend: "python"
@@ -77,13 +81,14 @@ def _while_loading(server: RunningServer, root: pathlib.Path) -> None:
     http_in, grpc_in = _ones()
     with httpclient.InferenceServerClient(server.url) as http, \
             grpcclient.InferenceServerClient(server.grpc_url) as grpc:
-        _wait(lambda: http.is_model_ready("identity"), "identity loaded")
+        _wait(lambda: http.is_model_ready("identity") and http.is_model_ready("slow"),
+              "identity and slow loaded")
         assert (root / "started").exists() and not (root / "gate").exists()
         assert http.is_server_live() and grpc.is_server_live()
         assert not http.is_server_ready() and not grpc.is_server_ready()
         assert not http.is_model_ready("gated") and not grpc.is_model_ready("gated")
         states = {e["name"]: e.get("state") for e in http.get_model_repository_index()}
-        assert states == {"identity": "READY", "gated": "LOADING"}
+        assert states == {"identity": "READY", "slow": "READY", "gated": "LOADING"}
         with pytest.raises(InferenceServerException) as refused:
             http.infer("gated", [http_in])
         assert refused.value.status() == "503"
@@ -111,11 +116,46 @@ def test_live_while_models_load_ready_once_they_have(tmp_path: pathlib.Path) -> 
             assert grpc.is_server_ready() and http.is_model_ready("gated")
             assert http.infer("gated", [http_in]).as_numpy("OUTPUT__0").tolist() == [[2.0] * 4]
             assert grpc.infer("gated", [grpc_in]).as_numpy("OUTPUT__0").tolist() == [[2.0] * 4]
-        _wait(lambda: "ready: gated v1, identity v1" in server.log.read_text(), "the line")
+        _wait(lambda: "ready: gated v1, identity v1, slow v1" in server.log.read_text(), "the line")
     finally:
         (tmp_path / "gate").write_text("open")
         assert stop_server(server) == 0, server.log.read_text()
     assert "Traceback" not in server.log.read_text()
+
+
+def test_a_stop_while_models_load_drains_the_loaded_ones_and_exits_without_the_loads(
+        tmp_path: pathlib.Path) -> None:
+    """SIGTERM while `gated` loads: a request already running on `slow` is answered, and
+    the process exits 0 at once, not when the load would end (it waits up to 60 s)."""
+    server = start_server(_repo(tmp_path), tmp_path / "server.log", until="loading:")
+    answers: queue.Queue[Any] = queue.Queue()
+    item = httpclient.InferInput("INPUT__0", [1, 4], "FP32")
+    item.set_data_from_numpy(np.ones((1, 4), np.float32))
+
+    def ask() -> None:
+        with httpclient.InferenceServerClient(server.url, network_timeout=30) as client:
+            try:
+                answers.put(client.infer("slow", [item]).as_numpy("OUTPUT__0").tolist())
+            except Exception as error:  # noqa: BLE001 - the test names what came back
+                answers.put(error)
+
+    try:
+        with httpclient.InferenceServerClient(server.url) as http:
+            _wait(lambda: http.is_model_ready("slow"), "slow loaded")
+        asking = threading.Thread(target=ask)
+        asking.start()
+        time.sleep(0.5)  # the request is in slow's 2 s
+        stopped = time.monotonic()
+        assert stop_server(server) == 0, server.log.read_text()
+        assert time.monotonic() - stopped < 20
+        asking.join(timeout=30)
+        assert answers.get(timeout=1) == [[3.0] * 4]
+    finally:
+        (tmp_path / "gate").write_text("open")
+        if server.process.poll() is None:
+            server.process.kill()
+    text = server.log.read_text()
+    assert "stopping while models load" in text and "Traceback" not in text
 
 
 def test_a_port_already_held_fails_the_start_before_any_model_loads(
