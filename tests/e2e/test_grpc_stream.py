@@ -164,7 +164,7 @@ def test_health_check(server: RunningServer) -> None:
             request_serializer=lambda name: b"\x0a" + bytes([len(name)]) + name.encode()
             if name else b"",
             response_deserializer=lambda data: data)
-        for service in ("", "inference.GRPCInferenceService"):
+        for service in ("", "inference.GRPCInferenceService", "readiness", "liveness"):
             assert check(service, timeout=10) == b"\x08\x01"
         with pytest.raises(grpc.RpcError) as raised:
             check("nope", timeout=10)

@@ -12,6 +12,7 @@ import threading
 import time
 from typing import Any
 
+import grpc
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
@@ -61,6 +62,18 @@ def _repo(root: pathlib.Path) -> pathlib.Path:
     return repo
 
 
+def _health(server: RunningServer, service: str) -> str:
+    """grpc.health.v1.Health/Check's status for `service`, as a Kubernetes gRPC probe asks
+    (the messages by hand, as tests/e2e/test_grpc_stream.py writes them)."""
+    with grpc.insecure_channel(server.grpc_url) as channel:
+        check = channel.unary_unary(
+            "/grpc.health.v1.Health/Check",
+            request_serializer=lambda name: b"\x0a" + bytes([len(name)]) + name.encode()
+            if name else b"",
+            response_deserializer=lambda data: data)
+        return {b"\x08\x01": "SERVING", b"\x08\x02": "NOT_SERVING"}[check(service, timeout=10)]
+
+
 def _wait(done, what: str, limit_s: float = 60.0) -> None:
     deadline = time.monotonic() + limit_s
     while not done():
@@ -86,6 +99,8 @@ def _while_loading(server: RunningServer, root: pathlib.Path) -> None:
         assert (root / "started").exists() and not (root / "gate").exists()
         assert http.is_server_live() and grpc.is_server_live()
         assert not http.is_server_ready() and not grpc.is_server_ready()
+        assert _health(server, "liveness") == "SERVING"  # Kubernetes' gRPC probes
+        assert _health(server, "") == _health(server, "readiness") == "NOT_SERVING"
         assert not http.is_model_ready("gated") and not grpc.is_model_ready("gated")
         states = {e["name"]: e.get("state") for e in http.get_model_repository_index()}
         assert states == {"identity": "READY", "slow": "READY", "gated": "LOADING"}

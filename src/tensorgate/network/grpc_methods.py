@@ -212,10 +212,15 @@ Handler = Callable[[DataPlane, Any], Awaitable[Any]]
 
 async def _health_check(dp: DataPlane, request: Any) -> Any:
     # "" is the whole server (what Kubernetes' gRPC probe asks by default); the inference
-    # service is the same thing: it serves when every model is ready.
-    if request.service not in ("", INFERENCE_SERVICE):
+    # service is the same thing: it serves when every model is ready ("readiness" too).
+    # "liveness" serves while the server runs, its models loading or not: the name a
+    # Kubernetes gRPC liveness probe gives in `service`, so a slow load is not restarted.
+    if request.service == "liveness":
+        return HealthCheckResponse(status=_SERVING if dp.live() else _NOT_SERVING)
+    if request.service not in ("", INFERENCE_SERVICE, "readiness"):
         raise NotFoundError(f"unknown service '{request.service}' for health checks; known: "
-                            f"'' (the server), '{INFERENCE_SERVICE}'")
+                            f"'' (the server, ready), '{INFERENCE_SERVICE}' and 'readiness' "
+                            f"(the same), 'liveness' (live)")
     return HealthCheckResponse(status=_SERVING if dp.ready() else _NOT_SERVING)
 
 
