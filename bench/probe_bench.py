@@ -108,7 +108,8 @@ def main() -> None:
                 print(f"round {r + 1}, {name}: {found[name][-1]}", flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    print(f"\nbuilt-in repository{f' + big, big_py ({args.megabytes} MB each)' if args.megabytes else ''}; "
+    added = f" + big, big_py ({args.megabytes} MB each)" if args.megabytes else ""
+    print(f"\nbuilt-in repository{added}; "
           f"a live and a ready probe every {args.period:g} s from launch; medians of "
           f"{args.rounds} starts (max over them for the probes' time)\n")
     print("| tree | first live answer s | ready s | live probes answered while loading "

@@ -3,9 +3,9 @@ stages.
 
 Start: settle process-wide knobs (switch interval), open the model repository, listen (live
 from here on), then load and warm every model (ready once all have: a request for a model
-still loading is answered that it is). Stop (Ctrl-C / SIGTERM / `stop()`): stop accepting connections,
-drain in-flight work within the deadline, answer what could not finish, close connections,
-release the models and the device.
+still loading is answered that it is). Stop (Ctrl-C / SIGTERM / `stop()`): stop accepting
+connections, drain in-flight work within the deadline, answer what could not finish, close
+connections, release the models and the device.
 """
 
 from __future__ import annotations
@@ -143,8 +143,8 @@ class Server:
         polling = config.model_control_mode == "poll"
         seen = await _fingerprints(repositories) if polling else None  # before loading
         explicit = config.model_control_mode == "explicit"
-        # Listen first, then load: live at once (a slow load needs no startup probe), ready
-        # once every model has loaded; a request for a model still loading is told so, one
+        # Listen first, then load: live at once (a liveness probe does not fail a slow load),
+        # ready once every model has loaded; a request for a model still loading is told so, one
         # for a model already loaded is served. A port another process holds fails the start
         # before any load.
         loading = self.engine.announce(config.load_models if explicit

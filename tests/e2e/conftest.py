@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import os
@@ -17,6 +18,7 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import grpc
 import numpy as np
 import pytest
 import tritonclient.http as httpclient
@@ -170,6 +172,29 @@ def stop_server(server: RunningServer) -> int:
     except subprocess.TimeoutExpired:
         server.process.kill()
         raise
+
+
+def health_check(url: str, service: str) -> str:
+    """grpc.health.v1.Health/Check's status for `service` at the gRPC `url`, as a Kubernetes
+    gRPC probe asks; its messages written by hand (health.proto: the request's field 1 is
+    the service's name, the response's field 1 its status; SERVING is 1, NOT_SERVING 2).
+    An error status is raised as grpc.RpcError."""
+    with grpc.insecure_channel(url) as channel:
+        check = channel.unary_unary(
+            "/grpc.health.v1.Health/Check",
+            request_serializer=lambda name: b"\x0a" + bytes([len(name)]) + name.encode()
+            if name else b"",
+            response_deserializer=lambda data: data)
+        return {b"\x08\x01": "SERVING", b"\x08\x02": "NOT_SERVING"}[check(service, timeout=10)]
+
+
+@contextlib.contextmanager
+def held_port() -> Iterator[int]:
+    """A port on 127.0.0.1 that this process listens on, for a server that must not get it."""
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        yield int(held.getsockname()[1])
 
 
 def stream_answers(answers: queue.Queue[tuple[Any, Any]], value: Callable[[Any], Any]

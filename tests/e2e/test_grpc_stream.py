@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from tritonclient.grpc import service_pb2 as pb
 
 from tests.e2e import h2_client as h2
-from tests.e2e.conftest import RunningServer, start_server, stop_server
+from tests.e2e.conftest import RunningServer, health_check, start_server, stop_server
 from tests.e2e.test_grpc_wire import _assert_serving, _port
 
 STREAM = "/inference.GRPCInferenceService/ModelStreamInfer"
@@ -156,20 +156,14 @@ def test_too_many_waiting_requests_end_the_stream(server: RunningServer) -> None
 
 
 def test_health_check(server: RunningServer) -> None:
-    """grpc.health.v1.Health/Check, its messages written by hand (health.proto: the request's
-    field 1 is the service's name, the response's field 1 its status; SERVING is 1)."""
-    with grpc.insecure_channel(server.grpc_url) as channel:
-        check = channel.unary_unary(
-            "/grpc.health.v1.Health/Check",
-            request_serializer=lambda name: b"\x0a" + bytes([len(name)]) + name.encode()
-            if name else b"",
-            response_deserializer=lambda data: data)
-        for service in ("", "inference.GRPCInferenceService", "readiness", "liveness"):
-            assert check(service, timeout=10) == b"\x08\x01"
-        with pytest.raises(grpc.RpcError) as raised:
-            check("nope", timeout=10)
-        assert raised.value.code() == grpc.StatusCode.NOT_FOUND
-        assert "unknown service 'nope' for health checks" in raised.value.details()
+    """grpc.health.v1.Health/Check: the server, the inference service and "readiness" are
+    its readiness, "liveness" its liveness (test_loading.py has them apart)."""
+    for service in ("", "inference.GRPCInferenceService", "readiness", "liveness"):
+        assert health_check(server.grpc_url, service) == "SERVING"
+    with pytest.raises(grpc.RpcError) as raised:
+        health_check(server.grpc_url, "nope")
+    assert raised.value.code() == grpc.StatusCode.NOT_FOUND
+    assert "unknown service 'nope' for health checks" in raised.value.details()
 
 
 def test_shutdown_answers_what_a_stream_sent_then_ends_it(e2e_repo, tmp_path) -> None:

@@ -1,25 +1,25 @@
 """The server listens while its models load: live at once, ready once every model has
 loaded; a request for a model still loading is answered that it is (HTTP 503, gRPC
 UNAVAILABLE), one for a model already loaded is served, and the repository index says
-LOADING. A port already held fails the start before any model loads."""
+LOADING. A stop meanwhile drains the loaded models and exits without waiting for the loads;
+a port already held fails the start before any model loads."""
 
 from __future__ import annotations
 
 import pathlib
 import queue
-import socket
 import threading
 import time
 from typing import Any
 
-import grpc
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from tests.e2e.conftest import RunningServer, start_server, stop_server
+from tests.e2e.conftest import (RunningServer, health_check, held_port, start_server,
+                                stop_server)
 from tests.pipeline import repo_builder as rb
 
 GATED = '''
@@ -62,18 +62,6 @@ def _repo(root: pathlib.Path) -> pathlib.Path:
     return repo
 
 
-def _health(server: RunningServer, service: str) -> str:
-    """grpc.health.v1.Health/Check's status for `service`, as a Kubernetes gRPC probe asks
-    (the messages by hand, as tests/e2e/test_grpc_stream.py writes them)."""
-    with grpc.insecure_channel(server.grpc_url) as channel:
-        check = channel.unary_unary(
-            "/grpc.health.v1.Health/Check",
-            request_serializer=lambda name: b"\x0a" + bytes([len(name)]) + name.encode()
-            if name else b"",
-            response_deserializer=lambda data: data)
-        return {b"\x08\x01": "SERVING", b"\x08\x02": "NOT_SERVING"}[check(service, timeout=10)]
-
-
 def _wait(done, what: str, limit_s: float = 60.0) -> None:
     deadline = time.monotonic() + limit_s
     while not done():
@@ -90,7 +78,7 @@ def _ones() -> tuple[httpclient.InferInput, grpcclient.InferInput]:
 
 
 def _while_loading(server: RunningServer, root: pathlib.Path) -> None:
-    """What the server answers while `gated` loads (identity has loaded)."""
+    """What the server answers while `gated` loads (identity and slow have loaded)."""
     http_in, grpc_in = _ones()
     with httpclient.InferenceServerClient(server.url) as http, \
             grpcclient.InferenceServerClient(server.grpc_url) as grpc:
@@ -99,8 +87,9 @@ def _while_loading(server: RunningServer, root: pathlib.Path) -> None:
         assert (root / "started").exists() and not (root / "gate").exists()
         assert http.is_server_live() and grpc.is_server_live()
         assert not http.is_server_ready() and not grpc.is_server_ready()
-        assert _health(server, "liveness") == "SERVING"  # Kubernetes' gRPC probes
-        assert _health(server, "") == _health(server, "readiness") == "NOT_SERVING"
+        assert health_check(server.grpc_url, "liveness") == "SERVING"  # Kubernetes' probes
+        for service in ("", "readiness"):
+            assert health_check(server.grpc_url, service) == "NOT_SERVING"
         assert not http.is_model_ready("gated") and not grpc.is_model_ready("gated")
         states = {e["name"]: e.get("state") for e in http.get_model_repository_index()}
         assert states == {"identity": "READY", "slow": "READY", "gated": "LOADING"}
@@ -176,11 +165,7 @@ def test_a_stop_while_models_load_drains_the_loaded_ones_and_exits_without_the_l
 def test_a_port_already_held_fails_the_start_before_any_model_loads(
         tmp_path: pathlib.Path) -> None:
     log = tmp_path / "server.log"
-    with socket.socket() as held:
-        held.bind(("127.0.0.1", 0))
-        held.listen()
-        port = held.getsockname()[1]
-        with pytest.raises(RuntimeError, match="server exited with 1"):
-            start_server(_repo(tmp_path), log, "--grpc-port", str(port))
+    with held_port() as port, pytest.raises(RuntimeError, match="server exited with 1"):
+        start_server(_repo(tmp_path), log, "--grpc-port", str(port))
     assert f"cannot listen for gRPC on 127.0.0.1 port {port}" in log.read_text()
     assert not (tmp_path / "started").exists()  # the gated model's load never began

@@ -6,7 +6,6 @@ settings."""
 from __future__ import annotations
 
 import pathlib
-import socket
 import subprocess
 import sys
 
@@ -16,7 +15,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
 from tensorgate.cli import triton_settings
-from tests.e2e.conftest import RunningServer, start_server, stop_server
+from tests.e2e.conftest import RunningServer, held_port, start_server, stop_server
 from tests.pipeline import repo_builder as rb
 
 
@@ -97,12 +96,8 @@ def test_a_port_already_held_stops_the_start_with_a_line_naming_it(
     repo = tmp_path / "models"
     rb.add_torchscript(repo, "identity", rb.Identity(), [4], [4])
     log = tmp_path / "server.log"
-    with socket.socket() as held:
-        held.bind(("127.0.0.1", 0))
-        held.listen()
-        port = held.getsockname()[1]
-        with pytest.raises(RuntimeError, match="server exited with 1"):
-            start_server(repo, log, flag, str(port))
+    with held_port() as port, pytest.raises(RuntimeError, match="server exited with 1"):
+        start_server(repo, log, flag, str(port))
     what = {"--http-port": "HTTP", "--grpc-port": "gRPC", "--metrics-port": "metrics"}[flag]
     text = log.read_text()
     assert (f"cannot listen for {what} on 127.0.0.1 port {port}: Address already in use "
