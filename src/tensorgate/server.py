@@ -39,6 +39,7 @@ from tensorgate.protocol.restricted import GRPC_PREFIX, parse_restrictions
 from tensorgate.tracing import ExportDone, Tracer
 from tensorgate.tracing_otlp import OtlpExporter
 from tensorgate.network.loop import run_loop
+from tensorgate.pipeline.cpu_quota import cgroup_cpu_limit, usable_cpus
 from tensorgate.pipeline.engine import Engine
 from tensorgate.pipeline.rate_limiter import RateLimiter, parse_resource_counts
 from tensorgate.pipeline.summary import parse_quantiles
@@ -202,6 +203,10 @@ class Server:
         print(f"connections: at most {budget.limit} (--max-connections)", flush=True)
         loop = type(asyncio.get_running_loop()).__module__.split(".")[0]
         print(f"event loop: {'uvloop' if loop == 'uvloop' else 'asyncio'} (--loop)", flush=True)
+        quota = cgroup_cpu_limit()
+        if quota is not None:
+            print(f"CPUs: {usable_cpus()} usable (cgroup CPU quota {quota:g}); torch's intra-op "
+                  f"threads and the placement count those", flush=True)
         if tls is not None:
             print("gRPC TLS: " + (f"mutual (clients' certificates checked against "
                                   f"{config.grpc_root_cert})" if config.grpc_use_ssl_mutual

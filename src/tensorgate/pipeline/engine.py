@@ -121,7 +121,7 @@ class Engine:
         self._pool = pool or default_pool()
         self._placement = plan_placement(placement)
         self._loop_load = LoopLoad()  # whether spares on the loop's core may run
-        compute = len(self._placement.compute_cpus) if self._placement else None
+        compute = self._placement.compute_threads if self._placement else None
         self._threads = intra_op_threads or compute or default_intra_op_threads()
         self._device = device
         self._postprocess = PostprocessPool(postprocess_workers)

@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import queue
 import threading
 import time
@@ -36,6 +35,7 @@ import torch
 from tensorgate.errors import DatatypeError, InternalError, InvalidArgumentError, TensorgateError
 from tensorgate.model import NO_PARAMETERS, ModelContext, RequestInfo
 from tensorgate.pipeline import heap
+from tensorgate.pipeline.cpu_quota import usable_cpus
 from tensorgate.pipeline.batching import gather_rows, split_rows
 from tensorgate.pipeline.cuda_graphs import CAPTURING, GraphSet, graph_batch_sizes, map_tensors
 from tensorgate.pipeline.generations import Generation, Generations
@@ -68,8 +68,9 @@ _DONE = object()  # what a finished generator gives `next`
 
 
 def default_intra_op_threads() -> int:
-    """All cores but one, so the event loop keeps a core to itself."""
-    return max(1, (os.cpu_count() or 2) - 1)
+    """All usable CPUs but one, so the event loop keeps a core to itself (usable: the
+    affinity, within a container's CPU quota: pipeline/cpu_quota.py)."""
+    return max(1, usable_cpus() - 1)
 
 
 class PostprocessPool:

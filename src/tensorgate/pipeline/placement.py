@@ -21,6 +21,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from tensorgate.pipeline.cpu_quota import usable_cpus
+
 __all__ = ["LIGHT_FORWARD_NS", "Placement", "pin_current_thread", "plan_placement"]
 
 LIGHT_FORWARD_NS = 500_000
@@ -30,18 +32,23 @@ LIGHT_FORWARD_NS = 500_000
 class Placement:
     loop_cpus: frozenset[int]
     compute_cpus: frozenset[int]
+    # torch's intra-op threads for an executor on compute_cpus: one a CPU, fewer where a
+    # container's CPU quota allows fewer CPUs than the affinity names (cpu_quota.py)
+    compute_threads: int
 
 
 def plan_placement(mode: str) -> Placement | None:
-    """A placement for `mode` "auto" on a Linux machine with two or more usable CPUs."""
+    """A placement for `mode` "auto" on a Linux machine with two or more usable CPUs
+    (a CPU quota of one CPU or less leaves one usable, whatever the affinity)."""
     if mode == "none" or not hasattr(os, "sched_getaffinity"):
         return None
     if mode != "auto":
         raise ValueError(f"placement must be 'auto' or 'none', got {mode!r}")
     cpus = sorted(os.sched_getaffinity(0))
-    if len(cpus) < 2:
+    usable = usable_cpus()
+    if len(cpus) < 2 or usable < 2:
         return None
-    return Placement(frozenset(cpus[:1]), frozenset(cpus[1:]))
+    return Placement(frozenset(cpus[:1]), frozenset(cpus[1:]), usable - 1)
 
 
 def pin_current_thread(cpus: frozenset[int]) -> None:
