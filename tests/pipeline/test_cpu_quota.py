@@ -68,14 +68,18 @@ def test_nothing_readable_is_no_quota(tmp_path: pathlib.Path) -> None:
 def test_threads_and_placement_count_the_quotas_cpus(
         monkeypatch: pytest.MonkeyPatch, quota: float | None, usable: int | None) -> None:
     """Rounded up (1.2 CPUs: 2 threads may each get 0.6), never above the affinity's; a
-    quota of a CPU or less leaves no core for the loop alone: no placement."""
-    affinity = len(os.sched_getaffinity(0))
+    quota of a CPU or less puts the loop and the executors on one core, one thread."""
+    cpus = sorted(os.sched_getaffinity(0))
     monkeypatch.setattr(cpu_quota, "cgroup_cpu_limit", lambda: quota)
-    expected = affinity if usable is None else min(affinity, usable)
+    expected = len(cpus) if usable is None else min(len(cpus), usable)
     assert cpu_quota.usable_cpus() == expected
     assert default_intra_op_threads() == max(1, expected - 1)
     planned = placement.plan_placement("auto")
-    if expected < 2 or affinity < 2:
+    if len(cpus) < 2:
         assert planned is None
+    elif expected < 2:
+        assert planned is not None and planned.shared and planned.compute_threads == 1
+        assert planned.loop_cpus == planned.compute_cpus == {cpus[0]}
     else:
-        assert planned is not None and planned.compute_threads == expected - 1
+        assert planned is not None and not planned.shared
+        assert planned.compute_threads == expected - 1

@@ -638,7 +638,8 @@ class Engine:
         """Whether an instance running `first`'s copy of a model on the loop's cores, as a
         spare, would add throughput: a heavy CPU model, placed by the server (no
         cpu_affinity), and not much slower there (SPARE_SLOWDOWN)."""
-        if self._placement is None or "cpu_affinity" in spec.parameters:
+        if self._placement is None or self._placement.shared \
+                or "cpu_affinity" in spec.parameters:
             return False
         return (first.settings.device.type == "cpu" and first.runner is not None
                 and first.runner.shareable and first.forward_ns is not None

@@ -36,18 +36,27 @@ class Placement:
     # container's CPU quota allows fewer CPUs than the affinity names (cpu_quota.py)
     compute_threads: int
 
+    @property
+    def shared(self) -> bool:
+        """Everything on the loop's cores (a quota of one CPU): no spare instances."""
+        return self.compute_cpus == self.loop_cpus
+
 
 def plan_placement(mode: str) -> Placement | None:
-    """A placement for `mode` "auto" on a Linux machine with two or more usable CPUs
-    (a CPU quota of one CPU or less leaves one usable, whatever the affinity)."""
+    """A placement for `mode` "auto" on a Linux machine with two or more CPUs. Where a
+    container's CPU quota allows one CPU or less, the loop and every executor share the
+    first core (`shared`): threads spread over the others would spend the quota in
+    parallel and be throttled together (bench/quota_bench.py)."""
     if mode == "none" or not hasattr(os, "sched_getaffinity"):
         return None
     if mode != "auto":
         raise ValueError(f"placement must be 'auto' or 'none', got {mode!r}")
     cpus = sorted(os.sched_getaffinity(0))
-    usable = usable_cpus()
-    if len(cpus) < 2 or usable < 2:
+    if len(cpus) < 2:
         return None
+    usable = usable_cpus()
+    if usable < 2:
+        return Placement(frozenset(cpus[:1]), frozenset(cpus[:1]), 1)
     return Placement(frozenset(cpus[:1]), frozenset(cpus[1:]), usable - 1)
 
 
