@@ -70,6 +70,7 @@ def test_threads_and_placement_count_the_quotas_cpus(
     """Rounded up (1.2 CPUs: 2 threads may each get 0.6), never above the affinity's; a
     quota of a CPU or less puts the loop and the executors on one core, one thread."""
     cpus = sorted(os.sched_getaffinity(0))
+    monkeypatch.setattr(cpu_quota, "_STARTED_WITH", len(cpus))
     monkeypatch.setattr(cpu_quota, "cgroup_cpu_limit", lambda: quota)
     expected = len(cpus) if usable is None else min(len(cpus), usable)
     assert cpu_quota.usable_cpus() == expected
@@ -83,3 +84,18 @@ def test_threads_and_placement_count_the_quotas_cpus(
     else:
         assert planned is not None and not planned.shared
         assert planned.compute_threads == expected - 1
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="Linux's affinity")
+def test_a_thread_pinned_later_does_not_narrow_the_count(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The engine pins the loop's thread to its core: the threads of an engine made there
+    afterwards still count the process's CPUs (before, os.cpu_count() did; the affinity of
+    the calling thread would say one)."""
+    monkeypatch.setattr(cpu_quota, "cgroup_cpu_limit", lambda: None)
+    cpus = os.sched_getaffinity(0)
+    expected = cpu_quota.usable_cpus()
+    try:
+        os.sched_setaffinity(0, {min(cpus)})
+        assert cpu_quota.usable_cpus() == expected
+    finally:
+        os.sched_setaffinity(0, cpus)

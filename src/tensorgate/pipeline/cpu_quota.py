@@ -21,13 +21,16 @@ from collections.abc import Callable
 __all__ = ["cgroup_cpu_limit", "usable_cpus"]
 
 _CGROUP_ROOT = pathlib.Path("/sys/fs/cgroup")
+# The affinity the process started with: sched_getaffinity(0) is the calling thread's, and
+# the engine pins the loop's thread (placement.py), so a later call there would see one CPU.
+_STARTED_WITH = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
+    else os.cpu_count() or 1
 
 
 def usable_cpus() -> int:
-    """The CPUs this process may keep busy at once: its affinity's count, at most its
-    cgroup quota's CPUs rounded up; at least 1."""
-    count = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
-        else os.cpu_count() or 1
+    """The CPUs this process may keep busy at once: its affinity's count at start, at most
+    its cgroup quota's CPUs rounded up; at least 1."""
+    count = _STARTED_WITH
     limit = cgroup_cpu_limit()
     if limit is not None:
         count = min(count, math.ceil(limit))
