@@ -26,6 +26,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -61,16 +62,18 @@ def server_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def serve(src: pathlib.Path, models: pathlib.Path, *extra: str
+def serve(src: pathlib.Path, models: pathlib.Path, *extra: str,
+          wrap: Callable[[list[str]], list[str]] = list
           ) -> tuple[subprocess.Popen[bytes], int, int]:
     """The server from `src`, ready: its process, HTTP port and gRPC port; `extra`: more of
-    its command line."""
+    its command line; `wrap`: the command as it is run (quota_bench.py: from a shell that
+    first enters a cgroup)."""
     port, grpc_port = free_port(), free_port()
     env = {**os.environ, "PYTHONPATH": str(src.resolve())}
-    process = subprocess.Popen(
+    process = subprocess.Popen(wrap(
         [sys.executable, "-m", "tensorgate", "serve", "--model-repository", str(models),
          "--http-port", str(port), "--grpc-port", str(grpc_port),
-         "--metrics-port", str(free_port()), *extra],
+         "--metrics-port", str(free_port()), *extra]),
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline:

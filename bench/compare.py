@@ -372,8 +372,9 @@ class Plan:
         default_factory=lambda: {"identity": 0.0, "resnet50": 0.16})
     # each point is first run unmeasured for this share of its length (at least 1 s), at
     # its own connection count: a server's first seconds at a new concurrency (new batch
-    # sizes, the connections' set-up) are not its steady state; measured straight, a fresh 64-connection identity point's P99 was 118 ms in one
-    # start and 20-30 ms in five others (the forty-seventh session's note)
+    # sizes, the connections' set-up) are not its steady state; measured straight, a fresh
+    # 64-connection identity point's P99 was 118 ms in one start and 20-30 ms in five
+    # others (the forty-seventh session's note)
     warm_share: float = 1 / 3
 
 

@@ -19,7 +19,6 @@ import os
 import pathlib
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -31,8 +30,7 @@ HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "src"))
 sys.path.insert(0, str(HERE))
 
-from ab_bench import add_tree_options, trees_of  # noqa: E402
-from compare_servers import free_port  # noqa: E402
+from ab_bench import add_tree_options, serve, trees_of  # noqa: E402
 from compare_wire import (OIP_BINARY, Connection, check_load, latency_figures,  # noqa: E402
                           raw_request, wrk_load)
 from tensorgate.builtin.repository import write_default_repository  # noqa: E402
@@ -78,34 +76,9 @@ class Quota:
                 time.sleep(0.1)
 
 
-def serve(src: pathlib.Path, models: pathlib.Path, quota: Quota
-          ) -> tuple[subprocess.Popen[bytes], int]:
-    port = free_port()
-    env = {**os.environ, "PYTHONPATH": str(src.resolve())}
-    process = subprocess.Popen(quota.enter_command(
-        [sys.executable, "-m", "tensorgate", "serve", "--model-repository", str(models),
-         "--http-port", str(port), "--grpc-port", str(free_port()),
-         "--metrics-port", str(free_port())]),
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        try:
-            connection = Connection(port, timeout=5)
-            status, _, _ = connection.exchange(
-                b"GET /v2/health/ready HTTP/1.1\r\nHost: x\r\n\r\n")
-            connection.close()
-            if status == 200:
-                return process, port
-        except OSError:
-            pass
-        time.sleep(0.1)
-    process.kill()
-    raise RuntimeError(f"the server from {src} was not ready in 120 s")
-
-
 def measure(src: pathlib.Path, models: pathlib.Path, quota: Quota, work: pathlib.Path,
             seconds: float) -> dict[str, Any]:
-    process, port = serve(src, models, quota)
+    process, port, _ = serve(src, models, wrap=quota.enter_command)
     before = quota.throttled()
     found: dict[str, Any] = {}
     try:
