@@ -41,6 +41,7 @@ from tensorgate.tracing_otlp import OtlpExporter
 from tensorgate.network.loop import run_loop
 from tensorgate.pipeline.cpu_quota import cgroup_cpu_limit, usable_cpus
 from tensorgate.pipeline.engine import Engine
+from tensorgate.pipeline.placement import thread_cpus
 from tensorgate.pipeline.rate_limiter import RateLimiter, parse_resource_counts
 from tensorgate.pipeline.summary import parse_quantiles
 from tensorgate.repository.layout import ModelRepositories
@@ -205,7 +206,7 @@ class Server:
         print(f"event loop: {'uvloop' if loop == 'uvloop' else 'asyncio'} (--loop)", flush=True)
         quota = cgroup_cpu_limit()
         if quota is not None:
-            print(f"CPUs: {usable_cpus()} usable (cgroup CPU quota {quota:g}); torch's intra-op "
+            print(f"CPUs: {usable_cpus(len(thread_cpus()))} usable (cgroup CPU quota {quota:g}); torch's intra-op "
                   f"threads and the placement count those", flush=True)
         if tls is not None:
             print("gRPC TLS: " + (f"mutual (clients' certificates checked against "

@@ -159,6 +159,20 @@ def test_unload_stops_the_spare_too(placement_repo: pathlib.Path) -> None:
         assert not thread.is_alive()
 
 
+def test_the_loops_thread_is_pinned_until_shutdown_and_then_given_back(
+        placement_repo: pathlib.Path, two_cpus: list[int]) -> None:
+    """An engine embedded in an application leaves its thread as it found it; one made on
+    the pinned thread meanwhile plans as the first did (it planned no placement at all)."""
+    async def scenario() -> None:
+        engine = Engine(placement_repo, placement="auto")
+        await engine.start(["light"])
+        assert os.sched_getaffinity(0) == {two_cpus[0]}
+        assert Engine(placement_repo, placement="auto")._placement == engine._placement
+        await engine.shutdown()
+        assert os.sched_getaffinity(0) == set(two_cpus)
+    run(scenario())
+
+
 def test_no_placement_no_spare(placement_repo: pathlib.Path) -> None:
     async def scenario() -> None:
         engine = Engine(placement_repo, placement="none")

@@ -14,23 +14,19 @@ the least quota winning (a parent's limit binds its children).
 from __future__ import annotations
 
 import math
-import os
 import pathlib
 from collections.abc import Callable
 
 __all__ = ["cgroup_cpu_limit", "usable_cpus"]
 
 _CGROUP_ROOT = pathlib.Path("/sys/fs/cgroup")
-# The affinity the process started with: sched_getaffinity(0) is the calling thread's, and
-# the engine pins the loop's thread (placement.py), so a later call there would see one CPU.
-_STARTED_WITH = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
-    else os.cpu_count() or 1
 
 
-def usable_cpus() -> int:
-    """The CPUs this process may keep busy at once: its affinity's count at start, at most
-    its cgroup quota's CPUs rounded up; at least 1."""
-    count = _STARTED_WITH
+def usable_cpus(affinity: int) -> int:
+    """The CPUs a thread allowed `affinity` CPUs may keep busy at once: at most its cgroup
+    quota's CPUs rounded up; at least 1. (The affinity is placement.thread_cpus()'s: the
+    engine pins its loop's thread, whose own affinity would then say one.)"""
+    count = affinity
     limit = cgroup_cpu_limit()
     if limit is not None:
         count = min(count, math.ceil(limit))

@@ -40,7 +40,8 @@ from tensorgate.pipeline.executor import (ExecutorSettings, ExecutorThread, Post
 from tensorgate.pipeline.model_options import (cpu_affinity, flag, int_parameter, not_acted_on,
                                                streams_per_instance)
 from tensorgate.pipeline.loop_load import LoopLoad
-from tensorgate.pipeline.placement import LIGHT_FORWARD_NS, pin_current_thread, plan_placement
+from tensorgate.pipeline.placement import (LIGHT_FORWARD_NS, pin_current_thread, plan_placement,
+                                           unpin_current_thread)
 from tensorgate.pipeline.postprocess import build_postprocessor
 from tensorgate.pipeline.rate_limiter import Claim, RateLimiter
 from tensorgate.pipeline.requests import (InferenceRequest, InferenceResult, strings_aside,
@@ -100,8 +101,8 @@ class Engine:
                  model_control: bool = False, latency_summaries: bool = False,
                  rate_limiter: RateLimiter | None = None, model_upload: bool = False) -> None:
         """`repository`: one folder or several, whose models share one namespace.
-        `placement="auto"` pins the thread that calls `start` (the loop's) to the first CPU
-        and places executors by cost (see pipeline/placement.py); "none" pins nothing.
+        `placement="auto"` pins the thread that calls `start` (the loop's) to the first CPU until
+        `shutdown` and places executors by cost (see pipeline/placement.py); "none" pins nothing.
         `response_cache_bytes` > 0: models with `response_cache { enable: true }` answer
         repeated requests from a cache of that size (pipeline/response_cache.py).
         `auto_complete`: Triton Python models' `auto_complete_config` completes their
@@ -139,6 +140,7 @@ class Engine:
         self._uploads: dict[str, pathlib.Path] = {}  # a model served from an upload: its folder
         self._bls: BlsBridge | None = None
         self._announced: list[str] | None = None  # what the next `start` loads, announced
+        self._pinned = False  # the loop's thread, pinned by `announce` until `shutdown`
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -154,8 +156,9 @@ class Engine:
                               ModelControl(self._model_control, self.load, self.unload,
                                            self.is_ready))
         python_backend.serve_bls(self._bls)
-        if self._placement is not None:
+        if self._placement is not None and not self._pinned:
             pin_current_thread(self._placement.loop_cpus)
+            self._pinned = True
         for name in names:
             self._loading[name] = self._loading.get(name, 0) + 1
         self._announced = names
@@ -347,7 +350,9 @@ class Engine:
                 await self._unload(model, drain_timeout_s, dependents=True)
 
     async def shutdown(self, drain_timeout_s: float = 10.0) -> None:
-        """Stop accepting, drain within the deadline, answer the rest, unload everything."""
+        """Stop accepting, drain within the deadline, answer the rest, unload everything, and
+        give the loop's thread back the CPUs it had (an engine embedded in an application
+        should not leave its thread pinned to one core)."""
         self._closing = True
         versions = [v for vs in self._models.values() for v in vs.values()]
         self._models = {}
@@ -358,6 +363,9 @@ class Engine:
         self._postprocess.shutdown()
         if self._bls is not None:
             python_backend.serve_bls(None, self._bls)
+        if self._pinned:
+            unpin_current_thread()
+            self._pinned = False
 
     async def _retire(self, versions: Iterable[_Version], drain_timeout_s: float) -> None:
         versions = list(versions)

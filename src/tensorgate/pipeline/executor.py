@@ -42,7 +42,8 @@ from tensorgate.pipeline.generations import Generation, Generations
 from tensorgate.pipeline.input_bounds import (bounded_spec, guard_dims, lows_raised,
                                               raised_least)
 from tensorgate.pipeline.idle_time import IdleTime, lowered_to_idle_time
-from tensorgate.pipeline.placement import (LIGHT_FORWARD_NS, Placement, pin_current_thread)
+from tensorgate.pipeline.placement import (LIGHT_FORWARD_NS, Placement, pin_current_thread,
+                                          thread_cpus)
 from tensorgate.pipeline.postprocess import Postprocessor
 from tensorgate.pipeline.ragged import batch_input_values, flatten, one_request, scatter
 from tensorgate.pipeline.response_streams import CREDIT_POLL_S, Outbox, ResponseStream
@@ -69,8 +70,9 @@ _DONE = object()  # what a finished generator gives `next`
 
 def default_intra_op_threads() -> int:
     """All usable CPUs but one, so the event loop keeps a core to itself (usable: the
-    affinity, within a container's CPU quota: pipeline/cpu_quota.py)."""
-    return max(1, usable_cpus() - 1)
+    calling thread's affinity before the engine pinned it, within a container's CPU quota:
+    pipeline/cpu_quota.py)."""
+    return max(1, usable_cpus(len(thread_cpus())) - 1)
 
 
 class PostprocessPool:

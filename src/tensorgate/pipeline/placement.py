@@ -19,13 +19,16 @@ model whose instance_group asks for two instances or more has its last one place
 from __future__ import annotations
 
 import os
+import threading
 from dataclasses import dataclass
 
 from tensorgate.pipeline.cpu_quota import usable_cpus
 
-__all__ = ["LIGHT_FORWARD_NS", "Placement", "pin_current_thread", "plan_placement"]
+__all__ = ["LIGHT_FORWARD_NS", "Placement", "pin_current_thread", "plan_placement", "thread_cpus",
+           "unpin_current_thread"]
 
 LIGHT_FORWARD_NS = 500_000
+_before_pin = threading.local()  # .cpus: a pinned thread's affinity before its first pin
 
 
 @dataclass(frozen=True)
@@ -51,15 +54,37 @@ def plan_placement(mode: str) -> Placement | None:
         return None
     if mode != "auto":
         raise ValueError(f"placement must be 'auto' or 'none', got {mode!r}")
-    cpus = sorted(os.sched_getaffinity(0))
+    cpus = thread_cpus()
     if len(cpus) < 2:
         return None
-    usable = usable_cpus()
+    usable = usable_cpus(len(cpus))
     if usable < 2:
         return Placement(frozenset(cpus[:1]), frozenset(cpus[:1]), 1)
     return Placement(frozenset(cpus[:1]), frozenset(cpus[1:]), usable - 1)
 
 
+def thread_cpus() -> list[int]:
+    """The calling thread's CPUs, in order, as they were before pin_current_thread pinned
+    it: what a placement divides and torch's threads count. The engine pins the thread that
+    starts it (the loop's) to one CPU; an engine made there later, or one made after the
+    first has shut down and unpinned it, still sees every CPU. A thread narrowed by other
+    means (os.sched_setaffinity, taskset) is taken as narrowed."""
+    if not hasattr(os, "sched_getaffinity"):
+        return list(range(os.cpu_count() or 1))
+    return sorted(getattr(_before_pin, "cpus", None) or os.sched_getaffinity(0))
+
+
 def pin_current_thread(cpus: frozenset[int]) -> None:
-    """Restrict the calling thread (not the process) to `cpus`; threads it starts inherit it."""
+    """Restrict the calling thread (not the process) to `cpus`; threads it starts inherit it.
+    Its affinity before the first pin is kept for thread_cpus and unpin_current_thread."""
+    if getattr(_before_pin, "cpus", None) is None:
+        _before_pin.cpus = frozenset(os.sched_getaffinity(0))
     os.sched_setaffinity(0, cpus)
+
+
+def unpin_current_thread() -> None:
+    """Give the calling thread back the affinity it had before pin_current_thread."""
+    cpus = getattr(_before_pin, "cpus", None)
+    if cpus is not None:
+        _before_pin.cpus = None
+        os.sched_setaffinity(0, cpus)
