@@ -8,7 +8,9 @@ bench/results/engine_bench.json.
 
 The direct call is the same TorchScript file, loaded, warmed and called on one thread with
 the same intra-op thread count and CPUs as the executor: the floor the engine is measured
-against. Direct and engine runs alternate in rounds, so the machine's noise hits both.
+against. Direct and engine runs alternate in rounds, so the machine's noise hits both. The
+engine's own time a request, outside the forward, is also read from its statistics (mean
+latency less the mean compute_infer of the same requests), which that noise cannot reach.
 """
 
 from __future__ import annotations
@@ -116,10 +118,10 @@ class DirectModel:
 
 
 async def engine_sequential(engine: Engine, model: str, shape: tuple[int, ...],
-                            n: int) -> list[int]:
+                            n: int, warm: int = 5) -> list[int]:
     x = torch.randn(shape)
     view = TensorView.from_torch(x, name="INPUT__0")
-    for _ in range(5):
+    for _ in range(warm):
         await engine.infer(InferenceRequest(model, {"INPUT__0": view}))
     samples = []
     for _ in range(n):
@@ -127,6 +129,16 @@ async def engine_sequential(engine: Engine, model: str, shape: tuple[int, ...],
         await engine.infer(InferenceRequest(model, {"INPUT__0": view}))
         samples.append(time.perf_counter_ns() - start)
     return samples
+
+
+STAGES = ("queue", "compute_input", "compute_infer", "compute_output", "success")
+
+
+def stage_times(engine: Engine, model: str) -> dict[str, int]:
+    """The model's time so far (ns) in each stage of its statistics, and its request count
+    ("success": a request's whole time in the engine, from its arrival to its answer)."""
+    stats = engine.statistics(model)[0]["inference_stats"]
+    return {"count": stats["success"]["count"], **{k: stats[k]["ns"] for k in STAGES}}
 
 
 async def with_background(engine: Engine, n: int, clients: int) -> tuple[list[int], int]:
@@ -172,29 +184,38 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
     repo = write_default_repository(pathlib.Path(tempfile.gettempdir()) / "tensorgate-bench-repo")
     threads = default_intra_op_threads()
     n_identity, n_resnet = (300, 40) if args.quick else (2000, 300)
-    rounds = 2 if args.quick else 5  # direct and engine alternate, so machine noise hits both
+    # Direct and engine alternate, so machine noise hits both: resnet50's P50 drifts by
+    # several ms from one minute to the next on these VMs, so it alternates every 20 calls.
+    rounds = {"identity": 2, "resnet50": 2} if args.quick else {"identity": 5, "resnet50": 15}
     pauses = GcPauses()
     engine = Engine(repo, device=args.device, placement=args.placement)
     await engine.start(["identity", "resnet50"])
     placement = plan_placement(args.placement)
     compute = placement.compute_cpus if placement else None
     samples: dict[str, dict[str, list[int]]] = {}
+    stages_us: dict[str, dict[str, float]] = {}  # the engine path's mean time by stage
     served = 0
     gc.callbacks.append(pauses)
     try:
         for model, n in (("identity", n_identity), ("resnet50", n_resnet)):
             direct = DirectModel(repo / model / "1" / "model.pt", args.device, threads, compute)
             paths: dict[str, list[int]] = {"direct": [], "engine": [], "engine_busy_loop": []}
-            for _ in range(rounds):
-                paths["direct"] += await direct.measure(n // rounds)
+            spent = dict.fromkeys(("count", *STAGES), 0)  # by the engine path's requests
+            for _ in range(rounds[model]):
+                paths["direct"] += await direct.measure(n // rounds[model])
+                await engine_sequential(engine, model, (1, 3, 224, 224), 0)  # its warm-ups
+                before = stage_times(engine, model)
                 paths["engine"] += await engine_sequential(engine, model, (1, 3, 224, 224),
-                                                           n // rounds)
+                                                           n // rounds[model], warm=0)
+                for key, value in stage_times(engine, model).items():
+                    spent[key] += value - before[key]
                 if model == "resnet50":
-                    busy, count = await with_background(engine, n // rounds, clients=4)
+                    busy, count = await with_background(engine, n // rounds[model], clients=4)
                     paths["engine_busy_loop"] += busy
                     served += count
             direct.close()
             samples[model] = {k: v for k, v in paths.items() if v}
+            stages_us[model] = {k: spent[k] / spent["count"] / 1e3 for k in STAGES}
         per_client = 2 if args.quick else (30 if args.device == "cuda" else 4)
         concurrent_16 = await concurrent_clients(engine, "resnet50", 16, per_client)
     finally:
@@ -202,6 +223,9 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
         await engine.shutdown()
     rows: dict[str, Any] = {m: {k: percentiles(v) for k, v in paths.items()}
                             for m, paths in samples.items()}
+    for model, stages in stages_us.items():
+        rows[model]["engine"]["stages_mean_us"] = stages
+        rows[model]["engine"]["mean_us"] = float(np.mean(samples[model]["engine"])) / 1e3
     rows["resnet50"]["background_identity_requests"] = served
     rows["resnet50"]["concurrent_16"] = concurrent_16
     return {"rows": rows, "gc": pauses.summary(), "intra_op_threads": threads,
@@ -244,6 +268,16 @@ def main() -> None:
         added50 = r["engine"]["p50_us"] - r["direct"]["p50_us"]
         ratio99 = r["engine"]["p99_us"] / r["direct"]["p99_us"]
         print(f"{model}: engine adds {added50:,.1f} µs at P50; P99 ratio {ratio99:.3f}")
+    print("the engine's own time a request (means, µs; hand-offs: the executor taking the "
+          "request and the loop its answer)")
+    print(f"{'model':<10}{'outside the forward':>20}{'queue':>8}{'input':>8}{'output':>8}"
+          f"{'hand-offs':>11}{'caller':>8}")
+    for model, r in rows.items():
+        st = r["engine"]["stages_mean_us"]
+        inside = st["queue"] + st["compute_input"] + st["compute_infer"] + st["compute_output"]
+        print(f"{model:<10}{r['engine']['mean_us'] - st['compute_infer']:>20,.1f}"
+              f"{st['queue']:>8,.1f}{st['compute_input']:>8,.1f}{st['compute_output']:>8,.1f}"
+              f"{st['success'] - inside:>11,.1f}{r['engine']['mean_us'] - st['success']:>8,.1f}")
     busy = rows["resnet50"]["engine_busy_loop"]
     print(f"resnet50 with a busy loop: P99 ratio {busy['p99_us'] / rows['resnet50']['direct']['p99_us']:.3f}"
           f" ({rows['resnet50']['background_identity_requests']} identity requests alongside)")
