@@ -16,6 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tensorgate.network.http import _HEAD_WINDOW
 from tests.e2e.conftest import RunningServer, still_serving
 
 IDENTITY = "/v2/models/identity/infer"
@@ -302,31 +303,145 @@ def test_a_client_that_sends_requests_and_never_reads_is_not_answered_into_memor
     still_serving(server)
 
 
-def test_requests_pipelined_in_one_write_get_the_first_answered_then_close(
+def test_requests_pipelined_in_one_write_are_all_answered_in_order(
         server: RunningServer) -> None:
-    """Two requests in one write: the first is answered with `Connection: close` and the
-    connection closes (a pipelining client sends the rest again, RFC 9112 §9.3.2)."""
-    ready = b"GET /v2/health/ready HTTP/1.1\r\nHost: t\r\n\r\n"
+    """Small requests in one write, as wrk's pipeline script and health checkers send them:
+    several begin in the read that ends the one before; each is answered, in order, on the
+    one connection, which stays open (the first used to be answered with `Connection:
+    close` and the rest dropped)."""
+    body = json.dumps({"inputs": [{"name": "INPUT__0", "shape": [1, 4], "datatype": "FP32",
+                                   "data": [1, 2, 3, 4]}]}).encode()
+    sent = [b"GET /v2/health/ready HTTP/1.1\r\nHost: t\r\n\r\n",
+            request("/v2/models/paced/infer", body),
+            b"GET /v2/models/paced HTTP/1.1\r\nHost: t\r\n\r\n",
+            b"GET /v2/no/such/route HTTP/1.1\r\nHost: t\r\n\r\n",
+            b"HEAD /v2/health/live HTTP/1.1\r\nHost: t\r\n\r\n",
+            request("/v2/models/paced/infer", body)] * 3
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+        sock.sendall(b"".join(sent))
+        rest = b""
+        for _ in range(3):
+            head, answer, rest = _read_response(sock, rest)
+            assert head.startswith(b"HTTP/1.1 200") and json.loads(answer) == {"ready": True}
+            head, answer, rest = _read_response(sock, rest)
+            assert json.loads(answer)["outputs"][0]["data"] == [3.0, 5.0, 7.0, 9.0]
+            head, answer, rest = _read_response(sock, rest)
+            assert json.loads(answer)["name"] == "paced"
+            head, answer, rest = _read_response(sock, rest)
+            assert head.startswith(b"HTTP/1.1 404") and error_of(answer)
+            head, answer, rest = _read_head(sock, rest)  # HEAD: a length, no body
+            assert head.startswith(b"HTTP/1.1 200")
+            head, answer, rest = _read_response(sock, rest)
+            assert head.startswith(b"HTTP/1.1 200") and b"Connection: close" not in head
+            assert json.loads(answer)["outputs"][0]["data"] == [3.0, 5.0, 7.0, 9.0]
+        assert rest == b""
+        sock.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: t\r\n\r\n")  # still open
+        assert _read_response(sock, rest)[0].startswith(b"HTTP/1.1 200")
+    still_serving(server)
+
+
+@pytest.mark.parametrize("before_the_cut", [0, 1, 2, 3, 4])
+def test_a_pipelined_request_after_a_blank_line_cut_across_reads_is_answered(
+        server: RunningServer, before_the_cut: int) -> None:
+    """The first request's header block ends across the server's first read (its head
+    window) `before_the_cut` bytes of its blank line in the first, the rest with a body and
+    the next request's start in the second: the server finds where the next begins from
+    what the first read ended with, and answers both in order on the open connection."""
+    body = json.dumps({"inputs": [{"name": "INPUT__0", "shape": [1, 4], "datatype": "FP32",
+                                   "data": [1, 2, 3, 4]}]}).encode()
+    bare = request("/v2/models/paced/infer", body, {"X-Pad": ""})
+    head = bare[:len(bare) - len(body) - 4]  # up to the blank line's \r\n\r\n
+    pad = _HEAD_WINDOW - before_the_cut - len(head)
+    first = head.replace(b"X-Pad: ", b"X-Pad: " + b"p" * pad) + b"\r\n\r\n" + body
+    assert first.index(b"\r\n\r\n") == _HEAD_WINDOW - before_the_cut
     model = b"GET /v2/models/paced HTTP/1.1\r\nHost: t\r\n\r\n"
     with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
-        sock.sendall(ready + model)
-        head, _, rest = _read_response(sock)
+        sock.sendall(first + model)
+        head, answer, rest = _read_response(sock)
+        assert head.startswith(b"HTTP/1.1 200") and b"Connection: close" not in head
+        assert json.loads(answer)["outputs"][0]["data"] == [3.0, 5.0, 7.0, 9.0]
+        head, answer, rest = _read_response(sock, rest)
+        assert head.startswith(b"HTTP/1.1 200") and json.loads(answer)["name"] == "paced"
+    still_serving(server)
+
+
+@settings(max_examples=40, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.tuples(st.sampled_from(["ready", "infer", "metadata", "missing"]),
+                          st.integers(min_value=0, max_value=300),
+                          st.sampled_from([b"", b"\r\n"])), min_size=2, max_size=8))
+def test_pipelined_requests_of_any_lengths_are_answered_in_order(
+        server: RunningServer, sent: list[tuple[str, int, bytes]]) -> None:
+    """Requests of any head and body lengths in one write (so the server's 256-byte reads
+    end anywhere in them: in a blank line, a body, a next request's head), some after an
+    empty line (which a request line may follow): every one is answered, in order."""
+    body = json.dumps({"inputs": [{"name": "INPUT__0", "shape": [1, 4], "datatype": "FP32",
+                                   "data": [1, 2, 3, 4]}]}).encode()
+    raw = b""
+    for kind, pad, empty_line in sent:
+        headers = {"X-Pad": "p" * pad}
+        raw += empty_line + {
+            "ready": request("/v2/health/ready", b"", headers, method="GET"),
+            "infer": request("/v2/models/paced/infer", body, headers),
+            "metadata": request("/v2/models/paced", b"", headers, method="GET"),
+            "missing": request("/v2/no/such/route", b"", headers, method="GET")}[kind]
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+        sock.sendall(raw)
+        rest = b""
+        for kind, _, _ in sent:
+            head, answer, rest = _read_response(sock, rest)
+            assert b"Connection: close" not in head, (kind, head)
+            if kind == "missing":
+                assert head.startswith(b"HTTP/1.1 404") and error_of(answer)
+                continue
+            assert head.startswith(b"HTTP/1.1 200"), (kind, head, answer)
+            if kind == "infer":
+                assert json.loads(answer)["outputs"][0]["data"] == [3.0, 5.0, 7.0, 9.0]
+            else:
+                assert json.loads(answer) == ({"ready": True} if kind == "ready"
+                                              else json.loads(answer) | {"name": "paced"})
+
+
+def test_a_request_pipelined_after_a_chunked_one_gets_the_first_answered_then_close(
+        server: RunningServer) -> None:
+    """After a chunked body, where the next request begins in the same read is not told:
+    the first is answered with `Connection: close` and the connection closes (a pipelining
+    client sends the rest again, RFC 9112 §9.3.2)."""
+    body = json.dumps({"inputs": [{"name": "INPUT__0", "shape": [1, 4], "datatype": "FP32",
+                                   "data": [1, 2, 3, 4]}]}).encode()
+    chunked = (b"POST /v2/models/paced/infer HTTP/1.1\r\nHost: t\r\n"
+               b"Transfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n0\r\n\r\n" % (len(body), body))
+    model = b"GET /v2/models/paced HTTP/1.1\r\nHost: t\r\n\r\n"
+    assert len(chunked + model) <= 256  # one read of the server's head window
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+        sock.sendall(chunked + model)
+        head, answer, rest = _read_response(sock)
         assert head.startswith(b"HTTP/1.1 200") and b"Connection: close" in head
+        assert json.loads(answer)["outputs"][0]["data"] == [3.0, 5.0, 7.0, 9.0]
         while chunk := sock.recv(65536):
             rest += chunk
         assert rest == b""  # closed, nothing more answered
     still_serving(server)
 
 
+def _read_head(sock: socket.socket, data: bytes) -> tuple[bytes, bytes, bytes]:
+    """A response to HEAD: its head only (its Content-Length names a body not sent)."""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        assert chunk, f"closed before a whole response: {data!r}"
+        data += chunk
+    head, _, rest = data.partition(b"\r\n\r\n")
+    return head, b"", rest
+
+
 @settings(max_examples=25, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.lists(st.integers(min_value=1, max_value=600), min_size=1, max_size=6))
-def test_two_requests_cut_anywhere_get_their_answers_in_order_or_a_close(
+def test_two_requests_cut_anywhere_get_their_answers_in_order(
         server: RunningServer, cuts: list[int]) -> None:
     """Two identity requests on one connection, their bytes sent in pieces cut anywhere
     (some pieces arriving while the first is served, some with the end of the one before):
-    the first is always answered; the second too, in order, unless the server closed the
-    connection after the first (pipelined in one read, `Connection: close`)."""
+    both are answered, in order, and the connection stays open."""
     body, headers = binary_body(identity_header(48), TENSOR)
     one = request(IDENTITY, body, headers)
     raw = one + one
@@ -336,16 +451,11 @@ def test_two_requests_cut_anywhere_get_their_answers_in_order_or_a_close(
         for piece in pieces:
             sock.sendall(piece)
         head, first, rest = _read_response(sock)
-        assert head.startswith(b"HTTP/1.1 200"), head
+        assert head.startswith(b"HTTP/1.1 200") and b"Connection: close" not in head, head
         assert json.loads(first)["outputs"][0]["data"] == list(range(12))
-        if b"Connection: close" in head:
-            while chunk := sock.recv(65536):
-                rest += chunk
-            assert rest == b""
-        else:
-            head, second, _ = _read_response(sock, rest)
-            assert head.startswith(b"HTTP/1.1 200"), head
-            assert json.loads(second)["outputs"][0]["data"] == list(range(12))
+        head, second, _ = _read_response(sock, rest)
+        assert head.startswith(b"HTTP/1.1 200") and b"Connection: close" not in head, head
+        assert json.loads(second)["outputs"][0]["data"] == list(range(12))
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -76,11 +76,16 @@ async def _exchange(port: int, data: bytes) -> bytes:
 @pytest.mark.parametrize("first", [CHUNKED, SIZED, READY], ids=["chunked", "sized", "bare"])
 def test_a_request_with_the_next_in_the_same_read_frees_its_connection(
         tmp_path: pathlib.Path, collector_off: None, first: bytes) -> None:
-    """The first is answered with Connection: close (http.py's docstring); the connection,
-    and the chunked body's pooled buffer, are freed when it closes."""
+    """Both are answered, the second closing the connection as it asks; after a chunked
+    body, where the next request begins is not told, and the first is answered with
+    Connection: close (http.py's docstring). The connection, the held bytes and the chunked
+    body's pooled buffer are freed when it closes."""
+    last = READY.replace(b"Host: x\r\n", b"Host: x\r\nConnection: close\r\n")
+
     async def talk(http_port: int, grpc_port: int) -> None:
-        answer = await _exchange(http_port, first + READY)
+        answer = await _exchange(http_port, first + last)
         assert answer.startswith(b"HTTP/1.1 200") and b"Connection: close" in answer
+        assert answer.count(b"HTTP/1.1 200") == (1 if first is CHUNKED else 2)
 
     assert asyncio.run(_served(tmp_path, talk)) == (0, Counter())
 

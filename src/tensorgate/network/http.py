@@ -10,10 +10,12 @@ the output tensors, never joined. Bodies over the limit are refused before they 
 One request at a time per connection; while one is served the socket is still read, so
 that a client that goes away (EOF) cancels its request — queued, it never runs; rescheduled,
 its model is told — as nginx answers 499. Bytes that come meanwhile (a pipelined request)
-are held, reading pauses, and they are parsed once the answer is out. A request that
-begins in the same read as the end of the one before is not parsed: the first is answered
-with `Connection: close`, and the client sends the rest again on a new connection (as
-RFC 9112 §9.3.2 has pipelining clients do).
+are held, reading pauses, and they are parsed once the answer is out; so are those of a
+request that begins in the same read as the end of the one before (`_hold_next`), which
+answers in order a client that pipelines small requests in one write (wrk's pipeline
+script, a health checker). Where that read cannot be cut (a chunked body before it), the
+first is answered with `Connection: close`, and the client sends the rest again on a new
+connection (as RFC 9112 §9.3.2 has pipelining clients do).
 
 A connection closed after an answer while the client may still be sending (a body we will
 not read, a pipelined request) closes lingering (RFC 9112 §9.6): our side is shut for
@@ -74,6 +76,19 @@ _REASONS = {200: "OK", 400: "Bad Request", 403: "Forbidden", 404: "Not Found",
 
 
 _NO_PARSER = httptools.HttpRequestParser(object())  # a closed connection's: never fed
+
+
+def _blank_line(state: int, data: memoryview) -> int:
+    """How much of a blank line's b"\r\n\r\n" `data` ends with, where the bytes before it
+    ended with `state` of it (4: the whole, the header block's end)."""
+    for byte in data:
+        if byte == 13:  # \r
+            state = 3 if state == 2 else 1
+        elif byte == 10 and state in (1, 3):  # \n
+            state += 1
+        else:
+            state = 0
+    return state
 
 
 class _Pipelined(Exception):
@@ -163,6 +178,7 @@ class _Connection(asyncio.BufferedProtocol):
     _body_memory: memoryview | None  # where a sized body is read to: a pooled buffer
     _received: int
     _head_bytes: int
+    _blank: int                  # how much of b"\r\n\r\n" the head's bytes so far end with
     _complete: bool
     _begun: bool                 # a byte of this request has arrived
     _last_read: float            # time.monotonic() of the last bytes (or of the last answer)
@@ -273,25 +289,67 @@ class _Connection(asyncio.BufferedProtocol):
             self._refuse(400, "protocol upgrades are not supported")
             return
         except httptools.HttpParserError as error:
-            self._parse_failed(error)
-            return
+            if not self._pipelined(error, nbytes):
+                return
+            # the first request is whole: dispatched below, out of this handler (answered
+            # at once, the next would be parsed inside it, and its own error's context
+            # would be this one rather than what its callback raised)
         if self._complete:
             self._dispatch()
-        elif self._headers_done and self._chunked is None:
+        elif not self._headers_done:  # (what a blank line ending in the next read began as)
+            self._blank = _blank_line(self._blank if nbytes < 3 else 0,
+                                      self._window[max(nbytes - 3, 0):nbytes])
+        elif self._chunked is None:
             self._in_body = True  # the rest of the body goes straight into its buffer
 
-    def _parse_failed(self, error: httptools.HttpParserError) -> None:
+    def _pipelined(self, error: httptools.HttpParserError, nbytes: int) -> bool:
+        """True where a second request began in the read of `nbytes` that ended the first
+        (its bytes held, or the first to be answered with `Connection: close`); else the
+        request is refused, and False."""
         # (a method of its own: its cause, raised in a callback below buffer_updated, has a
         # traceback whose frames lead back to buffer_updated's, so a local of that frame
         # holding it was a cycle, and the connection waited for the garbage collector)
         cause = error.__context__
-        if isinstance(cause, _Pipelined):  # answer the first, then close
-            self._keep_alive = False
-            self._dispatch()
-        elif isinstance(cause, _Refusal):
+        if isinstance(cause, _Pipelined):
+            self._hold_next(nbytes)
+            return True
+        if isinstance(cause, _Refusal):
             self._refuse(cause.code, cause.message)
         else:
             self._refuse(400, f"malformed HTTP request: {error}")
+        return False
+
+    def _hold_next(self, nbytes: int) -> None:
+        """Keep the bytes of the request that began in this read of `nbytes` after the end
+        of the one just parsed, to be parsed once that one is answered (as those read while
+        it is served are). httptools does not say where a message ended, so it is found:
+        the header block ended in this read (a body that had not arrived whole by then was
+        read into its buffer, never the window), at its blank line — begun in the read
+        before where `_blank` says so, else the window's first — and Content-Length bytes
+        of body follow. After a chunked body that is not told, and the first is answered
+        with `Connection: close`: the client sends the rest again on a new connection
+        (RFC 9112 §9.3.2)."""
+        request = self._request
+        start = -1
+        if "transfer-encoding" not in request.headers:
+            window = self._window
+            head_end = 4 - self._blank
+            if not self._blank or _blank_line(self._blank, window[:head_end]) != 4:
+                skipped = 0  # (empty lines before a request line, which llhttp skips)
+                if self._head_bytes == nbytes:  # the request began in this read
+                    while skipped < nbytes and window[skipped] in b"\r\n":
+                        skipped += 1
+                found = cast(bytearray, window.obj).find(b"\r\n\r\n", skipped, nbytes)
+                head_end = found + 4 if found >= 0 else -1
+            if head_end >= 0:
+                start = head_end + request.length
+        if not 0 < start < nbytes:
+            self._keep_alive = False
+            return
+        self._held = nbytes - start
+        self._hold[:self._held] = self._window[start:nbytes]
+        assert self.transport is not None
+        self.transport.pause_reading()  # (the hold is the window's size: it may be full)
 
     # -- httptools callbacks ---------------------------------------------------------------
 
@@ -423,6 +481,7 @@ class _Connection(asyncio.BufferedProtocol):
         self._body_memory = None
         self._received = 0
         self._head_bytes = 0
+        self._blank = 0
         self._complete = False
         self._begun = False
         self._last_read = time.monotonic()  # the keep-alive wait starts now
