@@ -63,7 +63,7 @@ fi
 if step engine; then
   echo "== engine benchmark ($device)"
   timeout 90 python3 bench/engine_bench.py --device "$device" --placement none --quick 2>&1 \
-    | tail -16
+    | tail -22
   cp "bench/results/engine_bench_$device.json" "$OUT/" 2>/dev/null || true
 fi
 if step compare; then
