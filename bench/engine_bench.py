@@ -268,8 +268,8 @@ def main() -> None:
         added50 = r["engine"]["p50_us"] - r["direct"]["p50_us"]
         ratio99 = r["engine"]["p99_us"] / r["direct"]["p99_us"]
         print(f"{model}: engine adds {added50:,.1f} µs at P50; P99 ratio {ratio99:.3f}")
-    print("the engine's own time a request (means, µs; hand-offs: the executor taking the "
-          "request and the loop its answer)")
+    print("the engine's own time a request (means, µs; queue: until its executor starts it; "
+          "hand-offs: from the batch's end there until the loop records the answer)")
     print(f"{'model':<10}{'outside the forward':>20}{'queue':>8}{'input':>8}{'output':>8}"
           f"{'hand-offs':>11}{'caller':>8}")
     for model, r in rows.items():

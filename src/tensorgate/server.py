@@ -206,8 +206,9 @@ class Server:
         print(f"event loop: {'uvloop' if loop == 'uvloop' else 'asyncio'} (--loop)", flush=True)
         quota = cgroup_cpu_limit()
         if quota is not None:
-            print(f"CPUs: {usable_cpus(len(thread_cpus()))} usable (cgroup CPU quota {quota:g}); torch's intra-op "
-                  f"threads and the placement count those", flush=True)
+            print(f"CPUs: {usable_cpus(len(thread_cpus()))} usable (cgroup CPU quota "
+                  f"{quota:g}); torch's intra-op threads and the placement count those",
+                  flush=True)
         if tls is not None:
             print("gRPC TLS: " + (f"mutual (clients' certificates checked against "
                                   f"{config.grpc_root_cert})" if config.grpc_use_ssl_mutual

@@ -178,7 +178,8 @@ class _Connection(asyncio.BufferedProtocol):
     _body_memory: memoryview | None  # where a sized body is read to: a pooled buffer
     _received: int
     _head_bytes: int
-    _blank: int                  # how much of b"\r\n\r\n" the head's bytes so far end with
+    _message_begun: bool         # its request line has begun (empty lines before it skipped)
+    _blank: int                  # how much of b"\r\n\r\n" its head's reads so far end with
     _complete: bool
     _begun: bool                 # a byte of this request has arrived
     _last_read: float            # time.monotonic() of the last bytes (or of the last answer)
@@ -278,6 +279,7 @@ class _Connection(asyncio.BufferedProtocol):
         if not self._begun:
             self._begun = True
             self._request.began_ns = time.monotonic_ns()
+        begun = self._message_begun  # (else the window may start with empty lines)
         try:
             if self._head_bytes > _MAX_HEAD and not self._headers_done:
                 raise _Refusal(431, f"request headers exceed {_MAX_HEAD} bytes")
@@ -289,29 +291,30 @@ class _Connection(asyncio.BufferedProtocol):
             self._refuse(400, "protocol upgrades are not supported")
             return
         except httptools.HttpParserError as error:
-            if not self._pipelined(error, nbytes):
+            if not self._pipelined(error, nbytes, begun):
                 return
             # the first request is whole: dispatched below, out of this handler (answered
             # at once, the next would be parsed inside it, and its own error's context
             # would be this one rather than what its callback raised)
         if self._complete:
             self._dispatch()
-        elif not self._headers_done:  # (what a blank line ending in the next read began as)
-            self._blank = _blank_line(self._blank if nbytes < 3 else 0,
-                                      self._window[max(nbytes - 3, 0):nbytes])
+        elif not self._headers_done:
+            if self._message_begun:  # (what of a blank line it ends with, for _hold_next)
+                self._blank = _blank_line(self._blank if nbytes < 3 else 0,
+                                          self._window[max(nbytes - 3, 0):nbytes])
         elif self._chunked is None:
             self._in_body = True  # the rest of the body goes straight into its buffer
 
-    def _pipelined(self, error: httptools.HttpParserError, nbytes: int) -> bool:
+    def _pipelined(self, error: httptools.HttpParserError, nbytes: int, begun: bool) -> bool:
         """True where a second request began in the read of `nbytes` that ended the first
         (its bytes held, or the first to be answered with `Connection: close`); else the
-        request is refused, and False."""
+        request is refused, and False. `begun`: the first's request line began before."""
         # (a method of its own: its cause, raised in a callback below buffer_updated, has a
         # traceback whose frames lead back to buffer_updated's, so a local of that frame
         # holding it was a cycle, and the connection waited for the garbage collector)
         cause = error.__context__
         if isinstance(cause, _Pipelined):
-            self._hold_next(nbytes)
+            self._hold_next(nbytes, begun)
             return True
         if isinstance(cause, _Refusal):
             self._refuse(cause.code, cause.message)
@@ -319,26 +322,27 @@ class _Connection(asyncio.BufferedProtocol):
             self._refuse(400, f"malformed HTTP request: {error}")
         return False
 
-    def _hold_next(self, nbytes: int) -> None:
+    def _hold_next(self, nbytes: int, begun: bool) -> None:
         """Keep the bytes of the request that began in this read of `nbytes` after the end
         of the one just parsed, to be parsed once that one is answered (as those read while
         it is served are). httptools does not say where a message ended, so it is found:
         the header block ended in this read (a body that had not arrived whole by then was
         read into its buffer, never the window), at its blank line — begun in the read
-        before where `_blank` says so, else the window's first — and Content-Length bytes
-        of body follow. After a chunked body that is not told, and the first is answered
-        with `Connection: close`: the client sends the rest again on a new connection
-        (RFC 9112 §9.3.2)."""
+        before where `_blank` says so, else the window's first after the empty lines llhttp
+        skips before a request line (where it had not `begun` before this read) — and
+        Content-Length bytes of body follow (llhttp takes CRLF line ends only, refuses a
+        second Content-Length and one beside Transfer-Encoding). After a chunked body that
+        is not told, and the first is answered with `Connection: close`: the client sends
+        the rest again on a new connection (RFC 9112 §9.3.2)."""
         request = self._request
         start = -1
         if "transfer-encoding" not in request.headers:
             window = self._window
             head_end = 4 - self._blank
             if not self._blank or _blank_line(self._blank, window[:head_end]) != 4:
-                skipped = 0  # (empty lines before a request line, which llhttp skips)
-                if self._head_bytes == nbytes:  # the request began in this read
-                    while skipped < nbytes and window[skipped] in b"\r\n":
-                        skipped += 1
+                skipped = 0
+                while not begun and skipped < nbytes and window[skipped] in b"\r\n":
+                    skipped += 1
                 found = cast(bytearray, window.obj).find(b"\r\n\r\n", skipped, nbytes)
                 head_end = found + 4 if found >= 0 else -1
             if head_end >= 0:
@@ -356,6 +360,7 @@ class _Connection(asyncio.BufferedProtocol):
     def on_message_begin(self) -> None:
         if self._complete:
             raise _Pipelined
+        self._message_begun = True
 
     def on_url(self, url: bytes) -> None:
         self._url += url
@@ -481,6 +486,7 @@ class _Connection(asyncio.BufferedProtocol):
         self._body_memory = None
         self._received = 0
         self._head_bytes = 0
+        self._message_begun = False
         self._blank = 0
         self._complete = False
         self._begun = False
