@@ -10,7 +10,9 @@ inputs load, upload (files at paths in the model's folder and out of it, in base
 and long enough to be decoded in slices, and not base64) and unload the models `up` (not in
 the repository) and `spare` (a copy of `ident`). A finding is anything the server did not mean:
 an exception it logged as unexpected (any record with a traceback), an exception the loop
-caught, the server no longer answering a plain request on a connection of its own, or, every
+caught, more HTTP requests run on an input's connection than it framed as their bytes are
+(one run twice, or a body's bytes run as a request: where one ended was misread), the
+server no longer answering a plain request on a connection of its own, or, every
 500 inputs (TG_FUZZ_CHECK_EVERY), anything held once every connection has closed
 (held_after_quiet), an upload's folder among them; automatic collections are off, so that a
 check sees every reference cycle made since the last. `grpc-tls` sends the gRPC inputs over TLS
@@ -183,6 +185,7 @@ def exchange(port: int, data: bytes, done: Any = None, quiet_s: float = 0.01,
     (over TLS, without a close_notify)."""
     answer = bytearray()
     with socket.create_connection(("127.0.0.1", port), timeout=limit_s) as plain:
+        _CLIENT_PORT[0] = plain.getsockname()[1]
         sock = plain
         if tls is not None:
             plain.settimeout(10.0)  # a bound for a busy server, as still_serving's
@@ -403,10 +406,22 @@ METHODS = [b"POST", b"GET", b"HEAD", b"PUT", b"DELETE", b"OPTIONS", b"P\x00ST"]
 _READ_ONLY = ("/v2/trace/setting", "/v2/logging")
 
 
+_CLIENT_PORT = [0]  # the local port of exchange's latest connection
+# How many requests the last http_input framed as their bytes are (each Content-Length its
+# body's, every chunked body ended, nothing appended): the server may run no more of them
+# (one it ran twice, or bytes of a body it ran as a request, misread where one ended); None
+# where the input's framing is its own to read.
+_HTTP_FRAMED: list[int | None] = [None]
+
+
 def http_input(data: bytes) -> bytes:
     fdp = atheris.FuzzedDataProvider(data)
     out = bytearray()
-    for _ in range(fdp.ConsumeIntInRange(1, 3)):
+    count = fdp.ConsumeIntInRange(1, 3)
+    framed = True
+    for _ in range(count):
+        if fdp.ConsumeProbability() < 0.1:  # empty lines, which may come before a request
+            out += _choice(fdp, [b"\r\n", b"\n"]) * fdp.ConsumeIntInRange(1, 200)
         path = _choice(fdp, HTTP_PATHS)
         method = _choice(fdp, METHODS)
         if path in _READ_ONLY and method != b"GET":
@@ -447,6 +462,9 @@ def http_input(data: bytes) -> bytes:
             headers.append(b"Connection: " + _choice(fdp, [b"close", b"keep-alive", b"upgrade"]))
         if fdp.ConsumeProbability() < 0.1:
             headers.append(fdp.ConsumeBytes(fdp.ConsumeIntInRange(0, 40)))
+            framed = False  # (a second Content-Length, a Transfer-Encoding: refused or not)
+        if fdp.ConsumeProbability() < 0.2:  # heads of any length: reads of 256 bytes end
+            headers.append(b"X-Pad: " + b"p" * fdp.ConsumeIntInRange(0, 300))  # anywhere
         chunked = fdp.ConsumeProbability() < 0.2
         if chunked:
             headers.append(b"Transfer-Encoding: chunked")
@@ -455,16 +473,37 @@ def http_input(data: bytes) -> bytes:
                 size = fdp.ConsumeIntInRange(1, 64)
                 pieces.append(b"%x\r\n%s\r\n" % (size, body[at:at + size]))
                 at += size
-            body = b"".join(pieces) + (b"0\r\n\r\n" if fdp.ConsumeProbability() < 0.9 else b"")
+            ended = fdp.ConsumeProbability() < 0.9
+            body = b"".join(pieces) + (b"0\r\n\r\n" if ended else b"")
+            framed = framed and ended
         else:
             length = len(body) if fdp.ConsumeProbability() < 0.9 else \
                 fdp.ConsumeIntInRange(0, len(body) + 8)
             headers.append(b"Content-Length: %d" % length)
+            framed = framed and length == len(body)
         out += method + b" " + path.encode("utf-8", "replace") + b" HTTP/1.1\r\n"
         out += b"\r\n".join(headers) + b"\r\n\r\n" + body
     if fdp.ConsumeProbability() < 0.1:  # raw bytes after it all
         out += fdp.ConsumeBytes(64)
+        framed = False
+    _HTTP_FRAMED[0] = count if framed else None
     return bytes(out)
+
+
+def count_dispatches() -> list[int]:
+    """A counter of the HTTP requests the server has parsed whole and started to answer on
+    the connection of the input being sent (not one an earlier input left behind)."""
+    from tensorgate.network import http
+    counted = [0]
+    dispatch = http._Connection._dispatch
+
+    def counting(connection: Any) -> None:
+        if connection.transport.get_extra_info("peername")[1] == _CLIENT_PORT[0]:
+            counted[0] += 1
+        dispatch(connection)
+
+    http._Connection._dispatch = counting
+    return counted
 
 
 # -- gRPC over HTTP/2 --------------------------------------------------------------------------
@@ -707,16 +746,21 @@ def main() -> None:
     gc.disable()
     make = http_input if front == "http" else grpc_input
     done = None if front == "http" else _pinged
+    dispatched = count_dispatches() if front == "http" else [0]
 
     runs = 0
 
     def one(data: bytes) -> None:
         nonlocal runs
+        dispatched[0] = 0
         if tls is not None and data[:1] and data[0] % 8 == 0:
             exchange(port, make(data), None)  # plaintext to the TLS port: refused
         else:
             exchange(port, make(data), done, tls=tls)
         runs += 1
+        framed = _HTTP_FRAMED[0] if front == "http" else None
+        if framed is not None and dispatched[0] > framed:
+            findings.found.append(f"{dispatched[0]} requests run of {framed} sent")
         problem = findings.found[:1] or [still_serving(server.http_port)]
         if problem[0] is None and (runs % HELD_CHECK_EVERY == 0 or replaying):
             problem = [held_after_quiet(server)]
