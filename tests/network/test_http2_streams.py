@@ -367,3 +367,124 @@ def test_an_unread_answer_gives_way_by_dropping_its_connection() -> None:
     stream = connection.streams[1]
     assert connection.refuse_slow(float("inf"), 30.0) == 200_000 - 65_535
     assert transport.closed and not stream.pending and connection.unsent_bytes == 0
+
+
+class _ReadingRecorder(_Recorder):
+    """A transport that also records whether it is read."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reading = True
+
+    def pause_reading(self) -> None:
+        self.reading = False
+
+    def resume_reading(self) -> None:
+        self.reading = True
+
+    def is_reading(self) -> bool:
+        return self.reading
+
+
+def _turning(finish: bool = False) -> tuple[http2.Http2Connection, _ReadingRecorder,
+                                            list[int], hpack.Encoder]:
+    """A connection inside a running loop, and the ids of the streams it opened; with
+    `finish`, each stream whose request is whole is answered at once (an empty 200)."""
+    opened: list[int] = []
+    encoder = hpack.Encoder()
+    head, trailers = encoder.encode([(":status", "200")]), encoder.encode([("grpc-status", "0")])
+
+    class Answering(_Handler):
+        def __init__(self, stream: http2.Http2Stream) -> None:
+            super().__init__(explode=False)
+            self.stream = stream
+
+        def end_received(self) -> None:
+            super().end_received()
+            if finish:
+                connection.respond(self.stream, head, [b""], trailers)
+
+    def open_stream(connection, stream, headers) -> _Handler:
+        opened.append(stream.id)
+        return Answering(stream)
+
+    connection = http2.Http2Connection(open_stream, lambda c: None)
+    transport = _ReadingRecorder()
+    connection.connection_made(transport)
+    _feed(connection, PREFACE + H2Client.frame(SETTINGS, 0, 0, b""))
+    return connection, transport, opened, encoder
+
+
+def _streams(first: int, count: int, block: bytes, end: bool, reset: bool) -> bytes:
+    """`count` new streams from `first`: a header block each (the request whole with
+    `end`), each reset by the client after it with `reset`."""
+    out = bytearray()
+    for stream in range(first, first + 2 * count, 2):
+        out += H2Client.frame(HEADERS, END_HEADERS | (END_STREAM if end else 0), stream, block)
+        if reset:
+            out += H2Client.frame(RST_STREAM, 0, stream, struct.pack(">I", 8))
+    return bytes(out)
+
+
+def test_a_connection_opens_at_most_its_concurrent_limit_of_streams_a_turn() -> None:
+    """300 new streams in one read: 128 (its concurrent limit) are opened, then the
+    connection is not read until the loop's next turn, where the next 128 are (uvloop reads
+    a busy socket up to 32 times a turn: a client resetting each stream as it opened it
+    kept every other connection waiting 5.3 s)."""
+    async def scenario() -> None:
+        connection, transport, opened, encoder = _turning()
+        block = _request_block(encoder)
+        _feed(connection, _streams(1, 300, block, end=False, reset=True))
+        assert len(opened) == http2._STREAMS_PER_TURN == 128 and not transport.reading
+        await asyncio.sleep(0)
+        assert len(opened) == 256 and not transport.reading
+        await asyncio.sleep(0)
+        assert len(opened) == 300 and transport.reading
+        assert opened == list(range(1, 600, 2)) and not transport.closed
+
+    asyncio.run(scenario())
+
+
+def test_a_client_that_wastes_its_streams_is_told_to_calm_down_and_closed() -> None:
+    """Streams reset before their answers, or opened beyond the concurrent limit, are
+    wasted; past 1,280 (while they outnumber the streams answered) the connection ends
+    with GOAWAY(ENHANCE_YOUR_CALM)."""
+    for wasting in ("reset", "beyond the limit"):
+        async def scenario() -> None:
+            connection, transport, opened, encoder = _turning()
+            block = _request_block(encoder)
+            data = (_streams(1, 1300, block, end=False, reset=True) if wasting == "reset"
+                    else _streams(1, 1500, block, end=False, reset=False))
+            _feed(connection, data)
+            for _ in range(20):  # a turn of the loop each
+                if transport.closed:
+                    break
+                await asyncio.sleep(0)
+            frames = _frames(bytes(transport.written))
+            goaway = [payload for kind, _, _, payload in frames if kind == GOAWAY]
+            assert transport.closed and goaway, wasting
+            assert int.from_bytes(goaway[0][4:8], "big") == http2.ENHANCE_YOUR_CALM
+            assert b"1281 streams refused or reset unanswered" in goaway[0][8:]
+
+        asyncio.run(scenario())
+
+
+def test_a_client_whose_calls_mostly_finish_may_reset_many() -> None:
+    """1,400 calls answered, then 1,300 reset unanswered (deadlines that passed): the
+    connection serves on; 200 more, and the wasted outnumber the answered: closed."""
+    async def scenario() -> None:
+        connection, transport, opened, encoder = _turning(finish=True)
+        block = _request_block(encoder)
+
+        async def fed(data: bytes) -> None:
+            _feed(connection, data)
+            for _ in range(30):
+                await asyncio.sleep(0)
+
+        await fed(_streams(1, 1400, block, end=True, reset=False))
+        await fed(_streams(2801, 1300, block, end=False, reset=True))
+        assert not transport.closed and len(opened) == 2700
+        await fed(_streams(5401, 200, block, end=False, reset=True))
+        assert transport.closed, (connection._finished, connection._wasted, len(opened))
+
+    asyncio.run(scenario())

@@ -81,6 +81,17 @@ _SEND_SLICE = 1 << 20
 _STREAM_WINDOW = 16 << 20          # what each stream may send before we replenish
 _CONNECTION_WINDOW = 64 << 20      # and all streams together
 _MAX_STREAMS = 128                 # concurrent streams per connection
+# New streams one connection may open in one turn of the event loop; then it is read no
+# further until the next turn. A client that resets each stream as it opens it (HTTP/2
+# "rapid reset"), or opens more than it may at once, is never held back by the concurrent
+# limit, and uvloop reads a busy socket up to 32 times a turn: every other connection
+# waited for about 60,000 of its streams (a health check took 5.3 s, bench/RESULTS.md).
+_STREAMS_PER_TURN = _MAX_STREAMS
+# Streams a connection's client may waste — reset before their answer, or opened beyond
+# the concurrent limit it was told — before it is told ENHANCE_YOUR_CALM and closed, once
+# they also outnumber the streams it let finish (a client whose calls time out now and
+# then is not closed; one that wastes its streams is, and must connect again).
+_WASTED_STREAMS = 10 * _MAX_STREAMS
 _MAX_HEADER_BLOCK = 64 << 10       # encoded bytes of one header block, CONTINUATIONs included
 # A client sends the same header block call after call (by the second call its fields are
 # all in HPACK's dynamic table). hpack decoded one in ~40 µs of a ~700 µs gRPC identity call
@@ -244,6 +255,10 @@ class Http2Connection(asyncio.BufferedProtocol):
         self._block = bytearray()
         self._block_end_stream = False
         self.going_away = False
+        self._turn_streams = 0         # streams opened in this turn of the loop
+        self._finished = 0             # streams answered and closed both ways
+        self._wasted = 0               # streams refused, or reset by the client, unanswered
+        self._turn_held = False        # reading paused until the next turn (_next_turn)
         # a connection error was answered (GOAWAY, close): what still arrives is not read, as
         # its header blocks would be decoded against a table the error left unknown
         self._failed_connection = False
@@ -368,17 +383,48 @@ class Http2Connection(asyncio.BufferedProtocol):
                     self._grow = True  # more was waiting: a busy connection
             self._parse()
         except Http2Error as error:
-            log.info("HTTP/2 connection error %d: %s", error.code, error)
-            self._failed_connection = True
-            self._go_away(error.code, str(error))
-            if self.transport is not None:
-                self.transport.close()
+            self._connection_error(error)
+
+    def _connection_error(self, error: Http2Error) -> None:
+        log.info("HTTP/2 connection error %d: %s", error.code, error)
+        self._failed_connection = True
+        self._go_away(error.code, str(error))
+        if self.transport is not None:
+            self.transport.close()
+
+    def _stream_opened(self) -> None:
+        """Count a new stream against this turn's; the first schedules the next turn."""
+        if not self._turn_streams:
+            try:
+                asyncio.get_running_loop().call_soon(self._next_turn)
+            except RuntimeError:  # driven by hand, outside a loop (tests): no turns to share
+                return
+        self._turn_streams += 1
+
+    def _next_turn(self) -> None:
+        """A new turn of the loop: parse what was held back, then read again."""
+        self._turn_streams = 0
+        if not self._turn_held or self._failed_connection:
+            return
+        self._turn_held = False
+        try:
+            self._parse()
+        except Http2Error as error:
+            self._connection_error(error)
+            return
+        if not self._turn_held and self.transport is not None:
+            self.transport.resume_reading()
 
     # -- frames in -------------------------------------------------------------------------
 
     def _parse(self) -> None:
         view = self._view
         while self.transport is not None:
+            if self._turn_streams >= _STREAMS_PER_TURN:  # the rest waits for the next turn
+                if not self._turn_held:
+                    self._turn_held = True
+                    self.transport.pause_reading()
+                return
             if self._data_left:
                 if not self._data_piece():
                     self._need = 9  # a DATA payload is taken in pieces
@@ -452,6 +498,8 @@ class Http2Connection(asyncio.BufferedProtocol):
             if stream_id == 0 or len(payload) != 4:
                 raise Http2Error(PROTOCOL_ERROR, "a RST_STREAM must be 4 bytes on a stream")
             self._idle_check(stream_id)
+            if stream_id in self.streams:
+                self._waste("reset before their answers")
             self._drop(stream_id)
         elif kind == PRIORITY:
             if len(payload) != 5:
@@ -511,8 +559,10 @@ class Http2Connection(asyncio.BufferedProtocol):
             raise Http2Error(PROTOCOL_ERROR, f"HEADERS opening stream {stream_id}, which is "
                                              "even or not new")
         self._last_stream = stream_id
+        self._stream_opened()
         if self.going_away or len(self.streams) >= _MAX_STREAMS:
             self._reset(stream_id, REFUSED_STREAM)
+            self._waste(f"opened beyond the {_MAX_STREAMS} it may have at once")
             return
         stream = Http2Stream(stream_id, self._peer_initial, self._last_read)
         stream.remote_closed = end_stream  # so an answer given at once sends no RST_STREAM
@@ -898,9 +948,18 @@ class Http2Connection(asyncio.BufferedProtocol):
             stream.remote_closed = True
         self._forget_if_closed(stream)
 
+    def _waste(self, how: str) -> None:
+        """One more stream the client wasted; too many: a connection error."""
+        self._wasted += 1
+        if self._wasted > _WASTED_STREAMS and self._wasted > self._finished:
+            raise Http2Error(ENHANCE_YOUR_CALM, f"{self._wasted} streams refused or reset "
+                                                f"unanswered (the last {how}) against "
+                                                f"{self._finished} answered")
+
     def _forget_if_closed(self, stream: Http2Stream) -> None:
         if stream.local_closed and stream.remote_closed:
-            self.streams.pop(stream.id, None)
+            if self.streams.pop(stream.id, None) is not None:
+                self._finished += 1
             self._blocked.pop(stream.id, None)
             stream.handler = None  # (see _let_go)
             self._close_if_done()

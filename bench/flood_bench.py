@@ -1,0 +1,143 @@
+"""One HTTP/2 client that floods new streams, and what another client's requests wait.
+
+A gRPC client may open streams without waiting for any answer when it resets each as it
+opens it (HTTP/2 "rapid reset", CVE-2023-44487) or opens more than the concurrent limit it
+was told (each refused): nothing then holds it back but the server's own pace. This drives
+a server from one or two source trees with such a client on its gRPC port (ModelMetadata
+calls, prebuilt frames written as fast as the socket takes them, whatever comes back read
+and dropped) while a second client sends `GET /v2/health/ready` over HTTP/1.1 one after
+another, and prints the second client's checks, P50 and P99 per mode:
+
+    none         no flood (the baseline)
+    reset        each call reset as it is opened, on one connection
+    reset-again  the same, connecting again whenever the server closes the connection
+    beyond       calls opened beyond the concurrent limit, never reset (each refused)
+
+    git worktree add /tmp/tg-old <commit>
+    .venv/bin/python bench/flood_bench.py [--before /tmp/tg-old/src] [--seconds 5]
+        [--modes none,reset,reset-again,beyond]
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import pathlib
+import platform
+import socket
+import struct
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+HERE = pathlib.Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "src"))
+sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE))
+
+from ab_bench import add_tree_options, serve, trees_of  # noqa: E402
+
+from tensorgate.builtin.repository import write_default_repository  # noqa: E402
+
+MODES = ("none", "reset", "reset-again", "beyond")
+_CHECK = b"GET /v2/health/ready HTTP/1.1\r\nHost: t\r\n\r\n"
+
+
+def _flood(port: int, seconds: float, mode: str, opened: multiprocessing.Value) -> None:
+    """The flooding client (its own process): streams of ModelMetadata calls, 50 a write."""
+    import hpack
+    from tritonclient.grpc import service_pb2 as pb
+
+    from tests.e2e.h2_client import DATA, END_HEADERS, END_STREAM, HEADERS, RST_STREAM, H2Client
+
+    block = hpack.Encoder().encode([
+        (":method", "POST"), (":scheme", "http"), (":authority", "x"),
+        (":path", "/inference.GRPCInferenceService/ModelMetadata"),
+        ("content-type", "application/grpc"), ("te", "trailers")])
+    message = pb.ModelMetadataRequest(name="resnet50").SerializeToString()
+    body = b"\x00" + len(message).to_bytes(4, "big") + message
+    client, stream, pending, count = H2Client(port), 1, b"", 0
+    client.sock.setblocking(False)
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if not pending:
+            parts = []
+            for _ in range(50):
+                parts.append(client.frame(HEADERS, END_HEADERS, stream, block)
+                             + client.frame(DATA, END_STREAM, stream, body))
+                if mode.startswith("reset"):
+                    parts.append(client.frame(RST_STREAM, 0, stream, struct.pack(">I", 8)))
+                stream += 2
+            pending = b"".join(parts)
+        try:
+            sent = client.sock.send(pending)
+            count += 50 if sent == len(pending) else 0
+            pending = pending[sent:]
+            while client.sock.recv(1 << 16):
+                pass
+        except BlockingIOError:
+            time.sleep(0.0005)
+        except OSError:  # closed by the server
+            if mode != "reset-again":
+                break
+            client.close()
+            client, stream, pending = H2Client(port), 1, b""
+            client.sock.setblocking(False)
+    client.close()
+    opened.value = count
+
+
+def _checks(port: int, seconds: float) -> np.ndarray:
+    """Health checks one after another on one connection for `seconds`: latencies in µs."""
+    samples = []
+    with socket.create_connection(("127.0.0.1", port), timeout=seconds + 30) as sock:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            started = time.perf_counter_ns()
+            sock.sendall(_CHECK)
+            answer = b""
+            while not answer.endswith(b"}"):
+                answer += sock.recv(4096)
+            samples.append(time.perf_counter_ns() - started)
+    return np.array(samples) / 1e3
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_tree_options(parser)
+    parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--modes", default=",".join(MODES))
+    args = parser.parse_args()
+    modes = args.modes.split(",")
+    models = write_default_repository(pathlib.Path(tempfile.gettempdir())
+                                      / "tensorgate-bench-repo")
+    print(f"a flooding HTTP/2 client beside one sending health checks, {args.seconds:g} s "
+          f"a mode; {platform.node()}, {time.strftime('%Y-%m-%d %H:%M')}")
+    print(f"{'tree':10} {'mode':12} {'streams sent/s':>14} {'checks':>8} {'P50 µs':>10} "
+          f"{'P99 µs':>11} {'max µs':>11}")
+    for name, src in trees_of(args).items():
+        process, http_port, grpc_port = serve(src, models)
+        try:
+            for mode in modes:
+                opened = multiprocessing.Value("q", 0)
+                flood = None
+                if mode != "none":
+                    flood = multiprocessing.Process(
+                        target=_flood, args=(grpc_port, args.seconds + 0.5, mode, opened))
+                    flood.start()
+                    time.sleep(0.3)
+                us = _checks(http_port, args.seconds)
+                if flood is not None:
+                    flood.join(timeout=args.seconds + 30)
+                print(f"{name:10} {mode:12} {opened.value / (args.seconds + 0.5):>14,.0f} "
+                      f"{us.size:>8,} {np.percentile(us, 50):>10,.1f} "
+                      f"{np.percentile(us, 99):>11,.1f} {us.max():>11,.1f}", flush=True)
+        finally:
+            process.terminate()
+            process.wait(timeout=30)
+
+
+if __name__ == "__main__":
+    main()
