@@ -1,17 +1,21 @@
-"""One HTTP/2 client that floods new streams, and what another client's requests wait.
+"""One HTTP/2 client that floods streams or frames, and what another client's requests wait.
 
 A gRPC client may open streams without waiting for any answer when it resets each as it
 opens it (HTTP/2 "rapid reset", CVE-2023-44487) or opens more than the concurrent limit it
-was told (each refused): nothing then holds it back but the server's own pace. This drives
+was told (each refused), and send frames that ask for no answer (PRIORITY, empty DATA,
+CVE-2019-9518): nothing then holds it back but the server's own pace. This drives
 a server from one or two source trees with such a client on its gRPC port (ModelMetadata
 calls, prebuilt frames written as fast as the socket takes them, whatever comes back read
 and dropped) while a second client sends `GET /v2/health/ready` over HTTP/1.1 one after
-another, and prints the second client's checks, P50 and P99 per mode:
+another, and prints per mode what the flood wrote a second (streams; frames for priority
+and empty-data) and the second client's checks, P50, P99 and max:
 
     none         no flood (the baseline)
     reset        each call reset as it is opened, on one connection
     reset-again  the same, connecting again whenever the server closes the connection
     beyond       calls opened beyond the concurrent limit, never reset (each refused)
+    priority     PRIORITY frames, one after another
+    empty-data   empty DATA frames on one call that never ends
 
     git worktree add /tmp/tg-old <commit>
     .venv/bin/python bench/flood_bench.py [--before /tmp/tg-old/src] [--seconds 5]
@@ -41,7 +45,7 @@ from ab_bench import add_tree_options, serve, trees_of  # noqa: E402
 
 from tensorgate.builtin.repository import write_default_repository  # noqa: E402
 
-MODES = ("none", "reset", "reset-again", "beyond")
+MODES = ("none", "reset", "reset-again", "beyond", "priority", "empty-data")
 _CHECK = b"GET /v2/health/ready HTTP/1.1\r\nHost: t\r\n\r\n"
 
 
@@ -50,7 +54,8 @@ def _flood(port: int, seconds: float, mode: str, opened: multiprocessing.Value) 
     import hpack
     from tritonclient.grpc import service_pb2 as pb
 
-    from tests.e2e.h2_client import DATA, END_HEADERS, END_STREAM, HEADERS, RST_STREAM, H2Client
+    from tests.e2e.h2_client import (DATA, END_HEADERS, END_STREAM, HEADERS, PRIORITY,
+                                     RST_STREAM, H2Client)
 
     block = hpack.Encoder().encode([
         (":method", "POST"), (":scheme", "http"), (":authority", "x"),
@@ -59,9 +64,15 @@ def _flood(port: int, seconds: float, mode: str, opened: multiprocessing.Value) 
     message = pb.ModelMetadataRequest(name="resnet50").SerializeToString()
     body = b"\x00" + len(message).to_bytes(4, "big") + message
     client, stream, pending, count = H2Client(port), 1, b"", 0
+    if mode == "empty-data":  # one call, opened and never ended
+        client.send(HEADERS, END_HEADERS, 1, block)
     client.sock.setblocking(False)
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
+        if not pending and mode in ("priority", "empty-data"):
+            frame = (client.frame(PRIORITY, 0, 1, b"\0\0\0\0\x10") if mode == "priority"
+                     else client.frame(DATA, 0, 1, b""))
+            pending = frame * 5000
         if not pending:
             parts = []
             for _ in range(50):
@@ -73,7 +84,8 @@ def _flood(port: int, seconds: float, mode: str, opened: multiprocessing.Value) 
             pending = b"".join(parts)
         try:
             sent = client.sock.send(pending)
-            count += 50 if sent == len(pending) else 0
+            count += (50 if mode not in ("priority", "empty-data") else 5000) \
+                if sent == len(pending) else 0
             pending = pending[sent:]
             while client.sock.recv(1 << 16):
                 pass
@@ -115,7 +127,7 @@ def main() -> None:
                                       / "tensorgate-bench-repo")
     print(f"a flooding HTTP/2 client beside one sending health checks, {args.seconds:g} s "
           f"a mode; {platform.node()}, {time.strftime('%Y-%m-%d %H:%M')}")
-    print(f"{'tree':10} {'mode':12} {'streams sent/s':>14} {'checks':>8} {'P50 µs':>10} "
+    print(f"{'tree':10} {'mode':12} {'sent/s':>14} {'checks':>8} {'P50 µs':>10} "
           f"{'P99 µs':>11} {'max µs':>11}")
     for name, src in trees_of(args).items():
         process, http_port, grpc_port = serve(src, models)

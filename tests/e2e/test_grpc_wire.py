@@ -222,30 +222,36 @@ def test_a_reset_call_is_dropped_and_the_connection_serves_on(server: RunningSer
     _assert_serving(server)
 
 
-def test_a_client_resetting_each_call_as_it_opens_it_is_closed_and_others_are_served(
-        server: RunningServer) -> None:
-    """HTTP/2 "rapid reset" (CVE-2023-44487): calls opened and reset at once, never held back
-    by the concurrent limit, in one stream of bytes. While they come, another connection's
-    calls are answered (each connection opens at most 128 streams a turn of the loop: one
-    such client kept every other waiting 5.3 s, bench/RESULTS.md), and past 1,280 wasted
-    streams the client is told ENHANCE_YOUR_CALM and closed."""
+@pytest.mark.parametrize("flood", ["rapid reset", "priority frames"])
+def test_a_flooding_client_is_closed_and_others_are_served(server: RunningServer,
+                                                           flood: str) -> None:
+    """Calls opened and reset at once (HTTP/2 "rapid reset", CVE-2023-44487), or frames that
+    ask for nothing (PRIORITY), are never held back by the concurrent limit or a reply: in
+    one stream of bytes. While they come, another connection's calls are answered (a
+    connection parses at most 128 new streams and 1,024 frames a turn of the loop: one such
+    client kept every other waiting 0.5-5.3 s, bench/RESULTS.md), and past 1,280 wasted
+    streams or 10,000 empty frames the client is told ENHANCE_YOUR_CALM and closed."""
     attacker, other = h2.H2Client(_port(server)), h2.H2Client(_port(server))
     try:
         block = attacker.encoder.encode([
             (":method", "POST"), (":scheme", "http"), (":authority", "x"),
             (":path", "/inference.GRPCInferenceService/ModelInfer"),
             ("content-type", "application/grpc"), ("te", "trailers")])
-        flood = b"".join(attacker.frame(h2.HEADERS, h2.END_HEADERS, stream, block)
-                         + attacker.frame(h2.RST_STREAM, 0, stream, struct.pack(">I", 8))
-                         for stream in range(1, 2 * 3000, 2))
-        sender = threading.Thread(target=_send_all, args=(attacker.sock, flood))
+        if flood == "rapid reset":
+            data = b"".join(attacker.frame(h2.HEADERS, h2.END_HEADERS, stream, block)
+                            + attacker.frame(h2.RST_STREAM, 0, stream, struct.pack(">I", 8))
+                            for stream in range(1, 2 * 3000, 2))
+        else:
+            data = attacker.frame(h2.PRIORITY, 0, 1, b"\0\0\0\0\x10") * 30_000
+        sender = threading.Thread(target=_send_all, args=(attacker.sock, data))
         sender.start()
-        answer, data = other.response(other.call("ServerReady", b""))
-        assert answer["grpc-status"] == "0" and pb.ServerReadyResponse.FromString(data[5:]).ready
+        answer, reply = other.response(other.call("ServerReady", b""))
+        assert answer["grpc-status"] == "0" and pb.ServerReadyResponse.FromString(reply[5:]).ready
         sender.join(timeout=30)
         got = attacker.frames_until(lambda f: f.kind == h2.GOAWAY)
         assert h2.goaway_code(got) == 0xb  # ENHANCE_YOUR_CALM
-        assert b"streams refused or reset unanswered" in got[-1].payload[8:]
+        assert (b"streams refused or reset unanswered" if flood == "rapid reset"
+                else b"frames that carry nothing") in got[-1].payload[8:]
     finally:
         attacker.close()
         other.close()

@@ -81,17 +81,29 @@ _SEND_SLICE = 1 << 20
 _STREAM_WINDOW = 16 << 20          # what each stream may send before we replenish
 _CONNECTION_WINDOW = 64 << 20      # and all streams together
 _MAX_STREAMS = 128                 # concurrent streams per connection
-# New streams one connection may open in one turn of the event loop; then it is read no
-# further until the next turn. A client that resets each stream as it opens it (HTTP/2
-# "rapid reset"), or opens more than it may at once, is never held back by the concurrent
-# limit, and uvloop reads a busy socket up to 32 times a turn: every other connection
-# waited for about 60,000 of its streams (a health check took 5.3 s, bench/RESULTS.md).
-_STREAMS_PER_TURN = _MAX_STREAMS
+# Frames one connection may have parsed in one turn of the event loop, a new stream
+# counting _NEW_STREAM more (its header block decoded, its call started: 128 streams a turn
+# at most, its concurrent limit); then it is read no further until the next turn. A client
+# that resets each stream as it opens it (HTTP/2 "rapid reset"), or opens more than it may
+# at once, is never held back by the concurrent limit, nor is one sending frames that ask
+# for no answer (PRIORITY, unknown types, empty DATA); and uvloop reads a busy socket up to
+# 32 times a turn: every other connection waited for about 60,000 of such streams (a health
+# check took 5.3 s), or 0.5-1 s for such frames (bench/RESULTS.md). The next turn is
+# scheduled once _TURN_CHECK have come since the last: not a callback a turn for every
+# connection.
+_FRAMES_PER_TURN = 1024
+_NEW_STREAM = 7
+_TURN_CHECK = 64
 # Streams a connection's client may waste — reset before their answer, or opened beyond
 # the concurrent limit it was told — before it is told ENHANCE_YOUR_CALM and closed, once
 # they also outnumber the streams it let finish (a client whose calls time out now and
 # then is not closed; one that wastes its streams is, and must connect again).
 _WASTED_STREAMS = 10 * _MAX_STREAMS
+# Frames that carry nothing — PRIORITY (not acted on), unknown types, empty DATA that does
+# not end its stream — a client may send beyond 64 a finished stream before it is told
+# ENHANCE_YOUR_CALM and closed (gRPC clients send none; a flood of them asks for no answer,
+# so nothing else would ever stop it).
+_IDLE_FRAMES = 10_000
 _MAX_HEADER_BLOCK = 64 << 10       # encoded bytes of one header block, CONTINUATIONs included
 # A client sends the same header block call after call (by the second call its fields are
 # all in HPACK's dynamic table). hpack decoded one in ~40 µs of a ~700 µs gRPC identity call
@@ -204,6 +216,14 @@ def encode_headers(fields: Sequence[tuple[bytes, bytes]]) -> bytes:
     return b"".join(parts)
 
 
+def _in_loop() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
+
+
 def _frame(kind: int, flags: int, stream_id: int, length: int) -> bytes:
     return _HEAD.pack((length << 8) | kind) + bytes([flags]) + _HEAD.pack(stream_id)
 
@@ -255,10 +275,14 @@ class Http2Connection(asyncio.BufferedProtocol):
         self._block = bytearray()
         self._block_end_stream = False
         self.going_away = False
-        self._turn_streams = 0         # streams opened in this turn of the loop
+        self._turn_frames = 0          # frames parsed in this turn of the loop (see above)
+        # driven by hand, outside a loop (tests), there are no turns to share
+        self._frames_per_turn = _FRAMES_PER_TURN if _in_loop() else 1 << 62
         self._finished = 0             # streams answered and closed both ways
         self._wasted = 0               # streams refused, or reset by the client, unanswered
+        self._idle_frames = 0          # frames that carried nothing (see _IDLE_FRAMES)
         self._turn_held = False        # reading paused until the next turn (_next_turn)
+        self._turn_due = False         # the next turn is scheduled
         # a connection error was answered (GOAWAY, close): what still arrives is not read, as
         # its header blocks would be decoded against a table the error left unknown
         self._failed_connection = False
@@ -392,18 +416,17 @@ class Http2Connection(asyncio.BufferedProtocol):
         if self.transport is not None:
             self.transport.close()
 
-    def _stream_opened(self) -> None:
-        """Count a new stream against this turn's; the first schedules the next turn."""
-        if not self._turn_streams:
-            try:
-                asyncio.get_running_loop().call_soon(self._next_turn)
-            except RuntimeError:  # driven by hand, outside a loop (tests): no turns to share
-                return
-        self._turn_streams += 1
+    def _turn_check(self) -> None:
+        """_TURN_CHECK frames since the last new turn schedule the next (so that a
+        connection held back always has one coming)."""
+        if self._frames_per_turn == _FRAMES_PER_TURN:
+            self._turn_due = True
+            asyncio.get_running_loop().call_soon(self._next_turn)
 
     def _next_turn(self) -> None:
         """A new turn of the loop: parse what was held back, then read again."""
-        self._turn_streams = 0
+        self._turn_frames = 0
+        self._turn_due = False
         if not self._turn_held or self._failed_connection:
             return
         self._turn_held = False
@@ -420,7 +443,7 @@ class Http2Connection(asyncio.BufferedProtocol):
     def _parse(self) -> None:
         view = self._view
         while self.transport is not None:
-            if self._turn_streams >= _STREAMS_PER_TURN:  # the rest waits for the next turn
+            if self._turn_frames >= self._frames_per_turn:  # the rest: at the next turn
                 if not self._turn_held:
                     self._turn_held = True
                     self.transport.pause_reading()
@@ -460,6 +483,9 @@ class Http2Connection(asyncio.BufferedProtocol):
             if self._block_stream and kind != CONTINUATION:
                 raise Http2Error(PROTOCOL_ERROR, "a header block was interrupted by another "
                                                  "frame")
+            self._turn_frames += 1  # (inline: every frame passes here)
+            if self._turn_frames >= _TURN_CHECK and not self._turn_due:
+                self._turn_check()
             if kind == DATA:
                 self._start = start + 9
                 if (length >= _RUN_FRAME and not flags & PADDED and available >= 9 + length
@@ -469,6 +495,7 @@ class Http2Connection(asyncio.BufferedProtocol):
                 continue
             if available < 9 + length:
                 self._need = 9 + length
+                self._turn_frames -= 1  # counted again when the rest of it has come
                 return
             payload = view[start + 9:start + 9 + length]
             self._start = start + 9 + length
@@ -504,12 +531,14 @@ class Http2Connection(asyncio.BufferedProtocol):
         elif kind == PRIORITY:
             if len(payload) != 5:
                 raise Http2Error(FRAME_SIZE_ERROR, "a PRIORITY frame must be 5 bytes")
+            self._idle_frame("PRIORITY")
         elif kind == GOAWAY:
             self.going_away = True  # the client opens no more streams; ours still finish
             self._close_if_done()
         elif kind == PUSH_PROMISE:
             raise Http2Error(PROTOCOL_ERROR, "clients cannot push")
-        # unknown frame types are ignored (RFC 9113 §4.1)
+        elif kind > CONTINUATION:  # unknown frame types are ignored (RFC 9113 §4.1)
+            self._idle_frame(f"of unknown type {kind}")
 
     def _idle_check(self, stream_id: int) -> None:
         if stream_id > self._last_stream:
@@ -559,7 +588,7 @@ class Http2Connection(asyncio.BufferedProtocol):
             raise Http2Error(PROTOCOL_ERROR, f"HEADERS opening stream {stream_id}, which is "
                                              "even or not new")
         self._last_stream = stream_id
-        self._stream_opened()
+        self._turn_frames += _NEW_STREAM
         if self.going_away or len(self.streams) >= _MAX_STREAMS:
             self._reset(stream_id, REFUSED_STREAM)
             self._waste(f"opened beyond the {_MAX_STREAMS} it may have at once")
@@ -632,6 +661,8 @@ class Http2Connection(asyncio.BufferedProtocol):
             if stream.receive_window < 0:
                 self._reset(stream_id, FLOW_CONTROL_ERROR)
         if length == 0:
+            if not flags & END_STREAM:
+                self._idle_frame("empty DATA")
             self._data_end()
 
     def _data_run(self, stream_id: int, flags: int, length: int) -> bool:
@@ -947,6 +978,14 @@ class Http2Connection(asyncio.BufferedProtocol):
             self._write([_frame(RST_STREAM, 0, stream.id, 4) + _HEAD.pack(NO_ERROR)])
             stream.remote_closed = True
         self._forget_if_closed(stream)
+
+    def _idle_frame(self, what: str) -> None:
+        """One more frame that carried nothing; too many: a connection error."""
+        self._idle_frames += 1
+        if self._idle_frames > _IDLE_FRAMES + 64 * self._finished:
+            raise Http2Error(ENHANCE_YOUR_CALM, f"{self._idle_frames} frames that carry "
+                                                f"nothing (the last {what}) against "
+                                                f"{self._finished} streams answered")
 
     def _waste(self, how: str) -> None:
         """One more stream the client wasted; too many: a connection error."""
