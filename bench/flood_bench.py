@@ -19,7 +19,7 @@ and empty-data) and the second client's checks, P50, P99 and max:
 
     git worktree add /tmp/tg-old <commit>
     .venv/bin/python bench/flood_bench.py [--before /tmp/tg-old/src] [--seconds 5]
-        [--modes none,reset,reset-again,beyond]
+        [--modes none,reset,reset-again,beyond,priority,empty-data]
 """
 
 from __future__ import annotations
