@@ -42,6 +42,7 @@ sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
 from ab_bench import add_tree_options, serve, trees_of  # noqa: E402
+from compare_wire import latency_figures  # noqa: E402
 
 from tensorgate.builtin.repository import write_default_repository  # noqa: E402
 
@@ -63,7 +64,7 @@ def _flood(port: int, seconds: float, mode: str, opened: multiprocessing.Value) 
         ("content-type", "application/grpc"), ("te", "trailers")])
     message = pb.ModelMetadataRequest(name="resnet50").SerializeToString()
     body = b"\x00" + len(message).to_bytes(4, "big") + message
-    client, stream, pending, count = H2Client(port), 1, b"", 0
+    client, stream, pending, batch, count = H2Client(port), 1, b"", 0, 0
     if mode == "empty-data":  # one call, opened and never ended
         client.send(HEADERS, END_HEADERS, 1, block)
     client.sock.setblocking(False)
@@ -72,7 +73,7 @@ def _flood(port: int, seconds: float, mode: str, opened: multiprocessing.Value) 
         if not pending and mode in ("priority", "empty-data"):
             frame = (client.frame(PRIORITY, 0, 1, b"\0\0\0\0\x10") if mode == "priority"
                      else client.frame(DATA, 0, 1, b""))
-            pending = frame * 5000
+            pending, batch = frame * 5000, 5000
         if not pending:
             parts = []
             for _ in range(50):
@@ -81,12 +82,11 @@ def _flood(port: int, seconds: float, mode: str, opened: multiprocessing.Value) 
                 if mode.startswith("reset"):
                     parts.append(client.frame(RST_STREAM, 0, stream, struct.pack(">I", 8)))
                 stream += 2
-            pending = b"".join(parts)
+            pending, batch = b"".join(parts), 50
         try:
-            sent = client.sock.send(pending)
-            count += (50 if mode not in ("priority", "empty-data") else 5000) \
-                if sent == len(pending) else 0
-            pending = pending[sent:]
+            pending = pending[client.sock.send(pending):]
+            if not pending:  # the batch written whole
+                count += batch
             while client.sock.recv(1 << 16):
                 pass
         except BlockingIOError:
@@ -140,12 +140,12 @@ def main() -> None:
                         target=_flood, args=(grpc_port, args.seconds + 0.5, mode, opened))
                     flood.start()
                     time.sleep(0.3)
-                us = _checks(http_port, args.seconds)
+                checks = latency_figures(_checks(http_port, args.seconds))
                 if flood is not None:
                     flood.join(timeout=args.seconds + 30)
                 print(f"{name:10} {mode:12} {opened.value / (args.seconds + 0.5):>14,.0f} "
-                      f"{us.size:>8,} {np.percentile(us, 50):>10,.1f} "
-                      f"{np.percentile(us, 99):>11,.1f} {us.max():>11,.1f}", flush=True)
+                      f"{checks['requests']:>8,} {checks['p50_us']:>10,} "
+                      f"{checks['p99_us']:>11,} {checks['max_us']:>11,}", flush=True)
         finally:
             process.terminate()
             process.wait(timeout=30)

@@ -276,13 +276,14 @@ class Http2Connection(asyncio.BufferedProtocol):
         self._block_end_stream = False
         self.going_away = False
         self._turn_frames = 0          # frames parsed in this turn of the loop (see above)
-        # driven by hand, outside a loop (tests), there are no turns to share
-        self._frames_per_turn = _FRAMES_PER_TURN if _in_loop() else 1 << 62
+        # driven by hand, outside a loop (tests), there are no turns to share (nor schedule)
+        looped = _in_loop()
+        self._frames_per_turn = _FRAMES_PER_TURN if looped else 1 << 62
         self._finished = 0             # streams answered and closed both ways
         self._wasted = 0               # streams refused, or reset by the client, unanswered
         self._idle_frames = 0          # frames that carried nothing (see _IDLE_FRAMES)
         self._turn_held = False        # reading paused until the next turn (_next_turn)
-        self._turn_due = False         # the next turn is scheduled
+        self._turn_due = not looped    # the next turn is scheduled
         # a connection error was answered (GOAWAY, close): what still arrives is not read, as
         # its header blocks would be decoded against a table the error left unknown
         self._failed_connection = False
@@ -416,13 +417,6 @@ class Http2Connection(asyncio.BufferedProtocol):
         if self.transport is not None:
             self.transport.close()
 
-    def _turn_check(self) -> None:
-        """_TURN_CHECK frames since the last new turn schedule the next (so that a
-        connection held back always has one coming)."""
-        if self._frames_per_turn == _FRAMES_PER_TURN:
-            self._turn_due = True
-            asyncio.get_running_loop().call_soon(self._next_turn)
-
     def _next_turn(self) -> None:
         """A new turn of the loop: parse what was held back, then read again."""
         self._turn_frames = 0
@@ -485,7 +479,8 @@ class Http2Connection(asyncio.BufferedProtocol):
                                                  "frame")
             self._turn_frames += 1  # (inline: every frame passes here)
             if self._turn_frames >= _TURN_CHECK and not self._turn_due:
-                self._turn_check()
+                self._turn_due = True  # (a connection held back always has a turn coming)
+                asyncio.get_running_loop().call_soon(self._next_turn)
             if kind == DATA:
                 self._start = start + 9
                 if (length >= _RUN_FRAME and not flags & PADDED and available >= 9 + length

@@ -160,7 +160,7 @@ class Engine:
             pin_current_thread(self._placement.loop_cpus)
             self._pinned = True
         for name in names:
-            self._loading[name] = self._loading.get(name, 0) + 1
+            self._count_loading(name)
         self._announced = names
         return names
 
@@ -189,6 +189,9 @@ class Engine:
         finally:
             self._count_loaded(name)
 
+    def _count_loading(self, name: str) -> None:
+        self._loading[name] = self._loading.get(name, 0) + 1
+
     def _count_loaded(self, name: str) -> None:
         left = self._loading.pop(name) - 1
         if left:
@@ -207,7 +210,7 @@ class Engine:
     async def _load_counted(self, name: str, config: str | None,
                             files: UploadedFiles | None) -> None:
         """`_load`, counted in `_loading` while it runs."""
-        self._loading[name] = self._loading.get(name, 0) + 1
+        self._count_loading(name)
         try:
             await self._load(name, config, files)
         finally:
