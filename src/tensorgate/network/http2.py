@@ -94,6 +94,15 @@ _MAX_STREAMS = 128                 # concurrent streams per connection
 _FRAMES_PER_TURN = 1024
 _NEW_STREAM = 7
 _TURN_CHECK = 64
+# A connection earns its streams a turn: it may open _FIRST_STREAMS a turn at first, and one
+# more for each of its streams answered and not reset by the client afterwards, up to
+# _FRAMES_PER_TURN // (1 + _NEW_STREAM) (a new stream counting more frames until then). A
+# client that resets every stream as it opens it earns nothing, whether its answer was
+# quicker than the reset (a third of ModelMetadata calls) or not: connecting again for each
+# burst of them, it cost every other connection 6-8 ms a turn at 128 streams
+# (bench/flood_bench.py, reset-again). gRPC clients reset no stream that has its answer;
+# one whose calls are answered is at the full rate after its first 120.
+_FIRST_STREAMS = 8
 # Streams a connection's client may waste — reset before their answer, or opened beyond
 # the concurrent limit it was told — before it is told ENHANCE_YOUR_CALM and closed, once
 # they also outnumber the streams it let finish (a client whose calls time out now and
@@ -224,6 +233,12 @@ def _in_loop() -> bool:
     return True
 
 
+def _frames_a_new_stream(earned: int) -> int:
+    """The frames opening a stream counts beyond its HEADERS, on a connection that has
+    `earned` streams (see _FIRST_STREAMS)."""
+    return max(_NEW_STREAM, _FRAMES_PER_TURN // (_FIRST_STREAMS + earned) - 1)
+
+
 def _frame(kind: int, flags: int, stream_id: int, length: int) -> bytes:
     return _HEAD.pack((length << 8) | kind) + bytes([flags]) + _HEAD.pack(stream_id)
 
@@ -280,6 +295,8 @@ class Http2Connection(asyncio.BufferedProtocol):
         looped = _in_loop()
         self._frames_per_turn = _FRAMES_PER_TURN if looped else 1 << 62
         self._finished = 0             # streams answered and closed both ways
+        self._earned = 0               # finished, less those the client reset after
+        self._stream_frames = _frames_a_new_stream(0)  # what opening one counts this turn
         self._wasted = 0               # streams refused, or reset by the client, unanswered
         self._idle_frames = 0          # frames that carried nothing (see _IDLE_FRAMES)
         self._turn_held = False        # reading paused until the next turn (_next_turn)
@@ -522,6 +539,9 @@ class Http2Connection(asyncio.BufferedProtocol):
             self._idle_check(stream_id)
             if stream_id in self.streams:
                 self._waste("reset before their answers")
+            elif self._earned > 0:  # reset after its answer (or after ours): earns nothing
+                self._earned -= 1
+                self._stream_frames = _frames_a_new_stream(self._earned)
             self._drop(stream_id)
         elif kind == PRIORITY:
             if len(payload) != 5:
@@ -583,7 +603,7 @@ class Http2Connection(asyncio.BufferedProtocol):
             raise Http2Error(PROTOCOL_ERROR, f"HEADERS opening stream {stream_id}, which is "
                                              "even or not new")
         self._last_stream = stream_id
-        self._turn_frames += _NEW_STREAM
+        self._turn_frames += self._stream_frames
         if self.going_away or len(self.streams) >= _MAX_STREAMS:
             self._reset(stream_id, REFUSED_STREAM)
             self._waste(f"opened beyond the {_MAX_STREAMS} it may have at once")
@@ -994,6 +1014,9 @@ class Http2Connection(asyncio.BufferedProtocol):
         if stream.local_closed and stream.remote_closed:
             if self.streams.pop(stream.id, None) is not None:
                 self._finished += 1
+                self._earned += 1
+                if self._stream_frames > _NEW_STREAM:
+                    self._stream_frames = _frames_a_new_stream(self._earned)
             self._blocked.pop(stream.id, None)
             stream.handler = None  # (see _let_go)
             self._close_if_done()
