@@ -6,9 +6,10 @@ was told (each refused), and send frames that ask for no answer (PRIORITY, empty
 CVE-2019-9518): nothing then holds it back but the server's own pace. This drives
 a server from one or two source trees with such a client on its gRPC port (ModelMetadata
 calls, prebuilt frames written as fast as the socket takes them, whatever comes back read
-and dropped) while a second client sends `GET /v2/health/ready` over HTTP/1.1 one after
-another, and prints per mode what the flood wrote a second (streams; frames for priority
-and empty-data) and the second client's checks, P50, P99 and max:
+and dropped), or an HTTP/1.1 client that pipelines requests, while a second client sends
+`GET /v2/health/ready` over HTTP/1.1 one after another, and prints per mode what the flood
+wrote a second (streams; frames for priority and empty-data; requests answered for
+pipeline) and the second client's checks, P50, P99 and max:
 
     none         no flood (the baseline)
     reset        each call reset as it is opened, on one connection
@@ -16,10 +17,11 @@ and empty-data) and the second client's checks, P50, P99 and max:
     beyond       calls opened beyond the concurrent limit, never reset (each refused)
     priority     PRIORITY frames, one after another
     empty-data   empty DATA frames on one call that never ends
+    pipeline     HTTP/1.1: 2,000 health checks in one write, their answers read, again
 
     git worktree add /tmp/tg-old <commit>
     .venv/bin/python bench/flood_bench.py [--before /tmp/tg-old/src] [--seconds 5]
-        [--modes none,reset,reset-again,beyond,priority,empty-data]
+        [--modes none,reset,reset-again,beyond,priority,empty-data,pipeline]
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ from compare_wire import latency_figures  # noqa: E402
 
 from tensorgate.builtin.repository import write_default_repository  # noqa: E402
 
-MODES = ("none", "reset", "reset-again", "beyond", "priority", "empty-data")
+MODES = ("none", "reset", "reset-again", "beyond", "priority", "empty-data", "pipeline")
 _CHECK = b"GET /v2/health/ready HTTP/1.1\r\nHost: t\r\n\r\n"
 
 
@@ -101,6 +103,26 @@ def _flood(port: int, seconds: float, mode: str, opened: multiprocessing.Value) 
     opened.value = count
 
 
+def _pipeline(port: int, seconds: float, answered: multiprocessing.Value) -> None:
+    """The pipelining HTTP/1.1 client (its own process): 2,000 health checks a write, then
+    their answers read, until `seconds` have passed."""
+    count, batch = 0, 2000
+    with socket.create_connection(("127.0.0.1", port), timeout=seconds + 30) as sock:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            sock.sendall(_CHECK * batch)
+            got, tail = 0, b""
+            while got < batch:
+                data = sock.recv(1 << 20)
+                if not data:
+                    raise RuntimeError("the server closed the pipelining connection")
+                data = tail + data  # (a status line may be cut across reads: its first
+                got += data.count(b"HTTP/1.1 200")  # 11 bytes cannot be a whole one)
+                tail = data[-11:]
+            count += got
+    answered.value = count
+
+
 def _checks(port: int, seconds: float) -> np.ndarray:
     """Health checks one after another on one connection for `seconds`: latencies in µs."""
     samples = []
@@ -135,9 +157,13 @@ def main() -> None:
             for mode in modes:
                 opened = multiprocessing.Value("q", 0)
                 flood = None
-                if mode != "none":
+                if mode == "pipeline":
+                    flood = multiprocessing.Process(
+                        target=_pipeline, args=(http_port, args.seconds + 0.5, opened))
+                elif mode != "none":
                     flood = multiprocessing.Process(
                         target=_flood, args=(grpc_port, args.seconds + 0.5, mode, opened))
+                if flood is not None:
                     flood.start()
                     time.sleep(0.3)
                 checks = latency_figures(_checks(http_port, args.seconds))

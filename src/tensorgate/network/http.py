@@ -68,6 +68,12 @@ _LINGER_S = 2.0               # a closing connection reads and drops what still 
 # at most this outside the pool (the rest waits in its pooled views). 256 KiB cost identity's
 # 600 KB answers 11 % more server CPU (three writes, bench/ab_bench.py); 1 MiB is one write.
 _SEND_SLICE = 1 << 20
+# A connection reads its next request at once after an answer, but after this many in a row
+# the next waits for the loop's next turn: answered inline, the requests a client pipelines
+# ran one after another, up to ~190 a turn (libuv reads a busy socket 32 times a turn), and
+# another connection's health check waited 2 ms at P50 beside one sending 2,000 a write
+# (bench/flood_bench.py, pipeline).
+_REQUESTS_IN_A_ROW = 16
 _REASONS = {200: "OK", 400: "Bad Request", 403: "Forbidden", 404: "Not Found",
             405: "Method Not Allowed",
             408: "Request Timeout", 413: "Content Too Large", 431: "Request Header Fields Too Large",
@@ -200,6 +206,7 @@ class _Connection(asyncio.BufferedProtocol):
         self._sender: SocketSender | None = None  # on a plain socket (not TLS)
         # answered, and the next request waits until the client has read enough of it
         self._next_when_drained = False
+        self._in_a_row = 0  # requests answered since the connection last let the loop turn
         self._new_request()
 
     # -- asyncio protocol ------------------------------------------------------------------
@@ -660,11 +667,17 @@ class _Connection(asyncio.BufferedProtocol):
             self.transport.pause_reading()
             self._next_when_drained = True
             return
+        self._in_a_row += 1
+        if self._in_a_row >= _REQUESTS_IN_A_ROW:  # the next at the loop's next turn
+            self._in_a_row = 0
+            self.transport.pause_reading()
+            self._loop.call_soon(self._read_next)
+            return
         self._read_next()
 
     def _read_next(self) -> None:
         """Read the connection's next request, and parse what of it came meanwhile."""
-        if self.transport is None:
+        if self.transport is None or self.transport.is_closing():  # (closed while it waited)
             return
         self.transport.resume_reading()  # a no-op unless bytes were held
         if self._held:  # a pipelined request's first bytes, as if they came now
