@@ -1,7 +1,9 @@
 """An HTTP/1.1 connection lets the event loop turn every 16 requests it answers in a row:
 answered inline, the requests a client pipelined ran one after another, up to ~190 a turn
 on uvloop (libuv reads a busy socket 32 times a turn), while every other connection waited
-(bench/flood_bench.py, pipeline: another client's health check 2 ms at P50).
+(bench/flood_bench.py, pipeline: another client's health check 2 ms at P50). Shut down
+between two such turns, the connection closes lingering: closed at once with the client's
+requests unread, it was reset, and the client lost the answers it had been given.
 
 The front end runs in this test's own uvloop loop, so that a task there can count, at each
 turn of the loop, how many of a pipelining client's requests the server has answered."""
@@ -87,3 +89,44 @@ def test_a_pipelining_client_gets_16_requests_answered_a_turn(tmp_path: pathlib.
     assert sum(by_turn) == count
     assert max(by_turn) <= http_front._REQUESTS_IN_A_ROW == 16, by_turn
 
+
+def test_a_pipelining_client_closed_between_turns_gets_whole_answers_then_eof(
+        tmp_path: pathlib.Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Shutting down while a connection waits for its next turn: the answers already given
+    are whole, no request is read after the connection began to close, nothing is logged
+    as an error."""
+    async def scenario() -> tuple[bytes, int, int]:
+        pool = BufferPool()
+        engine = Engine(tmp_path, pool=pool)
+        await engine.start()
+        plane = _CountingPlane(engine, "test")
+        plane.started = True
+        front = HttpFrontEnd(plane, pool, 1 << 20, budget=ConnectionBudget())
+        try:
+            port = await front.start("127.0.0.1", 0)
+            answers: list[bytes] = []
+            client = threading.Thread(target=_pipeline, args=(port, 2000, answers))
+            client.start()
+            for _ in range(100_000):  # turns, until some have been answered
+                await asyncio.sleep(0)
+                if plane.answered >= 100:
+                    break
+            front.stop_accepting()
+            for connection in list(front.connections):
+                connection.close_when_idle()
+            at_close = plane.answered
+            for _ in range(100):
+                await asyncio.sleep(0)
+            after = plane.answered
+            client.join(timeout=30)
+            return answers[0] if answers else b"", at_close, after
+        finally:
+            await front.close()
+            await engine.shutdown(1.0)
+
+    answers, at_close, after = asyncio.Runner(loop_factory=uvloop.new_event_loop).run(
+        scenario())
+    assert 100 <= at_close < 2000 and after == at_close
+    assert answers.count(b"HTTP/1.1 200") == at_close
+    assert answers.endswith(b"true}") or answers.endswith(b"}"), answers[-80:]
+    assert not [r for r in caplog.records if r.levelname in ("ERROR", "CRITICAL")]

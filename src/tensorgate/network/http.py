@@ -733,7 +733,13 @@ class _Connection(asyncio.BufferedProtocol):
     def close_when_idle(self) -> None:
         self._closing_when_idle = True
         if self._task is None and self.transport is not None:
-            _close(self.transport)
+            if (self._held or self._begun) and self._lingering is None:
+                # a request (pipelined) not read yet, or read in part: closed at once with
+                # its bytes unread, the connection was reset, and a client lost the answers
+                # it had been given but not yet read
+                self._close_lingering()
+            else:
+                _close(self.transport)
 
 
 class _ChunkedBody:
