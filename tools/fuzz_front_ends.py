@@ -483,6 +483,10 @@ def http_input(data: bytes) -> bytes:
             framed = framed and length == len(body)
         out += method + b" " + path.encode("utf-8", "replace") + b" HTTP/1.1\r\n"
         out += b"\r\n".join(headers) + b"\r\n\r\n" + body
+    if fdp.ConsumeProbability() < 0.1:  # all of it again, past the requests in a row that
+        times = fdp.ConsumeIntInRange(2, 40)  # a connection answers before the loop turns
+        out *= times
+        count *= times
     if fdp.ConsumeProbability() < 0.1:  # raw bytes after it all
         out += fdp.ConsumeBytes(64)
         framed = False
