@@ -17,11 +17,14 @@ pipeline) and the second client's checks, P50, P99 and max:
     beyond       calls opened beyond the concurrent limit, never reset (each refused)
     priority     PRIORITY frames, one after another
     empty-data   empty DATA frames on one call that never ends
+    *-again      (priority-again, empty-data-again) the same, connecting again whenever
+                 the server closes the connection
     pipeline     HTTP/1.1: 2,000 health checks in one write, their answers read, again
 
     git worktree add /tmp/tg-old <commit>
     .venv/bin/python bench/flood_bench.py [--before /tmp/tg-old/src] [--seconds 5]
-        [--modes none,reset,reset-again,beyond,priority,empty-data,pipeline]
+        [--modes none,reset,reset-again,beyond,priority,priority-again,empty-data,
+                 empty-data-again,pipeline]
 """
 
 from __future__ import annotations
@@ -48,7 +51,8 @@ from compare_wire import latency_figures  # noqa: E402
 
 from tensorgate.builtin.repository import write_default_repository  # noqa: E402
 
-MODES = ("none", "reset", "reset-again", "beyond", "priority", "empty-data", "pipeline")
+MODES = ("none", "reset", "reset-again", "beyond", "priority", "priority-again", "empty-data",
+         "empty-data-again", "pipeline")
 _CHECK = b"GET /v2/health/ready HTTP/1.1\r\nHost: t\r\n\r\n"
 
 
@@ -66,14 +70,20 @@ def _flood(port: int, seconds: float, mode: str, opened: multiprocessing.Value) 
         ("content-type", "application/grpc"), ("te", "trailers")])
     message = pb.ModelMetadataRequest(name="resnet50").SerializeToString()
     body = b"\x00" + len(message).to_bytes(4, "big") + message
-    client, stream, pending, batch, count = H2Client(port), 1, b"", 0, 0
-    if mode == "empty-data":  # one call, opened and never ended
-        client.send(HEADERS, END_HEADERS, 1, block)
-    client.sock.setblocking(False)
+    kind, again = mode.removesuffix("-again"), mode.endswith("-again")
+
+    def connect() -> H2Client:
+        client = H2Client(port)
+        if kind == "empty-data":  # one call, opened and never ended
+            client.send(HEADERS, END_HEADERS, 1, block)
+        client.sock.setblocking(False)
+        return client
+
+    client, stream, pending, batch, count = connect(), 1, b"", 0, 0
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
-        if not pending and mode in ("priority", "empty-data"):
-            frame = (client.frame(PRIORITY, 0, 1, b"\0\0\0\0\x10") if mode == "priority"
+        if not pending and kind in ("priority", "empty-data"):
+            frame = (client.frame(PRIORITY, 0, 1, b"\0\0\0\0\x10") if kind == "priority"
                      else client.frame(DATA, 0, 1, b""))
             pending, batch = frame * 5000, 5000
         if not pending:
@@ -81,7 +91,7 @@ def _flood(port: int, seconds: float, mode: str, opened: multiprocessing.Value) 
             for _ in range(50):
                 parts.append(client.frame(HEADERS, END_HEADERS, stream, block)
                              + client.frame(DATA, END_STREAM, stream, body))
-                if mode.startswith("reset"):
+                if kind == "reset":
                     parts.append(client.frame(RST_STREAM, 0, stream, struct.pack(">I", 8)))
                 stream += 2
             pending, batch = b"".join(parts), 50
@@ -94,11 +104,10 @@ def _flood(port: int, seconds: float, mode: str, opened: multiprocessing.Value) 
         except BlockingIOError:
             time.sleep(0.0005)
         except OSError:  # closed by the server
-            if mode != "reset-again":
+            if not again:
                 break
             client.close()
-            client, stream, pending = H2Client(port), 1, b""
-            client.sock.setblocking(False)
+            client, stream, pending = connect(), 1, b""
     client.close()
     opened.value = count
 
@@ -149,7 +158,7 @@ def main() -> None:
                                       / "tensorgate-bench-repo")
     print(f"a flooding HTTP/2 client beside one sending health checks, {args.seconds:g} s "
           f"a mode; {platform.node()}, {time.strftime('%Y-%m-%d %H:%M')}")
-    print(f"{'tree':10} {'mode':12} {'sent/s':>14} {'checks':>8} {'P50 µs':>10} "
+    print(f"{'tree':10} {'mode':16} {'sent/s':>14} {'checks':>8} {'P50 µs':>10} "
           f"{'P99 µs':>11} {'max µs':>11}")
     for name, src in trees_of(args).items():
         process, http_port, grpc_port = serve(src, models)
@@ -169,7 +178,7 @@ def main() -> None:
                 checks = latency_figures(_checks(http_port, args.seconds))
                 if flood is not None:
                     flood.join(timeout=args.seconds + 30)
-                print(f"{name:10} {mode:12} {opened.value / (args.seconds + 0.5):>14,.0f} "
+                print(f"{name:10} {mode:16} {opened.value / (args.seconds + 0.5):>14,.0f} "
                       f"{checks['requests']:>8,} {checks['p50_us']:>10,} "
                       f"{checks['p99_us']:>11,} {checks['max_us']:>11,}", flush=True)
         finally:
