@@ -296,7 +296,7 @@ class Http2Connection(asyncio.BufferedProtocol):
         self._frames_per_turn = _FRAMES_PER_TURN if looped else 1 << 62
         self._finished = 0             # streams answered and closed both ways
         self._earned = 0               # finished, less those the client reset after
-        self._stream_frames = _frames_a_new_stream(0)  # what opening one counts this turn
+        self._stream_frames = _frames_a_new_stream(0)  # what opening one counts, for now
         self._wasted = 0               # streams refused, or reset by the client, unanswered
         self._idle_frames = 0          # frames that carried nothing (see _IDLE_FRAMES)
         self._turn_held = False        # reading paused until the next turn (_next_turn)
