@@ -25,9 +25,17 @@
 #               .venv/bin/python bench/compare.py --render-only --device cuda
 #               (writes the GPU block of bench/RESULTS.md and the plots)
 #
-# Rehearsal on a CPU machine, with a bare interpreter like the device's (torch and numpy only):
-#   PY=3.11 DEVICE_DIR=/tmp/rehearsal/.device bash bench/peers/pack_device.sh
-#   GPU_CHECK_DEVICE=cpu DEVICE_DIR=/tmp/rehearsal/.device bash bench/gpu_check.sh
+# Rehearsal on a CPU machine, on an interpreter holding, of what these steps import, only what
+# the device's image holds (the device tool's KINDS.md, read 2026-12-05: torch, numpy, grpcio,
+# protobuf, uvloop, ml_dtypes, packaging, urllib3, certifi, pytest, pluggy, iniconfig,
+# pygments, hypothesis, sortedcontainers; with torch and numpy alone every step fails):
+#   python3 -m venv /tmp/rehearsal/venv && /tmp/rehearsal/venv/bin/pip install \
+#     --find-links /opt/wheels torch==2.13.0 numpy grpcio protobuf uvloop ml_dtypes packaging \
+#     urllib3 certifi pytest pluggy iniconfig pygments hypothesis sortedcontainers
+#   PY=3.11 BASELINE=7b7b517 DEVICE_DIR=/tmp/rehearsal/.device bash bench/peers/pack_device.sh
+#   PATH=/tmp/rehearsal/venv/bin:$PATH GPU_CHECK_DEVICE=cpu DEVICE_DIR=/tmp/rehearsal/.device \
+#     GPU_CHECK_STEPS='tests aoti startup profile' bash bench/gpu_check.sh
+#   (and the same with GPU_CHECK_STEPS='engine compare'; 2026-12-05: both ran, ~90 s each)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1

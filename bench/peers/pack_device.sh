@@ -12,8 +12,10 @@
 #                         (its grpc module imports it); its HTTP client's geventhttpclient,
 #                         gevent, greenlet, zope.event, zope.interface and brotli (the e2e
 #                         tests' conftest imports it); py-spy (gpu_check.sh's profile step).
-#                         ml_dtypes, packaging, certifi, urllib3 and uvloop (the default
-#                         loop, --loop auto) are on the device already
+#                         ml_dtypes, packaging, certifi, urllib3, uvloop (the default loop,
+#                         --loop auto), pytest and hypothesis are in the device's image
+#                         already (the device tool's KINDS.md; carried, the call would
+#                         exceed its 64 MiB with Triton)
 #   .device/stub-wheels/  numpy 1.26 for Triton's Python-backend stub only (under numpy 2 it
 #                         answers HTTP 200 with empty outputs)
 #   .device/triton.tar.xz the nvidia-pytriton wheel's tritonserver: bin/, backends/, the 3.12
@@ -23,8 +25,9 @@
 #   .device/baseline/src/ with BASELINE=REV, that commit's tensorgate package (1 MB): the
 #                         profile step measures it beside this tree's, ratios in one run
 #
-# PY=3.11 DEVICE_DIR=/tmp/rehearsal bash bench/peers/pack_device.sh packs for this machine's
-# Python instead, to rehearse bench/gpu_check.sh here (see there) before spending device time.
+# PY=3.11 DEVICE_DIR=/tmp/rehearsal/.device bash bench/peers/pack_device.sh packs for this
+# machine's Python instead, to rehearse bench/gpu_check.sh here (see there) before spending
+# device time.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 venv="${TENSORGATE_PEERS_DIR:-$root/bench/peers/.venvs}/triton"
