@@ -20,7 +20,10 @@ system shared memory allowed, and runs client processes side by side until the t
   exactly) and typed contents among 70,000 unknown fields (past the bound), 20,000 strings
   of quotes, backslashes and brackets as JSON data to a text echo (served exactly) and the
   same with a lone surrogate among them (refused); each must get its error (or a close),
-  never a hang or a 5xx.
+  never a hang or a 5xx;
+- floods: 500 health checks pipelined in one write (all answered in order), then a gRPC
+  connection resetting each call as it opens it ("rapid reset") until the server ends it
+  with GOAWAY(ENHANCE_YOUR_CALM), again and again, a tenth of a second apart.
 
 Every few seconds: the server's RSS, open file descriptors, threads, the host pool's bytes
 in use and idle, and the connections it counts open. The table gives each after a warm-up
@@ -408,8 +411,51 @@ def hostile(ports: dict[str, int], deadline: float, out: Any) -> None:
     out.put(("hostile", counts))
 
 
+def floods(ports: dict[str, int], deadline: float, out: Any) -> None:
+    import hpack
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+    from tests.e2e.h2_client import END_HEADERS, GOAWAY, HEADERS, RST_STREAM, H2Client
+    counts = {"ok": 0, "expected": 0, "wrong": 0}
+    check = f"GET /v2/health/ready HTTP/1.1\r\nHost: 127.0.0.1:{ports['http']}\r\n\r\n"
+    block = hpack.Encoder().encode([
+        (":method", "POST"), (":scheme", "http"), (":authority", "x"),
+        (":path", "/inference.GRPCInferenceService/ServerLive"),
+        ("content-type", "application/grpc"), ("te", "trailers")])
+    resets = b"".join(H2Client.frame(HEADERS, END_HEADERS, stream, block)
+                      + H2Client.frame(RST_STREAM, 0, stream, b"\0\0\0\x08")
+                      for stream in range(1, 2 * 1400, 2))  # past the 1,280 it may waste
+    while time.monotonic() < deadline:
+        with socket.create_connection(("127.0.0.1", ports["http"]), timeout=10) as sock:
+            sock.sendall(check.encode() * 500)
+            answers = b""
+            try:
+                while answers.count(b"HTTP/1.1 200") < 500:
+                    chunk = sock.recv(1 << 16)
+                    if not chunk:
+                        break
+                    answers += chunk
+            except OSError:
+                pass
+            counts["ok" if answers.count(b"HTTP/1.1 200") == 500 else "wrong"] += 1
+        client = H2Client(ports["grpc"])
+        try:  # told to calm down, or reset with the streams it did not read: either ends it
+            client.sock.sendall(resets)
+            frames = client.frames_until(lambda f: f.kind == GOAWAY)
+            ended = bool(frames) and frames[-1].kind == GOAWAY and \
+                frames[-1].payload[4:8] == b"\0\0\0\x0b" or client.read_frame() is None
+        except ConnectionResetError:
+            ended = True
+        except OSError:
+            ended = False
+        finally:
+            client.close()
+        counts["expected" if ended else "wrong"] += 1
+        time.sleep(0.1)
+    out.put(("floods", counts))
+
+
 CLIENTS = {"http-binary": http_binary, "http-json": http_json, "grpc-unary": grpc_unary,
-           "grpc-stream": grpc_stream, "shm": shm, "hostile": hostile}
+           "grpc-stream": grpc_stream, "shm": shm, "hostile": hostile, "floods": floods}
 
 
 # -- the server and what is sampled -------------------------------------------------------
