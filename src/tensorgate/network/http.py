@@ -206,7 +206,7 @@ class _Connection(asyncio.BufferedProtocol):
         self._sender: SocketSender | None = None  # on a plain socket (not TLS)
         # answered, and the next request waits until the client has read enough of it
         self._next_when_drained = False
-        self._in_a_row = 0  # requests answered since the connection last let the loop turn
+        self._in_a_row = 0  # requests answered since it last left the next to a new turn
         self._new_request()
 
     # -- asyncio protocol ------------------------------------------------------------------
