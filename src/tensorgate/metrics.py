@@ -108,6 +108,10 @@ _HELP = {
     "tensorgate_connections_open": ("gauge", "Client connections open (HTTP and gRPC)"),
     "tensorgate_connections_refused_total": (
         "counter", "Client connections refused past --max-connections"),
+    "tensorgate_connections_flooding_total": (
+        "counter", "Client connections ended for flooding the server (HTTP/2 GOAWAY "
+                   "ENHANCE_YOUR_CALM: streams reset or refused, frames that carry nothing, "
+                   "oversized frames or header blocks)"),
 }
 
 
@@ -160,7 +164,7 @@ def _labels(**values: str) -> str:
 
 def render_metrics(models: Iterable[tuple[ModelStatistics, int]],
                    pool: PoolStatistics | None = None,
-                   connections: tuple[int, int] | None = None,
+                   connections: tuple[int, int, int] | None = None,
                    cache: CacheStatistics | None = None,
                    traces: tuple[int, int, int] | None = None,
                    host: HostSample | None = None,
@@ -168,8 +172,8 @@ def render_metrics(models: Iterable[tuple[ModelStatistics, int]],
                    gpus: Sequence[GpuSample] = (),
                    calls: Sequence[ModelCall] = ()) -> str:
     """`models`: each version's statistics and its pending-request count; `pool`: the host
-    buffer pool's, when there is one to report; `connections`: (open, refused so far);
-    `cache`: the response cache's, when the server has one; `traces`: (written, held,
+    buffer pool's, when there is one to report; `connections`: (open, refused so far, ended
+    for flooding so far); `cache`: the response cache's, when the server has one; `traces`: (written, held,
     dropped), when the server traces; `host`: the last CPU sample, when it takes them;
     `latencies`: which of Triton's latency metrics to write; `gpus`: the last GPU sample,
     one per GPU, when the server takes them (a reading a GPU lacks is left out); `calls`:
@@ -278,6 +282,7 @@ def render_metrics(models: Iterable[tuple[ModelStatistics, int]],
     if connections is not None:
         rows["tensorgate_connections_open"].append(f" {connections[0]}")
         rows["tensorgate_connections_refused_total"].append(f" {connections[1]}")
+        rows["tensorgate_connections_flooding_total"].append(f" {connections[2]}")
     out = []
     for name, (kind, text) in _HELP.items():
         if not rows[name]:

@@ -300,7 +300,7 @@ class Server:
             config.metrics_histogram_latencies)
         self._metrics = MetricsFrontEnd(lambda: render_metrics(
             engine.model_statistics(), engine.pool_statistics(),
-            (budget.open, budget.refused), engine.cache_statistics(),
+            (budget.open, budget.refused, budget.floods), engine.cache_statistics(),
             tracer.statistics() if tracer is not None else None,
             host.last if host is not None else None, latencies,
             gpus.last if gpus is not None else (), engine.model_calls()),

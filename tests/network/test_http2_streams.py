@@ -10,6 +10,7 @@ records what the layer writes."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import struct
 import time
 from typing import Any
@@ -20,7 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tritonclient.grpc import service_pb2 as pb
 
-from tensorgate.network import http2
+from tensorgate.network import ConnectionBudget, http2
 from tensorgate.network.grpc_messages import MessageReader
 from tensorgate.tensor.copies import CopyLedger
 from tensorgate.tensor.pool import BufferPool
@@ -386,10 +387,11 @@ class _ReadingRecorder(_Recorder):
         return self.reading
 
 
-def _turning(finish: bool = False) -> tuple[http2.Http2Connection, _ReadingRecorder,
-                                            list[int], hpack.Encoder]:
+def _turning(finish: bool = False, budget: ConnectionBudget | None = None
+             ) -> tuple[http2.Http2Connection, _ReadingRecorder, list[int], hpack.Encoder]:
     """A connection inside a running loop, and the ids of the streams it opened; with
-    `finish`, each stream whose request is whole is answered at once (an empty 200)."""
+    `finish`, each stream whose request is whole is answered at once (an empty 200); with
+    `budget`, ended for flooding, it tells that budget."""
     opened: list[int] = []
     encoder = hpack.Encoder()
     head, trailers = encoder.encode([(":status", "200")]), encoder.encode([("grpc-status", "0")])
@@ -408,7 +410,8 @@ def _turning(finish: bool = False) -> tuple[http2.Http2Connection, _ReadingRecor
         opened.append(stream.id)
         return Answering(stream)
 
-    connection = http2.Http2Connection(open_stream, lambda c: None)
+    connection = http2.Http2Connection(open_stream, lambda c: None,
+                                       None if budget is None else budget.flooded)
     transport = _ReadingRecorder()
     connection.connection_made(transport)
     _feed(connection, PREFACE + H2Client.frame(SETTINGS, 0, 0, b""))
@@ -490,6 +493,31 @@ def test_a_client_that_wastes_its_streams_is_told_to_calm_down_and_closed() -> N
             assert b"1281 streams refused or reset unanswered" in goaway[0][8:]
 
         asyncio.run(scenario())
+
+
+def test_connections_ended_for_flooding_are_counted_and_logged_once_in_a_while(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A client connecting again for each flood ended ~8 connections a second, each a log
+    line: they are counted (the metrics' tensorgate_connections_flooding_total) and logged
+    at most every 10 s."""
+    budget = ConnectionBudget()
+
+    async def flood() -> None:
+        connection, transport, _, encoder = _turning(budget=budget)
+        _feed(connection, _streams(1, 1300, _request_block(encoder), end=False, reset=True))
+        for _ in range(200):
+            if transport.closed:
+                break
+            await asyncio.sleep(0)
+        assert transport.closed
+
+    with caplog.at_level(logging.INFO):
+        for _ in range(3):
+            asyncio.run(flood())
+    assert budget.floods == 3
+    said = [record.getMessage() for record in caplog.records]
+    assert len(said) == 1 and "floods the server (1281 streams refused or reset" in said[0], \
+        said
 
 
 def test_a_client_whose_calls_mostly_finish_may_reset_many() -> None:

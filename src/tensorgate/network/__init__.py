@@ -43,15 +43,18 @@ class ConnectionBudget:
     """Client connections open at once across the HTTP and gRPC front ends
     (--max-connections). Past the limit a new connection is answered at once (HTTP 503, gRPC
     GOAWAY) and closed, so that file descriptors and per-connection memory stay bounded
-    whatever clients do. Admitted when the connection is accepted, released when it closes."""
+    whatever clients do. Admitted when the connection is accepted, released when it closes.
+    It also counts the connections ended for flooding (`flooded`), for the metrics."""
 
-    __slots__ = ("limit", "open", "refused", "_logged")
+    __slots__ = ("limit", "open", "refused", "floods", "_logged", "_flood_logged")
 
     def __init__(self, limit: int = 0) -> None:
         self.limit = limit  # 0: no limit
         self.open = 0
         self.refused = 0
+        self.floods = 0  # connections ended for flooding
         self._logged = -REFUSAL_LOG_PERIOD_S
+        self._flood_logged = -REFUSAL_LOG_PERIOD_S
 
     def admit(self) -> bool:
         if self.limit and self.open >= self.limit:
@@ -67,6 +70,17 @@ class ConnectionBudget:
 
     def release(self) -> None:
         self.open -= 1
+
+    def flooded(self, how: str) -> None:
+        """A connection is ended for flooding (HTTP/2 ENHANCE_YOUR_CALM): counted, and logged
+        at most every REFUSAL_LOG_PERIOD_S (a client connecting again for each flood ended
+        ~8 connections a second, each a log line)."""
+        self.floods += 1
+        now = time.monotonic()
+        if now - self._flood_logged >= REFUSAL_LOG_PERIOD_S:
+            self._flood_logged = now
+            log.warning("ended a connection that floods the server (%s); %d so far", how,
+                        self.floods)
 
     def refusal(self) -> str:
         return (f"the server already has {self.open} connections open, its limit "

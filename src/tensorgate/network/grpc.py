@@ -303,7 +303,8 @@ class GrpcFrontEnd:
     def _connection(self) -> asyncio.BaseProtocol:
         if not self.budget.admit():
             return RefusedConnection(http2.refusal_frames(self.budget.refusal()))
-        connection = http2.Http2Connection(self._open_stream, self._closed)
+        connection = http2.Http2Connection(self._open_stream, self._closed,
+                                           self.budget.flooded)
         self.connections.add(connection)
         if self.tls is not None:
             self._handshakes.started(connection, time.monotonic())

@@ -249,9 +249,11 @@ class Http2Connection(asyncio.BufferedProtocol):
 
     def __init__(self, open_stream: Callable[[Http2Connection, Http2Stream, Fields],
                                              StreamHandler],
-                 on_close: Callable[[Http2Connection], None]) -> None:
+                 on_close: Callable[[Http2Connection], None],
+                 flooded: Callable[[str], None] | None = None) -> None:
         self._open_stream = open_stream
         self._on_close = on_close
+        self._flooded = flooded  # told how, when the connection is ended for flooding
         # the order in which this connection's requests of sequences reach the pipeline
         self.in_order = InOrder()
         self.transport: asyncio.Transport | None = None
@@ -428,7 +430,10 @@ class Http2Connection(asyncio.BufferedProtocol):
             self._connection_error(error)
 
     def _connection_error(self, error: Http2Error) -> None:
-        log.info("HTTP/2 connection error %d: %s", error.code, error)
+        if error.code == ENHANCE_YOUR_CALM and self._flooded is not None:
+            self._flooded(str(error))
+        else:
+            log.info("HTTP/2 connection error %d: %s", error.code, error)
         self._failed_connection = True
         self._go_away(error.code, str(error))
         if self.transport is not None:
