@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import gzip
+import re
 import socket
 import struct
 import threading
@@ -230,7 +231,9 @@ def test_a_flooding_client_is_closed_and_others_are_served(server: RunningServer
     one stream of bytes. While they come, another connection's calls are answered (a
     connection parses at most 128 new streams and 1,024 frames a turn of the loop: one such
     client kept every other waiting 0.5-5.3 s, bench/RESULTS.md), and past 1,280 wasted
-    streams or 10,000 empty frames the client is told ENHANCE_YOUR_CALM and closed."""
+    streams or 10,000 empty frames the client is told ENHANCE_YOUR_CALM and closed, and the
+    metrics count it."""
+    floods = _flooding_connections(server)
     attacker, other = h2.H2Client(_port(server)), h2.H2Client(_port(server))
     try:
         block = attacker.encoder.encode([
@@ -256,6 +259,13 @@ def test_a_flooding_client_is_closed_and_others_are_served(server: RunningServer
         attacker.close()
         other.close()
     _assert_serving(server)
+    assert _flooding_connections(server) == floods + 1
+
+
+def _flooding_connections(server: RunningServer) -> int:
+    found = re.search(r"^tensorgate_connections_flooding_total (\d+)$", scrape(server), re.M)
+    assert found is not None
+    return int(found.group(1))
 
 
 def _send_all(sock: socket.socket, data: bytes) -> None:
@@ -348,7 +358,10 @@ def test_a_call_in_flight_finishes_during_shutdown(e2e_repo, tmp_path) -> None:
 
     worker = threading.Thread(target=call)
     worker.start()
-    time.sleep(0.15)
+    running_call = re.compile(r'^tensorgate_model_call_seconds\{model="slow"[^}]*\} (?!0$)', re.M)
+    deadline = time.monotonic() + 10  # until the call runs (a fixed 0.15 s was too short
+    while time.monotonic() < deadline and not running_call.search(scrape(running)):
+        time.sleep(0.01)  # on a loaded machine: the call came after the GOAWAY)
     assert stop_server(running) == 0
     worker.join(30)
     assert "error" not in outcome, outcome.get("error")
