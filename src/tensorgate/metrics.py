@@ -173,11 +173,11 @@ def render_metrics(models: Iterable[tuple[ModelStatistics, int]],
                    calls: Sequence[ModelCall] = ()) -> str:
     """`models`: each version's statistics and its pending-request count; `pool`: the host
     buffer pool's, when there is one to report; `connections`: (open, refused so far, ended
-    for flooding so far); `cache`: the response cache's, when the server has one; `traces`: (written, held,
-    dropped), when the server traces; `host`: the last CPU sample, when it takes them;
-    `latencies`: which of Triton's latency metrics to write; `gpus`: the last GPU sample,
-    one per GPU, when the server takes them (a reading a GPU lacks is left out); `calls`:
-    each instance's current call into its model (Engine.model_calls)."""
+    for flooding so far); `cache`: the response cache's, when the server has one; `traces`:
+    (written, held, dropped), when the server traces; `host`: the last CPU sample, when it
+    takes them; `latencies`: which of Triton's latency metrics to write; `gpus`: the last
+    GPU sample, one per GPU, when the server takes them (a reading a GPU lacks is left out);
+    `calls`: each instance's current call into its model (Engine.model_calls)."""
     rows: dict[str, list[str]] = {name: [] for name in _HELP}
     for stats, pending in models:
         labels = _labels(model=stats.name, version=str(stats.version))
