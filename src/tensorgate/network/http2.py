@@ -113,6 +113,10 @@ _WASTED_STREAMS = 10 * _MAX_STREAMS
 # ENHANCE_YOUR_CALM and closed (gRPC clients send none; a flood of them asks for no answer,
 # so nothing else would ever stop it).
 _IDLE_FRAMES = 10_000
+# And each counts this many of a turn's _FRAMES_PER_TURN (128 a turn): at one, a client that
+# connected again whenever closed cost every other connection 0.5-0.7 ms a turn with empty
+# DATA frames (bench/flood_bench.py, empty-data-again).
+_IDLE_FRAME_COUNTS = 8
 _MAX_HEADER_BLOCK = 64 << 10       # encoded bytes of one header block, CONTINUATIONs included
 # A client sends the same header block call after call (by the second call its fields are
 # all in HPACK's dynamic table). hpack decoded one in ~40 µs of a ~700 µs gRPC identity call
@@ -1002,6 +1006,7 @@ class Http2Connection(asyncio.BufferedProtocol):
     def _idle_frame(self, what: str) -> None:
         """One more frame that carried nothing; too many: a connection error."""
         self._idle_frames += 1
+        self._turn_frames += _IDLE_FRAME_COUNTS - 1  # (its header counted one)
         if self._idle_frames > _IDLE_FRAMES + 64 * self._finished:
             raise Http2Error(ENHANCE_YOUR_CALM, f"{self._idle_frames} frames that carry "
                                                 f"nothing (the last {what}) against "
