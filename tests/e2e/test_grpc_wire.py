@@ -229,8 +229,9 @@ def test_a_flooding_client_is_closed_and_others_are_served(server: RunningServer
     """Calls opened and reset at once (HTTP/2 "rapid reset", CVE-2023-44487), or frames that
     ask for nothing (PRIORITY), are never held back by the concurrent limit or a reply: in
     one stream of bytes. While they come, another connection's calls are answered (a
-    connection parses at most 128 new streams and 1,024 frames a turn of the loop: one such
-    client kept every other waiting 0.5-5.3 s, bench/RESULTS.md), and past 1,280 wasted
+    connection parses at most 8 new streams a turn of the loop until its streams are
+    answered, and 128 frames that carry nothing: one such client kept every other waiting
+    0.5-5.3 s, bench/RESULTS.md), and past 1,280 wasted
     streams or 10,000 empty frames the client is told ENHANCE_YOUR_CALM and closed, and the
     metrics count it."""
     floods = _flooding_connections(server)
