@@ -44,6 +44,19 @@ class H2Client:
         return (len(payload).to_bytes(3, "big") + bytes([kind, flags])
                 + struct.pack(">I", stream) + payload)
 
+    @classmethod
+    def streams(cls, first: int, count: int, block: bytes, end: bool = False,
+                reset: bool = False) -> bytes:
+        """`count` new streams from `first`: a header block each (the request whole with
+        `end`), each reset by the client after it with `reset` (CANCEL; "rapid reset" where
+        the request is not whole)."""
+        out = bytearray()
+        for stream in range(first, first + 2 * count, 2):
+            out += cls.frame(HEADERS, END_HEADERS | (END_STREAM if end else 0), stream, block)
+            if reset:
+                out += cls.frame(RST_STREAM, 0, stream, struct.pack(">I", 8))
+        return bytes(out)
+
     def send(self, kind: int, flags: int, stream: int, payload: bytes = b"") -> None:
         self.sock.sendall(self.frame(kind, flags, stream, payload))
 

@@ -242,9 +242,7 @@ def test_a_flooding_client_is_closed_and_others_are_served(server: RunningServer
             (":path", "/inference.GRPCInferenceService/ModelInfer"),
             ("content-type", "application/grpc"), ("te", "trailers")])
         if flood == "rapid reset":
-            data = b"".join(attacker.frame(h2.HEADERS, h2.END_HEADERS, stream, block)
-                            + attacker.frame(h2.RST_STREAM, 0, stream, struct.pack(">I", 8))
-                            for stream in range(1, 2 * 3000, 2))
+            data = attacker.streams(1, 3000, block, reset=True)
         else:
             data = attacker.frame(h2.PRIORITY, 0, 1, b"\0\0\0\0\x10") * 30_000
         sender = threading.Thread(target=_send_all, args=(attacker.sock, data))

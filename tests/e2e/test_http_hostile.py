@@ -69,6 +69,9 @@ def error_of(body: bytes) -> str:
 
 
 TENSOR = np.arange(12, dtype="<f4").tobytes()
+# a V2 JSON request to `paced` (it answers 2x+1): [1, 2, 3, 4] -> [3, 5, 7, 9]
+PACED_BODY = json.dumps({"inputs": [{"name": "INPUT__0", "shape": [1, 4], "datatype": "FP32",
+                                     "data": [1, 2, 3, 4]}]}).encode()
 
 
 @pytest.mark.parametrize("raw, status, message", [
@@ -264,8 +267,7 @@ def _read_response(sock: socket.socket, data: bytes = b"") -> tuple[bytes, bytes
 def test_a_request_sent_while_one_is_served_is_answered_after_it(server: RunningServer) -> None:
     """The second request's bytes arrive while `paced` (0.05 s) serves the first: they wait,
     and both are answered, in order, on the one connection."""
-    body = json.dumps({"inputs": [{"name": "INPUT__0", "shape": [1, 4], "datatype": "FP32",
-                                   "data": [1, 2, 3, 4]}]}).encode()
+    body = PACED_BODY
     with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
         sock.sendall(request("/v2/models/paced/infer", body))
         time.sleep(0.01)
@@ -312,8 +314,7 @@ def test_requests_pipelined_in_one_write_are_all_answered_in_order(
     several begin in the read that ends the one before; each is answered, in order, on the
     one connection, which stays open (the first used to be answered with `Connection:
     close` and the rest dropped)."""
-    body = json.dumps({"inputs": [{"name": "INPUT__0", "shape": [1, 4], "datatype": "FP32",
-                                   "data": [1, 2, 3, 4]}]}).encode()
+    body = PACED_BODY
     sent = [b"GET /v2/health/ready HTTP/1.1\r\nHost: t\r\n\r\n",
             request("/v2/models/paced/infer", body),
             b"GET /v2/models/paced HTTP/1.1\r\nHost: t\r\n\r\n",
@@ -350,8 +351,7 @@ def test_a_pipelined_request_after_a_blank_line_cut_across_reads_is_answered(
     window) `before_the_cut` bytes of its blank line in the first, the rest with a body and
     the next request's start in the second: the server finds where the next begins from
     what the first read ended with, and answers both in order on the open connection."""
-    body = json.dumps({"inputs": [{"name": "INPUT__0", "shape": [1, 4], "datatype": "FP32",
-                                   "data": [1, 2, 3, 4]}]}).encode()
+    body = PACED_BODY
     bare = request("/v2/models/paced/infer", body, {"X-Pad": ""})
     head = bare[:len(bare) - len(body) - 4]  # up to the blank line's \r\n\r\n
     pad = _HEAD_WINDOW - before_the_cut - len(head)
@@ -378,8 +378,7 @@ def test_pipelined_requests_of_any_lengths_are_answered_in_order(
     """Requests of any head and body lengths in one write (so the server's 256-byte reads
     end anywhere in them: in a blank line, a body, a next request's head), some after an
     empty line (which a request line may follow): every one is answered, in order."""
-    body = json.dumps({"inputs": [{"name": "INPUT__0", "shape": [1, 4], "datatype": "FP32",
-                                   "data": [1, 2, 3, 4]}]}).encode()
+    body = PACED_BODY
     raw = b""
     for kind, pad, empty_line in sent:
         headers = {"X-Pad": "p" * pad}
@@ -432,8 +431,7 @@ def test_a_request_pipelined_after_a_chunked_one_gets_the_first_answered_then_cl
     """After a chunked body, where the next request begins in the same read is not told:
     the first is answered with `Connection: close` and the connection closes (a pipelining
     client sends the rest again, RFC 9112 §9.3.2)."""
-    body = json.dumps({"inputs": [{"name": "INPUT__0", "shape": [1, 4], "datatype": "FP32",
-                                   "data": [1, 2, 3, 4]}]}).encode()
+    body = PACED_BODY
     chunked = (b"POST /v2/models/paced/infer HTTP/1.1\r\nHost: t\r\n"
                b"Transfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n0\r\n\r\n" % (len(body), body))
     model = b"GET /v2/models/paced HTTP/1.1\r\nHost: t\r\n\r\n"

@@ -418,15 +418,21 @@ def _turning(finish: bool = False, budget: ConnectionBudget | None = None
     return connection, transport, opened, encoder
 
 
-def _streams(first: int, count: int, block: bytes, end: bool, reset: bool) -> bytes:
-    """`count` new streams from `first`: a header block each (the request whole with
-    `end`), each reset by the client after it with `reset`."""
-    out = bytearray()
-    for stream in range(first, first + 2 * count, 2):
-        out += H2Client.frame(HEADERS, END_HEADERS | (END_STREAM if end else 0), stream, block)
-        if reset:
-            out += H2Client.frame(RST_STREAM, 0, stream, struct.pack(">I", 8))
-    return bytes(out)
+_streams = H2Client.streams
+
+
+async def _until_closed(transport: _ReadingRecorder, turns: int) -> None:
+    """Turns of the loop until the connection is closed, `turns` at most."""
+    for _ in range(turns):
+        if transport.closed:
+            return
+        await asyncio.sleep(0)
+
+
+def _goaway(transport: _Recorder) -> bytes:
+    """The payload of the first GOAWAY written (b"" if none)."""
+    return next((payload for kind, _, _, payload in _frames(bytes(transport.written))
+                 if kind == GOAWAY), b"")
 
 
 async def _opened_by_turn(transport: _ReadingRecorder, opened: list[int],
@@ -482,15 +488,11 @@ def test_a_client_that_wastes_its_streams_is_told_to_calm_down_and_closed() -> N
             data = (_streams(1, 1300, block, end=False, reset=True) if wasting == "reset"
                     else _streams(1, 1500, block, end=False, reset=False))
             _feed(connection, data)
-            for _ in range(200):  # a turn of the loop each (8 streams a turn)
-                if transport.closed:
-                    break
-                await asyncio.sleep(0)
-            frames = _frames(bytes(transport.written))
-            goaway = [payload for kind, _, _, payload in frames if kind == GOAWAY]
+            await _until_closed(transport, 200)  # (8 streams a turn)
+            goaway = _goaway(transport)
             assert transport.closed and goaway, wasting
-            assert int.from_bytes(goaway[0][4:8], "big") == http2.ENHANCE_YOUR_CALM
-            assert b"1281 streams refused or reset unanswered" in goaway[0][8:]
+            assert int.from_bytes(goaway[4:8], "big") == http2.ENHANCE_YOUR_CALM
+            assert b"1281 streams refused or reset unanswered" in goaway[8:]
 
         asyncio.run(scenario())
 
@@ -505,10 +507,7 @@ def test_connections_ended_for_flooding_are_counted_and_logged_once_in_a_while(
     async def flood() -> None:
         connection, transport, _, encoder = _turning(budget=budget)
         _feed(connection, _streams(1, 1300, _request_block(encoder), end=False, reset=True))
-        for _ in range(200):
-            if transport.closed:
-                break
-            await asyncio.sleep(0)
+        await _until_closed(transport, 200)
         assert transport.closed
 
     with caplog.at_level(logging.INFO):
@@ -562,13 +561,11 @@ def test_frames_that_ask_for_nothing_are_parsed_128_a_turn_and_closed_past_10000
                 await asyncio.sleep(0)
             assert connection._idle_frames == 3000 and transport.reading
             _feed(connection, frame * 7001)
-            for _ in range(100):
-                await asyncio.sleep(0)
-            goaway = [payload for kind, _, _, payload in _frames(bytes(transport.written))
-                      if kind == GOAWAY]
+            await _until_closed(transport, 100)
+            goaway = _goaway(transport)
             assert transport.closed and goaway
-            assert int.from_bytes(goaway[0][4:8], "big") == http2.ENHANCE_YOUR_CALM
-            assert b"10001 frames that carry nothing" in goaway[0][8:]
+            assert int.from_bytes(goaway[4:8], "big") == http2.ENHANCE_YOUR_CALM
+            assert b"10001 frames that carry nothing" in goaway[8:]
 
         asyncio.run(scenario())
 
@@ -578,8 +575,7 @@ def test_empty_data_that_does_not_end_its_stream_counts_as_nothing() -> None:
         connection, transport, opened, encoder = _turning()
         _feed(connection, H2Client.frame(HEADERS, END_HEADERS, 1, _request_block(encoder))
               + H2Client.frame(DATA, 0, 1, b"") * 10_001)
-        for _ in range(120):  # (128 a turn)
-            await asyncio.sleep(0)
+        await _until_closed(transport, 120)  # (128 a turn)
         assert opened == [1] and transport.closed
 
     asyncio.run(scenario())

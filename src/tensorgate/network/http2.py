@@ -302,7 +302,6 @@ class Http2Connection(asyncio.BufferedProtocol):
         self._frames_per_turn = _FRAMES_PER_TURN if looped else 1 << 62
         self._finished = 0             # streams answered and closed both ways
         self._earned = 0               # finished, less those the client reset after
-        self._stream_frames = _frames_a_new_stream(0)  # what opening one counts, for now
         self._wasted = 0               # streams refused, or reset by the client, unanswered
         self._idle_frames = 0          # frames that carried nothing (see _IDLE_FRAMES)
         self._turn_held = False        # reading paused until the next turn (_next_turn)
@@ -550,7 +549,6 @@ class Http2Connection(asyncio.BufferedProtocol):
                 self._waste("reset before their answers")
             elif self._earned > 0:  # reset after its answer (or after ours): earns nothing
                 self._earned -= 1
-                self._stream_frames = _frames_a_new_stream(self._earned)
             self._drop(stream_id)
         elif kind == PRIORITY:
             if len(payload) != 5:
@@ -612,7 +610,7 @@ class Http2Connection(asyncio.BufferedProtocol):
             raise Http2Error(PROTOCOL_ERROR, f"HEADERS opening stream {stream_id}, which is "
                                              "even or not new")
         self._last_stream = stream_id
-        self._turn_frames += self._stream_frames
+        self._turn_frames += _frames_a_new_stream(self._earned)
         if self.going_away or len(self.streams) >= _MAX_STREAMS:
             self._reset(stream_id, REFUSED_STREAM)
             self._waste(f"opened beyond the {_MAX_STREAMS} it may have at once")
@@ -1025,8 +1023,6 @@ class Http2Connection(asyncio.BufferedProtocol):
             if self.streams.pop(stream.id, None) is not None:
                 self._finished += 1
                 self._earned += 1
-                if self._stream_frames > _NEW_STREAM:
-                    self._stream_frames = _frames_a_new_stream(self._earned)
             self._blocked.pop(stream.id, None)
             stream.handler = None  # (see _let_go)
             self._close_if_done()
