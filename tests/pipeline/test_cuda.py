@@ -51,14 +51,19 @@ def test_graph_replay_equals_eager() -> None:
             torch.testing.assert_close(replayed, eager, rtol=1e-3, atol=1e-3)
 
 
-def test_engine_on_gpu_equals_cpu(tmp_path: pathlib.Path) -> None:
-    """KIND_GPU instances with and without CUDA graphs, and one of no instance group on an
-    Engine told device="cuda" (the first GPU: a device without an index once failed its
-    load, "Expected a torch.device with a specified index")."""
+def test_engine_on_gpu_equals_cpu(tmp_path: pathlib.Path,
+                                  caplog: pytest.LogCaptureFixture) -> None:
+    """KIND_GPU instances with and without CUDA graphs, one with the graphs its config's
+    graph_spec names (batches of 1-2 rows replay size 2, 3-4 size 4, 5-8 run eagerly), and
+    one of no instance group on an Engine told device="cuda" (the first GPU: a device without
+    an index once failed its load, "Expected a torch.device with a specified index")."""
     gpu = "instance_group [ { kind: KIND_GPU } ]"
+    models = ("graphs", "eager", "sized", "unplaced")
     for name, extra in (("graphs", gpu),
                         ("eager", gpu + '\nparameters { key: "cuda_graphs" value { '
                                         'string_value: "false" } }'),
+                        ("sized", gpu + "\noptimization { cuda { graph_spec [ "
+                                        "{ batch_size: 4 }, { batch_size: 2 } ] } }"),
                         ("unplaced", "")):
         rb.add_torchscript(tmp_path, name, rb.linear_module(), [8], [4],
                            "dynamic_batching { max_queue_delay_microseconds: 5000 }",
@@ -69,7 +74,7 @@ def test_engine_on_gpu_equals_cpu(tmp_path: pathlib.Path) -> None:
     async def scenario() -> None:
         engine = Engine(tmp_path, device="cuda")
         await engine.start()
-        for model in ("graphs", "eager", "unplaced"):
+        for model in models:
             results = await asyncio.gather(*(engine.infer(InferenceRequest(
                 model, {"INPUT__0": TensorView.from_torch(x, name="INPUT__0")})) for x in inputs))
             for x, result in zip(inputs, results):
@@ -77,7 +82,13 @@ def test_engine_on_gpu_equals_cpu(tmp_path: pathlib.Path) -> None:
                 assert out.device.type == "cpu"
                 torch.testing.assert_close(out, direct(x), rtol=1e-4, atol=1e-4)
         await engine.shutdown()
-    run(scenario())
+    with caplog.at_level("INFO", logger="tensorgate"):
+        run(scenario())
+    said = [r.getMessage() for r in caplog.records if "has CUDA graphs" in r.getMessage()]
+    assert "model sized: instance 0 has CUDA graphs for batch sizes 2, 4" in said, said
+    assert any(m.startswith("model graphs: ") and m.endswith("1, 2, 3, 4, 5, 6, 7, 8")
+               for m in said), said
+    assert not any(m.startswith("model eager: ") for m in said), said
 
 
 GPU_STEPS = '''

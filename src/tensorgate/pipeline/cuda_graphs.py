@@ -4,7 +4,8 @@ A batch of `rows` replays the smallest captured size ≥ rows; its inputs are co
 graph's static inputs (rows beyond the batch keep stale data, and their outputs are cut off).
 Used only by the executor thread, which owns the stream; replaced by eager runs when a
 model's shapes are not static (or ragged), an input or output is BYTES (strings are made on the
-host, which a graph does not replay), or the config says `cuda_graphs: false`.
+host, which a graph does not replay), or the config says `cuda_graphs: false`. A config's
+`optimization { cuda { graph_spec ... } }` names the sizes (repository/graph_config.py).
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from typing import Any
 
 import torch
 
-from tensorgate.repository.model_config import MAX_WARMUP_BYTES, ModelSpec
+from tensorgate.repository.graph_config import MAX_GRAPH_INPUT_BYTES
+from tensorgate.repository.model_config import ModelSpec
 from tensorgate.tensor.copies import copy_into
 
 __all__ = ["CAPTURING", "GraphSet", "graph_batch_sizes", "map_tensors"]
@@ -33,23 +35,26 @@ CAPTURING = threading.Lock()
 
 
 def graph_batch_sizes(spec: ModelSpec) -> list[int]:
-    """Every size up to 8, then powers of two, the preferred sizes and the maximum: those
-    whose static inputs are at most MAX_WARMUP_BYTES each. A graph holds its inputs on the
-    device for as long as the model is loaded, and max_batch_size is an int32 a config (a
-    client's load `config` too) sets at will; a batch above the largest size runs eagerly."""
+    """The sizes the config's graph_spec names (repository/graph_config.py); without, every
+    size up to 8, then powers of two, the preferred sizes and the maximum. Either way those
+    whose static inputs are at most MAX_GRAPH_INPUT_BYTES each: a graph holds its inputs on
+    the device for as long as the model is loaded. A batch above the largest runs eagerly."""
     top = spec.max_batch_size
     if top <= 1:
         return [1]
-    sizes = set(range(1, min(top, 8) + 1))
-    power = 16
-    while power < top:
-        sizes.add(power)
-        power *= 2
-    sizes.add(top)
-    if spec.batching is not None:
-        sizes.update(spec.batching.preferred_batch_sizes)
+    if spec.graph_sizes:
+        sizes = set(spec.graph_sizes)
+    else:
+        sizes = set(range(1, min(top, 8) + 1))
+        power = 16
+        while power < top:
+            sizes.add(power)
+            power *= 2
+        sizes.add(top)
+        if spec.batching is not None:
+            sizes.update(spec.batching.preferred_batch_sizes)
     row = max((i.row_bytes() for i in spec.model_inputs), default=0)
-    return sorted(size for size in sizes if size == 1 or size * row <= MAX_WARMUP_BYTES)
+    return sorted(size for size in sizes if size == 1 or size * row <= MAX_GRAPH_INPUT_BYTES)
 
 
 def map_tensors(value: Any, fn: Callable[[torch.Tensor], Any]) -> Any:

@@ -426,9 +426,12 @@ class ExecutorThread:
             self._check_batch_rows(runner)
         if s.device.type == "cuda" and s.cuda_graphs and runner.module is not None:
             started = time.perf_counter()
-            self._graphs = GraphSet.capture(runner.run, s.spec, s.device, self._stream,
-                                            graph_batch_sizes(s.spec))
+            sizes = graph_batch_sizes(s.spec)
+            self._graphs = GraphSet.capture(runner.run, s.spec, s.device, self._stream, sizes)
             self.setup_s["CUDA graphs"] = time.perf_counter() - started
+            if self._graphs is not None:
+                log.info("model %s: instance %d has CUDA graphs for batch sizes %s", s.spec.name,
+                         s.instance, ", ".join(map(str, sizes)))
 
     def _warm_at_least(self, runner: Runner, zeros: dict[str, Any]) -> None:
         """Warm up at batch 1 on zeros of the least sizes; where an exported program's guard

@@ -20,6 +20,7 @@ from google.protobuf.message import Message
 from tritonclient.grpc import model_config_pb2 as pb
 
 from tensorgate.errors import ModelConfigError
+from tensorgate.repository.graph_config import graph_sizes, optimization_not_acted_on
 from tensorgate.repository.ragged_config import (BatchInput, BatchOutput, batch_inputs,
                                                  batch_outputs)
 from tensorgate.repository.sequence_config import SequencePolicy, sequence_policy
@@ -31,8 +32,9 @@ __all__ = ["BatchingPolicy", "InstanceGroup", "ModelConfigError", "ModelSpec", "
            "parse_model_config", "read_model_config", "version_policy"]
 
 # Fields that change how Triton runs a model, not what it computes: served without them,
-# and a load says so (ModelSpec.ignored).
-NOT_ACTED_ON = ("optimization", "cc_model_filenames", "metric_tags", "model_operations",
+# and a load says so (ModelSpec.ignored); `optimization`'s, but for its CUDA graph sizes, too
+# (repository/graph_config.py).
+NOT_ACTED_ON = ("cc_model_filenames", "metric_tags", "model_operations",
                 "model_repository_agents", "model_metrics")
 MAX_PRIORITY_LEVELS = 1000  # each level is a queue the batcher walks; more is a config mistake
 # What a config may ask of the machine at load: a config may come from a client (a load's
@@ -227,6 +229,8 @@ class ModelSpec:
     sequence: SequencePolicy | None = None  # sequence_batching: a stateful model
     warmup: tuple[WarmupSample, ...] = ()  # model_warmup; none: zeros at batch 1
     ignored: tuple[str, ...] = ()  # fields given but not acted on (NOT_ACTED_ON)
+    # optimization.cuda.graph_spec's batch sizes; none: the server's (graph_batch_sizes)
+    graph_sizes: tuple[int, ...] = ()
     response_cache: bool = False  # response_cache { enable: true } (pipeline/response_cache)
     batch_inputs: tuple[BatchInput, ...] = ()  # ragged batching (repository/ragged_config)
     batch_outputs: tuple[BatchOutput, ...] = ()
@@ -390,7 +394,8 @@ def _spec(config: pb.ModelConfig, source: str) -> ModelSpec:
         check_file_name(config.default_model_filename, "default_model_filename",
                          "each version's directory", source)
     given = {descriptor.name for descriptor, _ in config.ListFields()}
-    ignored = tuple(name for name in NOT_ACTED_ON if name in given)
+    ignored = (optimization_not_acted_on(config)
+               + tuple(name for name in NOT_ACTED_ON if name in given))
     cached = config.response_cache.enable
     if cached and (config.model_transaction_policy.decoupled
                    or config.WhichOneof("scheduling_choice") == "sequence_batching"):
@@ -423,6 +428,7 @@ def _spec(config: pb.ModelConfig, source: str) -> ModelSpec:
                   if config.WhichOneof("scheduling_choice") == "sequence_batching" else None),
         warmup=tuple(_warmup(w, config, inputs, source) for w in config.model_warmup),
         ignored=ignored,
+        graph_sizes=graph_sizes(config, source, max((t.row_bytes() for t in inputs), default=0)),
         response_cache=cached,
         batch_inputs=batch_inputs(config, source, ragged),
         batch_outputs=batch_outputs(config, source, ragged, [o.name for o in outputs]),
