@@ -59,9 +59,8 @@ from tensorgate.pipeline.input_bounds import CompiledShapes, bounded_spec
 from tensorgate.pipeline.runner import warmup_inputs, zeros_refused
 from tensorgate.pipeline.torch_io import input_order
 from tensorgate.repository.model_config import ModelConfigError, ModelSpec, TiedDim
-from tensorgate.repository.model_file import inspect_model_file
 
-__all__ = ["check_aoti_package", "is_aoti_package"]
+__all__ = ["check_aoti_package"]
 
 log = logging.getLogger("tensorgate.engine")
 
@@ -85,11 +84,6 @@ def unpack_refusal() -> str | None:
                 f"directory {folder} (TMPDIR) to run it, and it is mounted noexec: mount it "
                 f"exec (docker run --tmpfs /tmp:exec) or set TMPDIR to a directory that is")
     return None
-
-
-def is_aoti_package(path: pathlib.Path) -> bool:
-    """Whether a model.pt2 is an AOTInductor package (not a torch.export program)."""
-    return inspect_model_file(path).kind == "aoti"
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ from tensorgate.errors import (InvalidArgumentError, NotFoundError, TensorgateEr
                                UnavailableError)
 from tensorgate import python_backend
 from tensorgate.model import Parameter
-from tensorgate.pipeline.aoti_check import check_aoti_package, is_aoti_package
+from tensorgate.pipeline.aoti_check import check_aoti_package
 from tensorgate.pipeline.auto_complete import complete_config
 from tensorgate.pipeline.batch_cap import GATHER_BYTES
 from tensorgate.pipeline.bls import BlsBridge, ModelControl
@@ -56,6 +56,7 @@ from tensorgate.pipeline.work import WorkItem
 from tensorgate.repository.layout import (ModelRepositories, ModelSource, artifact_path,
                                          load_source)
 from tensorgate.repository.model_config import ModelConfigError, ModelSpec
+from tensorgate.repository.model_file import is_aoti_package
 from tensorgate.repository.upload import UploadedFiles, remove_upload, write_upload
 from tensorgate.tensor.pinned import cuda_available
 from tensorgate.tensor.pool import BufferPool, PoolStatistics, default_pool

@@ -35,7 +35,7 @@ from tensorgate.pipeline.torch_io import Argument, as_strings, input_order, outp
 from tensorgate.pipeline.triton_python import TritonPythonRunner, install_module
 from tensorgate.repository.model_config import (MAX_WARMUP_BYTES, ModelConfigError, ModelSpec,
                                                  WarmupSample)
-from tensorgate.repository.model_file import inspect_model_file, wrong_model_file
+from tensorgate.repository.model_file import is_aoti_package, wrong_model_file
 from tensorgate.tensor.bytes_codec import decode_bytes_tensor
 from tensorgate.tensor.dtypes import DataType
 
@@ -189,7 +189,7 @@ def _load_pt2(path: pathlib.Path, spec: ModelSpec, device: torch.device) -> Runn
     # first probes the CPU's vector instructions with the C++ compiler, and where there is
     # none (deploy/Dockerfile's image) logs a traceback of some 50 lines and asks to
     # "regenerate your package" before failing.
-    if inspect_model_file(path).kind == "aoti":
+    if is_aoti_package(path):
         return _load_package(path, spec, None)
     try:
         with _EXPORT_LOAD:

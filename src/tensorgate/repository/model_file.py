@@ -17,7 +17,7 @@ import zipfile
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["ModelFile", "inspect_model_file", "wrong_model_file"]
+__all__ = ["ModelFile", "inspect_model_file", "is_aoti_package", "wrong_model_file"]
 
 # opcodes a pickle's top object starts with, before its class or container is known
 _STRINGS = {"SHORT_BINUNICODE", "BINUNICODE", "BINUNICODE8", "UNICODE", "SHORT_BINSTRING",
@@ -85,6 +85,11 @@ def inspect_model_file(path: pathlib.Path) -> ModelFile:
             return _legacy(_Capped(stream))
     except OSError:
         return ModelFile("unknown")
+
+
+def is_aoti_package(path: pathlib.Path) -> bool:
+    """Whether a model.pt2 is an AOTInductor package (not a torch.export program)."""
+    return inspect_model_file(path).kind == "aoti"
 
 
 class _Capped:
