@@ -33,7 +33,6 @@ that made it written to crash-<hash> (libFuzzer's own file), and replaying that 
 from __future__ import annotations
 
 import asyncio
-import atexit
 import gc
 import json
 import logging
@@ -152,7 +151,9 @@ def start_server(findings: Findings, tls: ssl.SSLContext | None = None) -> Serve
     region = shared_memory.SharedMemory(SHM_KEY, create=True, size=SHM_BYTES)
     region.buf[:] = bytes(range(256)) * (SHM_BYTES // 256)
     _region.append(region)
-    atexit.register(region.unlink)
+    # Removed at exit by multiprocessing's resource tracker, which says so ("1 leaked
+    # shared_memory objects to clean up"): libFuzzer ends the process with C's exit(), which
+    # runs no Python atexit handler, so an unlink registered there never ran.
     tempfile.tempdir = str(root / "tmp")  # where uploads go: held_after_quiet counts them
     os.mkdir(tempfile.tempdir)
     server = Server(ServerConfig(model_repository=(root,), http_port=0, grpc_port=0,
