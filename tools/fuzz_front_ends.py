@@ -20,14 +20,21 @@ check sees every reference cycle made since the last. `grpc-tls` sends the gRPC 
 in place of the plain socket's, and one input in eight sent in plaintext to the TLS port (a
 handshake that fails).
 
-    .venv/bin/python -m pip install atheris           (not a dependency of the package)
     .venv/bin/python tools/fuzz_front_ends.py grpc -max_total_time=600 [corpus folder]
     .venv/bin/python tools/fuzz_front_ends.py http -max_total_time=600 [corpus folder]
     .venv/bin/python tools/fuzz_front_ends.py grpc-tls -max_total_time=600 [corpus folder]
 
-Arguments after the front end's name are libFuzzer's. A finding stops the run with the input
-that made it written to crash-<hash> (libFuzzer's own file), and replaying that file
-(`tools/fuzz_front_ends.py grpc crash-<hash>`) shows it again.
+Arguments after the front end's name are libFuzzer's (atheris comes with the test extra on
+Linux x86_64). A finding stops the run with the input that made it written to crash-<hash>
+(libFuzzer's own file), and replaying that file (`tools/fuzz_front_ends.py grpc
+crash-<hash>`) shows it again. The saved corpora, tests/testdata/fuzz/{http,grpc}, are
+replayed by the suite (tests/network/test_fuzz_corpus.py); after a run has found more, merge
+its corpus into them, keeping only inputs that add coverage (libFuzzer runs this file again
+for it, the front end passed on in TG_FUZZ_FRONT_END):
+
+    mkdir /tmp/merged && .venv/bin/python tools/fuzz_front_ends.py http -merge=1 /tmp/merged \
+        tests/testdata/fuzz/http MY_CORPUS && rm -r tests/testdata/fuzz/http \
+        && mv /tmp/merged tests/testdata/fuzz/http
 """
 
 from __future__ import annotations
@@ -38,6 +45,7 @@ import json
 import logging
 import os
 import pathlib
+import shlex
 import shutil
 import socket
 import ssl
@@ -133,10 +141,23 @@ SHM_BYTES = 4096
 _region: list[shared_memory.SharedMemory] = []  # held for the run
 
 
+_ROOT_PREFIX = "tg-fuzz-"  # then the pid of the run that made it
+
+
+def _remove_stale_roots() -> None:
+    """Remove the repositories (and uploads) of earlier runs whose process is gone: libFuzzer
+    ends a run with C's exit(), which runs no Python cleanup, so each run left its folder."""
+    for folder in pathlib.Path(tempfile.gettempdir()).glob(f"{_ROOT_PREFIX}*-*"):
+        pid = folder.name[len(_ROOT_PREFIX):].split("-", 1)[0]
+        if pid.isdecimal() and not pathlib.Path(f"/proc/{pid}").exists():
+            shutil.rmtree(folder, ignore_errors=True)
+
+
 def start_server(findings: Findings, tls: ssl.SSLContext | None = None) -> Server:
     """The server, started on a thread of its own; with `tls` (a client context), gRPC over
     TLS with a certificate `tls` trusts."""
-    root = pathlib.Path(tempfile.mkdtemp(prefix="tg-fuzz-"))
+    _remove_stale_roots()
+    root = pathlib.Path(tempfile.mkdtemp(prefix=f"{_ROOT_PREFIX}{os.getpid()}-"))
     write_repository(root)
     certificates: dict[str, Any] = {}
     if tls is not None:
@@ -732,10 +753,20 @@ def _pinged(answer: bytearray) -> bool:
 
 # -- the run -------------------------------------------------------------------------------------
 
+FRONT_ENDS = ("http", "grpc", "grpc-tls")
+_FRONT_END_VARIABLE = "TG_FUZZ_FRONT_END"
+
 def main() -> None:
-    if len(sys.argv) < 2 or sys.argv[1] not in ("http", "grpc", "grpc-tls"):
+    if len(sys.argv) >= 2 and sys.argv[1] in FRONT_ENDS:
+        front = sys.argv.pop(1)
+        os.environ[_FRONT_END_VARIABLE] = front
+    elif os.environ.get(_FRONT_END_VARIABLE) in FRONT_ENDS:  # libFuzzer's -merge child
+        front = os.environ[_FRONT_END_VARIABLE]
+    else:
         sys.exit(__doc__)
-    front = sys.argv.pop(1)
+    # libFuzzer's -merge=1 and -fork=N run argv[0] again (`sh -c argv[0] flags...`), with its
+    # flags and without the front end (the variable above says it): this interpreter and file
+    sys.argv[0] = shlex.join([sys.executable, str(pathlib.Path(__file__).resolve())])
     findings = Findings()
     tls = None
     if front == "grpc-tls":
