@@ -756,6 +756,7 @@ def _pinged(answer: bytearray) -> bool:
 FRONT_ENDS = ("http", "grpc", "grpc-tls")
 _FRONT_END_VARIABLE = "TG_FUZZ_FRONT_END"
 
+
 def main() -> None:
     if len(sys.argv) >= 2 and sys.argv[1] in FRONT_ENDS:
         front = sys.argv.pop(1)
