@@ -28,14 +28,19 @@ TOOL = ROOT / "tools" / "fuzz_front_ends.py"
 CORPORA = ROOT / "tests" / "testdata" / "fuzz"
 
 
-@pytest.mark.parametrize("front_end, corpus", [("http", "http"), ("grpc", "grpc"),
-                                               ("grpc-tls", "grpc")])
-def test_the_saved_corpus_replays_without_a_finding(front_end: str, corpus: str,
+# (front end, corpus, every how many of its inputs): over TLS, half of the gRPC inputs, for
+# the ssl layer's reads and writes (a model load, ~1 s under the fuzzer's instrumentation,
+# made the whole replay 50 s)
+@pytest.mark.parametrize("front_end, corpus, every", [("http", "http", 1), ("grpc", "grpc", 1),
+                                                      ("grpc-tls", "grpc", 2)])
+def test_the_saved_corpus_replays_without_a_finding(front_end: str, corpus: str, every: int,
                                                     tmp_path: pathlib.Path) -> None:
-    saved = sorted((CORPORA / corpus).iterdir())
+    saved = sorted((CORPORA / corpus).iterdir())[::every]
     assert len(saved) >= 100, saved
     inputs = tmp_path / "inputs"  # a copy: libFuzzer may write to the folder it is given
-    shutil.copytree(CORPORA / corpus, inputs)
+    inputs.mkdir()
+    for path in saved:
+        shutil.copy(path, inputs)
     run = subprocess.run(
         [sys.executable, str(TOOL), front_end, "-runs=0", "-timeout=60", str(inputs)],
         cwd=tmp_path, capture_output=True, text=True, timeout=600,
