@@ -24,9 +24,9 @@ def _spec(max_batch: int, dims: str, batching: str = "dynamic_batching { }",
         """, "m/config.pbtxt")
 
 
-def _graph_spec(*sizes: int, more: str = "") -> str:
+def _graph_spec(*sizes: int) -> str:
     specs = ", ".join(f"{{ batch_size: {size} }}" for size in sizes)
-    return f"optimization {{ cuda {{ graphs: true graph_spec [ {specs} ] {more} }} }}"
+    return f"optimization {{ cuda {{ graphs: true graph_spec [ {specs} ] }} }}"
 
 
 def test_sizes_up_to_eight_then_powers_of_two_the_preferred_and_the_maximum() -> None:
@@ -65,7 +65,7 @@ def test_a_configs_graph_spec_names_the_sizes() -> None:
     (0, (0, 1), r"graph_spec\[1\]\.batch_size is 1; a model with max_batch_size 0 takes no "
                 r"batch: it must be 0"),
 ])
-def test_a_graph_size_the_model_cannot_take_fails_its_load(max_batch: int, sizes: tuple[int],
+def test_a_graph_size_the_model_cannot_take_fails_its_load(max_batch: int, sizes: tuple[int, ...],
                                                            said: str) -> None:
     with pytest.raises(ModelConfigError, match=said):
         _spec(max_batch, "[4]", optimization=_graph_spec(*sizes))
