@@ -3,19 +3,21 @@
 The server runs in this process (on its own thread and loop), so that atheris sees which of
 its lines each input reached; each input is a connection on 127.0.0.1: requests or frames
 made from the fuzzer's bytes — mostly well formed, so that inputs get past the first check —
-sent, answered, then the connection dropped. System shared memory is on, with a region of
-the harness's own that inputs register at offsets and sizes in it, at its edges and past
-them, and name as their tensors' place. Model control is explicit and uploads are allowed:
-inputs load, upload (files at paths in the model's folder and out of it, in base64 short
-and long enough to be decoded in slices, and not base64) and unload the models `up` (not in
-the repository) and `spare` (a copy of `ident`). A finding is anything the server did not mean:
-an exception it logged as unexpected (any record with a traceback), an exception the loop
-caught, more HTTP requests run on an input's connection than it framed as their bytes are
-(one run twice, or a body's bytes run as a request: where one ended was misread), the
-server no longer answering a plain request on a connection of its own, or, every
-500 inputs (TG_FUZZ_CHECK_EVERY), anything held once every connection has closed
-(held_after_quiet), an upload's folder among them; automatic collections are off, so that a
-check sees every reference cycle made since the last. `grpc-tls` sends the gRPC inputs over TLS
+sent, answered, then the connection dropped. System shared memory is on, with a region of the
+harness's own that inputs register at offsets and sizes in it, at its edges and past them, and
+name as their tensors' place; CUDA regions are registered too, with handles of the right
+length and others, device ids and sizes at and past their edges (the server has no GPU here:
+what it checks before opening a handle). Model control is explicit and uploads are allowed:
+inputs load, upload (files at paths in the model's folder and out of it, in base64 short and
+long enough to be decoded in slices, and not base64) and unload the models `up` (not in the
+repository) and `spare` (a copy of `ident`). A finding is anything the server did not mean: an
+exception it logged as unexpected (any record with a traceback), an exception the loop caught,
+more HTTP requests run on an input's connection than it framed as their bytes are (one run
+twice, or a body's bytes run as a request: where one ended was misread), the server no longer
+answering a plain request on a connection of its own, or, every 500 inputs
+(TG_FUZZ_CHECK_EVERY), anything held once every connection has closed (held_after_quiet), an
+upload's folder among them; automatic collections are off, so that a check sees every
+reference cycle made since the last. `grpc-tls` sends the gRPC inputs over TLS
 (the server has --grpc-use-ssl, with a test CA's certificate): the ssl layer's reads and writes
 in place of the plain socket's, and one input in eight sent in plaintext to the TLS port (a
 handshake that fails).
@@ -40,6 +42,7 @@ for it, the front end passed on in TG_FUZZ_FRONT_END):
 from __future__ import annotations
 
 import asyncio
+import base64
 import gc
 import json
 import logging
@@ -357,9 +360,32 @@ def _register_body(fdp: atheris.FuzzedDataProvider) -> dict[str, Any]:
             "offset": _choice(fdp, edges), "byte_size": _choice(fdp, edges)}
 
 
+def _cuda_register_fields(fdp: atheris.FuzzedDataProvider) -> dict[str, Any]:
+    """A CUDA region's registration: a handle of the right length and of others, device ids
+    and sizes at and past their edges (this server has no GPU: what is checked before)."""
+    handle = _choice(fdp, [bytes(range(64)), bytes(63), bytes(65), b"", None])
+    return {"raw_handle": handle,
+            "device_id": _choice(fdp, [0, 0, 1, -1, 2**63, "0", None]),
+            "byte_size": _choice(fdp, [0, 4, SHM_BYTES, 2**40, -1, None])}
+
+
+def _cuda_register_body(fdp: atheris.FuzzedDataProvider) -> dict[str, Any]:
+    """_cuda_register_fields as Triton's JSON has them: the handle as {"b64": base64}."""
+    fields = _cuda_register_fields(fdp)
+    handle = fields.pop("raw_handle")
+    way = fdp.ConsumeIntInRange(0, 3)
+    if handle is not None and way < 2:
+        fields["raw_handle"] = {"b64": base64.b64encode(handle).decode()}
+    elif way == 2:
+        fields["raw_handle"] = {"b64": _choice(fdp, ["not base64!", "QUJD", "", 7])}
+    elif handle is not None:
+        fields["raw_handle"] = _json_value(fdp)
+    return {key: value for key, value in fields.items() if value is not None}
+
+
 def _region_parameters(fdp: atheris.FuzzedDataProvider) -> dict[str, Any]:
     """A tensor's place in a registered region (Triton's shared-memory extension)."""
-    place: dict[str, Any] = {"shared_memory_region": _choice(fdp, ["r", "r", "s", ""])}
+    place: dict[str, Any] = {"shared_memory_region": _choice(fdp, ["r", "r", "s", "c", ""])}
     if fdp.ConsumeBool():
         place["shared_memory_offset"] = _choice(fdp, [0, 4, 12, 4000, SHM_BYTES, -4])
     if fdp.ConsumeProbability() < 0.9:
@@ -417,6 +443,8 @@ HTTP_PATHS = ["/v2/models/ident/infer", "/v2/models/ident/versions/1/infer",
               "/v2/models/ident/stats", "/v2/models/stats", "/v2/repository/index",
               "/v2/systemsharedmemory/status", "/v2/systemsharedmemory/region/r/register",
               "/v2/systemsharedmemory/region/r/unregister", "/v2/cudasharedmemory/status",
+              "/v2/cudasharedmemory/region/c/register",
+              "/v2/cudasharedmemory/region/c/unregister",
               "/v2/trace/setting", "/v2/logging", "/", "/v2/models//infer",
               "/v2/repository/models/up/load", "/v2/repository/models/up/load",
               "/v2/repository/models/up/unload", "/v2/repository/models/spare/load",
@@ -450,7 +478,10 @@ def http_input(data: bytes) -> bytes:
             method = b"GET"
         if fdp.ConsumeProbability() < 0.1:
             path += fdp.ConsumeUnicodeNoSurrogates(6)
-        if path.endswith("register"):
+        if path.startswith("/v2/cudasharedmemory/") and path.endswith("register"):
+            body = json.dumps(_cuda_register_body(fdp)).encode()
+            json_length = None
+        elif path.endswith("register"):
             body = json.dumps(_register_body(fdp)).encode()
             json_length = None
         elif path.endswith("/load") or path.endswith("/unload"):
@@ -541,7 +572,8 @@ GRPC_METHODS = ["ModelInfer", "ModelStreamInfer", "ServerLive", "ServerReady", "
                 "RepositoryIndex", "SystemSharedMemoryStatus", "SystemSharedMemoryRegister",
                 "SystemSharedMemoryUnregister", "RepositoryModelLoad",
                 "RepositoryModelLoad", "RepositoryModelUnload",
-                "CudaSharedMemoryStatus", "TraceSetting", "LogSettings", "Nope"]
+                "CudaSharedMemoryStatus", "CudaSharedMemoryRegister",
+                "CudaSharedMemoryUnregister", "TraceSetting", "LogSettings", "Nope"]
 _PING_MARK = b"tg-fuzz!"
 
 
@@ -602,6 +634,18 @@ def _infer_message(fdp: atheris.FuzzedDataProvider, method: str) -> bytes:
             elif key in ("offset", "byte_size") and isinstance(value, int) and 0 <= value < 2**64:
                 fields[key] = value
         message = pb.SystemSharedMemoryRegisterRequest(**fields).SerializeToString()
+    elif method == "CudaSharedMemoryRegister":
+        fields = {"name": _choice(fdp, ["c", "r", ""])}
+        for key, value in _cuda_register_fields(fdp).items():  # (device_id is an int64)
+            low = -2**63 if key == "device_id" else 0
+            if key == "raw_handle" and value is not None:
+                fields[key] = value
+            elif isinstance(value, int) and low <= value < 2**63:
+                fields[key] = value
+        message = pb.CudaSharedMemoryRegisterRequest(**fields).SerializeToString()
+    elif method == "CudaSharedMemoryUnregister":
+        message = pb.CudaSharedMemoryUnregisterRequest(
+            name=_choice(fdp, ["c", "r", ""])).SerializeToString()
     elif method == "RepositoryModelLoad":
         request = pb.RepositoryModelLoadRequest(model_name=_choice(fdp, CONTROLLED))
         for key, value in _load_parameters(fdp).items():
@@ -688,7 +732,8 @@ def grpc_input(data: bytes) -> bytes:
             out += _frame(8, 0, _choice(fdp, [0, *opened, stream]),
                           struct.pack(">I", _choice(fdp, [0, 1, 65_535, 2**31 - 1, 2**32 - 1])))
         elif kind == 7 and opened:  # RST_STREAM
-            out += _frame(3, 0, _choice(fdp, opened), struct.pack(">I", fdp.ConsumeIntInRange(0, 13)))
+            out += _frame(3, 0, _choice(fdp, opened),
+                          struct.pack(">I", fdp.ConsumeIntInRange(0, 13)))
         elif kind == 8:  # PRIORITY, PING
             out += _frame(2, 0, _choice(fdp, [0, stream, *opened]), fdp.ConsumeBytes(5)) \
                 if fdp.ConsumeBool() else _frame(6, 0, 0, fdp.ConsumeBytes(8).ljust(8, b"\0"))
@@ -733,7 +778,6 @@ def _load_parameters(fdp: atheris.FuzzedDataProvider) -> dict[str, Any]:
 def _load_body(fdp: atheris.FuzzedDataProvider) -> bytes:
     """A load or unload request's JSON body: files in base64, long ones (decoded in slices),
     some spoiled (bad padding, not base64, an escape inside, not a string)."""
-    import base64
     parameters = {key: base64.b64encode(value).decode() if isinstance(value, bytes) else value
                   for key, value in _load_parameters(fdp).items()}
     for key, value in parameters.items():
