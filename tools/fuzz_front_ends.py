@@ -281,16 +281,17 @@ def held_after_quiet(server: Server, wait_s: float = 5.0) -> str | None:
         in_use = default_pool().statistics().bytes_in_use
         engine = server.engine
         queued = 0 if engine is None else sum(map(engine.pending, engine.model_names()))
+        # (a load the input began may still run: its folder goes when it fails)
         folders = len(list(pathlib.Path(tempfile.gettempdir()).glob("tensorgate-upload-*")))
         served = 0 if engine is None else len(engine._uploads)
-        if folders != served:
-            return (f"{folders} upload folders on disk for {served} models served from "
-                    "uploads")
-        if not (open_ or in_use or queued):
+        if not (open_ or in_use or queued) and folders == served:
             return None
         if time.monotonic() > deadline:
             break
         time.sleep(0.05)
+    if folders != served:
+        return (f"{wait_s} s after the last input: {folders} upload folders on disk for "
+                f"{served} models served from uploads")
     cycles = _cycles()
     if not default_pool().statistics().bytes_in_use and not open_ and not queued:
         return f"{in_use} pooled bytes were held by a reference cycle ({cycles})"
