@@ -39,6 +39,23 @@ async def in_steps(steps: Steps) -> Any:
         await asyncio.sleep(0)
 
 
+class _Paced:
+    """Says when a warning a client can repeat at will (a refused or flooding connection) is
+    due again: at most every REFUSAL_LOG_PERIOD_S."""
+
+    __slots__ = ("_at",)
+
+    def __init__(self) -> None:
+        self._at = -REFUSAL_LOG_PERIOD_S
+
+    def due(self) -> bool:
+        now = time.monotonic()
+        if now - self._at < REFUSAL_LOG_PERIOD_S:
+            return False
+        self._at = now
+        return True
+
+
 class ConnectionBudget:
     """Client connections open at once across the HTTP and gRPC front ends
     (--max-connections). Past the limit a new connection is answered at once (HTTP 503, gRPC
@@ -46,22 +63,19 @@ class ConnectionBudget:
     whatever clients do. Admitted when the connection is accepted, released when it closes.
     It also counts the connections ended for flooding (`flooded`), for the metrics."""
 
-    __slots__ = ("limit", "open", "refused", "floods", "_logged", "_flood_logged")
+    __slots__ = ("limit", "open", "refused", "floods", "_refusals", "_floods")
 
     def __init__(self, limit: int = 0) -> None:
         self.limit = limit  # 0: no limit
         self.open = 0
         self.refused = 0
         self.floods = 0  # connections ended for flooding
-        self._logged = -REFUSAL_LOG_PERIOD_S
-        self._flood_logged = -REFUSAL_LOG_PERIOD_S
+        self._refusals, self._floods = _Paced(), _Paced()  # their warnings
 
     def admit(self) -> bool:
         if self.limit and self.open >= self.limit:
             self.refused += 1
-            now = time.monotonic()
-            if now - self._logged >= REFUSAL_LOG_PERIOD_S:
-                self._logged = now
+            if self._refusals.due():
                 log.warning("refusing new connections: %d open, the limit (--max-connections); "
                             "%d refused so far", self.open, self.refused)
             return False
@@ -76,9 +90,7 @@ class ConnectionBudget:
         at most every REFUSAL_LOG_PERIOD_S (a client connecting again for each flood ended
         ~8 connections a second, each a log line)."""
         self.floods += 1
-        now = time.monotonic()
-        if now - self._flood_logged >= REFUSAL_LOG_PERIOD_S:
-            self._flood_logged = now
+        if self._floods.due():
             log.warning("ended a connection that floods the server (%s); %d so far", how,
                         self.floods)
 
