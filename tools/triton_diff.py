@@ -50,7 +50,7 @@ from typing import Any
 from triton_diff_cases import (F4, Grpc, Http, Stream, failure_cases, grpc_cases,
                                grpc_upload_cases, http_cases, probe_cases, shm_cases,
                                stream_cases, upload_cases)
-from triton_diff_models import ROOT, write_repository
+from triton_diff_models import CONFIG_NAME, ROOT, write_repository
 
 # case name -> (Triton's status, ours, why the difference is deliberate, and where the two
 # statuses are the same, the answer's keys that may differ: None, the whole answer)
@@ -223,7 +223,7 @@ def _triton(venv: pathlib.Path, repo: pathlib.Path, work: pathlib.Path,
                "explicit", "--load-model", "*", "--http-address", "127.0.0.1",
                "--http-port", str(ports[0]), "--grpc-address", "127.0.0.1", "--grpc-port",
                str(ports[1]), "--metrics-address", "127.0.0.1", "--metrics-port",
-               str(ports[2]), "--exit-timeout-secs", "2"]
+               str(ports[2]), "--exit-timeout-secs", "2", "--model-config-name", CONFIG_NAME]
     return subprocess.Popen(command, env=env, stdout=(work / "triton.log").open("wb"),
                             stderr=subprocess.STDOUT)
 
@@ -234,6 +234,7 @@ def _tensorgate(repo: pathlib.Path, work: pathlib.Path,
                "--model-control-mode", "explicit", "--load-model", "*",
                "--allow-shared-memory",  # off by default here, on in Triton
                "--allow-model-upload",  # off by default here, on in Triton's explicit mode
+               "--model-config-name", CONFIG_NAME,
                "--http-port",
                str(ports[0]), "--grpc-port", str(ports[1]), "--metrics-port", str(ports[2])]
     return subprocess.Popen(command, stdout=(work / "tensorgate.log").open("wb"),

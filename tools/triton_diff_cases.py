@@ -495,6 +495,14 @@ def probe_cases() -> list[Http]:
         Http("auto-completed infer", "POST", "/v2/models/auto_complete/infer", _js({
             "inputs": [{"name": "INPUT0", **four}, {"name": "INPUT1", **four}]})),
     ]
+    # --model-config-name diff: configs/diff.pbtxt where a model has one
+    cases += [Http(f"config of {model} (--model-config-name)", "GET",
+                   f"/v2/models/{model}/config")
+              for model in ("named_config", "other_config", "named_only")]
+    cases += [Http(f"infer {model} in a batch of 2 (--model-config-name)", "POST",
+                   f"/v2/models/{model}/infer", _js({"inputs": [
+                       {"name": "IN", "shape": [2, 1], "datatype": "INT32", "data": [4, 5]}]}))
+              for model in ("named_config", "named_only")]
     return cases
 
 

@@ -286,6 +286,28 @@ def write_repository(root: pathlib.Path) -> None:
     _model(root, "warmed", _WARMED_CONFIG, {1: _WARMED})
     _model(root, "probe", _PROBE_CONFIG, {1: (ROOT / "tools" / "triton_diff_probe.py"
                                               ).read_text()})
+    _named_configs(root)
+
+
+CONFIG_NAME = "diff"  # both servers run with --model-config-name diff
+
+
+def _named_configs(root: pathlib.Path) -> None:
+    """Models for --model-config-name: one whose configs/diff.pbtxt batches where its
+    config.pbtxt does not, one with another machine's config only (configs/v100.pbtxt), one
+    whose only config is configs/diff.pbtxt."""
+    def config(name: str, batch: int) -> str:
+        return _ECHO_CONFIG.format(name=name, batch=batch, extra="", datatype="INT32",
+                                   dims="1", label="")
+
+    for name, named in (("named_config", {CONFIG_NAME: 4}), ("other_config", {"v100": 4}),
+                        ("named_only", {CONFIG_NAME: 2})):
+        _model(root, name, config(name, 0), {1: _ECHO.format(plus="")})
+        if name == "named_only":
+            (root / name / "config.pbtxt").unlink()
+        (root / name / "configs").mkdir()
+        for file, batch in named.items():
+            (root / name / "configs" / f"{file}.pbtxt").write_text(config(name, batch))
 
 
 def _echo(root: pathlib.Path, name: str, datatype: str, dims: str = "-1",

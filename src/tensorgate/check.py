@@ -23,16 +23,17 @@ __all__ = ["check_repository"]
 
 def check_repository(paths: Sequence[pathlib.Path], models: Sequence[str] = (),
                      placement: str = "auto", auto_complete: bool = True,
-                     out: TextIO = sys.stdout) -> int:
+                     out: TextIO = sys.stdout, config_name: str = "") -> int:
     """Load `models` (every model when empty) from the repositories at `paths` (the built-in
-    one when empty), print a line a model, and return the exit status: 0 when every one is
-    ready, 1 otherwise (none found included)."""
+    one when empty), each with its configs/<config_name>.pbtxt where it has one, print a
+    line a model, and return the exit status: 0 when every one is ready, 1 otherwise (none
+    found included)."""
     if not logging.getLogger().handlers:  # the result is the table; warnings go to stderr
         logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
                             format="%(levelname)s %(name)s: %(message)s")
         for handler in logging.getLogger().handlers:
             handler.addFilter(_NotTheTable())
-    repositories = ModelRepositories.of(list(paths) or [default_repository()])
+    repositories = ModelRepositories.of(list(paths) or [default_repository()], config_name)
     entries = [{"version": "", "state": "UNAVAILABLE", "reason": "not loaded", **e}
                for e in asyncio.run(_load(repositories, list(models), placement,
                                           auto_complete))]
@@ -65,7 +66,8 @@ class _NotTheTable(logging.Filter):
 
 async def _load(repositories: ModelRepositories, models: list[str], placement: str,
                 auto_complete: bool) -> list[dict[str, str]]:
-    engine = Engine(repositories.paths, placement=placement, auto_complete=auto_complete)
+    engine = Engine(repositories.paths, placement=placement, auto_complete=auto_complete,
+                    model_config_name=repositories.config_name)
     try:
         await engine.start(models or None)
         return engine.index()

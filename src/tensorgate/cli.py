@@ -68,6 +68,9 @@ def _parser() -> argparse.ArgumentParser:
                        action="append",
                        help="a Triton-layout repository (default: the built-in one); repeat "
                             "it to serve several, whose model names must not repeat")
+    serve.add_argument("--model-config-name", metavar="NAME",
+                       help="Triton's: each model's configs/NAME.pbtxt is its config where it "
+                            "has one, its config.pbtxt where not")
     serve.add_argument("--model-control-mode", choices=["none", "explicit", "poll"],
                        help="none (default): serve every model, refuse load/unload; "
                             "explicit: load --load-model models, allow load/unload; poll: "
@@ -215,6 +218,8 @@ def _parser() -> argparse.ArgumentParser:
                        action="append", default=[],
                        help="a Triton-layout repository (default: the built-in one); repeat "
                             "it for several")
+    check.add_argument("--model-config-name", metavar="NAME",
+                       help="each model's configs/NAME.pbtxt is its config where it has one")
     check.add_argument("--load-model", dest="load_models", action="append", default=[],
                        help="a model to check (repeat it; default: every model)")
     check.add_argument("--placement", choices=["auto", "none"], default="auto")
@@ -354,15 +359,16 @@ def main(argv: list[str] | None = None) -> int:
     command = args.pop("command")
     if command == "check":
         from tensorgate.check import check_repository
-        try:  # the repositories serve would read: the flags, else TENSORGATE_MODEL_REPOSITORY
-            paths = ServerConfig.from_env(
-                model_repository=args["model_repository"] or None).model_repository
-            check_repository_folders(paths)
+        try:  # the repositories serve would read: the flags, else TENSORGATE_* variables
+            settings = ServerConfig.from_env(model_repository=args["model_repository"] or None,
+                                             model_config_name=args["model_config_name"])
+            check_repository_folders(settings.model_repository)
         except ValueError as error:
             print(f"tensorgate: {error}", file=sys.stderr)
             return 2
-        return check_repository(paths, args["load_models"], args["placement"],
-                                not args["disable_auto_complete_config"])
+        return check_repository(settings.model_repository, args["load_models"],
+                                args["placement"], not args["disable_auto_complete_config"],
+                                config_name=settings.model_config_name)
     if command == "serve":
         from tensorgate.server import run
         ignored = no_effect(args)

@@ -16,7 +16,7 @@ from tensorgate.log_settings import LOG_FORMATS
 from tensorgate.pipeline.rate_limiter import parse_resource_counts
 from tensorgate.pipeline.summary import DEFAULT_QUANTILES, parse_quantiles
 from tensorgate.protocol.restricted import parse_restrictions
-from tensorgate.repository.layout import ModelRepositories
+from tensorgate.repository.layout import ModelRepositories, check_config_name
 from tensorgate.trace_config import resolve_trace
 
 __all__ = ["ServerConfig"]
@@ -39,6 +39,9 @@ class ServerConfig:
     # (empty: the embedded default repository). A string: one path, or several joined by
     # os.pathsep (TENSORGATE_MODEL_REPOSITORY=/models:/more-models).
     model_repository: tuple[pathlib.Path, ...] = ()
+    # Triton's --model-config-name: a model's configs/<name>.pbtxt is its config where it
+    # has one, its config.pbtxt where not ("": config.pbtxt always)
+    model_config_name: str = ""
     host: str = "127.0.0.1"
     http_port: int = 8000
     grpc_port: int = 8001
@@ -172,6 +175,10 @@ class ServerConfig:
     def __post_init__(self) -> None:
         object.__setattr__(self, "model_repository", _repositories(self.model_repository))
         object.__setattr__(self, "load_models", tuple(self.load_models))
+        try:
+            check_config_name(self.model_config_name)
+        except ValueError as error:
+            raise ValueError(f"model_config_name: {error}") from None
         if self.model_control_mode not in ("none", "explicit", "poll"):
             raise ValueError(f"model_control_mode must be none, explicit or poll, got "
                              f"'{self.model_control_mode}'")

@@ -113,7 +113,8 @@ class Server:
         # Threads hand the GIL over every 0.5 ms instead of CPython's 5 ms: the executor
         # waits less behind a busy loop (resnet50 P99 ratio 1.39 → 1.13, bench/RESULTS.md).
         sys.setswitchinterval(config.switch_interval_s)
-        repositories = ModelRepositories.of(config.model_repository or default_repository())
+        repositories = ModelRepositories.of(config.model_repository or default_repository(),
+                                            config.model_config_name)
         tls = _grpc_tls(config) if config.allow_grpc else None  # before loading any model
         default_pool().set_limit(config.host_pool_bytes)
         self.engine = Engine(repositories.paths, placement=config.placement,
@@ -121,6 +122,7 @@ class Server:
                              auto_complete=not config.disable_auto_complete_config,
                              model_control=config.model_control_mode == "explicit",
                              model_upload=config.allow_model_upload,
+                             model_config_name=config.model_config_name,
                              latency_summaries=(config.allow_metrics
                                                 and config.metrics_summary_latencies),
                              rate_limiter=RateLimiter(parse_resource_counts(

@@ -100,7 +100,8 @@ class Engine:
                  device: str = "auto", placement: str = "none",
                  response_cache_bytes: int = 0, auto_complete: bool = True,
                  model_control: bool = False, latency_summaries: bool = False,
-                 rate_limiter: RateLimiter | None = None, model_upload: bool = False) -> None:
+                 rate_limiter: RateLimiter | None = None, model_upload: bool = False,
+                 model_config_name: str = "") -> None:
         """`repository`: one folder or several, whose models share one namespace.
         `placement="auto"` pins the thread that calls `start` (the loop's) to the first CPU until
         `shutdown` and places executors by cost (see pipeline/placement.py); "none" pins nothing.
@@ -113,8 +114,10 @@ class Engine:
         (--metrics-config summary_latencies=true; pipeline/summary.py). `rate_limiter`:
         instances run only while they hold their instance group's rate_limiter resources
         (--rate-limit execution_count; pipeline/rate_limiter.py). `model_upload`: a load
-        may carry the model's files (--allow-model-upload; repository/upload.py)."""
-        self.repositories = ModelRepositories.of(repository)
+        may carry the model's files (--allow-model-upload; repository/upload.py).
+        `model_config_name`: a model's configs/<name>.pbtxt is its config where it has one
+        (--model-config-name; repository/layout.py)."""
+        self.repositories = ModelRepositories.of(repository, model_config_name)
         self._complete = complete_config if auto_complete else None
         self._model_control = model_control
         self._summaries = latency_summaries
@@ -232,6 +235,8 @@ class Engine:
         try:
             # off the loop: completing a Python model's config runs its model.py
             source = await loop.run_in_executor(None, self._source, name, config, upload)
+            if config is None and self.repositories.config_name:
+                log.info("model %s: config from %s", name, source.config_source)
             if source.spec.ignored:
                 log.warning("model %s: served without its config's %s (not acted on here)",
                             name, ", ".join(source.spec.ignored))
@@ -309,7 +314,8 @@ class Engine:
         """Model `name`'s config and versions, from the repository that holds it (from
         `upload`, a folder write_upload made, when given)."""
         repository = upload if upload is not None else self.repositories.holder(name)
-        return load_source(repository, name, config, self._complete)
+        return load_source(repository, name, config, self._complete,
+                           self.repositories.config_name)
 
     def _holds(self, name: str) -> bool:
         """Whether a repository holds a model `name` (or one was served by that name)."""
@@ -397,7 +403,9 @@ class Engine:
 
     def _is_ensemble(self, name: str) -> bool:
         try:
-            return load_source(self.repositories.holder(name), name).spec.platform == "ensemble"
+            return load_source(self.repositories.holder(name), name,
+                               config_name=self.repositories.config_name
+                               ).spec.platform == "ensemble"
         except TensorgateError:
             return False  # its load will say what is wrong
 
@@ -405,7 +413,7 @@ class Engine:
         """An ensemble: its steps checked against their models, which are loaded first when
         they are not yet (as Triton does)."""
         spec = source.spec
-        steps = ensemble_steps(spec, str(source.directory / "config.pbtxt"))
+        steps = ensemble_steps(spec, source.config_source)
         if spec.name in self._ensembles_loading:
             raise ModelConfigError(spec.name, "ensembles that name each other as steps")
         self._ensembles_loading.add(spec.name)

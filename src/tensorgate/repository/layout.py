@@ -1,6 +1,7 @@
 """Where things are in a Triton-layout repository: models, versions, artifact files.
 
     <repo>/<model>/config.pbtxt
+    <repo>/<model>/configs/<name>.pbtxt      (with Triton's --model-config-name <name>)
     <repo>/<model>/<version>/model.pt | model.pt2 | model.py
 
 A server may serve several repositories (Triton's --model-repository, repeated): their
@@ -11,6 +12,10 @@ Version directories are decimal numbers not starting with 0; anything else is ig
 Triton does. The version policy of the config picks which versions are served. A Python
 model (`model.py`) may come without config.pbtxt, as in Triton: its `auto_complete_config`
 says what the config would (the `complete` step of load_source, which the caller supplies).
+
+A server told a config name (Triton's --model-config-name, for one repository shared by
+machines that need different settings: `h100`, `cpu`) reads a model's
+`configs/<name>.pbtxt` where the model has one, and its config.pbtxt where it has not.
 """
 
 from __future__ import annotations
@@ -29,8 +34,8 @@ from tensorgate.repository.model_config import (ModelConfigError, ModelSpec, che
                                                 read_model_config, version_policy)
 
 __all__ = ["ARTIFACT_KINDS", "CompleteConfig", "ModelRepositories", "ModelSource",
-           "artifact_file", "artifact_path", "check_repository_folders", "discover_models",
-           "load_source",
+           "artifact_file", "artifact_path", "check_config_name", "check_repository_folders",
+           "config_file", "discover_models", "load_source",
            "model_fingerprints", "select_versions"]
 
 MAX_FINGERPRINT_FILES = 10_000  # per model: a scan of a runaway directory stays bounded
@@ -43,11 +48,13 @@ _PLATFORM_KINDS = {"pytorch_libtorch": "torchscript", "torch_aoti": "pt2",
 
 @dataclass(frozen=True)
 class ModelSource:
-    """A model's config and the version directories its policy selects."""
+    """A model's config and the version directories its policy selects; `config_source`
+    names where the config came from (a file, or a load request's override)."""
 
     spec: ModelSpec
     directory: pathlib.Path
     versions: tuple[int, ...]
+    config_source: str = ""
 
 
 # A loader's step between reading a config and checking it: (config, the folder of the
@@ -73,12 +80,33 @@ def check_repository_folders(paths: Iterable[pathlib.Path]) -> None:
             raise ValueError(f"model repository '{path}' is not a directory")
 
 
-def discover_models(repository: pathlib.Path) -> list[str]:
-    """Names of the model directories holding a config.pbtxt, or a Python model without
-    one, or a model file without one (which fails its load saying so), sorted."""
+def check_config_name(name: str) -> str:
+    """`name` as a config name (--model-config-name), or ValueError saying why not: it
+    names a file in each model's configs/ folder, so a word, not a path (Triton: no
+    spaces)."""
+    if name in (".", "..") or any(c in name for c in "/\\\0") \
+            or any(c.isspace() for c in name):
+        raise ValueError(f"model config name '{name}' must be a file name without spaces "
+                         "or slashes: the server reads <model>/configs/<name>.pbtxt")
+    return name
+
+
+def config_file(directory: pathlib.Path, config_name: str = "") -> pathlib.Path:
+    """The config file of the model in `directory`: configs/<config_name>.pbtxt when a name
+    is given and the model has that file, else config.pbtxt (which may not exist)."""
+    if config_name:
+        custom = directory / "configs" / f"{config_name}.pbtxt"
+        if custom.is_file():
+            return custom
+    return directory / "config.pbtxt"
+
+
+def discover_models(repository: pathlib.Path, config_name: str = "") -> list[str]:
+    """Names of the model directories holding a config (config_file), or a Python model
+    without one, or a model file without one (which fails its load saying so), sorted."""
     if not repository.is_dir():
         raise NotFoundError(f"model repository '{repository}' is not a directory")
-    return sorted(p.name for p in repository.iterdir() if _model_folder(p))
+    return sorted(p.name for p in repository.iterdir() if _model_folder(p, config_name))
 
 
 def _python_model(directory: pathlib.Path) -> bool:
@@ -90,12 +118,14 @@ def _python_model(directory: pathlib.Path) -> bool:
         return False
 
 
-def model_fingerprints(repository: pathlib.Path) -> dict[str, tuple[object, ...]]:
+def model_fingerprints(repository: pathlib.Path, config_name: str = ""
+                       ) -> dict[str, tuple[object, ...]]:
     """Each model directory's files as (path, size, mtime) tuples: equal fingerprints, the
-    same model on disk. What a poll compares to find models added, changed or removed.
-    Reads the file system: call it off the event loop."""
+    same model on disk (its configs/ folder included: a config added there, or removed, is
+    a change). What a poll compares to find models added, changed or removed. Reads the
+    file system: call it off the event loop."""
     prints: dict[str, tuple[object, ...]] = {}
-    for name in discover_models(repository):
+    for name in discover_models(repository, config_name):
         entries: list[tuple[str, int, int]] = []
         for folder, _, files in os.walk(repository / name):  # symbolic links not followed
             for path in [folder, *(os.path.join(folder, f) for f in files)]:
@@ -113,15 +143,18 @@ def model_fingerprints(repository: pathlib.Path) -> dict[str, tuple[object, ...]
 @dataclass(frozen=True)
 class ModelRepositories:
     """The repositories a server serves from, in the order given: one namespace of model
-    names. Every method reads the file system: call them off the event loop."""
+    names; `config_name`, the config each model's configs/ folder gives where it has one
+    (config_file). Every method reads the file system: call them off the event loop."""
 
     paths: tuple[pathlib.Path, ...]
+    config_name: str = ""
 
     @classmethod
-    def of(cls, given: str | os.PathLike[str] | Iterable[str | os.PathLike[str]]
-           ) -> ModelRepositories:
-        """From one path or several; ValueError for none, or one folder named twice (every
-        model of it would be in two repositories)."""
+    def of(cls, given: str | os.PathLike[str] | Iterable[str | os.PathLike[str]],
+           config_name: str = "") -> ModelRepositories:
+        """From one path or several; ValueError for none, one folder named twice (every
+        model of it would be in two repositories), or a config name that is not a file
+        name."""
         if isinstance(given, (str, os.PathLike)):
             given = [given]
         paths = tuple(pathlib.Path(p) for p in given)
@@ -133,20 +166,21 @@ class ModelRepositories:
             if same is not path:
                 raise ValueError(f"'{same}' and '{path}', the same folder: every model of it "
                                  "would be in two repositories")
-        return cls(paths)
+        return cls(paths, check_config_name(config_name))
 
     def __str__(self) -> str:
         return ", ".join(map(str, self.paths))
 
     def names(self) -> list[str]:
         """Every model name any repository holds (a name held twice once), sorted."""
-        return sorted({name for path in self.paths for name in discover_models(path)})
+        return sorted({name for path in self.paths
+                       for name in discover_models(path, self.config_name)})
 
     def holder(self, name: str) -> pathlib.Path:
         """The repository that holds model `name`; NotFoundError when none does, and an
         InvalidArgumentError naming each of its folders when more than one does."""
-        holders = [] if _not_a_name(name) else [path for path in self.paths
-                                                 if _model_folder(path / name)]
+        holders = [] if _not_a_name(name) else [
+            path for path in self.paths if _model_folder(path / name, self.config_name)]
         if len(holders) == 1:
             return holders[0]
         if holders:
@@ -164,7 +198,7 @@ class ModelRepositories:
         has both folders' files, so removing either one changes it."""
         prints: dict[str, tuple[object, ...]] = {}
         for path in self.paths:
-            for name, entries in model_fingerprints(path).items():
+            for name, entries in model_fingerprints(path, self.config_name).items():
                 prints[name] = prints.get(name, ()) + entries
         return prints
 
@@ -174,11 +208,11 @@ def _not_a_name(name: str) -> bool:
     return "/" in name or name in ("", ".", "..")
 
 
-def _model_folder(directory: pathlib.Path) -> bool:
+def _model_folder(directory: pathlib.Path, config_name: str = "") -> bool:
     """Whether `directory` is a model's folder, as discover_models counts them: one that
-    holds a model file but no config.pbtxt is too (not a hidden one), so that its load
-    says what is missing rather than the model not being there at all."""
-    return directory.is_dir() and ((directory / "config.pbtxt").is_file()
+    holds a model file but no config is too (not a hidden one), so that its load says what
+    is missing rather than the model not being there at all."""
+    return directory.is_dir() and (config_file(directory, config_name).is_file()
                                    or _python_model(directory)
                                    or (not directory.name.startswith(".")
                                        and bool(_model_files(directory))))
@@ -219,13 +253,14 @@ def select_versions(policy: tuple[str, tuple[int, ...]], available: list[int]
 
 
 def load_source(repository: pathlib.Path, name: str, config: str | None = None,
-                complete: CompleteConfig | None = None) -> ModelSource:
-    """Read `<repository>/<name>`: its config and the versions to serve. `config`, a JSON
-    config (a load request's override), stands in for the directory's config.pbtxt; without
-    either, a Python model's config is `backend: "python"` until `complete` completes it.
-    `complete` may import the model's code: call it off the event loop."""
+                complete: CompleteConfig | None = None, config_name: str = "") -> ModelSource:
+    """Read `<repository>/<name>`: its config and the versions to serve. The config is the
+    directory's config_file (configs/<config_name>.pbtxt where it has one, else
+    config.pbtxt); `config`, a JSON config (a load request's override), stands in for it;
+    without either, a Python model's config is `backend: "python"` until `complete`
+    completes it. `complete` may import the model's code: call it off the event loop."""
     directory = repository / name
-    file = directory / "config.pbtxt"
+    file = config_file(directory, config_name)
     unconfigured = config is None and not file.is_file()  # a Python model's code says it
     if _not_a_name(name) or not directory.is_dir():
         raise NotFoundError(f"no model '{name}' in repository '{repository}'")
@@ -269,7 +304,8 @@ def load_source(repository: pathlib.Path, name: str, config: str | None = None,
                                                "its TritonPythonModel (called unless the "
                                                "server runs with "
                                                "--disable-auto-complete-config)")
-    return ModelSource(model_spec(message, source, name, named_by), directory, versions)
+    return ModelSource(model_spec(message, source, name, named_by), directory, versions,
+                       source)
 
 
 def _check_default_file(config: pb.ModelConfig, source: str) -> None:
