@@ -136,6 +136,14 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-connections", type=int,
                        help="client connections open at once, HTTP and gRPC together; past "
                             "it new ones are refused (default 4096)")
+    serve.add_argument("--grpc-max-connection-age", dest="grpc_max_connection_age_ms",
+                       type=int, metavar="MS",
+                       help="Triton's: send a gRPC connection GOAWAY after this long (±10 %%), "
+                            "its client's next calls on a new connection (default: never)")
+    serve.add_argument("--grpc-max-connection-age-grace",
+                       dest="grpc_max_connection_age_grace_ms", type=int, metavar="MS",
+                       help="Triton's: how long the calls open then may take before the "
+                            "connection is closed with them (default: no bound)")
     serve.add_argument("--http-header-forward-pattern",
                        help="regular expression: HTTP headers whose name it matches reach "
                             "the model as request parameters (default: none)")

@@ -96,6 +96,12 @@ class ServerConfig:
     # client connections open at once, HTTP and gRPC together; past it a new one is answered
     # (HTTP 503, gRPC GOAWAY) and closed. The soft open-files limit is raised to fit it.
     max_connections: int = 4096
+    # Triton's --grpc-max-connection-age / --grpc-max-connection-age-grace (ms): a gRPC
+    # connection open this long (±10 %) is sent GOAWAY, so that its client's next calls open
+    # a new one, which a load balancer may send to another replica (0: never); calls open
+    # then have the grace to finish before the connection is closed with them (-1: no bound)
+    grpc_max_connection_age_ms: int = 0
+    grpc_max_connection_age_grace_ms: int = -1
     log_level: str = "INFO"
     # Triton's --log-file (the log goes there, not to stderr; no client can change it),
     # --log-info / --log-warning / --log-error (each severity on or off, within log_level)
@@ -251,6 +257,16 @@ class ServerConfig:
                 raise ValueError(f"{name} must be above 0, got {getattr(self, name)}")
         if self.max_connections < 1:
             raise ValueError(f"max_connections must be 1 or more, got {self.max_connections}")
+        if self.grpc_max_connection_age_ms < 0:
+            raise ValueError(f"grpc_max_connection_age_ms must be 0 (no limit) or more, got "
+                             f"{self.grpc_max_connection_age_ms}")
+        if self.grpc_max_connection_age_grace_ms < -1:
+            raise ValueError(f"grpc_max_connection_age_grace_ms must be -1 (no bound) or "
+                             f"more, got {self.grpc_max_connection_age_grace_ms}")
+        if self.grpc_max_connection_age_grace_ms >= 0 and not self.grpc_max_connection_age_ms:
+            raise ValueError("grpc_max_connection_age_grace_ms (--grpc-max-connection-age-"
+                             "grace) is the grace after grpc_max_connection_age_ms "
+                             "(--grpc-max-connection-age), which is not set")
         for name in ("http_header_forward_pattern", "grpc_header_forward_pattern"):
             try:
                 re.compile(getattr(self, name))

@@ -112,6 +112,9 @@ _HELP = {
         "counter", "Client connections ended for flooding the server (HTTP/2 GOAWAY "
                    "ENHANCE_YOUR_CALM: streams reset or refused, frames that carry nothing, "
                    "oversized frames or header blocks)"),
+    "tensorgate_connections_retired_total": (
+        "counter", "gRPC connections sent GOAWAY at their maximum age "
+                   "(--grpc-max-connection-age)"),
 }
 
 
@@ -164,7 +167,7 @@ def _labels(**values: str) -> str:
 
 def render_metrics(models: Iterable[tuple[ModelStatistics, int]],
                    pool: PoolStatistics | None = None,
-                   connections: tuple[int, int, int] | None = None,
+                   connections: tuple[int, int, int, int] | None = None,
                    cache: CacheStatistics | None = None,
                    traces: tuple[int, int, int] | None = None,
                    host: HostSample | None = None,
@@ -173,11 +176,11 @@ def render_metrics(models: Iterable[tuple[ModelStatistics, int]],
                    calls: Sequence[ModelCall] = ()) -> str:
     """`models`: each version's statistics and its pending-request count; `pool`: the host
     buffer pool's, when there is one to report; `connections`: (open, refused so far, ended
-    for flooding so far); `cache`: the response cache's, when the server has one; `traces`:
-    (written, held, dropped), when the server traces; `host`: the last CPU sample, when it
-    takes them; `latencies`: which of Triton's latency metrics to write; `gpus`: the last
-    GPU sample, one per GPU, when the server takes them (a reading a GPU lacks is left out);
-    `calls`: each instance's current call into its model (Engine.model_calls)."""
+    for flooding so far, retired at their age so far); `cache`: the response cache's, when
+    the server has one; `traces`: (written, held, dropped), when the server traces; `host`:
+    the last CPU sample, when it takes them; `latencies`: which of Triton's latency metrics
+    to write; `gpus`: the last GPU sample, one per GPU, when the server takes them (a
+    reading a GPU lacks is left out); `calls`: each instance's current call into its model (Engine.model_calls)."""
     rows: dict[str, list[str]] = {name: [] for name in _HELP}
     for stats, pending in models:
         labels = _labels(model=stats.name, version=str(stats.version))
@@ -283,6 +286,7 @@ def render_metrics(models: Iterable[tuple[ModelStatistics, int]],
         rows["tensorgate_connections_open"].append(f" {connections[0]}")
         rows["tensorgate_connections_refused_total"].append(f" {connections[1]}")
         rows["tensorgate_connections_flooding_total"].append(f" {connections[2]}")
+        rows["tensorgate_connections_retired_total"].append(f" {connections[3]}")
     out = []
     for name, (kind, text) in _HELP.items():
         if not rows[name]:

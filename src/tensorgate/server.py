@@ -143,7 +143,9 @@ class Server:
                                       config.read_timeout_s, budget,
                                       _pattern(config.grpc_header_forward_pattern),
                                       parse_restrictions(config.grpc_restricted_api,
-                                                         GRPC_PREFIX), tls, relief)
+                                                         GRPC_PREFIX), tls, relief,
+                                      config.grpc_max_connection_age_ms / 1000,
+                                      _grace_s(config.grpc_max_connection_age_grace_ms))
         polling = config.model_control_mode == "poll"
         seen = await _fingerprints(repositories) if polling else None  # before loading
         explicit = config.model_control_mode == "explicit"
@@ -169,7 +171,9 @@ class Server:
             raise StartupError(f"cannot listen for {what} on {address} port {port}: "
                                f"{os.strerror(error.errno) if error.errno else error} "
                                f"(change {flag}, or stop what holds it)") from None
-        period = min(1.0, config.read_timeout_s / 4, config.keep_alive_timeout_s / 4)
+        age_s = config.grpc_max_connection_age_ms / 1000  # (a few checks within an age)
+        period = min(1.0, config.read_timeout_s / 4, config.keep_alive_timeout_s / 4,
+                     max(age_s / 4, 0.05) if age_s else 1.0)
         fronts = [front for front in (self._http, self._grpc) if front is not None]
         self._expirer = asyncio.create_task(_expire_stalled(fronts, period))
         print(f"tensorgate {self.version}: {self._listening()}; "
@@ -302,7 +306,8 @@ class Server:
             config.metrics_histogram_latencies)
         self._metrics = MetricsFrontEnd(lambda: render_metrics(
             engine.model_statistics(), engine.pool_statistics(),
-            (budget.open, budget.refused, budget.floods), engine.cache_statistics(),
+            (budget.open, budget.refused, budget.floods, budget.retired),
+            engine.cache_statistics(),
             tracer.statistics() if tracer is not None else None,
             host.last if host is not None else None, latencies,
             gpus.last if gpus is not None else (), engine.model_calls()),
@@ -413,6 +418,10 @@ async def _expire_stalled(fronts: list[HttpFrontEnd | GrpcFrontEnd], period_s: f
 
 
 FILES_BESIDE_CONNECTIONS = 256  # model files, shared memory, the listening sockets, logs
+
+
+def _grace_s(grace_ms: int) -> float | None:
+    return grace_ms / 1000 if grace_ms >= 0 else None
 
 
 def _pattern(text: str) -> re.Pattern[str] | None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import re
 import ssl
 import time
@@ -248,9 +249,13 @@ class GrpcFrontEnd:
                  read_timeout_s: float = 30.0, budget: ConnectionBudget | None = None,
                  header_forward: re.Pattern[str] | None = None,
                  restricted: Restrictions | None = None,
-                 tls: ssl.SSLContext | None = None, relief: PoolRelief | None = None) -> None:
+                 tls: ssl.SSLContext | None = None, relief: PoolRelief | None = None,
+                 max_age_s: float = 0.0, age_grace_s: float | None = None) -> None:
         """`tls`: serve over TLS with this context (network/tls.py), else plain. `relief`:
-        shared with the HTTP front end (server.py)."""
+        shared with the HTTP front end (server.py). `max_age_s` > 0: each connection is
+        retired (Http2Connection.retire) after that long, ±10 % so that the connections
+        opened together are not all retired together (as gRPC's servers do), its calls
+        then open given `age_grace_s` (None: no bound) to finish."""
         self.dataplane = dataplane
         self.header_forward = header_forward  # metadata passed to models as parameters
         self.restricted = restricted or {}    # API group → the metadata it needs
@@ -258,6 +263,8 @@ class GrpcFrontEnd:
         self.pool = pool
         self.max_message_bytes = max_message_bytes
         self.read_timeout_s = read_timeout_s
+        self.max_age_s = max_age_s
+        self.age_grace_s = age_grace_s
         self.connections: set[http2.Http2Connection] = set()
         self.streams: set[StreamCall] = set()  # open ModelStreamInfer calls
         self._server: asyncio.base_events.Server | None = None
@@ -305,6 +312,9 @@ class GrpcFrontEnd:
             return RefusedConnection(http2.refusal_frames(self.budget.refusal()))
         connection = http2.Http2Connection(self._open_stream, self._closed,
                                            self.budget.flooded)
+        if self.max_age_s > 0:
+            connection.retire_at = (time.monotonic()
+                                    + self.max_age_s * random.uniform(0.9, 1.1))
         self.connections.add(connection)
         if self.tls is not None:
             self._handshakes.started(connection, time.monotonic())
@@ -317,8 +327,12 @@ class GrpcFrontEnd:
 
     def expire(self, now: float) -> None:
         """Called about once a second (server.py): calls whose request stopped arriving are
-        answered, connections stalled inside a frame closed."""
+        answered, connections stalled inside a frame closed, those past their age
+        retired."""
         for connection in list(self.connections):
+            if now >= connection.retire_at:
+                connection.retire(now, self.age_grace_s)
+                self.budget.retired += 1
             connection.expire(now, self.read_timeout_s)
         if self.tls is not None:
             for connection in self._handshakes.sweep(now, self._made):

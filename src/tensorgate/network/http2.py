@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import struct
 import time
 from collections import deque
@@ -296,6 +297,10 @@ class Http2Connection(asyncio.BufferedProtocol):
         self._block = bytearray()
         self._block_end_stream = False
         self.going_away = False
+        # --grpc-max-connection-age: when the front end retires the connection (GOAWAY), and
+        # when calls still open then are cut off with it (its grace)
+        self.retire_at = math.inf
+        self._abort_at = math.inf
         self._turn_frames = 0          # frames parsed in this turn of the loop (see above)
         # driven by hand, outside a loop (tests), there are no turns to share (nor schedule)
         looped = _in_loop()
@@ -613,7 +618,8 @@ class Http2Connection(asyncio.BufferedProtocol):
         self._turn_frames += _frames_a_new_stream(self._earned)
         if self.going_away or len(self.streams) >= _MAX_STREAMS:
             self._reset(stream_id, REFUSED_STREAM)
-            self._waste(f"opened beyond the {_MAX_STREAMS} it may have at once")
+            self._waste("opened after our GOAWAY" if self.going_away
+                        else f"opened beyond the {_MAX_STREAMS} it may have at once")
             return
         stream = Http2Stream(stream_id, self._peer_initial, self._last_read)
         stream.remote_closed = end_stream  # so an answer given at once sends no RST_STREAM
@@ -1103,6 +1109,9 @@ class Http2Connection(asyncio.BufferedProtocol):
         client, and an idle connection between calls may stay open for ever (gRPC's)."""
         if self.transport is None:
             return
+        if now >= self._abort_at:  # retired, and its grace is over: what is open is cut off
+            self.transport.close()
+            return
         quiet = now - self._last_read
         if (quiet > _SHRINK_IDLE_S and len(self._buffer) > _IDLE_BUFFER and not self.streams
                 and self._start == self._end and not self._data_left):
@@ -1125,6 +1134,17 @@ class Http2Connection(asyncio.BufferedProtocol):
                     handler.timed_out(quiet, read_timeout_s)
             except Exception as error:
                 self._failed(stream, error)
+
+    def retire(self, now: float, grace_s: float | None) -> None:
+        """The connection reached its maximum age: closed as close_when_idle closes it, and
+        once `grace_s` has passed (None: no bound) with whatever calls are still open. The
+        client opens its next calls on a new connection (a load balancer's chance to send
+        them elsewhere); calls it opened before it read the GOAWAY are refused unprocessed
+        (REFUSED_STREAM), which gRPC clients retry on the new one."""
+        self.retire_at = math.inf
+        if grace_s is not None:
+            self._abort_at = min(self._abort_at, now + grace_s)
+        self.close_when_idle()
 
     def close_when_idle(self) -> None:
         """Graceful close: GOAWAY now (no new streams), close once open streams finish."""

@@ -1,0 +1,145 @@
+"""Triton's --grpc-max-connection-age and its grace: a gRPC connection past its age is sent
+GOAWAY, its calls in flight are answered (within the grace), new calls on it are refused
+unprocessed, and clients carry on over a new connection — what lets a load balancer spread
+long-lived gRPC clients over replicas added after they connected."""
+
+from __future__ import annotations
+
+import pathlib
+import re
+import struct
+import time
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+from tritonclient.grpc import service_pb2 as pb
+
+from tests.e2e import h2_client as h2
+from tests.e2e.conftest import RunningServer, scrape, start_server, stop_server
+from tests.pipeline import repo_builder as rb
+
+REFUSED_STREAM = 7
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
+    root = tmp_path_factory.mktemp("age") / "models"
+    rb.add_python(root, "fast", max_batch=4)
+    rb.add_python(root, "slow", max_batch=4, delay_s=1.5)
+    return root
+
+
+def _port(server: RunningServer) -> int:
+    return int(server.grpc_url.rsplit(":", 1)[1])
+
+
+def _infer_message(model: str) -> bytes:
+    request = pb.ModelInferRequest(model_name=model)
+    item = request.inputs.add(name="INPUT__0", datatype="FP32")
+    item.shape.extend([1, 4])
+    request.raw_input_contents.append(np.ones((1, 4), "<f4").tobytes())
+    return request.SerializeToString()
+
+
+def _answer(data: bytes) -> list[float]:
+    assert data[0] == 0 and int.from_bytes(data[1:5], "big") == len(data) - 5
+    raw = pb.ModelInferResponse.FromString(data[5:]).raw_output_contents[0]
+    return np.frombuffer(raw, "<f4").tolist()
+
+
+def _retired(server: RunningServer) -> int:
+    found = re.search(r"^tensorgate_connections_retired_total (\d+)$", scrape(server), re.M)
+    assert found, "no tensorgate_connections_retired_total"
+    return int(found.group(1))
+
+
+def test_a_connection_past_its_age_is_sent_goaway_and_its_call_in_flight_is_answered(
+        repo: pathlib.Path, tmp_path: pathlib.Path) -> None:
+    server = start_server(repo, tmp_path / "server.log", "--grpc-max-connection-age", "600")
+    client = h2.H2Client(_port(server))
+    try:
+        opened = time.monotonic()
+        headers, _ = client.response(client.call("ServerLive", b""))
+        assert headers["grpc-status"] == "0"
+        slow = client.call("ModelInfer", _infer_message("slow"))  # 1.5 s in the model
+        frames = client.frames_until(lambda f: f.kind == h2.GOAWAY, limit_s=5)
+        age = time.monotonic() - opened
+        goaway = frames[-1]
+        assert goaway.kind == h2.GOAWAY, frames
+        last, code = struct.unpack(">II", goaway.payload[:8])
+        assert (last, code) == (slow, 0)  # NO_ERROR; the slow call is one it will answer
+        assert 0.54 <= age <= 0.66 + 0.5, age  # ±10 %, and the sweep's period (0.15 s)
+        late = client.call("ServerLive", b"")  # opened after the GOAWAY: refused unprocessed
+        frames = client.frames_until(lambda f: f.stream == late, limit_s=5)
+        assert (frames[-1].kind, frames[-1].payload) == (
+            h2.RST_STREAM, struct.pack(">I", REFUSED_STREAM))
+        headers, data = client.response(slow, limit_s=10)
+        assert headers["grpc-status"] == "0" and _answer(data) == [3.0] * 4
+        assert client.read_frame() is None  # then the server closes it: nothing was open
+        assert _retired(server) == 1
+        with grpcclient.InferenceServerClient(server.grpc_url) as fresh:
+            assert fresh.is_server_live()
+    finally:
+        client.close()
+        assert stop_server(server) == 0
+
+
+def test_calls_still_open_after_the_grace_are_cut_off_and_the_server_serves_on(
+        repo: pathlib.Path, tmp_path: pathlib.Path) -> None:
+    server = start_server(repo, tmp_path / "server.log", "--grpc-max-connection-age", "300",
+                          "--grpc-max-connection-age-grace", "300")
+    client = h2.H2Client(_port(server))
+    try:
+        opened = time.monotonic()
+        slow = client.call("ModelInfer", _infer_message("slow"))
+        frames = client.frames_until(lambda f: False, limit_s=10)  # to the close
+        closed = time.monotonic() - opened
+        assert [f.kind for f in frames if f.stream == 0 and f.kind == h2.GOAWAY] == [h2.GOAWAY]
+        assert not [f for f in frames if f.stream == slow and f.kind in (h2.HEADERS, h2.DATA)]
+        assert 0.5 <= closed < 1.4, closed  # age (±10 %) + grace + the sweep, not 1.5 s
+        with grpcclient.InferenceServerClient(server.grpc_url) as fresh:
+            item = grpcclient.InferInput("INPUT__0", [1, 4], "FP32")
+            item.set_data_from_numpy(np.ones((1, 4), np.float32))
+            assert fresh.infer("fast", [item]).as_numpy("OUTPUT__0").tolist() == [[3.0] * 4]
+    finally:
+        client.close()
+        assert stop_server(server) == 0
+
+
+def test_a_grpc_client_carries_on_over_new_connections(repo: pathlib.Path,
+                                                       tmp_path: pathlib.Path) -> None:
+    """tritonclient's calls, one after another for ~2 s across several retirements: each
+    answered, none failed (a call racing a GOAWAY is refused unprocessed, and grpcio retries
+    it on the new connection)."""
+    server = start_server(repo, tmp_path / "server.log", "--grpc-max-connection-age", "200")
+    try:
+        item = grpcclient.InferInput("INPUT__0", [1, 4], "FP32")
+        item.set_data_from_numpy(np.ones((1, 4), np.float32))
+        with grpcclient.InferenceServerClient(server.grpc_url) as client:
+            deadline = time.monotonic() + 2.0
+            calls = 0
+            while time.monotonic() < deadline and calls < 2000:
+                assert client.infer("fast", [item]).as_numpy("OUTPUT__0").tolist() == [
+                    [3.0] * 4]
+                calls += 1
+        assert calls >= 20
+        assert _retired(server) >= 2  # (2 s of 180-220 ms ages: ~8 when the machine is idle)
+    finally:
+        assert stop_server(server) == 0
+
+
+def test_the_flags_are_checked(tmp_path: pathlib.Path) -> None:
+    from tensorgate.cli import parse_serve
+    config = parse_serve(["serve", "--grpc-max-connection-age", "60000",
+                          "--grpc-max-connection-age-grace", "5000"], {})
+    assert (config.grpc_max_connection_age_ms, config.grpc_max_connection_age_grace_ms) == (
+        60000, 5000)
+    assert parse_serve(["serve"], {}).grpc_max_connection_age_ms == 0
+    with pytest.raises(ValueError, match=r"^grpc_max_connection_age_grace_ms \(--grpc-max-"
+                                         r"connection-age-grace\) is the grace after "
+                                         r"grpc_max_connection_age_ms"):
+        parse_serve(["serve", "--grpc-max-connection-age-grace", "5000"], {})
+    with pytest.raises(ValueError, match=r"^grpc_max_connection_age_ms must be 0 \(no limit\) "
+                                         r"or more, got -5$"):
+        parse_serve(["serve", "--grpc-max-connection-age", "-5"], {})
