@@ -41,6 +41,7 @@ NO_EFFECT = {
     "repoagent-directory": "no repository agents",
     "backend-config": "no backend takes settings (Python models' shm pools are not used)",
     "host-policy": "--placement places threads on CPUs",
+    "enable-peer-access": "PyTorch's CUDA runtime enables peer access where it copies",
 }
 # Triton's flags for what tensorgate does not do, where going on would mislead: refused
 # (unless given as false) with the reason
@@ -49,7 +50,17 @@ REFUSED = {
     "allow-vertex-ai": "Vertex AI's API is not served",
     "model-namespacing": "model names are one namespace",
     "cache-directory": "only the local response cache exists (--cache-config local,size=N)",
+    "model-load-gpu-limit": "a load is not refused for the GPU memory in use; leave it out",
+    "sagemaker-port": "SageMaker's API is not served",
+    "sagemaker-safe-port-range": "SageMaker's API is not served",
+    "sagemaker-thread-count": "SageMaker's API is not served",
+    "vertex-ai-port": "Vertex AI's API is not served",
+    "vertex-ai-thread-count": "Vertex AI's API is not served",
+    "vertex-ai-default-model": "Vertex AI's API is not served",
 }
+# Triton's deprecated tracing flags → the --trace-config setting each is
+OLD_TRACE_FLAGS = {"trace-file": "triton,file", "trace-level": "level", "trace-rate": "rate",
+                   "trace-count": "count", "trace-log-frequency": "triton,log-frequency"}
 
 
 def _no_effect_dest(flag: str) -> str:
@@ -58,6 +69,21 @@ def _no_effect_dest(flag: str) -> str:
 
 def _refused_dest(flag: str) -> str:
     return "refused_" + flag.replace("-", "_")
+
+
+def _old_trace_dest(flag: str) -> str:
+    return "old_" + flag.replace("-", "_")
+
+
+def old_trace_flags(args: dict[str, object]) -> list[str]:
+    """Triton's deprecated --trace-file, --trace-level, ... (taken out of `args`) as the
+    --trace-config values they stand for, to come before those given as such."""
+    found = []
+    for flag, setting in OLD_TRACE_FLAGS.items():
+        value = args.pop(_old_trace_dest(flag), None)
+        for one in (value if isinstance(value, list) else [] if value is None else [value]):
+            found.append(f"{setting}={one}")
+    return found
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -178,6 +204,10 @@ def _parser() -> argparse.ArgumentParser:
                             "opentelemetry,resource=KEY=VALUE, opentelemetry,bsp_max_queue_size"
                             "=N, opentelemetry,bsp_schedule_delay=MS, "
                             "opentelemetry,bsp_max_export_batch_size=N")
+    for flag, setting in OLD_TRACE_FLAGS.items():
+        serve.add_argument(f"--{flag}", dest=_old_trace_dest(flag), metavar="VALUE",
+                           action="append" if flag == "trace-level" else "store",
+                           help=f"Triton's deprecated form of --trace-config {setting}=VALUE")
     # Triton's names for what tensorgate already has, so that a tritonserver command line
     # carries over (tensorgate's own names above still work)
     serve.add_argument("--strict-readiness", metavar="BOOL",
@@ -344,7 +374,8 @@ def serve_config(args: dict[str, object],
     wrong. The repository folders are not looked at (a deployment's manifest is checked
     where they do not exist: tests/deploy)."""
     no_effect(args)  # Triton's flags that change nothing, taken out (main has said which)
-    args.update(trace_settings(cast(list[str], args.pop("trace_config") or [])))
+    args.update(trace_settings(old_trace_flags(args)
+                               + cast(list[str], args.pop("trace_config") or [])))
     args.update(metrics_settings(cast(list[str], args.pop("metrics_config") or [])))
     args.update(triton_settings(args))
     for name in ("http_restricted_api", "grpc_restricted_api"):

@@ -17,7 +17,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
-from tensorgate.cli import NO_EFFECT, REFUSED, no_effect, triton_settings
+from tensorgate.cli import NO_EFFECT, REFUSED, no_effect, parse_serve, triton_settings
 from tests.e2e.conftest import start_server, stop_server
 from tests.pipeline import repo_builder as rb
 
@@ -99,3 +99,61 @@ def test_flag_tables_and_aliases() -> None:
     # Triton's name fills tensorgate's setting; tensorgate's own flag wins when both are given
     assert triton_settings(args) == {"max_request_bytes": 2048}
     assert "refused_allow_vertex_ai" not in args and "http_max_input_size" not in args
+
+
+# every flag `tritonserver --help` lists (Triton 2.51, the binary bench/peers/install.sh
+# fetches with nvidia-pytriton), without its leading dashes
+TRITON_2_51_FLAGS = """
+    allow-cpu-metrics allow-gpu-metrics allow-grpc allow-http allow-metrics
+    allow-sagemaker allow-vertex-ai backend-config backend-directory
+    buffer-manager-thread-count cache-config cache-directory
+    cuda-memory-pool-byte-size cuda-virtual-address-size
+    disable-auto-complete-config enable-peer-access exit-on-error exit-timeout-secs
+    grpc-address grpc-header-forward-pattern grpc-http2-max-ping-strikes
+    grpc-http2-max-pings-without-data grpc-http2-min-recv-ping-interval-without-data
+    grpc-infer-allocation-pool-size grpc-infer-response-compression-level
+    grpc-keepalive-permit-without-calls grpc-keepalive-time grpc-keepalive-timeout
+    grpc-max-connection-age grpc-max-connection-age-grace grpc-port
+    grpc-restricted-protocol grpc-root-cert grpc-server-cert grpc-server-key
+    grpc-use-ssl grpc-use-ssl-mutual host-policy http-address
+    http-header-forward-pattern http-port http-restricted-api http-thread-count id
+    load-model log-error log-file log-format log-info log-verbose log-warning
+    metrics-address metrics-config metrics-interval-ms metrics-port
+    min-supported-compute-capability model-config-name model-control-mode
+    model-load-gpu-limit model-load-retry-count model-load-thread-count
+    model-namespacing model-repository model-store pinned-memory-pool-byte-size
+    rate-limit rate-limit-resource repoagent-directory repository-poll-secs
+    response-cache-byte-size reuse-grpc-port reuse-http-port sagemaker-port
+    sagemaker-safe-port-range sagemaker-thread-count strict-model-config
+    strict-readiness trace-config trace-count trace-file trace-level
+    trace-log-frequency trace-rate vertex-ai-default-model vertex-ai-port
+    vertex-ai-thread-count
+""".split()
+
+
+def test_every_flag_of_tritonserver_2_51_is_known() -> None:
+    """Each is tensorgate's own, a Triton name for one of its settings, taken and named as
+    not acted on, or refused with the reason: none fails as an unknown argument."""
+    done = subprocess.run([sys.executable, "-m", "tensorgate", "serve", "--help"],
+                          capture_output=True, text=True, timeout=60)
+    listed = set(re.findall(r"(?:^|[ ,])--([a-z0-9-]+)", done.stdout, re.M))
+    assert len(TRITON_2_51_FLAGS) == 86
+    assert sorted(set(TRITON_2_51_FLAGS) - listed) == []
+
+
+def test_triton_s_deprecated_trace_flags_are_its_trace_config(tmp_path: pathlib.Path) -> None:
+    trace = tmp_path / "trace.json"
+    config = parse_serve(["serve", "--trace-file", str(trace), "--trace-level", "TIMESTAMPS",
+                          "--trace-level", "TENSORS", "--trace-rate", "10", "--trace-count",
+                          "5", "--trace-log-frequency", "2"], {})
+    assert (config.trace_file, set(config.trace_level), config.trace_rate, config.trace_count,
+            config.trace_log_frequency) == (trace, {"TIMESTAMPS", "TENSORS"}, 10, 5, 2)
+    # --trace-config, given too, says the last word on a setting
+    assert parse_serve(["serve", "--trace-file", str(trace), "--trace-rate", "10",
+                        "--trace-config", "rate=20"], {}).trace_rate == 20
+    refused = subprocess.run([sys.executable, "-m", "tensorgate", "serve",
+                              "--model-load-gpu-limit", "0:0.8"],
+                             capture_output=True, text=True, timeout=60)
+    assert (refused.returncode, refused.stderr) == (
+        2, "tensorgate: --model-load-gpu-limit: a load is not refused for the GPU memory in "
+           "use; leave it out\n")
