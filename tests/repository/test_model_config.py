@@ -438,3 +438,10 @@ def test_a_model_file_under_a_platform_no_one_serves_is_not_loaded(
     with pytest.raises(ModelConfigError, match=r"platform 'onnxruntime_onnx' is not one "
                                                r"tensorgate serves, so model\.pt is not loaded"):
         artifact_path(load_source(tmp_path, "other"), 1)
+    # a backend likewise: "pyhton" beside a model.py served it as a Python model
+    _model(tmp_path, "misspelt", 'name: "misspelt" backend: "pyhton"', {"1": "model.py"})
+    with pytest.raises(ModelConfigError) as refused:
+        artifact_path(load_source(tmp_path, "misspelt"), 1)
+    assert str(refused.value).startswith(
+        f"{tmp_path / 'misspelt' / '1'}: backend 'pyhton' is not one tensorgate serves (did "
+        "you mean 'python'?), so model.py is not loaded by it: ")

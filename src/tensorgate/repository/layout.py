@@ -327,8 +327,9 @@ def artifact_file(folder: pathlib.Path, config: pb.ModelConfig) -> tuple[pathlib
         path = folder / filename
         kind = ARTIFACT_KINDS.get(path.suffix and "model" + path.suffix, "")
         if path.is_file() and (wanted is None or kind == wanted):
-            if config.platform and config.platform not in _PLATFORM_KINDS:
-                raise ModelConfigError(str(folder), _unknown_platform(config.platform, path))
+            for field, value in (("platform", config.platform), ("backend", config.backend)):
+                if value and value not in _PLATFORM_KINDS:
+                    raise ModelConfigError(str(folder), _unknown_platform(field, value, path))
             return path, kind
     for field, value in (("platform", config.platform), ("backend", config.backend)):
         if value and value not in _PLATFORM_KINDS:  # another framework's model, likely
@@ -343,12 +344,13 @@ def artifact_file(folder: pathlib.Path, config: pb.ModelConfig) -> tuple[pathlib
                                         f"backend '{config.backend}')")
 
 
-def _unknown_platform(platform: str, found: pathlib.Path) -> str:
-    """Why a model file is not loaded under a platform no one serves by that name (a typo
-    of ours, or another framework's: Triton refuses an unknown platform too)."""
-    close = difflib.get_close_matches(platform, [*_PLATFORM_KINDS, "ensemble"], n=1)
+def _unknown_platform(field: str, name: str, found: pathlib.Path) -> str:
+    """Why a model file is not loaded under a platform or backend no one serves by that name
+    (a typo of ours, or another framework's: Triton refuses an unknown one too)."""
+    known = [*_PLATFORM_KINDS, "ensemble"] if field == "platform" else ["python", "pytorch"]
+    close = difflib.get_close_matches(name, known, n=1)
     guess = f" (did you mean '{close[0]}'?)" if close else ""
-    return (f"platform '{platform}' is not one tensorgate serves{guess}, so {found.name} is "
+    return (f"{field} '{name}' is not one tensorgate serves{guess}, so {found.name} is "
             "not loaded by it: pytorch_libtorch serves model.pt, torch_aoti or pytorch_export "
             "model.pt2, backend python model.py, and platform ensemble its steps")
 
