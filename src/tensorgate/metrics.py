@@ -180,7 +180,8 @@ def render_metrics(models: Iterable[tuple[ModelStatistics, int]],
     the server has one; `traces`: (written, held, dropped), when the server traces; `host`:
     the last CPU sample, when it takes them; `latencies`: which of Triton's latency metrics
     to write; `gpus`: the last GPU sample, one per GPU, when the server takes them (a
-    reading a GPU lacks is left out); `calls`: each instance's current call into its model (Engine.model_calls)."""
+    reading a GPU lacks is left out); `calls`: each instance's current call into its model
+    (Engine.model_calls)."""
     rows: dict[str, list[str]] = {name: [] for name in _HELP}
     for stats, pending in models:
         labels = _labels(model=stats.name, version=str(stats.version))

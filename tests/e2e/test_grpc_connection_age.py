@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import pathlib
 import re
+import ssl
 import struct
 import time
 
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
+import trustme
 from tritonclient.grpc import service_pb2 as pb
 
 from tests.e2e import h2_client as h2
@@ -143,3 +145,33 @@ def test_the_flags_are_checked(tmp_path: pathlib.Path) -> None:
     with pytest.raises(ValueError, match=r"^grpc_max_connection_age_ms must be 0 \(no limit\) "
                                          r"or more, got -5$"):
         parse_serve(["serve", "--grpc-max-connection-age", "-5"], {})
+
+
+def test_a_tls_connection_past_its_age_before_its_handshake_ends_is_retired_after_it(
+        repo: pathlib.Path, tmp_path: pathlib.Path) -> None:
+    """Its age came while the TLS handshake was still going: it is sent GOAWAY once the
+    handshake is done (it was marked going away with nothing sent, refusing every stream and
+    never closing)."""
+    ca = trustme.CA()
+    issued = ca.issue_cert("127.0.0.1")
+    cert, key = tmp_path / "server.pem", tmp_path / "server.key"
+    for i, blob in enumerate(issued.cert_chain_pems):
+        blob.write_to_path(str(cert), append=i > 0)
+    issued.private_key_pem.write_to_path(str(key))
+    server = start_server(repo, tmp_path / "server.log", "--grpc-use-ssl", "--grpc-server-cert",
+                          str(cert), "--grpc-server-key", str(key),
+                          "--grpc-max-connection-age", "200")
+    client = h2.H2Client(_port(server), preface=b"")  # TCP only, the handshake not begun
+    try:
+        time.sleep(0.6)  # past the age and a few sweeps
+        context = ssl.create_default_context()
+        ca.configure_trust(context)
+        context.set_alpn_protocols(["h2"])
+        client.sock = context.wrap_socket(client.sock, server_hostname="127.0.0.1")
+        client.sock.sendall(h2.PREFACE + client.frame(h2.SETTINGS, 0, 0, b""))
+        frames = client.frames_until(lambda f: f.kind == h2.GOAWAY, limit_s=5)
+        assert frames and frames[-1].kind == h2.GOAWAY, frames
+        assert client.read_frame() is None  # nothing open: closed after it
+    finally:
+        client.close()
+        assert stop_server(server) == 0
