@@ -56,8 +56,17 @@ def _retired(server: RunningServer) -> int:
     return int(found.group(1))
 
 
-def test_a_connection_past_its_age_is_sent_goaway_and_its_call_in_flight_is_answered(
+def _goaway(frame: h2.Frame) -> tuple[int, int]:
+    assert frame.kind == h2.GOAWAY, frame
+    last, code = struct.unpack(">II", frame.payload[:8])
+    return last, code
+
+
+def test_a_connection_past_its_age_is_sent_two_goaways_and_its_calls_are_answered(
         repo: pathlib.Path, tmp_path: pathlib.Path) -> None:
+    """As gRPC's servers retire a connection: a GOAWAY naming no last stream, with a PING;
+    calls the client opened before it read them are served; when the PING comes back, a
+    GOAWAY naming the last stream taken, after which a new one is refused unprocessed."""
     server = start_server(repo, tmp_path / "server.log", "--grpc-max-connection-age", "600")
     client = h2.H2Client(_port(server))
     try:
@@ -67,12 +76,17 @@ def test_a_connection_past_its_age_is_sent_goaway_and_its_call_in_flight_is_answ
         slow = client.call("ModelInfer", _infer_message("slow"))  # 1.5 s in the model
         frames = client.frames_until(lambda f: f.kind == h2.GOAWAY, limit_s=5)
         age = time.monotonic() - opened
-        goaway = frames[-1]
-        assert goaway.kind == h2.GOAWAY, frames
-        last, code = struct.unpack(">II", goaway.payload[:8])
-        assert (last, code) == (slow, 0)  # NO_ERROR; the slow call is one it will answer
+        assert _goaway(frames[-1]) == ((1 << 31) - 1, 0)  # NO_ERROR, no last stream yet
         assert 0.54 <= age <= 0.66 + 0.5, age  # ±10 %, and the sweep's period (0.15 s)
-        late = client.call("ServerLive", b"")  # opened after the GOAWAY: refused unprocessed
+        ping = client.read_frame()
+        assert ping is not None and (ping.kind, ping.flags) == (h2.PING, 0), ping
+        racing = client.call("ServerLive", b"")  # as if sent before the GOAWAY was read
+        headers, _ = client.response(racing)
+        assert headers["grpc-status"] == "0"
+        client.send(h2.PING, h2.ACK, 0, ping.payload)
+        frames = client.frames_until(lambda f: f.kind == h2.GOAWAY, limit_s=5)
+        assert _goaway(frames[-1]) == (racing, 0)
+        late = client.call("ServerLive", b"")  # opened after it: refused unprocessed
         frames = client.frames_until(lambda f: f.stream == late, limit_s=5)
         assert (frames[-1].kind, frames[-1].payload) == (
             h2.RST_STREAM, struct.pack(">I", REFUSED_STREAM))
@@ -169,9 +183,11 @@ def test_a_tls_connection_past_its_age_before_its_handshake_ends_is_retired_afte
         context.set_alpn_protocols(["h2"])
         client.sock = context.wrap_socket(client.sock, server_hostname="127.0.0.1")
         client.sock.sendall(h2.PREFACE + client.frame(h2.SETTINGS, 0, 0, b""))
-        frames = client.frames_until(lambda f: f.kind == h2.GOAWAY, limit_s=5)
-        assert frames and frames[-1].kind == h2.GOAWAY, frames
-        assert client.read_frame() is None  # nothing open: closed after it
+        frames = client.frames_until(lambda f: f.kind == h2.PING, limit_s=5)
+        assert [_goaway(f) for f in frames if f.kind == h2.GOAWAY] == [((1 << 31) - 1, 0)]
+        client.send(h2.PING, h2.ACK, 0, frames[-1].payload)
+        frames = client.frames_until(lambda f: False, limit_s=5)  # to the close
+        assert [_goaway(f) for f in frames if f.kind == h2.GOAWAY] == [(0, 0)]
     finally:
         client.close()
         assert stop_server(server) == 0
