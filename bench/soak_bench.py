@@ -30,7 +30,10 @@ in use and idle, and the connections it counts open. The table gives each after 
 fifth and at the end, and the least-squares slope over the second half (per minute), with
 every client's answers checked: what is right, what was the expected error, what was not.
 
-    .venv/bin/python bench/soak_bench.py [--minutes 5] [--quick]
+    .venv/bin/python bench/soak_bench.py [--minutes 5] [--quick] [--grpc-max-connection-age MS]
+
+With --grpc-max-connection-age the gRPC clients' connections are retired as they go (the
+`retired` row counts them).
 """
 
 from __future__ import annotations
@@ -458,10 +461,10 @@ CLIENTS = {"http-binary": http_binary, "http-json": http_json, "grpc-unary": grp
 
 # -- the server and what is sampled -------------------------------------------------------
 
-def start_server(repo: pathlib.Path, log: pathlib.Path) -> tuple[subprocess.Popen[bytes],
-                                                                  dict[str, int]]:
+def start_server(repo: pathlib.Path, log: pathlib.Path, *extra: str
+                 ) -> tuple[subprocess.Popen[bytes], dict[str, int]]:
     process, ports, _ = serve_logged(repo, log, "--allow-shared-memory",
-                                     "--max-request-bytes", str(MAX_REQUEST_BYTES))
+                                     "--max-request-bytes", str(MAX_REQUEST_BYTES), *extra)
     return process, ports
 
 
@@ -480,7 +483,8 @@ def sample(pid: int, metrics_port: int) -> dict[str, float]:
     return {"t": time.monotonic(), "rss_mb": rss, "fds": fds, "threads": threads,
             "pool_in_use_mb": gauge(r'^tensorgate_pool_bytes\{state="in_use"\}') / 2**20,
             "pool_idle_mb": gauge(r'^tensorgate_pool_bytes\{state="idle"\}') / 2**20,
-            "connections": gauge(r"^tensorgate_connections_open")}
+            "connections": gauge(r"^tensorgate_connections_open"),
+            "retired": gauge(r"^tensorgate_connections_retired_total")}
 
 
 def slope_per_minute(samples: list[dict[str, float]], key: str) -> float:
@@ -496,13 +500,17 @@ def main() -> None:
     parser.add_argument("--minutes", type=float, default=5.0)
     parser.add_argument("--quick", action="store_true", help="one minute")
     parser.add_argument("--every-s", type=float, default=3.0, help="sampling period")
+    parser.add_argument("--grpc-max-connection-age", type=int, metavar="MS",
+                        help="the server retires gRPC connections this old (default: never)")
     args = parser.parse_args()
     minutes = 1.0 if args.quick else args.minutes
     work = pathlib.Path(tempfile.mkdtemp(prefix="tg-soak-"))
     repo = work / "models"
     write_repository(repo)
     log = work / "server.log"
-    process, ports = start_server(repo, log)
+    age = args.grpc_max_connection_age
+    process, ports = start_server(repo, log, *(("--grpc-max-connection-age", str(age))
+                                               if age else ()))
     context = mp.get_context("spawn")
     answers = context.Queue()
     samples: list[dict[str, float]] = []
@@ -535,7 +543,8 @@ def main() -> None:
     first = min(range(len(samples)), key=lambda i: abs(samples[i]["t"] - samples[0]["t"]
                                                       - minutes * 12))  # a fifth in
     second_half = [s for s in samples[:-1] if s["t"] - samples[0]["t"] >= minutes * 30]
-    keys = ("rss_mb", "fds", "threads", "pool_in_use_mb", "pool_idle_mb", "connections")
+    keys = ("rss_mb", "fds", "threads", "pool_in_use_mb", "pool_idle_mb", "connections",
+            "retired")
     print(f"soak: {minutes:g} min, {len(CLIENTS)} client processes, {os.cpu_count()} cores, "
           f"Python {sys.version.split()[0]}; samples every {args.every_s:g} s")
     print("| server | at start | after a fifth | at the end of load | 2 s after | "

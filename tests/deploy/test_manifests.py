@@ -245,6 +245,8 @@ def test_the_plain_deployment_serves_its_volume_on_the_ports_its_service_and_pro
     assert service["selector"] == labels == PLAIN["Deployment"]["spec"]["selector"][
         "matchLabels"]
     assert int(POD["metadata"]["annotations"]["prometheus.io/port"]) == config.metrics_port
+    # gRPC clients reach pods added later only through retired connections
+    assert 0 < config.grpc_max_connection_age_ms <= 600_000
     # preStop's wait and SIGTERM's drain must end before Kubernetes kills the pod
     command = container["lifecycle"]["preStop"]["exec"]["command"]
     assert command[0] == "/bin/sleep"  # Debian's coreutils: in the image

@@ -67,6 +67,17 @@ def start_server(repo: pathlib.Path, log: pathlib.Path, *extra: str,
     raise RuntimeError(f"server did not start in {STARTUP_TIMEOUT_S} s:\n{log.read_text()}")
 
 
+def until(condition: Callable[[], bool], what: str, wait_s: float = 20.0) -> None:
+    """Poll `condition` until it holds; AssertionError naming `what` after `wait_s` (a poll's
+    load of a Python model takes well under 20 s on a busy machine)."""
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"not within {wait_s} s: {what}")
+
+
 def post(url: str, path: str, body: bytes, timeout_s: float = 60.0) -> tuple[int, str]:
     """POST `body` to `path` of the server at `url` (host:port) on a connection of its own:
     the answer's status and text."""

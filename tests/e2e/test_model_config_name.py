@@ -6,38 +6,17 @@ for each loaded model dynamically")."""
 from __future__ import annotations
 
 import pathlib
-import re
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 
 import numpy as np
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
-from tests.e2e.conftest import start_server, stop_server
+from tests.e2e.conftest import start_server, stop_server, until
 from tests.pipeline import repo_builder as rb
 
 POLL_S = 0.2
-WAIT_S = 20.0
-
-
-def _named(folder: pathlib.Path, name: str, max_batch: int) -> pathlib.Path:
-    text = (folder / "config.pbtxt").read_text()
-    (folder / "configs").mkdir(exist_ok=True)
-    path = folder / "configs" / f"{name}.pbtxt"
-    path.write_text(re.sub(r"max_batch_size: \d+", f"max_batch_size: {max_batch}", text))
-    return path
-
-
-def _until(condition: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + WAIT_S
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"not within {WAIT_S} s: {what}")
 
 
 def _batch(client: httpclient.InferenceServerClient, model: str) -> int:
@@ -55,8 +34,8 @@ def test_each_model_serves_its_named_config_and_a_poll_follows_them(
     repo = tmp_path / "models"
     for name in ("a", "b"):
         rb.add_python(repo, name, max_batch=4)
-    big = _named(repo / "a", "big", 16)
-    _named(repo / "b", "small", 2)  # another machine's
+    big = rb.add_named_config(repo / "a", "big", 16)
+    rb.add_named_config(repo / "b", "small", 2)  # another machine's
     server = start_server(repo, tmp_path / "server.log", "--model-config-name", "big",
                           "--model-control-mode", "poll", "--repository-poll-secs", str(POLL_S))
     try:
@@ -66,10 +45,10 @@ def test_each_model_serves_its_named_config_and_a_poll_follows_them(
             assert (_batch(client, "a"), _batch(client, "b")) == (16, 4)
             assert _infer(client, "a", 16).shape == (16, 4)  # 16 rows: the named config's
             assert (_infer(client, "a", 1) == 3.0).all()
-            _named(repo / "b", "big", 8)  # added: b now serves it
-            _until(lambda: _batch(client, "b") == 8, "model b serves configs/big.pbtxt")
+            rb.add_named_config(repo / "b", "big", 8)  # added: b now serves it
+            until(lambda: _batch(client, "b") == 8, "model b serves configs/big.pbtxt")
             big.unlink()  # removed: a goes back to its config.pbtxt
-            _until(lambda: _batch(client, "a") == 4, "model a serves config.pbtxt again")
+            until(lambda: _batch(client, "a") == 4, "model a serves config.pbtxt again")
             assert (_infer(client, "b", 8) == 3.0).all()
         with grpcclient.InferenceServerClient(server.grpc_url) as client:
             assert client.get_model_config("b").config.max_batch_size == 8
@@ -82,7 +61,7 @@ def test_check_reads_the_named_configs_as_serve_does(tmp_path: pathlib.Path) -> 
     the check where config.pbtxt alone would pass it."""
     repo = tmp_path / "models"
     rb.add_python(repo, "a", max_batch=4)
-    broken = _named(repo / "a", "h100", 4)
+    broken = rb.add_named_config(repo / "a", "h100", 4)
     broken.write_text(broken.read_text().replace("max_batch_size: 4", "max_batch_size: -4"))
 
     def check(*extra: str) -> subprocess.CompletedProcess[str]:

@@ -11,7 +11,6 @@ import pathlib
 import re
 import shutil
 import time
-from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -25,11 +24,10 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 from tensorgate.builtin.repository import default_repository
-from tests.e2e.conftest import memory_bytes, post, start_server, stop_server
+from tests.e2e.conftest import memory_bytes, post, start_server, stop_server, until
 from tests.pipeline import repo_builder as rb
 
 POLL_S = 0.2
-WAIT_S = 20.0  # a poll's load is a Python model: well under this on a busy machine
 
 
 def _repo(root: pathlib.Path, *names: str) -> pathlib.Path:
@@ -42,15 +40,6 @@ def _infer(client: httpclient.InferenceServerClient, model: str) -> np.ndarray:
     item = httpclient.InferInput("INPUT__0", [1, 4], "FP32")
     item.set_data_from_numpy(np.ones((1, 4), np.float32))
     return client.infer(model, [item]).as_numpy("OUTPUT__0")
-
-
-def _until(condition: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + WAIT_S
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"not within {WAIT_S} s: {what}")
 
 
 def _refuses_load_and_unload(url: str, grpc_url: str, mode: str) -> None:
@@ -274,15 +263,15 @@ def test_poll_mode_follows_added_changed_and_removed_models(tmp_path: pathlib.Pa
         _refuses_load_and_unload(server.url, server.grpc_url, "poll")
         with httpclient.InferenceServerClient(server.url) as client:
             shutil.copytree(spare / "b", repo / "b")  # added
-            _until(lambda: client.is_model_ready("b"), "model b was loaded")
+            until(lambda: client.is_model_ready("b"), "model b was loaded")
             torch.save({"scale": torch.tensor(5.0)}, repo / "a" / "1" / "scale.pt")  # changed
-            _until(lambda: _infer(client, "a")[0, 0] == 6.0, "model a serves its new weights")
+            until(lambda: _infer(client, "a")[0, 0] == 6.0, "model a serves its new weights")
             (repo / "a" / "config.pbtxt").write_text('name: "a" max_batch_size: "x"')  # broken
             time.sleep(5 * POLL_S)
             assert _infer(client, "a")[0, 0] == 6.0  # a failed reload leaves a serving
             assert "model a failed to load" in server.log.read_text()
             shutil.rmtree(repo / "b")  # removed
-            _until(lambda: not client.is_model_ready("b"), "model b was unloaded")
+            until(lambda: not client.is_model_ready("b"), "model b was unloaded")
             assert "b" not in {e["name"] for e in client.get_model_repository_index()}
     finally:
         assert stop_server(server) == 0
@@ -310,12 +299,12 @@ def test_several_repositories_serve_one_namespace_and_are_all_polled(
             with pytest.raises(InferenceServerException, match="'both'"):
                 _infer(client, "both")
             shutil.rmtree(two / "both")
-            _until(lambda: client.is_model_ready("both"), "model both was loaded from one")
+            until(lambda: client.is_model_ready("both"), "model both was loaded from one")
             assert _infer(client, "both")[0, 0] == 3.0
             shutil.copytree(spare / "c", two / "c")
-            _until(lambda: client.is_model_ready("c"), "model c was loaded from two")
+            until(lambda: client.is_model_ready("c"), "model c was loaded from two")
             shutil.rmtree(one / "a")
-            _until(lambda: not client.is_model_ready("a"), "model a was unloaded")
+            until(lambda: not client.is_model_ready("a"), "model a was unloaded")
         with grpcclient.InferenceServerClient(server.grpc_url) as client:
             assert {m.name for m in client.get_model_repository_index().models} == {
                 "b", "both", "c"}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pathlib
+import re
 import textwrap
 
 import torch
@@ -342,6 +343,16 @@ def add_python(repo: pathlib.Path, name: str, batching: str = "", delay_s: float
         """)
     (folder / "1" / "model.py").write_text(PYTHON_MODEL)
     torch.save({"scale": torch.tensor(2.0)}, folder / "1" / "scale.pt")
+
+
+def add_named_config(folder: pathlib.Path, name: str, max_batch: int) -> pathlib.Path:
+    """configs/<name>.pbtxt (--model-config-name): the folder's config.pbtxt with another
+    max_batch_size."""
+    text = (folder / "config.pbtxt").read_text()
+    (folder / "configs").mkdir(exist_ok=True)
+    path = folder / "configs" / f"{name}.pbtxt"
+    path.write_text(re.sub(r"max_batch_size: \d+", f"max_batch_size: {max_batch}", text))
+    return path
 
 
 class Heavy(torch.nn.Module):

@@ -17,22 +17,13 @@ from tensorgate.repository.model_config import ModelConfigError
 from tests.pipeline import repo_builder as rb
 
 
-def _named(folder: pathlib.Path, name: str, max_batch: int) -> pathlib.Path:
-    """configs/<name>.pbtxt: the folder's config.pbtxt with another max_batch_size."""
-    text = (folder / "config.pbtxt").read_text()
-    (folder / "configs").mkdir(exist_ok=True)
-    path = folder / "configs" / f"{name}.pbtxt"
-    path.write_text(re.sub(r"max_batch_size: \d+", f"max_batch_size: {max_batch}", text))
-    return path
-
-
 def test_a_named_config_stands_in_for_config_pbtxt_where_the_model_has_one(
         tmp_path: pathlib.Path) -> None:
     for name in ("a", "b", "c"):
         rb.add_python(tmp_path, name, max_batch=4)
-    big = _named(tmp_path / "a", "big", 16)
-    _named(tmp_path / "b", "small", 2)  # another machine's: not read with "big"
-    _named(tmp_path / "c", "config", 8)  # Triton's example 2: configs/config.pbtxt
+    big = rb.add_named_config(tmp_path / "a", "big", 16)
+    rb.add_named_config(tmp_path / "b", "small", 2)  # another machine's: not read with "big"
+    rb.add_named_config(tmp_path / "c", "config", 8)  # Triton's example 2: configs/config.pbtxt
 
     a = load_source(tmp_path, "a", config_name="big")
     assert (a.spec.max_batch_size, a.config_source) == (16, str(big))
@@ -55,7 +46,7 @@ def test_a_model_whose_only_config_is_a_named_one_is_found_with_that_name(
     """Found, listed and polled by the name's config alone (an ensemble has no model file
     that would show it is a model)."""
     rb.add_python(tmp_path, "only", max_batch=4)
-    _named(tmp_path / "only", "big", 16)
+    rb.add_named_config(tmp_path / "only", "big", 16)
     (tmp_path / "only" / "config.pbtxt").unlink()
     (tmp_path / "only" / "1" / "model.py").rename(tmp_path / "only" / "1" / "other.py")
     assert discover_models(tmp_path) == []
@@ -68,7 +59,7 @@ def test_a_model_whose_only_config_is_a_named_one_is_found_with_that_name(
 
 def test_an_error_in_a_named_config_names_its_file(tmp_path: pathlib.Path) -> None:
     rb.add_python(tmp_path, "a", max_batch=4)
-    broken = _named(tmp_path / "a", "big", 4)
+    broken = rb.add_named_config(tmp_path / "a", "big", 4)
     broken.write_text('name: "a" max_batch_size: "x"')
     with pytest.raises(ModelConfigError, match=rf"^{re.escape(str(broken))}: "):
         load_source(tmp_path, "a", config_name="big")
