@@ -17,6 +17,7 @@ import tritonclient.grpc as grpcclient
 import trustme
 from tritonclient.grpc import service_pb2 as pb
 
+from tensorgate.network.grpc import IDLE_RETIRE_S
 from tests.e2e import h2_client as h2
 from tests.e2e.conftest import RunningServer, scrape, start_server, stop_server
 from tests.pipeline import repo_builder as rb
@@ -100,6 +101,21 @@ def test_a_connection_past_its_age_is_sent_two_goaways_and_its_calls_are_answere
         client.close()
         assert stop_server(server) == 0
 
+
+def test_an_idle_connection_is_retired_a_moment_later_than_a_busy_one(
+        repo: pathlib.Path, tmp_path: pathlib.Path) -> None:
+    """Past its age a connection is retired while a call is open on it (the client then
+    reads the GOAWAY before its next call), or, idle, IDLE_RETIRE_S later."""
+    server = start_server(repo, tmp_path / "server.log", "--grpc-max-connection-age", "200")
+    client = h2.H2Client(_port(server))
+    try:
+        opened = time.monotonic()
+        frames = client.frames_until(lambda f: f.kind == h2.GOAWAY, limit_s=5)
+        assert _goaway(frames[-1]) == ((1 << 31) - 1, 0)
+        assert 0.18 + IDLE_RETIRE_S <= time.monotonic() - opened <= 0.22 + IDLE_RETIRE_S + 0.5
+    finally:
+        client.close()
+        assert stop_server(server) == 0
 
 def test_calls_still_open_after_the_grace_are_cut_off_and_the_server_serves_on(
         repo: pathlib.Path, tmp_path: pathlib.Path) -> None:
