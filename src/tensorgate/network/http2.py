@@ -132,6 +132,9 @@ _KEPT_BYTES = 8 << 10
 # was offered grows it to _RECEIVE_BUFFER, which holds many frames per read, and a frame
 # larger than the buffer grows it to fit. _SHRINK_IDLE_S after its last read an idle
 # connection's buffer goes back to _IDLE_BUFFER.
+_IDLE_BUFFER = 16 << 10
+_RECEIVE_BUFFER = 256 << 10
+_SHRINK_IDLE_S = 2.0
 # A graceful close is two GOAWAYs, as gRPC's own servers send them. The first names no last
 # stream (2^31-1) and comes with a PING: the client opens no new streams once it reads it,
 # and its answer to the PING comes after every stream it opened before, which are served.
@@ -145,9 +148,6 @@ _KEPT_BYTES = 8 << 10
 _MAX_STREAM_ID = (1 << 31) - 1
 _DRAIN_PING = b"tg-drain"
 _DRAIN_PING_S = 5.0
-_IDLE_BUFFER = 16 << 10
-_RECEIVE_BUFFER = 256 << 10
-_SHRINK_IDLE_S = 2.0
 _HEAD = struct.Struct(">I")        # length (24 bits) and type, packed as one word, then flags+id
 
 
@@ -1157,8 +1157,7 @@ class Http2Connection(asyncio.BufferedProtocol):
         """The connection reached its maximum age: closed as close_when_idle closes it, and
         once `grace_s` has passed (None: no bound) with whatever calls are still open. The
         client opens its next calls on a new connection (a load balancer's chance to send
-        them elsewhere); calls it opened before it read the GOAWAY are refused unprocessed
-        (REFUSED_STREAM), which gRPC clients retry on the new one."""
+        them elsewhere); calls it opened before it read the first GOAWAY are served."""
         self.retire_at = math.inf
         if grace_s is not None:
             self._abort_at = min(self._abort_at, now + grace_s)
