@@ -66,8 +66,7 @@ class _NotTheTable(logging.Filter):
 
 async def _load(repositories: ModelRepositories, models: list[str], placement: str,
                 auto_complete: bool) -> list[dict[str, str]]:
-    engine = Engine(repositories.paths, placement=placement, auto_complete=auto_complete,
-                    model_config_name=repositories.config_name)
+    engine = Engine(repositories, placement=placement, auto_complete=auto_complete)
     try:
         await engine.start(models or None)
         return engine.index()

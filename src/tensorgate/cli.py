@@ -81,8 +81,9 @@ def old_trace_flags(args: dict[str, object]) -> list[str]:
     found = []
     for flag, setting in OLD_TRACE_FLAGS.items():
         value = args.pop(_old_trace_dest(flag), None)
-        for one in (value if isinstance(value, list) else [] if value is None else [value]):
-            found.append(f"{setting}={one}")
+        if value is not None:  # (--trace-level is repeated: a list)
+            found += [f"{setting}={one}" for one in (value if isinstance(value, list)
+                                                      else [value])]
     return found
 
 

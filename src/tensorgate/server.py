@@ -116,13 +116,13 @@ class Server:
         repositories = ModelRepositories.of(config.model_repository or default_repository(),
                                             config.model_config_name)
         tls = _grpc_tls(config) if config.allow_grpc else None  # before loading any model
+        age_s = config.grpc_max_connection_age_ms / 1000
         default_pool().set_limit(config.host_pool_bytes)
-        self.engine = Engine(repositories.paths, placement=config.placement,
+        self.engine = Engine(repositories, placement=config.placement,
                              response_cache_bytes=config.response_cache_bytes,
                              auto_complete=not config.disable_auto_complete_config,
                              model_control=config.model_control_mode == "explicit",
                              model_upload=config.allow_model_upload,
-                             model_config_name=config.model_config_name,
                              latency_summaries=(config.allow_metrics
                                                 and config.metrics_summary_latencies),
                              rate_limiter=RateLimiter(parse_resource_counts(
@@ -144,8 +144,7 @@ class Server:
                                       _pattern(config.grpc_header_forward_pattern),
                                       parse_restrictions(config.grpc_restricted_api,
                                                          GRPC_PREFIX), tls, relief,
-                                      config.grpc_max_connection_age_ms / 1000,
-                                      _grace_s(config.grpc_max_connection_age_grace_ms))
+                                      age_s, _grace_s(config.grpc_max_connection_age_grace_ms))
         polling = config.model_control_mode == "poll"
         seen = await _fingerprints(repositories) if polling else None  # before loading
         explicit = config.model_control_mode == "explicit"
@@ -171,9 +170,8 @@ class Server:
             raise StartupError(f"cannot listen for {what} on {address} port {port}: "
                                f"{os.strerror(error.errno) if error.errno else error} "
                                f"(change {flag}, or stop what holds it)") from None
-        age_s = config.grpc_max_connection_age_ms / 1000  # (a few checks within an age)
         period = min(1.0, config.read_timeout_s / 4, config.keep_alive_timeout_s / 4,
-                     max(age_s / 4, 0.05) if age_s else 1.0)
+                     max(age_s / 4, 0.05) if age_s else 1.0)  # (a few checks within an age)
         fronts = [front for front in (self._http, self._grpc) if front is not None]
         self._expirer = asyncio.create_task(_expire_stalled(fronts, period))
         print(f"tensorgate {self.version}: {self._listening()}; "

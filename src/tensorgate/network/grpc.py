@@ -338,12 +338,10 @@ class GrpcFrontEnd:
         answered, connections stalled inside a frame closed, those past their age retired
         while a call is open on them (or IDLE_RETIRE_S later, idle)."""
         for connection in list(self.connections):
-            # (not inside its TLS handshake: a GOAWAY needs the connection made)
-            if now >= connection.retire_at and connection.transport is not None and (
-                    connection.streams or now >= connection.retire_at + IDLE_RETIRE_S):
-                if not connection.going_away:  # (shutdown's or the client's GOAWAY was first)
-                    self.budget.retired += 1
-                connection.retire(now, self.age_grace_s)
+            if now >= connection.retire_at and (
+                    connection.streams or now >= connection.retire_at + IDLE_RETIRE_S) \
+                    and connection.retire(now, self.age_grace_s):
+                self.budget.retired += 1
             connection.expire(now, self.read_timeout_s)
         if self.tls is not None:
             for connection in self._handshakes.sweep(now, self._made):

@@ -1153,15 +1153,21 @@ class Http2Connection(asyncio.BufferedProtocol):
             except Exception as error:
                 self._failed(stream, error)
 
-    def retire(self, now: float, grace_s: float | None) -> None:
+    def retire(self, now: float, grace_s: float | None) -> bool:
         """The connection reached its maximum age: closed as close_when_idle closes it, and
         once `grace_s` has passed (None: no bound) with whatever calls are still open. The
         client opens its next calls on a new connection (a load balancer's chance to send
-        them elsewhere); calls it opened before it read the first GOAWAY are served."""
+        them elsewhere); calls it opened before it read the first GOAWAY are served. Whether
+        this began its close (not: one had begun, shutdown's or the client's); inside its
+        TLS handshake (no GOAWAY can go yet) nothing is done, and it is retired later."""
+        if self.transport is None:
+            return False
         self.retire_at = math.inf
         if grace_s is not None:
             self._abort_at = min(self._abort_at, now + grace_s)
+        began = not self.going_away and self._draining_since == math.inf
         self.close_when_idle()
+        return began
 
     def close_when_idle(self) -> None:
         """Graceful close: no new streams, and closed once the open ones finish: the first

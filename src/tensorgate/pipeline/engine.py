@@ -94,15 +94,16 @@ class _Version:
 class Engine:
     """Loads models from Triton-layout repositories and runs inference on them."""
 
-    def __init__(self, repository: str | pathlib.Path | Iterable[str | pathlib.Path], *,
+    def __init__(self, repository: str | pathlib.Path | Iterable[str | pathlib.Path]
+                 | ModelRepositories, *,
                  pool: BufferPool | None = None,
                  intra_op_threads: int | None = None, postprocess_workers: int = 2,
                  device: str = "auto", placement: str = "none",
                  response_cache_bytes: int = 0, auto_complete: bool = True,
                  model_control: bool = False, latency_summaries: bool = False,
-                 rate_limiter: RateLimiter | None = None, model_upload: bool = False,
-                 model_config_name: str = "") -> None:
-        """`repository`: one folder or several, whose models share one namespace.
+                 rate_limiter: RateLimiter | None = None, model_upload: bool = False) -> None:
+        """`repository`: one folder or several, whose models share one namespace, or
+        ModelRepositories (one with a config name: --model-config-name).
         `placement="auto"` pins the thread that calls `start` (the loop's) to the first CPU until
         `shutdown` and places executors by cost (see pipeline/placement.py); "none" pins nothing.
         `response_cache_bytes` > 0: models with `response_cache { enable: true }` answer
@@ -114,10 +115,9 @@ class Engine:
         (--metrics-config summary_latencies=true; pipeline/summary.py). `rate_limiter`:
         instances run only while they hold their instance group's rate_limiter resources
         (--rate-limit execution_count; pipeline/rate_limiter.py). `model_upload`: a load
-        may carry the model's files (--allow-model-upload; repository/upload.py).
-        `model_config_name`: a model's configs/<name>.pbtxt is its config where it has one
-        (--model-config-name; repository/layout.py)."""
-        self.repositories = ModelRepositories.of(repository, model_config_name)
+        may carry the model's files (--allow-model-upload; repository/upload.py)."""
+        self.repositories = (repository if isinstance(repository, ModelRepositories)
+                             else ModelRepositories.of(repository))
         self._complete = complete_config if auto_complete else None
         self._model_control = model_control
         self._summaries = latency_summaries

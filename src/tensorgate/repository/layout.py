@@ -54,7 +54,7 @@ class ModelSource:
     spec: ModelSpec
     directory: pathlib.Path
     versions: tuple[int, ...]
-    config_source: str = ""
+    config_source: str
 
 
 # A loader's step between reading a config and checking it: (config, the folder of the
