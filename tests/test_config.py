@@ -149,3 +149,45 @@ def test_one_protocol_at_least_must_be_served() -> None:
     with pytest.raises(ValueError, match=r"^allow_http and allow_grpc are both false: the "
                                          r"server would serve nothing"):
         ServerConfig(allow_http=False, allow_grpc=False)
+
+
+def test_sagemaker_settings_come_from_tritons_variables_and_are_checked() -> None:
+    config = ServerConfig.from_env({"SAGEMAKER_TRITON_DEFAULT_MODEL_NAME": "resnet",
+                                    "SAGEMAKER_TRITON_INFERENCE_TYPE": "generate",
+                                    "SAGEMAKER_TRITON_PING_MODE": "live"},
+                                   allow_sagemaker=True, allow_http=False, allow_grpc=False)
+    assert (config.sagemaker_model, config.sagemaker_inference_type,
+            config.sagemaker_ping_mode, config.sagemaker_port) == ("resnet", "generate", "live",
+                                                                   8080)
+    # loopback unless told otherwise: the HTTP address's, or its own
+    assert (config.sagemaker_address, ServerConfig(
+        http_address="10.0.0.5", sagemaker_address="0.0.0.0").sagemaker_address) == (
+        "127.0.0.1", "0.0.0.0")
+    with pytest.raises(ValueError, match=r"sagemaker_inference_type \(SAGEMAKER_TRITON_"
+                                         r"INFERENCE_TYPE\) must be infer, generate, "
+                                         r"generate_stream, got 'predict'"):
+        ServerConfig.from_env({"SAGEMAKER_TRITON_INFERENCE_TYPE": "predict"})
+    with pytest.raises(ValueError, match=r"sagemaker_ping_mode .* must be ready or live"):
+        ServerConfig(sagemaker_ping_mode="healthy")
+
+
+def test_the_sagemaker_safe_port_range_holds_every_other_port() -> None:
+    """SageMaker's SAGEMAKER_SAFE_PORT_RANGE: the ports beside 8080 must lie in it."""
+    inside = dict(http_port=23000, grpc_port=23001, metrics_port=23999)
+    config = ServerConfig(allow_sagemaker=True, sagemaker_safe_port_range="23000-23999",
+                          **inside)
+    assert config.sagemaker_port == 8080
+    with pytest.raises(ValueError, match=r"^metrics_port 8002 is outside the SageMaker safe "
+                                         r"port range 23000-23999 .*--allow-metrics false"):
+        ServerConfig(allow_sagemaker=True, sagemaker_safe_port_range="23000-23999",
+                     **{**inside, "metrics_port": 8002})
+    ServerConfig(allow_sagemaker=True, sagemaker_safe_port_range="23000-23999",
+                 **{**inside, "metrics_port": 8002}, allow_metrics=False)  # off: not held
+    for bad in ("23000", "23999-23000", "a-b", "1-70000"):
+        with pytest.raises(ValueError, match=r"sagemaker_safe_port_range must be LOW-HIGH"):
+            ServerConfig(sagemaker_safe_port_range=bad)
+
+
+def test_sagemaker_alone_is_something_to_serve() -> None:
+    config = ServerConfig(allow_http=False, allow_grpc=False, allow_sagemaker=True)
+    assert config.allow_sagemaker

@@ -42,18 +42,15 @@ NO_EFFECT = {
     "backend-config": "no backend takes settings (Python models' shm pools are not used)",
     "host-policy": "--placement places threads on CPUs",
     "enable-peer-access": "PyTorch's CUDA runtime enables peer access where it copies",
+    "sagemaker-thread-count": "the event loop serves every SageMaker connection",
 }
 # Triton's flags for what tensorgate does not do, where going on would mislead: refused
 # (unless given as false) with the reason
 REFUSED = {
-    "allow-sagemaker": "SageMaker's API is not served",
     "allow-vertex-ai": "Vertex AI's API is not served",
     "model-namespacing": "model names are one namespace",
     "cache-directory": "only the local response cache exists (--cache-config local,size=N)",
     "model-load-gpu-limit": "a load is not refused for the GPU memory in use; leave it out",
-    "sagemaker-port": "SageMaker's API is not served",
-    "sagemaker-safe-port-range": "SageMaker's API is not served",
-    "sagemaker-thread-count": "SageMaker's API is not served",
     "vertex-ai-port": "Vertex AI's API is not served",
     "vertex-ai-thread-count": "Vertex AI's API is not served",
     "vertex-ai-default-model": "Vertex AI's API is not served",
@@ -131,6 +128,17 @@ def _parser() -> argparse.ArgumentParser:
                        ("gpu-metrics", "report nv_gpu_* and nv_energy_consumption (through NVML)")):
         serve.add_argument(f"--allow-{name}", metavar="BOOL",
                            help=f"Triton's: {what} (default true)")
+    serve.add_argument("--allow-sagemaker", metavar="BOOL",
+                       help="Triton's: serve Amazon SageMaker's GET /ping and POST /invocations "
+                            "(SAGEMAKER_TRITON_DEFAULT_MODEL_NAME: the model; default false)")
+    serve.add_argument("--sagemaker-port", type=int,
+                       help="Triton's: the SageMaker routes' port (default 8080)")
+    serve.add_argument("--sagemaker-address",
+                       help="the address the SageMaker routes bind (default --http-address; "
+                            "SageMaker needs 0.0.0.0)")
+    serve.add_argument("--sagemaker-safe-port-range", metavar="LOW-HIGH",
+                       help="Triton's: the ports other than --sagemaker-port must lie in it "
+                            "(SageMaker's SAGEMAKER_SAFE_PORT_RANGE)")
     serve.add_argument("--metrics-interval-ms", type=int,
                        help="how often the CPU and GPU metrics are sampled (default 2000)")
     serve.add_argument("--metrics-config", action="append", metavar="SETTING=VALUE",

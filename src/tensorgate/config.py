@@ -26,6 +26,11 @@ PlacementChoice = Literal["auto", "none"]
 ModelControlChoice = Literal["none", "explicit", "poll"]
 TraceModeChoice = Literal["triton", "opentelemetry"]
 RateLimitChoice = Literal["off", "execution_count"]
+SAGEMAKER_INFERENCE_TYPES = ("infer", "generate", "generate_stream")
+# the variables Triton's SageMaker server reads → the settings they are here
+TRITON_ENV = {"SAGEMAKER_TRITON_DEFAULT_MODEL_NAME": "sagemaker_model",
+              "SAGEMAKER_TRITON_INFERENCE_TYPE": "sagemaker_inference_type",
+              "SAGEMAKER_TRITON_PING_MODE": "sagemaker_ping_mode"}
 # how a boolean setting may be written (the CLI, TENSORGATE_* variables)
 TRUE_WORDS = ("1", "true", "yes", "on")
 FALSE_WORDS = ("0", "false", "no", "off")
@@ -69,6 +74,21 @@ class ServerConfig:
     metrics_summary_latencies: bool = False
     metrics_summary_quantiles: str = DEFAULT_QUANTILES
     metrics_histogram_latencies: bool = False
+    # Triton's --allow-sagemaker: Amazon SageMaker's routes (GET /ping, POST /invocations)
+    # on their own port (--sagemaker-port, SageMaker's 8080; --sagemaker-address, which
+    # follows http_address), /invocations calling sagemaker_model (Triton's
+    # SAGEMAKER_TRITON_DEFAULT_MODEL_NAME; "": the repository's one model) as
+    # sagemaker_inference_type (infer, generate or generate_stream: SAGEMAKER_TRITON_
+    # INFERENCE_TYPE); /ping answers for readiness or liveness (sagemaker_ping_mode: ready or
+    # live, SAGEMAKER_TRITON_PING_MODE). --sagemaker-safe-port-range "LOW-HIGH" (SageMaker's
+    # SAGEMAKER_SAFE_PORT_RANGE): every other port the server opens must lie in it
+    allow_sagemaker: bool = False
+    sagemaker_port: int = 8080
+    sagemaker_address: str = ""
+    sagemaker_safe_port_range: str = ""
+    sagemaker_model: str = ""
+    sagemaker_inference_type: str = "infer"
+    sagemaker_ping_mode: str = "ready"
     allow_shared_memory: bool = False
     max_request_bytes: int = 64 << 20  # Triton's --http-max-input-size; after decompression
     # the host buffer pool's bound on everything it holds: request bodies, batch staging and
@@ -211,16 +231,19 @@ class ServerConfig:
                              f"{self.repository_poll_s}")
         _check_address("host", self.host)
         for name, default in (("http_address", self.host), ("grpc_address", self.host),
-                              ("metrics_address", self.http_address or self.host)):
+                              ("metrics_address", self.http_address or self.host),
+                              ("sagemaker_address", self.http_address or self.host)):
             object.__setattr__(self, name, getattr(self, name) or default)
             _check_address(name, getattr(self, name))
-        if not (self.allow_http or self.allow_grpc):
+        if not (self.allow_http or self.allow_grpc or self.allow_sagemaker):
             raise ValueError("allow_http and allow_grpc are both false: the server would "
-                             "serve nothing (--allow-http or --allow-grpc must be true)")
-        for name in ("http_port", "grpc_port", "metrics_port"):
+                             "serve nothing (--allow-http or --allow-grpc must be true, or "
+                             "--allow-sagemaker)")
+        for name in ("http_port", "grpc_port", "metrics_port", "sagemaker_port"):
             port = getattr(self, name)
             if not 0 <= port <= 65535:
                 raise ValueError(f"{name} must be 0-65535 (0 picks a free port), got {port}")
+        self._check_sagemaker()
         parse_quantiles(self.metrics_summary_quantiles)
         if self.metrics_interval_ms < 1:
             raise ValueError(f"metrics_interval_ms must be 1 or more, got "
@@ -292,6 +315,27 @@ class ServerConfig:
         if not 0 < self.switch_interval_s <= 1:
             raise ValueError(f"switch_interval_s must be in (0, 1], got {self.switch_interval_s}")
 
+    def _check_sagemaker(self) -> None:
+        if self.sagemaker_inference_type not in SAGEMAKER_INFERENCE_TYPES:
+            raise ValueError(f"sagemaker_inference_type (SAGEMAKER_TRITON_INFERENCE_TYPE) must "
+                             f"be {', '.join(SAGEMAKER_INFERENCE_TYPES)}, got "
+                             f"'{self.sagemaker_inference_type}'")
+        if self.sagemaker_ping_mode not in ("ready", "live"):
+            raise ValueError(f"sagemaker_ping_mode (SAGEMAKER_TRITON_PING_MODE) must be ready "
+                             f"or live, got '{self.sagemaker_ping_mode}'")
+        if not self.sagemaker_safe_port_range:
+            return
+        low, high = safe_port_range(self.sagemaker_safe_port_range)
+        if not self.allow_sagemaker:
+            return  # (Triton's check too is SageMaker's only)
+        for name, on in (("http", self.allow_http), ("grpc", self.allow_grpc),
+                         ("metrics", self.allow_metrics)):
+            port = getattr(self, f"{name}_port")
+            if on and not low <= port <= high:
+                raise ValueError(f"{name}_port {port} is outside the SageMaker safe port range "
+                                 f"{low}-{high} (sagemaker_safe_port_range): give one inside "
+                                 f"it, or turn {name} off (--allow-{name} false)")
+
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any]) -> ServerConfig:
         """Build from strings or typed values by field name (the CLI and env both land here)."""
@@ -309,9 +353,11 @@ class ServerConfig:
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None,
                  **overrides: Any) -> ServerConfig:
-        """TENSORGATE_<FIELD> variables (TENSORGATE_HTTP_PORT=9000), then `overrides`."""
+        """Triton's own variables (TRITON_ENV), TENSORGATE_<FIELD> variables
+        (TENSORGATE_HTTP_PORT=9000), then `overrides`."""
         environ = os.environ if environ is None else environ
-        values: dict[str, Any] = {}
+        values: dict[str, Any] = {field: environ[name] for name, field in TRITON_ENV.items()
+                                  if name in environ}
         for field in dataclasses.fields(cls):
             raw = environ.get("TENSORGATE_" + field.name.upper())
             if raw is not None:
@@ -333,6 +379,19 @@ def _repositories(given: Any) -> tuple[pathlib.Path, ...]:
         return ModelRepositories.of(paths).paths
     except ValueError as error:
         raise ValueError(f"model_repository names {error}") from None
+
+
+def safe_port_range(text: str) -> tuple[int, int]:
+    """SageMaker's "LOW-HIGH" port range (SAGEMAKER_SAFE_PORT_RANGE), or a ValueError."""
+    low, dash, high = text.partition("-")
+    try:
+        bounds = (int(low), int(high)) if dash else None
+    except ValueError:
+        bounds = None
+    if bounds is None or not 0 <= bounds[0] <= bounds[1] <= 65535:
+        raise ValueError(f"sagemaker_safe_port_range must be LOW-HIGH ports (23000-23999), "
+                         f"got '{text}'")
+    return bounds
 
 
 def _check_address(name: str, address: str) -> None:

@@ -32,6 +32,7 @@ from tensorgate.network import ConnectionBudget, PoolRelief
 from tensorgate.network.grpc import GrpcFrontEnd
 from tensorgate.metrics import LatencyMetrics, render_metrics
 from tensorgate.network.http import HttpFrontEnd
+from tensorgate.network.sagemaker_routes import sagemaker_routes
 from tensorgate.network.metrics_http import MetricsFrontEnd
 from tensorgate.network.tls import server_context
 from tensorgate.log_settings import LOG_LINE, LogSettings
@@ -101,6 +102,8 @@ class Server:
         self._stopping: asyncio.Event | None = None
         self.engine: Engine | None = None
         self._http: HttpFrontEnd | None = None
+        self._sagemaker: HttpFrontEnd | None = None  # SageMaker's routes, on a port of their own
+        self.sagemaker_port = 0
         self._pool_trimmer: asyncio.Task[None] | None = None
         self._expirer: asyncio.Task[None] | None = None
         self._call_watch: asyncio.Task[None] | None = None
@@ -116,6 +119,9 @@ class Server:
         repositories = ModelRepositories.of(config.model_repository or default_repository(),
                                             config.model_config_name)
         tls = _grpc_tls(config) if config.allow_grpc else None  # before loading any model
+        sagemaker = await asyncio.get_running_loop().run_in_executor(
+            None, _sagemaker_model, config.sagemaker_model, repositories) \
+            if config.allow_sagemaker else None
         age_s = config.grpc_max_connection_age_ms / 1000
         default_pool().set_limit(config.host_pool_bytes)
         self.engine = Engine(repositories, placement=config.placement,
@@ -138,6 +144,13 @@ class Server:
                                       config.read_timeout_s, config.keep_alive_timeout_s,
                                       budget, _pattern(config.http_header_forward_pattern),
                                       parse_restrictions(config.http_restricted_api), relief)
+        if sagemaker is not None:
+            self._sagemaker = HttpFrontEnd(
+                dataplane, default_pool(), config.max_request_bytes, config.read_timeout_s,
+                config.keep_alive_timeout_s, budget, _pattern(config.http_header_forward_pattern),
+                parse_restrictions(config.http_restricted_api), relief,
+                sagemaker_routes(sagemaker, config.sagemaker_inference_type,
+                                 config.sagemaker_ping_mode))
         if config.allow_grpc:
             self._grpc = GrpcFrontEnd(dataplane, default_pool(), config.max_request_bytes,
                                       config.read_timeout_s, budget,
@@ -158,6 +171,11 @@ class Server:
         try:  # a port another process holds is a line saying so, not a traceback
             if self._http is not None:
                 self.http_port = await self._http.start(config.http_address, config.http_port)
+            binding = ("SageMaker", config.sagemaker_address, config.sagemaker_port,
+                       "--sagemaker-port")
+            if self._sagemaker is not None:
+                self.sagemaker_port = await self._sagemaker.start(config.sagemaker_address,
+                                                                  config.sagemaker_port)
             binding = "gRPC", config.grpc_address, config.grpc_port, "--grpc-port"
             if self._grpc is not None:
                 self.grpc_port = await self._grpc.start(config.grpc_address, config.grpc_port)
@@ -172,7 +190,8 @@ class Server:
                                f"(change {flag}, or stop what holds it)") from None
         period = min(1.0, config.read_timeout_s / 4, config.keep_alive_timeout_s / 4,
                      max(age_s / 4, 0.05) if age_s else 1.0)  # (a few checks within an age)
-        fronts = [front for front in (self._http, self._grpc) if front is not None]
+        fronts = [front for front in (self._http, self._sagemaker, self._grpc)
+                  if front is not None]
         self._expirer = asyncio.create_task(_expire_stalled(fronts, period))
         print(f"tensorgate {self.version}: {self._listening()}; "
               f"repositor{'ies' if len(repositories.paths) > 1 else 'y'} {repositories}",
@@ -246,13 +265,15 @@ class Server:
     def _listening(self) -> str:
         """Where each front end listens, or that it is off."""
         config = self.config
+        fronts = [("HTTP", config.allow_http, config.http_address, self.http_port),
+                  ("gRPC", config.allow_grpc, config.grpc_address, self.grpc_port),
+                  ("metrics", config.allow_metrics, config.metrics_address, self.metrics_port)]
+        if config.allow_sagemaker:  # (named only where asked for)
+            fronts.append(("SageMaker", True, config.sagemaker_address, self.sagemaker_port))
         return ", ".join(
             f"{name} on {f'[{address}]' if ':' in address else address}:{port}" if on
             else f"{name} off"  # an IPv6 address in brackets, as a URL has it
-            for name, on, address, port in (
-                ("HTTP", config.allow_http, config.http_address, self.http_port),
-                ("gRPC", config.allow_grpc, config.grpc_address, self.grpc_port),
-                ("metrics", config.allow_metrics, config.metrics_address, self.metrics_port)))
+            for name, on, address, port in fronts)
 
     async def stop(self) -> None:
         if self._pool_trimmer is not None:
@@ -267,14 +288,15 @@ class Server:
             self._gpu_sampler.cancel()
         if self._poller is not None:
             self._poller.cancel()
-        if self._http is not None:
-            self._http.stop_accepting()               # 1. no new connections or calls
+        https = [front for front in (self._http, self._sagemaker) if front is not None]
+        for http in https:
+            http.stop_accepting()                     # 1. no new connections or calls
         if self._grpc is not None:
             self._grpc.stop_accepting()
         if self.engine is not None:                   # 2-3. drain, answer the rest, unload
             await self.engine.shutdown(self.config.drain_timeout_s)
-        if self._http is not None:                    # 4. close idle connections
-            await self._http.close()
+        for http in https:                            # 4. close idle connections
+            await http.close()
         if self._grpc is not None:
             await self._grpc.stop(grace_s=1.0)
         if self._metrics is not None:
@@ -416,6 +438,22 @@ async def _expire_stalled(fronts: list[HttpFrontEnd | GrpcFrontEnd], period_s: f
 
 
 FILES_BESIDE_CONNECTIONS = 256  # model files, shared memory, the listening sockets, logs
+
+
+def _sagemaker_model(named: str, repositories: ModelRepositories) -> str:
+    """The model SageMaker's /invocations calls: `named` (SAGEMAKER_TRITON_DEFAULT_MODEL_NAME),
+    which the repositories must hold, else the one model they hold (as Triton's SageMaker
+    image picks it); StartupError otherwise."""
+    held = repositories.names()
+    if named in held or (not named and len(held) == 1):
+        return named or held[0]
+    listed = ", ".join(held[:20]) + (", ..." if len(held) > 20 else "") if held else "none"
+    if named:
+        raise StartupError(f"--allow-sagemaker: SAGEMAKER_TRITON_DEFAULT_MODEL_NAME '{named}' "
+                           f"names no model of {repositories} (models: {listed})")
+    raise StartupError(f"--allow-sagemaker: /invocations serves one model; set "
+                       f"SAGEMAKER_TRITON_DEFAULT_MODEL_NAME to one of {listed} (the models "
+                       f"of {repositories})")
 
 
 def _grace_s(grace_ms: int) -> float | None:

@@ -42,10 +42,10 @@ class RunningServer:
 
 
 def start_server(repo: pathlib.Path, log: pathlib.Path, *extra: str,
-                 until: str = "ready:") -> RunningServer:
+                 until: str = "ready:", env: dict[str, str] | None = None) -> RunningServer:
     """The server on `repo`, once its log holds `until` ("ready:": every model loaded;
-    "loading:": listening, its models loading)."""
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    "loading:": listening, its models loading); `env`: variables beside the process's."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1", **(env or {}))
     with log.open("w") as sink:
         process = subprocess.Popen(
             [sys.executable, "-m", "tensorgate", "serve", "--model-repository", str(repo),

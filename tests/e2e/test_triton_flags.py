@@ -62,7 +62,7 @@ def test_a_tritonserver_command_line_starts_and_its_flags_act(tmp_path: pathlib.
 
 
 @pytest.mark.parametrize("flag, value, reason", [
-    ("--allow-sagemaker", "1", "SageMaker's API is not served"),
+    ("--allow-vertex-ai", "1", "Vertex AI's API is not served"),
     ("--model-namespacing", "true", "model names are one namespace"),
 ])
 def test_what_is_not_served_is_refused_with_the_reason(flag: str, value: str,

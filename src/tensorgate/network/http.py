@@ -44,7 +44,7 @@ from tensorgate.errors import (CancelledError, InvalidArgumentError, PoolExhaust
 from tensorgate.network import (UNREAD_ANSWER_S, ConnectionBudget, PoolRelief, RefusedConnection,
                                arrival_eta, slow_message, stalled_message)
 from tensorgate.network.eager import EagerRun
-from tensorgate.network.http_routes import API_GROUP, HttpRequest, StreamedResponse, route
+from tensorgate.network.http_routes import OIP_ROUTES, HttpRequest, Routes, StreamedResponse
 from tensorgate.network.socket_send import SocketSender
 from tensorgate.protocol.infer_codec import json_error
 from tensorgate.protocol.restricted import Restrictions, refusal
@@ -118,10 +118,12 @@ class HttpFrontEnd:
                  budget: ConnectionBudget | None = None,
                  header_forward: re.Pattern[str] | None = None,
                  restricted: Restrictions | None = None,
-                 relief: PoolRelief | None = None) -> None:
+                 relief: PoolRelief | None = None, routes: Routes = OIP_ROUTES) -> None:
         """`relief`: shared with the gRPC front end (server.py), so that slow bodies of
-        either give way to the other's when the pool is full."""
+        either give way to the other's when the pool is full. `routes`: what this port
+        serves (the Open Inference Protocol's, or SageMaker's: sagemaker_routes.py)."""
         self.dataplane = dataplane
+        self.routes = routes
         self.header_forward = header_forward  # headers passed to models as parameters
         self.restricted = restricted or {}    # API group → the header it needs
         self.budget = budget or ConnectionBudget()
@@ -382,7 +384,7 @@ class _Connection(asyncio.BufferedProtocol):
         request.path = url_path(self._url)
         self._keep_alive = self._parser.should_keep_alive()
         try:
-            request.json_length = _int_header(request.headers, "inference-header-content-length")
+            request.json_length = self.front.routes.json_length(request.headers)
         except InvalidArgumentError as error:
             raise _Refusal(400, error.message) from None
         limit = self.front.max_request_bytes
@@ -505,6 +507,7 @@ class _Connection(asyncio.BufferedProtocol):
         self._body_memory = None  # the request holds its body now, and lets it go once decoded
         request.received_ns = time.monotonic_ns()
         # HEAD is GET without the body (RFC 9110 §9.3.2): load balancers' checks send it
+        route = self.front.routes.route
         target, detail = route("GET" if request.method == "HEAD" else request.method,
                                request.path)
         if isinstance(target, int):
@@ -518,7 +521,7 @@ class _Connection(asyncio.BufferedProtocol):
             return
         restricted = self.front.restricted
         if restricted:
-            group = API_GROUP[target]
+            group = self.front.routes.api_group[target]
             needed = restricted.get(group)
             if needed is not None:
                 reason = refusal(group, needed, request.headers.get(needed[0]))
@@ -793,15 +796,3 @@ def url_path(url: bytes) -> str:
         return url.decode("latin-1")
     return httptools.parse_url(url).path.decode("latin-1")
 
-
-def _int_header(headers: dict[str, str], name: str) -> int | None:
-    value = headers.get(name)
-    if value is None:
-        return None
-    try:
-        number = int(value)
-    except ValueError:
-        raise InvalidArgumentError(f"header {name} must be an integer, got '{value}'") from None
-    if number < 0:
-        raise InvalidArgumentError(f"header {name} must not be negative, got {number}")
-    return number

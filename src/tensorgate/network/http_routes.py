@@ -10,6 +10,7 @@ decimal; a wrong method is 405.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import functools
 import json
 import logging
@@ -37,7 +38,8 @@ from tensorgate.tensor.copies import CopyLedger, record_copy
 if TYPE_CHECKING:
     from tensorgate.pipeline.trace import Trace
 
-__all__ = ["API_GROUP", "Handler", "HttpRequest", "StreamedResponse", "route"]
+__all__ = ["API_GROUP", "INFERENCES", "OIP_ROUTES", "Handler", "HttpRequest", "Routed",
+           "Routes", "StreamedResponse", "header_int", "route"]
 
 log = logging.getLogger("tensorgate.http")
 
@@ -80,6 +82,33 @@ class StreamedResponse:
 # -- routes ----------------------------------------------------------------------------------
 
 Handler = Callable[..., Any]
+Routed = tuple[Handler, tuple[str, ...]] | tuple[int, str]
+
+
+@dataclasses.dataclass(frozen=True)
+class Routes:
+    """What one HTTP port serves: `route(method, path)` (a handler and its path arguments,
+    or the HTTP code and error of 404 / 405), each handler's API group (restricted APIs),
+    and `json_length(headers)`, where the JSON of a body with binary tensors ends (None: the
+    body is JSON; InvalidArgumentError: the header saying it is wrong)."""
+
+    route: Callable[[str, str], Routed]
+    api_group: dict[Handler, str]
+    json_length: Callable[[dict[str, str]], int | None]
+
+
+def header_int(headers: dict[str, str], name: str) -> int | None:
+    """Header `name` (lower-case) as a count of bytes, None where absent."""
+    value = headers.get(name)
+    if value is None:
+        return None
+    try:
+        number = int(value)
+    except ValueError:
+        raise InvalidArgumentError(f"header {name} must be an integer, got '{value}'") from None
+    if number < 0:
+        raise InvalidArgumentError(f"header {name} must not be negative, got {number}")
+    return number
 _JSON = [("Content-Type", "application/json")]
 
 
@@ -425,7 +454,7 @@ _SHM_HANDLERS = {"system": (_shm_status, _shm_register, _shm_unregister),
 
 
 def _shm_route(kind: str, method: str, rest: list[str],
-               path: str) -> tuple[Handler, tuple[str, ...]] | tuple[int, str]:
+               path: str) -> Routed:
     """/v2/{system,cuda}sharedmemory[/region/{r}]/{status,register,unregister}"""
     status, register, unregister = _SHM_HANDLERS[kind]
     region: tuple[str, ...] = ()
@@ -443,6 +472,9 @@ def _shm_route(kind: str, method: str, rest: list[str],
     return 404, f"no route for {path}"
 
 
+# A model's inference handlers by the name of their route (SageMaker's /invocations calls one)
+INFERENCES: dict[str, Handler] = {"infer": _infer, "generate": _generate,
+                                  "generate_stream": _generate_stream}
 _MODEL_ACTIONS: dict[str, tuple[str, Handler]] = {
     "": ("GET", _model_metadata), "ready": ("GET", _model_ready),
     "config": ("GET", _model_config), "stats": ("GET", _stats), "infer": ("POST", _infer),
@@ -453,7 +485,7 @@ _ROUTED_KEPT = 256  # (method, path) pairs whose handler is kept: a client calls
 _routed: dict[tuple[str, str], tuple[Handler, tuple[str, ...]]] = {}
 
 
-def route(method: str, path: str) -> tuple[Handler, tuple[str, ...]] | tuple[int, str]:
+def route(method: str, path: str) -> Routed:
     """(handler, path arguments) or (HTTP code, error) for 404 and 405. A path routed to a
     handler before is looked up: clients call the same few paths request after request."""
     found = _routed.get((method, path))
@@ -484,7 +516,7 @@ def _segments(path: str) -> list[str] | str:
     return decoded
 
 
-def _route(method: str, path: str) -> tuple[Handler, tuple[str, ...]] | tuple[int, str]:
+def _route(method: str, path: str) -> Routed:
     parts = _segments(path)
     if isinstance(parts, str):
         return 400, parts
@@ -551,3 +583,11 @@ API_GROUP: dict[Handler, str] = {
     _shm_unregister: "shared-memory", _cuda_shm_status: "shared-memory",
     _cuda_shm_register: "shared-memory", _cuda_shm_unregister: "shared-memory",
     _log_settings: "logging", _trace_settings: "trace"}
+
+
+def _inference_header(headers: dict[str, str]) -> int | None:
+    return header_int(headers, "inference-header-content-length")
+
+
+# The Open Inference Protocol's /v2 routes (Triton's binary tensor extension's header)
+OIP_ROUTES = Routes(route, API_GROUP, _inference_header)

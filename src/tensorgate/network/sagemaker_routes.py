@@ -1,0 +1,99 @@
+"""Amazon SageMaker's routes (Triton's --allow-sagemaker): what a SageMaker endpoint sends to
+its container's port 8080, served by an HTTP front end of its own (server.py).
+
+- `GET /ping`: 200 while the server is ready (or live: SAGEMAKER_TRITON_PING_MODE=live);
+  SageMaker sends an instance no traffic until it answers 200.
+- `POST /invocations`: one inference of the endpoint's model (SAGEMAKER_TRITON_DEFAULT_MODEL_
+  NAME), its latest version, as the Open Inference Protocol's infer (or generate /
+  generate_stream: SAGEMAKER_TRITON_INFERENCE_TYPE). The body is the protocol's; binary
+  tensors after its JSON are marked by the Content-Type
+  `application/vnd.sagemaker-triton.binary+json;json-header-size=N` (SageMaker passes the
+  Content-Type through, not other headers), both ways. Answers are not compressed, as
+  Triton's are not there.
+
+As Triton's (src/sagemaker_server.cc, measured against tritonserver 2.51 by
+tools/triton_diff.py): the same bodies, headers and routes. Where they differ: errors keep
+their Open Inference Protocol codes (503 for a model not ready, where Triton answers 400), a
+ping that fails is 503, and a path not served is 404. SageMaker's multi-model endpoint
+routes (/models) are not served.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tensorgate.dataplane import DataPlane
+from tensorgate.errors import InvalidArgumentError
+from tensorgate.network.http_routes import (INFERENCES, HttpRequest, Routed, Routes,
+                                            StreamedResponse)
+
+__all__ = ["BINARY_CONTENT_TYPE", "sagemaker_routes"]
+
+BINARY_CONTENT_TYPE = "application/vnd.sagemaker-triton.binary+json;json-header-size="
+
+_NOT_READY = {"ready": "the server is not ready", "live": "the server is not live"}
+
+
+async def _ping(dp: DataPlane, request: HttpRequest, mode: str) -> Any:
+    if dp.ready() if mode == "ready" else dp.live():
+        return 200, [("Content-Type", "text/plain")], [b""]
+    return 503, [("Content-Type", "application/json")], [
+        b'{"error":"%s"}' % _NOT_READY[mode].encode()]
+
+
+async def _invocations(dp: DataPlane, request: HttpRequest, model: str, kind: str) -> Any:
+    request.headers.pop("accept-encoding", None)  # answers in identity, as Triton's here
+    answer = await INFERENCES[kind](dp, request, model, "")
+    if isinstance(answer, StreamedResponse):
+        return answer
+    status, headers, parts = answer
+    for name, value in headers:
+        if name == "Inference-Header-Content-Length":  # binary outputs after the JSON
+            return status, [("Content-Type", BINARY_CONTENT_TYPE + value)], parts
+    return answer
+
+
+def _json_length(headers: dict[str, str]) -> int | None:
+    """The json-header-size of a binary body's Content-Type; None for a JSON body."""
+    content_type = headers.get("content-type", "")
+    at = content_type.lower().find(BINARY_CONTENT_TYPE)
+    if at < 0:
+        return None
+    if at:
+        raise InvalidArgumentError(f"a binary body's Content-Type must start with "
+                                   f"'{BINARY_CONTENT_TYPE}', got '{content_type}'")
+    size = content_type[len(BINARY_CONTENT_TYPE):].strip()
+    if not size.isdecimal():
+        raise InvalidArgumentError(f"the json-header-size of Content-Type '{content_type}' "
+                                   "must be the JSON's length in bytes")
+    length = headers.get("content-length", "")
+    if length.isdecimal() and int(size) > int(length):
+        raise InvalidArgumentError(f"the json-header-size of Content-Type '{content_type}' "
+                                   f"exceeds the {length}-byte body")
+    return int(size)
+
+
+def sagemaker_routes(model: str, inference_type: str = "infer",
+                     ping_mode: str = "ready") -> Routes:
+    """The routes of an endpoint serving `model`: /invocations is its `inference_type`
+    (infer, generate or generate_stream), /ping its server's readiness (ping_mode ready) or
+    liveness (live)."""
+    if inference_type not in INFERENCES:
+        raise ValueError(f"inference type must be one of {', '.join(INFERENCES)}, got "
+                         f"'{inference_type}'")
+    if ping_mode not in _NOT_READY:
+        raise ValueError(f"ping mode must be ready or live, got '{ping_mode}'")
+
+    def route(method: str, path: str) -> Routed:
+        if path == "/ping":
+            return (_ping, (ping_mode,)) if method == "GET" else (405, "use GET")
+        if path == "/invocations":
+            return (_invocations, (model, inference_type)) if method == "POST" else \
+                (405, "use POST")
+        if path == "/models" or path.startswith("/models/"):
+            return 404, ("SageMaker's multi-model endpoint routes (/models) are not served: "
+                         "a tensorgate endpoint serves one model (SAGEMAKER_TRITON_DEFAULT_"
+                         "MODEL_NAME)")
+        return 404, f"no route for {path}: SageMaker's are GET /ping and POST /invocations"
+
+    return Routes(route, {_ping: "health", _invocations: "inference"}, _json_length)

@@ -1,0 +1,203 @@
+"""Amazon SageMaker's routes (--allow-sagemaker): GET /ping and POST /invocations on a port
+of their own, as a SageMaker endpoint calls them, over real sockets."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import pathlib
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+from tensorgate.network.sagemaker_routes import BINARY_CONTENT_TYPE
+from tests.e2e.conftest import RunningServer, start_server, stop_server
+from tests.pipeline import repo_builder as rb
+
+
+def _sagemaker_port(server: RunningServer) -> int:
+    found = re.search(r"SageMaker on 127\.0\.0\.1:(\d+)", server.log.read_text())
+    assert found, server.log.read_text()
+    return int(found.group(1))
+
+
+def _call(port: int, method: str, path: str, body: bytes = b"",
+          headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    try:
+        connection.request(method, path, body=body, headers=headers or {})
+        answer = connection.getresponse()
+        return answer.status, {k.lower(): v for k, v in answer.getheaders()}, answer.read()
+    finally:
+        connection.close()
+
+
+def _binary_request(values: np.ndarray, report_copies: bool = False) -> tuple[bytes, int]:
+    """A request for model "wide" with its input and output as binary tensors: the body and
+    the length of its JSON."""
+    head = json.dumps({
+        "inputs": [{"name": "INPUT__0", "datatype": "FP32", "shape": list(values.shape),
+                    "parameters": {"binary_data_size": values.nbytes}}],
+        "outputs": [{"name": "OUTPUT__0", "parameters": {"binary_data": True}}],
+        "parameters": {"tensorgate_report_copies": report_copies}}).encode()
+    return head + values.tobytes(), len(head)
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
+    root = tmp_path_factory.mktemp("sagemaker-models")
+    rb.add_torchscript(root, "wide", rb.Identity(), [-1], [-1], max_batch=0)
+    rb.add_text_models(root)
+    return root
+
+
+@pytest.fixture(scope="module")
+def endpoint(repo: pathlib.Path, tmp_path_factory: pytest.TempPathFactory
+             ) -> Iterator[tuple[RunningServer, int]]:
+    log = tmp_path_factory.mktemp("sagemaker") / "server.log"
+    server = start_server(repo, log, "--allow-sagemaker", "true", "--sagemaker-port", "0",
+                          env={"SAGEMAKER_TRITON_DEFAULT_MODEL_NAME": "wide"})
+    yield server, _sagemaker_port(server)
+    assert stop_server(server) == 0, log.read_text()
+
+
+def test_ping_answers_200_once_ready(endpoint: tuple[RunningServer, int]) -> None:
+    _, port = endpoint
+    assert _call(port, "GET", "/ping")[0] == 200
+    status, headers, body = _call(port, "POST", "/ping")
+    assert (status, headers["allow"]) == (405, "GET, HEAD"), body
+
+
+def test_json_invocation_is_the_models_infer(endpoint: tuple[RunningServer, int]) -> None:
+    server, port = endpoint
+    body = json.dumps({"inputs": [{"name": "INPUT__0", "datatype": "FP32", "shape": [3],
+                                   "data": [1.5, -2.0, 3.25]}]}).encode()
+    status, headers, answer = _call(port, "POST", "/invocations", body,
+                                    {"Content-Type": "application/json"})
+    assert (status, headers["content-type"]) == (200, "application/json"), answer
+    same = _call(server.port, "POST", "/v2/models/wide/infer", body)[2]
+    assert json.loads(answer) == json.loads(same)
+    assert json.loads(answer)["outputs"][0]["data"] == [1.5, -2.0, 3.25]
+
+
+def test_binary_invocation_both_ways_copies_as_v2(endpoint: tuple[RunningServer, int]) -> None:
+    """The Content-Type's json-header-size marks binary tensors both ways; the body lands as
+    /v2's does (aligned, the input a view): the same bytes copied for the same request."""
+    server, port = endpoint
+    values = np.arange(50_000, dtype=np.float32)
+    body, head = _binary_request(values, report_copies=True)
+    status, headers, answer = _call(port, "POST", "/invocations", body,
+                                    {"Content-Type": f"{BINARY_CONTENT_TYPE}{head}"})
+    assert status == 200, answer
+    assert headers["content-type"].startswith(BINARY_CONTENT_TYPE)
+    size = int(headers["content-type"][len(BINARY_CONTENT_TYPE):])
+    document = json.loads(answer[:size])
+    assert np.array_equal(np.frombuffer(answer[size:], np.float32), values)
+    assert document["outputs"][0]["parameters"]["binary_data_size"] == values.nbytes
+    status, v2_headers, v2_answer = _call(server.port, "POST", "/v2/models/wide/infer", body,
+                                          {"Inference-Header-Content-Length": str(head)})
+    v2 = json.loads(v2_answer[:int(v2_headers["inference-header-content-length"])])
+    assert (document["parameters"]["tensorgate_copied_bytes"]
+            == v2["parameters"]["tensorgate_copied_bytes"] < values.nbytes)
+
+
+def test_answers_are_not_compressed(endpoint: tuple[RunningServer, int]) -> None:
+    _, port = endpoint
+    body, head = _binary_request(np.zeros(100_000, np.float32))  # would compress well
+    status, headers, answer = _call(port, "POST", "/invocations", body, {
+        "Content-Type": f"{BINARY_CONTENT_TYPE}{head}", "Accept-Encoding": "gzip"})
+    assert status == 200 and "content-encoding" not in headers
+    assert len(answer) > 400_000
+
+
+@pytest.mark.parametrize(("method", "path", "content_type", "code", "said"), [
+    ("POST", "/invocations", f"{BINARY_CONTENT_TYPE}abc", 400, "must be the JSON's length"),
+    ("POST", "/invocations", f"{BINARY_CONTENT_TYPE}99999", 400, "exceeds the"),
+    ("POST", "/invocations", f"text/plain;{BINARY_CONTENT_TYPE}10", 400, "must start with"),
+    ("POST", "/invocations", "application/json", 400, "not valid JSON"),
+    ("GET", "/invocations", "", 405, "use POST"),
+    ("GET", "/models", "", 404, "multi-model endpoint"),
+    ("POST", "/models/wide/invoke", "", 404, "multi-model endpoint"),
+    ("GET", "/v2/health/ready", "", 404, "GET /ping and POST /invocations"),
+])
+def test_bad_requests_are_told_what_is_wrong(endpoint: tuple[RunningServer, int], method: str,
+                                             path: str, content_type: str, code: int,
+                                             said: str) -> None:
+    _, port = endpoint
+    headers = {"Content-Type": content_type} if content_type else {}
+    status, _, answer = _call(port, method, path, b"{not json" if method == "POST" else b"",
+                              headers)
+    assert status == code and said in json.loads(answer)["error"], answer
+    assert _call(port, "GET", "/ping")[0] == 200  # and it keeps serving
+    body, head = _binary_request(np.ones(4, np.float32))
+    assert _call(port, "POST", "/invocations", body,
+                 {"Content-Type": f"{BINARY_CONTENT_TYPE}{head}"})[0] == 200
+
+
+def test_stream_ping_live_and_restricted(repo: pathlib.Path, tmp_path: pathlib.Path) -> None:
+    """SageMaker's image starts it as this: HTTP and gRPC off, SageMaker's routes only.
+    /invocations as generate_stream streams the decoupled model's events; /ping in live mode
+    answers 200 with a model that failed to load (ready mode: 503, as the server is not
+    ready); the HTTP restricted APIs hold here too."""
+    broken = tmp_path / "models"
+    subprocess.run(["cp", "-r", str(repo), str(broken)], check=True)
+    rb.write_config(broken, "broken", 'name: "broken"\nbackend: "python"\nmax_batch_size: 0\n'
+                    'input [ { name: "X" data_type: TYPE_FP32 dims: [1] } ]\n'
+                    'output [ { name: "Y" data_type: TYPE_FP32 dims: [1] } ]\n')  # no model.py
+    for mode, ping in (("live", 200), ("ready", 503)):
+        server = start_server(broken, tmp_path / f"{mode}.log", "--allow-http", "false",
+                              "--allow-grpc", "false", "--allow-sagemaker", "true",
+                              "--sagemaker-port", "0", "--http-restricted-api",
+                              "inference:tenant=a", env={
+                                  "SAGEMAKER_TRITON_DEFAULT_MODEL_NAME": "words",
+                                  "SAGEMAKER_TRITON_INFERENCE_TYPE": "generate_stream",
+                                  "SAGEMAKER_TRITON_PING_MODE": mode})
+        try:
+            port = _sagemaker_port(server)
+            assert "not ready: broken" in server.log.read_text()
+            assert _call(port, "GET", "/ping")[0] == ping
+            body = json.dumps({"text_input": "one two three"}).encode()
+            status, _, answer = _call(port, "POST", "/invocations", body)
+            assert status == 403 and "tenant" in json.loads(answer)["error"]
+            status, headers, answer = _call(port, "POST", "/invocations", body,
+                                            {"tenant": "a"})
+            assert status == 200 and headers["content-type"].startswith("text/event-stream")
+            events = [json.loads(line[5:]) for line in answer.decode().splitlines()
+                      if line.startswith("data:")]
+            assert [e["text_output"] for e in events] == ["ONE", "TWO", "THREE"]
+        finally:
+            assert stop_server(server) == 0, server.log.read_text()
+
+
+def test_generate_invocation(repo: pathlib.Path, tmp_path: pathlib.Path) -> None:
+    server = start_server(repo, tmp_path / "server.log", "--allow-sagemaker", "true",
+                          "--sagemaker-port", "0", env={
+                              "SAGEMAKER_TRITON_DEFAULT_MODEL_NAME": "shout",
+                              "SAGEMAKER_TRITON_INFERENCE_TYPE": "generate"})
+    try:
+        status, _, answer = _call(_sagemaker_port(server), "POST", "/invocations",
+                                  json.dumps({"text_input": "quiet"}).encode())
+        assert status == 200, answer
+        assert json.loads(answer) == {"model_name": "shout", "model_version": "1",
+                                      "text_output": "QUIET", "length": 5}
+    finally:
+        assert stop_server(server) == 0, server.log.read_text()
+
+
+@pytest.mark.parametrize(("named", "said"), [
+    ("", "set SAGEMAKER_TRITON_DEFAULT_MODEL_NAME to one of shout, wide, words"),
+    ("wdie", "SAGEMAKER_TRITON_DEFAULT_MODEL_NAME 'wdie' names no model"),
+])
+def test_a_start_without_its_model_fails_naming_it(repo: pathlib.Path, named: str,
+                                                   said: str) -> None:
+    env = {"PATH": "/usr/bin:/bin", "SAGEMAKER_TRITON_DEFAULT_MODEL_NAME": named}
+    finished = subprocess.run(
+        [sys.executable, "-m", "tensorgate", "serve", "--model-repository", str(repo),
+         "--http-port", "0", "--grpc-port", "0", "--metrics-port", "0",
+         "--allow-sagemaker", "true", "--sagemaker-port", "0"],
+        capture_output=True, text=True, timeout=60, env=env)
+    assert finished.returncode != 0 and said in finished.stdout + finished.stderr
