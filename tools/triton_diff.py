@@ -47,9 +47,9 @@ import zlib
 from collections.abc import Callable
 from typing import Any
 
-from triton_diff_cases import (F4, Grpc, Http, Stream, failure_cases, grpc_cases,
-                               grpc_upload_cases, http_cases, probe_cases, shm_cases,
-                               stream_cases, upload_cases)
+from triton_diff_cases import (F4, SAGEMAKER_MODEL, Grpc, Http, Stream, failure_cases,
+                               grpc_cases, grpc_upload_cases, http_cases, probe_cases,
+                               sagemaker_cases, shm_cases, stream_cases, upload_cases)
 from triton_diff_models import CONFIG_NAME, ROOT, write_repository
 
 # case name -> (Triton's status, ours, why the difference is deliberate, and where the two
@@ -201,10 +201,19 @@ _known("a model's model_warmup runs are not counted in its statistics here (they
        differing=("batch_stats",))
 _known("Accept-Encoding answers compress the same bytes with another gzip header", 200, 200,
        "json accept gzip", "json accept deflate", differing=None)
+_known(MALFORMED, 500, 400, "sagemaker bad json")
+_known("a path SageMaker's routes do not have is 404 here, naming the two they have; Triton "
+       "answers 400 with no body", 400, 404, "sagemaker /invocations/", "sagemaker v2 path")
+_known("SageMaker's multi-model endpoint routes are not served here (404 saying so); "
+       "Triton's, not in multi-model mode, lists no models", 200, 404, "sagemaker GET /models")
+_known("404s carry an error body here; Triton's are empty", 404, 404, "sagemaker GET /models/x",
+       "sagemaker invoke", differing=None)
 
 
 def _triton(venv: pathlib.Path, repo: pathlib.Path, work: pathlib.Path,
-            ports: tuple[int, int, int]) -> subprocess.Popen[bytes]:
+            ports: tuple[int, int, int, int]) -> subprocess.Popen[bytes]:
+    """tritonserver on `ports` (HTTP, gRPC, metrics, SageMaker: the last on 0.0.0.0, which
+    Triton's SageMaker server always binds)."""
     site = next((venv / "lib").glob("python3*/site-packages"))
     home = site / "pytriton" / "tritonserver"
     version = f"{sys.version_info.major}.{sys.version_info.minor}"
@@ -217,28 +226,33 @@ def _triton(venv: pathlib.Path, repo: pathlib.Path, work: pathlib.Path,
     env = {**os.environ,
            "LD_LIBRARY_PATH": f"{site / 'nvidia_pytriton.libs'}:"
                               f"{sysconfig.get_config_var('LIBDIR')}",
-           "PATH": f"{venv / 'bin'}:{os.environ['PATH']}"}  # the stub's python: numpy < 2
+           "PATH": f"{venv / 'bin'}:{os.environ['PATH']}",  # the stub's python: numpy < 2
+           "SAGEMAKER_TRITON_DEFAULT_MODEL_NAME": SAGEMAKER_MODEL}
     command = [str(home / "bin" / "tritonserver"), "--model-repository", str(repo),
                "--backend-directory", str(work / "backends"), "--model-control-mode",
                "explicit", "--load-model", "*", "--http-address", "127.0.0.1",
                "--http-port", str(ports[0]), "--grpc-address", "127.0.0.1", "--grpc-port",
                str(ports[1]), "--metrics-address", "127.0.0.1", "--metrics-port",
-               str(ports[2]), "--exit-timeout-secs", "2", "--model-config-name", CONFIG_NAME]
+               str(ports[2]), "--exit-timeout-secs", "2", "--model-config-name", CONFIG_NAME,
+               "--allow-sagemaker", "true", "--sagemaker-port", str(ports[3])]
     return subprocess.Popen(command, env=env, stdout=(work / "triton.log").open("wb"),
                             stderr=subprocess.STDOUT)
 
 
 def _tensorgate(repo: pathlib.Path, work: pathlib.Path,
-                ports: tuple[int, int, int]) -> subprocess.Popen[bytes]:
+                ports: tuple[int, int, int, int]) -> subprocess.Popen[bytes]:
     command = [sys.executable, "-m", "tensorgate", "serve", "--model-repository", str(repo),
                "--model-control-mode", "explicit", "--load-model", "*",
                "--allow-shared-memory",  # off by default here, on in Triton
                "--allow-model-upload",  # off by default here, on in Triton's explicit mode
                "--model-config-name", CONFIG_NAME,
                "--http-port",
-               str(ports[0]), "--grpc-port", str(ports[1]), "--metrics-port", str(ports[2])]
+               str(ports[0]), "--grpc-port", str(ports[1]), "--metrics-port", str(ports[2]),
+               "--allow-sagemaker", "true", "--sagemaker-port", str(ports[3])]
     return subprocess.Popen(command, stdout=(work / "tensorgate.log").open("wb"),
-                            stderr=subprocess.STDOUT)
+                            stderr=subprocess.STDOUT, env={
+                                **os.environ, "SAGEMAKER_TRITON_DEFAULT_MODEL_NAME":
+                                SAGEMAKER_MODEL})
 
 
 def _wait_ready(port: int, process: subprocess.Popen[bytes], what: str,
@@ -282,6 +296,8 @@ def _http_outcome(port: int, case: Http) -> tuple[Any, Any]:
     """(status, what to compare) of one HTTP answer."""
     status, headers, body = _send(port, case)
     length = headers.get("inference-header-content-length")
+    if "json-header-size=" in headers.get("content-type", ""):  # SageMaker's binary answers
+        length = headers["content-type"].rpartition("=")[2]
     text, tail = (body[:int(length)], body[int(length):]) if length else (body, b"")
     if headers.get("content-encoding") in ("gzip", "deflate"):
         text = zlib.decompress(body, 47)  # either header
@@ -502,9 +518,9 @@ def main(argv: list[str] | None = None) -> int:
         repo = work / "models"
         repo.mkdir()
         write_repository(repo)
-        ports = _free_ports(6)
-        triton = _triton(args.triton_venv, repo, work, (ports[0], ports[1], ports[2]))
-        ours = _tensorgate(repo, work, (ports[3], ports[4], ports[5]))
+        ports = _free_ports(8)
+        triton = _triton(args.triton_venv, repo, work, (ports[0], ports[1], ports[2], ports[6]))
+        ours = _tensorgate(repo, work, (ports[3], ports[4], ports[5], ports[7]))
         rows: list[tuple[str, Any, Any, str]] = []
         crashed: list[tuple[str, int | None, str]] = []
         running = [""]  # the case being sent, for a server that dies on it
@@ -544,6 +560,8 @@ def main(argv: list[str] | None = None) -> int:
                         lambda at: _stream_outcome(f"127.0.0.1:{grpc_ports[at]}", stream))
             for grpc_case in grpc_cases():
                 compare(grpc_case.name, lambda at: _grpc_outcome(stubs[at], grpc_case))
+            for case in sagemaker_cases():
+                compare(case.name, lambda at: _http_outcome((ports[6], ports[7])[at], case))
             for case in upload_cases():
                 compare(case.name, lambda at: _http_outcome(http_ports[at], case))
             for grpc_case in grpc_upload_cases():

@@ -759,3 +759,59 @@ def stream_cases() -> list[Stream]:
          for how in ("send after the final flag", "send what is not a response",
                      "an error, then more", "an error with the final flag", "raise",
                      "return a list", "from a thread", "cancelled?")]
+
+
+SAGEMAKER_MODEL = "echo_fp32"  # both servers' SAGEMAKER_TRITON_DEFAULT_MODEL_NAME
+_SAGEMAKER_BINARY = "application/vnd.sagemaker-triton.binary+json;json-header-size="
+
+
+def sagemaker_cases() -> list[Http]:
+    """SageMaker's routes (--allow-sagemaker) on echo_fp32: /ping, /invocations with JSON and
+    with binary tensors marked by the Content-Type (in, out, both), and what is refused."""
+    values = struct.pack("<3f", 1.5, -2.0, 3.25)
+    json_body = _echo("FP32", [1.5, -2.0, 3.25])
+
+    def binary(output_binary: bool) -> bytes:
+        return _js({"inputs": [{"name": "IN", "shape": [3], "datatype": "FP32",
+                                "parameters": {"binary_data_size": 12}}],
+                    "outputs": [{"name": "OUT", "parameters": {"binary_data": output_binary}}]})
+
+    def marked(head: bytes, size: int | str | None = None, before: str = "") -> dict[str, str]:
+        return {"Content-Type": f"{before}{_SAGEMAKER_BINARY}{len(head) if size is None else size}"}
+
+    head_json, head_binary = binary(False), binary(True)
+    binary_out = _js({"inputs": [{"name": "IN", "shape": [3], "datatype": "FP32",
+                                  "data": [1.5, -2.0, 3.25]}],
+                      "outputs": [{"name": "OUT", "parameters": {"binary_data": True}}]})
+    return [
+        Http("sagemaker GET /ping", "GET", "/ping"),
+        Http("sagemaker POST /ping", "POST", "/ping"),
+        Http("sagemaker json", "POST", "/invocations", json_body,
+             {"Content-Type": "application/json"}),
+        Http("sagemaker json no content type", "POST", "/invocations", json_body),
+        Http("sagemaker json with a query", "POST", "/invocations?x=1", json_body),
+        Http("sagemaker binary in", "POST", "/invocations", head_json + values,
+             marked(head_json)),
+        Http("sagemaker binary in and out", "POST", "/invocations", head_binary + values,
+             marked(head_binary)),
+        Http("sagemaker binary out", "POST", "/invocations", binary_out),
+        Http("sagemaker accept gzip", "POST", "/invocations", binary_out,
+             {"Accept-Encoding": "gzip"}),
+        Http("sagemaker header size past the body", "POST", "/invocations",
+             head_json + values, marked(head_json, 9999)),
+        Http("sagemaker header size not a number", "POST", "/invocations",
+             head_json + values, marked(head_json, "abc")),
+        Http("sagemaker binary type not first", "POST", "/invocations", head_json + values,
+             marked(head_json, before="text/plain;")),
+        Http("sagemaker v2 header ignored", "POST", "/invocations", head_json + values,
+             {"Inference-Header-Content-Length": str(len(head_json))}),
+        Http("sagemaker bad json", "POST", "/invocations", b"{bad"),
+        Http("sagemaker wrong input", "POST", "/invocations", _js({"inputs": [
+            {"name": "NOPE", "shape": [1], "datatype": "FP32", "data": [1]}]})),
+        Http("sagemaker GET /invocations", "GET", "/invocations"),
+        Http("sagemaker /invocations/", "POST", "/invocations/", json_body),
+        Http("sagemaker GET /models", "GET", "/models"),
+        Http("sagemaker GET /models/x", "GET", "/models/x"),
+        Http("sagemaker invoke", "POST", "/models/x/invoke", json_body),
+        Http("sagemaker v2 path", "GET", "/v2/health/ready"),
+    ]

@@ -27,10 +27,14 @@ ModelControlChoice = Literal["none", "explicit", "poll"]
 TraceModeChoice = Literal["triton", "opentelemetry"]
 RateLimitChoice = Literal["off", "execution_count"]
 SAGEMAKER_INFERENCE_TYPES = ("infer", "generate", "generate_stream")
-# the variables Triton's SageMaker server reads → the settings they are here
-TRITON_ENV = {"SAGEMAKER_TRITON_DEFAULT_MODEL_NAME": "sagemaker_model",
-              "SAGEMAKER_TRITON_INFERENCE_TYPE": "sagemaker_inference_type",
-              "SAGEMAKER_TRITON_PING_MODE": "sagemaker_ping_mode"}
+# the variables Triton's SageMaker server reads, and those SageMaker sets in a container (a
+# port other than 8080 in an inference pipeline; the range every other port must lie in)
+# → the settings they are here
+SAGEMAKER_ENV = {"SAGEMAKER_TRITON_DEFAULT_MODEL_NAME": "sagemaker_model",
+                 "SAGEMAKER_TRITON_INFERENCE_TYPE": "sagemaker_inference_type",
+                 "SAGEMAKER_TRITON_PING_MODE": "sagemaker_ping_mode",
+                 "SAGEMAKER_BIND_TO_PORT": "sagemaker_port",
+                 "SAGEMAKER_SAFE_PORT_RANGE": "sagemaker_safe_port_range"}
 # how a boolean setting may be written (the CLI, TENSORGATE_* variables)
 TRUE_WORDS = ("1", "true", "yes", "on")
 FALSE_WORDS = ("0", "false", "no", "off")
@@ -81,7 +85,8 @@ class ServerConfig:
     # sagemaker_inference_type (infer, generate or generate_stream: SAGEMAKER_TRITON_
     # INFERENCE_TYPE); /ping answers for readiness or liveness (sagemaker_ping_mode: ready or
     # live, SAGEMAKER_TRITON_PING_MODE). --sagemaker-safe-port-range "LOW-HIGH" (SageMaker's
-    # SAGEMAKER_SAFE_PORT_RANGE): every other port the server opens must lie in it
+    # SAGEMAKER_SAFE_PORT_RANGE): every other port the server opens must lie in it. SageMaker's
+    # SAGEMAKER_BIND_TO_PORT is sagemaker_port (SAGEMAKER_ENV)
     allow_sagemaker: bool = False
     sagemaker_port: int = 8080
     sagemaker_address: str = ""
@@ -353,10 +358,10 @@ class ServerConfig:
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None,
                  **overrides: Any) -> ServerConfig:
-        """Triton's own variables (TRITON_ENV), TENSORGATE_<FIELD> variables
+        """SageMaker's variables (SAGEMAKER_ENV), TENSORGATE_<FIELD> variables
         (TENSORGATE_HTTP_PORT=9000), then `overrides`."""
         environ = os.environ if environ is None else environ
-        values: dict[str, Any] = {field: environ[name] for name, field in TRITON_ENV.items()
+        values: dict[str, Any] = {field: environ[name] for name, field in SAGEMAKER_ENV.items()
                                   if name in environ}
         for field in dataclasses.fields(cls):
             raw = environ.get("TENSORGATE_" + field.name.upper())

@@ -272,3 +272,24 @@ def test_a_startup_probe_gives_the_loads_a_deadline(container: dict[str, Any]) -
     startup = container["startupProbe"]
     assert startup["httpGet"]["path"] == "/v2/health/ready"
     assert startup["periodSeconds"] * startup["failureThreshold"] >= 300
+
+
+SAGEMAKER = final_stage((DEPLOY / "sagemaker" / "Dockerfile").read_text())
+
+
+def test_the_sagemaker_image_serves_sagemakers_routes_on_its_port_of_every_address() -> None:
+    """`docker run IMAGE serve`, as SageMaker starts it: the base image's command and
+    variables, then the SageMaker image's, then what SageMaker sets in the container."""
+    assert dict(SAGEMAKER)["FROM"] == "${IMAGE}"
+    environment = {**image_environment(STAGE), **image_environment(SAGEMAKER),
+                   "SAGEMAKER_SAFE_PORT_RANGE": "23000-23999"}
+    config = parse_serve(["serve"], environment)
+    assert config.model_repository == (pathlib.Path("/opt/ml/model"),)
+    assert (config.allow_sagemaker, config.sagemaker_address, config.sagemaker_port) == (
+        True, "0.0.0.0", 8080)
+    assert not (config.allow_http or config.allow_grpc or config.allow_metrics)
+    exposed = {int(port) for word, rest in SAGEMAKER if word == "EXPOSE" for port in rest.split()}
+    assert exposed == {config.sagemaker_port}
+    # an inference pipeline's container is told its port
+    moved = parse_serve(["serve"], {**environment, "SAGEMAKER_BIND_TO_PORT": "9090"})
+    assert moved.sagemaker_port == 9090
