@@ -191,3 +191,14 @@ def test_the_sagemaker_safe_port_range_holds_every_other_port() -> None:
 def test_sagemaker_alone_is_something_to_serve() -> None:
     config = ServerConfig(allow_http=False, allow_grpc=False, allow_sagemaker=True)
     assert config.allow_sagemaker
+
+
+def test_a_multi_model_endpoint_is_sagemakers_variable_and_not_polled() -> None:
+    config = ServerConfig.from_env({"SAGEMAKER_MULTI_MODEL": "true",
+                                    "TENSORGATE_SAGEMAKER_MODELS_ROOT": "/srv/models"})
+    assert (config.sagemaker_multi_model, config.sagemaker_models_root) == (
+        True, pathlib.Path("/srv/models"))
+    assert ServerConfig().sagemaker_models_root == pathlib.Path("/opt/ml/models")
+    with pytest.raises(ValueError, match=r"model_control_mode poll would follow the "
+                                         r"repository instead"):
+        ServerConfig(sagemaker_multi_model=True, model_control_mode="poll")

@@ -34,7 +34,8 @@ SAGEMAKER_ENV = {"SAGEMAKER_TRITON_DEFAULT_MODEL_NAME": "sagemaker_model",
                  "SAGEMAKER_TRITON_INFERENCE_TYPE": "sagemaker_inference_type",
                  "SAGEMAKER_TRITON_PING_MODE": "sagemaker_ping_mode",
                  "SAGEMAKER_BIND_TO_PORT": "sagemaker_port",
-                 "SAGEMAKER_SAFE_PORT_RANGE": "sagemaker_safe_port_range"}
+                 "SAGEMAKER_SAFE_PORT_RANGE": "sagemaker_safe_port_range",
+                 "SAGEMAKER_MULTI_MODEL": "sagemaker_multi_model"}
 # how a boolean setting may be written (the CLI, TENSORGATE_* variables)
 TRUE_WORDS = ("1", "true", "yes", "on")
 FALSE_WORDS = ("0", "false", "no", "off")
@@ -94,6 +95,11 @@ class ServerConfig:
     sagemaker_model: str = ""
     sagemaker_inference_type: str = "infer"
     sagemaker_ping_mode: str = "ready"
+    # SageMaker's multi-model endpoint (SAGEMAKER_MULTI_MODEL=true): SageMaker loads, calls
+    # and unloads models through /models (network/sagemaker_models.py), each from a folder
+    # under sagemaker_models_root; /invocations then serves none
+    sagemaker_multi_model: bool = False
+    sagemaker_models_root: pathlib.Path = pathlib.Path("/opt/ml/models")
     allow_shared_memory: bool = False
     max_request_bytes: int = 64 << 20  # Triton's --http-max-input-size; after decompression
     # the host buffer pool's bound on everything it holds: request bodies, batch staging and
@@ -325,6 +331,11 @@ class ServerConfig:
             raise ValueError(f"sagemaker_inference_type (SAGEMAKER_TRITON_INFERENCE_TYPE) must "
                              f"be {', '.join(SAGEMAKER_INFERENCE_TYPES)}, got "
                              f"'{self.sagemaker_inference_type}'")
+        object.__setattr__(self, "sagemaker_models_root", pathlib.Path(self.sagemaker_models_root))
+        if self.sagemaker_multi_model and self.model_control_mode == "poll":
+            raise ValueError("sagemaker_multi_model (SAGEMAKER_MULTI_MODEL) loads what SageMaker "
+                             "asks for; model_control_mode poll would follow the repository "
+                             "instead: use none or explicit")
         if self.sagemaker_ping_mode not in ("ready", "live"):
             raise ValueError(f"sagemaker_ping_mode (SAGEMAKER_TRITON_PING_MODE) must be ready "
                              f"or live, got '{self.sagemaker_ping_mode}'")

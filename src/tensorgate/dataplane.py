@@ -3,6 +3,8 @@ control and inference. Front ends decode, call this, and encode; they know nothi
 
 from __future__ import annotations
 
+import pathlib
+
 import struct
 from collections.abc import AsyncGenerator
 from typing import Any
@@ -149,6 +151,15 @@ class DataPlane:
         _one_repository(repository)
         self.check_model_control("unload")
         await self.engine.unload(name, dependents=dependents)
+
+    async def load_folder(self, name: str, folder: pathlib.Path) -> None:
+        """Serve the model in `folder` as `name`: a SageMaker multi-model endpoint's load,
+        whose control is SageMaker's (the API's model control mode does not apply)."""
+        await self.engine.load_folder(name, folder)
+
+    async def unload_folder(self, name: str) -> None:
+        """Unload a model load_folder served (its failed load forgotten too)."""
+        await self.engine.unload(name, dependents=True)
 
     @property
     def takes_uploads(self) -> bool:

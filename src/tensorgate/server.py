@@ -119,9 +119,11 @@ class Server:
         repositories = ModelRepositories.of(config.model_repository or default_repository(),
                                             config.model_config_name)
         tls = _grpc_tls(config) if config.allow_grpc else None  # before loading any model
-        sagemaker = await asyncio.get_running_loop().run_in_executor(
-            None, _sagemaker_model, config.sagemaker_model, repositories) \
-            if config.allow_sagemaker else None
+        sagemaker = None  # /invocations' model (a multi-model endpoint's: none, "")
+        if config.allow_sagemaker:
+            sagemaker = "" if config.sagemaker_multi_model else \
+                await asyncio.get_running_loop().run_in_executor(
+                    None, _sagemaker_model, config.sagemaker_model, repositories)
         age_s = config.grpc_max_connection_age_ms / 1000
         default_pool().set_limit(config.host_pool_bytes)
         self.engine = Engine(repositories, placement=config.placement,
@@ -150,7 +152,8 @@ class Server:
                 config.keep_alive_timeout_s, budget, _pattern(config.http_header_forward_pattern),
                 parse_restrictions(config.http_restricted_api), relief,
                 sagemaker_routes(sagemaker, config.sagemaker_inference_type,
-                                 config.sagemaker_ping_mode))
+                                 config.sagemaker_ping_mode, config.sagemaker_models_root
+                                 if config.sagemaker_multi_model else None))
         if config.allow_grpc:
             self._grpc = GrpcFrontEnd(dataplane, default_pool(), config.max_request_bytes,
                                       config.read_timeout_s, budget,

@@ -7,6 +7,7 @@ import http.client
 import json
 import pathlib
 import re
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -144,7 +145,7 @@ def test_stream_ping_live_and_restricted(repo: pathlib.Path, tmp_path: pathlib.P
     answers 200 with a model that failed to load (ready mode: 503, as the server is not
     ready); the HTTP restricted APIs hold here too."""
     broken = tmp_path / "models"
-    subprocess.run(["cp", "-r", str(repo), str(broken)], check=True)
+    shutil.copytree(repo, broken)
     rb.write_config(broken, "broken", 'name: "broken"\nbackend: "python"\nmax_batch_size: 0\n'
                     'input [ { name: "X" data_type: TYPE_FP32 dims: [1] } ]\n'
                     'output [ { name: "Y" data_type: TYPE_FP32 dims: [1] } ]\n')  # no model.py
@@ -201,3 +202,92 @@ def test_a_start_without_its_model_fails_naming_it(repo: pathlib.Path, named: st
          "--allow-sagemaker", "true", "--sagemaker-port", "0"],
         capture_output=True, text=True, timeout=60, env=env)
     assert finished.returncode != 0 and said in finished.stdout + finished.stderr
+
+
+# -- multi-model endpoints ---------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def multi(repo: pathlib.Path, tmp_path_factory: pytest.TempPathFactory
+          ) -> Iterator[tuple[int, pathlib.Path]]:
+    """A multi-model endpoint over an empty repository, and the folder SageMaker would unpack
+    archives into: h1 holds a model's folder itself (its config.pbtxt at the top), h2 one
+    model folder, h3 two, h4 a model whose load fails."""
+    root = tmp_path_factory.mktemp("opt-ml-models")
+    for name, folders in (("h1", {"": "wide"}), ("h2", {"shouting": "shout"}),
+                          ("h3", {"a": "wide", "b": "shout"})):
+        for inside, model in folders.items():
+            shutil.copytree(repo / model, root / name / "model" / inside)
+    rb.write_config(root / "h4" / "model", "broken", 'name: "broken"\nbackend: "python"\n'
+                    'max_batch_size: 0\ninput [ { name: "X" data_type: TYPE_FP32 dims: [1] } ]\n'
+                    'output [ { name: "Y" data_type: TYPE_FP32 dims: [1] } ]\n')
+    empty = tmp_path_factory.mktemp("empty-repository")
+    log = tmp_path_factory.mktemp("multi") / "server.log"
+    server = start_server(empty, log, "--allow-sagemaker", "true", "--sagemaker-port", "0",
+                          env={"SAGEMAKER_MULTI_MODEL": "true",
+                               "TENSORGATE_SAGEMAKER_MODELS_ROOT": str(root)})
+    yield _sagemaker_port(server), root
+    assert stop_server(server) == 0, log.read_text()
+
+
+def _load(port: int, name: str, url: pathlib.Path | str, target: str = ""
+          ) -> tuple[int, bytes]:
+    headers = {"X-Amzn-SageMaker-Target-Model": target} if target else {}
+    status, _, answer = _call(port, "POST", "/models", json.dumps(
+        {"model_name": name, "url": str(url)}).encode(), headers)
+    return status, answer
+
+
+def test_a_multi_model_endpoint_loads_lists_calls_and_unloads(
+        multi: tuple[int, pathlib.Path]) -> None:
+    port, root = multi
+    assert json.loads(_call(port, "GET", "/models")[2]) == {"models": []}
+    assert _load(port, "h1", root / "h1" / "model", "wide.tar.gz") == (200, b"")
+    listed = {"modelName": "h1", "modelUrl": str(root / "h1" / "model")}
+    assert json.loads(_call(port, "GET", "/models")[2]) == {"models": [listed]}
+    assert json.loads(_call(port, "GET", "/models/h1")[2]) == listed
+    values = np.arange(1000, dtype=np.float32)
+    body, head = _binary_request(values)
+    status, headers, answer = _call(port, "POST", "/models/h1/invoke", body, {
+        "Content-Type": f"{BINARY_CONTENT_TYPE}{head}",
+        "X-Amzn-SageMaker-Target-Model": "wide.tar.gz"})
+    assert status == 200, answer
+    size = int(headers["content-type"][len(BINARY_CONTENT_TYPE):])
+    assert json.loads(answer[:size])["model_name"] == "wide.tar.gz"  # the name it was given
+    assert np.array_equal(np.frombuffer(answer[size:], np.float32), values)
+    status, answer = _load(port, "h1", root / "h1" / "model", "wide.tar.gz")
+    assert status == 409 and b"loaded already" in answer
+    # a model folder inside the archive, served as SageMaker's name without the header
+    assert _load(port, "h2", root / "h2" / "model") == (200, b"")
+    status, _, answer = _call(port, "POST", "/models/h2/invoke", json.dumps({"inputs": [
+        {"name": "text_input", "datatype": "BYTES", "shape": [1, 1], "data": ["quiet"]}]}).encode())
+    assert status == 200 and json.loads(answer)["outputs"][0]["data"] == ["QUIET"], answer
+    assert _call(port, "DELETE", "/models/h1")[0] == 200
+    for method, path in (("GET", "/models/h1"), ("POST", "/models/h1/invoke"),
+                         ("DELETE", "/models/h1")):
+        status, _, answer = _call(port, method, path, body)
+        assert status == 404 and "not loaded" in json.loads(answer)["error"]
+    assert [m["modelName"] for m in json.loads(_call(port, "GET", "/models")[2])["models"]] \
+        == ["h2"]
+    assert _load(port, "h1", root / "h1" / "model", "wide.tar.gz") == (200, b"")  # again
+    status, _, answer = _call(port, "POST", "/invocations", body)
+    assert status == 404 and "/models/NAME/invoke" in json.loads(answer)["error"]
+
+
+@pytest.mark.parametrize(("name", "where", "code", "said"), [
+    ("h3", "h3/model", 400, "holds 2 model folders (a, b)"),
+    ("h5", "h5/model", 404, "is not a folder"),
+    ("h6", "h1/model/../../../", 400, "is not under"),
+    ("h7", "/etc", 400, "is not under"),
+    ("h4", "h4/model", 400, "h4/model/broken/1: no model artifact found"),
+])
+def test_a_load_that_cannot_be_served_is_refused_and_the_endpoint_stays_ready(
+        multi: tuple[int, pathlib.Path], name: str, where: str, code: int, said: str) -> None:
+    port, root = multi
+    status, answer = _load(port, name, where if where.startswith("/") else root / where)
+    assert status == code and said in json.loads(answer)["error"], answer
+    assert _call(port, "GET", "/ping")[0] == 200  # a failed load leaves it ready
+    assert name not in {m["modelName"] for m in
+                        json.loads(_call(port, "GET", "/models")[2])["models"]}
+    status, _, answer = _call(port, "POST", "/models", b'{"model_name": "x"}')
+    assert status == 400 and '"url": FOLDER' in json.loads(answer)["error"]

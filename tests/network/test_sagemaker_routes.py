@@ -3,6 +3,8 @@ routes to, and the binary Content-Type read from any header a client may send.""
 
 from __future__ import annotations
 
+import pathlib
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 import pytest
@@ -25,6 +27,24 @@ def test_each_path_and_method() -> None:
         404, "no route for /v2/models/resnet/infer: SageMaker's are GET /ping and POST "
              "/invocations")
     assert set(routes.api_group.values()) <= set(API_GROUPS)
+
+
+def test_a_multi_model_endpoints_routes() -> None:
+    routes = sagemaker_routes("", models_root=pathlib.Path("/opt/ml/models"))
+    for method, path, arguments, group in (
+            ("GET", "/models", (), "model-repository"),
+            ("POST", "/models", (), "model-repository"),
+            ("GET", "/models/h1", ("h1",), "model-repository"),
+            ("DELETE", "/models/h1", ("h1",), "model-repository"),
+            ("POST", "/models/h1/invoke", ("h1",), "inference")):
+        handler, found = routes.route(method, path)
+        assert found == arguments and routes.api_group[handler] == group, (method, path)
+    assert routes.route("PUT", "/models") == (405, "use GET or POST")
+    assert routes.route("POST", "/models/h1") == (405, "use GET or DELETE")
+    assert routes.route("GET", "/models/h1/invoke") == (405, "use POST")
+    assert routes.route("GET", "/models/h1/x/y")[0] == 404
+    single = sagemaker_routes("m")  # one model's endpoint: the routes are not there
+    assert single.route("GET", "/models")[0] == 404
 
 
 def test_unknown_modes_are_refused() -> None:

@@ -15,17 +15,19 @@ As Triton's (src/sagemaker_server.cc, measured against tritonserver 2.51 by
 tools/triton_diff.py): the same bodies, headers and routes. Where they differ: errors keep
 their Open Inference Protocol codes (503 for a model not ready, where Triton answers 400), a
 ping that fails is 503, and a path not served is 404. SageMaker's multi-model endpoint
-routes (/models) are not served.
+routes (/models) are sagemaker_models.py's.
 """
 
 from __future__ import annotations
 
+import pathlib
 from typing import Any
 
 from tensorgate.dataplane import DataPlane
-from tensorgate.errors import InvalidArgumentError
+from tensorgate.errors import InvalidArgumentError, NotFoundError
 from tensorgate.network.http_routes import (INFERENCES, HttpRequest, Routed, Routes,
                                             StreamedResponse)
+from tensorgate.network.sagemaker_models import MultiModels
 
 __all__ = ["BINARY_CONTENT_TYPE", "sagemaker_routes"]
 
@@ -42,6 +44,8 @@ async def _ping(dp: DataPlane, request: HttpRequest, mode: str) -> Any:
 
 
 async def _invocations(dp: DataPlane, request: HttpRequest, model: str, kind: str) -> Any:
+    if not model:
+        raise NotFoundError("this is a multi-model endpoint: call POST /models/NAME/invoke")
     request.headers.pop("accept-encoding", None)  # answers in identity, as Triton's here
     answer = await INFERENCES[kind](dp, request, model, "")
     if isinstance(answer, StreamedResponse):
@@ -73,11 +77,12 @@ def _json_length(headers: dict[str, str]) -> int | None:
     return int(size)
 
 
-def sagemaker_routes(model: str, inference_type: str = "infer",
-                     ping_mode: str = "ready") -> Routes:
+def sagemaker_routes(model: str, inference_type: str = "infer", ping_mode: str = "ready",
+                     models_root: pathlib.Path | None = None) -> Routes:
     """The routes of an endpoint serving `model`: /invocations is its `inference_type`
     (infer, generate or generate_stream), /ping its server's readiness (ping_mode ready) or
-    liveness (live)."""
+    liveness (live). `models_root`: a multi-model endpoint's (sagemaker_models.py), loading
+    the folders under it; /invocations then has no model ("")."""
     if inference_type not in INFERENCES:
         raise ValueError(f"inference type must be one of {', '.join(INFERENCES)}, got "
                          f"'{inference_type}'")
@@ -91,9 +96,14 @@ def sagemaker_routes(model: str, inference_type: str = "infer",
             return (_invocations, (model, inference_type)) if method == "POST" else \
                 (405, "use POST")
         if path == "/models" or path.startswith("/models/"):
-            return 404, ("SageMaker's multi-model endpoint routes (/models) are not served: "
-                         "a tensorgate endpoint serves one model (SAGEMAKER_TRITON_DEFAULT_"
-                         "MODEL_NAME)")
+            if multi is not None:
+                return multi.route(method, path.split("/")[2:] if path != "/models" else [])
+            return 404, ("SageMaker's multi-model endpoint routes (/models) are served only "
+                         "with SAGEMAKER_MULTI_MODEL=true; this endpoint serves one model "
+                         "(SAGEMAKER_TRITON_DEFAULT_MODEL_NAME)")
         return 404, f"no route for {path}: SageMaker's are GET /ping and POST /invocations"
 
-    return Routes(route, {_ping: "health", _invocations: "inference"}, _json_length)
+    multi = None if models_root is None else MultiModels(
+        models_root, lambda dp, request, name: _invocations(dp, request, name, "infer"))
+    groups = {_ping: "health", _invocations: "inference", **(multi.api_group if multi else {})}
+    return Routes(route, groups, _json_length)

@@ -57,7 +57,8 @@ from tensorgate.repository.layout import (ModelRepositories, ModelSource, artifa
                                          load_source)
 from tensorgate.repository.model_config import ModelConfigError, ModelSpec
 from tensorgate.repository.model_file import is_aoti_package
-from tensorgate.repository.upload import UploadedFiles, remove_upload, write_upload
+from tensorgate.repository.upload import (UploadedFiles, link_folder, remove_upload,
+                                          write_upload)
 from tensorgate.tensor.pinned import cuda_available
 from tensorgate.tensor.pool import BufferPool, PoolStatistics, default_pool
 from tensorgate.tensor.view import TensorView
@@ -211,30 +212,41 @@ class Engine:
         client that went away), as on Triton: nothing is left half done."""
         await _to_the_end(self._load_counted(name, config, files))
 
+    async def load_folder(self, name: str, folder: pathlib.Path) -> None:
+        """Serve the model in `folder` (its config and version folders, anywhere) as `name`,
+        whatever its config's name field says: SageMaker's multi-model endpoints load each
+        model from where SageMaker unpacked it, by the name SageMaker gives it. Unloading
+        it forgets the folder; the folder itself is left as it is."""
+        await _to_the_end(self._load_counted(name, None, None, folder))
+
     async def _load_counted(self, name: str, config: str | None,
-                            files: UploadedFiles | None) -> None:
+                            files: UploadedFiles | None,
+                            folder: pathlib.Path | None = None) -> None:
         """`_load`, counted in `_loading` while it runs."""
         self._count_loading(name)
         try:
-            await self._load(name, config, files)
+            await self._load(name, config, files, folder)
         finally:
             self._count_loaded(name)
 
     async def _load(self, name: str, config: str | None,
-                    files: UploadedFiles | None) -> None:
+                    files: UploadedFiles | None, folder: pathlib.Path | None = None) -> None:
         if self._closing:
             raise UnavailableError("the engine is shutting down; no models can be loaded")
         loop = asyncio.get_running_loop()
-        upload = None
+        upload = None  # a repository of the model's own, made here (removed with the model)
         if files is not None:
             self._check_upload(name, config, files)
             upload = await loop.run_in_executor(None, write_upload, name, files)
+        elif folder is not None:
+            upload = await loop.run_in_executor(None, link_folder, name, folder)
         versions: dict[int, _Version] = {}
         source: ModelSource | None = None
         loading = ""  # the version being loaded
         try:
             # off the loop: completing a Python model's config runs its model.py
-            source = await loop.run_in_executor(None, self._source, name, config, upload)
+            source = await loop.run_in_executor(None, self._source, name, config, upload,
+                                                folder is not None)
             if config is None and self.repositories.config_name:
                 log.info("model %s: config from %s", name, source.config_source)
             if source.spec.ignored:
@@ -310,12 +322,13 @@ class Engine:
                         "is its config (as on Triton)", name)
 
     def _source(self, name: str, config: str | None = None,
-                upload: pathlib.Path | None = None) -> ModelSource:
+                upload: pathlib.Path | None = None, rename: bool = False) -> ModelSource:
         """Model `name`'s config and versions, from the repository that holds it (from
-        `upload`, a folder write_upload made, when given)."""
+        `upload`, a folder write_upload or link_folder made, when given; `rename`: served
+        as `name` whatever its config says)."""
         repository = upload if upload is not None else self.repositories.holder(name)
         return load_source(repository, name, config, self._complete,
-                           self.repositories.config_name)
+                           self.repositories.config_name, rename)
 
     def _holds(self, name: str) -> bool:
         """Whether a repository holds a model `name` (or one was served by that name)."""

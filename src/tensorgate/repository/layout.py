@@ -253,13 +253,18 @@ def select_versions(policy: tuple[str, tuple[int, ...]], available: list[int]
 
 
 def load_source(repository: pathlib.Path, name: str, config: str | None = None,
-                complete: CompleteConfig | None = None, config_name: str = "") -> ModelSource:
+                complete: CompleteConfig | None = None, config_name: str = "",
+                rename: bool = False) -> ModelSource:
     """Read `<repository>/<name>`: its config and the versions to serve. The config is the
     directory's config_file (configs/<config_name>.pbtxt where it has one, else
     config.pbtxt); `config`, a JSON config (a load request's override), stands in for it;
     without either, a Python model's config is `backend: "python"` until `complete`
-    completes it. `complete` may import the model's code: call it off the event loop."""
+    completes it. `complete` may import the model's code: call it off the event loop.
+    `rename`: the model is `name` whatever its config's name field says (a folder served
+    under a name given at its load: SageMaker's multi-model endpoints)."""
     directory = repository / name
+    if rename:  # a link to the folder (link_folder): errors name the folder itself
+        directory = directory.resolve()
     file = config_file(directory, config_name)
     unconfigured = config is None and not file.is_file()  # a Python model's code says it
     if _not_a_name(name) or not directory.is_dir():
@@ -286,6 +291,8 @@ def load_source(repository: pathlib.Path, name: str, config: str | None = None,
     else:  # as Triton: a model.py and no config is a Python model whose code says the rest
         source, named_by = str(directory), "the model directory"
         message = pb.ModelConfig(name=name, backend="python")
+    if rename:
+        message.name = name
     policy = version_policy(message, source)
     versions = select_versions(policy, _numeric_versions(directory))
     if not versions:

@@ -25,7 +25,7 @@ from typing import Any
 
 from tensorgate.errors import InvalidArgumentError, UnavailableError
 
-__all__ = ["FILE_PREFIX", "MAX_UPLOAD_FILES", "UploadedFiles", "check_upload",
+__all__ = ["FILE_PREFIX", "MAX_UPLOAD_FILES", "UploadedFiles", "check_upload", "link_folder",
            "decode_base64_file", "remove_upload", "upload_path", "uploaded_files",
            "write_upload"]
 
@@ -138,6 +138,21 @@ def write_upload(name: str, files: Mapping[str, bytes | bytearray | memoryview]
     return root
 
 
+def link_folder(name: str, folder: pathlib.Path) -> pathlib.Path:
+    """A new folder holding `<name>`, a link to the model folder `folder`: the repository a
+    model kept elsewhere loads from under that name (Engine.load_folder). Blocking."""
+    if "/" in name or "\0" in name or name in ("", ".", ".."):
+        raise InvalidArgumentError(f"model name {name!r} cannot name a folder")
+    try:
+        root = pathlib.Path(tempfile.mkdtemp(prefix="tensorgate-folder-"))
+    except OSError as error:
+        raise UnavailableError(f"no folder to load model '{name}' from could be made in "
+                               f"{tempfile.gettempdir()}: {error.strerror}") from None
+    (root / name).symlink_to(folder.resolve(), target_is_directory=True)
+    return root
+
+
 def remove_upload(root: pathlib.Path) -> None:
-    """Remove a folder write_upload made (blocking: off the event loop)."""
+    """Remove a folder write_upload or link_folder made, not what a link in it leads to
+    (blocking: off the event loop)."""
     shutil.rmtree(root, ignore_errors=True)
