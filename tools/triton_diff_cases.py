@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import gzip
 import json
+import pathlib
 import struct
 import zlib
 from dataclasses import dataclass, field
@@ -814,4 +815,34 @@ def sagemaker_cases() -> list[Http]:
         Http("sagemaker GET /models/x", "GET", "/models/x"),
         Http("sagemaker invoke", "POST", "/models/x/invoke", json_body),
         Http("sagemaker v2 path", "GET", "/v2/health/ready"),
+    ]
+
+
+def multi_model_cases(root: pathlib.Path) -> list[Http]:
+    """A SageMaker multi-model endpoint's life, in order: `root`/h2/model holds echo_int32
+    (one model folder in the archive's folder, as SageMaker unpacks it)."""
+    url = str(root / "h2" / "model")
+    call = _echo("INT32", [3, 4])
+    return [
+        Http("multi-model list none", "GET", "/models"),
+        Http("multi-model load", "POST", "/models", _js({"model_name": "h2", "url": url})),
+        Http("multi-model list", "GET", "/models"),
+        Http("multi-model describe", "GET", "/models/h2"),
+        Http("multi-model invoke", "POST", "/models/h2/invoke", call),
+        Http("multi-model load again", "POST", "/models",
+             _js({"model_name": "h2", "url": url})),
+        Http("multi-model load no url", "POST", "/models", _js({"model_name": "h9"})),
+        Http("multi-model load a folder that is not there", "POST", "/models",
+             _js({"model_name": "h9", "url": str(root / "h9" / "model")})),
+        Http("multi-model describe another", "GET", "/models/h9"),
+        Http("multi-model invoke another", "POST", "/models/h9/invoke", call),
+        Http("multi-model PUT", "PUT", "/models"),
+        Http("multi-model unload", "DELETE", "/models/h2"),
+        Http("multi-model describe unloaded", "GET", "/models/h2"),
+        Http("multi-model invoke unloaded", "POST", "/models/h2/invoke", call),
+        Http("multi-model unload again", "DELETE", "/models/h2"),
+        Http("multi-model list after", "GET", "/models"),
+        Http("multi-model load after unload", "POST", "/models",
+             _js({"model_name": "h2", "url": url})),
+        Http("multi-model invoke after reload", "POST", "/models/h2/invoke", call),
     ]

@@ -276,7 +276,7 @@ def test_a_multi_model_endpoint_loads_lists_calls_and_unloads(
 
 @pytest.mark.parametrize(("name", "where", "code", "said"), [
     ("h3", "h3/model", 400, "holds 2 model folders (a, b)"),
-    ("h5", "h5/model", 404, "is not a folder"),
+    ("h5", "h5/model", 400, "is not a folder"),
     ("h6", "h1/model/../../../", 400, "is not under"),
     ("h7", "/etc", 400, "is not under"),
     ("h4", "h4/model", 400, "h4/model/broken/1: no model artifact found"),
@@ -289,5 +289,6 @@ def test_a_load_that_cannot_be_served_is_refused_and_the_endpoint_stays_ready(
     assert _call(port, "GET", "/ping")[0] == 200  # a failed load leaves it ready
     assert name not in {m["modelName"] for m in
                         json.loads(_call(port, "GET", "/models")[2])["models"]}
-    status, _, answer = _call(port, "POST", "/models", b'{"model_name": "x"}')
-    assert status == 400 and '"url": FOLDER' in json.loads(answer)["error"]
+    for body in (b'{"model_name": "x"}', b"{bad", b""):  # (Triton 2.51 aborts on {bad)
+        status, _, answer = _call(port, "POST", "/models", body)
+        assert status == 400, answer

@@ -26,7 +26,7 @@ import pathlib
 from typing import Any
 
 from tensorgate.dataplane import DataPlane
-from tensorgate.errors import InvalidArgumentError, NotFoundError, TensorgateError
+from tensorgate.errors import InvalidArgumentError, TensorgateError
 from tensorgate.network.http_routes import HttpRequest, Routed
 from tensorgate.protocol.infer_codec import json_error, parse_json
 from tensorgate.protocol.status import codes_for
@@ -130,7 +130,7 @@ class MultiModels:
                                        "unpacks models (--sagemaker-models-root)")
         folder = pathlib.Path(where)
         if not folder.is_dir():
-            raise NotFoundError(f"url '{url}' is not a folder")
+            raise InvalidArgumentError(f"url '{url}' is not a folder")
         if (folder / "config.pbtxt").is_file():
             return folder
         models = sorted(p for p in folder.iterdir() if p.is_dir() and not p.name.startswith("."))
