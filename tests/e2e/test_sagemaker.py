@@ -212,12 +212,14 @@ def multi(repo: pathlib.Path, tmp_path_factory: pytest.TempPathFactory
           ) -> Iterator[tuple[int, pathlib.Path]]:
     """A multi-model endpoint over an empty repository, and the folder SageMaker would unpack
     archives into: h1 holds a model's folder itself (its config.pbtxt at the top), h2 one
-    model folder, h3 two, h4 a model whose load fails."""
+    model folder, h3 two, h4 a model whose load fails, h8 a link to a model elsewhere."""
     root = tmp_path_factory.mktemp("opt-ml-models")
     for name, folders in (("h1", {"": "wide"}), ("h2", {"shouting": "shout"}),
                           ("h3", {"a": "wide", "b": "shout"})):
         for inside, model in folders.items():
             shutil.copytree(repo / model, root / name / "model" / inside)
+    (root / "h8" / "model").mkdir(parents=True)  # a link out of the root, in the archive
+    (root / "h8" / "model" / "away").symlink_to(repo / "wide", target_is_directory=True)
     rb.write_config(root / "h4" / "model", "broken", 'name: "broken"\nbackend: "python"\n'
                     'max_batch_size: 0\ninput [ { name: "X" data_type: TYPE_FP32 dims: [1] } ]\n'
                     'output [ { name: "Y" data_type: TYPE_FP32 dims: [1] } ]\n')
@@ -279,6 +281,7 @@ def test_a_multi_model_endpoint_loads_lists_calls_and_unloads(
     ("h5", "h5/model", 400, "is not a folder"),
     ("h6", "h1/model/../../../", 400, "is not under"),
     ("h7", "/etc", 400, "is not under"),
+    ("h8", "h8/model", 400, "away leads to"),
     ("h4", "h4/model", 400, "h4/model/broken/1: no model artifact found"),
 ])
 def test_a_load_that_cannot_be_served_is_refused_and_the_endpoint_stays_ready(

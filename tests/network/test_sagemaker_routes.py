@@ -3,6 +3,7 @@ routes to, and the binary Content-Type read from any header a client may send.""
 
 from __future__ import annotations
 
+import json
 import pathlib
 
 from hypothesis import given, settings
@@ -10,6 +11,8 @@ from hypothesis import strategies as st
 import pytest
 
 from tensorgate.errors import InvalidArgumentError
+from tensorgate.network.http_routes import HttpRequest
+from tensorgate.network.sagemaker_models import _load_body
 from tensorgate.network.sagemaker_routes import BINARY_CONTENT_TYPE, sagemaker_routes
 from tensorgate.protocol.restricted import API_GROUPS
 
@@ -87,3 +90,21 @@ def test_any_content_type_is_a_length_within_the_body_or_a_named_refusal(
         return
     assert found is None or (found >= 0 and (content_length is None
                                              or found <= int(content_length)))
+
+
+@settings(max_examples=300, deadline=None)
+@given(body=st.one_of(st.binary(max_size=200), st.builds(
+    lambda value: json.dumps(value).encode(), st.recursive(
+        st.none() | st.booleans() | st.integers() | st.text(max_size=20),
+        lambda inner: st.lists(inner, max_size=3)
+        | st.dictionaries(st.sampled_from(["model_name", "url", "x"]), inner, max_size=3),
+        max_leaves=8))))
+def test_any_multi_model_load_body_is_a_name_and_url_or_a_named_refusal(body: bytes) -> None:
+    request = HttpRequest(1 << 20, lambda n: None)  # type: ignore[arg-type,return-value]
+    request.body, request.length = bytearray(body), len(body)
+    try:
+        name, url = _load_body(request)
+    except InvalidArgumentError as error:
+        assert error.message
+        return
+    assert isinstance(name, str) and isinstance(url, str) and name and url

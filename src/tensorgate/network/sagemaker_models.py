@@ -11,8 +11,8 @@ and unload it, by a name of its own (a hash), through these routes of its port:
 - `POST /models/NAME/invoke`: an inference of it, as /invocations (sagemaker_routes.py).
 - `DELETE /models/NAME`: unload it.
 
-The folders loaded must lie under `root` (--sagemaker-models-root, /opt/ml/models): a
-load runs the folder's code, and only SageMaker's archives are meant. As Triton's
+The folders loaded must lie under `root` (TENSORGATE_SAGEMAKER_MODELS_ROOT, /opt/ml/models),
+links resolved: a load runs the folder's code, and only SageMaker's archives are meant. As Triton's
 (src/sagemaker_server.cc; tools/triton_diff.py holds the two side by side), but that an
 archive of several models (an ensemble and its steps) is refused, not yet served.
 """
@@ -122,26 +122,32 @@ class MultiModels:
         return 200, _JSON, [b""]
 
     def _model_folder(self, url: str) -> pathlib.Path:
-        """The model folder a load's url names, which must lie under the root."""
-        root = os.path.realpath(self.root)
-        where = os.path.realpath(url)
-        if os.path.commonpath([root, where]) != root:
-            raise InvalidArgumentError(f"url '{url}' is not under {self.root}, where SageMaker "
-                                       "unpacks models (--sagemaker-models-root)")
-        folder = pathlib.Path(where)
+        """The model folder a load's url names, which must lie under the root (where links
+        lead, too)."""
+        folder = self._under_root(url, url)
         if not folder.is_dir():
             raise InvalidArgumentError(f"url '{url}' is not a folder")
         if (folder / "config.pbtxt").is_file():
             return folder
         models = sorted(p for p in folder.iterdir() if p.is_dir() and not p.name.startswith("."))
         if len(models) == 1:
-            return models[0]
+            return self._under_root(str(models[0]), url)
         if not models:
             raise InvalidArgumentError(f"url '{url}' holds no model folder (nor a config.pbtxt)")
         raise InvalidArgumentError(
             f"url '{url}' holds {len(models)} model folders ({', '.join(p.name for p in models)}"
             "): an archive of several models (an ensemble and its steps) is not served by a "
             "multi-model endpoint here; give each its own archive")
+
+
+    def _under_root(self, path: str, url: str) -> pathlib.Path:
+        root = os.path.realpath(self.root)
+        where = os.path.realpath(path)
+        if os.path.commonpath([root, where]) != root:
+            raise InvalidArgumentError(f"url '{url}' is not under {self.root}, where SageMaker "
+                                       "unpacks models (TENSORGATE_SAGEMAKER_MODELS_ROOT)"
+                                       + (f": {path} leads to {where}" if path != url else ""))
+        return pathlib.Path(where)
 
 
 def _load_body(request: HttpRequest) -> tuple[str, str]:
