@@ -207,6 +207,18 @@ def test_a_start_without_its_model_fails_naming_it(repo: pathlib.Path, named: st
 # -- multi-model endpoints ---------------------------------------------------------------
 
 
+_CHAIN = """
+    name: "chain"
+    platform: "ensemble"
+    max_batch_size: 0
+    input [ { name: "RAW" data_type: TYPE_FP32 dims: [-1] } ]
+    output [ { name: "SAME" data_type: TYPE_FP32 dims: [-1] } ]
+    ensemble_scheduling { step [
+      { model_name: "wide" model_version: -1 input_map { key: "INPUT__0" value: "RAW" }
+        output_map { key: "OUTPUT__0" value: "SAME" } } ] }
+    """
+
+
 @pytest.fixture(scope="module")
 def multi(repo: pathlib.Path, tmp_path_factory: pytest.TempPathFactory
           ) -> Iterator[tuple[int, pathlib.Path]]:
@@ -218,6 +230,11 @@ def multi(repo: pathlib.Path, tmp_path_factory: pytest.TempPathFactory
                           ("h3", {"a": "wide", "b": "shout"})):
         for inside, model in folders.items():
             shutil.copytree(repo / model, root / name / "model" / inside)
+    for name in ("h9", "h10"):  # an ensemble and its step; h10's step is another "wide"
+        shutil.copytree(repo / "wide", root / name / "model" / "wide")
+        rb.write_config(root / name / "model", "chain", _CHAIN)
+    rb.write_config(root / "h10" / "model", "wide", (repo / "wide" / "config.pbtxt")
+                    .read_text() + "\n# another\n")
     (root / "h8" / "model").mkdir(parents=True)  # a link out of the root, in the archive
     (root / "h8" / "model" / "away").symlink_to(repo / "wide", target_is_directory=True)
     rb.write_config(root / "h4" / "model", "broken", 'name: "broken"\nbackend: "python"\n'
@@ -295,3 +312,25 @@ def test_a_load_that_cannot_be_served_is_refused_and_the_endpoint_stays_ready(
     for body in (b'{"model_name": "x"}', b"{bad", b""):  # (Triton 2.51 aborts on {bad)
         status, _, answer = _call(port, "POST", "/models", body)
         assert status == 400, answer
+
+
+def test_an_archive_of_an_ensemble_and_its_steps(multi: tuple[int, pathlib.Path]) -> None:
+    """The ensemble is served by the name given, its step by its own, beside it; unloading
+    the ensemble unloads the step; another archive whose step of that name is another
+    folder is refused while the first is loaded."""
+    port, root = multi
+    assert _load(port, "h9", root / "h9" / "model", "chain.tar.gz") == (200, b"")
+    body = json.dumps({"inputs": [{"name": "RAW", "datatype": "FP32", "shape": [2],
+                                   "data": [0.5, 7.0]}]}).encode()
+    status, _, answer = _call(port, "POST", "/models/h9/invoke", body)
+    assert status == 200, answer
+    assert json.loads(answer)["model_name"] == "chain.tar.gz"
+    assert json.loads(answer)["outputs"][0]["data"] == [0.5, 7.0]
+    status, answer = _load(port, "h10", root / "h10" / "model", "other-chain.tar.gz")
+    assert status == 400 and "step model 'wide' is served already, from another folder" \
+        in json.loads(answer)["error"], answer
+    assert _call(port, "DELETE", "/models/h9")[0] == 200
+    assert _load(port, "h10", root / "h10" / "model", "other-chain.tar.gz") == (200, b"")
+    assert _call(port, "POST", "/models/h10/invoke", body)[0] == 200
+    assert _call(port, "DELETE", "/models/h10")[0] == 200
+    assert _call(port, "GET", "/ping")[0] == 200

@@ -2,19 +2,20 @@
 model's archive where it likes under /opt/ml/models and tells the server to load it, call it
 and unload it, by a name of its own (a hash), through these routes of its port:
 
-- `POST /models` `{"model_name": NAME, "url": FOLDER}`: load the model in FOLDER — the
-  folder itself where it holds a config.pbtxt, else its one model folder — served by the
-  name in the header X-Amzn-SageMaker-Target-Model (the archive's name; NAME without it).
-  409 if NAME is loaded already; 507 when the load ran out of memory (SageMaker then unloads
-  others and tries again).
+- `POST /models` `{"model_name": NAME, "url": FOLDER}`: load the model in FOLDER (the
+  folder itself where it holds a config.pbtxt, else its one model folder, or among several
+  its ensemble's), served by the name in the header X-Amzn-SageMaker-Target-Model (the
+  archive's name; NAME without it). 409 if NAME is loaded already; 507 when the load ran
+  out of memory (SageMaker then unloads others and tries again).
 - `GET /models`, `GET /models/NAME`: `{"models": [{"modelName", "modelUrl"}]}`, one's.
 - `POST /models/NAME/invoke`: an inference of it, as /invocations (sagemaker_routes.py).
 - `DELETE /models/NAME`: unload it.
 
 The folders loaded must lie under `root` (TENSORGATE_SAGEMAKER_MODELS_ROOT, /opt/ml/models),
-links resolved: a load runs the folder's code, and only SageMaker's archives are meant. As Triton's
-(src/sagemaker_server.cc; tools/triton_diff.py holds the two side by side), but that an
-archive of several models (an ensemble and its steps) is refused, not yet served.
+links resolved: a load runs the folder's code, and only SageMaker's archives are meant. An
+archive of several model folders is an ensemble and its steps: the ensemble is served by the
+name given, its steps by their own (unloaded with it). As Triton's (src/sagemaker_server.cc;
+tools/triton_diff.py holds the two side by side).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import json
 import logging
 import os
 import pathlib
+import re
 from typing import Any
 
 from tensorgate.dataplane import DataPlane
@@ -134,10 +136,15 @@ class MultiModels:
             return self._under_root(str(models[0]), url)
         if not models:
             raise InvalidArgumentError(f"url '{url}' holds no model folder (nor a config.pbtxt)")
+        ensembles = [p for p in models if _ensemble(p)]
+        if len(ensembles) == 1:  # an ensemble and its steps: the ensemble is the model
+            for step in models:  # (its steps load from the folders beside it)
+                self._under_root(str(step), url)
+            return self._under_root(str(ensembles[0]), url)
         raise InvalidArgumentError(
             f"url '{url}' holds {len(models)} model folders ({', '.join(p.name for p in models)}"
-            "): an archive of several models (an ensemble and its steps) is not served by a "
-            "multi-model endpoint here; give each its own archive")
+            f") and {len(ensembles) or 'no'} ensembles: an archive of several models must "
+            "hold one ensemble, whose steps the others are")
 
 
     def _under_root(self, path: str, url: str) -> pathlib.Path:
@@ -148,6 +155,15 @@ class MultiModels:
                                        "unpacks models (TENSORGATE_SAGEMAKER_MODELS_ROOT)"
                                        + (f": {path} leads to {where}" if path != url else ""))
         return pathlib.Path(where)
+
+
+def _ensemble(folder: pathlib.Path) -> bool:
+    """Whether a model folder's config.pbtxt says platform "ensemble"."""
+    try:
+        text = (folder / "config.pbtxt").read_text(errors="replace")
+    except OSError:
+        return False
+    return re.search(r'(?m)^\s*platform\s*:\s*"ensemble"', text) is not None
 
 
 def _load_body(request: HttpRequest) -> tuple[str, str]:

@@ -266,7 +266,8 @@ class Engine:
             for number in source.versions:
                 loading = str(number)
                 if source.spec.platform == "ensemble":
-                    versions[number] = await self._load_ensemble(source, number)
+                    versions[number] = await self._load_ensemble(source, number,
+                                                                 folder is not None)
                 else:
                     versions[number] = await self._load_version(source, number)
             # read here, off the loop, not by the first classification request on it
@@ -422,9 +423,11 @@ class Engine:
         except TensorgateError:
             return False  # its load will say what is wrong
 
-    async def _load_ensemble(self, source: ModelSource, version: int) -> _Version:
+    async def _load_ensemble(self, source: ModelSource, version: int,
+                             own_folder: bool = False) -> _Version:
         """An ensemble: its steps checked against their models, which are loaded first when
-        they are not yet (as Triton does)."""
+        they are not yet (as Triton does). `own_folder`: loaded from a folder of its own
+        (load_folder), its steps are the folders beside it, not the repository's models."""
         spec = source.spec
         steps = ensemble_steps(spec, source.config_source)
         if spec.name in self._ensembles_loading:
@@ -432,8 +435,11 @@ class Engine:
         self._ensembles_loading.add(spec.name)
         try:
             for model in sorted({step.model for step in steps}):
+                beside = source.directory.parent / model
+                if own_folder:
+                    self._check_step_folder(spec.name, model, beside)
                 if model not in self._models:
-                    await self.load(model)
+                    await (self.load_folder(model, beside) if own_folder else self.load(model))
         finally:
             self._ensembles_loading.discard(spec.name)
         steps = check_step_models(spec, steps, self.spec)
@@ -446,6 +452,19 @@ class Engine:
         log.info("ensemble %s v%d ready: %s", spec.name, version,
                  " → ".join(step.model for step in steps))
         return _Version(spec, version, scheduler, [], stats)
+
+    def _check_step_folder(self, ensemble: str, model: str, folder: pathlib.Path) -> None:
+        """A step of an ensemble loaded from its own folder must be the folder beside it,
+        not a model of the same name served from elsewhere."""
+        if not folder.is_dir():
+            raise ModelConfigError(ensemble, f"its step model '{model}' has no folder beside "
+                                             f"it ({folder})")
+        if model in self._models:
+            link = self._uploads.get(model)
+            if link is None or (link / model).resolve() != folder.resolve():
+                raise ModelConfigError(ensemble, f"its step model '{model}' is served "
+                                                 f"already, from another folder than {folder}: "
+                                                 "give the step another name")
 
     async def _run_step(self, model: str, version: int | None, inputs: dict[str, TensorView],
                         outputs: list[str], item: WorkItem) -> dict[str, TensorView]:
