@@ -152,7 +152,7 @@ _known("extensions and name are the server's own", "OK", "OK", "grpc server meta
        differing=("name", "version", "extensions"))
 _known("Triton's ensemble answers carry sequence parameters (sequence_id 0, start and end "
        "false) for a request that sent none", 200, 200, "ensemble infer",
-       "ensemble one output", differing=("parameters",))
+       "ensemble one output", "multi-model invoke the ensemble", differing=("parameters",))
 _known("ensemble_scheduling shows max_inflight_requests, a field of newer Triton configs",
        200, 200, "ensemble config", differing=("max_inflight_requests",))
 _known("index entries carry \"reason\" (empty when ready), as KServe's do", 200, 200,
@@ -216,7 +216,14 @@ _known("the multi-model routes' JSON answers are labelled application/json here;
        "labels them text/plain (their bodies are the same)", 200, 200,
        "multi-model list none", "multi-model load", "multi-model list", "multi-model describe",
        "multi-model unload", "multi-model list after", "multi-model load after unload",
+       "multi-model load an ensemble", "multi-model unload the ensemble",
        differing=("content-type",))
+_known("a model loaded by a name other than SageMaker's (X-Amzn-SageMaker-Target-Model) is "
+       "listed here; Triton 2.51 asks whether a model of SageMaker's name is ready, and lists "
+       "it as {}", 200, 200, "multi-model list with the ensemble", differing=None)
+_known("a step model loaded from a multi-model archive and unloaded with its ensemble is no "
+       "model here (404, its folder forgotten); Triton keeps it as one not ready (400)", 400,
+       404, "multi-model step unloaded with it")
 _known("a method a route does not take is 405 here, naming those it takes; Triton answers "
        "400 with no body", 400, 405, "multi-model PUT")
 
@@ -519,11 +526,14 @@ def _multi_model_rows(venv: pathlib.Path, repo: pathlib.Path, work: pathlib.Path
                       only: str) -> list[tuple[str, Any, Any, str]]:
     """SageMaker's multi-model endpoint routes, on two servers of their own started with an
     empty repository: a model loaded from a folder (as SageMaker unpacks one under
-    /opt/ml/models/NAME/model), listed, called, loaded again, unloaded."""
+    /opt/ml/models/NAME/model), listed, called, loaded again, unloaded; an ensemble and its
+    step from one archive."""
     work.mkdir()
     (work / "models").mkdir()
     root = work / "opt-ml-models"
     shutil.copytree(repo / "echo_int32", root / "h2" / "model" / "echo_int32")
+    for model in ("ensemble_add", "add_sub"):  # an ensemble and its step
+        shutil.copytree(repo / model, root / "h3" / "model" / model)
     cases = [case for case in multi_model_cases(root) if only in case.name]
     if not cases:
         return []

@@ -820,7 +820,8 @@ def sagemaker_cases() -> list[Http]:
 
 def multi_model_cases(root: pathlib.Path) -> list[Http]:
     """A SageMaker multi-model endpoint's life, in order: `root`/h2/model holds echo_int32
-    (one model folder in the archive's folder, as SageMaker unpacks it)."""
+    (one model folder in the archive's folder, as SageMaker unpacks it), h3/model
+    ensemble_add and its step add_sub."""
     url = str(root / "h2" / "model")
     call = _echo("INT32", [3, 4])
     return [
@@ -845,4 +846,15 @@ def multi_model_cases(root: pathlib.Path) -> list[Http]:
         Http("multi-model load after unload", "POST", "/models",
              _js({"model_name": "h2", "url": url})),
         Http("multi-model invoke after reload", "POST", "/models/h2/invoke", call),
+        Http("multi-model load an ensemble", "POST", "/models",
+             _js({"model_name": "h3", "url": str(root / "h3" / "model")}),
+             {"X-Amzn-SageMaker-Target-Model": "sums.tar.gz"}),
+        Http("multi-model invoke the ensemble", "POST", "/models/h3/invoke", _js({"inputs": [
+            {"name": "A", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]},
+            {"name": "B", "shape": [1, 4], "datatype": "FP32", "data": [4, 3, 2, 1]}]}),
+            {"X-Amzn-SageMaker-Target-Model": "sums.tar.gz"}),
+        Http("multi-model list with the ensemble", "GET", "/models"),
+        Http("multi-model unload the ensemble", "DELETE", "/models/h3",
+             headers={"X-Amzn-SageMaker-Target-Model": "sums.tar.gz"}),
+        Http("multi-model step unloaded with it", "GET", "/v2/models/add_sub/ready"),
     ]
