@@ -211,6 +211,7 @@ class ServerConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "model_repository", _repositories(self.model_repository))
+        object.__setattr__(self, "sagemaker_models_root", pathlib.Path(self.sagemaker_models_root))
         object.__setattr__(self, "load_models", tuple(self.load_models))
         try:
             check_config_name(self.model_config_name)
@@ -331,7 +332,6 @@ class ServerConfig:
             raise ValueError(f"sagemaker_inference_type (SAGEMAKER_TRITON_INFERENCE_TYPE) must "
                              f"be {', '.join(SAGEMAKER_INFERENCE_TYPES)}, got "
                              f"'{self.sagemaker_inference_type}'")
-        object.__setattr__(self, "sagemaker_models_root", pathlib.Path(self.sagemaker_models_root))
         if self.sagemaker_multi_model and self.model_control_mode == "poll":
             raise ValueError("sagemaker_multi_model (SAGEMAKER_MULTI_MODEL) loads what SageMaker "
                              "asks for; model_control_mode poll would follow the repository "

@@ -4,7 +4,6 @@ control and inference. Front ends decode, call this, and encode; they know nothi
 from __future__ import annotations
 
 import pathlib
-
 import struct
 from collections.abc import AsyncGenerator
 from typing import Any

@@ -109,6 +109,8 @@ def header_int(headers: dict[str, str], name: str) -> int | None:
     if number < 0:
         raise InvalidArgumentError(f"header {name} must not be negative, got {number}")
     return number
+
+
 _JSON = [("Content-Type", "application/json")]
 
 
