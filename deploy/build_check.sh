@@ -3,8 +3,10 @@
 # (deploy/kserve/servingruntime.yaml): as its unprivileged user, no capabilities, the root
 # file system read-only and only /tmp writable. deploy/serve_check.py then waits for ready
 # and checks answers over HTTP and gRPC; then, where this machine can compile one, an
-# AOTInductor package served from a read-only /mnt (KServe's place for a model). Prints the
-# image's size and its start-up times.
+# AOTInductor package served from a read-only /mnt (KServe's place for a model); then the
+# SageMaker image (deploy/sagemaker/Dockerfile, built on it) started as SageMaker starts it
+# (`serve`, a model in a read-only /opt/ml/model, SAGEMAKER_BIND_TO_PORT), its /ping and
+# /invocations checked. Prints the images' sizes and their start-up times.
 #
 #   bash deploy/build_check.sh [build options ...]     # e.g. --build-arg TORCH_SOURCE=...
 #   SKIP_BUILD=1 bash deploy/build_check.sh             # the image already built
@@ -16,6 +18,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 IMAGE=${IMAGE:-localhost/tensorgate:check}
+SAGEMAKER_IMAGE=${SAGEMAKER_IMAGE:-$IMAGE-sagemaker}
 PORT=${PORT:-18500}
 PYTHON=${PYTHON:-.venv/bin/python}
 
@@ -44,8 +47,16 @@ if [ -z "${SKIP_BUILD:-}" ]; then  # SKIP_BUILD=1: check the image IMAGE names a
     "$TOOL" build -f deploy/Dockerfile -t "$IMAGE" "$@" .
   fi
   echo "built $IMAGE with $TOOL in $(( $(date +%s) - began )) s"
+  if [ "$TOOL" = buildah ]; then
+    buildah build -f deploy/sagemaker/Dockerfile --build-arg IMAGE="$IMAGE" \
+      -t "$SAGEMAKER_IMAGE" deploy/sagemaker
+  else
+    "$TOOL" build -f deploy/sagemaker/Dockerfile --build-arg IMAGE="$IMAGE" \
+      -t "$SAGEMAKER_IMAGE" deploy/sagemaker
+  fi
 fi
 "$TOOL" images "$IMAGE"
+"$TOOL" images "$SAGEMAKER_IMAGE"
 
 cleanup=()
 finish() {
@@ -55,8 +66,13 @@ finish() {
 trap finish EXIT
 
 now() { python3 -c 'import time; print(time.time())'; }
-if [ "$TOOL" = buildah ]; then  # the image's root, read-only, with what a pod adds
-  container=$(buildah from "$IMAGE")
+# open_image IMAGE: with buildah, the image's root, read-only, with what a pod adds, in
+# $root, and its user, environment, entrypoint and command
+open_image() {
+  image=$1
+  opened_at=${#cleanup[@]}  # close_image undoes what comes after
+  [ "$TOOL" = buildah ] || return 0
+  container=$(buildah from "$image")
   cleanup+=("buildah rm $container > /dev/null")
   layers=$(buildah mount "$container")
   cleanup+=("buildah umount $container > /dev/null")
@@ -75,40 +91,50 @@ if [ "$TOOL" = buildah ]; then  # the image's root, read-only, with what a pod a
   cleanup+=("umount -R $root/dev")
   mount --bind /proc "$root/proc"
   cleanup+=("umount $root/proc")
-  user=$(buildah inspect --format '{{.OCIv1.Config.User}}' "$IMAGE")
+  user=$(buildah inspect --format '{{.OCIv1.Config.User}}' "$image")
   mapfile -t environment < <(buildah inspect --format \
-    '{{range .OCIv1.Config.Env}}{{println .}}{{end}}' "$IMAGE" | sed '/^$/d')
+    '{{range .OCIv1.Config.Env}}{{println .}}{{end}}' "$image" | sed '/^$/d')
   mapfile -t entrypoint < <(buildah inspect --format \
-    '{{range .OCIv1.Config.Entrypoint}}{{println .}}{{end}}' "$IMAGE" | sed '/^$/d')
+    '{{range .OCIv1.Config.Entrypoint}}{{println .}}{{end}}' "$image" | sed '/^$/d')
   mapfile -t command < <(buildah inspect --format \
-    '{{range .OCIv1.Config.Cmd}}{{println .}}{{end}}' "$IMAGE" | sed '/^$/d')
-fi
+    '{{range .OCIv1.Config.Cmd}}{{println .}}{{end}}' "$image" | sed '/^$/d')
+}
+close_image() {  # undo what came after open_image, before opening another
+  local i
+  for (( i=${#cleanup[@]}-1; i>=opened_at; i-- )); do eval "${cleanup[i]}" || true; done
+  cleanup=("${cleanup[@]:0:opened_at}")
+}
 
-# start_image MODELS [ARG ...]: the image's server, as a pod runs it, on PORT; MODELS (a host
-# folder, or "") mounted read-only at /mnt (where KServe puts a model); ARGs replace its CMD
+# start_image MODELS [ARG ...]: the open image's server, as a pod runs it, on PORT; MODELS (a
+# host folder, or "") mounted read-only at MOUNT (/mnt, where KServe puts a model); ARGs
+# replace its CMD. A SageMaker image (SAGEMAKER=1) listens on PORT for SageMaker's routes.
 start_image() {
-  local models=$1
+  local models=$1 mount_at=${MOUNT:-/mnt}
   shift
   started=$(now)
   if [ "$TOOL" = buildah ]; then
     if [ -n "$models" ]; then
-      mount --bind "$models" "$root/mnt"
-      mount -o remount,bind,ro "$root/mnt"
+      mount --bind "$models" "$root$mount_at"
+      mount -o remount,bind,ro "$root$mount_at"
     fi
     # this host's network, so the loopback address and ports of our choosing
     env -i "${environment[@]}" HOME=/home/tensorgate TENSORGATE_HOST=127.0.0.1 \
       TENSORGATE_HTTP_PORT="$PORT" TENSORGATE_GRPC_PORT=$((PORT + 1)) \
-      TENSORGATE_METRICS_PORT=$((PORT + 2)) \
+      TENSORGATE_METRICS_PORT=$((PORT + 2)) SAGEMAKER_BIND_TO_PORT="$PORT" \
       chroot --userspec="$user" "$root" "${entrypoint[@]}" "${@:-${command[@]}}" &
     server=$!
-    stop_now=("kill $server; wait $server" ${models:+"umount $root/mnt"})
+    stop_now=("kill $server; wait $server" ${models:+"umount $root$mount_at"})
   else
-    local name="tensorgate-check-$$-$RANDOM"
+    local name="tensorgate-check-$$-$RANDOM" ports
+    if [ -n "${SAGEMAKER:-}" ]; then
+      ports=(-p "127.0.0.1:$PORT:8080")
+    else
+      ports=(-p "127.0.0.1:$PORT:8000" -p "127.0.0.1:$((PORT + 1)):8001")
+    fi
     # (a tmpfs is noexec unless told: AOTInductor packages run their code from /tmp)
     "$TOOL" run -d --name "$name" --read-only --tmpfs /tmp:exec --cap-drop ALL \
-      --security-opt no-new-privileges -p "127.0.0.1:$PORT:8000" \
-      -p "127.0.0.1:$((PORT + 1)):8001" ${models:+-v "$models:/mnt:ro"} "$IMAGE" "$@" \
-      > /dev/null
+      --security-opt no-new-privileges "${ports[@]}" \
+      ${models:+-v "$models:$mount_at:ro"} "$image" "$@" > /dev/null
     stop_now=("$TOOL rm -f $name > /dev/null")
   fi
   cleanup+=("${stop_now[@]}")
@@ -120,6 +146,7 @@ stop_image() {
   cleanup=("${cleanup[@]:0:${#cleanup[@]}-${#stop_now[@]}}")
 }
 
+open_image "$IMAGE"
 start_image ""
 "$PYTHON" deploy/serve_check.py --http-port "$PORT" --grpc-port $((PORT + 1)) \
   --started "$started"
@@ -139,3 +166,16 @@ if command -v g++ > /dev/null || command -v c++ > /dev/null; then
 else
   echo "build_check: no C++ compiler here to make an AOTInductor package: not checked"
 fi
+
+# The SageMaker image as SageMaker starts it: `docker run IMAGE serve`, the model unpacked
+# into a read-only /opt/ml/model (here the built-in identity alone), the port in
+# SAGEMAKER_BIND_TO_PORT (8080 unless an inference pipeline says otherwise)
+close_image
+open_image "$SAGEMAKER_IMAGE"
+model=$(mktemp -d)
+cleanup+=("rm -rf $model")
+"$PYTHON" deploy/serve_check.py --make-sagemaker-model "$model"
+chmod -R a+rX "$model"
+SAGEMAKER=1 MOUNT=/opt/ml/model start_image "$model" serve
+"$PYTHON" deploy/serve_check.py --sagemaker-port "$PORT" --started "$started"
+stop_image

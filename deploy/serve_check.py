@@ -2,19 +2,28 @@
 answers its built-in models over HTTP and gRPC through tritonclient (identity byte for byte,
 resnet50's top 3 as Triton's classification extension writes them), or with `--package DIR`
 the AOTInductor package `--make-package DIR` wrote (a repository of one model, "lin", and the
-answer its module gave). Prints the start-up time (from `--started`, a time.time() taken just
-before the start) and exits 1 on a wrong answer.
+answer its module gave), or with `--sagemaker-port` the SageMaker image (deploy/sagemaker)
+serving the repository `--make-sagemaker-model DIR` wrote (the built-in identity alone, as
+SageMaker unpacks a model into /opt/ml/model) on SageMaker's /ping and /invocations. Prints
+the start-up time (from `--started`, a time.time() taken just before the start) and exits 1
+on a wrong answer.
 
     .venv/bin/python deploy/serve_check.py --http-port 18500 --grpc-port 18501 --started T
     .venv/bin/python deploy/serve_check.py --make-package DIR     (needs a C++ compiler)
     .venv/bin/python deploy/serve_check.py --http-port ... --started T --package DIR
+    .venv/bin/python deploy/serve_check.py --make-sagemaker-model DIR
+    .venv/bin/python deploy/serve_check.py --sagemaker-port 18500 --started T
 """
 
 from __future__ import annotations
 
 import argparse
+import http.client
+import json
 import pathlib
+import shutil
 import sys
+import tempfile
 import time
 import warnings
 import urllib.error
@@ -25,12 +34,12 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
 
-def wait_ready(http_port: int, limit_s: float) -> float:
-    """Seconds until /v2/health/ready answers 200 (time.time()), polled every 50 ms."""
+def wait_ready(http_port: int, limit_s: float, path: str = "/v2/health/ready") -> float:
+    """When (time.time()) `path` first answered 200, polled every 50 ms."""
     deadline = time.time() + limit_s
     while time.time() < deadline:
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/v2/health/ready",
+            with urllib.request.urlopen(f"http://127.0.0.1:{http_port}{path}",
                                         timeout=2) as answer:
                 if answer.status == 200:
                     return time.time()
@@ -100,6 +109,53 @@ def check_package(http_port: int, folder: pathlib.Path) -> list[str]:
     return []
 
 
+_SAGEMAKER_BINARY = "application/vnd.sagemaker-triton.binary+json;json-header-size="
+
+
+def make_sagemaker_model(folder: pathlib.Path) -> None:
+    """The built-in identity model alone in `folder`: what SageMaker unpacks into
+    /opt/ml/model (its one model, so that no SAGEMAKER_TRITON_DEFAULT_MODEL_NAME is needed)."""
+    from tensorgate.builtin.repository import write_default_repository
+    with tempfile.TemporaryDirectory() as scratch:
+        write_default_repository(pathlib.Path(scratch))
+        shutil.copytree(pathlib.Path(scratch) / "identity", folder / "identity")
+
+
+def check_sagemaker(port: int) -> list[str]:
+    """What the SageMaker image answered wrong on /invocations, in JSON and binary."""
+    wrong = []
+    x = np.random.default_rng(0).random((1, 3, 224, 224), dtype=np.float32)
+    small = {"inputs": [{"name": "INPUT__0", "datatype": "FP32", "shape": [1, 3, 224, 224],
+                         "data": x.ravel().tolist()}]}
+    status, _, body = _post(port, "/invocations", json.dumps(small).encode(),
+                            {"Content-Type": "application/json"})
+    if status != 200 or not np.array_equal(
+            np.array(json.loads(body)["outputs"][0]["data"], np.float32), x.ravel()):
+        wrong.append(f"identity on /invocations in JSON: {status} {body[:200]!r}")
+    head = json.dumps({"inputs": [{"name": "INPUT__0", "datatype": "FP32",
+                                   "shape": [1, 3, 224, 224],
+                                   "parameters": {"binary_data_size": x.nbytes}}],
+                       "outputs": [{"name": "OUTPUT__0",
+                                    "parameters": {"binary_data": True}}]}).encode()
+    status, kind, body = _post(port, "/invocations", head + x.tobytes(),
+                               {"Content-Type": f"{_SAGEMAKER_BINARY}{len(head)}"})
+    size = int(kind[len(_SAGEMAKER_BINARY):]) if kind.startswith(_SAGEMAKER_BINARY) else -1
+    if status != 200 or size < 0 or body[size:] != x.tobytes():
+        wrong.append(f"identity on /invocations in binary: {status} {kind} {body[:200]!r}")
+    return wrong
+
+
+def _post(port: int, path: str, body: bytes, headers: dict[str, str]
+          ) -> tuple[int, str, bytes]:
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    try:
+        connection.request("POST", path, body=body, headers=headers)
+        answer = connection.getresponse()
+        return answer.status, answer.getheader("Content-Type", ""), answer.read()
+    finally:
+        connection.close()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--http-port", type=int)
@@ -109,10 +165,26 @@ def main() -> int:
     parser.add_argument("--make-package", type=pathlib.Path, metavar="DIR")
     parser.add_argument("--package", type=pathlib.Path, metavar="DIR",
                         help="check the model --make-package wrote there")
+    parser.add_argument("--make-sagemaker-model", type=pathlib.Path, metavar="DIR")
+    parser.add_argument("--sagemaker-port", type=int,
+                        help="check the SageMaker image's routes on this port")
     args = parser.parse_args()
     if args.make_package is not None:
         make_package(args.make_package)
         return 0
+    if args.make_sagemaker_model is not None:
+        make_sagemaker_model(args.make_sagemaker_model)
+        return 0
+    if args.sagemaker_port is not None and args.started is not None:
+        ready = wait_ready(args.sagemaker_port, args.limit_s, "/ping")
+        print(f"start-up to /ping 200: {ready - args.started:.2f} s")
+        wrong = check_sagemaker(args.sagemaker_port)
+        for line in wrong:
+            print(f"WRONG: {line}")
+        if not wrong:
+            print("SageMaker image: identity from /opt/ml/model on /invocations, JSON and "
+                  "binary: answered right")
+        return 1 if wrong else 0
     if args.http_port is None or args.started is None:
         parser.error("--http-port and --started are needed for a check")
     ready = wait_ready(args.http_port, args.limit_s)

@@ -281,6 +281,8 @@ def test_the_sagemaker_image_serves_sagemakers_routes_on_its_port_of_every_addre
     """`docker run IMAGE serve`, as SageMaker starts it: the base image's command and
     variables, then the SageMaker image's, then what SageMaker sets in the container."""
     assert dict(SAGEMAKER)["FROM"] == "${IMAGE}"
+    users = [rest for word, rest in SAGEMAKER if word == "USER"]
+    assert users[-1] == dict(STAGE)["USER"]  # back to the image's unprivileged user
     environment = {**image_environment(STAGE), **image_environment(SAGEMAKER),
                    "SAGEMAKER_SAFE_PORT_RANGE": "23000-23999"}
     config = parse_serve(["serve"], environment)
