@@ -23,10 +23,6 @@ NO_EFFECT = {
     "reuse-grpc-port": "one process listens",
     "grpc-infer-allocation-pool-size": "gRPC requests are parsed in place, not pooled",
     "grpc-max-response-pool-size": "responses are written as views of the outputs",
-    "grpc-keepalive-time": "the server sends no pings (it answers the client's)",
-    "grpc-keepalive-timeout": "the server sends no pings (it answers the client's)",
-    "grpc-keepalive-permit-without-calls": "clients' pings are always answered",
-    "grpc-http2-max-pings-without-data": "clients' pings are always answered",
     "grpc-http2-min-recv-ping-interval-without-data": "clients' pings are always answered",
     "grpc-http2-max-ping-strikes": "clients' pings are always answered",
     "grpc-infer-response-compression-level": "responses are not compressed",
@@ -179,6 +175,17 @@ def _parser() -> argparse.ArgumentParser:
                        dest="grpc_max_connection_age_grace_ms", type=int, metavar="MS",
                        help="Triton's: how long the calls open then may take before the "
                             "connection is closed with them (default: no bound)")
+    serve.add_argument("--grpc-keepalive-time", dest="grpc_keepalive_time_ms", type=int,
+                       metavar="MS", help="Triton's: PING a gRPC connection that has read "
+                                          "nothing this long (default 7200000)")
+    serve.add_argument("--grpc-keepalive-timeout", dest="grpc_keepalive_timeout_ms", type=int,
+                       metavar="MS", help="Triton's: close it if the PING is not answered "
+                                          "this soon (default 20000)")
+    serve.add_argument("--grpc-keepalive-permit-without-calls", metavar="BOOL",
+                       help="Triton's: PING connections with no call open too (default false)")
+    serve.add_argument("--grpc-http2-max-pings-without-data", type=int, metavar="N",
+                       help="Triton's: at most N PINGs with no response sent between them (0: "
+                            "no bound; default 2)")
     serve.add_argument("--http-header-forward-pattern",
                        help="regular expression: HTTP headers whose name it matches reach "
                             "the model as request parameters (default: none)")

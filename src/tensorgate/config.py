@@ -133,6 +133,15 @@ class ServerConfig:
     # then have the grace to finish before the connection is closed with them (-1: no bound)
     grpc_max_connection_age_ms: int = 0
     grpc_max_connection_age_grace_ms: int = -1
+    # Triton's gRPC keepalive (ms, its defaults): a connection that has read nothing for
+    # grpc_keepalive_time_ms is sent a PING (only while a call is open, unless
+    # grpc_keepalive_permit_without_calls) and closed if it is not answered within
+    # grpc_keepalive_timeout_ms; at most grpc_http2_max_pings_without_data PINGs go with
+    # no response between them (0: no bound)
+    grpc_keepalive_time_ms: int = 7_200_000
+    grpc_keepalive_timeout_ms: int = 20_000
+    grpc_keepalive_permit_without_calls: bool = False
+    grpc_http2_max_pings_without_data: int = 2
     log_level: str = "INFO"
     # Triton's --log-file (the log goes there, not to stderr; no client can change it),
     # --log-info / --log-warning / --log-error (each severity on or off, within log_level)
@@ -298,6 +307,12 @@ class ServerConfig:
         if self.grpc_max_connection_age_grace_ms < -1:
             raise ValueError(f"grpc_max_connection_age_grace_ms must be -1 (no bound) or "
                              f"more, got {self.grpc_max_connection_age_grace_ms}")
+        for name in ("grpc_keepalive_time_ms", "grpc_keepalive_timeout_ms"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be 1 or more, got {getattr(self, name)}")
+        if self.grpc_http2_max_pings_without_data < 0:
+            raise ValueError(f"grpc_http2_max_pings_without_data must be 0 (no bound) or more, "
+                             f"got {self.grpc_http2_max_pings_without_data}")
         if self.grpc_max_connection_age_grace_ms >= 0 and not self.grpc_max_connection_age_ms:
             raise ValueError("grpc_max_connection_age_grace_ms (--grpc-max-connection-age-"
                              "grace) is the grace after grpc_max_connection_age_ms "

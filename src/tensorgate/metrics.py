@@ -115,6 +115,9 @@ _HELP = {
     "tensorgate_connections_retired_total": (
         "counter", "gRPC connections sent GOAWAY at their maximum age "
                    "(--grpc-max-connection-age)"),
+    "tensorgate_connections_keepalive_closed_total": (
+        "counter", "gRPC connections closed when a keepalive PING went unanswered "
+                   "(--grpc-keepalive-time, --grpc-keepalive-timeout)"),
 }
 
 
@@ -167,7 +170,7 @@ def _labels(**values: str) -> str:
 
 def render_metrics(models: Iterable[tuple[ModelStatistics, int]],
                    pool: PoolStatistics | None = None,
-                   connections: tuple[int, int, int, int] | None = None,
+                   connections: tuple[int, int, int, int, int] | None = None,
                    cache: CacheStatistics | None = None,
                    traces: tuple[int, int, int] | None = None,
                    host: HostSample | None = None,
@@ -288,6 +291,7 @@ def render_metrics(models: Iterable[tuple[ModelStatistics, int]],
         rows["tensorgate_connections_refused_total"].append(f" {connections[1]}")
         rows["tensorgate_connections_flooding_total"].append(f" {connections[2]}")
         rows["tensorgate_connections_retired_total"].append(f" {connections[3]}")
+        rows["tensorgate_connections_keepalive_closed_total"].append(f" {connections[4]}")
     out = []
     for name, (kind, text) in _HELP.items():
         if not rows[name]:

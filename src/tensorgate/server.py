@@ -30,6 +30,7 @@ from tensorgate.gpu_metrics import GpuSampler, NvmlError
 from tensorgate.host_metrics import HostSampler
 from tensorgate.network import ConnectionBudget, PoolRelief
 from tensorgate.network.grpc import GrpcFrontEnd
+from tensorgate.network.http2 import Keepalive
 from tensorgate.metrics import LatencyMetrics, render_metrics
 from tensorgate.network.http import HttpFrontEnd
 from tensorgate.network.sagemaker_routes import sagemaker_routes
@@ -160,7 +161,8 @@ class Server:
                                       _pattern(config.grpc_header_forward_pattern),
                                       parse_restrictions(config.grpc_restricted_api,
                                                          GRPC_PREFIX), tls, relief,
-                                      age_s, _grace_s(config.grpc_max_connection_age_grace_ms))
+                                      age_s, _grace_s(config.grpc_max_connection_age_grace_ms),
+                                      _keepalive(config))
         polling = config.model_control_mode == "poll"
         seen = await _fingerprints(repositories) if polling else None  # before loading
         explicit = config.model_control_mode == "explicit"
@@ -192,7 +194,9 @@ class Server:
                                f"{os.strerror(error.errno) if error.errno else error} "
                                f"(change {flag}, or stop what holds it)") from None
         period = min(1.0, config.read_timeout_s / 4, config.keep_alive_timeout_s / 4,
-                     max(age_s / 4, 0.05) if age_s else 1.0)  # (a few checks within an age)
+                     max(age_s / 4, 0.05) if age_s else 1.0,  # (a few checks within an age)
+                     max(min(config.grpc_keepalive_time_ms,
+                             config.grpc_keepalive_timeout_ms) / 4000, 0.05))
         fronts = [front for front in (self._http, self._sagemaker, self._grpc)
                   if front is not None]
         self._expirer = asyncio.create_task(_expire_stalled(fronts, period))
@@ -329,7 +333,7 @@ class Server:
             config.metrics_histogram_latencies)
         self._metrics = MetricsFrontEnd(lambda: render_metrics(
             engine.model_statistics(), engine.pool_statistics(),
-            (budget.open, budget.refused, budget.floods, budget.retired),
+            (budget.open, budget.refused, budget.floods, budget.retired, budget.unanswered),
             engine.cache_statistics(),
             tracer.statistics() if tracer is not None else None,
             host.last if host is not None else None, latencies,
@@ -457,6 +461,13 @@ def _sagemaker_model(named: str, repositories: ModelRepositories) -> str:
     raise StartupError(f"--allow-sagemaker: /invocations serves one model; set "
                        f"SAGEMAKER_TRITON_DEFAULT_MODEL_NAME to one of {listed} (the models "
                        f"of {repositories})")
+
+
+def _keepalive(config: ServerConfig) -> Keepalive:
+    return Keepalive(config.grpc_keepalive_time_ms / 1000,
+                     config.grpc_keepalive_timeout_ms / 1000,
+                     config.grpc_keepalive_permit_without_calls,
+                     config.grpc_http2_max_pings_without_data)
 
 
 def _grace_s(grace_ms: int) -> float | None:

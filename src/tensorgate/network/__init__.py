@@ -61,10 +61,12 @@ class ConnectionBudget:
     (--max-connections). Past the limit a new connection is answered at once (HTTP 503, gRPC
     GOAWAY) and closed, so that file descriptors and per-connection memory stay bounded
     whatever clients do. Admitted when the connection is accepted, released when it closes.
-    It also counts the connections ended for flooding (`flooded`) and those retired at their
-    maximum age (`retired`), for the metrics."""
+    It also counts the connections ended for flooding (`flooded`), those retired at their
+    maximum age (`retired`) and those closed when a keepalive PING went unanswered
+    (`unanswered`), for the metrics."""
 
-    __slots__ = ("limit", "open", "refused", "floods", "retired", "_refusals", "_floods")
+    __slots__ = ("limit", "open", "refused", "floods", "retired", "unanswered", "_refusals",
+                 "_floods")
 
     def __init__(self, limit: int = 0) -> None:
         self.limit = limit  # 0: no limit
@@ -72,6 +74,7 @@ class ConnectionBudget:
         self.refused = 0
         self.floods = 0  # connections ended for flooding
         self.retired = 0  # gRPC connections sent GOAWAY at their maximum age
+        self.unanswered = 0  # gRPC connections closed: a keepalive PING went unanswered
         self._refusals, self._floods = _Paced(), _Paced()  # their warnings
 
     def admit(self) -> bool:

@@ -258,12 +258,14 @@ class GrpcFrontEnd:
                  header_forward: re.Pattern[str] | None = None,
                  restricted: Restrictions | None = None,
                  tls: ssl.SSLContext | None = None, relief: PoolRelief | None = None,
-                 max_age_s: float = 0.0, age_grace_s: float | None = None) -> None:
+                 max_age_s: float = 0.0, age_grace_s: float | None = None,
+                 keepalive: http2.Keepalive | None = None) -> None:
         """`tls`: serve over TLS with this context (network/tls.py), else plain. `relief`:
         shared with the HTTP front end (server.py). `max_age_s` > 0: each connection is
         retired (Http2Connection.retire) after that long, ±10 % so that the connections
         opened together are not all retired together (as gRPC's servers do), its calls
-        then open given `age_grace_s` (None: no bound) to finish."""
+        then open given `age_grace_s` (None: no bound) to finish. `keepalive`: quiet
+        connections are sent PINGs, and closed when one goes unanswered (http2.Keepalive)."""
         self.dataplane = dataplane
         self.header_forward = header_forward  # metadata passed to models as parameters
         self.restricted = restricted or {}    # API group → the metadata it needs
@@ -273,6 +275,7 @@ class GrpcFrontEnd:
         self.read_timeout_s = read_timeout_s
         self.max_age_s = max_age_s
         self.age_grace_s = age_grace_s
+        self.keepalive = keepalive
         self.connections: set[http2.Http2Connection] = set()
         self.streams: set[StreamCall] = set()  # open ModelStreamInfer calls
         self._server: asyncio.base_events.Server | None = None
@@ -336,8 +339,13 @@ class GrpcFrontEnd:
     def expire(self, now: float) -> None:
         """Called about once a second (server.py): calls whose request stopped arriving are
         answered, connections stalled inside a frame closed, those past their age retired
-        while a call is open on them (or IDLE_RETIRE_S later, idle)."""
+        while a call is open on them (or IDLE_RETIRE_S later, idle), quiet ones sent a
+        keepalive PING and those that left one unanswered closed."""
+        keepalive = self.keepalive
         for connection in list(self.connections):
+            if keepalive is not None and connection.keep_alive(now, keepalive):
+                self.budget.unanswered += 1
+                continue
             if now >= connection.retire_at and (
                     connection.streams or now >= connection.retire_at + IDLE_RETIRE_S) \
                     and connection.retire(now, self.age_grace_s):

@@ -25,6 +25,7 @@ the handler when what it sent has all gone to the transport.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import math
 import struct
@@ -40,7 +41,7 @@ from tensorgate.network.in_order import InOrder
 from tensorgate.network.socket_send import SocketSender, copies_what_it_keeps
 from tensorgate.tensor.copies import record_copy
 
-__all__ = ["Http2Connection", "Http2Stream", "StreamHandler", "encode_headers",
+__all__ = ["Http2Connection", "Http2Stream", "Keepalive", "StreamHandler", "encode_headers",
            "refusal_frames"]
 
 log = logging.getLogger("tensorgate.http2")
@@ -148,6 +149,22 @@ _SHRINK_IDLE_S = 2.0
 _MAX_STREAM_ID = (1 << 31) - 1
 _DRAIN_PING = b"tg-drain"
 _DRAIN_PING_S = 5.0
+_ALIVE_PING = b"tg-alive"  # a keepalive PING's payload (Keepalive)
+
+
+@dataclasses.dataclass(frozen=True)
+class Keepalive:
+    """Triton's gRPC keepalive settings, as gRPC's servers take them: a connection that has
+    read nothing for `time_s` is sent a PING (only while a call is open on it, unless
+    `idle`), and closed if no answer comes within `timeout_s` — a client gone without
+    closing (a host down, a cable out, a NAT's state lost) otherwise holds its calls and its
+    place for ever. At most `max_pings` PINGs go without a response sent between them (0:
+    no bound). Reads put the next PING off: a busy connection is never pinged."""
+
+    time_s: float
+    timeout_s: float
+    idle: bool = False
+    max_pings: int = 2
 _HEAD = struct.Struct(">I")        # length (24 bits) and type, packed as one word, then flags+id
 
 
@@ -329,6 +346,8 @@ class Http2Connection(asyncio.BufferedProtocol):
         # its header blocks would be decoded against a table the error left unknown
         self._failed_connection = False
         self._last_read = time.monotonic()
+        self._alive_ping_at = math.inf  # when our keepalive PING went, while unanswered
+        self._pings_without_data = 0     # keepalive PINGs since our last response was sent
         # On a plain socket we send vectored ourselves (network.socket_send): asyncio's
         # transports join a writelines() into one bytes before Python 3.12 (a client's 16
         # KiB frames cost a copy of every answer, h2load identity, 3.11), and uvloop's and
@@ -562,6 +581,8 @@ class Http2Connection(asyncio.BufferedProtocol):
                 self._write([_frame(PING, ACK, 0, 8) + bytes(payload)])
             elif payload == _DRAIN_PING and self._draining_since < math.inf:
                 self._last_goaway()  # every stream opened before the first GOAWAY has come
+            elif payload == _ALIVE_PING:
+                self._alive_ping_at = math.inf
         elif kind == RST_STREAM:
             if stream_id == 0 or len(payload) != 4:
                 raise Http2Error(PROTOCOL_ERROR, "a RST_STREAM must be 4 bytes on a stream")
@@ -941,6 +962,7 @@ class Http2Connection(asyncio.BufferedProtocol):
             return
         self._write([_frame(HEADERS, END_HEADERS | END_STREAM, stream.id, len(headers))
                      + headers])
+        self._pings_without_data = 0
         self._local_end(stream)
 
     def _flush(self, stream: Http2Stream) -> None:
@@ -1153,6 +1175,30 @@ class Http2Connection(asyncio.BufferedProtocol):
             except Exception as error:
                 self._failed(stream, error)
 
+    def keep_alive(self, now: float, settings: Keepalive) -> bool:
+        """Called about once a second (GrpcFrontEnd.expire): a PING to a connection quiet
+        for `settings.time_s`, and the close of one whose PING went unanswered for
+        `settings.timeout_s` (then True: its calls are cancelled as a client's leaving
+        cancels them)."""
+        if self.transport is None:
+            return False
+        if self._alive_ping_at < math.inf:
+            if now - self._alive_ping_at < settings.timeout_s:
+                return False
+            log.info("gRPC connection closed: no answer to a keepalive PING in %.1f s "
+                     "(--grpc-keepalive-timeout), %d calls open", now - self._alive_ping_at,
+                     len(self.streams))
+            self.transport.abort()  # the peer reads nothing: what we would write is lost
+            return True
+        if now - self._last_read < settings.time_s or not (self.streams or settings.idle):
+            return False
+        if settings.max_pings and self._pings_without_data >= settings.max_pings:
+            return False
+        self._alive_ping_at = now
+        self._pings_without_data += 1
+        self._write([_frame(PING, 0, 0, 8) + _ALIVE_PING])
+        return False
+
     def retire(self, now: float, grace_s: float | None) -> bool:
         """The connection reached its maximum age: closed as close_when_idle closes it, and
         once `grace_s` has passed (None: no bound) with whatever calls are still open. The
@@ -1213,6 +1259,7 @@ class Http2Connection(asyncio.BufferedProtocol):
         transport = self.transport
         if transport is None or transport.is_closing():
             return
+        self._pings_without_data = 0  # a response's frames: data between keepalive PINGs
         if self._sender is not None:  # what the socket did not take is copied to the transport
             if copied := self._sender.send([part for part, _ in parts]):
                 record_copy(copied, "send")
