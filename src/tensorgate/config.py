@@ -122,7 +122,8 @@ class ServerConfig:
     # DEADLINE_EXCEEDED) and its buffer released: a slow client cannot hold the pool
     read_timeout_s: float = 30.0
     # an HTTP/1.1 connection idle this long between requests is closed (above the usual 60 s
-    # of load balancers, so that they close first); gRPC connections may idle for ever
+    # of load balancers, so that they close first); gRPC connections may idle for ever (with
+    # grpc_keepalive_permit_without_calls, as long as they answer keepalive PINGs)
     keep_alive_timeout_s: float = 75.0
     # client connections open at once, HTTP and gRPC together; past it a new one is answered
     # (HTTP 503, gRPC GOAWAY) and closed. The soft open-files limit is raised to fit it.

@@ -38,6 +38,7 @@ class RunningServer:
         self.host = host  # as a URL writes it: "127.0.0.1" or "[::1]"
         self.url = f"{host}:{port}"
         self.grpc_url = f"{host}:{grpc_port}"
+        self.grpc_port = grpc_port
         self.log = log
 
 
@@ -221,6 +222,15 @@ def stream_answers(answers: queue.Queue[tuple[Any, Any]], value: Callable[[Any],
             continue
         by_id.setdefault(result.get_response().id, []).append(value(result))
     return by_id, errors
+
+
+@pytest.fixture(scope="module")
+def fast_and_slow(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
+    """Two Python models of INPUT__0 [-1, 4] FP32: "fast", and "slow" (1.5 s a call)."""
+    root = tmp_path_factory.mktemp("fast-and-slow") / "models"
+    rb.add_python(root, "fast", max_batch=4)
+    rb.add_python(root, "slow", max_batch=4, delay_s=1.5)
+    return root
 
 
 @pytest.fixture(scope="session")

@@ -126,6 +126,16 @@ class H2Client:
         return headers, data
 
 
+def infer_message(model: str) -> bytes:
+    """A ModelInferRequest for `model` of INPUT__0, one row of four FP32 ones."""
+    from tritonclient.grpc import service_pb2 as pb
+    request = pb.ModelInferRequest(model_name=model)
+    item = request.inputs.add(name="INPUT__0", datatype="FP32")
+    item.shape.extend([1, 4])
+    request.raw_input_contents.append(struct.pack("<4f", 1, 1, 1, 1))
+    return request.SerializeToString()
+
+
 def goaway_code(frames: list[Frame]) -> int | None:
     for frame in frames:
         if frame.kind == GOAWAY:

@@ -22,26 +22,6 @@ from tensorgate.network import http2
 from tensorgate.network.grpc import IDLE_RETIRE_S
 from tests.e2e import h2_client as h2
 from tests.e2e.conftest import RunningServer, scrape, start_server, stop_server
-from tests.pipeline import repo_builder as rb
-
-@pytest.fixture(scope="module")
-def repo(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
-    root = tmp_path_factory.mktemp("age") / "models"
-    rb.add_python(root, "fast", max_batch=4)
-    rb.add_python(root, "slow", max_batch=4, delay_s=1.5)
-    return root
-
-
-def _port(server: RunningServer) -> int:
-    return int(server.grpc_url.rsplit(":", 1)[1])
-
-
-def _infer_message(model: str) -> bytes:
-    request = pb.ModelInferRequest(model_name=model)
-    item = request.inputs.add(name="INPUT__0", datatype="FP32")
-    item.shape.extend([1, 4])
-    request.raw_input_contents.append(np.ones((1, 4), "<f4").tobytes())
-    return request.SerializeToString()
 
 
 def _answer(data: bytes) -> list[float]:
@@ -63,17 +43,17 @@ def _goaway(frame: h2.Frame) -> tuple[int, int]:
 
 
 def test_a_connection_past_its_age_is_sent_two_goaways_and_its_calls_are_answered(
-        repo: pathlib.Path, tmp_path: pathlib.Path) -> None:
+        fast_and_slow: pathlib.Path, tmp_path: pathlib.Path) -> None:
     """As gRPC's servers retire a connection: a GOAWAY naming no last stream, with a PING;
     calls the client opened before it read them are served; when the PING comes back, a
     GOAWAY naming the last stream taken, after which a new one is refused unprocessed."""
-    server = start_server(repo, tmp_path / "server.log", "--grpc-max-connection-age", "600")
-    client = h2.H2Client(_port(server))
+    server = start_server(fast_and_slow, tmp_path / "server.log", "--grpc-max-connection-age", "600")
+    client = h2.H2Client(server.grpc_port)
     try:
         opened = time.monotonic()
         headers, _ = client.response(client.call("ServerLive", b""))
         assert headers["grpc-status"] == "0"
-        slow = client.call("ModelInfer", _infer_message("slow"))  # 1.5 s in the model
+        slow = client.call("ModelInfer", h2.infer_message("slow"))  # 1.5 s in the model
         frames = client.frames_until(lambda f: f.kind == h2.GOAWAY, limit_s=5)
         age = time.monotonic() - opened
         assert _goaway(frames[-1]) == ((1 << 31) - 1, 0)  # NO_ERROR, no last stream yet
@@ -102,11 +82,11 @@ def test_a_connection_past_its_age_is_sent_two_goaways_and_its_calls_are_answere
 
 
 def test_an_idle_connection_is_retired_a_moment_later_than_a_busy_one(
-        repo: pathlib.Path, tmp_path: pathlib.Path) -> None:
+        fast_and_slow: pathlib.Path, tmp_path: pathlib.Path) -> None:
     """Past its age a connection is retired while a call is open on it (the client then
     reads the GOAWAY before its next call), or, idle, IDLE_RETIRE_S later."""
-    server = start_server(repo, tmp_path / "server.log", "--grpc-max-connection-age", "200")
-    client = h2.H2Client(_port(server))
+    server = start_server(fast_and_slow, tmp_path / "server.log", "--grpc-max-connection-age", "200")
+    client = h2.H2Client(server.grpc_port)
     try:
         opened = time.monotonic()
         frames = client.frames_until(lambda f: f.kind == h2.GOAWAY, limit_s=5)
@@ -118,13 +98,13 @@ def test_an_idle_connection_is_retired_a_moment_later_than_a_busy_one(
 
 
 def test_calls_still_open_after_the_grace_are_cut_off_and_the_server_serves_on(
-        repo: pathlib.Path, tmp_path: pathlib.Path) -> None:
-    server = start_server(repo, tmp_path / "server.log", "--grpc-max-connection-age", "300",
+        fast_and_slow: pathlib.Path, tmp_path: pathlib.Path) -> None:
+    server = start_server(fast_and_slow, tmp_path / "server.log", "--grpc-max-connection-age", "300",
                           "--grpc-max-connection-age-grace", "300")
-    client = h2.H2Client(_port(server))
+    client = h2.H2Client(server.grpc_port)
     try:
         opened = time.monotonic()
-        slow = client.call("ModelInfer", _infer_message("slow"))
+        slow = client.call("ModelInfer", h2.infer_message("slow"))
         frames = client.frames_until(lambda f: False, limit_s=10)  # to the close
         closed = time.monotonic() - opened
         assert [f.kind for f in frames if f.stream == 0 and f.kind == h2.GOAWAY] == [h2.GOAWAY]
@@ -139,13 +119,13 @@ def test_calls_still_open_after_the_grace_are_cut_off_and_the_server_serves_on(
         assert stop_server(server) == 0
 
 
-def test_a_grpc_client_carries_on_over_new_connections(repo: pathlib.Path,
+def test_a_grpc_client_carries_on_over_new_connections(fast_and_slow: pathlib.Path,
                                                        tmp_path: pathlib.Path) -> None:
     """tritonclient's calls, one after another for ~2 s across several retirements: each
     answered, none failed (retired while a call is open, a connection's GOAWAY is read
     before the next call; grpcio's own race, about 1 in 3,000 retirements, is not met in
     ~10 of them)."""
-    server = start_server(repo, tmp_path / "server.log", "--grpc-max-connection-age", "200")
+    server = start_server(fast_and_slow, tmp_path / "server.log", "--grpc-max-connection-age", "200")
     try:
         item = grpcclient.InferInput("INPUT__0", [1, 4], "FP32")
         item.set_data_from_numpy(np.ones((1, 4), np.float32))
@@ -179,7 +159,7 @@ def test_the_flags_are_checked(tmp_path: pathlib.Path) -> None:
 
 
 def test_a_tls_connection_past_its_age_before_its_handshake_ends_is_retired_after_it(
-        repo: pathlib.Path, tmp_path: pathlib.Path) -> None:
+        fast_and_slow: pathlib.Path, tmp_path: pathlib.Path) -> None:
     """Its age came while the TLS handshake was still going: it is sent GOAWAY once the
     handshake is done (it was marked going away with nothing sent, refusing every stream and
     never closing)."""
@@ -189,10 +169,10 @@ def test_a_tls_connection_past_its_age_before_its_handshake_ends_is_retired_afte
     for i, blob in enumerate(issued.cert_chain_pems):
         blob.write_to_path(str(cert), append=i > 0)
     issued.private_key_pem.write_to_path(str(key))
-    server = start_server(repo, tmp_path / "server.log", "--grpc-use-ssl", "--grpc-server-cert",
+    server = start_server(fast_and_slow, tmp_path / "server.log", "--grpc-use-ssl", "--grpc-server-cert",
                           str(cert), "--grpc-server-key", str(key),
                           "--grpc-max-connection-age", "200")
-    client = h2.H2Client(_port(server), preface=b"")  # TCP only, the handshake not begun
+    client = h2.H2Client(server.grpc_port, preface=b"")  # TCP only, the handshake not begun
     try:
         time.sleep(0.6)  # past the age and a few sweeps
         context = ssl.create_default_context()

@@ -13,23 +13,9 @@ import time
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
-from tritonclient.grpc import service_pb2 as pb
 
 from tests.e2e import h2_client as h2
 from tests.e2e.conftest import RunningServer, scrape, start_server, stop_server
-from tests.pipeline import repo_builder as rb
-
-
-@pytest.fixture(scope="module")
-def repo(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
-    root = tmp_path_factory.mktemp("keepalive") / "models"
-    rb.add_python(root, "fast", max_batch=4)
-    rb.add_python(root, "slow", max_batch=4, delay_s=1.5)
-    return root
-
-
-def _port(server: RunningServer) -> int:
-    return int(server.grpc_url.rsplit(":", 1)[1])
 
 
 def _closed(server: RunningServer) -> int:
@@ -37,14 +23,6 @@ def _closed(server: RunningServer) -> int:
                       re.M)
     assert found, "no tensorgate_connections_keepalive_closed_total"
     return int(found.group(1))
-
-
-def _infer_message(model: str) -> bytes:
-    request = pb.ModelInferRequest(model_name=model)
-    item = request.inputs.add(name="INPUT__0", datatype="FP32")
-    item.shape.extend([1, 4])
-    request.raw_input_contents.append(np.ones((1, 4), "<f4").tobytes())
-    return request.SerializeToString()
 
 
 def _pings(client: h2.H2Client, limit_s: float, answer: bool) -> tuple[list[float], bool]:
@@ -68,11 +46,11 @@ def _pings(client: h2.H2Client, limit_s: float, answer: bool) -> tuple[list[floa
 
 
 @pytest.fixture(scope="module")
-def idle(repo: pathlib.Path, tmp_path_factory: pytest.TempPathFactory):
+def idle(fast_and_slow: pathlib.Path, tmp_path_factory: pytest.TempPathFactory):
     """Idle connections pinged after 300 ms quiet, given 400 ms to answer, no bound on the
     PINGs without data."""
     log = tmp_path_factory.mktemp("idle") / "server.log"
-    server = start_server(repo, log, "--grpc-keepalive-time", "300", "--grpc-keepalive-timeout",
+    server = start_server(fast_and_slow, log, "--grpc-keepalive-time", "300", "--grpc-keepalive-timeout",
                           "400", "--grpc-keepalive-permit-without-calls", "true",
                           "--grpc-http2-max-pings-without-data", "0")
     yield server
@@ -82,7 +60,7 @@ def idle(repo: pathlib.Path, tmp_path_factory: pytest.TempPathFactory):
 def test_a_quiet_connection_is_pinged_and_closed_when_it_does_not_answer(
         idle: RunningServer) -> None:
     before = _closed(idle)
-    client = h2.H2Client(_port(idle))
+    client = h2.H2Client(idle.grpc_port)
     try:
         pings, closed = _pings(client, 1.5, answer=True)
         assert not closed and len(pings) >= 3, pings  # every ~0.3 s of quiet, answered
@@ -98,7 +76,7 @@ def test_a_quiet_connection_is_pinged_and_closed_when_it_does_not_answer(
 
 def test_a_connection_read_from_is_not_pinged(idle: RunningServer) -> None:
     """Reads put the next PING off: a client that sends every 100 ms is never pinged."""
-    client = h2.H2Client(_port(idle))
+    client = h2.H2Client(idle.grpc_port)
     try:
         client.sock.settimeout(0.05)
         seen = []
@@ -130,18 +108,18 @@ def test_clients_that_answer_carry_on_across_pings(idle: RunningServer) -> None:
 
 
 def test_without_permission_only_connections_with_a_call_open_are_pinged(
-        repo: pathlib.Path, tmp_path: pathlib.Path) -> None:
+        fast_and_slow: pathlib.Path, tmp_path: pathlib.Path) -> None:
     """Triton's defaults but for the times: an idle connection is left alone; one waiting
     on a 1.5 s call is pinged, at most 2 PINGs with no response sent between them."""
-    server = start_server(repo, tmp_path / "server.log", "--grpc-keepalive-time", "200",
+    server = start_server(fast_and_slow, tmp_path / "server.log", "--grpc-keepalive-time", "200",
                           "--grpc-keepalive-timeout", "5000")
-    client = h2.H2Client(_port(server))
+    client = h2.H2Client(server.grpc_port)
     try:
         headers, _ = client.response(client.call("ServerLive", b""))
         assert headers["grpc-status"] == "0"
         pings, closed = _pings(client, 1.0, answer=True)
         assert (pings, closed) == ([], False)  # idle: no PING
-        client.call("ModelInfer", _infer_message("slow"))
+        client.call("ModelInfer", h2.infer_message("slow"))
         pings, closed = _pings(client, 1.2, answer=True)
         assert not closed and len(pings) == 2, pings  # then the bound: no response between
     finally:

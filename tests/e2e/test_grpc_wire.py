@@ -28,10 +28,6 @@ from tests.e2e.conftest import (RunningServer, count_dropped, scrape, start_serv
 INITIAL_WINDOW_SIZE, MAX_FRAME_SIZE = 4, 5
 
 
-def _port(server: RunningServer) -> int:
-    return int(server.grpc_url.rsplit(":", 1)[1])
-
-
 def _wide_request(values: np.ndarray) -> bytes:
     request = pb.ModelInferRequest(model_name="wide")
     item = request.inputs.add(name="INPUT__0", datatype="FP32")
@@ -54,7 +50,7 @@ def _assert_serving(server: RunningServer) -> None:
 
 
 def test_ping_is_acknowledged_with_its_payload(server: RunningServer) -> None:
-    client = h2.H2Client(_port(server))
+    client = h2.H2Client(server.grpc_port)
     try:
         client.send(h2.PING, 0, 0, b"tgping!!")
         frames = client.frames_until(lambda f: f.kind == h2.PING)
@@ -64,7 +60,7 @@ def test_ping_is_acknowledged_with_its_payload(server: RunningServer) -> None:
 
 
 def test_unary_call_on_raw_frames(server: RunningServer) -> None:
-    client = h2.H2Client(_port(server))
+    client = h2.H2Client(server.grpc_port)
     try:
         values = np.linspace(-1, 1, 5000, dtype=np.float32)
         headers, data = client.response(client.call("ModelInfer", _wide_request(values)))
@@ -79,7 +75,7 @@ def test_a_tensor_in_small_frames_is_copied_in_once(server: RunningServer) -> No
     are copied from each frame into the message, and counted — all of them, once. The
     answer's frames are sent vectored, never joined (Python 3.11's asyncio joined them:
     one more copy of the tensor)."""
-    client = h2.H2Client(_port(server))
+    client = h2.H2Client(server.grpc_port)
     try:
         values = np.linspace(-1, 1, 15_000, dtype=np.float32)  # 60 KB: 4 frames each way
         request = pb.ModelInferRequest(model_name="wide")
@@ -98,7 +94,7 @@ def test_a_tensor_in_small_frames_is_copied_in_once(server: RunningServer) -> No
 def test_responses_wait_for_the_clients_window(server: RunningServer) -> None:
     """With a 1,000-byte stream window, the server sends 1,000 bytes and then waits for a
     WINDOW_UPDATE; it finishes the call once it has one."""
-    client = h2.H2Client(_port(server), settings={INITIAL_WINDOW_SIZE: 1000})
+    client = h2.H2Client(server.grpc_port, settings={INITIAL_WINDOW_SIZE: 1000})
     try:
         values = np.arange(4000, dtype=np.float32)
         stream = client.call("ModelInfer", _wide_request(values))
@@ -142,7 +138,7 @@ def test_responses_wait_for_the_clients_window(server: RunningServer) -> None:
 def test_errors_are_grpc_statuses(server: RunningServer, method: str,
                                   headers: list[tuple[str, str]], message: bytes, code: int,
                                   text: str) -> None:
-    client = h2.H2Client(_port(server))
+    client = h2.H2Client(server.grpc_port)
     try:
         answer, _ = client.response(client.call(method, message, headers))
         assert answer[":status"] == "200" and answer["grpc-status"] == str(code)
@@ -157,7 +153,7 @@ def test_errors_are_grpc_statuses(server: RunningServer, method: str,
 def test_a_message_over_the_limit_is_refused_before_it_is_read(server: RunningServer) -> None:
     """The prefix announces 2 MiB (the limit is 1 MiB): RESOURCE_EXHAUSTED at once, and the
     stream is reset so the client stops sending."""
-    client = h2.H2Client(_port(server))
+    client = h2.H2Client(server.grpc_port)
     try:
         stream = client.next_stream
         client.next_stream += 2
@@ -195,7 +191,7 @@ def test_a_message_over_the_limit_is_refused_before_it_is_read(server: RunningSe
 def test_protocol_errors_end_the_connection_with_goaway(server: RunningServer,
                                                         frames: list[bytes], code: int) -> None:
     preface = b"" if frames[0].startswith(b"GET") else h2.PREFACE
-    client = h2.H2Client(_port(server), preface=preface)
+    client = h2.H2Client(server.grpc_port, preface=preface)
     try:
         for raw in frames:
             client.sock.sendall(raw)
@@ -208,7 +204,7 @@ def test_protocol_errors_end_the_connection_with_goaway(server: RunningServer,
 
 
 def test_a_reset_call_is_dropped_and_the_connection_serves_on(server: RunningServer) -> None:
-    client = h2.H2Client(_port(server))
+    client = h2.H2Client(server.grpc_port)
     try:
         request = pb.ModelInferRequest(model_name="slow")
         item = request.inputs.add(name="INPUT__0", datatype="FP32")
@@ -235,7 +231,7 @@ def test_a_flooding_client_is_closed_and_others_are_served(server: RunningServer
     streams or 10,000 empty frames the client is told ENHANCE_YOUR_CALM and closed, and the
     metrics count it."""
     floods = _flooding_connections(server)
-    attacker, other = h2.H2Client(_port(server)), h2.H2Client(_port(server))
+    attacker, other = h2.H2Client(server.grpc_port), h2.H2Client(server.grpc_port)
     try:
         block = attacker.encoder.encode([
             (":method", "POST"), (":scheme", "http"), (":authority", "x"),
@@ -289,7 +285,7 @@ def test_hostile_frames_never_take_the_server_down(server: RunningServer,
                                                    ) -> None:
     """Any frames after a valid preface: the server answers, resets or says GOAWAY, and the
     next client is served."""
-    client = h2.H2Client(_port(server), timeout_s=5)
+    client = h2.H2Client(server.grpc_port, timeout_s=5)
     try:
         for kind, flags, stream, payload in sequence:
             client.send(kind, flags, stream, payload)
@@ -399,7 +395,7 @@ def test_a_message_announced_large_costs_only_what_arrives(server: RunningServer
         with open(f"/proc/{server.process.pid}/status") as status:
             return int(next(line for line in status if line.startswith("VmRSS")).split()[1]) / 1024
     before = rss_mb()
-    client = h2.H2Client(_port(server))
+    client = h2.H2Client(server.grpc_port)
     try:
         for _ in range(20):
             stream = client.call("ModelMetadata", None, end_stream=False)
@@ -415,7 +411,7 @@ def test_a_message_announced_large_costs_only_what_arrives(server: RunningServer
 def _non_reader(server: RunningServer, values: np.ndarray) -> h2.H2Client:
     """A connection that grants the largest windows, calls `wide` with `values` and reads
     nothing (yet): its 64 KiB receive buffer fills at once."""
-    client = h2.H2Client(_port(server), settings={INITIAL_WINDOW_SIZE: (1 << 31) - 1})
+    client = h2.H2Client(server.grpc_port, settings={INITIAL_WINDOW_SIZE: (1 << 31) - 1})
     client.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 16)
     client.send(h2.WINDOW_UPDATE, 0, 0, struct.pack(">I", (1 << 31) - 1 - 65_535))
     client.call("ModelInfer", _wide_request(values))
@@ -495,7 +491,7 @@ def test_unread_answers_give_way_when_the_pool_is_full(e2e_repo, tmp_path) -> No
 
 
 def test_a_truncated_compressed_message_is_named(server: RunningServer) -> None:
-    client = h2.H2Client(_port(server))
+    client = h2.H2Client(server.grpc_port)
     try:
         stream = client.call("ServerMetadata", None, [("grpc-encoding", "gzip")])
         packed = gzip.compress(b"\x00" * 64)[:-12]  # its end, and the gzip trailer, cut

@@ -20,6 +20,7 @@ tools/triton_diff.py holds the two side by side).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
@@ -100,9 +101,11 @@ class MultiModels:
         if any(served == other for other, _ in self.loaded.values()) or \
                 dp.model_ready(served, None):
             return 409, _JSON, [json_error(f"a model named '{served}' is served already")]
-        folder = self._model_folder(url)
         self._loading.add(name)
         try:
+            # (off the loop: it reads the folder, and its models' configs)
+            folder = await asyncio.get_running_loop().run_in_executor(
+                None, self._model_folder, url)
             log.info("SageMaker model %s: loading %s from %s", name, served, folder)
             await dp.load_folder(served, folder)
         except TensorgateError as error:
@@ -112,7 +115,7 @@ class MultiModels:
             return code, _JSON, [json_error(error.message)]
         finally:
             self._loading.discard(name)
-        self.loaded[name] = (served, url)
+        self.loaded[name] = (served, os.path.abspath(url))  # as Triton lists it
         return 200, _JSON, [b""]
 
     async def unload(self, dp: DataPlane, request: HttpRequest, name: str) -> Any:
@@ -146,7 +149,6 @@ class MultiModels:
             f") and {len(ensembles) or 'no'} ensembles: an archive of several models must "
             "hold one ensemble, whose steps the others are")
 
-
     def _under_root(self, path: str, url: str) -> pathlib.Path:
         root = os.path.realpath(self.root)
         where = os.path.realpath(path)
@@ -163,7 +165,7 @@ def _ensemble(folder: pathlib.Path) -> bool:
         text = (folder / "config.pbtxt").read_text(errors="replace")
     except OSError:
         return False
-    return re.search(r'(?m)^\s*platform\s*:\s*"ensemble"', text) is not None
+    return re.search(r'\bplatform\s*:\s*"ensemble"', text) is not None
 
 
 def _load_body(request: HttpRequest) -> tuple[str, str]:
