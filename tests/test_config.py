@@ -202,3 +202,11 @@ def test_a_multi_model_endpoint_is_sagemakers_variable_and_not_polled() -> None:
     with pytest.raises(ValueError, match=r"model_control_mode poll would follow the "
                                          r"repository instead"):
         ServerConfig(sagemaker_multi_model=True, model_control_mode="poll")
+
+
+def test_a_load_is_tried_again_a_count_of_times_not_below_none() -> None:
+    assert ServerConfig().model_load_retry_count == 0
+    assert ServerConfig.from_env({"TENSORGATE_MODEL_LOAD_RETRY_COUNT": "2"}
+                                 ).model_load_retry_count == 2
+    with pytest.raises(ValueError, match=r"^model_load_retry_count must be 0 or more, got -1$"):
+        ServerConfig(model_load_retry_count=-1)

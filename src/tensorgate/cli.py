@@ -26,8 +26,8 @@ NO_EFFECT = {
     "grpc-http2-min-recv-ping-interval-without-data": "clients' pings are always answered",
     "grpc-http2-max-ping-strikes": "clients' pings are always answered",
     "grpc-infer-response-compression-level": "responses are not compressed",
-    "model-load-thread-count": "models load one after another",
-    "model-load-retry-count": "a failed load is not retried (poll mode retries on change)",
+    "model-load-thread-count": "every model starts loading at once, the blocking parts on "
+                               "the event loop's thread pool",
     "buffer-manager-thread-count": "inputs are views, not copied by threads",
     "pinned-memory-pool-byte-size": "--host-pool-bytes bounds the (pinned) host pool",
     "cuda-memory-pool-byte-size": "the device's memory is PyTorch's caching allocator's",
@@ -105,6 +105,8 @@ def _parser() -> argparse.ArgumentParser:
                        metavar="NAME:COUNT[:DEVICE]",
                        help="how many of a rate limiter resource there are (repeatable; "
                             "default: the most one instance needs)")
+    serve.add_argument("--model-load-retry-count", type=int, metavar="N",
+                       help="Triton's: try a model's failed load again N times (default 0)")
     serve.add_argument("--repository-poll-secs", dest="repository_poll_s", type=float,
                        help="with --model-control-mode poll: seconds between scans "
                             "(default 15)")

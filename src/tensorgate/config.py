@@ -172,6 +172,9 @@ class ServerConfig:
     # code the server then runs, from any client that reaches the API, so off unless asked
     # for, and only with model_control_mode explicit (repository/upload.py)
     allow_model_upload: bool = False
+    # Triton's --model-load-retry-count: a model whose load fails is tried again this many
+    # times before it is reported failed (a file system or a device that failed for a moment)
+    model_load_retry_count: int = 0
     repository_poll_s: float = 15.0
     # Triton's --rate-limit: "execution_count" makes each model instance run only while it
     # holds the resources its instance group's rate_limiter names, across all models;
@@ -248,6 +251,9 @@ class ServerConfig:
         if self.rate_limit_resources and self.rate_limit == "off":
             raise ValueError("rate_limit_resources (--rate-limit-resource) needs rate_limit "
                              "execution_count (--rate-limit execution_count)")
+        if self.model_load_retry_count < 0:
+            raise ValueError(f"model_load_retry_count must be 0 or more, got "
+                             f"{self.model_load_retry_count}")
         if not self.repository_poll_s > 0:
             raise ValueError(f"repository_poll_s must be above 0, got "
                              f"{self.repository_poll_s}")

@@ -132,6 +132,7 @@ class Server:
                              auto_complete=not config.disable_auto_complete_config,
                              model_control=config.model_control_mode == "explicit",
                              model_upload=config.allow_model_upload,
+                             load_retries=config.model_load_retry_count,
                              latency_summaries=(config.allow_metrics
                                                 and config.metrics_summary_latencies),
                              rate_limiter=RateLimiter(parse_resource_counts(

@@ -304,3 +304,59 @@ def test_an_output_no_datatype_holds_is_the_models_fault(tmp_path: pathlib.Path)
         finally:
             await engine.shutdown()
     run(scenario())
+
+
+_FAILS_WHILE_MARKED = '''
+import pathlib
+
+from tensorgate import Model
+
+
+class FailsOnce(Model):
+    """Fails its setup once for each mark beside it (a file "fails-N" in its version's
+    folder), taking one away each time: a file system or a device failing for a moment."""
+
+    def setup(self, context):
+        folder = pathlib.Path(__file__).parent
+        marks = sorted(folder.glob("fails-*"))
+        if marks:
+            marks[0].unlink()
+            raise RuntimeError(f"failed for a moment ({len(marks) - 1} more to come)")
+
+    def forward(self, batch):
+        return {"OUTPUT__0": batch["INPUT__0"]}
+'''
+
+
+@pytest.mark.parametrize(("failures", "retries", "loads"), [(1, 1, True), (2, 1, False),
+                                                            (1, 0, False)])
+def test_a_load_that_fails_for_a_moment_is_tried_again(
+        tmp_path: pathlib.Path, failures: int, retries: int, loads: bool) -> None:
+    """Triton's --model-load-retry-count: tried again that many times; the load fails only
+    when every try did (then listed failed, with the last try's reason)."""
+    folder = rb.write_config(tmp_path, "flaky", """
+        name: "flaky"
+        backend: "python"
+        max_batch_size: 4
+        input [ { name: "INPUT__0" data_type: TYPE_FP32 dims: [4] } ]
+        output [ { name: "OUTPUT__0" data_type: TYPE_FP32 dims: [4] } ]
+        """)
+    (folder / "1" / "model.py").write_text(_FAILS_WHILE_MARKED)
+    for n in range(failures):
+        (folder / "1" / f"fails-{n}").touch()
+
+    async def scenario() -> None:
+        engine = Engine(tmp_path, load_retries=retries)
+        await engine.start(["flaky"])
+        try:
+            if loads:
+                answer = await engine.infer(_request("flaky", torch.ones(1, 4)))
+                assert answer.outputs["OUTPUT__0"].torch().tolist() == [[1.0] * 4]
+            else:
+                (entry,) = [e for e in engine.index() if e["name"] == "flaky"]
+                assert entry["state"] == "UNAVAILABLE" and "failed for a moment" in \
+                    entry["reason"], entry
+        finally:
+            await engine.shutdown()
+    run(scenario())
+    assert len(list((folder / "1").glob("fails-*"))) == max(failures - retries - 1, 0)

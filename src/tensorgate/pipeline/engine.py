@@ -102,7 +102,8 @@ class Engine:
                  device: str = "auto", placement: str = "none",
                  response_cache_bytes: int = 0, auto_complete: bool = True,
                  model_control: bool = False, latency_summaries: bool = False,
-                 rate_limiter: RateLimiter | None = None, model_upload: bool = False) -> None:
+                 rate_limiter: RateLimiter | None = None, model_upload: bool = False,
+                 load_retries: int = 0) -> None:
         """`repository`: one folder or several, whose models share one namespace, or
         ModelRepositories (one with a config name: --model-config-name).
         `placement="auto"` pins the thread that calls `start` (the loop's) to the first CPU until
@@ -116,7 +117,9 @@ class Engine:
         (--metrics-config summary_latencies=true; pipeline/summary.py). `rate_limiter`:
         instances run only while they hold their instance group's rate_limiter resources
         (--rate-limit execution_count; pipeline/rate_limiter.py). `model_upload`: a load
-        may carry the model's files (--allow-model-upload; repository/upload.py)."""
+        may carry the model's files (--allow-model-upload; repository/upload.py).
+        `load_retries`: a load that fails is tried again this many times (Triton's
+        --model-load-retry-count: a file system or a device that failed for a moment)."""
         self.repositories = (repository if isinstance(repository, ModelRepositories)
                              else ModelRepositories.of(repository))
         self._complete = complete_config if auto_complete else None
@@ -142,6 +145,7 @@ class Engine:
         self._streaming = 0  # infer_stream iterations open: whether responses take turns
         self._ensembles_loading: set[str] = set()
         self._model_upload = model_upload
+        self._load_retries = load_retries
         self._uploads: dict[str, pathlib.Path] = {}  # a model served from an upload: its folder
         self._bls: BlsBridge | None = None
         self._announced: list[str] | None = None  # what the next `start` loads, announced
@@ -222,10 +226,23 @@ class Engine:
     async def _load_counted(self, name: str, config: str | None,
                             files: UploadedFiles | None,
                             folder: pathlib.Path | None = None) -> None:
-        """`_load`, counted in `_loading` while it runs."""
+        """`_load`, counted in `_loading` while it runs, tried again `load_retries` times
+        when it fails (not for a model no repository holds)."""
         self._count_loading(name)
         try:
-            await self._load(name, config, files, folder)
+            for attempt in range(self._load_retries + 1):
+                try:
+                    await self._load(name, config, files, folder)
+                    return
+                except NotFoundError:
+                    raise
+                except Exception as error:
+                    if attempt == self._load_retries or self._closing:
+                        raise
+                    log.warning("model %s: load %d of %d failed (%s); trying again "
+                                "(--model-load-retry-count)", name, attempt + 1,
+                                self._load_retries + 1,
+                                error.message if isinstance(error, TensorgateError) else error)
         finally:
             self._count_loaded(name)
 
