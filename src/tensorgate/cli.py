@@ -26,8 +26,8 @@ NO_EFFECT = {
     "grpc-http2-min-recv-ping-interval-without-data": "clients' pings are always answered",
     "grpc-http2-max-ping-strikes": "clients' pings are always answered",
     "grpc-infer-response-compression-level": "responses are not compressed",
-    "model-load-thread-count": "every model starts loading at once, the blocking parts on "
-                               "the event loop's thread pool",
+    "model-load-thread-count": "every model starts loading at once, each instance on its "
+                               "own thread",
     "buffer-manager-thread-count": "inputs are views, not copied by threads",
     "pinned-memory-pool-byte-size": "--host-pool-bytes bounds the (pinned) host pool",
     "cuda-memory-pool-byte-size": "the device's memory is PyTorch's caching allocator's",
