@@ -19,7 +19,7 @@ from tritonclient.grpc import service_pb2 as pb
 
 from tests.e2e import h2_client as h2
 from tests.e2e.conftest import RunningServer, health_check, start_server, stop_server
-from tests.e2e.test_grpc_wire import _assert_serving, _port
+from tests.e2e.test_grpc_wire import _assert_serving
 
 STREAM = "/inference.GRPCInferenceService/ModelStreamInfer"
 
@@ -137,7 +137,7 @@ def test_too_many_waiting_requests_end_the_stream(server: RunningServer) -> None
     """64 requests in the pipeline (paced: 0.05 s each), 1,024 more waiting: one more
     ends the stream with RESOURCE_EXHAUSTED; answers already sent stay sent."""
     message = _request("paced", np.ones((1, 4), np.float32), "").SerializeToString()
-    client = h2.H2Client(_port(server))
+    client = h2.H2Client(server.grpc_port)
     try:
         stream = client.call("ModelStreamInfer", None, end_stream=False)  # headers only
         # a few over the bound: some of the 64 may finish while the burst arrives
@@ -217,7 +217,7 @@ def test_a_message_the_pool_cannot_hold_is_answered_and_the_stream_goes_on(
         item.shape.append(values.size)
         request.raw_input_contents.append(values.tobytes())
         messages.append(request.SerializeToString())
-    client = h2.H2Client(_port(running), settings={4: 1000})  # INITIAL_WINDOW_SIZE
+    client = h2.H2Client(running.grpc_port, settings={4: 1000})  # INITIAL_WINDOW_SIZE
     try:
         stream = client.call("ModelStreamInfer", messages[0], end_stream=False)
         rest = b"".join(b"\x00" + len(m).to_bytes(4, "big") + m for m in messages[1:])

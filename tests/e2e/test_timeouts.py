@@ -20,7 +20,7 @@ from tritonclient.grpc import service_pb2 as pb
 from tests.e2e import h2_client as h2
 from tests.e2e.conftest import (RunningServer, binary_infer_request, scrape, start_server,
                                 stop_server, value)
-from tests.e2e.test_grpc_wire import _assert_serving, _port
+from tests.e2e.test_grpc_wire import _assert_serving
 
 STALL = r"the request stopped arriving: no bytes for \d+\.\d s \(the server waits 0\.5 s, " \
         r"--read-timeout-s\)"
@@ -119,7 +119,7 @@ def test_a_client_that_stops_reading_its_answers_is_closed_when_idle(
 
 def test_a_grpc_call_whose_message_stops_arriving_ends_with_deadline_exceeded(
         impatient: RunningServer) -> None:
-    client = h2.H2Client(_port(impatient))
+    client = h2.H2Client(impatient.grpc_port)
     try:
         stream = client.call("ModelInfer", None, end_stream=False)  # headers only
         client.send(h2.DATA, 0, stream, b"\x00\x00\x10\x00\x00\x0a\x08ident")  # a 1 MiB one
@@ -142,7 +142,7 @@ def test_a_stream_with_a_stalled_request_ends_but_a_quiet_one_does_not(
     item.shape.extend([1, 3, 4])
     request.raw_input_contents.append(np.ones(12, np.float32).tobytes())
     message = request.SerializeToString()
-    client = h2.H2Client(_port(impatient))
+    client = h2.H2Client(impatient.grpc_port)
     try:
         stream = client.call("ModelStreamInfer", message, end_stream=False)
         time.sleep(1.0)  # quiet between requests: allowed for as long as the client likes
@@ -156,14 +156,14 @@ def test_a_stream_with_a_stalled_request_ends_but_a_quiet_one_does_not(
 
 
 def test_a_connection_that_never_sends_its_preface_is_closed(impatient: RunningServer) -> None:
-    with socket.create_connection(("127.0.0.1", _port(impatient)), timeout=10) as sock:
+    with socket.create_connection(("127.0.0.1", impatient.grpc_port), timeout=10) as sock:
         sock.sendall(b"PRI * HTTP/2.0\r\n")  # a third of the preface, then nothing
         data = _read_all(sock)
     assert h2.GOAWAY in _frame_kinds(data)
 
 
 def test_an_idle_grpc_connection_stays_open(impatient: RunningServer) -> None:
-    client = h2.H2Client(_port(impatient))
+    client = h2.H2Client(impatient.grpc_port)
     try:
         client.send(h2.PING, 0, 0, b"first...")
         client.frames_until(lambda f: f.kind == h2.PING)
@@ -288,7 +288,7 @@ def test_a_trickling_grpc_message_gives_way_to_an_http_request(e2e_repo, tmp_pat
     small = (f"POST /v2/models/identity/infer HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
              f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
              ).encode() + body
-    client = h2.H2Client(_port(server))
+    client = h2.H2Client(server.grpc_port)
     http_body = _trickle(server, 3 << 20)
     try:
         stream = client.call("ModelInfer", None, end_stream=False)

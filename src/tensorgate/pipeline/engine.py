@@ -227,7 +227,7 @@ class Engine:
                             files: UploadedFiles | None,
                             folder: pathlib.Path | None = None) -> None:
         """`_load`, counted in `_loading` while it runs, tried again `load_retries` times
-        when it fails (not for a model no repository holds)."""
+        when it fails (but for a NotFoundError: what is not there will not come)."""
         self._count_loading(name)
         try:
             for attempt in range(self._load_retries + 1):
