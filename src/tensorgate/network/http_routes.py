@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from tensorgate.pipeline.trace import Trace
 
 __all__ = ["API_GROUP", "INFERENCES", "OIP_ROUTES", "Handler", "HttpRequest", "Routed",
-           "Routes", "StreamedResponse", "header_int", "route"]
+           "Routes", "StreamedResponse", "route"]
 
 log = logging.getLogger("tensorgate.http")
 
@@ -97,7 +97,7 @@ class Routes:
     json_length: Callable[[dict[str, str]], int | None]
 
 
-def header_int(headers: dict[str, str], name: str) -> int | None:
+def _header_int(headers: dict[str, str], name: str) -> int | None:
     """Header `name` (lower-case) as a count of bytes, None where absent."""
     value = headers.get(name)
     if value is None:
@@ -588,7 +588,7 @@ API_GROUP: dict[Handler, str] = {
 
 
 def _inference_header(headers: dict[str, str]) -> int | None:
-    return header_int(headers, "inference-header-content-length")
+    return _header_int(headers, "inference-header-content-length")
 
 
 # The Open Inference Protocol's /v2 routes (Triton's binary tensor extension's header)

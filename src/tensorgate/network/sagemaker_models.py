@@ -26,6 +26,7 @@ import logging
 import os
 import pathlib
 import re
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from tensorgate.dataplane import DataPlane
@@ -48,7 +49,8 @@ _OUT_OF_MEMORY = ("out of memory", "OutOfMemory", "MemoryError", "OOM", "CUDA_OU
 class MultiModels:
     """The models SageMaker loaded: its name for each → (the name served, its folder)."""
 
-    def __init__(self, root: pathlib.Path, infer: Any) -> None:
+    def __init__(self, root: pathlib.Path,
+                 infer: Callable[[DataPlane, HttpRequest, str], Awaitable[Any]]) -> None:
         """`infer(dp, request, model)`: an inference of a loaded model, as /invocations."""
         self.root = root
         self.loaded: dict[str, tuple[str, str]] = {}

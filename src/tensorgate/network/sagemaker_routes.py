@@ -28,19 +28,19 @@ from tensorgate.errors import InvalidArgumentError, NotFoundError
 from tensorgate.network.http_routes import (INFERENCES, HttpRequest, Routed, Routes,
                                             StreamedResponse)
 from tensorgate.network.sagemaker_models import MultiModels
+from tensorgate.protocol.infer_codec import json_error
 
 __all__ = ["BINARY_CONTENT_TYPE", "sagemaker_routes"]
 
 BINARY_CONTENT_TYPE = "application/vnd.sagemaker-triton.binary+json;json-header-size="
 
-_NOT_READY = {"ready": "the server is not ready", "live": "the server is not live"}
+_PING_MODES = ("ready", "live")
 
 
 async def _ping(dp: DataPlane, request: HttpRequest, mode: str) -> Any:
     if dp.ready() if mode == "ready" else dp.live():
         return 200, [("Content-Type", "text/plain")], [b""]
-    return 503, [("Content-Type", "application/json")], [
-        b'{"error":"%s"}' % _NOT_READY[mode].encode()]
+    return 503, [("Content-Type", "application/json")], [json_error(f"the server is not {mode}")]
 
 
 async def _invocations(dp: DataPlane, request: HttpRequest, model: str, kind: str) -> Any:
@@ -86,7 +86,7 @@ def sagemaker_routes(model: str, inference_type: str = "infer", ping_mode: str =
     if inference_type not in INFERENCES:
         raise ValueError(f"inference type must be one of {', '.join(INFERENCES)}, got "
                          f"'{inference_type}'")
-    if ping_mode not in _NOT_READY:
+    if ping_mode not in _PING_MODES:
         raise ValueError(f"ping mode must be ready or live, got '{ping_mode}'")
 
     def route(method: str, path: str) -> Routed:

@@ -103,14 +103,9 @@ def write_upload(name: str, files: Mapping[str, bytes | bytearray | memoryview]
                  ) -> pathlib.Path:
     """A new folder holding `<name>/` with `files` in it (paths as upload_path gives them):
     the repository the model then loads from. Blocking: call it off the event loop."""
-    if "/" in name or "\0" in name or name in ("", ".", ".."):
-        raise InvalidArgumentError(f"model name {name!r} cannot name a folder to upload into")
+    _check_folder_name(name, "to upload into")
     check_upload(files)
-    try:
-        root = pathlib.Path(tempfile.mkdtemp(prefix="tensorgate-upload-"))  # mode 0700
-    except OSError as error:
-        raise UnavailableError(f"no folder for the upload of model '{name}' could be made "
-                               f"in {tempfile.gettempdir()}: {error.strerror}") from None
+    root = _new_root(name, "upload")
     try:
         folder = root / name
         folder.mkdir()
@@ -141,15 +136,24 @@ def write_upload(name: str, files: Mapping[str, bytes | bytearray | memoryview]
 def link_folder(name: str, folder: pathlib.Path) -> pathlib.Path:
     """A new folder holding `<name>`, a link to the model folder `folder`: the repository a
     model kept elsewhere loads from under that name (Engine.load_folder). Blocking."""
-    if "/" in name or "\0" in name or name in ("", ".", ".."):
-        raise InvalidArgumentError(f"model name {name!r} cannot name a folder")
-    try:
-        root = pathlib.Path(tempfile.mkdtemp(prefix="tensorgate-folder-"))
-    except OSError as error:
-        raise UnavailableError(f"no folder to load model '{name}' from could be made in "
-                               f"{tempfile.gettempdir()}: {error.strerror}") from None
+    _check_folder_name(name, "to load from")
+    root = _new_root(name, "folder")
     (root / name).symlink_to(folder.resolve(), target_is_directory=True)
     return root
+
+
+def _check_folder_name(name: str, use: str) -> None:
+    if "/" in name or "\0" in name or name in ("", ".", ".."):
+        raise InvalidArgumentError(f"model name {name!r} cannot name a folder {use}")
+
+
+def _new_root(name: str, kind: str) -> pathlib.Path:
+    """A new folder of this process's own (mode 0700) for model `name`'s repository."""
+    try:
+        return pathlib.Path(tempfile.mkdtemp(prefix=f"tensorgate-{kind}-"))
+    except OSError as error:
+        raise UnavailableError(f"no folder for model '{name}' ({kind}) could be made in "
+                               f"{tempfile.gettempdir()}: {error.strerror}") from None
 
 
 def remove_upload(root: pathlib.Path) -> None:
