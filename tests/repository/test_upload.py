@@ -17,6 +17,7 @@ from tensorgate.repository.upload import remove_upload, upload_path, write_uploa
 @example(path="\ud800/model.py")
 @example(path="../../etc/passwd")
 @example(path="/abs")
+@example(path="/'")  # a quote in a refused path (repr then used double quotes)
 @example(path="1/" + "x" * 256)
 def test_a_path_is_refused_by_name_or_stays_inside_the_model_s_folder(path: str) -> None:
     try:

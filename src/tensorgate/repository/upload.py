@@ -60,6 +60,12 @@ def _bounded(count: int) -> None:
                                    f"{count}")
 
 
+def _named(key: str) -> str:
+    """A parameter's name as an error quotes it: in single quotes whatever it holds (repr
+    would switch to double quotes for one holding a quote), escaped, at most 80 chars."""
+    return "'" + key[:80].encode("unicode_escape").decode("ascii") + "'"
+
+
 def upload_path(key: str) -> str:
     """The path a `file:` parameter names under the model's folder, checked: relative, plain
     names only. InvalidArgumentError names the parameter and what is wrong."""
@@ -67,15 +73,15 @@ def upload_path(key: str) -> str:
     parts = path.split("/")
     if not path or "\0" in path or any(part in ("", ".", "..") for part in parts):
         raise InvalidArgumentError(
-            f"load parameter {key!r}: the path after 'file:' must be relative to the model's "
+            f"load parameter {_named(key)}: the path after 'file:' must be relative to the model's "
             "folder, made of names that are neither empty, '.' nor '..' (as 'file:1/model.py')")
     try:
         sizes = [len(part.encode()) for part in parts]
     except UnicodeEncodeError:  # a lone surrogate (JSON's "\ud800"): no file name
-        raise InvalidArgumentError(f"load parameter {key[:80]!r}: its path is not valid "
+        raise InvalidArgumentError(f"load parameter {_named(key)}: its path is not valid "
                                    "Unicode") from None
     if max(sizes) > _MAX_NAME_BYTES:
-        raise InvalidArgumentError(f"load parameter {key[:80]!r}...: a name in its path is "
+        raise InvalidArgumentError(f"load parameter {_named(key)}...: a name in its path is "
                                    f"longer than {_MAX_NAME_BYTES} bytes")
     return path
 
@@ -83,13 +89,13 @@ def upload_path(key: str) -> str:
 def decode_base64_file(key: str, value: object) -> bytes:
     """An HTTP load's file parameter: its content, base64 as Triton's HTTP API sends it."""
     if not isinstance(value, str):
-        raise InvalidArgumentError(f"load parameter {key!r} must be a string: the file's "
+        raise InvalidArgumentError(f"load parameter {_named(key)} must be a string: the file's "
                                    f"content in base64, not {type(value).__name__}")
     try:  # strictly: what protocol/load_body.py decodes a slice at a time reads the same
         return binascii.a2b_base64(value, strict_mode=True)
     except (binascii.Error, ValueError) as error:
-        raise InvalidArgumentError(f"load parameter {key!r} is not base64 ({error}): a file's "
-                                   "content is sent in base64 over HTTP") from None
+        raise InvalidArgumentError(f"load parameter {_named(key)} is not base64 ({error}): a "
+                                   "file's content is sent in base64 over HTTP") from None
 
 
 def check_upload(files: Mapping[str, bytes | bytearray | memoryview]) -> None:
