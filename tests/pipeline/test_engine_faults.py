@@ -334,13 +334,8 @@ def test_a_load_that_fails_for_a_moment_is_tried_again(
         tmp_path: pathlib.Path, failures: int, retries: int, loads: bool) -> None:
     """Triton's --model-load-retry-count: tried again that many times; the load fails only
     when every try did (then listed failed, with the last try's reason)."""
-    folder = rb.write_config(tmp_path, "flaky", """
-        name: "flaky"
-        backend: "python"
-        max_batch_size: 4
-        input [ { name: "INPUT__0" data_type: TYPE_FP32 dims: [4] } ]
-        output [ { name: "OUTPUT__0" data_type: TYPE_FP32 dims: [4] } ]
-        """)
+    rb.add_python(tmp_path, "flaky", max_batch=4)
+    folder = tmp_path / "flaky"
     (folder / "1" / "model.py").write_text(_FAILS_WHILE_MARKED)
     for n in range(failures):
         (folder / "1" / f"fails-{n}").touch()
