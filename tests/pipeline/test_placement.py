@@ -108,21 +108,36 @@ def test_a_spare_given_a_batch_is_not_starved_by_a_loop_that_then_stays_busy(
     async def scenario() -> None:
         engine = Engine(placement_repo, placement="auto")
         await engine.start(["heavy"])
-        spare = engine._models["heavy"][1].executors[1]
-        # one for the first instance, one for the spare, handed over before the loop spins
-        answers = [asyncio.ensure_future(engine.infer(_request("heavy", s))) for s in (1, 2)]
-        await asyncio.sleep(0)
-        deadline = time.monotonic() + 10.0
-        while not all(a.done() for a in answers) and time.monotonic() < deadline:
-            spun = time.monotonic() + 0.002
-            while time.monotonic() < spun:
-                pass  # the loop's core busy: nothing idle for the spare
+        try:
+            first, spare = engine._models["heavy"][1].executors
+            # one for the first instance, one for the spare, handed over before the loop spins
+            answers = [asyncio.ensure_future(engine.infer(_request("heavy", s)))
+                       for s in (1, 2)]
             await asyncio.sleep(0)
-        assert all(a.done() for a in answers), "the spare's batch starved behind the loop"
-        assert spare.batches_run == 1 and spare.idle_time is not None
-        assert spare.idle_time.raises == 1
-        await engine.shutdown()
+            deadline = time.monotonic() + 10.0
+            while not all(a.done() for a in answers) and time.monotonic() < deadline:
+                spun = time.monotonic() + 0.002
+                while time.monotonic() < spun:
+                    pass  # the loop's core busy: nothing idle for the spare
+                await asyncio.sleep(0)
+            assert all(a.done() for a in answers), (
+                f"the spare's batch starved behind the loop: {_state(answers, first, spare)}")
+            assert spare.batches_run == 1 and spare.idle_time is not None
+            assert spare.idle_time.raises == 1
+        finally:  # (a failure here must not leave a spare thread to the tests after it)
+            await engine.shutdown()
     run(scenario())
+
+
+def _state(answers: list[asyncio.Future[object]], first: ExecutorThread,
+           spare: ExecutorThread) -> str:
+    """What a starved spare's test says of it: enough to tell which part did not happen."""
+    idle = spare.idle_time
+    policy = os.sched_getscheduler(spare.thread_id) if spare.thread_id else None
+    return (f"answers done {[a.done() for a in answers]}; first ran {first.batches_run}, "
+            f"done {first.batches_done}; spare ran {spare.batches_run}, done "
+            f"{spare.batches_done}, busy {spare.busy_since > 0}, policy {policy} (idle is "
+            f"{os.SCHED_IDLE}), raised {idle and idle.raised}, raises {idle and idle.raises}")
 
 
 def test_configured_and_light_models_get_no_spare(placement_repo: pathlib.Path,
@@ -148,13 +163,17 @@ def test_unload_stops_the_spare_too(placement_repo: pathlib.Path) -> None:
         engine = Engine(placement_repo, placement="auto")
         await engine.start(["heavy"])
         spare = engine._models["heavy"][1].executors[1]
+        spares.append(spare.thread_id)
         await engine.unload("heavy")
         assert spare.stopped.done()
         # raised as it was told to stop, so that a busy loop could not hold up the unload
         assert spare.idle_time is None or spare.idle_time.raised
         await engine.shutdown()
+    spares: list[int | None] = []
     run(scenario())
-    for thread in [t for t in threading.enumerate() if t.name.endswith("-spare")]:
+    assert spares[0] is not None
+    # its own spare's thread only (one another test left behind is not this test's)
+    for thread in [t for t in threading.enumerate() if t.native_id in spares]:
         thread.join(timeout=5.0)  # it settles `stopped`, then returns
         assert not thread.is_alive()
 
@@ -279,3 +298,4 @@ def test_a_clearly_heavy_model_is_timed_twice_at_load_not_five_times(
                 for name in ("heavy", "light")}
     warm_up = 1
     assert run(scenario()) == {"heavy": warm_up + 2, "light": warm_up + 5}
+
