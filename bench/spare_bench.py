@@ -8,11 +8,14 @@ resnet50 at --heavy-connections at once (wrk, every answer's size checked), for 
 rounds alternate the order. With --before, another source tree is measured too, in turn.
 With --light-rate, identity is instead sent at that many requests a second, one at a time on
 one keep-alive connection (a light model's steady trickle, which leaves the loop room for the
-spare to run): the light model's latency while the spare runs.
+spare to run): the light model's latency while the spare runs. With --heavy-postprocess topk,
+resnet50 answers its top 5 classes as Triton's classification strings, post-processed in the
+engine's pool (pipeline/postprocess_pool.py) while the loop is busy.
 
     git worktree add /tmp/tg-old <commit>
     .venv/bin/python bench/spare_bench.py [--before /tmp/tg-old/src] [--rounds 2]
         [--seconds 8] [--light-connections 8 | --light-rate 100] [--heavy-connections 4]
+        [--heavy-postprocess topk]
     (apt-get install wrk)
 """
 
@@ -41,16 +44,27 @@ from server_bench import OUTPUT_BYTES, binary_request  # noqa: E402
 from tensorgate.builtin.repository import write_default_repository  # noqa: E402
 
 SETUPS = {"spare": "", "no spare": "instance_group [ { count: 1 kind: KIND_CPU } ]\n"}
+TOP_K = 5
+# resnet50's top 5 as "score:index" strings (Triton's classification format), each at least
+# "0.000000:0": the least an answer's body holds, binary, with each string's 4-byte length
+TOPK_BYTES = TOP_K * (4 + len("0.000000:0"))
 
 
-def _repository(work: pathlib.Path, extra: str) -> pathlib.Path:
+def _repository(work: pathlib.Path, extra: str, postprocess: str) -> pathlib.Path:
     built = write_default_repository(pathlib.Path(tempfile.gettempdir())
                                      / "tensorgate-bench-repo")
     root = pathlib.Path(tempfile.mkdtemp(dir=work))
     for name in ("identity", "resnet50"):
         shutil.copytree(built / name, root / name)
     config = root / "resnet50" / "config.pbtxt"
-    config.write_text(config.read_text() + extra)
+    text = config.read_text()
+    if postprocess == "topk":
+        scores = 'data_type: TYPE_FP32 dims: [ 1000 ]'
+        assert scores in text, "resnet50's built-in config changed: update this bench"
+        text = text.replace(scores, f'data_type: TYPE_STRING dims: [ {TOP_K} ]') + (
+            'parameters { key: "postprocess" value { string_value: "topk" } }\n'
+            f'parameters {{ key: "topk_k" value {{ string_value: "{TOP_K}" }} }}\n')
+    config.write_text(text + extra)
     return root
 
 
@@ -60,8 +74,10 @@ def _measure(src: pathlib.Path, models: pathlib.Path, args: argparse.Namespace,
     found: dict[str, dict[str, Any]] = {}
     try:
         def drive(model: str, connections: int) -> None:
+            smallest = (TOPK_BYTES if model == "resnet50" and args.heavy_postprocess
+                        else OUTPUT_BYTES[model])
             found[model] = wrk_load(port, binary_request(model, port), connections,
-                                    args.seconds, OUTPUT_BYTES[model],
+                                    args.seconds, smallest,
                                     pathlib.Path(tempfile.mkdtemp(dir=work)))
 
         def trickle() -> None:
@@ -118,12 +134,15 @@ def main() -> None:
                         help="identity requests a second, paced on one connection "
                              "(instead of --light-connections)")
     parser.add_argument("--heavy-connections", type=int, default=4)
+    parser.add_argument("--heavy-postprocess", choices=["topk"], default="",
+                        help="resnet50 answers its top 5 classes, post-processed in the pool")
     args = parser.parse_args()
     trees = trees_of(args)
     work = pathlib.Path(tempfile.mkdtemp(prefix="tg-spare-"))
     runs: dict[tuple[str, str], list[dict[str, dict[str, Any]]]] = {}
     try:
-        repositories = {setup: _repository(work, extra) for setup, extra in SETUPS.items()}
+        repositories = {setup: _repository(work, extra, args.heavy_postprocess)
+                        for setup, extra in SETUPS.items()}
         for round_index in range(args.rounds):
             order = [(tree, setup) for tree in trees for setup in SETUPS]
             for tree, setup in (order if round_index % 2 == 0 else order[::-1]):
@@ -133,7 +152,8 @@ def main() -> None:
         shutil.rmtree(work, ignore_errors=True)
     light = (f"{args.light_rate:g} requests/s on one connection" if args.light_rate
              else f"{args.light_connections} connections")
-    print(f"identity at {light} beside resnet50 at {args.heavy_connections}, "
+    heavy = f"resnet50 (top {TOP_K})" if args.heavy_postprocess else "resnet50"
+    print(f"identity at {light} beside {heavy} at {args.heavy_connections}, "
           f"{args.seconds:g} s, medians of {args.rounds} round(s)")
     print(f"{'tree':10} {'resnet50':9} {'identity QPS':>12} {'P50 ms':>7} {'P99 ms':>7} "
           f"{'max ms':>7} {'resnet50 QPS':>12} {'P50 ms':>7} {'P99 ms':>7}")

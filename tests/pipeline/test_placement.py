@@ -299,3 +299,18 @@ def test_a_clearly_heavy_model_is_timed_twice_at_load_not_five_times(
     warm_up = 1
     assert run(scenario()) == {"heavy": warm_up + 2, "light": warm_up + 5}
 
+
+def test_post_processing_runs_on_the_models_cpus(placement_repo: pathlib.Path,
+                                                 two_cpus: list[int]) -> None:
+    """Not on the loop's core (pipeline/postprocess_pool.py); and where nothing is placed,
+    on the CPUs of the thread that made the engine."""
+    placed = Engine(placement_repo, placement="auto")
+    unplaced = Engine(placement_repo, placement="none")
+    try:
+        for engine, cpus in ((placed, {two_cpus[1]}), (unplaced, set(two_cpus))):
+            for thread in engine._postprocess._threads:
+                assert thread.native_id is not None
+                assert os.sched_getaffinity(thread.native_id) == cpus
+    finally:
+        for engine in (placed, unplaced):
+            engine._postprocess.shutdown()

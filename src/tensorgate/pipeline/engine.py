@@ -35,7 +35,7 @@ from tensorgate.pipeline.batch_cap import GATHER_BYTES
 from tensorgate.pipeline.bls import BlsBridge, ModelControl
 from tensorgate.pipeline.ensemble import (EnsembleScheduler, check_step_models,
                                           decoupled_ensemble, ensemble_steps)
-from tensorgate.pipeline.executor import (ExecutorSettings, ExecutorThread, PostprocessPool,
+from tensorgate.pipeline.executor import (ExecutorSettings, ExecutorThread,
                                           default_intra_op_threads)
 from tensorgate.pipeline.model_options import (cpu_affinity, flag, int_parameter, not_acted_on,
                                                streams_per_instance)
@@ -43,6 +43,7 @@ from tensorgate.pipeline.loop_load import LoopLoad
 from tensorgate.pipeline.placement import (LIGHT_FORWARD_NS, pin_current_thread, plan_placement,
                                            unpin_current_thread)
 from tensorgate.pipeline.postprocess import build_postprocessor
+from tensorgate.pipeline.postprocess_pool import PostprocessPool
 from tensorgate.pipeline.rate_limiter import Claim, RateLimiter
 from tensorgate.pipeline.requests import (InferenceRequest, InferenceResult, strings_aside,
                                          work_item)
@@ -133,7 +134,10 @@ class Engine:
         compute = self._placement.compute_threads if self._placement else None
         self._threads = intra_op_threads or compute or default_intra_op_threads()
         self._device = device
-        self._postprocess = PostprocessPool(postprocess_workers)
+        # post-processing is the models' work: on their CPUs, where the placement has some
+        placed = self._placement if self._placement and not self._placement.shared else None
+        self._postprocess = PostprocessPool(postprocess_workers,
+                                            placed.compute_cpus if placed else None)
         self._models: dict[str, dict[int, _Version]] = {}
         # a model whose last load failed: (the version whose load failed, or "", the reason)
         self._failed: dict[str, tuple[str, str]] = {}

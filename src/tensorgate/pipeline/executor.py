@@ -25,7 +25,6 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -45,6 +44,7 @@ from tensorgate.pipeline.idle_time import IdleTime, lowered_to_idle_time
 from tensorgate.pipeline.placement import (LIGHT_FORWARD_NS, Placement, pin_current_thread,
                                           thread_cpus)
 from tensorgate.pipeline.postprocess import Postprocessor
+from tensorgate.pipeline.postprocess_pool import PostprocessPool
 from tensorgate.pipeline.ragged import batch_input_values, flatten, one_request, scatter
 from tensorgate.pipeline.response_streams import CREDIT_POLL_S, Outbox, ResponseStream
 from tensorgate.pipeline.runner import (Runner, load_runner, name_outputs, sample_inputs,
@@ -60,7 +60,7 @@ from tensorgate.tensor.dtypes import datatype_of_numpy, datatype_of_torch
 from tensorgate.tensor.pool import BufferPool
 from tensorgate.tensor.view import TensorView
 
-__all__ = ["ExecutorSettings", "ExecutorThread", "PostprocessPool", "default_intra_op_threads"]
+__all__ = ["ExecutorSettings", "ExecutorThread", "default_intra_op_threads"]
 
 log = logging.getLogger("tensorgate.executor")
 _STOP = object()
@@ -73,19 +73,6 @@ def default_intra_op_threads() -> int:
     calling thread's affinity before the engine pinned it, within a container's CPU quota:
     pipeline/cpu_quota.py)."""
     return max(1, usable_cpus(len(thread_cpus())) - 1)
-
-
-class PostprocessPool:
-    """Threads for CPU post-processing (NMS, top-k, decoding): torch and numpy drop the GIL."""
-
-    def __init__(self, workers: int = 2) -> None:
-        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tg-postprocess")
-
-    def submit(self, fn: Callable[..., Any], *args: Any) -> None:
-        self._pool.submit(fn, *args)
-
-    def shutdown(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=False)
 
 
 _NO_STREAM = contextlib.nullcontext()  # (reusable: it holds nothing)
