@@ -8,8 +8,9 @@ a server from one or two source trees with such a client on its gRPC port (Model
 calls, prebuilt frames written as fast as the socket takes them, whatever comes back read
 and dropped), or an HTTP/1.1 client that pipelines requests, while a second client sends
 `GET /v2/health/ready` over HTTP/1.1 one after another, and prints per mode what the flood
-wrote a second (streams; frames for priority and empty-data; requests answered for
-pipeline) and the second client's checks, P50, P99 and max:
+wrote a second (streams; frames for priority, empty-data and ping; requests answered for
+pipeline), the second client's checks, P50, P99 and max, and how much the server's RSS grew
+over the mode:
 
     none         no flood (the baseline)
     reset        each call reset as it is opened, on one connection
@@ -17,6 +18,9 @@ pipeline) and the second client's checks, P50, P99 and max:
     beyond       calls opened beyond the concurrent limit, never reset (each refused)
     priority     PRIORITY frames, one after another
     empty-data   empty DATA frames on one call that never ends
+    ping         PINGs, one after another, their answers read (gRPC's ping policy ends the
+                 connection after a few; with --grpc-http2-max-ping-strikes 0 nothing does)
+    ping-unread  the same, their answers never read: what they cost the server's memory
     *-again      (priority-again, empty-data-again) the same, connecting again whenever
                  the server closes the connection
     pipeline     HTTP/1.1: 2,000 health checks in one write, their answers read, again
@@ -24,7 +28,7 @@ pipeline) and the second client's checks, P50, P99 and max:
     git worktree add /tmp/tg-old <commit>
     .venv/bin/python bench/flood_bench.py [--before /tmp/tg-old/src] [--seconds 5]
         [--modes none,reset,reset-again,beyond,priority,priority-again,empty-data,
-                 empty-data-again,pipeline]
+                 empty-data-again,ping,ping-unread,pipeline] [-- SERVER FLAGS...]
 """
 
 from __future__ import annotations
@@ -52,7 +56,7 @@ from compare_wire import latency_figures  # noqa: E402
 from tensorgate.builtin.repository import write_default_repository  # noqa: E402
 
 MODES = ("none", "reset", "reset-again", "beyond", "priority", "priority-again", "empty-data",
-         "empty-data-again", "pipeline")
+         "empty-data-again", "ping", "ping-unread", "pipeline")
 _CHECK = b"GET /v2/health/ready HTTP/1.1\r\nHost: t\r\n\r\n"
 
 
@@ -61,7 +65,7 @@ def _flood(port: int, seconds: float, mode: str, opened: multiprocessing.Value) 
     import hpack
     from tritonclient.grpc import service_pb2 as pb
 
-    from tests.e2e.h2_client import (DATA, END_HEADERS, END_STREAM, HEADERS, PRIORITY,
+    from tests.e2e.h2_client import (DATA, END_HEADERS, END_STREAM, HEADERS, PING, PRIORITY,
                                      RST_STREAM, H2Client)
 
     block = hpack.Encoder().encode([
@@ -71,6 +75,8 @@ def _flood(port: int, seconds: float, mode: str, opened: multiprocessing.Value) 
     message = pb.ModelMetadataRequest(name="resnet50").SerializeToString()
     body = b"\x00" + len(message).to_bytes(4, "big") + message
     kind, again = mode.removesuffix("-again"), mode.endswith("-again")
+    reads = kind != "ping-unread"
+    kind = kind.removesuffix("-unread")
 
     def connect() -> H2Client:
         client = H2Client(port)
@@ -82,8 +88,9 @@ def _flood(port: int, seconds: float, mode: str, opened: multiprocessing.Value) 
     client, stream, pending, batch, count = connect(), 1, b"", 0, 0
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
-        if not pending and kind in ("priority", "empty-data"):
+        if not pending and kind in ("priority", "empty-data", "ping"):
             frame = (client.frame(PRIORITY, 0, 1, b"\0\0\0\0\x10") if kind == "priority"
+                     else client.frame(PING, 0, 0, b"12345678") if kind == "ping"
                      else client.frame(DATA, 0, 1, b""))
             pending, batch = frame * 5000, 5000
         if not pending:
@@ -99,7 +106,7 @@ def _flood(port: int, seconds: float, mode: str, opened: multiprocessing.Value) 
             pending = pending[client.sock.send(pending):]
             if not pending:  # the batch written whole
                 count += batch
-            while client.sock.recv(1 << 16):
+            while reads and client.sock.recv(1 << 16):
                 pass
         except BlockingIOError:
             time.sleep(0.0005)
@@ -147,11 +154,19 @@ def _checks(port: int, seconds: float) -> np.ndarray:
     return np.array(samples) / 1e3
 
 
+def _rss_mb(pid: int) -> float:
+    for line in pathlib.Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError(f"no VmRSS for {pid}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_tree_options(parser)
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--modes", default=",".join(MODES))
+    parser.add_argument("flags", nargs="*", help="more of the servers' command lines")
     args = parser.parse_args()
     modes = args.modes.split(",")
     models = write_default_repository(pathlib.Path(tempfile.gettempdir())
@@ -159,12 +174,13 @@ def main() -> None:
     print(f"a flooding HTTP/2 client beside one sending health checks, {args.seconds:g} s "
           f"a mode; {platform.node()}, {time.strftime('%Y-%m-%d %H:%M')}")
     print(f"{'tree':10} {'mode':16} {'sent/s':>14} {'checks':>8} {'P50 µs':>10} "
-          f"{'P99 µs':>11} {'max µs':>11}")
+          f"{'P99 µs':>11} {'max µs':>11} {'RSS +MB':>8}")
     for name, src in trees_of(args).items():
-        process, http_port, grpc_port = serve(src, models)
+        process, http_port, grpc_port = serve(src, models, *args.flags)
         try:
             for mode in modes:
                 opened = multiprocessing.Value("q", 0)
+                rss = _rss_mb(process.pid)
                 flood = None
                 if mode == "pipeline":
                     flood = multiprocessing.Process(
@@ -176,11 +192,13 @@ def main() -> None:
                     flood.start()
                     time.sleep(0.3)
                 checks = latency_figures(_checks(http_port, args.seconds))
+                grown = _rss_mb(process.pid) - rss  # (while an unread flood is still open)
                 if flood is not None:
                     flood.join(timeout=args.seconds + 30)
                 print(f"{name:10} {mode:16} {opened.value / (args.seconds + 0.5):>14,.0f} "
                       f"{checks['requests']:>8,} {checks['p50_us']:>10,} "
-                      f"{checks['p99_us']:>11,} {checks['max_us']:>11,}", flush=True)
+                      f"{checks['p99_us']:>11,} {checks['max_us']:>11,} {grown:>8,.1f}",
+                      flush=True)
         finally:
             process.terminate()
             process.wait(timeout=30)

@@ -6,8 +6,8 @@ behaviour no test of ours alone can check: this starts Triton's own `tritonserve
 binary in the nvidia-pytriton wheel that `bash bench/peers/install.sh triton` installs)
 and `tensorgate serve` on one Python-backend repository, sends each request of a corpus —
 health, metadata, statistics, model control, and inference over HTTP (JSON, binary,
-compressed, malformed) and gRPC (raw and typed contents, wrong fields, every datatype) — to
-both, and compares status and answer (errors by status only; their words differ). The
+compressed, malformed) and gRPC (raw and typed contents, wrong fields, every datatype, and
+raw HTTP/2 frames: a client's PINGs) — to both, and compares status and answer (errors by status only; their words differ). The
 Python backend's side is compared from within: a probe model (tools/triton_diff_probe.py)
 reports what a model sees — initialize's args, its config, pb_utils's names and helpers,
 its requests, tensors, BLS calls — and answers in the ways a server must handle (errors of
@@ -47,10 +47,10 @@ import zlib
 from collections.abc import Callable
 from typing import Any
 
-from triton_diff_cases import (F4, SAGEMAKER_MODEL, Grpc, Http, Stream, failure_cases,
-                               grpc_cases, grpc_upload_cases, http_cases, multi_model_cases,
-                               probe_cases, sagemaker_cases, shm_cases, stream_cases,
-                               upload_cases)
+from triton_diff_cases import (F4, SAGEMAKER_MODEL, Frames, Grpc, Http, Stream,
+                               failure_cases, frames_cases, grpc_cases, grpc_upload_cases,
+                               http_cases, multi_model_cases, probe_cases, sagemaker_cases,
+                               shm_cases, stream_cases, upload_cases)
 from triton_diff_models import CONFIG_NAME, ROOT, write_repository
 
 # case name -> (Triton's status, ours, why the difference is deliberate, and where the two
@@ -414,6 +414,39 @@ def _stream_outcome(url: str, case: Stream) -> tuple[Any, Any]:
     return "OK", by_id
 
 
+def _frames_outcome(port: int, case: Frames) -> tuple[Any, Any]:
+    """How the connection ended ("GOAWAY <code>", or "open" after 3 s) and what came back
+    but the server's own SETTINGS and window: PING answers' payloads, the GOAWAY's debug."""
+    import socket
+
+    def frame(kind: int, flags: int, stream: int, payload: bytes) -> bytes:
+        return (len(payload).to_bytes(3, "big") + bytes([kind, flags])
+                + stream.to_bytes(4, "big") + payload)
+
+    with socket.create_connection(("127.0.0.1", port), timeout=3.0) as sock:
+        sock.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + frame(4, 0, 0, b"")
+                     + b"".join(frame(*one) for one in case.frames))
+        received = b""
+        try:
+            while chunk := sock.recv(65536):
+                received += chunk
+        except TimeoutError:
+            pass
+    acks: list[str] = []
+    ending = "open"
+    debug = ""
+    while len(received) >= 9:
+        length = int.from_bytes(received[:3], "big")
+        kind, flags, payload = received[3], received[4], received[9:9 + length]
+        received = received[9 + length:]
+        if kind == 6 and flags & 1:
+            acks.append(payload.hex())
+        elif kind == 7:
+            ending, debug = f"GOAWAY {int.from_bytes(payload[4:8], 'big')}", \
+                payload[8:].decode(errors="replace")
+    return ending, {"acks": acks, "debug": debug}
+
+
 # -- running -----------------------------------------------------------------------------------
 
 def _verdict(name: str, triton: tuple[Any, Any], ours: tuple[Any, Any]) -> str:
@@ -617,6 +650,8 @@ def main(argv: list[str] | None = None) -> int:
                         lambda at: _stream_outcome(f"127.0.0.1:{grpc_ports[at]}", stream))
             for grpc_case in grpc_cases():
                 compare(grpc_case.name, lambda at: _grpc_outcome(stubs[at], grpc_case))
+            for frames in frames_cases():
+                compare(frames.name, lambda at: _frames_outcome(grpc_ports[at], frames))
             for case in sagemaker_cases():
                 compare(case.name, lambda at: _http_outcome((ports[6], ports[7])[at], case))
             for case in upload_cases():

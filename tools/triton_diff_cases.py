@@ -43,6 +43,14 @@ class Stream:
     requests: list[tuple[str, str, int | str, bool]]
 
 
+@dataclass
+class Frames:
+    """HTTP/2 frames (type, flags, stream, payload) sent on a new gRPC connection after its
+    preface and an empty SETTINGS, nothing read meanwhile."""
+    name: str
+    frames: list[tuple[int, int, int, bytes]]
+
+
 # -- the corpus ------------------------------------------------------------------------------
 
 F4 = [1.0, 2.0, 3.0, 4.0]
@@ -858,3 +866,15 @@ def multi_model_cases(root: pathlib.Path) -> list[Http]:
              headers={"X-Amzn-SageMaker-Target-Model": "sums.tar.gz"}),
         Http("multi-model step unloaded with it", "GET", "/v2/models/add_sub/ready"),
     ]
+
+
+_PING = 6
+
+
+def frames_cases() -> list[Frames]:
+    """A client's PINGs on a connection with no call open (gRPC's ping policy, Triton's
+    defaults: --grpc-http2-max-ping-strikes 2, 2 h between PINGs while idle)."""
+    def pings(count: int) -> list[tuple[int, int, int, bytes]]:
+        return [(_PING, 0, 0, n.to_bytes(8, "big")) for n in range(count)]
+    return [Frames("three PINGs on an idle connection", pings(3)),
+            Frames("four PINGs on an idle connection", pings(4))]

@@ -23,8 +23,6 @@ NO_EFFECT = {
     "reuse-grpc-port": "one process listens",
     "grpc-infer-allocation-pool-size": "gRPC requests are parsed in place, not pooled",
     "grpc-max-response-pool-size": "responses are written as views of the outputs",
-    "grpc-http2-min-recv-ping-interval-without-data": "clients' pings are always answered",
-    "grpc-http2-max-ping-strikes": "clients' pings are always answered",
     "grpc-infer-response-compression-level": "responses are not compressed",
     "model-load-thread-count": "every model starts loading at once, each instance on its "
                                "own thread",
@@ -188,6 +186,15 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--grpc-http2-max-pings-without-data", type=int, metavar="N",
                        help="Triton's: at most N PINGs with no response sent between them (0: "
                             "no bound; default 2)")
+    serve.add_argument("--grpc-http2-min-recv-ping-interval-without-data",
+                       dest="grpc_http2_min_recv_ping_interval_without_data_ms", type=int,
+                       metavar="MS", help="Triton's: a client's PING sooner than this after "
+                                          "its last, with no data between, is a strike "
+                                          "(default 300000; 2 h while no call is open, "
+                                          "unless permitted without calls)")
+    serve.add_argument("--grpc-http2-max-ping-strikes", type=int, metavar="N",
+                       help="Triton's: past N strikes the connection is told GOAWAY "
+                            "too_many_pings and closed (0: no bound; default 2)")
     serve.add_argument("--http-header-forward-pattern",
                        help="regular expression: HTTP headers whose name it matches reach "
                             "the model as request parameters (default: none)")

@@ -143,6 +143,13 @@ class ServerConfig:
     grpc_keepalive_timeout_ms: int = 20_000
     grpc_keepalive_permit_without_calls: bool = False
     grpc_http2_max_pings_without_data: int = 2
+    # and how often a client may PING (gRPC's servers' policy, Triton's defaults): past
+    # grpc_http2_max_ping_strikes PINGs (0: no bound) each within
+    # grpc_http2_min_recv_ping_interval_without_data_ms of the one before (2 h while no call
+    # is open, unless permitted without calls), with no data between, the connection is told
+    # GOAWAY "too_many_pings" and closed
+    grpc_http2_min_recv_ping_interval_without_data_ms: int = 300_000
+    grpc_http2_max_ping_strikes: int = 2
     log_level: str = "INFO"
     # Triton's --log-file (the log goes there, not to stderr; no client can change it),
     # --log-info / --log-warning / --log-error (each severity on or off, within log_level)
@@ -317,9 +324,13 @@ class ServerConfig:
         for name in ("grpc_keepalive_time_ms", "grpc_keepalive_timeout_ms"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be 1 or more, got {getattr(self, name)}")
-        if self.grpc_http2_max_pings_without_data < 0:
-            raise ValueError(f"grpc_http2_max_pings_without_data must be 0 (no bound) or more, "
-                             f"got {self.grpc_http2_max_pings_without_data}")
+        for name in ("grpc_http2_max_pings_without_data", "grpc_http2_max_ping_strikes"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be 0 (no bound) or more, got "
+                                 f"{getattr(self, name)}")
+        if self.grpc_http2_min_recv_ping_interval_without_data_ms < 0:
+            raise ValueError(f"grpc_http2_min_recv_ping_interval_without_data_ms must be 0 or "
+                             f"more, got {self.grpc_http2_min_recv_ping_interval_without_data_ms}")
         if self.grpc_max_connection_age_grace_ms >= 0 and not self.grpc_max_connection_age_ms:
             raise ValueError("grpc_max_connection_age_grace_ms (--grpc-max-connection-age-"
                              "grace) is the grace after grpc_max_connection_age_ms "

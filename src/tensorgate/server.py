@@ -30,7 +30,7 @@ from tensorgate.gpu_metrics import GpuSampler, NvmlError
 from tensorgate.host_metrics import HostSampler
 from tensorgate.network import ConnectionBudget, PoolRelief
 from tensorgate.network.grpc import GrpcFrontEnd
-from tensorgate.network.http2 import Keepalive
+from tensorgate.network.keepalive import Keepalive
 from tensorgate.metrics import LatencyMetrics, render_metrics
 from tensorgate.network.http import HttpFrontEnd
 from tensorgate.network.sagemaker_routes import sagemaker_routes
@@ -468,7 +468,9 @@ def _keepalive(config: ServerConfig) -> Keepalive:
     return Keepalive(config.grpc_keepalive_time_ms / 1000,
                      config.grpc_keepalive_timeout_ms / 1000,
                      config.grpc_keepalive_permit_without_calls,
-                     config.grpc_http2_max_pings_without_data)
+                     config.grpc_http2_max_pings_without_data,
+                     config.grpc_http2_min_recv_ping_interval_without_data_ms / 1000,
+                     config.grpc_http2_max_ping_strikes)
 
 
 def _grace_s(grace_ms: int) -> float | None:

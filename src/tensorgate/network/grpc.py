@@ -29,6 +29,7 @@ from tensorgate.network.grpc_messages import (CODES, OK_TRAILERS, RESPONSE_HEADE
                                               inflate_message, read_call_headers)
 from tensorgate.network.grpc_methods import API_GROUP, INFERENCE_SERVICE, UNARY, model_infer
 from tensorgate.network.grpc_stream import StreamCall
+from tensorgate.network.keepalive import Keepalive
 from tensorgate.network.tls import HANDSHAKE_TIMEOUT_S, Handshakes
 from tensorgate.protocol.restricted import Restrictions, refusal
 from tensorgate.protocol.status import codes_for
@@ -259,13 +260,14 @@ class GrpcFrontEnd:
                  restricted: Restrictions | None = None,
                  tls: ssl.SSLContext | None = None, relief: PoolRelief | None = None,
                  max_age_s: float = 0.0, age_grace_s: float | None = None,
-                 keepalive: http2.Keepalive | None = None) -> None:
+                 keepalive: Keepalive | None = None) -> None:
         """`tls`: serve over TLS with this context (network/tls.py), else plain. `relief`:
         shared with the HTTP front end (server.py). `max_age_s` > 0: each connection is
         retired (Http2Connection.retire) after that long, ±10 % so that the connections
         opened together are not all retired together (as gRPC's servers do), its calls
         then open given `age_grace_s` (None: no bound) to finish. `keepalive`: quiet
-        connections are sent PINGs, and closed when one goes unanswered (http2.Keepalive)."""
+        connections are sent PINGs, and closed when one goes unanswered; clients' PINGs are
+        bounded (network/keepalive.py)."""
         self.dataplane = dataplane
         self.header_forward = header_forward  # metadata passed to models as parameters
         self.restricted = restricted or {}    # API group → the metadata it needs
@@ -322,7 +324,7 @@ class GrpcFrontEnd:
         if not self.budget.admit():
             return RefusedConnection(http2.refusal_frames(self.budget.refusal()))
         connection = http2.Http2Connection(self._open_stream, self._closed,
-                                           self.budget.flooded)
+                                           self.budget.flooded, self.keepalive)
         if self.max_age_s > 0:
             connection.retire_at = (time.monotonic()
                                     + self.max_age_s * random.uniform(0.9, 1.1))

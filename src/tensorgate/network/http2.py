@@ -25,7 +25,6 @@ the handler when what it sent has all gone to the transport.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import math
 import struct
@@ -38,10 +37,11 @@ import hpack
 
 from tensorgate.network import UNREAD_ANSWER_S
 from tensorgate.network.in_order import InOrder
+from tensorgate.network.keepalive import TOO_MANY_PINGS, Keepalive, PingStrikes
 from tensorgate.network.socket_send import SocketSender, copies_what_it_keeps
 from tensorgate.tensor.copies import record_copy
 
-__all__ = ["Http2Connection", "Http2Stream", "Keepalive", "StreamHandler", "encode_headers",
+__all__ = ["Http2Connection", "Http2Stream", "StreamHandler", "encode_headers",
            "refusal_frames"]
 
 log = logging.getLogger("tensorgate.http2")
@@ -119,6 +119,12 @@ _IDLE_FRAMES = 10_000
 # connected again whenever closed cost every other connection 0.5-0.7 ms a turn with empty
 # DATA frames (bench/flood_bench.py, empty-data-again).
 _IDLE_FRAME_COUNTS = 8
+# Answers to a client's PINGs and SETTINGS written while the transport's buffer is over its
+# high-water mark (the client is not reading): past this many the client is told
+# ENHANCE_YOUR_CALM and closed. Without it a client that sent PINGs and read nothing grew
+# the server by the answers without bound (HTTP/2's "ping flood", CVE-2019-9512; nghttp2
+# allows 1,000 such answers queued, as here).
+_UNREAD_ACKS = 1000
 _MAX_HEADER_BLOCK = 64 << 10       # encoded bytes of one header block, CONTINUATIONs included
 # A client sends the same header block call after call (by the second call its fields are
 # all in HPACK's dynamic table). hpack decoded one in ~40 µs of a ~700 µs gRPC identity call
@@ -152,19 +158,6 @@ _DRAIN_PING_S = 5.0
 _ALIVE_PING = b"tg-alive"  # a keepalive PING's payload (Keepalive)
 
 
-@dataclasses.dataclass(frozen=True)
-class Keepalive:
-    """Triton's gRPC keepalive settings, as gRPC's servers take them: a connection that has
-    read nothing for `time_s` is sent a PING (only while a call is open on it, unless
-    `idle`), and closed if no answer comes within `timeout_s` — a client gone without
-    closing (a host down, a cable out, a NAT's state lost) otherwise holds its calls and its
-    place for ever. At most `max_pings` PINGs go without a response sent between them (0:
-    no bound). Reads put the next PING off: a busy connection is never pinged."""
-
-    time_s: float
-    timeout_s: float
-    idle: bool = False
-    max_pings: int = 2
 _HEAD = struct.Struct(">I")        # length (24 bits) and type, packed as one word, then flags+id
 
 
@@ -184,11 +177,14 @@ def refusal_frames(message: str) -> bytes:
 
 
 class Http2Error(Exception):
-    """A connection error: answered with GOAWAY(code) and the connection is closed."""
+    """A connection error: answered with GOAWAY(code) and the connection is closed. The
+    GOAWAY's debug data is `debug` where given (a word a client looks for), else the
+    message."""
 
-    def __init__(self, code: int, message: str) -> None:
+    def __init__(self, code: int, message: str, debug: str | None = None) -> None:
         super().__init__(message)
         self.code = code
+        self.debug = message if debug is None else debug
 
 
 class StreamError(Exception):
@@ -285,10 +281,18 @@ class Http2Connection(asyncio.BufferedProtocol):
     def __init__(self, open_stream: Callable[[Http2Connection, Http2Stream, Fields],
                                              StreamHandler],
                  on_close: Callable[[Http2Connection], None],
-                 flooded: Callable[[str], None] | None = None) -> None:
+                 flooded: Callable[[str], None] | None = None,
+                 keepalive: Keepalive | None = None) -> None:
+        """`keepalive`: how often the client may PING (keepalive.PingStrikes); without it,
+        as often as it likes."""
         self._open_stream = open_stream
         self._on_close = on_close
         self._flooded = flooded  # told how, when the connection is ended for flooding
+        self._strikes = PingStrikes(keepalive) if keepalive is not None else None
+        self._data_flowed = False  # data sent or received since the client's last PING
+        self._unread_acks = 0  # answers to PINGs and SETTINGS written while writing paused
+        self._acks: list[bytes] = []  # those parsed in this read, written once it is parsed
+        self._settled = False  # the client's first SETTINGS came
         # the order in which this connection's requests of sequences reach the pipeline
         self.in_order = InOrder()
         self.transport: asyncio.Transport | None = None
@@ -388,6 +392,7 @@ class Http2Connection(asyncio.BufferedProtocol):
 
     def resume_writing(self) -> None:
         self._writing_paused = False
+        self._unread_acks = 0
         for stream in list(self.streams.values()):
             if stream.pending or stream.trailers is not None or stream.head:
                 self._flush(stream)
@@ -469,6 +474,9 @@ class Http2Connection(asyncio.BufferedProtocol):
             self._parse()
         except Http2Error as error:
             self._connection_error(error)
+            return
+        if self._acks:
+            self._send_acks()
 
     def _connection_error(self, error: Http2Error) -> None:
         if error.code == ENHANCE_YOUR_CALM and self._flooded is not None:
@@ -476,7 +484,9 @@ class Http2Connection(asyncio.BufferedProtocol):
         else:
             log.info("HTTP/2 connection error %d: %s", error.code, error)
         self._failed_connection = True
-        self._go_away(error.code, str(error))
+        if self._acks:  # what was answered before it, as if written at once
+            self._send_acks()
+        self._go_away(error.code, error.debug)
         if self.transport is not None:
             self.transport.close()
 
@@ -492,6 +502,8 @@ class Http2Connection(asyncio.BufferedProtocol):
         except Http2Error as error:
             self._connection_error(error)
             return
+        if self._acks:
+            self._send_acks()
         if not self._turn_held and self.transport is not None:
             self.transport.resume_reading()
 
@@ -546,6 +558,7 @@ class Http2Connection(asyncio.BufferedProtocol):
                 asyncio.get_running_loop().call_soon(self._next_turn)
             if kind == DATA:
                 self._start = start + 9
+                self._data_flowed = True  # (an empty one too: counted an idle frame)
                 if (length >= _RUN_FRAME and not flags & PADDED and available >= 9 + length
                         and self._data_run(stream_id, flags, length)):
                     continue
@@ -561,6 +574,7 @@ class Http2Connection(asyncio.BufferedProtocol):
 
     def _control(self, kind: int, flags: int, stream_id: int, payload: memoryview) -> None:
         if kind == HEADERS:
+            self._data_flowed = True
             self._headers(flags, stream_id, payload)
         elif kind == CONTINUATION:
             if stream_id == 0 or stream_id != self._block_stream:
@@ -578,7 +592,9 @@ class Http2Connection(asyncio.BufferedProtocol):
                 raise Http2Error(FRAME_SIZE_ERROR if len(payload) != 8 else PROTOCOL_ERROR,
                                  "a PING must be 8 bytes on stream 0")
             if not flags & ACK:
-                self._write([_frame(PING, ACK, 0, 8) + bytes(payload)])
+                self._turn_frames += _IDLE_FRAME_COUNTS - 1  # (an answer each: a turn's share)
+                self._acknowledge(_frame(PING, ACK, 0, 8) + bytes(payload), "PING")
+                self._client_ping()  # (answered first, the one too many too, as gRPC's are)
             elif payload == _DRAIN_PING and self._draining_since < math.inf:
                 self._last_goaway()  # every stream opened before the first GOAWAY has come
             elif payload == _ALIVE_PING:
@@ -866,6 +882,7 @@ class Http2Connection(asyncio.BufferedProtocol):
             return
         if len(payload) % 6:
             raise Http2Error(FRAME_SIZE_ERROR, "SETTINGS length is not a multiple of 6")
+        widened = False
         for offset in range(0, len(payload), 6):
             key, value = struct.unpack_from(">HI", payload, offset)
             if key == INITIAL_WINDOW_SIZE:
@@ -875,6 +892,7 @@ class Http2Connection(asyncio.BufferedProtocol):
                 delta, self._peer_initial = value - self._peer_initial, value
                 for stream in self.streams.values():
                     stream.send_window += delta
+                widened = widened or delta > 0
             elif key == MAX_FRAME_SIZE:
                 if not _DEFAULT_FRAME <= value <= (1 << 24) - 1:
                     raise Http2Error(PROTOCOL_ERROR, f"SETTINGS_MAX_FRAME_SIZE {value} is out "
@@ -882,8 +900,42 @@ class Http2Connection(asyncio.BufferedProtocol):
                 self._peer_frame = value
             elif key == ENABLE_PUSH and value > 1:
                 raise Http2Error(PROTOCOL_ERROR, "SETTINGS_ENABLE_PUSH must be 0 or 1")
-        self._write([_frame(SETTINGS, ACK, 0, 0)])
+        if self._settled:  # past the first, a client sends a few: a flood of them is answered
+            self._idle_frame("SETTINGS")
+        self._settled = True
+        self._acknowledge(_frame(SETTINGS, ACK, 0, 0), "SETTINGS")
+        if widened:  # what waited on its stream's window may go now
+            for stream in list(self.streams.values()):
+                if stream.pending and stream.send_window > 0:
+                    self._flush(stream)
         self._flush_blocked()
+
+    def _client_ping(self) -> None:
+        """The client's PING: one too many too soon (keepalive.PingStrikes) ends the
+        connection, as gRPC's servers end it."""
+        strikes = self._strikes
+        if strikes is None:
+            return
+        flowed, self._data_flowed = self._data_flowed, False
+        calls_open = bool(self.streams)
+        if strikes.struck_out(time.monotonic(), calls_open, flowed):
+            raise Http2Error(ENHANCE_YOUR_CALM, strikes.describe(calls_open), TOO_MANY_PINGS)
+
+    def _acknowledge(self, frame: bytes, what: str) -> None:
+        """Answer a client's PING or SETTINGS, in one write with the others of the same read
+        (_send_acks: one write each cost 5 µs, 1,024 of them a turn); too many answers it
+        leaves unread: a connection error (_UNREAD_ACKS)."""
+        if self._writing_paused:
+            self._unread_acks += 1
+            if self._unread_acks > _UNREAD_ACKS:
+                raise Http2Error(ENHANCE_YOUR_CALM, f"{self._unread_acks} answers to PING and "
+                                                    f"SETTINGS frames left unread (the last "
+                                                    f"to a {what})")
+        self._acks.append(frame)
+
+    def _send_acks(self) -> None:
+        self._write(self._acks)  # (joined into one bytes, or its one frame as it is)
+        self._acks.clear()
 
     def _window_update(self, stream_id: int, payload: memoryview) -> None:
         if len(payload) != 4:
@@ -963,6 +1015,7 @@ class Http2Connection(asyncio.BufferedProtocol):
         self._write([_frame(HEADERS, END_HEADERS | END_STREAM, stream.id, len(headers))
                      + headers])
         self._pings_without_data = 0
+        self._data_flowed = True
         self._local_end(stream)
 
     def _flush(self, stream: Http2Stream) -> None:
@@ -1260,6 +1313,7 @@ class Http2Connection(asyncio.BufferedProtocol):
         if transport is None or transport.is_closing():
             return
         self._pings_without_data = 0  # a response's frames: data between keepalive PINGs
+        self._data_flowed = True  # (and between the client's)
         if self._sender is not None:  # what the socket did not take is copied to the transport
             if copied := self._sender.send([part for part, _ in parts]):
                 record_copy(copied, "send")
