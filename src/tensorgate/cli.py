@@ -23,7 +23,6 @@ NO_EFFECT = {
     "reuse-grpc-port": "one process listens",
     "grpc-infer-allocation-pool-size": "gRPC requests are parsed in place, not pooled",
     "grpc-max-response-pool-size": "responses are written as views of the outputs",
-    "grpc-infer-response-compression-level": "responses are not compressed",
     "model-load-thread-count": "every model starts loading at once, each instance on its "
                                "own thread",
     "buffer-manager-thread-count": "inputs are views, not copied by threads",
@@ -192,6 +191,10 @@ def _parser() -> argparse.ArgumentParser:
                                           "its last, with no data between, is a strike "
                                           "(default 300000; 2 h while no call is open, "
                                           "unless permitted without calls)")
+    serve.add_argument("--grpc-infer-response-compression-level", metavar="LEVEL",
+                       help="Triton's: compress inference answers for gRPC clients that "
+                            "accept it: none, low (gzip), medium or high (deflate) (default "
+                            "none)")
     serve.add_argument("--grpc-http2-max-ping-strikes", type=int, metavar="N",
                        help="Triton's: past N strikes the connection is told GOAWAY "
                             "too_many_pings and closed (0: no bound; default 2)")

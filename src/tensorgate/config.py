@@ -150,6 +150,9 @@ class ServerConfig:
     # GOAWAY "too_many_pings" and closed
     grpc_http2_min_recv_ping_interval_without_data_ms: int = 300_000
     grpc_http2_max_ping_strikes: int = 2
+    # Triton's: inference answers over gRPC compressed for clients that accept it, the level
+    # picking the encoding as gRPC's servers pick it (none, low, medium, high)
+    grpc_infer_response_compression_level: str = "none"
     log_level: str = "INFO"
     # Triton's --log-file (the log goes there, not to stderr; no client can change it),
     # --log-info / --log-warning / --log-error (each severity on or off, within log_level)
@@ -328,6 +331,9 @@ class ServerConfig:
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be 0 (no bound) or more, got "
                                  f"{getattr(self, name)}")
+        if self.grpc_infer_response_compression_level not in ("none", "low", "medium", "high"):
+            raise ValueError(f"grpc_infer_response_compression_level must be none, low, medium "
+                             f"or high, got '{self.grpc_infer_response_compression_level}'")
         if self.grpc_http2_min_recv_ping_interval_without_data_ms < 0:
             raise ValueError(f"grpc_http2_min_recv_ping_interval_without_data_ms must be 0 or "
                              f"more, got {self.grpc_http2_min_recv_ping_interval_without_data_ms}")

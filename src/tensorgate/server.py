@@ -163,7 +163,8 @@ class Server:
                                       parse_restrictions(config.grpc_restricted_api,
                                                          GRPC_PREFIX), tls, relief,
                                       age_s, _grace_s(config.grpc_max_connection_age_grace_ms),
-                                      _keepalive(config))
+                                      _keepalive(config),
+                                      config.grpc_infer_response_compression_level)
         polling = config.model_control_mode == "poll"
         seen = await _fingerprints(repositories) if polling else None  # before loading
         explicit = config.model_control_mode == "explicit"

@@ -28,6 +28,8 @@ from tensorgate.network.grpc_messages import (CODES, OK_TRAILERS, RESPONSE_HEADE
                                               Failure, HttpRefusal, MessageReader, error_block,
                                               inflate_message, read_call_headers)
 from tensorgate.network.grpc_methods import API_GROUP, INFERENCE_SERVICE, UNARY, model_infer
+from tensorgate.network.grpc_compression import (COMPRESSED_HEADERS, packed_message,
+                                                 response_encoding)
 from tensorgate.network.grpc_stream import StreamCall
 from tensorgate.network.keepalive import Keepalive
 from tensorgate.network.tls import HANDSHAKE_TIMEOUT_S, Handshakes
@@ -91,7 +93,7 @@ class _Call:
     """One unary RPC on one stream: collects its request message, runs it, answers."""
 
     __slots__ = ("front", "connection", "stream", "path", "deadline_ns", "forwarded",
-                 "traceparent", "reader",
+                 "traceparent", "reader", "packing",
                  "_request", "_task", "_answered", "_began_ns", "_received_ns")
 
     def __init__(self, front: GrpcFrontEnd, connection: http2.Http2Connection,
@@ -103,6 +105,10 @@ class _Call:
         self.deadline_ns = call.deadline_ns
         self.forwarded = call.forwarded
         self.traceparent = call.traceparent
+        # the encoding its answer goes in (grpc_compression.py), None: as it is
+        self.packing = (response_encoding(front.response_compression, call.accept_encoding)
+                        if front.response_compression != "none" and call.path == _MODEL_INFER
+                        else None)
         self.reader = MessageReader(front.pool, front.max_message_bytes, call.encoding,
                                     place=call.path == _MODEL_INFER, on_message=self._whole,
                                     acquire=lambda n: front.relief.acquire(front.pool, n, self))
@@ -209,6 +215,8 @@ class _Call:
                     dp, self.connection, message, ledger, self.deadline_ns,
                     forwarded=self.forwarded, received=(self._began_ns, self._received_ns),
                     traceparent=self.traceparent, turn=turn)
+                if self.packing is not None:
+                    parts = await in_steps(packed_message(parts, self.packing, ledger))
             else:
                 decode, handler = UNARY[self.path]
                 request = await in_steps(decode(message))
@@ -233,9 +241,13 @@ class _Call:
         self.reader.close()
         if trace is not None:
             trace.stamp("GRPC_SEND_START")
-        size = sum(len(p) if isinstance(p, bytes) else p.nbytes for p in parts)
-        self.connection.respond(self.stream, RESPONSE_HEADERS,
-                                [b"\x00" + size.to_bytes(4, "big"), *parts], OK_TRAILERS)
+        if self.packing is not None:  # (its prefix made with it)
+            self.connection.respond(self.stream, COMPRESSED_HEADERS[self.packing], parts,
+                                    OK_TRAILERS)
+        else:
+            size = sum(len(p) if isinstance(p, bytes) else p.nbytes for p in parts)
+            self.connection.respond(self.stream, RESPONSE_HEADERS,
+                                    [b"\x00" + size.to_bytes(4, "big"), *parts], OK_TRAILERS)
         if trace is not None:
             trace.stamp("GRPC_SEND_END")
             trace.finish()
@@ -260,14 +272,16 @@ class GrpcFrontEnd:
                  restricted: Restrictions | None = None,
                  tls: ssl.SSLContext | None = None, relief: PoolRelief | None = None,
                  max_age_s: float = 0.0, age_grace_s: float | None = None,
-                 keepalive: Keepalive | None = None) -> None:
+                 keepalive: Keepalive | None = None,
+                 response_compression: str = "none") -> None:
         """`tls`: serve over TLS with this context (network/tls.py), else plain. `relief`:
         shared with the HTTP front end (server.py). `max_age_s` > 0: each connection is
         retired (Http2Connection.retire) after that long, ±10 % so that the connections
         opened together are not all retired together (as gRPC's servers do), its calls
         then open given `age_grace_s` (None: no bound) to finish. `keepalive`: quiet
         connections are sent PINGs, and closed when one goes unanswered; clients' PINGs are
-        bounded (network/keepalive.py)."""
+        bounded (network/keepalive.py). `response_compression`: Triton's level for inference
+        answers (network/grpc_compression.py)."""
         self.dataplane = dataplane
         self.header_forward = header_forward  # metadata passed to models as parameters
         self.restricted = restricted or {}    # API group → the metadata it needs
@@ -278,6 +292,7 @@ class GrpcFrontEnd:
         self.max_age_s = max_age_s
         self.age_grace_s = age_grace_s
         self.keepalive = keepalive
+        self.response_compression = response_compression
         self.connections: set[http2.Http2Connection] = set()
         self.streams: set[StreamCall] = set()  # open ModelStreamInfer calls
         self._server: asyncio.base_events.Server | None = None
@@ -296,7 +311,9 @@ class GrpcFrontEnd:
                 self._check_restricted(call.path, headers)
             if call.path == _MODEL_STREAM_INFER:
                 return StreamCall(self.dataplane, self.pool, self.max_message_bytes,
-                                  connection, stream, call, self.streams, self.relief)
+                                  connection, stream, call, self.streams, self.relief,
+                                  response_encoding(self.response_compression,
+                                                    call.accept_encoding))
             if call.path != _MODEL_INFER and call.path not in UNARY:
                 raise Failure("UNIMPLEMENTED", f"unknown method {call.path}; this server "
                                                f"implements {_KNOWN}")

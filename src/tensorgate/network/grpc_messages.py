@@ -97,19 +97,22 @@ def _deadline_ns(value: str) -> int:
 
 
 class CallHeaders:
-    """What a call's request headers say: the method's path, compression and deadline, the
-    metadata to pass to the model as parameters, and the caller's W3C trace context."""
+    """What a call's request headers say: the method's path, compression (the request's, and
+    what the client accepts for its answer) and deadline, the metadata to pass to the model
+    as parameters, and the caller's W3C trace context."""
 
-    __slots__ = ("path", "encoding", "deadline_ns", "forwarded", "traceparent")
+    __slots__ = ("path", "encoding", "deadline_ns", "forwarded", "traceparent",
+                 "accept_encoding")
 
     def __init__(self, path: str, encoding: str, deadline_ns: int | None,
                  forwarded: dict[str, str] | None = None,
-                 traceparent: str | None = None) -> None:
+                 traceparent: str | None = None, accept_encoding: str = "") -> None:
         self.path = path
         self.encoding = encoding
         self.deadline_ns = deadline_ns
         self.forwarded = forwarded
         self.traceparent = traceparent
+        self.accept_encoding = accept_encoding
 
 
 def read_call_headers(headers: http2.Fields,
@@ -128,7 +131,8 @@ def read_call_headers(headers: http2.Fields,
                                        f"of {ENCODINGS}")
     deadline = _deadline_ns(values["grpc-timeout"]) if "grpc-timeout" in values else None
     return CallHeaders(values.get(":path", ""), encoding, deadline,
-                       forward_headers(headers, forward), values.get("traceparent"))
+                       forward_headers(headers, forward), values.get("traceparent"),
+                       values.get("grpc-accept-encoding", ""))
 
 
 def inflate_message(message: Any, encoding: str, limit: int, ledger: CopyLedger,

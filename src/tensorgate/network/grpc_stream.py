@@ -32,12 +32,14 @@ from typing import Any
 from tensorgate.dataplane import DataPlane
 from tensorgate.errors import TensorgateError
 from tensorgate.network import PoolRelief, http2, in_steps, stalled_message
+from tensorgate.network.grpc_compression import COMPRESSED_HEADERS, packed_message
 from tensorgate.network.grpc_messages import (CODES, OK_TRAILERS, RESPONSE_HEADERS, CallHeaders,
                                               Failure, MessageReader, inflate_message, trailers)
 from tensorgate.network.grpc_methods import model_infer, model_infer_responses, split_request
 from tensorgate.network.in_order import Turn
 from tensorgate.protocol.grpc_codec import (TensorSpans, stream_error_message,
                                             stream_response_parts)
+from tensorgate.protocol.steps import run_through
 from tensorgate.tensor.copies import CopyLedger
 from tensorgate.tensor.pool import BufferPool
 
@@ -58,12 +60,14 @@ class StreamCall:
     __slots__ = ("dataplane", "connection", "stream", "deadline_ns", "forwarded",
                  "traceparent", "reader",
                  "_limit", "_registry", "_waiting", "_tasks", "_client_done", "_draining",
-                 "_closed", "_paused", "_room")
+                 "_closed", "_paused", "_room", "_packing")
 
     def __init__(self, dataplane: DataPlane, pool: BufferPool, max_message_bytes: int,
                  connection: http2.Http2Connection, stream: http2.Http2Stream,
                  call: CallHeaders, registry: set[StreamCall],
-                 relief: PoolRelief | None = None) -> None:
+                 relief: PoolRelief | None = None, packing: str | None = None) -> None:
+        """`packing`: the encoding its responses go in (grpc_compression.py), None: as they
+        are."""
         self.dataplane = dataplane
         self.connection = connection
         self.stream = stream
@@ -83,8 +87,10 @@ class StreamCall:
         self._closed = False       # the stream is over (ended by us, or reset)
         self._paused = False       # its window is held back
         self._room = asyncio.Event()  # set when what was sent has gone to the transport
+        self._packing = packing
         registry.add(self)
-        connection.begin_response(stream, RESPONSE_HEADERS)
+        connection.begin_response(stream, RESPONSE_HEADERS if packing is None
+                                  else COMPRESSED_HEADERS[packing])
 
     # -- requests, as HTTP/2 delivers them -------------------------------------------------
 
@@ -225,7 +231,7 @@ class StreamCall:
                 turn.end()
         if trace is not None:
             trace.stamp("GRPC_SEND_START")
-        self._answer(body)
+        self._answer(body, ledger)
         if trace is not None:
             trace.stamp("GRPC_SEND_END")
             trace.finish()
@@ -242,7 +248,7 @@ class StreamCall:
                 if isinstance(parts, TensorgateError):  # the model's, and it goes on
                     self._answer([self._error(parts.message, request)])
                     continue
-                self._answer(stream_response_parts(parts))
+                self._answer(stream_response_parts(parts), ledger)
                 while self.stream.pending_bytes >= _PENDING_BYTES and not self._closed:
                     self._room.clear()
                     await self._room.wait()
@@ -256,11 +262,20 @@ class StreamCall:
         return stream_error_message(message, request.model_name, request.model_version,
                                     request.id)
 
-    def _answer(self, body: list[Any]) -> None:
+    def _answer(self, body: list[Any], ledger: CopyLedger | None = None) -> None:
+        """One response message. Compressed where the stream's are (an error's too), in one
+        go, holding the loop: a slice at a time between turns, as a unary answer is, a large
+        response could be overtaken by a later small one, and a sequence's must come in
+        order. (12.8 ms for identity's 602 KB of random FP32 at level 1, 0.93 of its size,
+        on the 2-core EPYC; 29 µs for resnet50's 4 KB.)"""
         if self._closed:
             return
-        size = sum(len(p) if isinstance(p, bytes) else p.nbytes for p in body)
-        self.connection.send(self.stream, [b"\x00" + size.to_bytes(4, "big"), *body])
+        if self._packing is not None:
+            message = run_through(packed_message(body, self._packing, ledger or CopyLedger()))
+        else:
+            size = sum(len(p) if isinstance(p, bytes) else p.nbytes for p in body)
+            message = [b"\x00" + size.to_bytes(4, "big"), *body]
+        self.connection.send(self.stream, message)
 
     # -- ending ----------------------------------------------------------------------------
 
