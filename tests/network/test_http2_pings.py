@@ -9,14 +9,13 @@ from __future__ import annotations
 import asyncio
 import struct
 
-import hpack
-
 from tensorgate.network import http2
 from tensorgate.network.keepalive import IDLE_PING_INTERVAL_S, Keepalive, PingStrikes
-from tests.e2e.h2_client import (END_HEADERS, END_STREAM, HEADERS, PING, PREFACE, SETTINGS,
+from tests.e2e.h2_client import (END_HEADERS, END_STREAM, HEADERS, PING, SETTINGS,
                                  WINDOW_UPDATE, H2Client)
-from tests.network.test_http2_streams import (_answering, _feed, _frames, _goaway, _Handler,
-                                              _ReadingRecorder, _request_block, _until_closed)
+from tests.network.test_http2_streams import (_answering, _feed, _frames, _goaway,
+                                              _ReadingRecorder, _request_block, _turning,
+                                              _until_closed)
 
 ACK = 0x1
 _TRITONS = Keepalive(7200.0, 20.0)  # Triton's defaults: 300 s between PINGs, 2 strikes
@@ -24,28 +23,6 @@ _TRITONS = Keepalive(7200.0, 20.0)  # Triton's defaults: 300 s between PINGs, 2 
 
 def _ping(number: int) -> bytes:
     return H2Client.frame(PING, 0, 0, number.to_bytes(8, "big"))
-
-
-def _connection(keepalive: Keepalive | None
-                ) -> tuple[http2.Http2Connection, _ReadingRecorder, hpack.Encoder]:
-    """A connection past its preface; each stream is answered once its request is whole."""
-    encoder = hpack.Encoder()
-    head, trailers = encoder.encode([(":status", "200")]), encoder.encode([("grpc-status", "0")])
-
-    class Answering(_Handler):
-        def __init__(self, stream: http2.Http2Stream) -> None:
-            super().__init__(explode=False)
-            self.stream = stream
-
-        def end_received(self) -> None:
-            connection.respond(self.stream, head, [b"answer"], trailers)
-
-    connection = http2.Http2Connection(lambda c, stream, h: Answering(stream), lambda c: None,
-                                       None, keepalive)
-    transport = _ReadingRecorder()
-    connection.connection_made(transport)
-    _feed(connection, PREFACE + H2Client.frame(SETTINGS, 0, 0, b""))
-    return connection, transport, encoder
 
 
 async def _parsed(transport: _ReadingRecorder) -> None:
@@ -74,12 +51,12 @@ def test_a_ping_past_two_strikes_ends_the_connection_with_too_many_pings() -> No
     ("too_many_pings": it then doubles its keepalive time), and the connection closed — as
     Triton 2.51 answers the same four (tools/triton_diff.py), in one read or not."""
     async def scenario() -> None:
-        connection, transport, _ = _connection(_TRITONS)
+        connection, transport, _, _ = _turning(True, keepalive=_TRITONS)
         _feed(connection, _ping(1) + _ping(2) + _ping(3))
         assert _acks(transport) == [1, 2, 3] and not transport.closed
         _feed(connection, _ping(4))
         assert _acks(transport) == [1, 2, 3, 4] and _too_many_pings(transport)
-        connection, transport, _ = _connection(_TRITONS)
+        connection, transport, _, _ = _turning(True, keepalive=_TRITONS)
         _feed(connection, _ping(1) + _ping(2) + _ping(3) + _ping(4) + _ping(5))
         assert _acks(transport) == [1, 2, 3, 4] and _too_many_pings(transport)
     asyncio.run(scenario())
@@ -89,7 +66,7 @@ def test_data_either_way_between_pings_forgives_the_strikes() -> None:
     """A client that PINGs often beside its calls is never closed: an answer sent, or a
     request's DATA received, starts the count again."""
     async def scenario() -> None:
-        connection, transport, encoder = _connection(_TRITONS)
+        connection, transport, _, encoder = _turning(True, keepalive=_TRITONS)
         block = _request_block(encoder)
         for stream_id in range(1, 12, 2):  # two PINGs, then a call answered, six times
             _feed(connection, _ping(stream_id) + _ping(stream_id + 1)
@@ -127,7 +104,7 @@ def test_strikes_count_pings_sooner_than_the_interval_two_hours_while_idle() -> 
 
 def test_without_keepalive_settings_pings_are_answered_without_bound() -> None:
     async def scenario() -> None:
-        connection, transport, _ = _connection(None)
+        connection, transport, _, _ = _turning(True)
         _feed(connection, b"".join(_ping(n) for n in range(500)))
         assert _acks(transport) == list(range(128))  # a turn's share
         await _parsed(transport)
@@ -141,7 +118,7 @@ def test_answers_left_unread_past_1000_end_the_connection() -> None:
     sent PINGs and read nothing grew the server without bound. The transport draining
     (resume_writing) starts the count again."""
     async def scenario() -> None:
-        connection, transport, _ = _connection(None)
+        connection, transport, _, _ = _turning(True)
         connection.pause_writing()
         _feed(connection, b"".join(_ping(n) for n in range(1000)))
         await _parsed(transport)
@@ -165,7 +142,7 @@ def test_settings_past_the_first_count_as_frames_that_carry_nothing() -> None:
     """A client sends SETTINGS a few times; a flood of them (each answered) ends past the
     10,000 frames that carry nothing, as PRIORITY frames do."""
     async def scenario() -> None:
-        connection, transport, _ = _connection(None)
+        connection, transport, _, _ = _turning(True)
         _feed(connection, H2Client.frame(SETTINGS, 0, 0, b"") * 10_001)
         await _until_closed(transport, 200)  # (128 a turn)
         goaway = _goaway(transport)

@@ -23,6 +23,7 @@ from tritonclient.grpc import service_pb2 as pb
 
 from tensorgate.network import ConnectionBudget, http2
 from tensorgate.network.grpc_messages import MessageReader
+from tensorgate.network.keepalive import Keepalive
 from tensorgate.tensor.copies import CopyLedger
 from tensorgate.tensor.pool import BufferPool
 from tests.e2e.h2_client import (DATA, END_HEADERS, END_STREAM, GOAWAY, HEADERS, PREFACE,
@@ -387,11 +388,13 @@ class _ReadingRecorder(_Recorder):
         return self.reading
 
 
-def _turning(finish: bool = False, budget: ConnectionBudget | None = None
+def _turning(finish: bool = False, budget: ConnectionBudget | None = None,
+             keepalive: Keepalive | None = None
              ) -> tuple[http2.Http2Connection, _ReadingRecorder, list[int], hpack.Encoder]:
     """A connection inside a running loop, and the ids of the streams it opened; with
     `finish`, each stream whose request is whole is answered at once (an empty 200); with
-    `budget`, ended for flooding, it tells that budget."""
+    `budget`, ended for flooding, it tells that budget; `keepalive`: its client's PINGs
+    bounded (tests/network/test_http2_pings.py)."""
     opened: list[int] = []
     encoder = hpack.Encoder()
     head, trailers = encoder.encode([(":status", "200")]), encoder.encode([("grpc-status", "0")])
@@ -411,7 +414,7 @@ def _turning(finish: bool = False, budget: ConnectionBudget | None = None
         return Answering(stream)
 
     connection = http2.Http2Connection(open_stream, lambda c: None,
-                                       None if budget is None else budget.flooded)
+                                       None if budget is None else budget.flooded, keepalive)
     transport = _ReadingRecorder()
     connection.connection_made(transport)
     _feed(connection, PREFACE + H2Client.frame(SETTINGS, 0, 0, b""))
