@@ -191,13 +191,13 @@ def _parser() -> argparse.ArgumentParser:
                                           "its last, with no data between, is a strike "
                                           "(default 300000; 2 h while no call is open, "
                                           "unless permitted without calls)")
+    serve.add_argument("--grpc-http2-max-ping-strikes", type=int, metavar="N",
+                       help="Triton's: past N strikes the connection is told GOAWAY "
+                            "too_many_pings and closed (0: no bound; default 2)")
     serve.add_argument("--grpc-infer-response-compression-level", metavar="LEVEL",
                        help="Triton's: compress inference answers for gRPC clients that "
                             "accept it: none, low (gzip), medium or high (deflate) (default "
                             "none)")
-    serve.add_argument("--grpc-http2-max-ping-strikes", type=int, metavar="N",
-                       help="Triton's: past N strikes the connection is told GOAWAY "
-                            "too_many_pings and closed (0: no bound; default 2)")
     serve.add_argument("--http-header-forward-pattern",
                        help="regular expression: HTTP headers whose name it matches reach "
                             "the model as request parameters (default: none)")

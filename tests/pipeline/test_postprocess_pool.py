@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import threading
@@ -77,6 +78,17 @@ def test_shutdown_runs_what_was_submitted_then_ends_the_threads() -> None:
         thread.join(10.0)
         assert not thread.is_alive()
     assert sorted(ran) == list(range(5))
+
+
+def test_a_pool_dropped_without_shutdown_ends_its_threads() -> None:
+    """An engine made and never started (a test's, a failed start's) leaves no threads."""
+    pool = PostprocessPool(2)
+    threads = list(pool._threads)
+    del pool
+    gc.collect()
+    for thread in threads:
+        thread.join(10.0)
+        assert not thread.is_alive()
 
 
 def test_a_pool_needs_a_thread() -> None:

@@ -24,12 +24,12 @@ from tensorgate.errors import TensorgateError
 from tensorgate.network import (ConnectionBudget, PoolRelief, RefusedConnection, http2,
                                in_steps, stalled_message)
 from tensorgate.network.eager import EagerRun
+from tensorgate.network.grpc_compression import (COMPRESSED_HEADERS, packed_message,
+                                                 response_encoding)
 from tensorgate.network.grpc_messages import (CODES, OK_TRAILERS, RESPONSE_HEADERS, CallHeaders,
                                               Failure, HttpRefusal, MessageReader, error_block,
                                               inflate_message, read_call_headers)
 from tensorgate.network.grpc_methods import API_GROUP, INFERENCE_SERVICE, UNARY, model_infer
-from tensorgate.network.grpc_compression import (COMPRESSED_HEADERS, packed_message,
-                                                 response_encoding)
 from tensorgate.network.grpc_stream import StreamCall
 from tensorgate.network.keepalive import Keepalive
 from tensorgate.network.tls import HANDSHAKE_TIMEOUT_S, Handshakes

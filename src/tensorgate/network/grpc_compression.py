@@ -21,9 +21,8 @@ from tensorgate.network.grpc_messages import ENCODINGS
 from tensorgate.protocol.compression import deflate_steps
 from tensorgate.tensor.copies import CopyLedger, record_copy
 
-__all__ = ["COMPRESSED_HEADERS", "LEVELS", "packed_message", "response_encoding"]
+__all__ = ["COMPRESSED_HEADERS", "packed_message", "response_encoding"]
 
-LEVELS = ("none", "low", "medium", "high")
 _RANKING = ("gzip", "deflate")  # gRPC's, least compressing first
 # RESPONSE_HEADERS with the encoding its messages come in
 COMPRESSED_HEADERS = {name: http2.encode_headers([

@@ -22,6 +22,7 @@ import logging
 import os
 import queue
 import threading
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -34,15 +35,19 @@ _Task = tuple[Callable[..., None], tuple[Any, ...]]
 
 class PostprocessPool:
     """Threads for CPU post-processing: torch and numpy drop the GIL, so they run beside the
-    executors. What is submitted runs in order of submission, on whichever thread is free."""
+    executors. What is submitted runs in order of submission, on whichever thread is free.
+    Its threads hold its queue, not the pool: a pool dropped without shutdown (an engine
+    made and never started) ends them as it goes."""
 
     def __init__(self, workers: int = 2, cpus: frozenset[int] | None = None) -> None:
         """`cpus`: where its threads run (the placement's compute CPUs), else the maker's."""
         if workers < 1:
             raise ValueError(f"a post-processing pool needs a thread, not {workers}")
         self._tasks: queue.SimpleQueue[_Task | None] = queue.SimpleQueue()
-        self._threads = [threading.Thread(target=self._work, name=f"tg-postprocess_{i}",
-                                          daemon=True) for i in range(workers)]
+        self._threads = [threading.Thread(target=_work, args=(self._tasks,),
+                                          name=f"tg-postprocess_{i}", daemon=True)
+                         for i in range(workers)]
+        self._end = weakref.finalize(self, _end, self._tasks, workers)  # (once, either way)
         for thread in self._threads:
             thread.start()  # (its native_id known once this returns)
             if cpus is not None and thread.native_id is not None:
@@ -58,18 +63,23 @@ class PostprocessPool:
 
     def shutdown(self) -> None:
         """Let the threads end once what was submitted before has run; returns at once."""
-        for _ in self._threads:
-            self._tasks.put(None)
+        self._end()
 
-    def _work(self) -> None:
-        while True:
-            task = self._tasks.get()
-            if task is None:
-                return
-            fn, args = task
-            del task
-            try:
-                fn(*args)
-            except Exception:  # noqa: BLE001 - one task's failure must not end the thread
-                log.exception("post-processing by %s failed", getattr(fn, "__qualname__", fn))
-            del fn, args  # not held while waiting for the next: its buffers go back
+
+def _end(tasks: queue.SimpleQueue[_Task | None], threads: int) -> None:
+    for _ in range(threads):
+        tasks.put(None)
+
+
+def _work(tasks: queue.SimpleQueue[_Task | None]) -> None:
+    while True:
+        task = tasks.get()
+        if task is None:
+            return
+        fn, args = task
+        del task
+        try:
+            fn(*args)
+        except Exception:  # noqa: BLE001 - one task's failure must not end the thread
+            log.exception("post-processing by %s failed", getattr(fn, "__qualname__", fn))
+        del fn, args  # not held while waiting for the next: its buffers go back
