@@ -39,7 +39,6 @@ from tensorgate.network.grpc_methods import model_infer, model_infer_responses, 
 from tensorgate.network.in_order import Turn
 from tensorgate.protocol.grpc_codec import (TensorSpans, stream_error_message,
                                             stream_response_parts)
-from tensorgate.protocol.steps import run_through
 from tensorgate.tensor.copies import CopyLedger
 from tensorgate.tensor.pool import BufferPool
 
@@ -60,7 +59,7 @@ class StreamCall:
     __slots__ = ("dataplane", "connection", "stream", "deadline_ns", "forwarded",
                  "traceparent", "reader",
                  "_limit", "_registry", "_waiting", "_tasks", "_client_done", "_draining",
-                 "_closed", "_paused", "_room", "_packing")
+                 "_closed", "_paused", "_room", "_packing", "_last_sent")
 
     def __init__(self, dataplane: DataPlane, pool: BufferPool, max_message_bytes: int,
                  connection: http2.Http2Connection, stream: http2.Http2Stream,
@@ -88,6 +87,7 @@ class StreamCall:
         self._paused = False       # its window is held back
         self._room = asyncio.Event()  # set when what was sent has gone to the transport
         self._packing = packing
+        self._last_sent: asyncio.Future[None] | None = None  # a compressed response's, until sent
         registry.add(self)
         connection.begin_response(stream, RESPONSE_HEADERS if packing is None
                                   else COMPRESSED_HEADERS[packing])
@@ -104,7 +104,13 @@ class StreamCall:
     def _refused(self, failure: Failure) -> None:
         """A message was malformed or the pool had no room for it: answer it with the
         error, keep the stream."""
-        self._answer([stream_error_message(failure.message, "", "", "")])
+        body = [stream_error_message(failure.message, "", "", "")]
+        if self._packing is None:
+            self._answer(body)
+            return
+        task = asyncio.ensure_future(self._send(body, CopyLedger()))  # after those before it
+        self._tasks.add(task)
+        task.add_done_callback(self._ran)
 
     def data_received(self, data: memoryview) -> None:
         if self._closed or self._draining:
@@ -231,7 +237,7 @@ class StreamCall:
                 turn.end()
         if trace is not None:
             trace.stamp("GRPC_SEND_START")
-        self._answer(body, ledger)
+        await self._send(body, ledger)
         if trace is not None:
             trace.stamp("GRPC_SEND_END")
             trace.finish()
@@ -246,9 +252,9 @@ class StreamCall:
         try:
             async for parts in responses:
                 if isinstance(parts, TensorgateError):  # the model's, and it goes on
-                    self._answer([self._error(parts.message, request)])
+                    await self._send([self._error(parts.message, request)], ledger)
                     continue
-                self._answer(stream_response_parts(parts), ledger)
+                await self._send(stream_response_parts(parts), ledger)
                 while self.stream.pending_bytes >= _PENDING_BYTES and not self._closed:
                     self._room.clear()
                     await self._room.wait()
@@ -262,20 +268,33 @@ class StreamCall:
         return stream_error_message(message, request.model_name, request.model_version,
                                     request.id)
 
-    def _answer(self, body: list[Any], ledger: CopyLedger | None = None) -> None:
-        """One response message. Compressed where the stream's are (an error's too), in one
-        go, holding the loop: a slice at a time between turns, as a unary answer is, a large
-        response could be overtaken by a later small one, and a sequence's must come in
-        order. (12.8 ms for identity's 602 KB of random FP32 at level 1, 0.93 of its size,
-        on the 2-core EPYC; 29 µs for resnet50's 4 KB.)"""
+    async def _send(self, body: list[Any], ledger: CopyLedger) -> None:
+        """One response message; where the stream's are compressed, compressed a slice at a
+        time between turns of the loop (identity's 602 KB of random FP32 held it 12.8 ms in
+        one go), then sent once those before it are: a response finished later, and small,
+        must not overtake a large one (a sequence's come in order)."""
+        if self._packing is None:
+            self._answer(body)
+            return
+        before, mine = self._last_sent, asyncio.get_running_loop().create_future()
+        self._last_sent = mine
+        try:
+            message = await in_steps(packed_message(body, self._packing, ledger))
+            if before is not None and not before.done():
+                await asyncio.wait((before,))  # (not cancelled with this one)
+            if not self._closed:
+                self.connection.send(self.stream, message)
+        finally:
+            mine.set_result(None)
+            if self._last_sent is mine:
+                self._last_sent = None
+
+    def _answer(self, body: list[Any]) -> None:
+        """One response message, as it is, now."""
         if self._closed:
             return
-        if self._packing is not None:
-            message = run_through(packed_message(body, self._packing, ledger or CopyLedger()))
-        else:
-            size = sum(len(p) if isinstance(p, bytes) else p.nbytes for p in body)
-            message = [b"\x00" + size.to_bytes(4, "big"), *body]
-        self.connection.send(self.stream, message)
+        size = sum(len(p) if isinstance(p, bytes) else p.nbytes for p in body)
+        self.connection.send(self.stream, [b"\x00" + size.to_bytes(4, "big"), *body])
 
     # -- ending ----------------------------------------------------------------------------
 
