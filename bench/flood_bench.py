@@ -8,7 +8,7 @@ a server from one or two source trees with such a client on its gRPC port (Model
 calls, prebuilt frames written as fast as the socket takes them, whatever comes back read
 and dropped), or an HTTP/1.1 client that pipelines requests, while a second client sends
 `GET /v2/health/ready` over HTTP/1.1 one after another, and prints per mode what the flood
-wrote a second (streams; frames for priority, empty-data and ping; requests answered for
+wrote a second (streams; frames for priority, empty-data, ping and window; requests answered for
 pipeline), the second client's checks, P50, P99 and max, and how much the server's RSS grew
 over the mode:
 
@@ -21,6 +21,7 @@ over the mode:
     ping         PINGs, one after another, their answers read (gRPC's ping policy ends the
                  connection after a few; with --grpc-http2-max-ping-strikes 0 nothing does)
     ping-unread  the same, their answers never read: what they cost the server's memory
+    window       WINDOW_UPDATE frames of 1 byte for the connection, one after another
     *-again      (priority-again, empty-data-again) the same, connecting again whenever
                  the server closes the connection
     pipeline     HTTP/1.1: 2,000 health checks in one write, their answers read, again
@@ -56,7 +57,7 @@ from compare_wire import latency_figures  # noqa: E402
 from tensorgate.builtin.repository import write_default_repository  # noqa: E402
 
 MODES = ("none", "reset", "reset-again", "beyond", "priority", "priority-again", "empty-data",
-         "empty-data-again", "ping", "ping-unread", "pipeline")
+         "empty-data-again", "ping", "ping-unread", "window", "pipeline")
 _CHECK = b"GET /v2/health/ready HTTP/1.1\r\nHost: t\r\n\r\n"
 
 
@@ -66,7 +67,7 @@ def _flood(port: int, seconds: float, mode: str, opened: multiprocessing.Value) 
     from tritonclient.grpc import service_pb2 as pb
 
     from tests.e2e.h2_client import (DATA, END_HEADERS, END_STREAM, HEADERS, PING, PRIORITY,
-                                     RST_STREAM, H2Client)
+                                     RST_STREAM, WINDOW_UPDATE, H2Client)
 
     block = hpack.Encoder().encode([
         (":method", "POST"), (":scheme", "http"), (":authority", "x"),
@@ -88,10 +89,11 @@ def _flood(port: int, seconds: float, mode: str, opened: multiprocessing.Value) 
     client, stream, pending, batch, count = connect(), 1, b"", 0, 0
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
-        if not pending and kind in ("priority", "empty-data", "ping"):
+        if not pending and kind in ("priority", "empty-data", "ping", "window"):
             frame = (client.frame(PRIORITY, 0, 1, b"\0\0\0\0\x10") if kind == "priority"
                      else client.frame(PING, 0, 0, b"12345678") if kind == "ping"
-                     else client.frame(DATA, 0, 1, b""))
+                     else client.frame(WINDOW_UPDATE, 0, 0, b"\0\0\0\x01")
+                     if kind == "window" else client.frame(DATA, 0, 1, b""))
             pending, batch = frame * 5000, 5000
         if not pending:
             parts = []

@@ -586,6 +586,9 @@ class Http2Connection(asyncio.BufferedProtocol):
         elif kind == SETTINGS:
             self._settings(flags, stream_id, payload)
         elif kind == WINDOW_UPDATE:
+            # a turn's share as the frames that carry nothing (not counted towards their
+            # bound: a client reading a long stream sends them for as long as it reads)
+            self._turn_frames += _IDLE_FRAME_COUNTS - 1
             self._window_update(stream_id, payload)
         elif kind == PING:
             if stream_id != 0 or len(payload) != 8:
