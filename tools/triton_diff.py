@@ -3,15 +3,16 @@ where their answers differ.
 
 "tritonclient and existing Triton model repositories work unchanged" is a claim about
 behaviour no test of ours alone can check: this starts Triton's own `tritonserver` (the
-binary in the nvidia-pytriton wheel that `bash bench/peers/install.sh triton` installs)
-and `tensorgate serve` on one Python-backend repository, sends each request of a corpus —
+binary in the nvidia-pytriton wheel that `bash bench/peers/install.sh triton` installs) and
+`tensorgate serve` on one Python-backend repository, sends each request of a corpus —
 health, metadata, statistics, model control, and inference over HTTP (JSON, binary,
 compressed, malformed) and gRPC (raw and typed contents, wrong fields, every datatype, and
-raw HTTP/2 frames: a client's PINGs) — to both, and compares status and answer (errors by status only; their words differ). The
-Python backend's side is compared from within: a probe model (tools/triton_diff_probe.py)
-reports what a model sees — initialize's args, its config, pb_utils's names and helpers,
-its requests, tensors, BLS calls — and answers in the ways a server must handle (errors of
-each code, raises, outputs not as configured, answers through the response sender).
+raw HTTP/2 frames: a client's PINGs) — to both, and compares status and answer (errors by
+status only; their words differ). The Python backend's side is compared from within: a probe
+model (tools/triton_diff_probe.py) reports what a model sees — initialize's args, its
+config, pb_utils's names and helpers, its requests, tensors, BLS calls — and answers in the
+ways a server must handle (errors of each code, raises, outputs not as configured, answers
+through the response sender).
 
 Each difference is either listed in KNOWN with the reason it is deliberate (a malformed
 request is the client's error, 400 here where Triton answers 500; an integer out of its

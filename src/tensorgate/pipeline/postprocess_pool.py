@@ -47,7 +47,7 @@ class PostprocessPool:
         self._threads = [threading.Thread(target=_work, args=(self._tasks,),
                                           name=f"tg-postprocess_{i}", daemon=True)
                          for i in range(workers)]
-        self._end = weakref.finalize(self, _end, self._tasks, workers)  # (once, either way)
+        self._ending = weakref.finalize(self, _end, self._tasks, workers)  # (once, either way)
         for thread in self._threads:
             thread.start()  # (its native_id known once this returns)
             if cpus is not None and thread.native_id is not None:
@@ -63,7 +63,7 @@ class PostprocessPool:
 
     def shutdown(self) -> None:
         """Let the threads end once what was submitted before has run; returns at once."""
-        self._end()
+        self._ending()
 
 
 def _end(tasks: queue.SimpleQueue[_Task | None], threads: int) -> None:
