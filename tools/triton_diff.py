@@ -7,12 +7,13 @@ binary in the nvidia-pytriton wheel that `bash bench/peers/install.sh triton` in
 `tensorgate serve` on one Python-backend repository, sends each request of a corpus —
 health, metadata, statistics, model control, and inference over HTTP (JSON, binary,
 compressed, malformed) and gRPC (raw and typed contents, wrong fields, every datatype, and
-raw HTTP/2 frames: a client's PINGs) — to both, and compares status and answer (errors by
-status only; their words differ). The Python backend's side is compared from within: a probe
-model (tools/triton_diff_probe.py) reports what a model sees — initialize's args, its
-config, pb_utils's names and helpers, its requests, tensors, BLS calls — and answers in the
-ways a server must handle (errors of each code, raises, outputs not as configured, answers
-through the response sender).
+raw HTTP/2 frames: a client's PINGs; answers compressed at each level, on server pairs of
+their own) — to both, and compares status and answer (errors by status only; their words
+differ). The Python backend's side is compared from within: a probe model
+(tools/triton_diff_probe.py) reports what a model sees — initialize's args, its config,
+pb_utils's names and helpers, its requests, tensors, BLS calls — and answers in the ways a
+server must handle (errors of each code, raises, outputs not as configured, answers through
+the response sender).
 
 Each difference is either listed in KNOWN with the reason it is deliberate (a malformed
 request is the client's error, 400 here where Triton answers 500; an integer out of its
@@ -48,10 +49,10 @@ import zlib
 from collections.abc import Callable
 from typing import Any
 
-from triton_diff_cases import (F4, SAGEMAKER_MODEL, Frames, Grpc, Http, Stream,
+from triton_diff_cases import (F4, SAGEMAKER_MODEL, Frames, Grpc, Http, Packed, Stream,
                                failure_cases, frames_cases, grpc_cases, grpc_upload_cases,
-                               http_cases, multi_model_cases, probe_cases, sagemaker_cases,
-                               shm_cases, stream_cases, upload_cases)
+                               http_cases, multi_model_cases, packed_cases, probe_cases,
+                               sagemaker_cases, shm_cases, stream_cases, upload_cases)
 from triton_diff_models import CONFIG_NAME, ROOT, write_repository
 
 # case name -> (Triton's status, ours, why the difference is deliberate, and where the two
@@ -230,11 +231,11 @@ _known("a method a route does not take is 405 here, naming those it takes; Trito
 
 
 def _triton(venv: pathlib.Path, repo: pathlib.Path, work: pathlib.Path,
-            ports: tuple[int, int, int, int], sagemaker: dict[str, str] | None = None
-            ) -> subprocess.Popen[bytes]:
+            ports: tuple[int, int, int, int], sagemaker: dict[str, str] | None = None,
+            extra: tuple[str, ...] = ()) -> subprocess.Popen[bytes]:
     """tritonserver on `ports` (HTTP, gRPC, metrics, SageMaker: the last on 0.0.0.0, which
     Triton's SageMaker server always binds); `sagemaker`: its variables (default: the
-    endpoint serves SAGEMAKER_MODEL)."""
+    endpoint serves SAGEMAKER_MODEL); `extra`: more of its command line."""
     site = next((venv / "lib").glob("python3*/site-packages"))
     home = site / "pytriton" / "tritonserver"
     version = f"{sys.version_info.major}.{sys.version_info.minor}"
@@ -255,7 +256,7 @@ def _triton(venv: pathlib.Path, repo: pathlib.Path, work: pathlib.Path,
                "--http-port", str(ports[0]), "--grpc-address", "127.0.0.1", "--grpc-port",
                str(ports[1]), "--metrics-address", "127.0.0.1", "--metrics-port",
                str(ports[2]), "--exit-timeout-secs", "2", "--model-config-name", CONFIG_NAME,
-               "--allow-sagemaker", "true", "--sagemaker-port", str(ports[3])]
+               "--allow-sagemaker", "true", "--sagemaker-port", str(ports[3]), *extra]
     return subprocess.Popen(command, env=env, stdout=(work / "triton.log").open("wb"),
                             stderr=subprocess.STDOUT)
 
@@ -264,7 +265,8 @@ _ONE_MODEL = {"SAGEMAKER_TRITON_DEFAULT_MODEL_NAME": SAGEMAKER_MODEL}
 
 
 def _tensorgate(repo: pathlib.Path, work: pathlib.Path, ports: tuple[int, int, int, int],
-                sagemaker: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+                sagemaker: dict[str, str] | None = None, extra: tuple[str, ...] = ()
+                ) -> subprocess.Popen[bytes]:
     command = [sys.executable, "-m", "tensorgate", "serve", "--model-repository", str(repo),
                "--model-control-mode", "explicit", "--load-model", "*",
                "--allow-shared-memory",  # off by default here, on in Triton
@@ -272,7 +274,7 @@ def _tensorgate(repo: pathlib.Path, work: pathlib.Path, ports: tuple[int, int, i
                "--model-config-name", CONFIG_NAME,
                "--http-port",
                str(ports[0]), "--grpc-port", str(ports[1]), "--metrics-port", str(ports[2]),
-               "--allow-sagemaker", "true", "--sagemaker-port", str(ports[3])]
+               "--allow-sagemaker", "true", "--sagemaker-port", str(ports[3]), *extra]
     return subprocess.Popen(command, stdout=(work / "tensorgate.log").open("wb"),
                             stderr=subprocess.STDOUT,
                             env={**os.environ, **(sagemaker or _ONE_MODEL)})
@@ -587,6 +589,57 @@ def _multi_model_rows(venv: pathlib.Path, repo: pathlib.Path, work: pathlib.Path
         _stop(ours)
 
 
+def _packed_outcome(port: int, case: Packed) -> tuple[Any, Any]:
+    """The encoding the answer names ("identity" when none), and whether its one message is
+    flagged compressed, and inflates (where flagged) to a message that parses."""
+    sys.path.insert(0, str(ROOT))
+    from tests.e2e import h2_client as h2
+    from tritonclient.grpc import service_pb2 as pb
+
+    client = h2.H2Client(port)
+    try:
+        extra = [] if case.accept is None else [("grpc-accept-encoding", case.accept)]
+        headers, data = client.response(client.call(case.method, case.message, extra))
+    finally:
+        client.close()
+    encoding = headers.get("grpc-encoding", "identity")
+    body = data[5:]
+    if data[:1] == b"\x01":
+        body = zlib.decompress(body, 16 + zlib.MAX_WBITS if encoding == "gzip"
+                               else zlib.MAX_WBITS)
+    kind = {"ModelInfer": pb.ModelInferResponse, "ModelStreamInfer": pb.ModelStreamInferResponse,
+            "ServerLive": pb.ServerLiveResponse}[case.method]
+    kind.FromString(body)  # (raises where it does not parse)
+    return encoding, {"status": headers.get("grpc-status"), "flagged": data[:1] == b"\x01"}
+
+
+def _packed_rows(venv: pathlib.Path, repo: pathlib.Path, work: pathlib.Path,
+                 show: Callable[[str, Any, Any], tuple[str, Any, Any, str]],
+                 only: str) -> list[tuple[str, Any, Any, str]]:
+    """--grpc-infer-response-compression-level: for each level, two servers of their own."""
+    rows = []
+    for level in ("low", "medium", "high"):
+        cases = [case for case in packed_cases() if case.level == level and only in case.name]
+        if not cases:
+            continue
+        folder = work / level
+        folder.mkdir(parents=True)
+        ports = _free_ports(8)
+        flag = ("--grpc-infer-response-compression-level", level)
+        triton = _triton(venv, repo, folder, (ports[0], ports[1], ports[2], ports[6]),
+                         extra=flag)
+        ours = _tensorgate(repo, folder, (ports[3], ports[4], ports[5], ports[7]), extra=flag)
+        try:
+            _wait_ready(ports[0], triton, "tritonserver", folder / "triton.log")
+            _wait_ready(ports[3], ours, "tensorgate", folder / "tensorgate.log")
+            rows += [show(case.name, _packed_outcome(ports[1], case),
+                          _packed_outcome(ports[4], case)) for case in cases]
+        finally:
+            _stop(triton)
+            _stop(ours)
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--triton-venv", type=pathlib.Path,
@@ -663,6 +716,10 @@ def main(argv: list[str] | None = None) -> int:
                                       lambda name, one, two: (name, one, two,
                                                               _verdict(name, one, two)),
                                       args.only)
+            rows += _packed_rows(args.triton_venv, repo, work / "compression",
+                                 lambda name, one, two: (name, one, two,
+                                                         _verdict(name, one, two)),
+                                 args.only)
         except Exception:  # noqa: BLE001 - a dead server's connection fails any which way
             time.sleep(2)  # a server that dropped the connection as it died has exited now
             if triton.poll() is None and ours.poll() is None:

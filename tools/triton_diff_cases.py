@@ -51,6 +51,18 @@ class Frames:
     frames: list[tuple[int, int, int, bytes]]
 
 
+@dataclass
+class Packed:
+    """A gRPC call sent raw with this grpc-accept-encoding (None: none), to servers started
+    with --grpc-infer-response-compression-level `level`; what comes back is the encoding
+    its answer names and whether its message is flagged compressed and inflates whole."""
+    name: str
+    level: str
+    method: str
+    message: bytes
+    accept: str | None
+
+
 # -- the corpus ------------------------------------------------------------------------------
 
 F4 = [1.0, 2.0, 3.0, 4.0]
@@ -878,3 +890,27 @@ def frames_cases() -> list[Frames]:
         return [(_PING, 0, 0, n.to_bytes(8, "big")) for n in range(count)]
     return [Frames("three PINGs on an idle connection", pings(3)),
             Frames("four PINGs on an idle connection", pings(4))]
+
+
+def packed_cases() -> list[Packed]:
+    """Inference answers compressed at each level Triton's flag takes but none, for each
+    grpc-accept-encoding a client may send (grpcio's: identity,deflate,gzip); a stream's; and
+    a method that is not inference."""
+    from tritonclient.grpc import service_pb2 as pb
+
+    request = pb.ModelInferRequest(model_name="echo_fp32")
+    tensor = request.inputs.add(name="IN", datatype="FP32")
+    tensor.shape.extend([256])
+    request.raw_input_contents.append(bytes(1024))
+    infer = request.SerializeToString()
+    cases = []
+    for level in ("low", "medium", "high"):
+        for accept in (None, "identity,deflate,gzip", "identity,gzip", "identity,deflate",
+                       "identity"):
+            cases.append(Packed(f"compressed {level}, accepting {accept}", level,
+                                "ModelInfer", infer, accept))
+        cases.append(Packed(f"compressed {level}, a stream", level, "ModelStreamInfer", infer,
+                            "identity,deflate,gzip"))
+        cases.append(Packed(f"compressed {level}, ServerLive", level, "ServerLive", b"",
+                            "identity,deflate,gzip"))
+    return cases
