@@ -157,11 +157,18 @@ def test_settings_that_widen_the_window_send_what_waited() -> None:
     widens that window (RFC 9113 §6.9.2): the rest goes at once. Before, it waited for the
     client's next WINDOW_UPDATE on the stream (grpcio sends them as it reads, so no call of
     its stalled)."""
-    connection, _, _ = _answering(200_000)
+    connection, transport, _ = _answering(200_000)
     _feed(connection, H2Client.frame(WINDOW_UPDATE, 0, 0, struct.pack(">I", 1 << 20)))
     assert connection.unsent_bytes == 200_000 - 65_535  # the stream's window holds it
+    before = len(transport.written)
     _feed(connection, H2Client.frame(SETTINGS, 0, 0, struct.pack(">HI", 4, 1 << 20)))
     assert connection.unsent_bytes == 0
+    # the SETTINGS' answer first: grpcio counts a window it announced only once it is
+    # acknowledged, and failed the call ("frame of size 465708 overflows local window of
+    # 0") when DATA under it came before the answer (CI, a first version of this change)
+    after = _frames(bytes(transport.written[before:]))
+    assert after[0][:2] == (SETTINGS, ACK)
+    assert {kind for kind, *_ in after[1:]} == {0, HEADERS}  # the rest of it, its trailers
 
 
 def test_window_updates_take_a_turns_share_as_frames_that_carry_nothing() -> None:
