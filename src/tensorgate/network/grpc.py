@@ -24,10 +24,10 @@ from tensorgate.errors import TensorgateError
 from tensorgate.network import (ConnectionBudget, PoolRelief, RefusedConnection, http2,
                                in_steps, stalled_message)
 from tensorgate.network.eager import EagerRun
-from tensorgate.network.grpc_compression import (COMPRESSED_HEADERS, packed_message,
-                                                 response_encoding)
-from tensorgate.network.grpc_messages import (CODES, OK_TRAILERS, RESPONSE_HEADERS, CallHeaders,
-                                              Failure, HttpRefusal, MessageReader, error_block,
+from tensorgate.network.grpc_compression import (packed_message, response_encoding,
+                                                 response_headers)
+from tensorgate.network.grpc_messages import (CODES, OK_TRAILERS, CallHeaders, Failure,
+                                              HttpRefusal, MessageReader, error_block, framed,
                                               inflate_message, read_call_headers)
 from tensorgate.network.grpc_methods import API_GROUP, INFERENCE_SERVICE, UNARY, model_infer
 from tensorgate.network.grpc_stream import StreamCall
@@ -216,7 +216,7 @@ class _Call:
                     forwarded=self.forwarded, received=(self._began_ns, self._received_ns),
                     traceparent=self.traceparent, turn=turn)
                 if self.packing is not None:
-                    parts = await in_steps(packed_message(parts, self.packing, ledger))
+                    parts = [await in_steps(packed_message(parts, self.packing, ledger))]
             else:
                 decode, handler = UNARY[self.path]
                 request = await in_steps(decode(message))
@@ -241,13 +241,8 @@ class _Call:
         self.reader.close()
         if trace is not None:
             trace.stamp("GRPC_SEND_START")
-        if self.packing is not None:  # (its prefix made with it)
-            self.connection.respond(self.stream, COMPRESSED_HEADERS[self.packing], parts,
-                                    OK_TRAILERS)
-        else:
-            size = sum(len(p) if isinstance(p, bytes) else p.nbytes for p in parts)
-            self.connection.respond(self.stream, RESPONSE_HEADERS,
-                                    [b"\x00" + size.to_bytes(4, "big"), *parts], OK_TRAILERS)
+        self.connection.respond(self.stream, response_headers(self.packing),
+                                framed(parts, self.packing is not None), OK_TRAILERS)
         if trace is not None:
             trace.stamp("GRPC_SEND_END")
             trace.finish()

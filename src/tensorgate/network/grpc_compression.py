@@ -17,15 +17,15 @@ from collections.abc import Generator, Sequence
 from typing import Any
 
 from tensorgate.network import http2
-from tensorgate.network.grpc_messages import ENCODINGS
+from tensorgate.network.grpc_messages import ENCODINGS, RESPONSE_HEADERS, parts_size
 from tensorgate.protocol.compression import deflate_steps
 from tensorgate.tensor.copies import CopyLedger, record_copy
 
-__all__ = ["COMPRESSED_HEADERS", "packed_message", "response_encoding"]
+__all__ = ["packed_message", "response_encoding", "response_headers"]
 
 _RANKING = ("gzip", "deflate")  # gRPC's, least compressing first
 # RESPONSE_HEADERS with the encoding its messages come in
-COMPRESSED_HEADERS = {name: http2.encode_headers([
+_COMPRESSED_HEADERS = {name: http2.encode_headers([
     (b":status", b"200"), (b"content-type", b"application/grpc"),
     (b"grpc-accept-encoding", ENCODINGS.encode()), (b"grpc-encoding", name.encode())])
     for name in _RANKING}
@@ -43,11 +43,15 @@ def response_encoding(level: str, accepted: str) -> str | None:
     return usable[0 if level == "low" else len(usable) // 2 if level == "medium" else -1]
 
 
+def response_headers(encoding: str | None) -> bytes:
+    """The header block of an answer whose messages come in `encoding` (None: as they are)."""
+    return RESPONSE_HEADERS if encoding is None else _COMPRESSED_HEADERS[encoding]
+
+
 def packed_message(parts: Sequence[Any], encoding: str, ledger: CopyLedger
-                   ) -> Generator[None, None, list[Any]]:
-    """A response message's serialized `parts` as one compressed gRPC message (its prefix
-    flagged compressed), a slice of it between turns of the loop (protocol.steps)."""
+                   ) -> Generator[None, None, bytes]:
+    """A response message's serialized `parts` compressed, to be framed flagged compressed
+    (grpc_messages.framed), a slice of it between turns of the loop (protocol.steps)."""
     packed = yield from deflate_steps(parts, encoding)
-    record_copy(sum(len(p) if isinstance(p, bytes) else p.nbytes for p in parts), "encode",
-                ledger)
-    return [b"\x01" + len(packed).to_bytes(4, "big"), packed]
+    record_copy(parts_size(parts), "encode", ledger)
+    return packed

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Sequence
 from typing import Any
 
 from tensorgate.errors import PoolExhaustedError, TensorgateError
@@ -26,8 +26,8 @@ from tensorgate.tensor.copies import CopyLedger, record_copy
 from tensorgate.tensor.pool import BufferPool
 
 __all__ = ["CODES", "ENCODINGS", "OK_TRAILERS", "RESPONSE_HEADERS", "CallHeaders", "Failure",
-           "HttpRefusal", "MessageReader", "error_block", "inflate_message", "read_call_headers",
-           "trailers"]
+           "HttpRefusal", "MessageReader", "error_block", "framed", "inflate_message",
+           "parts_size", "read_call_headers", "trailers"]
 
 # gRPC status codes by name (grpc/doc/statuscodes.md)
 CODES = {"OK": 0, "CANCELLED": 1, "UNKNOWN": 2, "INVALID_ARGUMENT": 3, "DEADLINE_EXCEEDED": 4,
@@ -64,6 +64,18 @@ class HttpRefusal(Exception):
     def __init__(self, status: int) -> None:
         super().__init__(status)
         self.status = status
+
+
+def parts_size(parts: Sequence[Any]) -> int:
+    """The bytes of a message's serialized parts (bytes and byte views)."""
+    return sum(len(p) if isinstance(p, bytes) else p.nbytes for p in parts)
+
+
+def framed(parts: Sequence[Any], compressed: bool = False) -> list[Any]:
+    """A gRPC message: its 5-byte prefix (the compressed flag, the length), then its parts
+    as they are."""
+    return [(b"\x01" if compressed else b"\x00") + parts_size(parts).to_bytes(4, "big"),
+            *parts]
 
 
 def trailers(code: int, message: str) -> bytes:

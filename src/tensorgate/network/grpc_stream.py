@@ -32,9 +32,9 @@ from typing import Any
 from tensorgate.dataplane import DataPlane
 from tensorgate.errors import TensorgateError
 from tensorgate.network import PoolRelief, http2, in_steps, stalled_message
-from tensorgate.network.grpc_compression import COMPRESSED_HEADERS, packed_message
-from tensorgate.network.grpc_messages import (CODES, OK_TRAILERS, RESPONSE_HEADERS, CallHeaders,
-                                              Failure, MessageReader, inflate_message, trailers)
+from tensorgate.network.grpc_compression import packed_message, response_headers
+from tensorgate.network.grpc_messages import (CODES, OK_TRAILERS, CallHeaders, Failure,
+                                              MessageReader, framed, inflate_message, trailers)
 from tensorgate.network.grpc_methods import model_infer, model_infer_responses, split_request
 from tensorgate.network.in_order import Turn
 from tensorgate.protocol.grpc_codec import (TensorSpans, stream_error_message,
@@ -89,8 +89,7 @@ class StreamCall:
         self._packing = packing
         self._last_sent: asyncio.Future[None] | None = None  # a compressed response's, until sent
         registry.add(self)
-        connection.begin_response(stream, RESPONSE_HEADERS if packing is None
-                                  else COMPRESSED_HEADERS[packing])
+        connection.begin_response(stream, response_headers(packing))
 
     # -- requests, as HTTP/2 delivers them -------------------------------------------------
 
@@ -279,7 +278,8 @@ class StreamCall:
         before, mine = self._last_sent, asyncio.get_running_loop().create_future()
         self._last_sent = mine
         try:
-            message = await in_steps(packed_message(body, self._packing, ledger))
+            message = framed([await in_steps(packed_message(body, self._packing, ledger))],
+                             compressed=True)
             if before is not None and not before.done():
                 await asyncio.wait((before,))  # (not cancelled with this one)
             if not self._closed:
@@ -293,8 +293,7 @@ class StreamCall:
         """One response message, as it is, now."""
         if self._closed:
             return
-        size = sum(len(p) if isinstance(p, bytes) else p.nbytes for p in body)
-        self.connection.send(self.stream, [b"\x00" + size.to_bytes(4, "big"), *body])
+        self.connection.send(self.stream, framed(body))
 
     # -- ending ----------------------------------------------------------------------------
 

@@ -907,6 +907,10 @@ class Http2Connection(asyncio.BufferedProtocol):
             self._idle_frame("SETTINGS")
         self._settled = True
         self._acknowledge(_frame(SETTINGS, ACK, 0, 0), "SETTINGS")
+        # at once, not at the end of the read as PINGs' answers: before any DATA sent under
+        # its new windows, which grpcio counts only once acknowledged (it failed a call with
+        # "frame of size 465708 overflows local window of 0" when the DATA came first)
+        self._send_acks()
         if widened:  # what waited on its stream's window may go now
             for stream in list(self.streams.values()):
                 if stream.pending and stream.send_window > 0:
@@ -925,9 +929,9 @@ class Http2Connection(asyncio.BufferedProtocol):
             raise Http2Error(ENHANCE_YOUR_CALM, strikes.describe(calls_open), TOO_MANY_PINGS)
 
     def _acknowledge(self, frame: bytes, what: str) -> None:
-        """Answer a client's PING or SETTINGS: PINGs in one write with the others of the same
-        read (_send_acks: one write each cost 5 µs, 1,024 of them a turn), SETTINGS at once;
-        too many answers it leaves unread: a connection error (_UNREAD_ACKS)."""
+        """Answer a client's PING or SETTINGS, in one write with the others of the same read
+        (_send_acks: one write each cost 5 µs, 1,024 of them a turn) unless the caller sends
+        them sooner; too many answers it leaves unread: a connection error (_UNREAD_ACKS)."""
         if self._writing_paused:
             self._unread_acks += 1
             if self._unread_acks > _UNREAD_ACKS:
@@ -935,8 +939,6 @@ class Http2Connection(asyncio.BufferedProtocol):
                                                     f"SETTINGS frames left unread (the last "
                                                     f"to a {what})")
         self._acks.append(frame)
-        if what == "SETTINGS":  # at once: before any DATA sent under its new windows, which
-            self._send_acks()   # grpcio counts only once acknowledged ("overflows local window")
 
     def _send_acks(self) -> None:
         self._write(self._acks)  # (joined into one bytes, or its one frame as it is)
