@@ -1,6 +1,7 @@
 """A loaded model artifact behind one interface, built on (and only used by) its executor thread.
 
-    model.pt   TorchScript, `torch.jit.load`; its forward runs without the GIL
+    model.pt   TorchScript (repository/script_archive.py: `torch.jit.load`, its tensors read
+               with the GIL free); its forward runs without the GIL
     model.pt2  a `torch.export` program (`torch.export.load`) or an AOTInductor package
     model.py   a `tensorgate.Model` subclass with stage hooks, or Triton's Python backend's
                `class TritonPythonModel` (pipeline/triton_python.py)
@@ -36,6 +37,7 @@ from tensorgate.pipeline.triton_python import TritonPythonRunner, install_module
 from tensorgate.repository.model_config import (MAX_WARMUP_BYTES, ModelConfigError, ModelSpec,
                                                  WarmupSample)
 from tensorgate.repository.model_file import is_aoti_package, wrong_model_file
+from tensorgate.repository.script_archive import load_script_module
 from tensorgate.tensor.bytes_codec import decode_bytes_tensor
 from tensorgate.tensor.dtypes import DataType
 
@@ -139,7 +141,7 @@ def _script_arguments(module: Any) -> list[Any]:
 
 def _load_torchscript(path: pathlib.Path, spec: ModelSpec, device: torch.device) -> Runner:
     try:
-        module = torch.jit.load(str(path), map_location=device)  # type: ignore[no-untyped-call]
+        module = load_script_module(path, device)
     except RuntimeError as error:  # torch.save's files read as "corrupted": say what it is
         wrong = wrong_model_file(path, "torchscript")
         if wrong is None:
