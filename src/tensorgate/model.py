@@ -46,7 +46,7 @@ from typing import Any
 
 import torch
 
-from tensorgate.repository import weights
+from tensorgate.repository import script_archive, weights
 
 __all__ = ["Model", "ModelContext", "Parameter", "RequestInfo"]
 
@@ -73,6 +73,12 @@ class ModelContext:
         (weights_only=True), read with the GIL free: the server's other models go on
         answering meanwhile (repository/weights.py)."""
         return weights.load_weights(self.directory / filename, self.device)
+
+    def load_torchscript(self, filename: str) -> Any:
+        """`torch.jit.load` of a TorchScript file in the version directory onto the device,
+        its tensors read with the GIL free: the server's other models go on answering
+        meanwhile (repository/script_archive.py)."""
+        return script_archive.load_script_module(self.directory / filename, self.device)
 
 
 @dataclass(frozen=True, slots=True)

@@ -79,6 +79,49 @@ def test_torch_export_and_python_models(repo: pathlib.Path) -> None:
     run(scenario())
 
 
+_SCRIPT_HOLDER = '''
+from tensorgate import Model
+
+
+class Holder(Model):
+    """Serves a TorchScript network it loads itself."""
+
+    def setup(self, context):
+        self.net = context.load_torchscript("net.pt")
+
+    def forward(self, batch):
+        return {"OUTPUT__0": self.net(batch["INPUT__0"])}
+'''
+
+
+def test_a_python_model_loads_a_torchscript_network_through_its_context(
+        tmp_path: pathlib.Path) -> None:
+    """ModelContext.load_torchscript: the module torch.jit.load gives, on the context's
+    device, read with the GIL free."""
+    folder = rb.write_config(tmp_path, "holder", """
+        name: "holder"
+        backend: "python"
+        max_batch_size: 4
+        input [ { name: "INPUT__0" data_type: TYPE_FP32 dims: [4] } ]
+        output [ { name: "OUTPUT__0" data_type: TYPE_FP32 dims: [3] } ]
+        """)
+    (folder / "1" / "model.py").write_text(_SCRIPT_HOLDER)
+    torch.manual_seed(0)
+    net = torch.jit.script(torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Tanh()))
+    net.save(str(folder / "1" / "net.pt"))
+    xs = [torch.randn(2, 4) for _ in range(3)]
+
+    async def scenario() -> None:
+        engine = Engine(tmp_path)
+        await engine.start(["holder"])
+        try:
+            for x, out in zip(xs, await _infer_all(engine, [_request("holder", x) for x in xs])):
+                torch.testing.assert_close(out, net(x))
+        finally:
+            await engine.shutdown()
+    run(scenario())
+
+
 def test_batched_equals_unbatched(repo: pathlib.Path) -> None:
     inputs = [torch.randn(1, 8) for _ in range(8)]
 
