@@ -75,9 +75,9 @@ class ModelContext:
         return weights.load_weights(self.directory / filename, self.device)
 
     def load_torchscript(self, filename: str) -> Any:
-        """`torch.jit.load` of a TorchScript file in the version directory onto the device,
-        its tensors read with the GIL free: the server's other models go on answering
-        meanwhile (repository/script_archive.py)."""
+        """`torch.jit.load` of a TorchScript file in the version directory onto the device;
+        onto the CPU its tensors are read with the GIL free, the server's other models
+        answering meanwhile (repository/script_archive.py)."""
         return script_archive.load_script_module(self.directory / filename, self.device)
 
 

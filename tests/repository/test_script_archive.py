@@ -190,11 +190,12 @@ def test_a_file_torch_jit_load_refuses_is_refused_with_its_words(tmp_path: pathl
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_a_module_lands_on_the_gpu(tmp_path: pathlib.Path) -> None:
+def test_a_module_for_the_gpu_is_what_torch_jit_load_gives(tmp_path: pathlib.Path) -> None:
+    """Onto a GPU the file is torch.jit.load's to read (load_script_module says why)."""
     module, sample = _scripted("tied")
     path = _saved(tmp_path / "gpu.pt", module)
     cuda = torch.device("cuda", 0)
-    got = mapped_load(path, cuda)
+    got = load_script_module(path, cuda)
     want = torch.jit.load(str(path), map_location=cuda)
     assert got.a.weight.device.type == "cuda"
     _same_module(got, want)

@@ -9,9 +9,9 @@ TorchScript module it holds; the tensor records are mapped and copied out by tor
 which let go of the GIL, into the storage context from which torch.package's import takes
 storages by the keys the pickles name; torch's importer then builds the module from the
 small archive and reads no tensor bytes (the same ticks: 3-7 ms and 9-14 ms, the loads
-themselves 2-4 times faster). The same unpickler, the same moves to the device, tied
-tensors still tied: only where the bytes come from differs, and the copies leave nothing
-mapped.
+themselves 2-4 times faster). The same unpickler, tied tensors still tied: only where the
+bytes come from differs, and the copies leave nothing mapped. For the CPU only: onto a GPU,
+torch.jit.load reads the file as before (load_script_module says why).
 
 The archive is read by torch's own reader, which checks what torch.jit.load's checks and
 inflates the code as it does: a sweep of every bit of a small file found Python's zipfile
@@ -67,11 +67,15 @@ class _NotThisWay(Exception):
 
 
 def load_script_module(path: pathlib.Path, device: torch.device) -> Any:
-    """What `torch.jit.load(path, map_location=device)` returns."""
-    try:
-        return mapped_load(path, device)
-    except Exception as error:  # noqa: BLE001 - torch.jit.load reads it, or says what is wrong
-        _log.debug("%s: read by torch.jit.load (%s)", path, error)
+    """What `torch.jit.load(path, map_location=device)` returns. Onto a GPU, torch.jit.load
+    reads it: the storage context would hold every storage's host copy until the import ends
+    (the whole model in host memory at once, where torch.jit.load holds one record's at a
+    time while it moves each to the device), and this reading has not yet run on a GPU."""
+    if device.type == "cpu":
+        try:
+            return mapped_load(path, device)
+        except Exception as error:  # noqa: BLE001 - torch.jit.load reads it, or says what is wrong
+            _log.debug("%s: read by torch.jit.load (%s)", path, error)
     return torch.jit.load(str(path), map_location=device)  # type: ignore[no-untyped-call]
 
 
