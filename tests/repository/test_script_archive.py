@@ -17,6 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tensorgate.repository.script_archive import load_script_module, mapped_load
+from tests.repository.damage import damaged_copy
 
 CPU = torch.device("cpu")
 
@@ -226,12 +227,7 @@ def test_a_damaged_file_reads_or_is_refused_as_torch_jit_load_does(
     compressed code), which the retries below see."""
     module, _ = _scripted("tied")
     good = _saved(tmp_path_factory.mktemp("damaged") / "good.pt", module).read_bytes()
-    place = int(at * len(good))
-    damaged = bytearray(good[:place] if cut else good)
-    if not cut:
-        damaged[place] ^= 1 << bit
-    path = tmp_path_factory.mktemp("damaged") / "damaged.pt"
-    path.write_bytes(damaged)
+    path = damaged_copy(good, tmp_path_factory.mktemp("damaged"), cut, at, bit)
     expected = _outcome(lambda: torch.jit.load(str(path), map_location=CPU))
     got = _outcome(lambda: load_script_module(path, CPU))
     if got != expected:

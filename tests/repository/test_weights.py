@@ -17,6 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tensorgate.repository.weights import load_weights
+from tests.repository.damage import damaged_copy
 
 CPU = torch.device("cpu")
 
@@ -153,12 +154,7 @@ def test_a_damaged_file_reads_or_is_refused_as_torch_load_does(
     record's compression method: it inflates the stored bytes): no answer to match there,
     and it must be seen to change."""
     good = _saved(tmp_path_factory.mktemp("damaged") / "good.pt", _GOOD).read_bytes()
-    place = int(at * len(good))
-    damaged = bytearray(good[:place] if cut else good)
-    if not cut:
-        damaged[place] ^= 1 << bit
-    path = tmp_path_factory.mktemp("damaged") / "damaged.pt"
-    path.write_bytes(damaged)
+    path = damaged_copy(good, tmp_path_factory.mktemp("damaged"), cut, at, bit)
     expected = _outcome(lambda: torch.load(path, map_location=CPU, weights_only=True))
     got = _outcome(lambda: load_weights(path, CPU))
     if got != expected:
