@@ -97,7 +97,7 @@ class Holder(Model):
 def test_a_python_model_loads_a_torchscript_network_through_its_context(
         tmp_path: pathlib.Path) -> None:
     """ModelContext.load_torchscript: the module torch.jit.load gives, on the context's
-    device, read with the GIL free."""
+    device (repository/script_archive.py's tests hold the reading to torch.jit.load's)."""
     folder = rb.write_config(tmp_path, "holder", """
         name: "holder"
         backend: "python"

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import pathlib
 import warnings
+import zipfile
 from typing import Any
 
 import pytest
@@ -176,6 +177,25 @@ def test_a_module_with_tensors_as_attributes_and_as_constants_is_read_by_torch(
     with pytest.raises(Exception, match="named by both pickles"):
         mapped_load(path, CPU)
     _same_module(load_script_module(path, CPU), torch.jit.load(str(path), map_location=CPU))
+
+
+def test_a_file_whose_tensors_are_compressed_is_read_by_torch(tmp_path: pathlib.Path) -> None:
+    """A record deflated (torch.jit.save stores each as it is; another zip tool may not):
+    its bytes in the file are not the tensor's, so the file is torch.jit.load's to read."""
+    module, sample = _scripted("layers")
+    stored = _saved(tmp_path / "stored.pt", module)
+    path = tmp_path / "deflated.pt"
+    with zipfile.ZipFile(stored) as source, zipfile.ZipFile(path, "w") as out:
+        for info in source.infolist():
+            deflate = "/data/" in info.filename
+            out.writestr(info.filename, source.read(info),
+                         zipfile.ZIP_DEFLATED if deflate else zipfile.ZIP_STORED)
+    with pytest.raises(Exception, match="not stored as it is"):
+        mapped_load(path, CPU)
+    got, want = load_script_module(path, CPU), torch.jit.load(str(path), map_location=CPU)
+    _same_module(got, want)
+    with torch.inference_mode():
+        assert torch.equal(got(sample), want(sample))
 
 
 def test_a_file_torch_jit_load_refuses_is_refused_with_its_words(tmp_path: pathlib.Path

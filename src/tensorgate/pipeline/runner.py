@@ -1,7 +1,7 @@
 """A loaded model artifact behind one interface, built on (and only used by) its executor thread.
 
-    model.pt   TorchScript (repository/script_archive.py: `torch.jit.load`, its tensors read
-               with the GIL free); its forward runs without the GIL
+    model.pt   TorchScript (repository/script_archive.py: what `torch.jit.load` gives, its
+               tensors read with the GIL free onto the CPU); its forward runs without the GIL
     model.pt2  a `torch.export` program (`torch.export.load`) or an AOTInductor package
     model.py   a `tensorgate.Model` subclass with stage hooks, or Triton's Python backend's
                `class TritonPythonModel` (pipeline/triton_python.py)
