@@ -19,8 +19,6 @@ __all__ = ["main", "parse_serve", "serve_config"]
 # that carries them still starts, and says at start that they changed nothing
 NO_EFFECT = {
     "http-thread-count": "the event loop serves every HTTP connection",
-    "reuse-http-port": "one process listens",
-    "reuse-grpc-port": "one process listens",
     "grpc-infer-allocation-pool-size": "gRPC requests are parsed in place, not pooled",
     "grpc-max-response-pool-size": "responses are written as views of the outputs",
     "model-load-thread-count": "every model starts loading at once, each instance on its "
@@ -241,6 +239,12 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--strict-readiness", metavar="BOOL",
                        help="ready only while every model it tried to load serves "
                             "(default true)")
+    serve.add_argument("--reuse-http-port", metavar="BOOL",
+                       help="listen with SO_REUSEPORT: servers started with it share the "
+                            "HTTP port, the kernel spreading connections among them (each "
+                            "keeps its own models, statistics and metrics port)")
+    serve.add_argument("--reuse-grpc-port", metavar="BOOL",
+                       help="as --reuse-http-port, for the gRPC port")
     serve.add_argument("--exit-on-error", metavar="BOOL",
                        help="exit if a model fails to load at start (default false; "
                             "Triton's is true)")

@@ -8,6 +8,7 @@ import ipaddress
 import os
 import pathlib
 import re
+import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -56,6 +57,13 @@ class ServerConfig:
     http_port: int = 8000
     grpc_port: int = 8001
     metrics_port: int = 8002
+    # Triton's --reuse-http-port / --reuse-grpc-port: the port is listened on with
+    # SO_REUSEPORT, so that several servers, each a process with the same flag, listen on it
+    # together and the kernel spreads new connections among them (a way past one loop's core
+    # for many clients); each process keeps its own models, statistics, metrics port and
+    # shared-memory registrations
+    reuse_http_port: bool = False
+    reuse_grpc_port: bool = False
     # Triton's --allow-http / --allow-grpc: serve that protocol at all (one of them must)
     allow_http: bool = True
     allow_grpc: bool = True
@@ -281,6 +289,10 @@ class ServerConfig:
             port = getattr(self, name)
             if not 0 <= port <= 65535:
                 raise ValueError(f"{name} must be 0-65535 (0 picks a free port), got {port}")
+        if (self.reuse_http_port or self.reuse_grpc_port) and not hasattr(socket,
+                                                                          "SO_REUSEPORT"):
+            raise ValueError("reuse_http_port / reuse_grpc_port need SO_REUSEPORT, which "
+                             "this system's sockets do not have")
         self._check_sagemaker()
         parse_quantiles(self.metrics_summary_quantiles)
         if self.metrics_interval_ms < 1:

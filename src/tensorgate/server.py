@@ -177,7 +177,8 @@ class Server:
         binding = "HTTP", config.http_address, config.http_port, "--http-port"
         try:  # a port another process holds is a line saying so, not a traceback
             if self._http is not None:
-                self.http_port = await self._http.start(config.http_address, config.http_port)
+                self.http_port = await self._http.start(config.http_address, config.http_port,
+                                                        reuse_port=config.reuse_http_port)
             binding = ("SageMaker", config.sagemaker_address, config.sagemaker_port,
                        "--sagemaker-port")
             if self._sagemaker is not None:
@@ -185,7 +186,8 @@ class Server:
                                                                   config.sagemaker_port)
             binding = "gRPC", config.grpc_address, config.grpc_port, "--grpc-port"
             if self._grpc is not None:
-                self.grpc_port = await self._grpc.start(config.grpc_address, config.grpc_port)
+                self.grpc_port = await self._grpc.start(config.grpc_address, config.grpc_port,
+                                                        reuse_port=config.reuse_grpc_port)
             binding = "metrics", config.metrics_address, config.metrics_port, "--metrics-port"
             if config.allow_metrics:
                 await self._start_metrics(budget)

@@ -384,10 +384,13 @@ class GrpcFrontEnd:
         lost: then it has left `connections`) a transport."""
         return connection.transport is not None or connection not in self.connections
 
-    async def start(self, host: str, port: int) -> int:
+    async def start(self, host: str, port: int, reuse_port: bool = False) -> int:
+        """Listen; the port taken (`port` 0 picks one). `reuse_port`: SO_REUSEPORT, the port
+        shared with other servers that set it too (config.reuse_grpc_port)."""
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
-            self._connection, host, port, backlog=1024, reuse_address=True, ssl=self.tls,
+            self._connection, host, port, backlog=1024, reuse_address=True,
+            reuse_port=reuse_port, ssl=self.tls,
             ssl_handshake_timeout=self._handshakes.timeout_s if self.tls else None)
         return int(self._server.sockets[0].getsockname()[1])
 

@@ -142,10 +142,12 @@ class HttpFrontEnd:
         for connection in list(self.connections):
             connection.expire(now, self.read_timeout_s, self.keep_alive_timeout_s)
 
-    async def start(self, host: str, port: int) -> int:
+    async def start(self, host: str, port: int, reuse_port: bool = False) -> int:
+        """Listen; the port taken (`port` 0 picks one). `reuse_port`: SO_REUSEPORT, the port
+        shared with other servers that set it too (config.reuse_http_port)."""
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(self._connection, host, port,
-                                                backlog=1024, reuse_address=True)
+        self._server = await loop.create_server(self._connection, host, port, backlog=1024,
+                                                reuse_address=True, reuse_port=reuse_port)
         return int(self._server.sockets[0].getsockname()[1])
 
     def _connection(self) -> asyncio.BaseProtocol:
