@@ -21,8 +21,6 @@ NO_EFFECT = {
     "http-thread-count": "the event loop serves every HTTP connection",
     "grpc-infer-allocation-pool-size": "gRPC requests are parsed in place, not pooled",
     "grpc-max-response-pool-size": "responses are written as views of the outputs",
-    "model-load-thread-count": "every model starts loading at once, each instance on its "
-                               "own thread",
     "buffer-manager-thread-count": "inputs are views, not copied by threads",
     "pinned-memory-pool-byte-size": "--host-pool-bytes bounds the (pinned) host pool",
     "cuda-memory-pool-byte-size": "the device's memory is PyTorch's caching allocator's",
@@ -102,6 +100,9 @@ def _parser() -> argparse.ArgumentParser:
                             "default: the most one instance needs)")
     serve.add_argument("--model-load-retry-count", type=int, metavar="N",
                        help="Triton's: try a model's failed load again N times (default 0)")
+    serve.add_argument("--model-load-thread-count", type=int, metavar="N",
+                       help="at most N of the models loaded at start load at once (default "
+                            "0: all at once; Triton's is 4)")
     serve.add_argument("--repository-poll-secs", dest="repository_poll_s", type=float,
                        help="with --model-control-mode poll: seconds between scans "
                             "(default 15)")

@@ -193,6 +193,11 @@ class ServerConfig:
     # Triton's --model-load-retry-count: a model whose load fails is tried again this many
     # times before it is reported failed (a file system or a device that failed for a moment)
     model_load_retry_count: int = 0
+    # Triton's --model-load-thread-count: at most this many of the models the server loads as
+    # it starts load at once (0: all at once; Triton's default is 4), bounding the threads,
+    # CPU and memory a large repository's start takes together; a load asked for through the
+    # API or a repository poll is not held back (those come one at a time)
+    model_load_thread_count: int = 0
     repository_poll_s: float = 15.0
     # Triton's --rate-limit: "execution_count" makes each model instance run only while it
     # holds the resources its instance group's rate_limiter names, across all models;
@@ -269,6 +274,9 @@ class ServerConfig:
         if self.rate_limit_resources and self.rate_limit == "off":
             raise ValueError("rate_limit_resources (--rate-limit-resource) needs rate_limit "
                              "execution_count (--rate-limit execution_count)")
+        if self.model_load_thread_count < 0:
+            raise ValueError(f"model_load_thread_count must be 0 (all at once) or more, got "
+                             f"{self.model_load_thread_count}")
         if self.model_load_retry_count < 0:
             raise ValueError(f"model_load_retry_count must be 0 or more, got "
                              f"{self.model_load_retry_count}")

@@ -133,6 +133,7 @@ class Server:
                              model_control=config.model_control_mode == "explicit",
                              model_upload=config.allow_model_upload,
                              load_retries=config.model_load_retry_count,
+                             load_threads=config.model_load_thread_count,
                              latency_summaries=(config.allow_metrics
                                                 and config.metrics_summary_latencies),
                              rate_limiter=RateLimiter(parse_resource_counts(

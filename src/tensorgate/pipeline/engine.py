@@ -104,7 +104,7 @@ class Engine:
                  response_cache_bytes: int = 0, auto_complete: bool = True,
                  model_control: bool = False, latency_summaries: bool = False,
                  rate_limiter: RateLimiter | None = None, model_upload: bool = False,
-                 load_retries: int = 0) -> None:
+                 load_retries: int = 0, load_threads: int = 0) -> None:
         """`repository`: one folder or several, whose models share one namespace, or
         ModelRepositories (one with a config name: --model-config-name).
         `placement="auto"` pins the thread that calls `start` (the loop's) to the first CPU until
@@ -120,7 +120,9 @@ class Engine:
         (--rate-limit execution_count; pipeline/rate_limiter.py). `model_upload`: a load
         may carry the model's files (--allow-model-upload; repository/upload.py).
         `load_retries`: a load that fails is tried again this many times (Triton's
-        --model-load-retry-count: a file system or a device that failed for a moment)."""
+        --model-load-retry-count: a file system or a device that failed for a moment).
+        `load_threads` > 0: at most that many of the models `start` loads load at once
+        (Triton's --model-load-thread-count); 0: all at once."""
         self.repositories = (repository if isinstance(repository, ModelRepositories)
                              else ModelRepositories.of(repository))
         self._complete = complete_config if auto_complete else None
@@ -150,6 +152,7 @@ class Engine:
         self._ensembles_loading: set[str] = set()
         self._model_upload = model_upload
         self._load_retries = load_retries
+        self._load_threads = load_threads
         self._uploads: dict[str, pathlib.Path] = {}  # a model served from an upload: its folder
         self._bls: BlsBridge | None = None
         self._announced: list[str] | None = None  # what the next `start` loads, announced
@@ -185,8 +188,12 @@ class Engine:
         # Ensembles after the models they chain, which they would otherwise load themselves
         # while the same models load here.
         ensembles = [n for n in names if self._is_ensemble(n)]
+        # An ensemble holding a slot never waits for one: the models it chains have loaded
+        # (or load through `load`, which takes none), as do those a Python model's
+        # initialize loads itself (pb_utils.load_model)
+        slots = asyncio.Semaphore(self._load_threads) if self._load_threads else None
         for group in ([n for n in names if n not in ensembles], ensembles):
-            results = await asyncio.gather(*(self._announced_load(n) for n in group),
+            results = await asyncio.gather(*(self._announced_load(n, slots) for n in group),
                                            return_exceptions=True)
             for name, result in zip(group, results):
                 if isinstance(result, BaseException):
@@ -195,10 +202,12 @@ class Engine:
         gc.collect()
         gc.freeze()
 
-    async def _announced_load(self, name: str) -> None:
-        """`load` for one of the models `announce` counted as loading: counted until done."""
+    async def _announced_load(self, name: str, slots: asyncio.Semaphore | None) -> None:
+        """`load` for one of the models `announce` counted as loading: counted until done,
+        waiting for one of `slots` first where there are some."""
         try:
-            await self.load(name)
+            async with slots or contextlib.nullcontext():
+                await self.load(name)
         finally:
             self._count_loaded(name)
 
