@@ -195,8 +195,8 @@ class ServerConfig:
     model_load_retry_count: int = 0
     # Triton's --model-load-thread-count: at most this many of the models the server loads as
     # it starts load at once (0: all at once; Triton's default is 4), bounding the threads,
-    # CPU and memory a large repository's start takes together; a load asked for through the
-    # API or a repository poll is not held back (those come one at a time)
+    # CPU and memory a large repository's start takes together; a load a client asks for
+    # through the API is not held back, and a repository poll loads one model at a time
     model_load_thread_count: int = 0
     repository_poll_s: float = 15.0
     # Triton's --rate-limit: "execution_count" makes each model instance run only while it
