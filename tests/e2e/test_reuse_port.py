@@ -1,7 +1,6 @@
 """Triton's --reuse-http-port and --reuse-grpc-port: servers started with them listen on one
 port together, the kernel spreading new connections among them, each answering with its own
-models; a server without the flag is not let onto a port another holds, nor one with it onto
-a port held without it."""
+models; a server with the flag is not let onto a port held without it."""
 
 from __future__ import annotations
 
