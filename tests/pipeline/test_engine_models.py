@@ -98,16 +98,11 @@ def test_a_python_model_loads_a_torchscript_network_through_its_context(
         tmp_path: pathlib.Path) -> None:
     """ModelContext.load_torchscript: the module torch.jit.load gives, on the context's
     device (repository/script_archive.py's tests hold the reading to torch.jit.load's)."""
-    folder = rb.write_config(tmp_path, "holder", """
-        name: "holder"
-        backend: "python"
-        max_batch_size: 4
-        input [ { name: "INPUT__0" data_type: TYPE_FP32 dims: [4] } ]
-        output [ { name: "OUTPUT__0" data_type: TYPE_FP32 dims: [3] } ]
-        """)
+    rb.add_python(tmp_path, "holder", max_batch=4)  # its config; model.py replaced
+    folder = tmp_path / "holder"
     (folder / "1" / "model.py").write_text(_SCRIPT_HOLDER)
     torch.manual_seed(0)
-    net = torch.jit.script(torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Tanh()))
+    net = torch.jit.script(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Tanh()))
     net.save(str(folder / "1" / "net.pt"))
     xs = [torch.randn(2, 4) for _ in range(3)]
 

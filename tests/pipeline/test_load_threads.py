@@ -35,14 +35,8 @@ class Noting(Model):
 
 def _repository(root: pathlib.Path, count: int) -> pathlib.Path:
     for i in range(count):
-        folder = rb.write_config(root, f"noting{i}", f"""
-            name: "noting{i}"
-            backend: "python"
-            max_batch_size: 4
-            input [ {{ name: "INPUT__0" data_type: TYPE_FP32 dims: [4] }} ]
-            output [ {{ name: "OUTPUT__0" data_type: TYPE_FP32 dims: [4] }} ]
-            """)
-        (folder / "1" / "model.py").write_text(_NOTING)
+        rb.add_python(root, f"noting{i}", max_batch=4)
+        (root / f"noting{i}" / "1" / "model.py").write_text(_NOTING)
     return root
 
 

@@ -93,7 +93,7 @@ def mapped_load(path: pathlib.Path, device: torch.device) -> Any:
     small = {_packaged(name): reader.get_record(name) for name in names
              if name.split("/", 1)[0] not in ("data", "constants", "extra")}
     named: set[str] = set()
-    wanted: dict[str, str] = {}  # storage key -> its record
+    wanted: dict[str, tuple[str, int]] = {}  # storage key -> its record, its bytes
     for pickled, folder in _TENSOR_FOLDERS.items():
         sizes = _storage_sizes(small[_packaged(pickled)])
         if named & sizes.keys():
@@ -105,15 +105,15 @@ def mapped_load(path: pathlib.Path, device: torch.device) -> Any:
             record = f"{folder}/{key}"
             if record not in names or reader.get_record_size(record) != nbytes:
                 raise _NotThisWay(f"storage {record}: no record of {nbytes} bytes")
-            wanted[key] = record
-    _check_stored(path, wanted.values())
+            wanted[key] = record, nbytes
+    _check_stored(path, (record for record, _ in wanted.values()))
     context = torch._C.DeserializationStorageContext()
     with open(path, "rb") as file:
         # A private, copy-on-write mapping: writable, so that torch views it without warning
         # of a read-only buffer; nothing writes to it
         with mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_COPY) as mapped:
-            for key, record in wanted.items():
-                context.add_storage(key, _copied(mapped, reader, record))
+            for key, (record, nbytes) in wanted.items():
+                context.add_storage(key, _copied(mapped, reader, record, nbytes))
     packaged = torch._C.PyTorchFileReader(io.BytesIO(_archive(small)))
     module = torch._C._import_ir_module_from_package(
         torch._C.CompilationUnit(), packaged, context, device, _ID)
@@ -153,12 +153,12 @@ def _archive(records: dict[str, bytes]) -> bytes:
     return out.getvalue()
 
 
-def _copied(mapped: mmap.mmap, reader: Any, record: str) -> torch.Tensor:
-    """A record's bytes copied out of the mapping, the GIL let go while they are."""
+def _copied(mapped: mmap.mmap, reader: Any, record: str, size: int) -> torch.Tensor:
+    """A record's `size` bytes copied out of the mapping, the GIL let go while they are."""
     header = reader.get_record_header_offset(record)
     if mapped[header:header + 4] != b"PK\x03\x04":  # as torch's reader checks
         raise ValueError(f"record {record}: no local header at {header}")
-    start, size = reader.get_record_offset(record), reader.get_record_size(record)
+    start = reader.get_record_offset(record)
     if start + size > len(mapped):
         raise ValueError(f"record {record} runs past the end of the file")
     source = torch.frombuffer(mapped, dtype=torch.uint8, count=size, offset=start)
