@@ -85,6 +85,7 @@ def _child(variant: str, device_name: str, model: str) -> dict[str, Any]:
             if stream is not None:
                 stream.synchronize()
             steps[step] = time.perf_counter() - started
+        runner.decide_sharing()  # as the executor does after its warm-up (in the total only)
         for rows in sorted(graph_batch_sizes(spec), reverse=True):  # as capture goes
             started = time.perf_counter()
             if stream is not None:

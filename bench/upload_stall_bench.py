@@ -106,8 +106,8 @@ class Big(Model):
 """
 
 
-def _loads(port: int, model: str, body: bytes, stop: threading.Event, times: list[float]
-           ) -> None:
+def loads_back_to_back(port: int, model: str, body: bytes, stop: threading.Event,
+                       times: list[float]) -> None:
     """POST the load of `model` with `body` until `stop`; each load's seconds into `times`."""
     connection = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
     try:
@@ -159,7 +159,8 @@ def measure(src: pathlib.Path, work: pathlib.Path, seconds: float, model: bytes
         for name, target, body in (("reload", "big", b""), ("reload_py", "big_py", b""),
                                    ("upload", "big", upload), ("grpc", "big", b"")):
             stop, times = threading.Event(), []
-            loader = threading.Thread(target=_loads, args=(port, target, body, stop, times)) \
+            loader = threading.Thread(target=loads_back_to_back,
+                                      args=(port, target, body, stop, times)) \
                 if name != "grpc" else threading.Thread(target=_grpc_loads,
                                                         args=(grpc_port, model, stop, times))
             loader.start()

@@ -109,3 +109,60 @@ def test_a_module_that_assigns_attributes_is_loaded_per_instance(
     assert any(r.getMessage() == "model caching v1: each instance loads its own copy: its "
                "forward assigns attributes, state two threads must not share"
                for r in caplog.records)
+
+
+class _Counter(torch.nn.Module):
+    """Counts its calls in an attribute it assigns."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls = self.calls + 1
+        return x
+
+
+class _CountsInASubmodule(torch.nn.Module):
+    """The assignment is in a submodule's forward, which only the graph with its calls
+    inlined shows."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = torch.nn.Sequential(torch.nn.Identity(), _Counter())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.inner(x) * 1.0
+
+
+def test_an_assignment_in_a_submodule_is_found_after_the_warm_up(
+        tmp_path: pathlib.Path) -> None:
+    rb.add_torchscript(tmp_path, "counting", _CountsInASubmodule(), [4], [4],
+                       extra=_instances(2))
+    rb.add_torchscript(tmp_path, "plain", torch.nn.Sequential(torch.nn.Identity()), [4], [4],
+                       extra=_instances(2))
+
+    async def scenario() -> None:
+        async with serving(tmp_path, placement="none") as engine:
+            first, second = engine._models["counting"][1].executors
+            assert first.runner is not second.runner
+            first, second = engine._models["plain"][1].executors
+            assert first.runner is second.runner
+    run(scenario())
+
+
+def test_a_model_that_cannot_be_warmed_up_is_still_judged(tmp_path: pathlib.Path,
+                                                           caplog: pytest.LogCaptureFixture
+                                                           ) -> None:
+    # zeros of 1.2 GB may not stand in for its input: no warm-up runs, and no forward
+    # compiled its methods before they are read
+    rb.add_torchscript(tmp_path, "caching", _Caching(), [300_000_000], [300_000_000],
+                       max_batch=0, extra=_instances(2))
+
+    async def scenario() -> None:
+        async with serving(tmp_path, placement="none") as engine:
+            first, second = engine._models["caching"][1].executors
+            assert first.runner is not second.runner
+    with caplog.at_level("INFO", logger="tensorgate.executor"):
+        run(scenario())
+    assert any("no warm-up" in r.getMessage() for r in caplog.records)

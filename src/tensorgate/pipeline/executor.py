@@ -312,6 +312,7 @@ class ExecutorThread:
                 self._warm_up()
                 self.setup_s["warm-up"] = (time.perf_counter() - started
                                            - self.setup_s.get("CUDA graphs", 0.0))
+                self._runner.decide_sharing()  # after a forward compiled its methods
             if s.placement is not None and s.device.type == "cpu" and s.shared_runner is None:
                 self.forward_ns = self._forward_cost()
             if s.cpu_affinity:

@@ -81,7 +81,7 @@ class Runner:
 
     def __init__(self, forward: Callable[..., Any],
                  postprocess: Callable[[Any], Any] | None, module: torch.nn.Module | None,
-                 *, shareable: bool = False, takes_requests: bool = False,
+                 *, stateless: Callable[[], bool] | None = None, takes_requests: bool = False,
                  requests: TritonPythonRunner | None = None,
                  output_positions: dict[str, int] | None = None) -> None:
         self.run = forward
@@ -98,10 +98,21 @@ class Runner:
         self.module = module  # for CUDA-graph capture and device moves; None for Python models
         # True when two threads may run `run` at once without the GIL and without touching
         # shared state: a TorchScript module in eval mode whose forward assigns no attribute
-        # (_sets_attributes). A Python model may keep state.
-        self.shareable = shareable
+        # (_sets_attributes), once `decide_sharing` has asked `stateless`. A Python model may
+        # keep state.
+        self.shareable = False
+        self._stateless = stateless
         # What a torch.export program's inputs take (input_bounds.py)
         self.shapes: CompiledShapes | None = None
+
+    def decide_sharing(self) -> None:
+        """Decide `shareable`; the executor calls it after the warm-up. A TorchScript module
+        read from a file compiles each method the first time it is used: its first forward
+        compiles them with the GIL let go, where reading the graph first compiled them
+        holding it (the built-in ResNet-50 held every other thread 40 ms; 3-4 ms after a
+        forward: bench/reload_stall_bench.py)."""
+        if self._stateless is not None:
+            self.shareable, self._stateless = self._stateless(), None
 
 
 def _positional(call: Callable[..., Any], spec: ModelSpec, arguments: Sequence[Argument] | None,
@@ -153,15 +164,19 @@ def _load_torchscript(path: pathlib.Path, spec: ModelSpec, device: torch.device)
     # The module's forward, called as a method: nn.Module.__call__'s hook checks in front of
     # it cost 5 µs a batch on a cold cache, and a TorchScript module has no Python hooks
     forward = module.forward
-    shareable = not _sets_attributes(module)
+
+    def stateless() -> bool:  # asked once the warm-up ran (Runner.decide_sharing)
+        return not _sets_attributes(module)
+
     if len(arguments) == 1 and arguments[0].type.kind() == "DictType":
         def by_dict(inputs: dict[str, torch.Tensor]) -> Any:
             return forward(inputs)  # forward(self, inputs: Dict[str, Tensor]): names as keys
-        return Runner(by_dict, None, module, shareable=shareable, output_positions=positions)
+        return Runner(by_dict, None, module, stateless=stateless,
+                      output_positions=positions)
     names = [Argument(a.name, a.has_default_value(), str(a.type) == "List[str]")
              for a in arguments]
     return Runner(_positional(forward, spec, names, path, strings=True), None, module,
-                  shareable=shareable, output_positions=positions)
+                  stateless=stateless, output_positions=positions)
 
 
 def _sets_attributes(module: Any) -> bool:
