@@ -1,10 +1,10 @@
 """The executor: one thread per model instance, the only code that touches the device.
 
-It loads the model, warms it, captures CUDA graphs (on a GPU), then runs batches from its
-queue: gather inputs (a counted copy when more than one request), host→device, forward,
-device→host, and either finishes the outputs itself or hands them to the post-processing
-pool. A decoupled tensorgate Model's requests are generators it steps in turn between
-batches (pipeline/generations.py). Every result goes back to the event loop with
+It loads the model, warms it and captures CUDA graphs (pipeline/warm_up.py), then runs
+batches from its queue: gather inputs (a counted copy when more than one request),
+host→device, forward, device→host, and either finishes the outputs itself or hands them to
+the post-processing pool. A decoupled tensorgate Model's requests are generators it steps in
+turn between batches (pipeline/generations.py). Every result goes back to the event loop with
 `loop.call_soon_threadsafe` (a decoupled model's responses through an Outbox: one wake-up
 for many); the loop never waits on this thread.
 
@@ -36,10 +36,9 @@ from tensorgate.model import NO_PARAMETERS, ModelContext, RequestInfo
 from tensorgate.pipeline import heap
 from tensorgate.pipeline.cpu_quota import usable_cpus
 from tensorgate.pipeline.batching import gather_rows, split_rows
-from tensorgate.pipeline.cuda_graphs import CAPTURING, GraphSet, graph_batch_sizes, map_tensors
+from tensorgate.pipeline.cuda_graphs import CAPTURING, GraphSet, map_tensors
 from tensorgate.pipeline.generations import Generation, Generations
-from tensorgate.pipeline.input_bounds import (bounded_spec, guard_dims, lows_raised,
-                                              raised_least)
+from tensorgate.pipeline.input_bounds import bounded_spec, guard_dims
 from tensorgate.pipeline.idle_time import IdleTime, lowered_to_idle_time
 from tensorgate.pipeline.placement import (LIGHT_FORWARD_NS, Placement, pin_current_thread,
                                           thread_cpus)
@@ -47,10 +46,10 @@ from tensorgate.pipeline.postprocess import Postprocessor
 from tensorgate.pipeline.postprocess_pool import PostprocessPool
 from tensorgate.pipeline.ragged import batch_input_values, flatten, one_request, scatter
 from tensorgate.pipeline.response_streams import CREDIT_POLL_S, Outbox, ResponseStream
-from tensorgate.pipeline.runner import (Runner, load_runner, name_outputs, sample_inputs,
-                                        warmup_inputs, zeros_refused)
+from tensorgate.pipeline.runner import Runner, load_runner, name_outputs, warmup_inputs
 from tensorgate.pipeline.torch_io import strings_array
 from tensorgate.pipeline.triton_python import RESCHEDULED, RequestInputs, TritonPythonRunner
+from tensorgate.pipeline.warm_up import WarmUp
 from tensorgate.pipeline.work import Batch, WorkItem
 from tensorgate.python_backend import (TRITONSERVER_REQUEST_FLAG_SEQUENCE_END as SEQUENCE_END,
                                        TRITONSERVER_REQUEST_FLAG_SEQUENCE_START as SEQUENCE_START)
@@ -76,27 +75,8 @@ def default_intra_op_threads() -> int:
 
 
 _NO_STREAM = contextlib.nullcontext()  # (reusable: it holds nothing)
-# steps a program's least sizes may go up at its warm-up (`_warm_at_least`): a guard that
-# refuses s = 1 needs one; each is a run of the program on zeros of a few elements
-MAX_LEAST_RAISES = 8
 # a batch-1 forward this slow, twice, is heavy beyond doubt: no more timing runs at load
 CLEARLY_HEAVY_NS = 4 * LIGHT_FORWARD_NS
-
-
-def _batch_dim_hint(spec: ModelSpec) -> str:
-    """For a warm-up that failed: a batching config whose dims begin with 1 likely wrote the
-    batch dim into them (a common Triton mistake), and the model got one dim too many."""
-    if spec.max_batch_size < 1:
-        return ""
-    first = next((item for item in spec.model_inputs
-                  if item.dims[:1] == (1,) and item.reshape is None and not item.ragged),
-                 None)
-    if first is None:
-        return ""
-    dims = list(first.dims)
-    return (f". (With max_batch_size {spec.max_batch_size} the server adds the batch dim in "
-            f"front of the config's dims: input '{first.name}' dims {dims} made a batch of "
-            f"shape {[1] + dims}. If the 1 is the batch, write dims {dims[1:]}.)")
 
 
 @dataclass(frozen=True)
@@ -309,9 +289,13 @@ class ExecutorThread:
                                            "requests one by one, so 'batch_input' and "
                                            "'batch_output' do not apply to it")
                 started = time.perf_counter()
-                self._warm_up()
-                self.setup_s["warm-up"] = (time.perf_counter() - started
-                                           - self.setup_s.get("CUDA graphs", 0.0))
+                warm = WarmUp(s, self._runner, self._named, self._stream)
+                warm.run()
+                self.settings = s = warm.settings  # its least sizes may have gone up
+                self._graphs = warm.graphs
+                if warm.graphs_s:
+                    self.setup_s["CUDA graphs"] = warm.graphs_s
+                self.setup_s["warm-up"] = time.perf_counter() - started - warm.graphs_s
                 self._runner.decide_sharing()  # after a forward compiled its methods
             if s.placement is not None and s.device.type == "cpu" and s.shared_runner is None:
                 self.forward_ns = self._forward_cost()
@@ -371,135 +355,6 @@ class ExecutorThread:
             self.cpus = f"{_cpu_text(placement.loop_cpus)} (the loop's; forward {cost / 1e3:.0f} µs)"
         else:
             self.cpus = _cpu_text(placement.compute_cpus)
-
-    def _warm_up(self) -> None:
-        s = self.settings
-        runner = self._runner
-        assert runner is not None
-        if s.spec.warmup:  # the config's model_warmup samples, each `count` times
-            rows_checked = not self._checks_rows()
-            first: dict[str, Any] = {}
-            for sample in s.spec.warmup:
-                inputs = sample_inputs(s.spec, sample, s.directory.parent / "warmup", s.device)
-                first = first or inputs
-                for count in range(sample.count):
-                    raw = self._warm_run(runner, inputs, f"sample '{sample.name}' (batch "
-                                                         f"{sample.batch_size})")
-                    if count == 0 and sample.batch_size >= 2 and not rows_checked:
-                        self._check_rows(raw, sample.batch_size,
-                                         f"warm-up sample '{sample.name}'")
-                        rows_checked = True
-            if not rows_checked:  # every sample a batch of 1: the first, twice over
-                name = s.spec.warmup[0].name
-                twice = {key: (torch.cat([value, value]) if isinstance(value, torch.Tensor)
-                               else np.concatenate([value, value]))
-                         for key, value in first.items()}
-                self._check_rows(self._warm_run(runner, twice, f"sample '{name}' twice "
-                                                               "(batch 2)"),
-                                 2, f"warm-up sample '{name}' twice")
-        elif runner.requests is not None:
-            # Triton runs a Python model only on requests and its config's model_warmup: one
-            # may not take zeros (a tokenizer, image bytes), and a failed warm-up fails the load
-            return
-        else:
-            # Batch 1 only: on CPU a warm-up at max_batch_size (64 × ResNet-50) costs seconds
-            # of start-up for little; on a GPU, graph capture below runs every batch size.
-            zeros = warmup_inputs(s.spec, 1, s.device)
-            if zeros is None:
-                log.info("model %s: no warm-up: it has no model_warmup, and zeros cannot stand "
-                         "in: %s", s.spec.name, zeros_refused(s.spec, 1))
-                return
-            self._warm_at_least(runner, zeros)
-            s = self.settings  # its least sizes may have gone up
-            self._check_batch_rows(runner)
-        if s.device.type == "cuda" and s.cuda_graphs and runner.module is not None:
-            started = time.perf_counter()
-            sizes = graph_batch_sizes(s.spec)
-            self._graphs = GraphSet.capture(runner.run, s.spec, s.device, self._stream, sizes)
-            self.setup_s["CUDA graphs"] = time.perf_counter() - started
-            if self._graphs is not None:
-                log.info("model %s: instance %d has CUDA graphs for batch sizes %s", s.spec.name,
-                         s.instance, ", ".join(map(str, sizes)))
-
-    def _warm_at_least(self, runner: Runner, zeros: dict[str, Any]) -> None:
-        """Warm up at batch 1 on zeros of the least sizes; where an exported program's guard
-        refuses them though its range takes them, one step up (`raised_least`) at a time,
-        and the requests are held to what ran."""
-        before, refused = self.settings.spec, ""
-        for step in range(MAX_LEAST_RAISES + 1):
-            try:
-                self._warm_run(runner, dict(zeros), "at batch 1")
-                break
-            except InternalError as error:
-                s = self.settings
-                said = str(error.__cause__)
-                spec = (raised_least(s.spec, runner.shapes, said)
-                        if runner.shapes is not None and step < MAX_LEAST_RAISES else None)
-                if spec is None:
-                    raise
-                refused = refused or said
-                self.settings = s = replace(s, spec=spec)
-                found = warmup_inputs(spec, 1, s.device)
-                assert found is not None  # as it was: only sizes changed
-                zeros = found
-        if refused:
-            log.info("model %s: the exported program refused zeros of its least sizes (%s), "
-                     "which its range constraints take; the least sizes went up until it ran, "
-                     "and requests are held to them: %s", before.name, refused,
-                     lows_raised(before, self.settings.spec))
-
-    def _warm_run(self, runner: Runner, inputs: dict[str, Any], what: str) -> Any:
-        """The model's raw result for `inputs` (None for a decoupled model)."""
-        try:
-            result = runner.run(inputs)
-            if isinstance(result, Iterator):  # a decoupled model: make its first response
-                next(result, None)
-                if hasattr(result, "close"):
-                    result.close()
-                return None
-            return result
-        except Exception as error:
-            raise InternalError(f"model '{self.settings.spec.name}' failed its warm-up "
-                                f"{what} with {type(error).__name__}: {error}"
-                                f"{_batch_dim_hint(self.settings.spec)}") from error
-
-    def _checks_rows(self) -> bool:
-        """Whether the rows of the model's answers are held to the batch's at load: for a
-        TorchScript or exported model that batches (a model traced from one row may have
-        made an output's shape a constant: every batch the batcher gathered then failed
-        under load, in split_rows). Sequence, decoupled and batch-input models are left out:
-        their rows are not the requests'."""
-        s = self.settings
-        spec = s.spec
-        return not (spec.max_batch_size < 2 or s.kind not in ("torchscript", "pt2")
-                    or spec.sequence is not None or spec.decoupled or spec.batch_inputs
-                    or spec.batch_outputs)
-
-    def _check_batch_rows(self, runner: Runner) -> None:
-        """2 rows of zeros answer 2 rows in each output tensor, or the load fails here
-        (`_checks_rows`)."""
-        if not self._checks_rows():
-            return
-        zeros = warmup_inputs(self.settings.spec, 2, self.settings.device)
-        if zeros is not None:
-            self._check_rows(self._warm_run(runner, dict(zeros), "at batch 2"), 2, "zeros")
-
-    def _check_rows(self, raw: Any, rows: int, given: str) -> None:
-        """Each output tensor of the model's answer `raw` to `rows` rows (`given`: of what)
-        has that many rows, or the load fails saying which."""
-        s = self.settings
-        for name, value in self._named(raw).items():
-            if isinstance(value, torch.Tensor) and (value.dim() == 0 or value.shape[0] != rows):
-                answered = ("no batch dim" if value.dim() == 0 else
-                            f"{value.shape[0]} row{'s' if value.shape[0] != 1 else ''}")
-                raise ModelConfigError(str(s.artifact), f"a batch of {rows} rows ({given}) "
-                                       f"answered {answered} in output '{name}' (shape "
-                                       f"{list(value.shape)}); with max_batch_size "
-                                       f"{s.spec.max_batch_size} the first dim of every output "
-                                       "must be the batch's rows. A model traced "
-                                       "(torch.jit.trace) from one row may have fixed it: "
-                                       "trace it from 2 rows, or serve it with max_batch_size "
-                                       "0 and the batch in its dims")
 
     def _on_stream(self) -> Any:
         if self._stream is None:
@@ -886,16 +741,16 @@ class ExecutorThread:
             moved[name] = value
         return moved
 
-    def _named(self, raw: Any) -> dict[str, Any]:
+    def _named(self, raw: Any, spec: ModelSpec) -> dict[str, Any]:
         """A raw result post-processed (the model's postprocess, then the config's) and
-        named by the config's outputs."""
+        named by `spec`'s outputs."""
         runner = self._runner
         if runner is not None and runner.postprocess is not None:
             raw = runner.postprocess(raw)
         postprocessor = self.settings.postprocessor
         if postprocessor is not None:
             raw = postprocessor(list(raw) if isinstance(raw, (list, tuple)) else [raw])
-        return name_outputs(raw, self.settings.spec, runner.output_positions if runner else None)
+        return name_outputs(raw, spec, runner.output_positions if runner else None)
 
     def _finish(self, batch: Batch, raw: Any) -> None:
         """Post-process, bring outputs to the host and split them per request."""
@@ -903,7 +758,7 @@ class ExecutorThread:
         s = self.settings
         spec = s.spec
         try:
-            outputs = self._named(raw)
+            outputs = self._named(raw, spec)
             rows = [item.rows for item in batch.items]
             batching = spec.max_batch_size > 0
             for out in spec.model_outputs:
