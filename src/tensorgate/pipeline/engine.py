@@ -23,7 +23,6 @@ from collections.abc import AsyncGenerator, Callable, Coroutine, Iterable, Mappi
 from dataclasses import replace
 from typing import Any
 
-import torch
 
 from tensorgate.errors import (InvalidArgumentError, NotFoundError, TensorgateError,
                                UnavailableError)
@@ -37,10 +36,13 @@ from tensorgate.pipeline.ensemble import (EnsembleScheduler, check_step_models,
                                           decoupled_ensemble, ensemble_steps)
 from tensorgate.pipeline.executor import (ExecutorSettings, ExecutorThread,
                                           default_intra_op_threads)
+from tensorgate.pipeline.instance_plan import (group_devices, loop_cores_help, on_loop_cores,
+                                               rate_claims, release_claims, setup_text,
+                                               shares_weights, wants_spare)
 from tensorgate.pipeline.model_options import (cpu_affinity, flag, int_parameter, not_acted_on,
                                                streams_per_instance)
 from tensorgate.pipeline.loop_load import LoopLoad
-from tensorgate.pipeline.placement import (LIGHT_FORWARD_NS, pin_current_thread, plan_placement,
+from tensorgate.pipeline.placement import (pin_current_thread, plan_placement,
                                            unpin_current_thread)
 from tensorgate.pipeline.postprocess import build_postprocessor
 from tensorgate.pipeline.postprocess_pool import PostprocessPool
@@ -60,7 +62,6 @@ from tensorgate.repository.model_config import ModelConfigError, ModelSpec
 from tensorgate.repository.model_file import is_aoti_package
 from tensorgate.repository.upload import (UploadedFiles, link_folder, remove_upload,
                                           write_upload)
-from tensorgate.tensor.pinned import cuda_available
 from tensorgate.tensor.pool import BufferPool, PoolStatistics, default_pool
 from tensorgate.tensor.view import TensorView
 
@@ -68,7 +69,6 @@ __all__ = ["Engine", "InferenceRequest", "InferenceResult"]
 
 log = logging.getLogger("tensorgate.engine")
 
-SPARE_SLOWDOWN = 1.5
 STOP_WAIT_S = 5.0  # how long a refused load waits for its instances to let go of the model
 
 
@@ -440,7 +440,7 @@ class Engine:
         for v in versions:  # 4. stop executors, release the model and the device
             for executor in v.executors:
                 executor.stop()
-            self._release(v.claims)
+            release_claims(self._limiter, v.claims)
         stopping = [e.stopped for v in versions for e in v.executors]
         if stopping:
             await asyncio.wait(stopping, timeout=max(deadline - time.monotonic(), 1.0))
@@ -540,7 +540,7 @@ class Engine:
                                                   "yields its responses")
         stats = ModelStatistics(spec.name, version, cached=self._caches(spec),
                                 summaries=self._summaries)
-        by_group = self._group_devices(spec)
+        by_group = group_devices(spec, self._device)
         devices = [device for group in by_group for device in group]
         if kind == "pt2" and await loop.run_in_executor(None, is_aoti_package, artifact):
             spec = await loop.run_in_executor(None, check_aoti_package, artifact, spec,
@@ -556,14 +556,14 @@ class Engine:
                                   gather_bytes=GATHER_BYTES if on_cpu else None)
             feeds = [scheduler] * len(devices)
         postprocessor = build_postprocessor(spec, source.directory)
-        claims = self._claims(spec, version, by_group)
+        claims = rate_claims(self._limiter, spec, version, by_group)
         spares: set[int] = set()  # instances that run only when the others are busy
         said_datatype: set[str] = set()  # one warning a version (ExecutorSettings)
 
         def instance(index: int, first: ExecutorThread | None = None,
-                     on_loop_cores: bool = False) -> ExecutorThread:
+                     spare: bool = False) -> ExecutorThread:
             """Instance `index`; with `first`, running the model `first` loaded; with
-            `on_loop_cores`, there, as a spare (only when the others are busy)."""
+            `spare`, on the loop's cores, run only when the others are busy."""
             settings = ExecutorSettings(
                 spec=spec, version=version, artifact=artifact, kind=kind,
                 directory=source.directory / str(version), device=devices[index],
@@ -577,8 +577,9 @@ class Engine:
                 streams_per_instance=streams_per_instance(spec),
                 shared_runner=first.runner if first is not None else None,
                 said_datatype=said_datatype)
-            if on_loop_cores:
-                settings = self._on_loop_cores(settings)
+            if spare:
+                assert self._placement is not None
+                settings = on_loop_cores(self._placement, settings)
                 spares.add(index)
             executor = ExecutorThread(
                 f"tg-exec-{spec.name}-v{version}-{index}", settings, loop, self._pool,
@@ -590,7 +591,7 @@ class Engine:
             return executor
 
         executors = []
-        if _shares_weights(spec, kind, devices):
+        if shares_weights(spec, kind, devices):
             executors.append(instance(0))  # loads and warms the model the others run
             try:
                 await executors[0].ready
@@ -609,7 +610,7 @@ class Engine:
             # cores, instance_group count 2 served ResNet-50 on 2 cores at half the
             # defaults' rate (13 against 26 requests/s, bench/RESULTS.md)
             last = len(devices) - 1
-            on_loop = first is not None and self._loop_cores_help(spec, first)
+            on_loop = first is not None and loop_cores_help(self._placement, spec, first)
             executors += [instance(index, first, on_loop and index == last)
                           for index in range(1, len(devices))]
         else:  # each its own copy, loaded at once
@@ -654,8 +655,8 @@ class Engine:
                  ", ".join(f"{e.settings.device} ({e.cpus}{', a spare' if i in spares else ''})"
                            for i, e in enumerate(executors)),
                  f"; the last {shared} run the first's copy of the model" if shared else "",
-                 _setup_text(executors))
-        if isinstance(scheduler, Scheduler) and self._wants_spare(spec, executors):
+                 setup_text(executors))
+        if isinstance(scheduler, Scheduler) and wants_spare(self._placement, spec, executors):
             await self._add_spare(spec, version, scheduler, executors)
         return _Version(spec, version, scheduler, executors, stats,
                         [claim for claim in claims if claim is not None])
@@ -666,75 +667,16 @@ class Engine:
         for executor in executors:
             executor.stop()
         await asyncio.wait([e.stopped for e in executors], timeout=STOP_WAIT_S)
-        self._release(claims)
-
-    def _claims(self, spec: ModelSpec, version: int, by_group: list[list[torch.device]]
-                ) -> list[Claim | None]:
-        """Each instance's rate limiter claim (None: it runs whenever it is idle), in the
-        order of `by_group`'s devices; a load fails if one could never run."""
-        limiter = self._limiter
-        if limiter is None or not spec.instance_groups:
-            return [None] * sum(map(len, by_group))
-        claims: list[Claim | None] = []
-        try:
-            for group, devices in zip(spec.instance_groups, by_group):
-                for device in devices:
-                    claims.append(limiter.claim(
-                        f"model '{spec.name}' v{version} instance {len(claims)}",
-                        group.resources, (device.index or 0) if device.type == "cuda" else -1,
-                        group.priority))
-        except ValueError as error:
-            self._release(claims)
-            raise ModelConfigError(spec.name, str(error)) from None
-        return claims
-
-    def _release(self, claims: Iterable[Claim | None]) -> None:
-        """Forget instances' rate limiter claims (their model is gone, or never loaded)."""
-        if self._limiter is not None:
-            for claim in claims:
-                if claim is not None:
-                    self._limiter.release(claim)
-
-    def _wants_spare(self, spec: ModelSpec, executors: list[ExecutorThread]) -> bool:
-        """A heavy CPU model left to the defaults gets a spare instance on the loop's cores.
-
-        With one instance the loop's core idles under a heavy model: on 2 cores ResNet-50
-        served 14 requests/s with one instance and 25 with a spare on the loop's core
-        (bench/RESULTS.md). A model configured with instance_group or cpu_affinity keeps
-        exactly what it asked for. The spare must not be much slower than the first instance
-        (1 thread against 15 would only add a tail), so it needs at least 1/SPARE_SLOWDOWN of
-        the first's intra-op threads.
-        """
-        if spec.instance_groups:
-            return False
-        return self._loop_cores_help(spec, executors[0])  # (without instance_group: one)
-
-    def _on_loop_cores(self, settings: ExecutorSettings) -> ExecutorSettings:
-        """`settings` for an instance pinned to the loop's cores, a thread a core."""
-        assert self._placement is not None
-        loop_cpus = self._placement.loop_cpus
-        return replace(settings, cpu_affinity=loop_cpus, intra_op_threads=len(loop_cpus),
-                       on_idle_time=True)
-
-    def _loop_cores_help(self, spec: ModelSpec, first: ExecutorThread) -> bool:
-        """Whether an instance running `first`'s copy of a model on the loop's cores, as a
-        spare, would add throughput: a heavy CPU model, placed by the server (no
-        cpu_affinity), and not much slower there (SPARE_SLOWDOWN)."""
-        if self._placement is None or self._placement.shared \
-                or "cpu_affinity" in spec.parameters:
-            return False
-        return (first.settings.device.type == "cpu" and first.runner is not None
-                and first.runner.shareable and first.forward_ns is not None
-                and first.forward_ns >= LIGHT_FORWARD_NS
-                and len(self._placement.loop_cpus) * SPARE_SLOWDOWN
-                >= first.settings.intra_op_threads)
+        release_claims(self._limiter, claims)
 
     async def _add_spare(self, spec: ModelSpec, version: int, scheduler: Scheduler,
                          executors: list[ExecutorThread]) -> None:
         """Run the first instance's model (the same weights, no second copy) on the loop's
         cores, for batches that arrive while the first instance is busy."""
         first = executors[0]
-        settings = replace(self._on_loop_cores(first.settings), shared_runner=first.runner)
+        assert self._placement is not None
+        settings = replace(on_loop_cores(self._placement, first.settings),
+                           shared_runner=first.runner)
         spare = ExecutorThread(f"tg-exec-{spec.name}-v{version}-spare", settings,
                                asyncio.get_running_loop(), self._pool, self._postprocess,
                                scheduler.on_batch_done, scheduler.on_idle,
@@ -750,33 +692,6 @@ class Engine:
         scheduler.add_executor(spare, spare=True, spare_when=self._loop_load.leaves_room)
         log.info("model %s v%d: a spare instance on %s for batches that arrive while the "
                  "first is busy", spec.name, version, spare.cpus)
-
-    def _group_devices(self, spec: ModelSpec) -> list[list[torch.device]]:
-        """Each instance group's instances' devices (one group of one when none is given)."""
-        groups = spec.instance_groups or ()
-        if not groups:
-            return [[self._auto_device()]]
-        devices = []
-        for group in groups:
-            if group.kind == "KIND_CPU" or self._device == "cpu":
-                devices.append([torch.device("cpu")] * group.count)
-            elif group.kind == "KIND_GPU":
-                if not cuda_available():
-                    raise ModelConfigError(spec.name, "instance_group kind KIND_GPU, but no CUDA "
-                                                      "device is available; use KIND_CPU or "
-                                                      "KIND_AUTO")
-                gpus = group.gpus or tuple(range(torch.cuda.device_count()))
-                devices.append([torch.device("cuda", g) for g in gpus
-                                for _ in range(group.count)])
-            else:
-                devices.append([self._auto_device()] * group.count)
-        return devices
-
-    def _auto_device(self) -> torch.device:
-        if self._device != "auto":
-            device = torch.device(self._device)  # "cuda" is the first GPU, as in "auto"
-            return torch.device("cuda", 0) if device == torch.device("cuda") else device
-        return torch.device("cuda", 0) if cuda_available() else torch.device("cpu")
 
     # -- queries ---------------------------------------------------------------------------
 
@@ -1085,26 +1000,3 @@ def _step_models(versions: Iterable[_Version]) -> set[str]:
     """The models that these versions' ensemble steps call."""
     return {model for v in versions if isinstance(v.scheduler, EnsembleScheduler)
             for model in v.scheduler.models}
-
-
-def _shares_weights(spec: ModelSpec, kind: str, devices: list[torch.device]) -> bool:
-    """Whether a version's instances may run one copy of its model: TorchScript (whose
-    forward runs on several threads at once without the GIL) on CPU instances, where N
-    copies of the weights cost N times the memory for nothing a copy gives a CPU (Triton's
-    PyTorch backend loads one an instance); they do once the first has loaded it, unless
-    its forward assigns attributes (runner.shareable). Not a sequence model's, whose
-    instances each keep their own sequences, possibly in the module's own state; not on
-    GPUs (a copy a device, and CUDA graphs an instance)."""
-    return (kind == "torchscript" and spec.sequence is None and not spec.decoupled
-            and len(devices) > 1 and all(device.type == "cpu" for device in devices))
-
-
-def _setup_text(executors: list[ExecutorThread]) -> str:
-    """What a load took, by step, the slowest instance's (start-up time is read here first:
-    where it goes on a GPU, the CUDA graphs, or on a CPU)."""
-    steps: dict[str, float] = {}
-    for executor in executors:
-        for step, seconds in executor.setup_s.items():
-            steps[step] = max(steps.get(step, 0.0), seconds)
-    return ("; " + ", ".join(f"{step} {seconds:.2f} s" for step, seconds in steps.items())
-            if steps else "")
