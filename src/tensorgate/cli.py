@@ -102,7 +102,7 @@ def _parser() -> argparse.ArgumentParser:
                        help="Triton's: try a model's failed load again N times (default 0)")
     serve.add_argument("--model-load-thread-count", type=int, metavar="N",
                        help="at most N of the models loaded at start load at once (default "
-                            "0: all at once; Triton's is 4)")
+                            "4, as Triton's; 0: all at once)")
     serve.add_argument("--repository-poll-secs", dest="repository_poll_s", type=float,
                        help="with --model-control-mode poll: seconds between scans "
                             "(default 15)")

@@ -1,6 +1,6 @@
 """Triton's --model-load-thread-count: at most that many of the models a start loads load at
-once (the others wait, counted as loading); without it, every model starts loading at
-once. Python models that note when their setup ran show which."""
+once (the others wait, counted as loading), 4 by default as in Triton; with 0, every model
+starts loading at once. Python models that note when their setup ran show which."""
 
 from __future__ import annotations
 
@@ -48,16 +48,27 @@ def _most_at_once(root: pathlib.Path) -> int:
                for moment, _ in spans)
 
 
-@pytest.mark.parametrize("threads, most", [(1, 1), (2, 2), (0, 4)])
+@pytest.mark.parametrize("threads, most", [(1, 1), (2, 2), (0, 5)])
 def test_a_start_loads_at_most_that_many_models_at_once(tmp_path: pathlib.Path, threads: int,
                                                         most: int) -> None:
-    root = _repository(tmp_path / "models", 4)
+    root = _repository(tmp_path / "models", 5)
 
     async def scenario() -> None:
         async with serving(root, placement="none", load_threads=threads) as engine:
-            assert all(engine.is_ready(f"noting{i}") for i in range(4))
+            assert all(engine.is_ready(f"noting{i}") for i in range(5))
     run(scenario())
     assert _most_at_once(root) == most
+
+
+def test_by_default_four_load_at_once_as_in_triton(tmp_path: pathlib.Path) -> None:
+    root = _repository(tmp_path / "models", 5)
+    assert parse_serve(["serve"], {}).model_load_thread_count == 4
+
+    async def scenario() -> None:
+        async with serving(root, placement="none") as engine:
+            assert all(engine.is_ready(f"noting{i}") for i in range(5))
+    run(scenario())
+    assert _most_at_once(root) == 4
 
 
 def test_the_flag_is_the_engines_bound() -> None:

@@ -104,7 +104,7 @@ class Engine:
                  response_cache_bytes: int = 0, auto_complete: bool = True,
                  model_control: bool = False, latency_summaries: bool = False,
                  rate_limiter: RateLimiter | None = None, model_upload: bool = False,
-                 load_retries: int = 0, load_threads: int = 0) -> None:
+                 load_retries: int = 0, load_threads: int = 4) -> None:
         """`repository`: one folder or several, whose models share one namespace, or
         ModelRepositories (one with a config name: --model-config-name).
         `placement="auto"` pins the thread that calls `start` (the loop's) to the first CPU until
@@ -122,7 +122,7 @@ class Engine:
         `load_retries`: a load that fails is tried again this many times (Triton's
         --model-load-retry-count: a file system or a device that failed for a moment).
         `load_threads` > 0: at most that many of the models `start` loads load at once
-        (Triton's --model-load-thread-count); 0: all at once."""
+        (Triton's --model-load-thread-count, whose default is ours); 0: all at once."""
         self.repositories = (repository if isinstance(repository, ModelRepositories)
                              else ModelRepositories.of(repository))
         self._complete = complete_config if auto_complete else None
