@@ -23,7 +23,6 @@ from collections.abc import AsyncGenerator, Callable, Coroutine, Iterable, Mappi
 from dataclasses import replace
 from typing import Any
 
-
 from tensorgate.errors import (InvalidArgumentError, NotFoundError, TensorgateError,
                                UnavailableError)
 from tensorgate import python_backend
