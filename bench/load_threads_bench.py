@@ -4,7 +4,7 @@ when all do, and the server's peak memory.
 A repository of `--models` copies of the built-in resnet50 (each its own name) is served
 from this tree once for each count in turn (alternating the order over the rounds); the
 repository index is polled every 50 ms from launch until every model is READY. The peak RSS
-is the process's VmHWM then.
+is the process's VmHWM then (compare.py's memory_tree, as the peer comparison reads it).
 
     .venv/bin/python bench/load_threads_bench.py [--models 12] [--counts 0 4] [--rounds 3]
 """
@@ -27,6 +27,7 @@ HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "src"))
 sys.path.insert(0, str(HERE))
 
+from compare import memory_tree  # noqa: E402
 from compare_servers import free_port  # noqa: E402
 from tensorgate.builtin.repository import write_default_repository  # noqa: E402
 
@@ -50,13 +51,6 @@ def _states(port: int) -> list[str]:
     request = urllib.request.Request(f"http://127.0.0.1:{port}/v2/repository/index", data=b"{}")
     with urllib.request.urlopen(request, timeout=2) as answer:
         return [model.get("state", "") for model in json.loads(answer.read())]
-
-
-def _status_mb(pid: int, key: str) -> float:
-    for line in pathlib.Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith(key + ":"):
-            return int(line.split()[1]) / 1024
-    raise RuntimeError(f"no {key} for process {pid}")
 
 
 def start(models: pathlib.Path, count: int, expected: int) -> dict[str, Any]:
@@ -84,9 +78,10 @@ def start(models: pathlib.Path, count: int, expected: int) -> dict[str, Any]:
             if len(states) == expected and all(state == "READY" for state in states):
                 break
             time.sleep(0.05)
-        return {"first_s": first, "all_s": time.perf_counter() - launched,
-                "peak_mb": _status_mb(process.pid, "VmHWM"),
-                "ready_mb": _status_mb(process.pid, "VmRSS")}
+        all_s = time.perf_counter() - launched
+        memory = memory_tree(process.pid)
+        return {"first_s": first, "all_s": all_s, "peak_mb": memory["peak_rss_mb"],
+                "ready_mb": memory["rss_mb"]}
     finally:
         process.terminate()
         process.wait(timeout=60)
