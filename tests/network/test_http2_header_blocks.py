@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tensorgate.network import http2
+from tensorgate.network.http2_headers import HeaderBlocks
 from tests.e2e.h2_client import END_HEADERS, END_STREAM, HEADERS, PREFACE, SETTINGS, H2Client
 from tests.network.test_http2_streams import _feed, _Handler, _Recorder
 
@@ -37,7 +38,7 @@ def _connection() -> tuple[http2.Http2Connection, _Recorder, list[list[tuple[str
 
     connection = http2.Http2Connection(open_stream, lambda c: None)
     decoder = _CountingDecoder()
-    connection._decoder = decoder
+    connection._blocks = HeaderBlocks(decoder)
     transport = _Recorder()
     connection.connection_made(transport)
     _feed(connection, PREFACE + H2Client.frame(SETTINGS, 0, 0, b""))
@@ -143,20 +144,20 @@ def _never_indexed(value: str) -> bytes:
 
 def _kept_bytes(connection: http2.Http2Connection) -> int:
     return sum(len(block) + sum(len(name) + len(value) for name, value in fields)
-               for block, fields in connection._kept.items())
+               for block, fields in connection._blocks.kept.items())
 
 
 def test_what_a_connection_keeps_is_bounded() -> None:
     connection, transport, seen, decoder = _connection()
     small = [_never_indexed(f"{n:04d}" * 25) for n in range(60)]     # ~100 bytes each
     _send(connection, small)
-    assert len(connection._kept) <= 8
+    assert len(connection._blocks.kept) <= 8
     large = [_never_indexed(f"{n:04d}" * 225) for n in range(60)]    # ~900 bytes each
     _send(connection, large, first_stream=121)
-    assert len(connection._kept) <= 4 and _kept_bytes(connection) <= 8 << 10
+    assert len(connection._blocks.kept) <= 4 and _kept_bytes(connection) <= 8 << 10
     over = _never_indexed("v" * 1100)                                # over 1 KiB: not kept
     _send(connection, [over, over], first_stream=241)
-    assert over not in connection._kept
+    assert over not in connection._blocks.kept
     assert decoder.calls == 122 and not transport.closed
     assert seen[-1] == [("x-n", "v" * 1100)] and len(seen) == 122
 

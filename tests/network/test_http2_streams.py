@@ -296,7 +296,7 @@ def test_messages_in_any_frames_and_reads_arrive_whole(tensors: list[int], sizes
     data = len(frames) - 9 * frame_count
     assert connection.streams[1].receive_window == (http2._STREAM_WINDOW - data
                                                     + given_back[1])
-    opening = http2._CONNECTION_WINDOW - http2._DEFAULT_WINDOW  # sent with our SETTINGS
+    opening = http2._CONNECTION_WINDOW - http2.DEFAULT_WINDOW  # sent with our SETTINGS
     assert connection._receive_window == (http2._CONNECTION_WINDOW - data
                                           + given_back[0] - opening)
 

@@ -9,9 +9,10 @@ handed to the transport in one call, as frame headers between views of the tenso
 
 Scope is what a gRPC server needs: no server push, no priorities (PRIORITY is read and
 ignored), no h2c upgrade (gRPC clients speak HTTP/2 with prior knowledge). Header blocks are
-decoded with `hpack` (Huffman codes and the dynamic table); the few headers we send are
-encoded as literals that never touch the peer's table. Flow control is honoured both ways:
-the peer's windows bound what we send, and our windows are replenished as DATA is consumed.
+decoded with `hpack` (http2_headers.py); the few headers we send are encoded as literals that
+never touch the peer's table (http2_frames.py, the wire's vocabulary). Flow control is
+honoured both ways: the peer's windows bound what we send, and our windows are replenished as
+DATA is consumed.
 
 The layer above sees `Http2Stream`s: its `open_stream` callback gets each new stream's
 headers and returns the stream's `StreamHandler`, DATA goes to that handler as it arrives
@@ -33,37 +34,26 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
-import hpack
-
 from tensorgate.network import UNREAD_ANSWER_S
+from tensorgate.network.http2_frames import (
+    ACK, CONTINUATION, DATA, DEFAULT_FRAME, DEFAULT_WINDOW, ENABLE_PUSH, END_HEADERS,
+    END_STREAM, ENHANCE_YOUR_CALM, FLOW_CONTROL_ERROR, FRAME_SIZE_ERROR, GOAWAY, HEAD, HEADERS,
+    INITIAL_WINDOW_SIZE, INTERNAL_ERROR, MAX_CONCURRENT_STREAMS, MAX_FRAME_SIZE,
+    MAX_HEADER_LIST_SIZE, MAX_STREAM_ID, MAX_WINDOW, NO_ERROR, PADDED, PING, PREFACE, PRIORITY,
+    PRIORITY_FLAG, PROTOCOL_ERROR, PUSH_PROMISE, REFUSED_STREAM, RST_STREAM, SETTINGS,
+    STREAM_CLOSED, WINDOW_UPDATE, Fields, Http2Error, StreamError, encode_headers, frame,
+    refusal_frames)
+from tensorgate.network.http2_headers import MAX_HEADER_BLOCK, HeaderBlocks
 from tensorgate.network.in_order import InOrder
 from tensorgate.network.keepalive import TOO_MANY_PINGS, Keepalive, PingStrikes
 from tensorgate.network.socket_send import SocketSender, copies_what_it_keeps
 from tensorgate.tensor.copies import record_copy
 
-__all__ = ["Http2Connection", "Http2Stream", "StreamHandler", "encode_headers",
-           "refusal_frames"]
+__all__ = ["Fields", "Http2Connection", "Http2Error", "Http2Stream", "StreamError",
+           "StreamHandler", "encode_headers", "refusal_frames"]
 
 log = logging.getLogger("tensorgate.http2")
 
-PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
-
-# frame types
-DATA, HEADERS, PRIORITY, RST_STREAM, SETTINGS, PUSH_PROMISE, PING, GOAWAY, WINDOW_UPDATE, \
-    CONTINUATION = range(10)
-# flags
-END_STREAM, ACK, END_HEADERS, PADDED, PRIORITY_FLAG = 0x1, 0x1, 0x4, 0x8, 0x20
-# error codes
-NO_ERROR, PROTOCOL_ERROR, INTERNAL_ERROR, FLOW_CONTROL_ERROR, STREAM_CLOSED, \
-    FRAME_SIZE_ERROR, REFUSED_STREAM, CANCEL, COMPRESSION_ERROR = 0, 1, 2, 3, 5, 6, 7, 8, 9
-ENHANCE_YOUR_CALM = 0xb
-# settings
-HEADER_TABLE_SIZE, ENABLE_PUSH, MAX_CONCURRENT_STREAMS, INITIAL_WINDOW_SIZE, MAX_FRAME_SIZE, \
-    MAX_HEADER_LIST_SIZE = range(1, 7)
-
-_MAX_WINDOW = (1 << 31) - 1
-_DEFAULT_WINDOW = 65_535
-_DEFAULT_FRAME = 16_384
 # DATA frames up to 1 MiB: grpcio clients then send a 602 KB tensor in one frame, whose
 # payload is read straight into the message's buffer (see get_buffer). Other frames are
 # never that large: anything but DATA over _MAX_CONTROL_FRAME is refused.
@@ -125,15 +115,6 @@ _IDLE_FRAME_COUNTS = 8
 # the server by the answers without bound (HTTP/2's "ping flood", CVE-2019-9512; nghttp2
 # allows 1,000 such answers queued, as here).
 _UNREAD_ACKS = 1000
-_MAX_HEADER_BLOCK = 64 << 10       # encoded bytes of one header block, CONTINUATIONs included
-# A client sends the same header block call after call (by the second call its fields are
-# all in HPACK's dynamic table). hpack decoded one in ~40 µs of a ~700 µs gRPC identity call
-# (py-spy); a block that left the table as it found it decodes the same way while the table
-# stays so, so its fields are kept, keyed by its bytes, until the table changes. Bounded per
-# connection: blocks this small, this many, these bytes of block and fields together.
-_KEPT_BLOCK = 1024
-_KEPT_BLOCKS = 8
-_KEPT_BYTES = 8 << 10
 # The receive buffer: an idle connection holds _IDLE_BUFFER (at 256 KiB each, 1,000 idle
 # gRPC connections held 259 MB: bench/idle_connections_bench.py); a read that fills what it
 # was offered grows it to _RECEIVE_BUFFER, which holds many frames per read, and a frame
@@ -152,47 +133,9 @@ _SHRINK_IDLE_S = 2.0
 # two, 1-2 (the client's own race, which grpc's servers see too: grpc/grpc#31733); two with
 # the second only after a second of quiet instead of the PING, 0-1. A client that leaves
 # the PING unanswered gets the second after _DRAIN_PING_S.
-_MAX_STREAM_ID = (1 << 31) - 1
 _DRAIN_PING = b"tg-drain"
 _DRAIN_PING_S = 5.0
 _ALIVE_PING = b"tg-alive"  # a keepalive PING's payload (Keepalive)
-
-
-_HEAD = struct.Struct(">I")        # length (24 bits) and type, packed as one word, then flags+id
-
-
-
-# a header block's fields as (name, value) pairs, in order; shared by calls with the same block
-Fields = Sequence[tuple[str, str]]
-
-
-def refusal_frames(message: str) -> bytes:
-    """What a connection we will not serve is told: GOAWAY with `message` as its debug data,
-    in place of our SETTINGS. grpcio then counts a failed handshake and fails the call at
-    once with UNAVAILABLE; after SETTINGS it counts the connection as made, and retries it
-    until the call's deadline (a 10 s deadline ran out in the test)."""
-    debug = message.encode()[:256]
-    return (_frame(GOAWAY, 0, 0, 8 + len(debug))
-            + _HEAD.pack(0) + _HEAD.pack(REFUSED_STREAM) + debug)
-
-
-class Http2Error(Exception):
-    """A connection error: answered with GOAWAY(code) and the connection is closed. The
-    GOAWAY's debug data is `debug` where given (a word a client looks for), else the
-    message."""
-
-    def __init__(self, code: int, message: str, debug: str | None = None) -> None:
-        super().__init__(message)
-        self.code = code
-        self.debug = message if debug is None else debug
-
-
-class StreamError(Exception):
-    """A stream error: answered with RST_STREAM(code); the connection carries on."""
-
-    def __init__(self, code: int, message: str) -> None:
-        super().__init__(message)
-        self.code = code
 
 
 class StreamHandler(Protocol):
@@ -230,32 +173,6 @@ class Http2Stream:
         self.last_data = opened_at  # when its last DATA frame began (or it opened)
 
 
-def _integer(value: int, prefix_bits: int, first: int = 0) -> bytes:
-    """An HPACK integer (RFC 7541 §5.1) with `first`'s high bits above the prefix."""
-    limit = (1 << prefix_bits) - 1
-    if value < limit:
-        return bytes([first | value])
-    out = [first | limit]
-    value -= limit
-    while value >= 128:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
-def encode_headers(fields: Sequence[tuple[bytes, bytes]]) -> bytes:
-    """A header block of literals without indexing (no Huffman, no dynamic table): the peer's
-    decoder state never depends on ours, so blocks can be built once and reused."""
-    parts = []
-    for name, value in fields:
-        if name == b":status" and value == b"200":
-            parts.append(b"\x88")  # static table entry 8
-            continue
-        parts += [b"\x00", _integer(len(name), 7), name, _integer(len(value), 7), value]
-    return b"".join(parts)
-
-
 def _in_loop() -> bool:
     try:
         asyncio.get_running_loop()
@@ -268,10 +185,6 @@ def _frames_a_new_stream(earned: int) -> int:
     """The frames opening a stream counts beyond its HEADERS, on a connection that has
     `earned` streams (see _FIRST_STREAMS)."""
     return max(_NEW_STREAM, _FRAMES_PER_TURN // (_FIRST_STREAMS + earned) - 1)
-
-
-def _frame(kind: int, flags: int, stream_id: int, length: int) -> bytes:
-    return _HEAD.pack((length << 8) | kind) + bytes([flags]) + _HEAD.pack(stream_id)
 
 
 class Http2Connection(asyncio.BufferedProtocol):
@@ -304,14 +217,12 @@ class Http2Connection(asyncio.BufferedProtocol):
         self._offered = 0              # the room the last get_buffer() gave
         self._grow = False             # the last read filled it: grow at the next chance
         self._preface = False
-        self._decoder = hpack.Decoder(max_header_list_size=_MAX_HEADER_BLOCK)
-        self._kept: dict[bytes, Fields] = {}  # header blocks decoded (see _KEPT_BLOCK)
-        self._kept_bytes = 0
+        self._blocks = HeaderBlocks()  # request header blocks, and HPACK's table
         self.streams: dict[int, Http2Stream] = {}
         self._last_stream = 0
-        self._peer_window = _DEFAULT_WINDOW          # our send window on the connection
-        self._peer_initial = _DEFAULT_WINDOW         # the peer's SETTINGS_INITIAL_WINDOW_SIZE
-        self._peer_frame = _DEFAULT_FRAME            # the peer's SETTINGS_MAX_FRAME_SIZE
+        self._peer_window = DEFAULT_WINDOW          # our send window on the connection
+        self._peer_initial = DEFAULT_WINDOW         # the peer's SETTINGS_INITIAL_WINDOW_SIZE
+        self._peer_frame = DEFAULT_FRAME            # the peer's SETTINGS_MAX_FRAME_SIZE
         self._receive_window = _CONNECTION_WINDOW
         self._unacknowledged = 0
         self._blocked: dict[int, Http2Stream] = {}   # streams waiting for the connection window
@@ -326,10 +237,6 @@ class Http2Connection(asyncio.BufferedProtocol):
         self._data_length = 0
         self._direct = False           # the last get_buffer() was a stream's own memory
         self._large_frames = False     # the peer's last sizeable DATA frame was over 16 KiB
-        # a header block that continues in CONTINUATION frames
-        self._block_stream = 0
-        self._block = bytearray()
-        self._block_end_stream = False
         self.going_away = False
         self._draining_since = math.inf  # when the first GOAWAY of a graceful close went
         # --grpc-max-connection-age: when the front end retires the connection (GOAWAY), and
@@ -372,10 +279,10 @@ class Http2Connection(asyncio.BufferedProtocol):
         settings = b"".join(struct.pack(">HI", key, value) for key, value in (
             (ENABLE_PUSH, 0), (MAX_CONCURRENT_STREAMS, _MAX_STREAMS),
             (MAX_FRAME_SIZE, _FRAME_SIZE), (INITIAL_WINDOW_SIZE, _STREAM_WINDOW),
-            (MAX_HEADER_LIST_SIZE, _MAX_HEADER_BLOCK)))
-        self._write([_frame(SETTINGS, 0, 0, len(settings)) + settings
-                     + _frame(WINDOW_UPDATE, 0, 0, 4)
-                     + _HEAD.pack(_CONNECTION_WINDOW - _DEFAULT_WINDOW)])
+            (MAX_HEADER_LIST_SIZE, MAX_HEADER_BLOCK)))
+        self._write([frame(SETTINGS, 0, 0, len(settings)) + settings
+                     + frame(WINDOW_UPDATE, 0, 0, 4)
+                     + HEAD.pack(_CONNECTION_WINDOW - DEFAULT_WINDOW)])
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.transport = None
@@ -538,10 +445,10 @@ class Http2Connection(asyncio.BufferedProtocol):
                 self._need = 9
                 return
             start = self._start
-            word = _HEAD.unpack_from(view, start)[0]
+            word = HEAD.unpack_from(view, start)[0]
             length, kind = word >> 8, word & 0xFF
             flags = view[start + 4]
-            stream_id = _HEAD.unpack_from(view, start + 5)[0] & 0x7FFFFFFF
+            stream_id = HEAD.unpack_from(view, start + 5)[0] & 0x7FFFFFFF
             if length > _FRAME_SIZE:
                 raise Http2Error(FRAME_SIZE_ERROR, f"a frame of {length} bytes exceeds the "
                                                    f"{_FRAME_SIZE}-byte maximum")
@@ -549,7 +456,7 @@ class Http2Connection(asyncio.BufferedProtocol):
                 raise Http2Error(ENHANCE_YOUR_CALM, f"a frame of type {kind} and {length} "
                                                     f"bytes; only DATA may exceed "
                                                     f"{_MAX_CONTROL_FRAME}")
-            if self._block_stream and kind != CONTINUATION:
+            if self._blocks.stream_id and kind != CONTINUATION:
                 raise Http2Error(PROTOCOL_ERROR, "a header block was interrupted by another "
                                                  "frame")
             self._turn_frames += 1  # (inline: every frame passes here)
@@ -577,10 +484,10 @@ class Http2Connection(asyncio.BufferedProtocol):
             self._data_flowed = True
             self._headers(flags, stream_id, payload)
         elif kind == CONTINUATION:
-            if stream_id == 0 or stream_id != self._block_stream:
+            if stream_id == 0 or stream_id != self._blocks.stream_id:
                 raise Http2Error(PROTOCOL_ERROR, "CONTINUATION without a header block to "
                                                  "continue")
-            self._block_add(payload)
+            self._blocks.add(payload)
             if flags & END_HEADERS:
                 self._block_done()
         elif kind == SETTINGS:
@@ -596,7 +503,7 @@ class Http2Connection(asyncio.BufferedProtocol):
                                  "a PING must be 8 bytes on stream 0")
             if not flags & ACK:
                 self._turn_frames += _IDLE_FRAME_COUNTS - 1  # (an answer each: a turn's share)
-                self._acknowledge(_frame(PING, ACK, 0, 8) + bytes(payload), "PING")
+                self._acknowledge(frame(PING, ACK, 0, 8) + bytes(payload), "PING")
                 self._client_ping()  # (answered first, the one too many too, as gRPC's are)
             elif payload == _DRAIN_PING and self._draining_since < math.inf:
                 self._last_goaway()  # every stream opened before the first GOAWAY has come
@@ -640,26 +547,14 @@ class Http2Connection(asyncio.BufferedProtocol):
             start += 5
             if start > end:
                 raise Http2Error(FRAME_SIZE_ERROR, "HEADERS too short for its priority")
-        self._block_stream = stream_id
-        self._block_end_stream = bool(flags & END_STREAM)
-        self._block.clear()
-        self._block_add(payload[start:end])
+        self._blocks.begin(stream_id, bool(flags & END_STREAM), payload[start:end])
         if flags & END_HEADERS:
             self._block_done()
 
-    def _block_add(self, fragment: memoryview) -> None:
-        if len(self._block) + len(fragment) > _MAX_HEADER_BLOCK:
-            raise Http2Error(ENHANCE_YOUR_CALM, f"a header block exceeds {_MAX_HEADER_BLOCK} "
-                                                "bytes")
-        self._block += fragment
-
     def _block_done(self) -> None:
-        stream_id, end_stream = self._block_stream, self._block_end_stream
-        self._block_stream = 0
-        block = bytes(self._block)
-        fields = self._kept.get(block)
-        if fields is None:
-            fields = self._decode(block)
+        """A header block ended: a new stream's request, or a stream's trailers."""
+        stream_id, end_stream = self._blocks.stream_id, self._blocks.end_stream
+        fields = self._blocks.finish()
         stream = self.streams.get(stream_id)
         if stream is not None:  # trailers: gRPC clients send none, but they may
             if stream.remote_closed or not end_stream:
@@ -691,37 +586,6 @@ class Http2Connection(asyncio.BufferedProtocol):
         if end_stream:
             self._forget_if_closed(stream)
 
-    def _decode(self, block: bytes) -> Fields:
-        """The block's fields, decoded by hpack against the dynamic table, and kept for the
-        next time the same bytes come if decoding it neither added to the table nor
-        resized it; a block that changed the table forgets every block kept."""
-        table = self._decoder.header_table
-        entries = table.dynamic_entries
-        # The table changed iff its newest entry, its length or its size did: entries are
-        # added at the front as new tuples and evicted from the back (or all at once).
-        newest, length, size = entries[0] if entries else None, len(entries), table.maxsize
-        try:
-            fields = tuple([(str(name), str(value)) for name, value in
-                            self._decoder.decode(block)])
-        except hpack.HPACKError as error:  # the shared table is now unknown: fatal
-            raise Http2Error(COMPRESSION_ERROR, f"undecodable header block: {error}") from None
-        if ((entries[0] if entries else None) is not newest or len(entries) != length
-                or table.maxsize != size):
-            self._kept.clear()
-            self._kept_bytes = 0
-            return fields
-        if len(block) > _KEPT_BLOCK:
-            return fields
-        cost = len(block) + sum(len(name) + len(value) for name, value in fields)
-        if cost > _KEPT_BYTES:
-            return fields
-        if len(self._kept) >= _KEPT_BLOCKS or self._kept_bytes + cost > _KEPT_BYTES:
-            self._kept.clear()
-            self._kept_bytes = 0
-        self._kept[block] = fields
-        self._kept_bytes += cost
-        return fields
-
     def _data_begin(self, stream_id: int, flags: int, length: int) -> None:
         if stream_id == 0:
             raise Http2Error(PROTOCOL_ERROR, "DATA on stream 0")
@@ -733,7 +597,7 @@ class Http2Connection(asyncio.BufferedProtocol):
         if stream is not None:
             stream.last_data = self._last_read
         if length >= _SMALL_READ:
-            self._large_frames = length > _DEFAULT_FRAME
+            self._large_frames = length > DEFAULT_FRAME
         self._data_left = length
         self._data_padding = -1 if flags & PADDED else 0
         if stream is None:
@@ -763,7 +627,7 @@ class Http2Connection(asyncio.BufferedProtocol):
             return False
         handler = stream.handler
         try:
-            target = handler.receive_buffer(_MAX_WINDOW)
+            target = handler.receive_buffer(MAX_WINDOW)
         except Exception as error:
             self._failed(stream, error)
             return False
@@ -778,12 +642,12 @@ class Http2Connection(asyncio.BufferedProtocol):
             pos += length
             if flags & END_STREAM or end - pos < 9:
                 break
-            word = _HEAD.unpack_from(view, pos)[0]  # the next frame: taken too if it can be
+            word = HEAD.unpack_from(view, pos)[0]  # the next frame: taken too if it can be
             following, following_flags = word >> 8, view[pos + 4]
             if (word & 0xFF != DATA or following_flags & PADDED or not following
                     or following > _FRAME_SIZE
                     or following > min(end - pos - 9, room - copied)
-                    or _HEAD.unpack_from(view, pos + 5)[0] & 0x7FFFFFFF != stream_id):
+                    or HEAD.unpack_from(view, pos + 5)[0] & 0x7FFFFFFF != stream_id):
                 break
             pos += 9
             length, flags = following, following_flags
@@ -792,7 +656,7 @@ class Http2Connection(asyncio.BufferedProtocol):
         stream.receive_window -= copied
         stream.last_data = self._last_read
         if length >= _SMALL_READ:
-            self._large_frames = length > _DEFAULT_FRAME
+            self._large_frames = length > DEFAULT_FRAME
         self._data_stream, self._data_flags, self._data_length = stream_id, flags, copied
         try:
             handler.data_written(copied, copied=True)
@@ -833,7 +697,7 @@ class Http2Connection(asyncio.BufferedProtocol):
         self._unacknowledged += length
         updates = []
         if self._unacknowledged >= _CONNECTION_WINDOW // 4:
-            updates.append(_frame(WINDOW_UPDATE, 0, 0, 4) + _HEAD.pack(self._unacknowledged))
+            updates.append(frame(WINDOW_UPDATE, 0, 0, 4) + HEAD.pack(self._unacknowledged))
             self._receive_window += self._unacknowledged
             self._unacknowledged = 0
         stream = self.streams.get(self._data_stream)
@@ -850,10 +714,10 @@ class Http2Connection(asyncio.BufferedProtocol):
     @staticmethod
     def _stream_update(stream: Http2Stream) -> bytes:
         """A WINDOW_UPDATE giving back what `stream`'s consumed DATA used of its window."""
-        frame = _frame(WINDOW_UPDATE, 0, stream.id, 4) + _HEAD.pack(stream.unacknowledged)
+        update = frame(WINDOW_UPDATE, 0, stream.id, 4) + HEAD.pack(stream.unacknowledged)
         stream.receive_window += stream.unacknowledged
         stream.unacknowledged = 0
-        return frame
+        return update
 
     def pause_reading(self, stream: Http2Stream) -> None:
         """Give `stream` no more window: the client may send what its window still allows
@@ -889,7 +753,7 @@ class Http2Connection(asyncio.BufferedProtocol):
         for offset in range(0, len(payload), 6):
             key, value = struct.unpack_from(">HI", payload, offset)
             if key == INITIAL_WINDOW_SIZE:
-                if value > _MAX_WINDOW:
+                if value > MAX_WINDOW:
                     raise Http2Error(FLOW_CONTROL_ERROR, "SETTINGS_INITIAL_WINDOW_SIZE over "
                                                          "2^31-1")
                 delta, self._peer_initial = value - self._peer_initial, value
@@ -897,7 +761,7 @@ class Http2Connection(asyncio.BufferedProtocol):
                     stream.send_window += delta
                 widened = widened or delta > 0
             elif key == MAX_FRAME_SIZE:
-                if not _DEFAULT_FRAME <= value <= (1 << 24) - 1:
+                if not DEFAULT_FRAME <= value <= (1 << 24) - 1:
                     raise Http2Error(PROTOCOL_ERROR, f"SETTINGS_MAX_FRAME_SIZE {value} is out "
                                                      "of range")
                 self._peer_frame = value
@@ -906,7 +770,7 @@ class Http2Connection(asyncio.BufferedProtocol):
         if self._settled:  # past the first, a client sends a few: a flood of them is answered
             self._idle_frame("SETTINGS")
         self._settled = True
-        self._acknowledge(_frame(SETTINGS, ACK, 0, 0), "SETTINGS")
+        self._acknowledge(frame(SETTINGS, ACK, 0, 0), "SETTINGS")
         # at once, not at the end of the read as PINGs' answers: before any DATA sent under
         # its new windows, which grpcio counts only once acknowledged (it failed a call with
         # "frame of size 465708 overflows local window of 0" when the DATA came first)
@@ -947,12 +811,12 @@ class Http2Connection(asyncio.BufferedProtocol):
     def _window_update(self, stream_id: int, payload: memoryview) -> None:
         if len(payload) != 4:
             raise Http2Error(FRAME_SIZE_ERROR, "a WINDOW_UPDATE must be 4 bytes")
-        increment = _HEAD.unpack_from(payload)[0] & 0x7FFFFFFF
+        increment = HEAD.unpack_from(payload)[0] & 0x7FFFFFFF
         if stream_id == 0:
             if increment == 0:
                 raise Http2Error(PROTOCOL_ERROR, "a WINDOW_UPDATE of 0")
             self._peer_window += increment
-            if self._peer_window > _MAX_WINDOW:
+            if self._peer_window > MAX_WINDOW:
                 raise Http2Error(FLOW_CONTROL_ERROR, "the connection window passed 2^31-1")
             self._flush_blocked()
             return
@@ -964,7 +828,7 @@ class Http2Connection(asyncio.BufferedProtocol):
             self._reset(stream_id, PROTOCOL_ERROR)
             return
         stream.send_window += increment
-        if stream.send_window > _MAX_WINDOW:
+        if stream.send_window > MAX_WINDOW:
             self._reset(stream_id, FLOW_CONTROL_ERROR)
             return
         self._flush(stream)
@@ -984,7 +848,7 @@ class Http2Connection(asyncio.BufferedProtocol):
         """Start a response whose body follows in `send` calls; its header block goes out
         with the first of them."""
         if self.streams.get(stream.id) is stream and not stream.local_closed:
-            stream.head = _frame(HEADERS, END_HEADERS, stream.id, len(headers)) + headers
+            stream.head = frame(HEADERS, END_HEADERS, stream.id, len(headers)) + headers
 
     def send(self, stream: Http2Stream, body: Sequence[Any],
              trailers: bytes | None = None) -> None:
@@ -1019,7 +883,7 @@ class Http2Connection(asyncio.BufferedProtocol):
         """A response that is one header block (gRPC's trailers-only errors, HTTP errors)."""
         if self.streams.get(stream.id) is not stream or stream.local_closed:
             return
-        self._write([_frame(HEADERS, END_HEADERS | END_STREAM, stream.id, len(headers))
+        self._write([frame(HEADERS, END_HEADERS | END_STREAM, stream.id, len(headers))
                      + headers])
         self._pings_without_data = 0
         self._data_flowed = True
@@ -1058,11 +922,11 @@ class Http2Connection(asyncio.BufferedProtocol):
             stream.pending_bytes -= total
             self.unsent_bytes -= total
             pending = stream.pending
-            full = _frame(DATA, 0, stream.id, frame_limit) if total >= frame_limit else b""
+            full = frame(DATA, 0, stream.id, frame_limit) if total >= frame_limit else b""
             while total:
                 size = frame_limit if total >= frame_limit else total
                 total -= size
-                out.append((full if size == frame_limit else _frame(DATA, 0, stream.id, size),
+                out.append((full if size == frame_limit else frame(DATA, 0, stream.id, size),
                             False))
                 while size:
                     piece, alone = pending[0]
@@ -1077,7 +941,7 @@ class Http2Connection(asyncio.BufferedProtocol):
         done = not stream.pending and stream.trailers is not None
         if done:
             assert stream.trailers is not None
-            out.append((_frame(HEADERS, END_HEADERS | END_STREAM, stream.id,
+            out.append((frame(HEADERS, END_HEADERS | END_STREAM, stream.id,
                                len(stream.trailers)) + stream.trailers, False))
             stream.trailers = None
             self._blocked.pop(stream.id, None)
@@ -1101,7 +965,7 @@ class Http2Connection(asyncio.BufferedProtocol):
         stream.local_closed = True
         if not stream.remote_closed:
             # We answered before the request ended (an error): stop the client sending.
-            self._write([_frame(RST_STREAM, 0, stream.id, 4) + _HEAD.pack(NO_ERROR)])
+            self._write([frame(RST_STREAM, 0, stream.id, 4) + HEAD.pack(NO_ERROR)])
             stream.remote_closed = True
         self._forget_if_closed(stream)
 
@@ -1132,7 +996,7 @@ class Http2Connection(asyncio.BufferedProtocol):
             self._close_if_done()
 
     def _reset(self, stream_id: int, code: int) -> None:
-        self._write([_frame(RST_STREAM, 0, stream_id, 4) + _HEAD.pack(code)])
+        self._write([frame(RST_STREAM, 0, stream_id, 4) + HEAD.pack(code)])
         self._drop(stream_id)
 
     def _drop(self, stream_id: int) -> None:
@@ -1197,8 +1061,8 @@ class Http2Connection(asyncio.BufferedProtocol):
 
     def _go_away(self, code: int, message: str = "") -> None:
         debug = message.encode()[:256]
-        self._write([_frame(GOAWAY, 0, 0, 8 + len(debug)) + _HEAD.pack(self._last_stream)
-                     + _HEAD.pack(code) + debug])
+        self._write([frame(GOAWAY, 0, 0, 8 + len(debug)) + HEAD.pack(self._last_stream)
+                     + HEAD.pack(code) + debug])
 
     def expire(self, now: float, read_timeout_s: float) -> None:
         """Called about once a second: a connection stalled inside its preface, a frame or a
@@ -1219,7 +1083,7 @@ class Http2Connection(asyncio.BufferedProtocol):
             self._view = memoryview(self._buffer)
             self._start = self._end = 0
         if quiet > read_timeout_s and (not self._preface or self._end > self._start
-                                       or self._data_left or self._block_stream):
+                                       or self._data_left or self._blocks.stream_id):
             self._go_away(NO_ERROR, f"no bytes for {quiet:.1f} s inside a frame")
             self.transport.close()
             return
@@ -1256,7 +1120,7 @@ class Http2Connection(asyncio.BufferedProtocol):
             return False
         self._alive_ping_at = now
         self._pings_without_data += 1
-        self._write([_frame(PING, 0, 0, 8) + _ALIVE_PING])
+        self._write([frame(PING, 0, 0, 8) + _ALIVE_PING])
         return False
 
     def retire(self, now: float, grace_s: float | None) -> bool:
@@ -1284,8 +1148,8 @@ class Http2Connection(asyncio.BufferedProtocol):
             self.going_away = True
             return
         self._draining_since = time.monotonic()
-        self._write([_frame(GOAWAY, 0, 0, 8) + _HEAD.pack(_MAX_STREAM_ID)
-                     + _HEAD.pack(NO_ERROR) + _frame(PING, 0, 0, 8) + _DRAIN_PING])
+        self._write([frame(GOAWAY, 0, 0, 8) + HEAD.pack(MAX_STREAM_ID)
+                     + HEAD.pack(NO_ERROR) + frame(PING, 0, 0, 8) + _DRAIN_PING])
 
     def _last_goaway(self) -> None:
         """The second GOAWAY of a graceful close: it names the last stream taken; streams the
