@@ -8,6 +8,7 @@ import asyncio
 import pathlib
 import re
 import threading
+import weakref
 
 import pytest
 import torch
@@ -166,3 +167,29 @@ def test_a_model_that_cannot_be_warmed_up_is_still_judged(tmp_path: pathlib.Path
     with caplog.at_level("INFO", logger="tensorgate.executor"):
         run(scenario())
     assert any("no warm-up" in r.getMessage() for r in caplog.records)
+
+
+def test_an_unloaded_models_weights_go_on_its_instances_threads_then_the_heap_is_trimmed(
+        tmp_path: pathlib.Path) -> None:
+    """The last instance to stop frees the shared module on its own thread (not the loop,
+    when the unloaded version's objects go), and each instance trims the C heap after: what
+    glibc would otherwise keep of every reloaded model's weights."""
+    rb.add_torchscript(tmp_path, "heavy", rb.Heavy(), [64, 256], [64, 256], max_batch=0,
+                       extra=_instances(2))
+    freed_on: list[str] = []
+
+    async def scenario() -> None:
+        engine = Engine(tmp_path, placement="none")
+        await engine.start(["heavy"])
+        executors = engine._models["heavy"][1].executors
+        runner = executors[0].runner
+        assert runner is not None and runner.module is not None
+        assert executors[1].runner is runner
+        weakref.finalize(runner.module, lambda: freed_on.append(
+            threading.current_thread().name))
+        del runner
+        await engine.unload("heavy")
+        assert [e.heap_trims for e in executors] == [1, 1]
+        assert len(freed_on) == 1 and freed_on[0].startswith("tg-exec-heavy-v1-"), freed_on
+        await engine.shutdown()
+    run(scenario())
