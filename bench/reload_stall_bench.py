@@ -13,7 +13,7 @@ What a stall costs shows in the slowest requests, counted here from every reques
 time: how many took over 20 ms and over 50 ms for each reload, and the longest. (wrk is not
 used: it corrects its percentiles for coordinated omission, adding a request every mean
 interval across each stall, so its P99 follows the longest stall rather than how many there
-were.)
+were.) The server's RSS is read after each phase: what the reloads left it holding.
 
     .venv/bin/python bench/reload_stall_bench.py [--before /tmp/tg-old/src] [--models resnet50]
 """
@@ -37,6 +37,7 @@ sys.path.insert(0, str(HERE.parent / "src"))
 sys.path.insert(0, str(HERE))
 
 from ab_bench import add_tree_options, serve, trees_of  # noqa: E402
+from compare import memory_tree  # noqa: E402
 from compare_wire import OIP_BINARY, Connection, raw_request  # noqa: E402
 from tensorgate.builtin.repository import write_default_repository  # noqa: E402
 from upload_stall_bench import loads_back_to_back  # noqa: E402
@@ -80,6 +81,7 @@ def measure(src: pathlib.Path, work: pathlib.Path, seconds: float, models: list[
         requests_for(port, small, smallest, 1.0)  # warm-up
         found: dict[str, Any] = {"alone": figures(requests_for(port, small, smallest,
                                                                seconds), 0)}
+        found["alone"]["rss_mb"] = memory_tree(process.pid)["rss_mb"]
         for model in models:
             stop, times = threading.Event(), []
             loader = threading.Thread(target=loads_back_to_back,
@@ -93,6 +95,7 @@ def measure(src: pathlib.Path, work: pathlib.Path, seconds: float, models: list[
             if not times:
                 raise RuntimeError(f"no reload of {model} finished in {seconds} s")
             found[model] = figures(ms, len(times))
+            found[model]["rss_mb"] = memory_tree(process.pid)["rss_mb"]
             found[model + "_s"] = statistics.median(times)
     finally:
         process.terminate()
@@ -126,9 +129,9 @@ def main() -> None:
         shutil.rmtree(work, ignore_errors=True)
     print(f"\nidentity [1,3,224,224] binary, back to back on 1 connection, alone and beside "
           f"back-to-back reloads of each built-in model; medians of {args.rounds} rounds "
-          f"(requests over 20 and 50 ms counted per reload)\n")
+          f"(requests over 20 and 50 ms counted per reload; RSS after each phase)\n")
     print("| server | load | requests | P50 ms | max ms | over 20 ms a reload | over 50 ms a "
-          "reload | reload s |\n|---|---|---:|---:|---:|---:|---:|---:|")
+          "reload | reload s | RSS after, MB |\n|---|---|---:|---:|---:|---:|---:|---:|---:|")
     for tree, found in runs.items():
         for load in ("alone", *args.models):
             def median(key: str) -> float:
@@ -138,7 +141,7 @@ def main() -> None:
             over = (f"{median('over_20'):.1f} | {median('over_50'):.1f}" if load != "alone"
                     else f"{median('over_20'):.0f} in all | {median('over_50'):.0f} in all")
             print(f"| {tree} | {load} | {median('requests'):,.0f} | {median('p50_ms'):.2f} | "
-                  f"{median('max_ms'):.1f} | {over} | {reload_s} |")
+                  f"{median('max_ms'):.1f} | {over} | {reload_s} | {median('rss_mb'):,.0f} |")
 
 
 if __name__ == "__main__":

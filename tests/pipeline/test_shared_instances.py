@@ -189,6 +189,10 @@ def test_an_unloaded_models_weights_go_on_its_instances_threads_then_the_heap_is
             threading.current_thread().name))
         del runner
         await engine.unload("heavy")
+        for _ in range(200):  # bounded: 200 × 10 ms (the trim follows the instance's stop)
+            if all(e.heap_trims for e in executors):
+                break
+            await asyncio.sleep(0.01)
         assert [e.heap_trims for e in executors] == [1, 1]
         assert len(freed_on) == 1 and freed_on[0].startswith("tg-exec-heavy-v1-"), freed_on
         await engine.shutdown()

@@ -250,6 +250,12 @@ class ExecutorThread:
         self._teardown()
         self._let_go_of_scheduler()
         self._report(_settle, self.stopped, None)
+        # the model gone, its heap goes back to the system (after `stopped`: an unload's
+        # or a reload's answer does not wait for it)
+        trim = heap.heap_trimmer()  # (on a GPU too: the weights were read into host memory)
+        if trim is not None:
+            trim()
+            self.heap_trims += 1
 
     def _let_go_of_scheduler(self) -> None:
         """Drop the scheduler's callbacks once nothing more will be reported: the scheduler
@@ -809,10 +815,10 @@ class ExecutorThread:
 
     def _teardown(self) -> None:
         """Let go of the model here, on this thread: the version's last instance to stop
-        frees its weights (not the loop, when the unloaded version's objects go), then the
-        heap they were in goes back to the system. Without the trim glibc kept a reloaded
-        model's freed weights: 60 reloads of the built-in resnet50 grew the server from 437
-        to 602 MB, 421 MB after a trim (bench/RESULTS.md)."""
+        frees its weights (not the loop, when the unloaded version's objects go), and _main
+        trims the heap they were in after. Without the trim glibc kept a replaced model's
+        freed weights: 8 reloads of the built-in resnet50 grew the server from 432 to 783 MB
+        (bench/reload_stall_bench.py)."""
         runner, self._runner = self._runner, None
         if self.settings.shared_runner is not None:  # the first instance's, run here too
             self.settings = replace(self.settings, shared_runner=None)
@@ -827,10 +833,6 @@ class ExecutorThread:
                 self._graphs = None
                 torch.cuda.synchronize(self.settings.device)
                 torch.cuda.empty_cache()
-        trim = heap.heap_trimmer()  # (on a GPU too: the weights were read into host memory)
-        if trim is not None:
-            trim()
-            self.heap_trims += 1
 
 
 def _run(runner: Runner, inputs: dict[str, Any], batch: Batch) -> Any:
