@@ -20,45 +20,36 @@ import logging
 import pathlib
 import time
 from collections.abc import AsyncGenerator, Callable, Coroutine, Iterable, Mapping
-from dataclasses import replace
 from typing import Any
 
 from tensorgate.errors import (InvalidArgumentError, NotFoundError, TensorgateError,
                                UnavailableError)
 from tensorgate import python_backend
 from tensorgate.model import Parameter
-from tensorgate.pipeline.aoti_check import check_aoti_package
 from tensorgate.pipeline.auto_complete import complete_config
-from tensorgate.pipeline.batch_cap import GATHER_BYTES
 from tensorgate.pipeline.bls import BlsBridge, ModelControl
 from tensorgate.pipeline.ensemble import (EnsembleScheduler, check_step_models,
                                           decoupled_ensemble, ensemble_steps)
-from tensorgate.pipeline.executor import (ExecutorSettings, ExecutorThread,
-                                          default_intra_op_threads)
-from tensorgate.pipeline.instance_plan import (group_devices, loop_cores_help, on_loop_cores,
-                                               rate_claims, release_claims, setup_text,
-                                               shares_weights, wants_spare)
-from tensorgate.pipeline.model_options import (cpu_affinity, flag, int_parameter, not_acted_on,
-                                               streams_per_instance)
+from tensorgate.pipeline.executor import ExecutorThread, default_intra_op_threads
+from tensorgate.pipeline.instance_plan import release_claims
+from tensorgate.pipeline.model_options import not_acted_on
 from tensorgate.pipeline.loop_load import LoopLoad
 from tensorgate.pipeline.placement import (pin_current_thread, plan_placement,
                                            unpin_current_thread)
-from tensorgate.pipeline.postprocess import build_postprocessor
 from tensorgate.pipeline.postprocess_pool import PostprocessPool
 from tensorgate.pipeline.rate_limiter import Claim, RateLimiter
 from tensorgate.pipeline.requests import (InferenceRequest, InferenceResult, strings_aside,
                                          work_item)
 from tensorgate.pipeline.response_cache import CacheStatistics, ResponseCache
 from tensorgate.pipeline.scheduler import Scheduler
-from tensorgate.pipeline.served_config import served_ensemble, served_spec
+from tensorgate.pipeline.served_config import served_ensemble
 from tensorgate.pipeline.sequences import SequenceScheduler
 from tensorgate.pipeline.stats import ModelCall, ModelStatistics, StageTimes
 from tensorgate.pipeline.trace import Trace
+from tensorgate.pipeline.version_instances import VersionInstances
 from tensorgate.pipeline.work import WorkItem
-from tensorgate.repository.layout import (ModelRepositories, ModelSource, artifact_path,
-                                         load_source)
+from tensorgate.repository.layout import ModelRepositories, ModelSource, load_source
 from tensorgate.repository.model_config import ModelConfigError, ModelSpec
-from tensorgate.repository.model_file import is_aoti_package
 from tensorgate.repository.upload import (UploadedFiles, link_folder, remove_upload,
                                           write_upload)
 from tensorgate.tensor.pool import BufferPool, PoolStatistics, default_pool
@@ -67,9 +58,6 @@ from tensorgate.tensor.view import TensorView
 __all__ = ["Engine", "InferenceRequest", "InferenceResult"]
 
 log = logging.getLogger("tensorgate.engine")
-
-STOP_WAIT_S = 5.0  # how long a refused load waits for its instances to let go of the model
-
 
 _LOADS = itertools.count(1)
 
@@ -131,14 +119,15 @@ class Engine:
         self._cache = ResponseCache(response_cache_bytes) if response_cache_bytes > 0 else None
         self._pool = pool or default_pool()
         self._placement = plan_placement(placement)
-        self._loop_load = LoopLoad()  # whether spares on the loop's core may run
         compute = self._placement.compute_threads if self._placement else None
-        self._threads = intra_op_threads or compute or default_intra_op_threads()
-        self._device = device
         # post-processing is the models' work: on their CPUs, where the placement has some
         placed = self._placement if self._placement and not self._placement.shared else None
         self._postprocess = PostprocessPool(postprocess_workers,
                                             placed.compute_cpus if placed else None)
+        self._instances = VersionInstances(
+            self._pool, self._postprocess, self._placement, rate_limiter, device,
+            intra_op_threads or compute or default_intra_op_threads(), latency_summaries,
+            LoopLoad())  # (LoopLoad: whether spares on the loop's core may run)
         self._models: dict[str, dict[int, _Version]] = {}
         # a model whose last load failed: (the version whose load failed, or "", the reason)
         self._failed: dict[str, tuple[str, str]] = {}
@@ -530,167 +519,9 @@ class Engine:
                 trace.finish()
 
     async def _load_version(self, source: ModelSource, version: int) -> _Version:
-        loop = asyncio.get_running_loop()
-        spec = source.spec
-        artifact, kind = artifact_path(source, version)
-        if spec.decoupled and kind != "python":
-            raise ModelConfigError(str(artifact), "'model_transaction_policy { decoupled: true }' "
-                                                  "needs a Python model (model.py) whose forward "
-                                                  "yields its responses")
-        stats = ModelStatistics(spec.name, version, cached=self._caches(spec),
-                                summaries=self._summaries)
-        by_group = group_devices(spec, self._device)
-        devices = [device for group in by_group for device in group]
-        if kind == "pt2" and await loop.run_in_executor(None, is_aoti_package, artifact):
-            spec = await loop.run_in_executor(None, check_aoti_package, artifact, spec,
-                                              devices[0])
-        spec = served_spec(spec, artifact.name, by_group)
-        scheduler: Scheduler | SequenceScheduler
-        if spec.sequence is not None:  # each instance batches its own sequences
-            scheduler = SequenceScheduler(spec, stats, loop, len(devices), source.directory)
-            feeds = scheduler.instances
-        else:
-            on_cpu = all(device.type == "cpu" for device in devices)
-            scheduler = Scheduler(spec, stats, loop, measured_cap=flag(spec, "batch_cap", True),
-                                  gather_bytes=GATHER_BYTES if on_cpu else None)
-            feeds = [scheduler] * len(devices)
-        postprocessor = build_postprocessor(spec, source.directory)
-        claims = rate_claims(self._limiter, spec, version, by_group)
-        spares: set[int] = set()  # instances that run only when the others are busy
-        said_datatype: set[str] = set()  # one warning a version (ExecutorSettings)
-
-        def instance(index: int, first: ExecutorThread | None = None,
-                     spare: bool = False) -> ExecutorThread:
-            """Instance `index`; with `first`, running the model `first` loaded; with
-            `spare`, on the loop's cores, run only when the others are busy."""
-            settings = ExecutorSettings(
-                spec=spec, version=version, artifact=artifact, kind=kind,
-                directory=source.directory / str(version), device=devices[index],
-                intra_op_threads=int_parameter(spec, ("INTRA_OP_THREAD_COUNT", "NUM_THREADS"),
-                                                self._threads),
-                cpu_affinity=cpu_affinity(spec), placement=self._placement,
-                cuda_graphs=flag(spec, "cuda_graphs", True),
-                postprocessor=postprocessor, instance=index,
-                inference_mode=flag(spec, "INFERENCE_MODE", True),
-                jit_optimize=not flag(spec, "DISABLE_OPTIMIZED_EXECUTION", False),
-                streams_per_instance=streams_per_instance(spec),
-                shared_runner=first.runner if first is not None else None,
-                said_datatype=said_datatype)
-            if spare:
-                assert self._placement is not None
-                settings = on_loop_cores(self._placement, settings)
-                spares.add(index)
-            executor = ExecutorThread(
-                f"tg-exec-{spec.name}-v{version}-{index}", settings, loop, self._pool,
-                self._postprocess, feeds[index].on_batch_done, feeds[index].on_idle,
-                feeds[index].on_stream_end)
-            if first is not None:
-                executor.forward_ns = first.forward_ns  # placed as the first measured it
-            executor.start()
-            return executor
-
-        executors = []
-        if shares_weights(spec, kind, devices):
-            executors.append(instance(0))  # loads and warms the model the others run
-            try:
-                await executors[0].ready
-            except Exception:
-                await self._abandon_load(executors, claims)
-                executors.clear()  # (whose `ready` holds the error this frame raises)
-                raise
-            loaded = executors[0].runner
-            first = executors[0] if loaded is not None and loaded.shareable else None
-            if first is None:
-                log.info("model %s v%d: each instance loads its own copy: its forward "
-                         "assigns attributes, state two threads must not share",
-                         spec.name, version)
-            # The last of a heavy model's instances runs on the loop's cores as a spare, as
-            # the one the server adds when left to its defaults: with all on the other
-            # cores, instance_group count 2 served ResNet-50 on 2 cores at half the
-            # defaults' rate (13 against 26 requests/s, bench/RESULTS.md)
-            last = len(devices) - 1
-            on_loop = first is not None and loop_cores_help(self._placement, spec, first)
-            executors += [instance(index, first, on_loop and index == last)
-                          for index in range(1, len(devices))]
-        else:  # each its own copy, loaded at once
-            executors += [instance(index) for index in range(len(devices))]
-        results = await asyncio.gather(*(e.ready for e in executors), return_exceptions=True)
-        errors = [r for r in results if isinstance(r, BaseException)]
-        if errors:
-            await self._abandon_load(executors, claims)
-            executors.clear()
-            try:  # the error leaves without this frame holding it (a cycle through its
-                raise errors[0]  # traceback, kept for the collector)
-            finally:
-                del results, errors
-        spec = executors[0].settings.spec  # an exported program's ranges (input_bounds.py)
-        for feed in dict.fromkeys(feeds):
-            feed.hold_ragged(spec.ragged_limits)
-        if spec.decoupled and all(e.runner is not None and e.runner.requests is not None
-                                  for e in executors):
-            if "streams_per_instance" in spec.parameters:
-                await self._abandon_load(executors, claims)
-                raise ModelConfigError(str(artifact), "parameter 'streams_per_instance' is for "
-                                                      "a tensorgate Model, whose forward yields "
-                                                      "its responses; a Triton Python model's "
-                                                      "requests stream through their response "
-                                                      "senders once execute returns")
-            for feed in dict.fromkeys(feeds):  # a Triton Python model's requests stream
-                feed.batch_decoupled()
-        elif spec.decoupled and spec.sequence is not None:
-            await self._abandon_load(executors, claims)
-            raise ModelConfigError(str(artifact), "'sequence_batching' with a decoupled model "
-                                                  "needs a Triton Python model (class "
-                                                  "TritonPythonModel), whose requests stream "
-                                                  "through their response senders")
-        elif any(e.runner is not None and e.runner.requests is not None for e in executors):
-            for feed in dict.fromkeys(feeds):  # its execute takes the requests, ungathered
-                feed.takes_requests_one_by_one()
-        for index, (executor, feed, claim) in enumerate(zip(executors, feeds, claims)):
-            feed.add_executor(executor, spare=index in spares, claim=claim,
-                              spare_when=self._loop_load.leaves_room)
-        shared = sum(e.settings.shared_runner is not None for e in executors)
-        log.info("model %s v%d ready on %s%s%s", spec.name, version,
-                 ", ".join(f"{e.settings.device} ({e.cpus}{', a spare' if i in spares else ''})"
-                           for i, e in enumerate(executors)),
-                 f"; the last {shared} run the first's copy of the model" if shared else "",
-                 setup_text(executors))
-        if isinstance(scheduler, Scheduler) and wants_spare(self._placement, spec, executors):
-            await self._add_spare(spec, version, scheduler, executors)
-        return _Version(spec, version, scheduler, executors, stats,
-                        [claim for claim in claims if claim is not None])
-
-    async def _abandon_load(self, executors: list[ExecutorThread],
-                            claims: list[Claim | None]) -> None:
-        """A load that failed: its instances let go of the model, its claims are forgotten."""
-        for executor in executors:
-            executor.stop()
-        await asyncio.wait([e.stopped for e in executors], timeout=STOP_WAIT_S)
-        release_claims(self._limiter, claims)
-
-    async def _add_spare(self, spec: ModelSpec, version: int, scheduler: Scheduler,
-                         executors: list[ExecutorThread]) -> None:
-        """Run the first instance's model (the same weights, no second copy) on the loop's
-        cores, for batches that arrive while the first instance is busy."""
-        first = executors[0]
-        assert self._placement is not None
-        settings = replace(on_loop_cores(self._placement, first.settings),
-                           shared_runner=first.runner)
-        spare = ExecutorThread(f"tg-exec-{spec.name}-v{version}-spare", settings,
-                               asyncio.get_running_loop(), self._pool, self._postprocess,
-                               scheduler.on_batch_done, scheduler.on_idle,
-                               scheduler.on_stream_end)
-        spare.forward_ns = first.forward_ns  # what a batch should take (idle_time.py)
-        spare.start()
-        try:
-            await spare.ready
-        except Exception as error:  # noqa: BLE001 - the model serves on without it
-            log.warning("model %s v%d: no spare instance: %s", spec.name, version, error)
-            return
-        executors.append(spare)
-        scheduler.add_executor(spare, spare=True, spare_when=self._loop_load.leaves_room)
-        log.info("model %s v%d: a spare instance on %s for batches that arrive while the "
-                 "first is busy", spec.name, version, spare.cpus)
+        spec, scheduler, executors, stats, claims = await self._instances.load(
+            source, version, self._caches(source.spec))
+        return _Version(spec, version, scheduler, executors, stats, claims)
 
     # -- queries ---------------------------------------------------------------------------
 
