@@ -220,9 +220,9 @@ class Http2Connection(asyncio.BufferedProtocol):
         self._blocks = HeaderBlocks()  # request header blocks, and HPACK's table
         self.streams: dict[int, Http2Stream] = {}
         self._last_stream = 0
-        self._peer_window = DEFAULT_WINDOW          # our send window on the connection
-        self._peer_initial = DEFAULT_WINDOW         # the peer's SETTINGS_INITIAL_WINDOW_SIZE
-        self._peer_frame = DEFAULT_FRAME            # the peer's SETTINGS_MAX_FRAME_SIZE
+        self._peer_window = DEFAULT_WINDOW           # our send window on the connection
+        self._peer_initial = DEFAULT_WINDOW          # the peer's SETTINGS_INITIAL_WINDOW_SIZE
+        self._peer_frame = DEFAULT_FRAME             # the peer's SETTINGS_MAX_FRAME_SIZE
         self._receive_window = _CONNECTION_WINDOW
         self._unacknowledged = 0
         self._blocked: dict[int, Http2Stream] = {}   # streams waiting for the connection window
