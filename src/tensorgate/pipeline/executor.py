@@ -211,7 +211,8 @@ class ExecutorThread:
         if self.settings.on_idle_time:
             self.idle_time = lowered_to_idle_time(self._loop)
         self._report(_settle, self.ready, None)
-        trim = heap.heap_trimmer() if self.settings.device.type == "cpu" else None
+        trimmer = heap.heap_trimmer()  # idle on a CPU, and once the model is gone (below)
+        trim = trimmer if self.settings.device.type == "cpu" else None
         untrimmed = False  # a batch of several rows ran since the last trim
         generations = self._generations
         while True:
@@ -251,10 +252,10 @@ class ExecutorThread:
         self._let_go_of_scheduler()
         self._report(_settle, self.stopped, None)
         # the model gone, its heap goes back to the system (after `stopped`: an unload's
-        # or a reload's answer does not wait for it)
-        trim = heap.heap_trimmer()  # (on a GPU too: the weights were read into host memory)
-        if trim is not None:
-            trim()
+        # or a reload's answer does not wait for it; on a GPU too: the weights were read
+        # through host memory)
+        if trimmer is not None:
+            trimmer()
             self.heap_trims += 1
 
     def _let_go_of_scheduler(self) -> None:
@@ -817,8 +818,8 @@ class ExecutorThread:
         """Let go of the model here, on this thread: the version's last instance to stop
         frees its weights (not the loop, when the unloaded version's objects go), and _main
         trims the heap they were in after. Without the trim glibc kept a replaced model's
-        freed weights: 8 reloads of the built-in resnet50 grew the server from 432 to 783 MB
-        (bench/reload_stall_bench.py)."""
+        freed weights: ~8 reloads of the built-in resnet50 left the server at 736 MB, 473 with
+        it (444 before them; bench/reload_stall_bench.py)."""
         runner, self._runner = self._runner, None
         if self.settings.shared_runner is not None:  # the first instance's, run here too
             self.settings = replace(self.settings, shared_runner=None)

@@ -1,6 +1,6 @@
 """Give the C heap's free memory back to the operating system when an executor goes idle,
-and when it stops (its model's weights freed: without it, 8 reloads of the built-in
-resnet50 grew the server from 432 to 783 MB; bench/reload_stall_bench.py).
+and when it stops (its model's weights freed: without it, ~8 reloads of the built-in
+resnet50 left the server at 736 MB, 473 with it; bench/reload_stall_bench.py).
 
 torch's CPU tensors are glibc mallocs. After a large batch (ResNet-50 at batch 14–64 on CPU)
 glibc keeps the freed activations in the executor thread's arena, so the process stays at

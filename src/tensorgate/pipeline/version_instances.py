@@ -37,7 +37,7 @@ from tensorgate.tensor.pool import BufferPool
 
 __all__ = ["STOP_WAIT_S", "VersionInstances"]
 
-log = logging.getLogger("tensorgate.engine")
+log = logging.getLogger("tensorgate.engine")  # what a load says is the engine's, as before
 
 STOP_WAIT_S = 5.0  # how long a refused load waits for its instances to let go of the model
 
