@@ -11,7 +11,7 @@ import torch
 
 from tensorgate import InferenceRequest, TensorView
 from tensorgate.errors import InvalidArgumentError
-from tensorgate.pipeline.executor import _refused_sizes
+from tensorgate.pipeline.model_outputs import refused_sizes
 from tensorgate.pipeline.input_bounds import (CompiledShapes, bounded_spec, lows_raised,
                                               program_shapes, raised_least)
 from tensorgate.pipeline.ragged import BatchRoom
@@ -257,19 +257,19 @@ def test_a_guard_that_refuses_a_ragged_input_raises_its_fewest_elements_a_reques
 
 
 def test_only_a_programs_guard_over_a_requests_own_dims_is_its_fault() -> None:
-    """executor._refused_sizes: a 400 for a failed guard of an exported program over a dim
+    """model_outputs.refused_sizes: a 400 for a failed guard of an exported program over a dim
     other than the batch dim; nothing for the batch dim alone, a ragged model (its batches
     mix sizes), a model that is no exported program, or another error."""
     program = Runner(lambda inputs: inputs, None, None)
     program.shapes = CompiledShapes({})
     other = Runner(lambda inputs: inputs, None, None)
     guard = AssertionError("Guard failed: x.size()[1] % 4 == 0")
-    refusal = _refused_sizes(SPEC, program, guard)
+    refusal = refused_sizes(SPEC, program, guard)
     assert refusal is not None and str(refusal) == (
         "model 'm' refused the request's sizes, which its ranges take: its exported "
         "program's guard failed: x.size()[1] % 4 == 0 (the sizes it was exported for)")
-    assert _refused_sizes(SPEC, program, AssertionError("Guard failed: x.size()[0] != 3")) \
+    assert refused_sizes(SPEC, program, AssertionError("Guard failed: x.size()[0] != 3")) \
         is None
-    assert _refused_sizes(RAGGED, program, guard) is None
-    assert _refused_sizes(SPEC, other, guard) is None
-    assert _refused_sizes(SPEC, program, RuntimeError("Guard failed: x.size()[1] > 2")) is None
+    assert refused_sizes(RAGGED, program, guard) is None
+    assert refused_sizes(SPEC, other, guard) is None
+    assert refused_sizes(SPEC, program, RuntimeError("Guard failed: x.size()[1] > 2")) is None

@@ -14,57 +14,50 @@ which that model's instance owns: pipeline/triton_python.py).
 Facts that shaped this (2-core machine, ResNet-50, see DESIGN.md): torch's OpenMP pool belongs
 to the thread that first ran a parallel region, so loading, warm-up and every run happen on
 this thread; intra-op threads default to one fewer than the cores so the loop keeps one.
+
+This module is the thread and a batch's forward; the rest of the instance is in
+executor_base.py (its state, inputs in, outputs out), generation_steps.py (a decoupled
+tensorgate Model), python_model_runs.py (a Triton Python model) and model_outputs.py.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
-import numpy as np
 import torch
 
-from tensorgate.errors import DatatypeError, InternalError, InvalidArgumentError, TensorgateError
-from tensorgate.model import NO_PARAMETERS, ModelContext, RequestInfo
+from tensorgate.errors import TensorgateError
+from tensorgate.model import ModelContext
 from tensorgate.pipeline import heap
 from tensorgate.pipeline.cpu_quota import usable_cpus
-from tensorgate.pipeline.batching import gather_rows, split_rows
-from tensorgate.pipeline.cuda_graphs import CAPTURING, GraphSet, map_tensors
-from tensorgate.pipeline.generations import Generation, Generations
-from tensorgate.pipeline.input_bounds import bounded_spec, guard_dims
-from tensorgate.pipeline.idle_time import IdleTime, lowered_to_idle_time
-from tensorgate.pipeline.placement import (LIGHT_FORWARD_NS, Placement, pin_current_thread,
-                                          thread_cpus)
-from tensorgate.pipeline.postprocess import Postprocessor
+from tensorgate.pipeline.cuda_graphs import CAPTURING, map_tensors
+from tensorgate.pipeline.executor_base import cpu_text, run_forward
+from tensorgate.pipeline.executor_settings import ExecutorSettings
+from tensorgate.pipeline.generation_steps import WAKE, GenerationSteps
+from tensorgate.pipeline.idle_time import lowered_to_idle_time
+from tensorgate.pipeline.input_bounds import bounded_spec
+from tensorgate.pipeline.model_outputs import model_error, refused_sizes
+from tensorgate.pipeline.placement import LIGHT_FORWARD_NS, pin_current_thread, thread_cpus
 from tensorgate.pipeline.postprocess_pool import PostprocessPool
-from tensorgate.pipeline.ragged import batch_input_values, flatten, one_request, scatter
-from tensorgate.pipeline.response_streams import CREDIT_POLL_S, Outbox, ResponseStream
-from tensorgate.pipeline.runner import Runner, load_runner, name_outputs, warmup_inputs
-from tensorgate.pipeline.torch_io import strings_array
-from tensorgate.pipeline.triton_python import RESCHEDULED, RequestInputs, TritonPythonRunner
+from tensorgate.pipeline.python_model_runs import PythonModelRuns
+from tensorgate.pipeline.response_streams import CREDIT_POLL_S
+from tensorgate.pipeline.runner import load_runner, warmup_inputs
 from tensorgate.pipeline.warm_up import WarmUp
 from tensorgate.pipeline.work import Batch, WorkItem
-from tensorgate.python_backend import (TRITONSERVER_REQUEST_FLAG_SEQUENCE_END as SEQUENCE_END,
-                                       TRITONSERVER_REQUEST_FLAG_SEQUENCE_START as SEQUENCE_START)
-from tensorgate.repository.model_config import ModelConfigError, ModelSpec
-from tensorgate.tensor.copies import CopyLedger, copy_into
-from tensorgate.tensor.dtypes import datatype_of_numpy, datatype_of_torch
+from tensorgate.repository.model_config import ModelConfigError
 from tensorgate.tensor.pool import BufferPool
-from tensorgate.tensor.view import TensorView
 
-__all__ = ["ExecutorSettings", "ExecutorThread", "default_intra_op_threads"]
+__all__ = ["ExecutorThread", "default_intra_op_threads"]
 
 log = logging.getLogger("tensorgate.executor")
 _STOP = object()
-_WAKE = object()  # a parked decoupled request's client took a response (pipeline/generations.py)
-_DONE = object()  # what a finished generator gives `next`
 
 
 def default_intra_op_threads() -> int:
@@ -74,42 +67,11 @@ def default_intra_op_threads() -> int:
     return max(1, usable_cpus(len(thread_cpus())) - 1)
 
 
-_NO_STREAM = contextlib.nullcontext()  # (reusable: it holds nothing)
 # a batch-1 forward this slow, twice, is heavy beyond doubt: no more timing runs at load
 CLEARLY_HEAVY_NS = 4 * LIGHT_FORWARD_NS
 
 
-@dataclass(frozen=True)
-class ExecutorSettings:
-    """Everything an executor needs to build its model instance."""
-
-    spec: ModelSpec
-    version: int
-    artifact: Any  # pathlib.Path
-    kind: str
-    directory: Any  # pathlib.Path of the version
-    device: torch.device
-    intra_op_threads: int
-    cpu_affinity: frozenset[int] | None
-    placement: Placement | None
-    cuda_graphs: bool
-    postprocessor: Postprocessor | None
-    # A runner another instance of this version loaded, run here too instead of a second copy
-    # of the weights (only runners whose forward is safe on two threads at once).
-    shared_runner: Runner | None = None
-    instance: int = 0  # its index among the version's instances
-    # A decoupled tensorgate Model's requests one instance interleaves (generations.py)
-    streams_per_instance: int = 1
-    inference_mode: bool = True  # else no_grad (config parameter INFERENCE_MODE false)
-    jit_optimize: bool = True  # the TorchScript executor optimises (DISABLE_OPTIMIZED_EXECUTION)
-    # A spare on the loop's core: runs on the time the loop leaves idle (idle_time.py)
-    on_idle_time: bool = False
-    # Outputs a model made in another datatype than its config's, already logged: one set
-    # for a version's instances, so that the warning is said once, not once an instance
-    said_datatype: set[str] = field(default_factory=set)
-
-
-class ExecutorThread:
+class ExecutorThread(GenerationSteps, PythonModelRuns):
     """One model instance on one device, behind a queue of batches."""
 
     def __init__(self, name: str, settings: ExecutorSettings, loop: asyncio.AbstractEventLoop,
@@ -117,54 +79,11 @@ class ExecutorThread:
                  on_batch_done: Callable[[Batch], None],
                  on_idle: Callable[[ExecutorThread], None],
                  on_stream_end: Callable[[Batch, WorkItem], None]) -> None:
-        self.name = name
-        self.settings = settings
-        self._loop = loop
-        self._pool = pool
-        self._postprocess_pool = postprocess_pool
-        self._on_batch_done = on_batch_done
-        self._on_idle = on_idle
-        self._on_stream_end = on_stream_end  # a decoupled Triton Python model's request
-        self._outbox = Outbox(loop)  # what its requests' streams send, from any thread
-        self._generations = Generations(settings.streams_per_instance)
-        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self._runner: Runner | None = None
-        self._graphs: GraphSet | None = None
-        spec = settings.spec
-        # What a batch of several gathers from its requests (batch inputs are computed), and
-        # which outputs go back in their requests' input shapes (pipeline/ragged.py)
-        computed = {b.target for b in spec.batch_inputs}
-        self._gathered = [i.name for i in spec.model_inputs if i.name not in computed]
-        self._scattered = {b.target: b.source for b in spec.batch_outputs}
-        self._stream: Any = None
-        self.cpus = "any"  # where it ended up, for the start-up log
-        self.forward_ns: int | None = None  # batch-1 forward, measured at start on CPU
-        # seconds its load took, by step ("load", "warm-up", "CUDA graphs"), for the log
-        self.setup_s: dict[str, float] = {}
-        self._split_said = False  # a failed batch's requests ran alone: logged once, loudly
-        # A model not run before its first request (a Triton Python model): its first
-        # batch-1 execute times, until there are enough to place the thread by
-        self._costs: list[int] | None = None
-        self.batches_run = 0  # written by this thread only
-        self.batches_done = 0  # taken from its queue and finished, run or failed (likewise)
-        self.heap_trims = 0
-        # When its current call into the model began (time.monotonic(); 0.0 while idle), the
-        # rows it was given (0: a streaming step) and its requests: read by the server's
-        # watch for a model that does not return (server.py), written by this thread only
-        self.busy_since = 0.0
-        self.busy_rows = 0
-        self.busy_items: Sequence[WorkItem] = ()
-        self.idle_time: IdleTime | None = None  # at SCHED_IDLE: set before `ready`
-        self.ready: asyncio.Future[None] = loop.create_future()
-        self.stopped: asyncio.Future[None] = loop.create_future()
+        super().__init__(name, settings, loop, pool, postprocess_pool, on_batch_done, on_idle,
+                         on_stream_end)
         self._thread = threading.Thread(target=self._main, name=name, daemon=True)
 
     # -- called on the loop ----------------------------------------------------------------
-
-    @property
-    def runner(self) -> Runner | None:
-        """The loaded model, once `ready`: what a second instance may share."""
-        return self._runner
 
     def start(self) -> None:
         self._thread.start()
@@ -191,11 +110,7 @@ class ExecutorThread:
 
     # -- the thread ------------------------------------------------------------------------
 
-    def _report(self, fn: Callable[..., None], *args: Any) -> None:
-        try:
-            self._loop.call_soon_threadsafe(fn, *args)
-        except RuntimeError:  # the loop is closed: nobody is left to tell
-            pass
+    # -- the thread -------------------------------------------------------------------------
 
     def _main(self) -> None:
         try:
@@ -232,7 +147,7 @@ class ExecutorThread:
                 self.heap_trims += 1
                 untrimmed = False
                 continue
-            if batch is _WAKE:
+            if batch is WAKE:
                 generations.unpark()
                 continue
             if batch is _STOP:
@@ -307,19 +222,11 @@ class ExecutorThread:
             if s.placement is not None and s.device.type == "cpu" and s.shared_runner is None:
                 self.forward_ns = self._forward_cost()
             if s.cpu_affinity:
-                self.cpus = _cpu_text(s.cpu_affinity)
+                self.cpus = cpu_text(s.cpu_affinity)
             elif s.placement is not None and s.device.type == "cpu":
                 self._place(s.placement)
                 if self.forward_ns is None and self._runner.requests is not None:
                     self._costs = []  # placed again once its requests show what it costs
-
-    def _no_grad(self) -> Any:
-        """Autograd off while the model runs: inference mode (Triton's INFERENCE_MODE default,
-        the cheaper), or plain no_grad for a model whose config says INFERENCE_MODE false (one
-        that keeps tensors made here and changes them in place outside inference mode)."""
-        # (torch.inference_mode()'s own guard: the wrapper made and entered per batch cost
-        # 7.7 µs against 3.2 on a cold cache)
-        return torch._C._InferenceMode(True) if self.settings.inference_mode else torch.no_grad()
 
     def _forward_cost(self) -> int | None:
         """The median of five batch-1 forwards here, or None when inputs cannot be made; of
@@ -338,35 +245,6 @@ class ExecutorThread:
             if len(samples) == 2 and min(samples) >= CLEARLY_HEAVY_NS:
                 return min(samples)
         return sorted(samples)[2]
-
-    def _learn_cost(self, execute_ns: int) -> None:
-        """One more batch-1 execute time; with five, the thread is placed by their median."""
-        costs = self._costs
-        placement = self.settings.placement
-        assert costs is not None and placement is not None
-        costs.append(execute_ns)
-        if len(costs) < 5:
-            return
-        self._costs = None
-        self.forward_ns = sorted(costs)[2]
-        self._place(placement)
-        log.info("model %s: a batch-1 execute takes %d µs: instance %d now on %s",
-                 self.settings.spec.name, self.forward_ns // 1000, self.settings.instance,
-                 self.cpus)
-
-    def _place(self, placement: Placement) -> None:
-        """Move onto the loop's core when a batch-1 forward is light (overhead-bound)."""
-        cost = LIGHT_FORWARD_NS if self.forward_ns is None else self.forward_ns
-        if cost < LIGHT_FORWARD_NS:
-            pin_current_thread(placement.loop_cpus)
-            self.cpus = f"{_cpu_text(placement.loop_cpus)} (the loop's; forward {cost / 1e3:.0f} µs)"
-        else:
-            self.cpus = _cpu_text(placement.compute_cpus)
-
-    def _on_stream(self) -> Any:
-        if self._stream is None:
-            return _NO_STREAM
-        return torch.cuda.stream(self._stream)
 
     def _execute(self, batch: Batch) -> None:
         s = self.settings
@@ -420,7 +298,7 @@ class ExecutorThread:
             if self._graphs is not None and self._graphs.covers(inputs, batch.rows):
                 raw = self._graphs.replay(inputs, batch.rows, batch.items[0].ledger)
             else:
-                raw = _run(runner, self._to_device(inputs, batch), batch)
+                raw = run_forward(runner, self._to_device(inputs, batch), batch)
             if self._stream is not None:
                 raw = map_tensors(raw, lambda t: self._to_host(t, batch.items[0].ledger))
         finally:
@@ -448,7 +326,7 @@ class ExecutorThread:
             log.warning("model %s: a batch of %d requests failed (%s); each runs alone, so "
                         "that only the requests that fail it fail (said once; later ones at "
                         "debug level)", s.spec.name, len(items),
-                        _model_error(s.spec.name, error).message[:300])
+                        model_error(s.spec.name, error).message[:300])
             self._split_said = True
         else:  # (the requests' own failures are logged as they fail)
             log.debug("model %s: a batch of %d requests failed (%s); each runs alone",
@@ -475,344 +353,7 @@ class ExecutorThread:
         runner = self._runner
         assert runner is not None
         spec = self.settings.spec
-        return _refused_sizes(spec, runner, error) or _model_error(spec.name, error)
-
-    def _start_generation(self, batch: Batch, runner: Runner) -> None:
-        """A decoupled tensorgate Model's request: its forward's generator joins those this
-        thread steps in turn (pipeline/generations.py); each value it yields is
-        post-processed here and goes to the loop as a response as soon as it is made. The
-        batch stays running, for the scheduler, until the generator ends."""
-        batch.streaming = True
-        batch.streams_open = 1
-        started = batch.started_ns = time.monotonic_ns()
-        try:
-            with self._no_grad(), self._on_stream():
-                produced = _run(runner, self._to_device(self._gather(batch), batch), batch)
-            if not isinstance(produced, Iterator):
-                raise InternalError(
-                    f"model '{self.settings.spec.name}' is decoupled: its forward must yield "
-                    f"its responses (a generator), not return a {type(produced).__name__}")
-        except Exception as error:  # the model's fault fails its request only
-            failed = Generation(batch, iter(()), self._wake)
-            failed.run_ns = time.monotonic_ns() - started
-            self._end_generation(failed, _model_error(self.settings.spec.name, error),
-                                 never_added=True)
-            return
-        generation = Generation(batch, produced, self._wake)
-        generation.run_ns = time.monotonic_ns() - started
-        if self._generations.add(generation):
-            self._outbox.post(self._on_idle, self)  # room for another request
-
-    def _step_generations(self) -> None:
-        """Steps of the running requests in turn, each making its next response, until the
-        queue has something (a new request starts between two steps) or none can step."""
-        generations = self._generations
-        with self._no_grad(), self._on_stream():
-            while True:
-                if generations.parked:
-                    generations.unpark()
-                generation = generations.next()
-                if generation is None:
-                    return
-                # each step a call into the model (busy_since): a request streaming for
-                # minutes is many short calls, a step that never yields one long one
-                self.busy_rows, self.busy_items = 0, (generation.item,)
-                self.busy_since = time.monotonic()
-                try:
-                    self._step(generation)
-                finally:
-                    self.busy_since, self.busy_items = 0.0, ()
-                if not self._queue.empty():
-                    return
-
-    def _step(self, generation: Generation) -> None:
-        """One step of a running request (inside `_step_generations`' context): its next
-        response, made and posted, or its end."""
-        item, batch = generation.item, generation.batch
-        assert item.respond is not None
-        if item.abandoned:  # its client has gone: the generator is closed at its yield
-            self._end_generation(generation, None)
-            return
-        if not generation.take_credit():  # its client has RESPONSES_AHEAD untaken
-            self._generations.park(generation)
-            return
-        started = time.monotonic_ns()
-        raw: Any = None
-        try:
-            raw = next(generation.produced, _DONE)
-            if raw is _DONE:
-                generation.run_ns += time.monotonic_ns() - started
-                self._end_generation(generation, None)
-                return
-            if self._stream is not None:
-                raw = map_tensors(raw, lambda t: self._to_host(t, item.ledger))
-                self._stream.synchronize()
-            item.results = {}
-            self._finish(batch, raw)
-        except Exception as error:  # the model's fault fails its request only
-            batch.error = error
-        raw = None
-        generation.run_ns += time.monotonic_ns() - started
-        generation.output_ns += batch.output_ns
-        failure, batch.error = batch.error, None
-        if failure is not None:
-            self._end_generation(generation, _model_error(self.settings.spec.name, failure))
-            return
-        # what the model set for this response
-        parameters, item.answer_parameters = item.answer_parameters, NO_PARAMETERS
-        for info in batch.infos or ():
-            info.response_parameters.clear()
-        generation.spend_credit()
-        # through the outbox: one wake-up of the loop for what comes meanwhile
-        self._outbox.post(item.respond, item.results, generation.give_back, parameters, False)
-        self._generations.again(generation)
-
-    def _end_generation(self, generation: Generation, error: TensorgateError | None, *,
-                        never_added: bool = False) -> None:
-        """A request's generator is over (finished, raised, its client left, or the model is
-        unloaded): its cleanup runs, and the loop hears of its end after its responses. The
-        instance takes another request if it was full, or if this one never started (its
-        forward failed): the slot it was given is free again."""
-        produced: Any = generation.produced
-        generation.produced = iter(())
-        if hasattr(produced, "close"):
-            try:
-                with self._no_grad(), self._on_stream():
-                    produced.close()  # a generator left early runs its cleanup here
-            except Exception:
-                log.exception("model %s: a generator's cleanup raised",
-                              self.settings.spec.name)
-        produced = None
-        item, batch = generation.item, generation.batch
-        item.results = {}
-        if error is not None:
-            item.error = error
-        output_ns = generation.output_ns
-        batch.output_ns = item.times.output_ns = output_ns
-        batch.infer_ns = item.times.infer_ns = max(generation.run_ns - output_ns, 0)
-        self.batches_run += 1
-        # after the responses posted; the execution counted before its client hears the end
-        self._outbox.post(self._on_batch_done, batch)
-        self._outbox.post(self._on_stream_end, batch, item)
-        if never_added or self._generations.ended():
-            self._outbox.post(self._on_idle, self)
-
-    def _wake(self) -> None:
-        """On the loop: a parked request's client took a response."""
-        self._queue.put(_WAKE)
-
-    def _execute_streams(self, batch: Batch, model: TritonPythonRunner) -> None:
-        """A decoupled Triton Python model's batch: `execute` hands each request's response
-        sender on and returns, and this instance is free for its next batch while the
-        requests stream (pipeline/response_streams.py), as on Triton. The batch stays
-        running, for the scheduler, until its last request has ended. A request the model
-        rescheduled (iterative_sequence) is `rescheduled` once execute returns."""
-        items = [item for item in batch.items if not item.filler]  # nobody's request
-        batch.streaming = True
-        batch.streams_open = len(items)
-        started = batch.started_ns = time.monotonic_ns()
-        streams = [ResponseStream(item, batch, self._stream_results, self._outbox.post,
-                                  self._on_stream_end) for item in items]
-        try:
-            with self._no_grad(), self._on_stream():
-                rescheduled = model.start_streams([_request_inputs(item) for item in items],
-                                                  [stream.send for stream in streams],
-                                                  lambda error: _fail_streams(streams, error))
-            for item, stream, again in zip(items, streams, rescheduled):
-                if again and stream.suspend():
-                    item.rescheduled = True  # it runs again (pipeline/sequences.py)
-            self.batches_run += 1
-        except Exception as error:  # the model's fault fails this batch's requests only
-            _fail_streams(streams, _model_error(self.settings.spec.name, error))
-        batch.infer_ns = time.monotonic_ns() - started
-        streams = []
-        self._report(self._on_done_and_idle, batch)
-
-    def _stream_results(self, item: WorkItem, outputs: Any) -> dict[str, TensorView]:
-        """A streamed response's outputs, on the thread that sent it (copies to the host
-        are synchronous there: that thread's stream is not this instance's)."""
-        results: dict[str, TensorView] = {}
-        try:
-            self._take_results(item, outputs, results, non_blocking=False)
-        except TensorgateError:
-            raise  # (as it is: "from" itself made the error its own cause, a cycle)
-        except Exception as error:  # noqa: BLE001 - the model's fault, for its client
-            raise _model_error(self.settings.spec.name, error) from error
-        return results
-
-    def _execute_each(self, batch: Batch, model: TritonPythonRunner) -> None:
-        """A batch of a model that takes requests one by one: each gets its own inputs, as
-        they came (on the CPU, as Triton's Python backend gives them), and its own answer
-        or error; only the model raising fails the whole batch."""
-        spec = self.settings.spec
-        items = [item for item in batch.items if not item.filler]
-        started = batch.started_ns = time.monotonic_ns()
-        answers: Any = None
-        try:
-            with self._no_grad(), self._on_stream():
-                answers = model.run_each([_request_inputs(item) for item in items])
-                began, output_started = model.call_ns  # its execute's own time
-                batch.output_started_ns = output_started
-                for item, answer in zip(items, answers):
-                    if isinstance(answer, TensorgateError):
-                        item.error = answer
-                        continue
-                    if answer is RESCHEDULED:  # it runs again (pipeline/sequences.py)
-                        item.rescheduled = True
-                        continue
-                    try:
-                        self._take_results(item, answer.outputs, item.results)
-                        item.answer_parameters = answer.parameters
-                    except Exception as error:  # one response's fault fails its request
-                        item.results = {}
-                        item.error = _model_error(spec.name, error)
-                if self._stream is not None:
-                    self._stream.synchronize()  # outputs copied to the host are there
-            batch.input_ns = began - started  # its requests made, as Triton's stub does
-            batch.infer_ns = output_started - began
-            batch.output_ns = time.monotonic_ns() - output_started
-            self.batches_run += 1
-            if self._costs is not None and batch.rows == 1:
-                self._learn_cost(batch.infer_ns)
-        except Exception as error:  # the model's fault fails this batch only
-            batch.error = _model_error(spec.name, error)
-        answers = None
-        self._report(self._on_done_and_idle, batch)
-
-    def _take_results(self, item: WorkItem, outputs: Any, into: dict[str, TensorView],
-                      non_blocking: bool = True) -> None:
-        """The outputs `item` asked for, from a Triton Python model's answer by output
-        name, `into` its results (a copy to the host is asynchronous unless not
-        `non_blocking`), each in the datatype the model made it in."""
-        spec = self.settings.spec
-        said = self.settings.said_datatype
-        for name in item.wanted:
-            value = outputs.get(name)
-            if value is None:
-                raise InternalError(f"model '{spec.name}' gave no output '{name}' for request "
-                                    f"'{item.id}', which asked for it; its response has: "
-                                    f"{', '.join(outputs) or 'no outputs'}")
-            out = next(o for o in spec.model_outputs if o.name == name)
-            found = _output_datatype(spec.name, name, value, out.datatype)
-            if found is not out.datatype and name not in said:
-                # Triton passes such an output on as it was made (a model's numpy math
-                # made FP64 where its config says FP32): so do we, and say so once
-                said.add(name)
-                log.warning("model '%s' output '%s' is %s where its config says %s: answered "
-                            "as %s, as Triton answers it", spec.name, name, found.name,
-                            out.datatype.name, found.name)
-            if isinstance(value, torch.Tensor):
-                value = self._to_host(value, item.ledger, non_blocking)
-            into[name] = TensorView.from_array(value, name=name, ledger=item.ledger)
-
-    def _on_done_and_idle(self, batch: Batch) -> None:
-        """On the loop: deliver the batch's results, then take the next batch."""
-        self._on_batch_done(batch)
-        self._on_idle(self)
-
-    def _finish_and_report(self, batch: Batch, raw: Any) -> None:
-        """In the post-processing pool."""
-        self._finish(batch, raw)
-        del raw  # not held while the loop answers (see _execute)
-        self._report(self._on_batch_done, batch)
-
-    def _gather(self, batch: Batch) -> dict[str, Any]:
-        items = batch.items
-        spec = self.settings.spec
-        if len(items) == 1:  # the common batch of one: its own tensors (views), no copy
-            return one_request(spec, items[0].inputs)
-        ledgers = [item.ledger for item in items]
-        device = self.settings.device
-        on_device = None if device.type == "cpu" else device  # no host staging for a GPU
-        gathered = {}
-        for name in self._gathered:
-            if name in items[0].inputs:
-                parts = [item.inputs[name] for item in items]
-                if name in spec.ragged_inputs:  # every request's elements end to end, 1-D
-                    parts = [flatten(part) for part in parts]
-                gathered[name] = gather_rows(parts, ledgers, self._pool, on_device)
-        if spec.batch_inputs:
-            gathered.update(batch_input_values(spec, [item.inputs for item in items]))
-        return gathered
-
-    def _to_device(self, inputs: dict[str, Any], batch: Batch) -> dict[str, Any]:
-        device = self.settings.device
-        if device.type == "cpu":
-            return inputs
-        moved = {}
-        for name, value in inputs.items():
-            if isinstance(value, torch.Tensor) and value.device != device:  # (gathered: there)
-                target = torch.empty(value.shape, dtype=value.dtype, device=device)
-                copy_into(target, value, "device", batch.items[0].ledger, non_blocking=True)
-                value = target
-            moved[name] = value
-        return moved
-
-    def _named(self, raw: Any, spec: ModelSpec) -> dict[str, Any]:
-        """A raw result post-processed (the model's postprocess, then the config's) and
-        named by `spec`'s outputs."""
-        runner = self._runner
-        if runner is not None and runner.postprocess is not None:
-            raw = runner.postprocess(raw)
-        postprocessor = self.settings.postprocessor
-        if postprocessor is not None:
-            raw = postprocessor(list(raw) if isinstance(raw, (list, tuple)) else [raw])
-        return name_outputs(raw, spec, runner.output_positions if runner else None)
-
-    def _finish(self, batch: Batch, raw: Any) -> None:
-        """Post-process, bring outputs to the host and split them per request."""
-        started = batch.output_started_ns = time.monotonic_ns()
-        s = self.settings
-        spec = s.spec
-        try:
-            outputs = self._named(raw, spec)
-            rows = [item.rows for item in batch.items]
-            batching = spec.max_batch_size > 0
-            for out in spec.model_outputs:
-                if not any(out.name in item.wanted for item in batch.items):
-                    continue
-                value = outputs[out.name]
-                if out.datatype.is_bytes and isinstance(value, list):  # TorchScript List[str]
-                    value = strings_array(value, out.reshape or out.dims,
-                                          sum(rows) if batching else None, spec.name, out.name)
-                _check_output(spec.name, out.name, value, out.datatype)
-                source = self._scattered.get(out.name)
-                if source is not None:  # a batch output: cut in its requests' input shapes
-                    pieces = scatter(value, out.dims, [item.inputs[source].shape
-                                                       for item in batch.items],
-                                     spec.name, out.name)
-                elif batching:
-                    pieces = split_rows(value, rows, spec.name, out.name)
-                else:
-                    pieces = [value]
-                if out.reshape is not None and source is None:  # the model's shape → dims
-                    pieces = [_reshaped(piece, ([item.rows] if batching else []) + list(out.dims),
-                                        spec.name, out.name, item.ledger)
-                              for piece, item in zip(pieces, batch.items)]
-                for item, piece in zip(batch.items, pieces):
-                    if out.name in item.wanted:
-                        item.results[out.name] = TensorView.from_array(
-                            piece, name=out.name, ledger=item.ledger)
-            batch.take_response_parameters(spec.name)
-        except Exception as error:
-            batch.error = _model_error(spec.name, error)
-        batch.output_ns = time.monotonic_ns() - started
-
-    def _to_host(self, value: torch.Tensor, ledger: CopyLedger, non_blocking: bool = True
-                 ) -> torch.Tensor:
-        """A copy into a pooled (pinned) host buffer, counted in `ledger`; asynchronous on
-        the current stream when `non_blocking` (the caller synchronizes)."""
-        if value.device.type == "cpu":
-            return value
-        count = value.numel()
-        if not count:
-            return torch.empty(value.shape, dtype=value.dtype)
-        # (in its own dtype: one the protocol has no datatype for is refused by name in
-        # _finish, as on a CPU)
-        host = torch.frombuffer(self._pool.acquire(count * value.element_size()),
-                                dtype=value.dtype, count=count).view(value.shape)
-        copy_into(host, value, "device", ledger, non_blocking=non_blocking)
-        return host
+        return refused_sizes(spec, runner, error) or model_error(spec.name, error)
 
     def _teardown(self) -> None:
         """Let go of the model here, on this thread: the version's last instance to stop
@@ -836,36 +377,6 @@ class ExecutorThread:
                 torch.cuda.empty_cache()
 
 
-def _run(runner: Runner, inputs: dict[str, Any], batch: Batch) -> Any:
-    if runner.takes_requests:
-        return runner.run(inputs, batch.requests())
-    return runner.run(inputs)
-
-
-def _request_inputs(item: WorkItem) -> RequestInputs:
-    """`item` as a model that takes requests one by one sees it."""
-    sequence = item.sequence
-    flags = 0
-    if sequence is not None:
-        flags = ((SEQUENCE_START if sequence.start else 0)
-                 | (SEQUENCE_END if sequence.end else 0))
-    deadline = item.deadline_ns  # its timeout from when it came, as `request.timeout()`
-    return RequestInputs(item.inputs, RequestInfo(item.id, slice(0, item.rows), item.parameters),
-                         item.wanted, sequence.id if sequence is not None else 0, flags,
-                         lambda: item.abandoned, item.trace,
-                         (deadline - item.enqueued_ns) // 1000 if deadline else 0)
-
-
-def _fail_streams(streams: list[ResponseStream], error: TensorgateError) -> None:
-    """End with `error` each of a batch's requests that has not ended yet."""
-    for stream in streams:
-        stream.fail(error)
-
-
-def _cpu_text(cpus: frozenset[int]) -> str:
-    return "cpu " + ",".join(map(str, sorted(cpus)))
-
-
 def _nothing(*_: Any) -> None:
     pass
 
@@ -877,79 +388,3 @@ def _settle(future: asyncio.Future[None], error: BaseException | None) -> None:
         future.set_result(None)
     else:
         future.set_exception(error)
-
-
-def _refused_sizes(spec: ModelSpec, runner: Runner, error: BaseException
-                   ) -> InvalidArgumentError | None:
-    """An exported program's failed guard over a dim other than the batch dim, as the
-    request's fault (a 400, not a 500): its batch holds only requests whose dims agree (no
-    ragged input), in rows the program takes from 1 (runner._check_batch_range), so the
-    guard refused the sizes each request brought — ones its ranges take but its code does
-    not (x.view(B, -1, 4): a dim 1 of 10). None for anything else."""
-    said = str(error)
-    named = guard_dims(said) if isinstance(error, AssertionError) else None
-    if runner.shapes is None or spec.ragged_inputs or named is None:
-        return None
-    batch = spec.max_batch_size > 0
-    if not any(dim > 0 or not batch for _, dim in named):
-        return None  # the batch dim alone: the batcher's doing, not a request's
-    return InvalidArgumentError(f"model '{spec.name}' refused the request's sizes, which its "
-                                f"ranges take: its exported program's {said[0].lower()}"
-                                f"{said[1:]} (the sizes it was exported for)")
-
-
-def _model_error(model: str, error: BaseException) -> TensorgateError:
-    if isinstance(error, TensorgateError):
-        return error
-    kind, text = type(error).__name__, str(error).strip()
-    if isinstance(error, torch.jit.Error) and text:
-        # TorchScript wraps the model's exception in two tracebacks; its last line is the
-        # exception itself ("builtins.RuntimeError: negative input"). The rest goes to the log.
-        log.warning("model %s raised in TorchScript:\n%s", model, text)
-        kind, _, text = text.splitlines()[-1].partition(": ")
-        kind = kind.rpartition(".")[2]
-    return InternalError(f"model '{model}' raised {kind}: {text}")
-
-
-def _reshaped(value: Any, shape: list[int], model: str, name: str, ledger: Any) -> Any:
-    """An output with a config `reshape` (the model's shape of it) in its config dims. The
-    reshape itself copies nothing: an output not laid out in rows is first given the one
-    counted copy its tensor view would make anyway."""
-    try:
-        if isinstance(value, torch.Tensor):
-            if not value.is_contiguous():
-                value = TensorView.from_torch(value, name=name, ledger=ledger).torch()
-            return value.view(shape)
-        if value.dtype != object and not value.flags.c_contiguous:  # BYTES: references only
-            value = TensorView.from_numpy(value, name=name, ledger=ledger).numpy()
-        return value.reshape(shape)
-    except (RuntimeError, ValueError):
-        raise InternalError(f"model '{model}' output '{name}' has shape "
-                            f"{list(value.shape)}, which does not reshape to {shape} as its "
-                            f"config's dims ask") from None
-
-
-def _check_output(model: str, name: str, value: Any, expected: Any) -> None:
-    found = _output_datatype(model, name, value, expected)
-    if found is not expected:
-        raise InternalError(f"model '{model}' output '{name}' is {found.name}; its config "
-                            f"says {expected.name}")
-
-
-def _output_datatype(model: str, name: str, value: Any, expected: Any) -> Any:
-    """The datatype of a model's output `value`; raises for one no protocol datatype holds
-    or that is not a tensor."""
-    try:
-        if isinstance(value, torch.Tensor):
-            found = datatype_of_torch(value.dtype, name)
-        elif isinstance(value, np.ndarray):
-            found = datatype_of_numpy(value.dtype, name)
-        else:
-            raise InternalError(f"model '{model}' output '{name}' is a "
-                                f"{type(value).__name__}; expected a torch tensor or a numpy "
-                                "array")
-    except DatatypeError:  # the model's fault, not the request's (a 400 said it was)
-        raise InternalError(f"model '{model}' output '{name}' is {value.dtype}, which no "
-                            f"protocol datatype holds; its config says {expected.name}") from None
-    return found
-

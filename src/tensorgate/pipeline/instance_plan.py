@@ -13,7 +13,8 @@ from dataclasses import replace
 
 import torch
 
-from tensorgate.pipeline.executor import ExecutorSettings, ExecutorThread
+from tensorgate.pipeline.executor import ExecutorThread
+from tensorgate.pipeline.executor_settings import ExecutorSettings
 from tensorgate.pipeline.placement import LIGHT_FORWARD_NS, Placement
 from tensorgate.pipeline.rate_limiter import Claim, RateLimiter
 from tensorgate.repository.model_config import ModelConfigError, ModelSpec

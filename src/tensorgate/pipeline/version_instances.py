@@ -15,7 +15,8 @@ from dataclasses import replace
 
 from tensorgate.pipeline.aoti_check import check_aoti_package
 from tensorgate.pipeline.batch_cap import GATHER_BYTES
-from tensorgate.pipeline.executor import ExecutorSettings, ExecutorThread
+from tensorgate.pipeline.executor import ExecutorThread
+from tensorgate.pipeline.executor_settings import ExecutorSettings
 from tensorgate.pipeline.instance_plan import (group_devices, loop_cores_help, on_loop_cores,
                                                rate_claims, release_claims, setup_text,
                                                shares_weights, wants_spare)

@@ -15,19 +15,17 @@ import logging
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
 
 from tensorgate.errors import InternalError
 from tensorgate.pipeline.cuda_graphs import GraphSet, graph_batch_sizes
+from tensorgate.pipeline.executor_settings import ExecutorSettings
 from tensorgate.pipeline.input_bounds import lows_raised, raised_least
 from tensorgate.pipeline.runner import Runner, sample_inputs, warmup_inputs, zeros_refused
 from tensorgate.repository.model_config import ModelConfigError, ModelSpec
-
-if TYPE_CHECKING:
-    from tensorgate.pipeline.executor import ExecutorSettings
 
 __all__ = ["MAX_LEAST_RAISES", "WarmUp"]
 
