@@ -18,7 +18,7 @@ import tritonclient.grpc as grpcclient
 import trustme
 from tritonclient.grpc import service_pb2 as pb
 
-from tensorgate.network import http2
+from tensorgate.network import http2_frames
 from tensorgate.network.grpc import IDLE_RETIRE_S
 from tests.e2e import h2_client as h2
 from tests.e2e.conftest import RunningServer, scrape, start_server, stop_server
@@ -69,7 +69,7 @@ def test_a_connection_past_its_age_is_sent_two_goaways_and_its_calls_are_answere
         late = client.call("ServerLive", b"")  # opened after it: refused unprocessed
         frames = client.frames_until(lambda f: f.stream == late, limit_s=5)
         assert (frames[-1].kind, frames[-1].payload) == (
-            h2.RST_STREAM, struct.pack(">I", http2.REFUSED_STREAM))
+            h2.RST_STREAM, struct.pack(">I", http2_frames.REFUSED_STREAM))
         headers, data = client.response(slow, limit_s=10)
         assert headers["grpc-status"] == "0" and _answer(data) == [3.0] * 4
         assert client.read_frame() is None  # then the server closes it: nothing was open

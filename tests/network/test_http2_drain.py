@@ -12,7 +12,7 @@ from typing import Any
 
 import hpack
 
-from tensorgate.network import http2
+from tensorgate.network import http2, http2_base, http2_frames
 from tests.e2e.h2_client import (ACK, END_HEADERS, END_STREAM, GOAWAY, HEADERS, PING, PREFACE,
                                  RST_STREAM, SETTINGS, H2Client)
 from tests.network.test_http2_streams import _feed, _Handler, _Recorder
@@ -55,7 +55,7 @@ def _connection() -> tuple[http2.Http2Connection, _Recorder, dict[int, Any]]:
 
 
 def _goaway(last: int) -> tuple[int, int, int, bytes]:
-    return (GOAWAY, 0, 0, struct.pack(">II", last, http2.NO_ERROR))
+    return (GOAWAY, 0, 0, struct.pack(">II", last, http2_frames.NO_ERROR))
 
 
 def _answer(connection: http2.Http2Connection, stream: Any) -> None:
@@ -72,7 +72,7 @@ def test_streams_racing_the_first_goaway_are_served_and_the_second_names_the_las
           + H2Client.frame(HEADERS, END_HEADERS | END_STREAM, 3, BLOCK))
     assert list(opened) == [1]  # 3 came after the PING's answer: refused
     assert _written(transport) == [_goaway(1), (RST_STREAM, 0, 3, struct.pack(
-        ">I", http2.REFUSED_STREAM))]
+        ">I", http2_frames.REFUSED_STREAM))]
     assert not transport.closed
     _answer(connection, opened[1])
     assert transport.closed
@@ -84,7 +84,7 @@ def test_a_client_that_leaves_the_ping_unanswered_gets_the_second_goaway_later()
     _feed(connection, H2Client.frame(HEADERS, END_HEADERS | END_STREAM, 1, BLOCK))
     connection.expire(time.monotonic() + 1.0, 30.0)
     assert [frame[0] for frame in _written(transport)] == [GOAWAY, PING]  # the first only
-    connection.expire(time.monotonic() + http2._DRAIN_PING_S + 0.1, 30.0)
+    connection.expire(time.monotonic() + http2_base.DRAIN_PING_S + 0.1, 30.0)
     assert _written(transport) == [_goaway(1)]
     _answer(connection, opened[1])
     assert transport.closed

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import struct
 
-from tensorgate.network import http2
+from tensorgate.network import http2_frames
 from tensorgate.network.keepalive import IDLE_PING_INTERVAL_S, Keepalive, PingStrikes
 from tests.e2e.h2_client import (END_HEADERS, END_STREAM, HEADERS, PING, SETTINGS,
                                  WINDOW_UPDATE, H2Client)
@@ -41,7 +41,8 @@ def _acks(transport: _ReadingRecorder) -> list[int]:
 
 def _too_many_pings(transport: _ReadingRecorder) -> bool:
     goaway = _goaway(transport)
-    return (transport.closed and int.from_bytes(goaway[4:8], "big") == http2.ENHANCE_YOUR_CALM
+    return (transport.closed
+            and int.from_bytes(goaway[4:8], "big") == http2_frames.ENHANCE_YOUR_CALM
             and goaway[8:] == b"too_many_pings")
 
 
@@ -132,7 +133,7 @@ def test_answers_left_unread_past_1000_end_the_connection() -> None:
         await _parsed(transport)
         goaway = _goaway(transport)
         assert transport.closed and int.from_bytes(goaway[4:8], "big") == \
-            http2.ENHANCE_YOUR_CALM
+            http2_frames.ENHANCE_YOUR_CALM
         assert b"1001 answers to PING and SETTINGS frames left unread (the last to a PING)" \
             in goaway[8:]
     asyncio.run(scenario())
@@ -147,7 +148,7 @@ def test_settings_past_the_first_count_as_frames_that_carry_nothing() -> None:
         await _until_closed(transport, 200)  # (128 a turn)
         goaway = _goaway(transport)
         assert transport.closed and int.from_bytes(goaway[4:8], "big") == \
-            http2.ENHANCE_YOUR_CALM
+            http2_frames.ENHANCE_YOUR_CALM
         assert b"10001 frames that carry nothing (the last SETTINGS)" in goaway[8:]
     asyncio.run(scenario())
 

@@ -21,7 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tritonclient.grpc import service_pb2 as pb
 
-from tensorgate.network import ConnectionBudget, http2
+from tensorgate.network import ConnectionBudget, http2, http2_base, http2_frames
 from tensorgate.network.grpc_messages import MessageReader
 from tensorgate.network.keepalive import Keepalive
 from tensorgate.tensor.copies import CopyLedger
@@ -128,7 +128,7 @@ def test_a_failing_stream_is_reset_alone(caplog: pytest.LogCaptureFixture) -> No
     frames = _frames(bytes(transport.written))
     resets = [(stream, int.from_bytes(payload, "big")) for kind, _, stream, payload in frames
               if kind == RST_STREAM]
-    assert resets == [(1, http2.INTERNAL_ERROR)]
+    assert resets == [(1, http2_frames.INTERNAL_ERROR)]
     assert not any(kind == GOAWAY for kind, *_ in frames) and not transport.closed
     assert handlers[1].cancelled_
     assert (handlers[3].data, handlers[3].ended, handlers[3].cancelled_) == (b"fine", True,
@@ -165,12 +165,12 @@ def test_the_receive_buffer_grows_for_large_frames_and_busy_reads_then_shrinks()
 
     connection = http2.Http2Connection(open_stream, lambda c: None)
     connection.connection_made(_Recorder())
-    assert len(connection._buffer) == http2._IDLE_BUFFER
+    assert len(connection._buffer) == http2_base.IDLE_BUFFER
     encoder = hpack.Encoder()
     big = "b" * 40_000  # one header block of about 40 KB: larger than the idle buffer
     block = encoder.encode([(":method", "POST"), (":path", "/x"), (":scheme", "http"),
                             (":authority", "a"), ("x-big", big)], huffman=False)
-    assert http2._IDLE_BUFFER < len(block) < http2._MAX_CONTROL_FRAME
+    assert http2_base.IDLE_BUFFER < len(block) < http2_base.MAX_CONTROL_FRAME
     _feed(connection, PREFACE + H2Client.frame(SETTINGS, 0, 0, b"")
           + H2Client.frame(HEADERS, END_HEADERS, 1, block), chunk=1000)  # a slow sender
     assert dict(seen[1])["x-big"] == big
@@ -180,12 +180,13 @@ def test_the_receive_buffer_grows_for_large_frames_and_busy_reads_then_shrinks()
     frames = b"".join(H2Client.frame(DATA, 0, 1, payload) for _ in range(299))
     offered = _feed(connection, frames + H2Client.frame(DATA, END_STREAM, 1, payload))
     assert handlers[1].data == payload * 300 and handlers[1].ended
-    assert len(connection._buffer) == http2._RECEIVE_BUFFER
-    assert max(offered) > http2._RECEIVE_BUFFER // 2  # reads of many frames once grown
+    assert len(connection._buffer) == http2_base.RECEIVE_BUFFER
+    assert max(offered) > http2_base.RECEIVE_BUFFER // 2  # reads of many frames once grown
 
     connection.streams.clear()  # the call was answered
-    connection.expire(connection._last_read + http2._SHRINK_IDLE_S + 1, read_timeout_s=30)
-    assert len(connection._buffer) == http2._IDLE_BUFFER
+    connection.expire(connection._last_read + http2_base.SHRINK_IDLE_S + 1,
+                      read_timeout_s=30)
+    assert len(connection._buffer) == http2_base.IDLE_BUFFER
     _feed(connection, H2Client.frame(HEADERS, END_HEADERS | END_STREAM, 3,
                                       encoder.encode([(":method", "POST"), (":path", "/y"),
                                                       (":scheme", "http"),
@@ -294,10 +295,11 @@ def test_messages_in_any_frames_and_reads_arrive_whole(tensors: list[int], sizes
             given_back[stream_id] += int.from_bytes(payload, "big")
     # the windows count every DATA byte (padding included), however it was taken
     data = len(frames) - 9 * frame_count
-    assert connection.streams[1].receive_window == (http2._STREAM_WINDOW - data
+    assert connection.streams[1].receive_window == (http2_base.STREAM_WINDOW - data
                                                     + given_back[1])
-    opening = http2._CONNECTION_WINDOW - http2.DEFAULT_WINDOW  # sent with our SETTINGS
-    assert connection._receive_window == (http2._CONNECTION_WINDOW - data
+    # sent with our SETTINGS
+    opening = http2_base.CONNECTION_WINDOW - http2_frames.DEFAULT_WINDOW
+    assert connection._receive_window == (http2_base.CONNECTION_WINDOW - data
                                           + given_back[0] - opening)
 
 
@@ -474,7 +476,7 @@ def test_a_new_connection_opens_8_streams_a_turn_and_earns_up_to_its_concurrent_
         assert opened == list(range(1, 2 * (answered + 300), 2))
         assert transport.reading and not transport.closed
 
-    assert (http2._FRAMES_PER_TURN // (1 + http2._NEW_STREAM)) == 128
+    assert (http2_base.FRAMES_PER_TURN // (1 + http2_base.NEW_STREAM)) == 128
     for answered, most in ((0, 8), (56, 64), (120, 128), (1000, 128)):
         asyncio.run(scenario(answered, most))
     asyncio.run(scenario(200, 8, reset_after=True))
@@ -494,7 +496,7 @@ def test_a_client_that_wastes_its_streams_is_told_to_calm_down_and_closed() -> N
             await _until_closed(transport, 200)  # (8 streams a turn)
             goaway = _goaway(transport)
             assert transport.closed and goaway, wasting
-            assert int.from_bytes(goaway[4:8], "big") == http2.ENHANCE_YOUR_CALM
+            assert int.from_bytes(goaway[4:8], "big") == http2_frames.ENHANCE_YOUR_CALM
             assert b"1281 streams refused or reset unanswered" in goaway[8:]
 
         asyncio.run(scenario())
@@ -559,7 +561,7 @@ def test_frames_that_ask_for_nothing_are_parsed_128_a_turn_and_closed_past_10000
             assert parsed <= 128 and not transport.reading
             await asyncio.sleep(0)
             assert connection._idle_frames - parsed == 128 and not transport.reading
-            assert http2._FRAMES_PER_TURN // http2._IDLE_FRAME_COUNTS == 128
+            assert http2_base.FRAMES_PER_TURN // http2_base.IDLE_FRAME_COUNTS == 128
             for _ in range(30):
                 await asyncio.sleep(0)
             assert connection._idle_frames == 3000 and transport.reading
@@ -567,7 +569,7 @@ def test_frames_that_ask_for_nothing_are_parsed_128_a_turn_and_closed_past_10000
             await _until_closed(transport, 100)
             goaway = _goaway(transport)
             assert transport.closed and goaway
-            assert int.from_bytes(goaway[4:8], "big") == http2.ENHANCE_YOUR_CALM
+            assert int.from_bytes(goaway[4:8], "big") == http2_frames.ENHANCE_YOUR_CALM
             assert b"10001 frames that carry nothing" in goaway[8:]
 
         asyncio.run(scenario())
