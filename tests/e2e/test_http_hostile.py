@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tensorgate.network.http import _HEAD_WINDOW
+from tensorgate.network.http_parsing import HEAD_WINDOW
 from tests.e2e.conftest import RunningServer, still_serving
 
 IDENTITY = "/v2/models/identity/infer"
@@ -354,9 +354,9 @@ def test_a_pipelined_request_after_a_blank_line_cut_across_reads_is_answered(
     body = PACED_BODY
     bare = request("/v2/models/paced/infer", body, {"X-Pad": ""})
     head = bare[:len(bare) - len(body) - 4]  # up to the blank line's \r\n\r\n
-    pad = _HEAD_WINDOW - before_the_cut - len(head)
+    pad = HEAD_WINDOW - before_the_cut - len(head)
     first = head.replace(b"X-Pad: ", b"X-Pad: " + b"p" * pad) + b"\r\n\r\n" + body
-    assert first.index(b"\r\n\r\n") == _HEAD_WINDOW - before_the_cut
+    assert first.index(b"\r\n\r\n") == HEAD_WINDOW - before_the_cut
     model = b"GET /v2/models/paced HTTP/1.1\r\nHost: t\r\n\r\n"
     with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
         sock.sendall(first + model)
@@ -412,7 +412,7 @@ def test_empty_lines_before_a_pipelined_request_across_reads_run_it_once(
     and begin its second, which holds the whole first request and the next one's start: the
     first request's end is found after its own header block, not in those lines (read as a
     blank line begun in the first read, the first request was parsed and answered twice)."""
-    ahead = b"\r\n" * (_HEAD_WINDOW // 2)  # the whole first read
+    ahead = b"\r\n" * (HEAD_WINDOW // 2)  # the whole first read
     model = b"GET /v2/models/paced HTTP/1.1\r\nHost: t\r\n\r\n"
     last = b"GET /v2/health/live HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n"
     with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:

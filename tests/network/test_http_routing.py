@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tensorgate.network import http_routes
-from tensorgate.network.http import url_path
+from tensorgate.network.http_parsing import url_path
 from tensorgate.network.http_routes import route
 
 # what a request line's target may hold (httptools refuses the rest before on_url)

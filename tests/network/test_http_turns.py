@@ -21,7 +21,7 @@ import pytest
 
 from tensorgate.dataplane import DataPlane
 from tensorgate.network import ConnectionBudget
-from tensorgate.network import http as http_front
+from tensorgate.network import http_answers
 from tensorgate.network.http import HttpFrontEnd
 from tensorgate.pipeline.engine import Engine
 from tensorgate.tensor.pool import BufferPool
@@ -106,7 +106,7 @@ def test_a_pipelining_client_gets_16_requests_answered_a_turn(tmp_path: pathlib.
         _answered_by_turn(tmp_path, count))
     assert _whole(answers) == count  # all answered, in one connection
     assert sum(by_turn) == count
-    assert max(by_turn) <= http_front._REQUESTS_IN_A_ROW == 16, by_turn
+    assert max(by_turn) <= http_answers._REQUESTS_IN_A_ROW == 16, by_turn
 
 
 def test_a_pipelining_client_closed_between_turns_gets_whole_answers_then_eof(

@@ -24,7 +24,9 @@ _LINGER_S. Closed at once, the kernel resets a connection with unread bytes, and
 could lose the answer before reading it (seen in a test: ECONNRESET after `Connection:
 close`).
 
-The routes and their handlers are in `http_routes.py`.
+The routes and their handlers are in `http_routes.py`. The connection's parts:
+http_parsing.py (its state, a request read), http_answers.py (answered, closed lingering);
+here the asyncio protocol (reads, pipelined requests) and expiry.
 """
 
 from __future__ import annotations
@@ -33,52 +35,27 @@ import asyncio
 import logging
 import re
 import time
-from collections.abc import Callable
-from typing import Any, cast
+from typing import cast
 
 import httptools
 
 from tensorgate.dataplane import DataPlane
-from tensorgate.errors import (CancelledError, InvalidArgumentError, PoolExhaustedError,
-                               TensorgateError)
-from tensorgate.network import (UNREAD_ANSWER_S, ConnectionBudget, PoolRelief, RefusedConnection,
-                               arrival_eta, slow_message, stalled_message)
-from tensorgate.network.eager import EagerRun
-from tensorgate.network.http_routes import OIP_ROUTES, HttpRequest, Routes, StreamedResponse
+from tensorgate.errors import CancelledError
+from tensorgate.network import ConnectionBudget, PoolRelief, RefusedConnection, stalled_message
+from tensorgate.network.http_answers import HttpAnswers, close_transport
+from tensorgate.network.http_parsing import Pipelined, Refusal
+from tensorgate.network.http_routes import OIP_ROUTES, Routes
 from tensorgate.network.socket_send import SocketSender
 from tensorgate.protocol.infer_codec import json_error
-from tensorgate.protocol.restricted import Restrictions, refusal
-from tensorgate.protocol.status import codes_for
-from tensorgate.tensor.copies import CopyLedger, record_copy
-from tensorgate.tensor.buffer import ALIGNMENT, HostBuffer
+from tensorgate.protocol.restricted import Restrictions
+from tensorgate.tensor.buffer import HostBuffer
 from tensorgate.tensor.pool import BufferPool
 
 __all__ = ["HttpFrontEnd"]
 
 log = logging.getLogger("tensorgate.http")
 
-# Headers are read in windows this small so that few body bytes arrive with them (those are
-# copied into the body buffer); a typical tritonclient request needs two reads of headers.
-_HEAD_WINDOW = 256
 _MAX_HEAD = 64 * 1024         # more header bytes than this: 431
-_CHUNKED_FIRST_BYTES = 64 << 10  # a chunked body's first buffer
-_LINGER_S = 2.0               # a closing connection reads and drops what still comes this long
-# An answer's tensor bytes are written this much at a time while the socket takes them: what
-# it cannot take is copied into the transport's buffer, so a client that does not read holds
-# at most this outside the pool (the rest waits in its pooled views). 256 KiB cost identity's
-# 600 KB answers 11 % more server CPU (three writes, bench/ab_bench.py); 1 MiB is one write.
-_SEND_SLICE = 1 << 20
-# A connection reads its next request at once after an answer, but after this many in a row
-# the next waits for the loop's next turn: answered inline, the requests a client pipelines
-# ran one after another, up to ~190 a turn (libuv reads a busy socket 32 times a turn), and
-# another connection's health check waited 2 ms at P50 beside one sending 2,000 a write
-# (bench/flood_bench.py, pipeline).
-_REQUESTS_IN_A_ROW = 16
-_REASONS = {200: "OK", 400: "Bad Request", 403: "Forbidden", 404: "Not Found",
-            405: "Method Not Allowed",
-            408: "Request Timeout", 413: "Content Too Large", 431: "Request Header Fields Too Large",
-            500: "Internal Server Error", 501: "Not Implemented", 503: "Service Unavailable",
-            504: "Gateway Timeout"}
 
 
 _NO_PARSER = httptools.HttpRequestParser(object())  # a closed connection's: never fed
@@ -95,19 +72,6 @@ def _blank_line(state: int, data: memoryview) -> int:
         else:
             state = 0
     return state
-
-
-class _Pipelined(Exception):
-    """Raised when a second request begins in bytes parsed with the end of the first."""
-
-
-class _Refusal(Exception):
-    """Raised inside parser callbacks: answer `code` and close the connection."""
-
-    def __init__(self, code: int, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
 
 
 class HttpFrontEnd:
@@ -170,48 +134,9 @@ class HttpFrontEnd:
             await self._server.wait_closed()
 
 
-class _Connection(asyncio.BufferedProtocol):
-    """One client connection: headers through httptools, the body straight into a buffer.
-
-    Headers are read in small windows (_HEAD_WINDOW) so that little of the body arrives with
-    them; once the headers are parsed, reads go straight into the request's pooled buffer.
-    """
-
-    # the request being read; `_new_request` resets them
-    _parser: httptools.HttpRequestParser
-    _request: HttpRequest
-    _url: bytes
-    _keep_alive: bool
-    _headers_done: bool
-    _in_body: bool
-    _chunked: _ChunkedBody | None  # a chunked body, gathered
-    _body_memory: memoryview | None  # where a sized body is read to: a pooled buffer
-    _received: int
-    _head_bytes: int
-    _message_begun: bool         # its request line has begun (empty lines before it skipped)
-    _blank: int                  # how much of b"\r\n\r\n" its head's reads so far end with
-    _complete: bool
-    _begun: bool                 # a byte of this request has arrived
-    _last_read: float            # time.monotonic() of the last bytes (or of the last answer)
-    _loop: asyncio.AbstractEventLoop
-
-    def __init__(self, front: HttpFrontEnd) -> None:
-        self.front = front
-        self.transport: asyncio.Transport | None = None
-        self._window = memoryview(bytearray(_HEAD_WINDOW))
-        self._hold = memoryview(bytearray(_HEAD_WINDOW))  # read while a request is served
-        self._held = 0  # bytes of it that wait for the answer (reading paused meanwhile)
-        self._task: EagerRun | None = None  # the request being served
-        self._closing_when_idle = False
-        self._lingering: asyncio.TimerHandle | None = None  # closing: input is dropped
-        self._drained: asyncio.Future[None] | None = None  # set while the transport is full
-        self._unsent: list[Any] = []  # the answer's tensor bytes still to write, last first
-        self._last_sent = 0.0  # time.monotonic() when the socket last took some of them
-        self._sender: SocketSender | None = None  # on a plain socket (not TLS)
-        # answered, and the next request waits until the client has read enough of it
-        self._next_when_drained = False
-        self._in_a_row = 0  # requests answered since it last left the next to a new turn
-        self._new_request()
+class _Connection(HttpAnswers):
+    """One client connection: headers through httptools, the body straight into a buffer
+    (http_parsing.py), answered (http_answers.py)."""
 
     # -- asyncio protocol ------------------------------------------------------------------
 
@@ -293,9 +218,9 @@ class _Connection(asyncio.BufferedProtocol):
         begun = self._message_begun  # (else the window may start with empty lines)
         try:
             if self._head_bytes > _MAX_HEAD and not self._headers_done:
-                raise _Refusal(431, f"request headers exceed {_MAX_HEAD} bytes")
+                raise Refusal(431, f"request headers exceed {_MAX_HEAD} bytes")
             self._parser.feed_data(self._window[:nbytes])
-        except _Refusal as refusal:
+        except Refusal as refusal:
             self._refuse(refusal.code, refusal.message)
             return
         except httptools.HttpParserUpgrade:
@@ -324,10 +249,10 @@ class _Connection(asyncio.BufferedProtocol):
         # traceback whose frames lead back to buffer_updated's, so a local of that frame
         # holding it was a cycle, and the connection waited for the garbage collector)
         cause = error.__context__
-        if isinstance(cause, _Pipelined):
+        if isinstance(cause, Pipelined):
             self._hold_next(nbytes, begun)
             return True
-        if isinstance(cause, _Refusal):
+        if isinstance(cause, Refusal):
             self._refuse(cause.code, cause.message)
         else:
             self._refuse(400, f"malformed HTTP request: {error}")
@@ -366,361 +291,6 @@ class _Connection(asyncio.BufferedProtocol):
         assert self.transport is not None
         self.transport.pause_reading()  # (the hold is the window's size: it may be full)
 
-    # -- httptools callbacks ---------------------------------------------------------------
-
-    def on_message_begin(self) -> None:
-        if self._complete:
-            raise _Pipelined
-        self._message_begun = True
-
-    def on_url(self, url: bytes) -> None:
-        self._url += url
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        self._request.headers[name.decode("latin-1").lower()] = value.decode("latin-1")
-
-    def on_headers_complete(self) -> None:
-        request = self._request
-        self._headers_done = True
-        request.method = self._parser.get_method().decode()
-        request.path = url_path(self._url)
-        self._keep_alive = self._parser.should_keep_alive()
-        try:
-            request.json_length = self.front.routes.json_length(request.headers)
-        except InvalidArgumentError as error:
-            raise _Refusal(400, error.message) from None
-        limit = self.front.max_request_bytes
-        length_text = request.headers.get("content-length")
-        if length_text is None:
-            if request.headers.get("transfer-encoding", "").lower() == "chunked":
-                self._chunked = _ChunkedBody(self.front.pool, limit)
-                self._continue()
-            return
-        length = int(length_text)  # httptools has already checked it
-        if length > limit:
-            raise _Refusal(413, f"request body of {length} bytes exceeds the {limit}-byte "
-                                "limit (--max-request-bytes)")
-        request.length = length
-        if length:
-            # Start the body so that the byte after the JSON header — the first tensor — lands
-            # on a 64-byte boundary: binary inputs then need no realigning copy.
-            pad = (-(request.json_length or 0)) % ALIGNMENT
-            buffer = memoryview(self._acquire(length + pad)).cast("B")
-            self._body_memory = buffer[pad:pad + length]
-            request.body = self._body_memory
-            self._continue()
-
-    def _continue(self) -> None:
-        """Tell a client that waits for it (`Expect: 100-continue`) to send its body, now that
-        the body has a buffer: curl waits a second for this before a body over 1 MiB, and
-        a 3 MB JSON request took 1.06 s instead of 0.04 (RFC 9110 §10.1.1). A request
-        refused by its headers (413, 503, 431) gets its final answer instead."""
-        if (self._request.headers.get("expect", "").lower() == "100-continue"
-                and self._parser.get_http_version() == "1.1" and self.transport is not None):
-            self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-
-    def _acquire(self, nbytes: int) -> Any:
-        """The body's pooled buffer; a full pool first takes back those of bodies that arrive
-        too slowly (network.PoolRelief), else the request is refused 503 by name."""
-        try:
-            return self._pooled(nbytes)
-        except PoolExhaustedError as error:
-            raise _Refusal(503, error.message) from None
-
-    def _pooled(self, nbytes: int) -> HostBuffer:
-        """A pooled buffer for this connection's request (its body, or the body
-        decompressed): PoolExhaustedError when slow bodies giving way do not make room."""
-        return self.front.relief.acquire(self.front.pool, nbytes, self)
-
-    def body_eta(self, now_ns: int) -> float | None:
-        """Seconds the body still needs at the rate it has come so far; None unless a body
-        is arriving into its buffer, and has been for a second or more. An answer whose
-        client has read none of it for UNREAD_ANSWER_S will never arrive: infinity."""
-        if self._unsent:
-            stalled = now_ns / 1e9 - self._last_sent
-            return float("inf") if stalled >= UNREAD_ANSWER_S else None
-        if not self._in_body or self._body_memory is None or self._task is not None:
-            return None
-        return arrival_eta(self._received, self._request.length,
-                           (now_ns - self._request.began_ns) / 1e9)
-
-    def refuse_slow(self, eta_s: float, limit_s: float) -> int:
-        """Answer 408 and let the body's buffer go (the pool needs it): bytes given back.
-        A connection whose answer is not being read is dropped, and its answer's views."""
-        if self._unsent:
-            return self._drop_unread_answer()
-        request = self._request
-        held = request.length
-        elapsed = (time.monotonic_ns() - request.began_ns) / 1e9
-        self._refuse(408, slow_message(self._received, request.length, elapsed, eta_s, limit_s))
-        return held
-
-    def on_body(self, data: bytes) -> None:
-        if self._chunked is not None:
-            if self._chunked.length + len(data) > self.front.max_request_bytes:
-                raise _Refusal(413, f"chunked request body exceeds the "
-                                    f"{self.front.max_request_bytes}-byte limit")
-            try:
-                self._chunked.append(data, self._request.ledger)
-            except PoolExhaustedError as error:
-                raise _Refusal(503, error.message) from None
-            return
-        assert self._body_memory is not None
-        start = self._received
-        self._body_memory[start:start + len(data)] = data
-        self._received += len(data)
-        json_length = self._request.json_length
-        json_end = json_length if json_length is not None else self._request.length
-        tensor_bytes = self._received - max(start, json_end)
-        if tensor_bytes > 0:  # tensor bytes were moved, not just the JSON header
-            record_copy(tensor_bytes, "receive", self._request.ledger)
-
-    def on_message_complete(self) -> None:
-        if self._chunked is not None:
-            body = self._chunked.body()
-            record_copy(len(body), "receive", self._request.ledger)
-            self._request.body, self._request.length = body, len(body)
-            self._chunked = None
-        self._complete = True
-
-    # -- request flow ----------------------------------------------------------------------
-
-    def _new_request(self) -> None:
-        self._parser = httptools.HttpRequestParser(self)
-        self._request = HttpRequest(self.front.max_request_bytes, self._pooled,
-                                    self.front.header_forward)
-        self._url = b""
-        self._keep_alive = True
-        self._headers_done = False
-        self._in_body = False
-        self._chunked = None
-        self._body_memory = None
-        self._received = 0
-        self._head_bytes = 0
-        self._message_begun = False
-        self._blank = 0
-        self._complete = False
-        self._begun = False
-        self._last_read = time.monotonic()  # the keep-alive wait starts now
-
-    def _dispatch(self) -> None:
-        assert self.transport is not None
-        request = self._request
-        self._body_memory = None  # the request holds its body now, and lets it go once decoded
-        request.received_ns = time.monotonic_ns()
-        # HEAD is GET without the body (RFC 9110 §9.3.2): load balancers' checks send it
-        route = self.front.routes.route
-        target, detail = route("GET" if request.method == "HEAD" else request.method,
-                               request.path)
-        if isinstance(target, int):
-            headers = [("Content-Type", "application/json")]
-            if target == 405:  # with the methods that path takes (RFC 9110 §15.5.6)
-                headers.append(("Allow", ", ".join(
-                    m for m in ("GET", "HEAD", "POST")
-                    if not isinstance(route("GET" if m == "HEAD" else m, request.path)[0],
-                                      int))))
-            self._respond(target, headers, [json_error(str(detail))])
-            return
-        restricted = self.front.restricted
-        if restricted:
-            group = self.front.routes.api_group[target]
-            needed = restricted.get(group)
-            if needed is not None:
-                reason = refusal(group, needed, request.headers.get(needed[0]))
-                if reason is not None:
-                    self._respond_error(403, reason)
-                    return
-        args = cast(tuple[str, ...], detail)  # a handler's path arguments, once not an error
-        # started here, not on the loop's next turn (network/eager.py)
-        run = self._task = EagerRun(self._run(target, args, request), self._loop)
-        run.start()
-
-    async def _run(self, fn: Callable[..., Any], args: tuple[str, ...],
-                   request: HttpRequest) -> None:
-        try:
-            answer = await fn(self.front.dataplane, request, *args)
-            if isinstance(answer, StreamedResponse):
-                await self._stream(answer)
-                return
-            status, headers, parts = answer
-        except asyncio.CancelledError:
-            if request.trace is not None:
-                request.trace.finish()
-            return
-        except TensorgateError as error:
-            self._respond_error(codes_for(error)[0], error.message)
-            return
-        except Exception as error:  # a bug: answer, log, keep serving
-            log.exception("unexpected error handling %s %s", request.method, request.path)
-            self._respond_error(500, f"internal error: {type(error).__name__}: {error}")
-            return
-        self._respond(status, headers, parts)
-
-    def _respond_error(self, code: int, message: str) -> None:
-        self._respond(code, [("Content-Type", "application/json")], [json_error(message)])
-
-    def _respond(self, status: int, headers: list[tuple[str, str]], parts: list[Any]) -> None:
-        trace = self._request.trace
-        if trace is not None:
-            trace.stamp("HTTP_SEND_START")
-        transport = self.transport
-        if transport is None or transport.is_closing():
-            if trace is not None:
-                trace.finish()
-            return
-        length = sum(len(p) if isinstance(p, bytes) else p.nbytes for p in parts)
-        head = [f"HTTP/1.1 {status} {_REASONS.get(status, 'OK')}\r\n"
-                f"Content-Length: {length}\r\n"]
-        head += [f"{k}: {v}\r\n" for k, v in headers]
-        if not self._keep_alive or self._closing_when_idle:
-            head.append("Connection: close\r\n")
-        head.append("\r\n")
-        first = "".join(head).encode("latin-1")
-        if self._request.method == "HEAD":
-            parts = []  # its Content-Length is GET's
-        if parts and isinstance(parts[0], bytes):
-            transport.write(first + parts[0])  # the JSON header is small: one write
-            rest = parts[1:]
-        else:
-            transport.write(first)
-            rest = parts
-        if rest:  # tensor views (bytes-format, TensorView.memoryview): never joined
-            self._unsent = rest[::-1]
-        self._send()
-
-    def _send(self) -> None:
-        """Write the answer's unsent tensor bytes, a slice at a time, until the transport
-        holds some (the socket is full: they were copied into its buffer, counted as
-        "send"); resume_writing calls again once the client has read them. Then the request
-        is finished."""
-        unsent = self._unsent
-        transport = self.transport
-        self._last_sent = time.monotonic()
-        while unsent:
-            if transport is None or transport.is_closing():
-                unsent.clear()
-                break
-            if self._drained is not None:
-                return
-            part = unsent.pop()
-            if len(part) > _SEND_SLICE:
-                unsent.append(part[_SEND_SLICE:])
-                part = part[:_SEND_SLICE]
-            if self._sender is not None:  # never leaves the transport a pooled view
-                held = self._sender.send([part])
-            else:  # TLS: encrypted at once into the ssl layer's buffers
-                transport.write(part)
-                held = transport.get_write_buffer_size()
-            if held:
-                record_copy(held, "send", self._request.ledger)
-        trace = self._request.trace
-        if trace is not None:
-            trace.stamp("HTTP_SEND_END")
-            trace.finish()
-        self._finish_request()
-
-    async def _stream(self, response: StreamedResponse) -> None:
-        """Write each part as it comes, as one chunk (HTTP/1.0: as it is, then close), waiting
-        while the transport's buffer is full; the client leaving cancels this task, which
-        closes the parts (and the model's generator behind them)."""
-        parts = response.parts
-        trace = self._request.trace
-        if trace is not None:
-            trace.stamp("HTTP_SEND_START")
-        try:
-            transport = self.transport
-            if transport is None or transport.is_closing():
-                return
-            chunked = self._parser.get_http_version() != "1.0"
-            if not chunked:
-                self._keep_alive = False
-            head = [f"HTTP/1.1 {response.status} {_REASONS.get(response.status, 'OK')}\r\n"]
-            head += [f"{k}: {v}\r\n" for k, v in response.headers]
-            if chunked:
-                head.append("Transfer-Encoding: chunked\r\n")
-            if not self._keep_alive or self._closing_when_idle:
-                head.append("Connection: close\r\n")
-            transport.write("".join(head).encode("latin-1") + b"\r\n")
-            async for part in parts:
-                if transport.is_closing():
-                    return
-                transport.write(b"%x\r\n%b\r\n" % (len(part), part) if chunked else part)
-                if self._drained is not None:
-                    await self._drained
-            if chunked and not transport.is_closing():
-                transport.write(b"0\r\n\r\n")
-        finally:
-            await parts.aclose()
-            if trace is not None:
-                trace.stamp("HTTP_SEND_END")
-                trace.finish()
-        self._finish_request()
-
-    def _finish_request(self) -> None:
-        self._task = None
-        if self.transport is None:  # closed: no next request, nor a parser for it
-            return
-        keep = self._keep_alive and not self._closing_when_idle
-        self._new_request()
-        if not keep:
-            self._close_lingering()
-            return
-        if self._drained is not None:
-            # The client is not reading its answers (it pipelines requests): read its next
-            # request once the transport's buffer has drained, not while answers pile up in
-            # it (they did, without bound: 2.4 GB in 10 s from one client).
-            self.transport.pause_reading()
-            self._next_when_drained = True
-            return
-        self._in_a_row += 1
-        if self._in_a_row >= _REQUESTS_IN_A_ROW:  # the next at the loop's next turn
-            self._in_a_row = 0
-            self.transport.pause_reading()
-            self._loop.call_soon(self._read_next)
-            return
-        self._read_next()
-
-    def _read_next(self) -> None:
-        """Read the connection's next request, and parse what of it came meanwhile."""
-        if self.transport is None or self.transport.is_closing():  # (closed while it waited)
-            return
-        self.transport.resume_reading()  # a no-op unless bytes were held
-        if self._held:  # a pipelined request's first bytes, as if they came now
-            held, self._held = self._held, 0
-            self._window[:held] = self._hold[:held]
-            self.buffer_updated(held)
-
-    def _close_lingering(self) -> None:
-        """Close after the answer without resetting the connection (module docstring)."""
-        transport = self.transport
-        assert transport is not None
-        if not transport.can_write_eof():
-            _close(transport)
-            return
-        try:
-            transport.write_eof()  # a FIN once the answer is written
-        except OSError:  # the client has reset the connection already (asyncio's transport
-            transport.abort()  # raises ENOTCONN; uvloop's says it in connection_lost)
-            return
-        self._lingering = asyncio.get_running_loop().call_later(_LINGER_S, _close, transport)
-        transport.resume_reading()  # to drop what the client still sends, until its EOF
-
-    def _refuse(self, code: int, message: str) -> None:
-        """Answer a request we will not read, and close: its body is still on the wire."""
-        self._keep_alive = False
-        if self.transport is not None:
-            self.transport.pause_reading()
-        self._respond_error(code, message)
-
-    def _drop_unread_answer(self) -> int:
-        """Drop the connection and, at once, the pooled views of the answer its client does
-        not read (the pool may be asked again before the connection is lost); their bytes."""
-        held = sum(len(part) for part in self._unsent)
-        self._unsent = []
-        assert self.transport is not None
-        self.transport.abort()
-        return held
-
     def expire(self, now: float, read_timeout_s: float, keep_alive_timeout_s: float) -> None:
         if self._unsent and self.transport is not None:
             if now - self._last_sent > keep_alive_timeout_s:
@@ -733,7 +303,7 @@ class _Connection(asyncio.BufferedProtocol):
             if quiet > read_timeout_s:
                 self._refuse(408, stalled_message(quiet, read_timeout_s))
         elif quiet > keep_alive_timeout_s:
-            _close(self.transport)
+            close_transport(self.transport)
 
     def close_when_idle(self) -> None:
         self._closing_when_idle = True
@@ -744,57 +314,9 @@ class _Connection(asyncio.BufferedProtocol):
                 # it had been given but not yet read
                 self._close_lingering()
             else:
-                _close(self.transport)
-
-
-class _ChunkedBody:
-    """A chunked request body, gathered in a pooled buffer that doubles as it fills: such
-    bodies count against the pool as sized ones do (a bytearray each was outside it, so
-    connections sending chunked bodies were bounded only by --max-request-bytes each)."""
-
-    __slots__ = ("_pool", "_limit", "_view", "length")
-
-    def __init__(self, pool: BufferPool, limit: int) -> None:
-        self._pool = pool
-        self._limit = limit  # the body's most (--max-request-bytes): no larger buffer
-        self._view = memoryview(b"")  # of the pooled buffer, which it keeps
-        self.length = 0
-
-    def append(self, data: bytes, ledger: CopyLedger) -> None:
-        end = self.length + len(data)
-        if end > len(self._view):
-            grown = min(max(_CHUNKED_FIRST_BYTES, 2 * len(self._view)), self._limit)
-            buffer = self._pool.acquire(max(grown, end))
-            view = memoryview(buffer).cast("B")
-            if self.length:  # what came so far moves to the larger buffer
-                view[:self.length] = self._view[:self.length]
-                record_copy(self.length, "receive", ledger)
-            self._view = view
-        self._view[self.length:end] = data
-        self.length = end
-
-    def body(self) -> memoryview:
-        return self._view[:self.length]
-
-
-def _close(transport: asyncio.Transport) -> None:
-    """Close once what is buffered for the client is written; if it is still not, _LINGER_S
-    on, drop it: a transport's close waits for its buffer without end, and a client that
-    never reads would hold the connection (and the answer) for ever."""
-    transport.close()
-    if transport.get_write_buffer_size():
-        asyncio.get_running_loop().call_later(_LINGER_S, transport.abort)
+                close_transport(self.transport)
 
 
 def _no_buffer(nbytes: int) -> HostBuffer:
     """A closed connection's request gets no buffer (to decompress its body into)."""
     raise CancelledError(f"no buffer of {nbytes} bytes: the client closed the connection")
-
-
-def url_path(url: bytes) -> str:
-    """The path of a request target. A bare path (most requests) is its own: parse_url,
-    which is what costs, only for one with a query, a fragment or a scheme."""
-    if url[:1] == b"/" and b"?" not in url and b"#" not in url:
-        return url.decode("latin-1")
-    return httptools.parse_url(url).path.decode("latin-1")
-
