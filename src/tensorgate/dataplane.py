@@ -18,8 +18,8 @@ from tensorgate.pipeline.postprocess import topk_classify
 from tensorgate.pipeline.trace import Trace
 from tensorgate.pipeline.work import SequenceFlags
 from tensorgate.protocol.generate_codec import GenerateInput, generate_request
-from tensorgate.protocol.infer_codec import (MAX_JSON_VALUES, DecodedRequest,
-                                             json_values_bounded, model_parameters)
+from tensorgate.protocol.infer_codec import MAX_JSON_VALUES, DecodedRequest, json_values_bounded
+from tensorgate.protocol.request_parameters import model_parameters
 from tensorgate.repository.model_config import ModelSpec
 from tensorgate.repository.upload import UploadedFiles
 from tensorgate.tensor.copies import CopyLedger, record_copy

@@ -119,7 +119,7 @@ def test_priority_is_ignored_without_levels_and_checked_when_given(repo: pathlib
         assert torch.equal(result.outputs["OUTPUT__0"].torch(), torch.full((1, 4), 3.0))
         await engine.shutdown()
     run(scenario())
-    from tensorgate.protocol.infer_codec import request_priority
+    from tensorgate.protocol.request_parameters import request_priority
     assert request_priority({}) == 0 and request_priority({"priority": 2}) == 2
     for bad in (-1, 1.5, "1", True):
         with pytest.raises(InvalidArgumentError, match=r"^request parameter 'priority' must be "

@@ -16,8 +16,8 @@ from tensorgate.protocol.grpc_codec import (decode_model_infer, first_tensor_off
 from tensorgate.protocol import json_text
 from tensorgate.protocol.generate_codec import (GenerateInput, decode_generate_body,
                                                 generate_request)
-from tensorgate.protocol.infer_codec import (RESERVED_PARAMETERS, decode_infer_body,
-                                             model_parameters)
+from tensorgate.protocol.infer_codec import decode_infer_body
+from tensorgate.protocol.request_parameters import RESERVED_PARAMETERS, model_parameters
 from tensorgate.tensor import CopyLedger
 from tensorgate.tensor.dtypes import datatype as datatype_named
 

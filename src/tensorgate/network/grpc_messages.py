@@ -19,7 +19,7 @@ from tensorgate.errors import PoolExhaustedError, TensorgateError
 from tensorgate.network import arrival_eta, http2, slow_message
 from tensorgate.protocol.compression import inflate_steps
 from tensorgate.protocol.grpc_codec import scan_for_tensor
-from tensorgate.protocol.infer_codec import forward_headers
+from tensorgate.protocol.request_parameters import forward_headers
 from tensorgate.protocol.status import codes_for
 from tensorgate.tensor.buffer import ALIGNMENT
 from tensorgate.tensor.copies import CopyLedger, record_copy

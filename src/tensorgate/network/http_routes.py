@@ -25,9 +25,9 @@ from tensorgate.network import in_steps
 from tensorgate.protocol.compression import deflate_steps, inflate_steps, worth_compressing
 from tensorgate.protocol.generate_codec import (decode_generate_body, encode_generate_response,
                                                 sse_event)
-from tensorgate.protocol.infer_codec import (TENSORS_A_STEP, decode_infer_body,
-                                             decode_infer_steps, encode_infer_response,
-                                             forward_headers, json_error, parse_json)
+from tensorgate.protocol.infer_codec import (TENSORS_A_STEP, decode_infer_body, decode_infer_steps,
+                                             encode_infer_response, json_error, parse_json)
+from tensorgate.protocol.request_parameters import forward_headers
 from tensorgate.protocol.json_answers import encode_in_slices, large_json_outputs
 from tensorgate.protocol.json_slices import decode_in_slices, worth_slicing
 from tensorgate.protocol.load_body import load_parameters_steps

@@ -21,9 +21,10 @@ import numpy as np
 
 from tensorgate.errors import InvalidArgumentError
 from tensorgate.protocol import json_text
-from tensorgate.protocol.infer_codec import (DecodedRequest, json_data, json_object, parse_json,
-                                             json_parameters, json_tensor, request_priority,
-                                             request_sequence, request_timeout)
+from tensorgate.protocol.infer_codec import DecodedRequest, json_object, json_parameters, parse_json
+from tensorgate.protocol.json_tensors import json_data, json_tensor
+from tensorgate.protocol.request_parameters import (request_priority, request_sequence,
+                                                    request_timeout)
 from tensorgate.tensor.copies import CopyLedger
 from tensorgate.tensor.dtypes import DataType
 from tensorgate.tensor.view import TensorView

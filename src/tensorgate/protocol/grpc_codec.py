@@ -25,9 +25,10 @@ from tensorgate.protocol.grpc_contents import (CONTENTS_APART, check_count, cont
                                                contents_values_offset, split_contents_steps,
                                                wire_contents_steps, wire_strings_steps)
 from tensorgate.protocol.infer_codec import (TENSORS_A_STEP, DecodedRequest, RequestedOutput,
-                                             classification_count, counted_strings,
-                                             request_priority, request_sequence,
-                                             request_timeout, shm_parameters, tensor_count)
+                                             counted_strings, tensor_count)
+from tensorgate.protocol.request_parameters import (classification_count, request_priority,
+                                                    request_sequence, request_timeout,
+                                                    shm_parameters)
 from tensorgate.protocol.protobuf_wire import (MAX_MESSAGE_PARTS, PARTS_A_STEP, PartsBudget,
                                                fields, too_many_parts, varint_bytes)
 from tensorgate.protocol.steps import run_through

@@ -3,40 +3,37 @@
 Decoding turns a request body (already in one pooled, aligned buffer) into views at their
 offsets: binary inputs are never copied; JSON `data` is decoded vectorised by numpy and that
 copy is counted. Encoding returns the JSON header and the output views to write after it, so
-a response never joins header and tensor bytes.
+a response never joins header and tensor bytes. A request's parameters are read in
+request_parameters.py (gRPC's too), JSON `data` in json_tensors.py.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-import re
-from collections.abc import Generator, Iterable, Mapping
+from collections.abc import Generator, Mapping
 from dataclasses import dataclass, field
-from types import MappingProxyType
 from typing import Any
 
 import numpy as np
 
 from tensorgate.errors import InvalidArgumentError, UnimplementedError
 from tensorgate.protocol import json_text
+from tensorgate.protocol.json_tensors import json_data, json_tensor
+from tensorgate.protocol.request_parameters import (classification_count, is_count,
+                                                   request_priority, request_sequence,
+                                                   request_timeout, shm_parameters)
 from tensorgate.protocol.steps import run_through
-from tensorgate.tensor.copies import CopyLedger, record_copy
+from tensorgate.tensor.copies import CopyLedger
 from tensorgate.tensor.dtypes import DataType, datatype
 from tensorgate.tensor.shm import SharedMemoryRegistry
 from tensorgate.tensor.view import TensorView, checked_shape
 
-__all__ = ["ERROR_CHARACTERS", "MAX_BYTES_ELEMENTS", "MAX_JSON_VALUES",
-           "MAX_SEQUENCE_ID_CHARACTERS", "MAX_TENSORS",
-           "RESERVED_PARAMETERS", "TENSORS_A_STEP", "DecodedRequest", "EncodedStrings",
-           "RequestedOutput", "classification_count", "counted_strings",
-           "decode_infer_body", "decode_infer_steps", "encode_infer_response", "exact_integers",
-           "forward_headers",
-           "header_values_refused", "json_data", "holds_bool", "json_error", "json_object",
-           "json_parameters", "json_strings", "json_tensor", "json_values_bounded",
-           "model_parameters",
-           "parse_header", "parse_json", "request_priority", "request_sequence",
-           "request_timeout", "shm_parameters", "tensor_count"]
+__all__ = ["ERROR_CHARACTERS", "MAX_BYTES_ELEMENTS", "MAX_JSON_VALUES", "MAX_TENSORS",
+           "TENSORS_A_STEP", "DecodedRequest", "RequestedOutput", "counted_strings",
+           "decode_infer_body", "decode_infer_steps", "encode_infer_response",
+           "header_values_refused", "json_error", "json_object", "json_parameters",
+           "json_values_bounded", "parse_header", "parse_json", "tensor_count"]
 
 # Inputs, and outputs, one request may name. A model has its config's few; each named costs
 # ~18 µs of decoding on the event loop and ~1.3 KB held (views, arrays) before the model's
@@ -87,28 +84,6 @@ class RequestedOutput:
     shm: tuple[str, int, int] | None = None  # (region, offset, byte_size) to write it into
 
 
-def shm_parameters(parameters: dict[str, Any], tensor: str) -> tuple[str, int, int] | None:
-    """(region, offset, byte_size) from a tensor's shared_memory_* parameters, or None."""
-    region = parameters.get("shared_memory_region")
-    size = parameters.get("shared_memory_byte_size")
-    if region is None and size is None:
-        if "shared_memory_offset" in parameters:
-            raise InvalidArgumentError(f"tensor '{tensor}': shared_memory_offset without "
-                                       "shared_memory_region")
-        return None
-    if region is None or size is None:
-        raise InvalidArgumentError(f"tensor '{tensor}': shared_memory_region and "
-                                   "shared_memory_byte_size go together")
-    offset = parameters.get("shared_memory_offset", 0)
-    if not isinstance(region, str):
-        raise InvalidArgumentError(f"tensor '{tensor}': shared_memory_region must be a string")
-    for what, value in (("shared_memory_byte_size", size), ("shared_memory_offset", offset)):
-        if not _is_count(value):
-            raise InvalidArgumentError(f"tensor '{tensor}': {what} must be a non-negative "
-                                       "integer")
-    return region, offset, size
-
-
 @dataclass
 class DecodedRequest:
     id: str
@@ -123,15 +98,6 @@ class DecodedRequest:
     sequence: tuple[int | str, bool, bool] | None = None
     # headers the server forwards to the model as parameters (--*-header-forward-pattern)
     forwarded: dict[str, str] | None = None
-
-
-@dataclass(frozen=True)
-class EncodedStrings:
-    """A BYTES input's JSON `data` already in the BYTES layout (json_strings parses a large
-    array of strings so, a slice at a time): `nbytes` of `buffer`, `count` elements."""
-    buffer: Any
-    nbytes: int
-    count: int
 
 
 def _fail(message: str) -> InvalidArgumentError:
@@ -193,115 +159,6 @@ def json_object(value: Any, what: str) -> dict[str, Any]:
 
 def json_parameters(value: Any, what: str) -> dict[str, Any]:
     return {} if value is None else json_object(value, f"'parameters' of {what}")
-
-
-def _is_count(value: Any) -> bool:
-    """A non-negative integer (JSON and protobuf both hand bools over as ints)."""
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
-
-
-def request_timeout(parameters: dict[str, Any]) -> int | None:
-    """The request's `timeout` parameter in µs (None when absent), checked."""
-    value = parameters.get("timeout")
-    if value is not None and not _is_count(value):
-        raise _fail(f"request parameter 'timeout' must be a non-negative integer of "
-                    f"microseconds, got {value!r}")
-    return value
-
-
-def request_priority(parameters: dict[str, Any]) -> int:
-    """The request's `priority` parameter (0 when absent: the model's default level)."""
-    value = parameters.get("priority", 0)
-    if not _is_count(value):
-        raise _fail(f"request parameter 'priority' must be a non-negative integer (1 is the "
-                    f"highest level, 0 the model's default), got {value!r}")
-    return int(value)
-
-
-# A string sequence_id is held, with the sequence's state, until the sequence ends or idles
-# out: bounded, generously (Triton's clients send UUIDs and session names)
-MAX_SEQUENCE_ID_CHARACTERS = 1024
-
-
-def request_sequence(parameters: dict[str, Any]) -> tuple[int | str, bool, bool] | None:
-    """The request's sequence parameters (Triton's sequence extension), checked: None when it
-    belongs to no sequence (`sequence_id` absent, 0 or "")."""
-    if ("sequence_id" not in parameters and "sequence_start" not in parameters
-            and "sequence_end" not in parameters):
-        return None  # most requests: nothing to check
-    sequence_id = parameters.get("sequence_id", 0)
-    if not isinstance(sequence_id, str) and not _is_count(sequence_id):
-        raise _fail(f"request parameter 'sequence_id' must be a non-negative integer or a "
-                    f"string, got {sequence_id!r}")
-    if isinstance(sequence_id, str) and len(sequence_id) > MAX_SEQUENCE_ID_CHARACTERS:
-        raise _fail(f"request parameter 'sequence_id' is a string of {len(sequence_id):,} "
-                    f"characters; at most {MAX_SEQUENCE_ID_CHARACTERS:,} are accepted (the "
-                    "server holds it for as long as the sequence lives)")
-    flags = []
-    for name in ("sequence_start", "sequence_end"):
-        value = parameters.get(name, False)
-        if not isinstance(value, bool):
-            raise _fail(f"request parameter '{name}' must be true or false, got {value!r}")
-        flags.append(value)
-    if sequence_id in (0, ""):
-        if any(flags):
-            raise _fail("request parameters 'sequence_start' and 'sequence_end' need a "
-                        "non-zero 'sequence_id' naming the sequence")
-        return None
-    return sequence_id, flags[0], flags[1]
-
-
-# Request parameters the server acts on itself (Triton's parameters extension reserves them,
-# and every `triton_` key; `tensorgate_` keys are ours); a model sees the others.
-RESERVED_PARAMETERS = frozenset({"binary_data_output", "headers", "priority", "sequence_end",
-                                 "sequence_id", "sequence_start", "timeout"})
-_TRITON_PARAMETERS = frozenset({"triton_enable_empty_final_response"})
-_NO_PARAMETERS: Mapping[str, Any] = MappingProxyType({})
-
-
-def model_parameters(parameters: Mapping[str, Any]) -> Mapping[str, Any]:
-    """The request parameters its model sees: all but the reserved ones, each checked to be
-    a boolean, a number or a string (what gRPC's InferParameter can carry)."""
-    found: dict[str, Any] | None = None
-    for key, value in parameters.items():
-        if key == "headers":  # Triton refuses it too (400)
-            raise _fail("request parameter 'headers' is reserved: it is where a server puts "
-                        "the HTTP headers it forwards to the model (here each forwarded header "
-                        "is a parameter of its own name: --http-header-forward-pattern)")
-        if key in RESERVED_PARAMETERS or key.startswith("tensorgate_"):
-            continue
-        if key.startswith("triton_"):
-            if key in _TRITON_PARAMETERS:
-                continue
-            raise _fail(f"request parameter '{key}': keys starting with 'triton_' are reserved; "
-                        f"the server knows {', '.join(sorted(_TRITON_PARAMETERS))}")
-        if not isinstance(value, (bool, int, float, str)):
-            kind = "no value" if value is None else type(value).__name__
-            raise _fail(f"request parameter '{key}' must be a boolean, a number or a string, "
-                        f"got {kind}")
-        if found is None:
-            found = {}
-        found[key] = value
-    return _NO_PARAMETERS if found is None else MappingProxyType(found)
-
-
-def forward_headers(headers: Iterable[tuple[str, str]],
-                    pattern: re.Pattern[str] | None) -> dict[str, str] | None:
-    """The headers (lower-case names) whose name `pattern` finds a match in, to pass to the
-    model as string parameters, as Triton's --http/grpc-header-forward-pattern do."""
-    if pattern is None:
-        return None
-    found = {name: value for name, value in headers
-             if not name.startswith(":") and pattern.search(name)}
-    return found or None
-
-
-def classification_count(parameters: dict[str, Any], output: str) -> int:
-    """An output's `classification` parameter (0: none), checked."""
-    value = parameters.get("classification", 0)
-    if not _is_count(value):
-        raise _fail(f"output '{output}': classification must be a non-negative integer")
-    return int(value)
 
 
 def decode_infer_body(body: Any, body_length: int, header_length: int | None,
@@ -455,7 +312,7 @@ def _decode_input(raw: dict[str, Any], body: Any, body_length: int, position: in
     if size is not None:
         if "data" in raw:
             raise _fail(f"input '{name}' has both 'data' and binary_data_size")
-        if not _is_count(size):
+        if not is_count(size):
             raise _fail(f"input '{name}': binary_data_size must be a non-negative integer")
         if position + size > body_length:
             raise _fail(f"input '{name}': binary_data_size {size} at byte {position} runs past "
@@ -465,159 +322,6 @@ def _decode_input(raw: dict[str, Any], body: Any, body_length: int, position: in
     if "data" not in raw:
         raise _fail(f"input '{name}' has neither 'data' nor binary_data_size")
     return json_tensor(raw["data"], dt, shape, name, ledger), position, strings
-
-
-def json_tensor(data: Any, dt: DataType, shape: tuple[int, ...], name: str,
-                 ledger: CopyLedger) -> TensorView:
-    count = 1
-    for dim in shape:
-        count *= dim
-    if isinstance(data, EncodedStrings):  # json_slices makes them for BYTES inputs only
-        if data.count != count:
-            raise _data_count(name, data.count, shape, count)
-        record_copy(data.nbytes, "encode", ledger)
-        return TensorView(data.buffer, dt, shape, nbytes=data.nbytes, name=name, ledger=ledger)
-    if dt.is_bytes:
-        values = np.array(data, dtype=object).reshape(-1) if data != [] else np.empty(0, object)
-    elif dt.numpy is None:
-        raise _fail(f"input '{name}': {dt.name} cannot travel as JSON; send it as binary data")
-    else:
-        values = _json_numbers(data, np.dtype(dt.numpy), dt.name, name)
-    if values.size != count:
-        raise _data_count(name, values.size, shape, count)
-    if dt.is_bytes:
-        texts = values.tolist()
-        if not all(isinstance(v, str) for v in texts):
-            raise _fail(f"input '{name}': BYTES 'data' must hold strings")
-        # json_text refuses lone surrogates: every string encodes
-        items = np.array([v.encode() for v in texts], dtype=object).reshape(shape)
-        return TensorView.from_numpy(items, name=name, ledger=ledger)
-    record_copy(values.nbytes, "decode", ledger)
-    return TensorView.from_numpy(values.reshape(shape), name=name, ledger=ledger)
-
-
-def _data_count(name: str, found: int, shape: tuple[int, ...], count: int
-                ) -> InvalidArgumentError:
-    return _fail(f"input '{name}': 'data' has {found} elements; shape "
-                 f"[{','.join(map(str, shape))}] needs {count}")
-
-
-# What each kind of datatype takes from JSON, by the numpy kind of the array JSON's values
-# make: BOOL only true/false; integers only integers (1.5 is not silently 1); floats any
-# number. Never strings: numpy would parse "1.5", and make "false" True.
-_JSON_KINDS = {"b": ("b", "true or false"), "i": ("iu", "integers"), "u": ("iu", "integers"),
-               "f": ("iuf", "numbers")}
-
-
-def _json_numbers(data: Any, target: np.dtype[Any], datatype: str, name: str) -> np.ndarray:
-    """The flat array of a JSON `data` list for a numeric datatype, its values checked as
-    Triton checks them: of the datatype's kind and within its range."""
-    try:
-        found = np.asarray(data)
-    except ValueError:  # ragged nesting
-        raise _fail(f"input '{name}': 'data' is not a flat list or evenly nested lists of "
-                    "values") from None
-    kinds, wanted = _JSON_KINDS[target.kind]
-    if found.dtype.kind in "fO" and target.kind in "iu":
-        # numpy makes floats of integers that no one integer type holds together ([0,
-        # 2**64 - 1]) and objects of those past 64 bits: a UINT64 input's large values
-        # were refused as fractions. Integers all, they are read as the datatype's own.
-        found = _json_integers(data, found, target, datatype, name)
-    elif found.dtype.kind == "O" and isinstance(data, np.ndarray):
-        found = np.asarray(data.tolist())  # exact_integers' objects, read as whole lists are
-    if found.size and found.dtype.kind not in kinds:
-        raise _fail(f"input '{name}': {datatype} 'data' must hold {wanted}; it holds "
-                    f"{_json_kind(found)}")
-    if target.kind != "b" and found.dtype.kind in "iuf" and holds_bool(data):
-        # numpy reads [false, 0] as integers: true/false would pass as 1/0 (Triton refuses)
-        raise _fail(f"input '{name}': {datatype} 'data' must hold {wanted}; it holds "
-                    "true/false among them")
-    if found.size and target.kind in "iu":
-        info = np.iinfo(target)
-        low, high = found.min(), found.max()
-        if low < info.min or high > info.max:
-            raise _fail(f"input '{name}': {datatype} holds [{info.min}, {info.max}]; 'data' "
-                        f"has {low if low < info.min else high}")
-    try:
-        with np.errstate(over="raise"):  # 1e300 as FP32 would be inf: refuse it
-            return found.astype(target, copy=False).reshape(-1)
-    except FloatingPointError:
-        raise _fail(f"input '{name}': 'data' has a value too large for {datatype}") from None
-
-
-def _json_integers(data: Any, found: np.ndarray, target: np.dtype[Any], datatype: str,
-                   name: str) -> np.ndarray:
-    """`data` as an array of integer type `target` when every value in it is a JSON integer
-    (`found`, numpy's own reading, otherwise), its range checked. `data` is the parsed
-    lists, or json_slices' array of them (objects where exact_integers kept them)."""
-    if isinstance(data, np.ndarray):
-        flat = data.ravel().tolist() if data.dtype.kind == "O" else None
-        if flat is not None and not all(type(v) is int for v in flat):
-            flat = None
-    else:
-        flat = _integer_leaves(data)
-    if flat is None:
-        return found
-    info = np.iinfo(target)
-    outside = next((v for v in flat if not info.min <= v <= info.max), None)
-    if outside is not None:
-        raise _fail(f"input '{name}': {datatype} holds [{info.min}, {info.max}]; 'data' has "
-                    f"{outside}")
-    return np.array(flat, dtype=target).reshape(found.shape)
-
-
-def _integer_leaves(data: Any) -> list[int] | None:
-    """The values of JSON `data` (nested lists) in order when all are integers, else None:
-    it stops at the first that is not, having copied no list (a stack of iterators: deep
-    nesting is no recursion)."""
-    flat: list[int] = []
-    levels = [iter((data,))]
-    while levels:
-        for item in levels[-1]:
-            if type(item) is list:
-                levels.append(iter(item))
-                break
-            if type(item) is not int:
-                return None
-            flat.append(item)
-        else:
-            levels.pop()
-    return flat
-
-
-def exact_integers(values: Any, read: np.ndarray) -> np.ndarray:
-    """numpy's reading `read` of JSON `values`, or, where numpy made floats of integers that
-    no one integer type holds together ([0, 2**64 - 1]), those integers as exact objects:
-    a slice of a UINT64 input is not rounded before its datatype is known. numpy reads
-    integers as floats only when one is past int64's largest: below it, floats are what
-    came, and the slice is not walked (an FP32 tensor's slices cost one max each)."""
-    if read.dtype.kind != "f" or not read.size or not read.max() >= 2.0**63:
-        return read
-    flat = _integer_leaves(values)
-    return read if flat is None else np.array(flat, dtype=object).reshape(read.shape)
-
-
-def holds_bool(data: Any) -> bool:
-    """Whether JSON `data` (nested lists) has a true/false anywhere; about 12 ns an element,
-    a twentieth of what parsing the JSON took."""
-    if not isinstance(data, list):
-        return type(data) is bool
-    kinds = set(map(type, data))
-    return bool in kinds or (list in kinds and any(holds_bool(item) for item in data
-                                                    if type(item) is list))
-
-
-def _json_kind(values: np.ndarray) -> str:
-    kind = values.dtype.kind
-    if kind == "b":
-        return "true/false"
-    if kind == "f":
-        return "numbers written with a fraction or an exponent, or integers beyond 64 bits"
-    if kind in "iu":
-        return "integers"
-    if kind in "US":
-        return "strings"
-    return "values of other types (null, objects or numbers beyond 64 bits)"
 
 
 def _decode_outputs(raw: Any) -> Generator[None, None, list[RequestedOutput] | None]:
@@ -680,24 +384,6 @@ def encode_infer_response(model: str, version: int, request_id: str,
         response["parameters"] = parameters
         all_finite = all_finite and json_text.finite(parameters)
     return json_text.dumps(response, all_finite=all_finite), tail
-
-
-def json_strings(items: list[bytes]) -> list[str]:
-    """BYTES elements as JSON writes them: UTF-8, what is not replaced by U+FFFD."""
-    return [item.decode("utf-8", "replace") for item in items]
-
-
-def json_data(view: TensorView) -> np.ndarray | list[str]:
-    """An output's `data`: its elements flat, as json_text.dumps writes them without making
-    a Python object of each (C-contiguous, native byte order); BYTES as strings."""
-    dt = view.datatype
-    if dt.is_bytes:
-        return json_strings(view.numpy().reshape(-1).tolist())
-    if dt.numpy is None:
-        raise _fail(f"output '{view.name}' is {dt.name}, which cannot travel as JSON; request "
-                    "it with binary_data")
-    values = np.ascontiguousarray(view.numpy().reshape(-1))
-    return values if values.dtype.isnative else values.astype(values.dtype.newbyteorder("="))
 
 
 # Characters of an error message an HTTP answer carries. Messages name what the client sent,

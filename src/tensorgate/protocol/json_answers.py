@@ -17,7 +17,8 @@ from typing import Any
 import numpy as np
 
 from tensorgate.protocol import json_text
-from tensorgate.protocol.infer_codec import encode_infer_response, json_data, json_strings
+from tensorgate.protocol.infer_codec import encode_infer_response
+from tensorgate.protocol.json_tensors import json_data, json_strings
 from tensorgate.tensor.bytes_codec import bytes_pieces
 from tensorgate.tensor.view import TensorView
 

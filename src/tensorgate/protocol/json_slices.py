@@ -38,10 +38,10 @@ from typing import Any
 import numpy as np
 
 from tensorgate.protocol import json_text
-from tensorgate.protocol.infer_codec import (MAX_BYTES_ELEMENTS, MAX_JSON_VALUES,
-                                             DecodedRequest, decode_infer_steps,
-                                             exact_integers, header_values_refused,
-                                             holds_bool, parse_header, tensor_count)
+from tensorgate.protocol.infer_codec import (MAX_BYTES_ELEMENTS, MAX_JSON_VALUES, DecodedRequest,
+                                             decode_infer_steps, header_values_refused,
+                                             parse_header, tensor_count)
+from tensorgate.protocol.json_tensors import exact_integers, holds_bool
 from tensorgate.protocol.json_nesting import Brackets, even_lists
 from tensorgate.protocol.json_strings import (STRINGS_A_STEP, Strings, string_array,
                                               strings_layout)

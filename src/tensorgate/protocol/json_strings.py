@@ -24,7 +24,7 @@ from collections.abc import Callable, Generator
 import numpy as np
 
 from tensorgate.protocol import json_text
-from tensorgate.protocol.infer_codec import EncodedStrings
+from tensorgate.protocol.json_tensors import EncodedStrings
 from tensorgate.protocol.json_nesting import Brackets, even_lists
 from tensorgate.tensor.buffer import HostBuffer
 from tensorgate.tensor.bytes_codec import write_bytes_items
