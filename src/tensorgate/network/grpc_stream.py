@@ -11,7 +11,7 @@ views) and runs through the same data plane and batcher.
 A request for a decoupled model is answered by each of its responses as the model makes
 them (then an empty final one when the request asks with
 `triton_enable_empty_final_response`); while the client's window holds _PENDING_BYTES of
-them, the next waits, and so does the model (pipeline/executor.py RESPONSES_AHEAD).
+them, the next waits, and so does the model (pipeline/response_streams.py RESPONSES_AHEAD).
 
 Bounded: at most _IN_FLIGHT requests of one stream are in the pipeline and at most
 _PENDING_BYTES of its responses wait for the client's window; what arrives beyond that waits

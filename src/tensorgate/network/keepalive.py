@@ -2,7 +2,7 @@
 often a client may PING one (gRPC's servers' ping policy).
 
 Each PING a client sends asks for an answer: one that sends them without end costs the server
-a write for each, for ever (and its memory, when it does not read the answers: http2.py caps
+a write for each, for ever (and its memory, when it does not read the answers: http2_control.py caps
 those left unread). As gRPC's servers do, a PING that comes sooner than
 `min_ping_interval_s` after the one before, with no data sent or received between them, is a
 strike; past `max_ping_strikes` the connection is sent GOAWAY(ENHANCE_YOUR_CALM,

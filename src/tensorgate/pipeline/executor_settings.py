@@ -1,6 +1,7 @@
 """What one model instance's executor is built from (pipeline/executor.py): settled by the
-engine (pipeline/version_instances.py, instance_plan.py) before the thread starts, frozen
-after; the executor and its warm-up (warm_up.py) may only `replace` it on their own thread."""
+engine (pipeline/version_instances.py, instance_plan.py) before the thread starts. Frozen:
+what the instance learns at load (an exported program's bounds, the least sizes its
+warm-up raised) is a copy made with `replace` that its thread keeps as its own."""
 
 from __future__ import annotations
 
