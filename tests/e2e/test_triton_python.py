@@ -230,8 +230,8 @@ def test_a_light_model_moves_onto_the_loop_s_core_once_measured(served: RunningS
     """Not run before its first request, a Triton Python model is placed by what its first
     five batch-1 executes cost: under LIGHT_FORWARD_NS it joins the event loop's core
     (where a hand-off costs a third of one across cores), else it stays where it is. This
-    one is light on a machine at its usual speed (462 µs on a slow hour); a slower hour made
-    it 526 µs in CI, and then it rightly stayed: the placement must follow the cost."""
+    one measured 462 µs and 526 µs in one slow hour here, either side of the 500 µs line:
+    the placement must follow the cost measured, whichever side it falls."""
     before = len(served.log.read_text())
     client = httpclient.InferenceServerClient(served.url)
     for _ in range(5):
@@ -239,10 +239,10 @@ def test_a_light_model_moves_onto_the_loop_s_core_once_measured(served: RunningS
     deadline = time.monotonic() + 5
     pattern = re.compile(r"model inspect: a batch-1 execute takes (\d+) µs: instance 0 now on "
                          r"cpu \d+( \(the loop's)?")
-    found = None
+    found = pattern.search(served.log.read_text()[before:])
     while found is None and time.monotonic() < deadline:
-        found = pattern.search(served.log.read_text()[before:])
         time.sleep(0.05)
+        found = pattern.search(served.log.read_text()[before:])
     assert found is not None, served.log.read_text()[-2000:]
     light = int(found[1]) * 1000 < LIGHT_FORWARD_NS  # (µs logged rounded down)
     assert (found[2] is not None) == light, found[0]
