@@ -26,10 +26,11 @@ __all__ = ["HttpAnswers", "close_transport"]
 log = logging.getLogger("tensorgate.http")
 
 _LINGER_S = 2.0               # a closing connection reads and drops what still comes this long
-# An answer's tensor bytes are written this much at a time while the socket takes them: what
-# it cannot take is copied into the transport's buffer, so a client that does not read holds
-# at most this outside the pool (the rest waits in its pooled views). 256 KiB cost identity's
-# 600 KB answers 11 % more server CPU (three writes, bench/ab_bench.py); 1 MiB is one write.
+# An answer with tensor bytes is written this much at a time (its head and parts in one
+# writev) while the socket takes them: what it cannot take is copied into the transport's
+# buffer, so a client that does not read holds at most this outside the pool (the rest waits
+# in its pooled views). 256 KiB cost identity's 600 KB answers 11 % more server CPU (three
+# writes, bench/ab_bench.py); 1 MiB is one write.
 _SEND_SLICE = 1 << 20
 # A connection reads its next request at once after an answer, but after this many in a row
 # the next waits for the loop's next turn: answered inline, the requests a client pipelines
@@ -147,20 +148,21 @@ class HttpAnswers(HttpParsing):
         if self._request.method == "HEAD":
             parts = []  # its Content-Length is GET's
         if parts and isinstance(parts[0], bytes):
-            transport.write(first + parts[0])  # the JSON header is small: one write
-            rest = parts[1:]
+            first += parts[0]  # the JSON header is small: it goes with the head
+            parts = parts[1:]
+        if parts:  # tensor views (bytes-format, TensorView.memoryview): never joined, and
+            # written with the head in one writev: a client waiting for the answer is woken
+            # once, not for the head and then for the tensor bytes
+            self._unsent = [*parts[::-1], first]
         else:
             transport.write(first)
-            rest = parts
-        if rest:  # tensor views (bytes-format, TensorView.memoryview): never joined
-            self._unsent = rest[::-1]
         self._send()
 
     def _send(self) -> None:
-        """Write the answer's unsent tensor bytes, a slice at a time, until the transport
-        holds some (the socket is full: they were copied into its buffer, counted as
-        "send"); resume_writing calls again once the client has read them. Then the request
-        is finished."""
+        """Write the answer's unsent bytes, a slice of its parts at a time (one writev),
+        until the transport holds some (the socket is full: they were copied into its
+        buffer, counted as "send"); resume_writing calls again once the client has read
+        them. Then the request is finished."""
         unsent = self._unsent
         transport = self.transport
         self._last_sent = time.monotonic()
@@ -170,14 +172,20 @@ class HttpAnswers(HttpParsing):
                 break
             if self._drained is not None:
                 return
-            part = unsent.pop()
-            if len(part) > _SEND_SLICE:
-                unsent.append(part[_SEND_SLICE:])
-                part = part[:_SEND_SLICE]
+            parts = []
+            room = _SEND_SLICE
+            while unsent and room:
+                part = unsent.pop()
+                if len(part) > room:
+                    unsent.append(part[room:])
+                    part = part[:room]
+                parts.append(part)
+                room -= len(part)
             if self._sender is not None:  # never leaves the transport a pooled view
-                held = self._sender.send([part])
+                held = self._sender.send(parts)
             else:  # TLS: encrypted at once into the ssl layer's buffers
-                transport.write(part)
+                for part in parts:
+                    transport.write(part)
                 held = transport.get_write_buffer_size()
             if held:
                 record_copy(held, "send", self._request.ledger)

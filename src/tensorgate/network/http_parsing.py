@@ -84,7 +84,7 @@ class HttpParsing(asyncio.BufferedProtocol):
         self._closing_when_idle = False
         self._lingering: asyncio.TimerHandle | None = None  # closing: input is dropped
         self._drained: asyncio.Future[None] | None = None  # set while the transport is full
-        self._unsent: list[Any] = []  # the answer's tensor bytes still to write, last first
+        self._unsent: list[Any] = []  # the answer's head and tensor bytes to write, last first
         self._last_sent = 0.0  # time.monotonic() when the socket last took some of them
         self._sender: SocketSender | None = None  # on a plain socket (not TLS)
         # answered, and the next request waits until the client has read enough of it

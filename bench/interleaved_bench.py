@@ -1,0 +1,121 @@
+"""Sequential latency of two source trees of tensorgate, their requests interleaved.
+
+Both servers run at once, each from its tree; one client sends `identity` requests (HTTP,
+binary tensor extension, one keep-alive connection to each) one after another, to one
+server and then the other, alternating which goes first. A machine whose speed drifts from
+minute to minute (these shared VMs: the same tree's sequential P50 read 0.9 ms and 2.0 ms
+ten minutes apart) slows both alike, where runs one after the other (bench/ab_bench.py,
+bench/compare.py) can put the drift between them. Also counted: the client's recv calls a
+request, each a wait for more of the answer. Every answer's status and size checked.
+
+    git worktree add /tmp/tg-old <commit>
+    .venv/bin/python bench/interleaved_bench.py --before /tmp/tg-old/src [--after src]
+        [--requests 3000] [--runs 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+HERE = pathlib.Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "src"))
+sys.path.insert(0, str(HERE))
+
+from ab_bench import serve  # noqa: E402
+from compare_wire import OIP_BINARY, Connection, raw_request  # noqa: E402
+from tensorgate.builtin.repository import write_default_repository  # noqa: E402
+
+
+class CountingConnection(Connection):
+    """A Connection that counts its recv calls."""
+
+    recvs = 0
+
+    def _recv(self, buffer: bytearray) -> None:
+        self.recvs += 1
+        super()._recv(buffer)
+
+
+def run(trees: dict[str, pathlib.Path], models: pathlib.Path, requests: int,
+        warmup: int) -> dict[str, tuple[np.ndarray, float]]:
+    """Both trees served, `requests` each interleaved: per tree its latencies (µs) and the
+    client's recv calls a request."""
+    x = np.random.default_rng(0).standard_normal((1, 3, 224, 224)).astype(np.float32)
+    path, headers, body = OIP_BINARY.build("/v2/models/{model}/infer", "identity", x)
+    smallest = OIP_BINARY.min_body(x.size)
+    processes, connections, raws = {}, {}, {}
+    try:
+        for tree, src in trees.items():
+            processes[tree], port, _ = serve(src, models, "--model-control-mode", "explicit",
+                                               "--load-model", "identity")
+            raws[tree] = raw_request(port, path, headers, body)
+            connections[tree] = CountingConnection(port)
+        names = list(trees)
+        for _ in range(warmup):
+            for tree in names:
+                connections[tree].exchange(raws[tree])
+        for connection in connections.values():
+            connection.recvs = 0
+        samples = {tree: np.empty(requests) for tree in names}
+        for i in range(requests):
+            for tree in (names if i % 2 == 0 else names[::-1]):
+                began = time.perf_counter_ns()
+                status, _, answer = connections[tree].exchange(raws[tree])
+                samples[tree][i] = (time.perf_counter_ns() - began) / 1e3
+                if status != 200 or len(answer) < smallest:
+                    raise RuntimeError(f"{tree}: bad answer {status}, {len(answer)} bytes")
+        return {tree: (samples[tree], connections[tree].recvs / requests) for tree in names}
+    finally:
+        for connection in connections.values():
+            connection.close()
+        for process in processes.values():
+            process.terminate()
+        for process in processes.values():
+            process.wait(timeout=30)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--before", type=pathlib.Path, required=True,
+                        help="the src folder of the tree before the change")
+    parser.add_argument("--after", type=pathlib.Path, default=HERE.parent / "src")
+    parser.add_argument("--requests", type=int, default=3000, help="a tree, a run")
+    parser.add_argument("--warmup", type=int, default=200)
+    parser.add_argument("--runs", type=int, default=3, help="server pairs started afresh")
+    args = parser.parse_args()
+    trees = {"before": args.before, "after": args.after}
+    work = pathlib.Path(tempfile.mkdtemp(prefix="tg-interleaved-"))
+    write_default_repository(work / "models")
+    rows = []
+    try:
+        for r in range(args.runs):
+            found = run(trees, work / "models", args.requests, args.warmup)
+            p50 = {t: float(np.percentile(found[t][0], 50)) for t in trees}
+            rows.append((r + 1, p50, {t: float(np.percentile(found[t][0], 99)) for t in trees},
+                         {t: found[t][1] for t in trees}))
+            print(f"run {r + 1}: P50 before {p50['before']:,.0f} µs, after "
+                  f"{p50['after']:,.0f} µs", flush=True)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    print("\n| run | P50 before µs | P50 after µs | after − before µs | P99 before µs "
+          "| P99 after µs | recv calls a request, before / after |")
+    print("|---:|---:|---:|---:|---:|---:|---:|")
+    for run_, p50, p99, recvs in rows:
+        print(f"| {run_} | {p50['before']:,.0f} | {p50['after']:,.0f} | "
+              f"{p50['after'] - p50['before']:+,.0f} | {p99['before']:,.0f} | "
+              f"{p99['after']:,.0f} | {recvs['before']:.2f} / {recvs['after']:.2f} |")
+    change = statistics.median(p50["after"] - p50["before"] for _, p50, _, _ in rows)
+    print(f"\nmedian P50 change over the runs: {change:+,.0f} µs "
+          f"({args.requests:,} requests a tree a run, identity, HTTP binary, sequential)")
+
+
+if __name__ == "__main__":
+    main()
