@@ -54,7 +54,8 @@ sys.path.insert(0, str(HERE.parent / "src"))
 sys.path.insert(0, str(HERE))
 
 import compare_report  # noqa: E402
-from compare_servers import PEERS, WORKLOADS, Ports, Server, servers  # noqa: E402
+import network_floor  # noqa: E402
+from compare_servers import PEERS, WORKLOADS, Ports, Server, free_port, servers  # noqa: E402
 from compare_wire import (OIP_BINARY, OIP_JSON, Connection, NothingAnswered,  # noqa: E402
                           grpc_infer_body, grpc_reference_answer, h2load_grpc, raw_request,
                           socket_load, wrk_load)
@@ -538,7 +539,17 @@ def run(plan: Plan, names: list[str], output: pathlib.Path, device: str = "cpu",
             "version": server.version(), "wire": server.wire.name, "note": server.note,
             "batching": server.batching, "startup_s": [], "memory": [], "workloads": {}}
     floor_parts: dict[str, list[Any]] = {model: [] for model in WORKLOADS}
+    network_parts: dict[str, list[Any]] = {model: [] for model in WORKLOADS}
     expected: dict[str, np.ndarray] = {}
+    # the same request bytes through loopback to a bare answerer (bench/network_floor.py);
+    # for the binary form, the one the goals are for
+    answerer, network_raws = None, {}
+    if wire == "native":
+        network_port = free_port()
+        answerer = network_floor.start(network_port, WORKLOADS)
+        for model in WORKLOADS:
+            path, headers, body = OIP_BINARY.build("/v2/models/{model}/infer", model, x)
+            network_raws[model] = raw_request(network_port, path, headers, body)
     try:
         for r in range(max(plan.rounds, plan.startups)):
             order = chosen if r % 2 == 0 else chosen[::-1]
@@ -548,6 +559,13 @@ def run(plan: Plan, names: list[str], output: pathlib.Path, device: str = "cpu",
                                        plan.warmup, device)
                 for model in WORKLOADS:
                     floor_parts[model].append(part[model])
+                if answerer is not None:
+                    part = network_floor.measure(
+                        network_port, network_raws,
+                        {m: c // plan.rounds for m, c in plan.counts.items()}, plan.warmup,
+                        Connection)
+                    for model in WORKLOADS:
+                        network_parts[model].append(part[model])
             for server in order:
                 record = result["servers"][server.name]
                 print(f"round {r + 1}: {server.name}", flush=True)
@@ -563,6 +581,11 @@ def run(plan: Plan, names: list[str], output: pathlib.Path, device: str = "cpu",
                     record.setdefault("errors", []).append(f"round {r + 1}: {error}")
                     print(f"  {server.name} failed: {error}", flush=True)
     finally:
+        if answerer is not None:
+            answerer.kill()
+            answerer.wait(timeout=10)
+            result["network_floor"] = {"workloads": {m: {"sequential": p}
+                                                     for m, p in network_parts.items() if p}}
         result["floor"]["workloads"] = {m: {"sequential": p} for m, p in floor_parts.items()}
         output.parent.mkdir(parents=True, exist_ok=True)
         output.write_text(json.dumps(result))

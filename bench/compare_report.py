@@ -31,7 +31,7 @@ def summarize(result: dict[str, Any]) -> dict[str, Any]:
     """Per server (and the floor) and workload: latency percentiles over all rounds, median
     QPS per concurrency, max QPS, median start-up and memory."""
     out: dict[str, Any] = {}
-    for name, record in [("floor", result["floor"]), *result["servers"].items()]:
+    for name, record in _sources(result):
         row: dict[str, Any] = {"workloads": {}}
         for model, entry in record.get("workloads", {}).items():
             samples = np.concatenate([np.asarray(p["us"]) for p in entry["sequential"]]) \
@@ -64,6 +64,17 @@ def summarize(result: dict[str, Any]) -> dict[str, Any]:
                 row[key] = record[key]
         out[name] = row
     return out
+
+
+NETWORK_FLOOR = "network floor"
+_FLOORS = ("floor", NETWORK_FLOOR)
+
+
+def _sources(result: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """The floor, the network floor where the run measured one (runs before 2026-12-06 did
+    not), and the servers: each name and its record."""
+    network = [(NETWORK_FLOOR, result["network_floor"])] if "network_floor" in result else []
+    return [("floor", result["floor"]), *network, *result["servers"].items()]
 
 
 def _levels(runs: list[list[dict[str, Any]]]) -> dict[int, dict[str, float]]:
@@ -111,7 +122,7 @@ def seed_table(s: dict[str, Any], model: str) -> list[str]:
                  f"{row['pss_mb']:.0f}" if "pss_mb" in row else "–",
                  f"{row['startup_s']:.2f}" if "startup_s" in row else "–",
                  f"{qps:,.0f}" if qps else "–"]
-        if "triton" in s and name != "floor":
+        if "triton" in s and name not in _FLOORS:
             cells += [_ratio(p50, _get(s, "triton", model, "p50_us")),
                       _ratio(p99, _get(s, "triton", model, "p99_us")),
                       _ratio(row.get("rss_mb"), s["triton"].get("rss_mb")),
@@ -119,7 +130,7 @@ def seed_table(s: dict[str, Any], model: str) -> list[str]:
                       _ratio(qps, _get(s, "triton", model, "max_qps"))]
         else:
             cells += ["–"] * 5
-        cells.append(_ratio(p99, floor_p99))
+        cells.append(_ratio(p99, floor_p99) if name != NETWORK_FLOOR else "–")
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return lines
 
@@ -163,17 +174,24 @@ def memory_table(s: dict[str, Any]) -> list[str]:
 
 
 def sequential_table(s: dict[str, Any]) -> list[str]:
+    """Each sequential run's percentiles, and a server's P50 over the floor's (and over the
+    network floor's, where the run has one: the server's own work)."""
+    network = NETWORK_FLOOR in s
     lines = ["| sequential, batch 1 | workload | n | P50 µs | P90 µs | P99 µs | max µs "
-             "| over floor P50 µs | client CPU µs/req |", "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+             "| over floor P50 µs |" + (" over network floor P50 µs |" if network else "")
+             + " client CPU µs/req |",
+             "|---|---|---:|---:|---:|---:|---:|---:|" + ("---:|" if network else "") + "---:|"]
     for name, row in s.items():
         for model, w in row["workloads"].items():
             if "p50_us" not in w:
                 continue
-            over = w["p50_us"] - (_get(s, "floor", model, "p50_us") or 0.0)
+            over = [_get(s, floor, model, "p50_us") for floor in _FLOORS[:1 + network]]
+            cells = ["–" if name in _FLOORS or p50 is None else f"{w['p50_us'] - p50:,.0f}"
+                     for p50 in over]
             cpu = f"{w['client_cpu_us']:.0f}" if "client_cpu_us" in w else "–"
             lines.append(f"| {name} | {model} | {w['n']} | {w['p50_us']:,.0f} | {w['p90_us']:,.0f} "
                          f"| {w['p99_us']:,.0f} | {w['max_us']:,.0f} | "
-                         f"{over:,.0f} | {cpu} |")
+                         + " | ".join(cells) + f" | {cpu} |")
     return lines
 
 
@@ -218,6 +236,11 @@ def goals(s: dict[str, Any]) -> list[str]:
 
     overhead, resnet_p99, identity_qps = _moving_goals(s)
     add("identity P50 overhead over the floor, tensorgate / Triton", overhead, 0.5)
+    network = _network_overhead(s)
+    if network is not None:
+        checks.append(f"- identity P50 over the {NETWORK_FLOOR} (its request and answer "
+                      f"bytes through loopback to a bare answerer), tensorgate / Triton (no "
+                      f"goal set): {network:.2f}")
     add("resnet50 P99, tensorgate / floor", resnet_p99, 1.1)
     add("RSS, tensorgate / Triton", _ratio_value(tg.get("rss_mb"), tr.get("rss_mb")), 0.6)
     # Triton's tree shares libraries between its processes, which RSS counts once per
@@ -247,6 +270,17 @@ def _moving_goals(s: dict[str, Any]) -> tuple[float | None, float | None, float 
                          _get(s, "triton", "identity", "max_qps")))
 
 
+def _network_overhead(s: dict[str, Any]) -> float | None:
+    """Identity's P50 less the network floor's, tensorgate's over Triton's: each server's
+    own work, without the kernel's copies of the bytes (None without a network floor)."""
+    network = _get(s, NETWORK_FLOOR, "identity", "p50_us")
+    if network is None:
+        return None
+    tg_over = (_get(s, "tensorgate", "identity", "p50_us") or 0.0) - network
+    tr_over = (_get(s, "triton", "identity", "p50_us") or 0.0) - network
+    return tg_over / tr_over if tr_over > 0 else None
+
+
 def goals_by_round(result: dict[str, Any]) -> list[str]:
     """The goals that vary with the machine's moment, per round: the goals above pool every
     round's samples, so a slow minute in one round (one server's, in the alternating order)
@@ -258,12 +292,22 @@ def goals_by_round(result: dict[str, Any]) -> list[str]:
                  for name in ("tensorgate", "triton"))
     if rounds < 2:
         return []
+    network = "network_floor" in result
     lines = ["Per round (the goals above pool the rounds; a slow minute in one shows here):", "",
              "| round | identity P50 overhead, tensorgate / Triton | resnet50 P99, tensorgate "
-             "/ floor | identity max QPS, tensorgate / Triton |", "|---:|---:|---:|---:|"]
+             "/ floor | identity max QPS, tensorgate / Triton |"
+             + (f" identity P50 over the {NETWORK_FLOOR}, tensorgate / Triton | network "
+                "floor's identity P50 µs |" if network else ""),
+             "|---:|---:|---:|---:|" + ("---:|---:|" if network else "")]
     for index in range(rounds):
-        values = _moving_goals(summarize(_one_round(result, index)))
+        one = summarize(_one_round(result, index))
+        values = list(_moving_goals(one))
+        if network:
+            values.append(_network_overhead(one))
         cells = [f"{v:.2f}" if v is not None else "–" for v in values]
+        if network:
+            floor_p50 = _get(one, NETWORK_FLOOR, "identity", "p50_us")
+            cells.append(f"{floor_p50:,.0f}" if floor_p50 is not None else "–")
         lines.append(f"| {index + 1} | " + " | ".join(cells) + " |")
     return lines
 
@@ -281,7 +325,9 @@ def _one_round(result: dict[str, Any], index: int) -> dict[str, Any]:
                     for key, value in workload.items()}
             for model, workload in entry.get("workloads", {}).items()}}
 
-    return {**result, "floor": record(result["floor"]),
+    network = ({"network_floor": record(result["network_floor"])}
+               if "network_floor" in result else {})
+    return {**result, "floor": record(result["floor"]), **network,
             "servers": {name: record(entry) for name, entry in result["servers"].items()}}
 
 
@@ -353,7 +399,7 @@ def report(result: dict[str, Any]) -> str:
         lines.append("")
     lines.append("Servers:")
     for name, row in s.items():
-        if name == "floor":
+        if name in _FLOORS:
             continue
         lines.append(f"- {name} {row.get('version', '')}: {row.get('note', '')}; "
                      f"{row.get('batching', '')}; {row.get('processes', '?')} process(es)")
@@ -372,7 +418,7 @@ def plots(result: dict[str, Any], prefix: pathlib.Path) -> list[pathlib.Path]:
         print("matplotlib is not installed (pip install matplotlib): no plots")
         return []
     s = summarize(result)
-    sources = [("floor", result["floor"]), *result["servers"].items()]
+    sources = _sources(result)
 
     def cdf(axis: Any, model: str) -> None:
         for name, record in sources:

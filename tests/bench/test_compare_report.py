@@ -216,3 +216,38 @@ def test_bad_answers_of_a_points_warm_up_are_counted_and_the_warm_up_is_said(
     result["plan"]["warm_share"] = 1 / 3
     assert ("each after an unmeasured warm-up of 33% of its length (≥ 1 s) at its "
             "connections." in compare_report.report(result).split("\n", 1)[0])
+
+
+def test_the_network_floor_is_a_row_and_a_ratio_beside_the_goal_and_older_runs_lack_it(
+        result: dict) -> None:
+    """A run that measured the bare answerer (bench/network_floor.py) shows it in the
+    sequential and seed tables, with no ratios against Triton and not among the servers,
+    and gives each server's identity P50 over it, tensorgate's over Triton's, beside the
+    goal, pooled and per round; a run without it renders as before."""
+    before = compare_report.report(result)
+    assert "network floor" not in before
+    result["network_floor"] = {"workloads": {
+        "identity": {"sequential": [_sequential(210, 1)]},
+        "resnet50": {"sequential": [_sequential(160, 1)]}}}
+    text = compare_report.report(result)
+    assert re.search(r"^\| network floor \| identity \| 400 \| 210 \|", text, re.M), text
+    assert re.search(r"^\| network floor \| 0\.210 \| [0-9.]+ \| – \| – \| – \| – "
+                     r"\| – \| – \| – \| – \| – \|", text, re.M), text
+    assert "- network floor" not in text  # not listed as a server
+    # tensorgate over the floor (310 - 10) and over the network floor (310 - 210)
+    assert re.search(r"^\| tensorgate \| identity \| 400 \| .* \| (299|30\d) \| (99|10\d) "
+                     r"\| 100 \|$", text, re.M), text
+    # over the network floor: (310 - 210) / (810 - 210) = 0.167; over the floor, unchanged
+    assert re.search(r"identity P50 over the network floor .*, tensorgate / Triton \(no goal "
+                     r"set\): 0\.1[67]$", text, re.M), text
+    assert re.search(r"over the floor, tensorgate / Triton: 0\.3[78] \(goal ≤ 0\.5\)", text)
+    tg = result["servers"]["tensorgate"]["workloads"]["identity"]
+    tr = result["servers"]["triton"]["workloads"]["identity"]
+    tg["sequential"] = [_sequential(610, 5), _sequential(310, 5)]
+    tr["sequential"] *= 2
+    result["network_floor"]["workloads"]["identity"]["sequential"] = [
+        _sequential(410, 1), _sequential(210, 1)]
+    rows = [line for line in compare_report.goals_by_round(result) if re.match(r"\| \d ", line)]
+    # round 1: (610 - 410) / (810 - 410) = 0.5; round 2: (310 - 210) / (810 - 210) = 0.17
+    assert re.fullmatch(r"\| 1 \| .* \| 0\.50 \| 410 \|", rows[0]), rows
+    assert re.fullmatch(r"\| 2 \| .* \| 0\.1[67] \| 210 \|", rows[1]), rows
