@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import sys
 from collections.abc import Callable
 
@@ -22,8 +23,11 @@ __all__ = ["IDLE_TRIM_S", "heap_trimmer"]
 IDLE_TRIM_S = 1.0  # idle this long after a batch of more than one row, then trim
 
 
+@functools.cache
 def heap_trimmer() -> Callable[[], None] | None:
-    """glibc's `malloc_trim(0)`, or None where there is no glibc (macOS, musl)."""
+    """glibc's `malloc_trim(0)`, or None where there is no glibc (macOS, musl). Found once a
+    process: ctypes.util.find_library runs `ldconfig -p` in a child process each call, and
+    every executor thread asks as it starts."""
     if not sys.platform.startswith("linux"):
         return None
     try:
