@@ -562,8 +562,7 @@ def run(plan: Plan, names: list[str], output: pathlib.Path, device: str = "cpu",
                 if answerer is not None:
                     part = network_floor.measure(
                         network_port, network_raws,
-                        {m: c // plan.rounds for m, c in plan.counts.items()}, plan.warmup,
-                        Connection)
+                        {m: c // plan.rounds for m, c in plan.counts.items()}, plan.warmup)
                     for model in WORKLOADS:
                         network_parts[model].append(part[model])
             for server in order:

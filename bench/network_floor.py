@@ -23,6 +23,8 @@ from typing import Any
 
 import numpy as np
 
+from compare_wire import Connection
+
 _HEAD_END = b"\r\n\r\n"
 
 
@@ -83,12 +85,12 @@ def serve(port: int, answers: dict[bytes, bytes]) -> None:
 
 
 def measure(port: int, raws: dict[str, bytes], counts: dict[str, int],
-            warmup: dict[str, int], connection_type: Any) -> dict[str, Any]:
+            warmup: dict[str, int]) -> dict[str, Any]:
     """Each workload's `counts` requests one after another through the answerer on `port`
     (started by `start`): the latencies in µs, as compare.sequential gives a server's."""
     results = {}
     for model, raw in raws.items():
-        connection = connection_type(port)
+        connection = Connection(port)
         try:
             for _ in range(warmup[model]):
                 connection.exchange(raw)
