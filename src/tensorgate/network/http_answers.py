@@ -148,8 +148,8 @@ class HttpAnswers(HttpParsing):
         if self._request.method == "HEAD":
             parts = []  # its Content-Length is GET's
         if parts and isinstance(parts[0], bytes):
-            first += parts[0]  # the JSON header is small: it goes with the head
-            parts = parts[1:]
+            first += parts[0]  # with the head: a binary answer's small JSON header, a
+            parts = parts[1:]  # JSON answer's whole body (one write, as before)
         if parts:  # tensor views (bytes-format, TensorView.memoryview): never joined, and
             # written with the head in one writev: a client waiting for the answer is woken
             # once, not for the head and then for the tensor bytes
@@ -159,10 +159,10 @@ class HttpAnswers(HttpParsing):
         self._send()
 
     def _send(self) -> None:
-        """Write the answer's unsent bytes, a slice of its parts at a time (one writev),
-        until the transport holds some (the socket is full: they were copied into its
-        buffer, counted as "send"); resume_writing calls again once the client has read
-        them. Then the request is finished."""
+        """Write the answer's unsent bytes, a slice of its parts at a time (one writev on a
+        plain socket), until the transport holds some (the socket is full: they were copied
+        into its buffer, counted as "send"); resume_writing calls again once the client has
+        read them. Then the request is finished."""
         unsent = self._unsent
         transport = self.transport
         self._last_sent = time.monotonic()
