@@ -58,7 +58,7 @@ import network_floor  # noqa: E402
 from compare_servers import PEERS, WORKLOADS, Ports, Server, free_port, servers  # noqa: E402
 from compare_wire import (OIP_BINARY, OIP_JSON, Connection, NothingAnswered,  # noqa: E402
                           grpc_infer_body, grpc_reference_answer, h2load_grpc, raw_request,
-                          socket_load, wrk_load)
+                          sequential_exchanges, socket_load, wrk_load)
 from tensorgate.builtin.repository import write_default_repository  # noqa: E402
 from tensorgate.pipeline.executor import default_intra_op_threads  # noqa: E402
 
@@ -160,25 +160,10 @@ def check_answers(running: Running, x: np.ndarray, expected: dict[str, np.ndarra
 
 def sequential(running: Running, model: str, n: int, warmup: int) -> dict[str, Any]:
     """n requests one after another on one connection; every answer's size checked."""
-    raw = running.raws[model]
-    smallest = running.server.wire.min_body(int(np.prod(WORKLOADS[model])))
-    connection = Connection(running.ports.http)
-    samples = np.empty(n, dtype=np.int64)
-    try:
-        for _ in range(warmup):
-            connection.exchange(raw)
-        cpu = time.process_time()
-        for i in range(n):
-            begin = time.perf_counter_ns()
-            status, _, body = connection.exchange(raw)
-            samples[i] = time.perf_counter_ns() - begin
-            if status != 200 or len(body) < smallest:
-                raise RuntimeError(f"{running.server.name}/{model}: bad answer {status}, "
-                                   f"{len(body)} bytes")
-        cpu = time.process_time() - cpu
-    finally:
-        connection.close()
-    return {"us": (samples / 1e3).round(1).tolist(), "client_cpu_us": cpu / n * 1e6}
+    return sequential_exchanges(
+        running.ports.http, running.raws[model], n, warmup,
+        running.server.wire.min_body(int(np.prod(WORKLOADS[model]))),
+        f"{running.server.name}/{model}")
 
 
 def concurrent(running: Running, model: str, connections: int, seconds: float,
@@ -559,12 +544,11 @@ def run(plan: Plan, names: list[str], output: pathlib.Path, device: str = "cpu",
                                        plan.warmup, device)
                 for model in WORKLOADS:
                     floor_parts[model].append(part[model])
-                if answerer is not None:
-                    part = network_floor.measure(
-                        network_port, network_raws,
-                        {m: c // plan.rounds for m, c in plan.counts.items()}, plan.warmup)
-                    for model in WORKLOADS:
-                        network_parts[model].append(part[model])
+                for model, raw in network_raws.items():
+                    network_parts[model].append(sequential_exchanges(
+                        network_port, raw, plan.counts[model] // plan.rounds,
+                        plan.warmup[model], OIP_BINARY.min_body(int(np.prod(WORKLOADS[model]))),
+                        f"network floor/{model}"))
             for server in order:
                 record = result["servers"][server.name]
                 print(f"round {r + 1}: {server.name}", flush=True)

@@ -185,7 +185,8 @@ def sequential_table(s: dict[str, Any]) -> list[str]:
         for model, w in row["workloads"].items():
             if "p50_us" not in w:
                 continue
-            over = [_get(s, floor, model, "p50_us") for floor in _FLOORS[:1 + network]]
+            over = [_get(s, floor, model, "p50_us")
+                    for floor in (_FLOORS if network else _FLOORS[:1])]
             cells = ["–" if name in _FLOORS or p50 is None else f"{w['p50_us'] - p50:,.0f}"
                      for p50 in over]
             cpu = f"{w['client_cpu_us']:.0f}" if "client_cpu_us" in w else "–"

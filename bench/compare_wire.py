@@ -177,6 +177,29 @@ def _children_cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+def sequential_exchanges(port: int, raw: bytes, n: int, warmup: int, smallest: int,
+                         what: str) -> dict[str, Any]:
+    """`raw` sent n times one after another on one connection to `port`, after `warmup`
+    unmeasured: each latency in µs and the client's CPU a request; every answer's status
+    and size checked (`what` names it in the error)."""
+    connection = Connection(port)
+    samples = np.empty(n, dtype=np.int64)
+    try:
+        for _ in range(warmup):
+            connection.exchange(raw)
+        cpu = time.process_time()
+        for i in range(n):
+            begin = time.perf_counter_ns()
+            status, _, body = connection.exchange(raw)
+            samples[i] = time.perf_counter_ns() - begin
+            if status != 200 or len(body) < smallest:
+                raise RuntimeError(f"{what}: bad answer {status}, {len(body)} bytes")
+        cpu = time.process_time() - cpu
+    finally:
+        connection.close()
+    return {"us": (samples / 1e3).round(1).tolist(), "client_cpu_us": cpu / n * 1e6}
+
+
 def latency_figures(us: np.ndarray) -> dict[str, int]:
     """wrk's latency figures from our own per-request samples (µs)."""
     p50, p90, p99 = np.percentile(us, [50, 90, 99])

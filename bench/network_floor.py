@@ -4,10 +4,11 @@ costs on this machine, with no server work between.
 A bare answerer (this file, run as a process of its own) reads each request whole into one
 buffer and answers, in one sendall, prebuilt bytes of the size a server's answer has: an
 Open Inference Protocol binary answer of the workload's output (zeros). bench/compare.py
-times it with the same client, connection and request bytes as the servers, each round: a
-server's sequential latency less this is its own work, where the in-process floor's
-difference also holds the kernel's copies of ~1.2 MB a request for identity — a cost every
-server pays alike, which grows on a slow machine and makes the servers' ratios closer.
+times it each round as it times the servers (compare_wire.sequential_exchanges: the same
+client, connection and request bytes, each answer's size checked): a server's sequential
+latency less this is its own work, where the in-process floor's difference also holds the
+kernel's copies of ~1.2 MB a request for identity — a cost every server pays alike, which
+grows on a slow machine and makes the servers' ratios closer.
 
     python bench/network_floor.py PORT identity=3,224,224 resnet50=1000
 """
@@ -19,11 +20,8 @@ import socket
 import subprocess
 import sys
 import time
-from typing import Any
 
 import numpy as np
-
-from compare_wire import Connection
 
 _HEAD_END = b"\r\n\r\n"
 
@@ -82,29 +80,6 @@ def serve(port: int, answers: dict[bytes, bytes]) -> None:
                                                 b"Content-Length: 0\r\n\r\n"))
                 view[:have - total] = view[total:have]
                 have -= total
-
-
-def measure(port: int, raws: dict[str, bytes], counts: dict[str, int],
-            warmup: dict[str, int]) -> dict[str, Any]:
-    """Each workload's `counts` requests one after another through the answerer on `port`
-    (started by `start`): the latencies in µs, as compare.sequential gives a server's."""
-    results = {}
-    for model, raw in raws.items():
-        connection = Connection(port)
-        try:
-            for _ in range(warmup[model]):
-                connection.exchange(raw)
-            samples = np.empty(counts[model], dtype=np.int64)
-            for i in range(counts[model]):
-                begin = time.perf_counter_ns()
-                status, _, _ = connection.exchange(raw)
-                samples[i] = time.perf_counter_ns() - begin
-                if status != 200:
-                    raise RuntimeError(f"network floor, {model}: answer {status}")
-        finally:
-            connection.close()
-        results[model] = {"us": (samples / 1e3).round(1).tolist()}
-    return results
 
 
 def start(port: int, workloads: dict[str, tuple[int, ...]]) -> subprocess.Popen[bytes]:

@@ -10,41 +10,19 @@ SocketSender calls, can be watched (and called through): what each call was offe
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
 import pathlib
 import socket
-from collections.abc import AsyncIterator
 from typing import Any
 
 import numpy as np
 import pytest
 
 from tensorgate.dataplane import DataPlane
-from tensorgate.network import ConnectionBudget
 from tensorgate.network import http_answers
-from tensorgate.network.http import HttpFrontEnd
-from tensorgate.pipeline.engine import Engine
-from tensorgate.tensor.pool import BufferPool
+from tests.network.served_http import served_http
 from tests.pipeline import repo_builder as rb
-
-
-@contextlib.asynccontextmanager
-async def _served(repo: pathlib.Path) -> AsyncIterator[int]:
-    """An HTTP front end on 127.0.0.1 over an engine serving `repo`: its port."""
-    pool = BufferPool()
-    engine = Engine(repo, pool=pool)
-    await engine.start()
-    plane = DataPlane(engine, "test")
-    plane.started = True
-    front = HttpFrontEnd(plane, pool, 64 << 20, budget=ConnectionBudget())
-    try:
-        yield await front.start("127.0.0.1", 0)
-    finally:
-        front.stop_accepting()
-        await front.close()
-        await engine.shutdown(1.0)
 
 
 def _infer(port: int, values: np.ndarray) -> tuple[bytes, bytes]:
@@ -87,7 +65,7 @@ def _answer(repo: pathlib.Path, values: np.ndarray, monkeypatch: pytest.MonkeyPa
     monkeypatch.setattr(os, "writev", watched)
 
     async def scenario() -> tuple[bytes, bytes]:
-        async with _served(repo) as port:
+        async with served_http(repo, DataPlane, 64 << 20) as (_, _, port):
             return await asyncio.to_thread(_infer, port, values)
 
     head, body = asyncio.run(asyncio.wait_for(scenario(), 60))

@@ -11,20 +11,15 @@ turn of the loop, how many of a pipelining client's requests the server has answ
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import pathlib
 import socket
 import threading
-from collections.abc import AsyncIterator
 
 import pytest
 
 from tensorgate.dataplane import DataPlane
-from tensorgate.network import ConnectionBudget
 from tensorgate.network import http_answers
-from tensorgate.network.http import HttpFrontEnd
-from tensorgate.pipeline.engine import Engine
-from tensorgate.tensor.pool import BufferPool
+from tests.network.served_http import served_http
 
 uvloop = pytest.importorskip("uvloop")
 
@@ -55,25 +50,6 @@ def _pipeline(port: int, count: int, answers: list[bytes]) -> None:
         answers.append(got)
 
 
-@contextlib.asynccontextmanager
-async def _served(tmp_path: pathlib.Path) -> AsyncIterator[tuple[_CountingPlane, HttpFrontEnd,
-                                                                 int]]:
-    """An HTTP front end on 127.0.0.1 over an engine with no models: its plane, itself, its
-    port."""
-    pool = BufferPool()
-    engine = Engine(tmp_path, pool=pool)
-    await engine.start()
-    plane = _CountingPlane(engine, "test")
-    plane.started = True
-    front = HttpFrontEnd(plane, pool, 1 << 20, budget=ConnectionBudget())
-    try:
-        yield plane, front, await front.start("127.0.0.1", 0)
-    finally:
-        front.stop_accepting()
-        await front.close()
-        await engine.shutdown(1.0)
-
-
 def _whole(answers: bytes) -> int:
     """How many whole readiness answers `answers` holds, all of it being such answers."""
     parts = answers.split(b"HTTP/1.1 200")
@@ -84,7 +60,7 @@ def _whole(answers: bytes) -> int:
 
 async def _answered_by_turn(tmp_path: pathlib.Path, count: int) -> tuple[list[int], bytes]:
     """The checks answered in each turn of the loop while a client pipelines `count`."""
-    async with _served(tmp_path) as (plane, _, port):
+    async with served_http(tmp_path, _CountingPlane) as (plane, _, port):
         answers: list[bytes] = []
         client = threading.Thread(target=_pipeline, args=(port, count, answers))
         client.start()
@@ -115,7 +91,7 @@ def test_a_pipelining_client_closed_between_turns_gets_whole_answers_then_eof(
     come whole, then the end of the connection (not a reset); no request is read after the
     connection began to close; nothing is logged as an error."""
     async def scenario() -> tuple[bytes, int, int]:
-        async with _served(tmp_path) as (plane, front, port):
+        async with served_http(tmp_path, _CountingPlane) as (plane, front, port):
             answers: list[bytes] = []
             client = threading.Thread(target=_pipeline, args=(port, 2000, answers))
             client.start()

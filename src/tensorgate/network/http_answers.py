@@ -153,7 +153,8 @@ class HttpAnswers(HttpParsing):
         if parts:  # tensor views (bytes-format, TensorView.memoryview): never joined, and
             # written with the head in one writev: a client waiting for the answer is woken
             # once, not for the head and then for the tensor bytes
-            self._unsent = [*parts[::-1], first]
+            self._unsent = parts[::-1]
+            self._unsent.append(first)
         else:
             transport.write(first)
         self._send()
