@@ -5,8 +5,10 @@ by `bash bench/peers/install.sh`): tensorgate, tensorgate's data plane behind uv
 (bench/asgi_front.py), Triton's Python backend (the `tritonserver` binary inside
 nvidia-pytriton), MLServer, LitServe and a hand-written FastAPI + uvicorn server. All run the
 same TorchScript files (`identity`, `resnet50` with seed-0 weights) with the same torch
-thread count; the floor is the same file called in this process. Servers run one at a time, in alternating order over
-the rounds. Peers that are not installed are skipped with a message.
+thread count; the floor is the same file called in this process, in a row each round and,
+for resnet50, once after each of a server's sequential requests (the paired floor: the same
+seconds as the server's, on a machine whose speed swings). Servers run one at a time, in
+alternating order over the rounds. Peers that are not installed are skipped with a message.
 
 Per server and workload: sequential batch-1 latency over one keep-alive connection (a lean
 socket client with the request bytes built once; its CPU per request is reported), QPS and
@@ -158,12 +160,14 @@ def check_answers(running: Running, x: np.ndarray, expected: dict[str, np.ndarra
     return differences
 
 
-def sequential(running: Running, model: str, n: int, warmup: int) -> dict[str, Any]:
-    """n requests one after another on one connection; every answer's size checked."""
+def sequential(running: Running, model: str, n: int, warmup: int,
+               paired: Callable[[], object] | None = None) -> dict[str, Any]:
+    """n requests one after another on one connection; every answer's size checked; with
+    `paired`, the floor's call timed after each (see PAIRED)."""
     return sequential_exchanges(
         running.ports.http, running.raws[model], n, warmup,
         running.server.wire.min_body(int(np.prod(WORKLOADS[model]))),
-        f"{running.server.name}/{model}")
+        f"{running.server.name}/{model}", paired)
 
 
 def concurrent(running: Running, model: str, connections: int, seconds: float,
@@ -280,38 +284,48 @@ def urlopen_text(url: str) -> str:
         return str(answer.read().decode())
 
 
-def floor(models: pathlib.Path, x: np.ndarray, counts: dict[str, int],
-          warmup: dict[str, int], device: str = "cpu") -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-    """The same TorchScript files called in this process: on the CPU with the servers'
-    thread count; on the GPU through `cuda_graph_call`, the best a server could do there."""
+def floor_calls(models: pathlib.Path, x: np.ndarray, device: str = "cpu"
+                ) -> dict[str, Callable[[], np.ndarray]]:
+    """Each workload's TorchScript file loaded in this process, as one request's call: on the
+    CPU with the servers' thread count; on the GPU through `cuda_graph_call`, the best a
+    server could do there. Loaded once a run: the floor rounds and the paired floor call
+    them."""
     torch.set_num_threads(default_intra_op_threads())
-    results, outputs = {}, {}
+    calls = {}
     for model in WORKLOADS:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", DeprecationWarning)
             module = torch.jit.load(str(models / model / "1" / "model.pt"),
                                     map_location=device).eval()
-        call = cuda_graph_call(module, x) if device == "cuda" else cpu_call(module, x)
-        with torch.inference_mode():
-            for _ in range(warmup[model]):
-                call()
-            samples = np.empty(counts[model], dtype=np.int64)
-            for i in range(counts[model]):
-                begin = time.perf_counter_ns()
-                call()
-                samples[i] = time.perf_counter_ns() - begin
-            outputs[model] = call().copy()
+        calls[model] = cuda_graph_call(module, x) if device == "cuda" else cpu_call(module, x)
+    return calls
+
+
+def floor(calls: dict[str, Callable[[], np.ndarray]], counts: dict[str, int],
+          warmup: dict[str, int]) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """Each workload's call timed `counts` times in a row after `warmup`; its answer too."""
+    results, outputs = {}, {}
+    for model, call in calls.items():
+        for _ in range(warmup[model]):
+            call()
+        samples = np.empty(counts[model], dtype=np.int64)
+        for i in range(counts[model]):
+            begin = time.perf_counter_ns()
+            call()
+            samples[i] = time.perf_counter_ns() - begin
+        outputs[model] = call().copy()
         results[model] = {"us": (samples / 1e3).round(1).tolist()}
-        del call, module
-        if device == "cuda":
-            torch.cuda.empty_cache()
     return results, outputs
 
 
 def cpu_call(module: torch.jit.ScriptModule, x: np.ndarray) -> Callable[[], np.ndarray]:
     """One request on the CPU: a forward pass over a view of `x`."""
     tensor = torch.from_numpy(x)
-    return lambda: module(tensor).numpy()
+
+    def call() -> np.ndarray:
+        with torch.inference_mode():
+            return module(tensor).numpy()
+    return call
 
 
 def cuda_graph_call(module: torch.jit.ScriptModule, x: np.ndarray) -> Callable[[], np.ndarray]:
@@ -330,8 +344,8 @@ def cuda_graph_call(module: torch.jit.ScriptModule, x: np.ndarray) -> Callable[[
             static_out = module(static_in)
     host_out = torch.empty(static_out.shape, dtype=static_out.dtype, pin_memory=True)
 
-    def call() -> np.ndarray:
-        with torch.cuda.stream(stream):
+    def call() -> np.ndarray:  # inference tensors: written to in inference mode only
+        with torch.inference_mode(), torch.cuda.stream(stream):
             static_in.copy_(host_in, non_blocking=True)
             graph.replay()
             host_out.copy_(static_out, non_blocking=True)
@@ -391,20 +405,32 @@ def warm_duration(plan: Plan, model: str, connections: int) -> float:
         if plan.warm_share > 0 else 0.0
 
 
+# Workloads whose sequential run calls the floor after each of the server's requests
+# (compare_wire.sequential_exchanges): resnet50's goal is its P99 over the floor's, and this
+# machine's speed swings from minute to minute (2026-12-06: the floor's own P99 168-306 ms in
+# three runs), so a floor measured minutes apart from a server says more about those minutes
+# than about the server. Identity's floor is microseconds: pairing it would measure nothing.
+PAIRED = ("resnet50",)
+
+
 def measure_server(server: Server, work: pathlib.Path, x: np.ndarray,
                    expected: dict[str, np.ndarray], plan: Plan, record: dict[str, Any],
-                   rounds: int, client: str | None) -> None:
+                   rounds: int, client: str | None,
+                   calls: dict[str, Callable[[], np.ndarray]]) -> None:
     running, startup = start(server, work, x)
     record["startup_s"].append(startup)
     try:
         record["check_max_abs_diff"] = check_answers(running, x, expected)
         for model in WORKLOADS:
             began = time.perf_counter()
-            part = sequential(running, model, plan.counts[model] // rounds, plan.warmup[model])
+            part = sequential(running, model, plan.counts[model] // rounds, plan.warmup[model],
+                              calls[model] if model in PAIRED else None)
             entry = record["workloads"].setdefault(model, {"sequential": [], "concurrent": []})
             entry["sequential"].append(part)
-            print(f"  {model}: {len(part['us'])} sequential, P50 {np.median(part['us']):,.0f} µs "
-                  f"({time.perf_counter() - began:.0f} s)", flush=True)
+            paired = (f", paired floor P50 {np.median(part['paired_us']):,.0f} µs"
+                      if "paired_us" in part else "")
+            print(f"  {model}: {len(part['us'])} sequential, P50 {np.median(part['us']):,.0f} µs"
+                  f"{paired} ({time.perf_counter() - began:.0f} s)", flush=True)
             if client is not None:
                 entry["concurrent"].append(points(model, "", plan, lambda c, seconds: concurrent(
                     running, model, c, seconds, work, client)))
@@ -523,6 +549,7 @@ def run(plan: Plan, names: list[str], output: pathlib.Path, device: str = "cpu",
         result["servers"][server.name] = {
             "version": server.version(), "wire": server.wire.name, "note": server.note,
             "batching": server.batching, "startup_s": [], "memory": [], "workloads": {}}
+    calls = floor_calls(work / "models", x, device)
     floor_parts: dict[str, list[Any]] = {model: [] for model in WORKLOADS}
     network_parts: dict[str, list[Any]] = {model: [] for model in WORKLOADS}
     expected: dict[str, np.ndarray] = {}
@@ -539,9 +566,9 @@ def run(plan: Plan, names: list[str], output: pathlib.Path, device: str = "cpu",
         for r in range(max(plan.rounds, plan.startups)):
             order = chosen if r % 2 == 0 else chosen[::-1]
             if r < plan.rounds:
-                part, expected = floor(work / "models", x,
+                part, expected = floor(calls,
                                        {m: c // plan.rounds for m, c in plan.counts.items()},
-                                       plan.warmup, device)
+                                       plan.warmup)
                 for model in WORKLOADS:
                     floor_parts[model].append(part[model])
                 for model, raw in network_raws.items():
@@ -555,7 +582,7 @@ def run(plan: Plan, names: list[str], output: pathlib.Path, device: str = "cpu",
                 try:
                     if r < plan.rounds:
                         measure_server(server, work, x, expected, plan, record, plan.rounds,
-                                       client)
+                                       client, calls)
                     else:
                         running, startup = start(server, work, x)
                         running.stop()

@@ -178,12 +178,20 @@ def _children_cpu_s() -> float:
 
 
 def sequential_exchanges(port: int, raw: bytes, n: int, warmup: int, smallest: int,
-                         what: str) -> dict[str, Any]:
+                         what: str, between: Callable[[], object] | None = None
+                         ) -> dict[str, Any]:
     """`raw` sent n times one after another on one connection to `port`, after `warmup`
     unmeasured: each latency in µs and the client's CPU a request; every answer's status
-    and size checked (`what` names it in the error)."""
+    and size checked (`what` names it in the error).
+
+    With `between`, it is called and timed after each measured exchange ("paired_us"): a
+    floor measured in the same seconds as the server, on a machine whose speed swings from
+    one minute to the next (alternating slowed neither side measurably here: bench/RESULTS.md,
+    2026-12-06). Its CPU is not the client's."""
     connection = Connection(port)
     samples = np.empty(n, dtype=np.int64)
+    paired = np.empty(n if between is not None else 0, dtype=np.int64)
+    other_cpu = 0.0
     try:
         for _ in range(warmup):
             connection.exchange(raw)
@@ -194,10 +202,19 @@ def sequential_exchanges(port: int, raw: bytes, n: int, warmup: int, smallest: i
             samples[i] = time.perf_counter_ns() - begin
             if status != 200 or len(body) < smallest:
                 raise RuntimeError(f"{what}: bad answer {status}, {len(body)} bytes")
-        cpu = time.process_time() - cpu
+            if between is not None:
+                other = time.process_time()
+                begin = time.perf_counter_ns()
+                between()
+                paired[i] = time.perf_counter_ns() - begin
+                other_cpu += time.process_time() - other
+        cpu = time.process_time() - cpu - other_cpu
     finally:
         connection.close()
-    return {"us": (samples / 1e3).round(1).tolist(), "client_cpu_us": cpu / n * 1e6}
+    out = {"us": (samples / 1e3).round(1).tolist(), "client_cpu_us": cpu / n * 1e6}
+    if between is not None:
+        out["paired_us"] = (paired / 1e3).round(1).tolist()
+    return out
 
 
 def latency_figures(us: np.ndarray) -> dict[str, int]:

@@ -251,3 +251,37 @@ def test_the_network_floor_is_a_row_and_a_ratio_beside_the_goal_and_older_runs_l
     # round 1: (610 - 410) / (810 - 410) = 0.5; round 2: (310 - 210) / (810 - 210) = 0.17
     assert re.fullmatch(r"\| 1 \| .* \| 0\.50 \| 410 \|", rows[0]), rows
     assert re.fullmatch(r"\| 2 \| .* \| 0\.1[67] \| 210 \|", rows[1]), rows
+
+
+def test_the_paired_floor_is_a_column_a_goal_line_and_a_round_column_older_runs_lack(
+        result: dict) -> None:
+    """Where a server's resnet50 run called the floor between its requests (compare.PAIRED),
+    its P99 over that floor's is a seed-table column, a goal line beside the pooled floor's,
+    and a per-round column; a run without it renders as before."""
+    before = compare_report.report(result)
+    assert "paired" not in before
+    tg = result["servers"]["tensorgate"]["workloads"]["resnet50"]
+    tr = result["servers"]["triton"]["workloads"]["resnet50"]
+    # the floor measured apart read fast minutes (70,000); the paired floors, slower ones
+    tg["sequential"][0]["paired_us"] = _sequential(91_000, 100)["us"]
+    tr["sequential"][0]["paired_us"] = _sequential(70_000, 100)["us"]
+    tg["sequential"][0]["us"] = _sequential(91_200, 100)["us"]
+    text = compare_report.report(result)
+    rows = {line.split(" | ")[0]: line for line in
+            text.split("| resnet50, batch 1 |", 1)[1].split("\n\n", 1)[0].splitlines()}
+    # tensorgate: 91,200 + 2.33 σ over 70,000 + 2.33 σ and over 91,000 + 2.33 σ
+    assert rows["| tensorgate"].endswith("| 1.30× | 1.00× |"), rows
+    assert rows["| triton"].endswith("| 1.00× | 1.00× |"), rows
+    assert rows["| floor"].endswith("| 1.00× | – |"), rows
+    assert re.search(r"resnet50 P99, tensorgate / floor: 1\.30 \(goal ≤ 1\.1\) — missed", text)
+    assert re.search(r"resnet50 P99, tensorgate / the floor called between its requests "
+                     r"\(paired.*\): 1\.00 \(goal ≤ 1\.1\) — met", text)
+    tg["sequential"] *= 2
+    tr["sequential"] *= 2
+    for name in ("tensorgate", "triton"):
+        result["servers"][name]["workloads"]["identity"]["sequential"] *= 2
+    lines = compare_report.goals_by_round(result)
+    assert "resnet50 P99, tensorgate / paired floor |" in lines[2]
+    rows = [line for line in lines if re.match(r"\| \d ", line)]
+    assert all(re.fullmatch(r"\| \d \| [0-9.]+ \| 1\.30 \| [0-9.]+ \| 1\.00 \|", row)
+               for row in rows), rows
