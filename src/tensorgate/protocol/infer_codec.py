@@ -55,9 +55,10 @@ def counted_strings(so_far: int, dt: DataType, shape: tuple[int, ...]) -> int:
         return so_far
     total = so_far + math.prod(shape)
     if total > MAX_BYTES_ELEMENTS:
-        raise _fail(f"the request's BYTES inputs hold {total:,} elements; at most "
-                    f"{MAX_BYTES_ELEMENTS:,} are accepted (each becomes a Python bytes "
-                    "object)")
+        raise InvalidArgumentError(
+            f"the request's BYTES inputs hold {total:,} elements; at most "
+            f"{MAX_BYTES_ELEMENTS:,} are accepted (each becomes a Python bytes "
+            "object)")
     return total
 
 
@@ -100,10 +101,6 @@ class DecodedRequest:
     forwarded: dict[str, str] | None = None
 
 
-def _fail(message: str) -> InvalidArgumentError:
-    return InvalidArgumentError(message)
-
-
 def json_values_bounded(data: bytes | bytearray | memoryview, what: str,
                         hint: str = "") -> None:
     """Refuse JSON text `what` that would parse into more than MAX_JSON_VALUES values;
@@ -113,8 +110,9 @@ def json_values_bounded(data: bytes | bytearray | memoryview, what: str,
 
 
 def _too_many_json_values(what: str, hint: str = "") -> InvalidArgumentError:
-    return _fail(f"{what} holds more than {MAX_JSON_VALUES:,} JSON values and keys, each a "
-                 f"Python object to parse{'; ' if hint else ''}{hint}")
+    return InvalidArgumentError(
+        f"{what} holds more than {MAX_JSON_VALUES:,} JSON values and keys, each a "
+        f"Python object to parse{'; ' if hint else ''}{hint}")
 
 
 _TENSORS_HINT = ("send a large tensor's elements as numbers in its 'data' or with the binary "
@@ -146,14 +144,15 @@ def parse_json(data: bytes | memoryview, what: str, hint: str = "",
     try:
         return json_text.loads(data)
     except (UnicodeDecodeError, ValueError) as error:
-        raise _fail(f"{what} is not valid JSON: {error}") from None
+        raise InvalidArgumentError(f"{what} is not valid JSON: {error}") from None
     except RecursionError:
-        raise _fail(f"{what} is not valid JSON: it nests arrays or objects too deeply") from None
+        raise InvalidArgumentError(
+            f"{what} is not valid JSON: it nests arrays or objects too deeply") from None
 
 
 def json_object(value: Any, what: str) -> dict[str, Any]:
     if not isinstance(value, dict):
-        raise _fail(f"{what} must be a JSON object, got {type(value).__name__}")
+        raise InvalidArgumentError(f"{what} must be a JSON object, got {type(value).__name__}")
     return value
 
 
@@ -191,8 +190,8 @@ def decode_infer_steps(body: Any, body_length: int, header_length: int | None,
     """decode_infer_body in steps (protocol.steps): a yield after each TENSORS_A_STEP inputs
     or outputs. Headers seen before are not looked up here (decode_infer_body does)."""
     if header_length is not None and header_length > body_length:
-        raise _fail(f"Inference-Header-Content-Length {header_length} exceeds the "
-                    f"{body_length}-byte body")
+        raise InvalidArgumentError(f"Inference-Header-Content-Length {header_length} exceeds the "
+                                   f"{body_length}-byte body")
     if header_length == 0:
         return DecodedRequest("", {"": TensorView(body, "UINT8", [body_length])}, None, True,
                               None, raw_binary=True)
@@ -205,10 +204,11 @@ def decode_infer_steps(body: Any, body_length: int, header_length: int | None,
     parameters = json_parameters(header.get("parameters"), "the request")
     request_id = header.get("id", "")
     if not isinstance(request_id, str):
-        raise _fail(f"request 'id' must be a string, got {type(request_id).__name__}")
+        raise InvalidArgumentError(
+            f"request 'id' must be a string, got {type(request_id).__name__}")
     raw_inputs = header.get("inputs")
     if not isinstance(raw_inputs, list) or not raw_inputs:
-        raise _fail("the request needs an 'inputs' list with at least one input")
+        raise InvalidArgumentError("the request needs an 'inputs' list with at least one input")
     tensor_count(len(raw_inputs), "inputs")
     inputs: dict[str, TensorView] = {}
     position = json_length
@@ -219,15 +219,16 @@ def decode_infer_steps(body: Any, body_length: int, header_length: int | None,
         view, position, strings = _decode_input(json_object(raw, f"input {index}"), body,
                                                 body_length, position, strings, ledger, shm)
         if view.name in inputs:
-            raise _fail(f"input '{view.name}' appears twice in the request")
+            raise InvalidArgumentError(f"input '{view.name}' appears twice in the request")
         inputs[view.name] = view
     if position != body_length:
-        raise _fail(f"the body has {body_length - position} bytes after the last binary input; "
-                    "binary_data_size values must add up to the binary part")
+        raise InvalidArgumentError(
+            f"the body has {body_length - position} bytes after the last binary input; "
+            "binary_data_size values must add up to the binary part")
     outputs = yield from _decode_outputs(header.get("outputs"))
     binary_default = parameters.get("binary_data_output", False)
     if not isinstance(binary_default, bool):
-        raise _fail("request parameter 'binary_data_output' must be true or false")
+        raise InvalidArgumentError("request parameter 'binary_data_output' must be true or false")
     decoded = DecodedRequest(request_id, inputs, outputs, binary_default,
                              request_timeout(parameters), parameters,
                              priority=request_priority(parameters),
@@ -289,21 +290,22 @@ def _decode_input(raw: dict[str, Any], body: Any, body_length: int, position: in
     request so far."""
     name = raw.get("name")
     if not isinstance(name, str) or not name:
-        raise _fail("every input needs a 'name' string")
+        raise InvalidArgumentError("every input needs a 'name' string")
     kind = raw.get("datatype")
     dt = datatype(kind, name) if isinstance(kind, str) else None
     if dt is None:
-        raise _fail(f"input '{name}' needs a 'datatype' string")
+        raise InvalidArgumentError(f"input '{name}' needs a 'datatype' string")
     shape_value = raw.get("shape")
     if not isinstance(shape_value, list):
-        raise _fail(f"input '{name}' needs a 'shape' list")
+        raise InvalidArgumentError(f"input '{name}' needs a 'shape' list")
     shape = checked_shape(shape_value, name)
     strings = counted_strings(strings, dt, shape)
     parameters = json_parameters(raw.get("parameters"), f"input '{name}'")
     region = shm_parameters(parameters, name)
     if region is not None:
         if "data" in raw or "binary_data_size" in parameters:
-            raise _fail(f"input '{name}' names a shared-memory region and also carries data")
+            raise InvalidArgumentError(
+                f"input '{name}' names a shared-memory region and also carries data")
         if shm is None:
             raise UnimplementedError("shared memory is not available on this front end")
         return (shm.input_view(region[0], region[1], region[2], dt, shape, name, ledger),
@@ -311,16 +313,18 @@ def _decode_input(raw: dict[str, Any], body: Any, body_length: int, position: in
     size = parameters.get("binary_data_size")
     if size is not None:
         if "data" in raw:
-            raise _fail(f"input '{name}' has both 'data' and binary_data_size")
+            raise InvalidArgumentError(f"input '{name}' has both 'data' and binary_data_size")
         if not is_count(size):
-            raise _fail(f"input '{name}': binary_data_size must be a non-negative integer")
+            raise InvalidArgumentError(
+                f"input '{name}': binary_data_size must be a non-negative integer")
         if position + size > body_length:
-            raise _fail(f"input '{name}': binary_data_size {size} at byte {position} runs past "
-                        f"the {body_length}-byte body")
+            raise InvalidArgumentError(
+                f"input '{name}': binary_data_size {size} at byte {position} runs past "
+                f"the {body_length}-byte body")
         view = TensorView(body, dt, shape, position, nbytes=size, name=name, ledger=ledger)
         return view, position + size, strings
     if "data" not in raw:
-        raise _fail(f"input '{name}' has neither 'data' nor binary_data_size")
+        raise InvalidArgumentError(f"input '{name}' has neither 'data' nor binary_data_size")
     return json_tensor(raw["data"], dt, shape, name, ledger), position, strings
 
 
@@ -328,7 +332,7 @@ def _decode_outputs(raw: Any) -> Generator[None, None, list[RequestedOutput] | N
     if raw is None:
         return None
     if not isinstance(raw, list):
-        raise _fail("'outputs' must be a list")
+        raise InvalidArgumentError("'outputs' must be a list")
     tensor_count(len(raw), "outputs")
     outputs = []
     for index, item in enumerate(raw):
@@ -337,12 +341,12 @@ def _decode_outputs(raw: Any) -> Generator[None, None, list[RequestedOutput] | N
         item = json_object(item, f"output {index}")
         name = item.get("name")
         if not isinstance(name, str) or not name:
-            raise _fail("every requested output needs a 'name' string")
+            raise InvalidArgumentError("every requested output needs a 'name' string")
         parameters = json_parameters(item.get("parameters"), f"output '{name}'")
         region = shm_parameters(parameters, name)
         binary = parameters.get("binary_data")
         if binary is not None and not isinstance(binary, bool):
-            raise _fail(f"output '{name}': binary_data must be true or false")
+            raise InvalidArgumentError(f"output '{name}': binary_data must be true or false")
         outputs.append(RequestedOutput(name, binary, classification_count(parameters, name),
                                        region))
     return outputs

@@ -19,10 +19,6 @@ __all__ = ["EncodedStrings", "exact_integers", "holds_bool", "json_data", "json_
            "json_tensor"]
 
 
-def _fail(message: str) -> InvalidArgumentError:
-    return InvalidArgumentError(message)
-
-
 @dataclass(frozen=True)
 class EncodedStrings:
     """A BYTES input's JSON `data` already in the BYTES layout (json_strings parses a large
@@ -45,7 +41,8 @@ def json_tensor(data: Any, dt: DataType, shape: tuple[int, ...], name: str,
     if dt.is_bytes:
         values = np.array(data, dtype=object).reshape(-1) if data != [] else np.empty(0, object)
     elif dt.numpy is None:
-        raise _fail(f"input '{name}': {dt.name} cannot travel as JSON; send it as binary data")
+        raise InvalidArgumentError(
+            f"input '{name}': {dt.name} cannot travel as JSON; send it as binary data")
     else:
         values = _json_numbers(data, np.dtype(dt.numpy), dt.name, name)
     if values.size != count:
@@ -53,7 +50,7 @@ def json_tensor(data: Any, dt: DataType, shape: tuple[int, ...], name: str,
     if dt.is_bytes:
         texts = values.tolist()
         if not all(isinstance(v, str) for v in texts):
-            raise _fail(f"input '{name}': BYTES 'data' must hold strings")
+            raise InvalidArgumentError(f"input '{name}': BYTES 'data' must hold strings")
         # json_text refuses lone surrogates: every string encodes
         items = np.array([v.encode() for v in texts], dtype=object).reshape(shape)
         return TensorView.from_numpy(items, name=name, ledger=ledger)
@@ -63,8 +60,8 @@ def json_tensor(data: Any, dt: DataType, shape: tuple[int, ...], name: str,
 
 def _data_count(name: str, found: int, shape: tuple[int, ...], count: int
                 ) -> InvalidArgumentError:
-    return _fail(f"input '{name}': 'data' has {found} elements; shape "
-                 f"[{','.join(map(str, shape))}] needs {count}")
+    return InvalidArgumentError(f"input '{name}': 'data' has {found} elements; shape "
+                                f"[{','.join(map(str, shape))}] needs {count}")
 
 
 # What each kind of datatype takes from JSON, by the numpy kind of the array JSON's values
@@ -80,8 +77,9 @@ def _json_numbers(data: Any, target: np.dtype[Any], datatype: str, name: str) ->
     try:
         found = np.asarray(data)
     except ValueError:  # ragged nesting
-        raise _fail(f"input '{name}': 'data' is not a flat list or evenly nested lists of "
-                    "values") from None
+        raise InvalidArgumentError(
+            f"input '{name}': 'data' is not a flat list or evenly nested lists of "
+            "values") from None
     kinds, wanted = _JSON_KINDS[target.kind]
     if found.dtype.kind in "fO" and target.kind in "iu":
         # numpy makes floats of integers that no one integer type holds together ([0,
@@ -91,23 +89,27 @@ def _json_numbers(data: Any, target: np.dtype[Any], datatype: str, name: str) ->
     elif found.dtype.kind == "O" and isinstance(data, np.ndarray):
         found = np.asarray(data.tolist())  # exact_integers' objects, read as whole lists are
     if found.size and found.dtype.kind not in kinds:
-        raise _fail(f"input '{name}': {datatype} 'data' must hold {wanted}; it holds "
-                    f"{_json_kind(found)}")
+        raise InvalidArgumentError(
+            f"input '{name}': {datatype} 'data' must hold {wanted}; it holds "
+            f"{_json_kind(found)}")
     if target.kind != "b" and found.dtype.kind in "iuf" and holds_bool(data):
         # numpy reads [false, 0] as integers: true/false would pass as 1/0 (Triton refuses)
-        raise _fail(f"input '{name}': {datatype} 'data' must hold {wanted}; it holds "
-                    "true/false among them")
+        raise InvalidArgumentError(
+            f"input '{name}': {datatype} 'data' must hold {wanted}; it holds "
+            "true/false among them")
     if found.size and target.kind in "iu":
         info = np.iinfo(target)
         low, high = found.min(), found.max()
         if low < info.min or high > info.max:
-            raise _fail(f"input '{name}': {datatype} holds [{info.min}, {info.max}]; 'data' "
-                        f"has {low if low < info.min else high}")
+            raise InvalidArgumentError(
+                f"input '{name}': {datatype} holds [{info.min}, {info.max}]; 'data' "
+                f"has {low if low < info.min else high}")
     try:
         with np.errstate(over="raise"):  # 1e300 as FP32 would be inf: refuse it
             return found.astype(target, copy=False).reshape(-1)
     except FloatingPointError:
-        raise _fail(f"input '{name}': 'data' has a value too large for {datatype}") from None
+        raise InvalidArgumentError(
+            f"input '{name}': 'data' has a value too large for {datatype}") from None
 
 
 def _json_integers(data: Any, found: np.ndarray, target: np.dtype[Any], datatype: str,
@@ -126,8 +128,9 @@ def _json_integers(data: Any, found: np.ndarray, target: np.dtype[Any], datatype
     info = np.iinfo(target)
     outside = next((v for v in flat if not info.min <= v <= info.max), None)
     if outside is not None:
-        raise _fail(f"input '{name}': {datatype} holds [{info.min}, {info.max}]; 'data' has "
-                    f"{outside}")
+        raise InvalidArgumentError(
+            f"input '{name}': {datatype} holds [{info.min}, {info.max}]; 'data' has "
+            f"{outside}")
     return np.array(flat, dtype=target).reshape(found.shape)
 
 
@@ -197,7 +200,8 @@ def json_data(view: TensorView) -> np.ndarray | list[str]:
     if dt.is_bytes:
         return json_strings(view.numpy().reshape(-1).tolist())
     if dt.numpy is None:
-        raise _fail(f"output '{view.name}' is {dt.name}, which cannot travel as JSON; request "
-                    "it with binary_data")
+        raise InvalidArgumentError(
+            f"output '{view.name}' is {dt.name}, which cannot travel as JSON; request "
+            "it with binary_data")
     values = np.ascontiguousarray(view.numpy().reshape(-1))
     return values if values.dtype.isnative else values.astype(values.dtype.newbyteorder("="))

@@ -17,10 +17,6 @@ __all__ = ["MAX_SEQUENCE_ID_CHARACTERS", "RESERVED_PARAMETERS", "classification_
            "request_sequence", "request_timeout", "shm_parameters"]
 
 
-def _fail(message: str) -> InvalidArgumentError:
-    return InvalidArgumentError(message)
-
-
 def shm_parameters(parameters: dict[str, Any], tensor: str) -> tuple[str, int, int] | None:
     """(region, offset, byte_size) from a tensor's shared_memory_* parameters, or None."""
     region = parameters.get("shared_memory_region")
@@ -52,8 +48,8 @@ def request_timeout(parameters: dict[str, Any]) -> int | None:
     """The request's `timeout` parameter in µs (None when absent), checked."""
     value = parameters.get("timeout")
     if value is not None and not is_count(value):
-        raise _fail(f"request parameter 'timeout' must be a non-negative integer of "
-                    f"microseconds, got {value!r}")
+        raise InvalidArgumentError(f"request parameter 'timeout' must be a non-negative integer of "
+                                   f"microseconds, got {value!r}")
     return value
 
 
@@ -61,8 +57,9 @@ def request_priority(parameters: dict[str, Any]) -> int:
     """The request's `priority` parameter (0 when absent: the model's default level)."""
     value = parameters.get("priority", 0)
     if not is_count(value):
-        raise _fail(f"request parameter 'priority' must be a non-negative integer (1 is the "
-                    f"highest level, 0 the model's default), got {value!r}")
+        raise InvalidArgumentError(
+            f"request parameter 'priority' must be a non-negative integer (1 is the "
+            f"highest level, 0 the model's default), got {value!r}")
     return int(value)
 
 
@@ -79,22 +76,26 @@ def request_sequence(parameters: dict[str, Any]) -> tuple[int | str, bool, bool]
         return None  # most requests: nothing to check
     sequence_id = parameters.get("sequence_id", 0)
     if not isinstance(sequence_id, str) and not is_count(sequence_id):
-        raise _fail(f"request parameter 'sequence_id' must be a non-negative integer or a "
-                    f"string, got {sequence_id!r}")
+        raise InvalidArgumentError(
+            f"request parameter 'sequence_id' must be a non-negative integer or a "
+            f"string, got {sequence_id!r}")
     if isinstance(sequence_id, str) and len(sequence_id) > MAX_SEQUENCE_ID_CHARACTERS:
-        raise _fail(f"request parameter 'sequence_id' is a string of {len(sequence_id):,} "
-                    f"characters; at most {MAX_SEQUENCE_ID_CHARACTERS:,} are accepted (the "
-                    "server holds it for as long as the sequence lives)")
+        raise InvalidArgumentError(
+            f"request parameter 'sequence_id' is a string of {len(sequence_id):,} "
+            f"characters; at most {MAX_SEQUENCE_ID_CHARACTERS:,} are accepted (the "
+            "server holds it for as long as the sequence lives)")
     flags = []
     for name in ("sequence_start", "sequence_end"):
         value = parameters.get(name, False)
         if not isinstance(value, bool):
-            raise _fail(f"request parameter '{name}' must be true or false, got {value!r}")
+            raise InvalidArgumentError(
+                f"request parameter '{name}' must be true or false, got {value!r}")
         flags.append(value)
     if sequence_id in (0, ""):
         if any(flags):
-            raise _fail("request parameters 'sequence_start' and 'sequence_end' need a "
-                        "non-zero 'sequence_id' naming the sequence")
+            raise InvalidArgumentError(
+                "request parameters 'sequence_start' and 'sequence_end' need a "
+                "non-zero 'sequence_id' naming the sequence")
         return None
     return sequence_id, flags[0], flags[1]
 
@@ -117,20 +118,23 @@ def model_parameters(parameters: Mapping[str, Any]) -> Mapping[str, Any]:
     found: dict[str, Any] | None = None
     for key, value in parameters.items():
         if key == "headers":  # Triton refuses it too (400)
-            raise _fail("request parameter 'headers' is reserved: it is where a server puts "
-                        "the HTTP headers it forwards to the model (here each forwarded header "
-                        "is a parameter of its own name: --http-header-forward-pattern)")
+            raise InvalidArgumentError(
+                "request parameter 'headers' is reserved: it is where a server puts "
+                "the HTTP headers it forwards to the model (here each forwarded header "
+                "is a parameter of its own name: --http-header-forward-pattern)")
         if key in RESERVED_PARAMETERS or key.startswith("tensorgate_"):
             continue
         if key.startswith("triton_"):
             if key in _TRITON_PARAMETERS:
                 continue
-            raise _fail(f"request parameter '{key}': keys starting with 'triton_' are reserved; "
-                        f"the server knows {', '.join(sorted(_TRITON_PARAMETERS))}")
+            raise InvalidArgumentError(
+                f"request parameter '{key}': keys starting with 'triton_' are reserved; "
+                f"the server knows {', '.join(sorted(_TRITON_PARAMETERS))}")
         if not isinstance(value, (bool, int, float, str)):
             kind = "no value" if value is None else type(value).__name__
-            raise _fail(f"request parameter '{key}' must be a boolean, a number or a string, "
-                        f"got {kind}")
+            raise InvalidArgumentError(
+                f"request parameter '{key}' must be a boolean, a number or a string, "
+                f"got {kind}")
         if found is None:
             found = {}
         found[key] = value
@@ -152,5 +156,6 @@ def classification_count(parameters: dict[str, Any], output: str) -> int:
     """An output's `classification` parameter (0: none), checked."""
     value = parameters.get("classification", 0)
     if not is_count(value):
-        raise _fail(f"output '{output}': classification must be a non-negative integer")
+        raise InvalidArgumentError(
+            f"output '{output}': classification must be a non-negative integer")
     return int(value)
