@@ -37,7 +37,7 @@ def test_trims_once_after_idle_following_a_batch_of_several_rows(
     async def scenario() -> None:
         engine = Engine(repo)
         await engine.start(["linear"])
-        executor = engine._models["linear"][1].executors[0]
+        executor = engine._served.versions["linear"][1].executors[0]
         await engine.infer(_request(1.0))  # a batch of one
         await asyncio.sleep(0.3)
         assert executor.heap_trims == 0

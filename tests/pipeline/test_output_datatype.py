@@ -50,7 +50,7 @@ def test_an_output_in_another_datatype_is_said_once_for_all_instances(
         x = TensorView.from_torch(torch.tensor([1.0, 2.0]), name="X")
         results = await asyncio.gather(*(engine.infer(InferenceRequest("doubled", {"X": x}))
                                          for _ in range(4)))
-        instances = engine._models["doubled"][1].executors
+        instances = engine._served.versions["doubled"][1].executors
         assert [e.batches_run > 0 for e in instances] == [True, True]  # both made FP64
         await engine.shutdown()
         return [r.outputs["Y"].numpy() for r in results]

@@ -65,7 +65,7 @@ def test_heavy_model_gets_a_spare_that_runs_only_when_the_first_is_busy(
     async def scenario() -> None:
         engine = Engine(placement_repo, placement="auto")
         await engine.start(["heavy"])
-        version = engine._models["heavy"][1]
+        version = engine._served.versions["heavy"][1]
         first, spare = version.executors  # one thread against one on 2 cores
         assert (first.cpus, spare.cpus) == (f"cpu {two_cpus[1]}", f"cpu {two_cpus[0]}")
         assert spare.runner is first.runner  # one copy of the weights
@@ -109,7 +109,7 @@ def test_a_spare_given_a_batch_is_not_starved_by_a_loop_that_then_stays_busy(
         engine = Engine(placement_repo, placement="auto")
         await engine.start(["heavy"])
         try:
-            first, spare = engine._models["heavy"][1].executors
+            first, spare = engine._served.versions["heavy"][1].executors
             # one for the first instance, one for the spare, handed over before the loop spins
             answers = [asyncio.ensure_future(engine.infer(_request("heavy", s)))
                        for s in (1, 2)]
@@ -148,9 +148,9 @@ def test_configured_and_light_models_get_no_spare(placement_repo: pathlib.Path,
         names = ["heavy_one", "heavy_pinned", "heavy_threads", "light"]
         await engine.start(names)
         for name in names:
-            version = engine._models[name][1]
+            version = engine._served.versions[name][1]
             assert len(version.executors) == 1, name
-        light = engine._models["light"][1].executors[0]
+        light = engine._served.versions["light"][1].executors[0]
         assert light.cpus.startswith(f"cpu {two_cpus[0]} (the loop's")
         # on the loop's core too, but not a spare: the default priority
         assert os.sched_getscheduler(light.thread_id) == os.SCHED_OTHER
@@ -162,7 +162,7 @@ def test_unload_stops_the_spare_too(placement_repo: pathlib.Path) -> None:
     async def scenario() -> None:
         engine = Engine(placement_repo, placement="auto")
         await engine.start(["heavy"])
-        spare = engine._models["heavy"][1].executors[1]
+        spare = engine._served.versions["heavy"][1].executors[1]
         spares.append(spare.thread_id)
         await engine.unload("heavy")
         assert spare.stopped.done()
@@ -196,7 +196,7 @@ def test_no_placement_no_spare(placement_repo: pathlib.Path) -> None:
     async def scenario() -> None:
         engine = Engine(placement_repo, placement="none")
         await engine.start(["heavy"])
-        assert len(engine._models["heavy"][1].executors) == 1
+        assert len(engine._served.versions["heavy"][1].executors) == 1
         await engine.shutdown()
     run(scenario())
 
@@ -211,7 +211,7 @@ def test_instances_sharing_a_light_model_join_the_loop_as_the_first(
     async def scenario() -> None:
         engine = Engine(tmp_path, placement="auto")
         await engine.start()
-        first, second = engine._models["light_pair"][1].executors
+        first, second = engine._served.versions["light_pair"][1].executors
         assert second.runner is first.runner
         for executor in (first, second):
             assert executor.cpus.startswith(f"cpu {two_cpus[0]} (the loop's"), executor.cpus
@@ -231,7 +231,7 @@ def test_a_configured_heavy_models_last_instance_is_a_spare_on_the_loops_core(
     async def scenario() -> None:
         engine = Engine(tmp_path, placement="auto")
         await engine.start()
-        first, second = engine._models["heavy_pair"][1].executors
+        first, second = engine._served.versions["heavy_pair"][1].executors
         assert (first.cpus, second.cpus) == (f"cpu {two_cpus[1]}", f"cpu {two_cpus[0]}")
         assert second.runner is first.runner
         _assert_spare_on_idle_time(first, second)

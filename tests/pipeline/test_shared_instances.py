@@ -35,7 +35,7 @@ def test_torchscript_instances_run_one_copy_of_the_weights(
 
     async def scenario() -> None:
         async with serving(tmp_path, placement="none") as engine:
-            executors = engine._models["heavy"][1].executors
+            executors = engine._served.versions["heavy"][1].executors
             assert len(executors) == 3
             assert all(e.runner is executors[0].runner for e in executors)
             results = await asyncio.gather(*(engine.infer(_request("heavy", seed))
@@ -60,7 +60,7 @@ def test_python_model_instances_each_load_their_own(tmp_path: pathlib.Path) -> N
 
     async def scenario() -> None:
         async with serving(tmp_path, placement="none") as engine:
-            first, second = engine._models["scaled"][1].executors
+            first, second = engine._served.versions["scaled"][1].executors
             assert first.runner is not second.runner
     run(scenario())
 
@@ -74,7 +74,7 @@ def test_a_first_instance_that_fails_fails_the_load_and_starts_no_other(
         engine = Engine(tmp_path, placement="none")
         with pytest.raises(Exception, match="broken"):
             await engine.load("broken")
-        assert "broken" not in engine._models
+        assert "broken" not in engine._served.versions
         await engine.shutdown()
     run(scenario())
     assert not [t for t in threading.enumerate() if t.name.startswith("tg-exec-broken")]
@@ -99,7 +99,7 @@ def test_a_module_that_assigns_attributes_is_loaded_per_instance(
 
     async def scenario() -> None:
         async with serving(tmp_path, placement="none") as engine:
-            first, second = engine._models["caching"][1].executors
+            first, second = engine._served.versions["caching"][1].executors
             assert first.runner is not second.runner
             x = torch.ones(3, 4)
             result = await engine.infer(InferenceRequest("caching", {
@@ -145,9 +145,9 @@ def test_an_assignment_in_a_submodule_is_found_after_the_warm_up(
 
     async def scenario() -> None:
         async with serving(tmp_path, placement="none") as engine:
-            first, second = engine._models["counting"][1].executors
+            first, second = engine._served.versions["counting"][1].executors
             assert first.runner is not second.runner
-            first, second = engine._models["plain"][1].executors
+            first, second = engine._served.versions["plain"][1].executors
             assert first.runner is second.runner
     run(scenario())
 
@@ -162,7 +162,7 @@ def test_a_model_that_cannot_be_warmed_up_is_still_judged(tmp_path: pathlib.Path
 
     async def scenario() -> None:
         async with serving(tmp_path, placement="none") as engine:
-            first, second = engine._models["caching"][1].executors
+            first, second = engine._served.versions["caching"][1].executors
             assert first.runner is not second.runner
     with caplog.at_level("INFO", logger="tensorgate.executor"):
         run(scenario())
@@ -181,7 +181,7 @@ def test_an_unloaded_models_weights_go_on_its_instances_threads_then_the_heap_is
     async def scenario() -> None:
         engine = Engine(tmp_path, placement="none")
         await engine.start(["heavy"])
-        executors = engine._models["heavy"][1].executors
+        executors = engine._served.versions["heavy"][1].executors
         runner = executors[0].runner
         assert runner is not None and runner.module is not None
         assert executors[1].runner is runner

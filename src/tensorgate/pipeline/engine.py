@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
-import itertools
 import logging
 import pathlib
 import time
@@ -30,24 +29,22 @@ from tensorgate.pipeline.auto_complete import complete_config
 from tensorgate.pipeline.bls import BlsBridge, ModelControl
 from tensorgate.pipeline.ensemble import (EnsembleScheduler, check_step_models,
                                           decoupled_ensemble, ensemble_steps)
-from tensorgate.pipeline.executor import ExecutorThread, default_intra_op_threads
+from tensorgate.pipeline.executor import default_intra_op_threads
 from tensorgate.pipeline.instance_plan import release_claims
 from tensorgate.pipeline.model_options import not_acted_on
 from tensorgate.pipeline.loop_load import LoopLoad
 from tensorgate.pipeline.placement import (pin_current_thread, plan_placement,
                                            unpin_current_thread)
 from tensorgate.pipeline.postprocess_pool import PostprocessPool
-from tensorgate.pipeline.rate_limiter import Claim, RateLimiter
+from tensorgate.pipeline.rate_limiter import RateLimiter
 from tensorgate.pipeline.requests import (InferenceRequest, InferenceResult, strings_aside,
                                          work_item)
 from tensorgate.pipeline.response_cache import CacheStatistics, ResponseCache
-from tensorgate.pipeline.scheduler import Scheduler
 from tensorgate.pipeline.served_config import served_ensemble
-from tensorgate.pipeline.sequences import SequenceScheduler
+from tensorgate.pipeline.served_models import ServedModels, ServedVersion, step_models
 from tensorgate.pipeline.stats import ModelCall, ModelStatistics, StageTimes
-from tensorgate.pipeline.trace import Trace
+from tensorgate.pipeline.step_requests import StepRequests
 from tensorgate.pipeline.version_instances import VersionInstances
-from tensorgate.pipeline.work import WorkItem
 from tensorgate.repository.layout import ModelRepositories, ModelSource, load_source
 from tensorgate.repository.model_config import ModelConfigError, ModelSpec
 from tensorgate.repository.upload import (UploadedFiles, link_folder, remove_upload,
@@ -58,27 +55,6 @@ from tensorgate.tensor.view import TensorView
 __all__ = ["Engine", "InferenceRequest", "InferenceResult"]
 
 log = logging.getLogger("tensorgate.engine")
-
-_LOADS = itertools.count(1)
-
-
-class _Version:
-    """One loaded model version: its scheduler, executors and counters."""
-
-    def __init__(self, spec: ModelSpec, version: int,
-                 scheduler: Scheduler | EnsembleScheduler | SequenceScheduler,
-                 executors: list[ExecutorThread], stats: ModelStatistics,
-                 claims: Iterable[Claim] = ()) -> None:
-        self.spec = spec
-        self.version = version
-        # this load of the version: a reload (new weights, same number) is another, so the
-        # response cache never answers for it with what the one before computed
-        self.load_id = next(_LOADS)
-        self.scheduler = scheduler
-        self.executors = executors
-        self.stats = stats
-        self.claims = tuple(claims)  # its instances' rate limiter claims, released at unload
-
 
 class Engine:
     """Loads models from Triton-layout repositories and runs inference on them."""
@@ -128,20 +104,14 @@ class Engine:
             self._pool, self._postprocess, self._placement, rate_limiter, device,
             intra_op_threads or compute or default_intra_op_threads(), latency_summaries,
             LoopLoad())  # (LoopLoad: whether spares on the loop's core may run)
-        self._models: dict[str, dict[int, _Version]] = {}
-        # a model whose last load failed: (the version whose load failed, or "", the reason)
-        self._failed: dict[str, tuple[str, str]] = {}
-        self._unloaded: dict[str, list[int]] = {}  # versions served until an unload
-        self._loading: dict[str, int] = {}  # loads under way, by model (the server answers
-        # while its first loads run: a request for one of them is told it is loading)
-        self._labels: dict[tuple[str, str], list[str]] = {}
+        self._served = ServedModels()
         self._closing = False
         self._streaming = 0  # infer_stream iterations open: whether responses take turns
         self._ensembles_loading: set[str] = set()
         self._model_upload = model_upload
         self._load_retries = load_retries
         self._load_threads = load_threads
-        self._uploads: dict[str, pathlib.Path] = {}  # a model served from an upload: its folder
+        self._steps = StepRequests(self.infer, self.infer_stream)  # ensembles' steps
         self._bls: BlsBridge | None = None
         self._announced: list[str] | None = None  # what the next `start` loads, announced
         self._pinned = False  # the loop's thread, pinned by `announce` until `shutdown`
@@ -164,7 +134,7 @@ class Engine:
             pin_current_thread(self._placement.loop_cpus)
             self._pinned = True
         for name in names:
-            self._count_loading(name)
+            self._served.count_loading(name)
         self._announced = names
         return names
 
@@ -197,15 +167,7 @@ class Engine:
             async with slots or contextlib.nullcontext():
                 await self.load(name)
         finally:
-            self._count_loaded(name)
-
-    def _count_loading(self, name: str) -> None:
-        self._loading[name] = self._loading.get(name, 0) + 1
-
-    def _count_loaded(self, name: str) -> None:
-        left = self._loading.pop(name) - 1
-        if left:
-            self._loading[name] = left
+            self._served.count_loaded(name)
 
     async def load(self, name: str, config: str | None = None,
                    files: UploadedFiles | None = None) -> None:
@@ -229,7 +191,7 @@ class Engine:
                             folder: pathlib.Path | None = None) -> None:
         """`_load`, counted in `_loading` while it runs, tried again `load_retries` times
         when it fails (but for a NotFoundError: what is not there will not come)."""
-        self._count_loading(name)
+        self._served.count_loading(name)
         try:
             for attempt in range(self._load_retries + 1):
                 try:
@@ -245,7 +207,7 @@ class Engine:
                                 self._load_retries + 1,
                                 error.message if isinstance(error, TensorgateError) else error)
         finally:
-            self._count_loaded(name)
+            self._served.count_loaded(name)
 
     async def _load(self, name: str, config: str | None,
                     files: UploadedFiles | None, folder: pathlib.Path | None = None) -> None:
@@ -258,7 +220,7 @@ class Engine:
             upload = await loop.run_in_executor(None, write_upload, name, files)
         elif folder is not None:
             upload = await loop.run_in_executor(None, link_folder, name, folder)
-        versions: dict[int, _Version] = {}
+        versions: dict[int, ServedVersion] = {}
         source: ModelSource | None = None
         loading = ""  # the version being loaded
         try:
@@ -299,10 +261,10 @@ class Engine:
             if isinstance(error, NotFoundError) and not self._holds(name):
                 raise  # a name the repository does not hold: nothing to list as failed
             if isinstance(error, TensorgateError):
-                self._failed[name] = (loading, error.message)
+                self._served.failed[name] = (loading, error.message)
                 raise
             reason = f"{type(error).__name__}: {error}"
-            self._failed[name] = (loading, reason)
+            self._served.failed[name] = (loading, reason)
             raise ModelConfigError(str(source.directory) if source else name,
                                    reason) from error
         if self._closing:  # shut down while this loaded: nothing is left to serve it
@@ -310,15 +272,7 @@ class Engine:
             if upload is not None:
                 await loop.run_in_executor(None, remove_upload, upload)
             raise UnavailableError(f"model '{name}': the engine shut down while it loaded")
-        old = self._models.get(name)
-        self._models[name] = versions
-        self._failed.pop(name, None)
-        self._unloaded.pop(name, None)
-        self._forget_labels(name)
-        self._labels.update(labels)
-        old_upload = self._uploads.pop(name, None)
-        if upload is not None:
-            self._uploads[name] = upload
+        old, old_upload = self._served.serve(name, versions, labels, upload)
         if old:
             await self._retire(old.values(), drain_timeout_s=30.0)
         if old_upload is not None:
@@ -351,7 +305,7 @@ class Engine:
 
     def _holds(self, name: str) -> bool:
         """Whether a repository holds a model `name` (or one was served by that name)."""
-        if name in self._models or name in self._failed:
+        if self._served.knows(name):
             return True
         try:
             return name in self.repositories.names()
@@ -370,12 +324,7 @@ class Engine:
         await _to_the_end(self._unload(name, drain_timeout_s, dependents))
 
     async def _unload(self, name: str, drain_timeout_s: float, dependents: bool) -> None:
-        versions = self._models.pop(name, None)
-        failed = self._failed.pop(name, None)
-        upload = self._uploads.pop(name, None)
-        self._forget_labels(name)
-        if versions:
-            self._unloaded[name] = sorted(versions)
+        versions, failed, upload = self._served.withdraw(name)
         if versions is None:
             if failed is None:
                 log.info("unload %r: the model is not loaded; nothing to do", name)
@@ -385,9 +334,8 @@ class Engine:
             await asyncio.get_running_loop().run_in_executor(None, remove_upload, upload)
         if not dependents:
             return
-        for model in sorted(_step_models(versions.values())):
-            if model in self._models and model not in _step_models(
-                    v for vs in self._models.values() for v in vs.values()):
+        for model in sorted(step_models(versions.values())):
+            if model in self._served.versions and model not in self._served.called_by_ensembles():
                 log.info("model %s: unloaded with ensemble %s (unload_dependents)", model, name)
                 await self._unload(model, drain_timeout_s, dependents=True)
 
@@ -396,10 +344,8 @@ class Engine:
         give the loop's thread back the CPUs it had (an engine embedded in an application
         should not leave its thread pinned to one core)."""
         self._closing = True
-        versions = [v for vs in self._models.values() for v in vs.values()]
-        self._models = {}
+        versions, uploads = self._served.withdraw_all()
         await self._retire(versions, drain_timeout_s)
-        uploads, self._uploads = list(self._uploads.values()), {}
         for upload in uploads:
             await asyncio.get_running_loop().run_in_executor(None, remove_upload, upload)
         self._postprocess.shutdown()
@@ -409,7 +355,7 @@ class Engine:
             unpin_current_thread()
             self._pinned = False
 
-    async def _retire(self, versions: Iterable[_Version], drain_timeout_s: float) -> None:
+    async def _retire(self, versions: Iterable[ServedVersion], drain_timeout_s: float) -> None:
         versions = list(versions)
         reason = UnavailableError("the model is being unloaded; the request was not run")
         for v in versions:  # 1. stop accepting
@@ -442,7 +388,7 @@ class Engine:
             return False  # its load will say what is wrong
 
     async def _load_ensemble(self, source: ModelSource, version: int,
-                             own_folder: bool = False) -> _Version:
+                             own_folder: bool = False) -> ServedVersion:
         """An ensemble: its steps checked against their models, which are loaded first when
         they are not yet (as Triton does). `own_folder`: loaded from a folder of its own
         (load_folder), its steps are the folders beside it, not the repository's models."""
@@ -456,7 +402,7 @@ class Engine:
                 beside = source.directory.parent / model
                 if own_folder:
                     self._check_step_folder(spec.name, model, beside)
-                if model not in self._models:
+                if model not in self._served.versions:
                     await (self.load_folder(model, beside) if own_folder else self.load(model))
         finally:
             self._ensembles_loading.discard(spec.name)
@@ -466,10 +412,11 @@ class Engine:
         spec = served_ensemble(spec)
         stats = ModelStatistics(spec.name, version, cached=self._caches(spec),
                                 summaries=self._summaries)
-        scheduler = EnsembleScheduler(spec, steps, stats, self._run_step, self._stream_step)
+        scheduler = EnsembleScheduler(spec, steps, stats, self._steps.run,
+                                      self._steps.stream)
         log.info("ensemble %s v%d ready: %s", spec.name, version,
                  " → ".join(step.model for step in steps))
-        return _Version(spec, version, scheduler, [], stats)
+        return ServedVersion(spec, version, scheduler, [], stats)
 
     def _check_step_folder(self, ensemble: str, model: str, folder: pathlib.Path) -> None:
         """A step of an ensemble loaded from its own folder must be the folder beside it,
@@ -477,51 +424,17 @@ class Engine:
         if not folder.is_dir():
             raise ModelConfigError(ensemble, f"its step model '{model}' has no folder beside "
                                              f"it ({folder})")
-        if model in self._models:
-            link = self._uploads.get(model)
+        if model in self._served.versions:
+            link = self._served.uploads.get(model)
             if link is None or (link / model).resolve() != folder.resolve():
                 raise ModelConfigError(ensemble, f"its step model '{model}' is served "
                                                  f"already, from another folder than {folder}: "
                                                  "give the step another name")
 
-    async def _run_step(self, model: str, version: int | None, inputs: dict[str, TensorView],
-                        outputs: list[str], item: WorkItem) -> dict[str, TensorView]:
-        """One ensemble step: a request to its model, within what is left of the ensemble
-        request's deadline, in its sequence (a stateful step keeps its state), counting
-        copies to the ensemble request, at its priority, with its parameters."""
-        trace = item.trace.child(model) if item.trace is not None else None
-        try:
-            result = await self.infer(_step_request(model, version, inputs, outputs, item,
-                                                    trace))
-        finally:
-            if trace is not None:
-                trace.finish()
-        return result.outputs
-
-    async def _stream_step(self, model: str, version: int | None,
-                           inputs: dict[str, TensorView], outputs: list[str], item: WorkItem
-                           ) -> AsyncGenerator[dict[str, TensorView], None]:
-        """A decoupled ensemble step: its responses' outputs as they come (a request as
-        `_run_step` makes one); leaving early stops its model."""
-        trace = item.trace.child(model) if item.trace is not None else None
-        try:
-            async with contextlib.aclosing(self.infer_stream(_step_request(
-                    model, version, inputs, outputs, item, trace))) as responses:
-                async for result in responses:
-                    if result.error is not None:  # an error response ends the ensemble's
-                        try:
-                            raise result.error
-                        finally:  # (as http_routes._generate: no cycle through this frame)
-                            del result
-                    yield result.outputs
-        finally:
-            if trace is not None:
-                trace.finish()
-
-    async def _load_version(self, source: ModelSource, version: int) -> _Version:
+    async def _load_version(self, source: ModelSource, version: int) -> ServedVersion:
         spec, scheduler, executors, stats, claims = await self._instances.load(
             source, version, self._caches(source.spec))
-        return _Version(spec, version, scheduler, executors, stats, claims)
+        return ServedVersion(spec, version, scheduler, executors, stats, claims)
 
     # -- queries ---------------------------------------------------------------------------
 
@@ -531,13 +444,13 @@ class Engine:
         return self._model_upload
 
     def model_names(self) -> list[str]:
-        return sorted(self._models)
+        return sorted(self._served.versions)
 
     def spec(self, name: str, version: int | None = None) -> ModelSpec:
-        return self._resolve(name, version).spec
+        return self._served.resolve(name, version).spec
 
     def versions(self, name: str) -> list[int]:
-        return sorted(self._models.get(name, {}))
+        return sorted(self._served.versions.get(name, {}))
 
     def is_serving(self) -> bool:
         return not self._closing
@@ -545,107 +458,46 @@ class Engine:
     def unavailable(self) -> dict[str, str]:
         """Models whose load failed and that serve no version, with the reason (a model
         whose reload failed while its old version serves is not among them)."""
-        return {name: reason for name, (_, reason) in self._failed.items()
-                if name not in self._models}
-
-    def _forget_labels(self, name: str) -> None:
-        """A model unloaded, or loaded again (with the labels read for the new load)."""
-        for key in [key for key in self._labels if key[0] == name]:
-            del self._labels[key]
+        return self._served.unavailable()
 
     def label_lines(self, name: str, output: str) -> list[str]:
         """The lines of an output's `label_filename` as read at load, or [] without one."""
-        return self._labels.get((name, output), [])
+        return self._served.label_lines(name, output)
 
     def is_ready(self, name: str, version: int | None = None) -> bool:
         try:
-            self._resolve(name, version)
+            self._served.resolve(name, version)
         except TensorgateError:
             return False
         return not self._closing
 
     def index(self) -> list[dict[str, str]]:
         """Triton's repository index: every model of the repositories and its state."""
-        entries = []
-        names = set(self._models) | set(self._failed) | set(self._loading)
         try:
-            names |= set(self.repositories.names())
+            names = self.repositories.names()
         except TensorgateError:
-            pass
-        for name in sorted(names):
-            if name in self._models:
-                entries += [{"name": name, "version": str(v), "state": "READY", "reason": ""}
-                            for v in sorted(self._models[name])]
-            elif name in self._loading:  # Triton's state while a load runs
-                entries.append({"name": name, "version": "", "state": "LOADING", "reason": ""})
-            elif name in self._failed:
-                version, reason = self._failed[name]
-                entries.append({"name": name, "version": version, "state": "UNAVAILABLE",
-                                "reason": reason})
-            elif name in self._unloaded:
-                entries += [{"name": name, "version": str(v), "state": "UNAVAILABLE",
-                             "reason": "unloaded"} for v in self._unloaded[name]]
-            else:  # never loaded: its name alone, as Triton lists it
-                entries.append({"name": name})
-        return entries
+            names = []
+        return self._served.index(names)
 
-    def statistics(self, name: str | None = None, version: int | None = None) -> list[dict[str, Any]]:
+    def statistics(self, name: str | None = None, version: int | None = None
+                   ) -> list[dict[str, Any]]:
         """Triton's `model_stats` entries for one model (version) or all."""
-        if name is None:
-            return [v.stats.as_dict() for n in sorted(self._models)
-                    for _, v in sorted(self._models[n].items())]
-        if version is None:
-            if name not in self._models:
-                raise NotFoundError(f"model '{name}' is not loaded")
-            return [v.stats.as_dict() for _, v in sorted(self._models[name].items())]
-        return [self._resolve(name, version).stats.as_dict()]
+        return self._served.statistics(name, version)
 
     def model_statistics(self) -> list[tuple[ModelStatistics, int]]:
         """Every loaded version's counters and its queued-request count (for metrics)."""
-        return [(v.stats, v.scheduler.pending) for n in sorted(self._models)
-                for _, v in sorted(self._models[n].items())]
+        return self._served.model_statistics()
 
     def model_calls(self) -> list[ModelCall]:
         """Each loaded instance's current call into its model (seconds 0.0: idle)."""
-        now = time.monotonic()
-        calls = []
-        for name in sorted(self._models):
-            for _, v in sorted(self._models[name].items()):
-                for executor in v.executors:
-                    since = executor.busy_since  # (read once: its thread may clear it)
-                    if not since:
-                        calls.append(ModelCall(name, v.version, executor.name, 0.0, 0.0, 0))
-                        continue
-                    items = executor.busy_items
-                    calls.append(ModelCall(name, v.version, executor.name, since, now - since,
-                                           executor.busy_rows,
-                                           tuple(i.id for i in items if i.id)))
-        return calls
+        return self._served.model_calls()
 
     def pool_statistics(self) -> PoolStatistics:
         """The host buffer pool's counters and bytes held (for metrics)."""
         return self._pool.statistics()
 
     def pending(self, name: str) -> int:
-        return sum(v.scheduler.pending for v in self._models.get(name, {}).values())
-
-    def _resolve(self, name: str, version: int | None) -> _Version:
-        versions = self._models.get(name)
-        if not versions:
-            if name in self._loading:
-                raise UnavailableError(f"model '{name}' is loading and not ready yet "
-                                       f"(/v2/models/{name}/ready says when it is)")
-            if name in self._failed:
-                raise UnavailableError(f"model '{name}' is not ready: {self._failed[name][1]}")
-            raise NotFoundError(f"unknown model '{name}'; loaded models are: "
-                                f"{', '.join(sorted(self._models)) or 'none'}")
-        if version is None:
-            return versions[max(versions)]
-        found = versions.get(version)
-        if found is None:
-            raise NotFoundError(f"model '{name}' has no version {version}; loaded versions are: "
-                                f"{', '.join(map(str, sorted(versions)))}")
-        return found
+        return self._served.pending(name)
 
     # -- inference -------------------------------------------------------------------------
 
@@ -653,7 +505,7 @@ class Engine:
         """Run one request through the batcher and an executor; raises TensorgateError."""
         if self._closing:
             raise UnavailableError("the server is shutting down; the request was not run")
-        loaded = self._resolve(request.model, request.version)
+        loaded = self._served.resolve(request.model, request.version)
         if loaded.spec.decoupled:
             raise InvalidArgumentError(
                 f"model '{loaded.spec.name}' is decoupled (it sends any number of responses "
@@ -717,7 +569,7 @@ class Engine:
         return self._cache.statistics() if self._cache is not None else None
 
     def is_decoupled(self, name: str, version: int | None = None) -> bool:
-        return self._resolve(name, version).spec.decoupled
+        return self._served.resolve(name, version).spec.decoupled
 
     async def infer_stream(self, request: InferenceRequest
                            ) -> AsyncGenerator[InferenceResult, None]:
@@ -726,7 +578,7 @@ class Engine:
         the iteration early stops the model making more."""
         if self._closing:
             raise UnavailableError("the server is shutting down; the request was not run")
-        loaded = self._resolve(request.model, request.version)
+        loaded = self._served.resolve(request.model, request.version)
         if not loaded.spec.decoupled:
             yield await self.infer(request)
             return
@@ -806,15 +658,6 @@ async def _to_the_end(work: Coroutine[Any, Any, None]) -> None:
         del task
 
 
-def _step_request(model: str, version: int | None, inputs: dict[str, TensorView],
-                  outputs: list[str], item: WorkItem, trace: Trace | None) -> InferenceRequest:
-    timeout_us = None
-    if item.deadline_ns:
-        timeout_us = max(1, (item.deadline_ns - time.monotonic_ns()) // 1000)
-    return InferenceRequest(model, inputs, version, outputs, timeout_us, "", item.ledger,
-                            item.priority, item.sequence, item.parameters, trace)
-
-
 def _label_files(directory: pathlib.Path, spec: ModelSpec) -> dict[tuple[str, str], list[str]]:
     """Each output's `label_filename` lines, from the model's `directory` (a file that is not
     there: no labels)."""
@@ -824,9 +667,3 @@ def _label_files(directory: pathlib.Path, spec: ModelSpec) -> dict[tuple[str, st
         if output.label_filename and path.is_file():
             found[(spec.name, output.name)] = path.read_text(encoding="utf-8").splitlines()
     return found
-
-
-def _step_models(versions: Iterable[_Version]) -> set[str]:
-    """The models that these versions' ensemble steps call."""
-    return {model for v in versions if isinstance(v.scheduler, EnsembleScheduler)
-            for model in v.scheduler.models}
