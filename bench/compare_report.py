@@ -42,7 +42,7 @@ def summarize(result: dict[str, Any]) -> dict[str, Any]:
                     w[f"p{q}_us"] = float(np.percentile(samples, q))
                 w["max_us"] = float(samples.max())
             paired = [p["paired_us"] for p in entry["sequential"] if "paired_us" in p]
-            if paired:  # the floor called between this server's requests (compare.PAIRED)
+            if paired:  # the floor called after each of this server's requests (compare.PAIRED)
                 both = np.concatenate([np.asarray(p) for p in paired])
                 w["paired_p50_us"], w["paired_p99_us"] = (float(np.percentile(both, q))
                                                           for q in (50, 99))
@@ -112,7 +112,7 @@ def _get(s: dict[str, Any], name: str, model: str, key: str) -> float | None:
 
 def seed_table(s: dict[str, Any], model: str) -> list[str]:
     """The seed's columns for one workload, with ratios against Triton and the floor (and
-    the paired floor's, where the run called it between the servers' requests)."""
+    the paired floor, where the run called it after each of the servers' requests)."""
     paired = any(_get(s, name, model, "paired_p99_us") for name in s)
     lines = [f"| {model}, batch 1 | P50 ms | P99 ms | RSS MB | PSS MB | start-up s | max QPS "
              f"| P50 / Triton | P99 / Triton | RSS / Triton | start-up / Triton | QPS / Triton "
@@ -254,9 +254,9 @@ def goals(s: dict[str, Any]) -> list[str]:
                       f"goal set): {network:.2f}")
     add("resnet50 P99, tensorgate / floor", resnet_p99, 1.1)
     if resnet_paired is not None:
-        add("resnet50 P99, tensorgate / the floor called between its requests (paired: the "
-            "same minutes; the goal's limit, for the goal's reading on a swinging machine)",
-            resnet_paired, 1.1)
+        add("resnet50 P99, tensorgate / the floor called after each of its requests (the "
+            "paired floor: the same seconds, on a machine whose speed swings; the goal's "
+            "limit)", resnet_paired, 1.1)
     add("RSS, tensorgate / Triton", _ratio_value(tg.get("rss_mb"), tr.get("rss_mb")), 0.6)
     # Triton's tree shares libraries between its processes, which RSS counts once per
     # process; PSS splits shared pages, so this is the stricter comparison (no goal of its own)
@@ -275,8 +275,8 @@ def _moving_goals(s: dict[str, Any]
                   ) -> tuple[float | None, float | None, float | None, float | None]:
     """The goals that move with the machine's moment, from a summary: identity's P50
     overhead over the floor and its max QPS against Triton's, resnet50's P99 against the
-    floor's, and against the floor's called between tensorgate's requests (None in runs
-    before 2026-12-06)."""
+    floor's, and against the floor's called after each of tensorgate's requests (None in
+    runs before 2026-12-06)."""
     floor_id = _get(s, "floor", "identity", "p50_us") or 0.0
     tg_over = (_get(s, "tensorgate", "identity", "p50_us") or 0.0) - floor_id
     tr_over = (_get(s, "triton", "identity", "p50_us") or 0.0) - floor_id

@@ -255,7 +255,7 @@ def test_the_network_floor_is_a_row_and_a_ratio_beside_the_goal_and_older_runs_l
 
 def test_the_paired_floor_is_a_column_a_goal_line_and_a_round_column_older_runs_lack(
         result: dict) -> None:
-    """Where a server's resnet50 run called the floor between its requests (compare.PAIRED),
+    """Where a server's resnet50 run called the floor after each request (compare.PAIRED),
     its P99 over that floor's is a seed-table column, a goal line beside the pooled floor's,
     and a per-round column; a run without it renders as before."""
     before = compare_report.report(result)
@@ -274,8 +274,8 @@ def test_the_paired_floor_is_a_column_a_goal_line_and_a_round_column_older_runs_
     assert rows["| triton"].endswith("| 1.00× | 1.00× |"), rows
     assert rows["| floor"].endswith("| 1.00× | – |"), rows
     assert re.search(r"resnet50 P99, tensorgate / floor: 1\.30 \(goal ≤ 1\.1\) — missed", text)
-    assert re.search(r"resnet50 P99, tensorgate / the floor called between its requests "
-                     r"\(paired.*\): 1\.00 \(goal ≤ 1\.1\) — met", text)
+    assert re.search(r"resnet50 P99, tensorgate / the floor called after each of its "
+                     r"requests \(the paired floor.*\): 1\.00 \(goal ≤ 1\.1\) — met", text)
     tg["sequential"] *= 2
     tr["sequential"] *= 2
     for name in ("tensorgate", "triton"):
