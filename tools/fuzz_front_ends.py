@@ -283,7 +283,7 @@ def held_after_quiet(server: Server, wait_s: float = 5.0) -> str | None:
         queued = 0 if engine is None else sum(map(engine.pending, engine.model_names()))
         # (a load the input began may still run: its folder goes when it fails)
         folders = len(list(pathlib.Path(tempfile.gettempdir()).glob("tensorgate-upload-*")))
-        served = 0 if engine is None else len(engine._uploads)
+        served = 0 if engine is None else len(engine._served.uploads)
         if not (open_ or in_use or queued) and folders == served:
             return None
         if time.monotonic() > deadline:
