@@ -8,7 +8,10 @@ same TorchScript files (`identity`, `resnet50` with seed-0 weights) with the sam
 thread count; the floor is the same file called in this process, in a row each round and,
 for resnet50, once after each of a server's sequential requests (the paired floor: the same
 seconds as the server's, on a machine whose speed swings). Servers run one at a time, in
-alternating order over the rounds. Peers that are not installed are skipped with a message.
+alternating order over the rounds; at the end tensorgate and Triton run side by side once
+more, their identity requests interleaved one by one with the network floor's and the
+floor's (`interleaved`: the identity goal read in the same seconds). Peers that are not
+installed are skipped with a message.
 
 Per server and workload: sequential batch-1 latency over one keep-alive connection (a lean
 socket client with the request bytes built once; its CPU per request is reported), QPS and
@@ -59,7 +62,8 @@ import compare_report  # noqa: E402
 import network_floor  # noqa: E402
 from compare_servers import PEERS, WORKLOADS, Ports, Server, free_port, servers  # noqa: E402
 from compare_wire import (OIP_BINARY, OIP_JSON, Connection, NothingAnswered,  # noqa: E402
-                          grpc_infer_body, grpc_reference_answer, h2load_grpc, raw_request,
+                          grpc_infer_body, grpc_reference_answer, h2load_grpc,
+                          interleaved_exchanges, raw_request,
                           sequential_exchanges, socket_load, wrk_load)
 from tensorgate.builtin.repository import write_default_repository  # noqa: E402
 from tensorgate.pipeline.executor import default_intra_op_threads  # noqa: E402
@@ -444,6 +448,34 @@ def measure_server(server: Server, work: pathlib.Path, x: np.ndarray,
         running.stop()
 
 
+# The identity goal's two servers, measured once more at the end of a run with both running
+# and their identity requests interleaved one by one with the network floor's and the floor's
+# calls (`interleaved`): the goal is a ratio of their overheads, and on a machine whose speed
+# swings two sequential runs a minute apart can read each other's minutes (2026-12-06: the
+# same tree's P50 0.9 and 2.0 ms ten minutes apart).
+INTERLEAVED = ("tensorgate", "triton")
+
+
+def interleaved(pair: list[Server], work: pathlib.Path, x: np.ndarray, n: int, warmup: int,
+                floor_call: Callable[[], object], network: tuple[int, bytes]
+                ) -> dict[str, list[float]]:
+    """`pair` started side by side; identity's requests to each, to the network floor's
+    answerer (`network`: its port and request) and the floor's call, interleaved
+    (compare_wire.interleaved_exchanges): each one's latencies in µs."""
+    smallest = int(np.prod(WORKLOADS["identity"]))
+    running: list[Running] = []
+    try:
+        for server in pair:
+            running.append(start(server, work, x)[0])
+        targets = {r.server.name: (r.ports.http, r.raws["identity"],
+                                   r.server.wire.min_body(smallest)) for r in running}
+        targets[compare_report.NETWORK_FLOOR] = (*network, OIP_BINARY.min_body(smallest))
+        return interleaved_exchanges(targets, n, warmup, floor_call)
+    finally:
+        for r in running:
+            r.stop()
+
+
 def _interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt(f"signal {signum}")  # unwinds through `finally`: servers stop
 
@@ -590,6 +622,20 @@ def run(plan: Plan, names: list[str], output: pathlib.Path, device: str = "cpu",
                 except Exception as error:  # one broken peer must not lose the others' numbers
                     record.setdefault("errors", []).append(f"round {r + 1}: {error}")
                     print(f"  {server.name} failed: {error}", flush=True)
+        pair = [s for name in INTERLEAVED for s in chosen if s.name == name]
+        if answerer is not None and len(pair) == len(INTERLEAVED):
+            print("interleaved: " + ", ".join(INTERLEAVED) + ", the network floor and the floor",
+                  flush=True)
+            try:
+                found = interleaved(pair, work, x, plan.counts["identity"] // plan.rounds,
+                                    plan.warmup["identity"], calls["identity"],
+                                    (network_port, network_raws["identity"]))
+                result["interleaved"] = {"identity": found}
+                print("  identity P50 " + ", ".join(f"{name} {np.median(us):,.0f} µs"
+                                                    for name, us in found.items()), flush=True)
+            except Exception as error:  # a peer that fails here must not lose the run
+                result["interleaved_error"] = str(error)
+                print(f"  interleaved failed: {error}", flush=True)
     finally:
         if answerer is not None:
             answerer.kill()

@@ -235,8 +235,9 @@ def cuda_goals(s: dict[str, Any]) -> list[str]:
     return checks
 
 
-def goals(s: dict[str, Any]) -> list[str]:
-    """The issue's goals for this machine, each computed from this run's numbers."""
+def goals(s: dict[str, Any], interleaved: dict[str, list[float]] | None = None) -> list[str]:
+    """The issue's goals for this machine, each computed from this run's numbers
+    (`interleaved`: the run's identity latencies with both servers running, by name)."""
     if "tensorgate" not in s or "triton" not in s:
         return ["Goals need tensorgate and Triton in the same run."]
     tg, tr = s["tensorgate"], s["triton"]
@@ -247,6 +248,10 @@ def goals(s: dict[str, Any]) -> list[str]:
 
     overhead, resnet_p99, identity_qps, resnet_paired = _moving_goals(s)
     add("identity P50 overhead over the floor, tensorgate / Triton", overhead, 0.5)
+    if interleaved is not None:
+        add("identity P50 overhead over the floor, tensorgate / Triton, their requests "
+            "interleaved with each other's and the floors' (the same seconds; the goal's "
+            "limit)", interleaved_overhead(interleaved, "floor"), 0.5)
     network = _network_overhead(s)
     if network is not None:
         checks.append(f"- identity P50 over the {NETWORK_FLOOR} (its request and answer "
@@ -287,6 +292,40 @@ def _moving_goals(s: dict[str, Any]
                          _get(s, "triton", "identity", "max_qps")),
             _ratio_value(_get(s, "tensorgate", "resnet50", "p99_us"),
                          _get(s, "tensorgate", "resnet50", "paired_p99_us")))
+
+
+def interleaved_overhead(found: dict[str, list[float]], floor: str) -> float | None:
+    """tensorgate's identity P50 over `floor`'s (the floor or the network floor), over
+    Triton's, from interleaved latencies (compare.interleaved)."""
+    p50 = {name: float(np.percentile(us, 50)) for name, us in found.items()}
+    if floor not in p50 or "tensorgate" not in p50 or "triton" not in p50:
+        return None
+    over = p50["triton"] - p50[floor]
+    return (p50["tensorgate"] - p50[floor]) / over if over > 0 else None
+
+
+def interleaved_table(result: dict[str, Any]) -> list[str]:
+    """The identity requests of the run's end, both servers running and every request's
+    turn rotated among them, the network floor and the floor (compare.interleaved)."""
+    found = result.get("interleaved", {}).get("identity")
+    if not found:
+        error = result.get("interleaved_error")
+        return [f"Interleaved identity requests: failed ({error})."] if error else []
+    p50 = {name: float(np.percentile(us, 50)) for name, us in found.items()}
+    lines = ["| identity, interleaved (both servers running, one request each in turn) | n "
+             "| P50 µs | P90 µs | P99 µs | over floor P50 µs | over network floor P50 µs |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
+    for name, us in found.items():
+        q50, q90, q99 = np.percentile(us, [50, 90, 99])
+        over = ["–" if name in _FLOORS or floor not in p50 else f"{q50 - p50[floor]:,.0f}"
+                for floor in _FLOORS]
+        lines.append(f"| {name} | {len(us)} | {q50:,.0f} | {q90:,.0f} | {q99:,.0f} | "
+                     + " | ".join(over) + " |")
+    network = interleaved_overhead(found, NETWORK_FLOOR)
+    if network is not None:
+        lines += ["", f"Interleaved, identity P50 over the {NETWORK_FLOOR}, tensorgate / "
+                      f"Triton (no goal set): {network:.2f}"]
+    return lines
 
 
 def _network_overhead(s: dict[str, Any]) -> float | None:
@@ -398,7 +437,11 @@ def report(result: dict[str, Any]) -> str:
     elif device == "cuda":
         lines += ["Goals (issue 5, on the GPU):", *cuda_goals(s), ""]
     else:
-        lines += ["Goals (issue 5, this machine):", *goals(s), ""]
+        table = interleaved_table(result)
+        if table:
+            lines += table + [""]
+        found = result.get("interleaved", {}).get("identity")
+        lines += ["Goals (issue 5, this machine):", *goals(s, found), ""]
         by_round = goals_by_round(result)
         if by_round:
             lines += by_round + [""]

@@ -217,6 +217,45 @@ def sequential_exchanges(port: int, raw: bytes, n: int, warmup: int, smallest: i
     return out
 
 
+def interleaved_exchanges(targets: dict[str, tuple[int, bytes, int]], n: int, warmup: int,
+                          floor: Callable[[], object] | None = None) -> dict[str, list[float]]:
+    """Sequential requests to several servers at once, interleaved one by one: `targets` is
+    name → (port, prebuilt request, smallest good answer), one keep-alive connection each;
+    n rounds after `warmup` unmeasured, each round one exchange with every target (and one
+    call of `floor`, as "floor"), the order rotated from round to round. Each name's
+    latencies in µs. A machine whose speed swings slows every target alike: they are
+    measured in the same seconds, where runs one after the other can fall on different ones.
+    Every answer's status and size checked."""
+    connections = {name: Connection(port) for name, (port, _, _) in targets.items()}
+    names = [*targets, *(["floor"] if floor is not None else [])]
+    samples = {name: np.empty(n, dtype=np.int64) for name in names}
+
+    def one(name: str) -> int:
+        begin = time.perf_counter_ns()
+        if name == "floor" and floor is not None:
+            floor()
+            return time.perf_counter_ns() - begin
+        _, raw, smallest = targets[name]
+        status, _, body = connections[name].exchange(raw)
+        took = time.perf_counter_ns() - begin
+        if status != 200 or len(body) < smallest:
+            raise RuntimeError(f"{name}: bad answer {status}, {len(body)} bytes")
+        return took
+
+    try:
+        for _ in range(warmup):
+            for name in names:
+                one(name)
+        for i in range(n):
+            turn = i % len(names)
+            for name in names[turn:] + names[:turn]:
+                samples[name][i] = one(name)
+    finally:
+        for connection in connections.values():
+            connection.close()
+    return {name: (taken / 1e3).round(1).tolist() for name, taken in samples.items()}
+
+
 def latency_figures(us: np.ndarray) -> dict[str, int]:
     """wrk's latency figures from our own per-request samples (µs)."""
     p50, p90, p99 = np.percentile(us, [50, 90, 99])

@@ -285,3 +285,30 @@ def test_the_paired_floor_is_a_column_a_goal_line_and_a_round_column_older_runs_
     rows = [line for line in lines if re.match(r"\| \d ", line)]
     assert all(re.fullmatch(r"\| \d \| [0-9.]+ \| 1\.30 \| [0-9.]+ \| 1\.00 \|", row)
                for row in rows), rows
+
+
+def test_interleaved_identity_is_a_table_and_a_goal_line_and_a_failure_is_said(
+        result: dict) -> None:
+    """The run's interleaved identity requests (compare.interleaved) give their own table
+    and the identity goal read from them beside the pooled one; a run whose interleaving
+    failed says so; a run without it renders as before."""
+    before = compare_report.report(result)
+    assert "interleaved" not in before.lower()
+    result["interleaved"] = {"identity": {
+        "tensorgate": _sequential(700, 5)["us"], "triton": _sequential(1900, 5)["us"],
+        "network floor": _sequential(600, 5)["us"], "floor": _sequential(20, 1)["us"]}}
+    text = compare_report.report(result)
+    assert re.search(r"^\| tensorgate \| 400 \| 70\d \| .* \| 68\d \| (9\d|10\d) \|$", text,
+                     re.M), text
+    assert re.search(r"^\| floor \| 400 \| 20 \| .* \| – \| – \|$", text, re.M), text
+    # (700 - 20) / (1900 - 20) = 0.36; over the network floor (700 - 600) / (1900 - 600) = 0.08
+    assert re.search(r"tensorgate / Triton, their requests interleaved .*: 0\.3[67] \(goal "
+                     r"≤ 0\.5\) — met", text), text
+    assert re.search(r"Interleaved, identity P50 over the network floor, tensorgate / Triton "
+                     r"\(no goal set\): 0\.0[78]", text), text
+    # the pooled goal, from the rounds, is unchanged beside it
+    assert re.search(r"over the floor, tensorgate / Triton: 0\.3[78] \(goal ≤ 0\.5\)", text)
+    del result["interleaved"]
+    result["interleaved_error"] = "triton exited with -11"
+    assert "Interleaved identity requests: failed (triton exited with -11)." in \
+        compare_report.report(result)
