@@ -623,7 +623,8 @@ def run(plan: Plan, names: list[str], output: pathlib.Path, device: str = "cpu",
                     record.setdefault("errors", []).append(f"round {r + 1}: {error}")
                     print(f"  {server.name} failed: {error}", flush=True)
         pair = [s for name in INTERLEAVED for s in chosen if s.name == name]
-        if answerer is not None and len(pair) == len(INTERLEAVED):
+        # (the identity goal is this machine's; on a GPU it would only spend device time)
+        if answerer is not None and device == "cpu" and len(pair) == len(INTERLEAVED):
             print("interleaved: " + ", ".join(INTERLEAVED) + ", the network floor and the floor",
                   flush=True)
             try:
