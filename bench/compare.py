@@ -462,14 +462,14 @@ def interleaved(pair: list[Server], work: pathlib.Path, x: np.ndarray, n: int, w
     """`pair` started side by side; identity's requests to each, to the network floor's
     answerer (`network`: its port and request) and the floor's call, interleaved
     (compare_wire.interleaved_exchanges): each one's latencies in µs."""
-    smallest = int(np.prod(WORKLOADS["identity"]))
+    elements = int(np.prod(WORKLOADS["identity"]))
     running: list[Running] = []
     try:
         for server in pair:
             running.append(start(server, work, x)[0])
         targets = {r.server.name: (r.ports.http, r.raws["identity"],
-                                   r.server.wire.min_body(smallest)) for r in running}
-        targets[compare_report.NETWORK_FLOOR] = (*network, OIP_BINARY.min_body(smallest))
+                                   r.server.wire.min_body(elements)) for r in running}
+        targets[compare_report.NETWORK_FLOOR] = (*network, OIP_BINARY.min_body(elements))
         return interleaved_exchanges(targets, n, warmup, floor_call)
     finally:
         for r in running:

@@ -226,7 +226,7 @@ def interleaved_exchanges(targets: dict[str, tuple[int, bytes, int]], n: int, wa
     latencies in µs. A machine whose speed swings slows every target alike: they are
     measured in the same seconds, where runs one after the other can fall on different ones.
     Every answer's status and size checked."""
-    connections = {name: Connection(port) for name, (port, _, _) in targets.items()}
+    connections: dict[str, Connection] = {}
     names = [*targets, *(["floor"] if floor is not None else [])]
     samples = {name: np.empty(n, dtype=np.int64) for name in names}
 
@@ -243,6 +243,8 @@ def interleaved_exchanges(targets: dict[str, tuple[int, bytes, int]], n: int, wa
         return took
 
     try:
+        for name, (port, _, _) in targets.items():
+            connections[name] = Connection(port)
         for _ in range(warmup):
             for name in names:
                 one(name)

@@ -261,10 +261,10 @@ class Engine:
             if isinstance(error, NotFoundError) and not self._holds(name):
                 raise  # a name the repository does not hold: nothing to list as failed
             if isinstance(error, TensorgateError):
-                self._served.failed[name] = (loading, error.message)
+                self._served.failed_load(name, loading, error.message)
                 raise
             reason = f"{type(error).__name__}: {error}"
-            self._served.failed[name] = (loading, reason)
+            self._served.failed_load(name, loading, reason)
             raise ModelConfigError(str(source.directory) if source else name,
                                    reason) from error
         if self._closing:  # shut down while this loaded: nothing is left to serve it

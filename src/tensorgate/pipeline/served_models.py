@@ -76,6 +76,11 @@ class ServedModels:
         if left:
             self.loading[name] = left
 
+    def failed_load(self, name: str, version: str, reason: str) -> None:
+        """A load of `name` failed (`version`: the one whose load failed, or ""): listed as
+        unavailable with `reason`; a version served before goes on serving."""
+        self.failed[name] = (version, reason)
+
     def serve(self, name: str, versions: dict[int, ServedVersion],
               labels: dict[tuple[str, str], list[str]], upload: pathlib.Path | None
               ) -> tuple[dict[int, ServedVersion] | None, pathlib.Path | None]:
