@@ -64,7 +64,7 @@ from compare_servers import PEERS, WORKLOADS, Ports, Server, free_port, servers 
 from compare_wire import (OIP_BINARY, OIP_JSON, Connection, NothingAnswered,  # noqa: E402
                           grpc_infer_body, grpc_reference_answer, h2load_grpc,
                           interleaved_exchanges, raw_request,
-                          sequential_exchanges, socket_load, wrk_load)
+                          sequential_exchanges, socket_load, timed_call, wrk_load)
 from tensorgate.builtin.repository import write_default_repository  # noqa: E402
 from tensorgate.pipeline.executor import default_intra_op_threads  # noqa: E402
 
@@ -312,11 +312,7 @@ def floor(calls: dict[str, Callable[[], np.ndarray]], counts: dict[str, int],
     for model, call in calls.items():
         for _ in range(warmup[model]):
             call()
-        samples = np.empty(counts[model], dtype=np.int64)
-        for i in range(counts[model]):
-            begin = time.perf_counter_ns()
-            call()
-            samples[i] = time.perf_counter_ns() - begin
+        samples = np.array([timed_call(call) for _ in range(counts[model])], dtype=np.int64)
         outputs[model] = call().copy()
         results[model] = {"us": (samples / 1e3).round(1).tolist()}
     return results, outputs

@@ -44,8 +44,7 @@ def summarize(result: dict[str, Any]) -> dict[str, Any]:
             paired = [p["paired_us"] for p in entry["sequential"] if "paired_us" in p]
             if paired:  # the floor called after each of this server's requests (compare.PAIRED)
                 both = np.concatenate([np.asarray(p) for p in paired])
-                w["paired_p50_us"], w["paired_p99_us"] = (float(np.percentile(both, q))
-                                                          for q in (50, 99))
+                w["paired_p99_us"] = float(np.percentile(both, 99))
             cpu = [p["client_cpu_us"] for p in entry["sequential"] if "client_cpu_us" in p]
             if cpu:
                 w["client_cpu_us"] = statistics.mean(cpu)
@@ -282,10 +281,7 @@ def _moving_goals(s: dict[str, Any]
     overhead over the floor and its max QPS against Triton's, resnet50's P99 against the
     floor's, and against the floor's called after each of tensorgate's requests (None in
     runs before 2026-12-06)."""
-    floor_id = _get(s, "floor", "identity", "p50_us") or 0.0
-    tg_over = (_get(s, "tensorgate", "identity", "p50_us") or 0.0) - floor_id
-    tr_over = (_get(s, "triton", "identity", "p50_us") or 0.0) - floor_id
-    return (tg_over / tr_over if tr_over > 0 else None,
+    return (_identity_ratio(s, _get(s, "floor", "identity", "p50_us") or 0.0),
             _ratio_value(_get(s, "tensorgate", "resnet50", "p99_us"),
                          _get(s, "floor", "resnet50", "p99_us")),
             _ratio_value(_get(s, "tensorgate", "identity", "max_qps"),
@@ -297,11 +293,10 @@ def _moving_goals(s: dict[str, Any]
 def interleaved_overhead(found: dict[str, list[float]], floor: str) -> float | None:
     """tensorgate's identity P50 over `floor`'s (the floor or the network floor), over
     Triton's, from interleaved latencies (compare.interleaved)."""
-    p50 = {name: float(np.percentile(us, 50)) for name, us in found.items()}
-    if floor not in p50 or "tensorgate" not in p50 or "triton" not in p50:
+    if floor not in found or "tensorgate" not in found or "triton" not in found:
         return None
-    over = p50["triton"] - p50[floor]
-    return (p50["tensorgate"] - p50[floor]) / over if over > 0 else None
+    p50 = {name: float(np.percentile(us, 50)) for name, us in found.items()}
+    return _overhead_ratio(p50["tensorgate"], p50["triton"], p50[floor])
 
 
 def interleaved_table(result: dict[str, Any]) -> list[str]:
@@ -332,11 +327,21 @@ def _network_overhead(s: dict[str, Any]) -> float | None:
     """Identity's P50 less the network floor's, tensorgate's over Triton's: each server's
     own work, without the kernel's copies of the bytes (None without a network floor)."""
     network = _get(s, NETWORK_FLOOR, "identity", "p50_us")
-    if network is None:
-        return None
-    tg_over = (_get(s, "tensorgate", "identity", "p50_us") or 0.0) - network
-    tr_over = (_get(s, "triton", "identity", "p50_us") or 0.0) - network
-    return tg_over / tr_over if tr_over > 0 else None
+    return None if network is None else _identity_ratio(s, network)
+
+
+def _identity_ratio(s: dict[str, Any], floor_p50: float) -> float | None:
+    """From a summary: `_overhead_ratio` of identity's P50s (a server without one counts
+    as 0)."""
+    return _overhead_ratio(_get(s, "tensorgate", "identity", "p50_us") or 0.0,
+                           _get(s, "triton", "identity", "p50_us") or 0.0, floor_p50)
+
+
+def _overhead_ratio(tensorgate_p50: float, triton_p50: float, floor_p50: float
+                    ) -> float | None:
+    """tensorgate's P50 over a floor's, over Triton's (None where Triton's is not over it)."""
+    over = triton_p50 - floor_p50
+    return (tensorgate_p50 - floor_p50) / over if over > 0 else None
 
 
 def goals_by_round(result: dict[str, Any]) -> list[str]:

@@ -177,6 +177,24 @@ def _children_cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+def timed_exchange(connection: Connection, raw: bytes, smallest: int, what: str) -> int:
+    """One exchange of `raw` on `connection`: its time in ns; the answer's status and size
+    checked (`what` names it in the error)."""
+    begin = time.perf_counter_ns()
+    status, _, body = connection.exchange(raw)
+    took = time.perf_counter_ns() - begin
+    if status != 200 or len(body) < smallest:
+        raise RuntimeError(f"{what}: bad answer {status}, {len(body)} bytes")
+    return took
+
+
+def timed_call(call: Callable[[], object]) -> int:
+    """One call of `call` (a floor): its time in ns."""
+    begin = time.perf_counter_ns()
+    call()
+    return time.perf_counter_ns() - begin
+
+
 def sequential_exchanges(port: int, raw: bytes, n: int, warmup: int, smallest: int,
                          what: str, between: Callable[[], object] | None = None
                          ) -> dict[str, Any]:
@@ -197,16 +215,10 @@ def sequential_exchanges(port: int, raw: bytes, n: int, warmup: int, smallest: i
             connection.exchange(raw)
         cpu = time.process_time()
         for i in range(n):
-            begin = time.perf_counter_ns()
-            status, _, body = connection.exchange(raw)
-            samples[i] = time.perf_counter_ns() - begin
-            if status != 200 or len(body) < smallest:
-                raise RuntimeError(f"{what}: bad answer {status}, {len(body)} bytes")
+            samples[i] = timed_exchange(connection, raw, smallest, what)
             if between is not None:
                 other = time.process_time()
-                begin = time.perf_counter_ns()
-                between()
-                paired[i] = time.perf_counter_ns() - begin
+                paired[i] = timed_call(between)
                 other_cpu += time.process_time() - other
         cpu = time.process_time() - cpu - other_cpu
     finally:
@@ -231,16 +243,10 @@ def interleaved_exchanges(targets: dict[str, tuple[int, bytes, int]], n: int, wa
     samples = {name: np.empty(n, dtype=np.int64) for name in names}
 
     def one(name: str) -> int:
-        begin = time.perf_counter_ns()
         if name == "floor" and floor is not None:
-            floor()
-            return time.perf_counter_ns() - begin
+            return timed_call(floor)
         _, raw, smallest = targets[name]
-        status, _, body = connections[name].exchange(raw)
-        took = time.perf_counter_ns() - begin
-        if status != 200 or len(body) < smallest:
-            raise RuntimeError(f"{name}: bad answer {status}, {len(body)} bytes")
-        return took
+        return timed_exchange(connections[name], raw, smallest, name)
 
     try:
         for name, (port, _, _) in targets.items():

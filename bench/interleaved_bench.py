@@ -21,7 +21,6 @@ import shutil
 import statistics
 import sys
 import tempfile
-import time
 
 import numpy as np
 
@@ -30,7 +29,7 @@ sys.path.insert(0, str(HERE.parent / "src"))
 sys.path.insert(0, str(HERE))
 
 from ab_bench import serve  # noqa: E402
-from compare_wire import OIP_BINARY, Connection, raw_request  # noqa: E402
+from compare_wire import OIP_BINARY, Connection, raw_request, timed_exchange  # noqa: E402
 from tensorgate.builtin.repository import write_default_repository  # noqa: E402
 
 
@@ -67,11 +66,8 @@ def run(trees: dict[str, pathlib.Path], models: pathlib.Path, requests: int,
         samples = {tree: np.empty(requests) for tree in names}
         for i in range(requests):
             for tree in (names if i % 2 == 0 else names[::-1]):
-                began = time.perf_counter_ns()
-                status, _, answer = connections[tree].exchange(raws[tree])
-                samples[tree][i] = (time.perf_counter_ns() - began) / 1e3
-                if status != 200 or len(answer) < smallest:
-                    raise RuntimeError(f"{tree}: bad answer {status}, {len(answer)} bytes")
+                samples[tree][i] = timed_exchange(connections[tree], raws[tree], smallest,
+                                                  tree) / 1e3
         return {tree: (samples[tree], connections[tree].recvs / requests) for tree in names}
     finally:
         for connection in connections.values():

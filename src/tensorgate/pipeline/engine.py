@@ -189,7 +189,7 @@ class Engine:
     async def _load_counted(self, name: str, config: str | None,
                             files: UploadedFiles | None,
                             folder: pathlib.Path | None = None) -> None:
-        """`_load`, counted in `_loading` while it runs, tried again `load_retries` times
+        """`_load`, counted as loading while it runs, tried again `load_retries` times
         when it fails (but for a NotFoundError: what is not there will not come)."""
         self._served.count_loading(name)
         try:

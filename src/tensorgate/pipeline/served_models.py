@@ -11,7 +11,7 @@ from __future__ import annotations
 import itertools
 import pathlib
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from tensorgate.errors import NotFoundError, UnavailableError
@@ -111,7 +111,7 @@ class ServedModels:
 
     def withdraw_all(self) -> tuple[list[ServedVersion], list[pathlib.Path]]:
         """A shutdown: every version served and every upload folder, none served after."""
-        versions = [v for vs in self.versions.values() for v in vs.values()]
+        versions = list(self._every_version())
         uploads = list(self.uploads.values())
         self.versions, self.uploads = {}, {}
         return versions, uploads
@@ -128,7 +128,10 @@ class ServedModels:
 
     def called_by_ensembles(self) -> set[str]:
         """The models that some served ensemble calls as a step."""
-        return step_models(v for vs in self.versions.values() for v in vs.values())
+        return step_models(self._every_version())
+
+    def _every_version(self) -> Iterator[ServedVersion]:
+        return (v for vs in self.versions.values() for v in vs.values())
 
     def resolve(self, name: str, version: int | None) -> ServedVersion:
         """The version a request for `name` (`version`: None, the newest) runs on."""
