@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 import pytest
 
 from tensorgate.errors import InvalidArgumentError
-from tensorgate.network.http_routes import HttpRequest
+from tensorgate.network.http_request import HttpRequest
 from tensorgate.network.sagemaker_models import _load_body
 from tensorgate.network.sagemaker_routes import BINARY_CONTENT_TYPE, sagemaker_routes
 from tensorgate.protocol.restricted import API_GROUPS

@@ -44,7 +44,8 @@ from tensorgate.errors import CancelledError
 from tensorgate.network import ConnectionBudget, PoolRelief, RefusedConnection, stalled_message
 from tensorgate.network.http_answers import HttpAnswers, close_transport
 from tensorgate.network.http_parsing import Pipelined, Refusal
-from tensorgate.network.http_routes import OIP_ROUTES, Routes
+from tensorgate.network.http_request import Routes
+from tensorgate.network.http_routes import OIP_ROUTES
 from tensorgate.network.socket_send import SocketSender
 from tensorgate.protocol.infer_codec import json_error
 from tensorgate.protocol.restricted import Restrictions

@@ -15,7 +15,7 @@ from tensorgate.errors import TensorgateError
 from tensorgate.network import UNREAD_ANSWER_S, arrival_eta, slow_message
 from tensorgate.network.eager import EagerRun
 from tensorgate.network.http_parsing import HttpParsing
-from tensorgate.network.http_routes import HttpRequest, StreamedResponse
+from tensorgate.network.http_request import HttpRequest, StreamedResponse
 from tensorgate.protocol.infer_codec import json_error
 from tensorgate.protocol.restricted import refusal
 from tensorgate.protocol.status import codes_for

@@ -19,7 +19,7 @@ import httptools
 
 from tensorgate.errors import InvalidArgumentError, PoolExhaustedError
 from tensorgate.network.eager import EagerRun
-from tensorgate.network.http_routes import HttpRequest
+from tensorgate.network.http_request import HttpRequest
 from tensorgate.network.socket_send import SocketSender
 from tensorgate.tensor.copies import CopyLedger, record_copy
 from tensorgate.tensor.buffer import ALIGNMENT, HostBuffer

@@ -1,121 +1,37 @@
 """The HTTP/1.1 routes of the Open Inference Protocol: path → handler, and the handlers.
 
-A handler takes the data plane, the request and its path arguments and returns (status,
-headers, body parts) — or a `StreamedResponse` whose parts the connection writes as they come
-(Server-Sent Events). Handlers decode, call the data plane, and encode; the connection
-(`http.py`) owns the socket. Routes follow Triton's (`src/http_server.cc`): versions are
-decimal; a wrong method is 405.
+A handler takes the data plane, the request (http_request.py) and its path arguments and
+returns (status, headers, body parts) — or a `StreamedResponse` whose parts the connection
+writes as they come (Server-Sent Events: generate_stream, in http_generate.py). Handlers
+decode, call the data plane, and encode; the connection (`http.py`) owns the socket. Routes
+follow Triton's (`src/http_server.cc`): versions are decimal; a wrong method is 405.
 """
 
 from __future__ import annotations
 
 import base64
-import dataclasses
 import functools
-import json
-import logging
-import re
 import urllib.parse
-from collections.abc import AsyncGenerator, Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from tensorgate.dataplane import Answer, DataPlane
-from tensorgate.errors import InternalError, InvalidArgumentError, TensorgateError
+from tensorgate.dataplane import DataPlane
+from tensorgate.errors import InvalidArgumentError
 from tensorgate.network import in_steps
-from tensorgate.protocol.compression import deflate_steps, inflate_steps, worth_compressing
-from tensorgate.protocol.generate_codec import (decode_generate_body, encode_generate_response,
-                                                sse_event)
+from tensorgate.network.http_generate import generate, generate_stream
+from tensorgate.network.http_request import (JSON_HEADERS, Handler, HttpRequest, Routed, Routes,
+                                             body_json, compressed, decompressed, header_int,
+                                             json_answer, request_trace)
+from tensorgate.protocol.compression import deflate_steps, worth_compressing
 from tensorgate.protocol.infer_codec import (TENSORS_A_STEP, decode_infer_body, decode_infer_steps,
-                                             encode_infer_response, json_error, parse_json)
-from tensorgate.protocol.request_parameters import forward_headers
+                                             encode_infer_response, json_error)
 from tensorgate.protocol.json_answers import encode_in_slices, large_json_outputs
 from tensorgate.protocol.json_slices import decode_in_slices, worth_slicing
 from tensorgate.protocol.load_body import load_parameters_steps
+from tensorgate.protocol.request_parameters import forward_headers
 from tensorgate.repository.upload import decode_base64_file, uploaded_files
-from tensorgate.tensor.buffer import ALIGNMENT, HostBuffer
-from tensorgate.tensor.copies import CopyLedger, record_copy
+from tensorgate.tensor.copies import record_copy
 
-if TYPE_CHECKING:
-    from tensorgate.pipeline.trace import Trace
-
-__all__ = ["API_GROUP", "INFERENCES", "OIP_ROUTES", "Handler", "HttpRequest", "Routed",
-           "Routes", "StreamedResponse", "route"]
-
-log = logging.getLogger("tensorgate.http")
-
-
-class HttpRequest:
-    __slots__ = ("method", "path", "headers", "body", "length", "json_length", "ledger", "limit",
-                 "acquire", "forward", "began_ns", "received_ns", "trace")
-
-    def __init__(self, limit: int, acquire: Callable[[int], HostBuffer],
-                 forward: re.Pattern[str] | None = None) -> None:
-        self.limit = limit
-        self.acquire = acquire  # a pooled buffer (for the body decompressed), or refused
-        self.forward = forward  # names of headers to pass to the model as parameters
-        self.json_length: int | None = None  # Inference-Header-Content-Length
-        self.method = ""
-        self.path = ""
-        self.headers: dict[str, str] = {}
-        self.body: Any = None
-        self.length = 0
-        self.ledger = CopyLedger()
-        self.began_ns = 0      # its first bytes arrived, and its last: for traces
-        self.received_ns = 0
-        self.trace: Trace | None = None  # when a trace setting sampled it
-
-
-class StreamedResponse:
-    """A response whose body comes in parts as they are made (Server-Sent Events): the
-    connection writes each part as an HTTP/1.1 chunk as soon as it comes, and closes `parts`
-    when the client goes away."""
-
-    __slots__ = ("headers", "parts", "status")
-
-    def __init__(self, status: int, headers: list[tuple[str, str]],
-                 parts: AsyncGenerator[bytes, None]) -> None:
-        self.status = status
-        self.headers = headers
-        self.parts = parts
-
-
-# -- routes ----------------------------------------------------------------------------------
-
-Handler = Callable[..., Any]
-Routed = tuple[Handler, tuple[str, ...]] | tuple[int, str]
-
-
-@dataclasses.dataclass(frozen=True)
-class Routes:
-    """What one HTTP port serves: `route(method, path)` (a handler and its path arguments,
-    or the HTTP code and error of 404 / 405), each handler's API group (restricted APIs),
-    and `json_length(headers)`, where the JSON of a body with binary tensors ends (None: the
-    body is JSON; InvalidArgumentError: the header saying it is wrong)."""
-
-    route: Callable[[str, str], Routed]
-    api_group: dict[Handler, str]
-    json_length: Callable[[dict[str, str]], int | None]
-
-
-def _header_int(headers: dict[str, str], name: str) -> int | None:
-    """Header `name` (lower-case) as a count of bytes, None where absent."""
-    value = headers.get(name)
-    if value is None:
-        return None
-    try:
-        number = int(value)
-    except ValueError:
-        raise InvalidArgumentError(f"header {name} must be an integer, got '{value}'") from None
-    if number < 0:
-        raise InvalidArgumentError(f"header {name} must not be negative, got {number}")
-    return number
-
-
-_JSON = [("Content-Type", "application/json")]
-
-
-def _json(value: Any) -> tuple[int, list[tuple[str, str]], list[bytes]]:
-    return 200, _JSON, [json.dumps(value, separators=(",", ":")).encode()]
+__all__ = ["API_GROUP", "INFERENCES", "OIP_ROUTES", "route"]
 
 
 # Health answers carry the Open Inference Protocol's bodies: tritonclient reads the status
@@ -127,68 +43,59 @@ _READY = [b'{"ready":true}']
 
 async def _live(dp: DataPlane, request: HttpRequest) -> Any:
     if dp.live():
-        return 200, _JSON, _LIVE
-    return 503, _JSON, [json_error("server is not live")]
+        return 200, JSON_HEADERS, _LIVE
+    return 503, JSON_HEADERS, [json_error("server is not live")]
 
 
 async def _ready(dp: DataPlane, request: HttpRequest) -> Any:
     if dp.ready():
-        return 200, _JSON, _READY
-    return 503, _JSON, [json_error("server is not ready")]
+        return 200, JSON_HEADERS, _READY
+    return 503, JSON_HEADERS, [json_error("server is not ready")]
 
 
 async def _server_metadata(dp: DataPlane, request: HttpRequest) -> Any:
-    return _json(dp.server_metadata())
+    return json_answer(dp.server_metadata())
 
 
 async def _model_metadata(dp: DataPlane, request: HttpRequest, model: str, version: str) -> Any:
-    return _json(dp.model_metadata(model, version))
+    return json_answer(dp.model_metadata(model, version))
 
 
 async def _model_ready(dp: DataPlane, request: HttpRequest, model: str, version: str) -> Any:
     if dp.model_ready(model, version):
-        return _json({"name": model, "ready": True})
-    return 503, _JSON, [json_error(f"model '{model}' version '{version or 'latest'}' is not "
-                                   "ready")]
+        return json_answer({"name": model, "ready": True})
+    return 503, JSON_HEADERS, [json_error(
+        f"model '{model}' version '{version or 'latest'}' is not ready")]
 
 
 async def _model_config(dp: DataPlane, request: HttpRequest, model: str, version: str) -> Any:
-    return _json(dp.model_config(model, version))
+    return json_answer(dp.model_config(model, version))
 
 
 async def _stats(dp: DataPlane, request: HttpRequest, model: str = "", version: str = "") -> Any:
-    return _json(dp.statistics(model, version))
-
-
-def _body_json(request: HttpRequest) -> dict[str, Any]:
-    if not request.length:
-        return {}
-    value = parse_json(memoryview(request.body)[:request.length], "the request body")
-    if not isinstance(value, dict):
-        raise InvalidArgumentError("the request body must be a JSON object")
-    return value
+    return json_answer(dp.statistics(model, version))
 
 
 async def _log_settings(dp: DataPlane, request: HttpRequest) -> Any:
     """GET: the server's log settings; POST: change some (logging extension)."""
     if request.method == "GET":
-        return _json(dp.log_settings.current())
-    return _json(dp.log_settings.update(_body_json(request)))
+        return json_answer(dp.log_settings.current())
+    return json_answer(dp.log_settings.update(body_json(request)))
 
 
 async def _trace_settings(dp: DataPlane, request: HttpRequest, model: str = "") -> Any:
     """GET: the trace settings (of `model`, or the global ones); POST: change some (trace
     extension; a null value clears a setting)."""
     if request.method == "GET":
-        return _json(dp.trace_settings(model))
-    return _json(dp.trace_settings(model, _body_json(request)))
+        return json_answer(dp.trace_settings(model))
+    return json_answer(dp.trace_settings(model, body_json(request)))
 
 
 async def _index(dp: DataPlane, request: HttpRequest, repository: str) -> Any:
-    ready = _body_json(request).get("ready", False)
+    ready = body_json(request).get("ready", False)
     if not isinstance(ready, bool):  # "false" would list only the ready ones
         raise InvalidArgumentError("repository index parameter 'ready' must be true or false")
-    return _json(dp.repository_index(ready, repository))
+    return json_answer(dp.repository_index(ready, repository))
 
 
 async def _load(dp: DataPlane, request: HttpRequest, model: str, repository: str) -> Any:
@@ -204,7 +111,7 @@ async def _load(dp: DataPlane, request: HttpRequest, model: str, repository: str
                                    "config as JSON text")
     files = uploaded_files(parameters, _file_content if decode else None)
     await dp.load(model, config, repository, files)
-    return 200, _JSON, [b""]
+    return 200, JSON_HEADERS, [b""]
 
 
 def _file_content(key: str, value: Any) -> bytes | bytearray:
@@ -214,39 +121,14 @@ def _file_content(key: str, value: Any) -> bytes | bytearray:
 
 
 async def _unload(dp: DataPlane, request: HttpRequest, model: str, repository: str) -> Any:
-    parameters = _body_json(request).get("parameters") or {}
+    parameters = body_json(request).get("parameters") or {}
     if not isinstance(parameters, dict):
         raise InvalidArgumentError("'parameters' of an unload request must be a JSON object")
     dependents = parameters.get("unload_dependents", False)
     if not isinstance(dependents, bool):
         raise InvalidArgumentError("unload parameter 'unload_dependents' must be true or false")
     await dp.unload(model, dependents, repository)
-    return 200, _JSON, [b""]
-
-
-def _compressed(request: HttpRequest) -> bool:
-    """Whether the body must be decompressed (Content-Encoding gzip or deflate)."""
-    encoding = request.headers.get("content-encoding", "identity").lower()
-    if encoding in ("identity", "") or not request.length:
-        return False
-    if encoding not in ("gzip", "deflate"):
-        raise InvalidArgumentError(f"Content-Encoding '{encoding}' is not supported; use gzip, "
-                                   "deflate or none")
-    return True
-
-
-async def _decompressed(request: HttpRequest) -> tuple[Any, int]:
-    """The body decompressed a piece at a time (protocol.steps), and its length."""
-    # binary tensors after a JSON header of known length land aligned, as a received body's
-    pad = (-(request.json_length or 0)) % ALIGNMENT
-    data = await in_steps(inflate_steps(memoryview(request.body)[:request.length],
-                                        request.headers["content-encoding"].lower(),
-                                        request.limit, "body", request.ledger,
-                                        request.acquire, pad))
-    if data is None:
-        raise InvalidArgumentError(f"the decompressed body exceeds the {request.limit}-byte "
-                                   "limit (--max-request-bytes)")
-    return data, len(data)
+    return 200, JSON_HEADERS, [b""]
 
 
 # JSON of more bytes than this may name more tensors than a step decodes, and is decoded in
@@ -256,8 +138,8 @@ _STEPPED_JSON = 40 * TENSORS_A_STEP
 
 async def _infer(dp: DataPlane, request: HttpRequest, model: str, version: str) -> Any:
     body, length = request.body, request.length
-    if _compressed(request):  # (checked first: no coroutine for a plain body)
-        body, length = await _decompressed(request)
+    if compressed(request):  # (checked first: no coroutine for a plain body)
+        body, length = await decompressed(request)
     if not length:
         if request.json_length != 0:
             raise InvalidArgumentError("the inference request has no body")
@@ -274,7 +156,7 @@ async def _infer(dp: DataPlane, request: HttpRequest, model: str, version: str) 
     # own: unless a view holds it, the body goes back to the pool while the request waits
     request.body = body = None
     decoded.forwarded = forward_headers(request.headers.items(), request.forward)
-    trace = _trace(dp, request, model)
+    trace = request_trace(dp, request, model)
     result, outputs, binary, in_shm = await dp.infer(model, version, decoded, request.ledger,
                                                      trace)
     parameters = dict(result.parameters) if result.parameters else None
@@ -288,8 +170,9 @@ async def _infer(dp: DataPlane, request: HttpRequest, model: str, version: str) 
                                            binary, parameters, in_shm)
         heads = [head]
     head_length = sum(len(part) for part in heads)
-    headers = _JSON if not tail else [("Content-Type", "application/octet-stream"),
-                                      ("Inference-Header-Content-Length", str(head_length))]
+    headers = JSON_HEADERS if not tail else [
+        ("Content-Type", "application/octet-stream"),
+        ("Inference-Header-Content-Length", str(head_length))]
     encoding = _accepted_encoding(request.headers.get("accept-encoding", ""))
     if encoding is None or not worth_compressing(tail):
         return 200, headers, [*heads, *tail]
@@ -298,99 +181,6 @@ async def _infer(dp: DataPlane, request: HttpRequest, model: str, version: str) 
     packed = await in_steps(deflate_steps([*heads, *tail], encoding))
     record_copy(head_length + sum(t.nbytes for t in tail), "encode", request.ledger)
     return 200, [*headers, ("Content-Encoding", encoding)], [packed]
-
-
-async def _generate_answers(dp: DataPlane, request: HttpRequest, model: str,
-                            version: str) -> AsyncGenerator[Answer, None]:
-    """The responses to a generate request: one from a model that is not decoupled, any
-    number from one that is (dp.infer_stream takes both). A compressed body is
-    decompressed a piece at a time, as infer's (48 MB in one go held the loop 110 ms)."""
-    body, length = request.body, request.length
-    if _compressed(request):
-        body, length = await _decompressed(request)
-    decoded = dp.generate_request(model, version, decode_generate_body(body, length),
-                                  request.ledger)
-    decoded.forwarded = forward_headers(request.headers.items(), request.forward)
-    answers = dp.infer_stream(model, version, decoded, request.ledger,
-                              _trace(dp, request, model))
-    try:
-        async for answer in answers:
-            yield answer
-    finally:
-        await answers.aclose()
-
-
-def _trace(dp: DataPlane, request: HttpRequest, model: str) -> Trace | None:
-    """The request's trace when a trace setting samples it, with the times it arrived; the
-    connection stamps its sending and finishes it."""
-    trace = request.trace = dp.trace(model, request.headers.get("traceparent"))
-    if trace is not None:
-        trace.stamp("HTTP_RECV_START", request.began_ns)
-        trace.stamp("HTTP_RECV_END", request.received_ns)
-    return trace
-
-
-async def _generate(dp: DataPlane, request: HttpRequest, model: str, version: str) -> Any:
-    """Triton's generate extension: one JSON object in, one out (protocol/generate_codec.py).
-    A decoupled model may answer it only with exactly one response."""
-    answers = _generate_answers(dp, request, model, version)
-    answer: bytes | None = None
-    try:
-        async for result, outputs, _, _ in answers:
-            if result.error is not None:  # a decoupled model's error response
-                try:
-                    raise result.error
-                finally:  # its traceback holds this frame: not the result too (a cycle)
-                    del result
-            if answer is not None:
-                raise InvalidArgumentError(
-                    f"model '{model}' is decoupled and sent more than one response; call "
-                    "generate_stream to receive each as it comes")
-            answer = encode_generate_response(result.model, result.version, outputs)
-    finally:
-        await answers.aclose()
-    if answer is None:
-        raise InternalError(f"model '{model}' sent no response; generate needs one")
-    return 200, _JSON, [answer]
-
-
-_EVENT_STREAM = [("Content-Type", "text/event-stream; charset=utf-8"),
-                 ("Cache-Control", "no-cache")]
-
-
-async def _generate_stream(dp: DataPlane, request: HttpRequest, model: str,
-                           version: str) -> Any:
-    """Each response as one Server-Sent Event, as the model makes it. The first is awaited
-    before answering, so that a request that fails before it gets an HTTP error status; an
-    error after it comes as an event `{"error": ...}` and ends the stream, but for a
-    decoupled model's error response that is not its last, after which more come."""
-    answers = _generate_answers(dp, request, model, version)
-    try:
-        first = await anext(answers, None)
-    except BaseException:
-        await answers.aclose()
-        raise
-    return StreamedResponse(200, _EVENT_STREAM, _events(first, answers, request))
-
-
-async def _events(first: Answer | None, answers: AsyncGenerator[Answer, None],
-                  request: HttpRequest) -> AsyncGenerator[bytes, None]:
-    try:
-        answer = first
-        while answer is not None:
-            result, outputs, _, _ = answer
-            if result.error is not None:
-                yield sse_event(json_error(result.error.message))
-            else:
-                yield sse_event(encode_generate_response(result.model, result.version, outputs))
-            answer = await anext(answers, None)
-    except TensorgateError as error:
-        yield sse_event(json_error(error.message))
-    except Exception as error:  # a bug: tell the client, log, keep serving
-        log.exception("unexpected error streaming %s", request.path)
-        yield sse_event(json_error(f"internal error: {type(error).__name__}: {error}"))
-    finally:
-        await answers.aclose()
 
 
 @functools.lru_cache(maxsize=64)  # a client sends the same Accept-Encoding every time
@@ -413,26 +203,26 @@ def _accepted_encoding(accept: str) -> str | None:
 
 
 async def _shm_status(dp: DataPlane, request: HttpRequest, region: str = "") -> Any:
-    return _json(dp.shm.status(region or None))
+    return json_answer(dp.shm.status(region or None))
 
 
 async def _shm_register(dp: DataPlane, request: HttpRequest, region: str) -> Any:
-    body = _body_json(request)
+    body = body_json(request)
     dp.shm.register(region, body.get("key"), body.get("offset", 0), body.get("byte_size"))
-    return 200, _JSON, [b""]
+    return 200, JSON_HEADERS, [b""]
 
 
 async def _shm_unregister(dp: DataPlane, request: HttpRequest, region: str = "") -> Any:
     dp.shm.unregister(region or None)
-    return 200, _JSON, [b""]
+    return 200, JSON_HEADERS, [b""]
 
 
 async def _cuda_shm_status(dp: DataPlane, request: HttpRequest, region: str = "") -> Any:
-    return _json(dp.shm.status(region or None, "cuda"))
+    return json_answer(dp.shm.status(region or None, "cuda"))
 
 
 async def _cuda_shm_register(dp: DataPlane, request: HttpRequest, region: str) -> Any:
-    body = _body_json(request)
+    body = body_json(request)
     handle = body.get("raw_handle")
     encoded = handle.get("b64") if isinstance(handle, dict) else None
     try:
@@ -443,12 +233,12 @@ async def _cuda_shm_register(dp: DataPlane, request: HttpRequest, region: str) -
         raise InvalidArgumentError(f"region '{region}': raw_handle must be {{\"b64\": the "
                                    "base64 of the CUDA IPC memory handle}")
     dp.shm.register_cuda(region, raw, body.get("device_id", 0), body.get("byte_size"))
-    return 200, _JSON, [b""]
+    return 200, JSON_HEADERS, [b""]
 
 
 async def _cuda_shm_unregister(dp: DataPlane, request: HttpRequest, region: str = "") -> Any:
     dp.shm.unregister(region or None, "cuda")
-    return 200, _JSON, [b""]
+    return 200, JSON_HEADERS, [b""]
 
 
 _SHM_HANDLERS = {"system": (_shm_status, _shm_register, _shm_unregister),
@@ -475,12 +265,12 @@ def _shm_route(kind: str, method: str, rest: list[str],
 
 
 # A model's inference handlers by the name of their route (SageMaker's /invocations calls one)
-INFERENCES: dict[str, Handler] = {"infer": _infer, "generate": _generate,
-                                  "generate_stream": _generate_stream}
+INFERENCES: dict[str, Handler] = {"infer": _infer, "generate": generate,
+                                  "generate_stream": generate_stream}
 _MODEL_ACTIONS: dict[str, tuple[str, Handler]] = {
     "": ("GET", _model_metadata), "ready": ("GET", _model_ready),
     "config": ("GET", _model_config), "stats": ("GET", _stats), "infer": ("POST", _infer),
-    "generate": ("POST", _generate), "generate_stream": ("POST", _generate_stream)}
+    "generate": ("POST", generate), "generate_stream": ("POST", generate_stream)}
 
 
 _ROUTED_KEPT = 256  # (method, path) pairs whose handler is kept: a client calls a few
@@ -578,7 +368,7 @@ def _route(method: str, path: str) -> Routed:
 API_GROUP: dict[Handler, str] = {
     _live: "health", _ready: "health", _model_ready: "health",
     _server_metadata: "metadata", _model_metadata: "metadata",
-    _infer: "inference", _generate: "inference", _generate_stream: "inference",
+    _infer: "inference", generate: "inference", generate_stream: "inference",
     _model_config: "model-config", _stats: "statistics",
     _index: "model-repository", _load: "model-repository", _unload: "model-repository",
     _shm_status: "shared-memory", _shm_register: "shared-memory",
@@ -588,7 +378,7 @@ API_GROUP: dict[Handler, str] = {
 
 
 def _inference_header(headers: dict[str, str]) -> int | None:
-    return _header_int(headers, "inference-header-content-length")
+    return header_int(headers, "inference-header-content-length")
 
 
 # The Open Inference Protocol's /v2 routes (Triton's binary tensor extension's header)

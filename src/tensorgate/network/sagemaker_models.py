@@ -31,7 +31,7 @@ from typing import Any
 
 from tensorgate.dataplane import DataPlane
 from tensorgate.errors import InvalidArgumentError, TensorgateError
-from tensorgate.network.http_routes import HttpRequest, Routed
+from tensorgate.network.http_request import JSON_HEADERS, HttpRequest, Routed
 from tensorgate.protocol.infer_codec import json_error, parse_json
 from tensorgate.protocol.status import codes_for
 
@@ -39,7 +39,6 @@ __all__ = ["MultiModels"]
 
 log = logging.getLogger("tensorgate.sagemaker")
 
-_JSON = [("Content-Type", "application/json")]
 # words of an error that ran out of memory (Triton's list, in short): 507, which SageMaker
 # answers by unloading models to make room
 _OUT_OF_MEMORY = ("out of memory", "OutOfMemory", "MemoryError", "OOM", "CUDA_OUT_OF_MEMORY",
@@ -82,13 +81,13 @@ class MultiModels:
         models = [{"modelName": name, "modelUrl": url}
                   for name, (served, url) in self.loaded.items()
                   if dp.model_ready(served, None)]
-        return 200, _JSON, [json.dumps({"models": models}).encode()]
+        return 200, JSON_HEADERS, [json.dumps({"models": models}).encode()]
 
     async def describe(self, dp: DataPlane, request: HttpRequest, name: str) -> Any:
         if name not in self.loaded:
             return _not_loaded(name)
-        return 200, _JSON, [json.dumps({"modelName": name,
-                                        "modelUrl": self.loaded[name][1]}).encode()]
+        return 200, JSON_HEADERS, [json.dumps({"modelName": name,
+                                               "modelUrl": self.loaded[name][1]}).encode()]
 
     async def invoke(self, dp: DataPlane, request: HttpRequest, name: str) -> Any:
         if name not in self.loaded:
@@ -99,10 +98,10 @@ class MultiModels:
         name, url = _load_body(request)
         served = request.headers.get("x-amzn-sagemaker-target-model") or name
         if name in self.loaded or name in self._loading:
-            return 409, _JSON, [json_error(f"model '{name}' is loaded already")]
+            return 409, JSON_HEADERS, [json_error(f"model '{name}' is loaded already")]
         if any(served == other for other, _ in self.loaded.values()) or \
                 dp.model_ready(served, None):
-            return 409, _JSON, [json_error(f"a model named '{served}' is served already")]
+            return 409, JSON_HEADERS, [json_error(f"a model named '{served}' is served already")]
         self._loading.add(name)
         try:
             # (off the loop: it reads the folder, and its models' configs)
@@ -114,11 +113,11 @@ class MultiModels:
             await dp.unload_folder(served)  # its failure is not the server's (readiness)
             code = 507 if any(word in error.message for word in _OUT_OF_MEMORY) \
                 else codes_for(error)[0]
-            return code, _JSON, [json_error(error.message)]
+            return code, JSON_HEADERS, [json_error(error.message)]
         finally:
             self._loading.discard(name)
         self.loaded[name] = (served, os.path.abspath(url))  # as Triton lists it
-        return 200, _JSON, [b""]
+        return 200, JSON_HEADERS, [b""]
 
     async def unload(self, dp: DataPlane, request: HttpRequest, name: str) -> Any:
         if name not in self.loaded:
@@ -126,7 +125,7 @@ class MultiModels:
         served, _ = self.loaded.pop(name)
         log.info("SageMaker model %s: unloading %s", name, served)
         await dp.unload_folder(served)
-        return 200, _JSON, [b""]
+        return 200, JSON_HEADERS, [b""]
 
     def _model_folder(self, url: str) -> pathlib.Path:
         """The model folder a load's url names, which must lie under the root (where links
@@ -181,4 +180,4 @@ def _load_body(request: HttpRequest) -> tuple[str, str]:
 
 
 def _not_loaded(name: str) -> Any:
-    return 404, _JSON, [json_error(f"model '{name}' is not loaded (SageMaker's name)")]
+    return 404, JSON_HEADERS, [json_error(f"model '{name}' is not loaded (SageMaker's name)")]

@@ -25,8 +25,8 @@ from typing import Any
 
 from tensorgate.dataplane import DataPlane
 from tensorgate.errors import InvalidArgumentError, NotFoundError
-from tensorgate.network.http_routes import (INFERENCES, HttpRequest, Routed, Routes,
-                                            StreamedResponse)
+from tensorgate.network.http_request import HttpRequest, Routed, Routes, StreamedResponse
+from tensorgate.network.http_routes import INFERENCES
 from tensorgate.network.sagemaker_models import MultiModels
 from tensorgate.protocol.infer_codec import json_error
 

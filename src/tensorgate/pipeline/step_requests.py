@@ -55,7 +55,7 @@ class StepRequests:
                     if result.error is not None:  # an error response ends the ensemble's
                         try:
                             raise result.error
-                        finally:  # (as http_routes._generate: no cycle through this frame)
+                        finally:  # (as http_generate.generate: no cycle through this frame)
                             del result
                     yield result.outputs
         finally:
