@@ -11,7 +11,6 @@ connections, release the models and the device.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import logging
 import os
@@ -19,14 +18,11 @@ import re
 import signal
 import ssl
 import sys
-import time
 from collections.abc import Callable
 
 from tensorgate.builtin.repository import default_repository
 from tensorgate.config import ServerConfig
 from tensorgate.dataplane import DataPlane
-from tensorgate.errors import NotFoundError, TensorgateError
-from tensorgate.gpu_metrics import GpuSampler, NvmlError
 from tensorgate.host_metrics import HostSampler
 from tensorgate.network import ConnectionBudget, PoolRelief
 from tensorgate.network.grpc import GrpcFrontEnd
@@ -47,13 +43,15 @@ from tensorgate.pipeline.placement import thread_cpus
 from tensorgate.pipeline.rate_limiter import RateLimiter, parse_resource_counts
 from tensorgate.pipeline.summary import parse_quantiles
 from tensorgate.repository.layout import ModelRepositories
-from tensorgate.tensor.pool import QUIET_IDLE_BYTES, BufferPool, default_pool
+from tensorgate.server_tasks import (expire_stalled, fingerprints, follow_repository,
+                                     gpu_sampler, sample_every, trim_when_quiet,
+                                     watch_model_calls)
+from tensorgate.tensor.pool import default_pool
 
 __all__ = ["LoadsAbandoned", "Server", "StartupError", "run"]
 
 log = logging.getLogger("tensorgate.server")
 
-POOL_TRIM_PERIOD_S = 1.0  # the pool goes back to its quiet size 1–2 s after the last request
 
 
 class StartupError(Exception):
@@ -167,7 +165,7 @@ class Server:
                                       _keepalive(config),
                                       config.grpc_infer_response_compression_level)
         polling = config.model_control_mode == "poll"
-        seen = await _fingerprints(repositories) if polling else None  # before loading
+        seen = await fingerprints(repositories) if polling else None  # before loading
         explicit = config.model_control_mode == "explicit"
         # Listen first, then load: live at once (a liveness probe does not fail a slow load),
         # ready once every model has loaded; a request for a model still loading is told so, one
@@ -204,7 +202,7 @@ class Server:
                              config.grpc_keepalive_timeout_ms) / 4000, 0.05))
         fronts = [front for front in (self._http, self._sagemaker, self._grpc)
                   if front is not None]
-        self._expirer = asyncio.create_task(_expire_stalled(fronts, period))
+        self._expirer = asyncio.create_task(expire_stalled(fronts, period))
         print(f"tensorgate {self.version}: {self._listening()}; "
               f"repositor{'ies' if len(repositories.paths) > 1 else 'y'} {repositories}",
               flush=True)
@@ -220,12 +218,12 @@ class Server:
                 f"{name}: {reason}" for name, reason in sorted(unavailable.items())))
         dataplane.started = True
         if not default_pool().statistics().pinned:
-            self._pool_trimmer = asyncio.create_task(_trim_when_quiet(default_pool()))
+            self._pool_trimmer = asyncio.create_task(trim_when_quiet(default_pool()))
         if config.model_call_warn_s > 0:
-            self._call_watch = asyncio.create_task(_watch_model_calls(
+            self._call_watch = asyncio.create_task(watch_model_calls(
                 self.engine, config.model_call_warn_s))
         if polling:
-            self._poller = asyncio.create_task(_follow_repository(
+            self._poller = asyncio.create_task(follow_repository(
                 self.engine, seen or {}, config.repository_poll_s))
         if self._stopping is None:  # (serve makes it first, to hear a stop while loading)
             self._stopping = asyncio.Event()
@@ -326,11 +324,11 @@ class Server:
         host = HostSampler() if config.allow_cpu_metrics else None
         if host is not None:
             await loop.run_in_executor(None, host.sample)
-            self._host_sampler = asyncio.create_task(_sample_every(host.sample, period_s))
-        gpus = await loop.run_in_executor(None, _gpu_sampler) \
+            self._host_sampler = asyncio.create_task(sample_every(host.sample, period_s))
+        gpus = await loop.run_in_executor(None, gpu_sampler) \
             if config.allow_gpu_metrics else None
         if gpus is not None:
-            self._gpu_sampler = asyncio.create_task(_sample_every(gpus.sample, period_s))
+            self._gpu_sampler = asyncio.create_task(sample_every(gpus.sample, period_s))
         latencies = LatencyMetrics(
             config.metrics_counter_latencies,
             parse_quantiles(config.metrics_summary_quantiles)
@@ -377,76 +375,6 @@ class Server:
         await asked
         print("tensorgate: stopping (draining in-flight requests)", flush=True)
         await self.stop()
-
-
-async def _sample_every(sample: Callable[[], object], period_s: float) -> None:
-    """Triton's CPU or GPU metrics every `period_s`, read off the loop (/proc files, NVML)."""
-    loop = asyncio.get_running_loop()
-    while True:
-        await asyncio.sleep(period_s)
-        await loop.run_in_executor(None, sample)
-
-
-def _gpu_sampler() -> GpuSampler | None:
-    """NVML's sampler with its first sample taken, or None, said once: at info where the
-    server has a GPU to watch, at debug on a machine without one."""
-    try:
-        sampler = GpuSampler()
-    except NvmlError as error:
-        log.log(logging.INFO if default_pool().statistics().pinned else logging.DEBUG,
-                "GPU metrics (nv_gpu_*) are not collected: %s", error)
-        return None
-    sampler.sample()
-    log.info("GPU metrics (nv_gpu_*) from NVML for %s", ", ".join(sampler.uuids))
-    return sampler
-
-
-async def _trim_when_quiet(pool: BufferPool) -> None:
-    """Give the pool's idle excess back once a period passes with no buffer acquired."""
-    while True:
-        await asyncio.sleep(POOL_TRIM_PERIOD_S)
-        freed = pool.trim_if_quiet(QUIET_IDLE_BYTES)
-        if freed:
-            log.debug("pool: %d idle bytes freed after a quiet period", freed)
-
-
-async def _watch_model_calls(engine: Engine, warn_s: float) -> None:
-    """Warn once a call when an instance's call into its model has run `warn_s` or more: a
-    model that deadlocks or hangs holds its instance with nothing else saying so (the metric
-    tensorgate_model_call_seconds shows the same, growing)."""
-    warned: set[tuple[str, float]] = set()  # (instance, when its call began)
-    while True:
-        await asyncio.sleep(min(5.0, warn_s / 2))
-        running = set()
-        for call in engine.model_calls():
-            if call.seconds < warn_s:
-                continue
-            key = (call.instance, call.since)
-            running.add(key)
-            if key not in warned:
-                warned.add(key)
-                rows = call.rows
-                what = (f"a batch of {rows} row{'s' if rows != 1 else ''}" if rows
-                        else "a streaming step")
-                ids = call.request_ids
-                named = (f" (request{'s' if len(ids) > 1 else ''} "
-                         f"{', '.join(ids[:5])}{', ...' if len(ids) > 5 else ''})"
-                         if ids else "")
-                log.warning("model %s v%d: %s%s has been in the model for %.0f s on %s and "
-                            "has not returned (--model-call-warn-secs %g)", call.model,
-                            call.version, what, named, call.seconds, call.instance, warn_s)
-        warned &= running  # calls that ended are forgotten
-
-
-async def _expire_stalled(fronts: list[HttpFrontEnd | GrpcFrontEnd], period_s: float
-                          ) -> None:
-    """Every `period_s`: requests whose bytes stopped arriving are answered, idle HTTP/1.1
-    connections closed (one sweep for all connections: no timer per read)."""
-    while True:
-        await asyncio.sleep(period_s)
-        now = time.monotonic()
-        for front in fronts:
-            front.expire(now)
 
 
 FILES_BESIDE_CONNECTIONS = 256  # model files, shared memory, the listening sockets, logs
@@ -509,44 +437,6 @@ def _fit_open_files(connections: int) -> int:
                     fitted, connections)
         return fitted
     return connections
-
-
-async def _fingerprints(repositories: ModelRepositories
-                        ) -> dict[str, tuple[object, ...]] | None:
-    """The repositories' models as fingerprints, read on a worker thread (file system calls
-    never run on the loop); None when a repository cannot be read."""
-    try:
-        return await asyncio.to_thread(repositories.fingerprints)
-    except (TensorgateError, OSError) as error:
-        log.warning("repository poll: cannot read %s: %s", repositories, error)
-        return None
-
-
-async def _follow_repository(engine: Engine, seen: dict[str, tuple[object, ...]],
-                             period_s: float) -> None:
-    """--model-control-mode poll: every `period_s`, load models added to a repository,
-    reload those whose files changed, unload those removed. A reload that fails leaves the
-    served versions serving (the index reports the failure); the model is tried again
-    when its files change again."""
-    while True:
-        await asyncio.sleep(period_s)
-        current = await _fingerprints(engine.repositories)
-        if current is None:
-            continue  # an unreadable repository is not an empty one: unload nothing
-        for name in sorted(set(seen) - set(current)):
-            log.info("repository poll: model %s was removed; unloading it", name)
-            with contextlib.suppress(NotFoundError):
-                await engine.unload(name)
-        for name in sorted(current):
-            if seen.get(name) == current[name]:
-                continue
-            log.info("repository poll: model %s %s; loading it", name,
-                     "changed" if name in seen else "was added")
-            try:
-                await engine.load(name)
-            except TensorgateError as error:
-                log.error("repository poll: model %s failed to load: %s", name, error.message)
-        seen = current
 
 
 def _span_exporter(config: ServerConfig, version: str
