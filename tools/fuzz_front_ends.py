@@ -275,7 +275,7 @@ def held_after_quiet(server: Server, wait_s: float = 5.0) -> str | None:
     if cycles is not None:  # are all that may have made them
         return f"garbage in reference cycles: {cycles}"
     deadline = time.monotonic() + wait_s
-    fronts = [front for front in (server._http, server._grpc) if front is not None]
+    fronts = server.front_ends()
     while True:
         open_ = sum(front.budget.open for front in fronts)
         in_use = default_pool().statistics().bytes_in_use
@@ -283,7 +283,7 @@ def held_after_quiet(server: Server, wait_s: float = 5.0) -> str | None:
         queued = 0 if engine is None else sum(map(engine.pending, engine.model_names()))
         # (a load the input began may still run: its folder goes when it fails)
         folders = len(list(pathlib.Path(tempfile.gettempdir()).glob("tensorgate-upload-*")))
-        served = 0 if engine is None else len(engine._served.uploads)
+        served = 0 if engine is None else len(engine.upload_folders())
         if not (open_ or in_use or queued) and folders == served:
             return None
         if time.monotonic() > deadline:

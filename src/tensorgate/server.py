@@ -200,9 +200,7 @@ class Server:
                      max(age_s / 4, 0.05) if age_s else 1.0,  # (a few checks within an age)
                      max(min(config.grpc_keepalive_time_ms,
                              config.grpc_keepalive_timeout_ms) / 4000, 0.05))
-        fronts = [front for front in (self._http, self._sagemaker, self._grpc)
-                  if front is not None]
-        self._expirer = asyncio.create_task(expire_stalled(fronts, period))
+        self._expirer = asyncio.create_task(expire_stalled(self.front_ends(), period))
         print(f"tensorgate {self.version}: {self._listening()}; "
               f"repositor{'ies' if len(repositories.paths) > 1 else 'y'} {repositories}",
               flush=True)
@@ -271,6 +269,12 @@ class Server:
                            f"off; settable over the API, to {config.trace_file}"
                            if config.trace_file else "off (--trace-config triton,file=PATH)"),
               flush=True)
+
+    def front_ends(self) -> list[HttpFrontEnd | GrpcFrontEnd]:
+        """The front ends clients connect to (HTTP, SageMaker's, gRPC), those started: their
+        connection budgets say what is open (the expiry sweep, tools/fuzz_front_ends.py)."""
+        return [front for front in (self._http, self._sagemaker, self._grpc)
+                if front is not None]
 
     def _listening(self) -> str:
         """Where each front end listens, or that it is off."""

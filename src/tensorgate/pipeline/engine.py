@@ -499,6 +499,11 @@ class Engine:
     def pending(self, name: str) -> int:
         return self._served.pending(name)
 
+    def upload_folders(self) -> list[pathlib.Path]:
+        """The folders of the models served from uploads (a load's files; each removed when
+        its model goes): what of the temporary folder the server holds."""
+        return list(self._served.uploads.values())
+
     # -- inference -------------------------------------------------------------------------
 
     async def infer(self, request: InferenceRequest) -> InferenceResult:
