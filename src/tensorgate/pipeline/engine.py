@@ -30,8 +30,7 @@ from tensorgate.pipeline.bls import BlsBridge, ModelControl
 from tensorgate.pipeline.ensemble import (EnsembleScheduler, check_step_models,
                                           decoupled_ensemble, ensemble_steps)
 from tensorgate.pipeline.executor import default_intra_op_threads
-from tensorgate.pipeline.instance_plan import release_claims
-from tensorgate.pipeline.model_options import not_acted_on
+from tensorgate.pipeline.model_options import unused_settings
 from tensorgate.pipeline.loop_load import LoopLoad
 from tensorgate.pipeline.placement import (pin_current_thread, plan_placement,
                                            unpin_current_thread)
@@ -229,20 +228,8 @@ class Engine:
                                                 folder is not None)
             if config is None and self.repositories.config_name:
                 log.info("model %s: config from %s", name, source.config_source)
-            if source.spec.ignored:
-                log.warning("model %s: served without its config's %s (not acted on here)",
-                            name, ", ".join(source.spec.ignored))
-            unused = not_acted_on(source.spec)
-            if unused:
-                log.warning("model %s: parameters taken and not acted on: %s", name,
-                            "; ".join(unused))
-            if "EXECUTION_ENV_PATH" in source.spec.parameters:
-                log.warning("model %s: parameter EXECUTION_ENV_PATH (a packed Python "
-                            "environment for Triton's stub) is not acted on: the model runs in "
-                            "the server's own environment, which needs its packages", name)
-            if source.spec.response_cache and self._cache is None:
-                log.warning("model %s: its config enables response_cache, but the server has "
-                            "no cache; start it with --response-cache-bytes", name)
+            for unused in unused_settings(source.spec, self._cache is not None):
+                log.warning("model %s: %s", name, unused)
             for number in source.versions:
                 loading = str(number)
                 if source.spec.platform == "ensemble":
@@ -255,7 +242,7 @@ class Engine:
                 None, _label_files, source.directory, source.spec)
         except Exception as error:
             if versions:  # the versions loaded before one failed are not served: stop them
-                await self._retire(versions.values(), drain_timeout_s=0.0)
+                await self._instances.retire(versions.values(), drain_timeout_s=0.0)
             if upload is not None:
                 await loop.run_in_executor(None, remove_upload, upload)
             if isinstance(error, NotFoundError) and not self._holds(name):
@@ -268,13 +255,13 @@ class Engine:
             raise ModelConfigError(str(source.directory) if source else name,
                                    reason) from error
         if self._closing:  # shut down while this loaded: nothing is left to serve it
-            await self._retire(versions.values(), drain_timeout_s=0.0)
+            await self._instances.retire(versions.values(), drain_timeout_s=0.0)
             if upload is not None:
                 await loop.run_in_executor(None, remove_upload, upload)
             raise UnavailableError(f"model '{name}': the engine shut down while it loaded")
         old, old_upload = self._served.serve(name, versions, labels, upload)
         if old:
-            await self._retire(old.values(), drain_timeout_s=30.0)
+            await self._instances.retire(old.values(), drain_timeout_s=30.0)
         if old_upload is not None:
             await loop.run_in_executor(None, remove_upload, old_upload)
 
@@ -329,7 +316,7 @@ class Engine:
             if failed is None:
                 log.info("unload %r: the model is not loaded; nothing to do", name)
             return
-        await self._retire(versions.values(), drain_timeout_s)
+        await self._instances.retire(versions.values(), drain_timeout_s)
         if upload is not None:
             await asyncio.get_running_loop().run_in_executor(None, remove_upload, upload)
         if not dependents:
@@ -345,7 +332,7 @@ class Engine:
         should not leave its thread pinned to one core)."""
         self._closing = True
         versions, uploads = self._served.withdraw_all()
-        await self._retire(versions, drain_timeout_s)
+        await self._instances.retire(versions, drain_timeout_s)
         for upload in uploads:
             await asyncio.get_running_loop().run_in_executor(None, remove_upload, upload)
         self._postprocess.shutdown()
@@ -354,30 +341,6 @@ class Engine:
         if self._pinned:
             unpin_current_thread()
             self._pinned = False
-
-    async def _retire(self, versions: Iterable[ServedVersion], drain_timeout_s: float) -> None:
-        versions = list(versions)
-        reason = UnavailableError("the model is being unloaded; the request was not run")
-        for v in versions:  # 1. stop accepting
-            v.scheduler.close(reason)
-        deadline = time.monotonic() + drain_timeout_s
-        while any(v.scheduler.busy for v in versions) and time.monotonic() < deadline:
-            await asyncio.sleep(0.002)  # 2. drain: queued and running work finishes
-        for v in versions:  # 3. answer what could not finish, with a reason
-            queued = v.scheduler.fail_queued(reason)
-            running = v.scheduler.fail_running(UnavailableError(
-                f"model '{v.spec.name}' was unloaded while this request ran; the drain "
-                f"deadline of {drain_timeout_s} s passed"))
-            if queued or running:
-                log.warning("model %s v%d: %d queued and %d running requests answered with an "
-                            "error at unload", v.spec.name, v.version, queued, running)
-        for v in versions:  # 4. stop executors, release the model and the device
-            for executor in v.executors:
-                executor.stop()
-            release_claims(self._limiter, v.claims)
-        stopping = [e.stopped for v in versions for e in v.executors]
-        if stopping:
-            await asyncio.wait(stopping, timeout=max(deadline - time.monotonic(), 1.0))
 
     def _is_ensemble(self, name: str) -> bool:
         try:

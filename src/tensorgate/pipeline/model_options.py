@@ -13,7 +13,7 @@
 
 The PyTorch backend's other switches change torch for the whole process (the JIT executor and
 fusers, cuDNN) or do not apply here; a config that sets one is served, with a warning
-naming it (`not_acted_on`).
+naming it (`unused_settings`).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from tensorgate.config import FALSE_WORDS, TRUE_WORDS
 from tensorgate.repository.model_config import ModelConfigError, ModelSpec
 
-__all__ = ["cpu_affinity", "flag", "int_parameter", "not_acted_on", "streams_per_instance"]
+__all__ = ["cpu_affinity", "flag", "int_parameter", "streams_per_instance", "unused_settings"]
 
 # Triton's PyTorch-backend parameters tensorgate takes and does not act on, with why
 _NOT_ACTED_ON = {
@@ -72,10 +72,31 @@ def streams_per_instance(spec: ModelSpec) -> int:
     return int_parameter(spec, ("streams_per_instance",), 1)
 
 
-def not_acted_on(spec: ModelSpec) -> list[str]:
+def _not_acted_on(spec: ModelSpec) -> list[str]:
     """The PyTorch-backend parameters `spec` sets that tensorgate does not act on, each with
     why, for the load's warning."""
     return [f"{key} ({why})" for key, why in _NOT_ACTED_ON.items() if key in spec.parameters]
+
+
+def unused_settings(spec: ModelSpec, has_cache: bool) -> list[str]:
+    """What of `spec` the server takes and does not act on, each said once at load: config
+    fields (ModelSpec.ignored), the PyTorch backend's process-wide parameters, a packed
+    environment for Triton's stub, a response cache the server has none of (`has_cache`)."""
+    said = []
+    if spec.ignored:
+        said.append(f"served without its config's {', '.join(spec.ignored)} (not acted on "
+                    "here)")
+    unused = _not_acted_on(spec)
+    if unused:
+        said.append(f"parameters taken and not acted on: {'; '.join(unused)}")
+    if "EXECUTION_ENV_PATH" in spec.parameters:
+        said.append("parameter EXECUTION_ENV_PATH (a packed Python environment for Triton's "
+                    "stub) is not acted on: the model runs in the server's own environment, "
+                    "which needs its packages")
+    if spec.response_cache and not has_cache:
+        said.append("its config enables response_cache, but the server has no cache; start "
+                    "it with --response-cache-bytes")
+    return said
 
 
 def cpu_affinity(spec: ModelSpec) -> frozenset[int] | None:

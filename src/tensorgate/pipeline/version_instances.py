@@ -3,16 +3,19 @@
 Where each instance runs (pipeline/instance_plan.py), whether the others run the first's
 copy of a TorchScript model or each load their own, the spare on the loop's cores, the
 scheduler that feeds them, and a failed load's instances stopped before its error is
-raised. The Engine (engine.py) owns versions once they are loaded: it routes requests to
-them and retires them.
+raised; at the end, versions retired (drained, then stopped). The Engine (engine.py) owns
+versions once they are loaded: it routes requests to them and says when to retire them.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
+from collections.abc import Iterable
 from dataclasses import replace
 
+from tensorgate.errors import UnavailableError
 from tensorgate.pipeline.aoti_check import check_aoti_package
 from tensorgate.pipeline.batch_cap import GATHER_BYTES
 from tensorgate.pipeline.executor import ExecutorThread
@@ -29,6 +32,7 @@ from tensorgate.pipeline.postprocess_pool import PostprocessPool
 from tensorgate.pipeline.rate_limiter import Claim, RateLimiter
 from tensorgate.pipeline.scheduler import Scheduler
 from tensorgate.pipeline.served_config import served_spec
+from tensorgate.pipeline.served_models import ServedVersion
 from tensorgate.pipeline.sequences import SequenceScheduler
 from tensorgate.pipeline.stats import ModelStatistics
 from tensorgate.repository.layout import ModelSource, artifact_path
@@ -197,8 +201,35 @@ class VersionInstances:
         return (spec, scheduler, executors, stats,
                 [claim for claim in claims if claim is not None])
 
+    async def retire(self, versions: Iterable[ServedVersion], drain_timeout_s: float) -> None:
+        """Versions the engine no longer serves (unloaded, replaced, or loaded as the engine
+        shut down): they stop taking requests, drain within `drain_timeout_s`, answer what
+        could not finish with a reason, and their instances let go of the model."""
+        versions = list(versions)
+        reason = UnavailableError("the model is being unloaded; the request was not run")
+        for v in versions:  # 1. stop accepting
+            v.scheduler.close(reason)
+        deadline = time.monotonic() + drain_timeout_s
+        while any(v.scheduler.busy for v in versions) and time.monotonic() < deadline:
+            await asyncio.sleep(0.002)  # 2. drain: queued and running work finishes
+        for v in versions:  # 3. answer what could not finish, with a reason
+            queued = v.scheduler.fail_queued(reason)
+            running = v.scheduler.fail_running(UnavailableError(
+                f"model '{v.spec.name}' was unloaded while this request ran; the drain "
+                f"deadline of {drain_timeout_s} s passed"))
+            if queued or running:
+                log.warning("model %s v%d: %d queued and %d running requests answered with an "
+                            "error at unload", v.spec.name, v.version, queued, running)
+        for v in versions:  # 4. stop executors, release the model and the device
+            for executor in v.executors:
+                executor.stop()
+            release_claims(self._limiter, v.claims)
+        stopping = [e.stopped for v in versions for e in v.executors]
+        if stopping:
+            await asyncio.wait(stopping, timeout=max(deadline - time.monotonic(), 1.0))
+
     async def abandon(self, executors: list[ExecutorThread],
-                            claims: list[Claim | None]) -> None:
+                      claims: list[Claim | None]) -> None:
         """A load that failed: its instances let go of the model, its claims are forgotten."""
         for executor in executors:
             executor.stop()
