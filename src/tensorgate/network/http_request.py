@@ -31,6 +31,10 @@ __all__ = ["JSON_HEADERS", "Handler", "HttpRequest", "Routed", "Routes", "Stream
 
 
 class HttpRequest:
+    """One request as its connection read it (http_parsing.py makes one a request): its head,
+    its body (a pooled buffer of `length` bytes, or None), the bytes copied for it
+    (`ledger`) and when it came."""
+
     __slots__ = ("method", "path", "headers", "body", "length", "json_length", "ledger", "limit",
                  "acquire", "forward", "began_ns", "received_ns", "trace")
 
@@ -65,7 +69,7 @@ class StreamedResponse:
         self.parts = parts
 
 
-# -- routes ----------------------------------------------------------------------------------
+# -- what a port serves, and what its handlers share ------------------------------------------
 
 Handler = Callable[..., Any]
 Routed = tuple[Handler, tuple[str, ...]] | tuple[int, str]
@@ -101,10 +105,12 @@ JSON_HEADERS = [("Content-Type", "application/json")]
 
 
 def json_answer(value: Any) -> tuple[int, list[tuple[str, str]], list[bytes]]:
+    """200 with `value` as compact JSON."""
     return 200, JSON_HEADERS, [json.dumps(value, separators=(",", ":")).encode()]
 
 
 def body_json(request: HttpRequest) -> dict[str, Any]:
+    """The body as a JSON object ({} for none); InvalidArgumentError for anything else."""
     if not request.length:
         return {}
     value = parse_json(memoryview(request.body)[:request.length], "the request body")
