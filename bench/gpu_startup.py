@@ -50,7 +50,8 @@ def _child(variant: str, device_name: str, model: str) -> dict[str, Any]:
     sys.path.insert(0, str(SRC))
     from tensorgate.builtin.repository import write_default_repository
     from tensorgate.pipeline.cuda_graphs import GraphSet, graph_batch_sizes
-    from tensorgate.pipeline.runner import load_runner, warmup_inputs
+    from tensorgate.pipeline.made_inputs import warmup_inputs
+    from tensorgate.pipeline.runner import load_runner
     from tensorgate.model import ModelContext
     from tensorgate.repository.model_config import parse_model_config
 

@@ -56,7 +56,7 @@ import torch
 
 from tensorgate.pipeline.aoti_child import ANSWER, BOUNDS, SIZE, TOO_SMALL, first_line
 from tensorgate.pipeline.input_bounds import CompiledShapes, bounded_spec
-from tensorgate.pipeline.runner import warmup_inputs, zeros_refused
+from tensorgate.pipeline.made_inputs import warmup_inputs, zeros_refused
 from tensorgate.pipeline.torch_io import input_order
 from tensorgate.repository.model_config import ModelConfigError, ModelSpec, TiedDim
 

@@ -48,7 +48,8 @@ from tensorgate.pipeline.placement import LIGHT_FORWARD_NS, pin_current_thread, 
 from tensorgate.pipeline.postprocess_pool import PostprocessPool
 from tensorgate.pipeline.python_model_runs import PythonModelRuns
 from tensorgate.pipeline.response_streams import CREDIT_POLL_S
-from tensorgate.pipeline.runner import load_runner, warmup_inputs
+from tensorgate.pipeline.made_inputs import warmup_inputs
+from tensorgate.pipeline.runner import load_runner
 from tensorgate.pipeline.warm_up import WarmUp
 from tensorgate.pipeline.work import Batch, WorkItem
 from tensorgate.repository.model_config import ModelConfigError

@@ -48,7 +48,7 @@ import numpy as np
 import torch
 
 from tensorgate.errors import InvalidArgumentError, TensorgateError, UnavailableError
-from tensorgate.pipeline.runner import tensor_from_file
+from tensorgate.pipeline.made_inputs import tensor_from_file
 from tensorgate.pipeline.scheduler import Scheduler
 from tensorgate.pipeline.stats import ModelStatistics
 from tensorgate.pipeline.work import SequenceFlags, WorkItem

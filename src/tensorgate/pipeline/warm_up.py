@@ -24,7 +24,8 @@ from tensorgate.errors import InternalError
 from tensorgate.pipeline.cuda_graphs import GraphSet, graph_batch_sizes
 from tensorgate.pipeline.executor_settings import ExecutorSettings
 from tensorgate.pipeline.input_bounds import lows_raised, raised_least
-from tensorgate.pipeline.runner import Runner, sample_inputs, warmup_inputs, zeros_refused
+from tensorgate.pipeline.made_inputs import sample_inputs, warmup_inputs, zeros_refused
+from tensorgate.pipeline.runner import Runner
 from tensorgate.repository.model_config import ModelConfigError, ModelSpec
 
 __all__ = ["MAX_LEAST_RAISES", "WarmUp"]
