@@ -26,6 +26,13 @@ handshake that fails).
     .venv/bin/python tools/fuzz_front_ends.py http -max_total_time=600 [corpus folder]
     .venv/bin/python tools/fuzz_front_ends.py grpc-tls -max_total_time=600 [corpus folder]
 
+A run's RSS grows (283 to 645 MB in 600 s of http): atheris 3.0.0's hook on `==` keeps
+each result of comparing a numpy array (`(a == 3).any()` on a 1 MB array, instrumented, grew
+RSS 300 MB in 300 calls; `np.equal(a, 3)` nothing), as load_body.py's scan for quotes does.
+Nothing else grew so: replaying the http corpus four times, the objects the collector
+tracks did not grow after the first pass, and all a pass's traced growth (31 MB) was those
+two comparisons'; uninstrumented, 6,000 load bodies left nothing traced.
+
 Arguments after the front end's name are libFuzzer's (atheris comes with the test extra on
 Linux x86_64). A finding stops the run with the input that made it written to crash-<hash>
 (libFuzzer's own file), and replaying that file (`tools/fuzz_front_ends.py grpc
