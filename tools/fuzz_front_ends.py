@@ -30,8 +30,8 @@ A run's RSS grows (283 to 645 MB in 600 s of http): atheris 3.0.0's hook on `==`
 each result of comparing a numpy array (`(a == 3).any()` on a 1 MB array, instrumented, grew
 RSS 300 MB in 300 calls; `np.equal(a, 3)` nothing), as load_body.py's scan for quotes does.
 Nothing else grew so: replaying the http corpus four times, the objects the collector
-tracks did not grow after the first pass, and all a pass's traced growth (31 MB) was those
-two comparisons'; uninstrumented, 6,000 load bodies left nothing traced.
+tracks did not grow after the first pass, and 31.3 MB of a pass's 31.4 MB traced growth was
+those two comparisons'; uninstrumented, 6,000 load bodies left nothing traced.
 
 Arguments after the front end's name are libFuzzer's (atheris comes with the test extra on
 Linux x86_64). A finding stops the run with the input that made it written to crash-<hash>
