@@ -583,6 +583,7 @@ GRPC_METHODS = ["ModelInfer", "ModelStreamInfer", "ServerLive", "ServerReady", "
                 "CudaSharedMemoryStatus", "CudaSharedMemoryRegister",
                 "CudaSharedMemoryUnregister", "TraceSetting", "LogSettings", "Nope"]
 _PING_MARK = b"tg-fuzz!"
+MOST_PIECES = 4096  # DATA frames a message is sent in, at most (grpc_input)
 
 
 def _frame(kind: int, flags: int, stream: int, payload: bytes) -> bytes:
@@ -718,8 +719,13 @@ def grpc_input(data: bytes) -> bytes:
                 length = len(message) if fdp.ConsumeProbability() < 0.95 else \
                     fdp.ConsumeIntInRange(0, 2**32 - 1)
                 body = bytes([compressed]) + struct.pack(">I", length) + message
+                # in DATA frames of any size, but at most MOST_PIECES of them: an upload of
+                # ident's model.pt (~200 KB) in 1-byte frames was 196,684 frames, which the
+                # server took 5-6 s to parse under atheris (~25 us a frame), longer than
+                # held_after_quiet waits after the client has gone (its bytes still read)
+                least = -(-len(body) // MOST_PIECES)
                 while body:
-                    size = fdp.ConsumeIntInRange(1, max(1, len(body)))
+                    size = fdp.ConsumeIntInRange(min(least, len(body)), max(1, len(body)))
                     out += _frame(0, 0, stream, body[:size])
                     body = body[size:]
             if fdp.ConsumeProbability() < 0.9:
