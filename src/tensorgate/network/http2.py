@@ -104,7 +104,7 @@ class Http2Connection(Http2Reader, asyncio.BufferedProtocol):
         if self.transport is None:
             return
         if now >= self._abort_at:  # retired, and its grace is over: what is open is cut off
-            self.transport.close()
+            self._close()
             return
         if now - self._draining_since >= DRAIN_PING_S:  # our PING was left unanswered
             self._last_goaway()
@@ -117,7 +117,7 @@ class Http2Connection(Http2Reader, asyncio.BufferedProtocol):
         if quiet > read_timeout_s and (not self._preface or self._end > self._start
                                        or self._data_left or self._blocks.stream_id):
             self._go_away(NO_ERROR, f"no bytes for {quiet:.1f} s inside a frame")
-            self.transport.close()
+            self._close()
             return
         for stream in list(self.streams.values()):
             handler = stream.handler
@@ -184,5 +184,4 @@ class Http2Connection(Http2Reader, asyncio.BufferedProtocol):
                      + HEAD.pack(NO_ERROR) + frame(PING, 0, 0, 8) + DRAIN_PING])
 
     def abort(self) -> None:
-        if self.transport is not None:
-            self.transport.close()
+        self._close()

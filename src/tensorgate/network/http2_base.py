@@ -312,7 +312,14 @@ class Http2Base:
         self._close_if_done()
 
     def _close_if_done(self) -> None:
-        if self.going_away and not self.streams and self.transport is not None:
+        if self.going_away and not self.streams:
+            self._close()
+
+    def _close(self) -> None:
+        """Close the transport, once: asyncio's TLS transport, closed a second time, lets go
+        of its protocol, and its pause_reading / resume_reading then raise AttributeError
+        (the fuzzer over TLS: a client's GOAWAY closed it, then its last stream's end)."""
+        if self.transport is not None and not self.transport.is_closing():
             self.transport.close()
 
     def _write(self, buffers: list[bytes]) -> None:

@@ -123,8 +123,7 @@ class Http2Reader(Http2Control):
         if self._acks:  # what was answered before it, as if written at once
             self._send_acks()
         self._go_away(error.code, error.debug)
-        if self.transport is not None:
-            self.transport.close()
+        self._close()
 
     def _next_turn(self) -> None:
         """A new turn of the loop: parse what was held back, then read again."""
@@ -140,14 +139,15 @@ class Http2Reader(Http2Control):
             return
         if self._acks:
             self._send_acks()
-        if not self._turn_held and self.transport is not None:
+        if (not self._turn_held and self.transport is not None
+                and not self.transport.is_closing()):
             self.transport.resume_reading()
 
     def _parse(self) -> None:
         view = self._view
         while self.transport is not None:
             if self._turn_frames >= self._frames_per_turn:  # the rest: at the next turn
-                if not self._turn_held:
+                if not self._turn_held and not self.transport.is_closing():
                     self._turn_held = True
                     self.transport.pause_reading()
                 return
