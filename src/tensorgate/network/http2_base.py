@@ -318,7 +318,8 @@ class Http2Base:
     def _close(self) -> None:
         """Close the transport, once: asyncio's TLS transport, closed a second time, lets go
         of its protocol, and its pause_reading / resume_reading then raise AttributeError
-        (the fuzzer over TLS: a client's GOAWAY closed it, then its last stream's end)."""
+        (the fuzzer over TLS: a client's GOAWAY with no stream open closed it, then a later
+        frame's connection error closed it again)."""
         if self.transport is not None and not self.transport.is_closing():
             self.transport.close()
 
