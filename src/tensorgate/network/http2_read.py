@@ -139,15 +139,14 @@ class Http2Reader(Http2Control):
             return
         if self._acks:
             self._send_acks()
-        if (not self._turn_held and self.transport is not None
-                and not self.transport.is_closing()):
+        if not self._turn_held and self.transport is not None:
             self.transport.resume_reading()
 
     def _parse(self) -> None:
         view = self._view
         while self.transport is not None:
             if self._turn_frames >= self._frames_per_turn:  # the rest: at the next turn
-                if not self._turn_held and not self.transport.is_closing():
+                if not self._turn_held:
                     self._turn_held = True
                     self.transport.pause_reading()
                 return

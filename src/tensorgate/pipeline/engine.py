@@ -90,7 +90,6 @@ class Engine:
         self._complete = complete_config if auto_complete else None
         self._model_control = model_control
         self._summaries = latency_summaries
-        self._limiter = rate_limiter
         self._cache = ResponseCache(response_cache_bytes) if response_cache_bytes > 0 else None
         self._pool = pool or default_pool()
         self._placement = plan_placement(placement)
