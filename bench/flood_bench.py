@@ -3,14 +3,15 @@
 A gRPC client may open streams without waiting for any answer when it resets each as it
 opens it (HTTP/2 "rapid reset", CVE-2023-44487) or opens more than the concurrent limit it
 was told (each refused), and send frames that ask for no answer (PRIORITY, empty DATA,
-CVE-2019-9518): nothing then holds it back but the server's own pace. This drives
+CVE-2019-9518; empty CONTINUATIONs of a header block never ended, CVE-2024-27316): nothing
+then holds it back but the server's own pace. This drives
 a server from one or two source trees with such a client on its gRPC port (ModelMetadata
 calls, prebuilt frames written as fast as the socket takes them, whatever comes back read
 and dropped), or an HTTP/1.1 client that pipelines requests, while a second client sends
 `GET /v2/health/ready` over HTTP/1.1 one after another, and prints per mode what the flood
-wrote a second (streams; frames for priority, empty-data, ping and window; requests answered for
-pipeline), the second client's checks, P50, P99 and max, and how much the server's RSS grew
-over the mode:
+wrote a second (streams; frames for priority, empty-data, ping, window and continuation;
+requests answered for pipeline), the second client's checks, P50, P99 and max, the server's
+CPU seconds and how much its RSS grew over the mode:
 
     none         no flood (the baseline)
     reset        each call reset as it is opened, on one connection
@@ -22,20 +23,23 @@ over the mode:
                  connection after a few; with --grpc-http2-max-ping-strikes 0 nothing does)
     ping-unread  the same, their answers never read: what they cost the server's memory
     window       WINDOW_UPDATE frames of 1 byte for the connection, one after another
-    *-again      (priority-again, empty-data-again) the same, connecting again whenever
-                 the server closes the connection
+    continuation a call's HEADERS without END_HEADERS, then empty CONTINUATION frames
+    *-again      (priority-again, empty-data-again, continuation-again) the same,
+                 connecting again whenever the server closes the connection
     pipeline     HTTP/1.1: 2,000 health checks in one write, their answers read, again
 
     git worktree add /tmp/tg-old <commit>
     .venv/bin/python bench/flood_bench.py [--before /tmp/tg-old/src] [--seconds 5]
         [--modes none,reset,reset-again,beyond,priority,priority-again,empty-data,
-                 empty-data-again,ping,ping-unread,pipeline] [-- SERVER FLAGS...]
+                 empty-data-again,ping,ping-unread,window,continuation,
+                 continuation-again,pipeline] [-- SERVER FLAGS...]
 """
 
 from __future__ import annotations
 
 import argparse
 import multiprocessing
+import os
 import pathlib
 import platform
 import socket
@@ -57,7 +61,8 @@ from compare_wire import latency_figures  # noqa: E402
 from tensorgate.builtin.repository import write_default_repository  # noqa: E402
 
 MODES = ("none", "reset", "reset-again", "beyond", "priority", "priority-again", "empty-data",
-         "empty-data-again", "ping", "ping-unread", "window", "pipeline")
+         "empty-data-again", "ping", "ping-unread", "window", "continuation",
+         "continuation-again", "pipeline")
 _CHECK = b"GET /v2/health/ready HTTP/1.1\r\nHost: t\r\n\r\n"
 
 
@@ -66,8 +71,8 @@ def _flood(port: int, seconds: float, mode: str, opened: multiprocessing.Value) 
     import hpack
     from tritonclient.grpc import service_pb2 as pb
 
-    from tests.e2e.h2_client import (DATA, END_HEADERS, END_STREAM, HEADERS, PING, PRIORITY,
-                                     RST_STREAM, WINDOW_UPDATE, H2Client)
+    from tests.e2e.h2_client import (CONTINUATION, DATA, END_HEADERS, END_STREAM, HEADERS,
+                                     PING, PRIORITY, RST_STREAM, WINDOW_UPDATE, H2Client)
 
     block = hpack.Encoder().encode([
         (":method", "POST"), (":scheme", "http"), (":authority", "x"),
@@ -83,17 +88,21 @@ def _flood(port: int, seconds: float, mode: str, opened: multiprocessing.Value) 
         client = H2Client(port)
         if kind == "empty-data":  # one call, opened and never ended
             client.send(HEADERS, END_HEADERS, 1, block)
+        elif kind == "continuation":  # one call's header block, never ended
+            client.send(HEADERS, 0, 1, block)
         client.sock.setblocking(False)
         return client
 
     client, stream, pending, batch, count = connect(), 1, b"", 0, 0
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
-        if not pending and kind in ("priority", "empty-data", "ping", "window"):
+        if not pending and kind in ("priority", "empty-data", "ping", "window",
+                                    "continuation"):
             frame = (client.frame(PRIORITY, 0, 1, b"\0\0\0\0\x10") if kind == "priority"
                      else client.frame(PING, 0, 0, b"12345678") if kind == "ping"
                      else client.frame(WINDOW_UPDATE, 0, 0, b"\0\0\0\x01")
-                     if kind == "window" else client.frame(DATA, 0, 1, b""))
+                     if kind == "window" else client.frame(CONTINUATION, 0, 1, b"")
+                     if kind == "continuation" else client.frame(DATA, 0, 1, b""))
             pending, batch = frame * 5000, 5000
         if not pending:
             parts = []
@@ -156,6 +165,12 @@ def _checks(port: int, seconds: float) -> np.ndarray:
     return np.array(samples) / 1e3
 
 
+def _cpu_s(pid: int) -> float:
+    """The process's user and system CPU seconds so far."""
+    fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _rss_mb(pid: int) -> float:
     for line in pathlib.Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -176,13 +191,13 @@ def main() -> None:
     print(f"a flooding HTTP/2 client beside one sending health checks, {args.seconds:g} s "
           f"a mode; {platform.node()}, {time.strftime('%Y-%m-%d %H:%M')}")
     print(f"{'tree':10} {'mode':16} {'sent/s':>14} {'checks':>8} {'P50 µs':>10} "
-          f"{'P99 µs':>11} {'max µs':>11} {'RSS +MB':>8}")
+          f"{'P99 µs':>11} {'max µs':>11} {'CPU s':>6} {'RSS +MB':>8}")
     for name, src in trees_of(args).items():
         process, http_port, grpc_port = serve(src, models, *args.flags)
         try:
             for mode in modes:
                 opened = multiprocessing.Value("q", 0)
-                rss = _rss_mb(process.pid)
+                rss, cpu = _rss_mb(process.pid), _cpu_s(process.pid)
                 flood = None
                 if mode == "pipeline":
                     flood = multiprocessing.Process(
@@ -197,9 +212,11 @@ def main() -> None:
                 grown = _rss_mb(process.pid) - rss  # (while an unread flood is still open)
                 if flood is not None:
                     flood.join(timeout=args.seconds + 30)
+                cpu = _cpu_s(process.pid) - cpu
                 print(f"{name:10} {mode:16} {opened.value / (args.seconds + 0.5):>14,.0f} "
                       f"{checks['requests']:>8,} {checks['p50_us']:>10,} "
-                      f"{checks['p99_us']:>11,} {checks['max_us']:>11,} {grown:>8,.1f}",
+                      f"{checks['p99_us']:>11,} {checks['max_us']:>11,} {cpu:>6.2f} "
+                      f"{grown:>8,.1f}",
                       flush=True)
         finally:
             process.terminate()

@@ -219,16 +219,17 @@ def test_a_reset_call_is_dropped_and_the_connection_serves_on(server: RunningSer
     _assert_serving(server)
 
 
-@pytest.mark.parametrize("flood", ["rapid reset", "priority frames"])
+@pytest.mark.parametrize("flood", ["rapid reset", "priority frames", "continuations"])
 def test_a_flooding_client_is_closed_and_others_are_served(server: RunningServer,
                                                            flood: str) -> None:
     """Calls opened and reset at once (HTTP/2 "rapid reset", CVE-2023-44487), or frames that
     ask for nothing (PRIORITY), are never held back by the concurrent limit or a reply: in
-    one stream of bytes. While they come, another connection's calls are answered (a
+    one stream of bytes; or a header block never ended, its CONTINUATION frames empty
+    (CVE-2024-27316). While they come, another connection's calls are answered (a
     connection parses at most 8 new streams a turn of the loop until its streams are
     answered, and 128 frames that carry nothing: one such client kept every other waiting
-    0.5-5.3 s, bench/RESULTS.md), and past 1,280 wasted
-    streams or 10,000 empty frames the client is told ENHANCE_YOUR_CALM and closed, and the
+    0.5-5.3 s, bench/RESULTS.md), and past 1,280 wasted streams, 10,000 empty frames or a
+    block's 16 CONTINUATIONs the client is told ENHANCE_YOUR_CALM and closed, and the
     metrics count it."""
     floods = _flooding_connections(server)
     attacker, other = h2.H2Client(server.grpc_port), h2.H2Client(server.grpc_port)
@@ -239,8 +240,11 @@ def test_a_flooding_client_is_closed_and_others_are_served(server: RunningServer
             ("content-type", "application/grpc"), ("te", "trailers")])
         if flood == "rapid reset":
             data = attacker.streams(1, 3000, block, reset=True)
-        else:
+        elif flood == "priority frames":
             data = attacker.frame(h2.PRIORITY, 0, 1, b"\0\0\0\0\x10") * 30_000
+        else:
+            data = (attacker.frame(h2.HEADERS, 0, 1, block)
+                    + attacker.frame(h2.CONTINUATION, 0, 1, b"") * 30_000)
         sender = threading.Thread(target=_send_all, args=(attacker.sock, data))
         sender.start()
         answer, reply = other.response(other.call("ServerReady", b""))
@@ -248,8 +252,10 @@ def test_a_flooding_client_is_closed_and_others_are_served(server: RunningServer
         sender.join(timeout=30)
         got = attacker.frames_until(lambda f: f.kind == h2.GOAWAY)
         assert h2.goaway_code(got) == 0xb  # ENHANCE_YOUR_CALM
-        assert (b"streams refused or reset unanswered" if flood == "rapid reset"
-                else b"frames that carry nothing") in got[-1].payload[8:]
+        assert {"rapid reset": b"streams refused or reset unanswered",
+                "priority frames": b"frames that carry nothing",
+                "continuations": b"in more than 16 CONTINUATION frames"}[flood] \
+            in got[-1].payload[8:]
     finally:
         attacker.close()
         other.close()

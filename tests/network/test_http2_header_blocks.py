@@ -2,7 +2,8 @@
 not decoded again while the dynamic table is as it was, and every stream still gets exactly
 the fields a fresh decoder, fed the same blocks in the same order, reads — after blocks that
 add to the table, evict from it, resize it, or reference entries whose meaning has moved.
-What a connection keeps is bounded however many distinct blocks a peer sends."""
+What a connection keeps is bounded however many distinct blocks a peer sends, and so are the
+CONTINUATION frames one block may take."""
 
 from __future__ import annotations
 
@@ -13,9 +14,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tensorgate.network import http2
-from tensorgate.network.http2_headers import HeaderBlocks
-from tests.e2e.h2_client import END_HEADERS, END_STREAM, HEADERS, PREFACE, SETTINGS, H2Client
-from tests.network.test_http2_streams import _feed, _Handler, _Recorder
+from tensorgate.network import http2_frames
+from tensorgate.network.http2_headers import MAX_CONTINUATIONS, HeaderBlocks
+from tests.e2e.h2_client import (CONTINUATION, END_HEADERS, END_STREAM, HEADERS, PREFACE,
+                                 SETTINGS, H2Client)
+from tests.network.test_http2_streams import _feed, _goaway, _Handler, _Recorder
 
 
 class _CountingDecoder(hpack.Decoder):
@@ -211,3 +214,33 @@ def test_nothing_after_an_undecodable_block_is_read_even_in_later_reads() -> Non
     connection, transport, seen, _ = _connection()
     _send(connection, blocks)
     assert len(seen) == 3 and transport.closed
+
+
+def _in_pieces(stream: int, block: bytes, continuations: int) -> bytes:
+    """The block as HEADERS and `continuations` CONTINUATION frames, the last ending it: its
+    bytes cut into pieces, then the frames before the last padded out with empty ones."""
+    cuts = [len(block) * i // 4 for i in range(5)]
+    pieces = [block[a:b] for a, b in zip(cuts, cuts[1:])]
+    pieces[1:1] = [b""] * (continuations + 1 - len(pieces))
+    frames = [H2Client.frame(HEADERS, END_STREAM, stream, pieces[0])]
+    frames += [H2Client.frame(CONTINUATION, END_HEADERS if i == len(pieces) - 1 else 0, stream,
+                              piece) for i, piece in enumerate(pieces) if i]
+    return b"".join(frames)
+
+
+def test_a_block_may_take_16_continuation_frames_each_and_a_17th_ends_the_connection() -> None:
+    """Bytes alone never bounded a block's CONTINUATIONs: empty ones add none, and a client
+    sent a million (its connection open, each parsed, the CVE-2024-27316 flood). 16 a block,
+    counted afresh for each; past them: GOAWAY(ENHANCE_YOUR_CALM) naming them, closed."""
+    assert MAX_CONTINUATIONS == 16
+    connection, transport, seen, _ = _connection()
+    encoder = hpack.Encoder()
+    first, again = encoder.encode(_REQUEST), encoder.encode(_REQUEST)
+    _feed(connection, _in_pieces(1, first, 16) + _in_pieces(3, again, 16)
+          + _in_pieces(5, again, 3))
+    assert seen == [_REQUEST] * 3 and not transport.closed
+    _feed(connection, _in_pieces(7, again, 17) + _in_pieces(9, again, 1))
+    assert len(seen) == 3 and transport.closed
+    goaway = _goaway(transport)
+    assert int.from_bytes(goaway[4:8], "big") == http2_frames.ENHANCE_YOUR_CALM
+    assert b"a header block in more than 16 CONTINUATION frames" in goaway[8:]

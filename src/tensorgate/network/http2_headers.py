@@ -16,9 +16,16 @@ import hpack
 from tensorgate.network.http2_frames import (COMPRESSION_ERROR, ENHANCE_YOUR_CALM, Fields,
                                              Http2Error)
 
-__all__ = ["MAX_HEADER_BLOCK", "HeaderBlocks"]
+__all__ = ["MAX_CONTINUATIONS", "MAX_HEADER_BLOCK", "HeaderBlocks"]
 
 MAX_HEADER_BLOCK = 64 << 10        # encoded bytes of one header block, CONTINUATIONs included
+# CONTINUATION frames one header block may take. Bytes alone do not bound them: empty ones
+# add nothing, and a client sending them without end (HTTP/2's "CONTINUATION flood",
+# CVE-2024-27316 / CVE-2024-28182) held its connection open and cost the server 1.5 s of CPU
+# per million, never answered (a /tmp script before this bound). A 64 KiB block needs 4 at
+# 16 KiB, HTTP/2's smallest frame size (we allow 1 MiB: grpcio sends a block in one HEADERS);
+# nghttp2's servers allow 8, and 16 lets a client split one into 4 KiB frames.
+MAX_CONTINUATIONS = 16
 _KEPT_BLOCK = 1024
 _KEPT_BLOCKS = 8
 _KEPT_BYTES = 8 << 10
@@ -28,7 +35,8 @@ class HeaderBlocks:
     """The header blocks of one connection, in the order they arrive (HPACK's table is the
     connection's: a block is decoded against what every block before it left)."""
 
-    __slots__ = ("stream_id", "end_stream", "decoder", "kept", "_kept_bytes", "_block")
+    __slots__ = ("stream_id", "end_stream", "decoder", "kept", "_kept_bytes", "_block",
+                 "_continuations")
 
     def __init__(self, decoder: hpack.Decoder | None = None) -> None:
         self.stream_id = 0         # the stream whose block is arriving (0: none)
@@ -37,16 +45,23 @@ class HeaderBlocks:
         self.kept: dict[bytes, Fields] = {}  # blocks decoded, by their bytes
         self._kept_bytes = 0
         self._block = bytearray()
+        self._continuations = 0    # CONTINUATION frames of the block arriving
 
     def begin(self, stream_id: int, end_stream: bool, fragment: memoryview) -> None:
         """A HEADERS frame's fragment (padding and priority taken off)."""
         self.stream_id = stream_id
         self.end_stream = end_stream
         self._block.clear()
+        self._continuations = -1  # (the HEADERS frame's fragment is not one)
         self.add(fragment)
 
     def add(self, fragment: memoryview) -> None:
-        """A CONTINUATION's fragment; a block over MAX_HEADER_BLOCK is a connection error."""
+        """A CONTINUATION's fragment; a block over MAX_HEADER_BLOCK, or in more than
+        MAX_CONTINUATIONS of them, is a connection error."""
+        self._continuations += 1
+        if self._continuations > MAX_CONTINUATIONS:
+            raise Http2Error(ENHANCE_YOUR_CALM, f"a header block in more than "
+                                                f"{MAX_CONTINUATIONS} CONTINUATION frames")
         if len(self._block) + len(fragment) > MAX_HEADER_BLOCK:
             raise Http2Error(ENHANCE_YOUR_CALM, f"a header block exceeds {MAX_HEADER_BLOCK} "
                                                 "bytes")
