@@ -2,7 +2,8 @@
 
 A gRPC client may open streams without waiting for any answer when it resets each as it
 opens it (HTTP/2 "rapid reset", CVE-2023-44487) or opens more than the concurrent limit it
-was told (each refused), and send frames that ask for no answer (PRIORITY, empty DATA,
+was told (each refused), or makes the server reset each (a WINDOW_UPDATE of 0 on it,
+"MadeYouReset", CVE-2025-8671), and send frames that ask for no answer (PRIORITY, empty DATA,
 CVE-2019-9518; empty CONTINUATIONs of a header block never ended, CVE-2024-27316): nothing
 then holds it back but the server's own pace. This drives
 a server from one or two source trees with such a client on its gRPC port (ModelMetadata
@@ -17,6 +18,8 @@ CPU seconds and how much its RSS grew over the mode:
     reset        each call reset as it is opened, on one connection
     reset-again  the same, connecting again whenever the server closes the connection
     beyond       calls opened beyond the concurrent limit, never reset (each refused)
+    made-reset   calls opened, each followed by a WINDOW_UPDATE of 0 on it: the server's
+                 stream error resets it
     priority     PRIORITY frames, one after another
     empty-data   empty DATA frames on one call that never ends
     ping         PINGs, one after another, their answers read (gRPC's ping policy ends the
@@ -24,15 +27,15 @@ CPU seconds and how much its RSS grew over the mode:
     ping-unread  the same, their answers never read: what they cost the server's memory
     window       WINDOW_UPDATE frames of 1 byte for the connection, one after another
     continuation a call's HEADERS without END_HEADERS, then empty CONTINUATION frames
-    *-again      (priority-again, empty-data-again, continuation-again) the same,
-                 connecting again whenever the server closes the connection
+    *-again      (priority-again, empty-data-again, continuation-again, made-reset-again)
+                 the same, connecting again whenever the server closes the connection
     pipeline     HTTP/1.1: 2,000 health checks in one write, their answers read, again
 
     git worktree add /tmp/tg-old <commit>
     .venv/bin/python bench/flood_bench.py [--before /tmp/tg-old/src] [--seconds 5]
-        [--modes none,reset,reset-again,beyond,priority,priority-again,empty-data,
-                 empty-data-again,ping,ping-unread,window,continuation,
-                 continuation-again,pipeline] [-- SERVER FLAGS...]
+        [--modes none,reset,reset-again,beyond,made-reset,made-reset-again,priority,
+                 priority-again,empty-data,empty-data-again,ping,ping-unread,window,
+                 continuation,continuation-again,pipeline] [-- SERVER FLAGS...]
 """
 
 from __future__ import annotations
@@ -60,7 +63,8 @@ from compare_wire import latency_figures  # noqa: E402
 
 from tensorgate.builtin.repository import write_default_repository  # noqa: E402
 
-MODES = ("none", "reset", "reset-again", "beyond", "priority", "priority-again", "empty-data",
+MODES = ("none", "reset", "reset-again", "beyond", "made-reset", "made-reset-again",
+         "priority", "priority-again", "empty-data",
          "empty-data-again", "ping", "ping-unread", "window", "continuation",
          "continuation-again", "pipeline")
 _CHECK = b"GET /v2/health/ready HTTP/1.1\r\nHost: t\r\n\r\n"
@@ -111,6 +115,9 @@ def _flood(port: int, seconds: float, mode: str, opened: multiprocessing.Value) 
                              + client.frame(DATA, END_STREAM, stream, body))
                 if kind == "reset":
                     parts.append(client.frame(RST_STREAM, 0, stream, struct.pack(">I", 8)))
+                elif kind == "made-reset":
+                    parts[-1] = (client.frame(HEADERS, END_HEADERS, stream, block)
+                                 + client.frame(WINDOW_UPDATE, 0, stream, b"\0\0\0\0"))
                 stream += 2
             pending, batch = b"".join(parts), 50
         try:

@@ -219,10 +219,12 @@ def test_a_reset_call_is_dropped_and_the_connection_serves_on(server: RunningSer
     _assert_serving(server)
 
 
-@pytest.mark.parametrize("flood", ["rapid reset", "priority frames", "continuations"])
+@pytest.mark.parametrize("flood", ["rapid reset", "made reset", "priority frames",
+                                   "continuations"])
 def test_a_flooding_client_is_closed_and_others_are_served(server: RunningServer,
                                                            flood: str) -> None:
-    """Calls opened and reset at once (HTTP/2 "rapid reset", CVE-2023-44487), or frames that
+    """Calls opened and reset at once (HTTP/2 "rapid reset", CVE-2023-44487), or each broken
+    by its client so that the server resets it ("MadeYouReset", CVE-2025-8671), or frames that
     ask for nothing (PRIORITY), are never held back by the concurrent limit or a reply: in
     one stream of bytes; or a header block never ended, its CONTINUATION frames empty
     (CVE-2024-27316). While they come, another connection's calls are answered (a
@@ -240,6 +242,10 @@ def test_a_flooding_client_is_closed_and_others_are_served(server: RunningServer
             ("content-type", "application/grpc"), ("te", "trailers")])
         if flood == "rapid reset":
             data = attacker.streams(1, 3000, block, reset=True)
+        elif flood == "made reset":  # a WINDOW_UPDATE of 0 on each: a stream error
+            data = b"".join(attacker.frame(h2.HEADERS, h2.END_HEADERS, stream, block)
+                            + attacker.frame(h2.WINDOW_UPDATE, 0, stream, b"\0\0\0\0")
+                            for stream in range(1, 6000, 2))
         elif flood == "priority frames":
             data = attacker.frame(h2.PRIORITY, 0, 1, b"\0\0\0\0\x10") * 30_000
         else:
@@ -253,6 +259,7 @@ def test_a_flooding_client_is_closed_and_others_are_served(server: RunningServer
         got = attacker.frames_until(lambda f: f.kind == h2.GOAWAY)
         assert h2.goaway_code(got) == 0xb  # ENHANCE_YOUR_CALM
         assert {"rapid reset": b"streams refused or reset unanswered",
+                "made reset": b"reset unanswered (the last a WINDOW_UPDATE of 0)",
                 "priority frames": b"frames that carry nothing",
                 "continuations": b"in more than 16 CONTINUATION frames"}[flood] \
             in got[-1].payload[8:]

@@ -502,6 +502,45 @@ def test_a_client_that_wastes_its_streams_is_told_to_calm_down_and_closed() -> N
         asyncio.run(scenario())
 
 
+def _broken_streams(count: int, block: bytes, how: str) -> bytes:
+    """`count` new streams from 1, each broken by its client right after it opens: a stream
+    error, which the server answers by resetting the stream."""
+    after = {"a WINDOW_UPDATE of 0": H2Client.frame(WINDOW_UPDATE, 0, 0, b"\0\0\0\0"),
+             "a window past 2^31-1": H2Client.frame(WINDOW_UPDATE, 0, 0, b"\x7f\xff\xff\xff"),
+             "DATA after its end": H2Client.frame(DATA, 0, 0, b"x"),
+             "trailers that were not last": H2Client.frame(HEADERS, END_HEADERS, 0, block)}[how]
+    ended = how == "DATA after its end"  # (the request whole: the stream waits for its answer)
+    opening = H2Client.frame(HEADERS, END_HEADERS | (END_STREAM if ended else 0), 0, block)
+    out = bytearray()
+    for stream in range(1, 2 * count, 2):
+        for frame in (opening, after):
+            out += frame[:5] + struct.pack(">I", stream) + frame[9:]
+    return bytes(out)
+
+
+@pytest.mark.parametrize("how", ["a WINDOW_UPDATE of 0", "a window past 2^31-1",
+                                 "DATA after its end", "trailers that were not last"])
+def test_streams_the_client_breaks_are_wasted_as_if_it_reset_them(how: str) -> None:
+    """A stream error the client makes has the server reset the stream: without counting
+    those, a client that broke each stream it opened was rapid reset without a RST_STREAM
+    ("MadeYouReset", CVE-2025-8671), never closed. Each is answered RST_STREAM, and past
+    1,280 the connection ends with GOAWAY(ENHANCE_YOUR_CALM) naming the last."""
+    async def scenario() -> None:
+        connection, transport, opened, encoder = _turning()
+        _feed(connection, _broken_streams(1300, _request_block(encoder), how))
+        await _until_closed(transport, 200)  # (8 streams a turn)
+        goaway = _goaway(transport)
+        assert transport.closed and goaway
+        assert int.from_bytes(goaway[4:8], "big") == http2_frames.ENHANCE_YOUR_CALM
+        assert f"1281 streams refused or reset unanswered (the last {how})".encode() \
+            in goaway[8:]
+        resets = [stream for kind, _, stream, _ in _frames(bytes(transport.written))
+                  if kind == RST_STREAM]
+        assert resets == opened == list(range(1, 2 * 1281, 2))
+
+    asyncio.run(scenario())
+
+
 def test_connections_ended_for_flooding_are_counted_and_logged_once_in_a_while(
         caplog: pytest.LogCaptureFixture) -> None:
     """A client connecting again for each flood ended ~8 connections a second, each a log

@@ -119,7 +119,7 @@ class Http2Control(Http2Sender):
         stream = self.streams.get(stream_id)
         if stream is not None:  # trailers: gRPC clients send none, but they may
             if stream.remote_closed or not end_stream:
-                self._reset(stream_id, PROTOCOL_ERROR)
+                self._stream_error(stream_id, PROTOCOL_ERROR, "trailers that were not last")
                 return
             self._end_of_stream(stream)
             return
@@ -242,10 +242,10 @@ class Http2Control(Http2Sender):
         if stream is None:
             return  # a stream we have closed: allowed, ignored
         if increment == 0:
-            self._reset(stream_id, PROTOCOL_ERROR)
+            self._stream_error(stream_id, PROTOCOL_ERROR, "a WINDOW_UPDATE of 0")
             return
         stream.send_window += increment
         if stream.send_window > MAX_WINDOW:
-            self._reset(stream_id, FLOW_CONTROL_ERROR)
+            self._stream_error(stream_id, FLOW_CONTROL_ERROR, "a window past 2^31-1")
             return
         self._flush(stream)

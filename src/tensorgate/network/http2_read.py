@@ -222,11 +222,11 @@ class Http2Reader(Http2Control):
         if stream is None:
             self._idle_check(stream_id)
         elif stream.remote_closed:
-            self._reset(stream_id, STREAM_CLOSED)
+            self._stream_error(stream_id, STREAM_CLOSED, "DATA after its end")
         else:
             stream.receive_window -= length
             if stream.receive_window < 0:
-                self._reset(stream_id, FLOW_CONTROL_ERROR)
+                self._stream_error(stream_id, FLOW_CONTROL_ERROR, "DATA beyond its window")
         if length == 0:
             if not flags & END_STREAM:
                 self._idle_frame("empty DATA")
