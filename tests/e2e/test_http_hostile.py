@@ -447,6 +447,29 @@ def test_a_request_pipelined_after_a_chunked_one_gets_the_first_answered_then_cl
     still_serving(server)
 
 
+@pytest.mark.parametrize("first, after", [
+    (b"GET /v2/models/paced HTTP/1.0\r\n\r\n", b"GET /v2/health/live HTTP/1.1\r\n\r\n"),
+    (b"GET /v2/models/paced HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n",
+     b"GET /v2/health/live HTTP/1.1\r\nHost: t\r\n\r\n"),
+    (b"GET /v2/models/paced HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n", b"\0junk"),
+])
+def test_bytes_after_a_request_that_closes_are_not_read_and_it_is_answered(
+        server: RunningServer, first: bytes, after: bytes) -> None:
+    """A request that closes its connection (`Connection: close`, or HTTP/1.0 without
+    keep-alive), with more bytes in the same write: it is answered, the rest is not read,
+    and the connection closes (RFC 9112 §9.6). It was refused 400, "Data after
+    `Connection: close`", for bytes the server must not process anyway."""
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+        sock.sendall(first + after)
+        head, answer, rest = _read_response(sock)
+        assert head.startswith(b"HTTP/1.1 200") and b"Connection: close" in head, head
+        assert json.loads(answer)["name"] == "paced"
+        while chunk := sock.recv(65536):
+            rest += chunk
+        assert rest == b""  # closed, nothing more answered
+    still_serving(server)
+
+
 def _read_head(sock: socket.socket, data: bytes) -> tuple[bytes, bytes, bytes]:
     """A response to HEAD: its head only (its Content-Length names a body not sent)."""
     while b"\r\n\r\n" not in data:

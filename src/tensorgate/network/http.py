@@ -244,12 +244,17 @@ class _Connection(HttpAnswers):
 
     def _pipelined(self, error: httptools.HttpParserError, nbytes: int, begun: bool) -> bool:
         """True where a second request began in the read of `nbytes` that ended the first
-        (its bytes held, or the first to be answered with `Connection: close`); else the
-        request is refused, and False. `begun`: the first's request line began before."""
+        (its bytes held, or the first to be answered with `Connection: close`), or bytes
+        followed a first that closes the connection (`Connection: close`, HTTP/1.0): those
+        are not read, the first is answered and the connection closed (RFC 9112 §9.6; it
+        was refused 400 "Data after `Connection: close`"); else the request is refused,
+        and False. `begun`: the first's request line began before."""
         # (a method of its own: its cause, raised in a callback below buffer_updated, has a
         # traceback whose frames lead back to buffer_updated's, so a local of that frame
         # holding it was a cycle, and the connection waited for the garbage collector)
         cause = error.__context__
+        if self._complete and not self._keep_alive:
+            return True
         if isinstance(cause, Pipelined):
             self._hold_next(nbytes, begun)
             return True
