@@ -72,6 +72,30 @@ def test_headers_that_stop_arriving_are_answered_408(impatient: RunningServer) -
     assert answer.startswith(b"HTTP/1.1 408 Request Timeout")
 
 
+def test_headers_dribbled_a_byte_at_a_time_are_answered_408(impatient: RunningServer) -> None:
+    """Each byte within the read timeout, the head never whole ("slowloris"): it held its
+    connection for as long as the client liked; now a head has the read timeout to arrive."""
+    head = b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"s" * 200 + b"\r\n\r\n"
+    started, answer = time.monotonic(), b""
+    with _http(impatient) as sock:
+        sock.settimeout(0.2)  # each byte 0.2 s after the one before: never quiet 0.5 s
+        for byte in head:
+            if answer or time.monotonic() - started > 10:
+                break
+            try:
+                sock.sendall(bytes([byte]))
+                answer = sock.recv(65536)
+            except socket.timeout:
+                continue
+            except OSError:  # closed after its answer, which was read
+                break
+    waited = time.monotonic() - started
+    assert answer.startswith(b"HTTP/1.1 408 Request Timeout"), (waited, answer)
+    assert b"the request's headers took more than 0.5 s to arrive (--read-timeout-s)" in answer
+    assert waited < 5
+    _assert_serving(impatient)
+
+
 def test_an_idle_keep_alive_connection_is_closed(impatient: RunningServer) -> None:
     with _http(impatient) as sock:
         sock.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n")

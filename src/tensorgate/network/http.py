@@ -308,6 +308,12 @@ class _Connection(HttpAnswers):
         if self._begun:
             if quiet > read_timeout_s:
                 self._refuse(408, stalled_message(quiet, read_timeout_s))
+            elif not self._headers_done and now - self._request.began_ns / 1e9 > read_timeout_s:
+                # a head dribbled a byte at a time, each within the timeout, held its
+                # connection (one of --max-connections) for ever ("slowloris"): a head is at
+                # most 64 KiB, which a client sends at once
+                self._refuse(408, f"the request's headers took more than {read_timeout_s:g} s "
+                                  "to arrive (--read-timeout-s)")
         elif quiet > keep_alive_timeout_s:
             close_transport(self.transport)
 
