@@ -18,20 +18,17 @@ import gc
 import logging
 import pathlib
 import time
-from collections.abc import AsyncGenerator, Callable, Coroutine, Iterable, Mapping
+from collections.abc import AsyncGenerator, Callable, Iterable, Mapping
 from typing import Any
 
-from tensorgate.errors import (InvalidArgumentError, NotFoundError, TensorgateError,
-                               UnavailableError)
+from tensorgate.errors import InvalidArgumentError, TensorgateError, UnavailableError
 from tensorgate import python_backend
 from tensorgate.model import Parameter
 from tensorgate.pipeline.auto_complete import complete_config
 from tensorgate.pipeline.bls import BlsBridge, ModelControl
-from tensorgate.pipeline.ensemble import (EnsembleScheduler, check_step_models,
-                                          decoupled_ensemble, ensemble_steps)
 from tensorgate.pipeline.executor import default_intra_op_threads
-from tensorgate.pipeline.model_options import unused_settings
 from tensorgate.pipeline.loop_load import LoopLoad
+from tensorgate.pipeline.model_loader import ModelLoader
 from tensorgate.pipeline.placement import (pin_current_thread, plan_placement,
                                            unpin_current_thread)
 from tensorgate.pipeline.postprocess_pool import PostprocessPool
@@ -39,15 +36,13 @@ from tensorgate.pipeline.rate_limiter import RateLimiter
 from tensorgate.pipeline.requests import (InferenceRequest, InferenceResult, strings_aside,
                                          work_item)
 from tensorgate.pipeline.response_cache import CacheStatistics, ResponseCache
-from tensorgate.pipeline.served_config import served_ensemble
-from tensorgate.pipeline.served_models import ServedModels, ServedVersion, step_models
+from tensorgate.pipeline.served_models import ServedModels
 from tensorgate.pipeline.stats import ModelCall, ModelStatistics, StageTimes
 from tensorgate.pipeline.step_requests import StepRequests
 from tensorgate.pipeline.version_instances import VersionInstances
-from tensorgate.repository.layout import ModelRepositories, ModelSource, load_source
-from tensorgate.repository.model_config import ModelConfigError, ModelSpec
-from tensorgate.repository.upload import (UploadedFiles, link_folder, remove_upload,
-                                          write_upload)
+from tensorgate.repository.layout import ModelRepositories
+from tensorgate.repository.model_config import ModelSpec
+from tensorgate.repository.upload import UploadedFiles, remove_upload
 from tensorgate.tensor.pool import BufferPool, PoolStatistics, default_pool
 from tensorgate.tensor.view import TensorView
 
@@ -87,9 +82,7 @@ class Engine:
         (Triton's --model-load-thread-count, whose default is ours); 0: all at once."""
         self.repositories = (repository if isinstance(repository, ModelRepositories)
                              else ModelRepositories.of(repository))
-        self._complete = complete_config if auto_complete else None
         self._model_control = model_control
-        self._summaries = latency_summaries
         self._cache = ResponseCache(response_cache_bytes) if response_cache_bytes > 0 else None
         self._pool = pool or default_pool()
         self._placement = plan_placement(placement)
@@ -105,11 +98,14 @@ class Engine:
         self._served = ServedModels()
         self._closing = False
         self._streaming = 0  # infer_stream iterations open: whether responses take turns
-        self._ensembles_loading: set[str] = set()
-        self._model_upload = model_upload
-        self._load_retries = load_retries
         self._load_threads = load_threads
-        self._steps = StepRequests(self.infer, self.infer_stream)  # ensembles' steps
+        self._loader = ModelLoader(
+            self.repositories, self._served, self._instances,
+            StepRequests(self.infer, self.infer_stream),  # (ensembles' steps)
+            complete=complete_config if auto_complete else None,
+            cached=self._cache is not None, summaries=latency_summaries,
+            model_upload=model_upload, load_retries=load_retries,
+            closing=lambda: self._closing)
         self._bls: BlsBridge | None = None
         self._announced: list[str] | None = None  # what the next `start` loads, announced
         self._pinned = False  # the loop's thread, pinned by `announce` until `shutdown`
@@ -143,7 +139,7 @@ class Engine:
         self._announced = None
         # Ensembles after the models they chain, which they would otherwise load themselves
         # while the same models load here.
-        ensembles = [n for n in names if self._is_ensemble(n)]
+        ensembles = [n for n in names if self._loader.is_ensemble(n)]
         # An ensemble holding a slot never waits for one: the models it chains have loaded
         # (or load through `load`, which takes none), as do those a Python model's
         # initialize loads itself (pb_utils.load_model)
@@ -175,128 +171,14 @@ class Engine:
         override files do. Until the new load is ready the old one serves; if it fails, the
         old one goes on serving. A load goes on to its end when its caller is cancelled (a
         client that went away), as on Triton: nothing is left half done."""
-        await _to_the_end(self._load_counted(name, config, files))
+        await self._loader.load(name, config, files)
 
     async def load_folder(self, name: str, folder: pathlib.Path) -> None:
         """Serve the model in `folder` (its config and version folders, anywhere) as `name`,
         whatever its config's name field says: SageMaker's multi-model endpoints load each
         model from where SageMaker unpacked it, by the name SageMaker gives it. Unloading
         it forgets the folder; the folder itself is left as it is."""
-        await _to_the_end(self._load_counted(name, None, None, folder))
-
-    async def _load_counted(self, name: str, config: str | None,
-                            files: UploadedFiles | None,
-                            folder: pathlib.Path | None = None) -> None:
-        """`_load`, counted as loading while it runs, tried again `load_retries` times
-        when it fails (but for a NotFoundError: what is not there will not come)."""
-        self._served.count_loading(name)
-        try:
-            for attempt in range(self._load_retries + 1):
-                try:
-                    await self._load(name, config, files, folder)
-                    return
-                except NotFoundError:
-                    raise
-                except Exception as error:
-                    if attempt == self._load_retries or self._closing:
-                        raise
-                    log.warning("model %s: load %d of %d failed (%s); trying again "
-                                "(--model-load-retry-count)", name, attempt + 1,
-                                self._load_retries + 1,
-                                error.message if isinstance(error, TensorgateError) else error)
-        finally:
-            self._served.count_loaded(name)
-
-    async def _load(self, name: str, config: str | None,
-                    files: UploadedFiles | None, folder: pathlib.Path | None = None) -> None:
-        if self._closing:
-            raise UnavailableError("the engine is shutting down; no models can be loaded")
-        loop = asyncio.get_running_loop()
-        upload = None  # a repository of the model's own, made here (removed with the model)
-        if files is not None:
-            self._check_upload(name, config, files)
-            upload = await loop.run_in_executor(None, write_upload, name, files)
-        elif folder is not None:
-            upload = await loop.run_in_executor(None, link_folder, name, folder)
-        versions: dict[int, ServedVersion] = {}
-        source: ModelSource | None = None
-        loading = ""  # the version being loaded
-        try:
-            # off the loop: completing a Python model's config runs its model.py
-            source = await loop.run_in_executor(None, self._source, name, config, upload,
-                                                folder is not None)
-            if config is None and self.repositories.config_name:
-                log.info("model %s: config from %s", name, source.config_source)
-            for unused in unused_settings(source.spec, self._cache is not None):
-                log.warning("model %s: %s", name, unused)
-            for number in source.versions:
-                loading = str(number)
-                if source.spec.platform == "ensemble":
-                    versions[number] = await self._load_ensemble(source, number,
-                                                                 folder is not None)
-                else:
-                    versions[number] = await self._load_version(source, number)
-            # read here, off the loop, not by the first classification request on it
-            labels = await asyncio.get_running_loop().run_in_executor(
-                None, _label_files, source.directory, source.spec)
-        except Exception as error:
-            if versions:  # the versions loaded before one failed are not served: stop them
-                await self._instances.retire(versions.values(), drain_timeout_s=0.0)
-            if upload is not None:
-                await loop.run_in_executor(None, remove_upload, upload)
-            if isinstance(error, NotFoundError) and not self._holds(name):
-                raise  # a name the repository does not hold: nothing to list as failed
-            if isinstance(error, TensorgateError):
-                self._served.failed_load(name, loading, error.message)
-                raise
-            reason = f"{type(error).__name__}: {error}"
-            self._served.failed_load(name, loading, reason)
-            raise ModelConfigError(str(source.directory) if source else name,
-                                   reason) from error
-        if self._closing:  # shut down while this loaded: nothing is left to serve it
-            await self._instances.retire(versions.values(), drain_timeout_s=0.0)
-            if upload is not None:
-                await loop.run_in_executor(None, remove_upload, upload)
-            raise UnavailableError(f"model '{name}': the engine shut down while it loaded")
-        old, old_upload = self._served.serve(name, versions, labels, upload)
-        if old:
-            await self._instances.retire(old.values(), drain_timeout_s=30.0)
-        if old_upload is not None:
-            await loop.run_in_executor(None, remove_upload, old_upload)
-
-    def _check_upload(self, name: str, config: str | None, files: UploadedFiles) -> None:
-        if not self._model_upload:
-            raise InvalidArgumentError(
-                f"load of model '{name}' with files: uploading model files is off (they are "
-                "code the server runs); start the server with --allow-model-upload to take "
-                "them, or put them in the model repository and load again")
-        if config is None:
-            raise InvalidArgumentError(
-                f"load of model '{name}' with files: the load's 'config' parameter must give "
-                "the model's config too (the uploaded files replace the model's folder)")
-        if not files:
-            raise InvalidArgumentError(f"load of model '{name}': an upload of no files")
-        if "config.pbtxt" in files:
-            log.warning("model %s: its uploaded config.pbtxt is not read: the load's 'config' "
-                        "is its config (as on Triton)", name)
-
-    def _source(self, name: str, config: str | None = None,
-                upload: pathlib.Path | None = None, rename: bool = False) -> ModelSource:
-        """Model `name`'s config and versions, from the repository that holds it (from
-        `upload`, a folder write_upload or link_folder made, when given; `rename`: served
-        as `name` whatever its config says)."""
-        repository = upload if upload is not None else self.repositories.holder(name)
-        return load_source(repository, name, config, self._complete,
-                           self.repositories.config_name, rename)
-
-    def _holds(self, name: str) -> bool:
-        """Whether a repository holds a model `name` (or one was served by that name)."""
-        if self._served.knows(name):
-            return True
-        try:
-            return name in self.repositories.names()
-        except TensorgateError:
-            return False
+        await self._loader.load_folder(name, folder)
 
     async def unload(self, name: str, drain_timeout_s: float = 30.0,
                      dependents: bool = False) -> None:
@@ -307,23 +189,7 @@ class Engine:
         is left as it is, without an error, as Triton does: a client's clean-up that unloads
         whatever it may have loaded is not refused for the ones it had not. Like a load, an
         unload goes on to its end when its caller is cancelled."""
-        await _to_the_end(self._unload(name, drain_timeout_s, dependents))
-
-    async def _unload(self, name: str, drain_timeout_s: float, dependents: bool) -> None:
-        versions, failed, upload = self._served.withdraw(name)
-        if versions is None:
-            if failed is None:
-                log.info("unload %r: the model is not loaded; nothing to do", name)
-            return
-        await self._instances.retire(versions.values(), drain_timeout_s)
-        if upload is not None:
-            await asyncio.get_running_loop().run_in_executor(None, remove_upload, upload)
-        if not dependents:
-            return
-        for model in sorted(step_models(versions.values())):
-            if model in self._served.versions and model not in self._served.called_by_ensembles():
-                log.info("model %s: unloaded with ensemble %s (unload_dependents)", model, name)
-                await self._unload(model, drain_timeout_s, dependents=True)
+        await self._loader.unload(name, drain_timeout_s, dependents)
 
     async def shutdown(self, drain_timeout_s: float = 10.0) -> None:
         """Stop accepting, drain within the deadline, answer the rest, unload everything, and
@@ -341,69 +207,12 @@ class Engine:
             unpin_current_thread()
             self._pinned = False
 
-    def _is_ensemble(self, name: str) -> bool:
-        try:
-            return load_source(self.repositories.holder(name), name,
-                               config_name=self.repositories.config_name
-                               ).spec.platform == "ensemble"
-        except TensorgateError:
-            return False  # its load will say what is wrong
-
-    async def _load_ensemble(self, source: ModelSource, version: int,
-                             own_folder: bool = False) -> ServedVersion:
-        """An ensemble: its steps checked against their models, which are loaded first when
-        they are not yet (as Triton does). `own_folder`: loaded from a folder of its own
-        (load_folder), its steps are the folders beside it, not the repository's models."""
-        spec = source.spec
-        steps = ensemble_steps(spec, source.config_source)
-        if spec.name in self._ensembles_loading:
-            raise ModelConfigError(spec.name, "ensembles that name each other as steps")
-        self._ensembles_loading.add(spec.name)
-        try:
-            for model in sorted({step.model for step in steps}):
-                beside = source.directory.parent / model
-                if own_folder:
-                    self._check_step_folder(spec.name, model, beside)
-                if model not in self._served.versions:
-                    await (self.load_folder(model, beside) if own_folder else self.load(model))
-        finally:
-            self._ensembles_loading.discard(spec.name)
-        steps = check_step_models(spec, steps, self.spec)
-        if any(step.decoupled for step in steps):  # it streams, as Triton makes it
-            spec = decoupled_ensemble(spec)
-        spec = served_ensemble(spec)
-        stats = ModelStatistics(spec.name, version, cached=self._caches(spec),
-                                summaries=self._summaries)
-        scheduler = EnsembleScheduler(spec, steps, stats, self._steps.run,
-                                      self._steps.stream)
-        log.info("ensemble %s v%d ready: %s", spec.name, version,
-                 " → ".join(step.model for step in steps))
-        return ServedVersion(spec, version, scheduler, [], stats)
-
-    def _check_step_folder(self, ensemble: str, model: str, folder: pathlib.Path) -> None:
-        """A step of an ensemble loaded from its own folder must be the folder beside it,
-        not a model of the same name served from elsewhere."""
-        if not folder.is_dir():
-            raise ModelConfigError(ensemble, f"its step model '{model}' has no folder beside "
-                                             f"it ({folder})")
-        if model in self._served.versions:
-            link = self._served.uploads.get(model)
-            if link is None or (link / model).resolve() != folder.resolve():
-                raise ModelConfigError(ensemble, f"its step model '{model}' is served "
-                                                 f"already, from another folder than {folder}: "
-                                                 "give the step another name")
-
-    async def _load_version(self, source: ModelSource, version: int) -> ServedVersion:
-        spec, scheduler, executors, stats, claims = await self._instances.load(
-            source, version, self._caches(source.spec))
-        return ServedVersion(spec, version, scheduler, executors, stats, claims)
-
     # -- queries ---------------------------------------------------------------------------
 
     @property
     def takes_uploads(self) -> bool:
         """Whether a load may carry the model's files (--allow-model-upload)."""
-        return self._model_upload
+        return self._loader.model_upload
 
     def model_names(self) -> list[str]:
         return sorted(self._served.versions)
@@ -527,10 +336,6 @@ class Engine:
         return InferenceResult(loaded.spec.name, loaded.version, request.id, results,
                                item.times, item.ledger, item.answer_parameters)
 
-    def _caches(self, spec: ModelSpec) -> bool:
-        """Whether `spec`'s requests go through the response cache."""
-        return spec.response_cache and self._cache is not None
-
     def cache_statistics(self) -> CacheStatistics | None:
         """The response cache's counters (for metrics); None without a cache."""
         return self._cache.statistics() if self._cache is not None else None
@@ -610,27 +415,3 @@ class Engine:
                 trace.stamp("REQUEST_END")
             del item  # (as in infer: the error raised here must not lead back to it)
 
-
-async def _to_the_end(work: Coroutine[Any, Any, None]) -> None:
-    """Await `work` in a task of its own that a cancelled caller does not cancel: a model
-    load or unload stopped half way would leave instances running that nothing serves, or
-    an upload's folder that nothing removes. Its error goes to the caller, if still there;
-    otherwise the task keeps it (retrieved, so asyncio does not log it as lost). The task
-    is let go of as the error leaves: it holds the error, whose traceback holds this frame."""
-    task = asyncio.ensure_future(work)
-    task.add_done_callback(lambda done: done.cancelled() or done.exception())
-    try:
-        await asyncio.shield(task)
-    finally:
-        del task
-
-
-def _label_files(directory: pathlib.Path, spec: ModelSpec) -> dict[tuple[str, str], list[str]]:
-    """Each output's `label_filename` lines, from the model's `directory` (a file that is not
-    there: no labels)."""
-    found = {}
-    for output in spec.outputs:
-        path = directory / output.label_filename
-        if output.label_filename and path.is_file():
-            found[(spec.name, output.name)] = path.read_text(encoding="utf-8").splitlines()
-    return found
