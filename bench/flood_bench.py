@@ -64,9 +64,8 @@ from compare_wire import latency_figures  # noqa: E402
 from tensorgate.builtin.repository import write_default_repository  # noqa: E402
 
 MODES = ("none", "reset", "reset-again", "beyond", "made-reset", "made-reset-again",
-         "priority", "priority-again", "empty-data",
-         "empty-data-again", "ping", "ping-unread", "window", "continuation",
-         "continuation-again", "pipeline")
+         "priority", "priority-again", "empty-data", "empty-data-again", "ping", "ping-unread",
+         "window", "continuation", "continuation-again", "pipeline")
 _CHECK = b"GET /v2/health/ready HTTP/1.1\r\nHost: t\r\n\r\n"
 
 
@@ -111,13 +110,13 @@ def _flood(port: int, seconds: float, mode: str, opened: multiprocessing.Value) 
         if not pending:
             parts = []
             for _ in range(50):
-                parts.append(client.frame(HEADERS, END_HEADERS, stream, block)
-                             + client.frame(DATA, END_STREAM, stream, body))
+                parts.append(client.frame(HEADERS, END_HEADERS, stream, block))
+                if kind == "made-reset":  # broken before its request: a stream error
+                    parts.append(client.frame(WINDOW_UPDATE, 0, stream, b"\0\0\0\0"))
+                else:
+                    parts.append(client.frame(DATA, END_STREAM, stream, body))
                 if kind == "reset":
                     parts.append(client.frame(RST_STREAM, 0, stream, struct.pack(">I", 8)))
-                elif kind == "made-reset":
-                    parts[-1] = (client.frame(HEADERS, END_HEADERS, stream, block)
-                                 + client.frame(WINDOW_UPDATE, 0, stream, b"\0\0\0\0"))
                 stream += 2
             pending, batch = b"".join(parts), 50
         try:

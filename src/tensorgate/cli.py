@@ -158,8 +158,8 @@ def _parser() -> argparse.ArgumentParser:
                        help="do not call Python models' auto_complete_config (as Triton's "
                             "option): their config.pbtxt must name inputs and outputs")
     serve.add_argument("--read-timeout-s", type=float,
-                       help="answer a request whose bytes stop arriving for this long "
-                            "(default 30)")
+                       help="answer a request whose bytes stop arriving for this long, "
+                            "or whose HTTP/1.1 headers take longer to arrive (default 30)")
     serve.add_argument("--keep-alive-timeout-s", type=float,
                        help="close an HTTP/1.1 connection idle this long (default 75)")
     serve.add_argument("--max-connections", type=int,
