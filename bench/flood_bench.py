@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing
-import os
 import pathlib
 import platform
 import socket
@@ -58,7 +57,7 @@ sys.path.insert(0, str(HERE.parent / "src"))
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
-from ab_bench import add_tree_options, serve, trees_of  # noqa: E402
+from ab_bench import add_tree_options, serve, server_cpu_s, trees_of  # noqa: E402
 from compare_wire import latency_figures  # noqa: E402
 
 from tensorgate.builtin.repository import write_default_repository  # noqa: E402
@@ -171,12 +170,6 @@ def _checks(port: int, seconds: float) -> np.ndarray:
     return np.array(samples) / 1e3
 
 
-def _cpu_s(pid: int) -> float:
-    """The process's user and system CPU seconds so far."""
-    fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def _rss_mb(pid: int) -> float:
     for line in pathlib.Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -203,7 +196,7 @@ def main() -> None:
         try:
             for mode in modes:
                 opened = multiprocessing.Value("q", 0)
-                rss, cpu = _rss_mb(process.pid), _cpu_s(process.pid)
+                rss, cpu = _rss_mb(process.pid), server_cpu_s(process.pid)
                 flood = None
                 if mode == "pipeline":
                     flood = multiprocessing.Process(
@@ -218,7 +211,7 @@ def main() -> None:
                 grown = _rss_mb(process.pid) - rss  # (while an unread flood is still open)
                 if flood is not None:
                     flood.join(timeout=args.seconds + 30)
-                cpu = _cpu_s(process.pid) - cpu
+                cpu = server_cpu_s(process.pid) - cpu
                 print(f"{name:10} {mode:16} {opened.value / (args.seconds + 0.5):>14,.0f} "
                       f"{checks['requests']:>8,} {checks['p50_us']:>10,} "
                       f"{checks['p99_us']:>11,} {checks['max_us']:>11,} {cpu:>6.2f} "

@@ -52,16 +52,20 @@ class HeaderBlocks:
         self.stream_id = stream_id
         self.end_stream = end_stream
         self._block.clear()
-        self._continuations = -1  # (the HEADERS frame's fragment is not one)
-        self.add(fragment)
+        self._continuations = 0
+        self._append(fragment)
 
     def add(self, fragment: memoryview) -> None:
-        """A CONTINUATION's fragment; a block over MAX_HEADER_BLOCK, or in more than
-        MAX_CONTINUATIONS of them, is a connection error."""
+        """A CONTINUATION's fragment; a block in more than MAX_CONTINUATIONS of them is a
+        connection error."""
         self._continuations += 1
         if self._continuations > MAX_CONTINUATIONS:
             raise Http2Error(ENHANCE_YOUR_CALM, f"a header block in more than "
                                                 f"{MAX_CONTINUATIONS} CONTINUATION frames")
+        self._append(fragment)
+
+    def _append(self, fragment: memoryview) -> None:
+        """A fragment of the block; a block over MAX_HEADER_BLOCK is a connection error."""
         if len(self._block) + len(fragment) > MAX_HEADER_BLOCK:
             raise Http2Error(ENHANCE_YOUR_CALM, f"a header block exceeds {MAX_HEADER_BLOCK} "
                                                 "bytes")

@@ -204,12 +204,14 @@ class ModelLoader:
                 await self._unload(model, drain_timeout_s, dependents=True)
 
     def is_ensemble(self, name: str) -> bool:
+        """Whether the repository's model `name` is an ensemble, by its config (False where
+        that cannot be read: its load says what is wrong)."""
         try:
             return load_source(self.repositories.holder(name), name,
                                config_name=self.repositories.config_name
                                ).spec.platform == "ensemble"
         except TensorgateError:
-            return False  # its load will say what is wrong
+            return False
 
     async def _load_ensemble(self, source: ModelSource, version: int,
                              own_folder: bool = False) -> ServedVersion:
