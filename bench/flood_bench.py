@@ -12,7 +12,10 @@ and dropped), or an HTTP/1.1 client that pipelines requests, while a second clie
 `GET /v2/health/ready` over HTTP/1.1 one after another, and prints per mode what the flood
 wrote a second (streams; frames for priority, empty-data, ping, window and continuation;
 requests answered for pipeline), the second client's checks, P50, P99 and max, the server's
-CPU seconds and how much its RSS grew over the mode:
+CPU seconds and how much its RSS grew over the mode. Each mode's flood comes from its own
+loopback address (127.0.0.10 on), so that a mode's connections do not start on the probation
+an earlier mode's flood earned its address (network/flooders.py); `--flooders N` floods with
+N such clients at once, from the mode's one address:
 
     none         no flood (the baseline)
     reset        each call reset as it is opened, on one connection
@@ -35,7 +38,8 @@ CPU seconds and how much its RSS grew over the mode:
     .venv/bin/python bench/flood_bench.py [--before /tmp/tg-old/src] [--seconds 5]
         [--modes none,reset,reset-again,beyond,made-reset,made-reset-again,priority,
                  priority-again,empty-data,empty-data-again,ping,ping-unread,window,
-                 continuation,continuation-again,pipeline] [-- SERVER FLAGS...]
+                 continuation,continuation-again,pipeline] [--flooders 1]
+        [-- SERVER FLAGS...]
 """
 
 from __future__ import annotations
@@ -68,8 +72,10 @@ MODES = ("none", "reset", "reset-again", "beyond", "made-reset", "made-reset-aga
 _CHECK = b"GET /v2/health/ready HTTP/1.1\r\nHost: t\r\n\r\n"
 
 
-def _flood(port: int, seconds: float, mode: str, opened: multiprocessing.Value) -> None:
-    """The flooding client (its own process): streams of ModelMetadata calls, 50 a write."""
+def _flood(port: int, seconds: float, mode: str, source: str,
+           opened: multiprocessing.Value) -> None:
+    """The flooding client (its own process), connecting from `source`: streams of
+    ModelMetadata calls, 50 a write."""
     import hpack
     from tritonclient.grpc import service_pb2 as pb
 
@@ -87,7 +93,7 @@ def _flood(port: int, seconds: float, mode: str, opened: multiprocessing.Value) 
     kind = kind.removesuffix("-unread")
 
     def connect() -> H2Client:
-        client = H2Client(port)
+        client = H2Client(port, source=source)
         if kind == "empty-data":  # one call, opened and never ended
             client.send(HEADERS, END_HEADERS, 1, block)
         elif kind == "continuation":  # one call's header block, never ended
@@ -132,7 +138,8 @@ def _flood(port: int, seconds: float, mode: str, opened: multiprocessing.Value) 
             client.close()
             client, stream, pending = connect(), 1, b""
     client.close()
-    opened.value = count
+    with opened.get_lock():
+        opened.value += count
 
 
 def _pipeline(port: int, seconds: float, answered: multiprocessing.Value) -> None:
@@ -182,13 +189,15 @@ def main() -> None:
     add_tree_options(parser)
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--modes", default=",".join(MODES))
+    parser.add_argument("--flooders", type=int, default=1,
+                        help="flooding clients at once, from the mode's one address")
     parser.add_argument("flags", nargs="*", help="more of the servers' command lines")
     args = parser.parse_args()
     modes = args.modes.split(",")
     models = write_default_repository(pathlib.Path(tempfile.gettempdir())
                                       / "tensorgate-bench-repo")
-    print(f"a flooding HTTP/2 client beside one sending health checks, {args.seconds:g} s "
-          f"a mode; {platform.node()}, {time.strftime('%Y-%m-%d %H:%M')}")
+    print(f"{args.flooders} flooding HTTP/2 client(s) beside one sending health checks, "
+          f"{args.seconds:g} s a mode; {platform.node()}, {time.strftime('%Y-%m-%d %H:%M')}")
     print(f"{'tree':10} {'mode':16} {'sent/s':>14} {'checks':>8} {'P50 µs':>10} "
           f"{'P99 µs':>11} {'max µs':>11} {'CPU s':>6} {'RSS +MB':>8}")
     for name, src in trees_of(args).items():
@@ -197,19 +206,22 @@ def main() -> None:
             for mode in modes:
                 opened = multiprocessing.Value("q", 0)
                 rss, cpu = _rss_mb(process.pid), server_cpu_s(process.pid)
-                flood = None
+                floods = []
                 if mode == "pipeline":
-                    flood = multiprocessing.Process(
-                        target=_pipeline, args=(http_port, args.seconds + 0.5, opened))
+                    floods = [multiprocessing.Process(
+                        target=_pipeline, args=(http_port, args.seconds + 0.5, opened))]
                 elif mode != "none":
-                    flood = multiprocessing.Process(
-                        target=_flood, args=(grpc_port, args.seconds + 0.5, mode, opened))
-                if flood is not None:
+                    source = f"127.0.0.{10 + MODES.index(mode)}"
+                    floods = [multiprocessing.Process(
+                        target=_flood, args=(grpc_port, args.seconds + 0.5, mode, source,
+                                             opened)) for _ in range(args.flooders)]
+                for flood in floods:
                     flood.start()
+                if floods:
                     time.sleep(0.3)
                 checks = latency_figures(_checks(http_port, args.seconds))
                 grown = _rss_mb(process.pid) - rss  # (while an unread flood is still open)
-                if flood is not None:
+                for flood in floods:
                     flood.join(timeout=args.seconds + 30)
                 cpu = server_cpu_s(process.pid) - cpu
                 print(f"{name:10} {mode:16} {opened.value / (args.seconds + 0.5):>14,.0f} "

@@ -112,6 +112,10 @@ _HELP = {
         "counter", "Client connections ended for flooding the server (HTTP/2 GOAWAY "
                    "ENHANCE_YOUR_CALM: streams reset or refused, frames that carry nothing, "
                    "oversized frames or header blocks)"),
+    "tensorgate_connections_probation_total": (
+        "counter", "Client connections opened from an address whose connection was ended "
+                   "for flooding within the last minute: each read at an eighth of the pace "
+                   "until it has earned its streams"),
     "tensorgate_connections_retired_total": (
         "counter", "gRPC connections sent GOAWAY at their maximum age "
                    "(--grpc-max-connection-age)"),
@@ -170,7 +174,7 @@ def _labels(**values: str) -> str:
 
 def render_metrics(models: Iterable[tuple[ModelStatistics, int]],
                    pool: PoolStatistics | None = None,
-                   connections: tuple[int, int, int, int, int] | None = None,
+                   connections: tuple[int, int, int, int, int, int] | None = None,
                    cache: CacheStatistics | None = None,
                    traces: tuple[int, int, int] | None = None,
                    host: HostSample | None = None,
@@ -179,7 +183,8 @@ def render_metrics(models: Iterable[tuple[ModelStatistics, int]],
                    calls: Sequence[ModelCall] = ()) -> str:
     """`models`: each version's statistics and its pending-request count; `pool`: the host
     buffer pool's, when there is one to report; `connections`: (open, refused so far, ended
-    for flooding so far, retired at their age so far); `cache`: the response cache's, when
+    for flooding so far, retired at their age so far, closed when a keepalive PING went
+    unanswered, opened on probation); `cache`: the response cache's, when
     the server has one; `traces`: (written, held, dropped), when the server traces; `host`:
     the last CPU sample, when it takes them; `latencies`: which of Triton's latency metrics
     to write; `gpus`: the last GPU sample, one per GPU, when the server takes them (a
@@ -292,6 +297,7 @@ def render_metrics(models: Iterable[tuple[ModelStatistics, int]],
         rows["tensorgate_connections_flooding_total"].append(f" {connections[2]}")
         rows["tensorgate_connections_retired_total"].append(f" {connections[3]}")
         rows["tensorgate_connections_keepalive_closed_total"].append(f" {connections[4]}")
+        rows["tensorgate_connections_probation_total"].append(f" {connections[5]}")
     out = []
     for name, (kind, text) in _HELP.items():
         if not rows[name]:

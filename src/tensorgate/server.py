@@ -340,7 +340,8 @@ class Server:
             config.metrics_histogram_latencies)
         self._metrics = MetricsFrontEnd(lambda: render_metrics(
             engine.model_statistics(), engine.pool_statistics(),
-            (budget.open, budget.refused, budget.floods, budget.retired, budget.unanswered),
+            (budget.open, budget.refused, budget.floods, budget.retired, budget.unanswered,
+             budget.probation),
             engine.cache_statistics(),
             tracer.statistics() if tracer is not None else None,
             host.last if host is not None else None, latencies,

@@ -26,8 +26,13 @@ class Frame:
 
 class H2Client:
     def __init__(self, port: int, settings: dict[int, int] | None = None,
-                 preface: bytes = PREFACE, timeout_s: float = 10.0) -> None:
-        self.sock = socket.create_connection(("127.0.0.1", port), timeout=timeout_s)
+                 preface: bytes = PREFACE, timeout_s: float = 10.0,
+                 source: str | None = None) -> None:
+        """`source`: the loopback address it connects from (127.0.0.1 by default; Linux
+        answers all of 127.0.0.0/8), as another client host would."""
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=timeout_s,
+                                             source_address=None if source is None
+                                             else (source, 0))
         self.encoder = hpack.Encoder()
         self.decoder = hpack.Decoder()
         self._pending = b""

@@ -374,11 +374,13 @@ def test_an_unread_answer_gives_way_by_dropping_its_connection() -> None:
 
 
 class _ReadingRecorder(_Recorder):
-    """A transport that also records whether it is read."""
+    """A transport that also records whether it is read, and names its peer."""
 
-    def __init__(self) -> None:
+    def __init__(self, peer: tuple[str, int] | None = None) -> None:
         super().__init__()
         self.reading = True
+        if peer is not None:
+            self._extra["peername"] = peer
 
     def pause_reading(self) -> None:
         self.reading = False
@@ -391,12 +393,13 @@ class _ReadingRecorder(_Recorder):
 
 
 def _turning(finish: bool = False, budget: ConnectionBudget | None = None,
-             keepalive: Keepalive | None = None
+             keepalive: Keepalive | None = None, peer: tuple[str, int] | None = None
              ) -> tuple[http2.Http2Connection, _ReadingRecorder, list[int], hpack.Encoder]:
     """A connection inside a running loop, and the ids of the streams it opened; with
     `finish`, each stream whose request is whole is answered at once (an empty 200); with
-    `budget`, ended for flooding, it tells that budget; `keepalive`: its client's PINGs
-    bounded (tests/network/test_http2_pings.py)."""
+    `budget`, ended for flooding, it tells that budget (and asks it whether it starts on
+    probation); `keepalive`: its client's PINGs bounded (tests/network/test_http2_pings.py);
+    `peer`: its client's address."""
     opened: list[int] = []
     encoder = hpack.Encoder()
     head, trailers = encoder.encode([(":status", "200")]), encoder.encode([("grpc-status", "0")])
@@ -415,9 +418,8 @@ def _turning(finish: bool = False, budget: ConnectionBudget | None = None,
         opened.append(stream.id)
         return Answering(stream)
 
-    connection = http2.Http2Connection(open_stream, lambda c: None,
-                                       None if budget is None else budget.flooded, keepalive)
-    transport = _ReadingRecorder()
+    connection = http2.Http2Connection(open_stream, lambda c: None, budget, keepalive)
+    transport = _ReadingRecorder(peer)
     connection.connection_made(transport)
     _feed(connection, PREFACE + H2Client.frame(SETTINGS, 0, 0, b""))
     return connection, transport, opened, encoder

@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from tensorgate.errors import PoolExhaustedError
+from tensorgate.network.flooders import FloodedAddresses, Probation
 
 if TYPE_CHECKING:
     from tensorgate.protocol.steps import Steps
@@ -61,18 +62,21 @@ class ConnectionBudget:
     (--max-connections). Past the limit a new connection is answered at once (HTTP 503, gRPC
     GOAWAY) and closed, so that file descriptors and per-connection memory stay bounded
     whatever clients do. Admitted when the connection is accepted, released when it closes.
-    It also counts the connections ended for flooding (`flooded`), those retired at their
-    maximum age (`retired`) and those closed when a keepalive PING went unanswered
-    (`unanswered`), for the metrics."""
+    It also counts the connections ended for flooding (`flooded`), remembering their
+    addresses (network/flooders.py), those opened on probation from such an address
+    (`on_probation`), those retired at their maximum age (`retired`) and those closed when a
+    keepalive PING went unanswered (`unanswered`), for the metrics."""
 
-    __slots__ = ("limit", "open", "refused", "floods", "retired", "unanswered", "_refusals",
-                 "_floods")
+    __slots__ = ("limit", "open", "refused", "floods", "probation", "retired", "unanswered",
+                 "flooders", "_refusals", "_floods")
 
     def __init__(self, limit: int = 0) -> None:
         self.limit = limit  # 0: no limit
         self.open = 0
         self.refused = 0
         self.floods = 0  # connections ended for flooding
+        self.probation = 0  # connections opened from an address that lately flooded
+        self.flooders = FloodedAddresses()
         self.retired = 0  # gRPC connections sent GOAWAY at their maximum age
         self.unanswered = 0  # gRPC connections closed: a keepalive PING went unanswered
         self._refusals, self._floods = _Paced(), _Paced()  # their warnings
@@ -90,14 +94,25 @@ class ConnectionBudget:
     def release(self) -> None:
         self.open -= 1
 
-    def flooded(self, how: str) -> None:
-        """A connection is ended for flooding (HTTP/2 ENHANCE_YOUR_CALM): counted, and logged
-        at most every REFUSAL_LOG_PERIOD_S (a client connecting again for each flood ended
-        ~8 connections a second, each a log line)."""
+    def flooded(self, how: str, address: str | None = None) -> None:
+        """A connection from `address` (flooders.address_key) is ended for flooding (HTTP/2
+        ENHANCE_YOUR_CALM): counted, its address remembered, and logged at most every
+        REFUSAL_LOG_PERIOD_S (a client connecting again for each flood ended ~8 connections
+        a second, each a log line)."""
         self.floods += 1
+        self.flooders.flooded(address)
         if self._floods.due():
-            log.warning("ended a connection that floods the server (%s); %d so far", how,
-                        self.floods)
+            log.warning("ended a connection from %s that floods the server (%s); %d so far; "
+                        "its next connections start on probation", address or "a client",
+                        how, self.floods)
+
+    def on_probation(self, address: str | None) -> Probation | None:
+        """The probation a new connection from `address` joins, if the address ended a
+        connection for flooding lately (counted)."""
+        probation = self.flooders.probation(address)
+        if probation is not None:
+            self.probation += 1
+        return probation
 
     def refusal(self) -> str:
         return (f"the server already has {self.open} connections open, its limit "

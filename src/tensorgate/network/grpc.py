@@ -336,7 +336,7 @@ class GrpcFrontEnd:
         if not self.budget.admit():
             return RefusedConnection(http2.refusal_frames(self.budget.refusal()))
         connection = http2.Http2Connection(self._open_stream, self._closed,
-                                           self.budget.flooded, self.keepalive)
+                                           self.budget, self.keepalive)
         if self.max_age_s > 0:
             connection.retire_at = (time.monotonic()
                                     + self.max_age_s * random.uniform(0.9, 1.1))

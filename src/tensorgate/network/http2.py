@@ -35,9 +35,11 @@ import math
 import struct
 import time
 
+from tensorgate.network.flooders import address_key
 from tensorgate.network.http2_base import (ALIVE_PING, CONNECTION_WINDOW, DRAIN_PING, DRAIN_PING_S,
-                                           FRAME_SIZE, IDLE_BUFFER, MAX_STREAMS, SHRINK_IDLE_S,
-                                           STREAM_WINDOW, Http2Stream, StreamHandler)
+                                           FRAME_SIZE, FRAMES_PER_TURN, IDLE_BUFFER, MAX_STREAMS,
+                                           PROBATION_FRAMES, SHRINK_IDLE_S, STREAM_WINDOW,
+                                           FloodWatch, Http2Stream, StreamHandler)
 from tensorgate.network.http2_frames import (DEFAULT_WINDOW, ENABLE_PUSH, GOAWAY, HEAD,
                                              INITIAL_WINDOW_SIZE, MAX_CONCURRENT_STREAMS,
                                              MAX_FRAME_SIZE, MAX_HEADER_LIST_SIZE, MAX_STREAM_ID,
@@ -49,8 +51,8 @@ from tensorgate.network.http2_read import Http2Reader
 from tensorgate.network.keepalive import Keepalive
 from tensorgate.network.socket_send import SocketSender, copies_what_it_keeps
 
-__all__ = ["Fields", "Http2Connection", "Http2Error", "Http2Stream", "StreamError",
-           "StreamHandler", "encode_headers", "refusal_frames"]
+__all__ = ["Fields", "FloodWatch", "Http2Connection", "Http2Error", "Http2Stream",
+           "StreamError", "StreamHandler", "encode_headers", "refusal_frames"]
 
 log = logging.getLogger("tensorgate.http2")
 
@@ -66,6 +68,12 @@ class Http2Connection(Http2Reader, asyncio.BufferedProtocol):
         self.tls = transport.get_extra_info("ssl_object") is not None
         self._sender = SocketSender.for_transport(transport)  # type: ignore[arg-type]
         self.joins_writes = self._sender is None and copies_what_it_keeps(transport)
+        if self._watch is not None:
+            self.address = address_key(transport.get_extra_info("peername"))
+            if self._frames_per_turn == FRAMES_PER_TURN:  # (driven by hand: no turns)
+                self._probation = self._watch.on_probation(self.address)
+                if self._probation is not None:
+                    self._frames_per_turn = PROBATION_FRAMES // self._probation.open
         settings = b"".join(struct.pack(">HI", key, value) for key, value in (
             (ENABLE_PUSH, 0), (MAX_CONCURRENT_STREAMS, MAX_STREAMS),
             (MAX_FRAME_SIZE, FRAME_SIZE), (INITIAL_WINDOW_SIZE, STREAM_WINDOW),
@@ -76,6 +84,9 @@ class Http2Connection(Http2Reader, asyncio.BufferedProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.transport = None
+        if self._probation is not None:
+            self._probation.leave()
+            self._probation = None
         streams, self.streams = self.streams, {}
         self._blocked.clear()
         for stream in streams.values():

@@ -20,6 +20,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
+from tensorgate.network.flooders import Probation
 from tensorgate.network.http2_frames import (DEFAULT_FRAME, DEFAULT_WINDOW, ENHANCE_YOUR_CALM,
                                              GOAWAY, HEAD, INTERNAL_ERROR, NO_ERROR, RST_STREAM,
                                              Fields, Http2Error, frame)
@@ -32,7 +33,7 @@ from tensorgate.tensor.copies import record_copy
 if TYPE_CHECKING:
     from tensorgate.network.http2 import Http2Connection
 
-__all__ = ["Http2Base", "Http2Stream", "StreamHandler"]
+__all__ = ["FloodWatch", "Http2Base", "Http2Stream", "StreamHandler"]
 
 log = logging.getLogger("tensorgate.http2")
 
@@ -82,6 +83,15 @@ IDLE_FRAMES = 10_000
 # connected again whenever closed cost every other connection 0.5-0.7 ms a turn with empty
 # DATA frames (bench/flood_bench.py, empty-data-again).
 IDLE_FRAME_COUNTS = 8
+# The connections open from an address that lately flooded the server (network/flooders.py)
+# are parsed PROBATION_FRAMES a turn together, each its share (one new stream a turn at
+# first: n connections, one each n turns, what one overspends owed at the next), each until
+# it has earned PROBATION_EARNED streams (it earns none by streams it resets; then it is at
+# its full pace anyway). At FRAMES_PER_TURN, rapid reset connecting again whenever closed
+# cost every other connection 696 µs a health check at P50 against 81; at this, 138; four
+# such clients at once 2,588 and 212 (bench/flood_bench.py, reset-again).
+PROBATION_FRAMES = FRAMES_PER_TURN // 8
+PROBATION_EARNED = MAX_STREAMS - FIRST_STREAMS
 # The receive buffer: an idle connection holds IDLE_BUFFER (at 256 KiB each, 1,000 idle
 # gRPC connections held 259 MB: bench/idle_connections_bench.py); a read that fills what it
 # was offered grows it to RECEIVE_BUFFER, which holds many frames per read, and a frame
@@ -116,6 +126,14 @@ class StreamHandler(Protocol):
     def drained(self) -> None: ...
     def waiting(self) -> bool: ...                    # for request bytes the client owes
     def timed_out(self, quiet_s: float, limit_s: float) -> None: ...
+
+
+class FloodWatch(Protocol):
+    """Who hears of a connection ended for flooding and says whether a new one starts on
+    probation, by its client's address (network.ConnectionBudget)."""
+
+    def flooded(self, how: str, address: str | None) -> None: ...
+    def on_probation(self, address: str | None) -> Probation | None: ...
 
 
 class Http2Stream:
@@ -155,14 +173,17 @@ class Http2Base:
     def __init__(self, open_stream: Callable[[Http2Connection, Http2Stream, Fields],
                                              StreamHandler],
                  on_close: Callable[[Http2Connection], None],
-                 flooded: Callable[[str], None] | None = None,
+                 watch: FloodWatch | None = None,
                  keepalive: Keepalive | None = None) -> None:
-        """`keepalive`: how often the client may PING (keepalive.PingStrikes); without it,
-        as often as it likes."""
+        """`watch`: told when the connection is ended for flooding, and asked whether it
+        starts on probation; `keepalive`: how often the client may PING
+        (keepalive.PingStrikes); without it, as often as it likes."""
         # (called with the Http2Connection, by its part that opens streams: http2_control)
         self._open_stream: Callable[[Any, Http2Stream, Fields], StreamHandler] = open_stream
         self._on_close = on_close
-        self._flooded = flooded  # told how, when the connection is ended for flooding
+        self._watch = watch
+        self.address: str | None = None  # its client's (flooders.address_key), once made
+        self._probation: Probation | None = None  # while on probation (PROBATION_FRAMES)
         self._strikes = PingStrikes(keepalive) if keepalive is not None else None
         self._data_flowed = False  # data sent or received since the client's last PING
         self._unread_acks = 0  # answers to PINGs and SETTINGS written while writing paused

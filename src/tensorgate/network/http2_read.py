@@ -9,8 +9,10 @@ import asyncio
 import logging
 import time
 
-from tensorgate.network.http2_base import (CONNECTION_WINDOW, FRAME_SIZE, MAX_CONTROL_FRAME,
-                                           RECEIVE_BUFFER, STREAM_WINDOW, TURN_CHECK, Http2Stream)
+from tensorgate.network.http2_base import (CONNECTION_WINDOW, FRAME_SIZE, FRAMES_PER_TURN,
+                                           MAX_CONTROL_FRAME, PROBATION_EARNED,
+                                           PROBATION_FRAMES, RECEIVE_BUFFER, STREAM_WINDOW,
+                                           TURN_CHECK, Http2Stream)
 from tensorgate.network.http2_control import Http2Control
 from tensorgate.network.http2_frames import (CONTINUATION, DATA, DEFAULT_FRAME, END_STREAM,
                                              ENHANCE_YOUR_CALM, FLOW_CONTROL_ERROR,
@@ -115,8 +117,8 @@ class Http2Reader(Http2Control):
             self._send_acks()
 
     def _connection_error(self, error: Http2Error) -> None:
-        if error.code == ENHANCE_YOUR_CALM and self._flooded is not None:
-            self._flooded(str(error))
+        if error.code == ENHANCE_YOUR_CALM and self._watch is not None:
+            self._watch.flooded(str(error), self.address)
         else:
             log.info("HTTP/2 connection error %d: %s", error.code, error)
         self._failed_connection = True
@@ -127,8 +129,11 @@ class Http2Reader(Http2Control):
 
     def _next_turn(self) -> None:
         """A new turn of the loop: parse what was held back, then read again."""
-        self._turn_frames = 0
         self._turn_due = False
+        if self._probation is None:
+            self._turn_frames = 0
+        elif self._probation_turn():
+            return  # what it overspent is not yet paid: held this turn too
         if not self._turn_held or self._failed_connection:
             return
         self._turn_held = False
@@ -142,6 +147,27 @@ class Http2Reader(Http2Control):
         if not self._turn_held and self.transport is not None:
             self.transport.resume_reading()
 
+    def _probation_turn(self) -> bool:
+        """A turn on probation: the connection's share of PROBATION_FRAMES, less what it
+        spent past its share before (a new stream counts more than a share when the address
+        has several connections open); True while that is still owed. Once it has earned
+        its streams, its probation is over."""
+        probation = self._probation
+        assert probation is not None
+        if self._earned >= PROBATION_EARNED:
+            probation.leave()
+            self._probation = None
+            self._frames_per_turn = FRAMES_PER_TURN
+            self._turn_frames = 0
+            return False
+        share = self._frames_per_turn = max(1, PROBATION_FRAMES // probation.open)
+        self._turn_frames = max(0, self._turn_frames - share)
+        if self._turn_frames < share or self._failed_connection:
+            return False
+        self._turn_due = True
+        asyncio.get_running_loop().call_soon(self._next_turn)
+        return True
+
     def _parse(self) -> None:
         view = self._view
         while self.transport is not None:
@@ -149,6 +175,9 @@ class Http2Reader(Http2Control):
                 if not self._turn_held:
                     self._turn_held = True
                     self.transport.pause_reading()
+                    if not self._turn_due:  # (a new stream's count may pass it at once)
+                        self._turn_due = True
+                        asyncio.get_running_loop().call_soon(self._next_turn)
                 return
             if self._data_left:
                 if not self._data_piece():
