@@ -159,7 +159,8 @@ def _parser() -> argparse.ArgumentParser:
                             "option): their config.pbtxt must name inputs and outputs")
     serve.add_argument("--read-timeout-s", type=float,
                        help="answer a request whose bytes stop arriving for this long, "
-                            "or whose HTTP/1.1 headers take longer to arrive (default 30)")
+                            "or whose headers (HTTP/1.1's, an HTTP/2 header block) take "
+                            "longer to arrive (default 30)")
     serve.add_argument("--keep-alive-timeout-s", type=float,
                        help="close an HTTP/1.1 connection idle this long (default 75)")
     serve.add_argument("--max-connections", type=int,

@@ -128,7 +128,8 @@ class ServerConfig:
     model_call_warn_s: float = 60.0
     # a request whose bytes stop arriving for this long is answered (HTTP 408, gRPC
     # DEADLINE_EXCEEDED) and its buffer released: a slow client cannot hold the pool; and
-    # an HTTP/1.1 request's headers must arrive within it (408), however they trickle
+    # an HTTP/1.1 request's headers must arrive within it (408), and an HTTP/2 header block
+    # (GOAWAY), however they trickle
     read_timeout_s: float = 30.0
     # an HTTP/1.1 connection idle this long between requests is closed (above the usual 60 s
     # of load balancers, so that they close first); gRPC connections may idle for ever (with

@@ -7,6 +7,7 @@ CONTINUATION frames one block may take."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import hpack
@@ -244,3 +245,31 @@ def test_a_block_may_take_16_continuation_frames_each_and_a_17th_ends_the_connec
     goaway = _goaway(transport)
     assert int.from_bytes(goaway[4:8], "big") == http2_frames.ENHANCE_YOUR_CALM
     assert b"a header block in more than 16 CONTINUATION frames" in goaway[8:]
+
+
+def test_a_header_block_must_arrive_whole_within_the_read_timeout() -> None:
+    """A CONTINUATION just within the read timeout each kept a block arriving for 16 times
+    it (8 min at 30 s) on a connection never quiet: as an HTTP/1.1 request's head, a block
+    must arrive whole within --read-timeout-s, from the first time the connection's
+    once-a-second check saw it arriving. One that ends in time opens its stream, and the
+    next block's time starts afresh; past it: GOAWAY naming it, closed."""
+    connection, transport, seen, _ = _connection()
+    encoder = hpack.Encoder()
+    first, second = _in_pieces(1, encoder.encode(_REQUEST), 3), encoder.encode(_REQUEST)
+    start = time.monotonic()
+    frames = {0: first[:len(first) // 2], 20: first[len(first) // 2:],  # whole after 20 s
+              21: H2Client.frame(HEADERS, END_STREAM, 3, second[:2])}
+    frames.update({21 + 10 * k: H2Client.frame(CONTINUATION, 0, 3, b"") for k in range(1, 5)})
+    closed_at = None
+    for second_ in range(60):
+        now = start + second_
+        if second_ in frames:
+            _feed(connection, frames[second_])
+            connection._last_read = now  # (never quiet for 10 s)
+        connection.expire(now, 30.0)
+        if transport.closed:
+            closed_at = second_
+            break
+    assert seen == [_REQUEST] and closed_at == 21 + 31, (seen, closed_at)
+    assert b"a header block took more than 30 s to arrive (--read-timeout-s)" \
+        in _goaway(transport)[8:]

@@ -130,6 +130,11 @@ class Http2Connection(Http2Reader, asyncio.BufferedProtocol):
             self._go_away(NO_ERROR, f"no bytes for {quiet:.1f} s inside a frame")
             self._close()
             return
+        if self._block_took(now) > read_timeout_s:  # one CONTINUATION just within each
+            self._go_away(NO_ERROR, f"a header block took more than {read_timeout_s:g} s to "
+                                    f"arrive (--read-timeout-s)")
+            self._close()
+            return
         for stream in list(self.streams.values()):
             handler = stream.handler
             if handler is None or stream.reading_paused or stream.remote_closed:
@@ -141,6 +146,17 @@ class Http2Connection(Http2Reader, asyncio.BufferedProtocol):
                     handler.timed_out(quiet, read_timeout_s)
             except Exception as error:
                 self._failed(stream, error)
+
+    def _block_took(self, now: float) -> float:
+        """How long the header block arriving has been seen arriving (0: none arriving):
+        counted from the first `expire` that saw it, so a second short at most."""
+        if not self._blocks.stream_id:
+            return 0.0
+        begun, seen = self._block_seen
+        if begun != self._blocks.begun:
+            self._block_seen = (self._blocks.begun, now)
+            return 0.0
+        return now - seen
 
     def keep_alive(self, now: float, settings: Keepalive) -> bool:
         """Called about once a second (GrpcFrontEnd.expire): a PING to a connection quiet

@@ -226,6 +226,8 @@ class Http2Base:
         # when calls still open then are cut off with it (its grace)
         self.retire_at = math.inf
         self._abort_at = math.inf
+        # the header block arriving when `expire` first saw it (HeaderBlocks.begun), and then
+        self._block_seen = (0, 0.0)
         self._turn_frames = 0          # frames parsed in this turn of the loop (see above)
         # driven by hand, outside a loop (tests), there are no turns to share (nor schedule)
         looped = _in_loop()

@@ -35,12 +35,13 @@ class HeaderBlocks:
     """The header blocks of one connection, in the order they arrive (HPACK's table is the
     connection's: a block is decoded against what every block before it left)."""
 
-    __slots__ = ("stream_id", "end_stream", "decoder", "kept", "_kept_bytes", "_block",
-                 "_continuations")
+    __slots__ = ("stream_id", "end_stream", "begun", "decoder", "kept", "_kept_bytes",
+                 "_block", "_continuations")
 
     def __init__(self, decoder: hpack.Decoder | None = None) -> None:
         self.stream_id = 0         # the stream whose block is arriving (0: none)
         self.end_stream = False    # its HEADERS ended the stream
+        self.begun = 0             # blocks begun so far (which one is arriving)
         self.decoder = decoder or hpack.Decoder(max_header_list_size=MAX_HEADER_BLOCK)
         self.kept: dict[bytes, Fields] = {}  # blocks decoded, by their bytes
         self._kept_bytes = 0
@@ -51,6 +52,7 @@ class HeaderBlocks:
         """A HEADERS frame's fragment (padding and priority taken off)."""
         self.stream_id = stream_id
         self.end_stream = end_stream
+        self.begun += 1
         self._block.clear()
         self._continuations = 0
         self._append(fragment)
