@@ -218,7 +218,7 @@ class Engine:
         return sorted(self._served.versions)
 
     def spec(self, name: str, version: int | None = None) -> ModelSpec:
-        return self._served.resolve(name, version).spec
+        return self._served.spec(name, version)
 
     def versions(self, name: str) -> list[int]:
         return sorted(self._served.versions.get(name, {}))

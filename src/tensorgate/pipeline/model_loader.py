@@ -232,7 +232,7 @@ class ModelLoader:
                     await (self.load_folder(model, beside) if own_folder else self.load(model))
         finally:
             self._ensembles_loading.discard(spec.name)
-        steps = check_step_models(spec, steps, self._spec)
+        steps = check_step_models(spec, steps, self._served.spec)
         if any(step.decoupled for step in steps):  # it streams, as Triton makes it
             spec = decoupled_ensemble(spec)
         spec = served_ensemble(spec)
@@ -265,9 +265,6 @@ class ModelLoader:
     def _caches(self, spec: ModelSpec) -> bool:
         """Whether `spec`'s requests go through the response cache."""
         return spec.response_cache and self._cached
-
-    def _spec(self, name: str, version: int | None = None) -> ModelSpec:
-        return self._served.resolve(name, version).spec
 
 
 async def _to_the_end(work: Coroutine[Any, Any, None]) -> None:

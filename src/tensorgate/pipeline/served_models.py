@@ -152,6 +152,10 @@ class ServedModels:
                                 f"{', '.join(map(str, sorted(versions)))}")
         return found
 
+    def spec(self, name: str, version: int | None = None) -> ModelSpec:
+        """What `resolve` finds serves: its model's spec."""
+        return self.resolve(name, version).spec
+
     def unavailable(self) -> dict[str, str]:
         """Models whose load failed and that serve no version, with the reason (a model
         whose reload failed while its old version serves is not among them)."""
