@@ -13,7 +13,7 @@ import torch
 
 from tensorgate import Engine, InferenceRequest, TensorView
 from tensorgate.errors import InvalidArgumentError, ModelConfigError
-from tensorgate.pipeline import sequences
+from tensorgate.pipeline import sequence_inputs
 from tensorgate.pipeline.work import SequenceFlags
 from tests.e2e.conftest import memory_bytes
 from tests.pipeline import sequence_models as sm
@@ -152,7 +152,7 @@ def test_requests_outside_an_active_sequence_are_refused_with_what_to_do(
 
 def test_only_the_latest_ended_sequences_are_remembered(seq_repo: pathlib.Path,
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(sequences, "ENDED_KEPT", 2)
+    monkeypatch.setattr(sequence_inputs, "ENDED_KEPT", 2)
 
     async def scenario() -> None:
         engine = Engine(seq_repo)
@@ -168,7 +168,7 @@ def test_only_the_latest_ended_sequences_are_remembered(seq_repo: pathlib.Path,
             with pytest.raises(InvalidArgumentError, match=r"is not active: it ended "):
                 await engine.infer(_request("accumulate", 1, sequence))
         # a string id longer than ENDED_ID_CHARS is not kept once its sequence ends
-        long_id = "x" * (sequences.ENDED_ID_CHARS + 1)
+        long_id = "x" * (sequence_inputs.ENDED_ID_CHARS + 1)
         await engine.infer(_request("accumulate", 1, long_id, start=True, end=True))
         await engine.infer(_request("accumulate", 1, "short", start=True, end=True))
         with pytest.raises(InvalidArgumentError, match=r"is not active: the first request"):

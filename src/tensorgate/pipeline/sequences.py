@@ -9,7 +9,9 @@ before it is answered, with the control inputs set (START, END, READY, CORRID) a
 implicit state's input holding what the model returned for that state on the one before
 (the initial state on a start). Requests of different sequences batch together, at most one
 per sequence; under `direct` each request runs in its sequence's row of the batch, and rows
-below it that no sequence fills carry READY false (filler rows, answered to no one).
+below it that no sequence fills carry READY false (filler rows, answered to no one). The
+control tensors, initial states and fillers are made in sequence_inputs.py, which also
+remembers the sequences that ended, to tell a late request how.
 
 A request whose client left after it was queued still runs when its turn comes, so that the
 sequence's state stays what the client's earlier requests made it; one that left before its
@@ -44,17 +46,12 @@ from dataclasses import replace
 from functools import partial
 from typing import Any
 
-import numpy as np
-import torch
-
 from tensorgate.errors import InvalidArgumentError, TensorgateError, UnavailableError
-from tensorgate.pipeline.made_inputs import tensor_from_file
 from tensorgate.pipeline.scheduler import Scheduler
+from tensorgate.pipeline.sequence_inputs import EndedSequences, SequenceInputs
 from tensorgate.pipeline.stats import ModelStatistics
 from tensorgate.pipeline.work import SequenceFlags, WorkItem
 from tensorgate.repository.model_config import BatchingPolicy, ModelSpec
-from tensorgate.repository.sequence_config import ControlInput, SequenceState
-from tensorgate.tensor.copies import CopyLedger
 
 __all__ = ["SequenceScheduler"]
 
@@ -63,16 +60,6 @@ log = logging.getLogger("tensorgate.sequences")
 # Requests held here, not yet handed to an instance's batcher (they wait for the request
 # before them in their sequence, or for a slot): bounded, as every queue is.
 MAX_WAITING = 4096
-# Sequences remembered once ended, so that a request still sent for one is told how and when
-# it ended (the idle timeout, or an end it did not expect) rather than only that it is not
-# active: the most recent this many, a small dict entry each, and only ids of at most
-# ENDED_ID_CHARS (a string id is as long as a client likes: these stay after their requests).
-ENDED_KEPT = 1024
-ENDED_ID_CHARS = 256
-
-_INTEGER_LIMITS = {"UINT64": (0, 2**64 - 1), "INT64": (0, 2**63 - 1),
-                   "UINT32": (0, 2**32 - 1), "INT32": (0, 2**31 - 1)}
-
 
 class _Sequence:
     __slots__ = ("id", "instance", "slot", "waiting", "running", "state", "corrid", "idle_since",
@@ -138,22 +125,14 @@ class SequenceScheduler:
         self._idle: OrderedDict[int | str, _Sequence] = OrderedDict()  # by when they went idle
         self._idle_ns = policy.idle_us * 1000
         self._idle_timer: asyncio.TimerHandle | None = None
-        # ended sequences, oldest first → (how they ended, time.monotonic_ns() then)
-        self._ended: OrderedDict[int | str, tuple[str, int]] = OrderedDict()
+        self._ended = EndedSequences(spec.name, self._idle_ns)
         self._waiting = 0
         self._closed: TensorgateError | None = None
-        row = (1, 1) if batched else (1,)
-        self._flags = {c.name: tuple(torch.full(row, v, dtype=c.datatype.torch)
-                                     for v in c.false_true)
-                       for c in policy.controls if c.kind != "CORRID"}
-        self._corrid = next((c for c in policy.controls if c.kind == "CORRID"), None)
-        self._initial = {s.input_name: _initial_state(s, directory, batched)
-                         for s in policy.states}
+        self._inputs = SequenceInputs(spec, directory)
         self._state_outputs = tuple(s.output_name for s in policy.states)
         # what a request wanting every output wants, with the states' outputs: made once
         self._all_wanted = spec.output_names + tuple(
             n for n in self._state_outputs if n not in spec.output_names)
-        self._row = row
         self._last_auto_id = 0
         # a decoupled model's client requests → the run streaming for each (its rerun's,
         # once rescheduled), for their clients' leaving to reach
@@ -196,9 +175,9 @@ class SequenceScheduler:
         sequence = self._sequences.get(flags.id)
         if sequence is None:
             if not flags.start:
-                raise self._not_started(flags.id)
-            corrid = self._corrid_tensor(flags.id)
-            self._ended.pop(flags.id, None)
+                raise self._ended.not_started(flags.id)
+            corrid = self._inputs.corrid(flags.id)
+            self._ended.forget(flags.id)
             sequence = self._sequences[flags.id] = _Sequence(flags.id, auto)
             sequence.corrid = corrid
             self._place(sequence)
@@ -299,7 +278,7 @@ class SequenceScheduler:
                       "(max_sequence_idle_microseconds)", self._spec.name, sequence.id,
                       self._idle_ns / 1e9)
             self._stats.sequences_expired += 1  # a metric, not a log line per sequence
-            self._remember_ended(sequence.id, f"after {self._idle_ns / 1e6:g} ms without "
+            self._ended.remember(sequence.id, f"after {self._idle_ns / 1e6:g} ms without "
                                               "requests (max_sequence_idle_microseconds)")
             self._release(sequence)
 
@@ -317,11 +296,10 @@ class SequenceScheduler:
                 continue  # before its turn
             if left:  # while rescheduled: its last run, for the model to clean up
                 flags = item.sequence = SequenceFlags(flags.id, end=True)
-            if flags.start:  # a copy each: a model may update its state input in place
-                sequence.state = {name: t.clone() for name, t in self._initial.items()}
+            if flags.start:
+                sequence.state = self._inputs.initial_states()
             inputs = dict(item.inputs)
-            for control in self._policy.controls:
-                inputs[control.name] = self._control(control, flags.start, flags.end, sequence)
+            self._inputs.set_controls(inputs, flags.start, flags.end, sequence.corrid)
             key = item.key
             wanted = item.wanted
             if sequence.state:
@@ -415,16 +393,16 @@ class SequenceScheduler:
         run its next request."""
         if flags.end or sequence.auto:
             if not sequence.auto:  # (an iterative sequence's id is the server's own)
-                self._remember_ended(sequence.id, "at its request with 'sequence_end'")
+                self._ended.remember(sequence.id, "at its request with 'sequence_end'")
             # Requests queued after the end belong to a new sequence only if they start one.
             while sequence.waiting and not sequence.waiting[0].sequence.start:  # type: ignore[union-attr]
                 late = sequence.waiting.popleft()
                 self._waiting -= 1
-                late.fail(self._not_started(sequence.id))
+                late.fail(self._ended.not_started(sequence.id))
             if not sequence.waiting:
                 self._release(sequence)
                 return
-            self._ended.pop(sequence.id, None)  # a request starts the id's next sequence
+            self._ended.forget(sequence.id)  # a request starts the id's next sequence
         self._run_next(sequence)
 
     def _rerun(self, running: WorkItem) -> None:
@@ -442,54 +420,6 @@ class SequenceScheduler:
         self._waiting += 1
         self._run_next(sequence)
 
-    def _control(self, control: ControlInput, start: bool, end: bool,
-                 sequence: _Sequence) -> Any:
-        kind = control.kind
-        if kind == "CORRID":
-            return sequence.corrid
-        return self._flags[control.name][start if kind == "START" else end if kind == "END"
-                                         else True]
-
-    def _corrid_tensor(self, sequence_id: int | str) -> Any:
-        control = self._corrid
-        if control is None:
-            return None
-        if control.datatype.is_bytes:
-            text = sequence_id if isinstance(sequence_id, str) else str(sequence_id)
-            return np.full(self._row, text.encode(), dtype=object)
-        low, high = _INTEGER_LIMITS[control.datatype.name]
-        if not isinstance(sequence_id, int) or not low <= sequence_id <= high:
-            raise InvalidArgumentError(
-                f"model '{self._spec.name}' passes sequence ids to its control input "
-                f"'{control.name}' as {control.datatype.name}: 'sequence_id' must be an "
-                f"integer in [1, {high}], got {sequence_id!r}")
-        return torch.full(self._row, sequence_id, dtype=control.datatype.torch)
-
-    def _remember_ended(self, sequence_id: int | str, how: str) -> None:
-        if isinstance(sequence_id, str) and len(sequence_id) > ENDED_ID_CHARS:
-            return
-        ended = self._ended
-        ended.pop(sequence_id, None)
-        ended[sequence_id] = (how, time.monotonic_ns())
-        if len(ended) > ENDED_KEPT:
-            ended.popitem(last=False)
-
-    def _not_started(self, sequence_id: int | str) -> InvalidArgumentError:
-        """The refusal of a request for a sequence that is not active, saying how it ended
-        when it did so lately."""
-        name = self._spec.name
-        ended = self._ended.get(sequence_id)
-        if ended is None:
-            return InvalidArgumentError(
-                f"sequence {sequence_id!r} of model '{name}' is not active: the first request "
-                f"of a sequence must set 'sequence_start' (a sequence ends at 'sequence_end', "
-                f"or after {self._idle_ns / 1e6:g} ms without requests)")
-        how, when = ended
-        ago = (time.monotonic_ns() - when) / 1e6
-        return InvalidArgumentError(
-            f"sequence {sequence_id!r} of model '{name}' is not active: it ended {ago:.0f} ms "
-            f"ago, {how}; the first request of a sequence must set 'sequence_start'")
-
     def _arrange(self, items: list[WorkItem]) -> list[WorkItem]:
         """A direct batch: each request in its sequence's row; rows below the last that no
         request fills get a filler with READY false (and zeros elsewhere)."""
@@ -499,36 +429,10 @@ class SequenceScheduler:
         arranged: list[WorkItem] = []
         for item in rows:
             while len(arranged) < _slot(item):
-                arranged.append(self._filler(rows[0]))
+                arranged.append(self._inputs.filler(rows[0], self._loop))
             arranged.append(item)
         return arranged
-
-    def _filler(self, like: WorkItem) -> WorkItem:
-        inputs: dict[str, Any] = {}
-        for name, value in like.inputs.items():
-            if name in self._flags:
-                inputs[name] = self._flags[name][0]
-            elif isinstance(value, np.ndarray):
-                inputs[name] = np.full(value.shape, b"", dtype=object)
-            else:
-                inputs[name] = torch.zeros_like(value)
-        filler = WorkItem(inputs, 1, like.key, like.wanted, self._loop.create_future(),
-                          like.enqueued_ns, 0, CopyLedger())
-        filler.filler = True
-        return filler
 
 
 def _slot(item: WorkItem) -> int:
     return item.slot if isinstance(item, _SlotItem) else 0
-
-
-def _initial_state(state: SequenceState, directory: pathlib.Path,
-                   batched: bool) -> torch.Tensor:
-    """A state's input on the first request of a sequence: zeros, or the bytes of its
-    initial_state data_file."""
-    shape = ((1,) if batched else ()) + state.initial_dims
-    if not state.initial_file:
-        return torch.zeros(shape, dtype=state.datatype.torch)
-    return tensor_from_file(directory / "initial_state" / state.initial_file, state.datatype,
-                            state.initial_dims,
-                            f"initial state of '{state.input_name}'").reshape(shape)
