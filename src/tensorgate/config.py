@@ -4,19 +4,17 @@ and the Python API; validated in the constructor with messages that say what to 
 from __future__ import annotations
 
 import dataclasses
-import ipaddress
 import os
 import pathlib
 import re
-import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from tensorgate.config_checks import check_connections, check_listeners, check_sagemaker
 from tensorgate.log_settings import LOG_FORMATS
 from tensorgate.pipeline.rate_limiter import parse_resource_counts
 from tensorgate.pipeline.summary import DEFAULT_QUANTILES, parse_quantiles
-from tensorgate.protocol.restricted import parse_restrictions
 from tensorgate.repository.layout import ModelRepositories, check_config_name
 from tensorgate.trace_config import resolve_trace
 
@@ -27,7 +25,6 @@ PlacementChoice = Literal["auto", "none"]
 ModelControlChoice = Literal["none", "explicit", "poll"]
 TraceModeChoice = Literal["triton", "opentelemetry"]
 RateLimitChoice = Literal["off", "execution_count"]
-SAGEMAKER_INFERENCE_TYPES = ("infer", "generate", "generate_stream")
 # the variables Triton's SageMaker server reads, and those SageMaker sets in a container (a
 # port other than 8080 in an inference pipeline; the range every other port must lie in)
 # → the settings they are here
@@ -287,25 +284,8 @@ class ServerConfig:
         if not self.repository_poll_s > 0:
             raise ValueError(f"repository_poll_s must be above 0, got "
                              f"{self.repository_poll_s}")
-        _check_address("host", self.host)
-        for name, default in (("http_address", self.host), ("grpc_address", self.host),
-                              ("metrics_address", self.http_address or self.host),
-                              ("sagemaker_address", self.http_address or self.host)):
-            object.__setattr__(self, name, getattr(self, name) or default)
-            _check_address(name, getattr(self, name))
-        if not (self.allow_http or self.allow_grpc or self.allow_sagemaker):
-            raise ValueError("allow_http and allow_grpc are both false: the server would "
-                             "serve nothing (--allow-http or --allow-grpc must be true, or "
-                             "--allow-sagemaker)")
-        for name in ("http_port", "grpc_port", "metrics_port", "sagemaker_port"):
-            port = getattr(self, name)
-            if not 0 <= port <= 65535:
-                raise ValueError(f"{name} must be 0-65535 (0 picks a free port), got {port}")
-        if (self.reuse_http_port or self.reuse_grpc_port) and not hasattr(socket,
-                                                                          "SO_REUSEPORT"):
-            raise ValueError("reuse_http_port / reuse_grpc_port need SO_REUSEPORT, which "
-                             "this system's sockets do not have")
-        self._check_sagemaker()
+        check_listeners(self)
+        check_sagemaker(self)
         parse_quantiles(self.metrics_summary_quantiles)
         if self.metrics_interval_ms < 1:
             raise ValueError(f"metrics_interval_ms must be 1 or more, got "
@@ -337,83 +317,10 @@ class ServerConfig:
         if self.model_call_warn_s < 0:
             raise ValueError(f"model_call_warn_s must be 0 (never) or more, got "
                              f"{self.model_call_warn_s}")
-        for name in ("read_timeout_s", "keep_alive_timeout_s"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"{name} must be above 0, got {getattr(self, name)}")
-        if self.max_connections < 1:
-            raise ValueError(f"max_connections must be 1 or more, got {self.max_connections}")
-        if self.grpc_max_connection_age_ms < 0:
-            raise ValueError(f"grpc_max_connection_age_ms must be 0 (no limit) or more, got "
-                             f"{self.grpc_max_connection_age_ms}")
-        if self.grpc_max_connection_age_grace_ms < -1:
-            raise ValueError(f"grpc_max_connection_age_grace_ms must be -1 (no bound) or "
-                             f"more, got {self.grpc_max_connection_age_grace_ms}")
-        for name in ("grpc_keepalive_time_ms", "grpc_keepalive_timeout_ms"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be 1 or more, got {getattr(self, name)}")
-        for name in ("grpc_http2_max_pings_without_data", "grpc_http2_max_ping_strikes"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be 0 (no bound) or more, got "
-                                 f"{getattr(self, name)}")
-        if self.grpc_infer_response_compression_level not in ("none", "low", "medium", "high"):
-            raise ValueError(f"grpc_infer_response_compression_level must be none, low, medium "
-                             f"or high, got '{self.grpc_infer_response_compression_level}'")
-        if self.grpc_http2_min_recv_ping_interval_without_data_ms < 0:
-            raise ValueError(f"grpc_http2_min_recv_ping_interval_without_data_ms must be 0 or "
-                             f"more, got {self.grpc_http2_min_recv_ping_interval_without_data_ms}")
-        if self.grpc_max_connection_age_grace_ms >= 0 and not self.grpc_max_connection_age_ms:
-            raise ValueError("grpc_max_connection_age_grace_ms (--grpc-max-connection-age-"
-                             "grace) is the grace after grpc_max_connection_age_ms "
-                             "(--grpc-max-connection-age), which is not set")
-        for name in ("http_header_forward_pattern", "grpc_header_forward_pattern"):
-            try:
-                re.compile(getattr(self, name))
-            except re.error as error:
-                raise ValueError(f"{name} is not a regular expression: {error}") from None
+        check_connections(self)
         resolve_trace(self)
-        for name in ("http_restricted_api", "grpc_restricted_api"):
-            try:
-                parse_restrictions(getattr(self, name))
-            except ValueError as error:
-                raise ValueError(f"{name}: {error}") from None
-        for name in ("grpc_server_cert", "grpc_server_key", "grpc_root_cert"):
-            if getattr(self, name) is not None:
-                object.__setattr__(self, name, pathlib.Path(getattr(self, name)))
-        if self.grpc_use_ssl or self.grpc_use_ssl_mutual:
-            missing = [f"grpc_{name}" for name in ("server_cert", "server_key")
-                       if getattr(self, f"grpc_{name}") is None]
-            if self.grpc_use_ssl_mutual and self.grpc_root_cert is None:
-                missing.append("grpc_root_cert (the root that signs clients' certificates)")
-            if missing:
-                flag = "grpc_use_ssl_mutual" if self.grpc_use_ssl_mutual else "grpc_use_ssl"
-                raise ValueError(f"{flag} needs {' and '.join(missing)}")
         if not 0 < self.switch_interval_s <= 1:
             raise ValueError(f"switch_interval_s must be in (0, 1], got {self.switch_interval_s}")
-
-    def _check_sagemaker(self) -> None:
-        if self.sagemaker_inference_type not in SAGEMAKER_INFERENCE_TYPES:
-            raise ValueError(f"sagemaker_inference_type (SAGEMAKER_TRITON_INFERENCE_TYPE) must "
-                             f"be {', '.join(SAGEMAKER_INFERENCE_TYPES)}, got "
-                             f"'{self.sagemaker_inference_type}'")
-        if self.sagemaker_multi_model and self.model_control_mode == "poll":
-            raise ValueError("sagemaker_multi_model (SAGEMAKER_MULTI_MODEL) loads what SageMaker "
-                             "asks for; model_control_mode poll would follow the repository "
-                             "instead: use none or explicit")
-        if self.sagemaker_ping_mode not in ("ready", "live"):
-            raise ValueError(f"sagemaker_ping_mode (SAGEMAKER_TRITON_PING_MODE) must be ready "
-                             f"or live, got '{self.sagemaker_ping_mode}'")
-        if not self.sagemaker_safe_port_range:
-            return
-        low, high = safe_port_range(self.sagemaker_safe_port_range)
-        if not self.allow_sagemaker:
-            return  # (Triton's check too is SageMaker's only)
-        for name, on in (("http", self.allow_http), ("grpc", self.allow_grpc),
-                         ("metrics", self.allow_metrics)):
-            port = getattr(self, f"{name}_port")
-            if on and not low <= port <= high:
-                raise ValueError(f"{name}_port {port} is outside the SageMaker safe port range "
-                                 f"{low}-{high} (sagemaker_safe_port_range): give one inside "
-                                 f"it, or turn {name} off (--allow-{name} false)")
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any]) -> ServerConfig:
@@ -458,28 +365,6 @@ def _repositories(given: Any) -> tuple[pathlib.Path, ...]:
         return ModelRepositories.of(paths).paths
     except ValueError as error:
         raise ValueError(f"model_repository names {error}") from None
-
-
-def safe_port_range(text: str) -> tuple[int, int]:
-    """SageMaker's "LOW-HIGH" port range (SAGEMAKER_SAFE_PORT_RANGE), or a ValueError."""
-    low, dash, high = text.partition("-")
-    try:
-        bounds = (int(low), int(high)) if dash else None
-    except ValueError:
-        bounds = None
-    if bounds is None or not 0 <= bounds[0] <= bounds[1] <= 65535:
-        raise ValueError(f"sagemaker_safe_port_range must be LOW-HIGH ports (23000-23999), "
-                         f"got '{text}'")
-    return bounds
-
-
-def _check_address(name: str, address: str) -> None:
-    try:
-        ipaddress.ip_address(address)
-    except ValueError:
-        if address != "localhost":
-            raise ValueError(f"{name} must be an IP address or 'localhost', got "
-                             f"'{address}'") from None
 
 
 def _coerce(key: str, annotation: Any, value: Any) -> Any:
