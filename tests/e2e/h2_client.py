@@ -4,6 +4,7 @@ and reads back what the server sends, frame by frame, on a real socket to 127.0.
 from __future__ import annotations
 
 import socket
+import ssl
 import struct
 import time
 from dataclasses import dataclass
@@ -27,12 +28,16 @@ class Frame:
 class H2Client:
     def __init__(self, port: int, settings: dict[int, int] | None = None,
                  preface: bytes = PREFACE, timeout_s: float = 10.0,
-                 source: str | None = None) -> None:
+                 source: str | None = None, tls: ssl.SSLContext | None = None) -> None:
         """`source`: the loopback address it connects from (127.0.0.1 by default; Linux
-        answers all of 127.0.0.0/8), as another client host would."""
+        answers all of 127.0.0.0/8), as another client host would; `tls`: over TLS, with
+        this context (its ALPN set to h2 here)."""
         self.sock = socket.create_connection(("127.0.0.1", port), timeout=timeout_s,
                                              source_address=None if source is None
                                              else (source, 0))
+        if tls is not None:
+            tls.set_alpn_protocols(["h2"])
+            self.sock = tls.wrap_socket(self.sock, server_hostname="127.0.0.1")
         self.encoder = hpack.Encoder()
         self.decoder = hpack.Decoder()
         self._pending = b""

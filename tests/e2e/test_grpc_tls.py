@@ -2,7 +2,8 @@
 a test CA's certificates (trustme): a large tensor still arrives in place, a stream works,
 plaintext and untrusting clients are refused, mutual TLS admits only clients whose
 certificate its root signed, hostile handshakes leave the server serving and give their
-connections back, and a bad certificate or key stops the start with a message naming it."""
+connections back, an address that flooded has its next connection on probation, and a bad
+certificate or key stops the start with a message naming it."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import pathlib
 import queue
 import re
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -24,7 +26,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tritonclient.utils import InferenceServerException
 
-from tests.e2e.conftest import RunningServer, start_server, stop_server
+from tests.e2e import h2_client as h2
+from tests.e2e.conftest import RunningServer, scrape, start_server, stop_server
 from tests.e2e.test_grpc_wire import copied_per_call
 from tests.pipeline import repo_builder as rb
 
@@ -200,6 +203,44 @@ def test_failed_handshakes_give_their_connections_back(tls: RunningServer,
             time.sleep(0.2)
     else:
         pytest.fail(f"no place came back within {WAIT_S} s:\n{tls.log.read_text()}")
+
+
+def test_an_address_that_flooded_over_tls_has_its_next_connection_on_probation(
+        tls: RunningServer, certs: Certificates) -> None:
+    """Over TLS too the client's address is known (the TLS transport's peer): rapid reset
+    from 127.0.0.6 until the server ends the connection, and its next connection starts on
+    probation, counted, its calls answered."""
+    port = int(tls.grpc_url.rsplit(":", 1)[1])
+    time.sleep(2.5)  # places held by earlier tests' handshakes are back
+    context = ssl.create_default_context(cafile=str(certs.ca))
+    attacker = h2.H2Client(port, source="127.0.0.6", tls=context)
+    try:
+        block = attacker.encoder.encode([
+            (":method", "POST"), (":scheme", "https"), (":authority", "x"),
+            (":path", "/inference.GRPCInferenceService/ServerReady"),
+            ("content-type", "application/grpc"), ("te", "trailers")])
+        try:
+            attacker.sock.sendall(attacker.streams(1, 1400, block, reset=True))
+        except OSError:  # closed by the server midway (its GOAWAY was written first)
+            pass
+        assert h2.goaway_code(attacker.frames_until(lambda f: f.kind == h2.GOAWAY)) == 0xb
+    finally:
+        attacker.close()
+    before = _probation(tls)
+    client = h2.H2Client(port, source="127.0.0.6", tls=context)
+    try:
+        answer, _ = client.response(client.call("ServerReady", b""))
+        assert answer["grpc-status"] == "0"
+    finally:
+        client.close()
+    assert _probation(tls) == before + 1
+
+
+def _probation(server: RunningServer) -> int:
+    found = re.search(r"^tensorgate_connections_probation_total (\d+)$", scrape(server),
+                      re.M)
+    assert found is not None
+    return int(found.group(1))
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
