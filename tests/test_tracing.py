@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tensorgate import tracing
-from tensorgate.cli import trace_settings
+from tensorgate.cli_triton import trace_settings
 from tensorgate.config import ServerConfig
 from tensorgate.errors import InvalidArgumentError
 from tensorgate.tensor.copies import CopyLedger

@@ -14,7 +14,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
-from tensorgate.cli import triton_settings
+from tensorgate.cli_triton import triton_settings
 from tests.e2e.conftest import RunningServer, held_port, start_server, stop_server
 from tests.pipeline import repo_builder as rb
 

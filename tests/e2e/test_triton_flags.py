@@ -17,7 +17,8 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
-from tensorgate.cli import NO_EFFECT, REFUSED, no_effect, parse_serve, triton_settings
+from tensorgate.cli import parse_serve
+from tensorgate.cli_triton import NO_EFFECT, REFUSED, no_effect, triton_settings
 from tests.e2e.conftest import start_server, stop_server
 from tests.pipeline import repo_builder as rb
 

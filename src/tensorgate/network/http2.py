@@ -73,7 +73,7 @@ class Http2Connection(Http2Reader, asyncio.BufferedProtocol):
             if self._frames_per_turn == FRAMES_PER_TURN:  # (driven by hand: no turns)
                 self._probation = self._watch.on_probation(self.address)
                 if self._probation is not None:
-                    self._frames_per_turn = PROBATION_FRAMES // self._probation.open
+                    self._frames_per_turn = max(1, PROBATION_FRAMES // self._probation.open)
         settings = b"".join(struct.pack(">HI", key, value) for key, value in (
             (ENABLE_PUSH, 0), (MAX_CONCURRENT_STREAMS, MAX_STREAMS),
             (MAX_FRAME_SIZE, FRAME_SIZE), (INITIAL_WINDOW_SIZE, STREAM_WINDOW),
