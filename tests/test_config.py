@@ -105,14 +105,14 @@ def test_header_forward_patterns_are_regular_expressions() -> None:
 
 def test_the_open_files_limit_is_raised_to_fit_the_connections() -> None:
     resource = pytest.importorskip("resource")
-    from tensorgate.server import FILES_BESIDE_CONNECTIONS, _fit_open_files
+    from tensorgate.server_parts import FILES_BESIDE_CONNECTIONS, fit_open_files
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     wanted = 100 + FILES_BESIDE_CONNECTIONS
     if hard != resource.RLIM_INFINITY and hard < wanted:
         pytest.skip(f"the hard open-files limit here is {hard}")
     resource.setrlimit(resource.RLIMIT_NOFILE, (wanted - 50, hard))
     try:
-        assert _fit_open_files(100) == 100
+        assert fit_open_files(100) == 100
         assert resource.getrlimit(resource.RLIMIT_NOFILE)[0] == wanted
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

@@ -11,14 +11,10 @@ connections, release the models and the device.
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import os
-import re
 import signal
-import ssl
 import sys
-from collections.abc import Callable
 
 from tensorgate.builtin.repository import default_repository
 from tensorgate.config import ServerConfig
@@ -26,16 +22,13 @@ from tensorgate.dataplane import DataPlane
 from tensorgate.host_metrics import HostSampler
 from tensorgate.network import ConnectionBudget, PoolRelief
 from tensorgate.network.grpc import GrpcFrontEnd
-from tensorgate.network.keepalive import Keepalive
 from tensorgate.metrics import LatencyMetrics, render_metrics
 from tensorgate.network.http import HttpFrontEnd
 from tensorgate.network.sagemaker_routes import sagemaker_routes
 from tensorgate.network.metrics_http import MetricsFrontEnd
-from tensorgate.network.tls import server_context
 from tensorgate.log_settings import LOG_LINE, LogSettings
 from tensorgate.protocol.restricted import GRPC_PREFIX, parse_restrictions
-from tensorgate.tracing import ExportDone, Tracer
-from tensorgate.tracing_otlp import OtlpExporter
+from tensorgate.tracing import Tracer
 from tensorgate.network.loop import run_loop
 from tensorgate.pipeline.cpu_quota import cgroup_cpu_limit, usable_cpus
 from tensorgate.pipeline.engine import Engine
@@ -43,6 +36,8 @@ from tensorgate.pipeline.placement import thread_cpus
 from tensorgate.pipeline.rate_limiter import RateLimiter, parse_resource_counts
 from tensorgate.pipeline.summary import parse_quantiles
 from tensorgate.repository.layout import ModelRepositories
+from tensorgate.server_parts import (StartupError, fit_open_files, grace_s, grpc_tls, keepalive,
+                                     pattern, sagemaker_model, span_exporter)
 from tensorgate.server_tasks import (expire_stalled, fingerprints, follow_repository,
                                      gpu_sampler, sample_every, trim_when_quiet,
                                      watch_model_calls)
@@ -53,26 +48,8 @@ __all__ = ["LoadsAbandoned", "Server", "StartupError", "run"]
 log = logging.getLogger("tensorgate.server")
 
 
-
-class StartupError(Exception):
-    """The server cannot start as configured (a model failed to load with exit_on_error)."""
-
-
 class LoadsAbandoned(Exception):
     """`serve` was told to stop while models loaded: it stopped, and loads still run."""
-
-
-def _grpc_tls(config: ServerConfig) -> ssl.SSLContext | None:
-    """The gRPC front end's TLS context, or None for plain gRPC; a StartupError says which
-    file is wrong and how."""
-    if not (config.grpc_use_ssl or config.grpc_use_ssl_mutual):
-        return None
-    assert config.grpc_server_cert is not None and config.grpc_server_key is not None
-    try:
-        return server_context(config.grpc_server_cert, config.grpc_server_key,
-                              config.grpc_root_cert, config.grpc_use_ssl_mutual, "h2")
-    except ValueError as error:
-        raise StartupError(f"gRPC TLS: {error}") from None
 
 
 class Server:
@@ -95,7 +72,7 @@ class Server:
         # what /v2/trace/setting reads and changes; it writes the traces (or sends them)
         self.tracer = Tracer(config.trace_file, config.trace_level, config.trace_rate,
                              config.trace_count, config.trace_log_frequency,
-                             _span_exporter(config, self.version))
+                             span_exporter(config, self.version))
         self._grpc: GrpcFrontEnd | None = None
         self._metrics: MetricsFrontEnd | None = None
         self._stopping: asyncio.Event | None = None
@@ -117,12 +94,12 @@ class Server:
         sys.setswitchinterval(config.switch_interval_s)
         repositories = ModelRepositories.of(config.model_repository or default_repository(),
                                             config.model_config_name)
-        tls = _grpc_tls(config) if config.allow_grpc else None  # before loading any model
+        tls = grpc_tls(config) if config.allow_grpc else None  # before loading any model
         sagemaker = None  # /invocations' model (a multi-model endpoint's: none, "")
         if config.allow_sagemaker:
             sagemaker = "" if config.sagemaker_multi_model else \
                 await asyncio.get_running_loop().run_in_executor(
-                    None, _sagemaker_model, config.sagemaker_model, repositories)
+                    None, sagemaker_model, config.sagemaker_model, repositories)
         age_s = config.grpc_max_connection_age_ms / 1000
         default_pool().set_limit(config.host_pool_bytes)
         self.engine = Engine(repositories, placement=config.placement,
@@ -140,17 +117,17 @@ class Server:
         dataplane = DataPlane(self.engine, self.version, config.allow_shared_memory,
                               config.model_control_mode, self.log_settings, self.tracer,
                               config.strict_readiness, config.server_id)
-        budget = ConnectionBudget(_fit_open_files(config.max_connections))
+        budget = ConnectionBudget(fit_open_files(config.max_connections))
         relief = PoolRelief(config.read_timeout_s)  # slow bodies of either give way
         if config.allow_http:
             self._http = HttpFrontEnd(dataplane, default_pool(), config.max_request_bytes,
                                       config.read_timeout_s, config.keep_alive_timeout_s,
-                                      budget, _pattern(config.http_header_forward_pattern),
+                                      budget, pattern(config.http_header_forward_pattern),
                                       parse_restrictions(config.http_restricted_api), relief)
         if sagemaker is not None:
             self._sagemaker = HttpFrontEnd(
                 dataplane, default_pool(), config.max_request_bytes, config.read_timeout_s,
-                config.keep_alive_timeout_s, budget, _pattern(config.http_header_forward_pattern),
+                config.keep_alive_timeout_s, budget, pattern(config.http_header_forward_pattern),
                 parse_restrictions(config.http_restricted_api), relief,
                 sagemaker_routes(sagemaker, config.sagemaker_inference_type,
                                  config.sagemaker_ping_mode, config.sagemaker_models_root
@@ -158,11 +135,11 @@ class Server:
         if config.allow_grpc:
             self._grpc = GrpcFrontEnd(dataplane, default_pool(), config.max_request_bytes,
                                       config.read_timeout_s, budget,
-                                      _pattern(config.grpc_header_forward_pattern),
+                                      pattern(config.grpc_header_forward_pattern),
                                       parse_restrictions(config.grpc_restricted_api,
                                                          GRPC_PREFIX), tls, relief,
-                                      age_s, _grace_s(config.grpc_max_connection_age_grace_ms),
-                                      _keepalive(config),
+                                      age_s, grace_s(config.grpc_max_connection_age_grace_ms),
+                                      keepalive(config),
                                       config.grpc_infer_response_compression_level)
         polling = config.model_control_mode == "poll"
         seen = await fingerprints(repositories) if polling else None  # before loading
@@ -380,79 +357,6 @@ class Server:
         await asked
         print("tensorgate: stopping (draining in-flight requests)", flush=True)
         await self.stop()
-
-
-FILES_BESIDE_CONNECTIONS = 256  # model files, shared memory, the listening sockets, logs
-
-
-def _sagemaker_model(named: str, repositories: ModelRepositories) -> str:
-    """The model SageMaker's /invocations calls: `named` (SAGEMAKER_TRITON_DEFAULT_MODEL_NAME),
-    which the repositories must hold, else the one model they hold (as Triton's SageMaker
-    image picks it); StartupError otherwise."""
-    held = repositories.names()
-    if named in held or (not named and len(held) == 1):
-        return named or held[0]
-    listed = ", ".join(held[:20]) + (", ..." if len(held) > 20 else "") if held else "none"
-    if named:
-        raise StartupError(f"--allow-sagemaker: SAGEMAKER_TRITON_DEFAULT_MODEL_NAME '{named}' "
-                           f"names no model of {repositories} (models: {listed})")
-    raise StartupError(f"--allow-sagemaker: /invocations serves one model; set "
-                       f"SAGEMAKER_TRITON_DEFAULT_MODEL_NAME to one of {listed} (the models "
-                       f"of {repositories})")
-
-
-def _keepalive(config: ServerConfig) -> Keepalive:
-    return Keepalive(config.grpc_keepalive_time_ms / 1000,
-                     config.grpc_keepalive_timeout_ms / 1000,
-                     config.grpc_keepalive_permit_without_calls,
-                     config.grpc_http2_max_pings_without_data,
-                     config.grpc_http2_min_recv_ping_interval_without_data_ms / 1000,
-                     config.grpc_http2_max_ping_strikes)
-
-
-def _grace_s(grace_ms: int) -> float | None:
-    return grace_ms / 1000 if grace_ms >= 0 else None
-
-
-def _pattern(text: str) -> re.Pattern[str] | None:
-    return re.compile(text) if text else None
-
-
-def _fit_open_files(connections: int) -> int:
-    """Raise the soft limit on open files to fit `connections` (up to the hard limit); returns
-    the connections that fit. Many systems start processes at a soft limit of 1,024: past
-    it accept() fails and new clients hang in the backlog instead of being refused."""
-    try:
-        import resource
-    except ImportError:  # not POSIX
-        return connections
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    wanted = connections + FILES_BESIDE_CONNECTIONS
-    if soft != resource.RLIM_INFINITY and soft < wanted:
-        raised = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (raised, hard))
-            soft = raised
-        except (ValueError, OSError) as error:
-            log.warning("cannot raise the open-files limit to %d: %s", raised, error)
-    if soft != resource.RLIM_INFINITY and soft < wanted:
-        fitted = max(soft - FILES_BESIDE_CONNECTIONS, 1)
-        log.warning("the open-files limit is %d (hard %d): at most %d client connections, not "
-                    "%d (--max-connections); raise the limit (ulimit -n) for more", soft, hard,
-                    fitted, connections)
-        return fitted
-    return connections
-
-
-def _span_exporter(config: ServerConfig, version: str
-                   ) -> Callable[[ExportDone], OtlpExporter] | None:
-    """Opentelemetry mode's exporter, made by the tracer (None: the triton mode's file)."""
-    if config.trace_mode != "opentelemetry":
-        return None
-    return functools.partial(OtlpExporter, config.trace_otel_url, config.trace_otel_resource,
-                             config.trace_bsp_max_queue_size,
-                             config.trace_bsp_schedule_delay_ms,
-                             config.trace_bsp_max_export_batch_size, version)
 
 
 async def _serve_or_exit(server: Server) -> None:
