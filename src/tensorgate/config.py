@@ -1,5 +1,6 @@
 """One frozen server configuration, built the same way from the CLI, TENSORGATE_* variables
-and the Python API; validated in the constructor with messages that say what to change."""
+and the Python API; validated in the constructor with messages that say what to change
+(those of listeners, connections and SageMaker in config_checks.py)."""
 
 from __future__ import annotations
 
