@@ -210,3 +210,14 @@ def test_a_load_is_tried_again_a_count_of_times_not_below_none() -> None:
                                  ).model_load_retry_count == 2
     with pytest.raises(ValueError, match=r"^model_load_retry_count must be 0 or more, got -1$"):
         ServerConfig(model_load_retry_count=-1)
+
+
+def test_flood_probation_is_a_minute_by_default_and_may_be_turned_off() -> None:
+    from tensorgate.cli import parse_serve
+    assert ServerConfig().grpc_flood_probation_s == 60.0
+    assert parse_serve(["serve", "--grpc-flood-probation-s", "0"]).grpc_flood_probation_s == 0
+    assert ServerConfig.from_env({"TENSORGATE_GRPC_FLOOD_PROBATION_S": "5.5"}
+                                 ).grpc_flood_probation_s == 5.5
+    with pytest.raises(ValueError, match=r"^grpc_flood_probation_s must be 0 \(never\) or "
+                                         r"more, got -1"):
+        ServerConfig(grpc_flood_probation_s=-1)

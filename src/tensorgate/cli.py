@@ -139,6 +139,10 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--grpc-http2-max-ping-strikes", type=int, metavar="N",
                        help="Triton's: past N strikes the connection is told GOAWAY "
                             "too_many_pings and closed (0: no bound; default 2)")
+    serve.add_argument("--grpc-flood-probation-s", type=float, metavar="S",
+                       help="for this long after a client address's gRPC connection was "
+                            "ended for flooding, its new connections start on probation, "
+                            "paced together (0: never; default 60)")
     serve.add_argument("--grpc-infer-response-compression-level", metavar="LEVEL",
                        help="Triton's: compress inference answers for gRPC clients that "
                             "accept it: none, low (gzip), medium or high (deflate) (default "

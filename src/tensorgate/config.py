@@ -158,6 +158,12 @@ class ServerConfig:
     # GOAWAY "too_many_pings" and closed
     grpc_http2_min_recv_ping_interval_without_data_ms: int = 300_000
     grpc_http2_max_ping_strikes: int = 2
+    # for this long after a client address's gRPC connection was ended for flooding (GOAWAY
+    # ENHANCE_YOUR_CALM), the connections it opens start on probation: read at an eighth of
+    # one connection's pace all together, each until it has earned its streams
+    # (network/flooders.py; 0: never, as where every client comes through one proxy that
+    # bounds floods itself)
+    grpc_flood_probation_s: float = 60.0
     # Triton's: inference answers over gRPC compressed for clients that accept it, the level
     # picking the encoding as gRPC's servers pick it (none, low, medium, high)
     grpc_infer_response_compression_level: str = "none"

@@ -48,6 +48,9 @@ def check_connections(config: ServerConfig) -> None:
     for name in ("read_timeout_s", "keep_alive_timeout_s"):
         if not getattr(config, name) > 0:
             raise ValueError(f"{name} must be above 0, got {getattr(config, name)}")
+    if config.grpc_flood_probation_s < 0:
+        raise ValueError(f"grpc_flood_probation_s must be 0 (never) or more, got "
+                         f"{config.grpc_flood_probation_s}")
     if config.max_connections < 1:
         raise ValueError(f"max_connections must be 1 or more, got {config.max_connections}")
     if config.grpc_max_connection_age_ms < 0:

@@ -117,7 +117,8 @@ class Server:
         dataplane = DataPlane(self.engine, self.version, config.allow_shared_memory,
                               config.model_control_mode, self.log_settings, self.tracer,
                               config.strict_readiness, config.server_id)
-        budget = ConnectionBudget(fit_open_files(config.max_connections))
+        budget = ConnectionBudget(fit_open_files(config.max_connections),
+                                  config.grpc_flood_probation_s)
         relief = PoolRelief(config.read_timeout_s)  # slow bodies of either give way
         if config.allow_http:
             self._http = HttpFrontEnd(dataplane, default_pool(), config.max_request_bytes,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import gzip
+import pathlib
 import re
 import socket
 import struct
@@ -22,6 +23,7 @@ from tritonclient.grpc import service_pb2 as pb
 from tritonclient.utils import InferenceServerException
 
 from tests.e2e import h2_client as h2
+from tests.pipeline import repo_builder as rb
 from tests.e2e.conftest import (RunningServer, count_dropped, scrape, start_server, stop_server,
                                 value)
 
@@ -302,6 +304,32 @@ def test_an_address_that_flooded_has_its_next_connections_start_on_probation(
             client.close()
         assert _flooding_connections(server, "probation") == on_probation + more, source
         on_probation += more
+
+
+def test_with_flood_probation_off_no_connection_starts_on_probation(
+        tmp_path: pathlib.Path) -> None:
+    """--grpc-flood-probation-s 0 (every client behind one proxy that bounds floods itself):
+    a flood is still ended and counted, and the client's next connection is not on
+    probation."""
+    rb.add_torchscript(tmp_path, "identity", rb.Identity(), [4], [4])
+    server = start_server(tmp_path, tmp_path / "server.log", "--grpc-flood-probation-s", "0")
+    try:
+        for _ in range(2):
+            attacker = h2.H2Client(server.grpc_port, source="127.0.0.5")
+            try:
+                block = attacker.encoder.encode([
+                    (":method", "POST"), (":scheme", "http"), (":authority", "x"),
+                    (":path", "/inference.GRPCInferenceService/ServerReady"),
+                    ("content-type", "application/grpc"), ("te", "trailers")])
+                _send_all(attacker.sock, attacker.streams(1, 1400, block, reset=True))
+                got = attacker.frames_until(lambda f: f.kind == h2.GOAWAY)
+                assert h2.goaway_code(got) == 0xb  # ENHANCE_YOUR_CALM
+            finally:
+                attacker.close()
+        assert _flooding_connections(server) == 2
+        assert _flooding_connections(server, "probation") == 0
+    finally:
+        assert stop_server(server) == 0, server.log.read_text()
 
 
 def _flooding_connections(server: RunningServer, which: str = "flooding") -> int:

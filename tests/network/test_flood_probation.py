@@ -164,3 +164,20 @@ def test_the_connections_open_from_such_an_address_share_one_pace() -> None:
         assert budget.flooders._probations == {}
 
     asyncio.run(scenario())
+
+
+def test_with_probation_off_a_flooding_address_opens_as_any_other() -> None:
+    """--grpc-flood-probation-s 0 (every client behind one proxy that bounds floods itself):
+    the flood is still ended, and counted, but its address is not remembered."""
+    budget = ConnectionBudget(probation_s=0)
+
+    async def scenario() -> None:
+        await _flood_until_closed(budget, ("10.0.0.9", 40000))
+        connection, transport, opened, encoder = _turning(budget=budget,
+                                                          peer=("10.0.0.9", 40001))
+        _feed_streams(connection, 1, 100, _request_block(encoder))
+        steps = [len(opened), *await _opened_by_turn(transport, opened, turns=400)]
+        assert max(steps) == 8 and sum(steps) == 100, steps
+
+    asyncio.run(scenario())
+    assert budget.floods == 1 and budget.probation == 0 and len(budget.flooders) == 0

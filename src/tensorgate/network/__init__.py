@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from tensorgate.errors import PoolExhaustedError
-from tensorgate.network.flooders import FloodedAddresses, Probation
+from tensorgate.network.flooders import PROBATION_S, FloodedAddresses, Probation
 
 if TYPE_CHECKING:
     from tensorgate.protocol.steps import Steps
@@ -70,13 +70,15 @@ class ConnectionBudget:
     __slots__ = ("limit", "open", "refused", "floods", "probation", "retired", "unanswered",
                  "flooders", "_refusals", "_floods")
 
-    def __init__(self, limit: int = 0) -> None:
+    def __init__(self, limit: int = 0, probation_s: float = PROBATION_S) -> None:
+        """`probation_s`: how long an address that flooded has its connections start on
+        probation (0: never)."""
         self.limit = limit  # 0: no limit
         self.open = 0
         self.refused = 0
         self.floods = 0  # connections ended for flooding
         self.probation = 0  # connections opened from an address that lately flooded
-        self.flooders = FloodedAddresses()
+        self.flooders = FloodedAddresses(probation_s)
         self.retired = 0  # gRPC connections sent GOAWAY at their maximum age
         self.unanswered = 0  # gRPC connections closed: a keepalive PING went unanswered
         self._refusals, self._floods = _Paced(), _Paced()  # their warnings
@@ -102,9 +104,10 @@ class ConnectionBudget:
         self.floods += 1
         self.flooders.flooded(address)
         if self._floods.due():
-            log.warning("ended a connection from %s that floods the server (%s); %d so far; "
-                        "its next connections start on probation", address or "a client",
-                        how, self.floods)
+            log.warning("ended a connection from %s that floods the server (%s); %d so far%s",
+                        address or "a client", how, self.floods,
+                        "; its next connections start on probation"
+                        if self.flooders.period_s > 0 and address is not None else "")
 
     def on_probation(self, address: str | None) -> Probation | None:
         """The probation a new connection from `address` joins, if the address ended a
