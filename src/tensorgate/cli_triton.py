@@ -47,14 +47,17 @@ OLD_TRACE_FLAGS = {"trace-file": "triton,file", "trace-level": "level", "trace-r
 
 
 def no_effect_dest(flag: str) -> str:
+    """Where the parser keeps a flag of NO_EFFECT, apart from every setting."""
     return "no_effect_" + flag.replace("-", "_")
 
 
 def refused_dest(flag: str) -> str:
+    """Where the parser keeps a flag of REFUSED, apart from every setting."""
     return "refused_" + flag.replace("-", "_")
 
 
 def old_trace_dest(flag: str) -> str:
+    """Where the parser keeps a flag of OLD_TRACE_FLAGS, apart from every setting."""
     return "old_" + flag.replace("-", "_")
 
 

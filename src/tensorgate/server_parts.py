@@ -60,6 +60,7 @@ def sagemaker_model(named: str, repositories: ModelRepositories) -> str:
 
 
 def keepalive(config: ServerConfig) -> Keepalive:
+    """The gRPC keepalive and ping policy Triton's flags say, in seconds."""
     return Keepalive(config.grpc_keepalive_time_ms / 1000,
                      config.grpc_keepalive_timeout_ms / 1000,
                      config.grpc_keepalive_permit_without_calls,
@@ -69,10 +70,12 @@ def keepalive(config: ServerConfig) -> Keepalive:
 
 
 def grace_s(grace_ms: int) -> float | None:
+    """A retired connection's grace in seconds (None: -1, no bound)."""
     return grace_ms / 1000 if grace_ms >= 0 else None
 
 
 def pattern(text: str) -> re.Pattern[str] | None:
+    """A header-forwarding pattern compiled (None: none given, nothing forwarded)."""
     return re.compile(text) if text else None
 
 
