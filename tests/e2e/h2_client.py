@@ -151,3 +151,22 @@ def goaway_code(frames: list[Frame]) -> int | None:
         if frame.kind == GOAWAY:
             return int.from_bytes(frame.payload[4:8], "big")
     return None
+
+
+def flood_until_told_to_calm_down(port: int, source: str,
+                                  tls: ssl.SSLContext | None = None) -> None:
+    """Rapid reset from `source` (1,400 ServerReady calls, each reset as it opens) until the
+    server ends the connection; asserts its GOAWAY is ENHANCE_YOUR_CALM."""
+    client = H2Client(port, source=source, tls=tls)
+    try:
+        block = client.encoder.encode([
+            (":method", "POST"), (":scheme", "https" if tls else "http"), (":authority", "x"),
+            (":path", "/inference.GRPCInferenceService/ServerReady"),
+            ("content-type", "application/grpc"), ("te", "trailers")])
+        try:
+            client.sock.sendall(client.streams(1, 1400, block, reset=True))
+        except OSError:  # closed by the server midway (its GOAWAY was written first)
+            pass
+        assert goaway_code(client.frames_until(lambda f: f.kind == GOAWAY)) == 0xb
+    finally:
+        client.close()

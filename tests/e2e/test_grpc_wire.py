@@ -281,17 +281,7 @@ def test_an_address_that_flooded_has_its_next_connections_start_on_probation(
     until it has earned its streams: a client connecting again whenever closed cost every
     other ten times its P50, bench/RESULTS.md), counted, and its calls are still answered:
     many clients may share an address. A connection from another address is not."""
-    attacker = h2.H2Client(server.grpc_port, source="127.0.0.3")
-    try:
-        block = attacker.encoder.encode([
-            (":method", "POST"), (":scheme", "http"), (":authority", "x"),
-            (":path", "/inference.GRPCInferenceService/ServerReady"),
-            ("content-type", "application/grpc"), ("te", "trailers")])
-        _send_all(attacker.sock, attacker.streams(1, 1400, block, reset=True))
-        got = attacker.frames_until(lambda f: f.kind == h2.GOAWAY)
-        assert h2.goaway_code(got) == 0xb  # ENHANCE_YOUR_CALM
-    finally:
-        attacker.close()
+    h2.flood_until_told_to_calm_down(server.grpc_port, "127.0.0.3")
     on_probation = _flooding_connections(server, "probation")
     for source, more in (("127.0.0.3", 1), ("127.0.0.4", 0), ("127.0.0.3", 1)):
         client = h2.H2Client(server.grpc_port, source=source)
@@ -315,17 +305,7 @@ def test_with_flood_probation_off_no_connection_starts_on_probation(
     server = start_server(tmp_path, tmp_path / "server.log", "--grpc-flood-probation-s", "0")
     try:
         for _ in range(2):
-            attacker = h2.H2Client(server.grpc_port, source="127.0.0.5")
-            try:
-                block = attacker.encoder.encode([
-                    (":method", "POST"), (":scheme", "http"), (":authority", "x"),
-                    (":path", "/inference.GRPCInferenceService/ServerReady"),
-                    ("content-type", "application/grpc"), ("te", "trailers")])
-                _send_all(attacker.sock, attacker.streams(1, 1400, block, reset=True))
-                got = attacker.frames_until(lambda f: f.kind == h2.GOAWAY)
-                assert h2.goaway_code(got) == 0xb  # ENHANCE_YOUR_CALM
-            finally:
-                attacker.close()
+            h2.flood_until_told_to_calm_down(server.grpc_port, "127.0.0.5")
         assert _flooding_connections(server) == 2
         assert _flooding_connections(server, "probation") == 0
     finally:
