@@ -19,6 +19,7 @@ from tensorgate.config import ServerConfig
 from tensorgate.errors import InvalidArgumentError
 from tensorgate.tensor.copies import CopyLedger
 from tensorgate.tensor.view import TensorView
+from tensorgate.trace_settings import SETTINGS
 from tensorgate.tracing import Tracer
 
 
@@ -188,7 +189,7 @@ _VALUES = st.one_of(st.none(), st.booleans(), st.integers(-5, 5), st.floats(),
 
 
 @settings(max_examples=300, deadline=None)
-@given(changes=st.dictionaries(st.sampled_from([*tracing.SETTINGS, "trace_mode", ""]),
+@given(changes=st.dictionaries(st.sampled_from([*SETTINGS, "trace_mode", ""]),
                                _VALUES, max_size=4),
        model=st.sampled_from([None, "m"]))
 def test_any_change_is_made_or_refused_by_name(changes: dict, model: str | None) -> None:

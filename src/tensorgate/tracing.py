@@ -36,16 +36,14 @@ from typing import Any, BinaryIO, Protocol
 
 from tensorgate.errors import InvalidArgumentError
 from tensorgate.pipeline.trace import SpanContext, Trace
+from tensorgate.trace_settings import check_level, check_number, parse_setting
 from tensorgate.tracing_otlp import parse_traceparent
 
-__all__ = ["APPEND_EVERY", "LEVELS", "MAX_HELD", "MAX_HELD_BYTES", "SETTINGS", "ExportDone",
-           "TraceExporter", "Tracer"]
+__all__ = ["APPEND_EVERY", "MAX_HELD", "MAX_HELD_BYTES", "ExportDone", "TraceExporter",
+           "Tracer"]
 
 log = logging.getLogger("tensorgate.trace")
 
-LEVELS = ("TIMESTAMPS", "TENSORS")
-SETTINGS = ("trace_file", "trace_level", "trace_rate", "trace_count", "log_frequency",
-            "trace_mode")
 _FIXED = ("trace_file", "trace_mode")  # shown, and set only when the server starts
 MAX_HELD = 10_000
 MAX_HELD_BYTES = 256 << 20
@@ -107,10 +105,10 @@ class Tracer:
             if self._exporter is not None and (self.file or log_frequency):
                 raise InvalidArgumentError("opentelemetry mode sends spans, not a file: no "
                                            "trace file nor log_frequency")
-            levels = _level(list(level), self._exporter is not None)
+            levels = check_level(list(level), self._exporter is not None)
             for name, number in (("trace_rate", rate), ("trace_count", count),
                                  ("log_frequency", log_frequency)):
-                _number(name, number, self._exporter is not None)
+                check_number(name, number, self._exporter is not None)
         except InvalidArgumentError as error:
             raise ValueError(error.message) from None
         if levels and not self.file and self._exporter is None:
@@ -153,7 +151,7 @@ class Tracer:
         clears. `model` must name a model the server has (the caller checks). Returns the
         settings now."""
         otel = self._exporter is not None
-        parsed = {name: _parse(name, value, self.file, otel) for name, value in changes.items()}
+        parsed = {name: parse_setting(name, value, self.file, otel) for name, value in changes.items()}
         if model is None:
             after = {n: self._start[n] if v is None else v for n, v in parsed.items()
                      if n not in _FIXED}
@@ -369,78 +367,3 @@ class Tracer:
                 return
             except Exception:
                 pass  # logged by _written
-
-
-# -- checking what a client sends -------------------------------------------------------------
-
-def _parse(name: str, value: Any, file: str, otel: bool = False) -> Any:
-    """One setting as a client sent it: a string, or a list of strings (gRPC always sends a
-    list; the level may have more than one); None clears it. `otel`: opentelemetry mode."""
-    if name not in SETTINGS:
-        raise InvalidArgumentError(f"unknown trace setting '{name}'; settings are: "
-                                   f"{', '.join(SETTINGS)}")
-    if value is None:
-        return None
-    values = value if isinstance(value, list) else [value]
-    if not values or not all(isinstance(v, (str, int)) and not isinstance(v, bool)
-                             for v in values):
-        raise InvalidArgumentError(f"trace setting '{name}' must be a string or a list of "
-                                   f"strings; got {value!r}")
-    if name == "trace_level":
-        return _level([str(v) for v in values], otel)
-    if len(values) != 1:
-        raise InvalidArgumentError(f"trace setting '{name}' takes one value; got {value!r}")
-    text = str(values[0])
-    if name == "trace_mode":  # a client writing back the settings it read may send it
-        mode = "opentelemetry" if otel else "triton"
-        if text != mode:
-            raise InvalidArgumentError(
-                f"trace setting 'trace_mode' is chosen when the server starts (--trace-config "
-                f"mode=triton|opentelemetry); this server's is {mode}")
-        return None
-    if name == "trace_file":
-        if text != file:
-            raise InvalidArgumentError(
-                "trace setting 'trace_file' cannot be changed over the API (any client could "
-                "choose a file for the server to write); start the server with "
-                "--trace-config triton,file=PATH")
-        return None
-    try:
-        number = int(text)
-    except ValueError:
-        raise InvalidArgumentError(f"trace setting '{name}' must be an integer; got "
-                                   f"{text!r}") from None
-    if otel and name == "log_frequency" and number:
-        raise InvalidArgumentError("trace setting 'log_frequency' is the triton trace mode's "
-                                   "(a file each N traces); this server sends OpenTelemetry "
-                                   "spans")
-    return _number(name, number, otel)
-
-
-def _number(name: str, number: int, otel: bool = False) -> int:
-    lowest = {"trace_rate": 0 if otel else 1, "trace_count": -1, "log_frequency": 0}[name]
-    if number < lowest:
-        meaning = {"trace_rate": ("0: only requests their caller traced; " if otel else "")
-                                 + "1: every request; N: one in N",
-                   "trace_count": "-1: no end; N: N more traces",
-                   "log_frequency": "0: one file; N: a file each N traces"}[name]
-        raise InvalidArgumentError(f"trace setting '{name}' must be {lowest} or more "
-                                   f"({meaning}); got {number}")
-    return number
-
-
-def _level(values: list[str], otel: bool = False) -> tuple[str, ...]:
-    """A trace level: OFF, or some of LEVELS (TIMESTAMPS only in opentelemetry mode)."""
-    upper = [v.strip().upper() for v in values]
-    if upper == ["OFF"] or not upper:
-        return ()
-    for value in upper:
-        if value == "OFF":
-            raise InvalidArgumentError(f"trace level OFF must stand alone; got {values}")
-        if value not in LEVELS:
-            raise InvalidArgumentError(f"trace level '{value}' is not one of OFF, "
-                                       f"{', '.join(LEVELS)}")
-        if otel and value == "TENSORS":
-            raise InvalidArgumentError("trace level TENSORS is not traced in opentelemetry "
-                                       "mode (as in Triton); use TIMESTAMPS")
-    return tuple(dict.fromkeys(upper))
