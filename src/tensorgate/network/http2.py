@@ -38,8 +38,8 @@ import time
 from tensorgate.network.flooders import address_key
 from tensorgate.network.http2_base import (ALIVE_PING, CONNECTION_WINDOW, DRAIN_PING, DRAIN_PING_S,
                                            FRAME_SIZE, FRAMES_PER_TURN, IDLE_BUFFER, MAX_STREAMS,
-                                           PROBATION_FRAMES, SHRINK_IDLE_S, STREAM_WINDOW,
-                                           FloodWatch, Http2Stream, StreamHandler)
+                                           SHRINK_IDLE_S, STREAM_WINDOW, FloodWatch, Http2Stream,
+                                           StreamHandler)
 from tensorgate.network.http2_frames import (DEFAULT_WINDOW, ENABLE_PUSH, GOAWAY, HEAD,
                                              INITIAL_WINDOW_SIZE, MAX_CONCURRENT_STREAMS,
                                              MAX_FRAME_SIZE, MAX_HEADER_LIST_SIZE, MAX_STREAM_ID,
@@ -73,7 +73,7 @@ class Http2Connection(Http2Reader, asyncio.BufferedProtocol):
             if self._frames_per_turn == FRAMES_PER_TURN:  # (driven by hand: no turns)
                 self._probation = self._watch.on_probation(self.address)
                 if self._probation is not None:
-                    self._frames_per_turn = max(1, PROBATION_FRAMES // self._probation.open)
+                    self._frames_per_turn = self._probation_share()
         settings = b"".join(struct.pack(">HI", key, value) for key, value in (
             (ENABLE_PUSH, 0), (MAX_CONCURRENT_STREAMS, MAX_STREAMS),
             (MAX_FRAME_SIZE, FRAME_SIZE), (INITIAL_WINDOW_SIZE, STREAM_WINDOW),

@@ -160,13 +160,18 @@ class Http2Reader(Http2Control):
             self._frames_per_turn = FRAMES_PER_TURN
             self._turn_frames = 0
             return False
-        share = self._frames_per_turn = max(1, PROBATION_FRAMES // probation.open)
+        share = self._frames_per_turn = self._probation_share()
         self._turn_frames = max(0, self._turn_frames - share)
         if self._turn_frames < share or self._failed_connection:
             return False
         self._turn_due = True
         asyncio.get_running_loop().call_soon(self._next_turn)
         return True
+
+    def _probation_share(self) -> int:
+        """This connection's frames a turn: its share of its address's PROBATION_FRAMES."""
+        assert self._probation is not None
+        return max(1, PROBATION_FRAMES // self._probation.open)
 
     def _parse(self) -> None:
         view = self._view

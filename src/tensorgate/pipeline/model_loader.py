@@ -121,8 +121,8 @@ class ModelLoader:
                 else:
                     versions[number] = await self._load_version(source, number)
             # read here, off the loop, not by the first classification request on it
-            labels = await asyncio.get_running_loop().run_in_executor(
-                None, _label_files, source.directory, source.spec)
+            labels = await loop.run_in_executor(None, _label_files, source.directory,
+                                                source.spec)
         except Exception as error:
             if versions:  # the versions loaded before one failed are not served: stop them
                 await self._instances.retire(versions.values(), drain_timeout_s=0.0)

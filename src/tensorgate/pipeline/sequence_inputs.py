@@ -44,8 +44,8 @@ class SequenceInputs:
         self._spec = spec
         self._controls = policy.controls
         batched = spec.max_batch_size > 0
-        self.row = (1, 1) if batched else (1,)
-        self.flags = {c.name: tuple(torch.full(self.row, v, dtype=c.datatype.torch)
+        self._row = (1, 1) if batched else (1,)
+        self._flags = {c.name: tuple(torch.full(self._row, v, dtype=c.datatype.torch)
                                     for v in c.false_true)
                       for c in policy.controls if c.kind != "CORRID"}
         self._corrid = next((c for c in policy.controls if c.kind == "CORRID"), None)
@@ -64,7 +64,7 @@ class SequenceInputs:
             kind = control.kind
             inputs[control.name] = (
                 corrid if kind == "CORRID" else
-                self.flags[control.name][start if kind == "START" else end if kind == "END"
+                self._flags[control.name][start if kind == "START" else end if kind == "END"
                                          else True])
 
     def corrid(self, sequence_id: int | str) -> Any:
@@ -75,22 +75,22 @@ class SequenceInputs:
             return None
         if control.datatype.is_bytes:
             text = sequence_id if isinstance(sequence_id, str) else str(sequence_id)
-            return np.full(self.row, text.encode(), dtype=object)
+            return np.full(self._row, text.encode(), dtype=object)
         low, high = _INTEGER_LIMITS[control.datatype.name]
         if not isinstance(sequence_id, int) or not low <= sequence_id <= high:
             raise InvalidArgumentError(
                 f"model '{self._spec.name}' passes sequence ids to its control input "
                 f"'{control.name}' as {control.datatype.name}: 'sequence_id' must be an "
                 f"integer in [1, {high}], got {sequence_id!r}")
-        return torch.full(self.row, sequence_id, dtype=control.datatype.torch)
+        return torch.full(self._row, sequence_id, dtype=control.datatype.torch)
 
     def filler(self, like: WorkItem, loop: asyncio.AbstractEventLoop) -> WorkItem:
         """A row of a direct batch that no sequence fills: READY false, zeros (or empty
         strings) elsewhere, answered to no one."""
         inputs: dict[str, Any] = {}
         for name, value in like.inputs.items():
-            if name in self.flags:
-                inputs[name] = self.flags[name][0]
+            if name in self._flags:
+                inputs[name] = self._flags[name][0]
             elif isinstance(value, np.ndarray):
                 inputs[name] = np.full(value.shape, b"", dtype=object)
             else:
