@@ -356,16 +356,18 @@ def add_named_config(folder: pathlib.Path, name: str, max_batch: int) -> pathlib
 
 
 class Heavy(torch.nn.Module):
-    """About 2 ms of matrix work per [64, 256] row on one thread: a "heavy" model to the
-    placement code (LIGHT_FORWARD_NS is 0.5 ms), small enough for a test."""
+    """About 2 ms of matrix work per [64, 256] row on one thread (0.13 ms a round, 16 rounds
+    by default): a "heavy" model to the placement code (LIGHT_FORWARD_NS is 0.5 ms), small
+    enough for a test."""
 
-    def __init__(self) -> None:
+    def __init__(self, rounds: int = 16) -> None:
         super().__init__()
         generator = torch.Generator().manual_seed(0)
         self.weight = torch.nn.Parameter(torch.randn(256, 256, generator=generator) * 0.06)
+        self.rounds = rounds
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for _ in range(16):
+        for _ in range(self.rounds):
             x = torch.tanh(x @ self.weight)
         return x
 

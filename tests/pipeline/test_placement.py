@@ -49,6 +49,9 @@ def placement_repo(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
     for name, extra in (("heavy", ""), ("heavy_one", one), ("heavy_pinned", pinned),
                         ("heavy_threads", threads)):
         rb.add_torchscript(root, name, rb.Heavy(), [64, 256], [64, 256], max_batch=0, extra=extra)
+    # about 20 ms a forward: more than the time at SCHED_IDLE a busy loop's core leaves it
+    rb.add_torchscript(root, "heavy_long", rb.Heavy(rounds=160), [64, 256], [64, 256],
+                       max_batch=0)
     rb.add_torchscript(root, "light", rb.Identity(), [4], [4], max_batch=0)
     return root
 
@@ -100,30 +103,39 @@ def test_a_spare_given_a_batch_is_not_starved_by_a_loop_that_then_stays_busy(
         placement_repo: pathlib.Path) -> None:
     """At SCHED_IDLE a spare runs only on its core's idle time; a batch it took just before
     the loop got busy would wait for as long as the loop stays so, were it not raised back
-    once overdue (pipeline/idle_time.py). The loop here spins in short steps for up to 10 s:
-    the spare's request is answered while it spins."""
+    once overdue (pipeline/idle_time.py). The loop here spins for up to 10 s: the spare's
+    request is answered while it spins, and the spare was raised to answer it.
+
+    The spare's batch is a 20 ms one (heavy_long): on a busy core the kernel still gives a
+    SCHED_IDLE thread a slice of a few ms now and then (2 ms batches were done in one within
+    their 5 ms, unraised, in 8 of 60 runs; 20 ms ones in none of 70). The loop spins 7 ms at
+    a time, longer than CPython's 5 ms switch interval: a thread waiting for the GIL starts
+    a new 5 ms wait each time the holder lets go and takes it back first, and asks for it
+    only after a whole wait without a switch; a loop that let go every 2 ms (in its
+    selector's call, at each yield) kept the first instance's thread from the GIL, and so
+    its answer, for as long as it spun (1 to 10 s in 5 of 40 runs; none at 7 ms)."""
     if not idle_time._may_lower_and_raise():
         pytest.skip("this process may not raise a thread back from SCHED_IDLE")
 
     async def scenario() -> None:
         engine = Engine(placement_repo, placement="auto")
-        await engine.start(["heavy"])
+        await engine.start(["heavy_long"])
         try:
-            first, spare = engine._served.versions["heavy"][1].executors
+            first, spare = engine._served.versions["heavy_long"][1].executors
             # one for the first instance, one for the spare, handed over before the loop spins
-            answers = [asyncio.ensure_future(engine.infer(_request("heavy", s)))
+            answers = [asyncio.ensure_future(engine.infer(_request("heavy_long", s)))
                        for s in (1, 2)]
             await asyncio.sleep(0)
             deadline = time.monotonic() + 10.0
             while not all(a.done() for a in answers) and time.monotonic() < deadline:
-                spun = time.monotonic() + 0.002
+                spun = time.monotonic() + 0.007
                 while time.monotonic() < spun:
                     pass  # the loop's core busy: nothing idle for the spare
                 await asyncio.sleep(0)
             assert all(a.done() for a in answers), (
                 f"the spare's batch starved behind the loop: {_state(answers, first, spare)}")
             assert spare.batches_run == 1 and spare.idle_time is not None
-            assert spare.idle_time.raises == 1
+            assert spare.idle_time.raises == 1, _state(answers, first, spare)
         finally:  # (a failure here must not leave a spare thread to the tests after it)
             await engine.shutdown()
     run(scenario())
