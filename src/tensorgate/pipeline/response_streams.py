@@ -29,7 +29,7 @@ from typing import Any
 
 from tensorgate.errors import TensorgateError
 from tensorgate.model import NO_PARAMETERS
-from tensorgate.pipeline.triton_python import Answer
+from tensorgate.pipeline.triton_answers import Answer
 from tensorgate.pipeline.work import Batch, WorkItem
 from tensorgate.tensor.view import TensorView
 

@@ -27,34 +27,22 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from functools import partial
 from typing import Any, NamedTuple
 
 from tensorgate import python_backend as pb_utils
-from tensorgate.errors import (AlreadyExistsError, CancelledError, InternalError,
-                               InvalidArgumentError, NotFoundError, TensorgateError,
-                               UnavailableError, UnimplementedError)
-from tensorgate.model import NO_PARAMETERS, ModelContext, Parameter, RequestInfo
+from tensorgate.errors import InternalError, TensorgateError, UnimplementedError
+from tensorgate.model import NO_PARAMETERS, ModelContext, RequestInfo
 from tensorgate.pipeline.served_config import instance_name
 from tensorgate.pipeline.trace import Trace
-from tensorgate.pipeline.work import response_parameter_error
+from tensorgate.pipeline.triton_answers import (CANCEL_POLL_S, Answer, SentAnswers, Sink,
+                                                answer_of, deliver_to)
 from tensorgate.repository.model_config import ModelSpec
 
 __all__ = ["MODULE_NAME", "RESCHEDULED", "Answer", "RequestInputs", "Sink", "TritonPythonRunner",
            "install_module"]
 
 MODULE_NAME = "triton_python_backend_utils"  # what Triton's Python models import
-CANCEL_POLL_S = 0.1  # how often a decoupled wait looks whether its client has gone
 LOOP_STOP_S = 5.0  # how long `close` waits for an async decoupled model's loop to stop
-
-_ERRORS: dict[int, type[TensorgateError]] = {
-    pb_utils.TritonError.INVALID_ARG: InvalidArgumentError,
-    pb_utils.TritonError.NOT_FOUND: NotFoundError,
-    pb_utils.TritonError.UNAVAILABLE: UnavailableError,
-    pb_utils.TritonError.UNSUPPORTED: UnimplementedError,
-    pb_utils.TritonError.ALREADY_EXISTS: AlreadyExistsError,
-    pb_utils.TritonError.CANCELLED: CancelledError,
-}
 
 
 def install_module() -> None:
@@ -75,19 +63,8 @@ class RequestInputs(NamedTuple):
     timeout_us: int = 0         # its timeout (0: none), as `request.timeout()` says it
 
 
-class Answer(NamedTuple):
-    """One response of the model: its outputs by name, and the parameters it carries."""
-
-    outputs: dict[str, Any]
-    parameters: Mapping[str, Parameter]
-
-
 # A request the model rescheduled (iterative_sequence): no answer yet, it runs again.
 RESCHEDULED = Answer({}, NO_PARAMETERS)
-# Where a decoupled request's responses go, from the thread that sent each: the response
-# (its error, as the model answered with one; None: the final flag came alone) and whether
-# it was the last (the final flag).
-Sink = Callable[[Answer | TensorgateError | None, bool], None]
 WARM_UP_RUNS = 1000  # a warm-up request rescheduled more often than this fails the load
 
 
@@ -136,7 +113,7 @@ class TritonPythonRunner:
     def run_each(self, requests: Sequence[RequestInputs]) -> list[Answer | TensorgateError]:
         """Each request's answer, or its error; RESCHEDULED for one the model rescheduled
         (its response is ignored, as Triton's Python backend ignores it)."""
-        sent = _SentAnswers(self.spec.name)
+        sent = SentAnswers(self.spec.name)
         make_sender = sent.sender_for
         incoming = sent.requests = [_incoming(r, reschedulable=self._reschedulable,
                                               make_sender=make_sender) for r in requests]
@@ -164,7 +141,7 @@ class TritonPythonRunner:
             if not isinstance(response, pb_utils.InferenceResponse):
                 raise InternalError(f"model '{name}': execute's response {index} is a "
                                     f"{type(response).__name__}, not an InferenceResponse")
-            answers.append(_answer(response, name))
+            answers.append(answer_of(response, name))
         return answers
 
     def start_streams(self, requests: Sequence[RequestInputs], sinks: Sequence[Sink],
@@ -178,7 +155,7 @@ class TritonPythonRunner:
         `execute` raised."""
         name = self.spec.name
         incoming = [_incoming(request, pb_utils.InferenceResponseSender(
-            _deliver(sink, name), request.cancelled), self._reschedulable)
+            deliver_to(sink, name), request.cancelled), self._reschedulable)
             for request, sink in zip(requests, sinks)]
         if self._loop_thread is not None:
             assert self._loop is not None
@@ -273,92 +250,6 @@ class TritonPythonRunner:
                 loop.close()
 
 
-_SETTING_UP = threading.Lock()  # a batch's _SentAnswers, made ready for its first sender
-
-
-class _SentAnswers:
-    """What a model not decoupled sent through its requests' senders, by request: one
-    response and the final flag each, from execute or later from any thread."""
-
-    def __init__(self, model: str) -> None:
-        self.model = model
-        self.requests: list[pb_utils.InferenceRequest] = []  # execute's, once made
-        self.used = False  # a sender was asked for: what follows is made then
-
-    def sender_for(self, request: pb_utils.InferenceRequest
-                   ) -> pb_utils.InferenceResponseSender:
-        """`request`'s sender, when the model first asks for it (seldom, for a model not
-        decoupled: a batch that asks for none pays for none of this)."""
-        with _SETTING_UP:
-            if not self.used:
-                count = len(self.requests)
-                self._responses: list[pb_utils.InferenceResponse | None] = [None] * count
-                self._final = [False] * count
-                self._asked = [False] * count  # for its sender
-                self._over = False  # answered: later sends are refused
-                self._changed = threading.Condition()
-                self.used = True
-        index = next(i for i, made in enumerate(self.requests) if made is request)
-        self._asked[index] = True
-        return pb_utils.InferenceResponseSender(partial(self._deliver, index),
-                                                request.is_cancelled)
-
-    def _deliver(self, index: int, response: pb_utils.InferenceResponse | None,
-                 flags: int) -> None:
-        with self._changed:
-            if self._over:
-                raise pb_utils.TritonModelException(
-                    f"model '{self.model}' is not decoupled and this request was answered "
-                    "already: nothing more is sent for it")
-            twice = response is not None and self._responses[index] is not None
-            if not twice and response is not None:
-                self._responses[index] = response
-            if flags & pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL:
-                self._final[index] = True
-                self._changed.notify_all()
-            if twice:
-                raise pb_utils.TritonModelException(
-                    f"model '{self.model}' is not decoupled: it sends one response per "
-                    "request (model_transaction_policy { decoupled: true } for more)")
-
-    def answer(self, index: int) -> Answer | TensorgateError | None:
-        """The response sent for request `index` (its final flag or not), or None."""
-        with self._changed:
-            self._over = True
-            response = self._responses[index]
-        return None if response is None else _answer(response, self.model)
-
-    def wait(self, cancelled: Sequence[Callable[[], bool]]) -> list[Answer | TensorgateError]:
-        """Each request's answer once its final flag has come (execute returned None): the
-        response sent, or an error for one sent without a response, or whose sender execute
-        never asked for (nothing could answer it: the instance waits for none); a request
-        whose client has gone meanwhile is cancelled."""
-        answers: list[Answer | TensorgateError] = []
-        with self._changed:
-            asked = list(self._asked)  # as execute returned
-            for index, gone in enumerate(cancelled):
-                if not asked[index]:
-                    answers.append(InternalError(
-                        f"model '{self.model}': execute returned None without asking for the "
-                        f"response sender of request {index}; a model not decoupled answers "
-                        "each request in execute's list or through its sender"))
-                    continue
-                while not self._final[index] and not gone():
-                    self._changed.wait(CANCEL_POLL_S)
-                response = self._responses[index]
-                if not self._final[index]:
-                    answers.append(CancelledError(f"request {index} of model '{self.model}' "
-                                                  "was cancelled before it was answered"))
-                elif response is None:
-                    answers.append(InternalError(
-                        f"model '{self.model}' sent the final flag for a request with no "
-                        "response: a model not decoupled sends one response per request"))
-                else:
-                    answers.append(_answer(response, self.model))
-            self._over = True
-        return answers
-
-
 def _run_forever(loop: asyncio.AbstractEventLoop, directory: str) -> None:
     """An async decoupled model's loop, on its own thread, which runs that model only."""
     pb_utils.running_in(directory)
@@ -398,14 +289,6 @@ _RETIRED = ("model '{}': this request was rescheduled, so this sender sends no m
             "through the sender of the execute that runs it next")
 
 
-def _deliver(sink: Sink, model: str) -> Callable[[pb_utils.InferenceResponse | None, int], None]:
-    """A response sender's delivery: each response as the sink takes it."""
-    def deliver(response: pb_utils.InferenceResponse | None, flags: int) -> None:
-        sink(None if response is None else _answer(response, model),
-             bool(flags & pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL))
-    return deliver
-
-
 def _report_async_end(done: Any, model: str, requests: Sequence[pb_utils.InferenceRequest],
                       failed: Callable[[TensorgateError], None]) -> None:
     """An async decoupled execute has ended: what it raised (or returned, but for None)
@@ -424,19 +307,6 @@ def _report_async_end(done: Any, model: str, requests: Sequence[pb_utils.Inferen
         failed(UnimplementedError(f"model '{model}': an async def execute rescheduled a "
                                   "request, which tensorgate does not support; reschedule "
                                   "from a synchronous execute"))
-
-
-def _answer(response: pb_utils.InferenceResponse, model: str) -> Answer | TensorgateError:
-    error = response.error()
-    if error is not None:  # the model's message as it wrote it, as Triton passes it on
-        code = error.code() if isinstance(error, pb_utils.TritonError) else None
-        return _ERRORS.get(code, InternalError)(str(error))
-    given = response.parameter_values()
-    invalid = response_parameter_error(model, given)
-    if invalid is not None:
-        return invalid
-    return Answer({tensor.name(): tensor.value() for tensor in response.output_tensors()},
-                  given or NO_PARAMETERS)
 
 
 def _never() -> bool:
