@@ -1,11 +1,11 @@
 """gRPC front end: `inference.GRPCInferenceService` and `grpc.health.v1.Health` over our own
 HTTP/2 (network/http2.py).
 
-Thin, like the HTTP front end: read a call's request message (network/grpc_messages), decode
-it with protocol/grpc_codec, call the data plane (network/grpc_methods), encode, and answer
-with the status in trailers. ModelStreamInfer's many messages each way are
-network/grpc_stream's. Errors are translated here and there only, through
-protocol/status.py's table.
+Thin, like the HTTP front end: each call's stream opened here is read, run and answered by
+network/grpc_unary (its message read by network/grpc_messages, decoded by
+protocol/grpc_codec, run through the data plane by network/grpc_infer or grpc_methods, its
+status in trailers); ModelStreamInfer's many messages each way are network/grpc_stream's.
+Errors are translated in those places only, through protocol/status.py's table.
 """
 
 from __future__ import annotations

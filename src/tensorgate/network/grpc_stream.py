@@ -35,7 +35,7 @@ from tensorgate.network import PoolRelief, http2, in_steps, stalled_message
 from tensorgate.network.grpc_compression import packed_message, response_headers
 from tensorgate.network.grpc_messages import (CODES, OK_TRAILERS, CallHeaders, Failure,
                                               MessageReader, framed, inflate_message, trailers)
-from tensorgate.network.grpc_methods import model_infer, model_infer_responses, split_request
+from tensorgate.network.grpc_infer import model_infer, model_infer_responses, split_request
 from tensorgate.network.in_order import Turn
 from tensorgate.protocol.grpc_codec import (TensorSpans, stream_error_message,
                                             stream_response_parts)

@@ -1,8 +1,8 @@
 """A unary gRPC call (ModelInfer, and the other methods of GRPCInferenceService and Health
 but ModelStreamInfer, network/grpc_stream's) on one HTTP/2 stream: its request message read
 as it arrives (network/grpc_messages), run once whole through the data plane
-(network/grpc_methods), answered with its status in trailers; or refused, its error answered
-in the headers alone."""
+(network/grpc_infer for ModelInfer, network/grpc_methods' table for the others), answered
+with its status in trailers; or refused, its error answered in the headers alone."""
 
 from __future__ import annotations
 
@@ -20,7 +20,8 @@ from tensorgate.network.grpc_compression import (packed_message, response_encodi
 from tensorgate.network.grpc_messages import (CODES, OK_TRAILERS, CallHeaders, Failure,
                                               MessageReader, error_block, framed,
                                               inflate_message)
-from tensorgate.network.grpc_methods import INFERENCE_SERVICE, UNARY, model_infer
+from tensorgate.network.grpc_infer import model_infer
+from tensorgate.network.grpc_methods import INFERENCE_SERVICE, UNARY
 from tensorgate.protocol.status import codes_for
 from tensorgate.tensor.copies import CopyLedger
 
