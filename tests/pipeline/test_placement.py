@@ -109,11 +109,13 @@ def test_a_spare_given_a_batch_is_not_starved_by_a_loop_that_then_stays_busy(
     The spare's batch is a 20 ms one (heavy_long): on a busy core the kernel still gives a
     SCHED_IDLE thread a slice of a few ms now and then (2 ms batches were done in one within
     their 5 ms, unraised, in 8 of 60 runs; 20 ms ones in none of 70). The loop spins 7 ms at
-    a time, longer than CPython's 5 ms switch interval: a thread waiting for the GIL starts
-    a new 5 ms wait each time the holder lets go and takes it back first, and asks for it
-    only after a whole wait without a switch; a loop that let go every 2 ms (in its
-    selector's call, at each yield) kept the first instance's thread from the GIL, and so
-    its answer, for as long as it spun (1 to 10 s in 5 of 40 runs; none at 7 ms)."""
+    a time, longer than CPython's 5 ms switch interval: spinning 2 ms at a time, it kept the
+    first instance's answer waiting as long as it spun in some runs (1 to 10 s, 5 of 40; at
+    7 ms none of 40), that thread waking every 5 ms and sleeping again. That fits the GIL: a
+    thread waiting for it asks the holder to let go only after a whole switch interval
+    without a switch, and starts over each time the holder lets go and takes it back first,
+    as this loop did in its selector's call at each yield. (Seen only with the spare at
+    SCHED_IDLE, done by then, which this does not explain.)"""
     if not idle_time._may_lower_and_raise():
         pytest.skip("this process may not raise a thread back from SCHED_IDLE")
 
