@@ -171,7 +171,7 @@ class ModelLoader:
         as `name` whatever its config says)."""
         repository = upload if upload is not None else self.repositories.holder(name)
         return load_source(repository, name, config, self._complete,
-                           self.repositories.config_name, rename)
+                           self.repositories.config_name, rename, checksums=True)
 
     def _holds(self, name: str) -> bool:
         """Whether a repository holds a model `name` (or one was served by that name)."""

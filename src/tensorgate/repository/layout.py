@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from tritonclient.grpc import model_config_pb2 as pb
 
 from tensorgate.errors import InvalidArgumentError, NotFoundError
+from tensorgate.repository.checksum_agent import file_checksums, verify_checksums
 from tensorgate.repository.model_config import (ModelConfigError, ModelSpec, check_file_name,
                                                 model_config_from_json, model_spec,
                                                 read_model_config, version_policy)
@@ -254,14 +255,16 @@ def select_versions(policy: tuple[str, tuple[int, ...]], available: list[int]
 
 def load_source(repository: pathlib.Path, name: str, config: str | None = None,
                 complete: CompleteConfig | None = None, config_name: str = "",
-                rename: bool = False) -> ModelSource:
+                rename: bool = False, checksums: bool = False) -> ModelSource:
     """Read `<repository>/<name>`: its config and the versions to serve. The config is the
     directory's config_file (configs/<config_name>.pbtxt where it has one, else
     config.pbtxt); `config`, a JSON config (a load request's override), stands in for it;
     without either, a Python model's config is `backend: "python"` until `complete`
     completes it. `complete` may import the model's code: call it off the event loop.
     `rename`: the model is `name` whatever its config's name field says (a folder served
-    under a name given at its load: SageMaker's multi-model endpoints)."""
+    under a name given at its load: SageMaker's multi-model endpoints). `checksums`: the
+    files its checksum agent names are read and checked (repository/checksum_agent.py),
+    before `complete` runs any of its code: a load's, not a look at its config."""
     directory = repository / name
     if rename:  # a link to the folder (link_folder): errors name the folder itself
         directory = directory.resolve()
@@ -299,6 +302,9 @@ def load_source(repository: pathlib.Path, name: str, config: str | None = None,
         raise ModelConfigError(str(directory), "no version directory matches the version "
                                                f"policy {policy[0]} {list(policy[1])}"
                                                + _misplaced(directory))
+    agreed = file_checksums(message, source)  # (its form checked at every look)
+    if checksums:
+        verify_checksums(directory, agreed)
     if complete is not None and message.platform != "ensemble":
         _check_default_file(message, source)
         if not message.name:  # as the model's code will see it (model_spec checks a given one)

@@ -33,8 +33,7 @@ __all__ = ["BatchingPolicy", "InstanceGroup", "ModelConfigError", "ModelSpec", "
 # Fields that change how Triton runs a model, not what it computes: served without them,
 # and a load says so (ModelSpec.ignored); `optimization`'s, but for its CUDA graph sizes, too
 # (repository/graph_config.py).
-NOT_ACTED_ON = ("cc_model_filenames", "metric_tags", "model_operations",
-                "model_repository_agents", "model_metrics")
+NOT_ACTED_ON = ("cc_model_filenames", "metric_tags", "model_operations", "model_metrics")
 MAX_PRIORITY_LEVELS = 1000  # each level is a queue the batcher walks; more is a config mistake
 # What a config may ask of the machine at load: a config may come from a client (a load's
 # `config` override), and a mistyped count must fail the load, not exhaust the server.
