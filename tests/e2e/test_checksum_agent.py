@@ -9,6 +9,7 @@ import pathlib
 
 import numpy as np
 import pytest
+import torch
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
@@ -68,6 +69,15 @@ def test_a_model_loads_only_with_the_files_its_checksums_name(tmp_path: pathlib.
             model_py.write_text(rb.PYTHON_MODEL)
             client.load_model("tampered")
             np.testing.assert_array_equal(_infer(client, "tampered"), np.full((1, 4), 3.0))
+            np.testing.assert_array_equal(_infer(client, "checked"), np.full((1, 4), 3.0))
+            # weights changed under a served model: its reload is refused, and the version
+            # loaded before goes on serving (with the weights it read then)
+            weights = repo / "checked" / "1" / "scale.pt"
+            torch.save({"scale": torch.tensor(5.0)}, weights)
+            with pytest.raises(InferenceServerException,
+                               match=r"'1/scale.pt' has the MD5 digest [0-9a-f]{32}; its "):
+                client.load_model("checked")
+            assert client.is_model_ready("checked")
             np.testing.assert_array_equal(_infer(client, "checked"), np.full((1, 4), 3.0))
     finally:
         stop_server(server)
