@@ -8,6 +8,8 @@ import pathlib
 
 import pytest
 from google.protobuf import text_format
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from tritonclient.grpc import model_config_pb2 as pb
 
 from tensorgate.errors import ModelConfigError
@@ -83,3 +85,32 @@ def test_a_file_that_cannot_be_read_fails_the_check(tmp_path: pathlib.Path) -> N
         with pytest.raises(ModelConfigError, match=f"its checksum agent names '{path}', which "
                                                    f"cannot be read: {why}"):
             verify_checksums(tmp_path, (FileChecksum("md5", path, MD5_OF_ABC),))
+
+
+_TEXT = st.text(st.characters(exclude_categories=("Cs",)), max_size=80)  # (proto strings)
+
+
+@settings(max_examples=300, deadline=None)
+@given(agent=st.sampled_from(["checksum", "checksum ", "Checksum", ""]), key=st.one_of(
+    _TEXT, st.builds("{}:{}".format, st.sampled_from(["MD5", "sha256", "SHA512", "md4"]),
+                     _TEXT)),
+       value=st.one_of(_TEXT, st.sampled_from([MD5_OF_ABC, SHA256_OF_ABC])))
+def test_any_parameter_is_taken_as_a_file_within_the_folder_or_refused_by_name(
+        tmp_path_factory: pytest.TempPathFactory, agent: str, key: str, value: str) -> None:
+    config = pb.ModelConfig(name="m")
+    config.model_repository_agents.agents.add(name=agent).parameters[key] = value
+    try:
+        checksums = file_checksums(config, "config.pbtxt")
+    except ModelConfigError as error:
+        assert error.message.startswith("config.pbtxt: ")
+        assert f"'{agent}'" in error.message or f"'{key}'" in error.message
+        return
+    assert agent == "checksum"
+    (checksum,) = checksums
+    assert checksum.algorithm in ("md5", "sha256", "sha512")
+    relative = pathlib.PurePosixPath(checksum.path)
+    assert not relative.is_absolute() and ".." not in relative.parts
+    # read within the folder only: what is not there says so, never a file outside
+    folder = tmp_path_factory.mktemp("model")
+    with pytest.raises(ModelConfigError, match="cannot be read|has the "):
+        verify_checksums(folder, checksums)
