@@ -56,6 +56,17 @@ def test_a_config_the_agent_cannot_act_on_is_refused(agents: str, said: str) -> 
         file_checksums(_config(agents), "config.pbtxt")
 
 
+def test_an_algorithm_this_python_refuses_is_said_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As an OpenSSL in FIPS mode refuses MD5 (hashlib raises ValueError)."""
+    def fips(name: str, *args: object, **kwargs: object) -> object:
+        raise ValueError(f"[digital envelope routines] unsupported: {name}")
+    monkeypatch.setattr(hashlib, "new", fips)
+    with pytest.raises(ModelConfigError, match=r"parameter 'MD5:1/model.pt': this server's "
+                                               r"Python cannot compute MD5 \(.*unsupported: "
+                                               r"md5\); name the file by its SHA256$"):
+        file_checksums(_config(_checksum("MD5:1/model.pt", MD5_OF_ABC)), "config.pbtxt")
+
+
 def test_the_files_named_are_bounded() -> None:
     many = " ".join(f'parameters {{ key: "MD5:{i}" value: "{MD5_OF_ABC}" }}'
                     for i in range(MAX_CHECKSUMS + 1))

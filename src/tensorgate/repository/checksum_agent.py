@@ -81,7 +81,12 @@ def _checksum(key: str, value: str, source: str) -> FileChecksum:
         raise ModelConfigError(source, f"{said}: '{path}' is not a file within the model's "
                                        "folder (a relative path, without '..')")
     name = algorithm.lower()
-    width = 2 * hashlib.new(name).digest_size
+    try:
+        width = 2 * hashlib.new(name).digest_size
+    except ValueError as error:  # (an OpenSSL in FIPS mode refuses MD5)
+        raise ModelConfigError(source, f"{said}: this server's Python cannot compute "
+                                       f"{algorithm.upper()} ({error}); name the file by its "
+                                       "SHA256") from None
     digest = value.strip().lower()
     if len(digest) != width or any(c not in "0123456789abcdef" for c in digest):
         raise ModelConfigError(source, f"{said} has the value '{value}', not a "
