@@ -31,10 +31,12 @@ def _checksum(key: str, value: str) -> str:
 
 def test_each_parameter_is_a_file_and_its_digest() -> None:
     config = _config(", ".join([_checksum("MD5:1/model.pt", MD5_OF_ABC.upper()),
-                                _checksum("sha256:labels.txt", SHA256_OF_ABC)]))
+                                _checksum("sha256:labels.txt", SHA256_OF_ABC),
+                                _checksum("\u017fha256:other.txt", SHA256_OF_ABC)]))
     assert set(file_checksums(config, "config.pbtxt")) == {
         FileChecksum("md5", "1/model.pt", MD5_OF_ABC),  # a digest in capitals too
-        FileChecksum("sha256", "labels.txt", SHA256_OF_ABC)}
+        FileChecksum("sha256", "labels.txt", SHA256_OF_ABC),
+        FileChecksum("sha256", "other.txt", SHA256_OF_ABC)}  # (a long s upper-cases to S)
     assert file_checksums(pb.ModelConfig(name="m"), "config.pbtxt") == ()
 
 

@@ -73,24 +73,25 @@ def _checksum(key: str, value: str, source: str) -> FileChecksum:
     if not colon or not path:
         raise ModelConfigError(source, f"{said} is not '<algorithm>:<file>' (as "
                                        "'MD5:1/model.pt', the file in the model's folder)")
-    if algorithm.upper() not in ALGORITHMS:
+    canonical = algorithm.upper()  # (as "MD5"; "ſha256" upper-cases to "SHA256" too)
+    if canonical not in ALGORITHMS:
         raise ModelConfigError(source, f"{said} names the algorithm '{algorithm}'; it has "
                                        f"{', '.join(ALGORITHMS)}")
     relative = pathlib.PurePosixPath(path)
     if relative.is_absolute() or ".." in relative.parts or "\0" in path:
         raise ModelConfigError(source, f"{said}: '{path}' is not a file within the model's "
                                        "folder (a relative path, without '..')")
-    name = algorithm.lower()
+    name = canonical.lower()
     try:
         width = 2 * hashlib.new(name).digest_size
     except ValueError as error:  # (an OpenSSL in FIPS mode refuses MD5)
         raise ModelConfigError(source, f"{said}: this server's Python cannot compute "
-                                       f"{algorithm.upper()} ({error}); name the file by its "
+                                       f"{canonical} ({error}); name the file by its "
                                        "SHA256") from None
     digest = value.strip().lower()
     if len(digest) != width or any(c not in "0123456789abcdef" for c in digest):
         raise ModelConfigError(source, f"{said} has the value '{value}', not a "
-                                       f"{algorithm.upper()} digest ({width} hex digits)")
+                                       f"{canonical} digest ({width} hex digits)")
     return FileChecksum(name, path, digest)
 
 
