@@ -151,7 +151,8 @@ class Tracer:
         clears. `model` must name a model the server has (the caller checks). Returns the
         settings now."""
         otel = self._exporter is not None
-        parsed = {name: parse_setting(name, value, self.file, otel) for name, value in changes.items()}
+        parsed = {name: parse_setting(name, value, self.file, otel)
+                  for name, value in changes.items()}
         if model is None:
             after = {n: self._start[n] if v is None else v for n, v in parsed.items()
                      if n not in _FIXED}

@@ -17,10 +17,10 @@ from tensorgate.network import http2, in_steps, stalled_message
 from tensorgate.network.eager import EagerRun
 from tensorgate.network.grpc_compression import (packed_message, response_encoding,
                                                  response_headers)
+from tensorgate.network.grpc_infer import model_infer
 from tensorgate.network.grpc_messages import (CODES, OK_TRAILERS, CallHeaders, Failure,
                                               MessageReader, error_block, framed,
                                               inflate_message)
-from tensorgate.network.grpc_infer import model_infer
 from tensorgate.network.grpc_methods import INFERENCE_SERVICE, UNARY
 from tensorgate.protocol.status import codes_for
 from tensorgate.tensor.copies import CopyLedger
@@ -28,7 +28,7 @@ from tensorgate.tensor.copies import CopyLedger
 if TYPE_CHECKING:
     from tensorgate.network.grpc import GrpcFrontEnd
 
-__all__ = ["ANSWERED", "MODEL_INFER", "Answered", "UnaryCall"]
+__all__ = ["ANSWERED", "MODEL_INFER", "UnaryCall"]
 
 log = logging.getLogger("tensorgate.grpc")
 
@@ -36,7 +36,7 @@ MODEL_INFER = f"/{INFERENCE_SERVICE}/ModelInfer"
 _MORE_THAN_ONE = "a unary call carried more than one request message"
 
 
-class Answered:
+class _Answered:
     """A stream answered as soon as its headers arrived (refused): what follows is ignored."""
 
     def data_received(self, data: memoryview) -> None:
@@ -64,7 +64,7 @@ class Answered:
         pass
 
 
-ANSWERED = Answered()
+ANSWERED = _Answered()
 
 
 class UnaryCall:

@@ -46,8 +46,8 @@ class SequenceInputs:
         batched = spec.max_batch_size > 0
         self._row = (1, 1) if batched else (1,)
         self._flags = {c.name: tuple(torch.full(self._row, v, dtype=c.datatype.torch)
-                                    for v in c.false_true)
-                      for c in policy.controls if c.kind != "CORRID"}
+                                     for v in c.false_true)
+                       for c in policy.controls if c.kind != "CORRID"}
         self._corrid = next((c for c in policy.controls if c.kind == "CORRID"), None)
         self._initial = {s.input_name: _initial_state(s, directory, batched)
                          for s in policy.states}
@@ -65,7 +65,7 @@ class SequenceInputs:
             inputs[control.name] = (
                 corrid if kind == "CORRID" else
                 self._flags[control.name][start if kind == "START" else end if kind == "END"
-                                         else True])
+                                          else True])
 
     def corrid(self, sequence_id: int | str) -> Any:
         """The CORRID input of a sequence's requests (None where the model takes none);
