@@ -263,7 +263,8 @@ def tensorgate_details(running: Running) -> dict[str, Any]:
     details["copies_by_reason"] = {reason: int(amount) for reason, amount in re.findall(
         r'^tensorgate_copies_by_reason_bytes_total\{reason="(\w+)"\} (\d+)$', metrics, re.M)}
     for model in WORKLOADS:
-        copied = re.search(rf'tensorgate_copied_bytes_total{{model="{model}"}} (\S+)', metrics)
+        copied = re.search(rf'tensorgate_copied_bytes_total{{model="{model}",version="1"}} (\S+)',
+                           metrics)
         count = re.search(rf'nv_inference_request_success{{model="{model}",version="1"}} (\S+)',
                           metrics)
         stats = json.loads(urlopen_text(

@@ -4,6 +4,7 @@ counters are cumulative, their latencies µs; the histograms are in seconds, Pro
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -12,12 +13,13 @@ from tensorgate.custom_metrics import label_text, render_custom_metrics
 from tensorgate.gpu_metrics import GpuSample
 from tensorgate.host_metrics import HostSample
 from tensorgate.pipeline.response_cache import CacheStatistics
-from tensorgate.pipeline.stats import (LATENCY_BOUNDS_US, SUMMARY_STAGES, Histogram,
-                                       ModelCall, ModelStatistics)
+from tensorgate.pipeline.stats import SUMMARY_STAGES, Histogram, ModelCall, ModelStatistics
 from tensorgate.tensor.copies import process_copies
 from tensorgate.tensor.pool import PoolStatistics
 
 __all__ = ["LatencyMetrics", "render_metrics"]
+
+Labels = tuple[tuple[str, str], ...]  # (name, value), in the order written
 
 
 @dataclass(frozen=True)
@@ -130,41 +132,45 @@ def _number(value: float) -> str:
     return f"{value:.6f}".rstrip("0").rstrip(".")
 
 
-# Prometheus' `le` label of each bucket bound, in seconds and in ms ("0.00005", "1", "2.5")
-_LE_S = [_number(bound / 1e6) for bound in LATENCY_BOUNDS_US] + ["+Inf"]
-_LE_MS = [_number(bound / 1e3) for bound in LATENCY_BOUNDS_US] + ["+Inf"]
+@functools.lru_cache(maxsize=64)
+def _le_labels(bounds_ns: tuple[int, ...], in_ms: bool) -> tuple[str, ...]:
+    """Prometheus' `le` label of each bucket bound, in seconds or in ms ("0.00005", "2.5"),
+    then "+Inf"; a bound six decimals cannot write exactly is written in full ("5e-07")."""
+    labels = []
+    for ns in bounds_ns:
+        bound = ns / (1e6 if in_ms else 1e9)
+        text = _number(bound)
+        labels.append(text if float(text) == bound else repr(bound))
+    return (*labels, "+Inf")
 
 
-def _histogram(histogram: Histogram, model: str, version: str, in_ms: bool = False
-               ) -> list[str]:
+def _histogram(histogram: Histogram, labels: Labels, in_ms: bool = False) -> list[str]:
     """The rows of one histogram: cumulative buckets, then its sum and count, in seconds
     (Prometheus' unit) or ms (Triton's for its first-response histogram)."""
-    labels = _labels(model=model, version=version)
+    text = label_text(labels)
     rows = []
     total = 0
-    for le, count in zip(_LE_MS if in_ms else _LE_S, histogram.counts):
+    for le, count in zip(_le_labels(histogram.bounds_ns, in_ms), histogram.counts):
         total += count
-        rows.append(f'_bucket{labels[:-1]},le="{le}"}} {total}')
-    rows.append(f"_sum{labels} {histogram.ns / (1e6 if in_ms else 1e9):.9f}")
-    rows.append(f"_count{labels} {total}")
+        rows.append(f'_bucket{text[:-1]},le="{le}"}} {total}')
+    rows.append(f"_sum{text} {histogram.ns / (1e6 if in_ms else 1e9):.9f}")
+    rows.append(f"_count{text} {total}")
     return rows
 
 
-def _summaries(stats: ModelStatistics, quantiles: tuple[float, ...]
+def _summaries(stats: ModelStatistics, labels: Labels, quantiles: tuple[float, ...]
                ) -> Iterable[tuple[str, list[str]]]:
     """Each stage's summary rows: its count and sum (all time, µs), then its value at each
     quantile over the window (NaN when the window saw no request)."""
     if stats.summaries is None:
         return
-    version = str(stats.version)
-    labels = _labels(model=stats.name, version=version)
+    text = label_text(labels)
     for stage in SUMMARY_STAGES:
         values, count, total_us = stats.summaries.read(stage, quantiles)
-        rows = [f"_count{labels} {count}", f"_sum{labels} {total_us}"]
+        rows = [f"_count{text} {count}", f"_sum{text} {total_us}"]
         for quantile, value in zip(quantiles, values):
-            text = "NaN" if math.isnan(value) else _number(value)
-            rows.append(f'{_labels(model=stats.name, version=version, quantile=f"{quantile:g}")}'
-                        f" {text}")
+            shown = "NaN" if math.isnan(value) else _number(value)
+            rows.append(f'{label_text((*labels, ("quantile", f"{quantile:g}")))} {shown}')
         yield f"nv_inference_{stage}_summary_us", rows
 
 
@@ -191,13 +197,17 @@ def render_metrics(models: Iterable[tuple[ModelStatistics, int]],
     reading a GPU lacks is left out); `calls`: each instance's current call into its model
     (Engine.model_calls)."""
     rows: dict[str, list[str]] = {name: [] for name in _HELP}
+    tags: dict[tuple[str, int], Labels] = {}
     for stats, pending in models:
-        labels = _labels(model=stats.name, version=str(stats.version))
+        # each row of a model version: its name, its version, its config's metric_tags
+        base: Labels = (("model", stats.name), ("version", str(stats.version)), *stats.tags)
+        tags[stats.name, stats.version] = stats.tags
+        labels = label_text(base)
         rows["nv_inference_request_success"].append(f"{labels} {stats.success.count}")
         for reason in ("REJECTED", "CANCELED", "BACKEND", "OTHER"):
             failed = stats.failures_by_reason.get(reason, 0)
             rows["nv_inference_request_failure"].append(
-                f"{_labels(model=stats.name, version=str(stats.version), reason=reason)} {failed}")
+                f"{label_text((*base, ('reason', reason)))} {failed}")
         rows["nv_inference_count"].append(f"{labels} {stats.inference_count}")
         rows["nv_inference_exec_count"].append(f"{labels} {stats.execution_count}")
         rows["nv_inference_pending_request_count"].append(f"{labels} {pending}")
@@ -226,28 +236,26 @@ def render_metrics(models: Iterable[tuple[ModelStatistics, int]],
             rows["tensorgate_sequences_waiting"].append(f"{labels} {stats.sequences_waiting}")
             rows["tensorgate_sequences_expired_total"].append(
                 f"{labels} {stats.sequences_expired}")
-        version = str(stats.version)
-        rows["tensorgate_request_duration_seconds"] += _histogram(stats.request_latency,
-                                                                 stats.name, version)
-        rows["tensorgate_queue_duration_seconds"] += _histogram(stats.queue_latency,
-                                                               stats.name, version)
+        rows["tensorgate_request_duration_seconds"] += _histogram(stats.request_latency, base)
+        rows["tensorgate_queue_duration_seconds"] += _histogram(stats.queue_latency, base)
         rows["tensorgate_compute_infer_duration_seconds"] += _histogram(stats.infer_latency,
-                                                                       stats.name, version)
+                                                                       base)
         if stats.first_response_latency.ns:
             rows["tensorgate_first_response_duration_seconds"] += _histogram(
-                stats.first_response_latency, stats.name, version)
+                stats.first_response_latency, base)
             if latencies.first_response_histogram:
                 rows["nv_inference_first_response_histogram_ms"] += _histogram(
-                    stats.first_response_latency, stats.name, version, in_ms=True)
+                    stats.first_response_latency, base, in_ms=True)
         if latencies.summary_quantiles:
-            for name, summary in _summaries(stats, latencies.summary_quantiles):
+            for name, summary in _summaries(stats, base, latencies.summary_quantiles):
                 rows[name] += summary
-        rows["tensorgate_copied_bytes_total"].append(
-            f"{_labels(model=stats.name)} {stats.copied_bytes}")
+        rows["tensorgate_copied_bytes_total"].append(f"{labels} {stats.copied_bytes}")
     for call in calls:
+        called: Labels = (("model", call.model), ("version", str(call.version)),
+                          *tags.get((call.model, call.version), ()),
+                          ("instance", call.instance))
         rows["tensorgate_model_call_seconds"].append(
-            f"{_labels(model=call.model, version=str(call.version), instance=call.instance)} "
-            f"{_number(call.seconds)}")
+            f"{label_text(called)} {_number(call.seconds)}")
     totals = process_copies()
     rows["tensorgate_copied_bytes_total"].append(
         f'{_labels(model="")} {totals.bytes}')  # the whole process, all models

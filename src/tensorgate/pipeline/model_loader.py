@@ -237,7 +237,8 @@ class ModelLoader:
             spec = decoupled_ensemble(spec)
         spec = served_ensemble(spec)
         stats = ModelStatistics(spec.name, version, cached=self._caches(spec),
-                                summaries=self._summaries)
+                                summaries=self._summaries,
+                                tags=spec.metric_tags, bounds=dict(spec.histogram_bounds))
         scheduler = EnsembleScheduler(spec, steps, stats, self._steps.run,
                                       self._steps.stream)
         log.info("ensemble %s v%d ready: %s", spec.name, version,

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import time
 from bisect import bisect_left
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import NamedTuple
 
 from tensorgate.pipeline.summary import LatencySummaries
@@ -21,6 +23,7 @@ LATENCY_BOUNDS_US = (50, 100, 250, 500, 750, 1_000, 1_500, 2_500, 5_000, 7_500, 
                      25_000, 50_000, 75_000, 100_000, 250_000, 500_000, 1_000_000, 2_500_000,
                      5_000_000, 10_000_000)
 _BOUNDS_NS = tuple(bound * 1000 for bound in LATENCY_BOUNDS_US)
+_NO_BOUNDS: Mapping[str, tuple[int, ...]] = MappingProxyType({})
 # the stages a model's latency summaries follow (Triton's nv_inference_<stage>_summary_us),
 # in the order ModelStatistics passes their durations
 SUMMARY_STAGES = ("request", "queue", "compute_input", "compute_infer", "compute_output")
@@ -58,17 +61,20 @@ class Duration:
 
 
 class Histogram:
-    """Counts of durations by LATENCY_BOUNDS_US bucket (the last: above them all) and their
-    sum: what Prometheus needs for quantiles across a fleet, at a bisect and two adds."""
+    """Counts of durations by bucket (the last: above every bound) and their sum: what
+    Prometheus needs for quantiles across a fleet, at a bisect and two adds. `bounds_ns`:
+    ascending; LATENCY_BOUNDS_US unless the model's config sets its own (model_metrics)."""
 
-    __slots__ = ("counts", "ns")
+    __slots__ = ("bounds_ns", "counts", "ns")
 
-    def __init__(self) -> None:
-        self.counts = [0] * (len(_BOUNDS_NS) + 1)
+    def __init__(self, bounds_ns: tuple[int, ...] = _BOUNDS_NS) -> None:
+        self.bounds_ns = bounds_ns
+        self.counts = [0] * (len(bounds_ns) + 1)
         self.ns = 0
 
     def add(self, ns: int) -> None:
-        self.counts[bisect_left(_BOUNDS_NS, ns)] += 1  # a bucket holds durations <= its bound
+        # a bucket holds durations <= its bound
+        self.counts[bisect_left(self.bounds_ns, ns)] += 1
         self.ns += ns
 
     @property
@@ -105,10 +111,15 @@ class ModelStatistics:
     """Cumulative counters of one model version."""
 
     def __init__(self, name: str, version: int, cached: bool = False,
-                 summaries: bool = False) -> None:
-        """`summaries`: keep the latency summaries (--metrics-config summary_latencies)."""
+                 summaries: bool = False, tags: tuple[tuple[str, str], ...] = (),
+                 bounds: Mapping[str, tuple[int, ...]] = _NO_BOUNDS) -> None:
+        """`summaries`: keep the latency summaries (--metrics-config summary_latencies);
+        `tags`: labels on each of this version's metrics (ModelSpec.metric_tags); `bounds`:
+        latency histograms' bucket bounds (ns) by name, where the config sets them
+        (ModelSpec.histogram_bounds)."""
         self.name = name
         self.version = version
+        self.tags = tags
         self.cached = cached  # answers from the response cache when it can
         self.summaries = LatencySummaries(SUMMARY_STAGES) if summaries else None
         self.last_inference_ms = 0
@@ -124,10 +135,10 @@ class ModelStatistics:
         self.cache_miss = Duration()  # not in it: the lookup's and the insertion's time
         # Successful requests' latencies, for /metrics: end to end in the pipeline, waiting in
         # the queue, and in the model; a decoupled model's first response (time to first token)
-        self.request_latency = Histogram()
-        self.queue_latency = Histogram()
-        self.infer_latency = Histogram()
-        self.first_response_latency = Histogram()
+        self.request_latency = Histogram(bounds.get("request", _BOUNDS_NS))
+        self.queue_latency = Histogram(bounds.get("queue", _BOUNDS_NS))
+        self.infer_latency = Histogram(bounds.get("infer", _BOUNDS_NS))
+        self.first_response_latency = Histogram(bounds.get("first_response", _BOUNDS_NS))
         self.copied_bytes = 0
         self.batch_rows_limit = 0  # rows a batch may take now (0: no batching)
         self.sequence_slots = 0  # a stateful model's slots, all instances (0: not stateful)

@@ -79,7 +79,8 @@ class VersionInstances:
                                                   "needs a Python model (model.py) whose forward "
                                                   "yields its responses")
         stats = ModelStatistics(spec.name, version, cached=cached,
-                                summaries=self._summaries)
+                                summaries=self._summaries,
+                                tags=spec.metric_tags, bounds=dict(spec.histogram_bounds))
         by_group = group_devices(spec, self._device)
         devices = [device for group in by_group for device in group]
         if kind == "pt2" and await loop.run_in_executor(None, is_aoti_package, artifact):

@@ -18,6 +18,7 @@ from tritonclient.grpc import model_config_pb2 as pb
 
 from tensorgate.errors import ModelConfigError
 from tensorgate.repository.graph_config import graph_sizes, optimization_not_acted_on
+from tensorgate.repository.metrics_config import histogram_bounds, metric_tags
 from tensorgate.repository.model_spec import (BatchingPolicy, InstanceGroup, ModelSpec,
                                               QueuePolicy, RaggedLimits, TensorSpec, TiedDim,
                                               WarmupInput, WarmupSample, config_json)
@@ -33,7 +34,7 @@ __all__ = ["BatchingPolicy", "InstanceGroup", "ModelConfigError", "ModelSpec", "
 # Fields that change how Triton runs a model, not what it computes: served without them,
 # and a load says so (ModelSpec.ignored); `optimization`'s, but for its CUDA graph sizes, too
 # (repository/graph_config.py).
-NOT_ACTED_ON = ("cc_model_filenames", "metric_tags", "model_operations", "model_metrics")
+NOT_ACTED_ON = ("cc_model_filenames", "model_operations")
 MAX_PRIORITY_LEVELS = 1000  # each level is a queue the batcher walks; more is a config mistake
 # What a config may ask of the machine at load: a config may come from a client (a load's
 # `config` override), and a mistyped count must fail the load, not exhaust the server.
@@ -104,8 +105,9 @@ def _spec(config: pb.ModelConfig, source: str) -> ModelSpec:
         check_file_name(config.default_model_filename, "default_model_filename",
                          "each version's directory", source)
     given = {descriptor.name for descriptor, _ in config.ListFields()}
+    bounds, families_not_written = histogram_bounds(config, source)
     ignored = (optimization_not_acted_on(config)
-               + tuple(name for name in NOT_ACTED_ON if name in given))
+               + tuple(name for name in NOT_ACTED_ON if name in given) + families_not_written)
     cached = config.response_cache.enable
     if cached and (config.model_transaction_policy.decoupled
                    or config.WhichOneof("scheduling_choice") == "sequence_batching"):
@@ -142,6 +144,8 @@ def _spec(config: pb.ModelConfig, source: str) -> ModelSpec:
         response_cache=cached,
         batch_inputs=batch_inputs(config, source, ragged),
         batch_outputs=batch_outputs(config, source, ragged, [o.name for o in outputs]),
+        metric_tags=metric_tags(config, source),
+        histogram_bounds=bounds,
         config=config,
     )
 

@@ -221,6 +221,10 @@ class ModelSpec:
     # (pipeline/input_bounds.py): a request's must agree
     tied_dims: tuple[tuple[TiedDim, ...], ...] = ()
     ragged_limits: RaggedLimits | None = None  # learned at load, as tied_dims
+    # metric_tags as labels, ("_key", value) sorted (repository/metrics_config.py)
+    metric_tags: tuple[tuple[str, str], ...] = ()
+    # model_metrics: a latency histogram's bucket bounds (ns) by its name, where set
+    histogram_bounds: tuple[tuple[str, tuple[int, ...]], ...] = ()
     config: pb.ModelConfig = field(default_factory=pb.ModelConfig, repr=False, compare=False)
 
     def input(self, name: str) -> TensorSpec | None:
