@@ -18,6 +18,7 @@ from tensorgate import Engine, InferenceRequest, TensorView
 from tensorgate.errors import InternalError
 from tensorgate.builtin.nets import resnet50
 from tensorgate.pipeline.cuda_graphs import GraphSet, graph_batch_sizes
+from tensorgate.pipeline.instance_plan import capability
 from tensorgate.repository.model_config import parse_model_config
 from tensorgate.tensor.pinned import cuda_available
 from tests.pipeline import repo_builder as rb
@@ -242,3 +243,48 @@ def test_unloading_while_another_model_captures(tmp_path: pathlib.Path) -> None:
         finally:
             await engine.shutdown()
     run(scenario())
+
+
+def test_a_gpu_instance_loads_the_file_its_compute_capability_names(
+        tmp_path: pathlib.Path) -> None:
+    """cc_model_filenames: `named` names a file for this GPU's capability (a module that
+    doubles the default's answer) and one for another capability; its GPU instance loads
+    the first. `other` names only the other capability: the default file."""
+    here = capability(torch.device("cuda", 0))
+    elsewhere = "1.0" if here != "1.0" else "2.0"
+    doubled = torch.nn.Sequential(rb.linear_module(), _Times(2.0)).eval()
+    for name, files in (("named", {here: "model_here.pt", elsewhere: "model_else.pt"}),
+                        ("other", {elsewhere: "model_else.pt"})):
+        extra = "instance_group [ { kind: KIND_GPU } ]\n" + "\n".join(
+            f'cc_model_filenames {{ key: "{key}" value: "{file}" }}'
+            for key, file in files.items())
+        rb.add_torchscript(tmp_path, name, rb.linear_module(), [8], [4], extra=extra)
+        torch.jit.script(doubled).save(str(tmp_path / name / "1" / "model_here.pt"))
+        torch.jit.script(torch.nn.Identity()).save(str(tmp_path / name / "1" / "model_else.pt"))
+    x = torch.randn(2, 8)
+    default = rb.linear_module().eval()(x)
+
+    async def scenario() -> dict[str, torch.Tensor]:
+        engine = Engine(tmp_path, device="cuda")
+        await engine.start()
+        try:
+            answers = {}
+            for model in ("named", "other"):
+                result = await engine.infer(InferenceRequest(
+                    model, {"INPUT__0": TensorView.from_torch(x, name="INPUT__0")}))
+                answers[model] = result.outputs["OUTPUT__0"].torch()
+            return answers
+        finally:
+            await engine.shutdown()
+    answers = run(scenario())
+    torch.testing.assert_close(answers["named"], default * 2, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(answers["other"], default, rtol=1e-4, atol=1e-4)
+
+
+class _Times(torch.nn.Module):
+    def __init__(self, factor: float) -> None:
+        super().__init__()
+        self.factor = factor
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.factor

@@ -346,10 +346,10 @@ def test_any_config_a_load_request_sends_is_served_or_refused_by_name(
 
 def test_fields_served_without_are_listed() -> None:
     spec = parse_model_config('name: "m" optimization { cuda { graphs: true } } '
-                              'response_cache { enable: true } cc_model_filenames { key: '
-                              '"7.0" value: "m.plan" }', "m/config.pbtxt")
+                              'response_cache { enable: true } model_operations { '
+                              'op_library_filename: "ops.so" }', "m/config.pbtxt")
     # graphs: true is what a GPU model gets anyway
-    assert spec.ignored == ("cc_model_filenames",)
+    assert spec.ignored == ("model_operations",)
     assert spec.response_cache
     assert not parse_model_config('name: "m" response_cache { enable: false }').response_cache
     for policy in ("model_transaction_policy { decoupled: true }", "sequence_batching { }"):

@@ -1,6 +1,7 @@
 """Where a version's instances run, decided as it loads: each instance group's devices,
-each instance's rate-limiter claim, whether the instances run one copy of the model, and
-whether a heavy CPU model gets a spare instance on the event loop's cores.
+the file they load (cc_model_filenames), each instance's rate-limiter claim, whether the
+instances run one copy of the model, and whether a heavy CPU model gets a spare instance on
+the event loop's cores.
 
 Pure decisions over the config, the server's placement and what the first instance measured;
 the engine starts the threads.
@@ -8,7 +9,7 @@ the engine starts the threads.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 
 import torch
@@ -20,8 +21,9 @@ from tensorgate.pipeline.rate_limiter import Claim, RateLimiter
 from tensorgate.repository.model_config import ModelConfigError, ModelSpec
 from tensorgate.tensor.pinned import cuda_available
 
-__all__ = ["SPARE_SLOWDOWN", "group_devices", "loop_cores_help", "on_loop_cores",
-           "rate_claims", "release_claims", "setup_text", "shares_weights", "wants_spare"]
+__all__ = ["SPARE_SLOWDOWN", "capability", "group_devices", "loop_cores_help",
+           "model_filename", "on_loop_cores", "rate_claims", "release_claims", "setup_text",
+           "shares_weights", "wants_spare"]
 
 SPARE_SLOWDOWN = 1.5
 
@@ -47,6 +49,38 @@ def group_devices(spec: ModelSpec, device: str) -> list[list[torch.device]]:
         else:
             devices.append([_auto_device(device)] * group.count)
     return devices
+
+
+def capability(device: torch.device) -> str:
+    """A GPU's CUDA compute capability as Triton writes it ("9.0"); "" for a CPU."""
+    if device.type != "cuda":
+        return ""
+    major, minor = torch.cuda.get_device_capability(device)
+    return f"{major}.{minor}"
+
+
+def model_filename(spec: ModelSpec, devices: Sequence[torch.device],
+                   capability_of: Callable[[torch.device], str] = capability) -> str:
+    """The file cc_model_filenames names for the compute capability of these instances'
+    GPUs, as Triton chooses a GPU instance's file; "" for the default (a CPU instance's,
+    and a GPU's the map does not name). A version loads one file for all its instances, so
+    instances that would choose different files are refused, naming them."""
+    if not spec.cc_model_filenames:
+        return ""
+    by_capability = dict(spec.cc_model_filenames)
+    chosen: dict[str, list[str]] = {}
+    for device in dict.fromkeys(devices):
+        found = capability_of(device)
+        chosen.setdefault(by_capability.get(found, "") if found else "", []).append(
+            f"{device} ({found})" if found else str(device))
+    if len(chosen) > 1:
+        said = "; ".join(f"{', '.join(where)}: {name or 'the default file'}"
+                         for name, where in chosen.items())
+        raise ModelConfigError(spec.name, "cc_model_filenames gives its instances different "
+                                          f"files ({said}), and a version loads one file for "
+                                          "all its instances: serve each file as its own "
+                                          "model, or place the instances on GPUs alike")
+    return next(iter(chosen))
 
 
 def _auto_device(device: str) -> torch.device:

@@ -20,9 +20,9 @@ from tensorgate.pipeline.aoti_check import check_aoti_package
 from tensorgate.pipeline.batch_cap import GATHER_BYTES
 from tensorgate.pipeline.executor import ExecutorThread
 from tensorgate.pipeline.executor_settings import ExecutorSettings
-from tensorgate.pipeline.instance_plan import (group_devices, loop_cores_help, on_loop_cores,
-                                               rate_claims, release_claims, setup_text,
-                                               shares_weights, wants_spare)
+from tensorgate.pipeline.instance_plan import (group_devices, loop_cores_help, model_filename,
+                                               on_loop_cores, rate_claims, release_claims,
+                                               setup_text, shares_weights, wants_spare)
 from tensorgate.pipeline.loop_load import LoopLoad
 from tensorgate.pipeline.model_options import (cpu_affinity, flag, int_parameter,
                                                streams_per_instance)
@@ -73,7 +73,13 @@ class VersionInstances:
         instance it started before raising."""
         loop = asyncio.get_running_loop()
         spec = source.spec
-        artifact, kind = artifact_path(source, version)
+        by_group = group_devices(spec, self._device)
+        devices = [device for group in by_group for device in group]
+        chosen = model_filename(spec, devices)
+        artifact, kind = artifact_path(source, version, chosen)
+        if chosen:
+            log.info("model %s v%d loads %s: cc_model_filenames' file for its GPUs' compute "
+                     "capability", spec.name, version, chosen)
         if spec.decoupled and kind != "python":
             raise ModelConfigError(str(artifact), "'model_transaction_policy { decoupled: true }' "
                                                   "needs a Python model (model.py) whose forward "
@@ -81,12 +87,11 @@ class VersionInstances:
         stats = ModelStatistics(spec.name, version, cached=cached,
                                 summaries=self._summaries,
                                 tags=spec.metric_tags, bounds=dict(spec.histogram_bounds))
-        by_group = group_devices(spec, self._device)
-        devices = [device for group in by_group for device in group]
         if kind == "pt2" and await loop.run_in_executor(None, is_aoti_package, artifact):
             spec = await loop.run_in_executor(None, check_aoti_package, artifact, spec,
                                               devices[0])
-        spec = served_spec(spec, artifact.name, by_group)
+        # /config shows the default file it loaded; a cc_model_filenames file, as configured
+        spec = served_spec(spec, "" if chosen else artifact.name, by_group)
         scheduler: Scheduler | SequenceScheduler
         if spec.sequence is not None:  # each instance batches its own sequences
             scheduler = SequenceScheduler(spec, stats, loop, len(devices), source.directory)

@@ -329,13 +329,15 @@ def _check_default_file(config: pb.ModelConfig, source: str) -> None:
                         "each version's directory", source)
 
 
-def artifact_file(folder: pathlib.Path, config: pb.ModelConfig) -> tuple[pathlib.Path, str]:
-    """(file, kind) of the artifact in `folder`, chosen by filename, platform and backend.
-    A config's default_model_filename stays in `folder`."""
+def artifact_file(folder: pathlib.Path, config: pb.ModelConfig, filename: str = ""
+                  ) -> tuple[pathlib.Path, str]:
+    """(file, kind) of the artifact in `folder`, chosen by filename, platform and backend:
+    `filename` where given (cc_model_filenames' for the instances' GPUs, checked by
+    model_spec), else the config's default_model_filename, which stays in `folder`."""
     _check_default_file(config, str(folder))
     wanted = _PLATFORM_KINDS.get(config.platform) or _PLATFORM_KINDS.get(config.backend)
-    names = ([config.default_model_filename] if config.default_model_filename
-             else list(ARTIFACT_KINDS))
+    names = ([filename or config.default_model_filename]
+             if filename or config.default_model_filename else list(ARTIFACT_KINDS))
     for filename in names:
         path = folder / filename
         kind = ARTIFACT_KINDS.get(path.suffix and "model" + path.suffix, "")
@@ -368,6 +370,7 @@ def _unknown_platform(field: str, name: str, found: pathlib.Path) -> str:
             "model.pt2, backend python model.py, and platform ensemble its steps")
 
 
-def artifact_path(source: ModelSource, version: int) -> tuple[pathlib.Path, str]:
-    """(file, kind) of the artifact for `version`."""
-    return artifact_file(source.directory / str(version), source.spec.config)
+def artifact_path(source: ModelSource, version: int, filename: str = ""
+                  ) -> tuple[pathlib.Path, str]:
+    """(file, kind) of the artifact for `version`: `filename`, where given."""
+    return artifact_file(source.directory / str(version), source.spec.config, filename)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import pathlib
+import re
 from typing import Any, Literal
 
 from google.protobuf import json_format, text_format
@@ -34,7 +35,8 @@ __all__ = ["BatchingPolicy", "InstanceGroup", "ModelConfigError", "ModelSpec", "
 # Fields that change how Triton runs a model, not what it computes: served without them,
 # and a load says so (ModelSpec.ignored); `optimization`'s, but for its CUDA graph sizes, too
 # (repository/graph_config.py).
-NOT_ACTED_ON = ("cc_model_filenames", "model_operations")
+NOT_ACTED_ON = ("model_operations",)
+_CAPABILITY = re.compile(r"[0-9]+\.[0-9]+")  # a CUDA compute capability, as Triton writes it
 MAX_PRIORITY_LEVELS = 1000  # each level is a queue the batcher walks; more is a config mistake
 # What a config may ask of the machine at load: a config may come from a client (a load's
 # `config` override), and a mistyped count must fail the load, not exhaust the server.
@@ -106,8 +108,12 @@ def _spec(config: pb.ModelConfig, source: str) -> ModelSpec:
                          "each version's directory", source)
     given = {descriptor.name for descriptor, _ in config.ListFields()}
     bounds, families_not_written = histogram_bounds(config, source)
+    by_capability = _cc_model_filenames(config, source)
     ignored = (optimization_not_acted_on(config)
-               + tuple(name for name in NOT_ACTED_ON if name in given) + families_not_written)
+               + tuple(name for name in NOT_ACTED_ON if name in given) + families_not_written
+               + tuple(f"cc_model_filenames key {key!r} (not a compute capability such as "
+                       "'9.0': never chosen)" for key, _ in by_capability
+                       if not _CAPABILITY.fullmatch(key)))
     cached = config.response_cache.enable
     if cached and (config.model_transaction_policy.decoupled
                    or config.WhichOneof("scheduling_choice") == "sequence_batching"):
@@ -135,6 +141,7 @@ def _spec(config: pb.ModelConfig, source: str) -> ModelSpec:
         version_policy=version_policy(config, source),
         parameters={key: value.string_value for key, value in config.parameters.items()},
         default_model_filename=config.default_model_filename,
+        cc_model_filenames=by_capability,
         decoupled=config.model_transaction_policy.decoupled,
         sequence=(sequence_policy(config, source)
                   if config.WhichOneof("scheduling_choice") == "sequence_batching" else None),
@@ -228,6 +235,14 @@ def _tensor(message: pb.ModelInput | pb.ModelOutput, kind: str, source: str,
                       optional=bool(getattr(message, "optional", False)),
                       label_filename=labels,
                       ragged=bool(getattr(message, "allow_ragged_batch", False)))
+
+
+def _cc_model_filenames(config: pb.ModelConfig, source: str) -> tuple[tuple[str, str], ...]:
+    """cc_model_filenames, each file checked as default_model_filename is, sorted."""
+    for key, name in config.cc_model_filenames.items():
+        check_file_name(name, f"cc_model_filenames[{key!r}]", "each version's directory",
+                        source)
+    return tuple(sorted(config.cc_model_filenames.items()))
 
 
 def check_file_name(name: str, what: str, folder: str, source: str) -> None:

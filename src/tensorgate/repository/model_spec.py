@@ -207,6 +207,8 @@ class ModelSpec:
     version_policy: tuple[str, tuple[int, ...]]  # ("latest", (n,)) | ("all", ()) | ("specific", vs)
     parameters: dict[str, str] = field(default_factory=dict)
     default_model_filename: str = ""
+    # cc_model_filenames: the file a GPU instance loads by its compute capability ("9.0")
+    cc_model_filenames: tuple[tuple[str, str], ...] = ()
     # model_transaction_policy { decoupled: true }: any number of responses per request
     decoupled: bool = False
     sequence: SequencePolicy | None = None  # sequence_batching: a stateful model
