@@ -22,8 +22,8 @@ from tensorgate.repository.model_config import ModelConfigError, ModelSpec
 from tensorgate.tensor.pinned import cuda_available
 
 __all__ = ["SPARE_SLOWDOWN", "capability", "group_devices", "loop_cores_help",
-           "model_filename", "on_loop_cores", "rate_claims", "release_claims", "setup_text",
-           "shares_weights", "wants_spare"]
+           "model_filename", "on_loop_cores", "passive_instances", "rate_claims",
+           "release_claims", "setup_text", "shares_weights", "wants_spare"]
 
 SPARE_SLOWDOWN = 1.5
 
@@ -49,6 +49,18 @@ def group_devices(spec: ModelSpec, device: str) -> list[list[torch.device]]:
         else:
             devices.append([_auto_device(device)] * group.count)
     return devices
+
+
+def passive_instances(spec: ModelSpec, by_group: list[list[torch.device]]) -> set[int]:
+    """The instances of passive groups (instance_group passive: true), by index: loaded and
+    warmed up as Triton does, never given a request."""
+    passive: set[int] = set()
+    first = 0
+    for group, devices in zip(spec.instance_groups or (None,), by_group):
+        if group is not None and group.passive:
+            passive.update(range(first, first + len(devices)))
+        first += len(devices)
+    return passive
 
 
 def capability(device: torch.device) -> str:

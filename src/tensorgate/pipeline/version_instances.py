@@ -21,8 +21,9 @@ from tensorgate.pipeline.batch_cap import GATHER_BYTES
 from tensorgate.pipeline.executor import ExecutorThread
 from tensorgate.pipeline.executor_settings import ExecutorSettings
 from tensorgate.pipeline.instance_plan import (group_devices, loop_cores_help, model_filename,
-                                               on_loop_cores, rate_claims, release_claims,
-                                               setup_text, shares_weights, wants_spare)
+                                               on_loop_cores, passive_instances, rate_claims,
+                                               release_claims, setup_text, shares_weights,
+                                               wants_spare)
 from tensorgate.pipeline.loop_load import LoopLoad
 from tensorgate.pipeline.model_options import (cpu_affinity, flag, int_parameter,
                                                streams_per_instance)
@@ -45,6 +46,10 @@ __all__ = ["STOP_WAIT_S", "VersionInstances"]
 log = logging.getLogger("tensorgate.engine")  # what a load says is the engine's, as before
 
 STOP_WAIT_S = 5.0  # how long a refused load waits for its instances to let go of the model
+
+
+def _never(*_: object) -> None:
+    """A passive instance's scheduler callbacks: it is given no batch to report on."""
 
 
 class VersionInstances:
@@ -92,15 +97,20 @@ class VersionInstances:
                                               devices[0])
         # /config shows the default file it loaded; a cc_model_filenames file, as configured
         spec = served_spec(spec, "" if chosen else artifact.name, by_group)
+        # a passive group's instances load and warm up, and are given no request (Triton's
+        # instance_group passive: true); model_spec refuses a config with none active
+        passive = passive_instances(spec, by_group)
         scheduler: Scheduler | SequenceScheduler
         if spec.sequence is not None:  # each instance batches its own sequences
-            scheduler = SequenceScheduler(spec, stats, loop, len(devices), source.directory)
-            feeds = scheduler.instances
+            scheduler = SequenceScheduler(spec, stats, loop, len(devices) - len(passive),
+                                          source.directory)
+            taking = iter(scheduler.instances)
+            feeds = [None if i in passive else next(taking) for i in range(len(devices))]
         else:
             on_cpu = all(device.type == "cpu" for device in devices)
             scheduler = Scheduler(spec, stats, loop, measured_cap=flag(spec, "batch_cap", True),
                                   gather_bytes=GATHER_BYTES if on_cpu else None)
-            feeds = [scheduler] * len(devices)
+            feeds = [None if i in passive else scheduler for i in range(len(devices))]
         postprocessor = build_postprocessor(spec, source.directory)
         claims = rate_claims(self._limiter, spec, version, by_group)
         spares: set[int] = set()  # instances that run only when the others are busy
@@ -127,10 +137,11 @@ class VersionInstances:
                 assert self._placement is not None
                 settings = on_loop_cores(self._placement, settings)
                 spares.add(index)
+            feed = feeds[index]
             executor = ExecutorThread(
                 f"tg-exec-{spec.name}-v{version}-{index}", settings, loop, self._pool,
-                self._postprocess, feeds[index].on_batch_done, feeds[index].on_idle,
-                feeds[index].on_stream_end)
+                self._postprocess, *((feed.on_batch_done, feed.on_idle, feed.on_stream_end)
+                                     if feed is not None else (_never,) * 3))
             if first is not None:
                 executor.forward_ns = first.forward_ns  # placed as the first measured it
             executor.start()
@@ -155,7 +166,7 @@ class VersionInstances:
             # the one the server adds when left to its defaults: with all on the other
             # cores, instance_group count 2 served ResNet-50 on 2 cores at half the
             # defaults' rate (13 against 26 requests/s, bench/RESULTS.md)
-            last = len(devices) - 1
+            last = max(set(range(len(devices))) - passive)
             on_loop = first is not None and loop_cores_help(self._placement, spec, first)
             executors += [instance(index, first, on_loop and index == last)
                           for index in range(1, len(devices))]
@@ -171,7 +182,8 @@ class VersionInstances:
             finally:
                 del results, errors
         spec = executors[0].settings.spec  # an exported program's ranges (input_bounds.py)
-        for feed in dict.fromkeys(feeds):
+        taking_feeds = [feed for feed in dict.fromkeys(feeds) if feed is not None]
+        for feed in taking_feeds:
             feed.hold_ragged(spec.ragged_limits)
         if spec.decoupled and all(e.runner is not None and e.runner.requests is not None
                                   for e in executors):
@@ -182,7 +194,7 @@ class VersionInstances:
                                                       "its responses; a Triton Python model's "
                                                       "requests stream through their response "
                                                       "senders once execute returns")
-            for feed in dict.fromkeys(feeds):  # a Triton Python model's requests stream
+            for feed in taking_feeds:  # a Triton Python model's requests stream
                 feed.batch_decoupled()
         elif spec.decoupled and spec.sequence is not None:
             await self.abandon(executors, claims)
@@ -191,14 +203,16 @@ class VersionInstances:
                                                   "TritonPythonModel), whose requests stream "
                                                   "through their response senders")
         elif any(e.runner is not None and e.runner.requests is not None for e in executors):
-            for feed in dict.fromkeys(feeds):  # its execute takes the requests, ungathered
+            for feed in taking_feeds:  # its execute takes the requests, ungathered
                 feed.takes_requests_one_by_one()
-        for index, (executor, feed, claim) in enumerate(zip(executors, feeds, claims)):
-            feed.add_executor(executor, spare=index in spares, claim=claim,
-                              spare_when=self._loop_load.leaves_room)
+        for index, (executor, given, claim) in enumerate(zip(executors, feeds, claims)):
+            if given is not None:  # (none: passive)
+                given.add_executor(executor, spare=index in spares, claim=claim,
+                                   spare_when=self._loop_load.leaves_room)
         shared = sum(e.settings.shared_runner is not None for e in executors)
         log.info("model %s v%d ready on %s%s%s", spec.name, version,
-                 ", ".join(f"{e.settings.device} ({e.cpus}{', a spare' if i in spares else ''})"
+                 ", ".join(f"{e.settings.device} ({e.cpus}{', a spare' if i in spares else ''}"
+                           f"{', passive' if i in passive else ''})"
                            for i, e in enumerate(executors)),
                  f"; the last {shared} run the first's copy of the model" if shared else "",
                  setup_text(executors))

@@ -311,6 +311,10 @@ def _instance_groups(config: pb.ModelConfig, source: str) -> tuple[InstanceGroup
     if total > MAX_INSTANCES:
         raise ModelConfigError(source, f"instance_group asks for {total} instances; at most "
                                        f"{MAX_INSTANCES} are served (each is a thread)")
+    if groups and all(g.passive for g in groups):  # Triton would leave requests waiting
+        raise ModelConfigError(source, "every instance_group is passive: no instance would "
+                                       "take a request; make one group active "
+                                       "(passive: false)")
     return groups
 
 
@@ -329,7 +333,8 @@ def _instance_group(group: pb.ModelInstanceGroup, source: str) -> InstanceGroup:
                                     getattr(resource, "global"))
     return InstanceGroup(max(group.count, 1), pb.ModelInstanceGroup.Kind.Name(group.kind),
                          tuple(group.gpus), tuple(resources.values()),
-                         max(group.rate_limiter.priority, 1))  # Triton's: 0 counts as 1
+                         max(group.rate_limiter.priority, 1),  # Triton's: 0 counts as 1
+                         group.passive)
 
 
 def version_policy(config: pb.ModelConfig, source: str) -> tuple[str, tuple[int, ...]]:

@@ -168,6 +168,7 @@ class InstanceGroup:
     # with --rate-limit execution_count (pipeline/rate_limiter.py)
     resources: tuple[tuple[str, int, bool], ...] = ()
     priority: int = 1
+    passive: bool = False  # loaded and warmed up, never given a request (as on Triton)
 
 
 @dataclass(frozen=True, slots=True)
