@@ -78,7 +78,8 @@ output [ {{ name: "ROW" data_type: TYPE_INT32 dims: [1] }},
          {{ name: "READY_SEEN" data_type: TYPE_INT32 dims: [1] }},
          {{ name: "CORRID_SEEN" data_type: TYPE_UINT64 dims: [1] }} ]
 sequence_batching {{
-  direct {{ max_queue_delay_microseconds: {delay_us} }}
+  direct {{ max_queue_delay_microseconds: {delay_us}
+            minimum_slot_utilization: {utilization} }}
   control_input [
     {{ name: "READY" control [ {{ kind: CONTROL_SEQUENCE_READY int32_false_true: [0, 1] }} ] }},
     {{ name: "CORRID" control [ {{ kind: CONTROL_SEQUENCE_CORRID data_type: TYPE_UINT64 }} ] }}
@@ -87,9 +88,12 @@ sequence_batching {{
 """
 
 
-def add_rows(repo: pathlib.Path, name: str, max_batch: int = 4, delay_us: int = 0) -> None:
+def add_rows(repo: pathlib.Path, name: str, max_batch: int = 4, delay_us: int = 0,
+             utilization: float = 0.0) -> None:
+    """Direct: a batch waits up to `delay_us` while fewer than `utilization` of its slots
+    have a request (none: it runs at once, as on Triton)."""
     folder = write_config(repo, name, ROWS.format(name=name, max_batch=max_batch,
-                                                  delay_us=delay_us))
+                                                  delay_us=delay_us, utilization=utilization))
     torch.jit.script(Rows().eval()).save(str(folder / "1" / "model.pt"))
 
 

@@ -15,6 +15,7 @@ from tensorgate import Engine, InferenceRequest, TensorView
 from tensorgate.errors import InvalidArgumentError, ModelConfigError
 from tensorgate.pipeline import sequence_inputs
 from tensorgate.pipeline.work import SequenceFlags
+from tensorgate.repository.model_config import parse_model_config
 from tests.e2e.conftest import memory_bytes
 from tests.pipeline import sequence_models as sm
 from tests.pipeline.conftest import run
@@ -33,7 +34,8 @@ def seq_repo(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
     folder.mkdir()
     (folder / "ten").write_bytes(np.array([10.0], dtype="<f4").tobytes())
     sm.add_accumulate(root, "accumulate_in_place", module=sm.AccumulateInPlace())
-    sm.add_rows(root, "rows", delay_us=200_000)
+    sm.add_rows(root, "rows", delay_us=200_000, utilization=0.5)
+    sm.add_rows(root, "rows_at_once", delay_us=200_000)  # no utilization: the delay is moot
     sm.add_keyed(root, "keyed")
     sm.add_accumulate(root, "accumulate_iterative", "iterative_sequence: true oldest { }")
     (root / "running_total" / "1").mkdir(parents=True)  # an ensemble with a stateful step
@@ -244,7 +246,8 @@ def test_direct_keeps_each_sequence_in_its_row_with_ready_false_fillers(
         seq_repo: pathlib.Path) -> None:
     async def scenario() -> None:
         engine = Engine(seq_repo)
-        await engine.start(["rows"])  # direct, 4 slots, batches wait up to 0.2 s to fill
+        # direct, 4 slots: a batch waits up to 0.2 s while fewer than 2 have a request
+        await engine.start(["rows"])
         for sequence in (11, 12, 13):  # slots 0, 1, 2
             await engine.infer(_request("rows", 0, sequence, start=True))
         await engine.infer(_request("rows", 0, 12, end=True))  # slot 1 is free again
@@ -261,6 +264,38 @@ def test_direct_keeps_each_sequence_in_its_row_with_ready_false_fillers(
         assert {b["batch_size"] for b in stats["batch_stats"]} == {1, 2, 3}  # rows run
         await engine.shutdown()
     run(scenario())
+
+
+def test_a_direct_batch_waits_only_while_too_few_slots_have_a_request(
+        tmp_path: pathlib.Path) -> None:
+    """As Triton's direct batcher: without minimum_slot_utilization a request runs at once
+    whatever max_queue_delay_microseconds says (here 30 s); with 0.5 of 4 slots, two
+    sequences' requests run together without waiting for it."""
+    sm.add_rows(tmp_path, "at_once", delay_us=30_000_000)
+    sm.add_rows(tmp_path, "half", delay_us=30_000_000, utilization=0.5)
+
+    async def scenario() -> None:
+        engine = Engine(tmp_path)
+        await engine.start()
+        try:
+            alone = await asyncio.wait_for(engine.infer(_request("at_once", 0, 1, start=True,
+                                                                 end=True)), 10)
+            assert int(alone.outputs["ROWS"].torch()[0, 0]) == 1
+            pair = await asyncio.wait_for(asyncio.gather(
+                engine.infer(_request("half", 0, 2, start=True, end=True)),
+                engine.infer(_request("half", 0, 3, start=True, end=True))), 10)
+            assert [int(r.outputs["ROWS"].torch()[0, 0]) for r in pair] == [2, 2]
+        finally:
+            await engine.shutdown()
+    run(scenario())
+
+
+@pytest.mark.parametrize("utilization", ["-0.5", "1.5", "nan"])
+def test_a_slot_utilization_outside_0_to_1_is_refused(utilization: str) -> None:
+    config = sm.ROWS.format(name="m", max_batch=4, delay_us=100, utilization=utilization)
+    with pytest.raises(ModelConfigError, match=f"direct minimum_slot_utilization "
+                                               f"{utilization} must lie in \\[0, 1\\]"):
+        parse_model_config(config)
 
 
 def test_a_new_sequence_takes_the_lowest_free_slot(seq_repo: pathlib.Path) -> None:

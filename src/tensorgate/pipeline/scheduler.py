@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 import time
 from collections import deque
 from collections.abc import Callable
@@ -81,6 +82,8 @@ class Scheduler:
         self._max_rows = spec.max_batch_size if self._batching else 0
         self._delay_ns = policy.max_queue_delay_us * 1000 if policy is not None else 0
         self._preferred = policy.preferred_batch_sizes if policy is not None else ()
+        self._enough = policy.ready_rows if policy is not None and policy.ready_rows else \
+            sys.maxsize  # rows that run before the delay ends (BatchingPolicy.ready_rows)
         self._policies = policy.queues if policy is not None else (QueuePolicy(),)
         self._preserve_order = policy.preserve_ordering if policy is not None else False
         self._cap = (BatchCap(self._max_rows, gather_bytes)
@@ -280,7 +283,7 @@ class Scheduler:
             if rows >= limit:
                 break
         waited = now - head.enqueued_ns
-        if rows < limit and self._delay_ns and waited < self._delay_ns:
+        if rows < limit and rows < self._enough and self._delay_ns and waited < self._delay_ns:
             preferred = [p for p in self._preferred if p <= rows]
             if not preferred:
                 return None

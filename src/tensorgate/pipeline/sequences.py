@@ -105,7 +105,7 @@ class SequenceScheduler:
         batched = spec.max_batch_size > 0
         feed = replace(spec, batching=BatchingPolicy(
             policy.max_queue_delay_us, policy.preferred_batch_sizes,
-            policy.preserve_ordering) if batched else None)
+            policy.preserve_ordering, ready_rows=policy.ready_rows) if batched else None)
         arrange = self._arrange if policy.strategy == "direct" and batched else None
         rescheduled = self._rerun if policy.iterative else None
         released = self._released if spec.decoupled else None

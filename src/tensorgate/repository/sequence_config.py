@@ -10,9 +10,11 @@ name, else after its config inputs in config order).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Literal
 
+import numpy as np
 from tritonclient.grpc import model_config_pb2 as pb
 
 from tensorgate.errors import ModelConfigError
@@ -83,6 +85,9 @@ class SequencePolicy:
     controls: tuple[ControlInput, ...]
     states: tuple[SequenceState, ...]
     iterative: bool = False
+    # direct: a batch of this many ready sequences runs before max_queue_delay_us ends
+    # (minimum_slot_utilization of the slots; 0 with no delay)
+    ready_rows: int = 0
 
 
 def sequence_policy(config: pb.ModelConfig, source: str) -> SequencePolicy:
@@ -111,10 +116,36 @@ def sequence_policy(config: pb.ModelConfig, source: str) -> SequencePolicy:
                               oldest.preserve_ordering, controls, states,
                               batching.iterative_sequence)
     direct = batching.direct  # Triton's default strategy
-    return SequencePolicy("direct", max(max_batch, 1),
+    slots = max(max_batch, 1)
+    delay_us, ready = _direct_delay(direct, slots, source)
+    return SequencePolicy("direct", slots,
                           batching.max_sequence_idle_microseconds or DEFAULT_IDLE_US,
-                          direct.max_queue_delay_microseconds, (), False, controls, states,
-                          batching.iterative_sequence)
+                          delay_us, (), False, controls, states, batching.iterative_sequence,
+                          ready)
+
+
+def _direct_delay(direct: pb.ModelSequenceBatching.StrategyDirect, slots: int, source: str
+                  ) -> tuple[int, int]:
+    """(how long a direct batch may wait for more sequences, in µs; how many ready
+    sequences run it sooner), as Triton's direct batcher decides: a batch waits only while
+    fewer than `minimum_slot_utilization` of the slots have a request, and at most
+    max_queue_delay_microseconds. With no utilization given (0) it runs at once, whatever
+    the delay says."""
+    utilization = direct.minimum_slot_utilization  # a float32, as Triton compares it
+    if not 0.0 <= utilization <= 1.0:
+        raise ModelConfigError(source, f"sequence_batching direct minimum_slot_utilization "
+                                       f"{utilization:g} must lie in [0, 1]: the share of the "
+                                       "slots whose requests run a batch before its delay")
+    if utilization == 0.0 or direct.max_queue_delay_microseconds == 0:
+        return 0, 0
+    def enough(rows: int) -> bool:  # Triton's test, in float32
+        return bool(np.float32(rows) / np.float32(slots) >= np.float32(utilization))
+    ready = min(max(math.ceil(utilization * slots), 1), slots)  # then to float32's answer
+    while ready > 1 and enough(ready - 1):
+        ready -= 1
+    while ready < slots and not enough(ready):
+        ready += 1
+    return direct.max_queue_delay_microseconds, ready
 
 
 def _control(message: pb.ModelSequenceBatching.ControlInput, source: str,
