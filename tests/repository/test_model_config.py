@@ -358,6 +358,38 @@ def test_fields_served_without_are_listed() -> None:
             parse_model_config(f'name: "m" response_cache {{ enable: true }} {policy}')
 
 
+def test_other_backends_fields_are_named_as_served_without() -> None:
+    """TensorRT's, DALI's and Triton's host-policy and namespace fields change nothing a
+    PyTorch model computes: the load names each one, where they were dropped unsaid."""
+    spec = parse_model_config("""
+        name: "m" max_batch_size: 4
+        input [ { name: "x" data_type: TYPE_FP32 dims: [2] is_non_linear_format_io: true } ]
+        output [ { name: "y" data_type: TYPE_FP32 dims: [2] } ]
+        instance_group [ { count: 1 kind: KIND_CPU },
+                         { count: 1 kind: KIND_CPU host_policy: "numa0" profile: [ "0" ]
+                           secondary_devices [ { kind: KIND_NVDLA device_id: 0 } ] } ]
+        sequence_batching { state [ { input_name: "s_in" output_name: "s_out"
+            data_type: TYPE_FP32 dims: [1] use_growable_memory: true } ] }
+        """)
+    assert spec.ignored == ("instance_group[1].host_policy",
+                            "instance_group[1].secondary_devices",
+                            "instance_group[1].profile", "input 'x' is_non_linear_format_io",
+                            "sequence_batching.state[0].use_growable_memory")
+    ensemble = parse_model_config(
+        'name: "e" platform: "ensemble" max_batch_size: 4 ensemble_scheduling { step [ { '
+        'model_name: "m" model_version: -1 model_namespace: "team" } ] }')
+    assert ensemble.ignored == ("ensemble_scheduling.step[0].model_namespace (model names "
+                                "are one namespace here)",)
+
+
+def test_a_shape_tensor_is_refused_by_name() -> None:
+    with pytest.raises(ModelConfigError, match=r"input 'shape' is_shape_tensor: a TensorRT "
+                                               r"shape tensor, which tensorgate does not "
+                                               r"serve"):
+        parse_model_config('name: "m" max_batch_size: 4 input [ { name: "shape" data_type: '
+                           'TYPE_INT32 dims: [2] is_shape_tensor: true } ]')
+
+
 @pytest.mark.parametrize("field, value", [
     ("label_filename", "../../../etc/passwd"), ("label_filename", "sub/labels.txt"),
     ("label_filename", ".."), ("default_model_filename", "../2/model.py"),

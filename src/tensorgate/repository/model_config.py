@@ -25,6 +25,7 @@ from tensorgate.repository.model_spec import (BatchingPolicy, InstanceGroup, Mod
                                               WarmupInput, WarmupSample, config_json)
 from tensorgate.repository.ragged_config import batch_inputs, batch_outputs
 from tensorgate.repository.sequence_config import SequencePolicy, sequence_policy
+from tensorgate.repository.unused_fields import fields_not_acted_on
 from tensorgate.tensor.dtypes import datatype_from_config
 
 __all__ = ["BatchingPolicy", "InstanceGroup", "ModelConfigError", "ModelSpec", "QueuePolicy",
@@ -110,7 +111,8 @@ def _spec(config: pb.ModelConfig, source: str) -> ModelSpec:
     bounds, families_not_written = histogram_bounds(config, source)
     by_capability = _cc_model_filenames(config, source)
     ignored = (optimization_not_acted_on(config)
-               + tuple(name for name in NOT_ACTED_ON if name in given) + families_not_written
+               + tuple(name for name in NOT_ACTED_ON if name in given)
+               + fields_not_acted_on(config) + families_not_written
                + tuple(f"cc_model_filenames key {key!r} (not a compute capability such as "
                        "'9.0': never chosen)" for key, _ in by_capability
                        if not _CAPABILITY.fullmatch(key)))
@@ -227,6 +229,11 @@ def _tensor(message: pb.ModelInput | pb.ModelOutput, kind: str, source: str,
     if bad:
         raise ModelConfigError(source, f"{where} has dims {list(dims)}; each must be -1 "
                                        "(variable) or positive")
+    if message.is_shape_tensor:
+        raise ModelConfigError(source, f"{where} is_shape_tensor: a TensorRT shape tensor, "
+                                       "which tensorgate does not serve (its requests would "
+                                       "leave out the batch dim a PyTorch model's inputs "
+                                       "have)")
     reshape = tuple(message.reshape.shape) if message.HasField("reshape") else None
     labels = getattr(message, "label_filename", "")
     if labels:
