@@ -82,8 +82,8 @@ class Scheduler:
         self._max_rows = spec.max_batch_size if self._batching else 0
         self._delay_ns = policy.max_queue_delay_us * 1000 if policy is not None else 0
         self._preferred = policy.preferred_batch_sizes if policy is not None else ()
-        self._enough = policy.ready_rows if policy is not None and policy.ready_rows else \
-            sys.maxsize  # rows that run before the delay ends (BatchingPolicy.ready_rows)
+        # rows that run before the delay ends (BatchingPolicy.ready_rows; 0: no such count)
+        self._enough = (policy.ready_rows if policy is not None else 0) or sys.maxsize
         self._policies = policy.queues if policy is not None else (QueuePolicy(),)
         self._preserve_order = policy.preserve_ordering if policy is not None else False
         self._cap = (BatchCap(self._max_rows, gather_bytes)

@@ -25,14 +25,15 @@ from tritonclient.grpc import model_config_pb2 as pb
 
 from tensorgate.errors import ModelConfigError
 
-__all__ = ["HISTOGRAMS", "MAX_BUCKETS", "MAX_METRIC_TAGS", "histogram_bounds", "metric_tags"]
+__all__ = ["MAX_BUCKETS", "MAX_METRIC_TAGS", "histogram_bounds", "metric_tags"]
 
 MAX_METRIC_TAGS = 32  # labels on each of the model's rows, on every scrape
 MAX_TAG_VALUE_CHARS = 256
 MAX_BUCKETS = 64  # one histogram's bounds: each is a row per model version on every scrape
-_MAX_BOUND_NS = 2**63 - 1  # what a duration in ns may be: a bound above holds them all
+_MAX_BOUND_NS = 2**63 - 1  # the longest duration in ns an int64 holds, some 292 years
 _TAG_KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9_]{0,127}")
-# family -> (the model's histogram it sets, ns in one of its unit)
+# family -> (the model version's histogram it sets: ModelStatistics' request_latency,
+# queue_latency, infer_latency or first_response_latency; ns in one of its unit)
 _FAMILIES = {
     "nv_inference_first_response_histogram_ms": ("first_response", 1_000_000),
     "tensorgate_first_response_duration_seconds": ("first_response", 1_000_000_000),
@@ -40,7 +41,6 @@ _FAMILIES = {
     "tensorgate_queue_duration_seconds": ("queue", 1_000_000_000),
     "tensorgate_compute_infer_duration_seconds": ("infer", 1_000_000_000),
 }
-HISTOGRAMS = ("request", "queue", "infer", "first_response")  # a model version's, by name
 
 
 def metric_tags(config: pb.ModelConfig, source: str) -> tuple[tuple[str, str], ...]:
@@ -63,9 +63,9 @@ def metric_tags(config: pb.ModelConfig, source: str) -> tuple[tuple[str, str], .
 
 def histogram_bounds(config: pb.ModelConfig, source: str
                      ) -> tuple[tuple[tuple[str, tuple[int, ...]], ...], tuple[str, ...]]:
-    """(each histogram the config sets, by name (HISTOGRAMS), with its bounds in ns,
-    ascending; the families it names that the server does not write, for the load's
-    warning)."""
+    """(each histogram the config sets, by name ("request", "queue", "infer",
+    "first_response"), with its bounds in ns, ascending; the families it names that the
+    server does not write, for the load's warning)."""
     bounds: dict[str, tuple[int, ...]] = {}
     set_by: dict[str, str] = {}
     unknown = []
