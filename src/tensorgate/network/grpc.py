@@ -23,9 +23,9 @@ from tensorgate.network import ConnectionBudget, PoolRelief, RefusedConnection, 
 from tensorgate.network.grpc_compression import response_encoding
 from tensorgate.network.grpc_messages import (CODES, Failure, HttpRefusal, error_block,
                                               read_call_headers)
-from tensorgate.network.grpc_methods import API_GROUP, INFERENCE_SERVICE, UNARY
+from tensorgate.network.grpc_methods import API_GROUP, MODEL_INFER, MODEL_STREAM_INFER, UNARY
 from tensorgate.network.grpc_stream import StreamCall
-from tensorgate.network.grpc_unary import ANSWERED, MODEL_INFER, UnaryCall
+from tensorgate.network.grpc_unary import ANSWERED, UnaryCall
 from tensorgate.network.keepalive import Keepalive
 from tensorgate.network.tls import HANDSHAKE_TIMEOUT_S, Handshakes
 from tensorgate.protocol.restricted import Restrictions, refusal
@@ -35,8 +35,7 @@ __all__ = ["GrpcFrontEnd"]
 
 log = logging.getLogger("tensorgate.grpc")
 
-_MODEL_STREAM_INFER = f"/{INFERENCE_SERVICE}/ModelStreamInfer"
-_KNOWN = ", ".join([MODEL_INFER, _MODEL_STREAM_INFER, *UNARY])
+_KNOWN = ", ".join([MODEL_INFER, MODEL_STREAM_INFER, *UNARY])
 _CLOSED_WAIT_S = 0.5  # at stop, at least this long for the listener's connections to close
 
 
@@ -94,7 +93,7 @@ class GrpcFrontEnd:
             call = read_call_headers(headers, self.header_forward)
             if self.restricted:
                 self._check_restricted(call.path, headers)
-            if call.path == _MODEL_STREAM_INFER:
+            if call.path == MODEL_STREAM_INFER:
                 return StreamCall(self.dataplane, self.pool, self.max_message_bytes,
                                   connection, stream, call, self.streams, self.relief,
                                   response_encoding(self.response_compression,

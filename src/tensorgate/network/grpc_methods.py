@@ -18,9 +18,12 @@ from tensorgate.protocol.load_message import LoadRequest, split_load_steps
 from tensorgate.protocol.steps import Steps
 from tensorgate.repository.upload import uploaded_files
 
-__all__ = ["API_GROUP", "INFERENCE_SERVICE", "UNARY"]
+__all__ = ["API_GROUP", "INFERENCE_SERVICE", "MODEL_INFER", "MODEL_STREAM_INFER", "UNARY"]
 
 INFERENCE_SERVICE = "inference.GRPCInferenceService"
+# the two inference methods, which UNARY's table does not hold: each has its own call
+MODEL_INFER = f"/{INFERENCE_SERVICE}/ModelInfer"  # network/grpc_unary.py
+MODEL_STREAM_INFER = f"/{INFERENCE_SERVICE}/ModelStreamInfer"  # network/grpc_stream.py
 _HEALTH_SERVICE = "grpc.health.v1.Health"
 
 

@@ -21,18 +21,17 @@ from tensorgate.network.grpc_infer import model_infer
 from tensorgate.network.grpc_messages import (CODES, OK_TRAILERS, CallHeaders, Failure,
                                               MessageReader, error_block, framed,
                                               inflate_message)
-from tensorgate.network.grpc_methods import INFERENCE_SERVICE, UNARY
+from tensorgate.network.grpc_methods import MODEL_INFER, UNARY
 from tensorgate.protocol.status import codes_for
 from tensorgate.tensor.copies import CopyLedger
 
 if TYPE_CHECKING:
     from tensorgate.network.grpc import GrpcFrontEnd
 
-__all__ = ["ANSWERED", "MODEL_INFER", "UnaryCall"]
+__all__ = ["ANSWERED", "UnaryCall"]
 
 log = logging.getLogger("tensorgate.grpc")
 
-MODEL_INFER = f"/{INFERENCE_SERVICE}/ModelInfer"
 _MORE_THAN_ONE = "a unary call carried more than one request message"
 
 
