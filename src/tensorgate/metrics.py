@@ -38,6 +38,7 @@ _HELP = {
     "nv_inference_count": ("counter", "Number of inferences performed (batch N counts N)"),
     "nv_inference_exec_count": ("counter", "Number of model executions (batches)"),
     "nv_inference_pending_request_count": ("gauge", "Requests queued, not yet executing"),
+    "nv_model_load_duration_secs": ("gauge", "Model load time in seconds"),
     "nv_inference_request_duration_us": ("counter", "Cumulative end-to-end request time (µs)"),
     "nv_inference_queue_duration_us": ("counter", "Cumulative time requests waited (µs)"),
     "nv_inference_compute_input_duration_us": ("counter", "Cumulative input time (µs)"),
@@ -211,6 +212,7 @@ def render_metrics(models: Iterable[tuple[ModelStatistics, int]],
         rows["nv_inference_count"].append(f"{labels} {stats.inference_count}")
         rows["nv_inference_exec_count"].append(f"{labels} {stats.execution_count}")
         rows["nv_inference_pending_request_count"].append(f"{labels} {pending}")
+        rows["nv_model_load_duration_secs"].append(f"{labels} {stats.load_s:.9f}")
         if latencies.counters:
             total_ns = stats.success.ns + stats.fail.ns
             rows["nv_inference_request_duration_us"].append(f"{labels} {total_ns // 1000}")

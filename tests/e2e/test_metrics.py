@@ -32,6 +32,12 @@ def test_metrics_count_requests(server: RunningServer) -> None:
     assert value(after, "nv_inference_compute_infer_duration_us", **labels) > 0
     assert value(after, "nv_inference_pending_request_count", **labels) == 0
     assert value(after, "tensorgate_batch_rows_limit", **labels) == 8  # cheap: never capped
+    # each version's load, start to ready, as Triton's gauge; an ensemble's without its steps'
+    assert "# TYPE nv_model_load_duration_secs gauge" in after
+    assert 0 < value(after, "nv_model_load_duration_secs", **labels) < 60
+    ensemble = value(after, "nv_model_load_duration_secs", model="params_ensemble", version="1")
+    assert 0 < ensemble < value(after, "nv_model_load_duration_secs", model="params",
+                                version="1")
     assert value(after, "nv_inference_request_failure", **labels, reason="BACKEND") >= 0
     assert "# TYPE tensorgate_copied_bytes_total counter" in after
     assert value(after, "tensorgate_copied_bytes_total", **labels) >= 0

@@ -51,6 +51,7 @@ def test_a_models_own_bounds_and_tags_are_in_its_rows() -> None:
         times.total_ns = ns
         stats.record_success(times, 10)
     stats.first_response_latency.add(1_500_000)
+    stats.load_s = 1.25
     text = render_metrics([(stats, 0), (other, 0)],
                           latencies=LatencyMetrics(first_response_histogram=True))
     labels = 'model="m",version="2",_team="se\\"arch"'
@@ -60,6 +61,7 @@ def test_a_models_own_bounds_and_tags_are_in_its_rows() -> None:
     assert f"tensorgate_first_response_duration_seconds_bucket{{{labels},le=\"0.002\"}} 1" in text
     assert f"nv_inference_first_response_histogram_ms_bucket{{{labels},le=\"2\"}} 1" in text
     assert f"nv_inference_request_success{{{labels}}} 4" in text
+    assert f"nv_model_load_duration_secs{{{labels}}} 1.250000000" in text
     assert f'nv_inference_request_failure{{{labels},reason="BACKEND"}} 0' in text
     # each version's copies are its own row: two versions served at once are two series
     assert f"tensorgate_copied_bytes_total{{{labels}}} 40" in text

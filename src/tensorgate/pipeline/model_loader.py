@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import pathlib
+import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -232,6 +233,7 @@ class ModelLoader:
                     await (self.load_folder(model, beside) if own_folder else self.load(model))
         finally:
             self._ensembles_loading.discard(spec.name)
+        started = time.monotonic()  # its steps' models are loads of their own
         steps = check_step_models(spec, steps, self._served.spec)
         if any(step.decoupled for step in steps):  # it streams, as Triton makes it
             spec = decoupled_ensemble(spec)
@@ -241,6 +243,7 @@ class ModelLoader:
                                 tags=spec.metric_tags, bounds=dict(spec.histogram_bounds))
         scheduler = EnsembleScheduler(spec, steps, stats, self._steps.run,
                                       self._steps.stream)
+        stats.load_s = time.monotonic() - started
         log.info("ensemble %s v%d ready: %s", spec.name, version,
                  " → ".join(step.model for step in steps))
         return ServedVersion(spec, version, scheduler, [], stats)
@@ -259,8 +262,10 @@ class ModelLoader:
                                                  "give the step another name")
 
     async def _load_version(self, source: ModelSource, version: int) -> ServedVersion:
+        started = time.monotonic()
         spec, scheduler, executors, stats, claims = await self._instances.load(
             source, version, self._caches(source.spec))
+        stats.load_s = time.monotonic() - started  # its instances started, loaded, warmed up
         return ServedVersion(spec, version, scheduler, executors, stats, claims)
 
     def _caches(self, spec: ModelSpec) -> bool:

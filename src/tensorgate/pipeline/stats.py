@@ -123,6 +123,7 @@ class ModelStatistics:
         self.cached = cached  # answers from the response cache when it can
         self.summaries = LatencySummaries(SUMMARY_STAGES) if summaries else None
         self.last_inference_ms = 0
+        self.load_s = 0.0  # the version's load, to ready (Triton's nv_model_load_duration_secs)
         self.inference_count = 0
         self.execution_count = 0
         self.success = Duration()
