@@ -98,6 +98,16 @@ _HELP = {
     "tensorgate_pool_limit_bytes": ("gauge", "Host buffer pool bounds (held, idle)"),
     "tensorgate_pool_acquires_total": ("counter", "Pool acquisitions by result (hit, miss)"),
     "tensorgate_pool_evictions_total": ("counter", "Pooled buffers freed to stay in bounds"),
+    # Triton's local cache's, server-wide; its two durations are totals in µs
+    "nv_cache_num_entries": ("gauge", "Number of responses stored in response cache"),
+    "nv_cache_num_lookups": ("gauge", "Number of cache lookups in response cache"),
+    "nv_cache_num_hits": ("gauge", "Number of cache hits in response cache"),
+    "nv_cache_num_misses": ("gauge", "Number of cache misses in response cache"),
+    "nv_cache_num_evictions": ("gauge", "Number of cache evictions in response cache"),
+    "nv_cache_lookup_duration": (
+        "gauge", "Total cache lookup duration (hit and miss), in microseconds"),
+    "nv_cache_insertion_duration": ("gauge", "Total cache insertion duration, in microseconds"),
+    "nv_cache_util": ("gauge", "Cache utilization [0.0 - 1.0]"),
     "tensorgate_response_cache_bytes": ("gauge", "Response cache bytes by state (used, limit)"),
     "tensorgate_response_cache_entries": ("gauge", "Answers the response cache holds"),
     "tensorgate_response_cache_evictions_total": (
@@ -293,6 +303,15 @@ def render_metrics(models: Iterable[tuple[ModelStatistics, int]],
                                                    f"{_labels(result='miss')} {pool.misses}"]
         rows["tensorgate_pool_evictions_total"].append(f" {pool.evictions}")
     if cache is not None:
+        for name, reading in (("nv_cache_num_entries", cache.entries),
+                              ("nv_cache_num_lookups", cache.hits + cache.misses),
+                              ("nv_cache_num_hits", cache.hits),
+                              ("nv_cache_num_misses", cache.misses),
+                              ("nv_cache_num_evictions", cache.evictions),
+                              ("nv_cache_lookup_duration", cache.lookup_ns // 1000),
+                              ("nv_cache_insertion_duration", cache.insertion_ns // 1000)):
+            rows[name].append(f" {reading}")
+        rows["nv_cache_util"].append(f" {_number(cache.bytes / cache.limit_bytes)}")
         rows["tensorgate_response_cache_bytes"] += [f"{_labels(state='used')} {cache.bytes}",
                                                     f"{_labels(state='limit')} {cache.limit_bytes}"]
         rows["tensorgate_response_cache_entries"].append(f" {cache.entries}")

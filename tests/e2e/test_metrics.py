@@ -129,6 +129,15 @@ def test_the_response_cache_answers_repeats_and_says_so(server: RunningServer) -
     assert value(text, "nv_inference_count", **labels) == 1
     assert value(text, "tensorgate_response_cache_bytes", state="limit") == 1 << 20
     assert re.search(r"^tensorgate_response_cache_entries (\d+)$", text, re.M)
+    # Triton's local cache's server-wide gauges (the shared server: other tests add to them)
+    cache = {name: _unlabelled(text, f"nv_cache_{name}") for name in (
+        "num_entries", "num_lookups", "num_hits", "num_misses", "num_evictions",
+        "lookup_duration", "insertion_duration", "util")}
+    assert cache["num_lookups"] == cache["num_hits"] + cache["num_misses"]
+    assert cache["num_hits"] >= 2 and cache["num_misses"] >= 1 and cache["num_entries"] >= 1
+    assert cache["lookup_duration"] > 0 and cache["insertion_duration"] > 0  # µs
+    used = value(text, "tensorgate_response_cache_bytes", state="used")
+    assert abs(cache["util"] - used / (1 << 20)) < 1e-6
 
 
 def _buckets(text: str, metric: str, model: str) -> list[tuple[float, int]]:

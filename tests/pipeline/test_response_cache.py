@@ -130,6 +130,21 @@ def test_the_cache_keeps_its_bound_least_recently_used_out_first() -> None:
     assert cache.get(b"huge") is None and cache.statistics().entries == 3
 
 
+def test_a_lookup_is_the_key_and_the_get_and_both_are_timed() -> None:
+    """What Triton's nv_cache_lookup_duration and nv_cache_insertion_duration add up."""
+    cache = ResponseCache(1 << 20)
+    inputs = {"a": _view(np.zeros(4, np.float32))}
+    key, found = cache.lookup("m", 1, inputs, None, None)
+    assert key == ResponseCache.key("m", 1, inputs, None) and found is None
+    assert cache.statistics().insertion_ns == 0 < cache.statistics().lookup_ns
+    cache.put(key, {"y": _view(np.ones(4, np.float32))}, CopyLedger())
+    again, found = cache.lookup("m", 1, inputs, None, None)
+    assert again == key and found is not None and np.array_equal(found["y"].numpy(),
+                                                                  np.ones(4, np.float32))
+    statistics = cache.statistics()
+    assert (statistics.hits, statistics.misses) == (1, 1) and statistics.insertion_ns > 0
+
+
 def test_cached_answers_own_their_bytes() -> None:
     cache = ResponseCache(1 << 20)
     source = np.arange(4, dtype=np.float32)

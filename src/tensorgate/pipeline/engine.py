@@ -294,9 +294,8 @@ class Engine:
         cache = self._cache if loaded.stats.cached else None
         if cache is not None:  # answered from the response cache when it was answered before
             started = time.monotonic_ns()
-            key = cache.key(loaded.spec.name, loaded.load_id, request.inputs, request.outputs,
-                            request.parameters)
-            outputs = cache.get(key)
+            key, outputs = cache.lookup(loaded.spec.name, loaded.load_id, request.inputs,
+                                        request.outputs, request.parameters)
             if outputs is not None:
                 times = StageTimes()
                 times.total_ns = time.monotonic_ns() - started

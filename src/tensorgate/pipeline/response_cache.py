@@ -18,6 +18,7 @@ request buffers, so a cached answer holds no request's memory.
 from __future__ import annotations
 
 import hashlib
+import time
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -39,6 +40,8 @@ class CacheStatistics:
     hits: int
     misses: int
     evictions: int
+    lookup_ns: int = 0  # lookups' time, hits and misses, the digest included (`lookup`)
+    insertion_ns: int = 0  # insertions' time (`put`), evictions and copies included
 
 
 class ResponseCache:
@@ -53,6 +56,8 @@ class ResponseCache:
         self._hits = 0
         self._misses = 0
         self._evictions = 0
+        self._lookup_ns = 0
+        self._insertion_ns = 0
 
     @staticmethod
     def key(model: str, load: int, inputs: Mapping[str, TensorView],
@@ -72,6 +77,17 @@ class ResponseCache:
             digest.update(repr(sorted(parameters.items())).encode())
         return digest.digest()
 
+    def lookup(self, model: str, load: int, inputs: Mapping[str, TensorView],
+               outputs: Sequence[str] | None, parameters: Mapping[str, Any] | None
+               ) -> tuple[bytes, dict[str, TensorView] | None]:
+        """The request's key (`key`) and its cached outputs (`get`), timed for Triton's
+        nv_cache_lookup_duration."""
+        started = time.monotonic_ns()
+        key = self.key(model, load, inputs, outputs, parameters)
+        found = self.get(key)
+        self._lookup_ns += time.monotonic_ns() - started
+        return key, found
+
     def get(self, key: bytes) -> dict[str, TensorView] | None:
         """A fresh dict of the cached outputs (callers may replace entries), or None."""
         entry = self._entries.get(key)
@@ -85,6 +101,7 @@ class ResponseCache:
     def put(self, key: bytes, outputs: Mapping[str, TensorView], ledger: CopyLedger) -> None:
         """Keep copies of `outputs` under `key`, evicting the least recently used to fit; an
         answer larger than the whole cache is not kept."""
+        started = time.monotonic_ns()
         size = _ENTRY_OVERHEAD + sum(view.nbytes for view in outputs.values())
         if size > self.limit_bytes or key in self._entries:
             return
@@ -100,7 +117,9 @@ class ResponseCache:
                                     name=name)
         self._entries[key] = (kept, size)
         self._bytes += size
+        self._insertion_ns += time.monotonic_ns() - started
 
     def statistics(self) -> CacheStatistics:
         return CacheStatistics(self.limit_bytes, self._bytes, len(self._entries), self._hits,
-                               self._misses, self._evictions)
+                               self._misses, self._evictions, self._lookup_ns,
+                               self._insertion_ns)
