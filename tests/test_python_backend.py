@@ -107,6 +107,26 @@ def test_the_rest_of_triton_s_module() -> None:
         request.get_response_sender()  # a BLS request's
 
 
+def test_every_name_triton_s_module_has_is_here() -> None:
+    """Triton 2.51's triton_python_backend_utils' names (tools/triton_diff.py, "probe api
+    module"), its imports included: a model may reach numpy as pb_utils.np. Two left with
+    the Tensor's move to python_backend_tensor.py, and only the diff against Triton saw it."""
+    tritons = ("InferenceRequest", "InferenceResponse", "Logger", "MetricFamily",
+               "ModelConfig", "PreferredMemory", "TRITONSERVER_MEMORY_CPU",
+               "TRITONSERVER_MEMORY_GPU", "TRITONSERVER_REQUEST_FLAG_SEQUENCE_END",
+               "TRITONSERVER_REQUEST_FLAG_SEQUENCE_START", "TRITONSERVER_REQUEST_RELEASE_ALL",
+               "TRITONSERVER_REQUEST_RELEASE_RESCHEDULE", "TRITONSERVER_RESPONSE_COMPLETE_FINAL",
+               "TRITON_STRING_TO_NUMPY", "Tensor", "TritonError", "TritonModelException",
+               "deserialize_bytes_tensor", "get_input_config_by_name",
+               "get_input_tensor_by_name", "get_model_dir", "get_output_config_by_name",
+               "get_output_tensor_by_name", "is_model_ready", "json", "load_model", "np",
+               "numpy_to_triton_type", "serialize_byte_tensor", "struct",
+               "triton_string_to_numpy", "triton_to_numpy_type", "unload_model",
+               "using_decoupled_model_transaction_policy")
+    assert [name for name in tritons if not hasattr(pb_utils, name)] == []
+    assert pb_utils.np is np
+
+
 def test_get_model_dir_is_the_running_model_s_folder(tmp_path) -> None:
     before = pb_utils.running_in(str(tmp_path))
     try:

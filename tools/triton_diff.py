@@ -181,6 +181,9 @@ SUPERSET.update(dict.fromkeys((
     "probe api module", "probe api classes", "probe api request", "probe constants"),
     "tensorgate's pb_utils has every name Triton 2.51's has, and more: its own helpers and "
     "imports, response parameters (newer Triton's), Tensor.value(), a request's model_name()"))
+SUPERSET["metrics"] = ("tensorgate writes every nv_* family Triton 2.51 does, with its labels "
+                       "and type, and nv_model_load_duration_secs, which newer Triton writes "
+                       "(its core's kModelLoadTimeMetric) and 2.51 does not")
 _known("a BLS call's error carries its kind (NOT_FOUND, INVALID_ARG) here; Triton's are all "
        "INTERNAL", 200, 200, "probe bls", differing=("code",))
 _known("a Tensor made of a list is taken here (Triton's wants a numpy array); one of a "
@@ -498,13 +501,17 @@ def _differences(triton: Any, ours: Any, path: str) -> list[str]:
 
 def _covers(ours: Any, triton: Any) -> bool:
     """Whether `ours` holds all of `triton`: an object's every key with a value that covers
-    Triton's, a list of names every name, anything else the same value."""
+    Triton's, a list of names every name, a list of records (of equal lengths, each covering
+    Triton's in turn; else each of Triton's equal to one of ours), anything else the same
+    value."""
     if isinstance(triton, dict) and isinstance(ours, dict):
         return all(k in ours and _covers(ours[k], v) for k, v in triton.items())
     if isinstance(triton, (list, tuple)) and isinstance(ours, (list, tuple)):
         if all(isinstance(v, str) for v in (*triton, *ours)):
             return set(triton) <= set(ours)
-        return len(triton) == len(ours) and all(map(_covers, ours, triton))
+        if len(triton) == len(ours):
+            return all(map(_covers, ours, triton))
+        return all(any(record == one for one in ours) for record in triton)
     return bool(ours == triton)
 
 

@@ -195,6 +195,7 @@ max_batch_size: 4
 input [ { name: "TEXT" data_type: TYPE_STRING dims: [ 2 ] },
         { name: "NUM" data_type: TYPE_FP32 dims: [ 3 ] } ]
 output [ { name: "SEEN" data_type: TYPE_STRING dims: [ 1 ] } ]
+metric_tags { key: "team" value: "diff" }
 model_warmup [
   { name: "zeros" batch_size: 2
     inputs { key: "TEXT" value: { data_type: TYPE_STRING dims: [ 2 ] zero_data: true } }

@@ -47,10 +47,13 @@ import enum
 import json
 import logging
 import os
+import struct  # noqa: F401 - Triton's module has it, so a model may reach pb_utils.struct
 import sys
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
+
+import numpy as np  # noqa: F401 - as struct: pb_utils.np (they left with Tensor, 15136b6)
 
 from tensorgate.custom_metrics import Metric, MetricFamily
 from tensorgate.errors import TritonModelException
