@@ -336,10 +336,10 @@ def artifact_file(folder: pathlib.Path, config: pb.ModelConfig, filename: str = 
     model_spec), else the config's default_model_filename, which stays in `folder`."""
     _check_default_file(config, str(folder))
     wanted = _PLATFORM_KINDS.get(config.platform) or _PLATFORM_KINDS.get(config.backend)
-    names = ([filename or config.default_model_filename]
-             if filename or config.default_model_filename else list(ARTIFACT_KINDS))
-    for filename in names:
-        path = folder / filename
+    chosen = filename or config.default_model_filename
+    names = [chosen] if chosen else list(ARTIFACT_KINDS)
+    for name in names:
+        path = folder / name
         kind = ARTIFACT_KINDS.get(path.suffix and "model" + path.suffix, "")
         if path.is_file() and (wanted is None or kind == wanted):
             for field, value in (("platform", config.platform), ("backend", config.backend)):

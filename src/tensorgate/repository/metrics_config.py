@@ -97,10 +97,11 @@ def _bounds_ns(control: pb.ModelMetrics.MetricControl, ns_per_unit: int, where: 
                                        f"{MAX_BUCKETS}")
     found: list[int] = []
     for value in buckets:
-        if not (math.isfinite(value) and 0 <= value * ns_per_unit <= _MAX_BOUND_NS):
+        scaled = value * ns_per_unit
+        if not (math.isfinite(scaled) and 0 <= scaled <= _MAX_BOUND_NS):
             raise ModelConfigError(source, f"{where}: bucket bound {value} is not a duration "
                                            "(a number from 0 to 2^63 ns, about 292 years)")
-        ns = round(value * ns_per_unit)
+        ns = round(scaled)
         if found and ns <= found[-1]:
             raise ModelConfigError(source, f"{where}: the bucket bounds must increase, each by "
                                            f"1 ns or more; {value} follows "

@@ -149,7 +149,8 @@ class BatchingPolicy:
     preserve_ordering: bool = False
     queues: tuple[QueuePolicy, ...] = (QueuePolicy(),)
     default_level: int = 0  # index into `queues` for requests without a priority
-    # a batch of this many rows runs before the delay ends (0: none does but a full one);
+    # a batch of this many rows runs before the delay ends (0: no such count; a full or a
+    # preferred batch still does);
     # a direct sequence batcher's minimum_slot_utilization (repository/sequence_config.py)
     ready_rows: int = 0
 
