@@ -18,9 +18,9 @@ A sequence batcher learns of each such request as its execute returns (`released
 Triton's lets the sequence's next request run.
 
 Priority levels (Triton's `priority_levels`): each level has its own bounded queue and
-policy; "oldest" above means the first request of the highest level that has any, and a
-batch fills from the levels in order, so a request of level 1 never waits behind one of
-level 2 for a free executor.
+policy (pipeline/request_queues.py, which owns what waits); "oldest" above means the first
+request of the highest level that has any, and a batch fills from the levels in order, so a
+request of level 1 never waits behind one of level 2 for a free executor.
 """
 
 from __future__ import annotations
@@ -29,15 +29,14 @@ import asyncio
 import logging
 import sys
 import time
-from collections import deque
 from collections.abc import Callable
-from itertools import chain
 from typing import Protocol
 
-from tensorgate.errors import DeadlineExceededError, TensorgateError, UnavailableError
+from tensorgate.errors import TensorgateError
 from tensorgate.pipeline.batch_cap import BatchCap
 from tensorgate.pipeline.ragged import BatchRoom
 from tensorgate.pipeline.rate_limiter import Claim
+from tensorgate.pipeline.request_queues import RequestQueues
 from tensorgate.pipeline.stats import ModelStatistics
 from tensorgate.pipeline.trace import Trace
 from tensorgate.pipeline.work import Batch, WorkItem
@@ -84,23 +83,19 @@ class Scheduler:
         self._preferred = policy.preferred_batch_sizes if policy is not None else ()
         # rows that run before the delay ends (BatchingPolicy.ready_rows; 0: no such count)
         self._enough = (policy.ready_rows if policy is not None else 0) or sys.maxsize
-        self._policies = policy.queues if policy is not None else (QueuePolicy(),)
         self._preserve_order = policy.preserve_ordering if policy is not None else False
         self._cap = (BatchCap(self._max_rows, gather_bytes)
                      if measured_cap and self._max_rows > 1 else None)
         self._ragged = spec.ragged_limits
         stats.batch_rows_limit = self._max_rows if self._cap is None else self._cap.limit
-        # Queue 2i holds level i's requests in arrival order; queue 2i+1 those of them that
-        # timed out under `timeout_action: DELAY`. Walking them in order is the order they
-        # run in (Triton's): a level's delayed requests before the next level's.
-        self._queues: list[deque[WorkItem]] = [deque() for _ in range(2 * len(self._policies))]
+        self._queued = RequestQueues(  # by priority level (request_queues.py)
+            spec.name, policy.queues if policy is not None else (QueuePolicy(),), stats)
         self._idle: list[_Executor] = []  # a stack: the last to finish runs next (warm caches)
         self._spares: set[_Executor] = set()  # taken only when no other executor is idle
         self._spares_may_run: Callable[[], bool] | None = None  # and only while this says so
         # executors that run only while they hold rate limiter resources (their claims)
         self._claims: dict[_Executor, Claim] = {}
         self._running: set[Batch] = set()
-        self._deadlines = 0  # queued items that carry a deadline
         self._timer: asyncio.TimerHandle | None = None
         self._closed: TensorgateError | None = None
 
@@ -129,11 +124,11 @@ class Scheduler:
     @property
     def pending(self) -> int:
         """Requests queued and not yet executing."""
-        return sum(map(len, self._queues))
+        return self._queued.pending
 
     @property
     def busy(self) -> bool:
-        return any(self._queues) or bool(self._running)
+        return bool(self._queued) or bool(self._running)
 
     def add_executor(self, executor: _Executor, *, spare: bool = False,
                      claim: Claim | None = None,
@@ -152,19 +147,7 @@ class Scheduler:
         """Queue `item`, or raise at once: UNAVAILABLE when closed or the queue is full."""
         if self._closed is not None:
             raise self._closed
-        level = item.level
-        bound = self._policies[level].max_queue_size
-        if bound and self._level_size(level) >= bound:
-            self._purge(time.monotonic_ns())
-            if self._level_size(level) >= bound:
-                where = f" at priority level {level + 1}" if len(self._policies) > 1 else ""
-                raise UnavailableError(
-                    f"Exceeds maximum queue size: model '{self._spec.name}' already has "
-                    f"{self._level_size(level)} requests queued{where} (max_queue_size "
-                    f"{bound}); retry later, or raise max_queue_size or add instances")
-        self._queues[2 * level].append(item)
-        if item.deadline_ns:
-            self._deadlines += 1
+        self._queued.add(item)
         self._schedule()
 
     def close(self, reason: TensorgateError) -> None:
@@ -173,10 +156,7 @@ class Scheduler:
 
     def fail_queued(self, error: TensorgateError) -> int:
         """Answer every queued request with `error`; returns how many."""
-        items = [item for queue in self._queues for item in queue]
-        for queue in self._queues:
-            queue.clear()
-        self._deadlines = 0
+        items = self._queued.take_all()
         now = time.monotonic_ns()
         for item in items:
             self._fail(item, error, now, "OTHER")
@@ -194,30 +174,21 @@ class Scheduler:
                     self._fail(item, error, now, "OTHER")
         return count
 
-    def _level_size(self, level: int) -> int:
-        return len(self._queues[2 * level]) + len(self._queues[2 * level + 1])
-
     # -- scheduling ------------------------------------------------------------------------
-
-    def _head(self) -> WorkItem | None:
-        """The request that runs next: the first of the highest level that has any."""
-        for queue in self._queues:
-            if queue:
-                return queue[0]
-        return None
 
     def _schedule(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        head = self._head()
+        queued = self._queued
+        head = queued.head()
         if head is None:
             return
         now = time.monotonic_ns()
-        if self._deadlines or head.future.done():
-            self._purge(now)
+        if queued.deadlines or head.future.done():
+            queued.purge(now)
         while self._idle:
-            head = self._head()
+            head = queued.head()
             if head is None:
                 return
             at = self._runnable() if self._claims else -1
@@ -257,16 +228,14 @@ class Scheduler:
     def _take(self, now: int, head: WorkItem) -> list[WorkItem] | None:
         """The next batch to run, starting with `head`, or None to wait for more requests."""
         if not self._batching:
-            next(queue for queue in self._queues if queue).popleft()
-            self._forget_deadline(head)
-            return [head]
+            return [self._queued.pop_head()]
         cap = self._cap
         limit = (self._max_rows if cap is None else
                  cap.rows_for_next_batch(_row_bytes(head) if cap.bounds_gathers else 0))
         chosen: list[WorkItem] = []
         rows = 0
         room = BatchRoom(self._ragged) if self._ragged is not None else None
-        for item in chain.from_iterable(self._queues):
+        for item in self._queued:
             if item.future.done():
                 continue
             if item.key != head.key:
@@ -298,73 +267,21 @@ class Scheduler:
             if total != target:
                 return None
             chosen = cut
-        if len(chosen) == sum(map(len, self._queues)):  # all that waits (light load)
-            for queue in self._queues:
-                queue.clear()
-            for item in chosen:
-                self._forget_deadline(item)
-            return chosen
-        taken = {id(item) for item in chosen}
-        for index, queue in enumerate(self._queues):
-            if not queue:
-                continue
-            rest: deque[WorkItem] = deque()
-            for item in queue:
-                if id(item) in taken:
-                    self._forget_deadline(item)
-                elif item.future.done():  # cancelled while queued: drop it now
-                    self._forget_deadline(item)
-                    self._stats.record_failure(now - item.enqueued_ns, "CANCELED")
-                else:
-                    rest.append(item)
-            self._queues[index] = rest
+        self._queued.take(chosen, now)
         return chosen
 
     def _arm_timer(self, now: int) -> None:
-        head = self._head()
+        head = self._queued.head()
         if head is None:
             return
         wake = 0
         if self._idle and self._delay_ns:
             wake = head.enqueued_ns + self._delay_ns
-        if self._deadlines:
-            earliest = min(item.deadline_ns for item in chain.from_iterable(self._queues)
-                           if item.deadline_ns)
+        earliest = self._queued.earliest_deadline()
+        if earliest:
             wake = earliest if not wake else min(wake, earliest)
         if wake:
             self._timer = self._loop.call_later(max(wake - now, 0) / 1e9, self._schedule)
-
-    def _purge(self, now: int) -> None:
-        """Drop cancelled requests; answer expired ones with DEADLINE_EXCEEDED, or move them
-        behind the rest of their level where the level's policy says DELAY."""
-        queues = self._queues
-        for index, queue in enumerate(queues):
-            if not queue:
-                continue
-            delay = index % 2 == 0 and self._policies[index // 2].delay_on_timeout
-            keep: deque[WorkItem] = deque()
-            for item in queue:
-                if item.future.done():  # cancelled by its client
-                    self._forget_deadline(item)
-                    self._stats.record_failure(now - item.enqueued_ns, "CANCELED")
-                elif item.deadline_ns and now >= item.deadline_ns:
-                    self._forget_deadline(item)
-                    if delay:
-                        item.deadline_ns = 0
-                        queues[index + 1].append(item)  # walked next, so kept there
-                        continue
-                    waited_ms = (now - item.enqueued_ns) / 1e6
-                    self._fail(item, DeadlineExceededError(
-                        f"request for model '{self._spec.name}' timed out after "
-                        f"{waited_ms:.1f} ms in the queue, before it ran; raise its timeout or "
-                        "add instances"), now, "REJECTED")
-                else:
-                    keep.append(item)
-            queues[index] = keep
-
-    def _forget_deadline(self, item: WorkItem) -> None:
-        if item.deadline_ns:
-            self._deadlines -= 1
 
     # -- results (called on the loop by the executor, through call_soon_threadsafe) ----------
 
