@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from tritonclient.grpc import model_config_pb2 as config_pb
 
 from tensorgate import python_backend as pb_utils
+from tensorgate import python_backend_server
 from tensorgate.tensor.bytes_codec import decode_bytes_tensor
 
 
@@ -128,11 +129,11 @@ def test_every_name_triton_s_module_has_is_here() -> None:
 
 
 def test_get_model_dir_is_the_running_model_s_folder(tmp_path) -> None:
-    before = pb_utils.running_in(str(tmp_path))
+    before = python_backend_server.running_in(str(tmp_path))
     try:
         assert pb_utils.get_model_dir() == str(tmp_path)
     finally:
-        pb_utils.running_in(before)
+        python_backend_server.running_in(before)
     # elsewhere (a thread of the model's own): the folder of the module that asks
     assert pb_utils.get_model_dir() == str(pathlib.Path(__file__).parent)
 
@@ -179,7 +180,7 @@ def test_requests_responses_and_errors() -> None:
     bls = pb_utils.InferenceRequest(model_name="other", inputs=[tensor],
                                     requested_output_names=["y"], model_version=2)
     assert (bls.model_name(), bls.model_version(), bls.inputs()) == ("other", 2, [tensor])
-    pb_utils.serve_bls(None)  # as before an engine starts, or after it stopped
+    python_backend_server.serve_bls(None)  # as before an engine starts, or after it stopped
     with pytest.raises(pb_utils.TritonModelException, match="no server is running to take "
                                                             "BLS requests"):
         bls.exec()

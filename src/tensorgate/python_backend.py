@@ -42,22 +42,21 @@ for outputs not in a list), `get_model_dir()`, `PreferredMemory`, the memory kin
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import enum
 import json
 import logging
-import os
 import struct  # noqa: F401 - Triton's module has it, so a model may reach pb_utils.struct
-import sys
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np  # noqa: F401 - as struct: pb_utils.np (they left with Tensor, 15136b6)
 
 from tensorgate.custom_metrics import Metric, MetricFamily
 from tensorgate.errors import TritonModelException
 from tensorgate.python_backend_config import ModelConfig
+from tensorgate.python_backend_server import (bls_runner, get_model_dir, is_model_ready,
+                                              load_model, unload_model)
 from tensorgate.python_backend_tensor import (TRITON_STRING_TO_NUMPY, Tensor,
                                               deserialize_bytes_tensor, numpy_to_triton_type,
                                               serialize_byte_tensor, triton_string_to_numpy,
@@ -309,14 +308,14 @@ class InferenceRequest:
     def exec(self, decoupled: bool = False) -> Any:
         """Run this request on model `model_name` and wait: its InferenceResponse (an error
         response when it failed), or with `decoupled` an iterator of a decoupled model's."""
-        return _bls_runner().exec(self, decoupled)
+        return bls_runner().exec(self, decoupled)
 
     async def async_exec(self, decoupled: bool = False) -> Any:
         """`exec` for an `async def execute`: other requests can be awaited meanwhile."""
         if decoupled:
             raise TritonModelException("async_exec(decoupled=True) is not supported here; "
                                        "iterate exec(decoupled=True) instead")
-        return await asyncio.wrap_future(_bls_runner().submit(self))
+        return await asyncio.wrap_future(bls_runner().submit(self))
 
 
 def _never() -> bool:
@@ -335,85 +334,10 @@ class PreferredMemory:
         self._device_id = preferred_device_id
 
 
-class BlsRunner(Protocol):
-    """What runs a model's BLS requests: the server's engine (pipeline/bls.py)."""
-
-    def exec(self, request: InferenceRequest, decoupled: bool) -> Any: ...
-
-    def submit(self, request: InferenceRequest) -> concurrent.futures.Future[Any]: ...
-
-    def load_model(self, name: str, config: str, files: Mapping[str, bytes] | None
-                   ) -> None: ...
-
-    def unload_model(self, name: str, dependents: bool) -> None: ...
-
-    def is_model_ready(self, name: str, version: str) -> bool: ...
-
-
-_bls: BlsRunner | None = None
-
-
-def serve_bls(runner: BlsRunner | None, replacing: BlsRunner | None = None) -> None:
-    """Where models' BLS requests go from now on (the engine sets it when it starts, and
-    takes its own away when it stops: `replacing` is only replaced)."""
-    global _bls
-    if replacing is None or _bls is replacing:
-        _bls = runner
-
-
-def _bls_runner() -> BlsRunner:
-    if _bls is None:
-        raise TritonModelException("no server is running to take BLS requests")
-    return _bls
-
-
-def load_model(model_name: str, config: str = "", files: Mapping[str, bytes] | None = None
-               ) -> None:
-    """Load (or reload) a model of the repository, `config` (JSON) standing in for its
-    config.pbtxt; waits until it is ready. Only with --model-control-mode explicit, as on
-    Triton. `files` ({"file:1/model.py": content, ...}, with `config`) are the model's folder,
-    uploaded, as a load request's file parameters (only with --allow-model-upload)."""
-    _bls_runner().load_model(model_name, config, files)
-
-
-def unload_model(model_name: str, unload_dependents: bool = False) -> None:
-    """Unload a model (its requests drain first); waits until it is gone."""
-    _bls_runner().unload_model(model_name, unload_dependents)
-
-
-_where = threading.local()  # the model folder of what runs on this thread (get_model_dir)
-
-
-def get_model_dir() -> str:
-    """The folder of the running model's version (where its model.py is), as Triton's
-    stub gives it: the one whose initialize, execute or finalize this thread runs, else (a
-    thread of the model's own) the folder of the module that calls this."""
-    found: str | None = getattr(_where, "directory", None)
-    if found is None:
-        calling = sys._getframe(1).f_globals.get("__file__")
-        if calling is None:
-            raise TritonModelException("get_model_dir: not called from a model")
-        found = os.path.dirname(os.path.abspath(calling))
-    return found
-
-
-def running_in(directory: str | None) -> str | None:
-    """Say that this thread now runs the model in `directory` (None: no model); returns
-    what it ran before (not part of Triton's API: the server calls it)."""
-    before: str | None = getattr(_where, "directory", None)
-    _where.directory = directory
-    return before
-
-
 def using_decoupled_model_transaction_policy(model_config: Mapping[str, Any]) -> bool:
     """Whether `model_config` (args["model_config"], parsed) says the model is decoupled."""
     policy = model_config.get("model_transaction_policy")
     return bool(policy.get("decoupled", False)) if policy else False
-
-
-def is_model_ready(model_name: str, model_version: str = "") -> bool:
-    """Whether the model (that version: "" for any) is loaded and serving."""
-    return _bls_runner().is_model_ready(model_name, model_version)
 
 
 def incoming_request(inputs: Sequence[Tensor], request_id: str, correlation_id: int | str,

@@ -22,7 +22,7 @@ from collections.abc import AsyncGenerator, Callable, Iterable, Mapping
 from typing import Any
 
 from tensorgate.errors import InvalidArgumentError, TensorgateError, UnavailableError
-from tensorgate import python_backend
+from tensorgate import python_backend_server
 from tensorgate.model import Parameter
 from tensorgate.pipeline.auto_complete import complete_config
 from tensorgate.pipeline.bls import BlsBridge, ModelControl
@@ -123,7 +123,7 @@ class Engine:
         self._bls = BlsBridge(self.infer, self.infer_stream, asyncio.get_running_loop(),
                               ModelControl(self._model_control, self.load, self.unload,
                                            self.is_ready))
-        python_backend.serve_bls(self._bls)
+        python_backend_server.serve_bls(self._bls)
         if self._placement is not None and not self._pinned:
             pin_current_thread(self._placement.loop_cpus)
             self._pinned = True
@@ -202,7 +202,7 @@ class Engine:
             await asyncio.get_running_loop().run_in_executor(None, remove_upload, upload)
         self._postprocess.shutdown()
         if self._bls is not None:
-            python_backend.serve_bls(None, self._bls)
+            python_backend_server.serve_bls(None, self._bls)
         if self._pinned:
             unpin_current_thread()
             self._pinned = False

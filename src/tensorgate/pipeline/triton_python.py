@@ -30,6 +30,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from tensorgate import python_backend as pb_utils
+from tensorgate import python_backend_server
 from tensorgate.errors import InternalError, TensorgateError, UnimplementedError
 from tensorgate.model import NO_PARAMETERS, ModelContext, RequestInfo
 from tensorgate.pipeline.served_config import instance_name
@@ -78,11 +79,11 @@ class TritonPythonRunner:
         self.model = model_class()
         initialize = getattr(self.model, "initialize", None)
         if initialize is not None:
-            before = pb_utils.running_in(self._directory)
+            before = python_backend_server.running_in(self._directory)
             try:
                 initialize(initialize_args(spec, context))
             finally:
-                pb_utils.running_in(before)
+                python_backend_server.running_in(before)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread: threading.Thread | None = None
         if inspect.iscoroutinefunction(self.model.execute):
@@ -102,13 +103,13 @@ class TritonPythonRunner:
         self.call_ns = (0, 0)
 
     def _call(self, requests: list[pb_utils.InferenceRequest]) -> Any:
-        before = pb_utils.running_in(self._directory)  # for get_model_dir() in execute
+        before = python_backend_server.running_in(self._directory)  # for get_model_dir() in execute
         try:
             if self._loop is None:
                 return self._execute(requests)
             return self._loop.run_until_complete(self._execute(requests))
         finally:
-            pb_utils.running_in(before)  # the thread may run other things after
+            python_backend_server.running_in(before)  # the thread may run other things after
 
     def run_each(self, requests: Sequence[RequestInputs]) -> list[Answer | TensorgateError]:
         """Each request's answer, or its error; RESCHEDULED for one the model rescheduled
@@ -235,13 +236,13 @@ class TritonPythonRunner:
                             f"{WARM_UP_RUNS} times without answering it")
 
     def close(self) -> None:
-        before = pb_utils.running_in(self._directory)
+        before = python_backend_server.running_in(self._directory)
         try:
             finalize = getattr(self.model, "finalize", None)
             if finalize is not None:
                 finalize()
         finally:
-            pb_utils.running_in(before)
+            python_backend_server.running_in(before)
             loop, thread = self._loop, self._loop_thread
             if loop is not None and thread is not None:
                 loop.call_soon_threadsafe(loop.stop)
@@ -252,7 +253,7 @@ class TritonPythonRunner:
 
 def _run_forever(loop: asyncio.AbstractEventLoop, directory: str) -> None:
     """An async decoupled model's loop, on its own thread, which runs that model only."""
-    pb_utils.running_in(directory)
+    python_backend_server.running_in(directory)
     loop.run_forever()
 
 
