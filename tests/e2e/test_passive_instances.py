@@ -1,6 +1,7 @@
 """Triton's `instance_group { passive: true }`: a passive group's instances are loaded and
-initialized, and the scheduler gives them no request (pipeline/version_instances.py); a
-config whose every group is passive is refused by name, since no instance would answer."""
+initialized, and the scheduler gives them no request (pipeline/version_instances.py); as in
+Triton, they are not warmed up and their rate limiter resources are not registered. A config
+whose every group is passive is refused by name, since no instance would answer."""
 
 from __future__ import annotations
 
@@ -25,14 +26,17 @@ import triton_python_backend_utils as pb_utils
 
 class TritonPythonModel:
     """Answers each request with the name of the instance that ran it; each instance leaves
-    a file named after itself when initialized, and sleeps 10 ms a call (requests overlap)."""
+    a file named after itself when initialized, and another when it first runs (its warm-up
+    or a request), and sleeps 10 ms a call (requests overlap)."""
 
     def initialize(self, args):
         self.name = args["model_instance_name"]
-        (pathlib.Path(args["model_repository"]) / f"initialized-{self.name}").touch()
+        self.folder = pathlib.Path(args["model_repository"])
+        (self.folder / f"initialized-{self.name}").touch()
 
     def execute(self, requests):
         import time
+        (self.folder / f"ran-{self.name}").touch()
         time.sleep(0.01)
         name = np.array([[self.name.encode()]], dtype=object)
         return [pb_utils.InferenceResponse([pb_utils.Tensor("WHO", name)]) for _ in requests]
@@ -41,6 +45,19 @@ class TritonPythonModel:
 GROUPS = """
 instance_group [ { name: "active" count: 1 kind: KIND_CPU },
                  { name: "standby" count: 2 kind: KIND_CPU passive: true } ]
+"""
+WARMUP = """
+model_warmup [ { name: "zeros" batch_size: 1
+                 inputs { key: "X" value: { data_type: TYPE_FP32 dims: [1] zero_data: true } }
+               } ]
+"""
+# the passive group needs more of R than --rate-limit-resource gives (2): were its needs
+# registered, the load would fail saying it could never run
+LIMITED = """
+instance_group [ { name: "active" count: 1 kind: KIND_CPU
+                   rate_limiter { resources [ { name: "R" count: 1 } ] } },
+                 { name: "standby" count: 1 kind: KIND_CPU passive: true
+                   rate_limiter { resources [ { name: "R" count: 5 } ] } } ]
 """
 
 
@@ -65,7 +82,8 @@ def _ask(url: str, model: str) -> str:
 
 def test_passive_instances_are_loaded_and_given_no_request(tmp_path: pathlib.Path) -> None:
     repo = tmp_path / "repo"
-    _who(repo, "who", GROUPS)
+    _who(repo, "who", GROUPS + WARMUP)
+    _who(repo, "limited", LIMITED)
     _who(repo, "all_passive", GROUPS.replace('count: 1 kind: KIND_CPU }',
                                              'count: 1 kind: KIND_CPU passive: true }'))
     # a stateful model with a passive group: its sequences go to the active instance
@@ -73,15 +91,20 @@ def test_passive_instances_are_loaded_and_given_no_request(tmp_path: pathlib.Pat
     with (repo / "accumulate" / "config.pbtxt").open("a") as config:
         config.write(GROUPS)
     server = start_server(repo, tmp_path / "server.log", "--model-control-mode", "explicit",
-                          "--load-model", "who", "--load-model", "accumulate")
+                          "--load-model", "who", "--load-model", "accumulate",
+                          "--load-model", "limited", "--rate-limit", "execution_count",
+                          "--rate-limit-resource", "R:2")
     try:
         # 24 requests from 8 clients at once: the two idle passive instances take none
         with ThreadPoolExecutor(8) as pool:
             answered = list(pool.map(lambda _: _ask(server.url, "who"), range(24)))
         assert answered == ["active_0"] * 24
-        # initialized all the same, as Triton initializes them
+        # initialized all the same, as Triton initializes them, and never run: not even
+        # the config's warm-up sample, which Triton gives no passive instance
         assert {p.name for p in (repo / "who").glob("initialized-*")} == {
             "initialized-active_0", "initialized-standby_0", "initialized-standby_1"}
+        assert _ask(server.url, "limited") == "active_0"
+        assert {p.name for p in (repo / "who").glob("ran-*")} == {"ran-active_0"}
         with httpclient.InferenceServerClient(server.url) as client:
             groups = client.get_model_config("who")["instance_group"]
             assert [(g["name"], g.get("passive", False)) for g in groups] == [

@@ -211,16 +211,10 @@ class ExecutorThread(GenerationSteps, PythonModelRuns):
                     raise ModelConfigError(str(s.artifact), "a Triton Python model takes its "
                                            "requests one by one, so 'batch_input' and "
                                            "'batch_output' do not apply to it")
-                started = time.perf_counter()
-                warm = WarmUp(s, self._runner, self._named, self._stream)
-                warm.run()
-                self.settings = s = warm.settings  # its least sizes may have gone up
-                self._graphs = warm.graphs
-                if warm.graphs_s:
-                    self.setup_s["CUDA graphs"] = warm.graphs_s
-                self.setup_s["warm-up"] = time.perf_counter() - started - warm.graphs_s
-                self._runner.decide_sharing()  # after a forward compiled its methods
-            if s.placement is not None and s.device.type == "cpu" and s.shared_runner is None:
+                if not s.passive:
+                    self._warm_up()
+            if (s.placement is not None and s.device.type == "cpu" and s.shared_runner is None
+                    and not s.passive):
                 self.forward_ns = self._forward_cost()
             if s.cpu_affinity:
                 self.cpus = cpu_text(s.cpu_affinity)
@@ -228,6 +222,18 @@ class ExecutorThread(GenerationSteps, PythonModelRuns):
                 self._place(s.placement)
                 if self.forward_ns is None and self._runner.requests is not None:
                     self._costs = []  # placed again once its requests show what it costs
+
+    def _warm_up(self) -> None:
+        assert self._runner is not None
+        started = time.perf_counter()
+        warm = WarmUp(self.settings, self._runner, self._named, self._stream)
+        warm.run()
+        self.settings = warm.settings  # its least sizes may have gone up
+        self._graphs = warm.graphs
+        if warm.graphs_s:
+            self.setup_s["CUDA graphs"] = warm.graphs_s
+        self.setup_s["warm-up"] = time.perf_counter() - started - warm.graphs_s
+        self._runner.decide_sharing()  # after a forward compiled its methods
 
     def _forward_cost(self) -> int | None:
         """The median of five batch-1 forwards here, or None when inputs cannot be made; of

@@ -43,6 +43,9 @@ class ExecutorSettings:
     jit_optimize: bool = True  # the TorchScript executor optimises (DISABLE_OPTIMIZED_EXECUTION)
     # A spare on the loop's core: runs on the time the loop leaves idle (idle_time.py)
     on_idle_time: bool = False
+    # Of a passive group, run by no one (not even as another's shared runner): loaded and
+    # not warmed up, as Triton leaves a passive instance (instance_plan.passive_instances)
+    passive: bool = False
     # Outputs a model made in another datatype than its config's, already logged: one set
     # for a version's instances, so that the warning is said once, not once an instance
     said_datatype: set[str] = field(default_factory=set)

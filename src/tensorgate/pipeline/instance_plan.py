@@ -52,8 +52,9 @@ def group_devices(spec: ModelSpec, device: str) -> list[list[torch.device]]:
 
 
 def passive_instances(spec: ModelSpec, by_group: list[list[torch.device]]) -> set[int]:
-    """The instances of passive groups (instance_group passive: true), by index: loaded and
-    warmed up as Triton does, never given a request."""
+    """The instances of passive groups (instance_group passive: true), by index: loaded as
+    Triton loads them (its backend's instance initialised; no warm-up, no rate limiter
+    claim, no thread that runs requests), never given a request."""
     passive: set[int] = set()
     first = 0
     for group, devices in zip(spec.instance_groups or (None,), by_group):
@@ -104,14 +105,18 @@ def _auto_device(device: str) -> torch.device:
 
 def rate_claims(limiter: RateLimiter | None, spec: ModelSpec, version: int,
                 by_group: list[list[torch.device]]) -> list[Claim | None]:
-    """Each instance's rate limiter claim (None: it runs whenever it is idle), in the
-    order of `by_group`'s devices; a load fails if one could never run."""
+    """Each instance's rate limiter claim (None: it runs whenever it is idle, or never: a
+    passive one, whose needs Triton does not register either), in the order of `by_group`'s
+    devices; a load fails if one could never run."""
     if limiter is None or not spec.instance_groups:
         return [None] * sum(map(len, by_group))
     claims: list[Claim | None] = []
     try:
         for group, devices in zip(spec.instance_groups, by_group):
             for device in devices:
+                if group.passive:
+                    claims.append(None)
+                    continue
                 claims.append(limiter.claim(
                     f"model '{spec.name}' v{version} instance {len(claims)}",
                     group.resources, (device.index or 0) if device.type == "cuda" else -1,

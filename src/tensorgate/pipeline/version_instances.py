@@ -115,6 +115,7 @@ class VersionInstances:
         claims = rate_claims(self._limiter, spec, version, by_group)
         spares: set[int] = set()  # instances that run only when the others are busy
         said_datatype: set[str] = set()  # one warning a version (ExecutorSettings)
+        sharing = shares_weights(spec, kind, devices)  # the first loads what all run
 
         def instance(index: int, first: ExecutorThread | None = None,
                      spare: bool = False) -> ExecutorThread:
@@ -132,7 +133,8 @@ class VersionInstances:
                 jit_optimize=not flag(spec, "DISABLE_OPTIMIZED_EXECUTION", False),
                 streams_per_instance=streams_per_instance(spec),
                 shared_runner=first.runner if first is not None else None,
-                said_datatype=said_datatype)
+                said_datatype=said_datatype,
+                passive=index in passive and not (sharing and index == 0))
             if spare:
                 assert self._placement is not None
                 settings = on_loop_cores(self._placement, settings)
@@ -148,7 +150,7 @@ class VersionInstances:
             return executor
 
         executors = []
-        if shares_weights(spec, kind, devices):
+        if sharing:
             executors.append(instance(0))  # loads and warms the model the others run
             try:
                 await executors[0].ready
@@ -181,7 +183,10 @@ class VersionInstances:
                 raise errors[0]  # traceback, kept for the collector)
             finally:
                 del results, errors
-        spec = executors[0].settings.spec  # an exported program's ranges (input_bounds.py)
+        # an exported program's ranges (input_bounds.py), as the first instance that loaded
+        # and warmed it up has them (not a passive one: it is not warmed up)
+        spec = next(e.settings.spec for e in executors
+                    if not e.settings.passive and e.settings.shared_runner is None)
         taking_feeds = [feed for feed in dict.fromkeys(feeds) if feed is not None]
         for feed in taking_feeds:
             feed.hold_ragged(spec.ragged_limits)
