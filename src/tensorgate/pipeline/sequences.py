@@ -37,7 +37,6 @@ stream open: its rerun answers through the same client.
 from __future__ import annotations
 
 import asyncio
-import heapq
 import logging
 import pathlib
 import time
@@ -49,6 +48,7 @@ from typing import Any
 from tensorgate.errors import InvalidArgumentError, TensorgateError, UnavailableError
 from tensorgate.pipeline.scheduler import Scheduler
 from tensorgate.pipeline.sequence_inputs import EndedSequences, SequenceInputs
+from tensorgate.pipeline.sequence_slots import SequenceSlots
 from tensorgate.pipeline.stats import ModelStatistics
 from tensorgate.pipeline.work import SequenceFlags, WorkItem
 from tensorgate.repository.model_config import BatchingPolicy, ModelSpec
@@ -112,14 +112,7 @@ class SequenceScheduler:
         self.instances = [Scheduler(feed, stats, loop, measured_cap=False, arrange=arrange,
                                     rescheduled=rescheduled, released=released)
                           for _ in range(instances)]
-        # Each instance's free slots, lowest first (direct batches stay short): those handed
-        # back (a heap) and those never handed out (from `_fresh` up), so that memory follows
-        # the slots in use, not the count a config names (a list of every slot made
-        # max_candidate_sequences 30,000,000 cost 1.2 GB and 2.3 s at load; 2^31 - 1 may be
-        # asked).
-        self._slots = policy.slots
-        self._returned: list[list[int]] = [[] for _ in range(instances)]
-        self._fresh = [0] * instances
+        self._slots = SequenceSlots(policy.slots, instances)  # free ones, lowest first
         self._sequences: dict[int | str, _Sequence] = {}
         self._backlog: deque[_Sequence] = deque()
         self._idle: OrderedDict[int | str, _Sequence] = OrderedDict()  # by when they went idle
@@ -227,28 +220,19 @@ class SequenceScheduler:
 
     def _place(self, sequence: _Sequence) -> None:
         """Give `sequence` a slot of the instance with the most free, or queue it for one."""
-        best = max(range(len(self._fresh)), key=self._free_slots)
-        if not self._free_slots(best):
+        taken = self._slots.take()
+        if taken is None:
             self._backlog.append(sequence)
             self._stats.sequences_waiting = len(self._backlog)
             return
-        sequence.instance = best
-        returned = self._returned[best]
-        if returned:  # each lower than any never handed out
-            sequence.slot = heapq.heappop(returned)
-        else:
-            sequence.slot = self._fresh[best]
-            self._fresh[best] += 1
+        sequence.instance, sequence.slot = taken
         self._stats.sequences_active += 1
-
-    def _free_slots(self, instance: int) -> int:
-        return len(self._returned[instance]) + self._slots - self._fresh[instance]
 
     def _release(self, sequence: _Sequence) -> None:
         """`sequence` is over: its slot goes to the sequence waiting longest for one."""
         del self._sequences[sequence.id]
         self._idle.pop(sequence.id, None)
-        heapq.heappush(self._returned[sequence.instance], sequence.slot)
+        self._slots.give_back(sequence.instance, sequence.slot)
         self._stats.sequences_active -= 1
         while self._backlog:
             waiting = self._backlog.popleft()
