@@ -5,12 +5,14 @@ Triton, through tritonclient's gRPC stream: the instance takes its next request 
 wrong fails its request alone, and a client that leaves is counted cancelled while the
 server serves on (repeat). Sequence-batched: a sequence's next request runs once the
 execute of the one before returned, final flag or not (lookahead), and a decoupled model
-reschedules requests that stream a response each step (decoupled_iterative)."""
+reschedules requests that stream a response each step (decoupled_iterative). An execute
+that raised is counted as Triton counts it."""
 
 from __future__ import annotations
 
 import http.client
 import json
+import pathlib
 import queue
 import time
 from typing import Any
@@ -18,8 +20,9 @@ from typing import Any
 import numpy as np
 import tritonclient.grpc as grpcclient
 
-from tests.e2e.conftest import RunningServer, stream_answers
+from tests.e2e.conftest import RunningServer, start_server, stop_server, stream_answers
 from tests.e2e.test_triton_python import repo, served  # noqa: F401  (the fixtures)
+from tests.pipeline import repo_builder as rb
 
 WAIT_S = 5.0  # a bound on polling the server's statistics
 
@@ -246,3 +249,56 @@ def test_an_ensemble_with_a_decoupled_step_streams_a_response_for_each_of_its(
     by_id, errors = stream_answers(answers, lambda result: int(result.as_numpy("OUT")[0]))
     assert by_id == {"four": [0, 2, 4, 6]}
     assert errors == ["ensemble 'repeat_doubled', step 'repeat': IN must not be negative"]
+
+
+RAISING = '''
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    """Decoupled: IN < 0 makes execute raise; else one response (OUT = IN) and the final
+    flag."""
+
+    def execute(self, requests):
+        for request in requests:
+            value = pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()
+            if value[0] < 0:
+                raise pb_utils.TritonModelException("asked to raise")
+            request.get_response_sender().send(
+                pb_utils.InferenceResponse([pb_utils.Tensor("OUT", value)]),
+                flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        return None
+'''
+
+
+def test_an_execute_that_raised_counts_an_execution_and_no_inference(tmp_path: pathlib.Path
+                                                                     ) -> None:
+    """As Triton 2.51's Python backend counts a decoupled model's executes (measured with
+    tools/triton_diff.py's stream_probe model): one that raised is an execution, its request
+    a failure and not an inference."""
+    root = tmp_path / "repo"
+    folder = rb.write_config(root, "raising", """
+        name: "raising"
+        backend: "python"
+        max_batch_size: 0
+        model_transaction_policy { decoupled: true }
+        input [ { name: "IN" data_type: TYPE_INT32 dims: [1] } ]
+        output [ { name: "OUT" data_type: TYPE_INT32 dims: [1] } ]
+        """)
+    (folder / "1" / "model.py").write_text(RAISING)
+    server = start_server(root, tmp_path / "server.log")
+    try:
+        answers: queue.Queue = queue.Queue()
+        with grpcclient.InferenceServerClient(server.grpc_url) as client:
+            client.start_stream(callback=lambda result, error: answers.put((result, error)))
+            for value in (1, -1, 2):  # one at a time: each its own execute
+                client.async_stream_infer("raising", _one("IN", value), request_id=str(value))
+                answers.get(timeout=WAIT_S)
+            client.stop_stream()
+            stats = _statistics(client, "raising")
+        assert (int(stats["execution_count"]), int(stats["inference_count"])) == (3, 2)
+        outcomes = stats["inference_stats"]
+        assert (int(outcomes["success"]["count"]), int(outcomes["fail"]["count"])) == (2, 1)
+    finally:
+        assert stop_server(server) == 0, server.log.read_text()

@@ -53,7 +53,8 @@ class PythonModelRuns(ExecutorBase):
                     item.rescheduled = True  # it runs again (pipeline/sequences.py)
             self.batches_run += 1
         except Exception as error:  # the model's fault fails this batch's requests only
-            _fail_streams(streams, model_error(self.settings.spec.name, error))
+            batch.error = model_error(self.settings.spec.name, error)  # (for its statistics)
+            _fail_streams(streams, batch.error)
         batch.infer_ns = time.monotonic_ns() - started
         streams = []
         self._report(self._on_done_and_idle, batch)

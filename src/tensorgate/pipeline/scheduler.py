@@ -299,8 +299,12 @@ class Scheduler:
 
     def on_batch_done(self, batch: Batch) -> None:
         if batch.streaming:  # its execute returned; its requests end on their own
+            # an execute that raised is an execution, and infers nothing (Triton's Python
+            # backend counts them so); its requests' streams ended with its error, which
+            # the batch lets go of (its traceback's frames hold the batch: a cycle)
             self._stats.record_batch(batch.rows, batch.input_ns, batch.infer_ns,
-                                     batch.output_ns, None)
+                                     batch.output_ns, None if batch.error is None else 0)
+            batch.error = None
             for item in batch.items:
                 if item.filler:
                     item.release()
