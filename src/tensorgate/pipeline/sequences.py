@@ -379,8 +379,9 @@ class SequenceScheduler:
             if not sequence.auto:  # (an iterative sequence's id is the server's own)
                 self._ended.remember(sequence.id, "at its request with 'sequence_end'")
             # Requests queued after the end belong to a new sequence only if they start one.
-            while sequence.waiting and not sequence.waiting[0].sequence.start:  # type: ignore[union-attr]
-                late = sequence.waiting.popleft()
+            waiting = sequence.waiting
+            while waiting and not waiting[0].sequence.start:  # type: ignore[union-attr]
+                late = waiting.popleft()
                 self._waiting -= 1
                 late.fail(self._ended.not_started(sequence.id))
             if not sequence.waiting:
