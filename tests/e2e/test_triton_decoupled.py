@@ -278,15 +278,7 @@ def test_an_execute_that_raised_counts_an_execution_and_no_inference(tmp_path: p
     tools/triton_diff.py's stream_probe model): one that raised is an execution, its request
     a failure and not an inference."""
     root = tmp_path / "repo"
-    folder = rb.write_config(root, "raising", """
-        name: "raising"
-        backend: "python"
-        max_batch_size: 0
-        model_transaction_policy { decoupled: true }
-        input [ { name: "IN" data_type: TYPE_INT32 dims: [1] } ]
-        output [ { name: "OUT" data_type: TYPE_INT32 dims: [1] } ]
-        """)
-    (folder / "1" / "model.py").write_text(RAISING)
+    rb.add_decoupled_int32(root, "raising", RAISING)
     server = start_server(root, tmp_path / "server.log")
     try:
         answers: queue.Queue = queue.Queue()

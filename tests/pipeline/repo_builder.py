@@ -345,6 +345,20 @@ def add_python(repo: pathlib.Path, name: str, batching: str = "", delay_s: float
     torch.save({"scale": torch.tensor(2.0)}, folder / "1" / "scale.pt")
 
 
+def add_decoupled_int32(repo: pathlib.Path, name: str, source: str) -> None:
+    """A decoupled Triton Python model `name`, IN and OUT INT32 [1], without batching;
+    `source` is its model.py."""
+    folder = write_config(repo, name, f"""
+        name: "{name}"
+        backend: "python"
+        max_batch_size: 0
+        model_transaction_policy {{ decoupled: true }}
+        input [ {{ name: "IN" data_type: TYPE_INT32 dims: [1] }} ]
+        output [ {{ name: "OUT" data_type: TYPE_INT32 dims: [1] }} ]
+        """)
+    (folder / "1" / "model.py").write_text(source)
+
+
 def add_named_config(folder: pathlib.Path, name: str, max_batch: int) -> pathlib.Path:
     """configs/<name>.pbtxt (--model-config-name): the folder's config.pbtxt with another
     max_batch_size."""

@@ -88,15 +88,7 @@ class TritonPythonModel:
 @pytest.fixture(scope="module")
 def gated_repo(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
     root = tmp_path_factory.mktemp("gated")
-    folder = rb.write_config(root, "gated", """
-        name: "gated"
-        backend: "python"
-        max_batch_size: 0
-        model_transaction_policy { decoupled: true }
-        input [ { name: "IN" data_type: TYPE_INT32 dims: [ 1 ] } ]
-        output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
-        """)
-    (folder / "1" / "model.py").write_text(GATED)
+    rb.add_decoupled_int32(root, "gated", GATED)
     return root
 
 
