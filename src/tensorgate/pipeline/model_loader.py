@@ -238,9 +238,8 @@ class ModelLoader:
         if any(step.decoupled for step in steps):  # it streams, as Triton makes it
             spec = decoupled_ensemble(spec)
         spec = served_ensemble(spec)
-        stats = ModelStatistics(spec.name, version, cached=self._caches(spec),
-                                summaries=self._summaries,
-                                tags=spec.metric_tags, bounds=dict(spec.histogram_bounds))
+        stats = ModelStatistics.of(spec, version, cached=self._caches(spec),
+                                   summaries=self._summaries)
         scheduler = EnsembleScheduler(spec, steps, stats, self._steps.run,
                                       self._steps.stream)
         stats.load_s = time.monotonic() - started

@@ -384,7 +384,7 @@ class SequenceScheduler:
                 late = waiting.popleft()
                 self._waiting -= 1
                 late.fail(self._ended.not_started(sequence.id))
-            if not sequence.waiting:
+            if not waiting:
                 self._release(sequence)
                 return
             self._ended.forget(sequence.id)  # a request starts the id's next sequence

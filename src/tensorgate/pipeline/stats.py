@@ -10,9 +10,12 @@ from bisect import bisect_left
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from tensorgate.pipeline.summary import LatencySummaries
+
+if TYPE_CHECKING:
+    from tensorgate.repository.model_spec import ModelSpec
 
 __all__ = ["LATENCY_BOUNDS_US", "SUMMARY_STAGES", "Duration", "Histogram", "ModelCall",
            "ModelStatistics", "StageTimes"]
@@ -148,6 +151,13 @@ class ModelStatistics:
         self.sequences_expired = 0  # sequences ended by max_sequence_idle_microseconds
         self.failures_by_reason: dict[str, int] = {}
         self._batches: dict[int, _BatchDurations] = {}
+
+    @classmethod
+    def of(cls, spec: ModelSpec, version: int, *, cached: bool,
+           summaries: bool) -> ModelStatistics:
+        """A served version's statistics, labelled and bucketed as its config says."""
+        return cls(spec.name, version, cached=cached, summaries=summaries,
+                   tags=spec.metric_tags, bounds=dict(spec.histogram_bounds))
 
     def record_batch(self, size: int, input_ns: int, infer_ns: int, output_ns: int,
                      inferences: int | None = None) -> None:

@@ -89,16 +89,15 @@ class VersionInstances:
             raise ModelConfigError(str(artifact), "'model_transaction_policy { decoupled: true }' "
                                                   "needs a Python model (model.py) whose forward "
                                                   "yields its responses")
-        stats = ModelStatistics(spec.name, version, cached=cached,
-                                summaries=self._summaries,
-                                tags=spec.metric_tags, bounds=dict(spec.histogram_bounds))
+        stats = ModelStatistics.of(spec, version, cached=cached, summaries=self._summaries)
         if kind == "pt2" and await loop.run_in_executor(None, is_aoti_package, artifact):
             spec = await loop.run_in_executor(None, check_aoti_package, artifact, spec,
                                               devices[0])
         # /config shows the default file it loaded; a cc_model_filenames file, as configured
         spec = served_spec(spec, "" if chosen else artifact.name, by_group)
-        # a passive group's instances load and warm up, and are given no request (Triton's
-        # instance_group passive: true); model_spec refuses a config with none active
+        # a passive group's instances load, are not warmed up and are given no request
+        # (Triton's instance_group passive: true); model_spec refuses a config with none
+        # active
         passive = passive_instances(spec, by_group)
         scheduler: Scheduler | SequenceScheduler
         if spec.sequence is not None:  # each instance batches its own sequences

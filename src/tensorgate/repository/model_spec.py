@@ -149,9 +149,9 @@ class BatchingPolicy:
     preserve_ordering: bool = False
     queues: tuple[QueuePolicy, ...] = (QueuePolicy(),)
     default_level: int = 0  # index into `queues` for requests without a priority
-    # a batch of this many rows runs before the delay ends (0: no such count; a full or a
-    # preferred batch still does);
-    # a direct sequence batcher's minimum_slot_utilization (repository/sequence_config.py)
+    # a batch of this many rows runs before the delay ends (a full or a preferred batch
+    # still does; 0: no such count): a direct sequence batcher's minimum_slot_utilization
+    # (repository/sequence_config.py)
     ready_rows: int = 0
 
     def level(self, priority: int) -> int:
@@ -172,7 +172,7 @@ class InstanceGroup:
     # with --rate-limit execution_count (pipeline/rate_limiter.py)
     resources: tuple[tuple[str, int, bool], ...] = ()
     priority: int = 1
-    passive: bool = False  # loaded and warmed up, never given a request (as on Triton)
+    passive: bool = False  # loaded, not warmed up, never given a request (as on Triton)
 
 
 @dataclass(frozen=True, slots=True)
