@@ -43,6 +43,19 @@ def _executions(client: grpcclient.InferenceServerClient, model: str) -> int:
     return int(_statistics(client, model).get("execution_count", 0))
 
 
+def _statistics_after(client: grpcclient.InferenceServerClient, model: str,
+                      executions: int) -> dict[str, Any]:
+    """`model`'s statistics once they count `executions` (or WAIT_S has passed). A
+    decoupled model's response can reach its client before the executor has reported the
+    execute that sent it: an execute is counted once it has returned."""
+    deadline = time.monotonic() + WAIT_S
+    while True:
+        stats = _statistics(client, model)
+        if int(stats.get("execution_count", 0)) >= executions or time.monotonic() > deadline:
+            return stats
+        time.sleep(0.02)
+
+
 def _outcomes(client: grpcclient.InferenceServerClient) -> tuple[int, int]:
     """The `repeat` model's requests that succeeded, and that failed."""
     stats = _statistics(client, "repeat")["inference_stats"]
@@ -76,7 +89,7 @@ def test_an_instance_takes_its_next_request_while_earlier_ones_stream(
         other.async_stream_infer("meeting", _one("WAIT_FOR", 2, True), request_id="second")
         other.stop_stream()  # each waits for its stream's responses
         one.stop_stream()
-        stats = _statistics(one, "meeting")
+        stats = _statistics_after(one, "meeting", before + 2)
     assert _meeting_answers(first) == ({"first": [(2, 1)]}, [])
     assert _meeting_answers(second) == ({"second": [(2, 1)]}, [])
     assert int(stats["execution_count"]) == before + 2
@@ -288,7 +301,7 @@ def test_an_execute_that_raised_counts_an_execution_and_no_inference(tmp_path: p
                 client.async_stream_infer("raising", _one("IN", value), request_id=str(value))
                 answers.get(timeout=WAIT_S)
             client.stop_stream()
-            stats = _statistics(client, "raising")
+            stats = _statistics_after(client, "raising", 3)
         assert (int(stats["execution_count"]), int(stats["inference_count"])) == (3, 2)
         outcomes = stats["inference_stats"]
         assert (int(outcomes["success"]["count"]), int(outcomes["fail"]["count"])) == (2, 1)
