@@ -2,7 +2,9 @@
 request's pooled buffers) go when it is answered, not at the garbage collector's next pass
 (tests/garbage.py). The error reached the client from a future, raised from frames that held
 the request's work item, whose future held the error; and a decoupled model's wrong answer
-was its own cause. Found by tools/fuzz_front_ends.py."""
+was its own cause. Found by tools/fuzz_front_ends.py. Nor does a Triton Python model's
+answered request (each request held its sender's maker, which held the batch's requests:
+found by bench/gc_bench.py)."""
 
 from __future__ import annotations
 
@@ -32,6 +34,16 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
     return root
 
 
+@pytest.fixture(scope="module")
+def python_repo(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
+    """Triton Python models: add_sub answers in execute's list, sent_answers through its
+    senders, bls calls add_sub and repeat (decoupled)."""
+    root = tmp_path_factory.mktemp("python-garbage")
+    for name in ("add_sub", "sent_answers", "bls", "repeat"):
+        shutil.copytree(TESTDATA / name, root / name)
+    return root
+
+
 def _request(model: str, name: str, value: torch.Tensor, **options: int) -> InferenceRequest:
     return InferenceRequest(model, {name: TensorView.from_torch(value, name=name)}, **options)
 
@@ -56,6 +68,32 @@ def test_a_failed_request_leaves_no_cycle(repo: pathlib.Path, collector_off: Non
                         async for _ in engine.infer_stream(_request("repeat", "IN", value)):
                             pass
             return cyclic_garbage()  # (before the engine itself goes)
+
+    assert run(scenario()) == Counter()
+
+
+@pytest.mark.parametrize("model", ["add_sub", "sent_answers", "bls", "repeat"])
+def test_an_answered_triton_python_request_leaves_no_cycle(
+        python_repo: pathlib.Path, collector_off: None, model: str) -> None:
+    """Each model answers three requests, one at a time: execute's list, the senders of a
+    model not decoupled, a BLS call (of add_sub, and of decoupled repeat), a stream."""
+    async def scenario() -> Counter[str]:
+        async with serving(python_repo) as engine:
+            for _ in range(3):
+                if model == "add_sub":
+                    ones = torch.ones(1, 4)
+                    await engine.infer(InferenceRequest(model, {
+                        name: TensorView.from_torch(ones, name=name)
+                        for name in ("INPUT0", "INPUT1")}))
+                elif model == "sent_answers":
+                    await engine.infer(_request(model, "IN", torch.ones(1, 1, dtype=torch.int32)))
+                elif model == "bls":
+                    await engine.infer(_request(model, "X", torch.ones(4)))
+                else:
+                    async for _ in engine.infer_stream(
+                            _request(model, "IN", torch.tensor([2], dtype=torch.int32))):
+                        pass
+            return cyclic_garbage()
 
     assert run(scenario()) == Counter()
 

@@ -50,28 +50,34 @@ class SentAnswers:
     """What a model not decoupled sent through its requests' senders, by request: one
     response and the final flag each, from execute or later from any thread."""
 
-    def __init__(self, model: str) -> None:
+    def __init__(self, model: str, count: int) -> None:
         self.model = model
-        self.requests: list[pb_utils.InferenceRequest] = []  # execute's, once made
+        self.count = count  # execute's requests
         self.used = False  # a sender was asked for: what follows is made then
 
-    def sender_for(self, request: pb_utils.InferenceRequest
-                   ) -> pb_utils.InferenceResponseSender:
-        """`request`'s sender, when the model first asks for it (seldom, for a model not
-        decoupled: a batch that asks for none pays for none of this)."""
+    def sender_maker(self, index: int, cancelled: Callable[[], bool]
+                     ) -> Callable[[pb_utils.InferenceRequest], pb_utils.InferenceResponseSender]:
+        """What makes request `index`'s sender when the model first asks for it; `cancelled`
+        says whether its client has gone. Neither holds the request, which holds its
+        maker and then its sender: a cycle back to it would leave each request, its tensors
+        and this batch's answers to the garbage collector."""
+        return partial(self._sender_for, index, cancelled)
+
+    def _sender_for(self, index: int, cancelled: Callable[[], bool],
+                    _request: pb_utils.InferenceRequest) -> pb_utils.InferenceResponseSender:
+        """Request `index`'s sender (seldom asked for, by a model not decoupled: a batch
+        that asks for none pays for none of this)."""
         with _SETTING_UP:
             if not self.used:
-                count = len(self.requests)
+                count = self.count
                 self._responses: list[pb_utils.InferenceResponse | None] = [None] * count
                 self._final = [False] * count
                 self._asked = [False] * count  # for its sender
                 self._over = False  # answered: later sends are refused
                 self._changed = threading.Condition()
                 self.used = True
-        index = next(i for i, made in enumerate(self.requests) if made is request)
         self._asked[index] = True
-        return pb_utils.InferenceResponseSender(partial(self._deliver, index),
-                                                request.is_cancelled)
+        return pb_utils.InferenceResponseSender(partial(self._deliver, index), cancelled)
 
     def _deliver(self, index: int, response: pb_utils.InferenceResponse | None,
                  flags: int) -> None:

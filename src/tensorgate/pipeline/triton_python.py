@@ -114,10 +114,10 @@ class TritonPythonRunner:
     def run_each(self, requests: Sequence[RequestInputs]) -> list[Answer | TensorgateError]:
         """Each request's answer, or its error; RESCHEDULED for one the model rescheduled
         (its response is ignored, as Triton's Python backend ignores it)."""
-        sent = SentAnswers(self.spec.name)
-        make_sender = sent.sender_for
-        incoming = sent.requests = [_incoming(r, reschedulable=self._reschedulable,
-                                              make_sender=make_sender) for r in requests]
+        sent = SentAnswers(self.spec.name, len(requests))
+        incoming = [_incoming(r, reschedulable=self._reschedulable,
+                              make_sender=sent.sender_maker(index, r.cancelled))
+                    for index, r in enumerate(requests)]
         began = time.monotonic_ns()
         responses = self._call(incoming)
         self.call_ns = (began, time.monotonic_ns())
