@@ -7,15 +7,18 @@ minute to minute (these shared VMs: the same tree's sequential P50 read 0.9 ms a
 ten minutes apart) slows both alike, where runs one after the other (bench/ab_bench.py,
 bench/compare.py) can put the drift between them. Also counted: the client's recv calls a
 request, each a wait for more of the answer. Every answer's status and size checked.
+`--triton-python`: identity as a Triton user writes it (bench/peers/triton_model.py, the
+repository compare.py's tensorgate-tritonpy row serves), not the built-in TorchScript one.
 
     git worktree add /tmp/tg-old <commit>
     .venv/bin/python bench/interleaved_bench.py --before /tmp/tg-old/src [--after src]
-        [--requests 3000] [--runs 3]
+        [--requests 3000] [--runs 3] [--triton-python]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import pathlib
 import shutil
 import statistics
@@ -29,6 +32,7 @@ sys.path.insert(0, str(HERE.parent / "src"))
 sys.path.insert(0, str(HERE))
 
 from ab_bench import serve  # noqa: E402
+from compare_servers import _triton_python_repository  # noqa: E402
 from compare_wire import OIP_BINARY, Connection, raw_request, timed_exchange  # noqa: E402
 from tensorgate.builtin.repository import write_default_repository  # noqa: E402
 
@@ -86,10 +90,18 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=3000, help="a tree, a run")
     parser.add_argument("--warmup", type=int, default=200)
     parser.add_argument("--runs", type=int, default=3, help="server pairs started afresh")
+    parser.add_argument("--triton-python", action="store_true",
+                        help="identity as a Triton Python-backend model.py")
     args = parser.parse_args()
     trees = {"before": args.before, "after": args.after}
     work = pathlib.Path(tempfile.mkdtemp(prefix="tg-interleaved-"))
-    write_default_repository(work / "models")
+    if args.triton_python:  # its model.py loads the built-in TorchScript file, as compare's
+        write_default_repository(work / "builtin")
+        os.environ.update(TG_BENCH_MODELS=str(work / "builtin"),
+                          TG_BENCH_PEERS=str(HERE / "peers"))
+        _triton_python_repository(work / "models")
+    else:
+        write_default_repository(work / "models")
     rows = []
     try:
         for r in range(args.runs):
@@ -110,7 +122,8 @@ def main() -> None:
               f"{p99['after']:,.0f} | {recvs['before']:.2f} / {recvs['after']:.2f} |")
     change = statistics.median(p50["after"] - p50["before"] for _, p50, _, _ in rows)
     print(f"\nmedian P50 change over the runs: {change:+,.0f} µs "
-          f"({args.requests:,} requests a tree a run, identity, HTTP binary, sequential)")
+          f"({args.requests:,} requests a tree a run, identity"
+          f"{' (Triton model.py)' if args.triton_python else ''}, HTTP binary, sequential)")
 
 
 if __name__ == "__main__":
