@@ -87,6 +87,15 @@ TESTDATA = HERE.parent / "tests" / "testdata" / "triton_python"
 MODELS = ["ident", "add_sub", "repeat", "seq", "pair", "bls", "nope", ""]
 INPUT_NAMES = ["INPUT__0", "INPUT0", "INPUT1", "IN", "X", "x"]
 DATATYPES = ["FP32", "INT32", "BYTES", "BOOL", "FP16", "BF16", "INT64", "UINT8", "X", ""]
+# Each model's inputs as its config has them (name, datatype, shape): half the inference
+# requests to such a model are made of them, values from the input, so that they reach its
+# execute and answers (made of random names and shapes, hardly any did: a Triton Python
+# model's answered requests were never run, and the cycle each left went unseen)
+WELL_FORMED: dict[str, list[tuple[str, str, list[int]]]] = {
+    "ident": [("INPUT__0", "FP32", [1, 4])], "seq": [("INPUT__0", "FP32", [1, 4])],
+    "pair": [("IN", "FP32", [1, 4])], "bls": [("X", "FP32", [4])],
+    "add_sub": [("INPUT0", "FP32", [1, 4]), ("INPUT1", "FP32", [1, 4])],
+    "repeat": [("IN", "INT32", [1])]}  # (IN: how many responses, negative for errors)
 
 
 # -- the server --------------------------------------------------------------------------------
@@ -335,6 +344,24 @@ def _choice(fdp: atheris.FuzzedDataProvider, options: list[Any]) -> Any:
     return options[fdp.ConsumeIntInRange(0, len(options) - 1)]
 
 
+def _well_formed(fdp: atheris.FuzzedDataProvider, model: str
+                 ) -> list[tuple[str, str, list[int], list[float] | list[int]]]:
+    """`model`'s inputs (WELL_FORMED) with values from the input: quarters from -25 to 25,
+    INT32 from -3 to 5 (repeat sends that many responses)."""
+    made: list[tuple[str, str, list[int], list[float] | list[int]]] = []
+    for name, datatype, shape in WELL_FORMED[model]:
+        count = shape[-1]
+        values: list[float] | list[int] = (
+            [fdp.ConsumeIntInRange(-3, 5) for _ in range(count)] if datatype == "INT32"
+            else [fdp.ConsumeIntInRange(-100, 100) / 4 for _ in range(count)])
+        made.append((name, datatype, shape, values))
+    return made
+
+
+def _raw(datatype: str, values: list[float] | list[int]) -> bytes:
+    return struct.pack(f"<{len(values)}{'i' if datatype == 'INT32' else 'f'}", *values)
+
+
 def _shape(fdp: atheris.FuzzedDataProvider) -> list[int]:
     return [_choice(fdp, [1, 2, 3, 0, -1, 4, 2**31, 2**62])
             for _ in range(fdp.ConsumeIntInRange(0, 3))]
@@ -418,12 +445,26 @@ def _tensor_json(fdp: atheris.FuzzedDataProvider, tail: list[bytes]) -> dict[str
     return tensor
 
 
-def _infer_body(fdp: atheris.FuzzedDataProvider) -> tuple[bytes, int | None]:
-    """A JSON inference request, with binary tensor data after it or not; and the JSON's
-    length (the Inference-Header-Content-Length) where there is binary data."""
+def _infer_body(fdp: atheris.FuzzedDataProvider, model: str) -> tuple[bytes, int | None]:
+    """A JSON inference request for `model`, with binary tensor data after it or not; and
+    the JSON's length (the Inference-Header-Content-Length) where there is binary data."""
     tail: list[bytes] = []
-    header: dict[str, Any] = {"inputs": [_tensor_json(fdp, tail)
-                                         for _ in range(fdp.ConsumeIntInRange(0, 3))]}
+    header: dict[str, Any] = {}
+    well_formed = model in WELL_FORMED and fdp.ConsumeBool()
+    if well_formed:
+        header["inputs"] = []
+        for name, datatype, shape, values in _well_formed(fdp, model):
+            tensor: dict[str, Any] = {"name": name, "datatype": datatype, "shape": shape}
+            if fdp.ConsumeBool():
+                tail.append(_raw(datatype, values))
+                tensor["parameters"] = {"binary_data_size": len(tail[-1])}
+            else:
+                tensor["data"] = values
+            header["inputs"].append(tensor)
+    else:
+        header["inputs"] = [_tensor_json(fdp, tail) for _ in range(fdp.ConsumeIntInRange(0, 3))]
+    if well_formed and fdp.ConsumeProbability() < 0.7:  # mostly as it is: random outputs,
+        return _body(fdp, header, tail)  # parameters and ids are seldom the model's
     if fdp.ConsumeBool():
         header["outputs"] = [{"name": _choice(fdp, ["OUTPUT__0", "OUTPUT0", "OUT", "y"]),
                               "parameters": _region_parameters(fdp)
@@ -436,6 +477,13 @@ def _infer_body(fdp: atheris.FuzzedDataProvider) -> tuple[bytes, int | None]:
                                               "binary_data_output", "x"]): _json_value(fdp)}
     if fdp.ConsumeBool():
         header["id"] = _json_value(fdp)
+    return _body(fdp, header, tail)
+
+
+def _body(fdp: atheris.FuzzedDataProvider, header: dict[str, Any], tail: list[bytes]
+          ) -> tuple[bytes, int | None]:
+    """The request's JSON (cut or spoiled, one time in ten) and the binary data after it;
+    and the JSON's length where there is binary data."""
     text = json.dumps(header).encode()
     if fdp.ConsumeProbability() < 0.1:  # cut or spoiled
         text = text[:fdp.ConsumeIntInRange(0, len(text))] + fdp.ConsumeBytes(4)
@@ -501,7 +549,8 @@ def http_input(data: bytes) -> bytes:
                               ).encode()
             json_length = None
         else:
-            body, json_length = _infer_body(fdp)
+            body, json_length = _infer_body(fdp, path.split("/")[3] if path.startswith(
+                "/v2/models/") else "")
         headers = [b"Host: 127.0.0.1"]
         if json_length is not None and fdp.ConsumeProbability() < 0.9:
             value = json_length if fdp.ConsumeBool() else fdp.ConsumeIntInRange(-1, len(body) + 2)
@@ -593,10 +642,15 @@ def _frame(kind: int, flags: int, stream: int, payload: bytes) -> bytes:
 
 def _infer_message(fdp: atheris.FuzzedDataProvider, method: str) -> bytes:
     if method in ("ModelInfer", "ModelStreamInfer"):
-        request = pb.ModelInferRequest(model_name=_choice(fdp, MODELS),
+        model = _choice(fdp, MODELS)
+        request = pb.ModelInferRequest(model_name=model,
                                        model_version=_choice(fdp, ["", "1", "2", "x"]),
                                        id=_choice(fdp, ["", "a", "b"]))
-        for _ in range(fdp.ConsumeIntInRange(0, 3)):
+        if model in WELL_FORMED and fdp.ConsumeBool():
+            for name, datatype, shape, values in _well_formed(fdp, model):
+                request.inputs.add(name=name, datatype=datatype, shape=shape)
+                request.raw_input_contents.append(_raw(datatype, values))
+        for _ in range(0 if request.inputs else fdp.ConsumeIntInRange(0, 3)):
             tensor = request.inputs.add(name=_choice(fdp, INPUT_NAMES),
                                         datatype=_choice(fdp, DATATYPES))
             tensor.shape.extend(_shape(fdp))
