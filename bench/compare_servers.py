@@ -131,10 +131,10 @@ def _triton_prepare(server: Server, work: pathlib.Path, threads: int) -> None:
         link = backend / source.name
         if not link.exists():
             link.symlink_to(source)
-    _triton_python_repository(work / "triton-models")
+    triton_python_repository(work / "triton-models")
 
 
-def _triton_python_repository(root: pathlib.Path) -> None:
+def triton_python_repository(root: pathlib.Path) -> None:
     """The Python-backend repository a Triton user writes (bench/peers/triton_model.py for
     each workload): what Triton serves, and tensorgate serves unchanged."""
     on_gpu = os.environ.get("TG_BENCH_DEVICE", "cpu").startswith("cuda")
@@ -234,7 +234,7 @@ def servers() -> dict[str, Server]:
         "tensorgate-tritonpy": Server(
             "tensorgate-tritonpy", OIP_BINARY, "/v2/models/{model}/infer",
             pathlib.Path(sys.executable), _tensorgate_tritonpy_command,
-            prepare=lambda s, w, t: _triton_python_repository(w / "tensorgate-triton-models"),
+            prepare=lambda s, w, t: triton_python_repository(w / "tensorgate-triton-models"),
             note="tensorgate serving Triton's Python-backend repository unchanged (the same "
                  "model.py and config.pbtxt as the triton row; pb_utils API)", grpc=True,
             batching="dynamic batching (max delay 0)", package="tensorgate"),

@@ -303,7 +303,7 @@ def main() -> None:
     for workload in WORKLOADS:
         cells = []
         for name in names:
-            freed, ms, _ = results[name].get(workload, (float("nan"),) * 2 + ({},))
+            freed, ms, _ = results[name][workload]
             cells += [f"{freed:,.0f}", f"{ms:.2f}"]
         print(f"| {workload} | " + " | ".join(cells) + " |")
     if args.types:

@@ -32,7 +32,7 @@ sys.path.insert(0, str(HERE.parent / "src"))
 sys.path.insert(0, str(HERE))
 
 from ab_bench import serve  # noqa: E402
-from compare_servers import _triton_python_repository  # noqa: E402
+from compare_servers import triton_python_repository  # noqa: E402
 from compare_wire import OIP_BINARY, Connection, raw_request, timed_exchange  # noqa: E402
 from tensorgate.builtin.repository import write_default_repository  # noqa: E402
 
@@ -99,7 +99,7 @@ def main() -> None:
         write_default_repository(work / "builtin")
         os.environ.update(TG_BENCH_MODELS=str(work / "builtin"),
                           TG_BENCH_PEERS=str(HERE / "peers"))
-        _triton_python_repository(work / "models")
+        triton_python_repository(work / "models")
     else:
         write_default_repository(work / "models")
     rows = []

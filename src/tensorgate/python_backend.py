@@ -234,7 +234,7 @@ class InferenceRequest:
         self._parameters = (parameters if isinstance(parameters, str)
                             else json.dumps(dict(parameters or {})))
         self._sender: InferenceResponseSender | None = None
-        self._make_sender: Callable[[InferenceRequest], InferenceResponseSender] | None = None
+        self._make_sender: Callable[[], InferenceResponseSender] | None = None
         self._cancelled: Callable[[], bool] = _never
         self._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
         self._reschedulable = False  # its model's config has iterative_sequence
@@ -279,7 +279,7 @@ class InferenceRequest:
             if self._make_sender is None:
                 raise TritonModelException("this request has no response sender: it is not "
                                            "one the server handed to execute")
-            self._sender = self._make_sender(self)
+            self._sender = self._make_sender()
         return self._sender
 
     def trace(self) -> InferenceTrace:
@@ -345,7 +345,7 @@ def incoming_request(inputs: Sequence[Tensor], request_id: str, correlation_id: 
                      cancelled: Callable[[], bool],
                      sender: InferenceResponseSender | None = None,
                      trace: Any = None, reschedulable: bool = False,
-                     make_sender: Callable[[InferenceRequest], InferenceResponseSender]
+                     make_sender: Callable[[], InferenceResponseSender]
                      | None = None, timeout: int = 0) -> InferenceRequest:
     """A request as the server hands it to `execute` (not part of Triton's API); `trace`:
     the server's trace of it, when it is traced; `reschedulable`: its model's config has

@@ -56,15 +56,15 @@ class SentAnswers:
         self.used = False  # a sender was asked for: what follows is made then
 
     def sender_maker(self, index: int, cancelled: Callable[[], bool]
-                     ) -> Callable[[pb_utils.InferenceRequest], pb_utils.InferenceResponseSender]:
+                     ) -> Callable[[], pb_utils.InferenceResponseSender]:
         """What makes request `index`'s sender when the model first asks for it; `cancelled`
         says whether its client has gone. Neither holds the request, which holds its
         maker and then its sender: a cycle back to it would leave each request, its tensors
         and this batch's answers to the garbage collector."""
         return partial(self._sender_for, index, cancelled)
 
-    def _sender_for(self, index: int, cancelled: Callable[[], bool],
-                    _request: pb_utils.InferenceRequest) -> pb_utils.InferenceResponseSender:
+    def _sender_for(self, index: int, cancelled: Callable[[], bool]
+                    ) -> pb_utils.InferenceResponseSender:
         """Request `index`'s sender (seldom asked for, by a model not decoupled: a batch
         that asks for none pays for none of this)."""
         with _SETTING_UP:

@@ -273,8 +273,7 @@ def initialize_args(spec: ModelSpec, context: ModelContext) -> dict[str, str]:
 
 def _incoming(request: RequestInputs, sender: pb_utils.InferenceResponseSender | None = None,
               reschedulable: bool = False,
-              make_sender: Callable[[pb_utils.InferenceRequest],
-                                    pb_utils.InferenceResponseSender] | None = None
+              make_sender: Callable[[], pb_utils.InferenceResponseSender] | None = None
               ) -> pb_utils.InferenceRequest:
     inputs = [pb_utils.Tensor(name, value) for name, value in request.inputs.items()]
     return pb_utils.incoming_request(
