@@ -197,6 +197,11 @@ _known("an output the request asked for and the model did not make is an error n
        "here; Triton answers 200 without it", 200, 500, "probe answer: output missing")
 _known("an output the model made twice is answered once here; Triton sends both", 200, 200,
        "probe answer: output twice", differing=("outputs",))
+_known("a request a Python model answered with an error (InferenceResponse(error=...), or an "
+       "output its client asked for missing) is a failed request here: Triton's Python "
+       "backend counts it a success, with its queue and compute times", "OK", "OK",
+       "probe statistics after its answers",
+       differing=("success", "fail", "queue", "compute_infer"))
 _known("a gRPC call's deadline bounds its request here as a timeout would (the queue drops it "
        "when it passes), so request.timeout() says it; Triton's is the timeout parameter alone",
        "OK", "OK", "grpc probe request with typed parameters",
@@ -371,6 +376,20 @@ def _custom_metrics(port: int) -> tuple[Any, Any]:
         text = answer.read().decode()
     return "OK", sorted(line for line in text.splitlines()
                         if line.startswith(("probe_", "# HELP probe_", "# TYPE probe_")))
+
+
+def _statistics_counts(port: int, model: str) -> tuple[Any, Any]:
+    """`model`'s statistics as counts, without their durations (which differ by nature):
+    after the same requests, which the two servers counted as what."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/models/{model}/stats",
+                                timeout=30) as answer:
+        stats = json.loads(answer.read())["model_stats"][0]
+    counts = {key: stats[key] for key in ("inference_count", "execution_count")}
+    counts.update((stage, stats["inference_stats"][stage]["count"])
+                  for stage in ("success", "fail", "queue", "compute_infer"))
+    counts["batches"] = sorted((entry["batch_size"], entry["compute_infer"]["count"])
+                               for entry in stats["batch_stats"])
+    return "OK", counts
 
 
 def _grpc_outcome(stub: Any, case: Grpc) -> tuple[Any, Any]:
@@ -692,6 +711,8 @@ def main(argv: list[str] | None = None) -> int:
             http_ports, grpc_ports = (ports[0], ports[3]), (ports[1], ports[4])
             for case in http_cases() + probe_cases():
                 compare(case.name, lambda at: _http_outcome(http_ports[at], case))
+            compare("probe statistics after its answers",
+                    lambda at: _statistics_counts(http_ports[at], "probe"))
             keys, handles = _shm_regions()
             try:
                 for case in shm_cases(keys):

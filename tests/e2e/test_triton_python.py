@@ -124,6 +124,33 @@ def test_a_model_that_raises_fails_its_call_and_the_server_goes_on(
                           np.full((1, 4), 2.0))
 
 
+def _counts(client: httpclient.InferenceServerClient, model: str) -> tuple[int, ...]:
+    stats = client.get_inference_statistics(model)["model_stats"][0]
+    outcomes = stats["inference_stats"]
+    return (int(stats["execution_count"]), int(stats["inference_count"]),
+            int(outcomes["success"]["count"]), int(outcomes["fail"]["count"]),
+            sum(int(entry["compute_infer"]["count"]) for entry in stats["batch_stats"]))
+
+
+def test_an_execute_that_raised_is_an_execution_that_inferred_nothing(
+        served: RunningServer) -> None:
+    """As Triton 2.51's Python backend counts a model not decoupled (measured with
+    tools/triton_diff.py's probe: 'probe statistics after its answers'): an execute that
+    raised is an execution, in its batch size's statistics, and its request a failure, not
+    an inference. (Triton's C++ backends count no execution for a batch that failed.)"""
+    client = httpclient.InferenceServerClient(served.url)
+    inputs = _add_sub_inputs(np.ones((1, 4), np.float32), np.ones((1, 4), np.float32))
+    before = _counts(client, "add_sub")
+    for explode in (False, True, False):  # one at a time: each its own execute
+        try:
+            client.infer("add_sub", inputs, parameters={"explode": explode})
+        except InferenceServerException:
+            assert explode
+    after = _counts(client, "add_sub")
+    assert tuple(b - a for a, b in zip(before, after)) == (3, 2, 2, 1, 3)
+    client.close()
+
+
 def test_an_output_made_in_another_datatype_is_answered_as_made(served: RunningServer) -> None:
     """Triton passes a Python model's output on in the datatype the model made it in, not
     its config's (numpy math that made FP64 where the config says FP32 still answers), so

@@ -107,6 +107,8 @@ class PythonModelRuns(ExecutorBase):
                 self._learn_cost(batch.infer_ns)
         except Exception as error:  # the model's fault fails this batch only
             batch.error = model_error(spec.name, error)
+            batch.infer_ns = time.monotonic_ns() - started  # an execution all the same,
+            batch.counted_if_failed = True  # as Triton's Python backend counts it
         answers = None
         self._report(self._on_done_and_idle, batch)
 

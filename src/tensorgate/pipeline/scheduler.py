@@ -322,6 +322,9 @@ class Scheduler:
         now = time.monotonic_ns()
         if batch.error is not None:
             error = batch.error
+            if batch.counted_if_failed:  # an execution that inferred nothing
+                self._stats.record_batch(batch.rows, batch.input_ns, batch.infer_ns,
+                                         batch.output_ns, 0)
             for item in batch.items:
                 if not item.filler:
                     self._fail(item, error, now, "BACKEND")

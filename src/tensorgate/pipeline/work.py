@@ -125,7 +125,7 @@ class Batch:
 
     __slots__ = ("items", "rows", "error", "dispatched_ns", "input_ns", "infer_ns", "output_ns",
                  "started_ns", "output_started_ns", "infos", "streaming", "streams_open",
-                 "run_alone")
+                 "run_alone", "counted_if_failed")
 
     def __init__(self, items: list[WorkItem], dispatched_ns: int) -> None:
         self.items = items
@@ -146,6 +146,9 @@ class Batch:
         # it failed as a batch and its requests ran again one by one (executor._each_alone):
         # its time is no batch's cost (pipeline/batch_cap.py learns from the others)
         self.run_alone = False
+        # a Triton Python model's execute that raised is still an execution (Triton's Python
+        # backend reports every execute's batch; its C++ backends none for a failed batch)
+        self.counted_if_failed = False
 
     def requests(self) -> list[RequestInfo]:
         """Its requests as a Python model's `preprocess` sees them, in row order (kept, for
