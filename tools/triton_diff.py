@@ -197,10 +197,11 @@ _known("an output the request asked for and the model did not make is an error n
        "here; Triton answers 200 without it", 200, 500, "probe answer: output missing")
 _known("an output the model made twice is answered once here; Triton sends both", 200, 200,
        "probe answer: output twice", differing=("outputs",))
-_known("a request a Python model answered with an error (InferenceResponse(error=...), or an "
-       "output its client asked for missing) is a failed request here: Triton's Python "
-       "backend counts it a success, with its queue and compute times", "OK", "OK",
-       "probe statistics after its answers",
+_known("a request a Python model answered with an error (InferenceResponse(error=...), sent "
+       "or returned, or an output its client asked for missing) is a failed request here: "
+       "Triton's Python backend counts it a success, with its queue and compute times",
+       "OK", "OK", "probe statistics after its answers",
+       "stream_probe statistics after its streams", "stream_count statistics after its streams",
        differing=("success", "fail", "queue", "compute_infer"))
 _known("a gRPC call's deadline bounds its request here as a timeout would (the queue drops it "
        "when it passes), so request.timeout() says it; Triton's is the timeout parameter alone",
@@ -378,18 +379,38 @@ def _custom_metrics(port: int) -> tuple[Any, Any]:
                         if line.startswith(("probe_", "# HELP probe_", "# TYPE probe_")))
 
 
-def _statistics_counts(port: int, model: str) -> tuple[Any, Any]:
-    """`model`'s statistics as counts, without their durations (which differ by nature):
-    after the same requests, which the two servers counted as what."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/models/{model}/stats",
-                                timeout=30) as answer:
-        stats = json.loads(answer.read())["model_stats"][0]
-    counts = {key: stats[key] for key in ("inference_count", "execution_count")}
-    counts.update((stage, stats["inference_stats"][stage]["count"])
-                  for stage in ("success", "fail", "queue", "compute_infer"))
-    counts["batches"] = sorted((entry["batch_size"], entry["compute_infer"]["count"])
-                               for entry in stats["batch_stats"])
-    return "OK", counts
+def _statistics_counts(port: int, model: str) -> dict[str, int]:
+    """`model`'s statistics as counts, without their durations (which differ by nature),
+    each batch size's executions as "batch N". Read until two reads 0.2 s apart agree (at
+    most 5 s): a decoupled model's execute is counted once it has returned, which may be
+    after its client has its responses, on either server."""
+    def read() -> dict[str, int]:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/models/{model}/stats",
+                                    timeout=30) as answer:
+            stats = json.loads(answer.read())["model_stats"][0]
+        counts = {key: int(stats[key]) for key in ("inference_count", "execution_count")}
+        counts.update((stage, int(stats["inference_stats"][stage]["count"]))
+                      for stage in ("success", "fail", "queue", "compute_infer"))
+        counts.update((f"batch {entry['batch_size']}", int(entry["compute_infer"]["count"]))
+                      for entry in stats["batch_stats"])
+        return counts
+
+    counts, deadline = read(), time.monotonic() + 5
+    while time.monotonic() < deadline:
+        time.sleep(0.2)
+        again = read()
+        if again == counts:
+            break
+        counts = again
+    return counts
+
+
+def _counted_since(port: int, model: str, before: dict[str, int]) -> tuple[Any, Any]:
+    """What `model`'s statistics counted since `before` (_statistics_counts): after the same
+    requests, which the two servers counted as what."""
+    now = _statistics_counts(port, model)
+    return "OK", {key: value - before.get(key, 0) for key, value in now.items()
+                  if value != before.get(key, 0) or key in ("success", "fail")}
 
 
 def _grpc_outcome(stub: Any, case: Grpc) -> tuple[Any, Any]:
@@ -709,10 +730,11 @@ def main(argv: list[str] | None = None) -> int:
                     rows.append((name, one, two, _verdict(name, one, two)))
 
             http_ports, grpc_ports = (ports[0], ports[3]), (ports[1], ports[4])
+            counted = [_statistics_counts(port, "probe") for port in http_ports]
             for case in http_cases() + probe_cases():
                 compare(case.name, lambda at: _http_outcome(http_ports[at], case))
             compare("probe statistics after its answers",
-                    lambda at: _statistics_counts(http_ports[at], "probe"))
+                    lambda at: _counted_since(http_ports[at], "probe", counted[at]))
             keys, handles = _shm_regions()
             try:
                 for case in shm_cases(keys):
@@ -728,9 +750,15 @@ def main(argv: list[str] | None = None) -> int:
                 compare(case.name, lambda at: _http_outcome(http_ports[at], case))
             compare("metrics", lambda at: _metrics_outcome((ports[2], ports[5])[at]))
             compare("custom metrics", lambda at: _custom_metrics((ports[2], ports[5])[at]))
+            streamed = ("stream_probe", "stream_count", "int_double")
+            before = {model: [_statistics_counts(port, model) for port in http_ports]
+                      for model in streamed}
             for stream in stream_cases():
                 compare(stream.name,
                         lambda at: _stream_outcome(f"127.0.0.1:{grpc_ports[at]}", stream))
+            for model in streamed:
+                compare(f"{model} statistics after its streams",
+                        lambda at: _counted_since(http_ports[at], model, before[model][at]))
             for grpc_case in grpc_cases():
                 compare(grpc_case.name, lambda at: _grpc_outcome(stubs[at], grpc_case))
             for frames in frames_cases():
