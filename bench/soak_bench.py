@@ -1,8 +1,9 @@
 """Soak: one server under a mixed, partly hostile load for minutes — does anything grow?
 
 Starts `tensorgate serve` on the built-in repository plus two streaming models (a
-tensorgate Model generator and a Triton Python model sending from its own threads), with
-system shared memory allowed, and runs client processes side by side until the time is up:
+tensorgate Model generator and a Triton Python model sending from its own threads) and a
+Triton Python model that is not decoupled, with system shared memory allowed, and runs
+client processes side by side until the time is up:
 
 - http-binary: identity over HTTP with the binary tensor extension, keep-alive (a lean
   socket client), a new connection every 200 requests;
@@ -11,6 +12,8 @@ system shared memory allowed, and runs client processes side by side until the t
 - grpc-unary: identity through a grpcio stub, a new channel every 100 calls;
 - grpc-stream: ModelStreamInfer to both streaming models, 16 responses a request; every
   fifth stream is cancelled after 3 responses;
+- python-model: the Triton Python model `scale` (dynamic batching) over HTTP binary, 64 KB
+  a request; one in ten raises its execute and one in ten is answered with an error;
 - shm: register a system shared-memory region, infer identity from and into it,
   unregister (tritonclient);
 - hostile: a malformed request line, a body over --max-request-bytes, a body cut short, a
@@ -108,6 +111,34 @@ class TritonPythonModel:
         sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 '''
 
+SCALE = '''
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    """OUTPUT__0 = 2 * INPUT__0, as a Triton user writes it, its requests batched. A first
+    value of -1 raises (the whole execute fails); of -2, that request's answer is an error."""
+
+    def execute(self, requests):
+        values = [pb_utils.get_input_tensor_by_name(r, "INPUT__0").as_numpy() for r in requests]
+        if any(value[0, 0] == -1 for value in values):
+            raise pb_utils.TritonModelException("asked to raise")
+        return [pb_utils.InferenceResponse(error=pb_utils.TritonError("asked to refuse"))
+                if value[0, 0] == -2 else
+                pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT__0", value * 2)])
+                for value in values]
+'''
+
+SCALE_CONFIG = """\
+name: "scale"
+backend: "python"
+max_batch_size: 8
+dynamic_batching { max_queue_delay_microseconds: 200 }
+input [ { name: "INPUT__0" data_type: TYPE_FP32 dims: [ 16384 ] } ]
+output [ { name: "OUTPUT__0" data_type: TYPE_FP32 dims: [ 16384 ] } ]
+"""
+
 ECHO_TEXT = '''
 from tensorgate import Model
 
@@ -145,9 +176,11 @@ def write_repository(root: pathlib.Path) -> None:
         (root / name / "1").mkdir(parents=True, exist_ok=True)
         (root / name / "config.pbtxt").write_text(STREAM_CONFIG.format(name=name, extra=extra))
         (root / name / "1" / "model.py").write_text(textwrap.dedent(code))
-    (root / "echo_text" / "1").mkdir(parents=True, exist_ok=True)
-    (root / "echo_text" / "config.pbtxt").write_text(ECHO_TEXT_CONFIG)
-    (root / "echo_text" / "1" / "model.py").write_text(ECHO_TEXT)
+    for name, code, config in (("echo_text", ECHO_TEXT, ECHO_TEXT_CONFIG),
+                               ("scale", SCALE, SCALE_CONFIG)):
+        (root / name / "1").mkdir(parents=True, exist_ok=True)
+        (root / name / "config.pbtxt").write_text(config)
+        (root / name / "1" / "model.py").write_text(code)
 
 
 # -- clients (each in its own process; counts: ok, expected errors, wrong answers) ---------
@@ -172,6 +205,41 @@ def http_binary(ports: dict[str, int], deadline: float, out: Any) -> None:
         finally:
             connection.sock.close()
     out.put(("http-binary", counts))
+
+
+def python_model(ports: dict[str, int], deadline: float, out: Any) -> None:
+    """The Triton Python model `scale` over HTTP binary, 64 KB a request, a new connection
+    every 100: one in ten raises its execute, one in ten is answered with an error (both
+    500s naming why); the rest must come back doubled."""
+    counts = {"ok": 0, "expected": 0, "wrong": 0}
+    values = np.random.default_rng(2).random((1, 16384)).astype("<f4")
+    raws = []
+    for first in (None, -1.0, -2.0):
+        x = values.copy()
+        if first is not None:
+            x[0, 0] = first
+        path, headers, body = OIP_BINARY.build("/v2/models/{model}/infer", "scale", x)
+        raws.append(raw_request(ports["http"], path, headers, body))
+    sent = 0
+    while time.monotonic() < deadline:
+        connection = Connection(ports["http"])
+        try:
+            for _ in range(100):
+                if time.monotonic() >= deadline:
+                    break
+                kind = (0, 0, 0, 1, 0, 0, 0, 0, 2, 0)[sent % 10]
+                sent += 1
+                status, headers, answer = connection.exchange(raws[kind])
+                if status == 200:
+                    good = kind == 0 and np.array_equal(
+                        OIP_BINARY.decode(headers, bytes(answer)), values * 2)
+                    counts["ok" if good else "wrong"] += 1
+                else:
+                    counts["expected" if status == 500 and b"asked to" in bytes(answer)
+                           else "wrong"] += 1
+        finally:
+            connection.sock.close()
+    out.put(("python-model", counts))
 
 
 def http_json(ports: dict[str, int], deadline: float, out: Any) -> None:
@@ -461,7 +529,8 @@ def floods(ports: dict[str, int], deadline: float, out: Any) -> None:
 
 
 CLIENTS = {"http-binary": http_binary, "http-json": http_json, "grpc-unary": grpc_unary,
-           "grpc-stream": grpc_stream, "shm": shm, "hostile": hostile, "floods": floods}
+           "grpc-stream": grpc_stream, "python-model": python_model, "shm": shm,
+           "hostile": hostile, "floods": floods}
 
 
 # -- the server and what is sampled -------------------------------------------------------
