@@ -11,6 +11,7 @@ connections, which keeps the event loop's thread busy with Python. Rounds altern
 Writes bench/results/eager_bench.json.
 
     .venv/bin/python bench/eager_bench.py [--requests 60] [--rounds 2] [--connections 4]
+        [--src /tmp/tg-old/src]
     (apt-get install wrk)
 """
 
@@ -105,12 +106,14 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=60)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--connections", type=int, default=4)
+    parser.add_argument("--src", type=pathlib.Path, default=HERE.parent / "src",
+                        help="the tree whose server is measured (a worktree's src: before)")
     args = parser.parse_args()
     work = pathlib.Path(tempfile.mkdtemp(prefix="tg-eager-"))
     x = np.random.default_rng(0).standard_normal((1, 3, 224, 224)).astype(np.float32)
     samples: dict[str, dict[str, list[float]]] = {m: {"idle": [], "busy": []} for m in MODELS}
     identity_qps: dict[str, list[float]] = {m: [] for m in MODELS}
-    process, port, _ = serve(HERE.parent / "src", repository(work))
+    process, port, _ = serve(args.src, repository(work))
     try:
         reference = _answer(port, x)
         path, headers, body = OIP_BINARY.build("/v2/models/identity/infer", "identity", x)
@@ -152,7 +155,8 @@ def main() -> None:
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "eager_bench.json").write_text(json.dumps({
         "date": time.strftime("%Y-%m-%d %H:%M"), "machine": platform.processor() or
-        platform.machine(), "torch": torch.__version__, "args": vars(args), "models": rows,
+        platform.machine(), "torch": torch.__version__,
+        "args": {**vars(args), "src": str(args.src)}, "models": rows,
         "samples_ms": samples}))
 
 

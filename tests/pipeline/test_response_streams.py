@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from tensorgate import Engine, InferenceRequest, TensorView
+from tensorgate.pipeline.handoff import LoopMailbox
 from tensorgate.pipeline.response_streams import Outbox
 from tests.pipeline import repo_builder as rb
 from tests.pipeline.conftest import run
@@ -26,7 +27,8 @@ def test_calls_from_threads_run_on_the_loop_in_order_and_a_failing_one_is_report
         loop = asyncio.get_running_loop()
         reported: list[BaseException] = []
         loop.set_exception_handler(lambda _, context: reported.append(context["exception"]))
-        outbox = Outbox(loop)
+        mailbox = LoopMailbox(loop)
+        outbox = Outbox(mailbox)
         seen: dict[int, list[int]] = {0: [], 1: [], 2: []}
         on_loop: list[bool] = []
         done = asyncio.Event()
@@ -55,6 +57,7 @@ def test_calls_from_threads_run_on_the_loop_in_order_and_a_failing_one_is_report
         assert all(values == list(range(500)) for values in seen.values())
         assert all(on_loop)
         assert [str(error) for error in reported] == ["a posted call failed"]
+        mailbox.close()
     run(scenario())
 
 

@@ -7,7 +7,8 @@
     await engine.shutdown()                               # staged: stop, drain, answer, unload
 
 All public methods run on the event loop and never block it: loading and inference happen on
-executor threads, and their results come back through `call_soon_threadsafe`.
+executor threads, and their results come back through the loop's mailbox
+(pipeline/handoff.py).
 """
 
 from __future__ import annotations

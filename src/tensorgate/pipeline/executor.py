@@ -4,9 +4,9 @@ It loads the model, warms it and captures CUDA graphs (pipeline/warm_up.py), the
 batches from its queue: gather inputs (a counted copy when more than one request),
 host→device, forward, device→host, and either finishes the outputs itself or hands them to
 the post-processing pool. A decoupled tensorgate Model's requests are generators it steps in
-turn between batches (pipeline/generations.py). Every result goes back to the event loop with
-`loop.call_soon_threadsafe` (a decoupled model's responses through an Outbox: one wake-up
-for many); the loop never waits on this thread.
+turn between batches (pipeline/generations.py). Every result goes back to the event loop
+through its mailbox (pipeline/handoff.py; a decoupled model's responses through an
+Outbox: one wake-up for many); the loop never waits on this thread.
 
 Threads are started here and nowhere else: the executor threads and the post-processing pool
 (but for the event loop an `async def execute` of a decoupled Triton Python model runs on,
@@ -43,6 +43,7 @@ from tensorgate.pipeline.executor_settings import ExecutorSettings
 from tensorgate.pipeline.generation_steps import WAKE, GenerationSteps
 from tensorgate.pipeline.idle_time import lowered_to_idle_time
 from tensorgate.pipeline.input_bounds import bounded_spec
+from tensorgate.pipeline.handoff import LoopMailbox
 from tensorgate.pipeline.model_outputs import model_error, refused_sizes
 from tensorgate.pipeline.placement import LIGHT_FORWARD_NS, pin_current_thread, thread_cpus
 from tensorgate.pipeline.postprocess_pool import PostprocessPool
@@ -75,12 +76,12 @@ CLEARLY_HEAVY_NS = 4 * LIGHT_FORWARD_NS
 class ExecutorThread(GenerationSteps, PythonModelRuns):
     """One model instance on one device, behind a queue of batches."""
 
-    def __init__(self, name: str, settings: ExecutorSettings, loop: asyncio.AbstractEventLoop,
+    def __init__(self, name: str, settings: ExecutorSettings, mailbox: LoopMailbox,
                  pool: BufferPool, postprocess_pool: PostprocessPool,
                  on_batch_done: Callable[[Batch], None],
                  on_idle: Callable[[ExecutorThread], None],
                  on_stream_end: Callable[[Batch, WorkItem], None]) -> None:
-        super().__init__(name, settings, loop, pool, postprocess_pool, on_batch_done, on_idle,
+        super().__init__(name, settings, mailbox, pool, postprocess_pool, on_batch_done, on_idle,
                          on_stream_end)
         self._thread = threading.Thread(target=self._main, name=name, daemon=True)
 
@@ -109,11 +110,15 @@ class ExecutorThread(GenerationSteps, PythonModelRuns):
             self.idle_time.raise_now()
         self._queue.put(_STOP)
 
-    # -- the thread ------------------------------------------------------------------------
-
     # -- the thread -------------------------------------------------------------------------
 
     def _main(self) -> None:
+        try:
+            self._take_batches()
+        finally:
+            self._queue.close()  # what is put from now on is dropped: nobody would take it
+
+    def _take_batches(self) -> None:
         try:
             self._setup()
         except BaseException as error:  # noqa: BLE001 - reported to the loader, never lost
@@ -364,10 +369,10 @@ class ExecutorThread(GenerationSteps, PythonModelRuns):
 
     def _teardown(self) -> None:
         """Let go of the model here, on this thread: the version's last instance to stop
-        frees its weights (not the loop, when the unloaded version's objects go), and _main
-        trims the heap they were in after. Without the trim glibc kept a replaced model's
-        freed weights: ~8 reloads of the built-in resnet50 left the server at 736 MB, 473 with
-        it (444 before them; bench/reload_stall_bench.py)."""
+        frees its weights (not the loop, when the unloaded version's objects go), and
+        _take_batches trims the heap they were in after. Without the trim glibc kept a
+        replaced model's freed weights: ~8 reloads of the built-in resnet50 left the server at
+        736 MB, 473 with it (444 before them; bench/reload_stall_bench.py)."""
         runner, self._runner = self._runner, None
         if self.settings.shared_runner is not None:  # the first instance's, run here too
             self.settings = replace(self.settings, shared_runner=None)

@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import queue
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -26,6 +25,7 @@ from tensorgate.pipeline.batching import gather_rows
 from tensorgate.pipeline.cuda_graphs import GraphSet
 from tensorgate.pipeline.executor_settings import ExecutorSettings
 from tensorgate.pipeline.generations import Generations
+from tensorgate.pipeline.handoff import LoopMailbox, ThreadInbox
 from tensorgate.pipeline.idle_time import IdleTime
 from tensorgate.pipeline.model_outputs import model_error, results_per_request
 from tensorgate.pipeline.placement import LIGHT_FORWARD_NS, Placement, pin_current_thread
@@ -48,22 +48,23 @@ class ExecutorBase:
     """A model instance's state and its batches' way in and out; see the module's
     docstring."""
 
-    def __init__(self, name: str, settings: ExecutorSettings, loop: asyncio.AbstractEventLoop,
+    def __init__(self, name: str, settings: ExecutorSettings, mailbox: LoopMailbox,
                  pool: BufferPool, postprocess_pool: PostprocessPool,
                  on_batch_done: Callable[[Batch], None],
                  on_idle: Callable[[Any], None],  # given the ExecutorThread
                  on_stream_end: Callable[[Batch, WorkItem], None]) -> None:
         self.name = name
         self.settings = settings
-        self._loop = loop
+        self._loop = loop = mailbox.loop
+        self._mailbox = mailbox  # what it reports, to the loop (pipeline/handoff.py)
         self._pool = pool
         self._postprocess_pool = postprocess_pool
         self._on_batch_done = on_batch_done
         self._on_idle = on_idle
         self._on_stream_end = on_stream_end  # a decoupled Triton Python model's request
-        self._outbox = Outbox(loop)  # what its requests' streams send, from any thread
+        self._outbox = Outbox(mailbox)  # what its requests' streams send, from any thread
         self._generations = Generations(settings.streams_per_instance)
-        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._queue = ThreadInbox()  # its batches (closed by its thread as it ends)
         self._runner: Runner | None = None
         self._graphs: GraphSet | None = None
         spec = settings.spec
@@ -104,10 +105,7 @@ class ExecutorBase:
     # -- the thread -------------------------------------------------------------------------
 
     def _report(self, fn: Callable[..., None], *args: Any) -> None:
-        try:
-            self._loop.call_soon_threadsafe(fn, *args)
-        except RuntimeError:  # the loop is closed: nobody is left to tell
-            pass
+        self._mailbox.post(fn, *args)
 
     def _no_grad(self) -> Any:
         """Autograd off while the model runs: inference mode (Triton's INFERENCE_MODE default,

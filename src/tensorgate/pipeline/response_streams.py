@@ -14,13 +14,13 @@ execute rescheduled (iterative_sequence) is `suspend`ed instead: it runs again w
 stream of its own.
 
 What streams send reaches the loop through an instance's `Outbox`: one wake-up of the loop
-for however many responses come before it runs them (`call_soon_threadsafe` wrote to the
-loop's self-pipe once a response: 16 % of a token streamer's time in a profile).
+for however many responses come before it runs them (a wake-up once a response was 16 %
+of a token streamer's time in a profile), through the loop's mailbox (pipeline/handoff.py),
+in order with the instance's other reports.
 """
 
 from __future__ import annotations
 
-import asyncio
 import threading
 import time
 from collections import deque
@@ -29,6 +29,7 @@ from typing import Any
 
 from tensorgate.errors import TensorgateError
 from tensorgate.model import NO_PARAMETERS
+from tensorgate.pipeline.handoff import LoopMailbox
 from tensorgate.pipeline.triton_answers import Answer
 from tensorgate.pipeline.work import Batch, WorkItem
 from tensorgate.tensor.view import TensorView
@@ -58,8 +59,9 @@ class Outbox:
     there in the order posted, with one wake-up for all that come before they run. A call
     made on the loop another way may overtake them: post what must come after them."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
+    def __init__(self, mailbox: LoopMailbox) -> None:
+        self._mailbox = mailbox
+        self._loop = mailbox.loop
         self._calls: deque[tuple[Callable[..., None], tuple[Any, ...]]] = deque()
         self._lock = threading.Lock()
         self._woken = False  # a run of the calls is on the loop's way
@@ -70,10 +72,7 @@ class Outbox:
             if self._woken:
                 return
             self._woken = True
-        try:
-            self._loop.call_soon_threadsafe(self._run)
-        except RuntimeError:  # the loop is closed: nobody is left to tell
-            pass
+        self._mailbox.post(self._run)
 
     def _run(self) -> None:
         """Run what was posted; what is posted meanwhile runs after the loop's other ready

@@ -283,7 +283,7 @@ class Scheduler:
         if wake:
             self._timer = self._loop.call_later(max(wake - now, 0) / 1e9, self._schedule)
 
-    # -- results (called on the loop by the executor, through call_soon_threadsafe) ----------
+    # -- results (called on the loop by the executor, through the loop's mailbox) -----------
 
     def on_idle(self, executor: _Executor) -> None:
         claim = self._claims.get(executor)

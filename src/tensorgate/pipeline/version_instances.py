@@ -20,6 +20,7 @@ from tensorgate.pipeline.aoti_check import check_aoti_package
 from tensorgate.pipeline.batch_cap import GATHER_BYTES
 from tensorgate.pipeline.executor import ExecutorThread
 from tensorgate.pipeline.executor_settings import ExecutorSettings
+from tensorgate.pipeline.handoff import LoopMailbox
 from tensorgate.pipeline.instance_plan import (group_devices, loop_cores_help, model_filename,
                                                on_loop_cores, passive_instances, rate_claims,
                                                release_claims, setup_text, shares_weights,
@@ -140,9 +141,10 @@ class VersionInstances:
                 spares.add(index)
             feed = feeds[index]
             executor = ExecutorThread(
-                f"tg-exec-{spec.name}-v{version}-{index}", settings, loop, self._pool,
-                self._postprocess, *((feed.on_batch_done, feed.on_idle, feed.on_stream_end)
-                                     if feed is not None else (_never,) * 3))
+                f"tg-exec-{spec.name}-v{version}-{index}", settings,
+                LoopMailbox.for_loop(loop), self._pool, self._postprocess,
+                *((feed.on_batch_done, feed.on_idle, feed.on_stream_end)
+                  if feed is not None else (_never,) * 3))
             if first is not None:
                 executor.forward_ns = first.forward_ns  # placed as the first measured it
             executor.start()
@@ -269,7 +271,8 @@ class VersionInstances:
         settings = replace(on_loop_cores(self._placement, first.settings),
                            shared_runner=first.runner)
         spare = ExecutorThread(f"tg-exec-{spec.name}-v{version}-spare", settings,
-                               asyncio.get_running_loop(), self._pool, self._postprocess,
+                               LoopMailbox.for_loop(asyncio.get_running_loop()),
+                               self._pool, self._postprocess,
                                scheduler.on_batch_done, scheduler.on_idle,
                                scheduler.on_stream_end)
         spare.forward_ns = first.forward_ns  # what a batch should take (idle_time.py)

@@ -1,8 +1,8 @@
 """What crosses between the loop and the executor: one request's work, and a batch of them.
 
 A `WorkItem` is made on the loop, read by the executor, and given results by the executor or
-the post-processing pool; the loop reads them again only after `call_soon_threadsafe`, which
-orders those writes before the reads.
+the post-processing pool; the loop reads them again only after the executor's post to the
+loop's mailbox (pipeline/handoff.py), which orders those writes before the reads.
 """
 
 from __future__ import annotations
