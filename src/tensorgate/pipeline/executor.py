@@ -41,9 +41,9 @@ from tensorgate.pipeline.cuda_graphs import CAPTURING, map_tensors
 from tensorgate.pipeline.executor_base import cpu_text, run_forward
 from tensorgate.pipeline.executor_settings import ExecutorSettings
 from tensorgate.pipeline.generation_steps import WAKE, GenerationSteps
+from tensorgate.pipeline.handoff import LoopMailbox
 from tensorgate.pipeline.idle_time import lowered_to_idle_time
 from tensorgate.pipeline.input_bounds import bounded_spec
-from tensorgate.pipeline.handoff import LoopMailbox
 from tensorgate.pipeline.model_outputs import model_error, refused_sizes
 from tensorgate.pipeline.placement import LIGHT_FORWARD_NS, pin_current_thread, thread_cpus
 from tensorgate.pipeline.postprocess_pool import PostprocessPool
