@@ -1,7 +1,7 @@
-"""The outbox that carries a decoupled model's responses to the loop: calls posted from
-several threads run on the loop, each thread's in the order it posted them; one that raises
-goes to the loop's exception handler and the rest still run. Requests streaming at once take
-their queued responses in turn."""
+"""The loop's mailbox, which carries a decoupled model's responses to the loop: calls posted
+from several threads run on the loop, each thread's in the order it posted them; one that
+raises goes to the loop's exception handler and the rest still run. Requests streaming at
+once take their queued responses in turn."""
 
 from __future__ import annotations
 
@@ -17,7 +17,6 @@ import pytest
 
 from tensorgate import Engine, InferenceRequest, TensorView
 from tensorgate.pipeline.handoff import LoopMailbox
-from tensorgate.pipeline.response_streams import Outbox
 from tests.pipeline import repo_builder as rb
 from tests.pipeline.conftest import run
 
@@ -27,8 +26,7 @@ def test_calls_from_threads_run_on_the_loop_in_order_and_a_failing_one_is_report
         loop = asyncio.get_running_loop()
         reported: list[BaseException] = []
         loop.set_exception_handler(lambda _, context: reported.append(context["exception"]))
-        mailbox = LoopMailbox(loop)
-        outbox = Outbox(mailbox)
+        outbox = LoopMailbox(loop)  # (what the Outbox was)
         seen: dict[int, list[int]] = {0: [], 1: [], 2: []}
         on_loop: list[bool] = []
         done = asyncio.Event()
@@ -57,7 +55,7 @@ def test_calls_from_threads_run_on_the_loop_in_order_and_a_failing_one_is_report
         assert all(values == list(range(500)) for values in seen.values())
         assert all(on_loop)
         assert [str(error) for error in reported] == ["a posted call failed"]
-        mailbox.close()
+        outbox.close()
     run(scenario())
 
 

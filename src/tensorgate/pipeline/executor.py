@@ -5,8 +5,8 @@ batches from its queue: gather inputs (a counted copy when more than one request
 host→device, forward, device→host, and either finishes the outputs itself or hands them to
 the post-processing pool. A decoupled tensorgate Model's requests are generators it steps in
 turn between batches (pipeline/generations.py). Every result goes back to the event loop
-through its mailbox (pipeline/handoff.py; a decoupled model's responses through an
-Outbox: one wake-up for many); the loop never waits on this thread.
+through its mailbox (pipeline/handoff.py: one wake-up for all that come before it runs,
+a decoupled model's many responses too); the loop never waits on this thread.
 
 Threads are started here and nowhere else: the executor threads and the post-processing pool
 (but for the event loop an `async def execute` of a decoupled Triton Python model runs on,

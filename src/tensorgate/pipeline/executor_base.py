@@ -31,7 +31,6 @@ from tensorgate.pipeline.model_outputs import model_error, results_per_request
 from tensorgate.pipeline.placement import LIGHT_FORWARD_NS, Placement, pin_current_thread
 from tensorgate.pipeline.postprocess_pool import PostprocessPool
 from tensorgate.pipeline.ragged import batch_input_values, flatten, one_request
-from tensorgate.pipeline.response_streams import Outbox
 from tensorgate.pipeline.runner import Runner, name_outputs
 from tensorgate.pipeline.work import Batch, WorkItem
 from tensorgate.repository.model_config import ModelSpec
@@ -56,13 +55,13 @@ class ExecutorBase:
         self.name = name
         self.settings = settings
         self._loop = loop = mailbox.loop
-        self._mailbox = mailbox  # what it reports, to the loop (pipeline/handoff.py)
+        # what it and its requests' streams report to the loop, from any thread, in order
+        self._mailbox = mailbox
         self._pool = pool
         self._postprocess_pool = postprocess_pool
         self._on_batch_done = on_batch_done
         self._on_idle = on_idle
         self._on_stream_end = on_stream_end  # a decoupled Triton Python model's request
-        self._outbox = Outbox(mailbox)  # what its requests' streams send, from any thread
         self._generations = Generations(settings.streams_per_instance)
         self._queue = ThreadInbox()  # its batches (closed by its thread as it ends)
         self._runner: Runner | None = None

@@ -54,7 +54,7 @@ class GenerationSteps(ExecutorBase):
         generation = Generation(batch, produced, self._wake)
         generation.run_ns = time.monotonic_ns() - started
         if self._generations.add(generation):
-            self._outbox.post(self._on_idle, self)  # room for another request
+            self._mailbox.post(self._on_idle, self)  # room for another request
 
     def _step_generations(self) -> None:
         """Steps of the running requests in turn, each making its next response, until the
@@ -117,7 +117,7 @@ class GenerationSteps(ExecutorBase):
             info.response_parameters.clear()
         generation.spend_credit()
         # through the outbox: one wake-up of the loop for what comes meanwhile
-        self._outbox.post(item.respond, item.results, generation.give_back, parameters, False)
+        self._mailbox.post(item.respond, item.results, generation.give_back, parameters, False)
         self._generations.again(generation)
 
     def _end_generation(self, generation: Generation, error: TensorgateError | None, *,
@@ -145,10 +145,10 @@ class GenerationSteps(ExecutorBase):
         batch.infer_ns = item.times.infer_ns = max(generation.run_ns - output_ns, 0)
         self.batches_run += 1
         # after the responses posted; the execution counted before its client hears the end
-        self._outbox.post(self._on_batch_done, batch)
-        self._outbox.post(self._on_stream_end, batch, item)
+        self._mailbox.post(self._on_batch_done, batch)
+        self._mailbox.post(self._on_stream_end, batch, item)
         if never_added or self._generations.ended():
-            self._outbox.post(self._on_idle, self)
+            self._mailbox.post(self._on_idle, self)
 
     def _wake(self) -> None:
         """On the loop: a parked request's client took a response."""

@@ -41,7 +41,7 @@ class PythonModelRuns(ExecutorBase):
         batch.streaming = True
         batch.streams_open = len(items)
         started = batch.started_ns = time.monotonic_ns()
-        streams = [ResponseStream(item, batch, self._stream_results, self._outbox.post,
+        streams = [ResponseStream(item, batch, self._stream_results, self._mailbox.post,
                                   self._on_stream_end) for item in items]
         try:
             with self._no_grad(), self._on_stream():

@@ -13,28 +13,26 @@ The final flag, an error response with it or `fail` (its execute raised) ends it
 execute rescheduled (iterative_sequence) is `suspend`ed instead: it runs again with a
 stream of its own.
 
-What streams send reaches the loop through an instance's `Outbox`: one wake-up of the loop
-for however many responses come before it runs them (a wake-up once a response was 16 %
-of a token streamer's time in a profile), through the loop's mailbox (pipeline/handoff.py),
-in order with the instance's other reports.
+What streams send reaches the loop through the loop's mailbox (pipeline/handoff.py): one
+wake-up of the loop for however many responses come before it runs them (a wake-up once a
+response was 16 % of a token streamer's time in a profile), in order with the instance's
+other reports.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from tensorgate.errors import TensorgateError
 from tensorgate.model import NO_PARAMETERS
-from tensorgate.pipeline.handoff import LoopMailbox
 from tensorgate.pipeline.triton_answers import Answer
 from tensorgate.pipeline.work import Batch, WorkItem
 from tensorgate.tensor.view import TensorView
 
-__all__ = ["RESPONSES_AHEAD", "Outbox", "ResponseStream", "wait_for_credit"]
+__all__ = ["RESPONSES_AHEAD", "ResponseStream", "wait_for_credit"]
 
 RESPONSES_AHEAD = 64  # a decoupled request's responses made but not yet taken by its client
 CREDIT_POLL_S = 0.05  # how often a sender held back looks whether its client has gone
@@ -42,7 +40,7 @@ CREDIT_POLL_S = 0.05  # how often a sender held back looks whether its client ha
 # A response's outputs made into the item's results (on the sending thread), or a
 # TensorgateError saying what the model got wrong.
 TakeResults = Callable[[WorkItem, Mapping[str, Any]], dict[str, TensorView]]
-Report = Callable[..., None]  # runs a function on the loop (an Outbox's post)
+Report = Callable[..., None]  # runs a function on the loop (LoopMailbox.post)
 
 
 def wait_for_credit(credits: threading.Semaphore, item: WorkItem) -> bool:
@@ -52,44 +50,6 @@ def wait_for_credit(credits: threading.Semaphore, item: WorkItem) -> bool:
         if item.abandoned:
             return False
     return not item.abandoned
-
-
-class Outbox:
-    """Calls for the loop, from threads that make many (a decoupled model's responses), run
-    there in the order posted, with one wake-up for all that come before they run. A call
-    made on the loop another way may overtake them: post what must come after them."""
-
-    def __init__(self, mailbox: LoopMailbox) -> None:
-        self._mailbox = mailbox
-        self._loop = mailbox.loop
-        self._calls: deque[tuple[Callable[..., None], tuple[Any, ...]]] = deque()
-        self._lock = threading.Lock()
-        self._woken = False  # a run of the calls is on the loop's way
-
-    def post(self, fn: Callable[..., None], *args: Any) -> None:
-        with self._lock:
-            self._calls.append((fn, args))
-            if self._woken:
-                return
-            self._woken = True
-        self._mailbox.post(self._run)
-
-    def _run(self) -> None:
-        """Run what was posted; what is posted meanwhile runs after the loop's other ready
-        work and I/O (a model sending faster than the loop runs must not starve it)."""
-        with self._lock:
-            calls, self._calls = self._calls, deque()
-        for fn, args in calls:
-            try:
-                fn(*args)
-            except Exception as error:  # noqa: BLE001 - as the loop reports a callback's
-                self._loop.call_exception_handler({
-                    "message": f"exception in {fn!r}, posted to the loop", "exception": error})
-        with self._lock:
-            if not self._calls:
-                self._woken = False
-                return
-        self._loop.call_soon(self._run)
 
 
 class ResponseStream:
