@@ -12,10 +12,20 @@ import time
 
 import pytest
 
+from tensorgate.pipeline import handoff
 from tensorgate.pipeline.handoff import LoopMailbox, ThreadInbox, WakeFd
 from tests.pipeline.conftest import run
 
 POSTS = 10_000
+
+
+@pytest.fixture(params=["eventfd", "pipe"], autouse=True)
+def wake_kind(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every test on an eventfd (Linux) and on the pipe used where there is none."""
+    if request.param == "eventfd" and not handoff.EVENTFD:
+        pytest.skip("no eventfd on this system")
+    monkeypatch.setattr(handoff, "EVENTFD", request.param == "eventfd")
+    return str(request.param)
 
 
 def test_calls_posted_from_threads_all_run_on_the_loop_in_each_thread_s_order() -> None:
@@ -121,17 +131,31 @@ def test_a_wait_with_a_timeout_ends_empty_and_one_without_takes_what_comes() -> 
     inbox.put("after close")  # nobody takes it, and no descriptor is written
 
 
-def test_a_wake_after_close_writes_nothing_to_a_number_given_to_another_file() -> None:
+def test_a_wake_after_close_writes_nothing_to_a_number_given_to_another_file(
+        wake_kind: str) -> None:
+    reader, writer = os.pipe()
     wake = WakeFd()
+    assert (wake.read_fd == wake.write_fd) == (wake_kind == "eventfd")
     number = wake.write_fd
     wake.close()
-    reader, writer = os.pipe()  # likely given the number just freed
+    os.dup2(writer, number)  # the number it wrote to is now another file's
     try:
         wake.wake()
         os.set_blocking(reader, False)
-        if number in (reader, writer):
-            with pytest.raises(BlockingIOError):
-                os.read(reader, 16)  # nothing was written into it
+        with pytest.raises(BlockingIOError):
+            os.read(reader, 16)  # nothing was written into it
     finally:
-        os.close(reader)
-        os.close(writer)
+        for fd in {reader, writer, number}:
+            os.close(fd)
+
+
+def test_wakes_that_fill_a_pipe_are_not_an_error(wake_kind: str) -> None:
+    """A taker that does not take for a while: puts go on (a pipe holds 8,192 wake-ups)
+    and what was put is all taken, in order, after."""
+    inbox = ThreadInbox()
+    for value in range(20_000):
+        inbox.put(value)
+    assert [inbox.get(timeout=1) for _ in range(20_000)] == list(range(20_000))
+    with pytest.raises(queue.Empty):
+        inbox.get(timeout=0.01)
+    inbox.close()

@@ -28,6 +28,7 @@ from typing import Any
 __all__ = ["LoopMailbox", "ThreadInbox", "WakeFd"]
 
 _ONE = (1).to_bytes(8, sys.byteorder)  # an eventfd adds what is written: 8 bytes, native
+EVENTFD = hasattr(os, "eventfd")  # Linux; elsewhere a pipe (tests try both)
 
 
 class WakeFd:
@@ -37,10 +38,10 @@ class WakeFd:
     keeps it from writing to a number the system has given to another file since."""
 
     def __init__(self) -> None:
-        if hasattr(os, "eventfd"):
+        if EVENTFD:
             self.read_fd = self.write_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
-        else:  # pragma: no cover - not Linux
-            self.read_fd, self.write_fd = os.pipe()
+        else:
+            self.read_fd, self.write_fd = os.pipe()  # (close-on-exec, as Python makes them)
             os.set_blocking(self.read_fd, False)
             os.set_blocking(self.write_fd, False)
         self._lock = threading.Lock()
