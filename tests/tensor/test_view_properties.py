@@ -73,7 +73,8 @@ def test_awkward_numpy_sources(array: np.ndarray, how: str) -> None:
     ledger = CopyLedger()
     view = TensorView.from_numpy(source, ledger=ledger)
     expected = np.ascontiguousarray(source).astype(source.dtype.newbyteorder("<"))
-    assert view.shape == source.shape
+    assert view.shape == source.shape and view.count == source.size
+    assert view.nbytes == expected.nbytes and view.offset == 0
     assert view.memoryview().tobytes() == expected.tobytes()
     out = view.numpy()
     assert out.dtype == view.datatype.numpy

@@ -131,3 +131,7 @@ def test_from_torch_is_zero_copy_when_contiguous() -> None:
     assert TensorView.from_torch(tensor).torch().data_ptr() == tensor.data_ptr()
     bf = torch.ones(4, dtype=torch.bfloat16)
     assert TensorView.from_torch(bf).torch().data_ptr() == bf.data_ptr()
+    graded = torch.ones(2, 3, requires_grad=True) * 2  # (a model run outside inference mode)
+    view = TensorView.from_torch(graded)
+    assert view.torch().data_ptr() == graded.data_ptr() and not view.torch().requires_grad
+    assert (view.shape, view.count, view.nbytes) == ((2, 3), 6, 24)
