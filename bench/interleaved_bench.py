@@ -9,10 +9,12 @@ bench/compare.py) can put the drift between them. Also counted: the client's rec
 request, each a wait for more of the answer. Every answer's status and size checked.
 `--triton-python`: identity as a Triton user writes it (bench/peers/triton_model.py, the
 repository compare.py's tensorgate-tritonpy row serves), not the built-in TorchScript one.
+`--bls`: a Triton Python model that calls the built-in identity through BLS for each request
+(`pb_utils.InferenceRequest(...).exec()` on its thread), then answers with what came back.
 
     git worktree add /tmp/tg-old <commit>
     .venv/bin/python bench/interleaved_bench.py --before /tmp/tg-old/src [--after src]
-        [--requests 3000] [--runs 3] [--triton-python]
+        [--requests 3000] [--runs 3] [--triton-python | --bls]
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import shutil
 import statistics
 import sys
 import tempfile
+import textwrap
 
 import numpy as np
 
@@ -37,6 +40,38 @@ from compare_wire import OIP_BINARY, Connection, raw_request, timed_exchange  # 
 from tensorgate.builtin.repository import write_default_repository  # noqa: E402
 
 
+_BLS_MODEL = '''
+    import triton_python_backend_utils as pb_utils
+
+
+    class TritonPythonModel:
+        """identity, called through BLS for each request."""
+
+        def execute(self, requests):
+            responses = []
+            for request in requests:
+                called = pb_utils.InferenceRequest(
+                    model_name="identity", requested_output_names=["OUTPUT__0"],
+                    inputs=[pb_utils.get_input_tensor_by_name(request, "INPUT__0")]).exec()
+                if called.has_error():
+                    raise pb_utils.TritonModelException(called.error().message())
+                responses.append(pb_utils.InferenceResponse(
+                    [pb_utils.get_output_tensor_by_name(called, "OUTPUT__0")]))
+            return responses
+'''
+
+
+def bls_repository(root: pathlib.Path) -> None:
+    """The built-in repository and `bls` beside it: identity's config, the Python backend."""
+    write_default_repository(root)
+    config = (root / "identity" / "config.pbtxt").read_text()
+    (root / "bls" / "1").mkdir(parents=True)
+    (root / "bls" / "config.pbtxt").write_text(
+        config.replace('"identity"', '"bls"').replace('platform: "pytorch_libtorch"',
+                                                      'backend: "python"'))
+    (root / "bls" / "1" / "model.py").write_text(textwrap.dedent(_BLS_MODEL).lstrip())
+
+
 class CountingConnection(Connection):
     """A Connection that counts its recv calls."""
 
@@ -48,17 +83,18 @@ class CountingConnection(Connection):
 
 
 def run(trees: dict[str, pathlib.Path], models: pathlib.Path, requests: int,
-        warmup: int) -> dict[str, tuple[np.ndarray, float]]:
+        warmup: int, model: str = "identity") -> dict[str, tuple[np.ndarray, float]]:
     """Both trees served, `requests` each interleaved: per tree its latencies (µs) and the
     client's recv calls a request."""
     x = np.random.default_rng(0).standard_normal((1, 3, 224, 224)).astype(np.float32)
-    path, headers, body = OIP_BINARY.build("/v2/models/{model}/infer", "identity", x)
+    path, headers, body = OIP_BINARY.build("/v2/models/{model}/infer", model, x)
     smallest = OIP_BINARY.min_body(x.size)
     processes, connections, raws = {}, {}, {}
     try:
         for tree, src in trees.items():
             processes[tree], port, _ = serve(src, models, "--model-control-mode", "explicit",
-                                               "--load-model", "identity")
+                                               "--load-model", "identity",
+                                               "--load-model", model)
             raws[tree] = raw_request(port, path, headers, body)
             connections[tree] = CountingConnection(port)
         names = list(trees)
@@ -92,6 +128,8 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3, help="server pairs started afresh")
     parser.add_argument("--triton-python", action="store_true",
                         help="identity as a Triton Python-backend model.py")
+    parser.add_argument("--bls", action="store_true",
+                        help="identity called through BLS by a Triton Python model")
     args = parser.parse_args()
     trees = {"before": args.before, "after": args.after}
     work = pathlib.Path(tempfile.mkdtemp(prefix="tg-interleaved-"))
@@ -100,12 +138,15 @@ def main() -> None:
         os.environ.update(TG_BENCH_MODELS=str(work / "builtin"),
                           TG_BENCH_PEERS=str(HERE / "peers"))
         triton_python_repository(work / "models")
+    elif args.bls:
+        bls_repository(work / "models")
     else:
         write_default_repository(work / "models")
     rows = []
     try:
         for r in range(args.runs):
-            found = run(trees, work / "models", args.requests, args.warmup)
+            found = run(trees, work / "models", args.requests, args.warmup,
+                        "bls" if args.bls else "identity")
             p50 = {t: float(np.percentile(found[t][0], 50)) for t in trees}
             rows.append((r + 1, p50, {t: float(np.percentile(found[t][0], 99)) for t in trees},
                          {t: found[t][1] for t in trees}))
@@ -123,7 +164,8 @@ def main() -> None:
     change = statistics.median(p50["after"] - p50["before"] for _, p50, _, _ in rows)
     print(f"\nmedian P50 change over the runs: {change:+,.0f} µs "
           f"({args.requests:,} requests a tree a run, identity"
-          f"{' (Triton model.py)' if args.triton_python else ''}, HTTP binary, sequential)")
+          f"{' (Triton model.py)' if args.triton_python else ''}"
+          f"{' called through BLS' if args.bls else ''}, HTTP binary, sequential)")
 
 
 if __name__ == "__main__":

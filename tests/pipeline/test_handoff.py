@@ -1,10 +1,12 @@
 """Work handed between the loop and executor threads (pipeline/handoff.py): nothing posted
 or put is lost or reordered however the threads interleave, a wait with a timeout ends, a
-closed descriptor is never written, and a loop's mailbox goes once the loop is closed."""
+closed descriptor is never written, a loop's mailbox goes once the loop is closed, and a
+thread's call on the loop gets its own result back."""
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import os
 import queue
 import threading
@@ -13,7 +15,7 @@ import time
 import pytest
 
 from tensorgate.pipeline import handoff
-from tensorgate.pipeline.handoff import LoopMailbox, ThreadInbox, WakeFd
+from tensorgate.pipeline.handoff import LoopMailbox, ThreadInbox, WakeFd, call_on_loop
 from tests.pipeline.conftest import run
 
 POSTS = 10_000
@@ -159,3 +161,114 @@ def test_wakes_that_fill_a_pipe_are_not_an_error(wake_kind: str) -> None:
     with pytest.raises(queue.Empty):
         inbox.get(timeout=0.01)
     inbox.close()
+
+
+def test_calls_from_threads_get_their_own_results_and_errors_back() -> None:
+    """Four threads call the loop 300 times each: each gets its own call's result, a call
+    that raises raises in its thread, a cancelled one raises CancelledError there (as
+    run_coroutine_threadsafe's future did), and every call ran on the loop."""
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        mailbox = LoopMailbox.for_loop(loop)
+        on_loop: list[bool] = []
+
+        async def echo(thread: int, value: int) -> tuple[int, int]:
+            on_loop.append(asyncio.get_running_loop() is loop)
+            if value % 3 == 0:
+                await asyncio.sleep(0)  # some answer on a later turn of the loop
+            if value == 7:
+                raise ValueError(f"call {thread}/{value} failed")
+            if value == 11:
+                asyncio.current_task().cancel()  # type: ignore[union-attr]
+                await asyncio.sleep(0)
+            return thread, value
+
+        failures: dict[int, list[str]] = {n: [] for n in range(4)}
+        results: dict[int, list[tuple[int, int]]] = {n: [] for n in range(4)}
+
+        def caller(thread: int) -> None:
+            for value in range(300):
+                try:
+                    results[thread].append(call_on_loop(mailbox, echo(thread, value)))
+                except ValueError as error:
+                    failures[thread].append(str(error))
+                except concurrent.futures.CancelledError:
+                    failures[thread].append("cancelled")
+
+        threads = [threading.Thread(target=caller, args=(n,)) for n in range(4)]
+        for thread in threads:
+            thread.start()
+        while any(thread.is_alive() for thread in threads):
+            await asyncio.sleep(0.01)
+        for n in range(4):
+            assert results[n] == [(n, v) for v in range(300) if v not in (7, 11)]
+            assert failures[n] == [f"call {n}/7 failed", "cancelled"]
+        assert len(on_loop) == 4 * 300 and all(on_loop)
+    run(scenario())
+
+
+def test_a_call_to_a_closed_loop_raises_and_one_waiting_when_it_closes_too(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(handoff, "_CLOSED_POLL_S", 0.02)
+    mailboxes: list[LoopMailbox] = []
+    started = threading.Event()
+
+    async def forever() -> None:
+        started.set()
+        await asyncio.Event().wait()
+
+    async def scenario() -> None:
+        mailboxes.append(LoopMailbox.for_loop(asyncio.get_running_loop()))
+
+    loop = asyncio.new_event_loop()
+    loop.run_until_complete(scenario())
+    raised: list[BaseException] = []
+
+    def caller() -> None:
+        try:
+            call_on_loop(mailboxes[0], forever())
+        except BaseException as error:  # noqa: BLE001 - what it raised is the point
+            raised.append(error)
+
+    thread = threading.Thread(target=caller)
+    thread.start()
+    while not started.is_set():  # (the loop runs the call once it runs)
+        loop.run_until_complete(asyncio.sleep(0.005))
+    for task in asyncio.all_tasks(loop):
+        task.cancel()  # as a loop's end does (asyncio.run)
+    for _ in range(1000):  # (bounded: until its thread has the cancellation)
+        if not thread.is_alive():
+            break
+        loop.run_until_complete(asyncio.sleep(0.005))
+    thread.join(5)
+    assert [type(e) for e in raised] == [concurrent.futures.CancelledError]
+    thread = threading.Thread(target=caller)
+    thread.start()
+    time.sleep(0.05)  # it waits: the loop does not run
+    loop.close()
+    thread.join(5)
+    assert not thread.is_alive()
+    assert [type(e) for e in raised[1:]] == [RuntimeError]
+    with pytest.raises(RuntimeError, match="closed"):
+        call_on_loop(mailboxes[0], forever())
+
+
+def test_a_calling_thread_s_descriptor_goes_with_the_thread() -> None:
+    async def scenario() -> None:
+        mailbox = LoopMailbox.for_loop(asyncio.get_running_loop())
+
+        async def one() -> int:
+            return 1
+
+        def caller() -> None:
+            assert call_on_loop(mailbox, one()) == 1
+
+        counts = []
+        for _ in range(8):
+            thread = threading.Thread(target=caller)
+            thread.start()
+            while thread.is_alive():
+                await asyncio.sleep(0.005)
+            counts.append(len(os.listdir("/proc/self/fd")))
+        assert counts[-1] <= counts[0], counts
+    run(scenario())

@@ -3,12 +3,17 @@
 
 The call comes on a model's thread (its executor thread, or a thread of its own); the request
 goes through the engine on the event loop like any client's (batched, counted, traced), and
-the calling thread waits for its answer: the thread crossing is `run_coroutine_threadsafe`
-there and the future's `result()` here, never a wait on the loop. Inputs and outputs cross
+the calling thread waits for its answer, never the loop. Inputs and outputs cross
 as views, not copies (a GPU tensor is copied to the host, counted). A call given the
 calling request's `trace()` is traced as part of it (its trace made on the loop, under the
 caller's). As on Triton, a model that calls itself with no free instance waits forever:
 give such requests a `timeout`.
+
+The calling thread is woken through descriptors written with the GIL let go
+(pipeline/handoff.py: call_on_loop, ThreadInbox), as the executors are: a light Python
+model's thread shares the loop's core (placement), where a wake-up by a thread that holds
+the GIL costs two context switches more each way (bench/RESULTS.md, "BLS calls handed over
+as batches are").
 """
 
 from __future__ import annotations
@@ -16,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import json
-import queue
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator, Mapping
 from typing import Any, NamedTuple, TypeVar
@@ -25,6 +29,7 @@ import torch
 
 from tensorgate import python_backend as pb_utils
 from tensorgate.errors import InvalidArgumentError, Status, TensorgateError
+from tensorgate.pipeline.handoff import LoopMailbox, ThreadInbox, call_on_loop
 from tensorgate.pipeline.requests import InferenceRequest, InferenceResult
 from tensorgate.pipeline.trace import Trace
 from tensorgate.pipeline.work import SequenceFlags
@@ -67,6 +72,7 @@ class BlsBridge:
         self._infer_stream = infer_stream
         self._loop = loop
         self._loop_thread = threading.get_ident()  # made on the loop
+        self._mailbox = LoopMailbox.for_loop(loop)
         self._control = control
 
     def exec(self, request: pb_utils.InferenceRequest, decoupled: bool) -> Any:
@@ -83,8 +89,7 @@ class BlsBridge:
         parent = request.trace().of
         if decoupled:
             return self._stream(call, parent)
-        return asyncio.run_coroutine_threadsafe(self._answer(call, parent),
-                                                self._loop).result()
+        return call_on_loop(self._mailbox, self._answer(call, parent))
 
     def submit(self, request: pb_utils.InferenceRequest
                ) -> concurrent.futures.Future[pb_utils.InferenceResponse]:
@@ -140,7 +145,7 @@ class BlsBridge:
                                                 "wait on itself; call it from the model's "
                                                 "thread")
         try:
-            return asyncio.run_coroutine_threadsafe(work, self._loop).result()
+            return call_on_loop(self._mailbox, work)
         except TensorgateError as error:
             raise pb_utils.TritonModelException(error.message) from None
 
@@ -157,7 +162,7 @@ class BlsBridge:
 
     def _stream(self, call: InferenceRequest, parent: Trace | None
                 ) -> Iterator[pb_utils.InferenceResponse]:
-        arrived: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        arrived = ThreadInbox()  # (what is put once the model stopped reading: dropped)
 
         async def pump() -> None:
             call.trace = parent.child(call.model) if parent is not None else None
@@ -182,6 +187,7 @@ class BlsBridge:
                 yield item
         finally:
             future.cancel()  # the model stopped reading: the stream stops
+            arrived.close()
 
 
 def _engine_request(request: pb_utils.InferenceRequest) -> InferenceRequest:
