@@ -182,9 +182,11 @@ def call_on_loop(mailbox: LoopMailbox, work: Coroutine[Any, Any, _T]) -> _T:
     A cancelled `work` raises concurrent.futures.CancelledError, as that did; a loop that
     closes first raises RuntimeError."""
     finished: list[asyncio.Task[_T]] = []
+    started: list[bool] = []
     waiter = _waiter()
 
     def start() -> None:
+        started.append(True)
         task = mailbox.loop.create_task(work)
         task.add_done_callback(done)
 
@@ -199,7 +201,8 @@ def call_on_loop(mailbox: LoopMailbox, work: Coroutine[Any, Any, _T]) -> _T:
     while not finished:
         waiter.wait(_CLOSED_POLL_S)
         if not finished and mailbox.loop.is_closed():
-            work.close()  # (never started, or never to end)
+            if not started:  # (one that started is its loop's to end, not this thread's)
+                work.close()
             raise RuntimeError("the event loop closed before a call to it ended")
     task = finished[0]
     if task.cancelled():
