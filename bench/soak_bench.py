@@ -13,7 +13,9 @@ client processes side by side until the time is up:
 - grpc-stream: ModelStreamInfer to both streaming models, 16 responses a request; every
   fifth stream is cancelled after 3 responses;
 - python-model: the Triton Python model `scale` (dynamic batching) over HTTP binary, 64 KB
-  a request; one in ten raises its execute and one in ten is answered with an error;
+  a request; one in ten raises its execute and one in ten is answered with an error; one in
+  ten goes to `via_bls`, a Triton Python model that calls `scale` through BLS and answers
+  with what came back;
 - shm: register a system shared-memory region, infer identity from and into it,
   unregister (tritonclient);
 - hostile: a malformed request line, a body over --max-request-bytes, a body cut short, a
@@ -139,6 +141,26 @@ input [ { name: "INPUT__0" data_type: TYPE_FP32 dims: [ 16384 ] } ]
 output [ { name: "OUTPUT__0" data_type: TYPE_FP32 dims: [ 16384 ] } ]
 """
 
+VIA_BLS = '''
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    """`scale`, called through BLS for each request; its answer passed on."""
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            called = pb_utils.InferenceRequest(
+                model_name="scale", requested_output_names=["OUTPUT__0"],
+                inputs=[pb_utils.get_input_tensor_by_name(request, "INPUT__0")]).exec()
+            if called.has_error():
+                raise pb_utils.TritonModelException(called.error().message())
+            responses.append(pb_utils.InferenceResponse(
+                [pb_utils.get_output_tensor_by_name(called, "OUTPUT__0")]))
+        return responses
+'''
+
 ECHO_TEXT = '''
 from tensorgate import Model
 
@@ -177,7 +199,9 @@ def write_repository(root: pathlib.Path) -> None:
         (root / name / "config.pbtxt").write_text(STREAM_CONFIG.format(name=name, extra=extra))
         (root / name / "1" / "model.py").write_text(textwrap.dedent(code))
     for name, code, config in (("echo_text", ECHO_TEXT, ECHO_TEXT_CONFIG),
-                               ("scale", SCALE, SCALE_CONFIG)):
+                               ("scale", SCALE, SCALE_CONFIG),
+                               ("via_bls", VIA_BLS, SCALE_CONFIG.replace('"scale"',
+                                                                         '"via_bls"'))):
         (root / name / "1").mkdir(parents=True, exist_ok=True)
         (root / name / "config.pbtxt").write_text(config)
         (root / name / "1" / "model.py").write_text(code)
@@ -210,7 +234,8 @@ def http_binary(ports: dict[str, int], deadline: float, out: Any) -> None:
 def python_model(ports: dict[str, int], deadline: float, out: Any) -> None:
     """The Triton Python model `scale` over HTTP binary, 64 KB a request, a new connection
     every 100: one in ten raises its execute, one in ten is answered with an error (both
-    500s naming why); the rest must come back doubled."""
+    500s naming why), one in ten goes to `via_bls` (scale through BLS); the rest, and
+    those, must come back doubled."""
     counts = {"ok": 0, "expected": 0, "wrong": 0}
     values = np.random.default_rng(2).random((1, 16384)).astype("<f4")
     raws = []
@@ -220,6 +245,8 @@ def python_model(ports: dict[str, int], deadline: float, out: Any) -> None:
             x[0, 0] = first
         path, headers, body = OIP_BINARY.build("/v2/models/{model}/infer", "scale", x)
         raws.append(raw_request(ports["http"], path, headers, body))
+    path, headers, body = OIP_BINARY.build("/v2/models/{model}/infer", "via_bls", values)
+    raws.append(raw_request(ports["http"], path, headers, body))
     sent = 0
     while time.monotonic() < deadline:
         connection = Connection(ports["http"])
@@ -227,11 +254,11 @@ def python_model(ports: dict[str, int], deadline: float, out: Any) -> None:
             for _ in range(100):
                 if time.monotonic() >= deadline:
                     break
-                kind = (0, 0, 0, 1, 0, 0, 0, 0, 2, 0)[sent % 10]
+                kind = (0, 0, 0, 1, 0, 3, 0, 0, 2, 0)[sent % 10]
                 sent += 1
                 status, headers, answer = connection.exchange(raws[kind])
                 if status == 200:
-                    good = kind == 0 and np.array_equal(
+                    good = kind in (0, 3) and np.array_equal(
                         OIP_BINARY.decode(headers, bytes(answer)), values * 2)
                     counts["ok" if good else "wrong"] += 1
                 else:

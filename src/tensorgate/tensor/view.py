@@ -288,7 +288,7 @@ class TensorView:
         output of every request comes this way, cold in the caches: the checks cost
         from_torch ~3 µs of its ~12 there (identity, bench/RESULTS.md)."""
         view = cls.__new__(cls)
-        view._memory = memoryview(array).cast("B")
+        view._memory = array.data.cast("B")
         view._offset = 0
         view._datatype = dt
         view._shape = array.shape
