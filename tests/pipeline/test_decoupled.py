@@ -7,6 +7,7 @@ it."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import pathlib
 import threading
 
@@ -75,6 +76,34 @@ def test_an_error_after_some_responses_fails_the_request_after_them(
         assert got == [0.0]
         after = [r async for r in engine.infer_stream(_request("counter", 2))]
         assert len(after) == 2  # the model serves on
+        await engine.shutdown()
+    run(scenario())
+
+
+def test_a_caller_that_leaves_after_its_request_failed_leaves_no_error_unread(
+        decoupled_repo: pathlib.Path) -> None:
+    """The request failed while its caller held its first response; the caller then leaves
+    without reading on. Nobody is told of the failure, and nothing is logged as an error
+    nobody retrieved (tools/fuzz_front_ends.py grpc-tls found it: "Future exception was
+    never retrieved", a client that reset its stream)."""
+    async def scenario() -> None:
+        reported: list[str] = []
+        asyncio.get_running_loop().set_exception_handler(
+            lambda _, context: reported.append(context["message"]))
+        engine = Engine(decoupled_repo)
+        await engine.start(["counter"])
+        stream = engine.infer_stream(_request("counter", -3))  # fails after one response
+        async for _ in stream:
+            break
+        for _ in range(200):  # (bounded) until the failure is counted: the request is over
+            if engine.statistics("counter")[0]["inference_stats"]["fail"]["count"]:
+                break
+            await asyncio.sleep(0.01)
+        await stream.aclose()
+        del stream
+        gc.collect()
+        await asyncio.sleep(0)
+        assert reported == []
         await engine.shutdown()
     run(scenario())
 

@@ -411,6 +411,8 @@ class Engine:
             item.abandoned = True
             if not item.future.done():
                 item.future.cancel()  # still queued: the scheduler drops it
+            elif not item.future.cancelled():
+                item.future.exception()  # (a failure its caller left before reading: not logged)
             if trace is not None:
                 trace.stamp("REQUEST_END")
             del item  # (as in infer: the error raised here must not lead back to it)
