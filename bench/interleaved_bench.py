@@ -40,25 +40,28 @@ from compare_wire import OIP_BINARY, Connection, raw_request, timed_exchange  # 
 from tensorgate.builtin.repository import write_default_repository  # noqa: E402
 
 
-_BLS_MODEL = '''
-    import triton_python_backend_utils as pb_utils
+def bls_caller(target: str) -> str:
+    """A Triton model.py that calls `target` (INPUT__0 -> OUTPUT__0) through BLS for each
+    request and answers with what came back."""
+    return textwrap.dedent(f'''
+        import triton_python_backend_utils as pb_utils
 
 
-    class TritonPythonModel:
-        """identity, called through BLS for each request."""
+        class TritonPythonModel:
+            """{target}, called through BLS for each request."""
 
-        def execute(self, requests):
-            responses = []
-            for request in requests:
-                called = pb_utils.InferenceRequest(
-                    model_name="identity", requested_output_names=["OUTPUT__0"],
-                    inputs=[pb_utils.get_input_tensor_by_name(request, "INPUT__0")]).exec()
-                if called.has_error():
-                    raise pb_utils.TritonModelException(called.error().message())
-                responses.append(pb_utils.InferenceResponse(
-                    [pb_utils.get_output_tensor_by_name(called, "OUTPUT__0")]))
-            return responses
-'''
+            def execute(self, requests):
+                responses = []
+                for request in requests:
+                    called = pb_utils.InferenceRequest(
+                        model_name="{target}", requested_output_names=["OUTPUT__0"],
+                        inputs=[pb_utils.get_input_tensor_by_name(request, "INPUT__0")]).exec()
+                    if called.has_error():
+                        raise pb_utils.TritonModelException(called.error().message())
+                    responses.append(pb_utils.InferenceResponse(
+                        [pb_utils.get_output_tensor_by_name(called, "OUTPUT__0")]))
+                return responses
+        ''').lstrip()
 
 
 def bls_repository(root: pathlib.Path) -> None:
@@ -69,7 +72,7 @@ def bls_repository(root: pathlib.Path) -> None:
     (root / "bls" / "config.pbtxt").write_text(
         config.replace('"identity"', '"bls"').replace('platform: "pytorch_libtorch"',
                                                       'backend: "python"'))
-    (root / "bls" / "1" / "model.py").write_text(textwrap.dedent(_BLS_MODEL).lstrip())
+    (root / "bls" / "1" / "model.py").write_text(bls_caller("identity"))
 
 
 class CountingConnection(Connection):

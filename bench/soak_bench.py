@@ -66,6 +66,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
 from compare_wire import OIP_BINARY, Connection, raw_request  # noqa: E402
+from interleaved_bench import bls_caller  # noqa: E402
 from server_bench import serve_logged  # noqa: E402
 from tensorgate.builtin.repository import write_default_repository  # noqa: E402
 from tensorgate.protocol.protobuf_wire import varint_bytes  # noqa: E402
@@ -141,26 +142,6 @@ input [ { name: "INPUT__0" data_type: TYPE_FP32 dims: [ 16384 ] } ]
 output [ { name: "OUTPUT__0" data_type: TYPE_FP32 dims: [ 16384 ] } ]
 """
 
-VIA_BLS = '''
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    """`scale`, called through BLS for each request; its answer passed on."""
-
-    def execute(self, requests):
-        responses = []
-        for request in requests:
-            called = pb_utils.InferenceRequest(
-                model_name="scale", requested_output_names=["OUTPUT__0"],
-                inputs=[pb_utils.get_input_tensor_by_name(request, "INPUT__0")]).exec()
-            if called.has_error():
-                raise pb_utils.TritonModelException(called.error().message())
-            responses.append(pb_utils.InferenceResponse(
-                [pb_utils.get_output_tensor_by_name(called, "OUTPUT__0")]))
-        return responses
-'''
-
 ECHO_TEXT = '''
 from tensorgate import Model
 
@@ -200,7 +181,7 @@ def write_repository(root: pathlib.Path) -> None:
         (root / name / "1" / "model.py").write_text(textwrap.dedent(code))
     for name, code, config in (("echo_text", ECHO_TEXT, ECHO_TEXT_CONFIG),
                                ("scale", SCALE, SCALE_CONFIG),
-                               ("via_bls", VIA_BLS, SCALE_CONFIG.replace('"scale"',
+                               ("via_bls", bls_caller("scale"), SCALE_CONFIG.replace('"scale"',
                                                                          '"via_bls"'))):
         (root / name / "1").mkdir(parents=True, exist_ok=True)
         (root / name / "config.pbtxt").write_text(config)
