@@ -11,15 +11,18 @@ request, each a wait for more of the answer. Every answer's status and size chec
 repository compare.py's tensorgate-tritonpy row serves), not the built-in TorchScript one.
 `--bls`: a Triton Python model that calls the built-in identity through BLS for each request
 (`pb_utils.InferenceRequest(...).exec()` on its thread), then answers with what came back.
+`--detector`: the built-in detector (FP32 [1,3,64,64] in, NMS in the post-processing pool),
+its four outputs in binary.
 
     git worktree add /tmp/tg-old <commit>
     .venv/bin/python bench/interleaved_bench.py --before /tmp/tg-old/src [--after src]
-        [--requests 3000] [--runs 3] [--triton-python | --bls]
+        [--requests 3000] [--runs 3] [--triton-python | --bls | --detector]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import pathlib
 import shutil
@@ -85,13 +88,28 @@ class CountingConnection(Connection):
         super()._recv(buffer)
 
 
+def _detector_request() -> tuple[str, dict[str, str], bytes, int]:
+    """The detector's request (IMAGE, its outputs in binary), and the least answer size."""
+    x = np.random.default_rng(0).random((1, 3, 64, 64), dtype=np.float32)
+    header = json.dumps({"inputs": [{"name": "IMAGE", "shape": list(x.shape), "datatype": "FP32",
+                                     "parameters": {"binary_data_size": x.nbytes}}],
+                         "parameters": {"binary_data_output": True}}).encode()
+    return ("/v2/models/detector/infer",
+            {"Content-Type": "application/octet-stream",
+             "Inference-Header-Content-Length": str(len(header))},
+            header + x.tobytes(), 4 * (20 * 4 + 20) + 8 * 20 + 4)  # boxes, scores, classes, count
+
+
 def run(trees: dict[str, pathlib.Path], models: pathlib.Path, requests: int,
         warmup: int, model: str = "identity") -> dict[str, tuple[np.ndarray, float]]:
     """Both trees served, `requests` each interleaved: per tree its latencies (µs) and the
     client's recv calls a request."""
-    x = np.random.default_rng(0).standard_normal((1, 3, 224, 224)).astype(np.float32)
-    path, headers, body = OIP_BINARY.build("/v2/models/{model}/infer", model, x)
-    smallest = OIP_BINARY.min_body(x.size)
+    if model == "detector":
+        path, headers, body, smallest = _detector_request()
+    else:
+        x = np.random.default_rng(0).standard_normal((1, 3, 224, 224)).astype(np.float32)
+        path, headers, body = OIP_BINARY.build("/v2/models/{model}/infer", model, x)
+        smallest = OIP_BINARY.min_body(x.size)
     processes, connections, raws = {}, {}, {}
     try:
         for tree, src in trees.items():
@@ -133,6 +151,8 @@ def main() -> None:
                         help="identity as a Triton Python-backend model.py")
     parser.add_argument("--bls", action="store_true",
                         help="identity called through BLS by a Triton Python model")
+    parser.add_argument("--detector", action="store_true",
+                        help="the built-in detector (NMS in the post-processing pool)")
     args = parser.parse_args()
     trees = {"before": args.before, "after": args.after}
     work = pathlib.Path(tempfile.mkdtemp(prefix="tg-interleaved-"))
@@ -149,7 +169,7 @@ def main() -> None:
     try:
         for r in range(args.runs):
             found = run(trees, work / "models", args.requests, args.warmup,
-                        "bls" if args.bls else "identity")
+                        "bls" if args.bls else "detector" if args.detector else "identity")
             p50 = {t: float(np.percentile(found[t][0], 50)) for t in trees}
             rows.append((r + 1, p50, {t: float(np.percentile(found[t][0], 99)) for t in trees},
                          {t: found[t][1] for t in trees}))
@@ -166,7 +186,8 @@ def main() -> None:
               f"{p99['after']:,.0f} | {recvs['before']:.2f} / {recvs['after']:.2f} |")
     change = statistics.median(p50["after"] - p50["before"] for _, p50, _, _ in rows)
     print(f"\nmedian P50 change over the runs: {change:+,.0f} µs "
-          f"({args.requests:,} requests a tree a run, identity"
+          f"({args.requests:,} requests a tree a run, "
+          f"{'detector' if args.detector else 'identity'}"
           f"{' (Triton model.py)' if args.triton_python else ''}"
           f"{' called through BLS' if args.bls else ''}, HTTP binary, sequential)")
 

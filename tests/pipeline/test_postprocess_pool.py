@@ -6,6 +6,7 @@ import gc
 import logging
 import os
 import threading
+import time
 
 import pytest
 
@@ -94,3 +95,40 @@ def test_a_pool_dropped_without_shutdown_ends_its_threads() -> None:
 def test_a_pool_needs_a_thread() -> None:
     with pytest.raises(ValueError, match="needs a thread, not 0"):
         PostprocessPool(0)
+
+
+def test_tasks_from_many_threads_each_run_once_and_the_threads_end_with_their_descriptors(
+        ) -> None:
+    """Four threads submit 5,000 tasks each to three pool threads, which sleep and wake
+    between bursts: every task runs once (a wake-up lost would leave some waiting); once
+    shut down, the pool's threads end and their descriptors are closed."""
+    before = len(os.listdir("/proc/self/fd"))
+    pool = PostprocessPool(3)
+    ran: list[tuple[int, int]] = []
+    lock = threading.Lock()
+
+    def task(submitter: int, number: int) -> None:
+        with lock:
+            ran.append((submitter, number))
+
+    def submit(submitter: int) -> None:
+        for number in range(5000):
+            pool.submit(task, submitter, number)
+            if number % 250 == 0:
+                time.sleep(0.001)  # the pool's threads go idle now and then
+
+    submitters = [threading.Thread(target=submit, args=(n,)) for n in range(4)]
+    for thread in submitters:
+        thread.start()
+    for thread in submitters:
+        thread.join(30.0)
+    for _ in range(1000):  # (bounded: 10 s)
+        if len(ran) == 20_000:
+            break
+        time.sleep(0.01)
+    assert sorted(ran) == [(s, n) for s in range(4) for n in range(5000)]
+    pool.shutdown()
+    for thread in pool._threads:
+        thread.join(10.0)
+        assert not thread.is_alive()
+    assert len(os.listdir("/proc/self/fd")) <= before

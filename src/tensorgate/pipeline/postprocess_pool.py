@@ -14,17 +14,25 @@ loop's: post-processing is the models' work, and the loop's core is kept for the
 light post-processor does not show it: resnet50's top 5 beside identity at 8 connections,
 `bench/spare_bench.py --heavy-postprocess topk`, served the same with the pool on the models'
 core or free, within the machine's noise; bench/RESULTS.md.)
+
+A task wakes one idle thread through a descriptor of that thread's own, written with the GIL
+let go (pipeline/handoff.py's WakeFd), not a queue.SimpleQueue: its put, made by an
+executor that holds the GIL, woke a thread that found the GIL taken and slept again
+(bench/RESULTS.md, "The post-processing pool woken as the executors are").
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import queue
+import select
 import threading
 import weakref
+from collections import deque
 from collections.abc import Callable
 from typing import Any
+
+from tensorgate.pipeline.handoff import WakeFd
 
 __all__ = ["PostprocessPool"]
 
@@ -33,17 +41,50 @@ log = logging.getLogger("tensorgate.engine")
 _Task = tuple[Callable[..., None], tuple[Any, ...]]
 
 
+class _Waker:
+    """One pool thread's descriptor: woken by whoever gives it a task, waited on by it."""
+
+    def __init__(self) -> None:
+        self.wake = WakeFd()
+        self._poll = select.poll()
+        self._poll.register(self.wake.read_fd, select.POLLIN)
+
+    def wait(self) -> None:
+        self._poll.poll()
+        self.wake.clear()
+
+    def close(self) -> None:
+        self._poll.unregister(self.wake.read_fd)
+        self.wake.close()
+
+
+class _Tasks:
+    """What is submitted, in order, and the threads waiting for it (most recent last)."""
+
+    def __init__(self) -> None:
+        self.pending: deque[_Task | None] = deque()
+        self.idle: list[_Waker] = []
+
+    def put(self, task: _Task | None) -> None:
+        self.pending.append(task)
+        try:
+            waiting = self.idle.pop()
+        except IndexError:  # every thread is busy: each looks at `pending` before it waits
+            return
+        waiting.wake.wake()
+
+
 class PostprocessPool:
     """Threads for CPU post-processing: torch and numpy drop the GIL, so they run beside the
     executors. What is submitted runs in order of submission, on whichever thread is free.
-    Its threads hold its queue, not the pool: a pool dropped without shutdown (an engine
+    Its threads hold its tasks, not the pool: a pool dropped without shutdown (an engine
     made and never started) ends them as it goes."""
 
     def __init__(self, workers: int = 2, cpus: frozenset[int] | None = None) -> None:
         """`cpus`: where its threads run (the placement's compute CPUs), else the maker's."""
         if workers < 1:
             raise ValueError(f"a post-processing pool needs a thread, not {workers}")
-        self._tasks: queue.SimpleQueue[_Task | None] = queue.SimpleQueue()
+        self._tasks = _Tasks()
         self._threads = [threading.Thread(target=_work, args=(self._tasks,),
                                           name=f"tg-postprocess_{i}", daemon=True)
                          for i in range(workers)]
@@ -66,14 +107,34 @@ class PostprocessPool:
         self._ending()
 
 
-def _end(tasks: queue.SimpleQueue[_Task | None], threads: int) -> None:
+def _end(tasks: _Tasks, threads: int) -> None:
     for _ in range(threads):
         tasks.put(None)
 
 
-def _work(tasks: queue.SimpleQueue[_Task | None]) -> None:
+def _work(tasks: _Tasks) -> None:
+    waker = _Waker()
+    try:
+        _take(tasks, waker)
+    finally:
+        waker.close()
+
+
+def _take(tasks: _Tasks, waker: _Waker) -> None:
+    pending, idle = tasks.pending, tasks.idle
     while True:
-        task = tasks.get()
+        try:
+            task = pending.popleft()
+        except IndexError:
+            idle.append(waker)
+            if pending:  # put between the look and the append: it may have found no one
+                try:
+                    idle.remove(waker)
+                except ValueError:  # it found this thread: its wake-up is spent on nothing
+                    pass
+                continue
+            waker.wait()
+            continue
         if task is None:
             return
         fn, args = task
