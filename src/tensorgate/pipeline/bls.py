@@ -204,8 +204,9 @@ def _engine_request(request: pb_utils.InferenceRequest) -> InferenceRequest:
         inputs[tensor.name()] = TensorView.from_array(value, name=tensor.name(), ledger=ledger)
     flags = request.flags()
     correlation = request.correlation_id()
-    sequence = (SequenceFlags(correlation, bool(flags & pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START),
-                              bool(flags & pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_END))
+    start, end = (pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START,
+                  pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_END)
+    sequence = (SequenceFlags(correlation, bool(flags & start), bool(flags & end))
                 if correlation not in (0, "") else None)
     version = request.model_version()
     return InferenceRequest(
