@@ -11,9 +11,12 @@ from __future__ import annotations
 import asyncio
 import pathlib
 import shutil
+import sys
 import threading
+import time
 from collections import Counter
 
+import numpy as np
 import pytest
 import torch
 
@@ -206,5 +209,66 @@ def test_a_model_whose_instance_fails_to_set_up_leaves_no_cycle(
                 with pytest.raises(TensorgateError, match="not a ZIP archive"):  # at setup
                     await engine.load("broken")
             return cyclic_garbage()
+
+    assert run(scenario()) == Counter()
+
+
+LATE_WRONG = '''
+import threading
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+GO = threading.Event()
+STARTED = threading.Event()  # (not its sender: one kept here would keep its request)
+
+
+class TritonPythonModel:
+    """Decoupled: once GO is set, a response whose output is misnamed (OUTPUT, its config
+    says OUT), with the final flag."""
+
+    def execute(self, requests):
+        for request in requests:
+            sender = request.get_response_sender()
+            threading.Thread(target=self._answer, args=(sender,), daemon=True).start()
+        return None
+
+    def _answer(self, sender):
+        STARTED.set()
+        GO.wait(10)
+        sender.send(pb_utils.InferenceResponse(
+            output_tensors=[pb_utils.Tensor("OUTPUT", np.array([0], np.int32))]),
+            flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+'''
+
+
+def test_a_wrong_answer_whose_client_left_before_the_loop_heard_of_it_leaves_no_cycle(
+        tmp_path: pathlib.Path, collector_off: None) -> None:
+    """The model's wrong answer fails its request on the model's thread; its client leaves
+    before the loop runs that failure (tools/fuzz_front_ends.py grpc found it, a stream
+    reset). The error the request keeps must not hold the frames it was raised through,
+    which hold the request."""
+    rb.add_decoupled_int32(tmp_path, "late_wrong", LATE_WRONG)
+
+    async def scenario() -> Counter[str]:
+        async with serving(tmp_path) as engine:
+            model = sys.modules["tensorgate_model_late_wrong_1"]
+            stream = engine.infer_stream(InferenceRequest("late_wrong", {
+                "IN": TensorView.from_array(np.array([1], np.int32), name="IN")}))
+            waiting = asyncio.ensure_future(stream.__anext__())
+            for _ in range(1000):  # (bounded: 10 s)
+                if model.STARTED.is_set():
+                    break
+                await asyncio.sleep(0.01)
+            model.GO.set()
+            time.sleep(0.3)  # holds the loop: the answer fails the request meanwhile
+            waiting.cancel()  # the client leaves, before the loop runs the failure
+            with pytest.raises(asyncio.CancelledError):
+                await waiting
+            await stream.aclose()
+            for _ in range(5):
+                await asyncio.sleep(0.01)  # the failure runs on the loop
+            assert engine.statistics("late_wrong")[0]["inference_stats"]["fail"]["count"] == 1
+            return cyclic_garbage()  # (before the engine itself goes)
 
     assert run(scenario()) == Counter()

@@ -18,7 +18,7 @@ from tensorgate.pipeline.trace import Trace
 from tensorgate.tensor.copies import CopyLedger
 from tensorgate.tensor.view import TensorView
 
-__all__ = ["Batch", "SequenceFlags", "WorkItem"]
+__all__ = ["Batch", "SequenceFlags", "WorkItem", "forget_frames"]
 
 _RELEASED: dict[str, Any] = {}  # an answered item's inputs and results; never written to
 
@@ -95,7 +95,7 @@ class WorkItem:
         if self.future.done():
             return False
         if isinstance(error, TensorgateError):
-            _forget_frames(error)
+            forget_frames(error)
         self.future.set_exception(error)
         return True
 
@@ -107,7 +107,7 @@ class WorkItem:
         self.inputs = self.results = _RELEASED
 
 
-def _forget_frames(error: BaseException) -> None:
+def forget_frames(error: BaseException) -> None:
     """Drop the tracebacks of `error` and of the errors it was raised from or during."""
     seen: set[int] = set()
     pending: list[BaseException | None] = [error]
