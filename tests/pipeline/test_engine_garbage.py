@@ -242,17 +242,47 @@ class TritonPythonModel:
 '''
 
 
+LATE_WRONG_GENERATOR = '''
+import threading
+
+import numpy as np
+
+from tensorgate import Model
+
+GO = threading.Event()
+STARTED = threading.Event()
+
+
+class LateWrong(Model):
+    """Decoupled, a generator: for IN 1, once GO is set, a response whose output is
+    misnamed; else (its warm-up's zeros) OUT 0."""
+
+    def forward(self, inputs):
+        if int(inputs["IN"].reshape(-1)[0]) != 1:
+            yield {"OUT": np.array([0], np.int32)}
+            return
+        STARTED.set()
+        GO.wait(10)
+        yield {"OUTPUT": np.array([0], np.int32)}
+'''
+
+
+@pytest.mark.parametrize("kind", ["triton", "generator"])
 def test_a_wrong_answer_whose_client_left_before_the_loop_heard_of_it_leaves_no_cycle(
-        tmp_path: pathlib.Path, collector_off: None) -> None:
-    """The model's wrong answer fails its request on the model's thread; its client leaves
-    before the loop runs that failure (tools/fuzz_front_ends.py grpc found it, a stream
-    reset). The error the request keeps must not hold the frames it was raised through,
-    which hold the request."""
-    rb.add_decoupled_int32(tmp_path, "late_wrong", LATE_WRONG)
+        tmp_path: pathlib.Path, collector_off: None, kind: str) -> None:
+    """The model's wrong answer fails its request on the model's thread (a Triton model's
+    sending thread, or the executor stepping a generator); its client leaves before the
+    loop runs that failure (tools/fuzz_front_ends.py grpc found it, a stream reset). The
+    error the request keeps must not hold the frames it was raised through, which hold the
+    request."""
+    rb.add_decoupled_int32(tmp_path, "late_wrong",
+                           LATE_WRONG if kind == "triton" else LATE_WRONG_GENERATOR)
 
     async def scenario() -> Counter[str]:
         async with serving(tmp_path) as engine:
-            model = sys.modules["tensorgate_model_late_wrong_1"]
+            model = next(module for name, module in sys.modules.items()
+                         if name.startswith("tensorgate_model_late_wrong")
+                         and hasattr(module, "GO"))
             stream = engine.infer_stream(InferenceRequest("late_wrong", {
                 "IN": TensorView.from_array(np.array([1], np.int32), name="IN")}))
             waiting = asyncio.ensure_future(stream.__anext__())
