@@ -359,6 +359,37 @@ def add_decoupled_int32(repo: pathlib.Path, name: str, source: str) -> None:
     (folder / "1" / "model.py").write_text(source)
 
 
+GATED_SENDER = '''
+import threading
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+GO = threading.Event()
+STARTED = []  # a None a request whose thread waits (not its sender: that would keep it)
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for request in requests:
+            sender = request.get_response_sender()
+            threading.Thread(target=self._answer, args=(sender,), daemon=True).start()
+        return None
+
+    def _answer(self, sender):
+        STARTED.append(None)
+        GO.wait(10)
+'''
+
+
+def add_gated_sender(repo: pathlib.Path, name: str, send: str) -> None:
+    """A decoupled Triton Python model `name` (add_decoupled_int32) whose requests each get
+    a thread of the model's own, counted in its module's STARTED, which waits for its GO
+    event and then runs `send` (code that sends with `sender`)."""
+    add_decoupled_int32(repo, name, GATED_SENDER + textwrap.indent(textwrap.dedent(send),
+                                                                    " " * 8))
+
+
 def add_named_config(folder: pathlib.Path, name: str, max_batch: int) -> pathlib.Path:
     """configs/<name>.pbtxt (--model-config-name): the folder's config.pbtxt with another
     max_batch_size."""

@@ -213,33 +213,11 @@ def test_a_model_whose_instance_fails_to_set_up_leaves_no_cycle(
     assert run(scenario()) == Counter()
 
 
-LATE_WRONG = '''
-import threading
-
-import numpy as np
-import triton_python_backend_utils as pb_utils
-
-GO = threading.Event()
-STARTED = threading.Event()  # (not its sender: one kept here would keep its request)
-
-
-class TritonPythonModel:
-    """Decoupled: once GO is set, a response whose output is misnamed (OUTPUT, its config
-    says OUT), with the final flag."""
-
-    def execute(self, requests):
-        for request in requests:
-            sender = request.get_response_sender()
-            threading.Thread(target=self._answer, args=(sender,), daemon=True).start()
-        return None
-
-    def _answer(self, sender):
-        STARTED.set()
-        GO.wait(10)
-        sender.send(pb_utils.InferenceResponse(
-            output_tensors=[pb_utils.Tensor("OUTPUT", np.array([0], np.int32))]),
-            flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
-'''
+LATE_WRONG_SEND = """
+    sender.send(pb_utils.InferenceResponse(  # misnamed: its config says OUT
+        output_tensors=[pb_utils.Tensor("OUTPUT", np.array([0], np.int32))]),
+        flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+"""
 
 
 LATE_WRONG_GENERATOR = '''
@@ -250,7 +228,7 @@ import numpy as np
 from tensorgate import Model
 
 GO = threading.Event()
-STARTED = threading.Event()
+STARTED = []
 
 
 class LateWrong(Model):
@@ -261,7 +239,7 @@ class LateWrong(Model):
         if int(inputs["IN"].reshape(-1)[0]) != 1:
             yield {"OUT": np.array([0], np.int32)}
             return
-        STARTED.set()
+        STARTED.append(None)
         GO.wait(10)
         yield {"OUTPUT": np.array([0], np.int32)}
 '''
@@ -275,8 +253,10 @@ def test_a_wrong_answer_whose_client_left_before_the_loop_heard_of_it_leaves_no_
     loop runs that failure (tools/fuzz_front_ends.py grpc found it, a stream reset). The
     error the request keeps must not hold the frames it was raised through, which hold the
     request."""
-    rb.add_decoupled_int32(tmp_path, "late_wrong",
-                           LATE_WRONG if kind == "triton" else LATE_WRONG_GENERATOR)
+    if kind == "triton":
+        rb.add_gated_sender(tmp_path, "late_wrong", LATE_WRONG_SEND)
+    else:
+        rb.add_decoupled_int32(tmp_path, "late_wrong", LATE_WRONG_GENERATOR)
 
     async def scenario() -> Counter[str]:
         async with serving(tmp_path) as engine:
@@ -287,7 +267,7 @@ def test_a_wrong_answer_whose_client_left_before_the_loop_heard_of_it_leaves_no_
                 "IN": TensorView.from_array(np.array([1], np.int32), name="IN")}))
             waiting = asyncio.ensure_future(stream.__anext__())
             for _ in range(1000):  # (bounded: 10 s)
-                if model.STARTED.is_set():
+                if model.STARTED:
                     break
                 await asyncio.sleep(0.01)
             model.GO.set()

@@ -59,37 +59,18 @@ def test_calls_from_threads_run_on_the_loop_in_order_and_a_failing_one_is_report
     run(scenario())
 
 
-GATED = '''
-import threading
-
-import numpy as np
-import triton_python_backend_utils as pb_utils
-
-GO = threading.Event()
-STARTED = []
-
-
-class TritonPythonModel:
-    def execute(self, requests):
-        for request in requests:
-            sender = request.get_response_sender()
-            threading.Thread(target=self._answer, args=(sender,), daemon=True).start()
-        return None
-
-    def _answer(self, sender):
-        STARTED.append(sender)
-        GO.wait(10)
-        for value in range(20):
-            sender.send(pb_utils.InferenceResponse(
-                output_tensors=[pb_utils.Tensor("OUT", np.array([value], np.int32))]))
-        sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
-'''
+GATED_SEND = """
+    for value in range(20):
+        sender.send(pb_utils.InferenceResponse(
+            output_tensors=[pb_utils.Tensor("OUT", np.array([value], np.int32))]))
+    sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+"""
 
 
 @pytest.fixture(scope="module")
 def gated_repo(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
     root = tmp_path_factory.mktemp("gated")
-    rb.add_decoupled_int32(root, "gated", GATED)
+    rb.add_gated_sender(root, "gated", GATED_SEND)
     return root
 
 

@@ -352,10 +352,10 @@ class ExecutorThread(GenerationSteps, PythonModelRuns):
                 self._finish(alone, raw)  # (its post-processing here: a failure's path)
                 raw = None
                 if alone.error is not None:
-                    item.error = alone.error
+                    item.set_error(alone.error)
             except Exception as own:  # this request's own failure
                 item.results = {}
-                item.error = self._failure(own)
+                item.set_error(self._failure(own))
         self.batches_run += 1
         return True
 

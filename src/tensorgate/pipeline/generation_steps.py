@@ -18,7 +18,7 @@ from tensorgate.pipeline.executor_base import ExecutorBase, run_forward
 from tensorgate.pipeline.generations import Generation
 from tensorgate.pipeline.model_outputs import model_error
 from tensorgate.pipeline.runner import Runner
-from tensorgate.pipeline.work import Batch, forget_frames
+from tensorgate.pipeline.work import Batch
 
 __all__ = ["WAKE", "GenerationSteps"]
 
@@ -139,8 +139,7 @@ class GenerationSteps(ExecutorBase):
         item, batch = generation.item, generation.batch
         item.results = {}
         if error is not None:
-            forget_frames(error)  # (as a stream's: pipeline/response_streams.py, _end)
-            item.error = error
+            item.set_error(error)
         output_ns = generation.output_ns
         batch.output_ns = item.times.output_ns = output_ns
         batch.infer_ns = item.times.infer_ns = max(generation.run_ns - output_ns, 0)

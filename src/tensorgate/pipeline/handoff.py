@@ -37,9 +37,10 @@ EVENTFD = hasattr(os, "eventfd")  # Linux; elsewhere a pipe (tests try both)
 
 class WakeFd:
     """A descriptor to wake a waiting thread or loop through: an eventfd where there is
-    one (Linux), else a pipe. `wake` from any thread, `clear` by the one that waits: both
-    with the GIL let go (os.write, os.read). A wake after `close` does nothing: the lock
-    keeps it from writing to a number the system has given to another file since."""
+    one (Linux), else a pipe. `wake` from any thread; `wait` (a thread) or `clear` (a loop
+    that reads it) by the one that waits: each with the GIL let go (os.write, poll,
+    os.read). A wake after `close` does nothing: the lock keeps it from writing to a number
+    the system has given to another file since."""
 
     def __init__(self) -> None:
         if EVENTFD:
@@ -50,6 +51,14 @@ class WakeFd:
             os.set_blocking(self.write_fd, False)
         self._lock = threading.Lock()
         self._closed = False
+        self._poll = select.poll()
+        self._poll.register(self.read_fd, select.POLLIN)
+
+    def wait(self, timeout_s: float | None = None) -> None:
+        """Until woken (a wake since the last wait or clear counts), at most `timeout_s`
+        seconds; then cleared."""
+        self._poll.poll(None if timeout_s is None else max(int(timeout_s * 1000), 1))
+        self.clear()
 
     def wake(self) -> None:
         with self._lock:
@@ -142,8 +151,6 @@ class ThreadInbox:
     def __init__(self) -> None:
         self._items: deque[Any] = deque()
         self._wake = WakeFd()
-        self._poll = select.poll()
-        self._poll.register(self._wake.read_fd, select.POLLIN)
 
     def put(self, item: Any) -> None:
         self._items.append(item)
@@ -160,17 +167,12 @@ class ThreadInbox:
         while True:
             if items:
                 return items.popleft()
-            if deadline is None:
-                self._poll.poll()
-            else:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise queue.Empty
-                self._poll.poll(max(int(left * 1000), 1))
-            self._wake.clear()  # (then the items again: a put after this wakes once more)
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise queue.Empty
+            self._wake.wait(left)  # (then the items again: a put after this wakes once more)
 
     def close(self) -> None:
-        self._poll.unregister(self._wake.read_fd)
         self._wake.close()
 
 
@@ -192,7 +194,7 @@ def call_on_loop(mailbox: LoopMailbox, work: Coroutine[Any, Any, _T]) -> _T:
 
     def done(task: asyncio.Task[_T]) -> None:
         finished.append(task)
-        waiter.wake.wake()
+        waiter.wake()
 
     if mailbox.loop.is_closed():
         work.close()
@@ -213,26 +215,19 @@ def call_on_loop(mailbox: LoopMailbox, work: Coroutine[Any, Any, _T]) -> _T:
 _CLOSED_POLL_S = 1.0  # how often a waiting call looks whether its loop has closed
 
 
-class _Waiter:
-    """A thread's descriptor for call_on_loop, made on its first call, closed when the
-    thread ends (its thread-local is let go)."""
-
-    def __init__(self) -> None:
-        self.wake = WakeFd()
-        self._poll = select.poll()
-        self._poll.register(self.wake.read_fd, select.POLLIN)
-        weakref.finalize(self, self.wake.close)
-
-    def wait(self, timeout_s: float) -> None:
-        self._poll.poll(int(timeout_s * 1000))
-        self.wake.clear()
-
-
 _WAITERS = threading.local()
 
 
-def _waiter() -> _Waiter:
-    found: _Waiter | None = getattr(_WAITERS, "waiter", None)
+def _waiter() -> WakeFd:
+    """The calling thread's descriptor for call_on_loop, made on its first call, its
+    numbers closed when the thread ends (its thread-local lets go of it)."""
+    found: WakeFd | None = getattr(_WAITERS, "wake", None)
     if found is None:
-        found = _WAITERS.waiter = _Waiter()
+        found = _WAITERS.wake = WakeFd()
+        weakref.finalize(found, _close_all, {found.read_fd, found.write_fd})
     return found
+
+
+def _close_all(fds: set[int]) -> None:
+    for fd in fds:
+        os.close(fd)

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import logging
 import os
-import select
 import threading
 import weakref
 from collections import deque
@@ -41,29 +40,12 @@ log = logging.getLogger("tensorgate.engine")
 _Task = tuple[Callable[..., None], tuple[Any, ...]]
 
 
-class _Waker:
-    """One pool thread's descriptor: woken by whoever gives it a task, waited on by it."""
-
-    def __init__(self) -> None:
-        self.wake = WakeFd()
-        self._poll = select.poll()
-        self._poll.register(self.wake.read_fd, select.POLLIN)
-
-    def wait(self) -> None:
-        self._poll.poll()
-        self.wake.clear()
-
-    def close(self) -> None:
-        self._poll.unregister(self.wake.read_fd)
-        self.wake.close()
-
-
 class _Tasks:
     """What is submitted, in order, and the threads waiting for it (most recent last)."""
 
     def __init__(self) -> None:
         self.pending: deque[_Task | None] = deque()
-        self.idle: list[_Waker] = []
+        self.idle: list[WakeFd] = []  # the waiting threads' descriptors
 
     def put(self, task: _Task | None) -> None:
         self.pending.append(task)
@@ -71,7 +53,7 @@ class _Tasks:
             waiting = self.idle.pop()
         except IndexError:  # every thread is busy: each looks at `pending` before it waits
             return
-        waiting.wake.wake()
+        waiting.wake()
 
 
 class PostprocessPool:
@@ -113,14 +95,14 @@ def _end(tasks: _Tasks, threads: int) -> None:
 
 
 def _work(tasks: _Tasks) -> None:
-    waker = _Waker()
+    waker = WakeFd()
     try:
         _take(tasks, waker)
     finally:
         waker.close()
 
 
-def _take(tasks: _Tasks, waker: _Waker) -> None:
+def _take(tasks: _Tasks, waker: WakeFd) -> None:
     pending, idle = tasks.pending, tasks.idle
     while True:
         try:

@@ -86,7 +86,7 @@ class PythonModelRuns(ExecutorBase):
                 batch.output_started_ns = output_started
                 for item, answer in zip(items, answers):
                     if isinstance(answer, TensorgateError):
-                        item.error = answer
+                        item.set_error(answer)
                         continue
                     if answer is RESCHEDULED:  # it runs again (pipeline/sequences.py)
                         item.rescheduled = True
@@ -96,7 +96,7 @@ class PythonModelRuns(ExecutorBase):
                         item.answer_parameters = answer.parameters
                     except Exception as error:  # one response's fault fails its request
                         item.results = {}
-                        item.error = model_error(spec.name, error)
+                        item.set_error(model_error(spec.name, error))
                 if self._stream is not None:
                     self._stream.synchronize()  # outputs copied to the host are there
             batch.input_ns = began - started  # its requests made, as Triton's stub does

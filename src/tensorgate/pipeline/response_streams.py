@@ -29,7 +29,7 @@ from typing import Any
 from tensorgate.errors import TensorgateError
 from tensorgate.model import NO_PARAMETERS
 from tensorgate.pipeline.triton_answers import Answer
-from tensorgate.pipeline.work import Batch, WorkItem, forget_frames
+from tensorgate.pipeline.work import Batch, WorkItem
 from tensorgate.tensor.view import TensorView
 
 __all__ = ["RESPONSES_AHEAD", "ResponseStream", "wait_for_credit"]
@@ -121,11 +121,7 @@ class ResponseStream:
             self._ended = True
             item = self.item
             if error is not None:
-                # without the frames it was raised through (send's, holding this stream and
-                # the item): a client that left first never reads it, and the item would
-                # keep it in a cycle for the collector (tests/pipeline/test_engine_garbage)
-                forget_frames(error)
-                item.error = error
+                item.set_error(error)
             times = item.times
             times.output_ns = self._output_ns
             times.infer_ns = max(time.monotonic_ns() - self.batch.started_ns - self._output_ns,

@@ -18,7 +18,7 @@ from tensorgate.pipeline.trace import Trace
 from tensorgate.tensor.copies import CopyLedger
 from tensorgate.tensor.view import TensorView
 
-__all__ = ["Batch", "SequenceFlags", "WorkItem", "forget_frames"]
+__all__ = ["Batch", "SequenceFlags", "WorkItem"]
 
 _RELEASED: dict[str, Any] = {}  # an answered item's inputs and results; never written to
 
@@ -95,9 +95,19 @@ class WorkItem:
         if self.future.done():
             return False
         if isinstance(error, TensorgateError):
-            forget_frames(error)
+            _forget_frames(error)
         self.future.set_exception(error)
         return True
+
+    def set_error(self, error: BaseException) -> None:
+        """Its own failure, which the loop answers it with: an expected error without the
+        frames it was raised through, as `fail` gives it. Those frames (a model's thread's,
+        an executor's) hold this item; a client that left before the loop ran the failure
+        never reads it, and the item kept it in a cycle for the collector
+        (tests/pipeline/test_engine_garbage.py)."""
+        if isinstance(error, TensorgateError):
+            _forget_frames(error)
+        self.error = error
 
     def release(self) -> None:
         """Its batch is done and it is answered: the item lets go of its tensors (the future
@@ -107,7 +117,7 @@ class WorkItem:
         self.inputs = self.results = _RELEASED
 
 
-def forget_frames(error: BaseException) -> None:
+def _forget_frames(error: BaseException) -> None:
     """Drop the tracebacks of `error` and of the errors it was raised from or during."""
     seen: set[int] = set()
     pending: list[BaseException | None] = [error]
